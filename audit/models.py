@@ -1,0 +1,33 @@
+"""The audit trail: what happened, to what, when and who did it. Rows never change."""
+
+from django.db import models
+from django.utils import timezone
+
+
+class EventKind(models.TextChoices):
+    # Layer 1
+    MESSAGE_REJECTED = "message_rejected", "Message rejected (turn running)"
+    TURN_INTERRUPTED = "turn_interrupted", "Turn interrupted"
+    TURN_ROLLED_BACK = "turn_rolled_back", "Turn rolled back"
+    STRATEGY_FELL_BACK = "strategy_fell_back", "Interrupt refused: effect already fired"
+    CONTROL_COMMAND = "control_command", "Control command"
+    TURN_RECOVERED = "turn_recovered", "Turn recovered from a dead worker"
+    TURN_FAILED = "turn_failed", "Turn failed"
+
+
+class AuditEvent(models.Model):
+    kind = models.CharField(max_length=40, choices=EventKind.choices)
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=100, blank=True, help_text="Who: a contact, worker or operator.")
+    channel_slug = models.CharField(max_length=50, blank=True)
+    conversation_id = models.BigIntegerField(null=True, blank=True)
+    target = models.CharField(max_length=200, blank=True, help_text="What: e.g. 'turn 12'.")
+    summary = models.CharField(max_length=300, blank=True)
+    extra = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["kind", "at"], name="audit_kind_at_idx")]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} {self.target}"

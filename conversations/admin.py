@@ -1,0 +1,154 @@
+from django.contrib import admin
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from conversations.models import (
+    AgentKey, Channel, Contact, Conversation, InboundMessage, MessageBuffer, Turn, WorkerHeartbeat,
+)
+
+
+def link(obj, label=None):
+    if obj is None:
+        return "—"
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, label or obj)
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "kind", "is_active", "double_texting", "window_summary", "agent"]
+    list_filter = ["kind", "is_active", "double_texting"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "created_at", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "kind", "is_active"]}),
+        ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
+                                 "greeting_words", "conjunction_words", ("max_wait", "max_messages")],
+                      "description": "Seconds to wait after a message, by how the last message ends. "
+                                     "Each new message re-arms the window."}),
+        ("Double texting and typing", {"fields": ["double_texting", "typing_enabled"]}),
+        ("Agent", {"fields": ["agent", "agent_config"]}),
+        ("Telegram", {"fields": ["bot_token", "webhook_secret", "api_base", "telegram_mode",
+                                 "poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
+        ("API channel delivery", {"fields": ["callback_url", "callback_secret"], "classes": ["collapse"]}),
+        ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
+    ]
+
+    @admin.display(description="windows (closed/greeting/open/neutral)")
+    def window_summary(self, obj):
+        return f"{obj.window_closed}/{obj.window_greeting}/{obj.window_open}/{obj.window_neutral} s"
+
+
+@admin.register(Contact)
+class ContactAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "platform_id", "username", "channel", "created_at"]
+    list_filter = ["channel"]
+    search_fields = ["platform_id", "display_name", "username"]
+
+
+class TurnInline(admin.TabularInline):
+    model = Turn
+    fields = ["state", "flush_reason", "merged_input", "fired_effect", "created_at", "finished_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ["-pk"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "channel", "chat_id", "is_group", "last_turn_state", "created_at"]
+    list_filter = ["channel", "is_group"]
+    search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
+    readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "created_at"]
+    inlines = [TurnInline]
+
+    @admin.display(description="last turn")
+    def last_turn_state(self, obj):
+        turn = obj.turns.order_by("-pk").first()
+        return turn.state if turn else "—"
+
+
+@admin.register(InboundMessage)
+class InboundMessageAdmin(admin.ModelAdmin):
+    list_display = ["platform_message_id", "channel", "kind", "disposition", "short_text", "buffer_link",
+                    "received_at"]
+    list_filter = ["channel", "kind", "disposition"]
+    search_fields = ["platform_message_id", "text", "sender_name"]
+    date_hierarchy = "received_at"
+    readonly_fields = [f.name for f in InboundMessage._meta.fields]
+
+    @admin.display(description="text")
+    def short_text(self, obj):
+        return obj.text[:60]
+
+    @admin.display(description="buffer")
+    def buffer_link(self, obj):
+        return link(obj.buffer, f"buffer {obj.buffer_id}") if obj.buffer_id else "—"
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(MessageBuffer)
+class MessageBufferAdmin(admin.ModelAdmin):
+    list_display = ["pk", "conversation", "state", "message_count", "window_kind", "window_seconds",
+                    "flush_at", "seconds_left_display", "flush_reason"]
+    list_filter = ["state", "flush_reason", "window_kind", "conversation__channel"]
+    readonly_fields = [f.name for f in MessageBuffer._meta.fields] + ["turn_link"]
+
+    @admin.display(description="seconds left")
+    def seconds_left_display(self, obj):
+        left = obj.seconds_left(timezone.now())
+        return "—" if left is None else f"{left:.1f}"
+
+    @admin.display(description="turn")
+    def turn_link(self, obj):
+        return link(getattr(obj, "turn", None))
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Turn)
+class TurnAdmin(admin.ModelAdmin):
+    list_display = ["pk", "conversation", "state", "flush_reason", "short_input", "fired_effect", "created_at",
+                    "finished_at"]
+    list_filter = ["state", "flush_reason", "fired_effect", "conversation__channel"]
+    search_fields = ["merged_input", "reply_text"]
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in Turn._meta.fields]
+
+    @admin.display(description="merged input")
+    def short_input(self, obj):
+        return obj.merged_input[:80]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(admin.ModelAdmin):
+    list_display = ["owner", "hostname", "pid", "started_at", "seen_at"]
+    readonly_fields = ["owner", "hostname", "pid", "started_at", "seen_at"]
+
+
+@admin.register(AgentKey)
+class AgentKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    filter_horizontal = ["channels"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset):
+        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {revoked} key(s).")
+
+    def has_add_permission(self, request):
+        return False  # keys are issued by `manage.py createagentkey`, which shows the key once

@@ -1,0 +1,57 @@
+"""Agents: what runs inside a turn. The Agents issue adds OpenAI-compatible, webhook,
+pull and demo agents; `echo` proves the pipeline until then.
+
+An agent gets the merged input and the conversation's history, and must call
+`ctx.mark_effect()` before touching the outside world: it returns False when the
+turn was cancelled meanwhile, and then the agent must not act.
+"""
+
+import abc
+import asyncio
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+class TurnCancelled(Exception):
+    """The turn was cancelled before it could fire its effect."""
+
+
+@dataclass
+class TurnContext:
+    turn_id: int
+    conversation_id: int
+    channel_slug: str
+    text: str
+    history: list = field(default_factory=list)  # [(user input, reply), …] since /reset
+    config: dict = field(default_factory=dict)
+    mark_effect: Callable[[], Awaitable[bool]] | None = None
+
+
+class Agent(abc.ABC):
+    @abc.abstractmethod
+    async def respond(self, ctx: TurnContext) -> str:
+        """The reply text for this turn."""
+
+
+class EchoAgent(Agent):
+    """Replies with the merged text. `config`: `delay` (seconds, simulates a model's
+    latency) and `mark_effect` (declare an external effect before answering) make it
+    useful for demonstrating double texting and for benchmarks."""
+
+    async def respond(self, ctx: TurnContext) -> str:
+        if ctx.config.get("mark_effect") and not await ctx.mark_effect():
+            raise TurnCancelled()
+        delay = float(ctx.config.get("delay", 0) or 0)
+        if delay:
+            await asyncio.sleep(delay)
+        return ctx.text
+
+
+def agent_for(name: str) -> Agent:
+    path = settings.AGENTLOOP_AGENTS.get(name)
+    if path is None:
+        raise LookupError(f"unknown agent {name!r}; known: {', '.join(sorted(settings.AGENTLOOP_AGENTS))}")
+    return import_string(path)()

@@ -1,0 +1,74 @@
+"""Control commands skip the buffer and are answered at once."""
+
+from django.utils import timezone
+
+from audit.events import record
+from audit.models import EventKind
+from conversations import turns
+from conversations.models import BufferState, Disposition, FlushReason, InboundMessage, MessageBuffer, Turn
+from delivery import outbox
+from delivery.models import OutboundKind
+
+COMMANDS = ("/start", "/stop", "/reset", "/help")
+
+HELP = (
+    "Send me your message — several in a row are fine, I read them together.\n"
+    "/stop — stop what I'm doing and drop what you've sent but I haven't read yet\n"
+    "/reset — start a fresh conversation\n"
+    "/help — this message"
+)
+
+
+def parse(text: str) -> str | None:
+    """'/stop', '/stop@my_bot' and '/STOP now' are all /stop; anything else is None."""
+    if not text or not text.startswith("/"):
+        return None
+    command = text.split(maxsplit=1)[0].split("@", 1)[0].lower()
+    return command if command in COMMANDS else None
+
+
+def handle(conversation, message, command, now=None):
+    now = now or timezone.now()
+    if command == "/start":
+        reply = "Hi! " + HELP
+    elif command == "/help":
+        reply = HELP
+    else:
+        dropped = drop_pending(conversation, now)
+        stopped, unstoppable = stop_turns(conversation, command, now)
+        if command == "/reset":
+            conversation.context_reset_at = now
+            conversation.save(update_fields=["context_reset_at"])
+            reply = "Conversation reset. What can I do for you?"
+        else:
+            reply = "Stopped." if (dropped or stopped or unstoppable) else "Nothing to stop."
+        if unstoppable:
+            reply += " I had already started an action, so that part will finish and I'll report it."
+    outbox.enqueue(conversation, reply, kind=OutboundKind.CONTROL,
+                   reply_target=message.reply_target, thread_id=message.thread_id)
+    record(EventKind.CONTROL_COMMAND, conversation=conversation, actor=conversation.sender_id,
+           target=f"message {message.pk}", summary=command)
+
+
+def drop_pending(conversation, now) -> int:
+    """Drop the open buffer (compare-and-swap: the flusher may be claiming it)."""
+    buffer = MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN).first()
+    if buffer is None:
+        return 0
+    dropped = MessageBuffer.objects.filter(pk=buffer.pk, state=BufferState.OPEN).update(
+        state=BufferState.DROPPED, flush_reason=FlushReason.CONTROL, flushed_at=now
+    )
+    if dropped:
+        InboundMessage.objects.filter(buffer=buffer).update(disposition=Disposition.DROPPED)
+    return dropped
+
+
+def stop_turns(conversation, command, now):
+    """Cancel ready and running turns that fired no effect; count those that did."""
+    stopped = unstoppable = 0
+    for turn in Turn.objects.filter(conversation=conversation, state__in=Turn.ACTIVE):
+        if turns.cancel(turn.pk, f"{command} from the user", now):
+            stopped += 1
+        else:
+            unstoppable += 1
+    return stopped, unstoppable

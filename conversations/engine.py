@@ -1,0 +1,195 @@
+"""The debounce engine's database steps: flush due buffers into turns, recover the
+work of dead workers. Each step is small, restartable and safe to run in any number
+of processes at once: every claim is a compare-and-swap.
+
+The timing lives in the worker loop (conversations/worker.py), which sleeps until
+the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
+"""
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, Min, OuterRef
+from django.utils import timezone
+
+from audit.events import record
+from audit.models import EventKind
+from conversations.models import (
+    BufferState, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+)
+from delivery import outbox
+from delivery.models import OutboundKind
+
+log = logging.getLogger(__name__)
+
+RECOVERY_NOTICE = (
+    "Sorry — something went wrong while I was working on your last message, and part of "
+    "it may already be done. Please check before asking again."
+)
+
+
+# --- flushing ----------------------------------------------------------------
+
+def _active_turn(conversation_ref):
+    return Turn.objects.filter(conversation=conversation_ref, state__in=Turn.ACTIVE)
+
+
+def due_buffer_ids(now, limit=200):
+    """Open buffers whose deadline passed, oldest deadline first. A buffer whose
+    conversation has a turn ready or running waits (enqueue): it flushes when that turn
+    ends, so everything said meanwhile becomes one next turn."""
+    return list(
+        MessageBuffer.objects.filter(state=BufferState.OPEN, flush_at__lte=now)
+        .exclude(Exists(_active_turn(OuterRef("conversation"))))
+        .order_by("flush_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def next_deadline(now):
+    """The nearest future deadline, or None."""
+    return MessageBuffer.objects.filter(state=BufferState.OPEN, flush_at__gt=now).aggregate(
+        at=Min("flush_at")
+    )["at"]
+
+
+def flush_buffer(buffer_id, now=None):
+    """Claim one due buffer (compare-and-swap) and turn it into a READY turn, atomically.
+    Returns the turn, or None when another process flushed it or a message re-armed it."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        claimed = MessageBuffer.objects.filter(
+            pk=buffer_id, state=BufferState.OPEN, flush_at__lte=now
+        ).update(state=BufferState.FLUSHED, flushed_at=now)
+        if claimed != 1:
+            return None
+        buffer = MessageBuffer.objects.select_related("conversation", "carried_turn").get(pk=buffer_id)
+        buffer.flush_reason = buffer.planned_reason
+        MessageBuffer.objects.filter(pk=buffer_id).update(flush_reason=buffer.flush_reason)
+        messages = list(InboundMessage.objects.filter(buffer=buffer).order_by("received_at", "pk"))
+        last = messages[-1] if messages else None
+        return Turn.objects.create(
+            conversation=buffer.conversation, buffer=buffer,
+            merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
+            flush_reason=buffer.flush_reason, created_at=now,
+            reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
+        )
+
+
+def flush_due(now=None, limit=200):
+    now = now or timezone.now()
+    return [t for t in (flush_buffer(pk, now) for pk in due_buffer_ids(now, limit)) if t is not None]
+
+
+def merge(messages, is_group, carried_turn=None):
+    """One prompt from a burst: arrival order kept; in groups each line says who."""
+    lines = [carried_turn.merged_input] if carried_turn is not None else []
+    for message in messages:
+        text = message.text
+        if message.media_type:
+            text = f"[{message.media_type}] {text}".strip()
+        lines.append(f"{message.sender_name or 'Someone'}: {text}" if is_group else text)
+    return "\n".join(lines)
+
+
+# --- workers and recovery ------------------------------------------------------
+
+def new_owner():
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def beat(owner, now=None):
+    now = now or timezone.now()
+    updated = WorkerHeartbeat.objects.filter(owner=owner).update(seen_at=now)
+    if not updated:
+        WorkerHeartbeat.objects.create(owner=owner, hostname=socket.gethostname(), pid=os.getpid(),
+                                       started_at=now, seen_at=now)
+
+
+def retire(owner):
+    WorkerHeartbeat.objects.filter(owner=owner).delete()
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_owners(now=None):
+    """Owners whose heartbeat went stale, or whose process on this host is gone."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.AGENTLOOP_WORKER_STALE_AFTER)
+    host = socket.gethostname()
+    dead = []
+    for owner, hostname, pid, seen_at in WorkerHeartbeat.objects.values_list("owner", "hostname", "pid", "seen_at"):
+        if seen_at < stale or (hostname == host and not _pid_alive(pid)):
+            dead.append(owner)
+    return dead
+
+
+def recover_turns(owners, now=None):
+    """Turns left RUNNING by dead workers: run again if no effect fired (nothing
+    external happened yet); otherwise never re-run blindly: fail and tell the user."""
+    now = now or timezone.now()
+    recovered = []
+    for turn in Turn.objects.filter(state=TurnState.RUNNING, owner__in=list(owners)).select_related("conversation"):
+        with transaction.atomic():
+            if not turn.fired_effect:
+                moved = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner,
+                                            fired_effect=False).update(state=TurnState.READY, owner="")
+                if moved:
+                    record(EventKind.TURN_RECOVERED, conversation=turn.conversation, target=f"turn {turn.pk}",
+                           actor=turn.owner, summary="worker died before any effect; turn will run again")
+                    recovered.append(turn.pk)
+                continue
+            failed = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner).update(
+                state=TurnState.FAILED, finished_at=now, outcome="worker died after the turn fired an effect")
+            if failed:
+                outbox.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
+                               reply_target=turn.reply_target, thread_id=turn.thread_id)
+                record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
+                       actor=turn.owner, summary="worker died after an external effect; not re-run")
+    return recovered
+
+
+def forget_workers(owners):
+    """Drop heartbeats of dead workers once nothing they held is left RUNNING/SENDING."""
+    from delivery.models import OutboundMessage, OutboundState
+
+    for owner in owners:
+        busy = Turn.objects.filter(owner=owner, state=TurnState.RUNNING).exists() or \
+            OutboundMessage.objects.filter(owner=owner, state=OutboundState.SENDING).exists()
+        if not busy:
+            WorkerHeartbeat.objects.filter(owner=owner).delete()
+
+
+def recovery_sweep(grace_seconds=5.0):
+    """django-q2's safety net: if no worker loop is alive, overdue buffers still become
+    turns and dead workers' turns are released. Scheduled every minute."""
+    now = timezone.now()
+    owners = dead_owners(now)
+    recovered = recover_turns(owners, now)
+    flushed = flush_due(now - timedelta(seconds=grace_seconds))
+    forget_workers(owners)
+    if recovered or flushed:
+        log.info("recovery sweep: %d turns recovered, %d buffers flushed", len(recovered), len(flushed))
+    return {"recovered": len(recovered), "flushed": len(flushed)}
+
+
+def conversation_history(conversation, before_turn, limit=20):
+    """(user input, reply) pairs of finished turns since the last /reset."""
+    turns = Turn.objects.filter(conversation=conversation, state=TurnState.DONE, pk__lt=before_turn.pk)
+    if conversation.context_reset_at:
+        turns = turns.filter(created_at__gte=conversation.context_reset_at)
+    rows = turns.order_by("-pk").values_list("merged_input", "reply_text")[:limit]
+    return list(reversed(rows))
+

@@ -1,0 +1,69 @@
+"""What `make run` does before starting the processes: migrate, an admin user, a demo
+channel with an agent key. Idempotent and quiet on a second run."""
+
+import os
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from conversations.models import AgentKey, Channel, ChannelKind, TelegramMode
+
+
+def _remembered(name, make):
+    """A generated secret kept under var/ (mode 0600) so every run can print it again."""
+    path = settings.VAR_DIR / name
+    if path.exists():
+        return path.read_text().strip(), False
+    value = make()
+    settings.VAR_DIR.mkdir(exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(value)
+    return value, True
+
+
+class Command(BaseCommand):
+    help = "Migrate and create the admin user and the demo channel (idempotent)."
+
+    def handle(self, *args, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        password = self.admin_user()
+        key = self.demo_channel()
+        telegram = self.telegram_channel()
+        info = {"admin_user": "admin", "admin_password": password, "demo_key": key, "telegram": telegram}
+        (settings.VAR_DIR / "bootstrap.env").write_text("".join(f"{k}={v}\n" for k, v in info.items()))
+        os.chmod(settings.VAR_DIR / "bootstrap.env", 0o600)
+
+    def admin_user(self):
+        User = get_user_model()
+        password = os.environ.get("ADMIN_PASSWORD") or _remembered(
+            "admin_password", lambda: secrets.token_urlsafe(12))[0]
+        user, _ = User.objects.get_or_create(username="admin", defaults={"is_staff": True, "is_superuser": True})
+        if not user.check_password(password):
+            user.set_password(password)
+        user.is_staff = user.is_superuser = True
+        user.save()
+        return password
+
+    def demo_channel(self):
+        channel, _ = Channel.objects.get_or_create(
+            slug="demo", defaults={"name": "Demo (API, echo agent)", "kind": ChannelKind.API, "agent": "echo"})
+        raw, fresh = _remembered("demo_agent_key", lambda: "")
+        if not raw or AgentKey.objects.for_key(raw) is None:
+            key, raw = AgentKey.objects.issue("demo", [channel])
+            (settings.VAR_DIR / "demo_agent_key").write_text(raw)
+        return raw
+
+    def telegram_channel(self):
+        """With TELEGRAM_BOT_TOKEN set, a real bot answers through long polling."""
+        token = os.environ.get("TELEGRAM_BOT_TOKEN", "")
+        if not token:
+            return ""
+        Channel.objects.update_or_create(slug="telegram", defaults={
+            "name": "Telegram (polling)", "kind": ChannelKind.TELEGRAM, "bot_token": token,
+            "telegram_mode": TelegramMode.POLLING, "is_active": True,
+        })
+        return "telegram"

@@ -1,0 +1,19 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from conversations.models import AgentKey, Channel
+
+
+class Command(BaseCommand):
+    help = "Create an agent key (printed once; only its hash is stored)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument("--channel", action="append", default=[], help="Channel slug (repeatable).")
+
+    def handle(self, *args, name, channel, **options):
+        channels = list(Channel.objects.filter(slug__in=channel))
+        missing = set(channel) - {c.slug for c in channels}
+        if missing:
+            raise CommandError(f"unknown channel(s): {', '.join(sorted(missing))}")
+        key, raw = AgentKey.objects.issue(name, channels)
+        self.stdout.write(raw)

@@ -1,0 +1,87 @@
+"""Start every process the product needs, in the foreground, in this process group.
+
+Ctrl-C / SIGTERM stops them all; if one dies, the others are stopped too. Children are
+not put in sessions of their own, so `kill -- -<pgid>` leaves no orphan.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+def processes(host, port):
+    python = sys.executable
+    return {
+        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "agentloop.asgi:application"],
+        "worker": [python, "manage.py", "runloop"],
+        "tasks": [python, "manage.py", "qcluster"],
+    }
+
+
+class Command(BaseCommand):
+    help = "Run the web server, the worker loop and the django-q2 cluster together."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+
+    def handle(self, *args, host, port, **options):
+        children = {name: subprocess.Popen(cmd, cwd=settings.BASE_DIR) for name, cmd in processes(host, port).items()}
+        stopping = False
+
+        def stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.banner(host, port)
+        try:
+            while not stopping:
+                exited = {n: p.returncode for n, p in children.items() if p.poll() is not None}
+                if exited:
+                    self.stderr.write(f"process exited: {exited}; stopping the others")
+                    break
+                time.sleep(0.2)
+        finally:
+            self.stop_all(children)
+        if not stopping:
+            sys.exit(1)
+
+    def stop_all(self, children):
+        for proc in children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in children.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def banner(self, host, port):
+        info = {}
+        path = settings.VAR_DIR / "bootstrap.env"
+        if path.exists():
+            info = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        base = f"http://{host}:{port}"
+        lines = [
+            "",
+            "agentloop is running (Ctrl-C stops everything)",
+            f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
+            f"  API:       {base}/api/schema/",
+            f"  demo channel 'demo' (echo agent), agent key: {info.get('demo_key', '?')}",
+            f"    curl -X POST {base}/api/v1/channels/demo/messages \\",
+            f"      -H 'Authorization: Bearer {info.get('demo_key', '?')}' -H 'Content-Type: application/json' \\",
+            "      -d '{\"message_id\": \"1\", \"contact\": \"ana\", \"text\": \"hola\"}'",
+        ]
+        if info.get("telegram"):
+            lines.append("  Telegram channel 'telegram' is polling with TELEGRAM_BOT_TOKEN")
+        self.stdout.write("\n".join(lines) + "\n")
+        self.stdout.flush()

@@ -1,0 +1,27 @@
+import asyncio
+import signal
+
+from django.core.management.base import BaseCommand
+
+from conversations.worker import Worker
+
+
+class Command(BaseCommand):
+    help = ("Run the worker loop: debounce flushes on time, turns, replies, Telegram polling. "
+            "Run as many as you like side by side.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-telegram-polling", action="store_true",
+                            help="Do not poll Telegram from this worker.")
+
+    def handle(self, *args, **options):
+        worker = Worker(poll_telegram=not options["no_telegram_polling"])
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.request_stop)
+            await worker.run()
+
+        asyncio.run(main())
+        self.stdout.write(f"worker {worker.owner} stopped after {worker.turns_done} turns")

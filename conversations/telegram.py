@@ -1,0 +1,100 @@
+"""Telegram inbound: updates (from the webhook or long polling) into our Inbound type."""
+
+import logging
+from datetime import timedelta
+
+import telegram
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from conversations.ingest import Inbound, admit
+from conversations.models import Channel, ChannelKind, TelegramMode
+
+log = logging.getLogger(__name__)
+
+# Non-text messages flush their buffer at once; the first attribute present names the kind.
+MEDIA_KINDS = (
+    "photo", "voice", "audio", "video", "video_note", "document", "sticker", "animation",
+    "location", "venue", "contact", "poll", "dice",
+)
+GROUP_TYPES = ("group", "supergroup")
+LEASE = timedelta(seconds=60)
+
+
+def inbound_from_update(update: telegram.Update) -> Inbound | None:
+    """The message we act on, or None for updates we ignore (edits, service messages…)."""
+    message = update.message
+    if message is None or message.from_user is None:
+        return None
+    media = next((kind for kind in MEDIA_KINDS if getattr(message, kind, None)), "")
+    text = message.text or message.caption or ""
+    if not text and not media:
+        return None
+    sender = message.from_user
+    thread = message.message_thread_id if message.is_topic_message else None
+    return Inbound(
+        platform_message_id=f"{message.chat.id}:{message.message_id}",
+        chat_id=str(message.chat.id),
+        sender_id=str(sender.id),
+        text=text,
+        sender_name=sender.full_name,
+        username=sender.username or "",
+        media_type=media,
+        is_group=message.chat.type in GROUP_TYPES,
+        thread_id=str(thread) if thread else "",
+        reply_target=str(message.message_id),
+        sent_at=message.date,
+    )
+
+
+def parse_update(data: dict) -> telegram.Update:
+    """python-telegram-bot's own parser; raises on payloads that are not an Update."""
+    if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+        raise ValueError("not a Telegram Update: 'update_id' missing")
+    return telegram.Update.de_json(data, None)
+
+
+def admit_update(channel, data: dict):
+    inbound = inbound_from_update(parse_update(data))
+    return None if inbound is None else admit(channel, inbound)
+
+
+# --- long polling ------------------------------------------------------------
+
+def polling_channels():
+    return list(Channel.objects.filter(kind=ChannelKind.TELEGRAM, telegram_mode=TelegramMode.POLLING,
+                                       is_active=True).exclude(bot_token="").values_list("pk", flat=True))
+
+
+def take_lease(channel_id, owner, now=None) -> Channel | None:
+    """Become (or stay) the one poller of this bot; the channel, or None if another worker is."""
+    now = now or timezone.now()
+    free = Q(poll_lease_until__isnull=True) | Q(poll_lease_until__lt=now) | Q(poll_owner=owner)
+    taken = Channel.objects.filter(free, pk=channel_id, is_active=True,
+                                   telegram_mode=TelegramMode.POLLING).update(
+        poll_owner=owner, poll_lease_until=now + LEASE)
+    return Channel.objects.get(pk=channel_id) if taken else None
+
+
+def release_lease(channel_id, owner):
+    Channel.objects.filter(pk=channel_id, poll_owner=owner).update(poll_owner="", poll_lease_until=None)
+
+
+def admit_polled(channel_id, owner, updates: list[dict]) -> int:
+    """Admit a polled batch, then persist the next offset. A crash in between re-polls the
+    batch, and the durable dedup drops what was already admitted."""
+    channel = Channel.objects.get(pk=channel_id)
+    admitted = 0
+    for data in updates:
+        try:
+            admission = admit_update(channel, data)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("channel %s: skipping malformed update %s: %s", channel.slug, data.get("update_id"), exc)
+            continue
+        admitted += bool(admission and not admission.duplicate)
+    if updates:
+        offset = max(u["update_id"] for u in updates) + 1
+        with transaction.atomic():
+            Channel.objects.filter(pk=channel_id, poll_owner=owner).update(poll_offset=offset)
+    return admitted

@@ -1,0 +1,49 @@
+"""Inbound webhooks. Thin: validate, parse into our types, dispatch to `ingest.admit`."""
+
+import hmac
+import json
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from conversations import telegram as telegram_inbound
+from conversations.models import Channel, ChannelKind
+
+log = logging.getLogger(__name__)
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+
+def _error(status, message):
+    return JsonResponse({"ok": False, "error": message}, status=status)
+
+
+@csrf_exempt
+@require_POST
+def telegram_webhook(request, slug):
+    channel = Channel.objects.filter(slug=slug, kind=ChannelKind.TELEGRAM, is_active=True).first()
+    if channel is None:
+        return _error(404, f"no active Telegram channel '{slug}'")
+    supplied = request.headers.get(SECRET_HEADER)
+    if not channel.webhook_secret:
+        return _error(403, "this channel has no webhook secret configured; set one (addchannel --secret)")
+    if supplied is None:
+        return _error(401, f"missing {SECRET_HEADER} header")
+    if not hmac.compare_digest(supplied.encode(), channel.webhook_secret.encode()):
+        return _error(403, f"wrong {SECRET_HEADER}")
+    try:
+        data = json.loads(request.body)
+    except RequestDataTooBig:
+        return _error(413, "request body too large")
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "body is not valid JSON")
+    try:
+        admission = telegram_inbound.admit_update(channel, data)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return _error(400, f"not a valid Telegram update: {exc}")
+    if admission is None:
+        # 200 so Telegram stops retrying an update we will never act on.
+        return JsonResponse({"ok": True, "ignored": True})
+    return JsonResponse({"ok": True, "duplicate": admission.duplicate})

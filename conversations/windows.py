@@ -1,0 +1,129 @@
+"""The adaptive debounce window: how long to wait after a message for the next one.
+
+Pure functions over text and times, so the table is tested with injected time.
+The signal is the text of the last message (bots cannot see the user typing):
+
+    bare greeting ("hola", "una consulta")        -> greeting window (4.0 s)
+    ends in a comma, '...', ':' or a conjunction   -> open window     (4.0 s)
+    ends in ? ! .                                  -> closed window   (1.2 s)
+    anything else                                  -> neutral window  (2.5 s)
+
+A greeting wins over its punctuation: "¡Hola!" is still almost always followed
+by the actual question.
+"""
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+DEFAULT_GREETINGS = (
+    "hola", "holi", "buenas", "buenos dias", "buenas tardes", "buenas noches", "buen dia",
+    "que tal", "oye", "hey", "hi", "hello", "hello there", "good morning", "good afternoon",
+    "good evening", "una consulta", "una pregunta", "consulta", "pregunta", "quick question",
+    "a question", "ola", "saludos", "yo",
+)
+DEFAULT_CONJUNCTIONS = (
+    "y", "e", "o", "u", "ni", "pero", "con", "para", "por", "que", "porque", "de", "del", "en",
+    "a", "al", "sin", "como", "pues", "entonces", "ademas", "tambien", "luego", "mas",
+    "and", "or", "but", "with", "for", "to", "so", "because", "then", "also", "plus", "of", "in",
+)
+
+CLOSED, GREETING, OPEN, NEUTRAL = "closed", "greeting", "open", "neutral"
+
+_ELLIPSIS = ("...", "…")
+_OPEN_ENDINGS = (",", ":", ";")
+_CLOSED_ENDINGS = ("?", "!", ".")
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class DebounceSettings:
+    closed: float = 1.2
+    greeting: float = 4.0
+    open: float = 4.0
+    neutral: float = 2.5
+    greetings: frozenset = field(default_factory=lambda: frozenset(DEFAULT_GREETINGS))
+    conjunctions: frozenset = field(default_factory=lambda: frozenset(DEFAULT_CONJUNCTIONS))
+    max_wait: float = 15.0
+    max_messages: int = 10
+
+    def seconds(self, kind: str) -> float:
+        return getattr(self, kind)
+
+
+def parse_words(text: str) -> frozenset:
+    """Comma- or newline-separated words and phrases, normalised like message text."""
+    parts = re.split(r"[,\n]", text or "")
+    return frozenset(" ".join(words(p)) for p in parts if words(p))
+
+
+def fold(text: str) -> str:
+    """Lowercase without accents, so 'Buenos días' matches 'buenos dias'."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(fold(text))
+
+
+def is_bare_greeting(text: str, greetings: frozenset) -> bool:
+    """True when the message is nothing but greeting phrases ("hola, una consulta")."""
+    tokens = words(text)
+    if not tokens:
+        return False
+    longest = max((len(g.split()) for g in greetings), default=0)
+    # covered[i]: tokens[:i] can be split into greeting phrases.
+    covered = [True] + [False] * len(tokens)
+    for end in range(1, len(tokens) + 1):
+        for size in range(1, min(longest, end) + 1):
+            if covered[end - size] and " ".join(tokens[end - size:end]) in greetings:
+                covered[end] = True
+                break
+    return covered[-1]
+
+
+def classify(text: str, settings: DebounceSettings) -> str:
+    """Which window the last message of a buffer gets."""
+    stripped = (text or "").strip()
+    if is_bare_greeting(stripped, settings.greetings):
+        return GREETING
+    if stripped.endswith(_ELLIPSIS) or stripped.endswith(_OPEN_ENDINGS):
+        return OPEN
+    if stripped.endswith(_CLOSED_ENDINGS):
+        return CLOSED
+    tokens = words(stripped)
+    if tokens and tokens[-1] in settings.conjunctions:
+        return OPEN
+    return NEUTRAL
+
+
+@dataclass(frozen=True)
+class FlushPlan:
+    flush_at: datetime
+    reason: str  # a FlushReason value
+    window_kind: str
+    window_seconds: float
+
+
+def plan_flush(
+    *, text: str, is_media: bool, now: datetime, first_message_at: datetime,
+    message_count: int, settings: DebounceSettings,
+) -> FlushPlan:
+    """The deadline of a buffer whose latest message is `text`, received at `now`.
+
+    Every new message re-plans (re-arms) the deadline; the caps bound a buffer that
+    never goes quiet (max_wait) or grows without end (max_messages).
+    """
+    if is_media:
+        return FlushPlan(now, "media", "media", 0.0)
+    if message_count >= settings.max_messages:
+        return FlushPlan(now, "max_messages", "cap", 0.0)
+    kind = classify(text, settings)
+    seconds = settings.seconds(kind)
+    window_deadline = now + timedelta(seconds=seconds)
+    cap = first_message_at + timedelta(seconds=settings.max_wait)
+    if cap < window_deadline:
+        return FlushPlan(max(cap, now), "max_wait", kind, seconds)
+    return FlushPlan(window_deadline, "window", kind, seconds)

@@ -1,0 +1,378 @@
+"""The worker loop: fires flushes on time, runs turns concurrently, sends replies,
+polls Telegram, and recovers what dead workers left behind.
+
+Several of these can run side by side (any number of processes): every piece of work
+is claimed by compare-and-swap with this worker's owner stamp.
+
+Threads: the flusher is a plain thread sleeping until the earliest deadline (timing
+matters there and must not queue behind turn work); turns, replies and pollers are
+asyncio tasks on one event loop (agent calls are I/O-bound: hundreds run at once);
+their database steps run on one executor thread with its own connection.
+"""
+
+import asyncio
+import functools
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import telegram
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
+
+from conversations import engine, turns
+from conversations import telegram as telegram_inbound
+from conversations.agents import TurnCancelled, TurnContext, agent_for
+from conversations.models import Turn, TurnState
+from delivery import outbox
+from delivery.models import OutboundKind
+from delivery.transports import Target, transport_for
+
+log = logging.getLogger(__name__)
+
+APOLOGY = "Sorry — I couldn't finish that just now. Please try again in a moment."
+HOUSEKEEPING_EVERY = 5.0
+CANCEL_CHECK_EVERY = 0.2
+SHUTDOWN_GRACE = 10.0
+
+
+def _in_db_thread(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        # A broken connection must not poison every later step of this thread.
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        raise
+
+
+def _close_connection():
+    connection.close()  # the calling thread's own connection
+
+
+class Flusher(threading.Thread):
+    """Sleeps until the earliest buffer deadline (at most `poll_interval`), then claims
+    every due buffer by compare-and-swap and turns it into a ready turn."""
+
+    def __init__(self, on_flush, poll_interval):
+        super().__init__(name="flusher", daemon=True)
+        self.on_flush = on_flush
+        self.poll_interval = poll_interval
+        self.wakeup = threading.Event()
+        self.stopping = threading.Event()
+        self.flushed = 0
+
+    def run(self):
+        try:
+            while not self.stopping.is_set():
+                self.wakeup.clear()
+                try:
+                    wait = self.step()
+                except Exception:
+                    log.exception("flusher step failed")
+                    connection.close()
+                    wait = 1.0
+                if wait > 0:
+                    self.wakeup.wait(wait)
+        finally:
+            connection.close()
+
+    def step(self) -> float:
+        """Flush what is due; return how long to sleep before the next look."""
+        flushed = engine.flush_due(timezone.now())
+        if flushed:
+            self.flushed += len(flushed)
+            self.on_flush()
+            return 0.0  # there may be more due right now
+        deadline = engine.next_deadline(timezone.now())
+        wait = self.poll_interval
+        if deadline is not None:
+            wait = min(wait, (deadline - timezone.now()).total_seconds())
+        return max(0.0, wait)
+
+    def stop(self):
+        self.stopping.set()
+        self.wakeup.set()
+
+
+class Worker:
+    def __init__(self, *, owner=None, poll_interval=None, max_concurrent=None, typing_interval=None,
+                 poll_telegram=True):
+        self.owner = owner or engine.new_owner()
+        self.poll_interval = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
+        self.max_concurrent = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
+        self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
+        self.poll_telegram = poll_telegram
+        self.db_executor = ThreadPoolExecutor(1, thread_name_prefix="db")
+        self.running: dict[int, asyncio.Task] = {}
+        self.cancelled_by_user: set[int] = set()
+        self.sending: set[int] = set()
+        self.pollers: dict[int, asyncio.Task] = {}
+        self.dead_owners: list[str] = []
+        self.turns_done = 0
+        self._stopping = None
+        self._wakeup = None
+
+    # --- plumbing ---------------------------------------------------------------
+
+    async def db(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.db_executor, functools.partial(_in_db_thread, fn, *args, **kwargs))
+
+    def wake(self):
+        """Thread-safe: new turns may be ready, or a conversation's turn just ended."""
+        self._loop.call_soon_threadsafe(self._wakeup.set)
+
+    async def _sleep(self, seconds):
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+        self._wakeup.clear()
+
+    def request_stop(self):
+        self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # --- main -------------------------------------------------------------------
+
+    async def run(self, ready: threading.Event | None = None):
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        await self.housekeeping()  # recover dead workers' turns before anything else
+        self.flusher = Flusher(self.wake, self.poll_interval)
+        self.flusher.start()
+        log.info("worker %s started", self.owner)
+        if ready is not None:
+            ready.set()
+        loops = [self.turn_loop(), self.outbox_loop(), self.housekeeping_loop(), self.cancel_loop()]
+        if self.poll_telegram:
+            loops.append(self.poller_loop())
+        tasks = [asyncio.create_task(c) for c in loops]
+        await self._stopping.wait()
+        await self.shutdown(tasks)
+
+    async def shutdown(self, tasks):
+        log.info("worker %s stopping", self.owner)
+        self.flusher.stop()
+        for task in tasks + list(self.pollers.values()):
+            task.cancel()
+        if self.running:
+            done, pending = await asyncio.wait(list(self.running.values()), timeout=SHUTDOWN_GRACE)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*tasks, *self.pollers.values(), return_exceptions=True)
+        await self.db(self._release_leases)
+        await self.db(engine.retire, self.owner)
+        await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
+        self.db_executor.submit(_close_connection).result()
+        self.db_executor.shutdown(wait=True)
+
+    def _release_leases(self):
+        for channel_id in list(self.pollers):
+            telegram_inbound.release_lease(channel_id, self.owner)
+
+    async def housekeeping(self):
+        await self.db(engine.beat, self.owner)
+        self.dead_owners = await self.db(engine.dead_owners)
+        if self.dead_owners:
+            recovered = await self.db(engine.recover_turns, self.dead_owners)
+            if recovered:
+                log.info("recovered %d turns from dead workers", len(recovered))
+                self._wakeup.set()
+
+    async def housekeeping_loop(self):
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_EVERY)
+            try:
+                await self.housekeeping()
+                await self.db(engine.forget_workers, self.dead_owners)
+            except Exception:
+                log.exception("housekeeping failed")
+
+    # --- turns --------------------------------------------------------------------
+
+    async def turn_loop(self):
+        while True:
+            try:
+                capacity = self.max_concurrent - len(self.running)
+                if capacity > 0:
+                    for turn, history in await self.db(self.claim_turns, capacity):
+                        self.running[turn.pk] = asyncio.create_task(self.run_turn(turn, history))
+            except Exception:
+                log.exception("claiming turns failed")
+                await asyncio.sleep(1.0)
+            await self._sleep(self.poll_interval)
+
+    def claim_turns(self, limit):
+        claimed = []
+        now = timezone.now()
+        for turn_id in turns.ready_candidates(limit):
+            if turns.start(turn_id, self.owner, now):
+                turn = Turn.objects.select_related("conversation__channel").get(pk=turn_id)
+                claimed.append((turn, engine.conversation_history(turn.conversation, turn)))
+        return claimed
+
+    async def run_turn(self, turn, history):
+        conversation, channel = turn.conversation, turn.conversation.channel
+        transport = transport_for(channel)
+        target = Target(conversation.chat_id, turn.reply_target, turn.thread_id)
+        typing = None
+        if channel.typing_enabled and transport.supports_typing:
+            typing = asyncio.create_task(self.keep_typing(transport, target))
+        state, reply, outcome = TurnState.DONE, "", ""
+        try:
+            ctx = TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
+                              text=turn.merged_input, history=history, config=channel.agent_config,
+                              mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk))
+            reply = await agent_for(channel.agent).respond(ctx)
+        except (asyncio.CancelledError, TurnCancelled):
+            if turn.pk not in self.cancelled_by_user:
+                # Shutdown: hand the turn back unless it already acted.
+                await asyncio.shield(self.db(self._release_turn, turn.pk))
+            return
+        except Exception as exc:
+            log.exception("turn %s failed in agent %s", turn.pk, channel.agent)
+            state, reply, outcome = TurnState.FAILED, APOLOGY, f"{type(exc).__name__}: {exc}"
+        finally:
+            if typing is not None:
+                typing.cancel()
+            self.running.pop(turn.pk, None)
+            self.cancelled_by_user.discard(turn.pk)
+        try:
+            outbound = await self.db(self.complete_turn, turn, state, reply, outcome)
+            self.turns_done += 1
+            self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
+            if outbound is not None:
+                await self.deliver(outbound.pk)
+        except Exception:
+            log.exception("completing turn %s failed", turn.pk)
+
+    def complete_turn(self, turn, state, reply, outcome):
+        """Finish the turn and write its reply down in one transaction; None if the turn
+        was cancelled meanwhile (its reply must not go out)."""
+        from django.db import transaction
+
+        with transaction.atomic():
+            if not turns.finish(turn.pk, self.owner, state=state, reply_text=reply, outcome=outcome):
+                return None
+            if not reply:
+                return None
+            return outbox.enqueue(turn.conversation, reply, kind=OutboundKind.REPLY if state == TurnState.DONE
+                                  else OutboundKind.NOTICE, turn=turn,
+                                  reply_target=turn.reply_target, thread_id=turn.thread_id)
+
+    def _release_turn(self, turn_id):
+        Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=self.owner, fired_effect=False).update(
+            state=TurnState.READY, owner="")
+
+    async def keep_typing(self, transport, target):
+        """Telegram's indicator lasts ~5 s: refresh it until the turn ends."""
+        while True:
+            try:
+                await transport.send_typing(target)
+            except Exception as exc:
+                log.debug("typing indicator failed: %s", exc)
+            await asyncio.sleep(self.typing_interval)
+
+    async def cancel_loop(self):
+        """Turns cancelled by another process (/stop, interrupt, rollback) are stopped here."""
+        while True:
+            await asyncio.sleep(CANCEL_CHECK_EVERY)
+            if not self.running:
+                continue
+            try:
+                ids = await self.db(self._cancelled_among, list(self.running))
+            except Exception:
+                log.exception("cancel check failed")
+                continue
+            for turn_id in ids:
+                task = self.running.get(turn_id)
+                if task is not None:
+                    self.cancelled_by_user.add(turn_id)
+                    task.cancel()
+
+    @staticmethod
+    def _cancelled_among(turn_ids):
+        return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", flat=True))
+
+    # --- replies ------------------------------------------------------------------
+
+    async def deliver(self, outbound_id):
+        if outbound_id in self.sending:
+            return
+        self.sending.add(outbound_id)
+        try:
+            row = await self.db(outbox.claim, outbound_id, self.owner, self.dead_owners)
+            if row is None:
+                return
+            result = await outbox.send(row)
+            await self.db(outbox.finish, row, self.owner, result)
+        finally:
+            self.sending.discard(outbound_id)
+
+    async def outbox_loop(self):
+        while True:
+            try:
+                for outbound_id in await self.db(outbox.claimable_ids, self.dead_owners):
+                    if outbound_id not in self.sending:
+                        asyncio.create_task(self.deliver(outbound_id))
+            except Exception:
+                log.exception("outbox sweep failed")
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(self.poll_interval)
+
+    # --- Telegram long polling -------------------------------------------------------
+
+    async def poller_loop(self):
+        while True:
+            try:
+                wanted = set(await self.db(telegram_inbound.polling_channels))
+                for channel_id in wanted - set(self.pollers):
+                    self.pollers[channel_id] = asyncio.create_task(self.poll_channel(channel_id))
+                for channel_id in set(self.pollers) - wanted:
+                    self.pollers.pop(channel_id).cancel()
+            except Exception:
+                log.exception("poller supervision failed")
+            await asyncio.sleep(HOUSEKEEPING_EVERY)
+
+    async def poll_channel(self, channel_id):
+        """One poller per bot (a lease): getUpdates with the persisted offset. A network
+        failure rebuilds the Bot; the durable dedup keeps a re-delivered batch out."""
+        backoff = 1.0
+        while True:
+            channel = await self.db(telegram_inbound.take_lease, channel_id, self.owner)
+            if channel is None:
+                await asyncio.sleep(HOUSEKEEPING_EVERY)
+                continue
+            bot = telegram.Bot(channel.bot_token, base_url=f"{channel.api_base.rstrip('/')}/bot")
+            try:
+                async with bot:
+                    await bot.delete_webhook()  # getUpdates is refused while a webhook is set
+                    await self.poll_batches(bot, channel)
+                backoff = 1.0
+            except (NetworkError, Conflict) as exc:
+                log.warning("channel %s: polling failed (%s); rebuilding in %.0fs", channel.slug, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+            except (InvalidToken, TelegramError) as exc:
+                log.error("channel %s: polling stopped: %s", channel.slug, exc)
+                await asyncio.sleep(60.0)
+
+    async def poll_batches(self, bot, channel):
+        offset = channel.poll_offset
+        while True:
+            updates = await bot.get_updates(
+                offset=offset, timeout=settings.AGENTLOOP_TELEGRAM_POLL_TIMEOUT, allowed_updates=["message"]
+            )
+            if updates:
+                batch = [u.to_dict() for u in updates]
+                admitted = await self.db(telegram_inbound.admit_polled, channel.pk, self.owner, batch)
+                offset = max(u.update_id for u in updates) + 1
+                if admitted:
+                    self.flusher.wakeup.set()
+            if await self.db(telegram_inbound.take_lease, channel.pk, self.owner) is None:
+                return  # another worker took over

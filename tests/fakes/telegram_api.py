@@ -1,0 +1,914 @@
+"""A local fake of Telegram's Bot API that speaks the real HTTP protocol.
+
+Tests drive it with the real python-telegram-bot client, so the whole HTTP
+path (serialisation, status codes, error envelopes, timeouts) is exercised::
+
+    with FakeBotAPI() as fake:
+        bot = telegram.Bot("123:abc", base_url=f"{fake.url}/bot")
+        ...                                # run the code under test
+        [call] = fake.wait_for("sendMessage")
+        assert call.params["text"] == "hello"
+
+Other processes (e.g. a Django server started by a test) can drive it through
+the HTTP endpoints under ``/_control/``, and
+``python -m tests.fakes.telegram_api --port N`` runs it in the foreground.
+
+Standard library only, so it works anywhere the tests run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import copy
+import email.parser
+import email.policy
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+BOT_USERNAME = "agentloop_test_bot"
+BOT_FIRST_NAME = "AgentLoop Test Bot"
+
+WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; "
+    "use deleteWebhook to delete the webhook first"
+)
+
+# Parameters the Bot API documents as strings. Form bodies carry no types, so
+# without this list a message text of "123" or "true" would be decoded into a
+# number or a boolean when we try json.loads on every value.
+_STRING_PARAMS = frozenset(
+    {
+        "text",
+        "caption",
+        "parse_mode",
+        "url",
+        "secret_token",
+        "ip_address",
+        "action",
+        "title",
+        "description",
+        "short_description",
+        "name",
+        "query",
+        "emoji",
+        "message_effect_id",
+        "business_connection_id",
+        "callback_query_id",
+        "inline_query_id",
+        "shipping_query_id",
+        "pre_checkout_query_id",
+        "inline_message_id",
+        "file_id",
+        "language_code",
+    }
+)
+
+_BOT_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z0-9_]+)/?$")
+
+# A handler receives (token, params) and returns the "result" of the envelope.
+Handler = Callable[[str, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One Bot API request as the fake received it."""
+
+    token: str
+    method: str
+    params: dict[str, Any]
+    at: float  # time.monotonic(), for measuring intervals between calls
+    wall: float  # time.time(), for comparing with Telegram "date" fields
+
+
+class BotAPIError(Exception):
+    """An error answer, raised by method handlers (also custom ones)."""
+
+    def __init__(self, status: int, description: str, parameters: dict | None = None):
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.parameters = parameters
+
+    def envelope(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "ok": False,
+            "error_code": self.status,
+            "description": self.description,
+        }
+        if self.parameters:
+            body["parameters"] = self.parameters
+        return body
+
+
+@dataclass
+class _Rule:
+    """A scripted misbehaviour for the next `times` calls of a method."""
+
+    method: str
+    token: str | None
+    times: int
+    error: BotAPIError | None = None  # None means: drop the connection
+
+    def matches(self, token: str, method: str) -> bool:
+        return _same_method(self.method, method) and self.token in (None, token)
+
+
+class Hold:
+    """Blocks calls of one method (after they are recorded) until released."""
+
+    def __init__(self, fake: FakeBotAPI, method: str, token: str | None):
+        self._fake = fake
+        self.method = method
+        self.token = token
+        self.released = False
+        self.held = 0  # requests currently blocked by this hold
+
+    def matches(self, token: str, method: str) -> bool:
+        return _same_method(self.method, method) and self.token in (None, token)
+
+    def release(self) -> None:
+        """Let every blocked request (and all later ones) through."""
+        self._fake._release_hold(self)
+
+    def wait_held(self, count: int = 1, timeout: float = 5.0) -> int:
+        """Wait until at least `count` requests are blocked; returns how many."""
+        with self._fake._cond:
+            if not self._fake._cond.wait_for(lambda: self.held >= count, timeout):
+                raise AssertionError(
+                    f"expected {count} held {self.method!r} request(s) within "
+                    f"{timeout}s, {self.held} held"
+                )
+            return self.held
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class FakeBotAPI(ThreadingHTTPServer):
+    """An in-process Telegram Bot API server on 127.0.0.1.
+
+    Clients use ``telegram.Bot(token, base_url=f"{fake.url}/bot")``.
+    """
+
+    daemon_threads = True  # a stuck client must never keep the test process alive
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        host: str = "127.0.0.1",
+        tokens: tuple[str, ...] | list[str] = (),
+        require_known_tokens: bool = False,
+    ):
+        super().__init__((host, port), _RequestHandler)
+        # One lock for all state; its condition wakes long polls, wait_for and holds.
+        self._cond = threading.Condition(threading.RLock())
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+
+        self.require_known_tokens = require_known_tokens
+        self._known_tokens: set[str] = set(tokens)
+        self._forget_offsets = False
+
+        self._calls: list[Call] = []
+        self._history: dict[str, list[dict]] = {}  # every update ever pushed, by update_id
+        self._confirmed: dict[str, int] = {}  # lowest update_id not yet confirmed
+        self._next_update_id: dict[str, int] = {}
+        self._next_message_id: dict[tuple[str, int], int] = {}
+        self._webhooks: dict[str, dict[str, Any]] = {}
+        self._rules: list[_Rule] = []
+        self._delays: dict[str, float] = {}
+        self._holds: list[Hold] = []
+        self._handlers: dict[str, tuple[str, Handler]] = {}
+        for method, handler in {
+            "getMe": self._api_get_me,
+            "sendMessage": self._api_send_message,
+            "sendChatAction": self._api_send_chat_action,
+            "setWebhook": self._api_set_webhook,
+            "deleteWebhook": self._api_delete_webhook,
+            "getWebhookInfo": self._api_get_webhook_info,
+            "getUpdates": self._api_get_updates,
+        }.items():
+            self.set_handler(method, handler)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def url(self) -> str:
+        """API root; the bot endpoint is f"{url}/bot<token>/<method>"."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeBotAPI:
+        # A short poll interval keeps stop() fast (shutdown waits for one poll).
+        self._thread = threading.Thread(
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"FakeBotAPI:{self.server_address[1]}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._stopping.is_set():
+            return
+        with self._cond:
+            # Wake every long poll, hold and delay so their threads can finish.
+            self._stopping.set()
+            for hold in self._holds:
+                hold.released = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+        self._close_connections()
+        self.server_close()
+
+    def __enter__(self) -> FakeBotAPI:
+        return self if self._thread is not None else self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ settings
+
+    @property
+    def forget_offsets(self) -> bool:
+        """When true, getUpdates re-serves already confirmed updates.
+
+        Simulates the platform re-delivering after a reconnect. Confirmations
+        are still tracked, so switching it off restores normal behaviour.
+        """
+        return self._forget_offsets
+
+    @forget_offsets.setter
+    def forget_offsets(self, value: bool) -> None:
+        with self._cond:
+            self._forget_offsets = bool(value)
+            self._cond.notify_all()  # waiting long polls may now have updates
+
+    def add_token(self, token: str) -> None:
+        """Register a token as valid (matters when require_known_tokens is on)."""
+        with self._cond:
+            self._known_tokens.add(token)
+
+    def set_handler(self, method: str, handler: Handler) -> None:
+        """Add or replace a method. handler(token, params) returns the result
+        or raises BotAPIError."""
+        with self._cond:
+            self._handlers[method.lower()] = (method, handler)
+
+    def webhook(self, token: str) -> dict[str, Any] | None:
+        """The webhook set for a token ({"url", "secret_token", ...}) or None."""
+        with self._cond:
+            hook = self._webhooks.get(token)
+            return dict(hook) if hook else None
+
+    # ---------------------------------------------------------------- recording
+
+    def calls(self, method: str | None = None, token: str | None = None) -> list[Call]:
+        with self._cond:
+            return self._matching_calls(method, token)
+
+    def clear(self) -> None:
+        """Forget recorded calls (scripted behaviour and updates stay)."""
+        with self._cond:
+            self._calls.clear()
+
+    def reset(self) -> None:
+        """Forget calls, updates, webhooks and all scripted behaviour."""
+        with self._cond:
+            for hold in self._holds:
+                hold.released = True
+            for store in (
+                self._calls,
+                self._history,
+                self._confirmed,
+                self._next_update_id,
+                self._next_message_id,
+                self._webhooks,
+                self._rules,
+                self._delays,
+                self._holds,
+            ):
+                store.clear()
+            self._forget_offsets = False
+            self._cond.notify_all()
+
+    def wait_for(
+        self, method: str, count: int = 1, timeout: float = 5.0, token: str | None = None
+    ) -> list[Call]:
+        """Block until at least `count` calls of `method` were recorded; return them."""
+        with self._cond:
+            enough = self._cond.wait_for(
+                lambda: len(self._matching_calls(method, token)) >= count, timeout
+            )
+            found = self._matching_calls(method, token)
+            if not enough:
+                recorded = [call.method for call in self._calls]
+                raise AssertionError(
+                    f"expected {count} call(s) of {method!r}"
+                    f"{f' for token {token!r}' if token else ''} within {timeout}s, "
+                    f"got {len(found)}; recorded methods: {recorded}"
+                )
+            return found
+
+    def _matching_calls(self, method: str | None, token: str | None) -> list[Call]:
+        return [
+            call
+            for call in self._calls
+            if (method is None or _same_method(call.method, method))
+            and (token is None or call.token == token)
+        ]
+
+    def _record(self, token: str, method: str, params: dict[str, Any]) -> None:
+        with self._cond:
+            self._calls.append(Call(token, method, params, time.monotonic(), time.time()))
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ updates
+
+    def push_update(self, token: str, update: dict[str, Any]) -> dict[str, Any]:
+        """Queue an Update for getUpdates; assigns update_id if missing."""
+        update = copy.deepcopy(update)
+        with self._cond:
+            next_id = self._next_update_id.get(token, 1)
+            update.setdefault("update_id", next_id)
+            self._next_update_id[token] = max(next_id, update["update_id"] + 1)
+            history = self._history.setdefault(token, [])
+            bisect.insort(history, update, key=lambda u: u["update_id"])
+            self._cond.notify_all()
+        return copy.deepcopy(update)
+
+    def push_message(
+        self,
+        token: str,
+        chat_id: int,
+        text: str,
+        *,
+        user_id: int | None = None,
+        first_name: str = "Ana",
+        message_id: int | None = None,
+        chat_type: str = "private",
+        message_thread_id: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Queue an incoming text message as a real Update; returns the update.
+
+        `extra` is merged into the message (e.g. entities, reply_to_message).
+        """
+        chat_id = int(chat_id)
+        if chat_type == "private":
+            chat: dict[str, Any] = {"id": chat_id, "type": "private", "first_name": first_name}
+        else:
+            chat = {"id": chat_id, "type": chat_type, "title": "Test chat"}
+        sender_id = user_id if user_id is not None else (chat_id if chat_id > 0 else 1001)
+        message: dict[str, Any] = {
+            "message_id": self._take_message_id(token, chat_id, message_id),
+            "date": int(time.time()),
+            "chat": chat,
+            "from": {"id": sender_id, "is_bot": False, "first_name": first_name},
+            "text": text,
+        }
+        if message_thread_id is not None:
+            chat["is_forum"] = True
+            message["message_thread_id"] = message_thread_id
+            message["is_topic_message"] = True
+        if text.startswith("/"):
+            # Telegram marks commands with an entity; CommandHandler relies on it.
+            command = text.split()[0]
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
+        message.update(extra)
+        return self.push_update(token, {"message": message})
+
+    def _pending(self, token: str) -> list[dict]:
+        history = self._history.get(token, [])
+        if self._forget_offsets:
+            return list(history)
+        floor = self._confirmed.get(token, 0)
+        return [u for u in history if u["update_id"] >= floor]
+
+    def _confirm(self, token: str, offset: int) -> None:
+        """Apply getUpdates' offset: updates below it are confirmed and dropped."""
+        if offset > 0:
+            self._confirmed[token] = max(self._confirmed.get(token, 0), offset)
+        elif offset < 0:
+            # A negative offset keeps only the last -offset pending updates.
+            pending = self._pending(token)
+            if len(pending) > -offset:
+                self._confirmed[token] = pending[offset]["update_id"]
+
+    def _confirm_all(self, token: str) -> None:
+        self._confirmed[token] = self._next_update_id.get(token, 1)
+
+    # ------------------------------------------------------- scripted behaviour
+
+    def fail_next(
+        self,
+        method: str,
+        *,
+        status: int,
+        description: str,
+        retry_after: int | None = None,
+        times: int = 1,
+        token: str | None = None,
+    ) -> None:
+        """Answer the next `times` calls of `method` with this error."""
+        parameters = {"retry_after": retry_after} if retry_after is not None else None
+        error = BotAPIError(int(status), description, parameters)
+        with self._cond:
+            self._rules.append(_Rule(method, token, int(times), error))
+
+    def drop_connection_next(
+        self, method: str, *, times: int = 1, token: str | None = None
+    ) -> None:
+        """Close the socket without answering the next `times` calls of `method`
+        (a network failure after the request was sent)."""
+        with self._cond:
+            self._rules.append(_Rule(method, token, int(times), None))
+
+    def delay(self, method: str, seconds: float) -> None:
+        """Make `method` sleep before answering; 0 removes the delay."""
+        with self._cond:
+            if seconds and seconds > 0:
+                self._delays[method.lower()] = float(seconds)
+            else:
+                self._delays.pop(method.lower(), None)
+
+    def hold(self, method: str, token: str | None = None) -> Hold:
+        """Block calls of `method` until the returned handle is released."""
+        hold = Hold(self, method, token)
+        with self._cond:
+            self._holds.append(hold)
+        return hold
+
+    def _release_hold(self, hold: Hold) -> None:
+        with self._cond:
+            hold.released = True
+            if hold in self._holds:
+                self._holds.remove(hold)
+            self._cond.notify_all()
+
+    def _take_rule(self, token: str, method: str) -> _Rule | None:
+        with self._cond:
+            for rule in self._rules:
+                if rule.matches(token, method):
+                    rule.times -= 1
+                    if rule.times <= 0:
+                        self._rules.remove(rule)
+                    return rule
+        return None
+
+    def _wait_while_held(self, token: str, method: str) -> None:
+        with self._cond:
+            hold = next((h for h in self._holds if h.matches(token, method)), None)
+            if hold is None:
+                return
+            hold.held += 1
+            self._cond.notify_all()  # wakes wait_held
+            self._cond.wait_for(lambda: hold.released or self._stopping.is_set())
+            hold.held -= 1
+
+    def _sleep_if_delayed(self, method: str) -> None:
+        with self._cond:
+            seconds = self._delays.get(method.lower(), 0.0)
+        if seconds:
+            self._stopping.wait(seconds)  # cut short when the server stops
+
+    # ------------------------------------------------------- request processing
+
+    def _serve_bot_call(
+        self, token: str, method: str, params: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Answer one Bot API call as (status, envelope); None = drop the connection."""
+        with self._cond:
+            known = self._handlers.get(method.lower())
+            # Telegram method names are case-insensitive; record the canonical one.
+            method = known[0] if known else method
+            unauthorized = self.require_known_tokens and token not in self._known_tokens
+        self._record(token, method, params)
+        if unauthorized:
+            return 401, BotAPIError(401, "Unauthorized").envelope()
+        self._wait_while_held(token, method)
+        self._sleep_if_delayed(method)
+        rule = self._take_rule(token, method)
+        if rule is not None:
+            return None if rule.error is None else (rule.error.status, rule.error.envelope())
+        if known is None:
+            return 404, BotAPIError(404, "Not Found: method not found").envelope()
+        try:
+            return 200, {"ok": True, "result": known[1](token, params)}
+        except BotAPIError as error:
+            return error.status, error.envelope()
+
+    # ------------------------------------------------------------- Bot methods
+
+    def bot_user(self, token: str) -> dict[str, Any]:
+        """The User object of the bot behind `token`."""
+        prefix = token.split(":", 1)[0]
+        bot_id = int(prefix) if prefix.isdigit() else (zlib.crc32(token.encode()) or 1)
+        return {
+            "id": bot_id,
+            "is_bot": True,
+            "first_name": BOT_FIRST_NAME,
+            "username": BOT_USERNAME,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+            "can_connect_to_business": False,
+            "has_main_web_app": False,
+        }
+
+    def _api_get_me(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self.bot_user(token)
+
+    def _api_send_chat_action(self, token: str, params: dict[str, Any]) -> bool:
+        _chat_id(params)
+        if not params.get("action"):
+            raise BotAPIError(400, "Bad Request: action is empty")
+        return True
+
+    def _api_send_message(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        chat_id = _chat_id(params)
+        text = params.get("text")
+        if text is None or str(text) == "":
+            raise BotAPIError(400, "Bad Request: message text is empty")
+        chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+        bot = self.bot_user(token)
+        message: dict[str, Any] = {
+            "message_id": self._take_message_id(token, chat_id),
+            "from": bot,
+            "date": int(time.time()),
+            "chat": chat,
+            "text": str(text),
+        }
+        if params.get("message_thread_id") is not None:
+            message["message_thread_id"] = int(params["message_thread_id"])
+        reply_to = _reply_target(params)
+        if reply_to is not None:
+            message["reply_to_message"] = {"message_id": reply_to, "date": message["date"], "chat": chat}
+        markup = params.get("reply_markup")
+        if isinstance(markup, dict) and "inline_keyboard" in markup:
+            message["reply_markup"] = markup  # Telegram echoes inline keyboards only
+        return message
+
+    def _api_set_webhook(self, token: str, params: dict[str, Any]) -> bool:
+        url = params.get("url") or ""
+        with self._cond:
+            if not url:  # the real API treats an empty url as deleteWebhook
+                self._webhooks.pop(token, None)
+            else:
+                self._webhooks[token] = {
+                    "url": str(url),
+                    "secret_token": params.get("secret_token"),
+                    "allowed_updates": params.get("allowed_updates"),
+                    "max_connections": params.get("max_connections"),
+                }
+            if params.get("drop_pending_updates"):
+                self._confirm_all(token)
+            self._cond.notify_all()
+        return True
+
+    def _api_delete_webhook(self, token: str, params: dict[str, Any]) -> bool:
+        with self._cond:
+            self._webhooks.pop(token, None)
+            if params.get("drop_pending_updates"):
+                self._confirm_all(token)
+        return True
+
+    def _api_get_webhook_info(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        with self._cond:
+            hook = self._webhooks.get(token) or {}
+            info: dict[str, Any] = {
+                "url": hook.get("url", ""),
+                "has_custom_certificate": False,
+                "pending_update_count": len(self._pending(token)),
+            }
+            for key in ("max_connections", "allowed_updates"):
+                if hook.get(key) is not None:
+                    info[key] = hook[key]
+            return info
+
+    def _api_get_updates(self, token: str, params: dict[str, Any]) -> list[dict]:
+        offset = _as_int(params.get("offset"), 0)
+        limit = min(max(_as_int(params.get("limit"), 100), 1), 100)
+        timeout = max(_as_float(params.get("timeout"), 0.0), 0.0)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if token in self._webhooks:
+                raise BotAPIError(409, WEBHOOK_CONFLICT)
+            self._confirm(token, offset)
+            # Long polling: hold the request until an update arrives or time runs out.
+            while not (pending := self._pending(token)) and not self._stopping.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return pending[:limit]
+
+    def _take_message_id(self, token: str, chat_id: int, wanted: int | None = None) -> int:
+        """Next message_id in a chat; bot and user messages share one sequence."""
+        with self._cond:
+            key = (token, chat_id)
+            next_id = self._next_message_id.get(key, 1)
+            message_id = wanted if wanted is not None else next_id
+            self._next_message_id[key] = max(next_id, message_id + 1)
+            return message_id
+
+    # ----------------------------------------------------------- control plane
+
+    def _serve_control(
+        self, verb: str, path: str, query: str, body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        """/_control/ endpoints, so other processes can script the fake."""
+        route = path[len("/_control/") :].strip("/")
+        try:
+            data = json.loads(body) if body.strip() else {}
+            if not isinstance(data, dict):
+                raise ValueError("the JSON body must be an object")
+            result = self._control_route(verb, route, dict(parse_qsl(query)), data)
+        except LookupError:
+            return 404, BotAPIError(404, f"Not Found: no control endpoint {verb} {path}").envelope()
+        except (TypeError, ValueError) as error:
+            return 400, BotAPIError(400, f"Bad Request: {error}").envelope()
+        return 200, {"ok": True, "result": result}
+
+    def _control_route(self, verb: str, route: str, query: dict[str, str], data: dict) -> Any:
+        if verb == "GET" and route == "calls":
+            calls = self.calls(query.get("method") or None, query.get("token") or None)
+            return [asdict(call) for call in calls]
+        if verb != "POST":
+            raise LookupError(route)
+        if route.startswith("updates/"):
+            token = unquote(route[len("updates/") :])
+            if "chat_id" in data:
+                return self.push_message(token, **data)
+            return self.push_update(token, data)
+        if route == "settings":
+            if "forget_offsets" in data:
+                self.forget_offsets = bool(data["forget_offsets"])
+            if "require_known_tokens" in data:
+                self.require_known_tokens = bool(data["require_known_tokens"])
+            for token in data.get("tokens", []):
+                self.add_token(token)
+            return True
+        actions: dict[str, Callable[..., Any]] = {
+            "fail": self.fail_next,
+            "drop": self.drop_connection_next,
+            "delay": self.delay,
+            "clear": self.clear,
+            "reset": self.reset,
+        }
+        if route not in actions:
+            raise LookupError(route)
+        actions[route](**data)
+        return True
+
+    # -------------------------------------------------------------- connections
+
+    def _track(self, connection: socket.socket) -> None:
+        with self._cond:
+            self._connections.add(connection)
+
+    def _untrack(self, connection: socket.socket) -> None:
+        with self._cond:
+            self._connections.discard(connection)
+
+    def _close_connections(self) -> None:
+        # Idle keep-alive connections would otherwise leave handler threads
+        # blocked reading the next request after stop().
+        with self._cond:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up (timeouts, dropped connections, stop()) are normal here.
+        if self._stopping.is_set():
+            return
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    """Turns HTTP requests into FakeBotAPI calls; holds no state of its own."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, like the real API; clients pool connections
+    # Headers and body go out in two writes; with Nagle on, the body waits for
+    # the client's delayed ACK and every answer takes ~40 ms.
+    disable_nagle_algorithm = True
+    server: FakeBotAPI
+
+    def setup(self) -> None:
+        super().setup()
+        self.server._track(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server._untrack(self.connection)
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    do_POST = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output readable; calls() is the log
+
+    def _dispatch(self) -> None:
+        url = urlsplit(self.path)
+        body = self._read_body()
+        if url.path.startswith("/_control/"):
+            self._send_json(*self.server._serve_control(self.command, url.path, url.query, body))
+            return
+        match = _BOT_PATH.match(url.path)
+        if match is None:
+            self._send_json(404, BotAPIError(404, "Not Found").envelope())
+            return
+        try:
+            params = _parse_params(url.query, self.headers.get("Content-Type", ""), body)
+        except ValueError as error:
+            self._send_json(400, BotAPIError(400, f"Bad Request: {error}").envelope())
+            return
+        outcome = self.server._serve_bot_call(unquote(match["token"]), match["method"], params)
+        if outcome is None:
+            self.close_connection = True  # answer nothing; the socket closes after this
+            return
+        self._send_json(*outcome)
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _read_chunked(self) -> bytes:
+        chunks = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                # Skip trailers up to the blank line that ends the body.
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()  # the CRLF after each chunk
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True  # the client gave up waiting; nothing to do
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _same_method(a: str, b: str) -> bool:
+    return a.lower() == b.lower()
+
+
+def _decode_value(name: str, raw: str) -> Any:
+    """python-telegram-bot JSON-encodes every non-string value in form bodies."""
+    if name in _STRING_PARAMS:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _parse_params(query: str, content_type: str, body: bytes) -> dict[str, Any]:
+    params = {name: _decode_value(name, value) for name, value in parse_qsl(query, keep_blank_values=True)}
+    kind = content_type.split(";")[0].strip().lower()
+    if not body.strip():
+        return params
+    if kind == "application/json":
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError("the JSON body must be an object")
+        params.update(data)
+    elif kind == "multipart/form-data":
+        params.update(_parse_multipart(content_type, body))
+    else:
+        text = body.decode("utf-8", "replace")
+        params.update(
+            (name, _decode_value(name, value))
+            for name, value in parse_qsl(text, keep_blank_values=True)
+        )
+    return params
+
+
+def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
+    """Best-effort multipart parsing; files are summarised, not kept."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    params: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            continue
+        payload = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        if filename is not None:
+            params[name] = {
+                "filename": filename,
+                "content_type": part.get_content_type(),
+                "size": len(payload),
+            }
+        else:
+            params[name] = _decode_value(name, payload.decode("utf-8", "replace"))
+    return params
+
+
+def _chat_id(params: dict[str, Any]) -> int:
+    value = params.get("chat_id")
+    if value is None or value == "":
+        raise BotAPIError(400, "Bad Request: chat_id is empty")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        # "@username" chats are not modelled; Telegram says this for unknown ones.
+        raise BotAPIError(400, "Bad Request: chat not found") from None
+
+
+def _reply_target(params: dict[str, Any]) -> int | None:
+    reply = params.get("reply_parameters")
+    if isinstance(reply, dict) and reply.get("message_id") is not None:
+        return int(reply["message_id"])
+    if params.get("reply_to_message_id") is not None:
+        return int(params["reply_to_message_id"])
+    return None
+
+
+def _as_int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _as_float(value: Any, default: float) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a fake Telegram Bot API server.")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--token", action="append", default=[], help="known token (repeatable)")
+    parser.add_argument("--require-known-tokens", action="store_true")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    with FakeBotAPI(
+        args.port,
+        host=args.host,
+        tokens=args.token,
+        require_known_tokens=args.require_known_tokens,
+    ) as fake:
+        # One line, flushed: whoever started us reads it to learn the port.
+        print(fake.url, flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
