@@ -9,4 +9,5 @@ urlpatterns = [
     path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("healthz", views.healthz, name="healthz"),
 ]

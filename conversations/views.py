@@ -47,3 +47,9 @@ def telegram_webhook(request, slug):
         # 200 so Telegram stops retrying an update we will never act on.
         return JsonResponse({"ok": True, "ignored": True})
     return JsonResponse({"ok": True, "duplicate": admission.duplicate})
+
+
+def healthz(request):
+    """Liveness for deploys and tests: the app answers and the database is reachable."""
+    Channel.objects.exists()
+    return JsonResponse({"ok": True})

@@ -1,0 +1,35 @@
+# agentloop — the two commands: `make run` and `make test` (plus `make bench`).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+export HOST PORT
+
+.PHONY: run test bench test-sqlite test-postgres clean
+
+$(VENV)/.installed: requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+## make run: set everything up and run the product on SQLite (or DATABASE_URL).
+run: $(VENV)/.installed
+	DEBUG=$${DEBUG:-true} $(PY) manage.py bootstrap
+	DEBUG=$${DEBUG:-true} exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
+
+## make test: the whole suite on SQLite, then on PostgreSQL (a throwaway cluster
+## when DATABASE_URL is not given).
+test: $(VENV)/.installed-dev
+	scripts/test.sh
+
+## make bench: the benchmarks, each figure beside its same-run reference.
+bench: $(VENV)/.installed-dev
+	$(PY) -m bench
+
+clean:
+	rm -rf var/test_* var/pg-*

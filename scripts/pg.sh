@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL cluster for the tests: `scripts/pg.sh start DIR` prints a
+# DATABASE_URL; `scripts/pg.sh stop DIR` removes it. PostgreSQL refuses to run as root,
+# so as root the cluster runs as the `postgres` user in a folder it owns.
+set -euo pipefail
+cmd=$1 dir=$2
+
+bindir() {
+  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/pg_ctl" ] && { echo "$d"; return; }; done
+  dirname "$(command -v pg_ctl)"
+}
+BIN=$(bindir)
+as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+case $cmd in
+start)
+  rm -rf "$dir"; mkdir -p "$dir"
+  [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  as_owner "$BIN/initdb" -D "$dir/data" -U postgres -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1
+  as_owner "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+    start >/dev/null
+  echo "postgres://postgres@127.0.0.1:$port/agentloop"
+  ;;
+stop)
+  [ -d "$dir/data" ] && as_owner "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+  ;;
+esac

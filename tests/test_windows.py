@@ -1,0 +1,93 @@
+"""The adaptive window table, the word lists and the caps — pure logic, injected time."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from conversations import windows
+from conversations.windows import CLOSED, GREETING, NEUTRAL, OPEN, DebounceSettings, plan_flush
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+DEFAULTS = DebounceSettings()
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("¿Me agendas la cita?", CLOSED),
+    ("Agéndame las horas en mi calendario.", CLOSED),
+    ("Gracias!", CLOSED),
+    ("hola", GREETING),
+    ("Hola!", GREETING),
+    ("Buenos días", GREETING),
+    ("hola, una consulta", GREETING),
+    ("hi", GREETING),
+    ("Confirmo las horas y", OPEN),
+    ("necesito agendar con", OPEN),
+    ("I need to book a meeting with", OPEN),
+    ("primero esto,", OPEN),
+    ("déjame pensar...", OPEN),
+    ("déjame pensar…", OPEN),
+    ("te cuento:", OPEN),
+    ("Confirmo las horas de psicología", NEUTRAL),
+    ("hola quiero agendar", NEUTRAL),  # a greeting with content is not a bare greeting
+    ("ok", NEUTRAL),
+    ("", NEUTRAL),
+])
+def test_window_table(text, kind):
+    assert windows.classify(text, DEFAULTS) == kind
+
+
+def test_default_seconds_match_the_spec():
+    assert [DEFAULTS.seconds(k) for k in (CLOSED, GREETING, OPEN, NEUTRAL)] == [1.2, 4.0, 4.0, 2.5]
+
+
+def test_word_lists_are_configurable():
+    custom = DebounceSettings(greetings=windows.parse_words("ahoy, que onda"),
+                              conjunctions=windows.parse_words("plus\nalso"))
+    assert windows.classify("Ahoy", custom) == GREETING
+    assert windows.classify("¿Qué onda?", custom) == GREETING
+    assert windows.classify("hola", custom) == NEUTRAL
+    assert windows.classify("this also", custom) == OPEN
+    assert windows.classify("this y", custom) == NEUTRAL
+
+
+def test_parse_words_normalises_case_accents_and_blanks():
+    assert windows.parse_words(" Buenos DÍAS ,\n,hola ") == frozenset({"buenos dias", "hola"})
+
+
+def plan(text, *, now=T0, first=T0, count=1, media=False, settings=DEFAULTS):
+    return plan_flush(text=text, is_media=media, now=now, first_message_at=first,
+                      message_count=count, settings=settings)
+
+
+def test_window_deadline_is_last_message_plus_its_window():
+    p = plan("Confirmo las horas y")
+    assert (p.flush_at, p.reason, p.window_kind, p.window_seconds) == (T0 + timedelta(seconds=4.0), "window", OPEN, 4.0)
+    assert plan("¿Listo?").flush_at == T0 + timedelta(seconds=1.2)
+
+
+def test_each_message_re_arms_the_window():
+    later = T0 + timedelta(seconds=3)
+    assert plan("y también", now=later, count=2).flush_at == later + timedelta(seconds=4.0)
+
+
+def test_max_wait_caps_a_buffer_that_never_goes_quiet():
+    settings = DebounceSettings(max_wait=10.0)
+    now = T0 + timedelta(seconds=8)
+    p = plan("sigo escribiendo y", now=now, count=5, settings=settings)
+    assert (p.flush_at, p.reason) == (T0 + timedelta(seconds=10), "max_wait")
+
+
+def test_max_wait_already_passed_flushes_now():
+    now = T0 + timedelta(seconds=30)  # the buffer waited for a running turn
+    p = plan("más", now=now, count=2, settings=DebounceSettings(max_wait=10.0))
+    assert (p.flush_at, p.reason) == (now, "max_wait")
+
+
+def test_max_messages_flushes_at_once():
+    p = plan("y", count=3, settings=DebounceSettings(max_messages=3))
+    assert (p.flush_at, p.reason) == (T0, "max_messages")
+
+
+def test_media_flushes_at_once():
+    p = plan("", media=True)
+    assert (p.flush_at, p.reason) == (T0, "media")
