@@ -1,0 +1,37 @@
+"""Helpers for the end-to-end tests: Telegram updates sent to the real web server."""
+
+import itertools
+import time
+
+import httpx
+
+SECRET = "e2e-secret"
+TOKEN = "4242:E2E-TOKEN"
+_update_ids = itertools.count(900_000)
+_message_ids = itertools.count(1)
+
+
+def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None):
+    message_id = message_id or next(_message_ids)
+    return {
+        "update_id": next(_update_ids),
+        "message": {
+            "message_id": message_id, "date": int(time.time()), "text": text,
+            "from": {"id": user_id or chat_id, "is_bot": False, "first_name": first_name},
+            "chat": {"id": chat_id, "type": "private", "first_name": first_name},
+        },
+    }
+
+
+def send(web, slug, chat_id, text, **kw):
+    """POST one update to the webhook; returns the update."""
+    body = update(chat_id, text, **kw)
+    response = httpx.post(f"{web.url}/webhooks/telegram/{slug}/", json=body,
+                          headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)
+    assert response.status_code == 200, response.text
+    return body
+
+
+def telegram_channel(make_channel, fake, slug="tg", **fields):
+    return make_channel(slug, kind="telegram", bot_token=TOKEN, webhook_secret=SECRET,
+                        api_base=fake.url, **fields)
