@@ -61,7 +61,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "agentloop.urls"
+# Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
+ROOT_URLCONF = env.str("AGENTLOOP_URLCONF", default="agentloop.urls")
 ASGI_APPLICATION = "agentloop.asgi.application"
 WSGI_APPLICATION = "agentloop.wsgi.application"
 
@@ -86,6 +87,8 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
+    # Django's SQLite backend plus an in-process queue for write transactions.
+    DATABASES["default"]["ENGINE"] = "agentloop.sqlite"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             # Writers queue for the lock instead of failing with "database is locked":

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from audit.events import record
@@ -58,26 +59,30 @@ class Admission:
 
 def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
     now = now or timezone.now()
+    command = control.parse(inbound.text) if not inbound.media_type else None
     with transaction.atomic():
         conversation = _locked_conversation(channel, inbound)
-        message = _store_once(channel, conversation, inbound, now)
+        running = conversation.running_turn_id
+        # The open buffer comes with the conversation, so the message is stored with it
+        # in one statement; with a turn running the strategy decides first.
+        buffer = None if (command or running) else _known_open_buffer(conversation)
+        message = _store_once(channel, conversation, inbound, now, command, buffer)
         if message is None:
             return Admission(duplicate=True, conversation_id=conversation.pk)
         admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
-        command = control.parse(inbound.text) if not inbound.media_type else None
         if command:
             control.handle(conversation, message, command, now)
             admission.disposition = Disposition.CONTROL
             return admission
-        running = Turn.objects.filter(conversation=conversation, state=TurnState.RUNNING).first()
         carried = None
         if running is not None:
-            outcome = _double_text(channel, conversation, running, message, now)
+            outcome = _double_text(channel, conversation, Turn(pk=running), message, now)
             if outcome == "rejected":
                 admission.disposition = Disposition.REJECTED
                 return admission
             carried = running if outcome == "interrupted" else None
-        buffer = _buffer(conversation, message, inbound, now, carried)
+            buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
+        buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
         admission.disposition = Disposition.BUFFERED
         admission.buffer_id = buffer.pk
         admission.flush_at = buffer.flush_at
@@ -87,32 +92,59 @@ def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
         return admission
 
 
+def _first(queryset):
+    """The first row or None, without .first()'s ORDER BY (at most one row matches)."""
+    rows = list(queryset[:1])
+    return rows[0] if rows else None
+
+
+def _with_state(conversations):
+    """Conversations annotated with their running turn and open buffer: one indexed
+    query on the hot path instead of three."""
+    running = Turn.objects.filter(conversation=OuterRef("pk"), state=TurnState.RUNNING)
+    open_buffer = MessageBuffer.objects.filter(conversation=OuterRef("pk"), state=BufferState.OPEN)
+    return conversations.annotate(
+        running_turn_id=Subquery(running.values("pk")[:1]),
+        open_buffer_id=Subquery(open_buffer.values("pk")[:1]),
+        open_buffer_first_at=Subquery(open_buffer.values("first_message_at")[:1]),
+        open_buffer_count=Subquery(open_buffer.values("message_count")[:1]),
+    )
+
+
+def _known_open_buffer(conversation):
+    if conversation.open_buffer_id is None:
+        return None
+    return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,
+                         first_message_at=conversation.open_buffer_first_at,
+                         message_count=conversation.open_buffer_count)
+
+
 def _locked_conversation(channel, inbound):
+    """The conversation, locked (PostgreSQL: FOR UPDATE; on SQLite the IMMEDIATE
+    transaction already serialises writers), created on its first message."""
     lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
-    conversation = Conversation.objects.select_for_update().filter(**lookup).first()
+    locked = _with_state(Conversation.objects.select_for_update(of=("self",)))
+    conversation = _first(locked.filter(**lookup))
     if conversation is not None:
         return conversation
     contact, _ = Contact.objects.get_or_create(
         channel=channel, platform_id=inbound.sender_id,
         defaults={"display_name": inbound.sender_name[:200], "username": inbound.username[:100]},
     )
-    conversation, _ = Conversation.objects.get_or_create(
-        **lookup, defaults={"contact": contact, "is_group": inbound.is_group}
-    )
-    # Lock it (a no-op on SQLite, where the IMMEDIATE transaction already serialises).
-    return Conversation.objects.select_for_update().get(pk=conversation.pk)
+    Conversation.objects.get_or_create(**lookup, defaults={"contact": contact, "is_group": inbound.is_group})
+    return locked.get(**lookup)
 
 
-def _store_once(channel, conversation, inbound, now):
+def _store_once(channel, conversation, inbound, now, command, buffer):
     """Insert the message under its unique constraint; None when it was already admitted.
     Inserting first is the dedup: a retry, a resume or a re-polled batch all stop here."""
     kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
-    if not inbound.media_type and control.parse(inbound.text):
+    if command:
         kind = MessageKind.CONTROL
     try:
         with transaction.atomic():  # a savepoint: PostgreSQL aborts the outer block otherwise
             return InboundMessage.objects.create(
-                channel=channel, conversation=conversation,
+                channel=channel, conversation=conversation, buffer=buffer,
                 platform_message_id=inbound.platform_message_id, kind=kind,
                 text=inbound.text, media_type=inbound.media_type,
                 sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
@@ -146,26 +178,34 @@ def _double_text(channel, conversation, running, message, now):
     return "enqueued"
 
 
-def _buffer(conversation, message, inbound, now, carried):
-    """Add the message to the conversation's open buffer (re-arming its deadline)."""
-    buffer = MessageBuffer.objects.select_for_update().filter(
-        conversation=conversation, state=BufferState.OPEN
-    ).first()
+def _rearm(channel, conversation, buffer, message, inbound, now, carried):
+    """Add the message to the conversation's open buffer (or a new one) and re-plan
+    its deadline from this latest message."""
+    if buffer is not None:
+        fields = _planned(channel, inbound, now, buffer.first_message_at, buffer.message_count + 1, carried)
+        # Compare-and-swap: the flusher may have claimed this buffer since we read it (it
+        # does not lock the conversation); its turn was then made without this message,
+        # which starts the next buffer instead.
+        if MessageBuffer.objects.filter(pk=buffer.pk, state=BufferState.OPEN).update(**fields):
+            for name, value in fields.items():
+                setattr(buffer, name, value)
+        else:
+            buffer = None
     if buffer is None:
-        buffer = MessageBuffer(conversation=conversation, first_message_at=now, message_count=0)
-    buffer.message_count += 1
-    buffer.last_message_at = now
-    if carried is not None:
-        buffer.carried_turn = carried
-    plan = windows.plan_flush(
-        text=inbound.text, is_media=bool(inbound.media_type), now=now,
-        first_message_at=buffer.first_message_at, message_count=buffer.message_count,
-        settings=conversation.channel.debounce_settings(),
-    )
-    buffer.flush_at = plan.flush_at
-    buffer.planned_reason = plan.reason
-    buffer.window_kind = plan.window_kind
-    buffer.window_seconds = plan.window_seconds
-    buffer.save()
-    InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
+        fields = _planned(channel, inbound, now, now, 1, carried)
+        buffer = MessageBuffer.objects.create(conversation=conversation, first_message_at=now, **fields)
+    if message.buffer_id != buffer.pk:
+        InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
     return buffer
+
+
+def _planned(channel, inbound, now, first_at, count, carried):
+    plan = windows.plan_flush(
+        text=inbound.text, is_media=bool(inbound.media_type), now=now, first_message_at=first_at,
+        message_count=count, settings=channel.debounce_settings(),
+    )
+    fields = {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
+              "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds}
+    if carried is not None:
+        fields["carried_turn_id"] = carried
+    return fields

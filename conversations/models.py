@@ -6,6 +6,7 @@ every transition elsewhere is a compare-and-swap `filter(pk=…, state=old).upda
 
 import hashlib
 import secrets
+import time
 
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -41,6 +42,26 @@ def _default_greetings():
 
 def _default_conjunctions():
     return ", ".join(windows.DEFAULT_CONJUNCTIONS)
+
+
+class ChannelManager(models.Manager):
+    # Inbound requests look their channel up on every message; a copy at most this
+    # old is good enough (operators' edits apply within a second or two).
+    CACHE_SECONDS = 2.0
+    _cache: dict = {}
+
+    def active(self, slug, kind=None):
+        """The active channel with this slug (and kind), from a short per-process cache."""
+        now = time.monotonic()
+        hit = self._cache.get(slug)
+        if hit is None or now - hit[0] > self.CACHE_SECONDS:
+            channel = self.filter(slug=slug, is_active=True).first()
+            hit = self._cache[slug] = (now, channel)
+        channel = hit[1]
+        return channel if channel is not None and (kind is None or channel.kind == kind) else None
+
+    def forget_cached(self):
+        self._cache.clear()
 
 
 class Channel(models.Model):
@@ -100,11 +121,21 @@ class Channel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = ChannelManager()
+
     class Meta:
         ordering = ["slug"]
 
     def __str__(self):
         return self.name or self.slug
+
+    def save(self, *args, **kwargs):
+        super().save(*args, **kwargs)
+        Channel.objects.forget_cached()
+
+    def delete(self, *args, **kwargs):
+        Channel.objects.forget_cached()
+        return super().delete(*args, **kwargs)
 
     def debounce_settings(self) -> windows.DebounceSettings:
         return windows.DebounceSettings(

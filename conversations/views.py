@@ -23,7 +23,7 @@ def _error(status, message):
 @csrf_exempt
 @require_POST
 def telegram_webhook(request, slug):
-    channel = Channel.objects.filter(slug=slug, kind=ChannelKind.TELEGRAM, is_active=True).first()
+    channel = Channel.objects.active(slug, ChannelKind.TELEGRAM)
     if channel is None:
         return _error(404, f"no active Telegram channel '{slug}'")
     supplied = request.headers.get(SECRET_HEADER)

@@ -12,6 +12,7 @@ A greeting wins over its punctuation: "¡Hola!" is still almost always followed
 by the actual question.
 """
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class DebounceSettings:
         return getattr(self, kind)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_words(text: str) -> frozenset:
     """Comma- or newline-separated words and phrases, normalised like message text."""
     parts = re.split(r"[,\n]", text or "")

@@ -39,7 +39,7 @@ def free_port():
 def database_url():
     """The test database, as a URL the child processes can open."""
     s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
+    if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
@@ -132,6 +132,14 @@ class Processes:
     def stop_all(self):
         for proc in reversed(self.started):
             proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_channel_cache():
+    """Each test's channels are new rows (rolled back after), never a cached copy."""
+    Channel.objects.forget_cached()
+    yield
+    Channel.objects.forget_cached()
 
 
 @pytest.fixture

@@ -1,0 +1,63 @@
+"""A cheap HTTP/1.1 load generator (raw asyncio streams, keep-alive), run as its own
+process so the client never competes with the server for the GIL.
+
+    python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --kind telegram --n 3000
+Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses"}.
+"""
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from urllib.parse import urlsplit
+
+
+def telegram_body(i, conversations):
+    chat = 1_000_000 + i % conversations
+    return json.dumps({"update_id": 10_000_000 + i, "message": {
+        "message_id": i + 1, "date": int(time.time()), "text": f"mensaje {i} y",
+        "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
+        "chat": {"id": chat, "type": "private", "first_name": "Bench"}}}).encode()
+
+
+async def client(host, port, path, headers, bodies, statuses):
+    reader, writer = await asyncio.open_connection(host, port)
+    for body in bodies:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n{headers}\r\n").encode()
+        writer.write(head + body)
+        await writer.drain()
+        status_line = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+        statuses[int(status_line.split()[1])] += 1
+    writer.close()
+
+
+async def main(args):
+    url = urlsplit(args.url)
+    headers = "".join(f"{h}\r\n" for h in args.header)
+    bodies = [telegram_body(args.offset + i, args.conversations) for i in range(args.n)]
+    statuses = Counter()
+    slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
+    started = time.perf_counter()
+    await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses) for s in slices))
+    seconds = time.perf_counter() - started
+    ok = sum(v for k, v in statuses.items() if k < 300)
+    print(json.dumps({"n": args.n, "seconds": seconds, "rate": ok / seconds, "errors": args.n - ok,
+                      "statuses": dict(statuses)}))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--offset", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--conversations", type=int, default=200)
+    parser.add_argument("--header", action="append", default=[])
+    asyncio.run(main(parser.parse_args()))
