@@ -1,7 +1,7 @@
 """Agents: what runs inside a turn. The Agents issue adds OpenAI-compatible, webhook,
 pull and demo agents; `echo` proves the pipeline until then.
 
-An agent gets the merged input and the conversation's history, and must call
+An agent gets the merged input (and can load the conversation's history), and must call
 `ctx.mark_effect()` before touching the outside world: it returns False when the
 turn was cancelled meanwhile, and then the agent must not act.
 """
@@ -25,9 +25,10 @@ class TurnContext:
     conversation_id: int
     channel_slug: str
     text: str
-    history: list = field(default_factory=list)  # [(user input, reply), …] since /reset
     config: dict = field(default_factory=dict)
     mark_effect: Callable[[], Awaitable[bool]] | None = None
+    # [(user input, reply), …] of finished turns since /reset; loaded only when asked for.
+    load_history: Callable[[], Awaitable[list]] | None = None
 
 
 class Agent(abc.ABC):

@@ -6,6 +6,7 @@ The timing lives in the worker loop (conversations/worker.py), which sleeps unti
 the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 
+import itertools
 import logging
 import os
 import socket
@@ -13,7 +14,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, Min, OuterRef
+from django.db.models import Exists, F, Min, OuterRef
 from django.utils import timezone
 
 from audit.events import record
@@ -58,31 +59,49 @@ def next_deadline(now):
 
 
 def flush_buffer(buffer_id, now=None):
-    """Claim one due buffer (compare-and-swap) and turn it into a READY turn, atomically.
-    Returns the turn, or None when another process flushed it or a message re-armed it."""
-    now = now or timezone.now()
+    """Claim one due buffer and turn it into a READY turn; None when another process
+    flushed it or a new message re-armed it."""
+    flushed = flush_many([buffer_id], now or timezone.now())
+    return flushed[0] if flushed else None
+
+
+_batches = itertools.count(1)
+
+
+def flush_many(buffer_ids, now, owner=""):
+    """Claim due buffers and make their turns, in one transaction: a claimed buffer
+    always has its turn, a crash leaves it open.
+
+    The claim is one compare-and-swap UPDATE for the whole batch, stamped with a
+    token unique to this batch; reading the stamp back tells which buffers this
+    call won (a buffer re-armed or flushed elsewhere meanwhile is not among them)."""
+    token = f"{owner or new_owner()}#{next(_batches)}"
     with transaction.atomic():
-        claimed = MessageBuffer.objects.filter(
-            pk=buffer_id, state=BufferState.OPEN, flush_at__lte=now
-        ).update(state=BufferState.FLUSHED, flushed_at=now)
-        if claimed != 1:
-            return None
-        buffer = MessageBuffer.objects.select_related("conversation", "carried_turn").get(pk=buffer_id)
-        buffer.flush_reason = buffer.planned_reason
-        MessageBuffer.objects.filter(pk=buffer_id).update(flush_reason=buffer.flush_reason)
-        messages = list(InboundMessage.objects.filter(buffer=buffer).order_by("received_at", "pk"))
-        last = messages[-1] if messages else None
-        return Turn.objects.create(
-            conversation=buffer.conversation, buffer=buffer,
-            merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
-            flush_reason=buffer.flush_reason, created_at=now,
-            reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
-        )
+        MessageBuffer.objects.filter(pk__in=buffer_ids, state=BufferState.OPEN, flush_at__lte=now).update(
+            state=BufferState.FLUSHED, flushed_at=now, flushed_by=token, flush_reason=F("planned_reason"))
+        buffers = list(MessageBuffer.objects.filter(pk__in=buffer_ids, flushed_by=token)
+                       .select_related("conversation", "carried_turn"))
+        if not buffers:
+            return []
+        by_buffer = {}
+        for message in InboundMessage.objects.filter(buffer__in=buffers).order_by("received_at", "pk"):
+            by_buffer.setdefault(message.buffer_id, []).append(message)
+        return Turn.objects.bulk_create([_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers])
 
 
-def flush_due(now=None, limit=200):
+def _turn_for(buffer, messages, now):
+    last = messages[-1] if messages else None
+    return Turn(
+        conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
+        merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
+        reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
+    )
+
+
+def flush_due(now=None, limit=200, owner=""):
     now = now or timezone.now()
-    return [t for t in (flush_buffer(pk, now) for pk in due_buffer_ids(now, limit)) if t is not None]
+    ids = due_buffer_ids(now, limit)
+    return flush_many(ids, now, owner) if ids else []
 
 
 def merge(messages, is_group, carried_turn=None):

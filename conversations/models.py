@@ -269,6 +269,7 @@ class MessageBuffer(models.Model):
     message_count = models.PositiveIntegerField(default=0)
     flush_reason = models.CharField(max_length=16, choices=FlushReason.choices, blank=True)
     flushed_at = models.DateTimeField(null=True, blank=True)
+    flushed_by = models.CharField(max_length=120, blank=True, help_text="The claim's owner stamp.")
     # interrupt strategy: the cancelled turn whose input this buffer carries forward.
     carried_turn = models.ForeignKey(
         "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="carried_into"

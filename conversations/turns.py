@@ -6,7 +6,7 @@ turn can no longer fire one.
 """
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
 from django.utils import timezone
 
 from conversations.models import Turn, TurnState
@@ -45,11 +45,49 @@ def finish(turn_id, owner, *, state, reply_text="", outcome="", now=None) -> boo
     ) == 1
 
 
+def finish_many(results, owner, now=None) -> set:
+    """Finish running turns in one UPDATE (state, reply and outcome per row by CASE);
+    returns the ids that were still this owner's to finish (not cancelled meanwhile)."""
+    if not results:
+        return set()
+    now = now or timezone.now()
+
+    def per_row(field, index):
+        return Case(*(When(pk=r[0], then=Value(r[index])) for r in results), output_field=field)
+
+    ids = [r[0] for r in results]
+    Turn.objects.filter(pk__in=ids, state=TurnState.RUNNING, owner=owner).update(
+        state=per_row(CharField(), 1), reply_text=per_row(TextField(), 2),
+        outcome=per_row(CharField(), 3), finished_at=now)
+    return set(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
+                                   state__in=(TurnState.DONE, TurnState.FAILED)).values_list("pk", flat=True))
+
+
+def start_many(turn_ids, owner, now=None):
+    """Start a batch of turns in one statement; if another worker started a turn in one
+    of these conversations meanwhile (the unique index refuses the whole statement),
+    fall back to one compare-and-swap each. Returns the turns this owner now runs."""
+    if not turn_ids:
+        return []
+    now = now or timezone.now()
+    try:
+        with transaction.atomic():
+            Turn.objects.filter(pk__in=turn_ids, state=TurnState.READY).update(
+                state=TurnState.RUNNING, owner=owner, started_at=now, attempts=F("attempts") + 1)
+    except IntegrityError:
+        for turn_id in turn_ids:
+            start(turn_id, owner, now)
+    return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.RUNNING, owner=owner, started_at=now)
+                .select_related("conversation__channel"))
+
+
 def ready_candidates(limit):
-    """Oldest ready turns, at most one per conversation (turns run in arrival order)."""
+    """Oldest ready turns, at most one per conversation and none where a turn runs
+    (turns of a conversation run one at a time, in arrival order)."""
+    running = Turn.objects.filter(conversation=OuterRef("conversation"), state=TurnState.RUNNING)
     seen, picked = set(), []
     for turn_id, conversation_id in (
-        Turn.objects.filter(state=TurnState.READY).order_by("created_at", "pk")
+        Turn.objects.filter(state=TurnState.READY).exclude(Exists(running)).order_by("created_at", "pk")
         .values_list("pk", "conversation_id")[: limit * 2]
     ):
         if conversation_id not in seen:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import telegram
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
@@ -52,12 +52,47 @@ def _close_connection():
     connection.close()  # the calling thread's own connection
 
 
+class Batcher:
+    """Collects calls made while the database thread is busy and runs them as one
+    batch (one transaction, one commit) — hundreds of turns finishing together
+    cost a handful of commits, not hundreds."""
+
+    def __init__(self, worker, fn):
+        self.worker, self.fn = worker, fn
+        self.pending: list = []
+        self.running = False
+
+    async def __call__(self, item):
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((item, future))
+        if not self.running:
+            self.running = True
+            asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self):
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                try:
+                    results = await self.worker.db(self.fn, [item for item, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results):
+                    future.set_result(result)
+        finally:
+            self.running = False
+
+
 class Flusher(threading.Thread):
     """Sleeps until the earliest buffer deadline (at most `poll_interval`), then claims
     every due buffer by compare-and-swap and turns it into a ready turn."""
 
-    def __init__(self, on_flush, poll_interval):
+    def __init__(self, owner, on_flush, poll_interval):
         super().__init__(name="flusher", daemon=True)
+        self.owner = owner
         self.on_flush = on_flush
         self.poll_interval = poll_interval
         self.wakeup = threading.Event()
@@ -81,7 +116,7 @@ class Flusher(threading.Thread):
 
     def step(self) -> float:
         """Flush what is due; return how long to sleep before the next look."""
-        flushed = engine.flush_due(timezone.now())
+        flushed = engine.flush_due(timezone.now(), owner=self.owner)
         if flushed:
             self.flushed += len(flushed)
             self.on_flush()
@@ -114,6 +149,8 @@ class Worker:
         self.turns_done = 0
         self._stopping = None
         self._wakeup = None
+        self.complete = Batcher(self, self.complete_turns)
+        self.record_sends = Batcher(self, self.finish_sends)
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -142,7 +179,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
         await self.housekeeping()  # recover dead workers' turns before anything else
-        self.flusher = Flusher(self.wake, self.poll_interval)
+        self.flusher = Flusher(self.owner, self.wake, self.poll_interval)
         self.flusher.start()
         log.info("worker %s started", self.owner)
         if ready is not None:
@@ -200,23 +237,17 @@ class Worker:
             try:
                 capacity = self.max_concurrent - len(self.running)
                 if capacity > 0:
-                    for turn, history in await self.db(self.claim_turns, capacity):
-                        self.running[turn.pk] = asyncio.create_task(self.run_turn(turn, history))
+                    for turn in await self.db(self.claim_turns, capacity):
+                        self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
             except Exception:
                 log.exception("claiming turns failed")
                 await asyncio.sleep(1.0)
             await self._sleep(self.poll_interval)
 
     def claim_turns(self, limit):
-        claimed = []
-        now = timezone.now()
-        for turn_id in turns.ready_candidates(limit):
-            if turns.start(turn_id, self.owner, now):
-                turn = Turn.objects.select_related("conversation__channel").get(pk=turn_id)
-                claimed.append((turn, engine.conversation_history(turn.conversation, turn)))
-        return claimed
+        return turns.start_many(turns.ready_candidates(limit), self.owner)
 
-    async def run_turn(self, turn, history):
+    async def run_turn(self, turn):
         conversation, channel = turn.conversation, turn.conversation.channel
         transport = transport_for(channel)
         target = Target(conversation.chat_id, turn.reply_target, turn.thread_id)
@@ -226,7 +257,9 @@ class Worker:
         state, reply, outcome = TurnState.DONE, "", ""
         try:
             ctx = TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
-                              text=turn.merged_input, history=history, config=channel.agent_config,
+                              text=turn.merged_input, config=channel.agent_config,
+                              load_history=functools.partial(self.db, engine.conversation_history,
+                                                             conversation, turn),
                               mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk))
             reply = await agent_for(channel.agent).respond(ctx)
         except (asyncio.CancelledError, TurnCancelled):
@@ -243,27 +276,29 @@ class Worker:
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
         try:
-            outbound = await self.db(self.complete_turn, turn, state, reply, outcome)
+            outbound = await self.complete((turn, state, reply, outcome))
             self.turns_done += 1
             self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
             if outbound is not None:
-                await self.deliver(outbound.pk)
+                await self.send(outbound)
         except Exception:
             log.exception("completing turn %s failed", turn.pk)
 
-    def complete_turn(self, turn, state, reply, outcome):
-        """Finish the turn and write its reply down in one transaction; None if the turn
-        was cancelled meanwhile (its reply must not go out)."""
-        from django.db import transaction
-
+    def complete_turns(self, finished):
+        """Finish turns and write their replies down, in one transaction. A turn that
+        was cancelled meanwhile gets None: its reply must not go out. The replies are
+        created already claimed by this worker, which sends them right away."""
         with transaction.atomic():
-            if not turns.finish(turn.pk, self.owner, state=state, reply_text=reply, outcome=outcome):
-                return None
-            if not reply:
-                return None
-            return outbox.enqueue(turn.conversation, reply, kind=OutboundKind.REPLY if state == TurnState.DONE
-                                  else OutboundKind.NOTICE, turn=turn,
-                                  reply_target=turn.reply_target, thread_id=turn.thread_id)
+            ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
+                                      for turn, state, reply, outcome in finished], self.owner)
+            replies = {}
+            for turn, state, reply, outcome in finished:
+                if turn.pk in ours and reply:
+                    kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
+                    replies[turn.pk] = outbox.Reply(turn.conversation, reply, kind=kind, turn=turn,
+                                                    reply_target=turn.reply_target, thread_id=turn.thread_id)
+            rows = dict(zip(replies, outbox.enqueue_many(replies.values(), claimed_by=self.owner)))
+        return [rows.get(turn.pk) for turn, *_ in finished]
 
     def _release_turn(self, turn_id):
         Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=self.owner, fired_effect=False).update(
@@ -302,17 +337,26 @@ class Worker:
     # --- replies ------------------------------------------------------------------
 
     async def deliver(self, outbound_id):
+        """Claim a row someone else wrote down (a control answer, a retry) and send it."""
         if outbound_id in self.sending:
             return
         self.sending.add(outbound_id)
         try:
             row = await self.db(outbox.claim, outbound_id, self.owner, self.dead_owners)
-            if row is None:
-                return
-            result = await outbox.send(row)
-            await self.db(outbox.finish, row, self.owner, result)
+            if row is not None:
+                await self.send(row)
         finally:
             self.sending.discard(outbound_id)
+
+    async def send(self, row):
+        """Send a row this worker has claimed and record the outcome."""
+        result = await outbox.send(row)
+        await self.record_sends((row, result))
+
+    def finish_sends(self, outcomes):
+        with transaction.atomic():
+            outbox.finish_many(outcomes, self.owner)
+        return [None] * len(outcomes)
 
     async def outbox_loop(self):
         while True:

@@ -7,10 +7,11 @@ same row for the same claim.
 """
 
 import logging
+from dataclasses import dataclass
 
 from datetime import timedelta
 
-from django.db.models import F, Q
+from django.db.models import Case, CharField, F, Q, Value, When
 from django.utils import timezone
 
 from delivery.models import OutboundMessage, OutboundState
@@ -19,11 +20,29 @@ from delivery.transports import Target, transport_for
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Reply:
+    conversation: object
+    text: str
+    kind: str
+    turn: object = None
+    reply_target: str = ""
+    thread_id: str = ""
+
+
 def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id=""):
-    return OutboundMessage.objects.create(
-        conversation=conversation, turn=turn, kind=kind, text=text,
-        reply_target=reply_target, thread_id=thread_id,
-    )
+    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id)])[0]
+
+
+def enqueue_many(replies, claimed_by=""):
+    """Write replies down (one INSERT). With `claimed_by`, they start as SENDING owned
+    by that worker, which sends them at once; if it dies, the sweep resends them."""
+    state = OutboundState.SENDING if claimed_by else OutboundState.PENDING
+    rows = [OutboundMessage(conversation=r.conversation, turn=r.turn, kind=r.kind, text=r.text,
+                            reply_target=r.reply_target, thread_id=r.thread_id, state=state,
+                            owner=claimed_by, attempts=1 if claimed_by else 0)
+            for r in replies]
+    return OutboundMessage.objects.bulk_create(rows)
 
 
 MAX_ATTEMPTS = 3
@@ -51,6 +70,21 @@ def claimable_ids(dead_owners=(), limit=100, now=None):
     """Rows due to be sent, and rows whose sender died mid-send (at-least-once)."""
     rows = OutboundMessage.objects.filter(_claimable(dead_owners, now or timezone.now()))
     return list(rows.order_by("created_at").values_list("pk", flat=True)[:limit])
+
+
+def finish_many(outcomes, owner, now=None):
+    """Record send outcomes. Deliveries — nearly all of them — are one UPDATE for the
+    whole batch (each row's platform id chosen by CASE); failures one by one."""
+    now = now or timezone.now()
+    delivered = {row.pk: result.platform_message_id for row, result in outcomes if result.ok}
+    if delivered:
+        platform_ids = Case(*(When(pk=pk, then=Value(pid)) for pk, pid in delivered.items()),
+                            output_field=CharField())
+        OutboundMessage.objects.filter(pk__in=delivered, state=OutboundState.SENDING, owner=owner).update(
+            state=OutboundState.SENT, sent_at=now, platform_message_id=platform_ids)
+    for row, result in outcomes:
+        if not result.ok:
+            finish(row, owner, result, now)
 
 
 def finish(outbound, owner, result, now=None):

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 import httpx
@@ -66,30 +67,32 @@ def split_text(text: str, limit: int) -> list[str]:
     return chunks
 
 
-_bots: dict[tuple, telegram.Bot] = {}
+# Connections per bot (Telegram itself takes ~30 messages/s per bot). Requests beyond
+# it wait on our semaphore, not in httpcore's pool queue: httpcore rescans every
+# connection and queued request each time one starts or ends, which made 500
+# concurrent replies cost seconds of CPU. Measured: 8 beats 16 and 32.
+TELEGRAM_CONNECTIONS = int(os.environ.get("AGENTLOOP_TELEGRAM_CONNECTIONS", "8"))
+_bots: dict[tuple, tuple[telegram.Bot, asyncio.Semaphore]] = {}
 
 
-def telegram_bot(token: str, api_base: str) -> telegram.Bot:
-    """A Bot for this event loop, talking to {api_base}/bot{token}/{method}."""
-    key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"))
-    bot = _bots.get(key)
-    if bot is None:
-        # The default pool has one connection: hundreds of turns would queue behind it.
-        request = HTTPXRequest(connection_pool_size=256, pool_timeout=30.0)
+def telegram_bot(token: str, api_base: str, purpose="send") -> tuple[telegram.Bot, asyncio.Semaphore]:
+    """A Bot for this event loop, talking to {api_base}/bot{token}/{method}, and the
+    semaphore that bounds its requests in flight. Typing indicators get a Bot of their
+    own ("typing"): best effort, they must never queue a reply behind them."""
+    key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
+    if key not in _bots:
+        request = HTTPXRequest(connection_pool_size=TELEGRAM_CONNECTIONS, pool_timeout=30.0)
         bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot", request=request,
                            get_updates_request=HTTPXRequest(read_timeout=60.0))
-        _bots[key] = bot
-    return bot
+        _bots[key] = (bot, asyncio.Semaphore(TELEGRAM_CONNECTIONS))
+    return _bots[key]
 
 
 class TelegramTransport(Transport):
     supports_typing = True
 
-    @property
-    def bot(self) -> telegram.Bot:
-        return telegram_bot(self.channel.bot_token, self.channel.api_base)
-
     async def send_text(self, target: Target, text: str) -> SendResult:
+        bot, slots = telegram_bot(self.channel.bot_token, self.channel.api_base)
         last_id = ""
         reply = (
             telegram.ReplyParameters(int(target.reply_target), allow_sending_without_reply=True)
@@ -97,10 +100,11 @@ class TelegramTransport(Transport):
         )
         try:
             for chunk in split_text(text, TELEGRAM_MAX_CHARS):
-                message = await self.bot.send_message(
-                    chat_id=target.chat_id, text=chunk, reply_parameters=reply,
-                    message_thread_id=int(target.thread_id) if target.thread_id else None,
-                )
+                async with slots:
+                    message = await bot.send_message(
+                        chat_id=target.chat_id, text=chunk, reply_parameters=reply,
+                        message_thread_id=int(target.thread_id) if target.thread_id else None,
+                    )
                 last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
         except Forbidden as exc:
@@ -110,10 +114,12 @@ class TelegramTransport(Transport):
         return SendResult(True, platform_message_id=last_id)
 
     async def send_typing(self, target: Target) -> None:
-        await self.bot.send_chat_action(
-            chat_id=target.chat_id, action="typing",
-            message_thread_id=int(target.thread_id) if target.thread_id else None,
-        )
+        bot, slots = telegram_bot(self.channel.bot_token, self.channel.api_base, "typing")
+        async with slots:
+            await bot.send_chat_action(
+                chat_id=target.chat_id, action="typing",
+                message_thread_id=int(target.thread_id) if target.thread_id else None,
+            )
 
 
 class StoredTransport(Transport):

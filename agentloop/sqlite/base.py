@@ -1,33 +1,45 @@
-"""SQLite with one in-process queue for write transactions.
+"""Django's SQLite backend, tuned for several processes writing at once.
 
-With `transaction_mode=IMMEDIATE` every atomic block takes SQLite's write lock at
-BEGIN. Threads of one process that find it taken fall into SQLite's busy handler,
-which sleeps in growing steps (1, 2, 5, 10 … 100 ms) — under a burst of webhooks
-that backoff, not the work, dominated. Here threads of the same process queue on a
-plain mutex instead and wake the instant the holder commits; other processes still
-meet SQLite's own lock and busy timeout.
-
-It also keeps one idle connection per database open for the life of the process:
-when the last connection to a WAL database closes, SQLite checkpoints and deletes the
-WAL. Under ASGI every request runs in a fresh thread with a fresh connection, so
-without this every single request paid a full checkpoint on close.
+1. Writers queue instead of polling. With `transaction_mode=IMMEDIATE` every atomic
+   block takes SQLite's write lock at BEGIN, and SQLite makes a writer that finds it
+   taken poll with growing sleeps (1, 2, 5 … 100 ms). A busy web process committing
+   back to back then starves the worker loop for seconds (measured: flushes 2 s
+   late). Here a write transaction first takes a mutex (threads of this process)
+   and then an OS file lock beside the database (other processes): waiters sleep in
+   the kernel and wake the moment the holder commits.
+2. Statements outside transactions that meet the lock are retried every fraction of
+   a millisecond until the configured timeout (the busy timeout itself is 0).
+3. One idle connection per database stays open for the life of the process: when
+   the last connection to a WAL database closes, SQLite checkpoints and deletes the
+   WAL, and under ASGI every request has a fresh connection of its own.
 """
 
+import fcntl
+import os
 import sqlite3
 import threading
+import time
 
 from django.db.backends.sqlite3 import base
 
 _write_locks: dict[str, threading.Lock] = {}
-_registry_lock = threading.Lock()
-
-
 _keepers: dict[str, sqlite3.Connection] = {}
+_lock_files: dict[str, int] = {}
+_registry_lock = threading.Lock()
+RETRY_STEPS = (0.0002, 0.0005, 0.001, 0.002)
 
 
 def _lock_for(name):
     with _registry_lock:
         return _write_locks.setdefault(str(name), threading.Lock())
+
+
+def _lock_file_for(name):
+    """One descriptor per process: flock excludes other processes, not our threads."""
+    with _registry_lock:
+        if str(name) not in _lock_files:
+            _lock_files[str(name)] = os.open(f"{name}-writelock", os.O_RDWR | os.O_CREAT, 0o600)
+        return _lock_files[str(name)]
 
 
 def _keep_open(name):
@@ -36,19 +48,60 @@ def _keep_open(name):
             _keepers[str(name)] = sqlite3.connect(str(name), check_same_thread=False)
 
 
+def _locked(exc):
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+class RetryingCursor(base.SQLiteCursorWrapper):
+    """A statement that meets another process's write lock is retried, briefly and
+    often, until the connection's timeout (a BUSY statement did nothing: safe)."""
+
+    timeout = 30.0
+
+    def _retry(self, run):
+        deadline = None
+        for attempt in range(1_000_000):
+            try:
+                return run()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc):
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout
+                if now > deadline:
+                    raise
+                time.sleep(RETRY_STEPS[min(attempt, len(RETRY_STEPS) - 1)])
+
+    def execute(self, query, params=None):
+        return self._retry(lambda: super(RetryingCursor, self).execute(query, params))
+
+    def executemany(self, query, param_list):
+        param_list = list(param_list)
+        return self._retry(lambda: super(RetryingCursor, self).executemany(query, param_list))
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     _holds_write_lock = False
 
     def get_new_connection(self, conn_params):
         connection = super().get_new_connection(conn_params)
+        connection.execute("PRAGMA busy_timeout = 0")  # RetryingCursor waits instead
         if not self.is_in_memory_db():
-            _keep_open(self.settings_dict["NAME"])  # after the first: the file exists, in WAL mode
+            _keep_open(self.settings_dict["NAME"])
         return connection
 
+    def create_cursor(self, name=None):
+        cursor = self.connection.cursor(factory=RetryingCursor)
+        cursor.timeout = self.settings_dict["OPTIONS"].get("timeout", 30)
+        return cursor
+
     def _start_transaction_under_autocommit(self):
-        lock = _lock_for(self.settings_dict["NAME"])
-        # Bounded: a stuck holder degrades to SQLite's own waiting, never a hang.
-        self._holds_write_lock = lock.acquire(timeout=self.settings_dict["OPTIONS"].get("timeout", 30))
+        name = self.settings_dict["NAME"]
+        if not self.is_in_memory_db():
+            # Bounded: a stuck holder in this process degrades to SQLite's own locking.
+            self._holds_write_lock = _lock_for(name).acquire(timeout=self.settings_dict["OPTIONS"].get("timeout", 30))
+            if self._holds_write_lock:
+                fcntl.flock(_lock_file_for(name), fcntl.LOCK_EX)  # released by the kernel if we die
         try:
             super()._start_transaction_under_autocommit()
         except BaseException:
@@ -58,7 +111,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def _release_write_lock(self):
         if self._holds_write_lock:
             self._holds_write_lock = False
-            _lock_for(self.settings_dict["NAME"]).release()
+            name = self.settings_dict["NAME"]
+            fcntl.flock(_lock_file_for(name), fcntl.LOCK_UN)
+            _lock_for(name).release()
 
     def _commit(self):
         try:

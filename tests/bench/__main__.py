@@ -32,7 +32,7 @@ def setup_django():
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         os.environ["DATABASE_URL"] = f"sqlite:///{db}"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentloop.settings")
-    os.environ["LOG_LEVEL"] = "WARNING"
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
@@ -252,11 +252,31 @@ def bench_turns(count=500, agent_seconds=1.0):
 
             single = run(1, "s")
             many = run(count, "m")
+            if os.environ.get("BENCH_TIMELINE"):
+                timeline(fake)
         finally:
             stop(proc)
     report("turns", f"{count} conversations flushing together into a {agent_seconds:.0f} s agent, replies sent "
            f"to a local Bot API server: {many:.2f} s wall vs {single:.2f} s for a single turn: "
            f"{many / single:.2f}x (target <= 2x)")
+
+
+def timeline(fake):
+    """Where the time of the concurrent run went (BENCH_TIMELINE=1)."""
+    from conversations.models import Turn
+    from delivery.models import OutboundMessage
+
+    turns = list(Turn.objects.filter(conversation__chat_id__startswith="1").order_by("pk"))
+    t0 = min(t.buffer.flush_at for t in turns)
+    def span(values):
+        values = sorted((v - t0).total_seconds() for v in values if v)
+        return f"{values[0]:.2f}..{values[-1]:.2f}s" if values else "-"
+    print("  flushed ", span([t.created_at for t in turns]))
+    print("  started ", span([t.started_at for t in turns]))
+    print("  finished", span([t.finished_at for t in turns]))
+    print("  sent    ", span([o.sent_at for o in OutboundMessage.objects.filter(turn__in=turns)]))
+    calls = sorted(c.wall - t0.timestamp() for c in fake.calls("sendMessage"))
+    print(f"  received {calls[0]:.2f}..{calls[-1]:.2f}s")
 
 
 BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns}
