@@ -7,11 +7,11 @@ locked, so concurrent messages of a conversation are applied one after the other
 """
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone as dt_timezone
 
-from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
+from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from audit.events import record
 from audit.models import EventKind
@@ -98,17 +98,40 @@ def _first(queryset):
     return rows[0] if rows else None
 
 
-def _with_state(conversations):
-    """Conversations annotated with their running turn and open buffer: one indexed
-    query on the hot path instead of three."""
-    running = Turn.objects.filter(conversation=OuterRef("pk"), state=TurnState.RUNNING)
-    open_buffer = MessageBuffer.objects.filter(conversation=OuterRef("pk"), state=BufferState.OPEN)
-    return conversations.annotate(
-        running_turn_id=Subquery(running.values("pk")[:1]),
-        open_buffer_id=Subquery(open_buffer.values("pk")[:1]),
-        open_buffer_first_at=Subquery(open_buffer.values("first_message_at")[:1]),
-        open_buffer_count=Subquery(open_buffer.values("message_count")[:1]),
+def _conversation_with_state_sql(lock):
+    """One statement for the hot path of every inbound message: the conversation, its
+    open buffer and whether a turn runs. Written as SQL because the ORM spent longer
+    compiling the equivalent annotated query (1.3 ms) than the rest of the request."""
+    conversation, buffer, turn = (m._meta.db_table for m in (Conversation, MessageBuffer, Turn))
+    return (
+        f'SELECT c.*, b.id AS open_buffer_id, b.first_message_at AS open_buffer_first_at, '
+        f'b.message_count AS open_buffer_count, '
+        f'(SELECT t.id FROM {turn} t WHERE t.conversation_id = c.id AND t.state = %s LIMIT 1) AS running_turn_id '
+        f'FROM {conversation} c LEFT JOIN {buffer} b ON b.conversation_id = c.id AND b.state = %s '
+        f'WHERE c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s'
+        + (" FOR UPDATE OF c" if lock else "")
     )
+
+
+def _aware(value):
+    """SQLite hands raw-SQL datetimes back naive (UTC) or as text; the ORM would have
+    converted them."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=dt_timezone.utc)
+
+
+def _conversation_with_state(channel, inbound):
+    lock = connection.features.has_select_for_update_of
+    params = [TurnState.RUNNING, BufferState.OPEN, channel.pk, inbound.chat_id, inbound.sender_id]
+    rows = list(Conversation.objects.raw(_conversation_with_state_sql(lock), params))
+    if not rows:
+        return None
+    conversation = rows[0]
+    conversation.channel = channel
+    if conversation.open_buffer_first_at is not None:
+        conversation.open_buffer_first_at = _aware(conversation.open_buffer_first_at)
+    return conversation
 
 
 def _known_open_buffer(conversation):
@@ -122,17 +145,16 @@ def _known_open_buffer(conversation):
 def _locked_conversation(channel, inbound):
     """The conversation, locked (PostgreSQL: FOR UPDATE; on SQLite the IMMEDIATE
     transaction already serialises writers), created on its first message."""
-    lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
-    locked = _with_state(Conversation.objects.select_for_update(of=("self",)))
-    conversation = _first(locked.filter(**lookup))
+    conversation = _conversation_with_state(channel, inbound)
     if conversation is not None:
         return conversation
+    lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
     contact, _ = Contact.objects.get_or_create(
         channel=channel, platform_id=inbound.sender_id,
         defaults={"display_name": inbound.sender_name[:200], "username": inbound.username[:100]},
     )
     Conversation.objects.get_or_create(**lookup, defaults={"contact": contact, "is_group": inbound.is_group})
-    return locked.get(**lookup)
+    return _conversation_with_state(channel, inbound)
 
 
 def _store_once(channel, conversation, inbound, now, command, buffer):
@@ -141,17 +163,35 @@ def _store_once(channel, conversation, inbound, now, command, buffer):
     kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
     if command:
         kind = MessageKind.CONTROL
-    try:
-        with transaction.atomic():  # a savepoint: PostgreSQL aborts the outer block otherwise
-            return InboundMessage.objects.create(
-                channel=channel, conversation=conversation, buffer=buffer,
-                platform_message_id=inbound.platform_message_id, kind=kind,
-                text=inbound.text, media_type=inbound.media_type,
-                sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
-                thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=now,
-            )
-    except IntegrityError:
-        return None
+    message = InboundMessage(
+        channel=channel, conversation=conversation, buffer=buffer,
+        platform_message_id=inbound.platform_message_id, kind=kind,
+        text=inbound.text, media_type=inbound.media_type,
+        sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
+        thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=now,
+    )
+    return message if _insert_unless_admitted(message) else None
+
+
+def _insert_unless_admitted(message) -> bool:
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id (SQLite ≥ 3.35 and PostgreSQL):
+    one statement, no savepoint, and no exception to unwind for a duplicate."""
+    fields = [f for f in InboundMessage._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(InboundMessage._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT ({quote('channel_id')}, {quote('platform_message_id')}) DO NOTHING RETURNING {quote('id')}"
+    )
+    params = [f.get_db_prep_save(f.pre_save(message, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    message.pk = row[0]
+    message._state.adding = False
+    return True
 
 
 def _double_text(channel, conversation, running, message, now):
@@ -186,7 +226,7 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
         # Compare-and-swap: the flusher may have claimed this buffer since we read it (it
         # does not lock the conversation); its turn was then made without this message,
         # which starts the next buffer instead.
-        if MessageBuffer.objects.filter(pk=buffer.pk, state=BufferState.OPEN).update(**fields):
+        if _update_if_open(buffer.pk, fields):
             for name, value in fields.items():
                 setattr(buffer, name, value)
         else:
@@ -197,6 +237,20 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
     if message.buffer_id != buffer.pk:
         InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
     return buffer
+
+
+def _update_if_open(buffer_id, fields) -> bool:
+    """UPDATE … WHERE id = %s AND state = 'open', as plain SQL: on the hot path the ORM's
+    compile of this one statement cost as much as running the whole transaction."""
+    quote = connection.ops.quote_name
+    columns = [MessageBuffer._meta.get_field(name) for name in fields]
+    sql = (f"UPDATE {quote(MessageBuffer._meta.db_table)} SET "
+           + ", ".join(f"{quote(f.column)} = %s" for f in columns)
+           + f" WHERE {quote('id')} = %s AND {quote('state')} = %s")
+    params = [f.get_db_prep_save(value, connection) for f, value in zip(columns, fields.values())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, buffer_id, BufferState.OPEN])
+        return cursor.rowcount == 1
 
 
 def _planned(channel, inbound, now, first_at, count, carried):

@@ -9,9 +9,12 @@
    the kernel and wake the moment the holder commits.
 2. Statements outside transactions that meet the lock are retried every fraction of
    a millisecond until the configured timeout (the busy timeout itself is 0).
-3. One idle connection per database stays open for the life of the process: when
-   the last connection to a WAL database closes, SQLite checkpoints and deletes the
-   WAL, and under ASGI every request has a fresh connection of its own.
+3. Connections are pooled per process. Under ASGI every request runs in a fresh
+   thread, so Django opened (and closed) a connection per request: the open, the
+   PRAGMAs, re-preparing every statement, and — when the last connection to a WAL
+   database closes — a full checkpoint. A closed connection that is idle now goes
+   back to a small pool for the next thread (Django already opens SQLite
+   connections with check_same_thread=False and checks thread use itself).
 """
 
 import fcntl
@@ -23,7 +26,8 @@ import time
 from django.db.backends.sqlite3 import base
 
 _write_locks: dict[str, threading.Lock] = {}
-_keepers: dict[str, sqlite3.Connection] = {}
+_pools: dict[str, list[sqlite3.Connection]] = {}
+POOL_SIZE = 8
 _lock_files: dict[str, int] = {}
 _registry_lock = threading.Lock()
 RETRY_STEPS = (0.0002, 0.0005, 0.001, 0.002)
@@ -42,10 +46,9 @@ def _lock_file_for(name):
         return _lock_files[str(name)]
 
 
-def _keep_open(name):
+def _pool_for(name):
     with _registry_lock:
-        if str(name) not in _keepers:
-            _keepers[str(name)] = sqlite3.connect(str(name), check_same_thread=False)
+        return _pools.setdefault(str(name), [])
 
 
 def _locked(exc):
@@ -84,10 +87,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
     _holds_write_lock = False
 
     def get_new_connection(self, conn_params):
+        if not self.is_in_memory_db():
+            pool = _pool_for(self.settings_dict["NAME"])
+            with _registry_lock:
+                if pool:
+                    return pool.pop()
         connection = super().get_new_connection(conn_params)
         connection.execute("PRAGMA busy_timeout = 0")  # RetryingCursor waits instead
-        if not self.is_in_memory_db():
-            _keep_open(self.settings_dict["NAME"])
         return connection
 
     def create_cursor(self, name=None):
@@ -129,6 +135,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def _close(self):
         try:
+            if self._can_pool():
+                pool = _pool_for(self.settings_dict["NAME"])
+                with _registry_lock:
+                    if len(pool) < POOL_SIZE:
+                        pool.append(self.connection)
+                        return None
             return super()._close()
         finally:
             self._release_write_lock()
+
+    def _can_pool(self):
+        return (self.connection is not None and not self.is_in_memory_db()
+                and not self.connection.in_transaction and self.connection.isolation_level is None)

@@ -120,7 +120,7 @@ def loadgen(url, n, offset, concurrency=16, headers=()):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def bench_ingest(n=3000, rounds=3):
+def bench_ingest(n=3000, rounds=5):
     from conversations.models import Channel, InboundMessage
 
     Channel.objects.create(slug="bench-tg", kind="telegram", bot_token="1:BENCH", webhook_secret=SECRET)
