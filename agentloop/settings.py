@@ -30,7 +30,10 @@ if not SECRET_KEY:
         SECRET_KEY = get_random_secret_key()
         _key_file.write_text(SECRET_KEY)
 
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+# `make run` binds HOST; a non-loopback HOST is allowed as a Host header too.
+ALLOWED_HOSTS = env.list(
+    "ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver", env.str("HOST", default="127.0.0.1")]
+)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -176,6 +179,8 @@ AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=4.0)
 # A worker whose heartbeat is older than this is dead: its turns are recovered.
 AGENTLOOP_WORKER_STALE_AFTER = env.float("AGENTLOOP_WORKER_STALE_AFTER", default=30.0)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
+# Connections per bot for replies (typing indicators get as many again, apart).
+AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
 AGENTLOOP_AGENTS = {
     "echo": "conversations.agents.EchoAgent",
     **dict(

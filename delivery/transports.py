@@ -10,11 +10,11 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 import httpx
 import telegram
+from django.conf import settings
 from telegram.error import Forbidden, TelegramError
 from telegram.request import HTTPXRequest
 
@@ -67,11 +67,10 @@ def split_text(text: str, limit: int) -> list[str]:
     return chunks
 
 
-# Connections per bot (Telegram itself takes ~30 messages/s per bot). Requests beyond
+# AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per bot). Requests beyond
 # it wait on our semaphore, not in httpcore's pool queue: httpcore rescans every
 # connection and queued request each time one starts or ends, which made 500
 # concurrent replies cost seconds of CPU. Measured: 8 beats 16 and 32.
-TELEGRAM_CONNECTIONS = int(os.environ.get("AGENTLOOP_TELEGRAM_CONNECTIONS", "8"))
 _bots: dict[tuple, tuple[telegram.Bot, asyncio.Semaphore]] = {}
 
 
@@ -81,10 +80,11 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> tuple[telegram.Bo
     own ("typing"): best effort, they must never queue a reply behind them."""
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
     if key not in _bots:
-        request = HTTPXRequest(connection_pool_size=TELEGRAM_CONNECTIONS, pool_timeout=30.0)
+        connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
+        request = HTTPXRequest(connection_pool_size=connections, pool_timeout=30.0)
         bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot", request=request,
                            get_updates_request=HTTPXRequest(read_timeout=60.0))
-        _bots[key] = (bot, asyncio.Semaphore(TELEGRAM_CONNECTIONS))
+        _bots[key] = (bot, asyncio.Semaphore(connections))
     return _bots[key]
 
 
