@@ -23,6 +23,12 @@ def processes(host, port):
     }
 
 
+# Seconds each process gets to stop. The worker hands its running turns back; the
+# django-q2 cluster, when its own children got the signal too (Ctrl-C reaches the
+# whole process group), can wait forever for them, and holds nothing worth waiting for.
+GRACE = {"web": 10, "worker": 15, "tasks": 3}
+
+
 class Command(BaseCommand):
     help = "Run the web server, the worker loop and the django-q2 cluster together."
 
@@ -57,10 +63,10 @@ class Command(BaseCommand):
         for proc in children.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in children.values():
+        started = time.monotonic()
+        for name, proc in children.items():
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.1, started + GRACE[name] - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
