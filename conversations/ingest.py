@@ -6,10 +6,11 @@ locked, so concurrent messages of a conversation are applied one after the other
 (PostgreSQL: SELECT … FOR UPDATE; SQLite: BEGIN IMMEDIATE serialises writers).
 """
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -22,6 +23,8 @@ from conversations.models import (
 )
 from delivery import outbox
 from delivery.models import OutboundKind
+
+log = logging.getLogger(__name__)
 
 REJECT_NOTICE = "I'm still working on your previous message. Please send this again once I've answered."
 
@@ -54,14 +57,35 @@ class Admission:
     planned_reason: str = ""
     window_kind: str = ""
     window_seconds: float = 0.0
-    notes: list = field(default_factory=list)
 
 
 def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
-    now = now or timezone.now()
+    """Admit one message. The whole admission is one transaction with no effect outside
+    the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried."""
+    for attempt in range(1, 4):
+        try:
+            admission = _admit(channel, inbound, now or timezone.now())
+        except OperationalError as exc:
+            if attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in RETRYABLE:
+                raise
+            log.warning("admission of %s retried after: %s", inbound.platform_message_id, exc)
+            continue
+        if admission is not None:
+            return admission
+        _create_conversation(channel, inbound)  # its first message: create, then admit
+    raise RuntimeError("conversation vanished while admitting a message")
+
+
+# PostgreSQL: deadlock_detected, serialization_failure.
+RETRYABLE = ("40P01", "40001")
+
+
+def _admit(channel, inbound, now):
     command = control.parse(inbound.text) if not inbound.media_type else None
     with transaction.atomic():
-        conversation = _locked_conversation(channel, inbound)
+        conversation = _conversation_with_state(channel, inbound)
+        if conversation is None:
+            return None
         running = conversation.running_turn_id
         # The open buffer comes with the conversation, so the message is stored with it
         # in one statement; with a turn running the strategy decides first.
@@ -98,7 +122,7 @@ def _first(queryset):
     return rows[0] if rows else None
 
 
-def _conversation_with_state_sql(lock):
+def _conversation_with_state_sql():
     """One statement for the hot path of every inbound message: the conversation, its
     open buffer and whether a turn runs. Written as SQL because the ORM spent longer
     compiling the equivalent annotated query (1.3 ms) than the rest of the request."""
@@ -109,7 +133,6 @@ def _conversation_with_state_sql(lock):
         f'(SELECT t.id FROM {turn} t WHERE t.conversation_id = c.id AND t.state = %s LIMIT 1) AS running_turn_id '
         f'FROM {conversation} c LEFT JOIN {buffer} b ON b.conversation_id = c.id AND b.state = %s '
         f'WHERE c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s'
-        + (" FOR UPDATE OF c" if lock else "")
     )
 
 
@@ -122,9 +145,20 @@ def _aware(value):
 
 
 def _conversation_with_state(channel, inbound):
-    lock = connection.features.has_select_for_update_of
+    lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
+    if connection.features.has_select_for_update:
+        # Lock first, read after: a statement that waited for the lock would otherwise
+        # see the buffer as it was before the previous holder committed (PostgreSQL
+        # re-checks only the locked row). SQLite's BEGIN IMMEDIATE already serialises.
+        # Nothing locked means nothing to read: it may appear (committed by a concurrent
+        # first message) between the two statements, and must not be used unlocked.
+        # NO KEY UPDATE: admissions of one conversation exclude each other, but a flusher
+        # inserting a turn (a foreign-key share lock on this row) is not blocked — it
+        # may hold a buffer row this admission waits for, which would be a deadlock.
+        if not Conversation.objects.select_for_update(no_key=True).filter(**lookup).values_list("pk"):
+            return None
     params = [TurnState.RUNNING, BufferState.OPEN, channel.pk, inbound.chat_id, inbound.sender_id]
-    rows = list(Conversation.objects.raw(_conversation_with_state_sql(lock), params))
+    rows = list(Conversation.objects.raw(_conversation_with_state_sql(), params))
     if not rows:
         return None
     conversation = rows[0]
@@ -142,19 +176,20 @@ def _known_open_buffer(conversation):
                          message_count=conversation.open_buffer_count)
 
 
-def _locked_conversation(channel, inbound):
-    """The conversation, locked (PostgreSQL: FOR UPDATE; on SQLite the IMMEDIATE
-    transaction already serialises writers), created on its first message."""
-    conversation = _conversation_with_state(channel, inbound)
-    if conversation is not None:
-        return conversation
-    lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
-    contact, _ = Contact.objects.get_or_create(
-        channel=channel, platform_id=inbound.sender_id,
-        defaults={"display_name": inbound.sender_name[:200], "username": inbound.username[:100]},
-    )
-    Conversation.objects.get_or_create(**lookup, defaults={"contact": contact, "is_group": inbound.is_group})
-    return _conversation_with_state(channel, inbound)
+def _create_conversation(channel, inbound):
+    """A conversation's first message creates it in a short transaction of its own, so
+    concurrent first messages race only on these two unique rows (get_or_create
+    settles that race), never while holding the locks of an admission."""
+    with transaction.atomic():
+        contact, _ = Contact.objects.get_or_create(
+            channel=channel, platform_id=inbound.sender_id,
+            defaults={"display_name": inbound.sender_name[:200], "username": inbound.username[:100]},
+        )
+    with transaction.atomic():
+        Conversation.objects.get_or_create(
+            channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
+            defaults={"contact": contact, "is_group": inbound.is_group},
+        )
 
 
 def _store_once(channel, conversation, inbound, now, command, buffer):

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import telegram
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
@@ -105,6 +105,10 @@ class Flusher(threading.Thread):
                 self.wakeup.clear()
                 try:
                     wait = self.step()
+                except OperationalError as exc:
+                    # e.g. chosen as a deadlock victim: the transaction rolled back whole.
+                    log.warning("flusher step failed, retrying: %s", exc)
+                    wait = 0.01
                 except Exception:
                     log.exception("flusher step failed")
                     connection.close()

@@ -286,3 +286,32 @@ def test_recovery_sweep_flushes_overdue_buffers(channel):
     admit(channel, msg(1, "Listo."), now=at(0))
     result = engine.recovery_sweep()
     assert result["flushed"] == 1 and Turn.objects.count() == 1
+
+
+def test_a_message_racing_the_flusher_starts_the_next_buffer(channel):
+    """The flusher claims buffers without locking the conversation: a message that read
+    the buffer as open just before it was flushed must not be lost inside it."""
+    from conversations import ingest
+
+    admit(channel, msg(1, "Listo."), now=at(0))
+    stale = MessageBuffer.objects.get()
+    engine.flush_due(now=at(2))  # flushed behind the second message's back
+    conversation = Conversation.objects.get()
+    late = InboundMessage.objects.create(channel=channel, conversation=conversation, platform_message_id="2",
+                                         text="¿y esto?", buffer=stale)
+    buffer = ingest._rearm(channel, conversation, stale, late, msg(2, "¿y esto?"), at(2), None)
+    assert buffer.pk != stale.pk and buffer.state == BufferState.OPEN
+    assert InboundMessage.objects.get(pk=late.pk).buffer_id == buffer.pk
+    assert Turn.objects.get().merged_input == "Listo."
+
+
+def test_a_batch_start_falls_back_when_a_conversation_already_runs_a_turn(channel):
+    running_turn(channel)  # conversation "100" has a running turn
+    admit(channel, msg(60, "¿otra?", chat="300", sender="300"), now=at(0))
+    admit(channel, msg(61, "¿más?"), now=at(3))  # waits behind the running turn …
+    Turn.objects.create(conversation=Conversation.objects.get(chat_id="100"), merged_input="x",
+                        flush_reason="window")  # … and a ready turn there is refused
+    [other] = engine.flush_due(now=at(5))
+    ready = list(Turn.objects.filter(state=TurnState.READY).values_list("pk", flat=True))
+    started = turns.start_many(ready, "w2", at(6))
+    assert [t.pk for t in started] == [other.pk]

@@ -134,3 +134,33 @@ def test_twenty_concurrent_copies_are_one_message_and_one_turn(processes, make_c
     assert InboundMessage.objects.count() == 1
     engine.flush_due(now=MessageBuffer.objects.get().flush_at)
     assert Turn.objects.count() == 1
+
+
+@pytest.mark.e2e
+def test_concurrent_messages_of_one_conversation_all_land_in_its_buffer(processes, make_channel):
+    """20 different messages of one chat at once: serialised per conversation, none lost."""
+    make_channel("tg", kind="telegram", bot_token="123:ABC", webhook_secret=SECRET)
+    web = processes.web()
+    base = fixture("telegram_text_update.json")
+    start = threading.Barrier(20)
+    statuses = []
+
+    def send(i):
+        update = json.loads(json.dumps(base))
+        update["update_id"] += i
+        update["message"]["message_id"] += i
+        update["message"]["text"] = f"parte {i} y"
+        with httpx.Client(timeout=30) as http:
+            start.wait()
+            statuses.append(http.post(f"{web.url}/webhooks/telegram/tg/", json=update,
+                                      headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}).status_code)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200] * 20
+    buffer = MessageBuffer.objects.get()
+    assert buffer.message_count == 20
+    assert InboundMessage.objects.filter(buffer=buffer).count() == 20
