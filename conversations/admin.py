@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -21,6 +22,7 @@ class ChannelAdmin(admin.ModelAdmin):
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
     readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "created_at", "updated_at"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     fieldsets = [
         (None, {"fields": ["slug", "name", "kind", "is_active"]}),
         ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
