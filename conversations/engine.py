@@ -156,28 +156,30 @@ def dead_owners(now=None):
 
 
 def recover_turns(owners, now=None):
-    """Turns left RUNNING by dead workers: run again if no effect fired (nothing
-    external happened yet); otherwise never re-run blindly: fail and tell the user."""
+    """Turns left RUNNING by dead workers; returns the ids that will run again."""
+    running = Turn.objects.filter(state=TurnState.RUNNING, owner__in=list(owners)).select_related("conversation")
+    return [turn.pk for turn in running if give_up_turn(turn, now) == TurnState.READY]
+
+
+def give_up_turn(turn, now=None):
+    """A running turn its worker no longer runs (it died, or it is shutting down): run it
+    again if it fired no effect (nothing external happened yet); otherwise never re-run
+    it blindly — fail it and tell the user part of it may be done. Returns the new state,
+    or None if the turn was no longer this owner's."""
     now = now or timezone.now()
-    recovered = []
-    for turn in Turn.objects.filter(state=TurnState.RUNNING, owner__in=list(owners)).select_related("conversation"):
-        with transaction.atomic():
-            if not turn.fired_effect:
-                moved = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner,
-                                            fired_effect=False).update(state=TurnState.READY, owner="")
-                if moved:
-                    record(EventKind.TURN_RECOVERED, conversation=turn.conversation, target=f"turn {turn.pk}",
-                           actor=turn.owner, summary="worker died before any effect; turn will run again")
-                    recovered.append(turn.pk)
-                continue
-            failed = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner).update(
-                state=TurnState.FAILED, finished_at=now, outcome="worker died after the turn fired an effect")
-            if failed:
-                outbox.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
-                               reply_target=turn.reply_target, thread_id=turn.thread_id)
-                record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
-                       actor=turn.owner, summary="worker died after an external effect; not re-run")
-    return recovered
+    with transaction.atomic():
+        mine = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner)
+        if mine.filter(fired_effect=False).update(state=TurnState.READY, owner=""):
+            record(EventKind.TURN_RECOVERED, conversation=turn.conversation, target=f"turn {turn.pk}",
+                   actor=turn.owner, summary="its worker let go before any effect; it will run again")
+            return TurnState.READY
+        if mine.update(state=TurnState.FAILED, finished_at=now, outcome="its worker let go after it fired an effect"):
+            outbox.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
+                           reply_target=turn.reply_target, thread_id=turn.thread_id)
+            record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
+                   actor=turn.owner, summary="its worker let go after an external effect; not re-run")
+            return TurnState.FAILED
+    return None
 
 
 def forget_workers(owners):

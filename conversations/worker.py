@@ -28,7 +28,7 @@ from conversations.agents import TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
 from delivery import outbox
 from delivery.models import OutboundKind
-from delivery.transports import Target, transport_for
+from delivery.transports import SendResult, Target, transport_for
 
 log = logging.getLogger(__name__)
 
@@ -279,14 +279,23 @@ class Worker:
                 typing.cancel()
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
-        try:
-            outbound = await self.complete((turn, state, reply, outcome))
-            self.turns_done += 1
-            self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
-            if outbound is not None:
-                await self.send(outbound)
-        except Exception:
-            log.exception("completing turn %s failed", turn.pk)
+        outbound = await self.record_completion(turn, state, reply, outcome)
+        self.turns_done += 1
+        self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
+        if outbound is not None:
+            await self.send(outbound)
+
+    async def record_completion(self, turn, state, reply, outcome, attempts=3):
+        """Write the turn's end down, retrying a failed batch; a turn must never stay
+        RUNNING under a live worker that no longer runs it."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self.complete((turn, state, reply, outcome))
+            except Exception:
+                log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, attempt)
+                await asyncio.sleep(0.5 * attempt)
+        await self.db(self._release_turn, turn.pk)  # run again elsewhere, if it fired no effect
+        return None
 
     def complete_turns(self, finished):
         """Finish turns and write their replies down, in one transaction. A turn that
@@ -305,8 +314,9 @@ class Worker:
         return [rows.get(turn.pk) for turn, *_ in finished]
 
     def _release_turn(self, turn_id):
-        Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=self.owner, fired_effect=False).update(
-            state=TurnState.READY, owner="")
+        turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
+        if turn is not None:
+            engine.give_up_turn(turn)
 
     async def keep_typing(self, transport, target):
         """Telegram's indicator lasts ~5 s: refresh it until the turn ends."""
@@ -353,8 +363,13 @@ class Worker:
             self.sending.discard(outbound_id)
 
     async def send(self, row):
-        """Send a row this worker has claimed and record the outcome."""
-        result = await outbox.send(row)
+        """Send a row this worker has claimed and record the outcome (an unexpected
+        error counts as a temporary failure: the row is retried, never left SENDING)."""
+        try:
+            result = await outbox.send(row)
+        except Exception as exc:
+            log.exception("sending outbound %s failed", row.pk)
+            result = SendResult(False, error=f"{type(exc).__name__}: {exc}")
         await self.record_sends((row, result))
 
     def finish_sends(self, outcomes):
