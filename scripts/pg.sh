@@ -21,6 +21,7 @@ start)
   as_owner "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
     -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
     start >/dev/null
+  "$BIN/createdb" -h 127.0.0.1 -p "$port" -U postgres agentloop  # the URL printed below must work as is
   echo "postgres://postgres@127.0.0.1:$port/agentloop"
   ;;
 stop)
