@@ -28,7 +28,7 @@ from conversations.agents import TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
 from delivery import outbox
 from delivery.models import OutboundKind
-from delivery.transports import SendResult, Target, transport_for
+from delivery.transports import SendResult, Target, close_bots, transport_for
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*tasks, *self.pollers.values(), return_exceptions=True)
+        await close_bots()
         await self.db(self._release_leases)
         await self.db(engine.retire, self.owner)
         await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)

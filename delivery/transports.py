@@ -16,7 +16,8 @@ import httpx
 import telegram
 from django.conf import settings
 from telegram.error import Forbidden, TelegramError
-from telegram.request import HTTPXRequest
+
+from delivery.telegram_request import AiohttpRequest
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,19 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> tuple[telegram.Bo
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
     if key not in _bots:
         connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
-        request = HTTPXRequest(connection_pool_size=connections, pool_timeout=30.0)
-        bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot", request=request,
-                           get_updates_request=HTTPXRequest(read_timeout=60.0))
+        bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot",
+                           request=AiohttpRequest(connections=connections),
+                           get_updates_request=AiohttpRequest(connections=1))  # unused: polling has its own Bot
         _bots[key] = (bot, asyncio.Semaphore(connections))
     return _bots[key]
+
+
+async def close_bots():
+    """Close this event loop's bots (their HTTP sessions) on shutdown."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _bots if k[0] == loop_id]:
+        bot, _ = _bots.pop(key)
+        await bot.request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
 
 
 class TelegramTransport(Transport):
