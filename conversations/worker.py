@@ -306,7 +306,7 @@ class Worker:
             ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
                                       for turn, state, reply, outcome in finished], self.owner)
             replies = {}
-            for turn, state, reply, outcome in finished:
+            for turn, state, reply, _ in finished:
                 if turn.pk in ours and reply:
                     kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
                     replies[turn.pk] = outbox.Reply(turn.conversation, reply, kind=kind, turn=turn,

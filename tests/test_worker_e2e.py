@@ -22,7 +22,7 @@ def texts(fake, chat_id=None):
 
 def test_burst_becomes_one_turn_after_the_adaptive_window(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, worker = processes.web(), processes.worker()
+    web, _ = processes.web(), processes.worker()
     for text in ["Confirmo las horas de psicología y", "también la de kine y", "la del dentista y"]:
         last = send(web, "tg", 101, text)
     send(web, "tg", 202, "¿Me confirmas la hora?")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import timedelta
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -161,7 +161,6 @@ def timer_floor(count=300, spread=3.0):
 
 
 def bench_flush(conversations=1000, seconds=10.0):
-    from django.utils import timezone
 
     from conversations.ingest import Inbound, admit
     from conversations.models import Channel, MessageBuffer, Turn
