@@ -1,0 +1,62 @@
+"""The scripting commands: addchannel (create, update in place, refuse bad values) and
+createagentkey (printed once, stored hashed)."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from conversations.models import AgentKey, Channel
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_addchannel_creates_then_updates_only_what_is_given():
+    out = run("addchannel", "mybot", "--kind", "telegram", "--token", "1:A", "--mode", "webhook",
+              "--api-base", "http://127.0.0.1:9/", "--strategy", "interrupt", "--window-closed", "0.8",
+              "--max-wait", "9", "--max-messages", "4", "--greetings", "ahoy, que onda", "--no-typing")
+    assert "created channel mybot" in out and "webhook secret:" in out
+    channel = Channel.objects.get(slug="mybot")
+    assert (channel.double_texting, channel.window_closed, channel.max_wait, channel.max_messages) == \
+        ("interrupt", 0.8, 9.0, 4)
+    assert channel.webhook_secret and not channel.typing_enabled
+    assert channel.debounce_settings().greetings == frozenset({"ahoy", "que onda"})
+
+    out = run("addchannel", "mybot", "--window-neutral", "3", "--mode", "polling")
+    channel.refresh_from_db()
+    assert "updated channel mybot" in out
+    assert (channel.window_neutral, channel.window_closed, channel.telegram_mode) == (3.0, 0.8, "polling")
+    assert Channel.objects.count() == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-messages", "0"], "max_messages"),
+    (["--window-closed", "-1"], "window_closed"),
+    (["--agent-config", "{nope"], "not JSON"),
+    (["--api-base", "not a url"], "api_base"),
+])
+def test_addchannel_refuses_bad_values(args, message):
+    with pytest.raises(CommandError, match=message):
+        run("addchannel", "bad", "--kind", "api", *args)
+    assert not Channel.objects.filter(slug="bad").exists()
+
+
+def test_createagentkey_prints_the_key_once_and_stores_its_hash(make_channel):
+    make_channel("shop")
+    raw = run("createagentkey", "shop-agent", "--channel", "shop").strip()
+    key = AgentKey.objects.get()
+    assert raw.startswith("al_") and raw not in (key.key_hash, key.prefix)
+    assert AgentKey.objects.for_key(raw) == key
+    assert list(key.channels.values_list("slug", flat=True)) == ["shop"]
+
+
+def test_createagentkey_refuses_unknown_channels():
+    with pytest.raises(CommandError, match="unknown channel"):
+        run("createagentkey", "x", "--channel", "nope")
+    assert not AgentKey.objects.exists()
