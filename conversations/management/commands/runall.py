@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -46,7 +47,8 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        self.banner(host, port)
+        if self.wait_for_web(host, port, children["web"]):
+            self.banner(host, port)
         try:
             while not stopping:
                 exited = {n: p.returncode for n, p in children.items() if p.poll() is not None}
@@ -70,6 +72,18 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+    def wait_for_web(self, host, port, web, timeout=60):
+        """The URLs are printed once they answer."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and web.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return True
+            except OSError:
+                time.sleep(0.2)
+        return False
 
     def banner(self, host, port):
         info = {}
