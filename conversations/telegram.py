@@ -55,11 +55,6 @@ def parse_update(data: dict) -> telegram.Update:
     return telegram.Update.de_json(data, None)
 
 
-def admit_update(channel, data: dict):
-    inbound = inbound_from_update(parse_update(data))
-    return None if inbound is None else admit(channel, inbound)
-
-
 # --- long polling ------------------------------------------------------------
 
 def polling_channels():
@@ -88,11 +83,13 @@ def admit_polled(channel_id, owner, updates: list[dict]) -> int:
     admitted = 0
     for data in updates:
         try:
-            admission = admit_update(channel, data)
-        except (ValueError, TypeError, KeyError) as exc:
+            inbound = inbound_from_update(parse_update(data))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("channel %s: skipping malformed update %s: %s", channel.slug, data.get("update_id"), exc)
             continue
-        admitted += bool(admission and not admission.duplicate)
+        # An error while admitting propagates: the offset is not advanced, the batch is
+        # polled again, and the dedup drops what was admitted before the error.
+        admitted += bool(inbound and not admit(channel, inbound).duplicate)
     if updates:
         offset = max(u["update_id"] for u in updates) + 1
         with transaction.atomic():

@@ -10,6 +10,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from conversations import telegram as telegram_inbound
+from conversations.ingest import admit
 from conversations.models import Channel, ChannelKind
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,15 @@ def telegram_webhook(request, slug):
     except (ValueError, UnicodeDecodeError):
         return _error(400, "body is not valid JSON")
     try:
-        admission = telegram_inbound.admit_update(channel, data)
+        inbound = telegram_inbound.inbound_from_update(telegram_inbound.parse_update(data))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return _error(400, f"not a valid Telegram update: {exc}")
-    if admission is None:
+    if inbound is None:
         # 200 so Telegram stops retrying an update we will never act on.
         return JsonResponse({"ok": True, "ignored": True})
+    # Anything failing from here on is ours: a 500 makes Telegram retry, and the dedup
+    # makes the retry safe.
+    admission = admit(channel, inbound)
     return JsonResponse({"ok": True, "duplicate": admission.duplicate})
 
 

@@ -8,14 +8,13 @@ same row for the same claim.
 
 import logging
 from dataclasses import dataclass
-
 from datetime import timedelta
 
 from django.db.models import Case, CharField, F, Q, Value, When
 from django.utils import timezone
 
 from delivery.models import OutboundMessage, OutboundState
-from delivery.transports import Target, transport_for
+from delivery.transports import SendResult, Target, transport_for
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ def finish(outbound, owner, result, now=None):
     OutboundMessage.objects.filter(pk=outbound.pk, state=OutboundState.SENDING, owner=owner).update(**fields)
 
 
-async def send(outbound) -> "SendResult":  # noqa: F821
+async def send(outbound) -> SendResult:
     conversation = outbound.conversation
     target = Target(conversation.chat_id, outbound.reply_target, outbound.thread_id)
     result = await transport_for(conversation.channel).send_text(target, outbound.text)
