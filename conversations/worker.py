@@ -425,6 +425,12 @@ class Worker:
             except (InvalidToken, TelegramError) as exc:
                 log.error("channel %s: polling stopped: %s", channel.slug, exc)
                 await asyncio.sleep(60.0)
+            except Exception:
+                # e.g. the database while admitting: the batch was not confirmed and is
+                # polled again (the dedup drops what got in); the poller must not die.
+                log.exception("channel %s: polling failed; retrying in %.0fs", channel.slug, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
 
     async def poll_batches(self, bot, channel):
         offset = channel.poll_offset
