@@ -295,15 +295,21 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
 def _update_if_open(buffer_id, fields) -> bool:
     """UPDATE … WHERE id = %s AND state = 'open', as plain SQL: on the hot path the ORM's
     compile of this one statement cost as much as running the whole transaction."""
-    quote = connection.ops.quote_name
-    columns = [MessageBuffer._meta.get_field(name) for name in fields]
-    sql = (f"UPDATE {quote(MessageBuffer._meta.db_table)} SET "
-           + ", ".join(f"{quote(f.column)} = %s" for f in columns)
-           + f" WHERE {quote('id')} = %s AND {quote('state')} = %s")
+    sql, columns = _update_if_open_sql(tuple(fields))
     params = [f.get_db_prep_save(value, connection) for f, value in zip(columns, fields.values())]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, buffer_id, BufferState.OPEN])
         return cursor.rowcount == 1
+
+
+@functools.cache
+def _update_if_open_sql(names):
+    quote = connection.ops.quote_name
+    columns = [MessageBuffer._meta.get_field(name) for name in names]
+    sql = (f"UPDATE {quote(MessageBuffer._meta.db_table)} SET "
+           + ", ".join(f"{quote(f.column)} = %s" for f in columns)
+           + f" WHERE {quote('id')} = %s AND {quote('state')} = %s")
+    return sql, columns
 
 
 def _planned(channel, inbound, now, first_at, count, carried):

@@ -40,9 +40,8 @@ def start(turn_id, owner, now=None) -> bool:
 
 
 def finish(turn_id, owner, *, state, reply_text="", outcome="", now=None) -> bool:
-    return Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(
-        state=state, reply_text=reply_text, outcome=outcome[:300], finished_at=now or timezone.now()
-    ) == 1
+    """RUNNING -> DONE/FAILED for `owner`; False if it was cancelled meanwhile."""
+    return turn_id in finish_many([(turn_id, state, reply_text, outcome[:300])], owner, now)
 
 
 def finish_many(results, owner, now=None) -> set:
