@@ -68,24 +68,22 @@ def split_text(text: str, limit: int) -> list[str]:
     return chunks
 
 
-# AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per bot). Requests beyond
-# it wait on our semaphore, not in httpcore's pool queue: httpcore rescans every
-# connection and queued request each time one starts or ends, which made 500
-# concurrent replies cost seconds of CPU. Measured: 8 beats 16 and 32.
-_bots: dict[tuple, tuple[telegram.Bot, asyncio.Semaphore]] = {}
+# AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per
+# bot); requests beyond it queue in aiohttp's connector.
+_bots: dict[tuple, telegram.Bot] = {}
 
 
-def telegram_bot(token: str, api_base: str, purpose="send") -> tuple[telegram.Bot, asyncio.Semaphore]:
-    """A Bot for this event loop, talking to {api_base}/bot{token}/{method}, and the
-    semaphore that bounds its requests in flight. Typing indicators get a Bot of their
-    own ("typing"): best effort, they must never queue a reply behind them."""
+def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
+    """A Bot for this event loop, talking to {api_base}/bot{token}/{method}. Typing
+    indicators get a Bot of their own ("typing"): best effort, they must never queue a
+    reply behind them."""
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
     if key not in _bots:
         connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
         bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot",
                            request=AiohttpRequest(connections=connections),
                            get_updates_request=AiohttpRequest(connections=1))  # unused: polling has its own Bot
-        _bots[key] = (bot, asyncio.Semaphore(connections))
+        _bots[key] = bot
     return _bots[key]
 
 
@@ -93,15 +91,14 @@ async def close_bots():
     """Close this event loop's bots (their HTTP sessions) on shutdown."""
     loop_id = id(asyncio.get_running_loop())
     for key in [k for k in _bots if k[0] == loop_id]:
-        bot, _ = _bots.pop(key)
-        await bot.request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
+        await _bots.pop(key).request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
 
 
 class TelegramTransport(Transport):
     supports_typing = True
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        bot, slots = telegram_bot(self.channel.bot_token, self.channel.api_base)
+        bot = telegram_bot(self.channel.bot_token, self.channel.api_base)
         last_id = ""
         reply = (
             telegram.ReplyParameters(int(target.reply_target), allow_sending_without_reply=True)
@@ -109,11 +106,10 @@ class TelegramTransport(Transport):
         )
         try:
             for chunk in split_text(text, TELEGRAM_MAX_CHARS):
-                async with slots:
-                    message = await bot.send_message(
-                        chat_id=target.chat_id, text=chunk, reply_parameters=reply,
-                        message_thread_id=int(target.thread_id) if target.thread_id else None,
-                    )
+                message = await bot.send_message(
+                    chat_id=target.chat_id, text=chunk, reply_parameters=reply,
+                    message_thread_id=int(target.thread_id) if target.thread_id else None,
+                )
                 last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
         except Forbidden as exc:
@@ -123,12 +119,11 @@ class TelegramTransport(Transport):
         return SendResult(True, platform_message_id=last_id)
 
     async def send_typing(self, target: Target) -> None:
-        bot, slots = telegram_bot(self.channel.bot_token, self.channel.api_base, "typing")
-        async with slots:
-            await bot.send_chat_action(
-                chat_id=target.chat_id, action="typing",
-                message_thread_id=int(target.thread_id) if target.thread_id else None,
-            )
+        bot = telegram_bot(self.channel.bot_token, self.channel.api_base, "typing")
+        await bot.send_chat_action(
+            chat_id=target.chat_id, action="typing",
+            message_thread_id=int(target.thread_id) if target.thread_id else None,
+        )
 
 
 class StoredTransport(Transport):
