@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "channels",
     "conversations",
@@ -155,6 +156,11 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "agentloop API",
     "DESCRIPTION": "Inbound messages, tools behind the action guard, turns and replies.",
     "VERSION": "1.0.0",
+    # The docs page's assets come from our own static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # --- django-q2: the safety-net sweeps (the worker loop does the timing) --------
@@ -188,6 +194,33 @@ AGENTLOOP_AGENTS = {
         item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item
     ),
 }
+
+# --- the action guard and its tools (Layer 2) -------------------------------------------
+AGENTLOOP_TOOLS = [
+    "tools.builtin.calendar.CreateEvent",
+    "tools.builtin.calendar.ListEvents",
+    "tools.builtin.calendar.DeleteEvent",
+    "tools.builtin.email.SendEmail",
+    *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
+]
+# How long an identical call waits for one in flight before answering "in progress".
+AGENTLOOP_GUARD_WAIT = env.float("AGENTLOOP_GUARD_WAIT", default=3.0)
+# Threads per worker process for tool calls made by agents inside turns.
+AGENTLOOP_TOOL_THREADS = env.int("AGENTLOOP_TOOL_THREADS", default=16)
+# Naive date-times from the model ("2026-12-01T10:00") are in this zone.
+AGENTLOOP_DEFAULT_TIME_ZONE = env.str("AGENTLOOP_DEFAULT_TIME_ZONE", default=TIME_ZONE)
+# local: events in our database (admin + iCalendar feed); caldav: a CalDAV server.
+AGENTLOOP_CALENDAR_BACKEND = env.str("AGENTLOOP_CALENDAR_BACKEND", default="local")
+AGENTLOOP_CALDAV_URL = env.str("AGENTLOOP_CALDAV_URL", default="")
+AGENTLOOP_CALDAV_USERNAME = env.str("AGENTLOOP_CALDAV_USERNAME", default="")
+AGENTLOOP_CALDAV_PASSWORD = env.str("AGENTLOOP_CALDAV_PASSWORD", default="")
+AGENTLOOP_CALDAV_CALENDAR = env.str("AGENTLOOP_CALDAV_CALENDAR", default="agentloop")
+
+# Email for the email_send tool: SMTP in production (EMAIL_URL=smtp://user:pass@host:587
+# or smtp+tls://…), the console under `make run` when EMAIL_URL is not set.
+vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agentloop@localhost")
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=20)
 
 LOGGING = {
     "version": 1,

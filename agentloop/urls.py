@@ -1,13 +1,24 @@
 from django.contrib import admin
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from audit import api as audit_api
 from conversations import api, views
+from tools import api as tools_api
+from tools import views as tools_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
+    path("api/v1/tools", tools_api.ToolListView.as_view(), name="api-tools"),
+    path("api/v1/tools/<str:name>/invoke", tools_api.ToolInvokeView.as_view(), name="api-tool-invoke"),
+    path("api/v1/actions/claim", tools_api.ActionClaimView.as_view(), name="api-action-claim"),
+    path("api/v1/actions/<int:claim>/succeed", tools_api.ActionSucceedView.as_view(), name="api-action-succeed"),
+    path("api/v1/actions/<int:claim>/fail", tools_api.ActionFailView.as_view(), name="api-action-fail"),
+    path("api/v1/audit/events", audit_api.AuditEventsView.as_view(), name="api-audit-events"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("calendars/<str:token>.ics", tools_views.calendar_feed, name="calendar-feed"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -13,6 +13,15 @@ class EventKind(models.TextChoices):
     CONTROL_COMMAND = "control_command", "Control command"
     TURN_RECOVERED = "turn_recovered", "Turn recovered from a dead worker"
     TURN_FAILED = "turn_failed", "Turn failed"
+    # Layer 2
+    DUPLICATE_PREVENTED = "duplicate_prevented", "Duplicate prevented"
+    ACTION_UNCERTAIN = "action_uncertain", "Action interrupted (outcome uncertain)"
+    ACTION_RECONCILED = "action_reconciled", "Uncertain action reconciled"
+    CLAIM_RELEASED = "claim_released", "Claim released by an operator"
+    PROPOSAL_CREATED = "proposal_created", "Proposal awaiting approval"
+    PROPOSAL_APPLIED = "proposal_applied", "Proposal applied"
+    PROPOSAL_REJECTED = "proposal_rejected", "Proposal rejected"
+    PROPOSAL_EXPIRED = "proposal_expired", "Proposal expired"
 
 
 class AuditEvent(models.Model):
@@ -31,3 +40,11 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.get_kind_display()} {self.target}"
+
+
+class CaughtDuplicate(AuditEvent):
+    """The "Duplicate prevented" events, in the admin on their own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "caught duplicate"

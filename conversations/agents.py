@@ -1,9 +1,14 @@
 """Agents: what runs inside a turn. The Agents issue adds OpenAI-compatible, webhook,
 pull and demo agents; `echo` proves the pipeline until then.
 
-An agent gets the merged input (and can load the conversation's history), and must call
-`ctx.mark_effect()` before touching the outside world: it returns False when the
-turn was cancelled meanwhile, and then the agent must not act.
+An agent gets the merged input (and can load the conversation's history). It acts on
+the world through `ctx.call_tool(name, arguments)`: the registry's tools behind the
+action guard (an identical action asked for twice is carried out once; the result then
+says `duplicate: true` with a note for the model). `call_tool` marks the turn as having
+fired an effect before any effectful tool runs, and raises TurnCancelled if the turn was
+cancelled meanwhile. An agent acting on the world by other means must call
+`ctx.mark_effect()` first: it returns False when the turn was cancelled, and then the
+agent must not act.
 """
 
 import abc
@@ -27,8 +32,11 @@ class TurnContext:
     text: str
     config: dict = field(default_factory=dict)
     mark_effect: Callable[[], Awaitable[bool]] | None = None
-    # [(user input, reply), …] of finished turns since /reset; loaded only when asked for.
+    # Chat messages ({"role", "content"}) of finished turns and notes since /reset;
+    # loaded only when asked for.
     load_history: Callable[[], Awaitable[list]] | None = None
+    # (tool name, arguments) -> the result for the model (see tools.guard.Outcome.for_model).
+    call_tool: Callable[[str, dict], Awaitable[dict]] | None = None
 
 
 class Agent(abc.ABC):

@@ -24,6 +24,18 @@ def channel_for_key(key, slug, kind=None):
     return channel
 
 
+def conversation_for_key(key, conversation_id):
+    """The conversation, if it is in one of the key's channels; 404 otherwise (another
+    agent's conversations do not exist as far as this key is concerned)."""
+    from conversations.models import Conversation
+
+    conversation = Conversation.objects.select_related("channel", "contact").filter(
+        pk=conversation_id, channel__agent_keys=key).first()
+    if conversation is None:
+        raise exceptions.NotFound(f"no conversation {conversation_id}")
+    return conversation
+
+
 class InboundMessageSerializer(serializers.Serializer):
     message_id = serializers.CharField(max_length=100)
     contact = serializers.CharField(max_length=100)

@@ -3,7 +3,7 @@ from settings before its views module is ready)."""
 
 from django.core.exceptions import RequestDataTooBig
 from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, serializers
 from rest_framework.response import Response
 
 from conversations.models import AgentKey
@@ -32,9 +32,18 @@ class AgentKeyAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
+class ErrorSerializer(serializers.Serializer):
+    """The shape of every API error."""
+
+    error = serializers.CharField()
+    fields = serializers.DictField(required=False, help_text="Per-field messages of an invalid request.")
+
+
 def json_exception_handler(exc, context):
     """Every API error is JSON with a clear message."""
-    from rest_framework.views import exception_handler  # not at import time: DRF loads us from settings
+    from rest_framework.views import (
+        exception_handler,  # not at import time: DRF loads us from settings
+    )
 
     if isinstance(exc, RequestDataTooBig):
         return Response({"error": "request body too large"}, status=413)

@@ -20,7 +20,7 @@ from django.utils import timezone
 from audit.events import record
 from audit.models import EventKind
 from conversations.models import (
-    BufferState, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+    BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
 from delivery import outbox
 from delivery.models import OutboundKind
@@ -207,10 +207,21 @@ def recovery_sweep(grace_seconds=5.0):
 
 
 def conversation_history(conversation, before_turn, limit=20):
-    """(user input, reply) pairs of finished turns since the last /reset."""
+    """The agent's context since the last /reset, oldest first: each finished turn as a
+    user message and the assistant's reply, and the notes added meanwhile (a person's
+    decision on a proposal) as system messages."""
     turns = Turn.objects.filter(conversation=conversation, state=TurnState.DONE, pk__lt=before_turn.pk)
+    notes = ContextNote.objects.filter(conversation=conversation)
     if conversation.context_reset_at:
         turns = turns.filter(created_at__gte=conversation.context_reset_at)
-    rows = turns.order_by("-pk").values_list("merged_input", "reply_text")[:limit]
-    return list(reversed(rows))
-
+        notes = notes.filter(created_at__gte=conversation.context_reset_at)
+    entries = []
+    for created_at, merged_input, reply in turns.order_by("-pk").values_list(
+            "created_at", "merged_input", "reply_text")[:limit]:
+        entries.append((created_at, 0, {"role": "user", "content": merged_input}))
+        if reply:
+            entries.append((created_at, 1, {"role": "assistant", "content": reply}))
+    for created_at, text in notes.order_by("-created_at").values_list("created_at", "text")[:limit]:
+        entries.append((created_at, 2, {"role": "system", "content": text}))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    return [message for _, _, message in entries]

@@ -394,3 +394,18 @@ class AgentKey(models.Model):
 
     # DRF treats request.user as authenticated when this is true.
     is_authenticated = True
+
+
+class ContextNote(models.Model):
+    """Something the agent must know in its next turns that was not said in the chat:
+    e.g. a person approved or rejected an action it proposed."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="notes")
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return self.text[:80]

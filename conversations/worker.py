@@ -29,6 +29,8 @@ from conversations.models import Turn, TurnState
 from delivery import outbox
 from delivery.models import OutboundKind
 from delivery.transports import SendResult, Target, close_bots, transport_for
+from tools import guard, registry
+from tools.registry import Scope
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ def _in_db_thread(fn, *args, **kwargs):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
         raise
+
+
+def _invoke_for_conversation(name, arguments, conversation, actor):
+    return guard.invoke(name, arguments, Scope.of_conversation(conversation), actor=actor)
 
 
 def _close_connection():
@@ -145,6 +151,9 @@ class Worker:
         self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
         self.poll_telegram = poll_telegram
         self.db_executor = ThreadPoolExecutor(1, thread_name_prefix="db")
+        # Tools block (SMTP, CalDAV, waiting on an identical call in flight): their own
+        # threads, each with its own connection, so they never hold up the turn plumbing.
+        self.tool_executor = ThreadPoolExecutor(settings.AGENTLOOP_TOOL_THREADS, thread_name_prefix="tool")
         self.running: dict[int, asyncio.Task] = {}
         self.cancelled_by_user: set[int] = set()
         self.sending: set[int] = set()
@@ -212,6 +221,7 @@ class Worker:
         await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
         self.db_executor.submit(_close_connection).result()
         self.db_executor.shutdown(wait=True)
+        self.tool_executor.shutdown(wait=False, cancel_futures=True)
 
     def _release_leases(self):
         for channel_id in list(self.pollers):
@@ -219,6 +229,7 @@ class Worker:
 
     async def housekeeping(self):
         await self.db(engine.beat, self.owner)
+        await self.db(guard.sweep)
         self.dead_owners = await self.db(engine.dead_owners)
         if self.dead_owners:
             recovered = await self.db(engine.recover_turns, self.dead_owners)
@@ -265,7 +276,8 @@ class Worker:
                               text=turn.merged_input, config=channel.agent_config,
                               load_history=functools.partial(self.db, engine.conversation_history,
                                                              conversation, turn),
-                              mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk))
+                              mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk),
+                              call_tool=functools.partial(self.call_tool, turn, conversation))
             reply = await agent_for(channel.agent).respond(ctx)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
@@ -285,6 +297,24 @@ class Worker:
         self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
         if outbound is not None:
             await self.send(outbound)
+
+    async def call_tool(self, turn, conversation, name, arguments):
+        """A tool call from inside a turn, through the action guard; the result is what
+        the model gets back (a refusal or failure is a result too, never an exception)."""
+        try:
+            tool = registry.get(name)
+        except registry.UnknownTool as exc:
+            return {"status": "failed", "duplicate": False, "error": str(exc)}
+        if tool.guarded and not await self.db(turns.mark_effect, turn.pk):
+            raise TurnCancelled()
+        loop = asyncio.get_running_loop()
+        invoke = functools.partial(_in_db_thread, _invoke_for_conversation, name, arguments, conversation,
+                                   f"worker:{self.owner}")
+        try:
+            outcome = await loop.run_in_executor(self.tool_executor, invoke)
+        except (registry.InvalidArguments, guard.ToolDisabled) as exc:
+            return {"status": "failed", "duplicate": False, "error": str(exc)}
+        return outcome.for_model()
 
     async def record_completion(self, turn, state, reply, outcome, attempts=3):
         """Write the turn's end down, retrying a failed batch; a turn must never stay

@@ -136,10 +136,25 @@ class Processes:
 
 @pytest.fixture(autouse=True)
 def fresh_channel_cache():
-    """Each test's channels are new rows (rolled back after), never a cached copy."""
+    """Each test's channels and tool policies are new rows (rolled back after), never a cached copy."""
+    from tools.guard import forget_policies
+
     Channel.objects.forget_cached()
+    forget_policies()
     yield
     Channel.objects.forget_cached()
+    forget_policies()
+
+
+@pytest.fixture
+def make_conversation(db):
+    from conversations.models import Contact, Conversation
+
+    def make(channel, contact="ana"):
+        person = Contact.objects.create(channel=channel, platform_id=contact, display_name=contact.title())
+        return Conversation.objects.create(channel=channel, contact=person, chat_id=contact, sender_id=contact)
+
+    return make
 
 
 @pytest.fixture

@@ -182,7 +182,8 @@ def test_reset_clears_the_context(channel):
     turns.finish(turn.pk, "w1", state=TurnState.DONE, reply_text="hola!")
     admit(channel, msg(2, "¿qué dije?"), now=at(5))
     [second] = engine.flush_due(now=at(7))
-    assert engine.conversation_history(second.conversation, second) == [("Listo.", "hola!")]
+    assert engine.conversation_history(second.conversation, second) == [
+        {"role": "user", "content": "Listo."}, {"role": "assistant", "content": "hola!"}]
     admit(channel, msg(3, "/reset"), now=at(8))
     assert Conversation.objects.get().context_reset_at == at(8)
     assert Turn.objects.get(pk=second.pk).state == TurnState.CANCELLED

@@ -1,1 +1,184 @@
-# The action guard's tables arrive with the Layer 2 issue.
+"""The action guard's tables: tool policies, claims, proposals — and the local calendar.
+
+State machines are written down once here (the *State enums and their TRANSITIONS);
+every transition elsewhere is a compare-and-swap `filter(pk=…, state=old).update(…)`.
+"""
+
+import secrets
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+DEFAULT_WINDOW_SECONDS = 600
+
+
+class ToolPolicy(models.Model):
+    """Operator settings for one action (a registered tool, or an action an external
+    agent guards through the claim API). Created on first use with the tool's defaults."""
+
+    name = models.CharField(max_length=64, unique=True, help_text="Tool or action name.")
+    enabled = models.BooleanField(default=True, help_text="Off: the tool is not offered or run.")
+    guarded = models.BooleanField(
+        default=True, help_text="Off: effectful calls run without the duplicate check (reads never are checked)."
+    )
+    window_seconds = models.PositiveIntegerField(
+        default=DEFAULT_WINDOW_SECONDS, validators=[MinValueValidator(1)],
+        help_text="An identical call within this time of the first is a duplicate.",
+    )
+    fingerprint_fields = models.JSONField(
+        default=list, blank=True,
+        help_text='Argument names that define "the same action", e.g. ["title", "start_datetime"]. '
+                  "Empty: the tool's default (all arguments for unknown actions).",
+    )
+    requires_approval = models.BooleanField(default=False, help_text="Calls become proposals a person applies.")
+    approval_ttl_seconds = models.PositiveIntegerField(
+        default=24 * 3600, validators=[MinValueValidator(1)], help_text="Proposals expire after this time."
+    )
+    timeout_seconds = models.PositiveIntegerField(
+        default=60, validators=[MinValueValidator(1)],
+        help_text="A claim still in flight after this long is considered interrupted (outcome uncertain).",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "tool policies"
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class ClaimState(models.TextChoices):
+    IN_FLIGHT = "in_flight", "In flight"
+    DONE = "done", "Done"
+    RELEASED = "released", "Released (failed or rejected)"
+    UNCERTAIN = "uncertain", "Uncertain (interrupted)"
+    PROPOSED = "proposed", "Awaiting approval"
+
+
+class ActionClaim(models.Model):
+    """The guard's row for one semantic action within its window.
+
+    `live` is what the unique constraint holds: at most one live claim per
+    (scope, action, fingerprint). A claim stops being live when it is released or its
+    window has passed; its row stays as history (and as the original of duplicates).
+    """
+
+    TRANSITIONS = {
+        ClaimState.IN_FLIGHT: {ClaimState.DONE, ClaimState.RELEASED, ClaimState.UNCERTAIN},
+        # The truth arrived late (the run finished, or reconciliation found the effect)
+        # or it is now known that nothing happened / an operator released it.
+        ClaimState.UNCERTAIN: {ClaimState.DONE, ClaimState.RELEASED},
+        ClaimState.PROPOSED: {ClaimState.IN_FLIGHT, ClaimState.RELEASED},
+    }
+
+    scope = models.CharField(max_length=200, help_text="Whose action: contact:<id> or an API scope.")
+    action = models.CharField(max_length=64)
+    fingerprint = models.CharField(max_length=64)
+    fingerprint_fields = models.JSONField(default=list)
+    # The normalised values hashed into the fingerprint (long texts appear as their hash).
+    fingerprint_material = models.JSONField(default=dict)
+    arguments = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=ClaimState.choices, default=ClaimState.IN_FLIGHT)
+    live = models.BooleanField(default=True)
+    owner = models.CharField(max_length=100, blank=True, help_text="Who is running it: worker, API key, operator.")
+    conversation_id = models.BigIntegerField(null=True, blank=True)
+    channel_slug = models.CharField(max_length=50, blank=True)
+    agent_key_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(help_text="End of the window: identical calls after this are new actions.")
+    lease_until = models.DateTimeField(help_text="In flight past this instant: the run was interrupted.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duplicates_caught = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scope", "action", "fingerprint"], condition=Q(live=True), name="claim_one_live_per_fingerprint"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state", "lease_until"], name="claim_state_lease_idx"),
+            models.Index(fields=["scope", "action", "fingerprint"], name="claim_lookup_idx"),
+        ]
+
+    def __str__(self):
+        return f"claim {self.pk} {self.action} ({self.get_state_display()})"
+
+
+class ProposalState(models.TextChoices):
+    PENDING = "pending", "Awaiting approval"
+    APPLYING = "applying", "Applying"
+    APPLIED = "applied", "Applied"
+    FAILED = "failed", "Failed"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+
+
+class Proposal(models.Model):
+    """A call that waits for a person: Apply runs it once, Reject drops it."""
+
+    TRANSITIONS = {
+        ProposalState.PENDING: {ProposalState.APPLYING, ProposalState.REJECTED, ProposalState.EXPIRED},
+        ProposalState.APPLYING: {ProposalState.APPLIED, ProposalState.FAILED},
+    }
+
+    claim = models.OneToOneField(ActionClaim, on_delete=models.CASCADE, related_name="proposal")
+    state = models.CharField(max_length=16, choices=ProposalState.choices, default=ProposalState.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "expires_at"], name="proposal_state_exp_idx")]
+
+    def __str__(self):
+        return f"proposal {self.pk}: {self.claim.action} ({self.get_state_display()})"
+
+    @property
+    def is_open(self):
+        return self.state == ProposalState.PENDING and self.expires_at > timezone.now()
+
+
+def new_feed_token():
+    return secrets.token_urlsafe(18)
+
+
+class Calendar(models.Model):
+    """The local backend's calendar for one scope (usually one contact)."""
+
+    scope = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    feed_token = models.CharField(max_length=40, unique=True, default=new_feed_token, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.name or self.scope
+
+
+class CalendarEvent(models.Model):
+    calendar = models.ForeignKey(Calendar, on_delete=models.CASCADE, related_name="events")
+    uid = models.CharField(max_length=200, unique=True, help_text="iCalendar UID (derived from the guard's claim).")
+    title = models.CharField(max_length=300)
+    start = models.DateTimeField()
+    end = models.DateTimeField(null=True, blank=True)
+    attendees = models.JSONField(default=list, blank=True)
+    location = models.CharField(max_length=300, blank=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["start"]
+        indexes = [models.Index(fields=["calendar", "start"], name="event_calendar_start_idx")]
+
+    def __str__(self):
+        return f"{self.title} @ {self.start:%Y-%m-%d %H:%M}"

@@ -1,0 +1,65 @@
+"""Tools that exist only for the tests, registered through the public extension point
+(`AGENTLOOP_TOOLS` / `AGENTLOOP_EXTRA_TOOLS`): a tool whose run waits on a gate (to hold
+a claim in flight), a tool that fails a given number of times, and a calendar create
+that hangs after the event is written (so a test can kill its process between the
+effect and the confirmation)."""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from tools.builtin.calendar import CreateEvent
+from tools.registry import Effect, Tool, ToolError
+
+
+class GatedCreate(Tool):
+    name = "gated_create"
+    description = "Makes a thing, once the test opens the gate."
+    parameters = {"type": "object", "properties": {"name": {"type": "string"}, "note": {"type": "string"}},
+                  "required": ["name"], "additionalProperties": False}
+    effect = Effect.CREATE
+    fingerprint_fields = ("name",)
+    gate = threading.Event()
+    entered = threading.Event()
+    runs: list = []
+
+    @classmethod
+    def reset(cls):
+        cls.gate, cls.entered, cls.runs = threading.Event(), threading.Event(), []
+
+    def run(self, call):
+        type(self).entered.set()
+        if not type(self).gate.wait(20):
+            raise ToolError("the test never opened the gate")
+        type(self).runs.append(call.arguments)
+        return {"made": call.arguments["name"]}
+
+
+class FlakyCreate(Tool):
+    name = "flaky_create"
+    parameters = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    effect = Effect.CREATE
+    failures_left = 0
+    runs: list = []
+
+    def run(self, call):
+        if type(self).failures_left > 0:
+            type(self).failures_left -= 1
+            raise ToolError("the backend said no")
+        type(self).runs.append(call.arguments)
+        return {"made": call.arguments["name"]}
+
+
+class CreateEventThenHang(CreateEvent):
+    """Writes the event, tells the test (a marker file), then never returns."""
+
+    name = "calendar_create_event_then_hang"
+
+    def run(self, call):
+        result = super().run(call)
+        marker = os.environ.get("AGENTLOOP_TEST_MARKER")
+        if marker:
+            Path(marker).write_text(result["event_id"])
+        while True:
+            time.sleep(1)

@@ -1,0 +1,208 @@
+from django.contrib import admin, messages
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from tools import approvals, guard
+from tools.models import ActionClaim, Calendar, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
+
+
+def admin_link(model_name, pk, label=None, app="tools"):
+    if pk is None:
+        return "—"
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:{app}_{model_name}_change", args=[pk]),
+                       label or f"{model_name} {pk}")
+
+
+@admin.register(ToolPolicy)
+class ToolPolicyAdmin(admin.ModelAdmin):
+    list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "requires_approval",
+                    "approval_ttl_seconds", "timeout_seconds"]
+    list_editable = ["enabled", "guarded", "window_seconds", "requires_approval"]
+    list_filter = ["enabled", "guarded", "requires_approval"]
+    search_fields = ["name"]
+    fieldsets = [
+        (None, {"fields": ["name", "enabled"]}),
+        ("Duplicate guard", {"fields": ["guarded", "window_seconds", "fingerprint_fields", "timeout_seconds"],
+                             "description": "An identical call (same fingerprint fields, same contact) within the "
+                                            "window is not run again; the model is told it was already done."}),
+        ("A person in the loop", {"fields": ["requires_approval", "approval_ttl_seconds"]}),
+    ]
+
+    @admin.display(description="Fingerprint")
+    def fingerprint(self, policy):
+        from tools import registry
+
+        if policy.fingerprint_fields:
+            return " + ".join(policy.fingerprint_fields)
+        try:
+            default = registry.get(policy.name).fingerprint_fields
+        except registry.UnknownTool:
+            default = ()
+        return (" + ".join(default) if default else "all arguments") + " (default)"
+
+    def changelist_view(self, request, extra_context=None):
+        guard.ensure_policies()  # every registered tool shows up, even before its first call
+        return super().changelist_view(request, extra_context)
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        guard.forget_policies()
+
+
+@admin.register(ActionClaim)
+class ActionClaimAdmin(admin.ModelAdmin):
+    list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates_caught", "conversation",
+                    "proposal_link", "owner"]
+    list_filter = ["state", "action", "live", "channel_slug"]
+    search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
+    date_hierarchy = "created_at"
+    actions = ["reconcile_claims", "release_claims"]
+    readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "proposal_link"]
+    fieldsets = [
+        (None, {"fields": ["action", "state", "live", "scope", "conversation", "channel_slug", "owner",
+                           "agent_key_id", "proposal_link"]}),
+        ("Identity", {"fields": ["fingerprint", "fingerprint_fields", "fingerprint_material", "arguments"]}),
+        ("Timing", {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
+        ("Outcome", {"fields": ["result", "error", "duplicates_caught"]}),
+    ]
+
+    @admin.display(description="Conversation")
+    def conversation(self, claim):
+        return admin_link("conversation", claim.conversation_id, app="conversations")
+
+    @admin.display(description="Proposal")
+    def proposal_link(self, claim):
+        proposal = Proposal.objects.filter(claim=claim).values_list("pk", flat=True).first()
+        return admin_link("proposal", proposal)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # history: claims change only through the guard and the actions below
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Reconcile uncertain claims (ask the tool whether it happened)")
+    def reconcile_claims(self, request, queryset):
+        settled = 0
+        for claim in queryset.filter(state=ClaimState.UNCERTAIN):
+            settled += guard.reconcile(claim, actor=f"operator:{request.user}") != ClaimState.UNCERTAIN
+        self.message_user(request, f"{settled} claim(s) settled; the rest cannot be looked up by their tool.")
+
+    @admin.action(description="Release uncertain claims (it did not happen: allow a new attempt)")
+    def release_claims(self, request, queryset):
+        released = sum(guard.release(claim.pk, by=f"operator:{request.user}")
+                       for claim in queryset.filter(state__in=[ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT]))
+        self.message_user(request, f"Released {released} claim(s).")
+
+
+@admin.register(Proposal)
+class ProposalAdmin(admin.ModelAdmin):
+    list_display = ["id", "action", "what", "state", "created_at", "expires_at", "decided_by", "buttons"]
+    list_filter = ["state", "claim__action"]
+    search_fields = ["=id", "claim__action", "decided_by"]
+    actions = ["apply_selected", "reject_selected"]
+    readonly_fields = ["claim_link", "action", "what", "state", "created_at", "expires_at", "decided_by",
+                       "decided_at", "result", "error", "buttons"]
+    fields = readonly_fields
+    # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
+    change_form_template = "admin/tools/proposal/change_form.html"
+
+    @admin.display(description="Action")
+    def action(self, proposal):
+        return proposal.claim.action
+
+    @admin.display(description="Arguments")
+    def what(self, proposal):
+        return ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())[:200]
+
+    @admin.display(description="Claim")
+    def claim_link(self, proposal):
+        return admin_link("actionclaim", proposal.claim_id)
+
+    @admin.display(description="Decide")
+    def buttons(self, proposal):
+        if not proposal.is_open:
+            return "—"
+        return admin_link("proposal", proposal.pk, "Apply / Reject…")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("claim")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_urls(self):
+        return [
+            path("<int:pk>/apply/", self.admin_site.admin_view(self.apply_view), name="tools_proposal_apply"),
+            path("<int:pk>/reject/", self.admin_site.admin_view(self.reject_view), name="tools_proposal_reject"),
+        ] + super().get_urls()
+
+    def _decide(self, request, pk, decide):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not request.user.has_perm("tools.change_proposal"):
+            messages.error(request, "You may not decide proposals.")
+        else:
+            get_object_or_404(Proposal, pk=pk)
+            proposal = decide(pk, by=request.user.get_username())
+            level = messages.SUCCESS if proposal.state in (ProposalState.APPLIED, ProposalState.REJECTED) else \
+                messages.WARNING
+            messages.add_message(request, level, f"Proposal {pk}: {proposal.get_state_display()}.")
+        return HttpResponseRedirect(request.POST.get("next") or reverse("admin:tools_proposal_changelist"))
+
+    def apply_view(self, request, pk):
+        return self._decide(request, pk, approvals.apply)
+
+    def reject_view(self, request, pk):
+        return self._decide(request, pk, approvals.reject)
+
+    @admin.action(description="Apply selected proposals (each runs once)", permissions=["change"])
+    def apply_selected(self, request, queryset):
+        done = [approvals.apply(p.pk, by=request.user.get_username()) for p in queryset]
+        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or "nothing")
+
+    @admin.action(description="Reject selected proposals", permissions=["change"])
+    def reject_selected(self, request, queryset):
+        done = [approvals.reject(p.pk, by=request.user.get_username()) for p in queryset]
+        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or "nothing")
+
+
+class CalendarEventInline(admin.TabularInline):
+    model = CalendarEvent
+    extra = 0
+    fields = ["title", "start", "end", "location", "uid"]
+    readonly_fields = ["uid"]
+
+
+@admin.register(Calendar)
+class CalendarAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "scope", "event_count", "feed"]
+    search_fields = ["scope", "name"]
+    readonly_fields = ["feed", "created_at"]
+    inlines = [CalendarEventInline]
+
+    @admin.display(description="Events")
+    def event_count(self, calendar):
+        return calendar.events.count()
+
+    @admin.display(description="iCalendar feed")
+    def feed(self, calendar):
+        url = reverse("calendar-feed", args=[calendar.feed_token])
+        return format_html('<a href="{}">{}</a>', url, url)
+
+
+@admin.register(CalendarEvent)
+class CalendarEventAdmin(admin.ModelAdmin):
+    list_display = ["title", "start", "end", "calendar", "location", "created_at"]
+    list_filter = ["calendar"]
+    search_fields = ["title", "uid", "location"]
+    date_hierarchy = "start"
+    readonly_fields = ["uid", "created_at"]

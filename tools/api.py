@@ -1,0 +1,194 @@
+"""REST API for external agents: hosted tools behind the guard, and the guard alone
+(claim / succeed / fail) for tools an agent runs itself."""
+
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations.api import conversation_for_key
+from conversations.api_auth import ErrorSerializer
+from tools import guard, registry
+from tools.models import ActionClaim
+from tools.registry import Scope
+
+
+class ScopedSerializer(serializers.Serializer):
+    conversation = serializers.IntegerField(required=False, min_value=1,
+                                            help_text="A conversation id (its contact is the scope).")
+    scope = serializers.CharField(required=False, max_length=150,
+                                  help_text="An explicit scope of your own (e.g. a customer id), instead.")
+    arguments = serializers.DictField(help_text="The call's arguments (a JSON object).")
+
+    def validate(self, data):
+        if ("conversation" in data) == ("scope" in data):
+            raise serializers.ValidationError("give exactly one of 'conversation' or 'scope'")
+        return data
+
+
+class InvokeSerializer(ScopedSerializer):
+    pass
+
+
+class ClaimRequestSerializer(ScopedSerializer):
+    action = serializers.RegexField(registry.NAME_PATTERN.pattern, help_text="The action's name (your tool's).")
+    fingerprint = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, max_length=20,
+        help_text="Argument names that make two calls the same action (default: the policy's, else all).",
+    )
+
+
+class OutcomeSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(["done", "duplicate", "in_progress", "uncertain", "awaiting_approval", "failed"])
+    duplicate = serializers.BooleanField()
+    note = serializers.CharField(required=False, help_text="For the model: what happened and what to tell the user.")
+    result = serializers.JSONField(required=False)
+    original = serializers.JSONField(required=False, help_text="The original claim of a duplicate, with its result.")
+    error = serializers.CharField(required=False)
+    claim = serializers.IntegerField(required=False, allow_null=True)
+    proposal = serializers.IntegerField(required=False)
+
+
+class ClaimSerializer(serializers.Serializer):
+    claim = serializers.IntegerField()
+    status = serializers.CharField()
+    state = serializers.CharField()
+    fingerprint = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    result = serializers.JSONField(required=False)
+
+
+class ClaimOutcomeSerializer(serializers.Serializer):
+    result = serializers.JSONField(required=False, default=None)
+
+
+class ClaimFailureSerializer(serializers.Serializer):
+    error = serializers.CharField(max_length=2000)
+
+
+def _scope(request, data) -> Scope:
+    key = request.user
+    if "conversation" in data:
+        return Scope.of_conversation(conversation_for_key(key, data["conversation"]))
+    return Scope.of_agent(key.pk, data["scope"])
+
+
+def _actor(request):
+    return f"agent:{request.user.name}"[:100]
+
+
+def _outcome_body(outcome) -> dict:
+    body = outcome.for_model()
+    body["claim"] = outcome.claim_id
+    return body
+
+
+class ToolListView(APIView):
+    @extend_schema(responses={200: serializers.ListSerializer(child=serializers.DictField())},
+                   summary="The hosted tools, as OpenAI function definitions with their guard policy")
+    def get(self, request):
+        tools = []
+        for name, tool in registry.all_tools().items():
+            policy = guard.policy_for(name)
+            if not policy.enabled:
+                continue
+            tools.append({**tool.as_function(), "effect": tool.effect.value,
+                          "guarded": tool.guarded and policy.guarded, "requires_approval": policy.requires_approval,
+                          "window_seconds": policy.window_seconds})
+        return Response(tools)
+
+
+class ToolInvokeView(APIView):
+    @extend_schema(
+        request=InvokeSerializer,
+        responses={200: OutcomeSerializer, 202: OutcomeSerializer, 400: ErrorSerializer, 404: ErrorSerializer},
+        summary="Run a hosted tool behind the action guard",
+        description="A duplicate is a success: `duplicate: true`, a `note` for the model and the original "
+                    "result. 202 when the tool needs a person's approval (a proposal was opened).",
+        examples=[OpenApiExample("create an event", request_only=True, value={
+            "conversation": 12, "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}})],
+    )
+    def post(self, request, name):
+        incoming = InvokeSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        try:
+            registry.get(name)
+        except registry.UnknownTool as exc:
+            raise exceptions.NotFound(str(exc)) from None
+        scope = _scope(request, data)
+        try:
+            outcome = guard.invoke(name, data["arguments"], scope, actor=_actor(request),
+                                   agent_key_id=request.user.pk)
+        except registry.InvalidArguments as exc:
+            raise exceptions.ParseError(f"invalid arguments for {name}: {exc}") from None
+        except guard.ToolDisabled as exc:
+            raise exceptions.NotFound(str(exc)) from None
+        code = status.HTTP_202_ACCEPTED if outcome.status == guard.Status.AWAITING_APPROVAL else status.HTTP_200_OK
+        return Response(_outcome_body(outcome), status=code)
+
+
+class ActionClaimView(APIView):
+    @extend_schema(
+        request=ClaimRequestSerializer,
+        responses={201: ClaimSerializer, 200: OutcomeSerializer, 409: OutcomeSerializer, 400: ErrorSerializer},
+        summary="Guard-only: claim an action before running it yourself",
+        description="201: proceed — run the action, then call succeed or fail with the claim id. "
+                    "200: a duplicate (or an interrupted identical action): do not run it; tell the user per "
+                    "`note`. 409: an identical action is in progress right now.",
+    )
+    def post(self, request):
+        incoming = ClaimRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        scope = _scope(request, data)
+        try:
+            outcome, created = guard.claim_action(data["action"], data["arguments"], scope,
+                                                  fields=data.get("fingerprint"), actor=_actor(request),
+                                                  agent_key_id=request.user.pk)
+        except registry.InvalidArguments as exc:
+            raise exceptions.ParseError(str(exc)) from None
+        if created:
+            return Response(_claim_body(ActionClaim.objects.get(pk=outcome.claim_id), "proceed"),
+                            status=status.HTTP_201_CREATED)
+        code = status.HTTP_409_CONFLICT if outcome.status == guard.Status.IN_PROGRESS else status.HTTP_200_OK
+        return Response(_outcome_body(outcome), status=code)
+
+
+def _claim_body(claim, status_word) -> dict:
+    body = {"claim": claim.pk, "status": status_word, "state": claim.state, "fingerprint": claim.fingerprint,
+            "expires_at": claim.expires_at}
+    if claim.result is not None:
+        body["result"] = claim.result
+    return body
+
+
+class _ClaimOutcomeView(APIView):
+    def _settle(self, request, claim, settle, payload):
+        try:
+            settled = settle(claim, payload, agent_key_id=request.user.pk)
+        except ActionClaim.DoesNotExist:
+            raise exceptions.NotFound(f"no claim {claim}") from None
+        except guard.ClaimConflict as exc:
+            return Response({"error": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(_claim_body(settled, settled.state))
+
+
+class ActionSucceedView(_ClaimOutcomeView):
+    @extend_schema(request=ClaimOutcomeSerializer, responses={200: ClaimSerializer, 404: ErrorSerializer,
+                                                              409: ErrorSerializer},
+                   summary="Guard-only: the action succeeded (keeps its result for duplicates)")
+    def post(self, request, claim):
+        incoming = ClaimOutcomeSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        return self._settle(request, claim, guard.succeed, incoming.validated_data["result"])
+
+
+class ActionFailView(_ClaimOutcomeView):
+    @extend_schema(request=ClaimFailureSerializer, responses={200: ClaimSerializer, 404: ErrorSerializer,
+                                                              409: ErrorSerializer},
+                   summary="Guard-only: the action failed (the claim is released; a retry may run)")
+    def post(self, request, claim):
+        incoming = ClaimFailureSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        return self._settle(request, claim, guard.fail, incoming.validated_data["error"])

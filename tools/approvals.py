@@ -1,0 +1,154 @@
+"""A person in the loop: a call under an approval policy becomes a proposal that an
+operator applies or rejects.
+
+Apply is a compare-and-swap from `pending` to `applying`: a second click, a double
+submit or two operators at the same moment find it no longer pending and change
+nothing, so the action runs exactly once. The outcome goes back into the conversation:
+a short message to the user and a note in the agent's context for its next turn.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.events import record
+from audit.models import EventKind
+from conversations.notes import inform
+from tools import guard, registry
+from tools.models import ActionClaim, ClaimState, Proposal, ProposalState
+
+log = logging.getLogger(__name__)
+
+
+def open_proposal(claim, policy) -> Proposal:
+    """Called inside the claim's own transaction: a claim awaiting approval always has its proposal."""
+    proposal = Proposal.objects.create(
+        claim=claim, created_at=claim.created_at,
+        expires_at=claim.created_at + timedelta(seconds=policy.approval_ttl_seconds),
+    )
+    record(EventKind.PROPOSAL_CREATED, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
+           actor=claim.owner, target=f"proposal {proposal.pk}", summary=f"{claim.action} awaits approval",
+           tool=claim.action, claim=claim.pk, proposal=proposal.pk, agent_key=claim.agent_key_id)
+    return proposal
+
+
+def _describe(claim) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in claim.arguments.items() if not isinstance(v, (dict, list)))
+    return f"{claim.action}({args})"[:300]
+
+
+def apply(proposal_id, *, by: str) -> Proposal:
+    """Run the proposed action once. Returns the proposal as it stands afterwards
+    (unchanged when it was not pending: applied already, rejected or expired)."""
+    now = timezone.now()
+    won = Proposal.objects.filter(pk=proposal_id, state=ProposalState.PENDING, expires_at__gt=now).update(
+        state=ProposalState.APPLYING, decided_by=by[:150], decided_at=now)
+    proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
+    if not won:
+        if proposal.state == ProposalState.PENDING:  # it is past its time
+            expire(proposal)
+            proposal.refresh_from_db()
+        return proposal
+    claim = proposal.claim
+    policy = guard.policy_for(claim.action)
+    ActionClaim.objects.filter(pk=claim.pk, state=ClaimState.PROPOSED).update(
+        state=ClaimState.IN_FLIGHT, owner=f"operator:{by}"[:100],
+        lease_until=timezone.now() + timedelta(seconds=policy.timeout_seconds))
+    claim.refresh_from_db()
+    try:
+        tool = registry.get(claim.action)
+        outcome = guard.execute(tool, claim)
+    except registry.UnknownTool:
+        guard._transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error="tool no longer exists")
+        outcome = guard.Outcome(guard.Status.FAILED, error=f"tool {claim.action!r} no longer exists")
+    _finish(proposal, claim, outcome, by)
+    proposal.refresh_from_db()
+    return proposal
+
+
+def _finish(proposal, claim, outcome, by):
+    if outcome.status == guard.Status.DONE:
+        state, for_agent = ProposalState.APPLIED, f"A person approved and applied {_describe(claim)}; result: {outcome.result}"
+        for_user = "✅ Approved and done: " + _describe_for_user(claim)
+    elif outcome.status == guard.Status.UNCERTAIN:
+        return  # stays applying until the claim is settled (sweep: settle_applying)
+    else:
+        state = ProposalState.FAILED
+        for_agent = f"A person approved {_describe(claim)}, but it failed: {outcome.error}"
+        for_user = "⚠️ Approved, but it could not be done: " + _describe_for_user(claim)
+    with transaction.atomic():
+        moved = Proposal.objects.filter(pk=proposal.pk, state=ProposalState.APPLYING).update(
+            state=state, result=outcome.result, error=outcome.error[:2000])
+        if moved:
+            record(EventKind.PROPOSAL_APPLIED, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
+                   actor=by, target=f"proposal {proposal.pk}", summary=f"{claim.action}: {state}",
+                   tool=claim.action, claim=claim.pk, proposal=proposal.pk, outcome=state,
+                   agent_key=claim.agent_key_id)
+            if claim.conversation_id:
+                inform(claim.conversation_id, for_agent=for_agent, for_user=for_user)
+
+
+def _describe_for_user(claim) -> str:
+    args = claim.arguments
+    label = args.get("title") or args.get("subject") or claim.action.replace("_", " ")
+    when = args.get("start_datetime")
+    return f"{label}" + (f" ({when})" if when else "")
+
+
+def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
+    now = timezone.now()
+    with transaction.atomic():
+        won = Proposal.objects.filter(pk=proposal_id, state=ProposalState.PENDING).update(
+            state=ProposalState.REJECTED, decided_by=by[:150], decided_at=now, error=reason[:2000])
+        proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
+        if won:
+            claim = proposal.claim
+            guard._transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="rejected by a person")
+            record(EventKind.PROPOSAL_REJECTED, conversation_id=claim.conversation_id,
+                   channel_slug=claim.channel_slug, actor=by, target=f"proposal {proposal.pk}",
+                   summary=f"{claim.action} rejected", tool=claim.action, claim=claim.pk, proposal=proposal.pk,
+                   agent_key=claim.agent_key_id)
+            if claim.conversation_id:
+                why = f" ({reason})" if reason else ""
+                inform(claim.conversation_id,
+                       for_agent=f"A person rejected {_describe(claim)}{why}; it was not done.",
+                       for_user="❌ Not approved: " + _describe_for_user(claim) + why)
+    return proposal
+
+
+def expire(proposal) -> bool:
+    with transaction.atomic():
+        won = Proposal.objects.filter(pk=proposal.pk, state=ProposalState.PENDING,
+                                      expires_at__lte=timezone.now()).update(state=ProposalState.EXPIRED)
+        if won:
+            claim = proposal.claim
+            guard._transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="proposal expired")
+            record(EventKind.PROPOSAL_EXPIRED, conversation_id=claim.conversation_id,
+                   channel_slug=claim.channel_slug, actor="guard", target=f"proposal {proposal.pk}",
+                   summary=f"{claim.action} expired unapproved", tool=claim.action, claim=claim.pk,
+                   proposal=proposal.pk, agent_key=claim.agent_key_id)
+            if claim.conversation_id:
+                inform(claim.conversation_id,
+                       for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
+                       for_user="⌛ Not approved in time, so not done: " + _describe_for_user(claim))
+    return bool(won)
+
+
+def expire_due(now) -> int:
+    due = Proposal.objects.select_related("claim").filter(state=ProposalState.PENDING, expires_at__lte=now)[:200]
+    return sum(expire(p) for p in due)
+
+
+def settle_applying():
+    """A proposal whose run was interrupted stays `applying` until its claim is settled
+    (reconciled, or released by an operator); then it is finished here."""
+    for proposal in Proposal.objects.select_related("claim").filter(
+            state=ProposalState.APPLYING, claim__state__in=[ClaimState.DONE, ClaimState.RELEASED])[:200]:
+        claim = proposal.claim
+        if claim.state == ClaimState.DONE:
+            outcome = guard.Outcome(guard.Status.DONE, result=claim.result)
+        else:
+            outcome = guard.Outcome(guard.Status.FAILED, error=claim.error or "it did not happen")
+        _finish(proposal, claim, outcome, proposal.decided_by or "guard")

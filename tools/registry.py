@@ -1,0 +1,145 @@
+"""The tool registry: what an agent may call, what each call does to the world, and
+which of its arguments say "this is the same action".
+
+A tool is a class with a `name` usable as an OpenAI function name, a JSON schema of its
+arguments, an effect verb, default fingerprint fields and a `run`. Projects add their
+own by dotted path (`AGENTLOOP_EXTRA_TOOLS`). Reads are never guarded.
+"""
+
+import enum
+import functools
+import re
+from dataclasses import dataclass, field
+
+import jsonschema
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from tools import fingerprint
+
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class Effect(str, enum.Enum):
+    READ = "read"
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    SEND = "send"
+
+
+class ToolError(Exception):
+    """The action failed and did not happen: its claim is released, a retry may run."""
+
+
+class OutcomeUnknown(Exception):
+    """The action may or may not have happened (e.g. the connection dropped after the
+    request went out): its claim becomes uncertain and is never re-run blindly."""
+
+
+class CannotReconcile(Exception):
+    """The tool cannot look up whether an interrupted action happened."""
+
+
+class InvalidArguments(ValueError):
+    pass
+
+
+class UnknownTool(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose action it is: the fingerprint is unique per scope (a contact, or an API scope)."""
+
+    key: str
+    conversation_id: int | None = None
+    channel_slug: str = ""
+    label: str = ""
+
+    @classmethod
+    def of_conversation(cls, conversation):
+        """A conversation's actions belong to its contact (in a group: the sender)."""
+        return cls(key=f"contact:{conversation.contact_id}", conversation_id=conversation.pk,
+                   channel_slug=conversation.channel.slug, label=str(conversation.contact))
+
+    @classmethod
+    def of_agent(cls, agent_key_id, name):
+        """An explicit scope from the API, namespaced per agent key."""
+        return cls(key=f"agent:{agent_key_id}:{name}", label=name)
+
+
+@dataclass
+class ToolCall:
+    arguments: dict
+    scope: Scope
+    # Stable for the guard's claim: tools use it as the effect's own id (an event UID,
+    # a Message-ID) so an interrupted call can be looked up afterwards.
+    idempotency_key: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Tool:
+    name: str = ""
+    description: str = ""
+    parameters: dict = {"type": "object", "properties": {}}
+    effect: Effect = Effect.CREATE
+    # Empty: every argument (canonicalised) is the identity of the action.
+    fingerprint_fields: tuple = ()
+    # field -> function(value, call) giving the value that is hashed.
+    normalizers: dict = {}
+
+    @property
+    def guarded(self):
+        return self.effect != Effect.READ
+
+    def validate(self, arguments) -> dict:
+        if not isinstance(arguments, dict):
+            raise InvalidArguments("arguments must be a JSON object")
+        errors = sorted(jsonschema.Draft202012Validator(self.parameters).iter_errors(arguments), key=str)
+        if errors:
+            where = lambda e: ".".join(str(p) for p in e.absolute_path) or "arguments"  # noqa: E731
+            raise InvalidArguments("; ".join(f"{where(e)}: {e.message}" for e in errors[:5]))
+        return arguments
+
+    def fingerprint(self, arguments, scope, fields=None):
+        return fingerprint.compute(self.name, list(fields or self.fingerprint_fields), arguments,
+                                   self.normalizers, scope)
+
+    def run(self, call: ToolCall) -> dict:
+        raise NotImplementedError
+
+    def reconcile(self, call: ToolCall) -> dict | None:
+        """After an interruption: the effect's result if it happened, None if it surely
+        did not. Raise CannotReconcile when the tool cannot tell."""
+        raise CannotReconcile(self.name)
+
+    def as_function(self) -> dict:
+        """The OpenAI function-calling description."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@functools.cache
+def _load(paths: tuple) -> dict:
+    tools = {}
+    for path in paths:
+        tool = import_string(path)()
+        if not NAME_PATTERN.match(tool.name):
+            raise ValueError(f"{path}: tool name {tool.name!r} is not a valid function name")
+        if tool.name in tools:
+            raise ValueError(f"{path}: tool {tool.name!r} is registered twice")
+        tools[tool.name] = tool
+    return tools
+
+
+def all_tools() -> dict:
+    return _load(tuple(settings.AGENTLOOP_TOOLS))
+
+
+def get(name: str) -> Tool:
+    try:
+        return all_tools()[name]
+    except KeyError:
+        raise UnknownTool(f"unknown tool {name!r}") from None
