@@ -29,7 +29,7 @@ test: $(VENV)/.installed-dev
 
 ## make bench: the benchmarks, each figure beside its same-run reference.
 bench: $(VENV)/.installed-dev
-	$(PY) -m tests.bench
+	scripts/bench.sh
 
 clean:
 	rm -rf var/test_* var/pg-*

@@ -1,8 +1,8 @@
-"""`make bench`: the Layer 1 benchmarks, each figure beside a reference measured in the
+"""`make bench`: the benchmarks, each figure beside a reference measured in the
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [flush] [turns]
+    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [guard]
 """
 
 import json
@@ -278,7 +278,42 @@ def timeline(fake):
     print(f"  received {calls[0]:.2f}..{calls[-1]:.2f}s")
 
 
-BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns}
+# --- guard -------------------------------------------------------------------------------
+
+
+def bench_guard(n=2000, warmup=200):
+    """A guarded effectful call (calendar_create_event: fingerprint, claim INSERT, the
+    event, confirm UPDATE) against the same tool with the guard switched off by its
+    policy, both through guard.invoke, interleaved call by call, every call a new event."""
+    from django.conf import settings
+
+    from tools import guard
+    from tools.models import ToolPolicy
+    from tools.registry import Scope
+
+    settings.AGENTLOOP_TOOLS = [*settings.AGENTLOOP_TOOLS, "tests.bench.tools.UnguardedCreateEvent"]
+    ToolPolicy.objects.create(name="calendar_create_event_unguarded", guarded=False)
+    guard.forget_policies()
+    scope = Scope("contact:bench")
+    timings = {"calendar_create_event": [], "calendar_create_event_unguarded": []}
+    for i in range(warmup + n):
+        for name, samples in timings.items():
+            arguments = {"title": f"{name} {i}", "start_datetime": "2026-12-01T10:00"}
+            began = time.perf_counter()
+            outcome = guard.invoke(name, arguments, scope, actor="bench")
+            elapsed = (time.perf_counter() - began) * 1000
+            assert outcome.status == "done", outcome
+            if i >= warmup:
+                samples.append(elapsed)
+    guarded, bare = timings["calendar_create_event"], timings["calendar_create_event_unguarded"]
+    p50, p99 = percentile(guarded, 50), percentile(guarded, 99)
+    b50, b99 = percentile(bare, 50), percentile(bare, 99)
+    report("guard", f"guarded call p50 {p50:.2f} ms / p99 {p99:.2f} ms vs unguarded p50 {b50:.2f} ms / "
+                    f"p99 {b99:.2f} ms over {n} calls each: added p50 {p50 - b50:.2f} ms, p99 {p99 - b99:.2f} ms "
+                    f"({p50 / b50:.2f}x at p50; target: added p50 <= 1.5 ms on SQLite)")
+
+
+BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "guard": bench_guard}
 
 
 def main(names):
