@@ -215,6 +215,7 @@ AGENTLOOP_CALDAV_URL = env.str("AGENTLOOP_CALDAV_URL", default="")
 AGENTLOOP_CALDAV_USERNAME = env.str("AGENTLOOP_CALDAV_USERNAME", default="")
 AGENTLOOP_CALDAV_PASSWORD = env.str("AGENTLOOP_CALDAV_PASSWORD", default="")
 AGENTLOOP_CALDAV_CALENDAR = env.str("AGENTLOOP_CALDAV_CALENDAR", default="agentloop")
+AGENTLOOP_CALDAV_TIMEOUT = env.float("AGENTLOOP_CALDAV_TIMEOUT", default=15.0)
 
 # Email for the email_send tool: SMTP in production (EMAIL_URL=smtp://user:pass@host:587
 # or smtp+tls://…), the console under `make run` when EMAIL_URL is not set.

@@ -1,0 +1,330 @@
+"""The CalDAV calendar backend (Nextcloud, Fastmail, iCloud, Radicale…).
+
+Design:
+
+* One calendar for the whole deployment, the one named AGENTLOOP_CALDAV_CALENDAR under
+  the account's principal (created on first use). Its events belong to many contacts, so
+  each event carries whose it is in an ``X-AGENTLOOP-SCOPE`` property (the scope key,
+  e.g. ``contact:12``) and ``find``/``list``/``delete`` only ever see the events of the
+  scope they are given. Any CalDAV server stores unknown ``X-`` properties verbatim;
+  the filtering is done here (exact match), not by the server, because servers differ in
+  how (and whether) they filter on ``X-`` properties and a text-match is a substring
+  match (``contact:1`` would match ``contact:12``).
+* The event's UID is the one the tool derives from the guard's claim, not a fresh one. A
+  create whose outcome is unknown (the connection dropped while the PUT was in flight)
+  can then be reconciled by looking that UID up: found means it happened, not found
+  means it did not. The PUT is sent with ``If-None-Match: *`` so it never overwrites an
+  existing event; if the UID is already there *in this scope*, that is this very create
+  having happened before, and its event is returned.
+* Errors are told apart by whether the server can have changed anything: a failure to
+  connect, any failed read and any HTTP refusal (4xx/5xx) raise ``ToolError`` (it did
+  not happen, a retry may run); a timeout or a dropped connection while a PUT or DELETE
+  was on the wire raises ``OutcomeUnknown`` (it may have happened), and the guard then
+  reconciles through ``find``.
+* The client and calendar are cached per thread (worker threads each get their own
+  HTTP session) and per configuration; a failed request drops the cache so the next
+  call connects and looks the calendar up afresh.
+"""
+
+import logging
+import re
+import socket
+import threading
+from datetime import UTC, date, datetime, time
+
+import caldav
+import icalendar
+from caldav.lib import error as dav_error
+from caldav.lib.http_sync import requests as http
+from django.conf import settings
+
+from tools import fingerprint
+from tools.builtin.calendar import CalendarBackend, EventData, event_dict
+from tools.registry import OutcomeUnknown, ToolError
+
+log = logging.getLogger(__name__)
+
+SCOPE_PROPERTY = "X-AGENTLOOP-SCOPE"
+PRODID = "-//agentloop//calendar tools//EN"
+MUTATING_METHODS = {"PUT", "DELETE"}
+
+_local = threading.local()
+
+
+def _config() -> tuple:
+    return (settings.AGENTLOOP_CALDAV_URL, settings.AGENTLOOP_CALDAV_USERNAME, settings.AGENTLOOP_CALDAV_PASSWORD,
+            settings.AGENTLOOP_CALDAV_CALENDAR or "agentloop",
+            settings.AGENTLOOP_CALDAV_TIMEOUT)
+
+
+def forget_connections():
+    """Drop this thread's cached client (the next call connects afresh)."""
+    connection = getattr(_local, "connection", None)
+    _local.connection = None
+    if connection is not None:
+        try:
+            connection.client.close()
+        except Exception:  # closing a broken session must not hide the real error
+            log.debug("closing the CalDAV session failed", exc_info=True)
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def _chain(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _never_sent(exc) -> bool:
+    """The connection could not be made, so the request never reached the server."""
+    if isinstance(exc, http.exceptions.ConnectTimeout):
+        return True
+    for link in _chain(exc):
+        names = {cls.__name__ for cls in type(link).__mro__}
+        # urllib3 (and urllib3-future, which niquests uses) raise NewConnectionError /
+        # NameResolutionError when the TCP connection cannot be established.
+        if names & {"NewConnectionError", "NameResolutionError", "ConnectTimeoutError"}:
+            return True
+        if isinstance(link, (ConnectionRefusedError, socket.gaierror)):
+            return True
+    return False
+
+
+def _network_problem(exc, url) -> str:
+    if isinstance(exc, http.exceptions.Timeout):
+        return f"the calendar server at {url} did not answer in time"
+    for link in _chain(exc):
+        if isinstance(link, ConnectionRefusedError):
+            return f"the calendar server at {url} refused the connection (is it running?)"
+        if isinstance(link, socket.gaierror):
+            return f"the calendar server's host in {url} could not be resolved"
+    innermost = list(_chain(exc))[-1]
+    return f"the connection to the calendar server at {url} failed ({str(innermost) or type(innermost).__name__})"
+
+
+def _refusal(exc: dav_error.DAVError) -> str:
+    if isinstance(exc, dav_error.AuthorizationError):
+        return ("the calendar server refused our credentials or access "
+                f"(HTTP {exc.status or '401/403'}); check AGENTLOOP_CALDAV_USERNAME/PASSWORD")
+    status = f"HTTP {exc.status}" if exc.status else type(exc).__name__
+    # caldav puts the server's answer in `reason`, or (for a failed PUT) in `url`.
+    detail = exc.reason if exc.reason and exc.reason != "no reason" else str(exc.url or "")
+    detail = " ".join(detail.split())[:300]
+    return f"the calendar server refused the request ({status}{': ' + detail if detail else ''})"
+
+
+def _call(fn, *, url, mutating=False, expected=()):
+    """Run one caldav operation, translating its failures into ToolError / OutcomeUnknown
+    (except the caldav errors in `expected`, which the caller handles)."""
+    try:
+        return fn()
+    except expected:
+        raise
+    except http.exceptions.RequestException as exc:
+        forget_connections()
+        problem = _network_problem(exc, url)
+        request = getattr(exc, "request", None)
+        method = (getattr(request, "method", None) or "").upper()
+        # A write that may have reached the server: only a lookup can tell.
+        if mutating and not _never_sent(exc) and (method in MUTATING_METHODS or not method):
+            raise OutcomeUnknown(f"{problem} while the {method or 'write'} request was in flight") from exc
+        raise ToolError(problem) from exc
+    except dav_error.DAVError as exc:
+        forget_connections()
+        raise ToolError(_refusal(exc)) from exc
+
+
+# --- the connection ------------------------------------------------------------------------
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "agentloop"
+
+
+class _Connection:
+    def __init__(self, config):
+        url, username, password, name, timeout = config
+        if not url:
+            raise ToolError("the CalDAV calendar is not configured (AGENTLOOP_CALDAV_URL is empty)")
+        self.url, self.name = url, name
+        credentials = {"username": username, "password": password} if username else {}
+        self.client = caldav.DAVClient(url=url, timeout=timeout, **credentials)
+        try:
+            self.calendar = _call(self._find_or_make, url=url)
+        except Exception:
+            self.client.close()
+            raise
+
+    def _find_or_make(self):
+        principal = self.client.principal()
+        try:
+            return principal.calendar(name=self.name)
+        except dav_error.NotFoundError:
+            pass
+        log.info("creating the CalDAV calendar %r at %s", self.name, self.url)
+        try:
+            # A fixed collection id: two processes creating it at once hit the same URL,
+            # and the loser finds the winner's calendar below instead of making a twin.
+            return principal.make_calendar(name=self.name, cal_id=_slug(self.name))
+        except dav_error.DAVError:
+            try:
+                return principal.calendar(name=self.name)
+            except dav_error.NotFoundError:
+                raise ToolError(f"the calendar {self.name!r} does not exist on {self.url} "
+                                "and could not be created") from None
+
+
+def _connection() -> _Connection:
+    config = _config()
+    connection = getattr(_local, "connection", None)
+    if connection is None or _local.config != config:
+        forget_connections()
+        connection = _Connection(config)
+        _local.connection, _local.config = connection, config
+    return connection
+
+
+# --- iCalendar ---------------------------------------------------------------------------
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=fingerprint.default_zone())
+    return moment.astimezone(UTC)
+
+
+def _as_datetime(value) -> datetime | None:
+    """A DTSTART/DTEND as an aware UTC datetime (dates and floating times: the default zone)."""
+    if value is None:
+        return None
+    value = getattr(value, "dt", value)
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime.combine(value, time())
+    return _utc(value)
+
+
+def _mailto(address: str) -> str:
+    address = address.strip()
+    return address if address.lower().startswith("mailto:") else f"mailto:{address}"
+
+
+def _address(attendee) -> str:
+    text = str(attendee)
+    return text[7:] if text.lower().startswith("mailto:") else text
+
+
+def to_ical(scope, uid, data: EventData) -> str:
+    event = icalendar.Event()
+    event.add("UID", uid)
+    event.add("DTSTAMP", datetime.now(UTC))
+    event.add("SUMMARY", data.title)
+    event.add("DTSTART", _utc(data.start))
+    if data.end is not None:
+        event.add("DTEND", _utc(data.end))
+    if data.location:
+        event.add("LOCATION", data.location)
+    if data.description:
+        event.add("DESCRIPTION", data.description)
+    for attendee in data.attendees:
+        event.add("ATTENDEE", icalendar.vCalAddress(_mailto(attendee)))
+    event.add(SCOPE_PROPERTY, scope.key)
+    calendar = icalendar.Calendar()
+    calendar.add("PRODID", PRODID)
+    calendar.add("VERSION", "2.0")
+    calendar.add_component(event)
+    return calendar.to_ical().decode()
+
+
+def _vevent(obj):
+    """The event's main VEVENT (not a recurrence override), or None."""
+    try:
+        parsed = icalendar.Calendar.from_ical(obj.get_data())
+    except ValueError:
+        log.warning("unparseable calendar object at %s", obj.url)
+        return None
+    events = parsed.walk("VEVENT")
+    return next((e for e in events if "RECURRENCE-ID" not in e), events[0] if events else None)
+
+
+def _scope_of(vevent) -> str | None:
+    value = vevent.get(SCOPE_PROPERTY)
+    return str(value) if value is not None else None
+
+
+def _as_dict(vevent, calendar_name) -> dict:
+    attendees = vevent.get("ATTENDEE") or []
+    if not isinstance(attendees, list):
+        attendees = [attendees]
+    data = EventData(title=str(vevent.get("SUMMARY", "")), start=_as_datetime(vevent.get("DTSTART")),
+                     end=_as_datetime(vevent.get("DTEND")), attendees=[_address(a) for a in attendees],
+                     location=str(vevent.get("LOCATION", "")), description=str(vevent.get("DESCRIPTION", "")))
+    return event_dict(str(vevent.get("UID")), data, calendar_name)
+
+
+# --- the backend -----------------------------------------------------------------------------
+
+
+class CalDAVCalendar(CalendarBackend):
+    def create(self, scope, uid, data):
+        connection = _connection()
+        ical = to_ical(scope, uid, data)
+        try:
+            _call(lambda: connection.calendar.add_event(ical, no_overwrite=True), url=connection.url, mutating=True,
+                  expected=dav_error.ConsistencyError)
+        except dav_error.ConsistencyError:
+            # The UID is taken. In this scope, it is this create having happened already.
+            existing = self.find(scope, uid)
+            if existing is not None:
+                return existing
+            raise ToolError(f"the calendar already has another event with the id {uid!r}") from None
+        return event_dict(uid, data, connection.name)
+
+    def _lookup(self, connection, scope, uid):
+        """(caldav object, VEVENT) of the scope's event with this UID, or None."""
+        try:
+            obj = _call(lambda: connection.calendar.get_event_by_uid(uid), url=connection.url,
+                        expected=dav_error.NotFoundError)
+        except dav_error.NotFoundError:
+            return None
+        vevent = _vevent(obj)
+        if vevent is None or _scope_of(vevent) != scope.key:
+            return None
+        return obj, vevent
+
+    def find(self, scope, uid):
+        connection = _connection()
+        found = self._lookup(connection, scope, uid)
+        return _as_dict(found[1], connection.name) if found else None
+
+    def list(self, scope, start_from, start_to, limit=50):
+        connection = _connection()
+        window = {}
+        if start_from is not None:
+            window["start"] = _utc(start_from)
+        if start_to is not None:
+            window["end"] = _utc(start_to)
+        objects = _call(lambda: connection.calendar.search(event=True, expand=False, **window), url=connection.url)
+        events = []
+        for obj in objects:
+            vevent = _vevent(obj)
+            if vevent is None or _scope_of(vevent) != scope.key or vevent.get("DTSTART") is None:
+                continue
+            start = _as_datetime(vevent.get("DTSTART"))
+            # The server matches events *overlapping* the window; we list those starting in it.
+            if ("start" in window and start < window["start"]) or ("end" in window and start >= window["end"]):
+                continue
+            events.append((start, str(vevent.get("UID")), vevent))
+        events.sort(key=lambda item: (item[0], item[1]))
+        return [_as_dict(vevent, connection.name) for _, _, vevent in events[:limit]]
+
+    def delete(self, scope, uid):
+        connection = _connection()
+        found = self._lookup(connection, scope, uid)
+        if found is None:
+            return False
+        _call(lambda: found[0].delete(), url=connection.url, mutating=True)
+        return True
