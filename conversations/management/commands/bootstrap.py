@@ -33,6 +33,9 @@ class Command(BaseCommand):
         password = self.admin_user()
         key = self.demo_channel()
         telegram = self.telegram_channel()
+        from tools.guard import ensure_policies
+
+        ensure_policies()  # every tool's policy is in the admin from the start
         info = {"admin_user": "admin", "admin_password": password, "demo_key": key, "telegram": telegram}
         (settings.VAR_DIR / "bootstrap.env").write_text("".join(f"{k}={v}\n" for k, v in info.items()))
         os.chmod(settings.VAR_DIR / "bootstrap.env", 0o600)

@@ -95,11 +95,16 @@ class Command(BaseCommand):
             "",
             "agentloop is running (Ctrl-C stops everything)",
             f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
-            f"  API:       {base}/api/schema/",
+            f"  API docs:  {base}/api/docs/   (schema: {base}/api/schema/)",
             f"  demo channel 'demo' (echo agent), agent key: {info.get('demo_key', '?')}",
             f"    curl -X POST {base}/api/v1/channels/demo/messages \\",
             f"      -H 'Authorization: Bearer {info.get('demo_key', '?')}' -H 'Content-Type: application/json' \\",
             "      -d '{\"message_id\": \"1\", \"contact\": \"ana\", \"text\": \"hola\"}'",
+            "  a tool behind the action guard (run it twice: the second is a duplicate, see the admin):",
+            f"    curl -X POST {base}/api/v1/tools/calendar_create_event/invoke \\",
+            f"      -H 'Authorization: Bearer {info.get('demo_key', '?')}' -H 'Content-Type: application/json' \\",
+            "      -d '{\"scope\": \"ana\", \"arguments\": {\"title\": \"Psicología\", "
+            "\"start_datetime\": \"2026-12-01T10:00\"}}'",
         ]
         if info.get("telegram"):
             lines.append("  Telegram channel 'telegram' is polling with TELEGRAM_BOT_TOKEN")
