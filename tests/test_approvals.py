@@ -105,3 +105,18 @@ def test_an_apply_whose_run_failed_is_reported(conversation, make_channel):
     failed = approvals.apply(outcome.proposal_id, by="olga")
     assert failed.state == ProposalState.FAILED and "no event" in failed.error
     assert "could not be done" in OutboundMessage.objects.get().text
+
+
+def test_an_overdue_proposal_does_not_block_a_new_call(conversation):
+    first = propose(conversation).proposal_id
+    Proposal.objects.filter(pk=first).update(expires_at=timezone.now() - timedelta(seconds=1))
+    again = propose(conversation)
+    assert again.status == Status.AWAITING_APPROVAL and not again.duplicate and again.proposal_id != first
+    assert Proposal.objects.get(pk=first).state == ProposalState.EXPIRED
+
+
+def test_a_proposal_whose_claim_was_released_is_never_run(conversation):
+    outcome = propose(conversation)
+    ActionClaim.objects.filter(pk=outcome.claim_id).update(state=ClaimState.RELEASED, live=False)
+    assert approvals.apply(outcome.proposal_id, by="olga").state == ProposalState.FAILED
+    assert not CalendarEvent.objects.exists()

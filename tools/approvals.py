@@ -53,10 +53,14 @@ def apply(proposal_id, *, by: str) -> Proposal:
         return proposal
     claim = proposal.claim
     policy = guard.policy_for(claim.action)
-    ActionClaim.objects.filter(pk=claim.pk, state=ClaimState.PROPOSED).update(
+    took = ActionClaim.objects.filter(pk=claim.pk, state=ClaimState.PROPOSED).update(
         state=ClaimState.IN_FLIGHT, owner=f"operator:{by}"[:100],
         lease_until=timezone.now() + timedelta(seconds=policy.timeout_seconds))
     claim.refresh_from_db()
+    if not took:  # its claim was settled some other way (an operator released it): never run it
+        _finish(proposal, claim, guard.Outcome(guard.Status.FAILED, error=f"its claim is {claim.state}"), by)
+        proposal.refresh_from_db()
+        return proposal
     try:
         tool = registry.get(claim.action)
         outcome = guard.execute(tool, claim)

@@ -320,6 +320,9 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
             mark_uncertain(claim, "still in flight after its timeout (its process probably died)")
             claim.refresh_from_db()
             continue
+        if claim.state == ClaimState.PROPOSED and _expire_overdue_proposal(claim, now):
+            claim.refresh_from_db()
+            continue
         if claim.state == ClaimState.UNCERTAIN and reconcile(claim) != ClaimState.UNCERTAIN:
             claim.refresh_from_db()
             continue
@@ -332,6 +335,14 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
                   ClaimState.UNCERTAIN: Status.UNCERTAIN, ClaimState.PROPOSED: Status.AWAITING_APPROVAL}[claim.state]
         note_duplicate(claim, status, actor=actor, scope=scope, now=now)
         return duplicate_outcome(claim, status, now)
+
+
+def _expire_overdue_proposal(claim, now) -> bool:
+    """A proposal past its time, not yet swept, must not keep blocking a new call."""
+    from tools import approvals
+
+    proposal = getattr(claim, "proposal", None)
+    return proposal is not None and proposal.expires_at <= now and approvals.expire(proposal)
 
 
 def default_wait():
