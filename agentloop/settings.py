@@ -195,6 +195,12 @@ AGENTLOOP_AGENTS = {
     ),
 }
 
+# --- the delivery ledger (Layer 3) ---------------------------------------------------
+# Off: replies are sent straight from memory, once; a crash loses those in flight.
+AGENTLOOP_DELIVERY_LEDGER = env.bool("AGENTLOOP_DELIVERY_LEDGER", default=True)
+# A row held in `attempting` longer than this is orphaned, whoever holds it.
+AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT = env.float("AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT", default=300.0)
+
 # --- the action guard and its tools (Layer 2) -------------------------------------------
 AGENTLOOP_TOOLS = [
     "tools.builtin.calendar.CreateEvent",

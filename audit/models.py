@@ -22,6 +22,10 @@ class EventKind(models.TextChoices):
     PROPOSAL_APPLIED = "proposal_applied", "Proposal applied"
     PROPOSAL_REJECTED = "proposal_rejected", "Proposal rejected"
     PROPOSAL_EXPIRED = "proposal_expired", "Proposal expired"
+    # Layer 3
+    REPLY_RECOVERED = "reply_recovered", "Reply resent with the recovery prefix"
+    REPLY_ABANDONED = "reply_abandoned", "Reply abandoned"
+    CHAT_UNREACHABLE = "chat_unreachable", "Chat unreachable (never retried)"
 
 
 class AuditEvent(models.Model):

@@ -21,7 +21,7 @@ class ChannelAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "kind", "is_active", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "created_at", "updated_at"]
+    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "created_at", "updated_at", "delivery_health"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     fieldsets = [
         (None, {"fields": ["slug", "name", "kind", "is_active"]}),
@@ -34,8 +34,15 @@ class ChannelAdmin(admin.ModelAdmin):
         ("Telegram", {"fields": ["bot_token", "webhook_secret", "api_base", "telegram_mode",
                                  "poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
         ("API channel delivery", {"fields": ["callback_url", "callback_secret"], "classes": ["collapse"]}),
+        ("Delivery", {"fields": ["delivery_health"]}),
         ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
     ]
+
+    @admin.display(description="Delivery health")
+    def delivery_health(self, obj):
+        from delivery.admin import delivery_health_html
+
+        return delivery_health_html(obj) if obj.pk else "—"
 
     @admin.display(description="windows (closed/greeting/open/neutral)")
     def window_summary(self, obj):

@@ -6,7 +6,7 @@ from audit.events import record
 from audit.models import EventKind
 from conversations import turns
 from conversations.models import BufferState, Disposition, FlushReason, InboundMessage, MessageBuffer, Turn
-from delivery import outbox
+from delivery import ledger
 from delivery.models import OutboundKind
 
 COMMANDS = ("/start", "/stop", "/reset", "/help")
@@ -44,7 +44,7 @@ def handle(conversation, message, command, now=None):
             reply = "Stopped." if (dropped or stopped or unstoppable) else "Nothing to stop."
         if unstoppable:
             reply += " I had already started an action, so that part will finish and I'll report it."
-    outbox.enqueue(conversation, reply, kind=OutboundKind.CONTROL,
+    ledger.enqueue(conversation, reply, kind=OutboundKind.CONTROL,
                    reply_target=message.reply_target, thread_id=message.thread_id)
     record(EventKind.CONTROL_COMMAND, conversation=conversation, actor=conversation.sender_id,
            target=f"message {message.pk}", summary=command)

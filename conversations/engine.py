@@ -22,7 +22,7 @@ from audit.models import EventKind
 from conversations.models import (
     BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
-from delivery import outbox
+from delivery import ledger
 from delivery.models import OutboundKind
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def give_up_turn(turn, now=None):
                    actor=turn.owner, summary="its worker let go before any effect; it will run again")
             return TurnState.READY
         if mine.update(state=TurnState.FAILED, finished_at=now, outcome="its worker let go after it fired an effect"):
-            outbox.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
+            ledger.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
                            reply_target=turn.reply_target, thread_id=turn.thread_id)
             record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
                    actor=turn.owner, summary="its worker let go after an external effect; not re-run")
@@ -183,12 +183,9 @@ def give_up_turn(turn, now=None):
 
 
 def forget_workers(owners):
-    """Drop heartbeats of dead workers once nothing they held is left RUNNING/SENDING."""
-    from delivery.models import OutboundMessage, OutboundState
-
+    """Drop heartbeats of dead workers once nothing they held is left running or mid-send."""
     for owner in owners:
-        busy = Turn.objects.filter(owner=owner, state=TurnState.RUNNING).exists() or \
-            OutboundMessage.objects.filter(owner=owner, state=OutboundState.SENDING).exists()
+        busy = Turn.objects.filter(owner=owner, state=TurnState.RUNNING).exists() or ledger.holds_rows(owner)
         if not busy:
             WorkerHeartbeat.objects.filter(owner=owner).delete()
 

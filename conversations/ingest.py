@@ -22,7 +22,7 @@ from conversations.models import (
     BufferState, Contact, Conversation, Disposition, DoubleTexting, InboundMessage,
     MessageBuffer, MessageKind, Turn, TurnState,
 )
-from delivery import outbox
+from delivery import ledger
 from delivery.models import OutboundKind
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ def _double_text(channel, conversation, running, message, now):
     if strategy == DoubleTexting.REJECT:
         message.disposition = Disposition.REJECTED
         message.save(update_fields=["disposition"])
-        outbox.enqueue(conversation, REJECT_NOTICE, kind=OutboundKind.NOTICE,
+        ledger.enqueue(conversation, REJECT_NOTICE, kind=OutboundKind.NOTICE,
                        reply_target=message.reply_target, thread_id=message.thread_id)
         record(EventKind.MESSAGE_REJECTED, conversation=conversation, target=f"turn {running.pk}",
                actor=conversation.sender_id, summary=message.text[:200])

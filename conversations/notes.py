@@ -2,7 +2,7 @@
 proposal): a note in the agent's context and, optionally, a short message to the user."""
 
 from conversations.models import ContextNote, Conversation
-from delivery import outbox
+from delivery import ledger
 from delivery.models import OutboundKind
 
 
@@ -14,5 +14,5 @@ def inform(conversation_id, *, for_agent: str, for_user: str = "") -> bool:
         return False
     ContextNote.objects.create(conversation=conversation, text=for_agent)
     if for_user:
-        outbox.enqueue(conversation, for_user, kind=OutboundKind.NOTICE)
+        ledger.enqueue(conversation, for_user, kind=OutboundKind.NOTICE)
     return True

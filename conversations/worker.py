@@ -26,8 +26,9 @@ from conversations import engine, turns
 from conversations import telegram as telegram_inbound
 from conversations.agents import TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
-from delivery import outbox
+from delivery import ledger
 from delivery.models import OutboundKind
+from delivery.models import Outcome
 from delivery.transports import SendResult, Target, close_bots, transport_for
 from tools import guard, registry
 from tools.registry import Scope
@@ -156,7 +157,7 @@ class Worker:
         self.tool_executor = ThreadPoolExecutor(settings.AGENTLOOP_TOOL_THREADS, thread_name_prefix="tool")
         self.running: dict[int, asyncio.Task] = {}
         self.cancelled_by_user: set[int] = set()
-        self.sending: set[int] = set()
+        self.sends: set[asyncio.Task] = set()  # replies being sent by the ledger sweeps
         self.pollers: dict[int, asyncio.Task] = {}
         self.dead_owners: list[str] = []
         self.turns_done = 0
@@ -215,6 +216,8 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*tasks, *self.pollers.values(), return_exceptions=True)
+        if self.sends:  # let replies mid-send finish and be recorded (else: resent, labelled)
+            await asyncio.wait(list(self.sends), timeout=SHUTDOWN_GRACE)
         await close_bots()
         await self.db(self._release_leases)
         await self.db(engine.retire, self.owner)
@@ -231,6 +234,7 @@ class Worker:
         await self.db(engine.beat, self.owner)
         await self.db(guard.sweep)
         self.dead_owners = await self.db(engine.dead_owners)
+        await self.db(ledger.abandon_stale, None, self.dead_owners)
         if self.dead_owners:
             recovered = await self.db(engine.recover_turns, self.dead_owners)
             if recovered:
@@ -329,9 +333,10 @@ class Worker:
         return None
 
     def complete_turns(self, finished):
-        """Finish turns and write their replies down, in one transaction. A turn that
-        was cancelled meanwhile gets None: its reply must not go out. The replies are
-        created already claimed by this worker, which sends them right away."""
+        """Finish turns and write their replies into the ledger, in one transaction. A
+        turn that was cancelled meanwhile gets None: its reply must not go out. The
+        replies are written pending — a crash now leaves them unsent, and they will go
+        out plain — then claimed by this worker, which sends them right away."""
         with transaction.atomic():
             ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
                                       for turn, state, reply, outcome in finished], self.owner)
@@ -339,10 +344,16 @@ class Worker:
             for turn, state, reply, _ in finished:
                 if turn.pk in ours and reply:
                     kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
-                    replies[turn.pk] = outbox.Reply(turn.conversation, reply, kind=kind, turn=turn,
+                    replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
                                                     reply_target=turn.reply_target, thread_id=turn.thread_id)
-            rows = dict(zip(replies, outbox.enqueue_many(replies.values(), claimed_by=self.owner)))
-        return [rows.get(turn.pk) for turn, *_ in finished]
+            if not ledger.enabled():
+                by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
+                return [by_turn.get(turn.pk) for turn, *_ in finished]
+            written = dict(zip(replies, ledger.enqueue_many(replies.values()), strict=True))
+        claimed = {row.pk: row for row in ledger.claim_many([row.pk for row in written.values()], self.owner)}
+        # A row another worker's sweep claimed first is that worker's to send.
+        by_turn = {turn_id: claimed[row.pk] for turn_id, row in written.items() if row.pk in claimed}
+        return [by_turn.get(turn.pk) for turn, *_ in finished]
 
     def _release_turn(self, turn_id):
         turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
@@ -381,41 +392,55 @@ class Worker:
 
     # --- replies ------------------------------------------------------------------
 
-    async def deliver(self, outbound_id):
-        """Claim a row someone else wrote down (a control answer, a retry) and send it."""
-        if outbound_id in self.sending:
-            return
-        self.sending.add(outbound_id)
-        try:
-            row = await self.db(outbox.claim, outbound_id, self.owner, self.dead_owners)
-            if row is not None:
-                await self.send(row)
-        finally:
-            self.sending.discard(outbound_id)
-
     async def send(self, row):
-        """Send a row this worker has claimed and record the outcome (an unexpected
-        error counts as a temporary failure: the row is retried, never left SENDING)."""
+        """Send a ledger row this worker has claimed and record the outcome. An error of
+        our own counts as ambiguous (it may have gone out): resent later, labelled."""
         try:
-            result = await outbox.send(row)
+            result = await ledger.send(row)
         except Exception as exc:
-            log.exception("sending outbound %s failed", row.pk)
-            result = SendResult(False, error=f"{type(exc).__name__}: {exc}")
+            log.exception("sending ledger row %s failed", row.pk)
+            result = SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")
         await self.record_sends((row, result))
 
     def finish_sends(self, outcomes):
         with transaction.atomic():
-            outbox.finish_many(outcomes, self.owner)
+            ledger.finish_many(outcomes, self.owner)
         return [None] * len(outcomes)
 
+    def _send_in_background(self, rows):
+        for row in rows:
+            task = asyncio.create_task(self.send(row))
+            self.sends.add(task)
+            task.add_done_callback(self.sends.discard)
+
+    async def boot_sweep(self):
+        """At start: claim what dead owners left mid-send, what waits for a start (the
+        last budgeted resend) and anything due, and send it (labelled where it may have
+        gone out already). The claimed rows stay `attempting` under this worker for the
+        whole send, so no runtime sweep can take them too."""
+        total = 0
+        while True:
+            rows = await self.db(ledger.claim_due, self.owner, self.dead_owners, 500, None, True)
+            if not rows:
+                break
+            total += len(rows)
+            self._send_in_background(rows)
+        if total:
+            log.info("boot sweep: %d ledger rows claimed for delivery", total)
+        return total
+
     async def outbox_loop(self):
+        """The runtime sweep: pending rows (written by other processes), failed rows whose
+        timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
+        await self.boot_sweep()
         while True:
             try:
-                for outbound_id in await self.db(outbox.claimable_ids, self.dead_owners):
-                    if outbound_id not in self.sending:
-                        asyncio.create_task(self.deliver(outbound_id))
+                rows = await self.db(ledger.claim_due, self.owner, self.dead_owners, 500)
+                self._send_in_background(rows)
+                if len(rows) == 500:
+                    continue  # more due right now
             except Exception:
-                log.exception("outbox sweep failed")
+                log.exception("ledger sweep failed")
                 await asyncio.sleep(1.0)
             await asyncio.sleep(self.poll_interval)
 

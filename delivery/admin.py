@@ -1,18 +1,117 @@
-from django.contrib import admin
+from datetime import timedelta
 
-from delivery.models import OutboundMessage
+from django.contrib import admin
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from delivery import ledger
+from delivery.models import OutboundMessage, UnreachableChat
+
+
+class AgeFilter(admin.SimpleListFilter):
+    title = "age"
+    parameter_name = "age"
+    SPANS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+
+    def lookups(self, request, model_admin):
+        return [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
+                ("stale", "Older than 24 hours")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        if self.value() == "stale":
+            return queryset.filter(created_at__lte=now - ledger.FRESHNESS)
+        if self.value() in self.SPANS:
+            return queryset.filter(created_at__gt=now - self.SPANS[self.value()])
+        return queryset
 
 
 @admin.register(OutboundMessage)
-class OutboundMessageAdmin(admin.ModelAdmin):
-    list_display = ["pk", "conversation", "kind", "state", "attempts", "short_text", "created_at", "sent_at"]
-    list_filter = ["state", "kind", "conversation__channel"]
-    search_fields = ["text"]
-    readonly_fields = [f.name for f in OutboundMessage._meta.fields]
+class LedgerRowAdmin(admin.ModelAdmin):
+    list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
+                    "short_text", "created_at", "next_attempt_at", "delivered_at"]
+    list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
+    search_fields = ["=pk", "text", "chat_id", "last_error"]
+    date_hierarchy = "created_at"
+    actions = ["retry_now", "abandon"]
+    readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link"]
+    fieldsets = [
+        (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
+                           "turn_link", "text"]}),
+        ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "last_outcome",
+                                 "last_error", "owner", "claim_token", "platform_message_id"]}),
+        ("Timing", {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
+    ]
 
     @admin.display(description="text")
-    def short_text(self, obj):
-        return obj.text[:80]
+    def short_text(self, row):
+        return row.text[:80]
+
+    @admin.display(description="Conversation")
+    def conversation_link(self, row):
+        url = reverse("admin:conversations_conversation_change", args=[row.conversation_id])
+        return format_html('<a href="{}">{}</a>', url, row.conversation_id)
+
+    @admin.display(description="Turn")
+    def turn_link(self, row):
+        if not row.turn_id:
+            return "—"
+        return format_html('<a href="{}">turn {}</a>', reverse("admin:conversations_turn_change", args=[row.turn_id]),
+                           row.turn_id)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("channel")
 
     def has_add_permission(self, request):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # rows change through the ledger and the actions below
+
+    @admin.action(description="Retry now (one more resend, labelled as recovered)", permissions=["view"])
+    def retry_now(self, request, queryset):
+        if not request.user.has_perm("delivery.change_outboundmessage"):
+            self.message_user(request, "You may not retry ledger rows.", level="error")
+            return
+        moved = ledger.retry_now(queryset.values_list("pk", flat=True), by=request.user.get_username())
+        self.message_user(request, f"{moved} row(s) will be resent now.")
+
+    @admin.action(description="Abandon (never send)", permissions=["view"])
+    def abandon(self, request, queryset):
+        if not request.user.has_perm("delivery.change_outboundmessage"):
+            self.message_user(request, "You may not abandon ledger rows.", level="error")
+            return
+        abandoned = ledger.abandon(queryset.values_list("pk", flat=True), by=request.user.get_username())
+        self.message_user(request, f"{abandoned} row(s) abandoned.")
+
+
+@admin.register(UnreachableChat)
+class UnreachableChatAdmin(admin.ModelAdmin):
+    list_display = ["chat_id", "channel", "error", "since", "last_failure_at", "failures"]
+    list_filter = ["channel"]
+    search_fields = ["chat_id", "error"]
+    readonly_fields = ["channel", "chat_id", "error", "since", "last_failure_at", "failures"]
+
+    def has_add_permission(self, request):
+        return False
+
+
+def delivery_health_html(channel) -> str:
+    """The channel page's delivery summary: last error and unreachable chats."""
+    health = ledger.channel_health(channel.pk)
+    last = health["last_error"]
+    parts = [format_html("<p><b>Last error:</b> {} <small>({})</small></p>", last["last_error"], last["claimed_at"])
+             if last else mark_safe("<p>No delivery errors.</p>")]
+    if health["unreachable"]:
+        items = format_html("".join("<li>{} — {} (since {})</li>" for _ in health["unreachable"]),
+                            *[v for row in health["unreachable"] for v in row])
+        url = reverse("admin:delivery_unreachablechat_changelist") + f"?channel__id__exact={channel.pk}"
+        parts.append(format_html('<p><b><a href="{}">Unreachable chats</a>:</b></p><ul>{}</ul>', url, items))
+    rows = reverse("admin:delivery_outboundmessage_changelist") + f"?channel__id__exact={channel.pk}"
+    parts.append(format_html('<p><a href="{}">Ledger rows of this channel</a> ({} open)</p>', rows,
+                             OutboundMessage.objects.filter(channel=channel, state__in=OutboundMessage.OPEN).count()))
+    return format_html("".join(["{}"] * len(parts)), *parts)
+
+

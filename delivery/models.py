@@ -1,7 +1,14 @@
-"""What we send back: every reply, control answer and notice, recorded before it is sent.
+"""The durable delivery ledger: every reply, control answer and notice is a row written
+before it is sent; at least once, with a possible duplicate labelled.
 
-The Layer 3 issue turns this into the full durable ledger (attempt budgets, flood
-control, the recovery prefix); here it already gives at-least-once delivery.
+State machine (written once, here; every transition is a compare-and-swap in
+`delivery.ledger`):
+
+    pending ──claim──► attempting ──► delivered
+       │                 │  ▲   ├──► failed ──(timer due, or next start)──► attempting
+       │                 │  │   ├──► unreachable   (permanent: bot blocked, chat gone)
+       │                 │  └───┘    (a dead owner's row, taken over by a sweep)
+       └──(stale)────────┴──────────► abandoned     (over the budget, or older than 24 h)
 """
 
 from django.db import models
@@ -15,21 +22,51 @@ class OutboundKind(models.TextChoices):
 
 
 class OutboundState(models.TextChoices):
-    PENDING = "pending", "Pending"
-    SENDING = "sending", "Sending"
-    SENT = "sent", "Sent"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", "Pending (never tried)"
+    ATTEMPTING = "attempting", "Attempting (claimed, sending)"
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed (will retry)"
+    UNREACHABLE = "unreachable", "Unreachable (permanent)"
+    ABANDONED = "abandoned", "Abandoned"
+
+
+class Outcome(models.TextChoices):
+    """What one send attempt came to, as the transport classified it."""
+
+    DELIVERED = "delivered", "Delivered"
+    FLOOD = "flood", "Flood control (retry after)"
+    TEMPORARY = "temporary", "Temporary failure"
+    PERMANENT = "permanent", "Permanent failure"
+    AMBIGUOUS = "ambiguous", "Ambiguous (may have arrived)"
 
 
 class OutboundMessage(models.Model):
+    """A ledger row: one outbound reply's delivery obligation, written before the send.
+
+    Whether a send carries the recovery prefix is decided by the claim itself, from the
+    row's state before it: a row never claimed goes out plain; any row claimed before
+    (it may have been sent) goes out labelled.
+    """
+
     TRANSITIONS = {
-        OutboundState.PENDING: {OutboundState.SENDING},
-        OutboundState.SENDING: {OutboundState.SENT, OutboundState.FAILED, OutboundState.PENDING},
+        OutboundState.PENDING: {OutboundState.ATTEMPTING, OutboundState.ABANDONED},
+        OutboundState.ATTEMPTING: {
+            OutboundState.DELIVERED, OutboundState.FAILED, OutboundState.UNREACHABLE, OutboundState.ABANDONED,
+            OutboundState.ATTEMPTING,  # taken over from a dead owner
+        },
+        OutboundState.FAILED: {OutboundState.ATTEMPTING, OutboundState.ABANDONED},
+        # An operator's "retry now".
+        OutboundState.UNREACHABLE: {OutboundState.FAILED},
+        OutboundState.ABANDONED: {OutboundState.FAILED},
     }
+    OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
 
     conversation = models.ForeignKey(
         "conversations.Conversation", on_delete=models.CASCADE, related_name="outbound"
     )
+    # Retries keep the bot (channel), the chat and the thread the reply was meant for.
+    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="outbound")
+    chat_id = models.CharField(max_length=100)
     turn = models.ForeignKey(
         "conversations.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="outbound"
     )
@@ -39,15 +76,47 @@ class OutboundMessage(models.Model):
     thread_id = models.CharField(max_length=50, blank=True)
     state = models.CharField(max_length=16, choices=OutboundState.choices, default=OutboundState.PENDING)
     owner = models.CharField(max_length=100, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
+    claim_token = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Sends started (claims).")
+    flood_waits = models.PositiveIntegerField(default=0, help_text="Attempts refused by flood control.")
+    extra_resends = models.PositiveIntegerField(default=0, help_text="Granted by an operator's retry.")
+    needs_marker = models.BooleanField(default=False, help_text="The current attempt carries the recovery prefix.")
+    last_outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     last_error = models.CharField(max_length=300, blank=True)
     platform_message_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-    next_attempt_at = models.DateTimeField(default=timezone.now)
-    sent_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(
+        default=timezone.now, null=True, blank=True,
+        help_text="Empty: the last budgeted attempt, kept for the next worker start.")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    retried_at = models.DateTimeField(null=True, blank=True, help_text="An operator's retry (freshness restarts).")
 
     class Meta:
-        indexes = [models.Index(fields=["state", "next_attempt_at"], name="outbound_queue_idx")]
+        verbose_name = "ledger row"
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="outbound_queue_idx"),
+            models.Index(fields=["state", "owner"], name="outbound_owner_idx"),
+            models.Index(fields=["claim_token"], name="outbound_claim_idx"),
+        ]
 
     def __str__(self):
         return f"{self.kind} {self.pk} ({self.state})"
+
+
+class UnreachableChat(models.Model):
+    """A chat the platform refused permanently (bot blocked, chat deleted, bot kicked).
+    Shown per channel in the admin; cleared when a reply reaches it again."""
+
+    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="unreachable_chats")
+    chat_id = models.CharField(max_length=100)
+    error = models.CharField(max_length=300)
+    since = models.DateTimeField(default=timezone.now)
+    last_failure_at = models.DateTimeField(default=timezone.now)
+    failures = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["channel", "chat_id"], name="unreachable_chat_unique")]
+
+    def __str__(self):
+        return f"{self.chat_id} @ {self.channel_id}"

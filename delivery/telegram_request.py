@@ -14,6 +14,16 @@ from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
 
+class NotSent(NetworkError):
+    """The connection could not be made: the request never reached the server."""
+
+
+class SentUnanswered(NetworkError):
+    """The connection broke after the request went out: it may have been delivered."""
+
+    ambiguous = True
+
+
 class AiohttpRequest(BaseRequest):
     def __init__(self, connections=8, read_timeout=5.0, write_timeout=5.0, connect_timeout=5.0):
         self._connections = connections
@@ -71,8 +81,10 @@ class AiohttpRequest(BaseRequest):
             async with self._session.request(method, url, data=self._body(request_data), timeout=timeout,
                                              headers={"User-Agent": self.USER_AGENT}) as response:
                 return response.status, await response.read()
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise NotSent(f"aiohttp.{type(exc).__name__}: {exc}") from exc
         except asyncio.TimeoutError as exc:
             # As PTB's own layer: a timeout after the request went out may have been delivered.
             raise TimedOut() from exc
         except aiohttp.ClientError as exc:
-            raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+            raise SentUnanswered(f"aiohttp.{type(exc).__name__}: {exc}") from exc

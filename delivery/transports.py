@@ -1,4 +1,7 @@
-"""One transport class per platform, each with one send method and a typed outcome.
+"""One transport class per platform, each with one send method returning a typed
+outcome: delivered, flood (retry after N s), temporary, permanent (the chat cannot be
+reached), or ambiguous (the request went out and no answer came back: it may have
+arrived). The ledger decides what to do with each.
 
 Transports are used from the worker's event loop only. python-telegram-bot's Bot must
 not be shared across event loops, so bots are cached per loop.
@@ -15,9 +18,10 @@ from dataclasses import dataclass
 import httpx
 import telegram
 from django.conf import settings
-from telegram.error import Forbidden, TelegramError
+from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
-from delivery.telegram_request import AiohttpRequest
+from delivery.models import Outcome
+from delivery.telegram_request import AiohttpRequest, NotSent
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +30,27 @@ TELEGRAM_MAX_CHARS = 4096
 
 @dataclass(frozen=True)
 class SendResult:
-    ok: bool
+    outcome: str  # delivery.models.Outcome
     platform_message_id: str = ""
     error: str = ""
-    permanent: bool = False
+    retry_after: float = 0.0  # flood: seconds the platform asked us to wait
+
+    @property
+    def ok(self):
+        return self.outcome == Outcome.DELIVERED
+
+    @classmethod
+    def delivered(cls, platform_message_id=""):
+        return cls(Outcome.DELIVERED, platform_message_id=str(platform_message_id or ""))
+
+    @classmethod
+    def failed(cls, outcome, error, retry_after=0.0):
+        return cls(outcome, error=str(error)[:300], retry_after=float(retry_after or 0))
+
+
+# Telegram's BadRequest descriptions that mean the chat itself is gone for this bot.
+UNREACHABLE_CHAT = ("chat not found", "bot was kicked", "bot is not a member", "user is deactivated",
+                    "group chat was deleted", "have no rights to send")
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,7 @@ class Target:
     chat_id: str
     reply_target: str = ""
     thread_id: str = ""
+    conversation_id: int | None = None
 
 
 class Transport(abc.ABC):
@@ -50,6 +72,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def send_text(self, target: Target, text: str) -> SendResult:
         """Send `text`; the outcome says whether it landed and whether to try again."""
+
+    def can_send_now(self) -> bool:
+        """Whether a send could go out at all (a recovered row waits otherwise)."""
+        return self.channel.is_active
 
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""
@@ -112,11 +138,32 @@ class TelegramTransport(Transport):
                 )
                 last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
-        except Forbidden as exc:
-            return SendResult(False, error=str(exc), permanent=True)
+        except RetryAfter as exc:
+            retry_after = exc.retry_after.total_seconds() if hasattr(exc.retry_after, "total_seconds") \
+                else exc.retry_after
+            return SendResult.failed(Outcome.FLOOD, exc, retry_after)
+        except Forbidden as exc:  # blocked by the user, kicked from the group
+            return SendResult.failed(Outcome.PERMANENT, exc)
+        except BadRequest as exc:
+            if any(phrase in str(exc).lower() for phrase in UNREACHABLE_CHAT):
+                return SendResult.failed(Outcome.PERMANENT, exc)
+            # Telegram refused this message (not the chat): resending it as is cannot help.
+            return SendResult.failed(Outcome.PERMANENT, f"rejected: {exc}")
+        except NotSent as exc:
+            return SendResult.failed(Outcome.TEMPORARY, exc)
+        except TimedOut as exc:  # after the request went out: it may have been delivered
+            return SendResult.failed(Outcome.AMBIGUOUS, f"timed out: {exc}")
+        except NetworkError as exc:
+            # PTB maps 5xx answers to NetworkError; our HTTP layer maps a connection lost
+            # after the request was sent to SentUnanswered (a NetworkError) — ambiguous.
+            kind = Outcome.AMBIGUOUS if getattr(exc, "ambiguous", False) else Outcome.TEMPORARY
+            return SendResult.failed(kind, f"{type(exc).__name__}: {exc}")
         except TelegramError as exc:
-            return SendResult(False, error=f"{type(exc).__name__}: {exc}")
-        return SendResult(True, platform_message_id=last_id)
+            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        return SendResult.delivered(last_id)
+
+    def can_send_now(self) -> bool:
+        return self.channel.is_active and bool(self.channel.bot_token)
 
     async def send_typing(self, target: Target) -> None:
         bot = telegram_bot(self.channel.bot_token, self.channel.api_base, "typing")
@@ -127,30 +174,65 @@ class TelegramTransport(Transport):
 
 
 class StoredTransport(Transport):
-    """Web chat, and api channels without a callback: the reply row *is* the delivery;
-    clients read it (the playground and the REST API)."""
+    """api channels without a callback: the reply row *is* the delivery; clients read it."""
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        return SendResult(True)
+        return SendResult.delivered()
+
+
+class WebchatTransport(Transport):
+    """The site's own chat: the reply is pushed to the conversation's websocket group
+    (`webchat.<conversation id>`) through the channel layer; the row stays readable."""
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return SendResult.delivered()
+        try:
+            await layer.group_send(f"webchat.{target.conversation_id}", {
+                "type": "chat.reply", "text": text, "reply_to": target.reply_target})
+        except Exception as exc:  # e.g. Redis unreachable
+            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        return SendResult.delivered()
 
 
 class ApiCallbackTransport(Transport):
-    """api channels with a callback URL: the reply is POSTed, signed with HMAC-SHA256."""
+    """api channels with a callback URL (a webhook): the reply is POSTed, signed with
+    HMAC-SHA256 in `X-Agentloop-Signature`."""
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         body = json.dumps({"chat": target.chat_id, "reply_to": target.reply_target, "text": text}).encode()
         signature = hmac.new(self.channel.callback_secret.encode(), body, hashlib.sha256).hexdigest()
+        headers = {"Content-Type": "application/json", "X-Agentloop-Signature": f"sha256={signature}"}
         try:
             async with httpx.AsyncClient(timeout=10.0) as client:
-                response = await client.post(
-                    self.channel.callback_url, content=body,
-                    headers={"Content-Type": "application/json", "X-Agentloop-Signature": f"sha256={signature}"},
-                )
-        except httpx.HTTPError as exc:
-            return SendResult(False, error=f"{type(exc).__name__}: {exc}")
-        if response.status_code >= 400:
-            return SendResult(False, error=f"HTTP {response.status_code}", permanent=response.status_code in (404, 410))
-        return SendResult(True)
+                response = await client.post(self.channel.callback_url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:  # sent, no answer: it may have arrived
+            return SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")
+        status = response.status_code
+        if status < 300:
+            return SendResult.delivered()
+        if status == 429:
+            return SendResult.failed(Outcome.FLOOD, "HTTP 429", _retry_after(response))
+        if status in (404, 410):
+            return SendResult.failed(Outcome.PERMANENT, f"HTTP {status}")
+        if status >= 500 or status == 408:
+            return SendResult.failed(Outcome.TEMPORARY, f"HTTP {status}")
+        return SendResult.failed(Outcome.PERMANENT, f"rejected: HTTP {status}")
+
+    def can_send_now(self) -> bool:
+        return self.channel.is_active and bool(self.channel.callback_url)
+
+
+def _retry_after(response, default=30.0):
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", default)))
+    except ValueError:
+        return default
 
 
 def transport_for(channel) -> Transport:
@@ -158,4 +240,6 @@ def transport_for(channel) -> Transport:
         return TelegramTransport(channel)
     if channel.kind == "api" and channel.callback_url:
         return ApiCallbackTransport(channel)
+    if channel.kind == "webchat":
+        return WebchatTransport(channel)
     return StoredTransport(channel)

@@ -152,7 +152,7 @@ def test_two_workers_flush_every_buffer_exactly_once(processes, make_channel):
         # Deadlines spread over ~1.5 s, so both workers are awake for many of them.
         admit(channel, Inbound(platform_message_id=str(i), chat_id=str(i), sender_id=str(i), text="¿ok?"),
               now=start + timedelta(milliseconds=10 * i))
-    wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.SENT).count() == count, timeout=60,
+    wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).count() == count, timeout=60,
                message="every reply sent")
     assert Turn.objects.count() == count
     assert set(Turn.objects.values_list("buffer_id", flat=True)) == set(MessageBuffer.objects.values_list("pk", flat=True))

@@ -273,7 +273,7 @@ def timeline(fake):
     print("  flushed ", span([t.created_at for t in turns]))
     print("  started ", span([t.started_at for t in turns]))
     print("  finished", span([t.finished_at for t in turns]))
-    print("  sent    ", span([o.sent_at for o in OutboundMessage.objects.filter(turn__in=turns)]))
+    print("  sent    ", span([o.delivered_at for o in OutboundMessage.objects.filter(turn__in=turns)]))
     calls = sorted(c.wall - t0.timestamp() for c in fake.calls("sendMessage"))
     print(f"  received {calls[0]:.2f}..{calls[-1]:.2f}s")
 

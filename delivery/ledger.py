@@ -1,0 +1,364 @@
+"""The delivery ledger: every reply at least once, every possible duplicate labelled.
+
+A reply is written down (a pending row) in the transaction of the work that produced
+it, before anything is sent. Whoever sends it first *claims* it: one compare-and-swap
+moves it to `attempting`, stamps the owner and a claim token, counts the attempt — and,
+in the same statement, decides from the row's state *before* the claim whether this
+send must carry the recovery prefix: a row never claimed goes out plain; a row claimed
+before may have arrived already, so it goes out labelled `♻️ Recovered reply`. A
+labelled duplicate therefore always means one model run delivered twice, never two.
+
+Outcomes (see `transports`): delivered; flood → retried when the penalty ends;
+temporary or ambiguous → resent after 30 s, then 2 min, and the last budgeted resend is
+kept for the next worker start (an outage longer than the timers never strands a
+reply); permanent → the chat is marked unreachable and never retried. Bounded: 3
+resends (floods aside) and 24 h, then abandoned. Delivered and finished rows are pruned
+after 7 days.
+
+A row is claimable when it is pending, when it failed and its timer is due (or, at a
+worker's start, its last resend waits for that start), or when it is attempting under
+an owner that died (or held it longer than any send takes) — and only for transports
+that can send now. The boot sweep holds what it claims in `attempting` for the whole
+send, so no runtime sweep can take it too.
+"""
+
+import itertools
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, CharField, F, Q, Value, When
+from django.utils import timezone
+
+from audit.events import record
+from audit.models import EventKind
+from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.transports import SendResult, Target, transport_for
+
+log = logging.getLogger(__name__)
+
+RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"
+MAX_RESENDS = 3
+BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
+FRESHNESS = timedelta(hours=24)
+PRUNE_AFTER = timedelta(days=7)
+
+_tokens = itertools.count()
+_token_prefix = secrets.token_hex(6)
+
+
+def enabled() -> bool:
+    return settings.AGENTLOOP_DELIVERY_LEDGER
+
+
+def attempt_timeout() -> timedelta:
+    """An `attempting` row held longer than any send can take is orphaned, whoever holds it."""
+    return timedelta(seconds=settings.AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class Reply:
+    conversation: object
+    text: str
+    kind: str
+    turn: object = None
+    reply_target: str = ""
+    thread_id: str = ""
+
+
+def _row(reply: Reply) -> OutboundMessage:
+    conversation = reply.conversation
+    return OutboundMessage(conversation=conversation, channel=conversation.channel,
+                           chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
+                           reply_target=reply.reply_target, thread_id=reply.thread_id)
+
+
+def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id=""):
+    """Write one reply down; call inside the transaction of the work that produced it."""
+    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id)])[0]
+
+
+def enqueue_many(replies):
+    """Write replies down as pending rows (one INSERT)."""
+    return OutboundMessage.objects.bulk_create([_row(r) for r in replies])
+
+
+def unrecorded(replies):
+    """The ledger switched off: rows kept in memory only (a crash loses them)."""
+    return [_row(r) for r in replies]
+
+
+# --- claiming ------------------------------------------------------------------------------
+
+
+def _within_budget():
+    return Q(attempts__lte=F("flood_waits") + F("extra_resends") + MAX_RESENDS)
+
+
+def _claimable(now, dead_owners, boot):
+    due = Q(state=OutboundState.PENDING)
+    if enabled():
+        due |= Q(state=OutboundState.FAILED, next_attempt_at__lte=now)
+        if boot:
+            due |= Q(state=OutboundState.FAILED, next_attempt_at__isnull=True)
+        orphaned = Q(state=OutboundState.ATTEMPTING, claimed_at__lt=now - attempt_timeout())
+        if dead_owners:
+            orphaned |= Q(state=OutboundState.ATTEMPTING, owner__in=list(dead_owners))
+        due |= orphaned
+    return due & _within_budget() & _fresh(now) & _sendable()
+
+
+def _fresh(now):
+    """24 h from its creation, or from an operator's retry."""
+    return Q(created_at__gt=now - FRESHNESS) | Q(retried_at__gt=now - FRESHNESS)
+
+
+def _sendable():
+    """Only rows whose transport can send now (an inactive channel's rows wait)."""
+    no_telegram_token = Q(channel__kind="telegram", channel__bot_token="")
+    return Q(channel__is_active=True) & ~no_telegram_token
+
+
+def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
+    rows = OutboundMessage.objects.filter(_claimable(now or timezone.now(), dead_owners, boot))
+    if older_than is not None:
+        rows = rows.filter(created_at__lte=older_than)
+    return list(rows.order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
+
+
+def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
+    """Claim these rows for `owner` (those still claimable): one UPDATE, then one SELECT
+    of what this claim's token won. `needs_marker` is computed by the UPDATE from the
+    row's attempts before it (SQL evaluates SET expressions on the old row)."""
+    if not ids:
+        return []
+    now = now or timezone.now()
+    token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
+    OutboundMessage.objects.filter(_claimable(now, dead_owners, boot), pk__in=list(ids)).update(
+        state=OutboundState.ATTEMPTING, owner=owner, claim_token=token, claimed_at=now,
+        needs_marker=Case(When(attempts__gt=0, then=Value(True)), default=Value(False)),
+        attempts=F("attempts") + 1,
+    )
+    return list(OutboundMessage.objects.select_related("conversation", "channel")
+                .filter(pk__in=list(ids), claim_token=token).order_by("created_at", "pk"))
+
+
+def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
+    return claim_many(claimable_ids(dead_owners, limit, now, boot), owner, dead_owners, now, boot)
+
+
+def holds_rows(owner) -> bool:
+    """Whether `owner` still holds rows mid-send (its heartbeat must outlive them)."""
+    return OutboundMessage.objects.filter(owner=owner, state=OutboundState.ATTEMPTING).exists()
+
+
+# --- sending -----------------------------------------------------------------------------------
+
+
+def text_to_send(row) -> str:
+    return RECOVERY_PREFIX + row.text if row.needs_marker else row.text
+
+
+async def send(row) -> SendResult:
+    target = Target(row.chat_id, row.reply_target, row.thread_id, conversation_id=row.conversation_id)
+    result = await transport_for(row.channel).send_text(target, text_to_send(row))
+    if not result.ok:
+        log.warning("send of ledger row %s failed (%s): %s", row.pk, result.outcome, result.error)
+    return result
+
+
+# --- outcomes ----------------------------------------------------------------------------------
+
+
+def finish_many(outcomes, owner, now=None):
+    """Record send outcomes. Deliveries — nearly all of them — are one UPDATE for the
+    whole batch (each row's platform id chosen by CASE); the rest one by one."""
+    now = now or timezone.now()
+    outcomes = [(row, result) for row, result in outcomes if row.pk is not None]
+    delivered = [(row, result) for row, result in outcomes if result.ok]
+    if delivered:
+        platform_ids = Case(*(When(pk=row.pk, then=Value(result.platform_message_id)) for row, result in delivered),
+                            output_field=CharField())
+        won = set(OutboundMessage.objects.filter(
+            pk__in=[row.pk for row, _ in delivered], state=OutboundState.ATTEMPTING, owner=owner).values_list(
+            "pk", flat=True))
+        OutboundMessage.objects.filter(pk__in=won, state=OutboundState.ATTEMPTING, owner=owner).update(
+            state=OutboundState.DELIVERED, delivered_at=now, platform_message_id=platform_ids,
+            last_outcome=Outcome.DELIVERED, next_attempt_at=None)
+        _after_delivery([row for row, _ in delivered if row.pk in won], now)
+    for row, result in outcomes:
+        if not result.ok:
+            finish(row, owner, result, now)
+
+
+def _after_delivery(rows, now):
+    recovered = [row for row in rows if row.needs_marker]
+    for row in recovered:
+        record(EventKind.REPLY_RECOVERED, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
+               actor=row.owner, target=f"ledger row {row.pk}",
+               summary=f"resent with the recovery prefix (attempt {row.attempts})", attempts=row.attempts)
+    chats = {(row.channel_id, row.chat_id) for row in rows}
+    if chats and UnreachableChat.objects.filter(channel_id__in={c for c, _ in chats}).exists():
+        for channel_id, chat_id in chats:  # it was reached again: not unreachable any more
+            UnreachableChat.objects.filter(channel_id=channel_id, chat_id=chat_id).delete()
+
+
+def resends_used(row) -> int:
+    """Resends spent so far: claims after the first, floods aside."""
+    return max(0, row.attempts - 1 - row.flood_waits)
+
+
+def finish(row, owner, result: SendResult, now=None):
+    """Record one attempt's outcome (a compare-and-swap on the claim we hold)."""
+    now = now or timezone.now()
+    if result.ok:
+        return finish_many([(row, result)], owner, now)
+    mine = OutboundMessage.objects.filter(pk=row.pk, state=OutboundState.ATTEMPTING, owner=owner,
+                                          claim_token=row.claim_token)
+    error = result.error[:300]
+    if not enabled():
+        # No ledger: one try, then the reply is given up (and said so in the log).
+        mine.update(state=OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
+                    next_attempt_at=None)
+        return None
+    if result.outcome == Outcome.FLOOD:
+        wait = timedelta(seconds=max(result.retry_after, 0.0))
+        mine.update(state=OutboundState.FAILED, flood_waits=F("flood_waits") + 1, next_attempt_at=now + wait,
+                    last_outcome=result.outcome, last_error=error)
+        return OutboundState.FAILED
+    if result.outcome == Outcome.PERMANENT:
+        with transaction.atomic():
+            if mine.update(state=OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
+                           next_attempt_at=None):
+                mark_unreachable(row, error, now)
+        return OutboundState.UNREACHABLE
+    # Temporary or ambiguous: a resend, on the budget.
+    next_resend = resends_used(row) + 1
+    budget = MAX_RESENDS + row.extra_resends
+    if next_resend > budget:
+        with transaction.atomic():
+            if mine.update(state=OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
+                           next_attempt_at=None):
+                _audit_abandoned(row, f"{budget} resends spent; last error: {error}")
+        return OutboundState.ABANDONED
+    # The last budgeted resend is kept for the next worker start.
+    when = None if next_resend == budget else now + BACKOFF[min(next_resend, len(BACKOFF)) - 1]
+    mine.update(state=OutboundState.FAILED, next_attempt_at=when, last_outcome=result.outcome, last_error=error)
+    return OutboundState.FAILED
+
+
+def mark_unreachable(row, error, now):
+    mark, created = UnreachableChat.objects.get_or_create(
+        channel_id=row.channel_id, chat_id=row.chat_id, defaults={"error": error, "since": now,
+                                                                   "last_failure_at": now})
+    if not created:
+        UnreachableChat.objects.filter(pk=mark.pk).update(error=error, last_failure_at=now,
+                                                          failures=F("failures") + 1)
+        return
+    record(EventKind.CHAT_UNREACHABLE, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
+           actor=row.owner, target=f"chat {row.chat_id}", summary=f"never retried: {error}"[:300],
+           ledger_row=row.pk)
+
+
+def _audit_abandoned(row, why):
+    record(EventKind.REPLY_ABANDONED, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
+           actor=row.owner or "ledger", target=f"ledger row {row.pk}", summary=why[:300], ledger_row=row.pk)
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+
+
+def abandon_stale(now=None, dead_owners=()) -> int:
+    """Open rows past their freshness, or past their resend budget with nobody sending
+    them, are abandoned."""
+    now = now or timezone.now()
+    idle = Q(state__in=[OutboundState.PENDING, OutboundState.FAILED]) | Q(
+        state=OutboundState.ATTEMPTING, claimed_at__lt=now - attempt_timeout())
+    if dead_owners:
+        idle |= Q(state=OutboundState.ATTEMPTING, owner__in=list(dead_owners))
+    stale = Q(state__in=OutboundMessage.OPEN) & ~_fresh(now)
+    spent = ~_within_budget()
+    abandoned = 0
+    for row in OutboundMessage.objects.select_related("channel").filter(idle & (stale | spent))[:500]:
+        with transaction.atomic():
+            if OutboundMessage.objects.filter(pk=row.pk, state=row.state, attempts=row.attempts).update(
+                    state=OutboundState.ABANDONED, next_attempt_at=None):
+                why = "resend budget spent" if row.attempts > row.flood_waits + row.extra_resends + MAX_RESENDS \
+                    else "older than 24 h"
+                _audit_abandoned(row, f"{why}; last error: {row.last_error or '—'}")
+                abandoned += 1
+    return abandoned
+
+
+def prune(now=None) -> int:
+    """Finished rows are deleted after 7 days (django-q2 schedule, daily)."""
+    now = now or timezone.now()
+    finished = [OutboundState.DELIVERED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]
+    deleted, _ = OutboundMessage.objects.filter(state__in=finished, created_at__lte=now - PRUNE_AFTER).delete()
+    return deleted
+
+
+def retry_now(ids, by="operator") -> int:
+    """An operator's "retry now": failed, abandoned or unreachable rows get one more
+    resend, due at once (they will carry the recovery prefix)."""
+    now = timezone.now()
+    moved = 0
+    for row in OutboundMessage.objects.filter(pk__in=list(ids), state__in=[
+            OutboundState.FAILED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]):
+        grant = max(0, resends_used(row) + 1 - MAX_RESENDS - row.extra_resends)
+        moved += OutboundMessage.objects.filter(pk=row.pk, state=row.state).update(
+            state=OutboundState.FAILED, next_attempt_at=now, extra_resends=F("extra_resends") + grant,
+            retried_at=now, last_error=f"retry requested by {by}"[:300])
+    return moved
+
+
+def abandon(ids, by="operator") -> int:
+    rows = OutboundMessage.objects.select_related("channel").filter(
+        pk__in=list(ids), state__in=[OutboundState.PENDING, OutboundState.FAILED])
+    abandoned = 0
+    for row in rows:
+        with transaction.atomic():
+            if OutboundMessage.objects.filter(pk=row.pk, state=row.state).update(
+                    state=OutboundState.ABANDONED, next_attempt_at=None):
+                _audit_abandoned(row, f"abandoned by {by}")
+                abandoned += 1
+    return abandoned
+
+
+def channel_health(channel_id) -> dict:
+    """For the admin's channel page: the last error and the unreachable chats."""
+    last = (OutboundMessage.objects.filter(channel_id=channel_id).exclude(last_error="")
+            .order_by("-claimed_at").values("last_error", "claimed_at").first())
+    unreachable = list(UnreachableChat.objects.filter(channel_id=channel_id).order_by("-last_failure_at")
+                       .values_list("chat_id", "error", "since")[:50])
+    return {"last_error": last, "unreachable": unreachable}
+
+
+def safety_sweep():
+    """django-q2's safety net (every minute): abandon stale rows, and deliver what is due
+    when no worker loop is doing it — the claims make racing a live worker harmless."""
+    import asyncio
+
+    from delivery.transports import close_bots
+
+    abandoned = abandon_stale()
+    owner = f"tasks:{os.uname().nodename}:{os.getpid()}"
+    now = timezone.now()
+    # Leave fresh rows to the worker loop, which sends them within milliseconds.
+    ids = claimable_ids(limit=200, now=now, older_than=now - timedelta(seconds=30))
+    rows = claim_many(ids, owner, now=now)
+
+    async def deliver():
+        try:
+            return [(row, await send(row)) for row in rows]
+        finally:
+            await close_bots()
+
+    outcomes = asyncio.run(deliver()) if rows else []
+    with transaction.atomic():
+        finish_many(outcomes, owner)
+    return {"abandoned": abandoned, "sent": len(outcomes)}
