@@ -1,0 +1,206 @@
+"""The delivery ledger's rules on the real database, with injected time: the marker
+decided by the claim, flood control, the backoff and budget, unreachable chats,
+freshness, pruning, operators' actions."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent, EventKind
+from delivery import ledger
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.transports import SendResult
+
+pytestmark = pytest.mark.django_db
+T0 = timezone.now()
+
+
+def at(seconds):
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def conversation(make_channel, make_conversation):
+    return make_conversation(make_channel("tg", kind="telegram", bot_token="1:T"), "ana")
+
+
+@pytest.fixture
+def row(conversation):
+    return write(conversation, "Su cita es el lunes.")
+
+
+def write(conversation, text, created=0):
+    row = ledger.enqueue(conversation, text, kind=OutboundKind.REPLY, reply_target="55", thread_id="7")
+    OutboundMessage.objects.filter(pk=row.pk).update(created_at=at(created), next_attempt_at=at(created))
+    return row
+
+
+def claim(owner="w1", now=0, dead=(), boot=False):
+    return ledger.claim_due(owner, dead, now=at(now), boot=boot)
+
+
+def fail(rows, outcome, now, retry_after=0.0, owner="w1"):
+    for r in rows:
+        ledger.finish(r, owner, SendResult.failed(outcome, "boom", retry_after), now=at(now))
+
+
+def state(row):
+    return OutboundMessage.objects.get(pk=row.pk)
+
+
+def test_a_row_never_claimed_goes_out_plain_and_a_retried_one_labelled(row):
+    [first] = claim(now=1)
+    assert first.state == OutboundState.ATTEMPTING and first.attempts == 1 and not first.needs_marker
+    assert ledger.text_to_send(first) == "Su cita es el lunes."
+    assert claim("w2", now=1) == []  # held: nobody else can take it
+    fail([first], Outcome.TEMPORARY, now=2)
+    [second] = claim(now=32)
+    assert second.attempts == 2 and second.needs_marker
+    assert ledger.text_to_send(second).startswith("♻️ Recovered reply")
+    assert ledger.text_to_send(second).endswith("Su cita es el lunes.")
+    # Retries keep the bot, the chat, the thread and the reply-to.
+    assert (second.channel.slug, second.chat_id, second.thread_id, second.reply_target) == ("tg", "ana", "7", "55")
+
+
+def test_a_pending_row_with_attempts_is_labelled(row):
+    OutboundMessage.objects.filter(pk=row.pk).update(attempts=1)  # an older build claimed it, maybe sent it
+    [claimed] = claim(now=1)
+    assert claimed.needs_marker
+
+
+def test_temporary_failures_back_off_30s_then_2min_then_wait_for_the_next_start(row):
+    [r] = claim(now=0)
+    fail([r], Outcome.TEMPORARY, now=1)
+    assert state(row).next_attempt_at == at(31)
+    assert claim(now=30) == [] and len(claim(now=31)) == 1
+    fail([state(row)], Outcome.AMBIGUOUS, now=32)
+    assert state(row).next_attempt_at == at(152)
+    assert claim(now=151) == []
+    [r] = claim(now=152)
+    fail([r], Outcome.TEMPORARY, now=153)
+    kept = state(row)
+    assert kept.state == OutboundState.FAILED and kept.next_attempt_at is None  # the last resend
+    assert claim(now=10_000) == []  # no timer takes it...
+    [r] = claim(now=10_000, boot=True)  # ...the next worker start does
+    assert r.needs_marker and r.attempts == 4
+    fail([r], Outcome.TEMPORARY, now=10_001)
+    assert state(row).state == OutboundState.ABANDONED
+    assert AuditEvent.objects.filter(kind=EventKind.REPLY_ABANDONED).count() == 1
+
+
+def test_flood_control_waits_for_the_penalty_and_does_not_spend_the_budget(row):
+    for attempt in range(6):
+        [r] = claim(now=attempt * 10)
+        assert r.needs_marker == (attempt > 0)
+        fail([r], Outcome.FLOOD, now=attempt * 10, retry_after=7)
+        assert state(row).next_attempt_at == at(attempt * 10 + 7)
+        assert claim(now=attempt * 10 + 6) == []
+    assert state(row).state == OutboundState.FAILED and state(row).flood_waits == 6
+    [r] = claim(now=100)
+    ledger.finish(r, "w1", SendResult.delivered("m1"), now=at(101))
+    assert state(row).state == OutboundState.DELIVERED
+
+
+def test_permanent_failure_marks_the_chat_unreachable_and_is_never_retried(row, conversation):
+    [r] = claim(now=0)
+    fail([r], Outcome.PERMANENT, now=1)
+    assert state(row).state == OutboundState.UNREACHABLE
+    assert claim(now=10_000) == [] and claim(now=10_000, boot=True) == []
+    mark = UnreachableChat.objects.get()
+    assert (mark.channel_id, mark.chat_id) == (conversation.channel_id, "ana")
+    second = write(conversation, "otra")
+    [r] = claim(now=2)
+    fail([r], Outcome.PERMANENT, now=3)
+    assert UnreachableChat.objects.get().failures == 2
+    assert AuditEvent.objects.filter(kind=EventKind.CHAT_UNREACHABLE).count() == 1  # once per chat
+    # The user unblocked the bot and wrote again: a reply reaches the chat, the mark goes.
+    third = write(conversation, "hola de nuevo")
+    [r] = claim(now=4)
+    ledger.finish_many([(r, SendResult.delivered("9"))], "w1", now=at(5))
+    assert not UnreachableChat.objects.exists()
+    assert state(second).state == OutboundState.UNREACHABLE and state(third).state == OutboundState.DELIVERED
+
+
+def test_a_dead_owners_row_is_taken_over_labelled_a_live_owners_is_not(row):
+    claim("dead-worker", now=0)
+    assert claim("w2", now=1) == []
+    [taken] = claim("w2", now=1, dead=["dead-worker"])
+    assert taken.owner == "w2" and taken.needs_marker and taken.attempts == 2
+    # The dead owner's late outcome changes nothing: the claim is not its any more.
+    ledger.finish(taken, "dead-worker", SendResult.failed(Outcome.PERMANENT, "x"), now=at(2))
+    assert state(row).state == OutboundState.ATTEMPTING and state(row).owner == "w2"
+
+
+def test_a_row_held_longer_than_any_send_is_orphaned(row, settings):
+    settings.AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT = 60
+    claim("tasks:gone", now=0)
+    assert claim("w2", now=59) == []
+    [taken] = claim("w2", now=61)
+    assert taken.needs_marker
+
+
+def test_rows_wait_while_their_transport_cannot_send(row, conversation):
+    conversation.channel.__class__.objects.filter(pk=conversation.channel_id).update(is_active=False)
+    assert claim(now=1, boot=True) == []
+    conversation.channel.__class__.objects.filter(pk=conversation.channel_id).update(is_active=True, bot_token="")
+    assert claim(now=1, boot=True) == []
+
+
+def test_stale_rows_are_abandoned_not_sent(conversation):
+    old = write(conversation, "ayer", created=-25 * 3600)
+    fresh = write(conversation, "hoy")
+    assert [r.pk for r in claim(now=0)] == [fresh.pk]
+    assert ledger.abandon_stale(now=at(0)) == 1
+    assert state(old).state == OutboundState.ABANDONED
+    assert "older than 24 h" in AuditEvent.objects.get(kind=EventKind.REPLY_ABANDONED).summary
+
+
+def test_an_orphan_past_its_budget_is_abandoned(row):
+    OutboundMessage.objects.filter(pk=row.pk).update(state=OutboundState.ATTEMPTING, owner="dead", attempts=4,
+                                                     claimed_at=at(0))
+    assert claim(now=1, dead=["dead"], boot=True) == []
+    assert ledger.abandon_stale(now=at(1), dead_owners=["dead"]) == 1
+    assert state(row).state == OutboundState.ABANDONED
+
+
+def test_pruning_deletes_finished_rows_after_seven_days(conversation):
+    rows = {name: write(conversation, name, created=-8 * 86400) for name in ("delivered", "abandoned", "pending")}
+    OutboundMessage.objects.filter(pk=rows["delivered"].pk).update(state=OutboundState.DELIVERED)
+    OutboundMessage.objects.filter(pk=rows["abandoned"].pk).update(state=OutboundState.ABANDONED)
+    recent = write(conversation, "recent", created=-86400)
+    OutboundMessage.objects.filter(pk=recent.pk).update(state=OutboundState.DELIVERED)
+    assert ledger.prune(now=at(0)) == 2
+    assert set(OutboundMessage.objects.values_list("text", flat=True)) == {"pending", "recent"}
+
+
+def test_retry_now_and_abandon(row, conversation):
+    [r] = claim(now=0)
+    fail([r], Outcome.PERMANENT, now=1)
+    other = write(conversation, "otra")
+    assert ledger.retry_now([row.pk], by="olga") == 1
+    retried = state(row)
+    assert retried.state == OutboundState.FAILED and retried.retried_at is not None
+    assert ledger.abandon([other.pk], by="olga") == 1
+    [r] = ledger.claim_due("w1")
+    assert r.pk == row.pk and r.needs_marker
+    assert state(other).state == OutboundState.ABANDONED
+
+
+def test_batch_claims_decide_each_rows_marker(conversation):
+    plain = [write(conversation, f"m{i}") for i in range(3)]
+    retried = write(conversation, "retried")
+    OutboundMessage.objects.filter(pk=retried.pk).update(state=OutboundState.FAILED, attempts=1,
+                                                         next_attempt_at=at(0))
+    claimed = {r.text: r.needs_marker for r in claim(now=1)}
+    assert claimed == {"m0": False, "m1": False, "m2": False, "retried": True}
+    assert not plain[0].needs_marker
+
+
+def test_without_the_ledger_a_failure_is_given_up(row, settings):
+    settings.AGENTLOOP_DELIVERY_LEDGER = False
+    [r] = claim(now=0)
+    fail([r], Outcome.TEMPORARY, now=1)
+    assert state(row).state == OutboundState.ABANDONED
+    OutboundMessage.objects.filter(pk=row.pk).update(state=OutboundState.ATTEMPTING, owner="dead")
+    assert claim(now=2, dead=["dead"], boot=True) == []  # nothing in flight is recovered
