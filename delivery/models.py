@@ -97,6 +97,7 @@ class OutboundMessage(models.Model):
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="outbound_queue_idx"),
             models.Index(fields=["state", "owner"], name="outbound_owner_idx"),
+            models.Index(fields=["state", "claimed_at"], name="outbound_claimed_idx"),
             models.Index(fields=["claim_token"], name="outbound_claim_idx"),
         ]
 

@@ -99,7 +99,11 @@ def test_flood_control_waits_for_the_penalty_and_does_not_spend_the_budget(row):
     assert state(row).state == OutboundState.FAILED and state(row).flood_waits == 6
     [r] = claim(now=100)
     ledger.finish(r, "w1", SendResult.delivered("m1"), now=at(101))
-    assert state(row).state == OutboundState.DELIVERED
+    delivered = state(row)
+    assert delivered.state == OutboundState.DELIVERED and delivered.platform_message_id == "m1"
+    event = AuditEvent.objects.get(kind=EventKind.REPLY_RECOVERED)
+    assert event.conversation_id == row.conversation_id and event.channel_slug == "tg"
+    assert event.extra == {"attempts": 7} and event.target == f"ledger row {row.pk}"
 
 
 def test_permanent_failure_marks_the_chat_unreachable_and_is_never_retried(row, conversation):
@@ -204,3 +208,20 @@ def test_without_the_ledger_a_failure_is_given_up(row, settings):
     assert state(row).state == OutboundState.ABANDONED
     OutboundMessage.objects.filter(pk=row.pk).update(state=OutboundState.ATTEMPTING, owner="dead")
     assert claim(now=2, dead=["dead"], boot=True) == []  # nothing in flight is recovered
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_django_q2_safety_sweep_delivers_when_no_worker_runs(make_channel, make_conversation, fake_telegram):
+    from django_q.models import Schedule
+
+    channel = make_channel("tg2", kind="telegram", bot_token="5:SAFE", api_base=fake_telegram.url)
+    conversation = make_conversation(channel, "202")
+    row = ledger.enqueue(conversation, "¿sigue en pie?", kind=OutboundKind.REPLY)
+    OutboundMessage.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=2))
+    stale = ledger.enqueue(conversation, "ayer", kind=OutboundKind.REPLY)
+    OutboundMessage.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=25))
+    assert Schedule.objects.filter(func="delivery.ledger.safety_sweep").exists()
+    assert Schedule.objects.filter(func="delivery.ledger.prune").exists()
+    assert ledger.safety_sweep() == {"abandoned": 1, "sent": 1}
+    assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿sigue en pie?"]
+    assert state(row).state == OutboundState.DELIVERED and state(stale).state == OutboundState.ABANDONED

@@ -63,6 +63,8 @@ class Migration(migrations.Migration):
         migrations.AlterModelOptions("outboundmessage", {"verbose_name": "ledger row"}),
         migrations.AddIndex("outboundmessage", models.Index(fields=["state", "owner"], name="outbound_owner_idx")),
         migrations.AddIndex("outboundmessage", models.Index(fields=["claim_token"], name="outbound_claim_idx")),
+        migrations.AddIndex("outboundmessage", models.Index(fields=["state", "claimed_at"],
+                                                            name="outbound_claimed_idx")),
         migrations.CreateModel(
             name="UnreachableChat",
             fields=[

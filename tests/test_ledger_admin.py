@@ -1,0 +1,59 @@
+"""The ledger in the operator's admin: rows filterable by state, channel and age;
+"retry now" and "abandon"; per channel: the last error and the unreachable chats."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from delivery import ledger
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
+from delivery.transports import SendResult
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client):
+    client.force_login(User.objects.create_superuser("olga", "olga@example.com", "pw-olga-1"))
+    return client
+
+
+@pytest.fixture
+def rows(make_channel, make_conversation):
+    channel = make_channel("tg", kind="telegram", bot_token="1:T")
+    blocked = ledger.enqueue(make_conversation(channel, "101"), "hola", kind=OutboundKind.REPLY)
+    waiting = ledger.enqueue(make_conversation(channel, "202"), "¿sigue?", kind=OutboundKind.REPLY)
+    [claimed] = ledger.claim_many([blocked.pk], "w1")
+    ledger.finish(claimed, "w1", SendResult.failed(Outcome.PERMANENT, "Forbidden: bot was blocked by the user"))
+    return channel, blocked, waiting
+
+
+def test_rows_filterable_by_state_channel_and_age(operator, rows):
+    channel, blocked, waiting = rows
+    url = reverse("admin:delivery_outboundmessage_changelist")
+    for query in ("", "?state=unreachable", f"?channel__id__exact={channel.pk}", "?age=1h", "?age=stale"):
+        assert operator.get(url + query).status_code == 200, query
+    page = operator.get(url + "?state=unreachable").content.decode()
+    assert "hola" in page and "¿sigue?" not in page
+    assert "hola" not in operator.get(url + "?age=stale").content.decode()
+    detail = operator.get(reverse("admin:delivery_outboundmessage_change", args=[blocked.pk])).content.decode()
+    assert "bot was blocked" in detail and 'name="_save"' not in detail  # history is read-only
+
+
+def test_retry_now_and_abandon_actions(operator, rows):
+    _, blocked, waiting = rows
+    url = reverse("admin:delivery_outboundmessage_changelist")
+    operator.post(url, {"action": "retry_now", "_selected_action": [blocked.pk]})
+    operator.post(url, {"action": "abandon", "_selected_action": [waiting.pk]})
+    states = dict(OutboundMessage.objects.values_list("pk", "state"))
+    assert states == {blocked.pk: OutboundState.FAILED, waiting.pk: OutboundState.ABANDONED}
+    [again] = ledger.claim_due("w2")
+    assert again.pk == blocked.pk and again.needs_marker
+
+
+def test_the_channel_page_shows_the_last_error_and_unreachable_chats(operator, rows):
+    channel, *_ = rows
+    page = operator.get(reverse("admin:conversations_channel_change", args=[channel.pk])).content.decode()
+    assert "Last error:" in page and "bot was blocked by the user" in page
+    assert "Unreachable chats" in page and "<li>101" in page
+    assert operator.get(reverse("admin:delivery_unreachablechat_changelist")).status_code == 200
