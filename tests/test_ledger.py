@@ -212,16 +212,12 @@ def test_without_the_ledger_a_failure_is_given_up(row, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_django_q2_safety_sweep_delivers_when_no_worker_runs(make_channel, make_conversation, fake_telegram):
-    from django_q.models import Schedule
-
     channel = make_channel("tg2", kind="telegram", bot_token="5:SAFE", api_base=fake_telegram.url)
     conversation = make_conversation(channel, "202")
     row = ledger.enqueue(conversation, "¿sigue en pie?", kind=OutboundKind.REPLY)
     OutboundMessage.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=2))
     stale = ledger.enqueue(conversation, "ayer", kind=OutboundKind.REPLY)
     OutboundMessage.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=25))
-    assert Schedule.objects.filter(func="delivery.ledger.safety_sweep").exists()
-    assert Schedule.objects.filter(func="delivery.ledger.prune").exists()
     assert ledger.safety_sweep() == {"abandoned": 1, "sent": 1}
     assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿sigue en pie?"]
     assert state(row).state == OutboundState.DELIVERED and state(stale).state == OutboundState.ABANDONED

@@ -1,0 +1,28 @@
+"""The django-q2 safety nets are scheduled by migrations; their functions exist."""
+
+import importlib
+
+import pytest
+from django.apps import apps
+from django.utils.module_loading import import_string
+from django_q.models import Schedule
+
+pytestmark = pytest.mark.django_db
+
+MIGRATIONS = ["conversations.migrations.0002_recovery_sweep_schedule", "tools.migrations.0002_guard_sweep_schedule",
+              "delivery.migrations.0003_ledger_schedules"]
+
+
+def test_every_safety_net_is_scheduled_and_callable():
+    Schedule.objects.all().delete()  # a transactional test before may have flushed them
+    for name in MIGRATIONS:
+        migration = importlib.import_module(name)
+        (getattr(migration, "create_schedule", None) or migration.create)(apps, None)
+    schedules = {s.func: s for s in Schedule.objects.all()}
+    assert set(schedules) == {"conversations.engine.recovery_sweep", "tools.guard.sweep",
+                              "delivery.ledger.safety_sweep", "delivery.ledger.prune"}
+    assert all(s.repeats == -1 for s in schedules.values())
+    assert schedules["delivery.ledger.prune"].schedule_type == Schedule.DAILY
+    assert schedules["delivery.ledger.safety_sweep"].minutes == 1
+    for func in schedules:
+        assert callable(import_string(func))
