@@ -198,7 +198,7 @@ class Worker:
         log.info("worker %s started", self.owner)
         if ready is not None:
             ready.set()
-        loops = [self.turn_loop(), self.outbox_loop(), self.housekeeping_loop(), self.cancel_loop()]
+        loops = [self.turn_loop(), self.ledger_loop(), self.housekeeping_loop(), self.cancel_loop()]
         if self.poll_telegram:
             loops.append(self.poller_loop())
         tasks = [asyncio.create_task(c) for c in loops]
@@ -429,7 +429,7 @@ class Worker:
             log.info("boot sweep: %d ledger rows claimed for delivery", total)
         return total
 
-    async def outbox_loop(self):
+    async def ledger_loop(self):
         """The runtime sweep: pending rows (written by other processes), failed rows whose
         timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
         await self.boot_sweep()
