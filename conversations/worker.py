@@ -350,10 +350,10 @@ class Worker:
                 by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
                 return [by_turn.get(turn.pk) for turn, *_ in finished]
             written = dict(zip(replies, ledger.enqueue_many(replies.values()), strict=True))
-        claimed = {row.pk: row for row in ledger.claim_many([row.pk for row in written.values()], self.owner)}
         # A row another worker's sweep claimed first is that worker's to send.
-        by_turn = {turn_id: claimed[row.pk] for turn_id, row in written.items() if row.pk in claimed}
-        return [by_turn.get(turn.pk) for turn, *_ in finished]
+        claimed = {row.pk for row in ledger.claim_written(list(written.values()), self.owner)}
+        return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
+                for turn, *_ in finished]
 
     def _release_turn(self, turn_id):
         turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()

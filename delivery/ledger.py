@@ -130,19 +130,24 @@ def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=No
     return list(rows.order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
 
 
-def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
-    """Claim these rows for `owner` (those still claimable): one UPDATE, then one SELECT
-    of what this claim's token won. `needs_marker` is computed by the UPDATE from the
-    row's attempts before it (SQL evaluates SET expressions on the old row)."""
-    if not ids:
-        return []
-    now = now or timezone.now()
+def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
+    """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
+    under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
+    the row's attempts before it (SQL evaluates SET expressions on the old row)."""
     token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
     OutboundMessage.objects.filter(_claimable(now, dead_owners, boot), pk__in=list(ids)).update(
         state=OutboundState.ATTEMPTING, owner=owner, claim_token=token, claimed_at=now,
         needs_marker=Case(When(attempts__gt=0, then=Value(True)), default=Value(False)),
         attempts=F("attempts") + 1,
     )
+    return token
+
+
+def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
+    """Claim these rows for `owner` (those still claimable); returns what was won."""
+    if not ids:
+        return []
+    token = _claim(ids, owner, now or timezone.now(), dead_owners, boot)
     rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token).order_by("created_at", "pk"))
     _attach_channels(rows)
     return rows
@@ -155,6 +160,23 @@ def _attach_channels(rows):
     channels = Channel.objects.in_bulk({row.channel_id for row in rows})
     for row in rows:
         row.channel = channels[row.channel_id]
+
+
+def claim_written(rows, owner, now=None):
+    """Claim rows this process has just written (their objects in hand): the same
+    compare-and-swap, then only the won ids are read back — the turn's completion path,
+    where hundreds of replies are claimed at once."""
+    if not rows:
+        return []
+    now = now or timezone.now()
+    token = _claim([row.pk for row in rows], owner, now)
+    won = set(OutboundMessage.objects.filter(pk__in=[row.pk for row in rows], claim_token=token)
+              .values_list("pk", flat=True))
+    claimed = [row for row in rows if row.pk in won]
+    for row in claimed:  # as the UPDATE left them
+        row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
+        row.needs_marker, row.attempts = row.attempts > 0, row.attempts + 1
+    return claimed
 
 
 def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
