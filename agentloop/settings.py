@@ -190,10 +190,18 @@ AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", def
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
 AGENTLOOP_AGENTS = {
     "echo": "conversations.agents.EchoAgent",
+    "demo": "conversations.demo_agent.DemoAgent",
+    "openai": "conversations.openai_agent.OpenAIAgent",
+    "webhook": "conversations.remote_agents.WebhookAgent",
+    "pull": "conversations.remote_agents.PullAgent",
     **dict(
         item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item
     ),
 }
+
+# A turn handed to an external agent (pull, or a webhook agent answering later) that is
+# not finished within this time is released to be taken again.
+AGENTLOOP_EXTERNAL_TURN_TIMEOUT = env.float("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", default=300.0)
 
 # --- the delivery ledger (Layer 3) ---------------------------------------------------
 # Off: replies are sent straight from memory, once; a crash loses those in flight.

@@ -24,6 +24,15 @@ class TurnCancelled(Exception):
     """The turn was cancelled before it could fire its effect."""
 
 
+class HandedOver(Exception):
+    """The turn now belongs to an external agent, which replies through the API."""
+
+
+class AgentUnavailable(Exception):
+    """The agent's provider failed or timed out: the turn ends with an apology and is
+    never re-run (it may have acted already)."""
+
+
 @dataclass
 class TurnContext:
     turn_id: int
@@ -37,6 +46,11 @@ class TurnContext:
     load_history: Callable[[], Awaitable[list]] | None = None
     # (tool name, arguments) -> the result for the model (see tools.guard.Outcome.for_model).
     call_tool: Callable[[str, dict], Awaitable[dict]] | None = None
+    # The tools offered to the model: OpenAI function definitions of the enabled tools.
+    load_tools: Callable[[], Awaitable[list]] | None = None
+    # Where the turn came from, for agents that speak to other services.
+    channel_kind: str = ""
+    contact_name: str = ""
 
 
 class Agent(abc.ABC):

@@ -196,6 +196,9 @@ def recovery_sweep(grace_seconds=5.0):
     now = timezone.now()
     owners = dead_owners(now)
     recovered = recover_turns(owners, now)
+    from conversations.turns import release_external
+
+    recovered += release_external(now)
     flushed = flush_due(now - timedelta(seconds=grace_seconds))
     forget_workers(owners)
     if recovered or flushed:

@@ -5,6 +5,9 @@ turn that has fired an external effect can no longer be cancelled, and a cancell
 turn can no longer fire one.
 """
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
 from django.utils import timezone
@@ -80,13 +83,53 @@ def start_many(turn_ids, owner, now=None):
                 .select_related("conversation__channel"))
 
 
+# Owners of turns handed to an external agent: "agent:<key id>" (a pull agent that
+# claimed it) or this one (a webhook agent that will answer later through the API).
+EXTERNAL_WEBHOOK = "agent:webhook"
+
+
+def external_owner(agent_key_id) -> str:
+    return f"agent:{agent_key_id}"
+
+
+def hand_over(turn_id, owner, new_owner) -> bool:
+    """A running turn passes from its worker to an external agent (same state, new owner)."""
+    return Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(
+        owner=new_owner, started_at=timezone.now()) == 1
+
+
+def claim_external(turn_id, agent_key_id, now=None) -> bool:
+    """A pull agent takes a ready turn (READY -> RUNNING under its key)."""
+    return start(turn_id, external_owner(agent_key_id), now)
+
+
+def may_answer(turn, agent_key_id) -> bool:
+    return turn.state == TurnState.RUNNING and turn.owner in (external_owner(agent_key_id), EXTERNAL_WEBHOOK)
+
+
+def release_external(now=None) -> list:
+    """External turns not finished in time go back to READY (to be taken again)."""
+    now = now or timezone.now()
+    deadline = now - timedelta(seconds=settings.AGENTLOOP_EXTERNAL_TURN_TIMEOUT)
+    stale = list(Turn.objects.filter(state=TurnState.RUNNING, owner__startswith="agent:", started_at__lt=deadline)
+                 .values_list("pk", "owner"))
+    released = []
+    for turn_id, owner in stale:
+        if Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(
+                state=TurnState.READY, owner="", started_at=None):
+            released.append(turn_id)
+    return released
+
+
 def ready_candidates(limit):
     """Oldest ready turns, at most one per conversation and none where a turn runs
     (turns of a conversation run one at a time, in arrival order)."""
     running = Turn.objects.filter(conversation=OuterRef("conversation"), state=TurnState.RUNNING)
     seen, picked = set(), []
     for turn_id, conversation_id in (
-        Turn.objects.filter(state=TurnState.READY).exclude(Exists(running)).order_by("created_at", "pk")
+        Turn.objects.filter(state=TurnState.READY).exclude(Exists(running))
+        .exclude(conversation__channel__agent="pull")  # those wait for an external agent
+        .order_by("created_at", "pk")
         .values_list("pk", "conversation_id")[: limit * 2]
     ):
         if conversation_id not in seen:

@@ -24,7 +24,7 @@ from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
 from conversations import engine, turns
 from conversations import telegram as telegram_inbound
-from conversations.agents import TurnCancelled, TurnContext, agent_for
+from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -235,6 +235,8 @@ class Worker:
         await self.db(guard.sweep)
         self.dead_owners = await self.db(engine.dead_owners)
         await self.db(ledger.abandon_stale, None, self.dead_owners)
+        if await self.db(turns.release_external):
+            self._wakeup.set()
         if self.dead_owners:
             recovered = await self.db(engine.recover_turns, self.dead_owners)
             if recovered:
@@ -277,17 +279,25 @@ class Worker:
         state, reply, outcome = TurnState.DONE, "", ""
         try:
             ctx = TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
-                              text=turn.merged_input, config=channel.agent_config,
+                              text=turn.merged_input, config=channel.agent_config, channel_kind=channel.kind,
+                              contact_name=turn.conversation.sender_id,
                               load_history=functools.partial(self.db, engine.conversation_history,
                                                              conversation, turn),
                               mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk),
-                              call_tool=functools.partial(self.call_tool, turn, conversation))
+                              call_tool=functools.partial(self.call_tool, turn, conversation),
+                              load_tools=functools.partial(self.db, guard.offered_tools))
             reply = await agent_for(channel.agent).respond(ctx)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
                 # Shutdown: hand the turn back unless it already acted.
                 await asyncio.shield(self.db(self._release_turn, turn.pk))
             return
+        except HandedOver:
+            await self.db(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
+            return
+        except AgentUnavailable as exc:
+            log.warning("turn %s ended without an answer from agent %s: %s", turn.pk, channel.agent, exc)
+            state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: {exc}"
         except Exception as exc:
             log.exception("turn %s failed in agent %s", turn.pk, channel.agent)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"{type(exc).__name__}: {exc}"

@@ -60,3 +60,36 @@ def test_createagentkey_refuses_unknown_channels():
     with pytest.raises(CommandError, match="unknown channel"):
         run("createagentkey", "x", "--channel", "nope")
     assert not AgentKey.objects.exists()
+
+
+def test_addchannel_sets_the_openai_agent():
+    run("addchannel", "gpt", "--agent", "openai", "--agent-base-url", "http://127.0.0.1:11434/v1",
+        "--agent-model", "llama3.1", "--agent-key-env", "OLLAMA_KEY", "--system-prompt", "Sé breve.")
+    run("addchannel", "gpt", "--agent-config", '{"max_steps": 3}')
+    channel = Channel.objects.get(slug="gpt")
+    assert channel.agent == "openai"
+    assert channel.agent_config == {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3.1",
+                                    "api_key_env": "OLLAMA_KEY", "system_prompt": "Sé breve.", "max_steps": 3}
+
+
+def test_setwebhook_calls_telegram_with_the_secret(fake_telegram):
+    Channel.objects.create(slug="mybot", kind="telegram", bot_token="77:HOOK", api_base=fake_telegram.url)
+    out = run("setwebhook", "mybot", "--url", "https://bot.example.com")
+    channel = Channel.objects.get(slug="mybot")
+    hook = fake_telegram.webhook("77:HOOK")
+    assert hook["url"] == "https://bot.example.com/webhooks/telegram/mybot/"
+    assert hook["secret_token"] == channel.webhook_secret and channel.webhook_secret
+    assert channel.telegram_mode == "webhook" and "webhook set" in out
+    run("setwebhook", "mybot", "--delete")
+    assert fake_telegram.webhook("77:HOOK") is None
+    assert Channel.objects.get(slug="mybot").telegram_mode == "polling"
+
+
+def test_setwebhook_refuses_what_cannot_work(fake_telegram):
+    Channel.objects.create(slug="shop", kind="api")
+    with pytest.raises(CommandError, match="no Telegram channel"):
+        run("setwebhook", "shop", "--url", "https://x.example")
+    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:BAD", api_base=fake_telegram.url)
+    fake_telegram.fail_next("setWebhook", status=400, description="Bad Request: bad webhook: HTTPS url must be provided")
+    with pytest.raises(CommandError, match="Telegram refused"):
+        run("setwebhook", "tg", "--url", "https://x.example")

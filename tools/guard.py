@@ -102,6 +102,11 @@ def forget_policies():
     _policies.clear()
 
 
+def offered_tools() -> list:
+    """The enabled tools as OpenAI function definitions (what a model is offered)."""
+    return [tool.as_function() for name, tool in registry.all_tools().items() if policy_for(name).enabled]
+
+
 def ensure_policies():
     """One policy row per registered tool, so operators find them all in the admin."""
     for name in registry.all_tools():

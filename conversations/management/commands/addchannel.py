@@ -18,6 +18,11 @@ FIELDS = {
 }
 
 
+# option name -> key in the channel's agent_config.
+AGENT_OPTIONS = {"agent_base_url": "base_url", "agent_model": "model", "agent_key_env": "api_key_env",
+                 "system_prompt": "system_prompt", "agent_url": "url", "agent_secret": "secret"}
+
+
 class Command(BaseCommand):
     help = "Create or update a channel (re-running with the same slug updates it)."
 
@@ -36,8 +41,14 @@ class Command(BaseCommand):
         parser.add_argument("--max-messages", type=int, help="Max messages in a buffer.")
         parser.add_argument("--greetings", help="Comma-separated greeting words and phrases.")
         parser.add_argument("--conjunctions", help="Comma-separated conjunctions.")
-        parser.add_argument("--agent", help="Agent name (default echo).")
-        parser.add_argument("--agent-config", help="Agent settings as JSON.")
+        parser.add_argument("--agent", help="Agent: demo, openai, webhook, pull, echo (default echo).")
+        parser.add_argument("--agent-config", help="Agent settings as JSON (merged into the existing ones).")
+        parser.add_argument("--agent-base-url", help="openai: the OpenAI-compatible server's base URL.")
+        parser.add_argument("--agent-model", help="openai: the model name.")
+        parser.add_argument("--agent-key-env", help="openai: environment variable holding the API key.")
+        parser.add_argument("--system-prompt", help="openai: the system prompt.")
+        parser.add_argument("--agent-url", help="webhook: the agent service's URL.")
+        parser.add_argument("--agent-secret", help="webhook: HMAC key for the request signature.")
         parser.add_argument("--typing", action=argparse.BooleanOptionalAction, help="Typing indicator on/off.")
         parser.add_argument("--callback-url", help="api channels: where replies are POSTed.")
         parser.add_argument("--callback-secret", help="api channels: HMAC key for the callback.")
@@ -53,9 +64,15 @@ class Command(BaseCommand):
                 setattr(channel, field, options[option])
         if options.get("agent_config") is not None:
             try:
-                channel.agent_config = json.loads(options["agent_config"])
+                given = json.loads(options["agent_config"])
             except ValueError as exc:
                 raise CommandError(f"--agent-config is not JSON: {exc}") from exc
+            if not isinstance(given, dict):
+                raise CommandError("--agent-config must be a JSON object")
+            channel.agent_config = {**(channel.agent_config or {}), **given}
+        for option, key in AGENT_OPTIONS.items():
+            if options.get(option) is not None:
+                channel.agent_config = {**(channel.agent_config or {}), key: options[option]}
         if options.get("typing") is not None:
             channel.typing_enabled = options["typing"]
         if options["inactive"]:

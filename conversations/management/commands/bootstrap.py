@@ -53,7 +53,7 @@ class Command(BaseCommand):
 
     def demo_channel(self):
         channel, _ = Channel.objects.get_or_create(
-            slug="demo", defaults={"name": "Demo (API, echo agent)", "kind": ChannelKind.API, "agent": "echo"})
+            slug="demo", defaults={"name": "Demo (API, demo agent)", "kind": ChannelKind.API, "agent": "demo"})
         raw, fresh = _remembered("demo_agent_key", lambda: "")
         if not raw or AgentKey.objects.for_key(raw) is None:
             key, raw = AgentKey.objects.issue("demo", [channel])
@@ -67,6 +67,6 @@ class Command(BaseCommand):
             return ""
         Channel.objects.update_or_create(slug="telegram", defaults={
             "name": "Telegram (polling)", "kind": ChannelKind.TELEGRAM, "bot_token": token,
-            "telegram_mode": TelegramMode.POLLING, "is_active": True,
+            "telegram_mode": TelegramMode.POLLING, "is_active": True, "agent": "demo",
         })
         return "telegram"

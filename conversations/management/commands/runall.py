@@ -96,7 +96,7 @@ class Command(BaseCommand):
             "agentloop is running (Ctrl-C stops everything)",
             f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
             f"  API docs:  {base}/api/docs/   (schema: {base}/api/schema/)",
-            f"  demo channel 'demo' (echo agent), agent key: {info.get('demo_key', '?')}",
+            f"  demo channel 'demo' (demo agent: try \"agéndame psicología el lunes a las 10\"), agent key: {info.get('demo_key', '?')}",
             f"    curl -X POST {base}/api/v1/channels/demo/messages \\",
             f"      -H 'Authorization: Bearer {info.get('demo_key', '?')}' -H 'Content-Type: application/json' \\",
             "      -d '{\"message_id\": \"1\", \"contact\": \"ana\", \"text\": \"hola\"}'",

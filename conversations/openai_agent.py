@@ -1,0 +1,95 @@
+"""The `openai` agent: any OpenAI-compatible server (OpenAI, Ollama, vLLM, llama.cpp…)
+through the official SDK, with the registry's tools offered as functions.
+
+Channel `agent_config`: `base_url`, `model` (required), `api_key_env` (the environment
+variable holding the key; default OPENAI_API_KEY), `system_prompt`, `max_steps` (model
+requests per turn, default 6), `timeout` (seconds per request, default 60), `history`
+(messages of context, default 20), `temperature`.
+
+Every tool call goes through the action guard (`ctx.call_tool`); a duplicate comes back
+as a success with a note, which the model reads like any other result. A provider
+error or timeout ends the turn (AgentUnavailable): the user gets a short apology and the
+turn is never re-run, because a tool may already have acted.
+"""
+
+import asyncio
+import json
+import logging
+import os
+
+import openai
+
+from conversations.agents import Agent, AgentUnavailable, TurnContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that acts on the user's behalf with the tools you are given. "
+    "Before repeating an action, read the conversation: if it was already done, say so instead of doing it "
+    "again. When a tool result says it is a duplicate, do not retry; tell the user it was already done. "
+    "Answer briefly, in the user's language."
+)
+STEP_LIMIT_REPLY = "I could not finish that in one go; please tell me what is still missing."
+
+_clients: dict = {}
+
+
+def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
+    """One client per event loop and server (its connection pool belongs to the loop).
+    The SDK's own retries are off: a retried request after a timeout could repeat a
+    turn's effects, and the turn's outcome must be decided here."""
+    key = (id(asyncio.get_running_loop()), base_url, api_key, timeout)
+    if key not in _clients:
+        _clients[key] = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+    return _clients[key]
+
+
+class OpenAIAgent(Agent):
+    async def respond(self, ctx: TurnContext) -> str:
+        config = ctx.config
+        if not config.get("model"):
+            raise AgentUnavailable("the channel's openai agent has no model configured")
+        api_key = os.environ.get(config.get("api_key_env") or "OPENAI_API_KEY", "") or "not-needed"
+        client = client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
+        messages = [{"role": "system", "content": config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT}]
+        if ctx.load_history is not None:
+            messages += (await ctx.load_history())[-int(config.get("history", 20)):]
+        messages.append({"role": "user", "content": ctx.text})
+        tools = await ctx.load_tools() if ctx.load_tools is not None else []
+        for _ in range(int(config.get("max_steps", 6))):
+            message = await self._complete(client, config, messages, tools)
+            if not message.tool_calls:
+                return (message.content or "").strip() or STEP_LIMIT_REPLY
+            messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+            for call in message.tool_calls:
+                result = await self._run_tool(ctx, call)
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": json.dumps(result, ensure_ascii=False, default=str)})
+        log.warning("turn %s: the model was still calling tools after %s steps", ctx.turn_id,
+                    config.get("max_steps", 6))
+        return STEP_LIMIT_REPLY
+
+    async def _complete(self, client, config, messages, tools):
+        kwargs = {"model": config["model"], "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        if "temperature" in config:
+            kwargs["temperature"] = float(config["temperature"])
+        try:
+            response = await client.chat.completions.create(**kwargs)
+        except openai.APITimeoutError as exc:
+            raise AgentUnavailable(f"the model did not answer within {config.get('timeout', 60)} s") from exc
+        except openai.APIError as exc:
+            raise AgentUnavailable(f"the model provider failed: {type(exc).__name__}: {exc}") from exc
+        if not response.choices:
+            raise AgentUnavailable("the model returned no choices")
+        return response.choices[0].message
+
+    async def _run_tool(self, ctx, call) -> dict:
+        try:
+            arguments = json.loads(call.function.arguments or "{}")
+        except ValueError:
+            return {"status": "failed", "duplicate": False, "error": "the arguments were not valid JSON"}
+        if not isinstance(arguments, dict):
+            return {"status": "failed", "duplicate": False, "error": "the arguments must be a JSON object"}
+        return await ctx.call_tool(call.function.name, arguments)
