@@ -245,6 +245,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
         "telegram": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},

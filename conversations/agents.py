@@ -58,6 +58,10 @@ class Agent(abc.ABC):
     async def respond(self, ctx: TurnContext) -> str:
         """The reply text for this turn."""
 
+    async def prepare(self, config: dict) -> None:
+        """Called once per channel using this agent when a worker starts, so the first
+        turn does not pay for setting up clients."""
+
 
 class EchoAgent(Agent):
     """Replies with the merged text. `config`: `delay` (seconds, simulates a model's

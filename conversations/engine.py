@@ -190,6 +190,13 @@ def forget_workers(owners):
             WorkerHeartbeat.objects.filter(owner=owner).delete()
 
 
+def agents_in_use():
+    """(agent, config) of every active channel, for the worker to prepare at start."""
+    from conversations.models import Channel
+
+    return list(Channel.objects.filter(is_active=True).values_list("agent", "agent_config"))
+
+
 def recovery_sweep(grace_seconds=5.0):
     """django-q2's safety net: if no worker loop is alive, overdue buffers still become
     turns and dead workers' turns are released. Scheduled every minute."""

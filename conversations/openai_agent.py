@@ -18,6 +18,8 @@ import logging
 import os
 
 import openai
+import openai.resources.chat.completions  # noqa: F401 — the SDK loads these lazily, inside the first turn
+import openai.types.chat  # noqa: F401
 
 from conversations.agents import Agent, AgentUnavailable, TurnContext
 
@@ -44,13 +46,20 @@ def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
     return _clients[key]
 
 
+def _client(config):
+    api_key = os.environ.get(config.get("api_key_env") or "OPENAI_API_KEY", "") or "not-needed"
+    return client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
+
+
 class OpenAIAgent(Agent):
+    async def prepare(self, config):
+        _client(config).chat.completions  # noqa: B018 — builds the client and its resources now
+
     async def respond(self, ctx: TurnContext) -> str:
         config = ctx.config
         if not config.get("model"):
             raise AgentUnavailable("the channel's openai agent has no model configured")
-        api_key = os.environ.get(config.get("api_key_env") or "OPENAI_API_KEY", "") or "not-needed"
-        client = client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
+        client = _client(config)
         messages = [{"role": "system", "content": config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT}]
         if ctx.load_history is not None:
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]

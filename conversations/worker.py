@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import telegram
@@ -152,12 +153,16 @@ class Worker:
         self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
         self.poll_telegram = poll_telegram
         self.db_executor = ThreadPoolExecutor(1, thread_name_prefix="db")
+        # Claiming ready turns has a thread of its own: a flushed turn starts without
+        # queueing behind replies, history loads and sweeps on the main database thread.
+        self.claim_executor = ThreadPoolExecutor(1, thread_name_prefix="claim")
         # Tools block (SMTP, CalDAV, waiting on an identical call in flight): their own
         # threads, each with its own connection, so they never hold up the turn plumbing.
         self.tool_executor = ThreadPoolExecutor(settings.AGENTLOOP_TOOL_THREADS, thread_name_prefix="tool")
         self.running: dict[int, asyncio.Task] = {}
         self.cancelled_by_user: set[int] = set()
         self.sends: set[asyncio.Task] = set()  # replies being sent by the ledger sweeps
+        self._tools = (0.0, [])
         self.pollers: dict[int, asyncio.Task] = {}
         self.dead_owners: list[str] = []
         self.turns_done = 0
@@ -193,6 +198,15 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
         await self.housekeeping()  # recover dead workers' turns before anything else
+        for name in settings.AGENTLOOP_AGENTS:  # import them now, not inside the first turn
+            agent_for(name)
+        await self.db(guard.ensure_policies)  # no policy row is written inside a turn
+        await self.offered_tools()
+        for agent, config in await self.db(engine.agents_in_use):
+            try:
+                await agent_for(agent).prepare(config)
+            except Exception:
+                log.exception("preparing agent %s failed", agent)
         self.flusher = Flusher(self.owner, self.wake, self.poll_interval)
         self.flusher.start()
         log.info("worker %s started", self.owner)
@@ -224,6 +238,8 @@ class Worker:
         await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
         self.db_executor.submit(_close_connection).result()
         self.db_executor.shutdown(wait=True)
+        self.claim_executor.submit(_close_connection).result()
+        self.claim_executor.shutdown(wait=True)
         self.tool_executor.shutdown(wait=False, cancel_futures=True)
 
     def _release_leases(self):
@@ -259,7 +275,10 @@ class Worker:
             try:
                 capacity = self.max_concurrent - len(self.running)
                 if capacity > 0:
-                    for turn in await self.db(self.claim_turns, capacity):
+                    loop = asyncio.get_running_loop()
+                    claimed = await loop.run_in_executor(
+                        self.claim_executor, functools.partial(_in_db_thread, self.claim_turns, capacity))
+                    for turn in claimed:
                         self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
             except Exception:
                 log.exception("claiming turns failed")
@@ -285,7 +304,7 @@ class Worker:
                                                              conversation, turn),
                               mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk),
                               call_tool=functools.partial(self.call_tool, turn, conversation),
-                              load_tools=functools.partial(self.db, guard.offered_tools))
+                              load_tools=self.offered_tools)
             reply = await agent_for(channel.agent).respond(ctx)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
@@ -311,6 +330,15 @@ class Worker:
         self.flusher.wakeup.set()  # a buffer may have been waiting for this turn
         if outbound is not None:
             await self.send(outbound)
+
+    async def offered_tools(self):
+        """The tools offered to models, refreshed from the policies every few seconds
+        (not a database round trip in every turn)."""
+        expires, tools = self._tools
+        if time.monotonic() >= expires:
+            tools = await self.db(guard.offered_tools)
+            self._tools = (time.monotonic() + guard.POLICY_CACHE_SECONDS, tools)
+        return tools
 
     async def call_tool(self, turn, conversation, name, arguments):
         """A tool call from inside a turn, through the action guard; the result is what

@@ -2,7 +2,7 @@
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [guard]
+    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard]
 """
 
 import json
@@ -340,6 +340,67 @@ def bench_recovery(n=10_000, chats=100):
                        f"each row sent exactly once, labelled: {'yes' if once else 'NO'}")
 
 
+# --- agent latency -----------------------------------------------------------------------
+
+
+def bench_latency(conversations=200, spread=4.0, warmup=20):
+    """Added latency of the whole pipeline in front of a model: from the last inbound
+    message (accepted by the real web server) to the model's request arriving at a local
+    OpenAI-compatible server, minus the debounce window the message got. 200
+    conversations, one message each ("¿…?": the 1.2 s window), spread over 4 s, after 20
+    warm-up conversations (not counted: the first turns of a fresh process pay for
+    imports, connections and cold caches)."""
+    import httpx
+
+    from conversations.models import AgentKey, Channel, MessageBuffer
+    from tests.fakes.openai_api import FakeOpenAI
+
+    with FakeOpenAI() as fake:
+        channel = Channel.objects.create(slug="bench-latency", kind="api", agent="openai", agent_config={
+            "base_url": fake.url, "model": "fake-model", "api_key_env": "BENCH_OPENAI_KEY"})
+        _, key = AgentKey.objects.issue("bench", [channel])
+        web, url = web_server()
+        proc = worker(BENCH_OPENAI_KEY="sk-bench")
+        try:
+            with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {key}"}) as client:
+                def send(first, count):
+                    began = time.monotonic()
+                    for c in range(first, first + count):
+                        time.sleep(max(0.0, began + (c - first) * spread / conversations - time.monotonic()))
+                        response = client.post(f"{url}/api/v1/channels/bench-latency/messages", json={
+                            "message_id": f"m{c}", "contact": f"c{c}", "text": f"¿hola {c}?"})
+                        assert response.status_code == 202, response.text
+
+                send(-warmup, warmup)
+                fake.wait_for(warmup, timeout=60)
+                fake.clear()
+                send(0, conversations)
+            requests = fake.wait_for(conversations, timeout=60)
+        finally:
+            stop(proc)
+            stop(web)
+    arrived = {r.messages[-1]["content"]: r.wall for r in requests}
+    added = []
+    for buffer in MessageBuffer.objects.filter(conversation__channel=channel).exclude(
+            conversation__sender_id__startswith="c-").select_related("conversation"):
+        text = f"¿hola {buffer.conversation.sender_id[1:]}?"
+        deadline = buffer.last_message_at.timestamp() + buffer.window_seconds
+        added.append((arrived[text] - deadline) * 1000)
+    if os.environ.get("BENCH_TIMELINE"):
+        order = sorted(MessageBuffer.objects.filter(conversation__channel=channel).exclude(
+            conversation__sender_id__startswith="c-").values_list(
+            "last_message_at", "flushed_at", "window_seconds", "conversation__sender_id", "turn__started_at"))
+        for last, flushed, window, sender, started in order[:: max(1, len(order) // 25)]:
+            deadline = last.timestamp() + window
+            print(f"  {sender:>5} flush +{(flushed.timestamp() - deadline) * 1000:6.1f} ms  "
+                  f"start +{(started.timestamp() - deadline) * 1000:6.1f} ms  "
+                  f"model +{(arrived[f'¿hola {sender[1:]}?'] - deadline) * 1000:6.1f} ms")
+    report("latency", f"last inbound message -> model request, minus the window: p50 {percentile(added, 50):.1f} ms, "
+                      f"p99 {percentile(added, 99):.1f} ms, max {max(added):.1f} ms over {len(added)} conversations "
+                      f"(target p99 <= 30 ms); reference: the window itself, "
+                      f"{MessageBuffer.objects.filter(conversation__channel=channel).first().window_seconds:.1f} s")
+
+
 # --- guard -------------------------------------------------------------------------------
 
 
@@ -376,7 +437,7 @@ def bench_guard(n=2000, warmup=200):
 
 
 BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
-              "guard": bench_guard}
+              "latency": bench_latency, "guard": bench_guard}
 
 
 def main(names):
