@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
+from django.db.models import Case, CharField, Exists, F, OuterRef, Q, TextField, Value, When
 from django.utils import timezone
 
 from conversations.models import Turn, TurnState
@@ -119,6 +119,17 @@ def release_external(now=None) -> list:
                 state=TurnState.READY, owner="", started_at=None):
             released.append(turn_id)
     return released
+
+
+def ready_among(turn_ids) -> list:
+    """Of these just-flushed turns, those that may start at once: still ready, not
+    waiting for an external agent, and first in line in their conversation (no turn of
+    it running, none ready before them)."""
+    ahead = Turn.objects.filter(conversation=OuterRef("conversation")).filter(
+        Q(state=TurnState.RUNNING) | Q(state=TurnState.READY, pk__lt=OuterRef("pk")))
+    return list(Turn.objects.filter(pk__in=list(turn_ids), state=TurnState.READY).exclude(Exists(ahead))
+                .exclude(conversation__channel__agent="pull").order_by("created_at", "pk")
+                .values_list("pk", flat=True))
 
 
 def ready_candidates(limit):
