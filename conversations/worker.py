@@ -28,8 +28,7 @@ from conversations import telegram as telegram_inbound
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
 from delivery import ledger
-from delivery.models import OutboundKind
-from delivery.models import Outcome
+from delivery.models import OutboundKind, Outcome
 from delivery.transports import SendResult, Target, close_bots, transport_for
 from tools import guard, registry
 from tools.registry import Scope
@@ -96,7 +95,8 @@ class Batcher:
 
 class Flusher(threading.Thread):
     """Sleeps until the earliest buffer deadline (at most `poll_interval`), then claims
-    every due buffer by compare-and-swap and turns it into a ready turn."""
+    every due buffer by compare-and-swap and turns it into a ready turn — and starts the
+    turns that are first in line for its own worker, while it has room."""
 
     def __init__(self, owner, on_flush, poll_interval, adopt=None, capacity=lambda: 0):
         super().__init__(name="flusher", daemon=True)
