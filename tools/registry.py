@@ -6,6 +6,7 @@ arguments, an effect verb, default fingerprint fields and a `run`. Projects add 
 own by dotted path (`AGENTLOOP_EXTRA_TOOLS`). Reads are never guarded.
 """
 
+import abc
 import enum
 import functools
 import re
@@ -80,7 +81,7 @@ class ToolCall:
     extra: dict = field(default_factory=dict)
 
 
-class Tool:
+class Tool(abc.ABC):
     name: str = ""
     description: str = ""
     parameters: dict = {"type": "object", "properties": {}}
@@ -107,8 +108,10 @@ class Tool:
         return fingerprint.compute(self.name, list(fields or self.fingerprint_fields), arguments,
                                    self.normalizers, scope)
 
+    @abc.abstractmethod
     def run(self, call: ToolCall) -> dict:
-        raise NotImplementedError
+        """Carry the action out; return a JSON-serialisable result. Raise ToolError if it
+        did not happen, OutcomeUnknown if it may have."""
 
     def reconcile(self, call: ToolCall) -> dict | None:
         """After an interruption: the effect's result if it happened, None if it surely

@@ -6,6 +6,7 @@ iCloud, Radicale…). An event's UID comes from the guard's claim, so an interru
 create can be looked up afterwards (reconciled) instead of being guessed at.
 """
 
+import abc
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,21 +35,24 @@ def event_dict(uid, data: EventData, calendar="") -> dict:
             "location": data.location, "description": data.description, "calendar": calendar}
 
 
-class CalendarBackend:
+class CalendarBackend(abc.ABC):
     """What a calendar must do for the tools. `scope` is a registry.Scope."""
 
+    @abc.abstractmethod
     def create(self, scope, uid: str, data: EventData) -> dict:
-        raise NotImplementedError
+        """Write the event under this UID; return it as `event_dict`."""
 
+    @abc.abstractmethod
     def find(self, scope, uid: str) -> dict | None:
-        raise NotImplementedError
+        """The scope's event with this UID, or None (how an interrupted create is reconciled)."""
 
+    @abc.abstractmethod
     def list(self, scope, start_from: datetime | None, start_to: datetime | None, limit: int = 50) -> list:
-        raise NotImplementedError
+        """The scope's events starting in the range, by start."""
 
+    @abc.abstractmethod
     def delete(self, scope, uid: str) -> bool:
         """True if it existed and is gone now."""
-        raise NotImplementedError
 
 
 class LocalCalendar(CalendarBackend):
