@@ -21,7 +21,8 @@ BUILTIN = [
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
 ]
-TEST_TOOLS = BUILTIN + ["tests.tools_for_tests.GatedCreate", "tests.tools_for_tests.FlakyCreate"]
+TEST_TOOLS = BUILTIN + ["tests.tools_for_tests.GatedCreate", "tests.tools_for_tests.FlakyCreate",
+                        "tests.tools_for_tests.AmbiguousCreate"]
 
 pytestmark = pytest.mark.django_db
 
@@ -275,6 +276,13 @@ def test_interrupted_email_is_reported_to_the_model_never_resent(scope, mailoutb
     assert claim.state == ClaimState.UNCERTAIN
     assert guard.release(claim.pk, by="operator:olga")  # a person checked: it was not sent
     assert invoke("email_send", mail, scope).status == Status.DONE and len(mailoutbox) == 1
+
+
+def test_a_calls_own_unknown_outcome_is_uncertain_not_a_duplicate(test_tools, scope):
+    own = invoke("ambiguous_create", {"name": "x"}, scope)
+    assert own.status == Status.UNCERTAIN and not own.duplicate and "may have happened" in own.note
+    repeat = invoke("ambiguous_create", {"name": "x"}, scope)
+    assert repeat.status == Status.UNCERTAIN and repeat.duplicate and repeat.original["claim"] == own.claim_id
 
 
 def test_the_sweep_settles_claims_left_in_flight(scope):

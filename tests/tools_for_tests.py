@@ -63,3 +63,16 @@ class CreateEventThenHang(CreateEvent):
             Path(marker).write_text(result["event_id"])
         while True:
             time.sleep(1)
+
+
+class AmbiguousCreate(Tool):
+    """Loses its connection after the request went out, every time."""
+
+    name = "ambiguous_create"
+    parameters = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    effect = Effect.CREATE
+
+    def run(self, call):
+        from tools.registry import OutcomeUnknown
+
+        raise OutcomeUnknown("the connection dropped after sending")

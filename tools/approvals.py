@@ -65,7 +65,7 @@ def apply(proposal_id, *, by: str) -> Proposal:
         tool = registry.get(claim.action)
         outcome = guard.execute(tool, claim)
     except registry.UnknownTool:
-        guard._transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error="tool no longer exists")
+        guard.transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error="tool no longer exists")
         outcome = guard.Outcome(guard.Status.FAILED, error=f"tool {claim.action!r} no longer exists")
     _finish(proposal, claim, outcome, by)
     proposal.refresh_from_db()
@@ -109,7 +109,7 @@ def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
         proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
         if won:
             claim = proposal.claim
-            guard._transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="rejected by a person")
+            guard.transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="rejected by a person")
             record(EventKind.PROPOSAL_REJECTED, conversation_id=claim.conversation_id,
                    channel_slug=claim.channel_slug, actor=by, target=f"proposal {proposal.pk}",
                    summary=f"{claim.action} rejected", tool=claim.action, claim=claim.pk, proposal=proposal.pk,
@@ -128,7 +128,7 @@ def expire(proposal) -> bool:
                                       expires_at__lte=timezone.now()).update(state=ProposalState.EXPIRED)
         if won:
             claim = proposal.claim
-            guard._transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="proposal expired")
+            guard.transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="proposal expired")
             record(EventKind.PROPOSAL_EXPIRED, conversation_id=claim.conversation_id,
                    channel_slug=claim.channel_slug, actor="guard", target=f"proposal {proposal.pk}",
                    summary=f"{claim.action} expired unapproved", tool=claim.action, claim=claim.pk,

@@ -14,7 +14,7 @@ A caught duplicate is not an error: the caller gets a success carrying
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,9 +41,6 @@ class Status:
     FAILED = "failed"  # it ran and failed; nothing happened
 
 
-DUPLICATE_STATUSES = {Status.DUPLICATE, Status.IN_PROGRESS, Status.UNCERTAIN}
-
-
 @dataclass
 class Outcome:
     status: str
@@ -53,11 +50,8 @@ class Outcome:
     claim_id: int | None = None
     proposal_id: int | None = None
     original: dict | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def duplicate(self):
-        return self.status in DUPLICATE_STATUSES or bool(self.extra.get("duplicate"))
+    # An identical call got here first: this one was not carried out (said to the model).
+    duplicate: bool = False
 
     def for_model(self) -> dict:
         """What the model gets back as the tool's result: never an error for a duplicate."""
@@ -140,7 +134,7 @@ def _call_of(claim) -> ToolCall:
     return ToolCall(arguments=claim.arguments, scope=_scope_of(claim), idempotency_key=f"agentloop-claim-{claim.pk}")
 
 
-def _transition(claim_id, old_states, new_state, **fields) -> bool:
+def transition(claim_id, old_states, new_state, **fields) -> bool:
     """Compare-and-swap: move a claim on only from one of the states it is expected in."""
     if new_state in (ClaimState.RELEASED,):
         fields["live"] = False
@@ -221,10 +215,9 @@ def duplicate_outcome(claim, status, now=None) -> Outcome:
         Status.AWAITING_APPROVAL: f"Not proposed again: an identical action was proposed {age} ago and still "
                                   "awaits a person's approval. Tell the user it is waiting for approval.",
     }
-    extra = {"duplicate": True} if status == Status.AWAITING_APPROVAL else {}
     proposal_id = getattr(getattr(claim, "proposal", None), "pk", None) if status == Status.AWAITING_APPROVAL else None
     return Outcome(status, result=claim.result if status == Status.DUPLICATE else None, note=notes[status],
-                   claim_id=claim.pk, proposal_id=proposal_id, original=_original(claim, now), extra=extra)
+                   claim_id=claim.pk, proposal_id=proposal_id, original=_original(claim, now), duplicate=True)
 
 
 # --- uncertainty -------------------------------------------------------------------------
@@ -232,7 +225,7 @@ def duplicate_outcome(claim, status, now=None) -> Outcome:
 
 def mark_uncertain(claim, reason="its run was interrupted") -> bool:
     with transaction.atomic():
-        moved = _transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.UNCERTAIN, error=reason[:1000])
+        moved = transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.UNCERTAIN, error=reason[:1000])
         if moved:
             record(EventKind.ACTION_UNCERTAIN, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
                    actor="guard", target=f"claim {claim.pk}", summary=f"{claim.action}: {reason}"[:300],
@@ -255,9 +248,9 @@ def reconcile(claim, actor="guard") -> str:
         return claim.state
     with transaction.atomic():
         if found is not None:
-            moved, state = _transition(claim.pk, [ClaimState.UNCERTAIN], ClaimState.DONE, result=found), ClaimState.DONE
+            moved, state = transition(claim.pk, [ClaimState.UNCERTAIN], ClaimState.DONE, result=found), ClaimState.DONE
         else:
-            moved, state = _transition(claim.pk, [ClaimState.UNCERTAIN], ClaimState.RELEASED,
+            moved, state = transition(claim.pk, [ClaimState.UNCERTAIN], ClaimState.RELEASED,
                                        error="reconciled: it did not happen"), ClaimState.RELEASED
         if moved:
             what = "it had happened" if found is not None else "it had not happened"
@@ -272,7 +265,7 @@ def release(claim_id, *, by, reason="released by an operator") -> bool:
     """An operator's decision for an uncertain (or stuck) claim: it did not happen."""
     claim = ActionClaim.objects.get(pk=claim_id)
     with transaction.atomic():
-        moved = _transition(claim_id, [ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT], ClaimState.RELEASED,
+        moved = transition(claim_id, [ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT], ClaimState.RELEASED,
                             error=reason)
         if moved:
             record(EventKind.CLAIM_RELEASED, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
@@ -301,11 +294,11 @@ def execute(tool, claim) -> Outcome:
         error = str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, ToolError):
             log.exception("tool %s failed on claim %s", tool.name, claim.pk)
-        _transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error=error[:2000])
+        transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error=error[:2000])
         return Outcome(Status.FAILED, error=error, claim_id=claim.pk,
                        note="The action failed and did not happen; you may tell the user or try again.")
     # From UNCERTAIN too: the run outlived its lease, but its success is the truth.
-    _transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result)
+    transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result)
     return Outcome(Status.DONE, result=result, claim_id=claim.pk)
 
 
@@ -365,19 +358,28 @@ def invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None
     if not tool.guarded or not policy.guarded:
         return _run_unguarded(tool, arguments, scope)
     fp = tool.fingerprint(arguments, scope, policy.fingerprint_fields or None)
+    attempt, outcome = claim_or_settle(name, arguments, scope, fp, policy, actor=actor, agent_key_id=agent_key_id,
+                                       wait=wait, proposed=policy.requires_approval)
+    if outcome is not None:
+        return outcome
+    if policy.requires_approval:
+        return proposed_outcome(attempt.claim)
+    return execute(tool, attempt.claim)
+
+
+def claim_or_settle(action, arguments, scope, fp, policy, *, actor, agent_key_id=None, wait=None, proposed=False):
+    """(our new claim, None), or (None, the answer an identical call gets). Retried when
+    the claim holding the fingerprint is released while we look at it."""
     wait = default_wait() if wait is None else wait
     for _ in range(5):
-        attempt = take_claim(name, arguments, scope, fp, policy, owner=actor, agent_key_id=agent_key_id,
-                             proposed=policy.requires_approval,
-                             on_created=_proposer(policy) if policy.requires_approval else None)
+        attempt = take_claim(action, arguments, scope, fp, policy, owner=actor, agent_key_id=agent_key_id,
+                             proposed=proposed, on_created=_proposer(policy) if proposed else None)
         if attempt.created:
-            if policy.requires_approval:
-                return proposed_outcome(attempt.claim)
-            return execute(tool, attempt.claim)
+            return attempt, None
         outcome = settle_existing(attempt.claim, wait=wait, actor=actor, scope=scope)
         if outcome is not None:
-            return outcome
-    raise RuntimeError(f"{name}: the claim kept being released under us")
+            return None, outcome
+    raise RuntimeError(f"{action}: the claim kept being released under us")
 
 
 def _run_unguarded(tool, arguments, scope) -> Outcome:
@@ -426,15 +428,11 @@ def claim_action(action, arguments, scope: Scope, *, fields=None, actor, agent_k
     fields = fields or policy.fingerprint_fields or (list(tool.fingerprint_fields) if tool else [])
     normalizers = tool.normalizers if tool else {}
     fp = compute(action, fields, arguments, normalizers, scope)
-    wait = default_wait() if wait is None else wait
-    for _ in range(5):
-        attempt = take_claim(action, arguments, scope, fp, policy, owner=actor, agent_key_id=agent_key_id)
-        if attempt.created:
-            return Outcome("proceed", claim_id=attempt.claim.pk), True
-        outcome = settle_existing(attempt.claim, wait=wait, actor=actor, scope=scope)
-        if outcome is not None:
-            return outcome, False
-    raise RuntimeError(f"{action}: the claim kept being released under us")
+    attempt, outcome = claim_or_settle(action, arguments, scope, fp, policy, actor=actor, agent_key_id=agent_key_id,
+                                       wait=wait)
+    if outcome is not None:
+        return outcome, False
+    return Outcome("proceed", claim_id=attempt.claim.pk), True
 
 
 class ClaimConflict(Exception):
@@ -445,7 +443,7 @@ def succeed(claim_id, result, *, agent_key_id=None) -> ActionClaim:
     claim = _own_claim(claim_id, agent_key_id)
     if claim.state == ClaimState.DONE:
         return claim  # a retried confirmation changes nothing
-    if not _transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result):
+    if not transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result):
         claim.refresh_from_db()
         if claim.state != ClaimState.DONE:
             raise ClaimConflict(f"claim {claim.pk} is {claim.state}: it can no longer succeed")
@@ -457,7 +455,7 @@ def fail(claim_id, error, *, agent_key_id=None) -> ActionClaim:
     claim = _own_claim(claim_id, agent_key_id)
     if claim.state == ClaimState.RELEASED:
         return claim
-    if not _transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.RELEASED,
+    if not transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.RELEASED,
                        error=str(error)[:2000]):
         claim.refresh_from_db()
         if claim.state != ClaimState.RELEASED:
