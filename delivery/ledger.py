@@ -118,7 +118,8 @@ def _fresh(now):
 
 
 def _sendable():
-    """Only rows whose transport can send now (an inactive channel's rows wait)."""
+    """Only rows whose transport can send now — the one place this rule lives: an
+    inactive channel's rows wait, and so do a Telegram channel's without a token."""
     no_telegram_token = Q(channel__kind="telegram", channel__bot_token="")
     return Q(channel__is_active=True) & ~no_telegram_token
 

@@ -73,10 +73,6 @@ class Transport(abc.ABC):
     async def send_text(self, target: Target, text: str) -> SendResult:
         """Send `text`; the outcome says whether it landed and whether to try again."""
 
-    def can_send_now(self) -> bool:
-        """Whether a send could go out at all (a recovered row waits otherwise)."""
-        return self.channel.is_active
-
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""
 
@@ -162,9 +158,6 @@ class TelegramTransport(Transport):
             return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered(last_id)
 
-    def can_send_now(self) -> bool:
-        return self.channel.is_active and bool(self.channel.bot_token)
-
     async def send_typing(self, target: Target) -> None:
         bot = telegram_bot(self.channel.bot_token, self.channel.api_base, "typing")
         await bot.send_chat_action(
@@ -223,9 +216,6 @@ class ApiCallbackTransport(Transport):
         if status >= 500 or status == 408:
             return SendResult.failed(Outcome.TEMPORARY, f"HTTP {status}")
         return SendResult.failed(Outcome.PERMANENT, f"rejected: HTTP {status}")
-
-    def can_send_now(self) -> bool:
-        return self.channel.is_active and bool(self.channel.callback_url)
 
 
 def _retry_after(response, default=30.0):
