@@ -74,8 +74,13 @@ class ActionClaimAdmin(admin.ModelAdmin):
 
     @admin.display(description="Proposal")
     def proposal_link(self, claim):
-        proposal = Proposal.objects.filter(claim=claim).values_list("pk", flat=True).first()
-        return admin_link("proposal", proposal)
+        try:
+            return admin_link("proposal", claim.proposal.pk)
+        except Proposal.DoesNotExist:
+            return "—"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("proposal")  # not a query per row
 
     def has_add_permission(self, request):
         return False
