@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from audit.events import record
 from audit.models import EventKind
+from conversations import turns
 from conversations.models import (
     BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
@@ -68,25 +69,49 @@ def flush_buffer(buffer_id, now=None):
 _batches = itertools.count(1)
 
 
-def flush_many(buffer_ids, now, owner=""):
+def flush_many(buffer_ids, now, owner="", start=0):
     """Claim due buffers and make their turns, in one transaction: a claimed buffer
     always has its turn, a crash leaves it open.
 
     The claim is one compare-and-swap UPDATE for the whole batch, stamped with a
     token unique to this batch; reading the stamp back tells which buffers this
-    call won (a buffer re-armed or flushed elsewhere meanwhile is not among them)."""
+    call won (a buffer re-armed or flushed elsewhere meanwhile is not among them).
+
+    `start`: how many of the new turns `owner` will run at once. Those are born
+    RUNNING under it in this same transaction — when first in line in their
+    conversation and not waiting for an external agent — so no second write stands
+    between the deadline and the agent. The rest are born READY."""
     token = f"{owner or new_owner()}#{next(_batches)}"
     with transaction.atomic():
         MessageBuffer.objects.filter(pk__in=buffer_ids, state=BufferState.OPEN, flush_at__lte=now).update(
             state=BufferState.FLUSHED, flushed_at=now, flushed_by=token, flush_reason=F("planned_reason"))
         buffers = list(MessageBuffer.objects.filter(pk__in=buffer_ids, flushed_by=token)
-                       .select_related("conversation", "carried_turn"))
+                       .select_related("conversation__channel", "carried_turn").order_by("flush_at", "pk"))
         if not buffers:
             return []
         by_buffer = {}
         for message in InboundMessage.objects.filter(buffer__in=buffers).order_by("received_at", "pk"):
             by_buffer.setdefault(message.buffer_id, []).append(message)
-        return Turn.objects.bulk_create([_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers])
+        new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
+        if start > 0:
+            _born_running(new_turns, owner, now, start)
+        return Turn.objects.bulk_create(new_turns)
+
+
+def _born_running(new_turns, owner, now, room):
+    """Mark up to `room` new turns RUNNING under `owner`: one per conversation with no
+    turn ready or running (checked inside the flush's transaction; on PostgreSQL a
+    concurrent start is refused by the one-running-turn index, and the flush retried)."""
+    busy = set(Turn.objects.filter(conversation__in={t.conversation_id for t in new_turns},
+                                   state__in=Turn.ACTIVE).values_list("conversation_id", flat=True))
+    for turn in new_turns:
+        if room == 0:
+            break
+        if turn.conversation_id in busy or turn.conversation.channel.agent == turns.PULL_AGENT:
+            continue
+        turn.state, turn.owner, turn.started_at, turn.attempts = TurnState.RUNNING, owner, now, 1
+        busy.add(turn.conversation_id)
+        room -= 1
 
 
 def _turn_for(buffer, messages, now):
@@ -203,9 +228,7 @@ def recovery_sweep(grace_seconds=5.0):
     now = timezone.now()
     owners = dead_owners(now)
     recovered = recover_turns(owners, now)
-    from conversations.turns import release_external
-
-    recovered += release_external(now)
+    recovered += turns.release_external(now)
     flushed = flush_due(now - timedelta(seconds=grace_seconds))
     forget_workers(owners)
     if recovered or flushed:

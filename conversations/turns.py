@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, CharField, Exists, F, OuterRef, Q, TextField, Value, When
+from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
 from django.utils import timezone
 
 from conversations.models import Turn, TurnState
@@ -86,6 +86,8 @@ def start_many(turn_ids, owner, now=None):
 # Owners of turns handed to an external agent: "agent:<key id>" (a pull agent that
 # claimed it) or this one (a webhook agent that will answer later through the API).
 EXTERNAL_WEBHOOK = "agent:webhook"
+# The agent whose turns wait for an external agent to claim them; workers never run them.
+PULL_AGENT = "pull"
 
 
 def external_owner(agent_key_id) -> str:
@@ -121,17 +123,6 @@ def release_external(now=None) -> list:
     return released
 
 
-def ready_among(turn_ids) -> list:
-    """Of these just-flushed turns, those that may start at once: still ready, not
-    waiting for an external agent, and first in line in their conversation (no turn of
-    it running, none ready before them)."""
-    ahead = Turn.objects.filter(conversation=OuterRef("conversation")).filter(
-        Q(state=TurnState.RUNNING) | Q(state=TurnState.READY, pk__lt=OuterRef("pk")))
-    return list(Turn.objects.filter(pk__in=list(turn_ids), state=TurnState.READY).exclude(Exists(ahead))
-                .exclude(conversation__channel__agent="pull").order_by("created_at", "pk")
-                .values_list("pk", flat=True))
-
-
 def ready_candidates(limit):
     """Oldest ready turns, at most one per conversation and none where a turn runs
     (turns of a conversation run one at a time, in arrival order)."""
@@ -139,7 +130,7 @@ def ready_candidates(limit):
     seen, picked = set(), []
     for turn_id, conversation_id in (
         Turn.objects.filter(state=TurnState.READY).exclude(Exists(running))
-        .exclude(conversation__channel__agent="pull")  # those wait for an external agent
+        .exclude(conversation__channel__agent=PULL_AGENT)  # those wait for an external agent
         .order_by("created_at", "pk")
         .values_list("pk", "conversation_id")[: limit * 2]
     ):

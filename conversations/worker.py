@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import telegram
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
@@ -39,6 +39,8 @@ APOLOGY = "Sorry — I couldn't finish that just now. Please try again in a mome
 HOUSEKEEPING_EVERY = 5.0
 CANCEL_CHECK_EVERY = 0.2
 SHUTDOWN_GRACE = 10.0
+
+
 
 
 def _in_db_thread(fn, *args, **kwargs):
@@ -132,14 +134,20 @@ class Flusher(threading.Thread):
 
     def step(self) -> float:
         """Flush what is due; return how long to sleep before the next look."""
-        flushed = engine.flush_due(timezone.now(), owner=self.owner)
-        if flushed:
+        now = timezone.now()
+        due = engine.due_buffer_ids(now)
+        if due:
+            room = self.capacity() if self.adopt is not None else 0
+            try:
+                flushed = engine.flush_many(due, now, owner=self.owner, start=room)
+            except IntegrityError:
+                # Another worker started a turn in one of these conversations meanwhile
+                # (PostgreSQL): flush them as ready turns and let the queue decide.
+                flushed = engine.flush_many(due, now, owner=self.owner)
             self.flushed += len(flushed)
-            room = self.capacity()
-            if self.adopt is not None and room > 0:
-                started = turns.start_many(turns.ready_among([t.pk for t in flushed])[:room], self.owner)
-                if started:
-                    self.adopt(started)
+            started = [turn for turn in flushed if turn.state == TurnState.RUNNING]
+            if started:
+                self.adopt(started)
             self.on_flush()
             return 0.0  # there may be more due right now
         deadline = engine.next_deadline(timezone.now())
@@ -165,6 +173,9 @@ class Worker:
         # Claiming ready turns has a thread of its own: a flushed turn starts without
         # queueing behind replies, history loads and sweeps on the main database thread.
         self.claim_executor = ThreadPoolExecutor(1, thread_name_prefix="claim")
+        # A turn's history is read on a thread of its own too: behind the main database
+        # thread's batches of replies it waited tens of ms before the model was asked.
+        self.read_executor = ThreadPoolExecutor(1, thread_name_prefix="read")
         # Tools block (SMTP, CalDAV, waiting on an identical call in flight): their own
         # threads, each with its own connection, so they never hold up the turn plumbing.
         self.tool_executor = ThreadPoolExecutor(settings.AGENTLOOP_TOOL_THREADS, thread_name_prefix="tool")
@@ -185,6 +196,11 @@ class Worker:
     async def db(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.db_executor, functools.partial(_in_db_thread, fn, *args, **kwargs))
+
+    async def read(self, fn, *args, **kwargs):
+        """A read on a turn's path, on the reader thread (never queued behind writes)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.read_executor, functools.partial(_in_db_thread, fn, *args, **kwargs))
 
     def wake(self):
         """Thread-safe: new turns may be ready, or a conversation's turn just ended."""
@@ -249,8 +265,9 @@ class Worker:
         await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
         self.db_executor.submit(_close_connection).result()
         self.db_executor.shutdown(wait=True)
-        self.claim_executor.submit(_close_connection).result()
-        self.claim_executor.shutdown(wait=True)
+        for executor in (self.claim_executor, self.read_executor):
+            executor.submit(_close_connection).result()
+            executor.shutdown(wait=True)
         self.tool_executor.shutdown(wait=False, cancel_futures=True)
 
     def _release_leases(self):
@@ -319,7 +336,7 @@ class Worker:
             ctx = TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
                               text=turn.merged_input, config=channel.agent_config, channel_kind=channel.kind,
                               contact_name=turn.conversation.sender_id,
-                              load_history=functools.partial(self.db, engine.conversation_history,
+                              load_history=functools.partial(self.read, engine.conversation_history,
                                                              conversation, turn),
                               mark_effect=functools.partial(self.db, turns.mark_effect, turn.pk),
                               call_tool=functools.partial(self.call_tool, turn, conversation),
