@@ -7,6 +7,9 @@ PY=.venv/bin/python
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 
+# Chromium and redis-server (apt-installed when missing and we are root).
+scripts/system-deps.sh || { echo "could not install the system packages the tests need"; exit 1; }
+
 echo "=== test suite on SQLite ==="
 env -u DATABASE_URL $PY -m pytest "$@" || status=$?
 

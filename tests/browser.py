@@ -1,0 +1,196 @@
+"""Browser tests with Playwright, driving Debian's Chromium (/usr/bin/chromium; Playwright's
+own browser downloads are never used: scripts/system-deps.sh apt-installs `chromium`).
+
+    def test_page(processes, browser, django_user_model):
+        web = processes.web()
+        django_user_model.objects.create_superuser("admin", "", "pw")
+        page = page_for(browser, web.url, "admin", "pw")
+        page.goto("/admin/")                      # relative to web.url
+        assert_no_console_errors(page)
+        screenshot(page, "admin-index")
+
+The `browser` fixture is function-scoped on purpose. While Playwright's sync API is started,
+its asyncio event loop counts as *running* in the test's thread (it lives in a greenlet of
+that thread), so in that thread:
+  - `asyncio.run(...)` and asgiref's `async_to_sync(...)` raise RuntimeError. A session-wide
+    browser would break every later test that uses them (test_fake_telegram_api.py, ...);
+    inside a browser test, call such code (a `channel_layer.group_send`, product code that
+    uses `asyncio.run` such as delivery.ledger) through `off_loop(fn, *args)`, which runs it
+    in a fresh thread.
+  - Django would raise SynchronousOnlyOperation on every ORM call, and would keep a second
+    set of database connections for "async" code. The fixture makes Django disregard
+    Playwright's loop (only that loop) and keep using the test's own connections. It does
+    not set DJANGO_ALLOW_ASYNC_UNSAFE: processes.web() copies os.environ into the servers
+    it starts, where that would hide real sync-in-async bugs.
+"""
+
+import asyncio
+import contextlib
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium tries to reach Google's services, and on a
+# closed network its connections (ours included) get refused.
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # we run as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Chromium asks every site for /favicon.ico on its own, at a time of its choosing, and logs a
+# 404 as a console error: browser noise, not the page's, and a race if counted.
+ALWAYS_IGNORED = [r"Failed to load resource: .*\(\S+/favicon\.ico:\d+\)$"]
+# Playwright's default is 30 s per action; a broken page should fail fast.
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    """A headless Chromium (playwright.sync_api.Browser), closed after the test."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/system-deps.sh as root (apt-get install chromium)",
+                    pytrace=False)
+    with _playwright_beside_django(monkeypatch) as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@contextlib.contextmanager
+def _playwright_beside_django(monkeypatch):
+    """Playwright's sync API, started so that Django in this thread works as if it were not:
+    (1) Django's async-safety check (django.utils.asyncio.async_unsafe) looks past
+    Playwright's loop, so ORM calls in the test do not raise SynchronousOnlyOperation;
+    (2) while any loop runs, Django looks its connections up per async context rather than
+    per thread, so the test's own connections are installed there too: the ORM keeps the
+    test's connection (and transaction) instead of opening one that nothing would close
+    (on PostgreSQL that one blocked dropping the test database)."""
+    import django.utils.asyncio
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    own = {conn.alias: conn for conn in connections.all()}  # this thread's, as seen before any loop runs
+    with sync_playwright() as pw:
+        playwright_loop = asyncio.get_running_loop()
+
+        def get_running_loop():
+            loop = asyncio.get_running_loop()
+            if loop is playwright_loop:
+                raise RuntimeError("no running event loop (Playwright's is disregarded)")
+            return loop
+
+        monkeypatch.setattr(django.utils.asyncio, "get_running_loop", get_running_loop)
+        for alias, conn in own.items():
+            connections[alias] = conn
+        try:
+            yield pw
+        finally:
+            for conn in connections.all(initialized_only=True):
+                if conn is not own.get(conn.alias):
+                    conn.close()
+                del connections[conn.alias]
+            monkeypatch.setattr(django.utils.asyncio, "get_running_loop", asyncio.get_running_loop)
+
+
+def off_loop(fn, *args, **kwargs):
+    """Call fn(*args, **kwargs) in a fresh thread and return its result (or raise its error).
+
+    For code that needs `asyncio.run`/`async_to_sync` while a browser is open. The thread's
+    own database connections are closed when it ends."""
+    result = {}
+
+    def run():
+        from django.db import connections
+
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="off-loop")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def collect_console(page):
+    """Record the page's console errors and uncaught exceptions (idempotent); returns the list."""
+    if not hasattr(page, "_agentloop_console_errors"):
+        errors = page._agentloop_console_errors = []
+
+        def on_console(message):
+            if message.type == "error":
+                location = message.location or {}
+                where = f" ({location.get('url')}:{location.get('lineNumber')})" if location.get("url") else ""
+                errors.append(f"console.error: {message.text}{where}")
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    return page._agentloop_console_errors
+
+
+def console_errors(page):
+    """The console errors and uncaught exceptions recorded so far on this page."""
+    return list(collect_console(page))
+
+
+def assert_no_console_errors(page, ignore=()):
+    """Fail if the page logged a console error or threw; `ignore`: regexes of errors to allow
+    (besides the automatic /favicon.ico request's 404, always allowed)."""
+    patterns = [*ALWAYS_IGNORED, *ignore]
+    errors = [e for e in console_errors(page) if not any(re.search(pattern, e) for pattern in patterns)]
+    assert not errors, f"console errors on {page.url}:\n" + "\n".join(errors)
+
+
+def page_for(browser, base_url, username, password, viewport=None):
+    """A new page, in its own browser context (cookies), logged in as `username` through the
+    real Django admin login form (/admin/login/; so a staff user). Relative URLs in
+    page.goto() resolve against base_url; console errors are collected from the start.
+    viewport: e.g. {"width": 390, "height": 844}; default Playwright's 1280x720."""
+    options = {"base_url": base_url}
+    if viewport:
+        options["viewport"] = viewport
+    context = browser.new_context(**options)
+    context.set_default_timeout(DEFAULT_TIMEOUT_MS)
+    context.set_default_navigation_timeout(DEFAULT_TIMEOUT_MS)
+    page = context.new_page()
+    collect_console(page)
+    page.goto("/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    with page.expect_navigation():
+        page.click("input[type=submit], button[type=submit]")
+    if "/admin/login/" in page.url:
+        note = page.locator(".errornote, .errorlist")
+        reason = note.first.inner_text() if note.count() else page.url
+        raise AssertionError(f"admin login as {username!r} failed: {reason}")
+    return page
+
+
+def screenshots_dir():
+    path = Path(os.environ.get("AGENTLOOP_SCREENSHOTS_DIR") or BASE_DIR / "var" / "screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def screenshot(page, name, full_page=True):
+    """Save a PNG of the page as <AGENTLOOP_SCREENSHOTS_DIR or var/screenshots>/<name>.png; returns its path."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", name.removesuffix(".png")).strip("-") or "screenshot"
+    path = screenshots_dir() / f"{stem}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path

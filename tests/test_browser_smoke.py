@@ -1,0 +1,68 @@
+"""The test infrastructure itself: a real browser logs in to the real web server, and a
+throwaway redis-server carries a channels-redis group message."""
+
+import asyncio
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from tests.browser import assert_no_console_errors, console_errors, off_loop, page_for, screenshot
+
+
+@pytest.mark.e2e
+def test_admin_login_in_a_real_browser(processes, browser):
+    web = processes.web()
+    User.objects.create_superuser("smoke", "smoke@example.com", "pw-smoke-1")
+
+    page = page_for(browser, web.url, "smoke", "pw-smoke-1")
+    page.goto("/admin/")
+
+    reverse("admin:index")  # loads the URLconf, which may set the site's titles
+    title = page.title()
+    assert "Django" in title or str(admin.site.site_title) in title, title
+    assert str(admin.site.site_header).lower() in page.locator("body").inner_text().lower()
+    assert "smoke" in page.locator("#user-tools").inner_text().lower()
+    assert_no_console_errors(page)
+    path = screenshot(page, "smoke-admin-index")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.e2e
+def test_console_errors_are_caught(processes, browser):
+    web = processes.web()
+    User.objects.create_superuser("smoke", "smoke@example.com", "pw-smoke-1")
+    page = page_for(browser, web.url, "smoke", "pw-smoke-1", viewport={"width": 390, "height": 844})
+    assert page.viewport_size == {"width": 390, "height": 844}
+
+    page.evaluate("console.error('deliberate'); setTimeout(() => { throw new Error('thrown') }, 0)")
+    page.wait_for_timeout(100)
+    errors = console_errors(page)
+    assert any("deliberate" in e for e in errors) and any("thrown" in e for e in errors), errors
+    with pytest.raises(AssertionError, match="deliberate"):
+        assert_no_console_errors(page)
+    assert_no_console_errors(page, ignore=["deliberate", "thrown"])
+
+    # Playwright's loop counts as running in this thread: asyncio.run only works off it.
+    pending = asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="running event loop"):
+        asyncio.run(pending)
+    pending.close()
+    assert off_loop(lambda: asyncio.run(asyncio.sleep(0, "ran"))) == "ran"
+
+
+def test_redis_url_carries_a_channels_group_message(redis_url):
+    from channels_redis.core import RedisChannelLayer
+
+    async def round_trip():
+        layer = RedisChannelLayer(hosts=[redis_url])
+        channel = await layer.new_channel()
+        await layer.group_add("smoke", channel)
+        await layer.group_send("smoke", {"type": "smoke.hello", "text": "hi"})
+        message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        await layer.flush()
+        await layer.close_pools()
+        return message
+
+    assert asyncio.run(round_trip()) == {"type": "smoke.hello", "text": "hi"}
