@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "delivery",
     "tools",
     "audit",
+    "agentloop",
 ]
 
 MIDDLEWARE = [

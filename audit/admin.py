@@ -1,19 +1,47 @@
-from django.contrib import admin
+import re
 
+from django.contrib import admin
 from django.db.models import Count
 from django.db.models.functions import TruncDate
 from django.urls import reverse
 from django.utils.html import format_html
 
+from agentloop.roles import hide_secrets
 from audit.models import AuditEvent, CaughtDuplicate, EventKind
+
+# An event's target ("claim 12", "ledger row 7"…) → the admin page of that row.
+TARGETS = {"turn": "conversations_turn", "claim": "tools_actionclaim", "proposal": "tools_proposal",
+           "ledger row": "delivery_outboundmessage"}
+TARGET = re.compile(rf"^({'|'.join(TARGETS)}) (\d+)$")
+
+
+def change_link(url_name, pk, label):
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:{url_name}_change", args=[pk]), label)
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ["at", "kind", "channel_slug", "conversation_id", "target", "summary", "actor"]
+    list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_shown", "actor"]
     list_filter = ["kind", "channel_slug"]
     search_fields = ["target", "summary", "actor"]
     date_hierarchy = "at"
+    fields = ["kind", "at", "actor", "channel_slug", "conversation", "target_link", "summary_shown", "extra"]
+    readonly_fields = fields
+
+    @admin.display(description="Conversation", ordering="conversation_id")
+    def conversation(self, event):
+        if not event.conversation_id:
+            return "—"
+        return change_link("conversations_conversation", event.conversation_id, event.conversation_id)
+
+    @admin.display(description="Target", ordering="target")
+    def target_link(self, event):
+        match = TARGET.match(event.target)
+        return change_link(TARGETS[match[1]], match[2], event.target) if match else event.target
+
+    @admin.display(description="Summary", ordering="summary")
+    def summary_shown(self, event):
+        return hide_secrets(event.summary)
 
     # History must not change.
     def has_add_permission(self, request):
@@ -33,6 +61,9 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
 
     list_display = ["at", "tool", "status", "channel_slug", "conversation", "original", "age", "actor"]
     list_filter = ["channel_slug"]
+    fields = ["at", "tool", "status", "channel_slug", "conversation", "original", "age", "actor", "summary_shown",
+              "extra"]
+    readonly_fields = fields
     change_list_template = "admin/audit/caughtduplicate/change_list.html"
 
     def get_queryset(self, request):
@@ -56,14 +87,7 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
         claim = event.extra.get("original_claim")
         if not claim:
             return "—"
-        return format_html('<a href="{}">claim {}</a>', reverse("admin:tools_actionclaim_change", args=[claim]), claim)
-
-    @admin.display(description="Conversation")
-    def conversation(self, event):
-        if not event.conversation_id:
-            return "—"
-        url = reverse("admin:conversations_conversation_change", args=[event.conversation_id])
-        return format_html('<a href="{}">{}</a>', url, event.conversation_id)
+        return change_link("tools_actionclaim", claim, f"claim {claim}")
 
     def changelist_view(self, request, extra_context=None):
         events = self.get_queryset(request)

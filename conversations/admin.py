@@ -1,11 +1,14 @@
+from urllib.parse import urlencode
+
+from django import forms
 from django.contrib import admin
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from conversations.models import (
-    AgentKey, Channel, Contact, Conversation, InboundMessage, MessageBuffer, Turn, WorkerHeartbeat,
+    AgentKey, Channel, Contact, ContextNote, Conversation, InboundMessage, MessageBuffer, Turn, WorkerHeartbeat,
 )
 
 
@@ -16,8 +19,51 @@ def link(obj, label=None):
     return format_html('<a href="{}">{}</a>', url, label or obj)
 
 
+def changelist_link(url_name, label, **query):
+    return format_html('<a href="{}?{}">{}</a>', reverse(f"admin:{url_name}_changelist"), urlencode(query), label)
+
+
+SECRETS = ["bot_token", "webhook_secret", "callback_secret"]
+
+
+class SecretField(forms.CharField):
+    """Shown as a password input that never renders the stored value; left blank, it keeps it."""
+
+    def has_changed(self, initial, data):
+        return bool(data) and data != initial
+
+
+class ChannelForm(forms.ModelForm):
+    forget_bot_token = forms.BooleanField(required=False, label="Forget the bot token")
+    forget_webhook_secret = forms.BooleanField(required=False, label="Forget the webhook secret")
+    forget_callback_secret = forms.BooleanField(required=False, label="Forget the callback secret")
+
+    class Meta:
+        model = Channel
+        fields = SECRETS  # the admin adds the rest (from its fieldsets)
+        field_classes = {name: SecretField for name in SECRETS}
+        widgets = {name: forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
+                   for name in SECRETS}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in SECRETS:
+            if getattr(self.instance, name, ""):
+                self.fields[name].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in SECRETS:
+            if cleaned.get(f"forget_{name}"):
+                cleaned[name] = ""
+            elif not cleaned.get(name):
+                cleaned[name] = getattr(self.instance, name, "")
+        return cleaned
+
+
 @admin.register(Channel)
 class ChannelAdmin(admin.ModelAdmin):
+    form = ChannelForm
     list_display = ["slug", "name", "kind", "is_active", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
@@ -31,9 +77,11 @@ class ChannelAdmin(admin.ModelAdmin):
                                      "Each new message re-arms the window."}),
         ("Double texting and typing", {"fields": ["double_texting", "typing_enabled"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
-        ("Telegram", {"fields": ["bot_token", "webhook_secret", "api_base", "telegram_mode",
-                                 "poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
-        ("API channel delivery", {"fields": ["callback_url", "callback_secret"], "classes": ["collapse"]}),
+        ("Telegram", {"fields": [("bot_token", "forget_bot_token"), ("webhook_secret", "forget_webhook_secret"),
+                                 "api_base", "telegram_mode", "poll_offset", "poll_owner", "poll_lease_until"],
+                      "classes": ["collapse"]}),
+        ("API channel delivery", {"fields": ["callback_url", ("callback_secret", "forget_callback_secret")],
+                                  "classes": ["collapse"]}),
         ("Delivery", {"fields": ["delivery_health"]}),
         ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
     ]
@@ -74,13 +122,26 @@ class ConversationAdmin(admin.ModelAdmin):
     list_display = ["__str__", "channel", "chat_id", "is_group", "last_turn_state", "created_at"]
     list_filter = ["channel", "is_group"]
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
-    readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "created_at"]
+    readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "created_at", "related"]
     inlines = [TurnInline]
 
     @admin.display(description="last turn")
     def last_turn_state(self, obj):
         turn = obj.turns.order_by("-pk").first()
         return turn.state if turn else "—"
+
+    @admin.display(description="Related")
+    def related(self, obj):
+        if not obj.pk:
+            return "—"
+        links = [
+            changelist_link("conversations_inboundmessage", "messages", conversation__id__exact=obj.pk),
+            changelist_link("delivery_outboundmessage", "ledger rows", conversation__id__exact=obj.pk),
+            changelist_link("tools_actionclaim", "action claims", conversation_id=obj.pk),
+            changelist_link("audit_auditevent", "audit events", conversation_id=obj.pk),
+            changelist_link("conversations_contextnote", "notes for the agent", conversation__id__exact=obj.pk),
+        ]
+        return format_html_join(" · ", "{}", ((item,) for item in links))
 
 
 @admin.register(InboundMessage)
@@ -131,7 +192,11 @@ class TurnAdmin(admin.ModelAdmin):
     list_filter = ["state", "flush_reason", "fired_effect", "conversation__channel"]
     search_fields = ["merged_input", "reply_text"]
     date_hierarchy = "created_at"
-    readonly_fields = [f.name for f in Turn._meta.fields]
+    readonly_fields = [f.name for f in Turn._meta.fields] + ["ledger_rows"]
+
+    @admin.display(description="Replies")
+    def ledger_rows(self, obj):
+        return changelist_link("delivery_outboundmessage", "ledger rows of this turn", turn__id__exact=obj.pk)
 
     @admin.display(description="merged input")
     def short_input(self, obj):
@@ -161,3 +226,24 @@ class AgentKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # keys are issued by `manage.py createagentkey`, which shows the key once
+
+
+@admin.register(ContextNote)
+class ContextNoteAdmin(admin.ModelAdmin):
+    """What the agent is told besides the chat (e.g. a person's decision on a proposal)."""
+
+    list_display = ["pk", "conversation", "short_text", "created_at"]
+    list_filter = ["conversation__channel"]
+    search_fields = ["text"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["conversation", "text", "created_at"]
+
+    @admin.display(description="text")
+    def short_text(self, obj):
+        return obj.text[:80]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

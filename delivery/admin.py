@@ -1,11 +1,13 @@
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from agentloop.roles import hide_secrets
 from delivery import ledger
 from delivery.models import OutboundMessage, UnreachableChat
 
@@ -36,12 +38,13 @@ class LedgerRowAdmin(admin.ModelAdmin):
     search_fields = ["=pk", "text", "chat_id", "last_error"]
     date_hierarchy = "created_at"
     actions = ["retry_now", "abandon"]
-    readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link"]
+    readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
+                                                                        "error_shown", "unreachable_link"]
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
                            "turn_link", "text"]}),
         ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "last_outcome",
-                                 "last_error", "owner", "claim_token", "platform_message_id"]}),
+                                 "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
         ("Timing", {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
     ]
 
@@ -61,6 +64,18 @@ class LedgerRowAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">turn {}</a>', reverse("admin:conversations_turn_change", args=[row.turn_id]),
                            row.turn_id)
 
+    @admin.display(description="Last error")
+    def error_shown(self, row):
+        return hide_secrets(row.last_error)
+
+    @admin.display(description="Unreachable chat")
+    def unreachable_link(self, row):
+        chat = UnreachableChat.objects.filter(channel_id=row.channel_id, chat_id=row.chat_id).first()
+        if chat is None:
+            return "—"
+        url = reverse("admin:delivery_unreachablechat_change", args=[chat.pk])
+        return format_html('<a href="{}">since {}</a>', url, chat.since)
+
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("channel")
 
@@ -70,43 +85,57 @@ class LedgerRowAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False  # rows change through the ledger and the actions below
 
-    @admin.action(description="Retry now (one more resend, labelled as recovered)", permissions=["view"])
+    def has_delete_permission(self, request, obj=None):
+        return False  # history; old rows are pruned by the daily schedule
+
+    def has_operate_permission(self, request):
+        return request.user.has_perm("delivery.change_outboundmessage")  # operators; auditors only read
+
+    @admin.action(description="Retry now (one more resend, labelled as recovered)", permissions=["operate"])
     def retry_now(self, request, queryset):
-        if not request.user.has_perm("delivery.change_outboundmessage"):
-            self.message_user(request, "You may not retry ledger rows.", level="error")
-            return
         moved = ledger.retry_now(queryset.values_list("pk", flat=True), by=request.user.get_username())
         self.message_user(request, f"{moved} row(s) will be resent now.")
 
-    @admin.action(description="Abandon (never send)", permissions=["view"])
+    @admin.action(description="Abandon (never send)", permissions=["operate"])
     def abandon(self, request, queryset):
-        if not request.user.has_perm("delivery.change_outboundmessage"):
-            self.message_user(request, "You may not abandon ledger rows.", level="error")
-            return
         abandoned = ledger.abandon(queryset.values_list("pk", flat=True), by=request.user.get_username())
         self.message_user(request, f"{abandoned} row(s) abandoned.")
 
 
 @admin.register(UnreachableChat)
 class UnreachableChatAdmin(admin.ModelAdmin):
-    list_display = ["chat_id", "channel", "error", "since", "last_failure_at", "failures"]
+    list_display = ["chat_id", "channel", "error_shown", "since", "last_failure_at", "failures", "rows"]
     list_filter = ["channel"]
     search_fields = ["chat_id", "error"]
-    readonly_fields = ["channel", "chat_id", "error", "since", "last_failure_at", "failures"]
+    fields = ["channel", "chat_id", "error_shown", "since", "last_failure_at", "failures", "rows"]
+    readonly_fields = fields
+
+    @admin.display(description="Error", ordering="error")
+    def error_shown(self, chat):
+        return hide_secrets(chat.error)
+
+    @admin.display(description="Ledger rows")
+    def rows(self, chat):
+        url = reverse("admin:delivery_outboundmessage_changelist") + "?" + urlencode(
+            {"channel__id__exact": chat.channel_id, "chat_id": chat.chat_id})
+        return format_html('<a href="{}">rows to this chat</a>', url)
 
     def has_add_permission(self, request):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # the ledger keeps it; a reply that reaches the chat again clears it
 
 
 def delivery_health_html(channel) -> str:
     """The channel page's delivery summary: last error and unreachable chats."""
     health = ledger.channel_health(channel.pk)
     last = health["last_error"]
-    parts = [format_html("<p><b>Last error:</b> {} <small>({})</small></p>", last["last_error"], last["claimed_at"])
-             if last else mark_safe("<p>No delivery errors.</p>")]
+    parts = [format_html("<p><b>Last error:</b> {} <small>({})</small></p>", hide_secrets(last["last_error"]),
+                         last["claimed_at"]) if last else mark_safe("<p>No delivery errors.</p>")]
     if health["unreachable"]:
-        items = format_html("".join("<li>{} — {} (since {})</li>" for _ in health["unreachable"]),
-                            *[v for row in health["unreachable"] for v in row])
+        items = format_html_join("", "<li>{} — {} (since {})</li>",
+                                 ((chat, hide_secrets(error), since) for chat, error, since in health["unreachable"]))
         url = reverse("admin:delivery_unreachablechat_changelist") + f"?channel__id__exact={channel.pk}"
         parts.append(format_html('<p><b><a href="{}">Unreachable chats</a>:</b></p><ul>{}</ul>', url, items))
     rows = reverse("admin:delivery_outboundmessage_changelist") + f"?channel__id__exact={channel.pk}"

@@ -1,9 +1,13 @@
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
+from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from conversations.models import Turn
 from tools import approvals, guard
 from tools.models import ActionClaim, Calendar, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
 
@@ -53,24 +57,44 @@ class ToolPolicyAdmin(admin.ModelAdmin):
 
 @admin.register(ActionClaim)
 class ActionClaimAdmin(admin.ModelAdmin):
-    list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates_caught", "conversation",
+    list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
                     "proposal_link", "owner"]
     list_filter = ["state", "action", "live", "channel_slug"]
     search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
     date_hierarchy = "created_at"
     actions = ["reconcile_claims", "release_claims"]
-    readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "proposal_link"]
+    readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "turn", "proposal_link",
+                                                                    "duplicates"]
     fieldsets = [
-        (None, {"fields": ["action", "state", "live", "scope", "conversation", "channel_slug", "owner",
+        (None, {"fields": ["action", "state", "live", "scope", "conversation", "turn", "channel_slug", "owner",
                            "agent_key_id", "proposal_link"]}),
         ("Identity", {"fields": ["fingerprint", "fingerprint_fields", "fingerprint_material", "arguments"]}),
         ("Timing", {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
-        ("Outcome", {"fields": ["result", "error", "duplicates_caught"]}),
+        ("Outcome", {"fields": ["result", "error", "duplicates"]}),
     ]
 
     @admin.display(description="Conversation")
     def conversation(self, claim):
         return admin_link("conversation", claim.conversation_id, app="conversations")
+
+    @admin.display(description="Turn")
+    def turn(self, claim):
+        """Claims do not record their turn; a claim taken inside a turn is owned by the
+        worker running it, and a conversation runs one turn at a time."""
+        worker = claim.owner.removeprefix("worker:")
+        if not claim.conversation_id or worker == claim.owner:
+            return "—"
+        turn = Turn.objects.filter(
+            Q(finished_at__isnull=True) | Q(finished_at__gte=claim.created_at), conversation_id=claim.conversation_id,
+            owner=worker, started_at__lte=claim.created_at).order_by("-started_at").first()
+        return admin_link("turn", turn.pk if turn else None, app="conversations")
+
+    @admin.display(description="Duplicates caught", ordering="duplicates_caught")
+    def duplicates(self, claim):
+        if not claim.duplicates_caught:
+            return 0
+        url = reverse("admin:audit_caughtduplicate_changelist") + "?" + urlencode({"target": f"claim {claim.pk}"})
+        return format_html('<a href="{}">{}</a>', url, claim.duplicates_caught)
 
     @admin.display(description="Proposal")
     def proposal_link(self, claim):
@@ -91,14 +115,19 @@ class ActionClaimAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.action(description="Reconcile uncertain claims (ask the tool whether it happened)")
+    def has_operate_permission(self, request):
+        return request.user.has_perm("tools.change_actionclaim")  # operators; auditors only read
+
+    @admin.action(description="Reconcile uncertain claims (ask the tool whether it happened)",
+                  permissions=["operate"])
     def reconcile_claims(self, request, queryset):
         settled = 0
         for claim in queryset.filter(state=ClaimState.UNCERTAIN):
             settled += guard.reconcile(claim, actor=f"operator:{request.user}") != ClaimState.UNCERTAIN
         self.message_user(request, f"{settled} claim(s) settled; the rest cannot be looked up by their tool.")
 
-    @admin.action(description="Release uncertain claims (it did not happen: allow a new attempt)")
+    @admin.action(description="Release uncertain claims (it did not happen: allow a new attempt)",
+                  permissions=["operate"])
     def release_claims(self, request, queryset):
         released = sum(guard.release(claim.pk, by=f"operator:{request.user}")
                        for claim in queryset.filter(state__in=[ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT]))

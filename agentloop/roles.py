@@ -1,0 +1,74 @@
+"""The two roles people log into the admin with.
+
+- **Operators** run the product: every permission of every installed model, through
+  their group (they are staff, not superusers).
+- **Auditors** read the history and nothing else: the `view_*` permissions of the audit
+  trail (with its caught duplicates), the guard's claims and proposals, and the delivery
+  ledger. They never see a channel (bot tokens, webhook and callback secrets, the agent's
+  settings) or an agent key.
+
+`ensure_roles()` (re)creates both groups with exactly these permissions; it runs after
+every `migrate`, so the permissions of every model exist by then.
+"""
+
+import re
+
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import DEFAULT_DB_ALIAS
+
+OPERATORS = "Operators"
+AUDITORS = "Auditors"
+ROLES = {"operator": OPERATORS, "auditor": AUDITORS}
+
+# What auditors may view (app_label.ModelName); proxies count as models of their own.
+AUDITED_MODELS = [
+    "audit.AuditEvent", "audit.CaughtDuplicate",
+    "tools.ActionClaim", "tools.Proposal",
+    "delivery.OutboundMessage", "delivery.UnreachableChat",
+]
+
+
+def operator_permissions(using=DEFAULT_DB_ALIAS):
+    return Permission.objects.using(using).all()
+
+
+def auditor_permissions(using=DEFAULT_DB_ALIAS):
+    from django.apps import apps
+
+    models = [apps.get_model(label) for label in AUDITED_MODELS]
+    types = ContentType.objects.db_manager(using).get_for_models(*models, for_concrete_models=False).values()
+    return Permission.objects.using(using).filter(content_type__in=types, codename__startswith="view_")
+
+
+def ensure_roles(using=DEFAULT_DB_ALIAS):
+    """Create or update both groups; a group holds exactly its role's permissions."""
+    for name, permissions in ((OPERATORS, operator_permissions(using)), (AUDITORS, auditor_permissions(using))):
+        group, _ = Group.objects.using(using).get_or_create(name=name)
+        group.permissions.set(permissions)
+
+
+def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
+    """After `migrate`: make sure every app's permissions exist (whatever the order of
+    INSTALLED_APPS), then the groups."""
+    from django.apps import apps as global_apps
+    from django.contrib.auth.management import create_permissions
+
+    apps = apps or global_apps
+    try:
+        apps.get_model("auth", "Group")
+    except LookupError:
+        return  # auth is not migrated (yet)
+    for app_config in global_apps.get_app_configs():
+        create_permissions(app_config, verbosity=0, using=using, apps=apps)
+    ensure_roles(using)
+
+
+# Secrets can surface inside error texts (a Bot API URL carries the bot token): such texts
+# are shown with the token hidden, to everyone.
+BOT_URL = re.compile(r"/bot\d+:[^/\s'\"]+")
+BOT_TOKEN = re.compile(r"\b\d{3,}:[A-Za-z0-9_-]{20,}")
+
+
+def hide_secrets(text: str) -> str:
+    return BOT_TOKEN.sub("•••", BOT_URL.sub("/bot•••", text or ""))
