@@ -7,11 +7,25 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from agentloop import consumers  # noqa: E402
 
 if settings.AGENTLOOP_SERVE_STATIC:
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
     django_app = ASGIStaticFilesHandler(django_app)
 
-application = ProtocolTypeRouter({"http": django_app})
+websockets = URLRouter([
+    path("ws/console/dashboard/", consumers.DashboardConsumer.as_asgi()),
+    path("ws/console/playground/<slug:slug>/", consumers.PlaygroundConsumer.as_asgi()),
+])
+
+application = ProtocolTypeRouter({
+    "http": django_app,
+    # The session cookie logs the websocket in; another site's page may not open one.
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(websockets)),
+})

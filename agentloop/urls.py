@@ -2,13 +2,21 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agentloop import views as console_views
 from audit import api as audit_api
 from conversations import api, views
 from tools import api as tools_api
 from tools import views as tools_views
 
+admin.site.site_header = "agentloop"
+admin.site.site_title = "agentloop"
+admin.site.index_title = "Operations"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("console/", console_views.dashboard, name="console-dashboard"),
+    path("console/playground/", console_views.playground, name="console-playground"),
+    path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
     path("api/v1/turns", api.TurnListView.as_view(), name="api-turns"),

@@ -1,5 +1,6 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
+from audit import console
 from audit.models import AuditEvent
 
 
@@ -8,7 +9,7 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
     """`conversation` (a Conversation) or its id and channel slug when the caller has no row."""
     if conversation is not None:
         conversation_id, channel_slug = conversation.pk, conversation.channel.slug
-    return AuditEvent.objects.create(
+    event = AuditEvent.objects.create(
         kind=kind,
         actor=actor,
         channel_slug=channel_slug or "",
@@ -17,6 +18,8 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
         summary=summary[:300],
         extra=extra,
     )
+    console.events_recorded([event])
+    return event
 
 
 def record_many(events):
@@ -43,6 +46,8 @@ def record_many(events):
         cursor.executemany(
             f"INSERT INTO {table} (kind, at, actor, channel_slug, conversation_id, target, summary, extra) "
             f"VALUES (%s, %s, %s, %s, %s, %s, %s, {extra})", rows)
+    console.events_recorded(AuditEvent(kind=r[0], at=timezone.now(), channel_slug=r[3], conversation_id=r[4],
+                                       target=r[5], summary=r[6], extra=events[i]) for i, r in enumerate(rows))
     return len(rows)
 
 

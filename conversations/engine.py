@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit.events import record
 from audit.models import EventKind
-from conversations import turns
+from conversations import console, turns
 from conversations.models import (
     BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
@@ -95,7 +95,9 @@ def flush_many(buffer_ids, now, owner="", start=0):
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
             _born_running(new_turns, owner, now, start)
-        return Turn.objects.bulk_create(new_turns)
+        created = Turn.objects.bulk_create(new_turns)
+        console.turns_created(created)
+        return created
 
 
 def _born_running(new_turns, owner, now, room):

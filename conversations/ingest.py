@@ -17,7 +17,7 @@ from django.utils.dateparse import parse_datetime
 
 from audit.events import record
 from audit.models import EventKind
-from conversations import control, turns, windows
+from conversations import console, control, turns, windows
 from conversations.models import (
     BufferState, Contact, Conversation, Disposition, DoubleTexting, InboundMessage,
     MessageBuffer, MessageKind, Turn, TurnState,
@@ -82,39 +82,48 @@ RETRYABLE = ("40P01", "40001")
 
 
 def _admit(channel, inbound, now):
-    command = control.parse(inbound.text) if not inbound.media_type else None
     with transaction.atomic():
-        conversation = _conversation_with_state(channel, inbound)
-        if conversation is None:
-            return None
-        running = conversation.running_turn_id
-        # The open buffer comes with the conversation, so the message is stored with it
-        # in one statement; with a turn running the strategy decides first.
-        buffer = None if (command or running) else _known_open_buffer(conversation)
-        message = _store_once(channel, conversation, inbound, now, command, buffer)
-        if message is None:
-            return Admission(duplicate=True, conversation_id=conversation.pk)
-        admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
-        if command:
-            control.handle(conversation, message, command, now)
-            admission.disposition = Disposition.CONTROL
-            return admission
-        carried = None
-        if running is not None:
-            outcome = _double_text(channel, conversation, Turn(pk=running), message, now)
-            if outcome == "rejected":
-                admission.disposition = Disposition.REJECTED
-                return admission
-            carried = running if outcome == "interrupted" else None
-            buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
-        buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
-        admission.disposition = Disposition.BUFFERED
-        admission.buffer_id = buffer.pk
-        admission.flush_at = buffer.flush_at
-        admission.planned_reason = buffer.planned_reason
-        admission.window_kind = buffer.window_kind
-        admission.window_seconds = buffer.window_seconds
+        admission = _admit_in_transaction(channel, inbound, now)
+        if admission is not None and not admission.duplicate:
+            console.message_admitted(channel, admission.conversation_id, inbound, admission,
+                                     f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
         return admission
+
+
+def _admit_in_transaction(channel, inbound, now):
+    """`_admit`'s work, inside its transaction."""
+    command = control.parse(inbound.text) if not inbound.media_type else None
+    conversation = _conversation_with_state(channel, inbound)
+    if conversation is None:
+        return None
+    running = conversation.running_turn_id
+    # The open buffer comes with the conversation, so the message is stored with it
+    # in one statement; with a turn running the strategy decides first.
+    buffer = None if (command or running) else _known_open_buffer(conversation)
+    message = _store_once(channel, conversation, inbound, now, command, buffer)
+    if message is None:
+        return Admission(duplicate=True, conversation_id=conversation.pk)
+    admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
+    if command:
+        control.handle(conversation, message, command, now)
+        admission.disposition = Disposition.CONTROL
+        return admission
+    carried = None
+    if running is not None:
+        outcome = _double_text(channel, conversation, Turn(pk=running), message, now)
+        if outcome == "rejected":
+            admission.disposition = Disposition.REJECTED
+            return admission
+        carried = running if outcome == "interrupted" else None
+        buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
+    buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
+    admission.disposition = Disposition.BUFFERED
+    admission.buffer_id = buffer.pk
+    admission.flush_at = buffer.flush_at
+    admission.planned_reason = buffer.planned_reason
+    admission.window_kind = buffer.window_kind
+    admission.window_seconds = buffer.window_seconds
+    return admission
 
 
 def _first(queryset):
@@ -186,6 +195,13 @@ def _known_open_buffer(conversation):
     return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,
                          first_message_at=conversation.open_buffer_first_at,
                          message_count=conversation.open_buffer_count)
+
+
+def open_conversation(channel, inbound) -> Conversation:
+    """The conversation this sender's messages go to, created if new (the web chat
+    opens it before the first message, to listen to it)."""
+    _create_conversation(channel, inbound)
+    return Conversation.objects.get(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id)
 
 
 def _create_conversation(channel, inbound):

@@ -23,7 +23,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
-from conversations import engine, turns
+from conversations import console, engine, turns
 from conversations import telegram as telegram_inbound
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
@@ -327,7 +327,7 @@ class Worker:
     async def run_turn(self, turn):
         conversation, channel = turn.conversation, turn.conversation.channel
         transport = transport_for(channel)
-        target = Target(conversation.chat_id, turn.reply_target, turn.thread_id)
+        target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
         typing = None
         if channel.typing_enabled and transport.supports_typing:
             typing = asyncio.create_task(self.keep_typing(transport, target))
@@ -414,6 +414,7 @@ class Worker:
         with transaction.atomic():
             ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
                                       for turn, state, reply, outcome in finished], self.owner)
+            console.turns_finished([item for item in finished if item[0].pk in ours])
             replies = {}
             for turn, state, reply, _ in finished:
                 if turn.pk in ours and reply:

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from audit.events import record, record_many
 from audit.models import EventKind
+from delivery import console
 from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import SendResult, Target, transport_for
 
@@ -219,6 +220,7 @@ def finish_many(outcomes, owner, now=None):
     for row, result in outcomes:
         if not result.ok:
             finish(row, owner, result, now)
+    console.sends_recorded(outcomes)
 
 
 def _mark_delivered(platform_ids, owner, now) -> set:

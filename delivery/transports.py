@@ -174,21 +174,28 @@ class StoredTransport(Transport):
 
 
 class WebchatTransport(Transport):
-    """The site's own chat: the reply is pushed to the conversation's websocket group
-    (`webchat.<conversation id>`) through the channel layer; the row stays readable."""
+    """The site's own chat (the console's playground): the reply is pushed to the
+    conversation's live group (`webchat.<conversation id>`), across processes (see
+    agentloop.live); the row stays readable, and the page reloads it on reconnect."""
+
+    supports_typing = True
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        from channels.layers import get_channel_layer
+        from agentloop import live
 
-        layer = get_channel_layer()
-        if layer is None:
-            return SendResult.delivered()
         try:
-            await layer.group_send(f"webchat.{target.conversation_id}", {
-                "type": "chat.reply", "text": text, "reply_to": target.reply_target})
+            await live.apublish([live.conversation_group(target.conversation_id)], {
+                "kind": "reply", "conversation": target.conversation_id, "text": text,
+                "reply_to": target.reply_target})
         except Exception as exc:  # e.g. Redis unreachable
             return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered()
+
+    async def send_typing(self, target: Target) -> None:
+        from agentloop import live
+
+        await live.apublish([live.conversation_group(target.conversation_id)], {
+            "kind": "typing", "conversation": target.conversation_id})
 
 
 class ApiCallbackTransport(Transport):

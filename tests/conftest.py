@@ -17,6 +17,8 @@ from conversations.models import AgentKey, Channel, WorkerHeartbeat
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["tests.browser", "tests.redis_server"]
+
 
 def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     """Poll `predicate` until it is truthy; return its value or fail with `message`."""
@@ -136,14 +138,18 @@ class Processes:
 
 @pytest.fixture(autouse=True)
 def fresh_channel_cache():
-    """Each test's channels and tool policies are new rows (rolled back after), never a cached copy."""
+    """Each test's channels, tool policies and live listeners are new rows (rolled back
+    after), never a cached copy."""
+    from agentloop.live import forget_listeners
     from tools.guard import forget_policies
 
     Channel.objects.forget_cached()
     forget_policies()
+    forget_listeners()
     yield
     Channel.objects.forget_cached()
     forget_policies()
+    forget_listeners()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """What `make run` does before starting the processes: migrate, an admin user, a demo
-channel with an agent key. Idempotent and quiet on a second run."""
+channel with an agent key, the playground's web chat channel. Idempotent and quiet on a second run."""
 
 import os
 import secrets
@@ -32,6 +32,7 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         password = self.admin_user()
         key = self.demo_channel()
+        self.playground_channel()
         telegram = self.telegram_channel()
         from tools.guard import ensure_policies
 
@@ -59,6 +60,11 @@ class Command(BaseCommand):
             key, raw = AgentKey.objects.issue("demo", [channel])
             (settings.VAR_DIR / "demo_agent_key").write_text(raw)
         return raw
+
+    def playground_channel(self):
+        """The console's playground talks to this web chat channel."""
+        Channel.objects.get_or_create(slug="playground", defaults={
+            "name": "Playground (web chat, demo agent)", "kind": ChannelKind.WEBCHAT, "agent": "demo"})
 
     def telegram_channel(self):
         """With TELEGRAM_BOT_TOKEN set, a real bot answers through long polling."""

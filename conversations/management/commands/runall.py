@@ -95,6 +95,8 @@ class Command(BaseCommand):
             "",
             "agentloop is running (Ctrl-C stops everything)",
             f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
+            f"  dashboard: {base}/console/   (live; staff only)",
+            f"  playground: {base}/console/playground/   (chat with the demo agent, watch the layers work)",
             f"  API docs:  {base}/api/docs/   (schema: {base}/api/schema/)",
             f"  demo channel 'demo' (demo agent: try \"agéndame psicología el lunes a las 10\"), agent key: {info.get('demo_key', '?')}",
             f"    curl -X POST {base}/api/v1/channels/demo/messages \\",

@@ -1,0 +1,71 @@
+"""The dashboard's picture of the three layers, put together from each app's own
+console functions (no app's tables are read here)."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from audit import console as audit_console
+from audit.models import EventKind
+from conversations import console as conversations_console
+from delivery import console as delivery_console
+from tools import console as tools_console
+from tools import registry
+
+# Guard telemetry, over the last TELEMETRY_DAYS: a tool catching more than HIGH_PER_100
+# duplicates per 100 turns (over MIN_TURNS turns at least) is flagged (the agent keeps repeating itself: look at the
+# prompt or the model); a guarded tool called QUIET_AFTER times without ever catching
+# one is flagged too (is the fingerprint too narrow — a field that always differs?).
+TELEMETRY_DAYS = 7
+HIGH_PER_100 = 5.0
+MIN_TURNS = 20  # fewer turns than this say nothing about a rate
+QUIET_AFTER = 20
+CHART_DAYS = 14
+
+
+def snapshot(now=None) -> dict:
+    now = now or timezone.now()
+    day = now - timedelta(hours=24)
+    return {
+        "now": now.isoformat(),
+        "buffers": conversations_console.open_buffers(),
+        "turns": conversations_console.turns_in_flight(),
+        "proposals": tools_console.pending_proposals(),
+        "ledger": delivery_console.replies_by_state(),
+        "duplicates": audit_console.recent(limit=10, kinds=[EventKind.DUPLICATE_PREVENTED]),
+        "events": audit_console.recent(limit=15),
+        "charts": {
+            "duplicates_per_day": _days(audit_console.duplicates_by_day(now - timedelta(days=CHART_DAYS - 1)), now),
+            "duplicates_per_tool": audit_console.duplicates_by_tool(now - timedelta(days=CHART_DAYS)),
+            "flush_reasons": conversations_console.flush_reasons(day),
+            "delivery_outcomes": delivery_console.outcomes_since(day),
+        },
+        "telemetry": guard_telemetry(now),
+    }
+
+
+def _days(counts, now):
+    """Every day of the chart, zeros included, oldest first."""
+    days = [(now - timedelta(days=n)).date().isoformat() for n in range(CHART_DAYS - 1, -1, -1)]
+    return {d: counts.get(d, 0) for d in days}
+
+
+def guard_telemetry(now=None) -> list:
+    now = now or timezone.now()
+    since = now - timedelta(days=TELEMETRY_DAYS)
+    turns = conversations_console.turn_count(since)
+    duplicates = audit_console.duplicates_by_tool(since)
+    claims = tools_console.claims_by_tool(since)
+    guarded = {name for name, tool in registry.all_tools().items() if tool.guarded}
+    rows = []
+    for tool in sorted(guarded | set(duplicates) | set(claims)):
+        caught = duplicates.get(tool, 0)
+        per_100 = round(100.0 * caught / turns, 1) if turns else 0.0
+        flag = ""
+        if caught and turns >= MIN_TURNS and per_100 > HIGH_PER_100:
+            flag = "high"
+        elif tool in guarded and claims.get(tool, 0) >= QUIET_AFTER and not caught:
+            flag = "never fires"
+        rows.append({"tool": tool, "duplicates": caught, "claims": claims.get(tool, 0), "turns": turns,
+                     "per_100_turns": per_100, "flag": flag})
+    return rows

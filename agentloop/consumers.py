@@ -1,0 +1,209 @@
+"""The console's websockets: the dashboard and the playground. Staff only; live updates
+arrive through `agentloop.live` (Redis, or the relay over the database)."""
+
+import asyncio
+import json
+import logging
+import uuid
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from agentloop import console, live
+
+log = logging.getLogger(__name__)
+
+# Close codes (4000–4999 are the application's): the page says why it was refused.
+NOT_STAFF = 4403
+NO_CHANNEL = 4404
+MAX_TEXT = 4000
+DASHBOARD_PERMISSION = "audit.view_auditevent"
+PLAYGROUND_PERMISSION = "conversations.change_channel"
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """Accepts active staff holding `permission` only, joins its groups and keeps the
+    process's relay running."""
+
+    live_groups: tuple = ()
+    permission = ""
+    subscribed = False
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if not await database_sync_to_async(allowed)(user, self.permission):
+            await self.close(code=NOT_STAFF)  # before accept: the handshake is refused (403)
+            return
+        if not await self.prepare(user):
+            await self.close(code=NO_CHANNEL)
+            return
+        for group in self.live_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await live.relay().subscribe()
+        self.subscribed = True
+        await self.accept()
+        await self.welcome()
+
+    async def disconnect(self, code):
+        for group in self.live_groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        if self.subscribed:
+            self.subscribed = False
+            await live.relay().unsubscribe()
+
+    async def prepare(self, user) -> bool:
+        return True
+
+    async def welcome(self):
+        pass
+
+    async def live_event(self, message):
+        await self.send_json({"type": "event", "event": message["event"]})
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """A frame that is not a JSON object gets an error, not a dropped socket."""
+        try:
+            content = json.loads(text_data) if text_data else None
+        except ValueError:
+            content = None
+        if not isinstance(content, dict):
+            await self.send_json({"type": "error", "error": "send a JSON object"})
+            return
+        await self.receive_json(content)
+
+
+def allowed(user, permission) -> bool:
+    """The console's rule, for its pages and its websockets alike."""
+    return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff
+                and (not permission or user.has_perm(permission)))
+
+
+class DashboardConsumer(LiveConsumer):
+    """Sends the whole picture on connect, every event as it happens, and a fresh
+    picture shortly after (several events in a burst cost one). Auditors may watch;
+    deciding proposals takes the permission to change them."""
+
+    live_groups = (live.DASHBOARD,)
+    permission = DASHBOARD_PERMISSION
+    REFRESH_AFTER = 0.3
+
+    async def prepare(self, user):
+        self.user = user
+        self.can_decide = await database_sync_to_async(user.has_perm)("tools.change_proposal")
+        self.refresh_task = None
+        return True
+
+    async def welcome(self):
+        await self.send_snapshot()
+
+    async def send_snapshot(self):
+        picture = await database_sync_to_async(console.snapshot)()
+        await self.send_json({"type": "snapshot", "can_decide": self.can_decide, **picture})
+
+    async def live_event(self, message):
+        await super().live_event(message)
+        if self.refresh_task is None or self.refresh_task.done():
+            self.refresh_task = asyncio.create_task(self._refresh_soon())
+
+    async def _refresh_soon(self):
+        await asyncio.sleep(self.REFRESH_AFTER)
+        await self.send_snapshot()
+
+    async def disconnect(self, code):
+        if getattr(self, "refresh_task", None) is not None:
+            self.refresh_task.cancel()
+        await super().disconnect(code)
+
+    async def receive_json(self, content, **kwargs):
+        action, proposal = content.get("action"), content.get("proposal")
+        if action not in ("apply", "reject") or not isinstance(proposal, int):
+            await self.send_json({"type": "error", "error": "expected {action: apply|reject, proposal: <id>}"})
+            return
+        if not self.can_decide:
+            await self.send_json({"type": "error", "error": "your role cannot decide proposals"})
+            return
+        state = await database_sync_to_async(_decide)(action, proposal, self.user.get_username())
+        await self.send_json({"type": "decided", "proposal": proposal, "state": state})
+        await self.send_snapshot()
+
+
+def _decide(action, proposal_id, username):
+    from tools import approvals
+    from tools.models import Proposal
+
+    if not Proposal.objects.filter(pk=proposal_id).exists():
+        return "unknown"
+    decide = approvals.apply if action == "apply" else approvals.reject
+    return decide(proposal_id, by=f"operator:{username}").state
+
+
+class PlaygroundConsumer(LiveConsumer):
+    """A web chat with one `webchat` channel, as the logged-in person: what they type is
+    admitted like any platform's message; the page sees the countdown, the merged turn,
+    typing, the reply and any duplicate caught, live. It sends messages that make agents
+    act, so it is for operators (who may change channels), not auditors."""
+
+    permission = PLAYGROUND_PERMISSION
+
+    async def prepare(self, user):
+        slug = self.scope["url_route"]["kwargs"]["slug"]
+        self.channel, self.conversation = await database_sync_to_async(_open_playground)(slug, user)
+        if self.channel is None:
+            return False
+        self.live_groups = (live.conversation_group(self.conversation.pk),)
+        return True
+
+    async def welcome(self):
+        transcript = await database_sync_to_async(_transcript)(self.conversation.pk)
+        await self.send_json({"type": "hello", "conversation": self.conversation.pk, "channel": self.channel.slug,
+                              "agent": self.channel.agent, "transcript": transcript})
+
+    async def receive_json(self, content, **kwargs):
+        text = content.get("text")
+        if not isinstance(text, str) or not text.strip():
+            await self.send_json({"type": "error", "error": "a message needs some text"})
+            return
+        if len(text) > MAX_TEXT:
+            await self.send_json({"type": "error", "error": f"messages are limited to {MAX_TEXT} characters"})
+            return
+        message_id = str(content.get("id") or uuid.uuid4())[:64]
+        admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)
+        await self.send_json({"type": "admitted", "id": message_id, **admission})
+
+
+def _sender(user):
+    from conversations.ingest import Inbound
+
+    return lambda text="", message_id="": Inbound(
+        platform_message_id=message_id, chat_id=f"console-{user.pk}", sender_id=f"console-{user.pk}",
+        sender_name=user.get_full_name() or user.get_username(), username=user.get_username(), text=text)
+
+
+def _open_playground(slug, user):
+    from conversations.ingest import open_conversation
+    from conversations.models import Channel, ChannelKind
+
+    channel = Channel.objects.active(slug, ChannelKind.WEBCHAT)
+    if channel is None:
+        return None, None
+    return channel, open_conversation(channel, _sender(user)())
+
+
+def _admit(channel, user, text, message_id):
+    from django.utils import timezone
+
+    from conversations.ingest import admit
+
+    admission = admit(channel, _sender(user)(text=text, message_id=f"console:{message_id}"))
+    return {"duplicate": admission.duplicate, "disposition": admission.disposition,
+            "flush_at": admission.flush_at.isoformat() if admission.flush_at else None,
+            "window_seconds": admission.window_seconds, "window_kind": admission.window_kind,
+            "now": timezone.now().isoformat()}
+
+
+def _transcript(conversation_id):
+    from conversations import console as conversations_console
+    from delivery import console as delivery_console
+
+    items = conversations_console.messages_of(conversation_id) + delivery_console.replies_of(conversation_id)
+    return sorted(items, key=lambda item: item["at"] or "")[-40:]

@@ -1,0 +1,93 @@
+"""What the operator console shows of conversations: the live events this app
+publishes, and the dashboard's figures (open buffers, turns in flight, flush reasons)."""
+
+from django.db.models import Count
+from django.utils import timezone
+
+from agentloop import live
+from conversations.models import BufferState, MessageBuffer, Turn
+
+
+def _iso(value):
+    return value.isoformat() if value else None
+
+
+def _groups(conversation_id):
+    return (live.DASHBOARD, live.conversation_group(conversation_id))
+
+
+# --- live events (published inside the transaction of the change) ---------------------
+
+
+def message_admitted(channel, conversation_id, inbound, admission, text):
+    """A message reached a conversation: buffered (with its deadline), a control
+    command, or rejected."""
+    live.publish(_groups(conversation_id), {
+        "kind": "message", "conversation": conversation_id, "channel": channel.slug,
+        "contact": inbound.sender_name or inbound.sender_id, "text": text[:300],
+        "disposition": admission.disposition, "buffer": admission.buffer_id,
+        "flush_at": _iso(admission.flush_at), "window_seconds": admission.window_seconds,
+        "window_kind": admission.window_kind, "reason": admission.planned_reason,
+        "at": _iso(timezone.now()),
+    })
+
+
+def turns_created(new_turns):
+    """Buffers flushed: each became a turn (ready, or already running)."""
+    live.publish_many([(_groups(turn.conversation_id), {
+        "kind": "turn", "turn": turn.pk, "conversation": turn.conversation_id,
+        "channel": turn.conversation.channel.slug, "state": turn.state, "reason": turn.flush_reason,
+        "text": turn.merged_input[:500], "at": _iso(turn.created_at),
+    }) for turn in new_turns])
+
+
+def turns_finished(finished):
+    """`finished`: (turn, state, reply, outcome) of turns that just ended."""
+    live.publish_many([(_groups(turn.conversation_id), {
+        "kind": "turn", "turn": turn.pk, "conversation": turn.conversation_id, "state": state,
+        "reply": (reply or "")[:500], "outcome": (outcome or "")[:300], "at": _iso(timezone.now()),
+    }) for turn, state, reply, outcome in finished])
+
+
+# --- the dashboard's figures ---------------------------------------------------------------
+
+
+def open_buffers(limit=50):
+    """Buffers waiting for their window, soonest deadline first, with the window each got."""
+    rows = (MessageBuffer.objects.filter(state=BufferState.OPEN)
+            .select_related("conversation__channel", "conversation__contact").order_by("flush_at")[:limit])
+    return [{
+        "buffer": b.pk, "conversation": b.conversation_id, "channel": b.conversation.channel.slug,
+        "contact": str(b.conversation.contact), "messages": b.message_count, "flush_at": _iso(b.flush_at),
+        "window_seconds": b.window_seconds, "window_kind": b.window_kind, "reason": b.planned_reason,
+    } for b in rows]
+
+
+def turns_in_flight(limit=50):
+    rows = (Turn.objects.filter(state__in=Turn.ACTIVE).select_related("conversation__channel")
+            .order_by("created_at")[:limit])
+    return [{
+        "turn": t.pk, "conversation": t.conversation_id, "channel": t.conversation.channel.slug,
+        "agent": t.conversation.channel.agent, "state": t.state, "fired_effect": t.fired_effect,
+        "created_at": _iso(t.created_at), "started_at": _iso(t.started_at), "text": t.merged_input[:200],
+    } for t in rows]
+
+
+def flush_reasons(since):
+    return dict(Turn.objects.filter(created_at__gte=since).values_list("flush_reason")
+                .annotate(n=Count("pk")).values_list("flush_reason", "n"))
+
+
+def turn_count(since):
+    return Turn.objects.filter(created_at__gte=since).count()
+
+
+def messages_of(conversation_id, limit=30):
+    """The conversation's latest inbound messages, oldest first (the playground's
+    transcript on reconnect)."""
+    from conversations.models import InboundMessage
+
+    rows = (InboundMessage.objects.filter(conversation_id=conversation_id)
+            .order_by("-received_at", "-pk")[:limit])
+    return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition}
+            for m in reversed(rows)]

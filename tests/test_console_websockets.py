@@ -1,0 +1,321 @@
+"""The console's websockets, through the real ASGI application (session auth, origin
+check, routing) with channels' test communicator: who may connect, what the dashboard
+and the playground send, and bad input."""
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.utils import timezone
+
+from agentloop.asgi import application
+from conversations.ingest import Inbound, admit
+from conversations.models import Channel
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = (b"origin", b"http://testserver")
+
+
+def session_cookie(user):
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+WATCH = ["view_auditevent"]
+OPERATE = ["view_auditevent", "change_channel", "change_proposal"]
+
+
+def make_user(name, staff=True, perms=()):
+    user = get_user_model().objects.create_user(name, password="pw-" + name, is_staff=staff)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def headers_for(user=None, origin=ORIGIN):
+    """Built outside the event loop: logging in writes a session row."""
+    return [h for h in (origin, session_cookie(user) if user else None) if h]
+
+
+def communicator(path, headers):
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def receive_until(comm, predicate, timeout=5.0):
+    """Messages until one matches (the live feed interleaves events and snapshots)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        assert left > 0, "no matching message arrived"
+        message = await comm.receive_json_from(timeout=left)
+        if predicate(message):
+            return message
+
+
+@pytest.fixture
+def playground(db):
+    return Channel.objects.create(slug="playground", kind="webchat", agent="demo", window_closed=2.0)
+
+
+# --- who may connect ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/ws/console/dashboard/", "/ws/console/playground/playground/"])
+def test_anonymous_is_refused(playground, path):
+    headers = headers_for()
+
+    async def run():
+        comm = communicator(path, headers)
+        connected, _ = await comm.connect()
+        assert not connected
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["/ws/console/dashboard/", "/ws/console/playground/playground/"])
+def test_a_user_who_is_not_staff_is_refused(playground, path):
+    user = make_user("visitor", staff=False)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator(path, headers)
+        connected, code = await comm.connect()
+        assert not connected and code == 4403
+    asyncio.run(run())
+
+
+def test_each_page_needs_its_permission(playground):
+    """An auditor (may view audit events) watches the dashboard but cannot chat; a staff
+    user without that permission sees neither."""
+    auditor, bare = make_user("auditor", perms=WATCH), make_user("bare")
+    cases = [(auditor, "/ws/console/dashboard/", True), (auditor, "/ws/console/playground/playground/", False),
+             (bare, "/ws/console/dashboard/", False), (bare, "/ws/console/playground/playground/", False)]
+    cases = [(headers_for(user), path, expected) for user, path, expected in cases]
+
+    async def run():
+        for headers, path, expected in cases:
+            comm = communicator(path, headers)
+            connected, code = await comm.connect()
+            assert connected is expected, path
+            if connected:
+                await comm.disconnect()
+            else:
+                assert code == 4403
+    asyncio.run(run())
+
+
+def test_another_sites_page_cannot_open_the_socket(playground):
+    headers = headers_for(make_user("op", perms=OPERATE), origin=(b"origin", b"http://evil.example"))
+
+    async def run():
+        comm = communicator("/ws/console/dashboard/", headers)
+        connected, _ = await comm.connect()
+        assert not connected
+    asyncio.run(run())
+
+
+def test_playground_of_an_unknown_or_non_webchat_channel_is_refused(playground):
+    Channel.objects.create(slug="api-chan", kind="api")
+    user = make_user("op", perms=OPERATE)
+    headers = headers_for(user)
+
+    async def run():
+        for slug in ("nope", "api-chan"):
+            comm = communicator(f"/ws/console/playground/{slug}/", headers)
+            connected, code = await comm.connect()
+            assert not connected and code == 4404
+    asyncio.run(run())
+
+
+# --- the dashboard -----------------------------------------------------------------------
+
+
+def test_dashboard_sends_the_picture_then_live_events(playground):
+    user = make_user("watcher", perms=WATCH)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/dashboard/", headers)
+        connected, _ = await comm.connect()
+        assert connected
+        first = await comm.receive_json_from(timeout=5)
+        assert first["type"] == "snapshot" and first["buffers"] == [] and first["can_decide"] is False
+        assert {s["state"] for s in first["ledger"]} >= {"pending", "delivered", "abandoned"}
+        assert len(first["charts"]["duplicates_per_day"]) == 14
+        # A message admitted elsewhere (here: another thread, as the web process would).
+        await sync_to_async(admit, thread_sensitive=False)(playground, Inbound("m1", "ana", "ana", text="hola"))
+        event = await receive_until(comm, lambda m: m["type"] == "event")
+        assert event["event"]["kind"] == "message" and event["event"]["text"] == "hola"
+        assert event["event"]["disposition"] == "buffered" and event["event"]["window_seconds"] > 0
+        picture = await receive_until(comm, lambda m: m["type"] == "snapshot")
+        [buffer] = picture["buffers"]
+        assert buffer["messages"] == 1 and buffer["channel"] == "playground"
+        await comm.disconnect()
+    asyncio.run(run())
+
+
+def test_dashboard_refuses_decisions_without_the_permission_and_bad_requests(playground):
+    user = make_user("watcher", perms=WATCH)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/dashboard/", headers)
+        await comm.connect()
+        await comm.receive_json_from(timeout=5)
+        await comm.send_json_to({"action": "apply", "proposal": 1})
+        assert (await comm.receive_json_from(timeout=5)) == {
+            "type": "error", "error": "your role cannot decide proposals"}
+        await comm.send_json_to({"action": "explode", "proposal": "x"})
+        assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+        await comm.disconnect()
+    asyncio.run(run())
+
+
+def test_dashboard_rejects_a_proposal_for_an_operator(playground):
+    from tools.models import ActionClaim, ClaimState, Proposal
+
+    now = timezone.now()
+    claim = ActionClaim.objects.create(scope="contact:1", action="email_send", fingerprint="f" * 64,
+                                       state=ClaimState.PROPOSED, expires_at=now + timedelta(hours=1),
+                                       lease_until=now + timedelta(hours=1), arguments={"to": ["a@b.c"]})
+    proposal = Proposal.objects.create(claim=claim, expires_at=now + timedelta(hours=1))
+    user = make_user("op", perms=OPERATE)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/dashboard/", headers)
+        await comm.connect()
+        first = await comm.receive_json_from(timeout=5)
+        assert first["can_decide"] and [p["proposal"] for p in first["proposals"]] == [proposal.pk]
+        await comm.send_json_to({"action": "reject", "proposal": proposal.pk})
+        decided = await receive_until(comm, lambda m: m["type"] == "decided")
+        assert decided["state"] == "rejected"
+        await comm.send_json_to({"action": "apply", "proposal": 999999})
+        assert (await receive_until(comm, lambda m: m["type"] == "decided"))["state"] == "unknown"
+        await comm.disconnect()
+    asyncio.run(run())
+    assert Proposal.objects.get(pk=proposal.pk).decided_by == "operator:op"
+
+
+# --- the playground ----------------------------------------------------------------------
+
+
+def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
+    user = make_user("op", perms=OPERATE)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/playground/playground/", headers)
+        connected, _ = await comm.connect()
+        assert connected
+        hello = await comm.receive_json_from(timeout=5)
+        assert hello["type"] == "hello" and hello["agent"] == "demo" and hello["transcript"] == []
+        await comm.send_json_to({"text": "quiero una cita.", "id": "a1"})
+        admitted = await receive_until(comm, lambda m: m["type"] == "admitted")
+        assert admitted["disposition"] == "buffered" and admitted["window_kind"] == "closed"
+        assert admitted["window_seconds"] == 2.0
+        assert admitted["flush_at"] > admitted["now"]
+        event = await receive_until(comm, lambda m: m["type"] == "event")
+        assert event["event"]["kind"] == "message" and event["event"]["conversation"] == hello["conversation"]
+        # The same id again is the same message: not admitted twice.
+        await comm.send_json_to({"text": "quiero una cita.", "id": "a1"})
+        assert (await receive_until(comm, lambda m: m["type"] == "admitted"))["duplicate"] is True
+        await comm.disconnect()
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("payload, error", [
+    ({"text": ""}, "a message needs some text"),
+    ({"text": "   "}, "a message needs some text"),
+    ({"text": 42}, "a message needs some text"),
+    ({"nothing": True}, "a message needs some text"),
+    ({"text": "x" * 4001}, "messages are limited to 4000 characters"),
+])
+def test_playground_answers_bad_input_with_an_error_and_admits_nothing(playground, payload, error):
+    from conversations.models import InboundMessage
+
+    user = make_user("op", perms=OPERATE)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/playground/playground/", headers)
+        await comm.connect()
+        await comm.receive_json_from(timeout=5)
+        await comm.send_json_to(payload)
+        assert (await comm.receive_json_from(timeout=5)) == {"type": "error", "error": error}
+        await comm.disconnect()
+    asyncio.run(run())
+    assert not InboundMessage.objects.exists()
+
+
+def test_playground_survives_a_frame_that_is_not_json(playground):
+    user = make_user("op", perms=OPERATE)
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator("/ws/console/playground/playground/", headers)
+        await comm.connect()
+        await comm.receive_json_from(timeout=5)
+        await comm.send_to(text_data="{not json")
+        assert (await comm.receive_json_from(timeout=5))["type"] == "error"
+        await comm.send_json_to({"text": "still here?"})
+        assert (await receive_until(comm, lambda m: m["type"] == "admitted"))["disposition"] == "buffered"
+        await comm.disconnect()
+    asyncio.run(run())
+
+
+def test_nothing_is_published_while_nobody_watches(playground):
+    from agentloop.models import LiveEvent
+
+    admit(playground, Inbound("m1", "ana", "ana", text="hola"))
+    assert not LiveEvent.objects.exists()
+
+
+def test_payloads_are_json_round_trippable(playground):
+    """What the live path carries crosses Redis and the database as JSON."""
+    from agentloop import console
+
+    json.dumps(console.snapshot())
+
+
+def test_a_rolled_back_change_publishes_nothing(playground):
+    from django.db import transaction
+
+    from agentloop import live
+    from agentloop.models import LiveEvent, LiveListener
+
+    LiveListener.objects.create(name="web:1", seen_at=timezone.now())
+    with pytest.raises(RuntimeError), transaction.atomic():
+        live.publish([live.DASHBOARD], {"kind": "note"})
+        raise RuntimeError("the change failed")
+    assert not LiveEvent.objects.exists()
+    live.publish([live.DASHBOARD], {"kind": "note"})
+    assert LiveEvent.objects.count() == 1
+
+
+def test_the_relay_waits_for_a_gap_in_the_ids_then_moves_past_it():
+    """A lower id can become visible after a higher one (PostgreSQL hands ids out before
+    commit): the relay's floor stays below the gap for a while, then gives up on it."""
+    import time
+
+    from agentloop.live import Relay
+
+    relay = Relay()
+    relay.floor, relay.seen = 1, {3, 4}
+    relay._advance_floor()
+    assert relay.floor == 1 and relay.gap_since is not None  # 2 may still commit
+    relay.seen.add(2)
+    relay._advance_floor()
+    assert relay.floor == 4 and relay.seen == set()
+    relay.seen = {7}
+    relay._advance_floor()
+    relay.gap_since = time.monotonic() - Relay.SETTLE - 0.1
+    relay._advance_floor()
+    assert relay.floor == 7 and relay.seen == set() and relay.gap_since is None

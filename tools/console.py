@@ -1,0 +1,21 @@
+"""What the operator console shows of the action guard: proposals awaiting a person,
+and the claims per tool behind the guard's telemetry."""
+
+from django.db.models import Count
+from django.utils import timezone
+
+from tools.models import ActionClaim, Proposal, ProposalState
+
+
+def pending_proposals(limit=20):
+    rows = (Proposal.objects.filter(state=ProposalState.PENDING, expires_at__gt=timezone.now())
+            .select_related("claim").order_by("created_at")[:limit])
+    return [{"proposal": p.pk, "tool": p.claim.action, "arguments": p.claim.arguments,
+             "conversation": p.claim.conversation_id, "channel": p.claim.channel_slug,
+             "created_at": p.created_at.isoformat(), "expires_at": p.expires_at.isoformat()} for p in rows]
+
+
+def claims_by_tool(since):
+    """Guarded calls that went through (one claim each) per tool."""
+    return dict(ActionClaim.objects.filter(created_at__gte=since).values_list("action")
+                .annotate(n=Count("pk")).values_list("action", "n"))
