@@ -203,3 +203,30 @@ def test_an_auditor_reads_but_cannot_change_and_never_sees_a_token(processes, br
         assert page.goto(forbidden).status == 403, forbidden
     screenshot(page, "auditor-forbidden")
     assert_no_console_errors(page, ignore=[r"status of 403"])
+
+
+def test_an_operator_applies_a_proposal_from_the_dashboard_once(processes, browser, make_conversation):
+    """Apply on the dashboard runs the proposed action once; the card leaves the list."""
+    from tools import guard
+    from tools.models import CalendarEvent, Proposal, ProposalState, ToolPolicy
+    from tools.registry import Scope
+
+    channel = Channel.objects.create(slug="tg", kind="api")
+    guard.ensure_policies()
+    ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=True)
+    guard.forget_policies()
+    outcome = guard.invoke("calendar_create_event", {"title": "Kine", "start_datetime": "2026-12-03T09:00"},
+                           Scope.of_conversation(make_conversation(channel)), actor="test")
+    web = processes.web()
+    page = page_for(browser, web.url, *operator())
+    page.goto("/console/")
+    live(page)
+    card = page.locator("#proposals li", has_text="calendar_create_event")
+    card.wait_for()
+    assert "Kine" in card.inner_text()
+    card.get_by_role("button", name="Apply").click()
+    page.locator("#feed li", has_text=f"Proposal {outcome.proposal_id}: applied").wait_for()
+    page.locator("#proposals li").first.wait_for(state="detached")
+    assert Proposal.objects.get(pk=outcome.proposal_id).state == ProposalState.APPLIED
+    assert CalendarEvent.objects.filter(title="Kine").count() == 1
+    assert_no_console_errors(page)
