@@ -3,7 +3,6 @@ arrive through `agentloop.live` (Redis, or the relay over the database)."""
 
 import asyncio
 import json
-import logging
 import uuid
 
 from channels.db import database_sync_to_async
@@ -11,10 +10,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agentloop import console, live
 
-log = logging.getLogger(__name__)
-
-# Close codes (4000–4999 are the application's): the page says why it was refused.
-NOT_STAFF = 4403
+# Close codes (4000–4999 are the application's).
+NOT_STAFF = 4403  # not active staff, or lacking the page's permission
 NO_CHANNEL = 4404
 MAX_TEXT = 4000
 DASHBOARD_PERMISSION = "audit.view_auditevent"

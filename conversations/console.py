@@ -22,6 +22,8 @@ def _groups(conversation_id):
 def message_admitted(channel, conversation_id, inbound, admission, text):
     """A message reached a conversation: buffered (with its deadline), a control
     command, or rejected."""
+    if not live.anyone_listening():  # every inbound message passes here: build nothing
+        return
     live.publish(_groups(conversation_id), {
         "kind": "message", "conversation": conversation_id, "channel": channel.slug,
         "contact": inbound.sender_name or inbound.sender_id, "text": text[:300],
@@ -34,6 +36,8 @@ def message_admitted(channel, conversation_id, inbound, admission, text):
 
 def turns_created(new_turns):
     """Buffers flushed: each became a turn (ready, or already running)."""
+    if not live.anyone_listening():
+        return
     live.publish_many([(_groups(turn.conversation_id), {
         "kind": "turn", "turn": turn.pk, "conversation": turn.conversation_id,
         "channel": turn.conversation.channel.slug, "state": turn.state, "reason": turn.flush_reason,
@@ -43,6 +47,8 @@ def turns_created(new_turns):
 
 def turns_finished(finished):
     """`finished`: (turn, state, reply, outcome) of turns that just ended."""
+    if not live.anyone_listening():
+        return
     live.publish_many([(_groups(turn.conversation_id), {
         "kind": "turn", "turn": turn.pk, "conversation": turn.conversation_id, "state": state,
         "reply": (reply or "")[:500], "outcome": (outcome or "")[:300], "at": _iso(timezone.now()),

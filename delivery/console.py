@@ -9,7 +9,7 @@ from delivery.models import OutboundMessage, OutboundState
 
 def sends_recorded(outcomes):
     """`outcomes`: (row, SendResult) pairs just written down."""
-    if outcomes:
+    if outcomes and live.anyone_listening():
         live.publish([live.DASHBOARD], {
             "kind": "delivery", "delivered": sum(1 for _, result in outcomes if result.ok),
             "failed": sum(1 for _, result in outcomes if not result.ok)})
