@@ -198,7 +198,6 @@ class Relay:
 
     @staticmethod
     def _last_id():
-        LiveEvent.objects.filter(at__lt=timezone.now() - KEEP).delete()
         last = LiveEvent.objects.order_by("-pk").values_list("pk", flat=True).first()
         return last or 0
 

@@ -49,6 +49,19 @@ def communicator(path, headers):
     return WebsocketCommunicator(application, path, headers=headers)
 
 
+def talk(path, user, body):
+    """Connect to `path` as `user`, then `await body(comm, first_message)`, then disconnect."""
+    headers = headers_for(user)
+
+    async def run():
+        comm = communicator(path, headers)
+        connected, _ = await comm.connect()
+        assert connected
+        await body(comm, await comm.receive_json_from(timeout=5))
+        await comm.disconnect()
+    asyncio.run(run())
+
+
 async def receive_until(comm, predicate, timeout=5.0):
     """Messages until one matches (the live feed interleaves events and snapshots)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -138,14 +151,7 @@ def test_playground_of_an_unknown_or_non_webchat_channel_is_refused(playground):
 
 
 def test_dashboard_sends_the_picture_then_live_events(playground):
-    user = make_user("watcher", perms=WATCH)
-    headers = headers_for(user)
-
-    async def run():
-        comm = communicator("/ws/console/dashboard/", headers)
-        connected, _ = await comm.connect()
-        assert connected
-        first = await comm.receive_json_from(timeout=5)
+    async def body(comm, first):
         assert first["type"] == "snapshot" and first["buffers"] == [] and first["can_decide"] is False
         assert {s["state"] for s in first["ledger"]} >= {"pending", "delivered", "abandoned"}
         assert len(first["charts"]["duplicates_per_day"]) == 14
@@ -157,25 +163,17 @@ def test_dashboard_sends_the_picture_then_live_events(playground):
         picture = await receive_until(comm, lambda m: m["type"] == "snapshot")
         [buffer] = picture["buffers"]
         assert buffer["messages"] == 1 and buffer["channel"] == "playground"
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/dashboard/", make_user("watcher", perms=WATCH), body)
 
 
 def test_dashboard_refuses_decisions_without_the_permission_and_bad_requests(playground):
-    user = make_user("watcher", perms=WATCH)
-    headers = headers_for(user)
-
-    async def run():
-        comm = communicator("/ws/console/dashboard/", headers)
-        await comm.connect()
-        await comm.receive_json_from(timeout=5)
+    async def body(comm, first):
         await comm.send_json_to({"action": "apply", "proposal": 1})
         assert (await comm.receive_json_from(timeout=5)) == {
             "type": "error", "error": "your role cannot decide proposals"}
         await comm.send_json_to({"action": "explode", "proposal": "x"})
         assert (await comm.receive_json_from(timeout=5))["type"] == "error"
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/dashboard/", make_user("watcher", perms=WATCH), body)
 
 
 def test_dashboard_rejects_a_proposal_for_an_operator(playground):
@@ -186,21 +184,15 @@ def test_dashboard_rejects_a_proposal_for_an_operator(playground):
                                        state=ClaimState.PROPOSED, expires_at=now + timedelta(hours=1),
                                        lease_until=now + timedelta(hours=1), arguments={"to": ["a@b.c"]})
     proposal = Proposal.objects.create(claim=claim, expires_at=now + timedelta(hours=1))
-    user = make_user("op", perms=OPERATE)
-    headers = headers_for(user)
 
-    async def run():
-        comm = communicator("/ws/console/dashboard/", headers)
-        await comm.connect()
-        first = await comm.receive_json_from(timeout=5)
+    async def body(comm, first):
         assert first["can_decide"] and [p["proposal"] for p in first["proposals"]] == [proposal.pk]
         await comm.send_json_to({"action": "reject", "proposal": proposal.pk})
         decided = await receive_until(comm, lambda m: m["type"] == "decided")
         assert decided["state"] == "rejected"
         await comm.send_json_to({"action": "apply", "proposal": 999999})
         assert (await receive_until(comm, lambda m: m["type"] == "decided"))["state"] == "unknown"
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/dashboard/", make_user("op", perms=OPERATE), body)
     assert Proposal.objects.get(pk=proposal.pk).decided_by == "operator:op"
 
 
@@ -208,14 +200,7 @@ def test_dashboard_rejects_a_proposal_for_an_operator(playground):
 
 
 def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
-    user = make_user("op", perms=OPERATE)
-    headers = headers_for(user)
-
-    async def run():
-        comm = communicator("/ws/console/playground/playground/", headers)
-        connected, _ = await comm.connect()
-        assert connected
-        hello = await comm.receive_json_from(timeout=5)
+    async def body(comm, hello):
         assert hello["type"] == "hello" and hello["agent"] == "demo" and hello["transcript"] == []
         await comm.send_json_to({"text": "quiero una cita.", "id": "a1"})
         admitted = await receive_until(comm, lambda m: m["type"] == "admitted")
@@ -227,8 +212,7 @@ def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
         # The same id again is the same message: not admitted twice.
         await comm.send_json_to({"text": "quiero una cita.", "id": "a1"})
         assert (await receive_until(comm, lambda m: m["type"] == "admitted"))["duplicate"] is True
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/playground/playground/", make_user("op", perms=OPERATE), body)
 
 
 @pytest.mark.parametrize("payload, error", [
@@ -241,34 +225,20 @@ def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
 def test_playground_answers_bad_input_with_an_error_and_admits_nothing(playground, payload, error):
     from conversations.models import InboundMessage
 
-    user = make_user("op", perms=OPERATE)
-    headers = headers_for(user)
-
-    async def run():
-        comm = communicator("/ws/console/playground/playground/", headers)
-        await comm.connect()
-        await comm.receive_json_from(timeout=5)
+    async def body(comm, hello):
         await comm.send_json_to(payload)
         assert (await comm.receive_json_from(timeout=5)) == {"type": "error", "error": error}
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/playground/playground/", make_user("op", perms=OPERATE), body)
     assert not InboundMessage.objects.exists()
 
 
 def test_playground_survives_a_frame_that_is_not_json(playground):
-    user = make_user("op", perms=OPERATE)
-    headers = headers_for(user)
-
-    async def run():
-        comm = communicator("/ws/console/playground/playground/", headers)
-        await comm.connect()
-        await comm.receive_json_from(timeout=5)
+    async def body(comm, hello):
         await comm.send_to(text_data="{not json")
         assert (await comm.receive_json_from(timeout=5))["type"] == "error"
         await comm.send_json_to({"text": "still here?"})
         assert (await receive_until(comm, lambda m: m["type"] == "admitted"))["disposition"] == "buffered"
-        await comm.disconnect()
-    asyncio.run(run())
+    talk("/ws/console/playground/playground/", make_user("op", perms=OPERATE), body)
 
 
 def test_nothing_is_published_while_nobody_watches(playground):
