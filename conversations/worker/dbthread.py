@@ -1,0 +1,102 @@
+"""One helper for every database step the worker's event loop runs: a thread (or a
+few) with its own connection, which a failed step never leaves broken.
+
+A connection that died under a step (PostgreSQL restarted, the backend killed, SQLite
+locked past its timeout) is closed at once; the next step opens a fresh one. Without
+this, every later step of the thread fails on "the connection is closed", forever.
+"""
+
+import asyncio
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import InterfaceError, OperationalError, connection
+
+log = logging.getLogger(__name__)
+
+# What a database that went away raises; anything else is a bug or a conflict.
+DATABASE_FAULTS = (OperationalError, InterfaceError)
+
+
+def close_broken_connection():
+    """Close this thread's connection if it can no longer be trusted."""
+    try:
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+    except Exception:  # a dead socket may refuse even the check
+        _force_close()
+
+
+def _force_close():
+    try:
+        connection.close()
+    except Exception:
+        connection.connection = None
+
+
+def run_step(fn, *args, **kwargs):
+    """Run one step on the calling thread; a database fault closes its connection."""
+    try:
+        return fn(*args, **kwargs)
+    except DATABASE_FAULTS:
+        _force_close()
+        raise
+    except Exception:
+        close_broken_connection()
+        raise
+
+
+class DatabaseThread:
+    """`await db(fn, *args)` runs `fn` on this helper's thread(s), each with its own
+    connection."""
+
+    def __init__(self, name, threads=1):
+        self.threads = threads
+        self.executor = ThreadPoolExecutor(threads, thread_name_prefix=name)
+
+    async def __call__(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(run_step, fn, *args, **kwargs))
+
+    def close(self):
+        """Close the thread's connection and stop it (waits for the step in progress)."""
+        if self.threads == 1:
+            self.executor.submit(_force_close).result()
+            self.executor.shutdown(wait=True)
+        else:  # tools may be blocked on the outside world: do not wait for them
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class Batcher:
+    """Collects calls made while the database thread is busy and runs them as one
+    batch (one transaction, one commit) — hundreds of turns finishing together
+    cost a handful of commits, not hundreds."""
+
+    def __init__(self, db, fn):
+        self.db, self.fn = db, fn
+        self.pending: list = []
+        self.running = False
+
+    async def __call__(self, item):
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((item, future))
+        if not self.running:
+            self.running = True
+            asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self):
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                try:
+                    results = await self.db(self.fn, [item for item, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results):
+                    future.set_result(result)
+        finally:
+            self.running = False

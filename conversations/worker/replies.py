@@ -1,0 +1,82 @@
+"""Sending replies: rows this worker claimed (its own turns' replies, and what the
+ledger sweeps find due), each outcome recorded in batches."""
+
+import asyncio
+import logging
+
+from django.db import transaction
+
+from conversations.worker.dbthread import Batcher
+from delivery import ledger
+from delivery.models import Outcome
+from delivery.transports import SendResult
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 500
+
+
+class Replies:
+    def __init__(self, worker):
+        self.worker = worker
+        self.owner = worker.owner
+        self.sends: set[asyncio.Task] = set()  # replies being sent by the ledger sweeps
+        self.record = Batcher(worker.db, self.finish_sends)
+
+    async def send(self, row):
+        """Send a ledger row this worker has claimed and record the outcome. An error of
+        our own counts as ambiguous (it may have gone out): resent later, labelled."""
+        try:
+            result = await ledger.send(row)
+        except Exception as exc:
+            log.exception("sending ledger row %s failed", row.pk)
+            result = SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")
+        await self.record((row, result))
+
+    def finish_sends(self, outcomes):
+        with transaction.atomic():
+            ledger.finish_many(outcomes, self.owner)
+        return [None] * len(outcomes)
+
+    def send_in_background(self, rows):
+        for row in rows:
+            task = asyncio.create_task(self.send(row))
+            self.sends.add(task)
+            task.add_done_callback(self.sends.discard)
+
+    async def boot_sweep(self):
+        """At start: claim what dead owners left mid-send, what waits for a start (the
+        last budgeted resend) and anything due, and send it (labelled where it may have
+        gone out already). The claimed rows stay `attempting` under this worker for the
+        whole send, so no runtime sweep can take them too."""
+        total = 0
+        while True:
+            rows = await self.worker.db(ledger.claim_due, self.owner, self.worker.dead_owners, SWEEP_BATCH,
+                                        None, True)
+            if not rows:
+                break
+            total += len(rows)
+            self.send_in_background(rows)
+        if total:
+            log.info("boot sweep: %d ledger rows claimed for delivery", total)
+        return total
+
+    async def loop(self):
+        """The runtime sweep: pending rows (written by other processes), failed rows whose
+        timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
+        await self.boot_sweep()
+        while True:
+            try:
+                rows = await self.worker.db(ledger.claim_due, self.owner, self.worker.dead_owners, SWEEP_BATCH)
+                self.send_in_background(rows)
+                if len(rows) == SWEEP_BATCH:
+                    continue  # more due right now
+            except Exception:
+                log.exception("ledger sweep failed")
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(self.worker.poll_interval)
+
+    async def stop(self, grace):
+        """Let replies mid-send finish and be recorded (else: resent, labelled)."""
+        if self.sends:
+            await asyncio.wait(list(self.sends), timeout=grace)

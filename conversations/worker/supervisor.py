@@ -1,0 +1,130 @@
+"""The supervisor: starts the worker's jobs, and stops them in order.
+
+Threads: the flusher is a plain thread sleeping until the earliest deadline (timing
+matters there and must not queue behind turn work); turns, replies and pollers are
+asyncio tasks on one event loop (agent calls are I/O-bound: hundreds run at once);
+their database steps run on a few database threads, each with its own connection.
+"""
+
+import asyncio
+import logging
+import threading
+
+from django.conf import settings
+
+from conversations import engine
+from conversations.agents import agent_for
+from conversations.worker.dbthread import DatabaseThread
+from conversations.worker.flusher import Flusher
+from conversations.worker.housekeeping import Housekeeping
+from conversations.worker.polling import Polling
+from conversations.worker.replies import Replies
+from conversations.worker.tool_calls import ToolCalls
+from conversations.worker.turn_runner import TurnRunner
+from delivery.transports import close_bots
+from tools import guard
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE = 10.0
+
+
+class Worker:
+    def __init__(self, *, owner=None, poll_interval=None, max_concurrent=None, typing_interval=None,
+                 poll_telegram=True):
+        self.owner = owner or engine.new_owner()
+        self.poll_interval = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
+        self.max_concurrent = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
+        self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
+        self.poll_telegram = poll_telegram
+        self.db = DatabaseThread("db")
+        # Claiming ready turns has a thread of its own: a flushed turn starts without
+        # queueing behind replies, history loads and sweeps on the main database thread.
+        self.claim = DatabaseThread("claim")
+        # A turn's history is read on a thread of its own too: behind the main database
+        # thread's batches of replies it waited tens of ms before the model was asked.
+        self.read = DatabaseThread("read")
+        self.dead_owners: list[str] = []
+        self.turns = TurnRunner(self)
+        self.tools = ToolCalls(self, settings.AGENTLOOP_TOOL_THREADS)
+        self.replies = Replies(self)
+        self.polling = Polling(self)
+        self.housekeeping = Housekeeping(self)
+        self.flusher = None
+        self._loop = self._stopping = self._wakeup = None
+
+    @property
+    def turns_done(self):
+        return self.turns.done
+
+    # --- signals between the jobs ----------------------------------------------
+
+    def wake(self):
+        """Thread-safe: new turns may be ready, or a conversation's turn just ended."""
+        self._loop.call_soon_threadsafe(self._wakeup.set)
+
+    def wake_turns(self):
+        self._wakeup.set()
+
+    async def sleep(self, seconds):
+        """Sleep until woken (new turns may be ready) or `seconds` passed."""
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+        self._wakeup.clear()
+
+    def stopping(self):
+        return self._stopping.is_set()
+
+    def request_stop(self):
+        self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # --- main -------------------------------------------------------------------
+
+    async def run(self, ready: threading.Event | None = None):
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        await self.housekeeping.round()  # recover dead workers' turns before anything else
+        await self.prepare()
+        self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
+                               adopt=lambda started: self._loop.call_soon_threadsafe(self.turns.adopt, started),
+                               capacity=self.turns.capacity)
+        self.flusher.start()
+        log.info("worker %s started", self.owner)
+        if ready is not None:
+            ready.set()
+        jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop()]
+        if self.poll_telegram:
+            jobs.append(self.polling.loop())
+        tasks = [asyncio.create_task(job) for job in jobs]
+        await self._stopping.wait()
+        await self.shutdown(tasks)
+
+    async def prepare(self):
+        for name in settings.AGENTLOOP_AGENTS:  # import them now, not inside the first turn
+            agent_for(name)
+        await self.db(guard.ensure_policies)  # no policy row is written inside a turn
+        await self.tools.offered()
+        for agent, config in await self.db(engine.agents_in_use):
+            try:
+                await agent_for(agent).prepare(config)
+            except Exception:
+                log.exception("preparing agent %s failed", agent)
+
+    async def shutdown(self, tasks):
+        log.info("worker %s stopping", self.owner)
+        self.flusher.stop()
+        for task in tasks:
+            task.cancel()
+        await self.turns.stop(SHUTDOWN_GRACE)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.polling.stop()
+        await self.replies.stop(SHUTDOWN_GRACE)
+        await close_bots()
+        await self.db(self.polling.release_leases)
+        await self.db(engine.retire, self.owner)
+        await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
+        for thread in (self.db, self.claim, self.read, self.tools):
+            thread.close()

@@ -1,0 +1,49 @@
+"""Tool calls from inside turns, through the action guard, on threads of their own
+(tools block: SMTP, CalDAV, waiting on an identical call in flight)."""
+
+import time
+
+from conversations import turns
+from conversations.agents import TurnCancelled
+from conversations.worker.dbthread import DatabaseThread
+from tools import guard, registry
+from tools.registry import Scope
+
+
+def _invoke_for_conversation(name, arguments, conversation, actor):
+    return guard.invoke(name, arguments, Scope.of_conversation(conversation), actor=actor)
+
+
+class ToolCalls:
+    def __init__(self, worker, threads):
+        self.worker = worker
+        self.threads = DatabaseThread("tool", threads)
+        self._offered = (0.0, [])
+
+    async def offered(self):
+        """The tools offered to models, refreshed from the policies every few seconds
+        (not a database round trip in every turn)."""
+        expires, tools = self._offered
+        if time.monotonic() >= expires:
+            tools = await self.worker.db(guard.offered_tools)
+            self._offered = (time.monotonic() + guard.POLICY_CACHE_SECONDS, tools)
+        return tools
+
+    async def call(self, turn, conversation, name, arguments):
+        """A tool call from inside a turn, through the action guard; the result is what
+        the model gets back (a refusal or failure is a result too, never an exception)."""
+        try:
+            tool = registry.get(name)
+        except registry.UnknownTool as exc:
+            return {"status": "failed", "duplicate": False, "error": str(exc)}
+        if tool.guarded and not await self.worker.db(turns.mark_effect, turn.pk):
+            raise TurnCancelled()
+        try:
+            outcome = await self.threads(_invoke_for_conversation, name, arguments, conversation,
+                                         f"worker:{self.worker.owner}")
+        except (registry.InvalidArguments, guard.ToolDisabled) as exc:
+            return {"status": "failed", "duplicate": False, "error": str(exc)}
+        return outcome.for_model()
+
+    def close(self):
+        self.threads.close()

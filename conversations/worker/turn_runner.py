@@ -1,0 +1,184 @@
+"""Turns: claim ready turns, run them (many at once on the event loop), write their
+ends down with their replies, stop the ones cancelled from elsewhere."""
+
+import asyncio
+import functools
+import logging
+
+from django.db import transaction
+
+from conversations import console, engine, turns
+from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
+from conversations.models import Turn, TurnState
+from delivery import ledger
+from delivery.models import OutboundKind
+from conversations.worker.dbthread import Batcher
+from delivery.transports import Target, transport_for
+
+log = logging.getLogger(__name__)
+
+APOLOGY = "Sorry — I couldn't finish that just now. Please try again in a moment."
+CANCEL_CHECK_EVERY = 0.2
+
+
+class TurnRunner:
+    def __init__(self, worker):
+        self.worker = worker
+        self.owner = worker.owner
+        self.running: dict[int, asyncio.Task] = {}
+        self.cancelled_by_user: set[int] = set()
+        self.done = 0
+        self.complete = Batcher(worker.db, self.complete_turns)
+
+    def capacity(self):
+        return self.worker.max_concurrent - len(self.running)
+
+    async def loop(self):
+        worker = self.worker
+        while True:
+            try:
+                if self.capacity() > 0:
+                    for turn in await worker.claim(self.claim_turns, self.capacity()):
+                        self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
+            except Exception:
+                log.exception("claiming turns failed")
+                await asyncio.sleep(1.0)
+            await worker.sleep(worker.poll_interval)
+
+    def adopt(self, started):
+        """Run turns the flusher started for this worker (on the event loop)."""
+        for turn in started:
+            if self.worker.stopping():
+                asyncio.create_task(self.worker.db(self.release_turn, turn.pk))
+            elif turn.pk not in self.running:
+                self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
+
+    def claim_turns(self, limit):
+        return turns.start_many(turns.ready_candidates(limit), self.owner)
+
+    def context(self, turn):
+        worker, conversation = self.worker, turn.conversation
+        channel = conversation.channel
+        return TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
+                           text=turn.merged_input, config=channel.agent_config, channel_kind=channel.kind,
+                           contact_name=conversation.sender_id,
+                           load_history=functools.partial(worker.read, engine.conversation_history,
+                                                          conversation, turn),
+                           mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
+                           call_tool=functools.partial(worker.tools.call, turn, conversation),
+                           load_tools=worker.tools.offered)
+
+    async def run_turn(self, turn):
+        conversation, channel = turn.conversation, turn.conversation.channel
+        transport = transport_for(channel)
+        target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
+        typing = None
+        if channel.typing_enabled and transport.supports_typing:
+            typing = asyncio.create_task(self.keep_typing(transport, target))
+        state, reply, outcome = TurnState.DONE, "", ""
+        try:
+            reply = await agent_for(channel.agent).respond(self.context(turn))
+        except (asyncio.CancelledError, TurnCancelled):
+            if turn.pk not in self.cancelled_by_user:
+                # Shutdown: hand the turn back unless it already acted.
+                await asyncio.shield(self.worker.db(self.release_turn, turn.pk))
+            return
+        except HandedOver:
+            await self.worker.db(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
+            return
+        except AgentUnavailable as exc:
+            log.warning("turn %s ended without an answer from agent %s: %s", turn.pk, channel.agent, exc)
+            state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: {exc}"
+        except Exception as exc:
+            log.exception("turn %s failed in agent %s", turn.pk, channel.agent)
+            state, reply, outcome = TurnState.FAILED, APOLOGY, f"{type(exc).__name__}: {exc}"
+        finally:
+            if typing is not None:
+                typing.cancel()
+            self.running.pop(turn.pk, None)
+            self.cancelled_by_user.discard(turn.pk)
+        outbound = await self.record_completion(turn, state, reply, outcome)
+        self.done += 1
+        self.worker.flusher.wakeup.set()  # a buffer may have been waiting for this turn
+        if outbound is not None:
+            await self.worker.replies.send(outbound)
+
+    async def record_completion(self, turn, state, reply, outcome, attempts=3):
+        """Write the turn's end down, retrying a failed batch; a turn must never stay
+        RUNNING under a live worker that no longer runs it."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self.complete((turn, state, reply, outcome))
+            except Exception:
+                log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, attempt)
+                await asyncio.sleep(0.5 * attempt)
+        await self.worker.db(self.release_turn, turn.pk)  # run again elsewhere, if it fired no effect
+        return None
+
+    def complete_turns(self, finished):
+        """Finish turns and write their replies into the ledger, in one transaction. A
+        turn that was cancelled meanwhile gets None: its reply must not go out. The
+        replies are written pending — a crash now leaves them unsent, and they will go
+        out plain — then claimed by this worker, which sends them right away."""
+        with transaction.atomic():
+            ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
+                                      for turn, state, reply, outcome in finished], self.owner)
+            console.turns_finished([item for item in finished if item[0].pk in ours])
+            replies = {}
+            for turn, state, reply, _ in finished:
+                if turn.pk in ours and reply:
+                    kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
+                    replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
+                                                    reply_target=turn.reply_target, thread_id=turn.thread_id)
+            if not ledger.enabled():
+                by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
+                return [by_turn.get(turn.pk) for turn, *_ in finished]
+            written = dict(zip(replies, ledger.enqueue_many(replies.values()), strict=True))
+        # A row another worker's sweep claimed first is that worker's to send.
+        claimed = {row.pk for row in ledger.claim_written(list(written.values()), self.owner)}
+        return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
+                for turn, *_ in finished]
+
+    def release_turn(self, turn_id):
+        turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
+        if turn is not None:
+            engine.give_up_turn(turn)
+
+    async def keep_typing(self, transport, target):
+        """Telegram's indicator lasts ~5 s: refresh it until the turn ends."""
+        while True:
+            try:
+                await transport.send_typing(target)
+            except Exception as exc:
+                log.debug("typing indicator failed: %s", exc)
+            await asyncio.sleep(self.worker.typing_interval)
+
+    async def cancel_loop(self):
+        """Turns cancelled by another process (/stop, interrupt, rollback) are stopped here."""
+        while True:
+            await asyncio.sleep(CANCEL_CHECK_EVERY)
+            if not self.running:
+                continue
+            try:
+                ids = await self.worker.db(self.cancelled_among, list(self.running))
+            except Exception:
+                log.exception("cancel check failed")
+                continue
+            for turn_id in ids:
+                task = self.running.get(turn_id)
+                if task is not None:
+                    self.cancelled_by_user.add(turn_id)
+                    task.cancel()
+
+    @staticmethod
+    def cancelled_among(turn_ids):
+        return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", flat=True))
+
+    async def stop(self, grace):
+        """Let running turns finish within `grace`; the rest are cancelled (handed back)."""
+        if not self.running:
+            return
+        _, pending = await asyncio.wait(list(self.running.values()), timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
