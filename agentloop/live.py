@@ -27,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agentloop.models import LiveEvent, LiveListener
+from audit.redaction import redact_payload
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def publish_many(items):
     items = [(tuple(groups), event) for groups, event in items if groups]
     if not items or not anyone_listening():
         return
+    items = [(groups, redact_payload(event)) for groups, event in items]  # no secret reaches a websocket
     if crosses_processes():
         transaction.on_commit(lambda: _send(items))
     else:
@@ -91,7 +93,7 @@ async def apublish(groups, event):
     if not await database_sync_to_async(anyone_listening)():
         return
     if crosses_processes():
-        await _asend([(tuple(groups), event)])
+        await _asend([(tuple(groups), redact_payload(event))])
     else:
         await database_sync_to_async(publish)(groups, event)
 

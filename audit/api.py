@@ -7,6 +7,7 @@ from rest_framework.views import APIView
 
 from audit.events import recent
 from audit.models import EventKind
+from audit.redaction import redact
 from conversations.api_auth import ErrorSerializer
 
 
@@ -18,8 +19,11 @@ class AuditEventSerializer(serializers.Serializer):
     channel = serializers.CharField(source="channel_slug")
     conversation = serializers.IntegerField(source="conversation_id", allow_null=True)
     target = serializers.CharField()
-    summary = serializers.CharField()
+    summary = serializers.SerializerMethodField()
     extra = serializers.JSONField()
+
+    def get_summary(self, event) -> str:
+        return redact(event.summary)  # rows written before redaction at write existed
 
 
 class AuditEventsQuery(serializers.Serializer):

@@ -7,12 +7,13 @@ from django.db.models.fields.json import KeyTextTransform
 
 from agentloop import live
 from audit.models import AuditEvent, EventKind
+from audit.redaction import redact
 
 
 def event_payload(event) -> dict:
     return {"kind": "audit", "event": event.kind, "label": EventKind(event.kind).label, "id": event.pk,
             "conversation": event.conversation_id, "channel": event.channel_slug, "target": event.target,
-            "summary": event.summary, "tool": (event.extra or {}).get("tool", ""),
+            "summary": redact(event.summary), "tool": (event.extra or {}).get("tool", ""),
             "at": event.at.isoformat() if event.at else None}
 
 

@@ -2,6 +2,7 @@
 
 from audit import console
 from audit.models import AuditEvent
+from audit.redaction import redact, redact_payload
 
 
 def record(kind, *, conversation=None, conversation_id=None, channel_slug="", actor="", target="", summary="",
@@ -15,8 +16,8 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
         channel_slug=channel_slug or "",
         conversation_id=conversation_id,
         target=str(target),
-        summary=summary[:300],
-        extra=extra,
+        summary=redact(summary)[:300],
+        extra=redact_payload(extra),
     )
     console.events_recorded([event])
     return event
@@ -37,9 +38,10 @@ def record_many(events):
     rows = []
     for event in events:
         event = dict(event)
+        summary = redact(event.pop("summary", ""))[:300]
         fields = [event.pop("kind"), at, event.pop("actor", ""), event.pop("channel_slug", "") or "",
-                  event.pop("conversation_id", None), str(event.pop("target", "")), event.pop("summary", "")[:300]]
-        rows.append([*fields, json.dumps(event, default=str)])
+                  event.pop("conversation_id", None), str(event.pop("target", "")), summary]
+        rows.append([*fields, json.dumps(redact_payload(event), default=str)])
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
     extra = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
     with connection.cursor() as cursor:

@@ -35,7 +35,7 @@ class LedgerRowAdmin(admin.ModelAdmin):
     list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
                     "short_text", "created_at", "next_attempt_at", "delivered_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
-    search_fields = ["=pk", "text", "chat_id", "last_error"]
+    search_fields = ["=pk", "text", "chat_id"]  # never error texts: they are not for probing
     date_hierarchy = "created_at"
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
@@ -106,7 +106,7 @@ class LedgerRowAdmin(admin.ModelAdmin):
 class UnreachableChatAdmin(admin.ModelAdmin):
     list_display = ["chat_id", "channel", "error_shown", "since", "last_failure_at", "failures", "rows"]
     list_filter = ["channel"]
-    search_fields = ["chat_id", "error"]
+    search_fields = ["chat_id"]
     fields = ["channel", "chat_id", "error_shown", "since", "last_failure_at", "failures", "rows"]
     readonly_fields = fields
 

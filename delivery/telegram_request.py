@@ -8,10 +8,14 @@ go through this class; PTB still builds every request and maps every error.
 """
 
 import asyncio
+import json
+from urllib.parse import urlsplit
 
 import aiohttp
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
+
+from delivery.retry_after import clamp_retry_after
 
 
 class NotSent(NetworkError):
@@ -80,11 +84,35 @@ class AiohttpRequest(BaseRequest):
         try:
             async with self._session.request(method, url, data=self._body(request_data), timeout=timeout,
                                              headers={"User-Agent": self.USER_AGENT}) as response:
-                return response.status, await response.read()
+                payload = await response.read()
+                return response.status, sane_flood_answer(payload) if response.status == 429 else payload
+        # Errors name the error's type and the host, never the URL: it carries the bot's
+        # token (…/bot<TOKEN>/sendMessage), and aiohttp puts it in its messages.
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise NotSent(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+            raise NotSent(f"aiohttp.{type(exc).__name__} connecting to {_host(url)}") from exc
         except asyncio.TimeoutError as exc:
             # As PTB's own layer: a timeout after the request went out may have been delivered.
-            raise TimedOut() from exc
+            raise TimedOut(f"Timed out waiting for {_host(url)}") from exc
         except aiohttp.ClientError as exc:
-            raise SentUnanswered(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+            raise SentUnanswered(f"aiohttp.{type(exc).__name__} talking to {_host(url)}") from exc
+
+
+def _host(url) -> str:
+    try:
+        return urlsplit(url).netloc.rpartition("@")[2] or "?"
+    except ValueError:
+        return "?"
+
+
+def sane_flood_answer(payload: bytes) -> bytes:
+    """A 429's `retry_after`, clamped before PTB reads it: PTB turns 1e400 into an
+    OverflowError (not a TelegramError), a string into an AttributeError, and 0 into no
+    flood at all."""
+    try:
+        answer = json.loads(payload)
+        parameters = answer["parameters"]
+        raw = parameters["retry_after"]
+    except (ValueError, TypeError, KeyError):
+        return payload
+    parameters["retry_after"] = int(clamp_retry_after(raw))
+    return json.dumps(answer).encode()

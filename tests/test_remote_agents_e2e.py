@@ -1,8 +1,6 @@
 """Pull and webhook agents complete turns through the API, with the real web server and
 worker processes; the webhook agent is a small local HTTP service checking our signature."""
 
-import hashlib
-import hmac
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +9,7 @@ import httpx
 import pytest
 
 from conversations.models import Turn, TurnState
+from delivery import signing
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
 
@@ -79,8 +78,8 @@ class AgentService:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-                if not hmac.compare_digest(self.headers.get("X-Agentloop-Signature", ""), expected):
+                # A receiver's check: HMAC over "<timestamp>.<body>", a recent timestamp.
+                if not signing.verify(SECRET, self.headers, body):
                     self.send_response(401)
                     self.end_headers()
                     return

@@ -426,11 +426,15 @@ class FakeBotAPI(ThreadingHTTPServer):
         *,
         status: int,
         description: str,
-        retry_after: int | None = None,
+        retry_after: int | float | str | None = None,
         times: int = 1,
         token: str | None = None,
     ) -> None:
-        """Answer the next `times` calls of `method` with this error."""
+        """Answer the next `times` calls of `method` with this error. A string
+        `retry_after` is written into the JSON as is (``"1e400"``, ``"\"soon\""``): a
+        misbehaving server's answer, which json.dumps could never produce."""
+        if isinstance(retry_after, str):
+            retry_after = RawJSON(retry_after)
         parameters = {"retry_after": retry_after} if retry_after is not None else None
         error = BotAPIError(int(status), description, parameters)
         with self._cond:
@@ -778,7 +782,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.rfile.readline()  # the CRLF after each chunk
 
     def _send_json(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode("utf-8")
+        data = _dumps(payload).encode("utf-8")
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -790,6 +794,28 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
 
 # ----------------------------------------------------------------- helpers
+
+
+class RawJSON:
+    """A JSON literal sent exactly as written."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _dumps(payload: Any) -> str:
+    raws: list[str] = []
+
+    def placeholder(value: Any) -> str:
+        if not isinstance(value, RawJSON):
+            raise TypeError(f"not JSON serializable: {value!r}")
+        raws.append(value.text)
+        return f"\x00raw{len(raws) - 1}\x00"
+
+    text = json.dumps(payload, default=placeholder)
+    for index, raw in enumerate(raws):
+        text = text.replace(json.dumps(f"\x00raw{index}\x00"), raw)
+    return text
 
 
 def _same_method(a: str, b: str) -> bool:

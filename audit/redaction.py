@@ -1,0 +1,258 @@
+"""Secrets never leave their field.
+
+One function, `redact`, is applied wherever text that may carry a secret is *written*:
+every stored error (a ledger row's last error, an unreachable chat's, a turn's outcome,
+a claim's), every audit summary, every log record this product's processes create
+(installed as the log record factory when the audit app is ready), and every payload
+the API and the console's websockets send. It masks:
+
+- the deployment's own secrets, wherever they appear: each channel's bot token, webhook
+  secret and callback secret, the secrets inside its callback and agent URLs, its agent's
+  secret and API key (the value of the environment variable `api_key_env` names),
+  SECRET_KEY, the database's password, and environment variables named like secrets;
+- the shapes a secret takes in error texts even when we do not know it: a Bot API URL
+  (`/bot<id>:<token>/`), a bare bot token, a URL's user-info, a URL's query parameters
+  named like secrets, `Bearer …` headers, `sk-…` API keys.
+
+The channels' secrets are read from the database at most every REFRESH_SECONDS (and at
+once after a channel is saved in this process), only where a query is safe: never from
+an event loop's thread (Django refuses it) and never inside a transaction that already
+failed; otherwise the last list read is used, and callers that hold a channel pass its
+secrets themselves (`redact(text, channel_secrets(channel))`). No query is ever made
+while a log record is created.
+
+This module is imported from everywhere (settings-free at import, no model imports at
+module level), so it lives in `audit`, which every app already depends on.
+"""
+
+import logging
+import os
+import re
+import threading
+import time
+import traceback
+from urllib.parse import parse_qsl, quote, urlsplit
+
+MASK = "•••"
+# Shorter values would mask ordinary words; the patterns below still catch their shapes.
+MIN_SECRET = 6
+REFRESH_SECONDS = 30.0
+
+SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|pwd|sig|signature|auth|credential)")
+SECRET_ENV = re.compile(r"(?i)(_KEY|_TOKEN|_SECRET|PASSWORD|_PASS)$")
+
+# (pattern, replacement) for secrets we recognise by their shape.
+PATTERNS = [
+    (re.compile(r"/bot\d+:[^/\s'\"?#]+"), "/bot" + MASK),
+    (re.compile(r"\b\d{3,}:[A-Za-z0-9_-]{20,}"), MASK),
+    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@"), r"\1" + MASK + "@"),
+    (re.compile(r"(?i)([?&;][a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|sig|signature|auth|credential)"
+                r"[a-z0-9_.-]*=)[^&#\s'\"]+"), r"\1" + MASK),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{12,}"), MASK),
+]
+
+
+def redact(text, also=()) -> str:
+    """`text` with every secret masked; `also`: more secrets the caller knows about."""
+    if not text:
+        return "" if text is None else str(text)
+    text = str(text)
+    for secret in _variants(also):
+        text = text.replace(secret, MASK)
+    known = _known.pattern()
+    if known is not None:
+        text = known.sub(MASK, text)
+    for pattern, replacement in PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact_payload(value):
+    """Every string inside a JSON-like payload (dicts, lists), redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: redact_payload(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_payload(item) for item in value]
+    return value
+
+
+def _variants(secrets):
+    """Each secret as written and as it appears percent-encoded in a URL."""
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET:
+            yield secret
+            encoded = quote(secret, safe="")
+            if encoded != secret:
+                yield encoded
+
+
+# --- what the deployment's secrets are ------------------------------------------------------
+
+
+def url_secrets(url) -> list:
+    """The secret parts of a URL: its user-info, its query values, a long random-looking
+    path segment (webhook URLs often carry their key in the path)."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(str(url))
+    except ValueError:
+        return []
+    found = [parts.password or "", parts.username or ""]
+    found += [value for _, value in parse_qsl(parts.query, keep_blank_values=False)]
+    found += [seg for seg in parts.path.split("/") if len(seg) >= 16 and re.search(r"\d", seg)
+              and re.search(r"[A-Za-z]", seg)]
+    return [value for value in found if len(value) >= MIN_SECRET]
+
+
+def agent_secrets(config) -> list:
+    """Secrets in a channel's agent_config: keys named like secrets, the URLs' secrets,
+    and the value of the environment variable `api_key_env` names."""
+    found = []
+    for name, value in (config or {}).items():
+        if not isinstance(value, str):
+            continue
+        if name == "api_key_env":
+            found.append(os.environ.get(value, ""))
+        elif name.endswith("url"):
+            found += url_secrets(value)
+        elif SECRET_NAME.search(name):
+            found.append(value)
+    return [value for value in found if value and len(value) >= MIN_SECRET]
+
+
+def channel_secrets(channel) -> list:
+    """Every secret one channel holds (a Channel, or a dict of its fields)."""
+    get = channel.get if isinstance(channel, dict) else lambda name, default="": getattr(channel, name, default)
+    found = [get("bot_token", ""), get("webhook_secret", ""), get("callback_secret", "")]
+    found += url_secrets(get("callback_url", ""))
+    found += agent_secrets(get("agent_config", None))
+    return [value for value in found if value and len(value) >= MIN_SECRET]
+
+
+def deployment_secrets() -> list:
+    """Secrets of the deployment itself: SECRET_KEY, database passwords, the secrets in
+    the channel layer's and cache's URLs, environment variables named like secrets."""
+    from django.conf import settings
+
+    found = [getattr(settings, "SECRET_KEY", "")]
+    for database in getattr(settings, "DATABASES", {}).values():
+        found.append(database.get("PASSWORD") or "")
+    for name, value in os.environ.items():
+        if SECRET_ENV.search(name):
+            found.append(value)
+        elif name.endswith("_URL"):
+            found += url_secrets(value)
+    return [value for value in found if value and len(value) >= MIN_SECRET]
+
+
+class _Known:
+    """The deployment's secrets as one compiled pattern, longest first."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pattern = None
+        self._expires = 0.0
+
+    def pattern(self):
+        if time.monotonic() >= self._expires and _may_query():
+            self.reload()
+        return self._pattern
+
+    def forget(self, **kwargs):
+        self._expires = 0.0
+
+    def reload(self):
+        with self._lock:
+            self._expires = time.monotonic() + REFRESH_SECONDS
+            try:
+                secrets = set(_variants(deployment_secrets() + _channels_secrets()))
+            except Exception:  # the database away: keep the list we had
+                return
+            ordered = sorted(secrets, key=len, reverse=True)
+            self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+
+def _channels_secrets() -> list:
+    from django.apps import apps
+    from django.db import connection, transaction
+
+    channel = apps.get_model("conversations", "Channel")
+    fields = ("bot_token", "webhook_secret", "callback_secret", "callback_url", "agent_config")
+    if connection.in_atomic_block:
+        with transaction.atomic():  # a savepoint: a failure here must not doom the caller's transaction
+            rows = list(channel.objects.values(*fields))
+    else:
+        rows = list(channel.objects.values(*fields))
+    return [secret for row in rows for secret in channel_secrets(row)]
+
+
+def _may_query() -> bool:
+    """A query is safe here: apps loaded, no event loop in this thread, no failed transaction."""
+    import asyncio
+
+    from django.apps import apps
+
+    if not apps.ready or _in_log_record.active:
+        return False
+    try:
+        asyncio.get_running_loop()
+        return False
+    except RuntimeError:
+        pass
+    from django.db import connection
+
+    return not connection.needs_rollback
+
+
+_known = _Known()
+
+
+def forget_secrets(**kwargs):
+    """A channel changed: read the secrets again before the next redaction here."""
+    _known.forget()
+
+
+# --- log records ----------------------------------------------------------------------------
+
+
+class _Flag(threading.local):
+    active = False
+
+
+_in_log_record = _Flag()
+
+
+def install_log_redaction():
+    """Every log record this process creates carries redacted text: its message, its
+    traceback and its stack (whatever handler — console, file, a test's capture — shows it)."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "redacts", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        _in_log_record.active = True
+        try:
+            _redact_record(record)
+        finally:
+            _in_log_record.active = False
+        return record
+
+    factory.redacts = True
+    logging.setLogRecordFactory(factory)
+
+
+def _redact_record(record):
+    try:
+        message = record.getMessage()
+    except Exception:  # a bad format string: the handler will say so
+        return
+    record.msg, record.args = redact(message), ()
+    if record.exc_info and record.exc_info[0] is not None:
+        record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)

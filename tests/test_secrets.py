@@ -1,0 +1,259 @@
+"""Secrets never leave their field: sends that fail the ways networks fail (a connect
+timeout, a peer that never answers) through the real ledger path and python-telegram-bot,
+and agents that fail (a webhook agent's URL carrying its key, a provider echoing the API
+key) under the real worker — then the whole database, the logs, the API and the
+dashboard's payload are searched for every secret: zero occurrences."""
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agentloop import console as dashboard
+from audit.events import record
+from audit.models import EventKind
+from audit.redaction import MASK, redact
+from conversations.models import AgentKey, Conversation, Turn, TurnState
+from delivery import ledger
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
+from delivery.transports import close_bots
+from tests.conftest import free_port, wait_until
+from tests.fakes.openai_api import Error, FakeOpenAI
+
+TOKEN_FULL = "7310042:AAF-fullBacklogToken_0123456789abcd"
+TOKEN_SILENT = "7310043:AAG-silentPeerToken_9876543210wxyz"
+WEBHOOK_SECRET = "whsec-Telegram-5d8e1c"
+CALLBACK_SECRET = "cbsec-Replies-77aa21"
+CALLBACK_KEY = "cbkey-inTheQuery-4410"
+AGENT_KEY_IN_URL = "agkey-inTheHookUrl-9931"
+AGENT_SECRET = "agsec-HmacKey-1207"
+API_KEY = "sk-test-providerKey-0123456789abcdef"
+API_KEY_ENV = "SECRETS_TEST_API_KEY"
+SECRETS = [TOKEN_FULL, TOKEN_FULL.split(":")[1], TOKEN_SILENT, TOKEN_SILENT.split(":")[1], WEBHOOK_SECRET,
+           CALLBACK_SECRET, CALLBACK_KEY, AGENT_KEY_IN_URL, AGENT_SECRET, API_KEY]
+
+
+def dump_database() -> str:
+    """Every row of every table, as text (SQLite and PostgreSQL alike)."""
+    lines = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            lines += [f"{table}: {row!r}" for row in cursor.fetchall()]
+    return "\n".join(lines)
+
+
+def leaks(text, secrets=SECRETS) -> list:
+    return [secret for secret in secrets if secret in text]
+
+
+def secret_fields_only(text) -> str:
+    """The dump without the channels' own rows: the one place the secrets belong."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("conversations_channel:"))
+
+
+class FullBacklog:
+    """A loopback listener whose accept queue is full (listen(0), filled with connections
+    nobody accepts): a new connection's SYN is dropped, so connecting times out."""
+
+    def __init__(self):
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(0)
+        self.port = self.server.getsockname()[1]
+        self.fillers = []
+        while not self._full():
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", self.port))
+            self.fillers.append(filler)
+            assert len(self.fillers) < 64, "the accept queue never filled"
+
+    def _full(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.3).close()
+            return False
+        except (TimeoutError, socket.timeout):
+            return True
+
+    def close(self):
+        for sock in [*self.fillers, self.server]:
+            sock.close()
+
+
+class Silent:
+    """Accepts every connection, reads what is sent, never answers."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.held.append(self.server.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        for sock in [self.server, *self.held]:
+            sock.close()
+
+
+@pytest.fixture
+def peers():
+    full, silent = FullBacklog(), Silent()
+    yield full, silent
+    full.close()
+    silent.close()
+
+
+def conversation_on(channel, chat_id):
+    from conversations.models import Contact
+
+    contact = Contact.objects.create(channel=channel, platform_id=chat_id, display_name="Ana")
+    return Conversation.objects.create(channel=channel, contact=contact, chat_id=chat_id, sender_id=chat_id)
+
+
+def write_rows(conversation):
+    """A fresh reply (its failure is recorded) and one on its last budgeted resend (its
+    failure abandons it: an audit summary quoting the error)."""
+    fresh = ledger.enqueue(conversation, "Su hora es el lunes.", kind=OutboundKind.REPLY)
+    last = ledger.enqueue(conversation, "Y el martes.", kind=OutboundKind.REPLY)
+    OutboundMessage.objects.filter(pk=last.pk).update(state=OutboundState.FAILED, attempts=3,
+                                                      next_attempt_at=timezone.now() - timedelta(seconds=1))
+    return fresh, last
+
+
+def send_all(rows):
+    async def run():
+        try:
+            return list(zip(rows, await asyncio.gather(*(ledger.send(row) for row in rows))))
+        finally:
+            await close_bots()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failed_sends_leave_no_secret_in_the_database_logs_api_or_dashboard(make_channel, peers, caplog,
+                                                                             monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, API_KEY)
+    full, silent = peers
+    timing_out = make_channel("tg-full", kind="telegram", bot_token=TOKEN_FULL, webhook_secret=WEBHOOK_SECRET,
+                              api_base=f"http://127.0.0.1:{full.port}")
+    unanswered = make_channel("tg-silent", kind="telegram", bot_token=TOKEN_SILENT,
+                              api_base=f"http://127.0.0.1:{silent.port}")
+    make_channel("shop", callback_url=f"https://shop.example/replies?key={CALLBACK_KEY}",
+                 callback_secret=CALLBACK_SECRET, agent="webhook",
+                 agent_config={"url": f"https://agent.local/hook?key={AGENT_KEY_IN_URL}", "secret": AGENT_SECRET})
+    make_channel("llm", agent="openai", agent_config={"model": "m", "api_key_env": API_KEY_ENV})
+    rows = [*write_rows(conversation_on(timing_out, "101")), *write_rows(conversation_on(unanswered, "102"))]
+
+    caplog.set_level(logging.INFO)
+    claimed = ledger.claim_due("w1")
+    assert {row.pk for row in claimed} == {row.pk for row in rows}
+    outcomes = send_all(claimed)
+    with transaction.atomic():
+        ledger.finish_many(outcomes, "w1")
+
+    stored = {row.pk: OutboundMessage.objects.get(pk=row.pk) for row in rows}
+    fresh_full, last_full, fresh_silent, last_silent = (stored[row.pk] for row in rows)
+    # The failures are what they were: a connect timeout (never sent), a peer that never answered.
+    assert (fresh_full.state, fresh_full.last_outcome) == (OutboundState.FAILED, Outcome.TEMPORARY)
+    assert (fresh_silent.state, fresh_silent.last_outcome) == (OutboundState.FAILED, Outcome.AMBIGUOUS)
+    assert last_full.state == last_silent.state == OutboundState.ABANDONED
+    # Named by the error's type and the host, not the URL.
+    assert f"connecting to 127.0.0.1:{full.port}" in fresh_full.last_error, fresh_full.last_error
+    assert f"127.0.0.1:{silent.port}" in fresh_silent.last_error, fresh_silent.last_error
+    assert "/bot" not in fresh_full.last_error + fresh_silent.last_error
+
+    database = secret_fields_only(dump_database())
+    assert "resends spent; last error" in database  # the abandon's audit summary is in the dump
+    assert leaks(database) == []
+    assert "send of ledger row" in caplog.text and leaks(caplog.text) == []
+
+    key = AgentKey.objects.issue("monitor", [timing_out, unanswered])[1]
+    from django.test import Client
+
+    events = Client().get("/api/v1/audit/events", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert events.status_code == 200
+    assert {e["kind"] for e in events.json()} >= {EventKind.REPLY_ABANDONED}
+    assert leaks(events.content.decode()) == []
+    picture = json.dumps(dashboard.snapshot(), default=str, ensure_ascii=False)
+    assert "resends spent" in picture and leaks(picture) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_old_unredacted_text_is_masked_on_the_way_out(make_channel):
+    """A summary written before redaction existed (here: written around `record`)."""
+    make_channel("tg-old", kind="telegram", bot_token=TOKEN_FULL)
+    event = record(EventKind.REPLY_ABANDONED, channel_slug="tg-old", summary="ok")
+    from audit.models import AuditEvent
+
+    AuditEvent.objects.filter(pk=event.pk).update(
+        summary=f"Cannot connect to host https://api.telegram.org/bot{TOKEN_FULL}/sendMessage")
+    picture = json.dumps(dashboard.snapshot(), default=str, ensure_ascii=False)
+    assert f"/bot{MASK}/sendMessage" in picture and leaks(picture) == []
+
+
+def test_redaction_knows_the_shapes_of_secrets_it_was_never_told():
+    text = redact("GET https://u:hunter2hunter2@h.example/x?api_key=abc123def456&page=2 "
+                  "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload "
+                  "https://api.telegram.org/bot123:ABC/getMe 5550001:AAabcdefghijklmnopqrstuvwxyz")
+    for secret in ("hunter2hunter2", "abc123def456", "eyJhbGciOiJIUzI1NiJ9", "123:ABC", "AAabcdefghijklmnopqrstuvwxyz"):
+        assert secret not in text, text
+    assert "page=2" in text and "h.example" in text
+
+
+# --- agents under the real worker ----------------------------------------------------------
+
+
+def refusing_port():
+    return free_port()  # bound then closed: connections are refused
+
+
+def inbound(web, key, slug, message_id, text):
+    response = httpx.post(f"{web.url}/api/v1/channels/{slug}/messages", timeout=10,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"message_id": message_id, "contact": "ana", "text": text})
+    assert response.status_code == 202, response.text
+
+
+@pytest.mark.e2e
+def test_agent_failures_leave_no_secret_in_turn_outcomes_logs_api_or_dashboard(processes, make_channel):
+    with FakeOpenAI() as fake_openai:
+        # A provider that echoes the key it was given (the real API masks it; others do not).
+        fake_openai.script(Error(401, message=f"Incorrect API key provided: {API_KEY}. Check your key."))
+        hooked = make_channel("hooked", agent="webhook", agent_config={
+            "url": f"http://127.0.0.1:{refusing_port()}/hook?key={AGENT_KEY_IN_URL}", "secret": AGENT_SECRET})
+        modelled = make_channel("modelled", agent="openai", agent_config={
+            "base_url": fake_openai.url, "model": "fake-model", "api_key_env": API_KEY_ENV})
+        key = AgentKey.objects.issue("monitor", [hooked, modelled])[1]
+        web, worker = processes.web(), processes.worker(**{API_KEY_ENV: API_KEY})
+        inbound(web, key, "hooked", "h1", "¿Hay hora el lunes?")
+        inbound(web, key, "modelled", "m1", "¿Hay hora el martes?")
+        wait_until(lambda: Turn.objects.filter(state=TurnState.FAILED).count() == 2, timeout=30,
+                   message="both turns failed")
+        assert fake_openai.requests  # the provider was asked, with the key
+        outcomes = dict(Turn.objects.values_list("conversation__channel__slug", "outcome"))
+        assert "127.0.0.1" in outcomes["hooked"] and "AuthenticationError" in outcomes["modelled"], outcomes
+
+        database = secret_fields_only(dump_database())
+        assert leaks(database) == [], outcomes
+        log = worker.output()
+        assert "ended without an answer" in log and leaks(log) == []
+        events = httpx.get(f"{web.url}/api/v1/audit/events", headers={"Authorization": f"Bearer {key}"},
+                           timeout=10)
+        assert events.status_code == 200 and leaks(events.text) == []
+        picture = json.dumps(dashboard.snapshot(), default=str, ensure_ascii=False)
+        assert leaks(picture) == []
