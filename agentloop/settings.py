@@ -21,21 +21,31 @@ if not SECRET_KEY:
     if not DEBUG and env.bool("AGENTLOOP_REQUIRE_SECRET_KEY", default=False):
         raise environ.ImproperlyConfigured("SECRET_KEY must be set in production")
     # A stable per-checkout key so sessions survive restarts of `make run`.
-    _key_file = VAR_DIR / "secret_key"
-    if _key_file.exists():
-        SECRET_KEY = _key_file.read_text().strip()
-    else:
-        from django.core.management.utils import get_random_secret_key
+    from agentloop.secret_file import read_or_create_secret_key
 
-        VAR_DIR.mkdir(exist_ok=True)
-        SECRET_KEY = get_random_secret_key()
-        _key_file.write_text(SECRET_KEY)
+    SECRET_KEY = read_or_create_secret_key(VAR_DIR / "secret_key")
 
-# `make run` binds HOST; a non-loopback HOST is allowed as a Host header too.
+# `make run` binds HOST; a non-loopback HOST is allowed as a Host header too. The test
+# client's `testserver` is added by the test runner, not here.
 ALLOWED_HOSTS = env.list(
-    "ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver", env.str("HOST", default="127.0.0.1")]
+    "ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", env.str("HOST", default="127.0.0.1")]
 )
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# --- HTTPS (production behind a TLS-terminating proxy) -------------------------------
+# Off by default: `make run` serves plain HTTP on loopback. HTTPS=true turns every
+# switch on (what `manage.py check --deploy` asks for); each can still be set alone.
+HTTPS = env.bool("HTTPS", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # the load balancer's probe speaks plain HTTP
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=HTTPS)
+# Only behind a proxy that sets this header itself (and drops a client's): e.g.
+# SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https
+SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 
 INSTALLED_APPS = [
     "daphne",
@@ -65,6 +75,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost, so its process_exception sees a view's database outage first: 503.
+    "agentloop.middleware.DatabaseUnavailableMiddleware",
 ]
 
 # Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
@@ -111,6 +123,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
+# A reused connection is checked before a request or task uses it: after a database
+# restart the dead one is replaced instead of failing the first query.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -184,8 +199,19 @@ Q_CLUSTER = {
 AGENTLOOP_POLL_INTERVAL = env.float("AGENTLOOP_POLL_INTERVAL", default=0.05)
 AGENTLOOP_MAX_CONCURRENT_TURNS = env.int("AGENTLOOP_MAX_CONCURRENT_TURNS", default=1000)
 AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=4.0)
+# Input without end: a turn's merged text is cut to this many characters (the cut is
+# marked; the stored messages keep everything), and a conversation holds at most this
+# many messages waiting for a turn — later ones are stored and answered with a notice.
+AGENTLOOP_MAX_TURN_CHARS = env.int("AGENTLOOP_MAX_TURN_CHARS", default=16000)
+AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", default=200)
+# Distinct guard-only action names one agent key may use (/api/v1/actions/claim).
+AGENTLOOP_MAX_ACTIONS_PER_KEY = env.int("AGENTLOOP_MAX_ACTIONS_PER_KEY", default=100)
 # A worker whose heartbeat is older than this is dead: its turns are recovered.
 AGENTLOOP_WORKER_STALE_AFTER = env.float("AGENTLOOP_WORKER_STALE_AFTER", default=30.0)
+# An agent's whole answer (every model request and tool call of one turn) must come
+# within this many seconds, or the turn fails with an apology; a channel's agent config
+# may set its own `deadline`.
+AGENTLOOP_AGENT_DEADLINE = env.float("AGENTLOOP_AGENT_DEADLINE", default=300.0)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
 # Connections per bot for replies (typing indicators get as many again, apart).
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
@@ -203,12 +229,21 @@ AGENTLOOP_AGENTS = {
 # A turn handed to an external agent (pull, or a webhook agent answering later) that is
 # not finished within this time is released to be taken again.
 AGENTLOOP_EXTERNAL_TURN_TIMEOUT = env.float("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", default=300.0)
+# ...at most this many times (claims, worker starts included): then it fails and the user is told.
+AGENTLOOP_EXTERNAL_TURN_ATTEMPTS = env.int("AGENTLOOP_EXTERNAL_TURN_ATTEMPTS", default=3)
+# Environment variables an agent's `api_key_env` may name, besides any *_API_KEY: the
+# key is sent to the URL the channel's operator chose, so never SECRET_KEY or DATABASE_URL.
+AGENTLOOP_AGENT_KEY_ENVS = env.list("AGENTLOOP_AGENT_KEY_ENVS", default=[])
 
 # --- the delivery ledger (Layer 3) ---------------------------------------------------
 # Off: replies are sent straight from memory, once; a crash loses those in flight.
 AGENTLOOP_DELIVERY_LEDGER = env.bool("AGENTLOOP_DELIVERY_LEDGER", default=True)
 # A row held in `attempting` longer than this is orphaned, whoever holds it.
 AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT = env.float("AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT", default=300.0)
+# An api channel's callback POST, from connect to the last byte of the answer (seconds).
+AGENTLOOP_CALLBACK_TIMEOUT = env.float("AGENTLOOP_CALLBACK_TIMEOUT", default=10.0)
+# The django-q2 safety sweep stops claiming after this long (seconds; under the task timeout).
+AGENTLOOP_SAFETY_SWEEP_BUDGET = env.float("AGENTLOOP_SAFETY_SWEEP_BUDGET", default=40.0)
 
 # --- the action guard and its tools (Layer 2) -------------------------------------------
 AGENTLOOP_TOOLS = [
@@ -249,6 +284,8 @@ LOGGING = {
         "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
         "telegram": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
-        "django_q": {"level": "WARNING"},
+        # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
+        # Our tasks log themselves when they find something to do.
+        "django-q": {"level": env.str("DJANGO_Q_LOG_LEVEL", default="WARNING")},
     },
 }

@@ -9,7 +9,8 @@ names=("$@")
 $PY -m tests.bench "${names[@]}"
 if [ -z "${DATABASE_URL:-}" ] && { [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" guard "* ]]; }; then
   echo; echo "=== guard overhead on PostgreSQL ==="
-  pgdir="$(pwd)/var/pg-bench-$$"
+  # Not under the clone: it may sit in a private directory the postgres user cannot enter.
+  pgdir=$(mktemp -d /tmp/agentloop-pg-bench-XXXXXX)
   trap 'scripts/pg.sh stop "$pgdir"' EXIT
   url=$(scripts/pg.sh start "$pgdir")
   DATABASE_URL=$url $PY -m tests.bench guard

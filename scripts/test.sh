@@ -17,7 +17,8 @@ echo "=== test suite on PostgreSQL ==="
 if [ -n "${DATABASE_URL:-}" ]; then
   $PY -m pytest "$@" || status=$?
 else
-  pgdir="$(pwd)/var/pg-test-$$"
+  # Not under the clone: it may sit in a private directory the postgres user cannot enter.
+  pgdir=$(mktemp -d /tmp/agentloop-pg-test-XXXXXX)
   trap 'scripts/pg.sh stop "$pgdir"' EXIT
   url=$(scripts/pg.sh start "$pgdir") || { echo "could not start PostgreSQL (see $pgdir)"; cat "$pgdir"/*.log 2>/dev/null; exit 1; }
   DATABASE_URL=$url $PY -m pytest "$@" || status=$?

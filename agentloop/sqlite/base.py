@@ -6,7 +6,9 @@
    back to back then starves the worker loop for seconds (measured: flushes 2 s
    late). Here a write transaction first takes a mutex (threads of this process)
    and then an OS file lock beside the database (other processes): waiters sleep in
-   the kernel and wake the moment the holder commits.
+   the kernel and wake the moment the holder commits. Both are waited for at most
+   the configured timeout (SQLITE_TIMEOUT): a writer behind a stuck holder gets
+   "database is locked", which the web side answers with 503 + Retry-After.
 2. Statements outside transactions that meet the lock are retried every fraction of
    a millisecond until the configured timeout (the busy timeout itself is 0).
 3. Connections are pooled per process. Under ASGI every request runs in a fresh
@@ -23,12 +25,13 @@ import sqlite3
 import threading
 import time
 
+from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
 _write_locks: dict[str, threading.Lock] = {}
 _pools: dict[str, list[sqlite3.Connection]] = {}
 POOL_SIZE = 8
-_lock_files: dict[str, int] = {}
+_process_locks: dict[str, "_ProcessLock"] = {}
 _registry_lock = threading.Lock()
 RETRY_STEPS = (0.0002, 0.0005, 0.001, 0.002)
 
@@ -38,12 +41,65 @@ def _lock_for(name):
         return _write_locks.setdefault(str(name), threading.Lock())
 
 
-def _lock_file_for(name):
-    """One descriptor per process: flock excludes other processes, not our threads."""
+class _ProcessLock:
+    """The OS file lock beside the database, taken within a deadline. One descriptor per
+    process: flock excludes other processes, not our threads (their thread lock does).
+
+    flock() cannot time out, so a contended lock is waited for by a helper thread while
+    the caller waits for the helper until its deadline; a lock the helper gets after its
+    caller gave up is handed back at once (or to the next caller already waiting).
+    Callers are serialised by the database's thread lock: at most one waits here."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.changed = threading.Condition()
+        self.pending = False  # the helper is blocked in flock()
+        self.waiting = False  # a caller waits for the helper
+        self.handed = False  # the helper got the lock for the waiting caller
+
+    def acquire(self, timeout) -> bool:
+        with self.changed:
+            if not self.pending:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    self.pending = True
+                    threading.Thread(target=self._wait_for_lock, name="sqlite-write-lock", daemon=True).start()
+            self.waiting = True
+            try:
+                return self.changed.wait_for(lambda: self.handed, max(0.0, timeout))
+            finally:
+                self.waiting = self.handed = False
+
+    def _wait_for_lock(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)  # released by the kernel if we die
+        with self.changed:
+            self.pending = False
+            if self.waiting:
+                self.handed = True
+                self.changed.notify_all()
+            else:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)  # its caller gave up
+
+    def release(self):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _process_lock_for(name):
     with _registry_lock:
-        if str(name) not in _lock_files:
-            _lock_files[str(name)] = os.open(f"{name}-writelock", os.O_RDWR | os.O_CREAT, 0o600)
-        return _lock_files[str(name)]
+        if str(name) not in _process_locks:
+            _process_locks[str(name)] = _ProcessLock(f"{name}-writelock")
+        return _process_locks[str(name)]
+
+
+def _locked_error(timeout):
+    """The error a BUSY statement would have raised, as Django wraps it."""
+    cause = sqlite3.OperationalError(
+        f"database is locked (another process held the write lock for more than {timeout:g} s)")
+    error = OperationalError(*cause.args)
+    error.__cause__ = cause
+    return error
 
 
 def _pool_for(name):
@@ -104,10 +160,14 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def _start_transaction_under_autocommit(self):
         name = self.settings_dict["NAME"]
         if not self.is_in_memory_db():
+            timeout = self.settings_dict["OPTIONS"].get("timeout", 30)
+            deadline = time.monotonic() + timeout
             # Bounded: a stuck holder in this process degrades to SQLite's own locking.
-            self._holds_write_lock = _lock_for(name).acquire(timeout=self.settings_dict["OPTIONS"].get("timeout", 30))
-            if self._holds_write_lock:
-                fcntl.flock(_lock_file_for(name), fcntl.LOCK_EX)  # released by the kernel if we die
+            self._holds_write_lock = _lock_for(name).acquire(timeout=timeout)
+            if self._holds_write_lock and not _process_lock_for(name).acquire(deadline - time.monotonic()):
+                self._holds_write_lock = False
+                _lock_for(name).release()
+                raise _locked_error(timeout)
         try:
             super()._start_transaction_under_autocommit()
         except BaseException:
@@ -118,7 +178,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self._holds_write_lock:
             self._holds_write_lock = False
             name = self.settings_dict["NAME"]
-            fcntl.flock(_lock_file_for(name), fcntl.LOCK_UN)
+            _process_lock_for(name).release()
             _lock_for(name).release()
 
     def _commit(self):

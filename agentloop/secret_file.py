@@ -1,0 +1,45 @@
+"""The generated SECRET_KEY of a checkout, kept in a file only its owner can read.
+
+Imported by settings, so: standard library only, and no Django.
+"""
+
+import os
+import secrets
+import string
+from pathlib import Path
+
+_ALPHABET = string.ascii_letters + string.digits + "!@#$%^&*(-_=+)"
+
+
+def read_or_create_secret_key(path: Path) -> str:
+    """The key in `path`, created (mode 0600) on first use. Several processes may start
+    at once (`make run` starts three): the file appears whole or not at all, and the
+    first one written wins."""
+    if path.exists():
+        _owner_only(path)
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = "".join(secrets.choice(_ALPHABET) for _ in range(50))
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # 0600 from the first byte
+    try:
+        os.write(fd, key.encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(draft, path)  # fails if another process got there first: use theirs
+    except FileExistsError:
+        key = path.read_text().strip()
+    finally:
+        draft.unlink(missing_ok=True)
+    return key
+
+
+def _owner_only(path):
+    """A key file written by an older version with the umask's mode is tightened."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        try:
+            os.chmod(path, mode & 0o700)
+        except PermissionError:
+            pass  # not ours to change; still readable, so still usable
