@@ -1,5 +1,7 @@
 """The console's websockets: the dashboard and the playground. Staff only; live updates
-arrive through `agentloop.live` (Redis, or the relay over the database)."""
+arrive through `agentloop.live` (Redis, or the relay over the database). A socket stays
+open for hours while roles change: every action looks the user up again and checks the
+permission it needs, not only the handshake."""
 
 import asyncio
 import json
@@ -7,6 +9,7 @@ import uuid
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.contrib.auth import get_user_model
 
 from agentloop import console, live
 
@@ -16,6 +19,7 @@ NO_CHANNEL = 4404
 MAX_TEXT = 4000
 DASHBOARD_PERMISSION = "audit.view_auditevent"
 PLAYGROUND_PERMISSION = "conversations.change_channel"
+DECIDE_PERMISSION = "tools.change_proposal"
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -25,6 +29,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     live_groups: tuple = ()
     permission = ""
     subscribed = False
+    withdrawn = False  # the page's permission was found gone: the socket is closing
 
     async def connect(self):
         user = self.scope.get("user")
@@ -57,6 +62,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def live_event(self, message):
         await self.send_json({"type": "event", "event": message["event"]})
 
+    async def still_allowed(self, *permissions) -> bool:
+        """The user as the database has them now holds the page's permission and these;
+        one who lost the page's is told and the socket closed."""
+        user = self.scope.get("user")
+        page, extra = await database_sync_to_async(_current_rights)(user, self.permission, permissions)
+        if not page:
+            self.withdrawn = True
+            await self.send_json({"type": "error", "error": "your access to this page was withdrawn"})
+            await self.close(code=NOT_STAFF)
+            return False
+        return extra
+
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         """A frame that is not a JSON object gets an error, not a dropped socket."""
         try:
@@ -75,6 +92,16 @@ def allowed(user, permission) -> bool:
                 and (not permission or user.has_perm(permission)))
 
 
+def _current_rights(user, page_permission, permissions) -> tuple[bool, bool]:
+    """(may still use the page, also holds `permissions`), read afresh: the user object
+    of the handshake caches its permissions for the socket's whole life."""
+    if user is None or not user.is_authenticated:
+        return False, False
+    fresh = get_user_model()._default_manager.filter(pk=user.pk).first()
+    page = allowed(fresh, page_permission)
+    return page, page and all(fresh.has_perm(p) for p in permissions)
+
+
 class DashboardConsumer(LiveConsumer):
     """Sends the whole picture on connect, every event as it happens, and a fresh
     picture shortly after (several events in a burst cost one). Auditors may watch;
@@ -86,7 +113,7 @@ class DashboardConsumer(LiveConsumer):
 
     async def prepare(self, user):
         self.user = user
-        self.can_decide = await database_sync_to_async(user.has_perm)("tools.change_proposal")
+        self.can_decide = await database_sync_to_async(user.has_perm)(DECIDE_PERMISSION)
         self.refresh_task = None
         return True
 
@@ -116,8 +143,10 @@ class DashboardConsumer(LiveConsumer):
         if action not in ("apply", "reject") or not isinstance(proposal, int):
             await self.send_json({"type": "error", "error": "expected {action: apply|reject, proposal: <id>}"})
             return
+        self.can_decide = await self.still_allowed(DECIDE_PERMISSION)
         if not self.can_decide:
-            await self.send_json({"type": "error", "error": "your role cannot decide proposals"})
+            if not self.withdrawn:  # still on the page, only without the right to decide
+                await self.send_json({"type": "error", "error": "your role cannot decide proposals"})
             return
         state = await database_sync_to_async(_decide)(action, proposal, self.user.get_username())
         await self.send_json({"type": "decided", "proposal": proposal, "state": state})
@@ -162,6 +191,8 @@ class PlaygroundConsumer(LiveConsumer):
             return
         if len(text) > MAX_TEXT:
             await self.send_json({"type": "error", "error": f"messages are limited to {MAX_TEXT} characters"})
+            return
+        if not await self.still_allowed():
             return
         message_id = str(content.get("id") or uuid.uuid4())[:64]
         admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)

@@ -13,10 +13,12 @@ agent must not act.
 
 import abc
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 
 
@@ -82,3 +84,31 @@ def agent_for(name: str) -> Agent:
     if path is None:
         raise LookupError(f"unknown agent {name!r}; known: {', '.join(sorted(settings.AGENTLOOP_AGENTS))}")
     return import_string(path)()
+
+
+# --- which environment variable may hold an agent's key ---------------------------------
+
+KEY_ENV_PATTERN = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
+
+
+def key_env_problem(name) -> str:
+    """Why `name` may not be an agent's `api_key_env` ("" when it may). The variable's
+    value is sent as a bearer token to the URL the channel's operator chose, so it must
+    be a key meant for that (…_API_KEY, or listed in AGENTLOOP_AGENT_KEY_ENVS), never
+    SECRET_KEY, DATABASE_URL or another of the process's secrets."""
+    if not isinstance(name, str) or not name:
+        return "api_key_env must be the name of an environment variable"
+    if KEY_ENV_PATTERN.fullmatch(name) or name in settings.AGENTLOOP_AGENT_KEY_ENVS:
+        return ""
+    return (f"api_key_env {name!r} is not allowed: name a variable ending in _API_KEY "
+            "(or list it in AGENTLOOP_AGENT_KEY_ENVS)")
+
+
+def validate_agent_config(config):
+    """Refuse an agent configuration that would hand a process secret to an agent."""
+    if not isinstance(config, dict):
+        raise ValidationError({"agent_config": "must be a JSON object"})
+    if "api_key_env" in config:
+        problem = key_env_problem(config["api_key_env"])
+        if problem:
+            raise ValidationError({"agent_config": problem})

@@ -11,8 +11,8 @@ from rest_framework.views import APIView
 
 from conversations.api_auth import ErrorSerializer
 
-from conversations.ingest import Inbound, admit
-from conversations.models import Channel, ChannelKind
+from conversations.ingest import Inbound, Unstorable, admit
+from conversations.models import Channel, ChannelKind, InboundMessage
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def conversation_for_key(key, conversation_id):
 
 
 class InboundMessageSerializer(serializers.Serializer):
-    message_id = serializers.CharField(max_length=100)
+    # As long as the column our reply threads to (reply_target), which stores it.
+    message_id = serializers.CharField(max_length=InboundMessage._meta.get_field("reply_target").max_length)
     contact = serializers.CharField(max_length=100)
     text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False)
     chat = serializers.CharField(max_length=100, required=False)
@@ -71,11 +72,14 @@ class ChannelMessagesView(APIView):
         incoming = InboundMessageSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
-        admission = admit(channel, Inbound(
-            platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
-            sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
-            media_type=data["media_type"], is_group=data["is_group"], reply_target=data["message_id"],
-        ))
+        try:
+            admission = admit(channel, Inbound(
+                platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
+                sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
+                media_type=data["media_type"], is_group=data["is_group"], reply_target=data["message_id"],
+            ))
+        except Unstorable as exc:
+            raise exceptions.ParseError(f"message refused: {exc}") from None
         flush_in = None
         if admission.flush_at is not None:
             flush_in = round(max(0.0, (admission.flush_at - timezone.now()).total_seconds()), 3)
@@ -155,6 +159,10 @@ class TurnClaimView(APIView):
         from conversations import engine, turns
 
         found = _turn_for_key(request.user, turn)
+        if found.conversation.channel.agent != turns.PULL_AGENT:
+            return Response({"error": f"turn {found.pk} belongs to a '{found.conversation.channel.agent}' channel; "
+                                      "only turns of pull channels can be claimed"},
+                            status=status.HTTP_409_CONFLICT)
         if not turns.claim_external(found.pk, request.user.pk):
             return Response({"error": f"turn {found.pk} is {found.state}, or another turn of its conversation "
                                       "is running"}, status=status.HTTP_409_CONFLICT)

@@ -1,19 +1,22 @@
 """Layer 1's tables: who talks to us, what they said, and when each burst becomes a turn.
 
 State machines are written down once here (the *State enums and their TRANSITIONS);
-every transition elsewhere is a compare-and-swap `filter(pk=…, state=old).update(…)`.
+every transition goes through the model's checked `transition()` (conversations.states):
+a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a move the
+table does not allow.
 """
 
 import hashlib
 import secrets
-import time
 
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from agentloop.caches import BoundedCache
 from conversations import windows
+from conversations.states import StateMachine
 
 
 class ChannelKind(models.TextChoices):
@@ -46,22 +49,28 @@ def _default_conjunctions():
 
 class ChannelManager(models.Manager):
     # Inbound requests look their channel up on every message; a copy at most this
-    # old is good enough (operators' edits apply within a second or two).
+    # old is good enough (operators' edits apply within a second or two). Both caches are
+    # bounded: an anonymous client choosing slugs must not grow the process. Unknown slugs
+    # get a small cache of their own, so they never push a real channel out.
     CACHE_SECONDS = 2.0
-    _cache: dict = {}
+    _cache = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
+    _unknown = BoundedCache(maxsize=256, max_age=CACHE_SECONDS)
 
     def active(self, slug, kind=None):
         """The active channel with this slug (and kind), from a short per-process cache."""
-        now = time.monotonic()
-        hit = self._cache.get(slug)
-        if hit is None or now - hit[0] > self.CACHE_SECONDS:
+        channel = self._cache.get(slug)
+        if channel is None and slug not in self._unknown:
             channel = self.filter(slug=slug, is_active=True).first()
-            hit = self._cache[slug] = (now, channel)
-        channel = hit[1]
+            (self._cache if channel is not None else self._unknown).set(slug, channel)
         return channel if channel is not None and (kind is None or channel.kind == kind) else None
 
     def forget_cached(self):
         self._cache.clear()
+        self._unknown.clear()
+
+    def cache_size(self) -> int:
+        """Entries held by this process's channel caches (for tests and operators)."""
+        return len(self._cache) + len(self._unknown)
 
 
 class Channel(models.Model):
@@ -128,6 +137,17 @@ class Channel(models.Model):
 
     def __str__(self):
         return self.name or self.slug
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from conversations.agents import validate_agent_config
+
+        validate_agent_config(self.agent_config)
+        if self.kind == ChannelKind.API and self.callback_url and not self.callback_secret:
+            # Replies are never POSTed unsigned: the receiver could not tell ours from anyone's.
+            raise ValidationError({"callback_secret": "A callback URL needs a callback secret: replies are signed "
+                                                      "with it (HMAC-SHA256), never sent unsigned."})
 
     def save(self, *args, **kwargs):
         super().save(*args, **kwargs)
@@ -205,6 +225,7 @@ class Disposition(models.TextChoices):
     CONTROL = "control", "Control command"
     REJECTED = "rejected", "Rejected (a turn was running)"
     DROPPED = "dropped", "Dropped (/stop or /reset)"
+    OVERFLOW = "overflow", "Not buffered (too many pending; the sender was told)"
 
 
 class InboundMessage(models.Model):
@@ -251,10 +272,14 @@ class BufferState(models.TextChoices):
     DROPPED = "dropped", "Dropped"
 
 
-class MessageBuffer(models.Model):
+class MessageBuffer(StateMachine, models.Model):
     """The pending messages of a conversation, waiting for their window to close."""
 
-    TRANSITIONS = {BufferState.OPEN: {BufferState.FLUSHED, BufferState.DROPPED}}
+    TRANSITIONS = {
+        BufferState.OPEN: {BufferState.FLUSHED, BufferState.DROPPED},
+        BufferState.FLUSHED: set(),
+        BufferState.DROPPED: set(),
+    }
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="buffers")
     state = models.CharField(max_length=16, choices=BufferState.choices, default=BufferState.OPEN)
@@ -270,6 +295,8 @@ class MessageBuffer(models.Model):
     flush_reason = models.CharField(max_length=16, choices=FlushReason.choices, blank=True)
     flushed_at = models.DateTimeField(null=True, blank=True)
     flushed_by = models.CharField(max_length=120, blank=True, help_text="The claim's owner stamp.")
+    # Set by the first message kept out of this full buffer: one notice per episode.
+    overflow_noticed = models.BooleanField(default=False)
     # interrupt strategy: the cancelled turn whose input this buffer carries forward.
     carried_turn = models.ForeignKey(
         "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="carried_into"
@@ -301,13 +328,17 @@ class TurnState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Turn(models.Model):
+class Turn(StateMachine, models.Model):
     """One agent run over one merged buffer."""
 
     TRANSITIONS = {
         TurnState.READY: {TurnState.RUNNING, TurnState.CANCELLED},
-        # RUNNING -> READY: its worker died before it fired any effect, so it is run again.
+        # RUNNING -> READY: its worker died before it fired any effect, or an external
+        # agent let its claim lapse, so it is run (or offered) again.
         TurnState.RUNNING: {TurnState.DONE, TurnState.CANCELLED, TurnState.FAILED, TurnState.READY},
+        TurnState.DONE: set(),
+        TurnState.CANCELLED: set(),
+        TurnState.FAILED: set(),
     }
     ACTIVE = (TurnState.READY, TurnState.RUNNING)
 

@@ -2,7 +2,8 @@
 through the official SDK, with the registry's tools offered as functions.
 
 Channel `agent_config`: `base_url`, `model` (required), `api_key_env` (the environment
-variable holding the key; default OPENAI_API_KEY), `system_prompt`, `max_steps` (model
+variable holding the key; default OPENAI_API_KEY; only …_API_KEY names or those in
+AGENTLOOP_AGENT_KEY_ENVS, checked on save and again here), `system_prompt`, `max_steps` (model
 requests per turn, default 6), `timeout` (seconds per request, default 60), `history`
 (messages of context, default 20), `temperature`.
 
@@ -21,7 +22,9 @@ import openai
 import openai.resources.chat.completions  # noqa: F401 — the SDK loads these lazily, inside the first turn
 import openai.types.chat  # noqa: F401
 
-from conversations.agents import Agent, AgentUnavailable, TurnContext
+from agentloop.caches import BoundedCache
+from audit.redaction import agent_secrets, redact
+from conversations.agents import Agent, AgentUnavailable, TurnContext, key_env_problem
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 STEP_LIMIT_REPLY = "I could not finish that in one go; please tell me what is still missing."
 
-_clients: dict = {}
+# Bounded: one per (event loop, server, key, timeout); a client pushed out is left to the
+# garbage collector (it may be mid-request in a turn).
+_clients = BoundedCache(maxsize=64)
 
 
 def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
@@ -41,19 +46,28 @@ def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
     The SDK's own retries are off: a retried request after a timeout could repeat a
     turn's effects, and the turn's outcome must be decided here."""
     key = (id(asyncio.get_running_loop()), base_url, api_key, timeout)
-    if key not in _clients:
-        _clients[key] = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
-    return _clients[key]
+    client = _clients.get(key)
+    if client is None:
+        client = _clients.set(key, openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
+                                                      max_retries=0))
+    return client
 
 
 def _client(config):
-    api_key = os.environ.get(config.get("api_key_env") or "OPENAI_API_KEY", "") or "not-needed"
+    env_name = config.get("api_key_env") or "OPENAI_API_KEY"
+    problem = key_env_problem(env_name)
+    if problem:  # a configuration written before the check, or straight into the database
+        raise AgentUnavailable(problem)
+    api_key = os.environ.get(env_name, "") or "not-needed"
     return client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
 
 
 class OpenAIAgent(Agent):
     async def prepare(self, config):
-        _client(config).chat.completions  # noqa: B018 — builds the client and its resources now
+        try:
+            _client(config).chat.completions  # noqa: B018 — builds the client and its resources now
+        except AgentUnavailable as exc:
+            log.warning("an openai channel cannot run: %s", exc)
 
     async def respond(self, ctx: TurnContext) -> str:
         config = ctx.config
@@ -89,7 +103,10 @@ class OpenAIAgent(Agent):
         except openai.APITimeoutError as exc:
             raise AgentUnavailable(f"the model did not answer within {config.get('timeout', 60)} s") from exc
         except openai.APIError as exc:
-            raise AgentUnavailable(f"the model provider failed: {type(exc).__name__}: {exc}") from exc
+            # The provider's text may quote the key ("Incorrect API key provided: …") or a
+            # URL with credentials: masked here, before it becomes a turn's outcome or a log line.
+            why = redact(f"{type(exc).__name__}: {exc}", agent_secrets({"api_key_env": "OPENAI_API_KEY", **config}))
+            raise AgentUnavailable(f"the model provider failed: {why}") from exc
         if not response.choices:
             raise AgentUnavailable("the model returned no choices")
         return response.choices[0].message

@@ -1,4 +1,5 @@
-"""Turn transitions, each a compare-and-swap on the turn's row.
+"""Turn transitions, each a compare-and-swap on the turn's row through the checked
+`Turn.transition` (it refuses a move that `Turn.TRANSITIONS` does not allow).
 
 `cancel` and `mark_effect` race on the same row and exactly one of them wins: a
 turn that has fired an external effect can no longer be cancelled, and a cancelled
@@ -12,14 +13,20 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
 from django.utils import timezone
 
+from audit.events import record
+from audit.models import EventKind
+from audit.redaction import redact
 from conversations.models import Turn, TurnState
+
+EXTERNAL_GAVE_UP_NOTICE = (
+    "Sorry — I could not answer your last message. Please send it again in a while."
+)
 
 
 def cancel(turn_id, reason, now=None) -> bool:
     """Cancel a ready or running turn that has not fired an external effect."""
-    return Turn.objects.filter(
-        pk=turn_id, state__in=Turn.ACTIVE, fired_effect=False
-    ).update(state=TurnState.CANCELLED, outcome=reason[:300], finished_at=now or timezone.now()) == 1
+    return Turn.transition(turn_id, Turn.ACTIVE, TurnState.CANCELLED, where={"fired_effect": False},
+                           outcome=reason[:300], finished_at=now or timezone.now()) == 1
 
 
 def mark_effect(turn_id, now=None) -> bool:
@@ -29,15 +36,13 @@ def mark_effect(turn_id, now=None) -> bool:
     ) == 1
 
 
-def start(turn_id, owner, now=None) -> bool:
+def start(turn_id, owner, now=None, where=None) -> bool:
     """READY -> RUNNING for `owner`. The partial unique index refuses a second
     running turn in the same conversation, so this is safe across processes."""
     try:
         with transaction.atomic():
-            return Turn.objects.filter(pk=turn_id, state=TurnState.READY).update(
-                state=TurnState.RUNNING, owner=owner, started_at=now or timezone.now(),
-                attempts=F("attempts") + 1,
-            ) == 1
+            return Turn.transition(turn_id, TurnState.READY, TurnState.RUNNING, where=where, owner=owner,
+                                   started_at=now or timezone.now(), attempts=F("attempts") + 1) == 1
     except IntegrityError:
         return False
 
@@ -57,10 +62,10 @@ def finish_many(results, owner, now=None) -> set:
     def per_row(field, index):
         return Case(*(When(pk=r[0], then=Value(r[index])) for r in results), output_field=field)
 
+    results = [(r[0], r[1], r[2], redact(r[3])[:300]) for r in results]  # an agent's error may carry a secret
     ids = [r[0] for r in results]
-    Turn.objects.filter(pk__in=ids, state=TurnState.RUNNING, owner=owner).update(
-        state=per_row(CharField(), 1), reply_text=per_row(TextField(), 2),
-        outcome=per_row(CharField(), 3), finished_at=now)
+    Turn.transition(ids, TurnState.RUNNING, {r[0]: r[1] for r in results}, where={"owner": owner},
+                    reply_text=per_row(TextField(), 2), outcome=per_row(CharField(), 3), finished_at=now)
     return set(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
                                    state__in=(TurnState.DONE, TurnState.FAILED)).values_list("pk", flat=True))
 
@@ -74,8 +79,8 @@ def start_many(turn_ids, owner, now=None):
     now = now or timezone.now()
     try:
         with transaction.atomic():
-            Turn.objects.filter(pk__in=turn_ids, state=TurnState.READY).update(
-                state=TurnState.RUNNING, owner=owner, started_at=now, attempts=F("attempts") + 1)
+            Turn.transition(list(turn_ids), TurnState.READY, TurnState.RUNNING, owner=owner, started_at=now,
+                            attempts=F("attempts") + 1)
     except IntegrityError:
         for turn_id in turn_ids:
             start(turn_id, owner, now)
@@ -101,8 +106,11 @@ def hand_over(turn_id, owner, new_owner) -> bool:
 
 
 def claim_external(turn_id, agent_key_id, now=None) -> bool:
-    """A pull agent takes a ready turn (READY -> RUNNING under its key)."""
-    return start(turn_id, external_owner(agent_key_id), now)
+    """A pull agent takes a ready turn of a `pull` channel (READY -> RUNNING under its
+    key). Other channels' turns are their workers' to run: a key claiming one would take
+    it from its agent and answer in its place."""
+    return start(turn_id, external_owner(agent_key_id), now,
+                 where={"conversation__channel__agent": PULL_AGENT})
 
 
 def may_answer(turn, agent_key_id) -> bool:
@@ -110,17 +118,39 @@ def may_answer(turn, agent_key_id) -> bool:
 
 
 def release_external(now=None) -> list:
-    """External turns not finished in time go back to READY (to be taken again)."""
+    """External turns not finished in time go back to READY (to be taken again) — up to
+    AGENTLOOP_EXTERNAL_TURN_ATTEMPTS claims; then the turn fails and the user is told,
+    rather than being offered to agents that keep dropping it, forever."""
     now = now or timezone.now()
     deadline = now - timedelta(seconds=settings.AGENTLOOP_EXTERNAL_TURN_TIMEOUT)
     stale = list(Turn.objects.filter(state=TurnState.RUNNING, owner__startswith="agent:", started_at__lt=deadline)
-                 .values_list("pk", "owner"))
+                 .select_related("conversation__channel"))
     released = []
-    for turn_id, owner in stale:
-        if Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(
-                state=TurnState.READY, owner="", started_at=None):
-            released.append(turn_id)
+    for turn in stale:
+        if turn.attempts >= settings.AGENTLOOP_EXTERNAL_TURN_ATTEMPTS:
+            give_up_external(turn, now)
+        elif Turn.transition(turn.pk, TurnState.RUNNING, TurnState.READY, where={"owner": turn.owner},
+                             owner="", started_at=None):
+            released.append(turn.pk)
     return released
+
+
+def give_up_external(turn, now) -> bool:
+    """RUNNING -> FAILED for a turn external agents took and never finished, too often;
+    the notice to the user is written in the same transaction."""
+    from delivery import ledger
+    from delivery.models import OutboundKind
+
+    why = f"no external agent finished it in {turn.attempts} attempts"
+    with transaction.atomic():
+        if not Turn.transition(turn.pk, TurnState.RUNNING, TurnState.FAILED, where={"owner": turn.owner},
+                               outcome=why, finished_at=now):
+            return False
+        ledger.enqueue(turn.conversation, EXTERNAL_GAVE_UP_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
+                       reply_target=turn.reply_target, thread_id=turn.thread_id)
+        record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
+               actor=turn.owner, summary=why)
+    return True
 
 
 def ready_candidates(limit):

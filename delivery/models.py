@@ -9,10 +9,15 @@ State machine (written once, here; every transition is a compare-and-swap in
        │                 │  │   ├──► unreachable   (permanent: bot blocked, chat gone)
        │                 │  └───┘    (a dead owner's row, taken over by a sweep)
        └──(stale)────────┴──────────► abandoned     (over the budget, or older than 24 h)
+
+A row claimed and not sent (a sweep out of time) is released to where it was: pending
+or failed, its attempt given back.
 """
 
 from django.db import models
 from django.utils import timezone
+
+from conversations.states import StateMachine
 
 
 class OutboundKind(models.TextChoices):
@@ -40,7 +45,7 @@ class Outcome(models.TextChoices):
     AMBIGUOUS = "ambiguous", "Ambiguous (may have arrived)"
 
 
-class OutboundMessage(models.Model):
+class OutboundMessage(StateMachine, models.Model):
     """A ledger row: one outbound reply's delivery obligation, written before the send.
 
     Whether a send carries the recovery prefix is decided by the claim itself, from the
@@ -53,11 +58,13 @@ class OutboundMessage(models.Model):
         OutboundState.ATTEMPTING: {
             OutboundState.DELIVERED, OutboundState.FAILED, OutboundState.UNREACHABLE, OutboundState.ABANDONED,
             OutboundState.ATTEMPTING,  # taken over from a dead owner
+            OutboundState.PENDING,  # claimed, not sent, given back (ledger.release)
         },
         OutboundState.FAILED: {OutboundState.ATTEMPTING, OutboundState.ABANDONED},
         # An operator's "retry now".
         OutboundState.UNREACHABLE: {OutboundState.FAILED},
         OutboundState.ABANDONED: {OutboundState.FAILED},
+        OutboundState.DELIVERED: set(),
     }
     OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
 

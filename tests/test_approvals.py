@@ -120,3 +120,36 @@ def test_a_proposal_whose_claim_was_released_is_never_run(conversation):
     ActionClaim.objects.filter(pk=outcome.claim_id).update(state=ClaimState.RELEASED, live=False)
     assert approvals.apply(outcome.proposal_id, by="olga").state == ProposalState.FAILED
     assert not CalendarEvent.objects.exists()
+
+
+def interrupted_apply(proposal_id):
+    """What a crash between Apply's two steps left when they were separate statements:
+    the proposal `applying`, its claim still `proposed` (nothing ran)."""
+    Proposal.objects.filter(pk=proposal_id).update(state=ProposalState.APPLYING, decided_by="olga",
+                                                   decided_at=timezone.now())
+
+
+def test_the_sweep_reopens_an_apply_interrupted_between_its_steps(conversation):
+    proposal = propose(conversation).proposal_id
+    interrupted_apply(proposal)
+    assert approvals.apply(proposal, by="luis").state == ProposalState.APPLYING  # stuck: nobody can apply it
+    assert guard.sweep()["reopened"] == 1
+    reopened = Proposal.objects.get(pk=proposal)
+    assert reopened.state == ProposalState.PENDING and reopened.decided_by == "" and reopened.is_open
+    assert reopened.claim.state == ClaimState.PROPOSED and not CalendarEvent.objects.exists()
+    assert AuditEvent.objects.filter(kind=EventKind.PROPOSAL_CREATED, summary__contains="interrupted").count() == 1
+    assert guard.sweep()["reopened"] == 0
+    assert approvals.apply(proposal, by="luis").state == ProposalState.APPLIED
+    assert CalendarEvent.objects.count() == 1
+
+
+def test_an_interrupted_apply_past_its_time_is_expired_by_the_same_sweep(conversation):
+    proposal = propose(conversation).proposal_id
+    interrupted_apply(proposal)
+    Proposal.objects.filter(pk=proposal).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert guard.sweep() | {"uncertain": 0, "reconciled": 0} == {"uncertain": 0, "reconciled": 0, "expired": 1,
+                                                                   "reopened": 1}
+    expired = Proposal.objects.get(pk=proposal)
+    assert expired.state == ProposalState.EXPIRED and expired.claim.state == ClaimState.RELEASED
+    assert "Not approved in time" in OutboundMessage.objects.get(conversation=conversation).text
+

@@ -64,12 +64,12 @@ def test_createagentkey_refuses_unknown_channels():
 
 def test_addchannel_sets_the_openai_agent():
     run("addchannel", "gpt", "--agent", "openai", "--agent-base-url", "http://127.0.0.1:11434/v1",
-        "--agent-model", "llama3.1", "--agent-key-env", "OLLAMA_KEY", "--system-prompt", "Sé breve.")
+        "--agent-model", "llama3.1", "--agent-key-env", "OLLAMA_API_KEY", "--system-prompt", "Sé breve.")
     run("addchannel", "gpt", "--agent-config", '{"max_steps": 3}')
     channel = Channel.objects.get(slug="gpt")
     assert channel.agent == "openai"
     assert channel.agent_config == {"base_url": "http://127.0.0.1:11434/v1", "model": "llama3.1",
-                                    "api_key_env": "OLLAMA_KEY", "system_prompt": "Sé breve.", "max_steps": 3}
+                                    "api_key_env": "OLLAMA_API_KEY", "system_prompt": "Sé breve.", "max_steps": 3}
 
 
 def test_setwebhook_calls_telegram_with_the_secret(fake_telegram):

@@ -67,9 +67,9 @@ def test_playground_round_trip_countdown_merge_typing_reply(processes, browser):
         Channel.objects.create(slug="playground", kind="webchat", agent="openai",
                                **{f"window_{kind}": 2.0 for kind in ("closed", "greeting", "open", "neutral")},
                                agent_config={"base_url": fake.url, "model": "fake-model",
-                                                              "api_key_env": "FAKE_OPENAI_KEY"})
+                                                              "api_key_env": "FAKE_OPENAI_API_KEY"})
         web = processes.web()
-        processes.worker(FAKE_OPENAI_KEY="sk-test")
+        processes.worker(FAKE_OPENAI_API_KEY="sk-test")
         page = page_for(browser, web.url, *operator())
         page.goto("/console/playground/")
         live(page)

@@ -289,3 +289,89 @@ def test_the_relay_waits_for_a_gap_in_the_ids_then_moves_past_it():
     relay.gap_since = time.monotonic() - Relay.SETTLE - 0.1
     relay._advance_floor()
     assert relay.floor == 7 and relay.seen == set() and relay.gap_since is None
+
+
+# --- permissions are checked on every action, not only at connect ---------------------------
+
+
+def open_proposal():
+    from tools.models import ActionClaim, ClaimState, Proposal
+
+    now = timezone.now()
+    claim = ActionClaim.objects.create(scope="contact:1", action="email_send", fingerprint="e" * 64,
+                                       state=ClaimState.PROPOSED, expires_at=now + timedelta(hours=1),
+                                       lease_until=now + timedelta(hours=1), arguments={"to": ["a@b.c"]})
+    return Proposal.objects.create(claim=claim, expires_at=now + timedelta(hours=1))
+
+
+def revoke(user, codename):
+    user.user_permissions.remove(Permission.objects.get(codename=codename))
+
+
+async def closed_with(comm):
+    """The close code, past any live events still on their way."""
+    while True:
+        output = await comm.receive_output(timeout=5)
+        if output["type"] == "websocket.close":
+            return output["code"]
+
+
+def operator_in_group():
+    from django.contrib.auth.models import Group
+
+    from agentloop.roles import OPERATORS, ensure_roles
+
+    ensure_roles()
+    user = make_user("groupie")
+    user.groups.add(Group.objects.get(name=OPERATORS))
+    return user
+
+
+def test_an_operator_removed_from_their_group_mid_session_cannot_decide(playground):
+    from tools.models import Proposal, ProposalState
+
+    proposal, user = open_proposal(), operator_in_group()
+
+    async def body(comm, first):
+        assert first["can_decide"]
+        await sync_to_async(user.groups.clear)()  # an admin withdraws the role; the socket stays open
+        await comm.send_json_to({"action": "reject", "proposal": proposal.pk})
+        refused = await receive_until(comm, lambda m: m["type"] in ("error", "decided"))
+        assert refused == {"type": "error", "error": "your access to this page was withdrawn"}
+        assert await closed_with(comm) == 4403
+    talk("/ws/console/dashboard/", user, body)
+    assert Proposal.objects.get(pk=proposal.pk).state == ProposalState.PENDING
+
+
+def test_an_auditor_may_watch_on_but_an_operator_losing_the_decide_permission_cannot_apply(playground):
+    from tools.models import Proposal, ProposalState
+
+    proposal, user = open_proposal(), make_user("op", perms=OPERATE)
+
+    async def body(comm, first):
+        assert first["can_decide"]
+        await sync_to_async(revoke)(user, "change_proposal")
+        await comm.send_json_to({"action": "apply", "proposal": proposal.pk})
+        assert (await receive_until(comm, lambda m: m["type"] in ("error", "decided"))) == {
+            "type": "error", "error": "your role cannot decide proposals"}
+        await comm.send_json_to({"action": "apply", "proposal": proposal.pk})  # still watching, still refused
+        assert (await receive_until(comm, lambda m: m["type"] in ("error", "decided")))["type"] == "error"
+    talk("/ws/console/dashboard/", user, body)
+    assert Proposal.objects.get(pk=proposal.pk).state == ProposalState.PENDING
+
+
+def test_a_playground_user_who_lost_the_permission_is_refused_on_the_next_message(playground):
+    from conversations.models import InboundMessage
+
+    user = make_user("op", perms=OPERATE)
+
+    async def body(comm, hello):
+        await comm.send_json_to({"text": "hola.", "id": "a1"})
+        assert (await receive_until(comm, lambda m: m["type"] == "admitted"))["duplicate"] is False
+        await sync_to_async(revoke)(user, "change_channel")
+        await comm.send_json_to({"text": "¿sigues ahí?", "id": "a2"})
+        refused = await receive_until(comm, lambda m: m["type"] in ("error", "admitted"))
+        assert refused == {"type": "error", "error": "your access to this page was withdrawn"}
+        assert await closed_with(comm) == 4403
+    talk("/ws/console/playground/playground/", user, body)
+    assert list(InboundMessage.objects.values_list("text", flat=True)) == ["hola."]

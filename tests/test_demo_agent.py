@@ -9,8 +9,8 @@ from asgiref.sync import sync_to_async
 
 from conversations.agents import TurnContext
 from conversations.demo_agent import DemoAgent, find_times, title_of
-from tools import guard
-from tools.models import CalendarEvent
+from tools import approvals, guard
+from tools.models import CalendarEvent, Proposal
 from tools.registry import Scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,7 +58,8 @@ def test_list_email_hello_and_help(mailoutbox):
     listing = run("what's on my calendar? my events")
     assert "Your upcoming events:" in listing and "Physio" in listing
     sent = run("envía un correo a ana@example.com: asunto Recordatorio / mensaje Nos vemos el lunes")
-    assert sent.startswith("✅") and mailoutbox[0].subject == "Recordatorio"
-    assert mailoutbox[0].body == "Nos vemos el lunes"
+    assert sent.startswith("⏳") and mailoutbox == []  # email_send needs a person's approval by default
+    approvals.apply(Proposal.objects.get().pk, by="olga")
+    assert mailoutbox[0].subject == "Recordatorio" and mailoutbox[0].body == "Nos vemos el lunes"
     assert run("hola").startswith("¡Hola!")
     assert "I can:" in run("what can you do")

@@ -1,10 +1,15 @@
-"""email_send through Django's SMTP backend against a real local SMTP server."""
+"""email_send through Django's SMTP backend against a real local SMTP server: by default
+a person approves each email and a contact has at most ten an hour (it is not an open
+relay for whoever talks to the bot)."""
+
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from tools import guard
+from tools import approvals, guard
 from tools.guard import Status
-from tools.models import ActionClaim, ClaimState
+from tools.models import ActionClaim, ClaimState, Proposal, ProposalState, ToolPolicy
 from tools.registry import Scope
 from tests.fakes.smtp_server import FakeSMTP
 
@@ -25,7 +30,60 @@ def send(arguments, scope=Scope("contact:1")):
     return guard.invoke("email_send", arguments, scope, actor="test")
 
 
-def test_sent_over_smtp_once(smtp):
+@pytest.fixture
+def trusted(db):
+    """An operator who trusts their users switched approval off for email_send."""
+    ToolPolicy.objects.create(name="email_send", requires_approval=False, max_per_hour=3)
+
+
+def mail(n):
+    return {"to": f"cliente{n}@example.com", "subject": f"Aviso {n}", "body": "Hola."}
+
+
+def test_by_default_an_email_waits_for_a_person_then_goes_out_once(smtp):
+    proposed = send(MAIL)
+    assert proposed.status == Status.AWAITING_APPROVAL and smtp.received == []
+    policy = ToolPolicy.objects.get(name="email_send")
+    assert policy.requires_approval and policy.max_per_hour == 10
+    assert send(MAIL).status == Status.AWAITING_APPROVAL and Proposal.objects.count() == 1  # asked twice
+    assert approvals.apply(proposed.proposal_id, by="olga").state == ProposalState.APPLIED
+    assert approvals.apply(proposed.proposal_id, by="olga").state == ProposalState.APPLIED
+    [received] = smtp.received
+    assert received.recipients == ["ana@example.com", "Luis@Example.com"]
+
+
+def test_a_contact_cannot_have_more_than_its_hourly_limit(smtp, trusted):
+    assert [send(mail(n)).status for n in range(3)] == [Status.DONE] * 3
+    refused = send(mail(3))
+    assert refused.status == Status.FAILED and "limit of 3 per hour" in refused.error
+    assert "do not retry" in refused.for_model()["note"]
+    assert len(smtp.received) == 3 and ActionClaim.objects.count() == 3  # the refusal wrote no claim
+    assert send(mail(3), Scope("contact:2")).status == Status.DONE  # another contact has its own
+    assert send(mail(0)).status == Status.DUPLICATE  # an identical call is still answered as one
+
+
+def test_the_limit_is_a_sliding_hour_and_failed_sends_do_not_count(smtp, trusted):
+    smtp.refuse = {"cliente0@example.com"}
+    assert send(mail(0)).status == Status.FAILED  # refused by the server: nothing was sent
+    smtp.refuse = set()
+    assert [send(mail(n)).status for n in range(1, 4)] == [Status.DONE] * 3
+    assert send(mail(4)).status == Status.FAILED
+    an_hour_ago = timezone.now() - timedelta(hours=1, seconds=1)
+    ActionClaim.objects.filter(arguments__subject="Aviso 1").update(created_at=an_hour_ago)
+    assert send(mail(4)).status == Status.DONE
+    assert len(smtp.received) == 4
+
+
+def test_proposals_count_and_rejected_ones_do_not(smtp):
+    ToolPolicy.objects.create(name="email_send", requires_approval=True, max_per_hour=2)
+    first, second = send(mail(1)), send(mail(2))
+    assert send(mail(3)).status == Status.FAILED and Proposal.objects.count() == 2
+    approvals.reject(first.proposal_id, by="olga")
+    assert send(mail(3)).status == Status.AWAITING_APPROVAL
+    assert smtp.received == [] and second.status == Status.AWAITING_APPROVAL
+
+
+def test_sent_over_smtp_once(smtp, trusted):
     first = send(MAIL)
     assert first.status == Status.DONE
     [received] = smtp.received
@@ -38,7 +96,7 @@ def test_sent_over_smtp_once(smtp):
     assert again.status == Status.DUPLICATE and len(smtp.received) == 1
 
 
-def test_a_refused_recipient_is_a_failure_that_can_be_retried(smtp):
+def test_a_refused_recipient_is_a_failure_that_can_be_retried(smtp, trusted):
     smtp.refuse = {"ana@example.com"}
     failed = send({**MAIL, "to": "ana@example.com"})
     assert failed.status == Status.FAILED and "refused" in failed.error

@@ -41,6 +41,13 @@ def scope(conversation):
 
 
 @pytest.fixture
+def email_without_approval(db):
+    """email_send as an operator who trusts their users has set it: no approval (the
+    default, approval, is tested in test_email_smtp)."""
+    ToolPolicy.objects.create(name="email_send", requires_approval=False)
+
+
+@pytest.fixture
 def test_tools(settings):
     settings.AGENTLOOP_TOOLS = TEST_TOOLS
     GatedCreate.reset()
@@ -113,7 +120,7 @@ def test_reads_repeat_freely_and_are_never_claimed(scope):
     assert ActionClaim.objects.count() == claims and not duplicates().exists()
 
 
-def test_email_a_corrected_body_is_a_new_email(scope, mailoutbox):
+def test_email_a_corrected_body_is_a_new_email(scope, mailoutbox, email_without_approval):
     mail = {"to": "ana@example.com", "subject": "Confirmación", "body": "Su cita es el lunes."}
     assert invoke("email_send", mail, scope).status == Status.DONE
     assert invoke("email_send", {**mail, "to": "ANA@example.com", "subject": " confirmación"}, scope).status == \
@@ -182,7 +189,8 @@ def test_a_tool_that_fails_releases_its_claim_so_the_retry_runs(test_tools, scop
     assert FlakyCreate.runs == [{"name": "x"}]
 
 
-def test_an_unreachable_mail_server_is_a_failure_and_the_retry_sends(settings, scope, mailoutbox):
+def test_an_unreachable_mail_server_is_a_failure_and_the_retry_sends(settings, scope, mailoutbox,
+                                                                    email_without_approval):
     from tests.conftest import free_port
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -265,7 +273,7 @@ def test_interrupted_create_that_did_not_happen_is_reconciled_and_runs_now(scope
     assert claim.state == ClaimState.RELEASED and "did not happen" in claim.error
 
 
-def test_interrupted_email_is_reported_to_the_model_never_resent(scope, mailoutbox):
+def test_interrupted_email_is_reported_to_the_model_never_resent(scope, mailoutbox, email_without_approval):
     mail = {"to": "ana@example.com", "subject": "Factura", "body": "Adjunta."}
     claim = interrupted_claim("email_send", mail, scope)
     outcomes = [invoke("email_send", mail, scope) for _ in range(2)]

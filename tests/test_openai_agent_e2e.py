@@ -14,7 +14,7 @@ from tests.fakes.openai_api import Delay, FakeOpenAI, Reply, ToolCalls
 from tools.models import CalendarEvent
 
 pytestmark = pytest.mark.e2e
-KEY_ENV = {"FAKE_OPENAI_KEY": "sk-test-agentloop"}
+KEY_ENV = {"FAKE_OPENAI_API_KEY": "sk-test-agentloop"}
 PSICO = [{"title": "Psicología", "start_datetime": "2026-12-01T10:00"},
          {"title": "Psicología", "start_datetime": "2026-12-08T10:00"}]
 
@@ -27,7 +27,7 @@ def fake_openai():
 
 def openai_channel(make_channel, fake_telegram, fake_openai, **config):
     return telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
-        "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_KEY", **config})
+        "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY", **config})
 
 
 def replies(fake, chat_id=101):

@@ -98,6 +98,26 @@ def test_apply_and_reject_from_the_proposal_page(operator, scope):
     assert "Applied" in listing and "Rejected" in listing
 
 
+@pytest.mark.parametrize("next_url", ["https://evil.example/phish", "//evil.example/x", "http:///evil.example",
+                                      "javascript:alert(1)"])
+def test_a_decision_never_redirects_off_the_site(operator, scope, next_url):
+    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    first = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
+    second = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t").proposal_id
+    for view, pk in (("apply", first), ("reject", second)):
+        response = operator.post(reverse(f"admin:tools_proposal_{view}", args=[pk]), {"next": next_url})
+        assert response.status_code == 302
+        assert response["Location"] == reverse("admin:tools_proposal_change", args=[pk])
+
+
+def test_a_decision_returns_to_a_page_of_the_site(operator, scope):
+    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    proposal = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
+    response = operator.post(reverse("admin:tools_proposal_apply", args=[proposal]), {"next": "/console/"})
+    assert response.status_code == 302 and response["Location"] == "/console/"
+    assert Proposal.objects.get(pk=proposal).state == ProposalState.APPLIED
+
+
 def test_an_expired_proposal_offers_no_buttons(operator, scope):
     ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
     proposal = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id

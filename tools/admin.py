@@ -6,6 +6,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from conversations.models import Turn
 from tools import approvals, guard
@@ -22,8 +23,8 @@ def admin_link(model_name, pk, label=None, app="tools"):
 @admin.register(ToolPolicy)
 class ToolPolicyAdmin(admin.ModelAdmin):
     list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "requires_approval",
-                    "approval_ttl_seconds", "timeout_seconds"]
-    list_editable = ["enabled", "guarded", "window_seconds", "requires_approval"]
+                    "approval_ttl_seconds", "max_per_hour", "timeout_seconds"]
+    list_editable = ["enabled", "guarded", "window_seconds", "requires_approval", "max_per_hour"]
     list_filter = ["enabled", "guarded", "requires_approval"]
     search_fields = ["name"]
     fieldsets = [
@@ -32,6 +33,9 @@ class ToolPolicyAdmin(admin.ModelAdmin):
                              "description": "An identical call (same fingerprint fields, same contact) within the "
                                             "window is not run again; the model is told it was already done."}),
         ("A person in the loop", {"fields": ["requires_approval", "approval_ttl_seconds"]}),
+        ("Limits", {"fields": ["max_per_hour"],
+                    "description": "Calls a single contact may make of this action per hour (proposals count; "
+                                   "failed and rejected ones do not). email_send starts at 10."}),
     ]
 
     @admin.display(description="Fingerprint")
@@ -190,7 +194,19 @@ class ProposalAdmin(admin.ModelAdmin):
             level = messages.SUCCESS if proposal.state in (ProposalState.APPLIED, ProposalState.REJECTED) else \
                 messages.WARNING
             messages.add_message(request, level, f"Proposal {pk}: {proposal.get_state_display()}.")
-        return HttpResponseRedirect(request.POST.get("next") or reverse("admin:tools_proposal_changelist"))
+        return HttpResponseRedirect(self._next_url(request, pk))
+
+    @staticmethod
+    def _next_url(request, pk):
+        """Back where the decision was made (the dashboard, the list), but only on this
+        site: a forged form must not turn the admin into a redirect to anywhere."""
+        wanted = request.POST.get("next")
+        if not wanted:
+            return reverse("admin:tools_proposal_changelist")
+        if url_has_allowed_host_and_scheme(wanted, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+            return wanted
+        return reverse("admin:tools_proposal_change", args=[pk])
 
     def apply_view(self, request, pk):
         return self._decide(request, pk, approvals.apply)

@@ -3,8 +3,10 @@ operator applies or rejects.
 
 Apply is a compare-and-swap from `pending` to `applying`: a second click, a double
 submit or two operators at the same moment find it no longer pending and change
-nothing, so the action runs exactly once. The outcome goes back into the conversation:
-a short message to the user and a note in the agent's context for its next turn.
+nothing, so the action runs exactly once. The proposal's move and its claim's move
+(`proposed` → `in flight`) commit together: a crash between them leaves both as they
+were. The outcome goes back into the conversation: a short message to the user and a
+note in the agent's context for its next turn.
 """
 
 import logging
@@ -14,10 +16,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.events import record
+from audit.failpoints import failpoint
 from audit.models import EventKind
 from conversations.notes import inform
 from tools import guard, registry
-from tools.models import ActionClaim, ClaimState, Proposal, ProposalState
+from tools.models import ClaimState, Proposal, ProposalState
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,7 @@ def _describe(claim) -> str:
 def apply(proposal_id, *, by: str) -> Proposal:
     """Run the proposed action once. Returns the proposal as it stands afterwards
     (unchanged when it was not pending: applied already, rejected or expired)."""
-    now = timezone.now()
-    won = Proposal.objects.filter(pk=proposal_id, state=ProposalState.PENDING, expires_at__gt=now).update(
-        state=ProposalState.APPLYING, decided_by=by[:150], decided_at=now)
+    won, took = _begin_apply(proposal_id, by)
     proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
     if not won:
         if proposal.state == ProposalState.PENDING:  # it is past its time
@@ -52,15 +53,11 @@ def apply(proposal_id, *, by: str) -> Proposal:
             proposal.refresh_from_db()
         return proposal
     claim = proposal.claim
-    policy = guard.policy_for(claim.action)
-    took = ActionClaim.objects.filter(pk=claim.pk, state=ClaimState.PROPOSED).update(
-        state=ClaimState.IN_FLIGHT, owner=f"operator:{by}"[:100],
-        lease_until=timezone.now() + timedelta(seconds=policy.timeout_seconds))
-    claim.refresh_from_db()
     if not took:  # its claim was settled some other way (an operator released it): never run it
         _finish(proposal, claim, guard.Outcome(guard.Status.FAILED, error=f"its claim is {claim.state}"), by)
         proposal.refresh_from_db()
         return proposal
+    failpoint("approval.between_steps")
     try:
         tool = registry.get(claim.action)
         outcome = guard.execute(tool, claim)
@@ -70,6 +67,22 @@ def apply(proposal_id, *, by: str) -> Proposal:
     _finish(proposal, claim, outcome, by)
     proposal.refresh_from_db()
     return proposal
+
+
+def _begin_apply(proposal_id, by) -> tuple[bool, bool]:
+    """(won the proposal, took its claim), both moves in one transaction."""
+    now = timezone.now()
+    with transaction.atomic():
+        won = Proposal.transition(proposal_id, ProposalState.PENDING, ProposalState.APPLYING,
+                                  where={"expires_at__gt": now}, decided_by=by[:150], decided_at=now)
+        if not won:
+            return False, False
+        claim_id, action = Proposal.objects.filter(pk=proposal_id).values_list("claim_id", "claim__action").get()
+        policy = guard.policy_for(action)
+        took = guard.transition(claim_id, [ClaimState.PROPOSED], ClaimState.IN_FLIGHT,
+                                owner=f"operator:{by}"[:100],
+                                lease_until=timezone.now() + timedelta(seconds=policy.timeout_seconds))
+    return True, took
 
 
 def _finish(proposal, claim, outcome, by):
@@ -83,8 +96,8 @@ def _finish(proposal, claim, outcome, by):
         for_agent = f"A person approved {_describe(claim)}, but it failed: {outcome.error}"
         for_user = "⚠️ Approved, but it could not be done: " + _describe_for_user(claim)
     with transaction.atomic():
-        moved = Proposal.objects.filter(pk=proposal.pk, state=ProposalState.APPLYING).update(
-            state=state, result=outcome.result, error=outcome.error[:2000])
+        moved = Proposal.transition(proposal.pk, ProposalState.APPLYING, state, result=outcome.result,
+                                    error=outcome.error[:2000])
         if moved:
             record(EventKind.PROPOSAL_APPLIED, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
                    actor=by, target=f"proposal {proposal.pk}", summary=f"{claim.action}: {state}",
@@ -104,8 +117,8 @@ def _describe_for_user(claim) -> str:
 def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
     now = timezone.now()
     with transaction.atomic():
-        won = Proposal.objects.filter(pk=proposal_id, state=ProposalState.PENDING).update(
-            state=ProposalState.REJECTED, decided_by=by[:150], decided_at=now, error=reason[:2000])
+        won = Proposal.transition(proposal_id, ProposalState.PENDING, ProposalState.REJECTED,
+                                  decided_by=by[:150], decided_at=now, error=reason[:2000])
         proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
         if won:
             claim = proposal.claim
@@ -124,8 +137,8 @@ def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
 
 def expire(proposal) -> bool:
     with transaction.atomic():
-        won = Proposal.objects.filter(pk=proposal.pk, state=ProposalState.PENDING,
-                                      expires_at__lte=timezone.now()).update(state=ProposalState.EXPIRED)
+        won = Proposal.transition(proposal.pk, ProposalState.PENDING, ProposalState.EXPIRED,
+                                  where={"expires_at__lte": timezone.now()})
         if won:
             claim = proposal.claim
             guard.transition(claim.pk, [ClaimState.PROPOSED], ClaimState.RELEASED, error="proposal expired")
@@ -156,3 +169,24 @@ def settle_applying():
         else:
             outcome = guard.Outcome(guard.Status.FAILED, error=claim.error or "it did not happen")
         _finish(proposal, claim, outcome, proposal.decided_by or "guard")
+
+
+def reopen_interrupted() -> int:
+    """Proposals `applying` whose claim is still `proposed`: an Apply that crashed between
+    its two steps when they were not yet one transaction (rows left by an older
+    version). Nothing ran, so they go back to pending — shown again to operators, or
+    expired by the sweep if past their time — rather than being stuck forever."""
+    reopened = 0
+    for proposal in Proposal.objects.select_related("claim").filter(
+            state=ProposalState.APPLYING, claim__state=ClaimState.PROPOSED)[:200]:
+        claim = proposal.claim
+        with transaction.atomic():
+            if not Proposal.transition(proposal.pk, ProposalState.APPLYING, ProposalState.PENDING,
+                                       where={"claim__state": ClaimState.PROPOSED}, decided_by="", decided_at=None):
+                continue
+            reopened += 1
+            record(EventKind.PROPOSAL_CREATED, conversation_id=claim.conversation_id,
+                   channel_slug=claim.channel_slug, actor="guard", target=f"proposal {proposal.pk}",
+                   summary=f"{claim.action} awaits approval again: its Apply was interrupted before it ran",
+                   tool=claim.action, claim=claim.pk, proposal=proposal.pk, agent_key=claim.agent_key_id)
+    return reopened

@@ -13,6 +13,7 @@ A caught duplicate is not an error: the caller gets a success carrying
 """
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,7 +23,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.caches import BoundedCache
 from audit.events import record
+from audit.failpoints import failpoint
 from audit.models import EventKind
 from tools import registry
 from tools.fingerprint import Fingerprint, compute
@@ -71,25 +74,32 @@ class Outcome:
 
 # --- policies ------------------------------------------------------------------------
 
-_policies: dict = {}
 POLICY_CACHE_SECONDS = 2.0
+# Bounded: hosted tools plus each agent key's guard-only actions (AGENTLOOP_MAX_ACTIONS_PER_KEY).
+_policies = BoundedCache(maxsize=1024, max_age=POLICY_CACHE_SECONDS)
 
 
 def policy_for(name: str) -> ToolPolicy:
     """The operator's policy for an action, created with defaults on first use; cached
     briefly per process (edits in the admin apply within two seconds)."""
     cached = _policies.get(name)
-    if cached and cached[0] > time.monotonic():
-        return cached[1]
+    if cached is not None:
+        return cached
     policy = ToolPolicy.objects.filter(name=name).first()
     if policy is None:
         try:
             with transaction.atomic():
-                policy = ToolPolicy.objects.create(name=name)
+                policy = ToolPolicy.objects.create(name=name, **_policy_defaults(name))
         except IntegrityError:
             policy = ToolPolicy.objects.get(name=name)
-    _policies[name] = (time.monotonic() + POLICY_CACHE_SECONDS, policy)
-    return policy
+    return _policies.set(name, policy)
+
+
+def _policy_defaults(name) -> dict:
+    try:
+        return dict(registry.get(name).policy_defaults)
+    except registry.UnknownTool:
+        return {}  # an external agent's own action
 
 
 def forget_policies():
@@ -135,12 +145,14 @@ def _call_of(claim) -> ToolCall:
 
 
 def transition(claim_id, old_states, new_state, **fields) -> bool:
-    """Compare-and-swap: move a claim on only from one of the states it is expected in."""
+    """Compare-and-swap through the claim's checked transition: move a claim on only from
+    one of the states it is expected in. A released claim stops being live (a retry may
+    claim its fingerprint again); a finished one records when."""
     if new_state in (ClaimState.RELEASED,):
         fields["live"] = False
     if new_state in (ClaimState.DONE, ClaimState.RELEASED):
         fields.setdefault("finished_at", timezone.now())
-    return bool(ActionClaim.objects.filter(pk=claim_id, state__in=list(old_states)).update(state=new_state, **fields))
+    return bool(ActionClaim.transition(claim_id, old_states, new_state, **fields))
 
 
 # --- claiming ------------------------------------------------------------------------------
@@ -173,6 +185,7 @@ def take_claim(action, arguments, scope: Scope, fp: Fingerprint, policy, *, owne
                     expires_at=now + timedelta(seconds=policy.window_seconds),
                     lease_until=now + timedelta(seconds=policy.timeout_seconds),
                 )
+                _check_rate(claim, policy)
                 if on_created is not None:
                     on_created(claim)
             return Attempt(claim, True)
@@ -186,6 +199,29 @@ def take_claim(action, arguments, scope: Scope, fp: Fingerprint, policy, *, owne
                 continue
             return Attempt(existing, False)
     raise RuntimeError(f"could not claim {action} for {scope.key}: the claim kept changing")
+
+
+class RateLimited(Exception):
+    """The scope has used its calls of this action for the hour (ToolPolicy.max_per_hour)."""
+
+
+def _check_rate(claim, policy):
+    """Called just after the new claim's insert, in its transaction: an identical call
+    never gets here (it is a duplicate, not a new action), and a refusal rolls the insert
+    back. Released claims (failed, rejected) did nothing and do not count."""
+    if not policy.max_per_hour:
+        return
+    used = (ActionClaim.objects.filter(scope=claim.scope, action=claim.action,
+                                       created_at__gt=claim.created_at - timedelta(hours=1))
+            .exclude(pk=claim.pk).exclude(state=ClaimState.RELEASED).count())
+    if used >= policy.max_per_hour:
+        raise RateLimited(f"{claim.action}: the limit of {policy.max_per_hour} per hour for this contact is reached")
+
+
+def rate_limited_outcome(exc) -> Outcome:
+    return Outcome(Status.FAILED, error=str(exc),
+                   note="Not done: too many of these were asked for in the last hour. Tell the user it cannot be "
+                        "done right now; do not retry it in this conversation.")
 
 
 def note_duplicate(claim, status, *, actor, scope: Scope, now=None):
@@ -279,6 +315,7 @@ def release(claim_id, *, by, reason="released by an operator") -> bool:
 
 def execute(tool, claim) -> Outcome:
     """Run the effect for a claim we hold, then confirm or release it."""
+    failpoint("tool.after_claim")
     try:
         result = tool.run(_call_of(claim))
     except OutcomeUnknown as exc:
@@ -297,6 +334,7 @@ def execute(tool, claim) -> Outcome:
         transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error=error[:2000])
         return Outcome(Status.FAILED, error=error, claim_id=claim.pk,
                        note="The action failed and did not happen; you may tell the user or try again.")
+    failpoint("tool.after_effect")
     # From UNCERTAIN too: the run outlived its lease, but its success is the truth.
     transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result)
     return Outcome(Status.DONE, result=result, claim_id=claim.pk)
@@ -372,8 +410,11 @@ def claim_or_settle(action, arguments, scope, fp, policy, *, actor, agent_key_id
     the claim holding the fingerprint is released while we look at it."""
     wait = default_wait() if wait is None else wait
     for _ in range(5):
-        attempt = take_claim(action, arguments, scope, fp, policy, owner=actor, agent_key_id=agent_key_id,
-                             proposed=proposed, on_created=_proposer(policy) if proposed else None)
+        try:
+            attempt = take_claim(action, arguments, scope, fp, policy, owner=actor, agent_key_id=agent_key_id,
+                                 proposed=proposed, on_created=_proposer(policy) if proposed else None)
+        except RateLimited as exc:
+            return None, rate_limited_outcome(exc)
         if attempt.created:
             return attempt, None
         outcome = settle_existing(attempt.claim, wait=wait, actor=actor, scope=scope)
@@ -414,15 +455,11 @@ def proposed_outcome(claim) -> Outcome:
 def claim_action(action, arguments, scope: Scope, *, fields=None, actor, agent_key_id=None, wait=None):
     """Guard-only: (Outcome, created). Created means: proceed, run it, then call
     `succeed` or `fail` with the claim id."""
-    if not registry.NAME_PATTERN.match(action or ""):
-        raise registry.InvalidArguments("action must be 1-64 letters, digits, '_' or '-'")
+    action = guard_only_name(action, agent_key_id)
     if not isinstance(arguments, dict):
         raise registry.InvalidArguments("arguments must be a JSON object")
     policy = policy_for(action)
-    try:
-        tool = registry.get(action)
-    except registry.UnknownTool:
-        tool = None
+    tool = None
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise registry.InvalidArguments("fingerprint must be a list of argument names")
     fields = fields or policy.fingerprint_fields or (list(tool.fingerprint_fields) if tool else [])
@@ -437,6 +474,38 @@ def claim_action(action, arguments, scope: Scope, *, fields=None, actor, agent_k
 
 class ClaimConflict(Exception):
     pass
+
+
+# Guard-only actions live in their agent key's namespace: stored as "ext:<key id>:<name>",
+# so no key takes a hosted tool's name (nor another key's), and each key has a bounded
+# number of them (each is a policy row operators see). 48 characters leave room for the
+# prefix in the 64-character name columns.
+GUARD_ONLY_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,48}$")
+
+
+class HostedToolName(Exception):
+    pass
+
+
+class TooManyActions(Exception):
+    pass
+
+
+def guard_only_name(action, agent_key_id) -> str:
+    """The stored name of an agent key's own action; raises when it may not have it."""
+    if not GUARD_ONLY_NAME.match(action or ""):
+        raise registry.InvalidArguments("action must be 1-48 letters, digits, '_' or '-'")
+    if action in registry.all_tools():
+        raise HostedToolName(f"'{action}' is a hosted tool: run it with POST /api/v1/tools/{action}/invoke; "
+                             "actions you run yourself need names of their own")
+    prefix = f"ext:{agent_key_id or 0}:"
+    name = prefix + action
+    limit = settings.AGENTLOOP_MAX_ACTIONS_PER_KEY
+    if (_policies.get(name) is None and not ToolPolicy.objects.filter(name=name).exists()
+            and ToolPolicy.objects.filter(name__startswith=prefix).count() >= limit):
+        raise TooManyActions(f"this agent key already uses {limit} action names (AGENTLOOP_MAX_ACTIONS_PER_KEY); "
+                             "reuse one of them, or ask an operator to delete the policies of unused ones")
+    return name
 
 
 def succeed(claim_id, result, *, agent_key_id=None) -> ActionClaim:
@@ -476,7 +545,8 @@ def _own_claim(claim_id, agent_key_id):
 
 def sweep(now=None) -> dict:
     """Claims in flight past their lease become uncertain (and are reconciled where the
-    tool can); proposals past their time expire. Run by the worker and by django-q2."""
+    tool can); proposals past their time expire; an Apply interrupted between its two
+    steps is undone. Run by the worker and by django-q2."""
     from tools import approvals
 
     now = now or timezone.now()
@@ -486,6 +556,7 @@ def sweep(now=None) -> dict:
         if mark_uncertain(claim, "still in flight after its timeout (its process probably died)"):
             claim.state = ClaimState.UNCERTAIN
             reconciled += reconcile(claim) != ClaimState.UNCERTAIN
+    reopened = approvals.reopen_interrupted()  # before expiring: a reopened one past its time expires now
     expired = approvals.expire_due(now)
     approvals.settle_applying()
-    return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired}
+    return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired, "reopened": reopened}

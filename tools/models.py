@@ -1,7 +1,7 @@
 """The action guard's tables: tool policies, claims, proposals — and the local calendar.
 
 State machines are written down once here (the *State enums and their TRANSITIONS);
-every transition elsewhere is a compare-and-swap `filter(pk=…, state=old).update(…)`.
+every transition goes through the model's checked `transition()` (conversations.states).
 """
 
 import secrets
@@ -10,6 +10,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from conversations.states import StateMachine
 
 DEFAULT_WINDOW_SECONDS = 600
 
@@ -33,6 +35,11 @@ class ToolPolicy(models.Model):
                   "Empty: the tool's default (all arguments for unknown actions).",
     )
     requires_approval = models.BooleanField(default=False, help_text="Calls become proposals a person applies.")
+    max_per_hour = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="At most this many calls per scope (one contact) in any hour, proposals included; the next "
+                  "ones fail and the model is told why. Empty: no limit.",
+    )
     approval_ttl_seconds = models.PositiveIntegerField(
         default=24 * 3600, validators=[MinValueValidator(1)], help_text="Proposals expire after this time."
     )
@@ -58,7 +65,7 @@ class ClaimState(models.TextChoices):
     PROPOSED = "proposed", "Awaiting approval"
 
 
-class ActionClaim(models.Model):
+class ActionClaim(StateMachine, models.Model):
     """The guard's row for one semantic action within its window.
 
     `live` is what the unique constraint holds: at most one live claim per
@@ -72,6 +79,8 @@ class ActionClaim(models.Model):
         # or it is now known that nothing happened / an operator released it.
         ClaimState.UNCERTAIN: {ClaimState.DONE, ClaimState.RELEASED},
         ClaimState.PROPOSED: {ClaimState.IN_FLIGHT, ClaimState.RELEASED},
+        ClaimState.DONE: set(),
+        ClaimState.RELEASED: set(),
     }
 
     scope = models.CharField(max_length=200, help_text="Whose action: contact:<id> or an API scope.")
@@ -120,12 +129,19 @@ class ProposalState(models.TextChoices):
     EXPIRED = "expired", "Expired"
 
 
-class Proposal(models.Model):
+class Proposal(StateMachine, models.Model):
     """A call that waits for a person: Apply runs it once, Reject drops it."""
 
     TRANSITIONS = {
         ProposalState.PENDING: {ProposalState.APPLYING, ProposalState.REJECTED, ProposalState.EXPIRED},
-        ProposalState.APPLYING: {ProposalState.APPLIED, ProposalState.FAILED},
+        # APPLYING -> PENDING: an Apply interrupted before its claim was taken (data left
+        # by a crash between the two steps before they shared a transaction): nothing
+        # ran, so the proposal awaits a decision again (see approvals.settle_applying).
+        ProposalState.APPLYING: {ProposalState.APPLIED, ProposalState.FAILED, ProposalState.PENDING},
+        ProposalState.APPLIED: set(),
+        ProposalState.FAILED: set(),
+        ProposalState.REJECTED: set(),
+        ProposalState.EXPIRED: set(),
     }
 
     claim = models.OneToOneField(ActionClaim, on_delete=models.CASCADE, related_name="proposal")

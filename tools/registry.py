@@ -90,6 +90,9 @@ class Tool(abc.ABC):
     fingerprint_fields: tuple = ()
     # field -> function(value, call) giving the value that is hashed.
     normalizers: dict = {}
+    # ToolPolicy fields for the policy row created on the tool's first use (operators
+    # change them in the admin afterwards).
+    policy_defaults: dict = {}
 
     @property
     def guarded(self):
@@ -124,7 +127,7 @@ class Tool(abc.ABC):
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4)  # keyed by AGENTLOOP_TOOLS: one entry, more only under test overrides
 def _load(paths: tuple) -> dict:
     tools = {}
     for path in paths:

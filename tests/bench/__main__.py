@@ -370,10 +370,10 @@ def _measure_latency(conversations, warmup, rate):
     slug = f"bench-latency-{rate}"
     with FakeOpenAI() as fake:
         channel = Channel.objects.create(slug=slug, kind="api", agent="openai", agent_config={
-            "base_url": fake.url, "model": "fake-model", "api_key_env": "BENCH_OPENAI_KEY"})
+            "base_url": fake.url, "model": "fake-model", "api_key_env": "BENCH_OPENAI_API_KEY"})
         _, key = AgentKey.objects.issue(f"bench-{rate}", [channel])
         web, url = web_server()
-        proc = worker(BENCH_OPENAI_KEY="sk-bench")
+        proc = worker(BENCH_OPENAI_API_KEY="sk-bench")
         try:
             with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {key}"}) as client:
                 def send(first, count):

@@ -1,0 +1,55 @@
+"""One checked transition per state machine.
+
+A model's states are an enum and its TRANSITIONS table ({old: {new, …}}, every state of
+the enum a key, terminal ones mapping to nothing). `Model.transition(...)` is the only
+way a row changes state: it refuses a move the table does not allow (a bug, raised at
+once, not a race) and performs it as a compare-and-swap `filter(pk, state__in=old)
+.update(state=new, …)`, so of two racing callers exactly one moves the row.
+"""
+
+from django.db.models import Case, CharField, Q, Value, When
+
+from audit.redaction import redact
+
+
+class IllegalTransition(ValueError):
+    """A transition the model's TRANSITIONS table does not allow."""
+
+
+class StateMachine:
+    """Mixin for a model with a `state` field and a TRANSITIONS table."""
+
+    TRANSITIONS: dict = {}
+
+    @classmethod
+    def check_transition(cls, old_states, new_states):
+        """Raise IllegalTransition unless every old → new pair is in the table (for the
+        few statements written in SQL by hand, which call this before they run)."""
+        for old in old_states:
+            for new in new_states:
+                if new not in cls.TRANSITIONS.get(old, ()):
+                    raise IllegalTransition(f"{cls.__name__}: {old} → {new} is not an allowed transition")
+
+    @classmethod
+    def transition(cls, pk, old, new, *, where=None, **fields) -> int:
+        """Move the row `pk` (or the rows, given a list of ids) from one of the states
+        `old` (a state or several) to `new` — a state, or {id: state} to decide per row
+        in one UPDATE — where `where` (a Q or a dict of filters) also holds, setting
+        `fields` too. Returns how many rows moved (0: another caller got there first)."""
+        olds = [old] if isinstance(old, str) else list(old)
+        news = set(new.values()) if isinstance(new, dict) else {new}
+        cls.check_transition(olds, news)
+        for name in ("error", "outcome", "last_error"):  # stored error texts never keep a secret
+            if isinstance(fields.get(name), str):
+                fields[name] = redact(fields[name])
+        rows = cls.objects.filter(state__in=olds)
+        rows = rows.filter(pk__in=list(pk)) if isinstance(pk, (list, tuple, set, frozenset)) else rows.filter(pk=pk)
+        if isinstance(where, Q):
+            rows = rows.filter(where)
+        elif where:
+            rows = rows.filter(**where)
+        if isinstance(new, dict):
+            if not new:
+                return 0
+            new = Case(*(When(pk=key, then=Value(state)) for key, state in new.items()), output_field=CharField())
+        return rows.update(state=new, **fields)
