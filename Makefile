@@ -18,9 +18,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	@touch $@
 
 ## make run: set everything up and run the product on SQLite (or DATABASE_URL).
+## Production-shaped: DEBUG only when asked for (DEBUG=true make run).
 run: $(VENV)/.installed
-	DEBUG=$${DEBUG:-true} $(PY) manage.py bootstrap
-	DEBUG=$${DEBUG:-true} exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
+	$(PY) manage.py bootstrap
+	exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
 
 ## make test: the whole suite on SQLite, then on PostgreSQL (a throwaway cluster
 ## when DATABASE_URL is not given).

@@ -4,6 +4,7 @@ Ctrl-C / SIGTERM stops them all; if one dies, the others are stopped too. Childr
 not put in sessions of their own, so `kill -- -<pgid>` leaves no orphan.
 """
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -30,6 +31,26 @@ def processes(host, port):
 GRACE = {"web": 10, "worker": 15, "tasks": 3}
 
 
+def is_loopback(host):
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name (or 0.0.0.0's cousins): assume others can reach it
+
+
+def debug_warning(host, port):
+    line = "!" * 78
+    return "\n".join([
+        line,
+        f"!! WARNING: DEBUG=true on {host}:{port}, which is not a loopback address.",
+        "!! Anyone who can reach this port sees Django's debug pages: settings, source code,",
+        "!! SQL and tracebacks. Run without DEBUG (the default), or bind HOST=127.0.0.1.",
+        line,
+    ]) + "\n"
+
+
 class Command(BaseCommand):
     help = "Run the web server, the worker loop and the django-q2 cluster together."
 
@@ -38,6 +59,8 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host, port, **options):
+        if settings.DEBUG and not is_loopback(host):
+            self.stderr.write(debug_warning(host, port))
         children = {name: subprocess.Popen(cmd, cwd=settings.BASE_DIR) for name, cmd in processes(host, port).items()}
         stopping = False
 
