@@ -13,6 +13,8 @@ class EventKind(models.TextChoices):
     CONTROL_COMMAND = "control_command", "Control command"
     TURN_RECOVERED = "turn_recovered", "Turn recovered from a dead worker"
     TURN_FAILED = "turn_failed", "Turn failed"
+    MESSAGE_OVERFLOWED = "message_overflowed", "Message not buffered (too many pending)"
+    MESSAGE_REFUSED = "message_refused", "Message refused (cannot be stored)"
     # Layer 2
     DUPLICATE_PREVENTED = "duplicate_prevented", "Duplicate prevented"
     ACTION_UNCERTAIN = "action_uncertain", "Action interrupted (outcome uncertain)"

@@ -18,10 +18,11 @@ from django.db.models import Exists, F, Min, OuterRef
 from django.utils import timezone
 
 from audit.events import record
+from audit.failpoints import after_commit
 from audit.models import EventKind
 from conversations import console, turns
 from conversations.models import (
-    BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+    BufferState, ContextNote, FlushReason, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -83,8 +84,8 @@ def flush_many(buffer_ids, now, owner="", start=0):
     between the deadline and the agent. The rest are born READY."""
     token = f"{owner or new_owner()}#{next(_batches)}"
     with transaction.atomic():
-        MessageBuffer.objects.filter(pk__in=buffer_ids, state=BufferState.OPEN, flush_at__lte=now).update(
-            state=BufferState.FLUSHED, flushed_at=now, flushed_by=token, flush_reason=F("planned_reason"))
+        MessageBuffer.transition(list(buffer_ids), BufferState.OPEN, BufferState.FLUSHED, where={"flush_at__lte": now},
+                                 flushed_at=now, flushed_by=token, flush_reason=F("planned_reason"))
         buffers = list(MessageBuffer.objects.filter(pk__in=buffer_ids, flushed_by=token)
                        .select_related("conversation__channel", "carried_turn").order_by("flush_at", "pk"))
         if not buffers:
@@ -92,11 +93,13 @@ def flush_many(buffer_ids, now, owner="", start=0):
         by_buffer = {}
         for message in InboundMessage.objects.filter(buffer__in=buffers).order_by("received_at", "pk"):
             by_buffer.setdefault(message.buffer_id, []).append(message)
+        _keep_the_rest_waiting(buffers, by_buffer, now)
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
             _born_running(new_turns, owner, now, start)
         created = Turn.objects.bulk_create(new_turns)
         console.turns_created(created)
+        after_commit("flush.after_claim")
         return created
 
 
@@ -116,6 +119,26 @@ def _born_running(new_turns, owner, now, room):
         room -= 1
 
 
+def _keep_the_rest_waiting(buffers, by_buffer, now):
+    """A turn takes at most its channel's `max_messages`, oldest first. The rest move to a
+    new open buffer, due at once, which flushes when this turn is over (the flusher skips
+    a conversation with an active turn): a backlog becomes turns in order, each bounded.
+    An admission racing this finds the new buffer when its own compare-and-swap on the
+    claimed one fails (see ingest._rearm)."""
+    for buffer in buffers:
+        messages = by_buffer.get(buffer.pk, [])
+        limit = max(1, buffer.conversation.channel.max_messages)
+        if len(messages) <= limit:
+            continue
+        by_buffer[buffer.pk], rest = messages[:limit], messages[limit:]
+        remainder = MessageBuffer.objects.create(
+            conversation=buffer.conversation, first_message_at=rest[0].received_at,
+            last_message_at=rest[-1].received_at, flush_at=now, planned_reason=FlushReason.MAX_MESSAGES,
+            window_kind="cap", message_count=len(rest))
+        InboundMessage.objects.filter(pk__in=[m.pk for m in rest]).update(buffer=remainder)
+        MessageBuffer.objects.filter(pk=buffer.pk).update(message_count=limit)
+
+
 def _turn_for(buffer, messages, now):
     last = messages[-1] if messages else None
     return Turn(
@@ -131,21 +154,70 @@ def flush_due(now=None, limit=200, owner=""):
     return flush_many(ids, now, owner) if ids else []
 
 
-def merge(messages, is_group, carried_turn=None):
-    """One prompt from a burst: arrival order kept; in groups each line says who."""
+def merge(messages, is_group, carried_turn=None, limit=None):
+    """One prompt from a burst: arrival order kept; in groups each line says who.
+
+    At most `limit` characters (AGENTLOOP_MAX_TURN_CHARS): the newest text is kept and
+    the cut marked, so an interrupted turn's input carried forward is the first to go —
+    interrupts in a row never grow a turn's input beyond the cap. The stored messages
+    keep all of it."""
     lines = [carried_turn.merged_input] if carried_turn is not None else []
     for message in messages:
         text = message.text
         if message.media_type:
             text = f"[{message.media_type}] {text}".strip()
         lines.append(f"{message.sender_name or 'Someone'}: {text}" if is_group else text)
-    return "\n".join(lines)
+    return clip("\n".join(lines), limit or settings.AGENTLOOP_MAX_TURN_CHARS)
+
+
+def clip(text, limit):
+    """`text` in at most `limit` characters: its end, after a mark saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - len(f"[… {len(text)} characters cut]\n"))
+    return f"[… {len(text) - keep} characters cut]\n{text[len(text) - keep:]}"
 
 
 # --- workers and recovery ------------------------------------------------------
 
 def new_owner():
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    """`host:pid:start:random` — with the process's start time, so that a later process
+    given the same pid (a restart in a container often is) is not taken for it."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{process_started(pid) or 0}:{os.urandom(3).hex()}"
+
+
+def process_started(pid) -> str | None:
+    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat, field
+    22): with the pid, it names one process for the life of the host. None when there
+    is no such process; "" when this system cannot tell (no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None if os.path.isdir("/proc/self") or not _pid_alive(pid) else ""
+    except OSError:
+        return ""
+    return stat.rsplit(b")", 1)[1].split()[19].decode()
+
+
+def owner_gone(owner, hostname=None, pid=None) -> bool:
+    """Whether the worker behind `owner` is visibly gone: it ran on this host, and its
+    pid is free now or names a process started since. Such an owner is dead at once —
+    a restarted worker need not wait for its predecessor's heartbeat or leases to
+    expire. Another host's owner is never judged here (its heartbeat tells)."""
+    parts = owner.split(":")
+    started = None
+    if len(parts) == 4 and parts[1].isdigit():  # new_owner()'s form
+        hostname, pid, started = parts[0], int(parts[1]), parts[2]
+    elif hostname is None and len(parts) == 3 and parts[1].isdigit():  # before start times
+        hostname, pid = parts[0], int(parts[1])
+    if hostname != socket.gethostname() or pid is None:
+        return False
+    now_started = process_started(pid)
+    if now_started is None:
+        return True
+    return bool(started and started != "0" and now_started and now_started != started)
 
 
 def beat(owner, now=None):
@@ -177,7 +249,7 @@ def dead_owners(now=None):
     host = socket.gethostname()
     dead = []
     for owner, hostname, pid, seen_at in WorkerHeartbeat.objects.values_list("owner", "hostname", "pid", "seen_at"):
-        if seen_at < stale or (hostname == host and not _pid_alive(pid)):
+        if seen_at < stale or (hostname == host and owner_gone(owner, hostname, pid)):
             dead.append(owner)
     return dead
 
@@ -188,6 +260,18 @@ def recover_turns(owners, now=None):
     return [turn.pk for turn in running if give_up_turn(turn, now) == TurnState.READY]
 
 
+def give_back_orphans(owner, held, older_than, now=None):
+    """RUNNING turns stamped with a live `owner` that it does not hold (`held`: the ids
+    it runs or is finishing) — e.g. a start whose answer was lost with the connection.
+    Only turns started more than `older_than` seconds ago: a fresh one may be on its
+    way to the owner. Returns the ids given back."""
+    now = now or timezone.now()
+    orphans = (Turn.objects.filter(state=TurnState.RUNNING, owner=owner,
+                                   started_at__lt=now - timedelta(seconds=older_than))
+               .exclude(pk__in=list(held)).select_related("conversation"))
+    return [turn.pk for turn in orphans if give_up_turn(turn, now)]
+
+
 def give_up_turn(turn, now=None):
     """A running turn its worker no longer runs (it died, or it is shutting down): run it
     again if it fired no effect (nothing external happened yet); otherwise never re-run
@@ -195,12 +279,14 @@ def give_up_turn(turn, now=None):
     or None if the turn was no longer this owner's."""
     now = now or timezone.now()
     with transaction.atomic():
-        mine = Turn.objects.filter(pk=turn.pk, state=TurnState.RUNNING, owner=turn.owner)
-        if mine.filter(fired_effect=False).update(state=TurnState.READY, owner=""):
+        mine = {"owner": turn.owner}
+        if Turn.transition(turn.pk, TurnState.RUNNING, TurnState.READY, where={**mine, "fired_effect": False},
+                           owner=""):
             record(EventKind.TURN_RECOVERED, conversation=turn.conversation, target=f"turn {turn.pk}",
                    actor=turn.owner, summary="its worker let go before any effect; it will run again")
             return TurnState.READY
-        if mine.update(state=TurnState.FAILED, finished_at=now, outcome="its worker let go after it fired an effect"):
+        if Turn.transition(turn.pk, TurnState.RUNNING, TurnState.FAILED, where=mine, finished_at=now,
+                           outcome="its worker let go after it fired an effect"):
             ledger.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
                            reply_target=turn.reply_target, thread_id=turn.thread_id)
             record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",

@@ -8,14 +8,17 @@ locked, so concurrent messages of a conversation are applied one after the other
 
 import functools
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from audit.events import record
+from audit.failpoints import failpoint
 from audit.models import EventKind
 from conversations import console, control, turns, windows
 from conversations.models import (
@@ -28,6 +31,10 @@ from delivery.models import OutboundKind
 log = logging.getLogger(__name__)
 
 REJECT_NOTICE = "I'm still working on your previous message. Please send this again once I've answered."
+OVERFLOW_NOTICE = ("You've sent more than I can keep up with. I'll answer what I have so far; "
+                   "please send the rest again once I've replied.")
+# Longest text admitted (the inbound API's limit; Telegram's own is 4096).
+MAX_TEXT_CHARS = 20000
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,61 @@ class Admission:
     window_seconds: float = 0.0
 
 
+class Unstorable(ValueError):
+    """A message the database cannot store as given. Refused alone: its caller answers or
+    skips it (and audits the refusal), never retries it."""
+
+
+# PostgreSQL refuses NUL in text; no database can encode an unpaired UTF-16 surrogate
+# (JSON's "\ud800" decodes to one).
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+
+
+@functools.cache
+def _field_limits():
+    """Fields of an Inbound stored in columns of bounded length, and those lengths."""
+    column = {"platform_message_id": (InboundMessage, "platform_message_id"), "chat_id": (Conversation, "chat_id"),
+              "sender_id": (Conversation, "sender_id"), "reply_target": (InboundMessage, "reply_target"),
+              "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type")}
+    limits = {name: model._meta.get_field(field).max_length for name, (model, field) in column.items()}
+    return {**limits, "text": MAX_TEXT_CHARS}
+
+
+def refusal(inbound: Inbound) -> str:
+    """Why this message cannot be stored, or "" when it can."""
+    limits = _field_limits()
+    for name in ("platform_message_id", "chat_id", "sender_id", "text", "sender_name", "username",
+                 "media_type", "thread_id", "reply_target"):
+        value = getattr(inbound, name)
+        found = _UNSTORABLE_CHARACTER.search(value)
+        if found:
+            what = "a NUL character" if found.group() == "\x00" else "an unpaired surrogate"
+            return f"{name} contains {what} (U+{ord(found.group()):04X}), which cannot be stored"
+        if name in limits and len(value) > limits[name]:
+            return f"{name} is {len(value)} characters long; at most {limits[name]} can be stored"
+    return ""
+
+
+def printable(value: str, limit: int = 100) -> str:
+    """`value` safe to store in an audit row: unstorable characters escaped, cut to `limit`."""
+    return _UNSTORABLE_CHARACTER.sub(lambda m: f"\\u{ord(m.group()):04x}", value)[:limit]
+
+
+def record_refusal(channel, inbound: Inbound, reason: str, source: str):
+    """Audit a refused message (it has no row of its own to show)."""
+    record(EventKind.MESSAGE_REFUSED, channel_slug=channel.slug, actor=printable(inbound.sender_id),
+           target=f"message {printable(inbound.platform_message_id, 150)}", summary=f"{source}: {reason}")
+    log.warning("channel %s: refused message %s from %s: %s", channel.slug,
+                printable(inbound.platform_message_id), source, reason)
+
+
 def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
     """Admit one message. The whole admission is one transaction with no effect outside
-    the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried."""
+    the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried.
+    Raises Unstorable for a message the database cannot store as given."""
+    problem = refusal(inbound)
+    if problem:
+        raise Unstorable(problem)
     for attempt in range(1, 4):
         try:
             admission = _admit(channel, inbound, now or timezone.now())
@@ -97,16 +156,25 @@ def _admit_in_transaction(channel, inbound, now):
     if conversation is None:
         return None
     running = conversation.running_turn_id
+    # A conversation with this many messages waiting takes no more into its buffer: the
+    # message is stored (and audited), and the sender told once per episode.
+    overflow = not command and (conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
     # The open buffer comes with the conversation, so the message is stored with it
     # in one statement; with a turn running the strategy decides first.
-    buffer = None if (command or running) else _known_open_buffer(conversation)
-    message = _store_once(channel, conversation, inbound, now, command, buffer)
+    buffer = None if (command or running or overflow) else _known_open_buffer(conversation)
+    message = _store_once(channel, conversation, inbound, now, command, buffer,
+                          Disposition.OVERFLOW if overflow else Disposition.BUFFERED)
     if message is None:
         return Admission(duplicate=True, conversation_id=conversation.pk)
+    failpoint("inbound.after_insert")
     admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
     if command:
         control.handle(conversation, message, command, now)
         admission.disposition = Disposition.CONTROL
+        return admission
+    if overflow:
+        _overflowed(conversation, message)
+        admission.disposition = Disposition.OVERFLOW
         return admission
     carried = None
     if running is not None:
@@ -220,14 +288,27 @@ def _create_conversation(channel, inbound):
         )
 
 
-def _store_once(channel, conversation, inbound, now, command, buffer):
+def _overflowed(conversation, message):
+    """Audit a message kept out of the full buffer; the first of an episode (the buffer's
+    first, by compare-and-swap) also gets the notice."""
+    first = MessageBuffer.objects.filter(pk=conversation.open_buffer_id, overflow_noticed=False).update(
+        overflow_noticed=True)
+    if first:
+        ledger.enqueue(conversation, OVERFLOW_NOTICE, kind=OutboundKind.NOTICE,
+                       reply_target=message.reply_target, thread_id=message.thread_id)
+    record(EventKind.MESSAGE_OVERFLOWED, conversation=conversation, target=f"message {message.pk}",
+           actor=conversation.sender_id, summary=message.text[:200],
+           pending=conversation.open_buffer_count, noticed=bool(first))
+
+
+def _store_once(channel, conversation, inbound, now, command, buffer, disposition=Disposition.BUFFERED):
     """Insert the message under its unique constraint; None when it was already admitted.
     Inserting first is the dedup: a retry, a resume or a re-polled batch all stop here."""
     kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
     if command:
         kind = MessageKind.CONTROL
     message = InboundMessage(
-        channel=channel, conversation=conversation, buffer=buffer,
+        channel=channel, conversation=conversation, buffer=buffer, disposition=disposition,
         platform_message_id=inbound.platform_message_id, kind=kind,
         text=inbound.text, media_type=inbound.media_type,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
@@ -299,12 +380,27 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
             for name, value in fields.items():
                 setattr(buffer, name, value)
         else:
-            buffer = None
+            buffer = _reread_open_buffer(channel, conversation, inbound, now, carried)
     if buffer is None:
         fields = _planned(channel, inbound, now, now, 1, carried)
         buffer = MessageBuffer.objects.create(conversation=conversation, first_message_at=now, **fields)
     if message.buffer_id != buffer.pk:
         InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
+    return buffer
+
+
+def _reread_open_buffer(channel, conversation, inbound, now, carried):
+    """After a lost compare-and-swap: the open buffer the flusher may have just made for a
+    burst's remainder (engine._keep_the_rest_waiting), re-armed with this message; None
+    when there is none (the caller creates one)."""
+    buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
+    if buffer is None:
+        return None
+    fields = _planned(channel, inbound, now, buffer.first_message_at, buffer.message_count + 1, carried)
+    if not _update_if_open(buffer.pk, fields):
+        return None
+    for name, value in fields.items():
+        setattr(buffer, name, value)
     return buffer
 
 
@@ -318,7 +414,7 @@ def _update_if_open(buffer_id, fields) -> bool:
         return cursor.rowcount == 1
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # one entry per set of fields the code updates
 def _update_if_open_sql(names):
     quote = connection.ops.quote_name
     columns = [MessageBuffer._meta.get_field(name) for name in names]

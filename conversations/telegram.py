@@ -8,7 +8,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from conversations.ingest import Inbound, admit
+from conversations.engine import owner_gone
+from conversations.ingest import Inbound, Unstorable, admit, record_refusal
 from conversations.models import Channel, ChannelKind, TelegramMode
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,16 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
     )
 
 
+def admit_or_refuse(channel, inbound: Inbound, source: str) -> bool:
+    """Admit an update's message; True when it is new. One the database cannot store is
+    refused and audited instead (Telegram would resend it forever if we failed)."""
+    try:
+        return not admit(channel, inbound).duplicate
+    except Unstorable as exc:
+        record_refusal(channel, inbound, str(exc), source)
+        return False
+
+
 def parse_update(data: dict) -> telegram.Update:
     """python-telegram-bot's own parser; raises on payloads that are not an Update."""
     if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
@@ -63,9 +74,14 @@ def polling_channels():
 
 
 def take_lease(channel_id, owner, now=None) -> Channel | None:
-    """Become (or stay) the one poller of this bot; the channel, or None if another worker is."""
+    """Become (or stay) the one poller of this bot; the channel, or None if another worker
+    is. A holder whose process is visibly gone from this host (a restart) is not waited
+    for: its lease is taken at once."""
     now = now or timezone.now()
     free = Q(poll_lease_until__isnull=True) | Q(poll_lease_until__lt=now) | Q(poll_owner=owner)
+    holder = Channel.objects.filter(pk=channel_id).values_list("poll_owner", flat=True).first()
+    if holder and holder != owner and owner_gone(holder):
+        free |= Q(poll_owner=holder)  # still a compare-and-swap: only from that holder
     taken = Channel.objects.filter(free, pk=channel_id, is_active=True,
                                    telegram_mode=TelegramMode.POLLING).update(
         poll_owner=owner, poll_lease_until=now + LEASE)
@@ -87,9 +103,11 @@ def admit_polled(channel_id, owner, updates: list[dict]) -> int:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("channel %s: skipping malformed update %s: %s", channel.slug, data.get("update_id"), exc)
             continue
-        # An error while admitting propagates: the offset is not advanced, the batch is
-        # polled again, and the dedup drops what was admitted before the error.
-        admitted += bool(inbound and not admit(channel, inbound).duplicate)
+        # A message that cannot be stored is refused alone (audited): the others are
+        # admitted and the offset moves past it, so one bad update never stalls the bot.
+        # Any other error propagates: the offset is not advanced, the batch is polled
+        # again, and the dedup drops what was admitted before the error.
+        admitted += bool(inbound and admit_or_refuse(channel, inbound, "long polling"))
     if updates:
         offset = max(u["update_id"] for u in updates) + 1
         with transaction.atomic():

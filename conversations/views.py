@@ -10,7 +10,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from conversations import telegram as telegram_inbound
-from conversations.ingest import admit
+from conversations.ingest import Unstorable, admit, record_refusal
 from conversations.models import Channel, ChannelKind
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,14 @@ def telegram_webhook(request, slug):
     if inbound is None:
         # 200 so Telegram stops retrying an update we will never act on.
         return JsonResponse({"ok": True, "ignored": True})
-    # Anything failing from here on is ours: a 500 makes Telegram retry, and the dedup
-    # makes the retry safe.
-    admission = admit(channel, inbound)
+    try:
+        # Anything failing from here on is ours: a 500 makes Telegram retry, and the
+        # dedup makes the retry safe.
+        admission = admit(channel, inbound)
+    except Unstorable as exc:
+        # 200 so Telegram stops retrying an update no retry could store; audited.
+        record_refusal(channel, inbound, str(exc), "webhook")
+        return JsonResponse({"ok": True, "refused": str(exc)})
     return JsonResponse({"ok": True, "duplicate": admission.duplicate})
 
 

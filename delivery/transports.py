@@ -9,18 +9,21 @@ not be shared across event loops, so bots are cached per loop.
 
 import abc
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 import telegram
 from django.conf import settings
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
+from agentloop.caches import BoundedCache
+from audit.redaction import channel_secrets, redact
+from delivery import signing
 from delivery.models import Outcome
+from delivery.retry_after import clamp_retry_after, retry_after_header
 from delivery.telegram_request import AiohttpRequest, NotSent
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,11 @@ class SendResult:
         return cls(Outcome.DELIVERED, platform_message_id=str(platform_message_id or ""))
 
     @classmethod
-    def failed(cls, outcome, error, retry_after=0.0):
-        return cls(outcome, error=str(error)[:300], retry_after=float(retry_after or 0))
+    def failed(cls, outcome, error, retry_after=None, secrets=()):
+        """`secrets`: what the transport holds (its channel's), masked in the error text
+        besides everything `redact` knows."""
+        wait = clamp_retry_after(retry_after) if outcome == Outcome.FLOOD else 0.0
+        return cls(outcome, error=redact(str(error), secrets)[:300], retry_after=wait)
 
 
 # Telegram's BadRequest descriptions that mean the chat itself is gone for this bot.
@@ -68,6 +74,9 @@ class Transport(abc.ABC):
 
     def __init__(self, channel):
         self.channel = channel
+
+    def failed(self, outcome, error, retry_after=None) -> SendResult:
+        return SendResult.failed(outcome, error, retry_after, secrets=channel_secrets(self.channel))
 
     @abc.abstractmethod
     async def send_text(self, target: Target, text: str) -> SendResult:
@@ -92,7 +101,27 @@ def split_text(text: str, limit: int) -> list[str]:
 
 # AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per
 # bot); requests beyond it queue in aiohttp's connector.
-_bots: dict[tuple, telegram.Bot] = {}
+# Bounded (bots of tokens an operator replaced would otherwise stay for the process's life);
+# a bot pushed out is closed once any send it is in the middle of is over.
+BOT_CACHE_SIZE = 256
+EVICTED_BOT_GRACE = 120.0
+
+
+def _close_evicted(key, bot):
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if id(loop) == key[0]:  # its session belongs to this loop; another loop's is left to the GC
+        loop.create_task(_close_later(bot))
+
+
+async def _close_later(bot):
+    await asyncio.sleep(EVICTED_BOT_GRACE)
+    await bot.request.shutdown()
+
+
+_bots = BoundedCache(maxsize=BOT_CACHE_SIZE, on_evict=_close_evicted)
 
 
 def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
@@ -100,20 +129,23 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
     indicators get a Bot of their own ("typing"): best effort, they must never queue a
     reply behind them."""
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
-    if key not in _bots:
+    bot = _bots.get(key)
+    if bot is None:
         connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
-        bot = telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot",
-                           request=AiohttpRequest(connections=connections),
-                           get_updates_request=AiohttpRequest(connections=1))  # unused: polling has its own Bot
-        _bots[key] = bot
-    return _bots[key]
+        bot = _bots.set(key, telegram.Bot(token, base_url=f"{api_base.rstrip('/')}/bot",
+                                          request=AiohttpRequest(connections=connections),
+                                          # unused: polling has its own Bot
+                                          get_updates_request=AiohttpRequest(connections=1)))
+    return bot
 
 
 async def close_bots():
     """Close this event loop's bots (their HTTP sessions) on shutdown."""
     loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _bots if k[0] == loop_id]:
-        await _bots.pop(key).request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
+    for key in [k for k in _bots.keys() if k[0] == loop_id]:
+        bot = _bots.pop(key)
+        if bot is not None:
+            await bot.request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
 
 
 class TelegramTransport(Transport):
@@ -135,27 +167,28 @@ class TelegramTransport(Transport):
                 last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
         except RetryAfter as exc:
-            retry_after = exc.retry_after.total_seconds() if hasattr(exc.retry_after, "total_seconds") \
-                else exc.retry_after
-            return SendResult.failed(Outcome.FLOOD, exc, retry_after)
+            return self.failed(Outcome.FLOOD, exc, exc.retry_after)
         except Forbidden as exc:  # blocked by the user, kicked from the group
-            return SendResult.failed(Outcome.PERMANENT, exc)
+            return self.failed(Outcome.PERMANENT, exc)
         except BadRequest as exc:
             if any(phrase in str(exc).lower() for phrase in UNREACHABLE_CHAT):
-                return SendResult.failed(Outcome.PERMANENT, exc)
+                return self.failed(Outcome.PERMANENT, exc)
             # Telegram refused this message (not the chat): resending it as is cannot help.
-            return SendResult.failed(Outcome.PERMANENT, f"rejected: {exc}")
+            return self.failed(Outcome.PERMANENT, f"rejected: {exc}")
         except NotSent as exc:
-            return SendResult.failed(Outcome.TEMPORARY, exc)
+            return self.failed(Outcome.TEMPORARY, exc)
         except TimedOut as exc:  # after the request went out: it may have been delivered
-            return SendResult.failed(Outcome.AMBIGUOUS, f"timed out: {exc}")
+            return self.failed(Outcome.AMBIGUOUS, f"timed out: {exc}")
         except NetworkError as exc:
             # PTB maps 5xx answers to NetworkError; our HTTP layer maps a connection lost
             # after the request was sent to SentUnanswered (a NetworkError) — ambiguous.
             kind = Outcome.AMBIGUOUS if getattr(exc, "ambiguous", False) else Outcome.TEMPORARY
-            return SendResult.failed(kind, f"{type(exc).__name__}: {exc}")
+            return self.failed(kind, f"{type(exc).__name__}: {exc}")
         except TelegramError as exc:
-            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        except (ValueError, TypeError, OverflowError) as exc:
+            # An answer PTB could not make sense of (the request went out): it may have landed.
+            return self.failed(Outcome.AMBIGUOUS, f"unreadable answer: {type(exc).__name__}")
         return SendResult.delivered(last_id)
 
     async def send_typing(self, target: Target) -> None:
@@ -188,7 +221,7 @@ class WebchatTransport(Transport):
                 "kind": "reply", "conversation": target.conversation_id, "text": text,
                 "reply_to": target.reply_target})
         except Exception as exc:  # e.g. Redis unreachable
-            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered()
 
     async def send_typing(self, target: Target) -> None:
@@ -199,37 +232,41 @@ class WebchatTransport(Transport):
 
 
 class ApiCallbackTransport(Transport):
-    """api channels with a callback URL (a webhook): the reply is POSTed, signed with
-    HMAC-SHA256 in `X-Agentloop-Signature`."""
+    """api channels with a callback URL (a webhook): the reply is POSTed, signed (see
+    `delivery.signing`: HMAC-SHA256 over the timestamp and the body). A channel without
+    a callback secret is never sent to unsigned (its rows wait; see the ledger's
+    `_sendable`, and the refusal below for a row claimed before the secret was cleared).
+    The whole exchange has one deadline: httpx's timeouts are per phase, and a peer that
+    trickles a byte a second would never trip them."""
 
     async def send_text(self, target: Target, text: str) -> SendResult:
+        secret = self.channel.callback_secret
+        if not secret:
+            return self.failed(Outcome.TEMPORARY, "refused: the channel's callback has no secret to sign with")
         body = json.dumps({"chat": target.chat_id, "reply_to": target.reply_target, "text": text}).encode()
-        signature = hmac.new(self.channel.callback_secret.encode(), body, hashlib.sha256).hexdigest()
-        headers = {"Content-Type": "application/json", "X-Agentloop-Signature": f"sha256={signature}"}
+        headers = {"Content-Type": "application/json", **signing.signed_headers(secret, body)}
+        host = urlsplit(self.channel.callback_url).netloc.rpartition("@")[2]
+        deadline = settings.AGENTLOOP_CALLBACK_TIMEOUT
         try:
-            async with httpx.AsyncClient(timeout=10.0) as client:
-                response = await client.post(self.channel.callback_url, content=body, headers=headers)
+            status, retry_after = await asyncio.wait_for(self._post(body, headers, deadline), deadline)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return SendResult.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:  # sent, no answer: it may have arrived
-            return SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")
-        status = response.status_code
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
+        except (httpx.HTTPError, asyncio.TimeoutError) as exc:  # sent, no (whole) answer: it may have arrived
+            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
         if status < 300:
             return SendResult.delivered()
         if status == 429:
-            return SendResult.failed(Outcome.FLOOD, "HTTP 429", _retry_after(response))
+            return self.failed(Outcome.FLOOD, "HTTP 429", retry_after)
         if status in (404, 410):
-            return SendResult.failed(Outcome.PERMANENT, f"HTTP {status}")
+            return self.failed(Outcome.PERMANENT, f"HTTP {status}")
         if status >= 500 or status == 408:
-            return SendResult.failed(Outcome.TEMPORARY, f"HTTP {status}")
-        return SendResult.failed(Outcome.PERMANENT, f"rejected: HTTP {status}")
+            return self.failed(Outcome.TEMPORARY, f"HTTP {status}")
+        return self.failed(Outcome.PERMANENT, f"rejected: HTTP {status}")
 
-
-def _retry_after(response, default=30.0):
-    try:
-        return max(0.0, float(response.headers.get("Retry-After", default)))
-    except ValueError:
-        return default
+    async def _post(self, body, headers, timeout):
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.post(self.channel.callback_url, content=body, headers=headers)
+            return response.status_code, retry_after_header(response.headers.get("Retry-After"))
 
 
 def transport_for(channel) -> Transport:

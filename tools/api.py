@@ -31,7 +31,9 @@ class InvokeSerializer(ScopedSerializer):
 
 
 class ClaimRequestSerializer(ScopedSerializer):
-    action = serializers.RegexField(registry.NAME_PATTERN.pattern, help_text="The action's name (your tool's).")
+    action = serializers.RegexField(guard.GUARD_ONLY_NAME.pattern,
+                                    help_text="Your action's name, 1-48 letters, digits, '_' or '-' (not a hosted "
+                                              "tool's; names are yours alone, kept apart from other keys').")
     fingerprint = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, max_length=20,
         help_text="Argument names that make two calls the same action (default: the policy's, else all).",
@@ -131,11 +133,14 @@ class ToolInvokeView(APIView):
 class ActionClaimView(APIView):
     @extend_schema(
         request=ClaimRequestSerializer,
-        responses={201: ClaimSerializer, 200: OutcomeSerializer, 409: OutcomeSerializer, 400: ErrorSerializer},
+        responses={201: ClaimSerializer, 200: OutcomeSerializer, 409: OutcomeSerializer, 400: ErrorSerializer,
+                   429: ErrorSerializer},
         summary="Guard-only: claim an action before running it yourself",
         description="201: proceed — run the action, then call succeed or fail with the claim id. "
                     "200: a duplicate (or an interrupted identical action): do not run it; tell the user per "
-                    "`note`. 409: an identical action is in progress right now.",
+                    "`note`. 409: an identical action is in progress right now, or the name is a hosted tool's "
+                    "(run those through /tools/{name}/invoke). 429: this key already uses "
+                    "AGENTLOOP_MAX_ACTIONS_PER_KEY action names.",
     )
     def post(self, request):
         incoming = ClaimRequestSerializer(data=request.data)
@@ -148,6 +153,10 @@ class ActionClaimView(APIView):
                                                   agent_key_id=request.user.pk)
         except registry.InvalidArguments as exc:
             raise exceptions.ParseError(str(exc)) from None
+        except guard.HostedToolName as exc:
+            return Response({"error": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except guard.TooManyActions as exc:
+            return Response({"error": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
         if created:
             return Response(_claim_body(ActionClaim.objects.get(pk=outcome.claim_id), "proceed"),
                             status=status.HTTP_201_CREATED)

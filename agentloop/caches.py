@@ -1,0 +1,65 @@
+"""The one shape of an in-process cache: bounded by size (the least recently used entry
+goes first) and by age. A plain dict keyed by anything a client can choose (a slug, an
+action name, a token) grows the process for as long as it lives."""
+
+import threading
+import time
+from collections import OrderedDict
+
+
+class BoundedCache:
+    """A thread-safe LRU map of at most `maxsize` entries, each kept at most `max_age`
+    seconds (None: no age limit). `on_evict(key, value)` is called for entries pushed
+    out by the size bound, e.g. to close a client."""
+
+    def __init__(self, maxsize: int, max_age: float | None = None, on_evict=None):
+        self.maxsize = maxsize
+        self.max_age = max_age
+        self.on_evict = on_evict
+        self._entries: OrderedDict = OrderedDict()  # key -> (stored_at, value)
+        self._lock = threading.Lock()
+
+    def get(self, key, default=None):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return default
+            if self.max_age is not None and time.monotonic() - entry[0] > self.max_age:
+                del self._entries[key]
+                return default
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def set(self, key, value):
+        evicted = []
+        with self._lock:
+            self._entries[key] = (time.monotonic(), value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                evicted.append(self._entries.popitem(last=False))
+        for old_key, (_, old_value) in evicted:
+            if self.on_evict is not None:
+                self.on_evict(old_key, old_value)
+        return value
+
+    def pop(self, key, default=None):
+        with self._lock:
+            entry = self._entries.pop(key, None)
+        return default if entry is None else entry[1]
+
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._entries)
+
+    def clear(self):
+        with self._lock:
+            self._entries.clear()
+
+    def __contains__(self, key):
+        return self.get(key, _MISSING) is not _MISSING
+
+    def __len__(self):
+        return len(self._entries)
+
+
+_MISSING = object()
