@@ -1,28 +1,26 @@
 """Agents that live in another service.
 
-`webhook`: the merged turn is POSTed to the agent's URL, signed with HMAC-SHA256 of the
-body (`X-Agentloop-Signature: sha256=…`, key `secret` in the channel's agent_config).
+`webhook`: the merged turn is POSTed to the agent's URL, signed as callbacks are (see
+`delivery.signing`: `X-Agentloop-Timestamp`, and `X-Agentloop-Signature: sha256=…` an
+HMAC-SHA256 over "<timestamp>.<body>", key `secret` in the channel's agent_config).
 A 200 answer with `{"reply": "…"}` is the reply; a 202 (or 200 without a reply) hands
 the turn over: the agent answers later through the API (`POST /api/v1/turns/<id>/reply`,
 then `/done`), with an agent key for the channel. agent_config: `url`, `secret`,
-`timeout` (default 30 s).
+`timeout` (default 30 s, for the whole exchange).
 
 `pull`: the worker never runs these turns; an external agent lists the ready ones,
 claims one, replies and marks it done through the API. A claimed turn not finished
 within AGENTLOOP_EXTERNAL_TURN_TIMEOUT is released to be claimed again.
 """
 
-import hashlib
-import hmac
+import asyncio
 import json
+from urllib.parse import urlsplit
 
 import httpx
 
 from conversations.agents import Agent, AgentUnavailable, HandedOver, TurnContext
-
-
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+from delivery import signing
 
 
 class WebhookAgent(Agent):
@@ -38,25 +36,35 @@ class WebhookAgent(Agent):
         }, ensure_ascii=False).encode()
         headers = {"Content-Type": "application/json", "X-Agentloop-Turn": str(ctx.turn_id)}
         if config.get("secret"):
-            headers["X-Agentloop-Signature"] = sign(config["secret"], body)
+            headers.update(signing.signed_headers(config["secret"], body))
+        # Errors name the agent's host only: its URL may carry a key (…/hook?key=…).
+        host = urlsplit(config["url"]).netloc.rpartition("@")[2]
+        timeout = float(config.get("timeout", 30))
         try:
-            async with httpx.AsyncClient(timeout=float(config.get("timeout", 30))) as client:
-                response = await client.post(config["url"], content=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise AgentUnavailable(f"the agent at {config['url']} did not answer in time") from exc
+            # One deadline for the whole exchange: httpx's timeouts are per phase, and an
+            # agent trickling a byte a second would never trip them.
+            status, content = await asyncio.wait_for(self._post(config["url"], body, headers, timeout), timeout)
+        except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
+            raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:
-            raise AgentUnavailable(f"the agent at {config['url']} could not be reached: {exc}") from exc
-        if response.status_code == 202:
+            raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc
+        if status == 202:
             raise HandedOver()
-        if response.status_code >= 300:
-            raise AgentUnavailable(f"the agent at {config['url']} answered HTTP {response.status_code}")
+        if status >= 300:
+            raise AgentUnavailable(f"the agent at {host} answered HTTP {status}")
         try:
-            reply = response.json().get("reply") if response.content else None
-        except ValueError as exc:
-            raise AgentUnavailable(f"the agent at {config['url']} answered something that is not JSON") from exc
+            reply = json.loads(content).get("reply") if content else None
+        except (ValueError, AttributeError) as exc:
+            raise AgentUnavailable(f"the agent at {host} answered something that is not a JSON object") from exc
         if not reply:
             raise HandedOver()
         return str(reply)
+
+    @staticmethod
+    async def _post(url, body, headers, timeout):
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.post(url, content=body, headers=headers)
+            return response.status_code, response.content
 
 
 class PullAgent(Agent):

@@ -30,14 +30,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from audit.events import record, record_many
+from audit.failpoints import failpoint
 from audit.models import EventKind
+from audit.redaction import redact
 from delivery import console
 from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.retry_after import clamp_retry_after
 from delivery.transports import SendResult, Target, transport_for
 
 log = logging.getLogger(__name__)
@@ -120,9 +123,11 @@ def _fresh(now):
 
 def _sendable():
     """Only rows whose transport can send now — the one place this rule lives: an
-    inactive channel's rows wait, and so do a Telegram channel's without a token."""
+    inactive channel's rows wait, and so do a Telegram channel's without a token and an
+    api channel's whose callback has no secret (never sent unsigned)."""
     no_telegram_token = Q(channel__kind="telegram", channel__bot_token="")
-    return Q(channel__is_active=True) & ~no_telegram_token
+    unsigned_callback = Q(channel__kind="api", channel__callback_secret="") & ~Q(channel__callback_url="")
+    return Q(channel__is_active=True) & ~no_telegram_token & ~unsigned_callback
 
 
 def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
@@ -137,8 +142,9 @@ def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
     under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
     the row's attempts before it (SQL evaluates SET expressions on the old row)."""
     token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
-    OutboundMessage.objects.filter(_claimable(now, dead_owners, boot), pk__in=list(ids)).update(
-        state=OutboundState.ATTEMPTING, owner=owner, claim_token=token, claimed_at=now,
+    OutboundMessage.transition(
+        list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
+        where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
         needs_marker=Case(When(attempts__gt=0, then=Value(True)), default=Value(False)),
         attempts=F("attempts") + 1,
     )
@@ -198,8 +204,10 @@ def text_to_send(row) -> str:
 
 
 async def send(row) -> SendResult:
+    failpoint("ledger.after_claim")
     target = Target(row.chat_id, row.reply_target, row.thread_id, conversation_id=row.conversation_id)
     result = await transport_for(row.channel).send_text(target, text_to_send(row))
+    failpoint("ledger.after_send")
     if not result.ok:
         log.warning("send of ledger row %s failed (%s): %s", row.pk, result.outcome, result.error)
     return result
@@ -210,17 +218,52 @@ async def send(row) -> SendResult:
 
 def finish_many(outcomes, owner, now=None):
     """Record send outcomes. Deliveries — nearly all of them — are one UPDATE for the
-    whole batch (each row's platform id chosen by CASE); the rest one by one."""
+    whole batch (each row's platform id chosen by CASE); the rest one by one.
+
+    Rows are isolated: each write runs in a savepoint of the caller's transaction, so one
+    row that cannot be recorded never undoes the others' (a rolled-back "delivered" mark
+    would be resent, labelled). A row that fails stays `attempting` and is recovered as
+    an orphan. Only the database going away is raised (the caller retries the batch)."""
     now = now or timezone.now()
     outcomes = [(row, result) for row, result in outcomes if row.pk is not None]
     delivered = [(row, result) for row, result in outcomes if result.ok]
     if delivered:
+        _record_deliveries(delivered, owner, now)
+    failures = [row.pk for row, result in outcomes if not result.ok and not _isolated(finish, row, owner, result, now)]
+    if failures:
+        log.error("could not record the outcome of ledger rows %s; they will be recovered as orphans", failures)
+    console.sends_recorded(outcomes)
+
+
+def _record_deliveries(delivered, owner, now):
+    def batch():
         won = _mark_delivered([(row.pk, result.platform_message_id) for row, result in delivered], owner, now)
         _after_delivery([row for row, _ in delivered if row.pk in won], now)
-    for row, result in outcomes:
-        if not result.ok:
-            finish(row, owner, result, now)
-    console.sends_recorded(outcomes)
+
+    if len(delivered) > 1 and _isolated(batch):
+        return
+    failures = [row.pk for row, result in delivered if not _isolated(_record_delivery, row, result, owner, now)]
+    if failures:
+        log.error("could not record the delivery of ledger rows %s; they will be recovered as orphans", failures)
+
+
+def _record_delivery(row, result, owner, now):
+    won = _mark_delivered([(row.pk, result.platform_message_id)], owner, now)
+    _after_delivery([row] if row.pk in won else [], now)
+
+
+def _isolated(write, *args) -> bool:
+    """Run one write in a savepoint; False (rolled back to the savepoint) if it failed
+    for any reason but the database going away."""
+    try:
+        with transaction.atomic():
+            write(*args)
+        return True
+    except (OperationalError, InterfaceError):
+        raise
+    except (DatabaseError, ArithmeticError, ValueError, TypeError):
+        log.exception("recording a ledger outcome failed")
+        return False
 
 
 def _mark_delivered(platform_ids, owner, now) -> set:
@@ -235,6 +278,7 @@ def _mark_delivered(platform_ids, owner, now) -> set:
         platform_ids = [pair for pair in platform_ids if pair[0] in set(ids)]
     if not platform_ids:
         return set()
+    OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     table = connection.ops.quote_name(OutboundMessage._meta.db_table)
     cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
     marks = ", ".join(["%s"] * len(platform_ids))
@@ -271,23 +315,24 @@ def finish(row, owner, result: SendResult, now=None):
     now = now or timezone.now()
     if result.ok:
         return finish_many([(row, result)], owner, now)
-    mine = OutboundMessage.objects.filter(pk=row.pk, state=OutboundState.ATTEMPTING, owner=owner,
-                                          claim_token=row.claim_token)
-    error = result.error[:300]
+    def mine(new_state, **fields):
+        return OutboundMessage.transition(row.pk, OutboundState.ATTEMPTING, new_state,
+                                          where={"owner": owner, "claim_token": row.claim_token}, **fields)
+
+    error = redact(result.error)[:300]
     if not enabled():
         # No ledger: one try, then the reply is given up (and said so in the log).
-        mine.update(state=OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
-                    next_attempt_at=None)
+        mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error, next_attempt_at=None)
         return None
     if result.outcome == Outcome.FLOOD:
-        wait = timedelta(seconds=max(result.retry_after, 0.0))
-        mine.update(state=OutboundState.FAILED, flood_waits=F("flood_waits") + 1, next_attempt_at=now + wait,
-                    last_outcome=result.outcome, last_error=error)
+        wait = timedelta(seconds=clamp_retry_after(result.retry_after))
+        mine(OutboundState.FAILED, flood_waits=F("flood_waits") + 1, next_attempt_at=now + wait,
+             last_outcome=result.outcome, last_error=error)
         return OutboundState.FAILED
     if result.outcome == Outcome.PERMANENT:
         with transaction.atomic():
-            if mine.update(state=OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
-                           next_attempt_at=None):
+            if mine(OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
+                    next_attempt_at=None):
                 mark_unreachable(row, error, now)
         return OutboundState.UNREACHABLE
     # Temporary or ambiguous: a resend, on the budget.
@@ -295,13 +340,13 @@ def finish(row, owner, result: SendResult, now=None):
     budget = MAX_RESENDS + row.extra_resends
     if next_resend > budget:
         with transaction.atomic():
-            if mine.update(state=OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
-                           next_attempt_at=None):
+            if mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
+                    next_attempt_at=None):
                 _audit_abandoned(row, f"{budget} resends spent; last error: {error}")
         return OutboundState.ABANDONED
     # The last budgeted resend is kept for the next worker start.
     when = None if next_resend == budget else now + BACKOFF[min(next_resend, len(BACKOFF)) - 1]
-    mine.update(state=OutboundState.FAILED, next_attempt_at=when, last_outcome=result.outcome, last_error=error)
+    mine(OutboundState.FAILED, next_attempt_at=when, last_outcome=result.outcome, last_error=error)
     return OutboundState.FAILED
 
 
@@ -339,8 +384,8 @@ def abandon_stale(now=None, dead_owners=()) -> int:
     abandoned = 0
     for row in OutboundMessage.objects.select_related("channel").filter(idle & (stale | spent))[:500]:
         with transaction.atomic():
-            if OutboundMessage.objects.filter(pk=row.pk, state=row.state, attempts=row.attempts).update(
-                    state=OutboundState.ABANDONED, next_attempt_at=None):
+            if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED,
+                                          where={"attempts": row.attempts}, next_attempt_at=None):
                 why = "resend budget spent" if row.attempts > row.flood_waits + row.extra_resends + MAX_RESENDS \
                     else "older than 24 h"
                 _audit_abandoned(row, f"{why}; last error: {row.last_error or '—'}")
@@ -364,8 +409,8 @@ def retry_now(ids, by="operator") -> int:
     for row in OutboundMessage.objects.filter(pk__in=list(ids), state__in=[
             OutboundState.FAILED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]):
         grant = max(0, resends_used(row) + 1 - MAX_RESENDS - row.extra_resends)
-        moved += OutboundMessage.objects.filter(pk=row.pk, state=row.state).update(
-            state=OutboundState.FAILED, next_attempt_at=now, extra_resends=F("extra_resends") + grant,
+        moved += OutboundMessage.transition(
+            row.pk, row.state, OutboundState.FAILED, next_attempt_at=now, extra_resends=F("extra_resends") + grant,
             retried_at=now, last_error=f"retry requested by {by}"[:300])
     return moved
 
@@ -376,8 +421,7 @@ def abandon(ids, by="operator") -> int:
     abandoned = 0
     for row in rows:
         with transaction.atomic():
-            if OutboundMessage.objects.filter(pk=row.pk, state=row.state).update(
-                    state=OutboundState.ABANDONED, next_attempt_at=None):
+            if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED, next_attempt_at=None):
                 _audit_abandoned(row, f"abandoned by {by}")
                 abandoned += 1
     return abandoned
@@ -392,27 +436,61 @@ def channel_health(channel_id) -> dict:
     return {"last_error": last, "unreachable": unreachable}
 
 
-def safety_sweep():
+def release(rows, owner) -> int:
+    """Give back claimed rows this owner did not send: as they were before the claim
+    (the attempt it counted is returned, so an unsent row goes out plain if it never
+    went out before)."""
+    released = 0
+    for row in rows:
+        before = OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
+        released += OutboundMessage.transition(
+            row.pk, OutboundState.ATTEMPTING, before, where={"owner": owner, "claim_token": row.claim_token},
+            owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
+            next_attempt_at=timezone.now())
+    return released
+
+
+def safety_sweep(budget=None, batch=1):
     """django-q2's safety net (every minute): abandon stale rows, and deliver what is due
-    when no worker loop is doing it — the claims make racing a live worker harmless."""
+    when no worker loop is doing it — the claims make racing a live worker harmless.
+
+    It claims a small batch at a time (one row by default: a row claimed is a row being
+    sent, so a sweep killed at django-q2's task timeout — or by anything — never leaves
+    a delivered row `attempting` nor spends an attempt of a row it did not send),
+    records each outcome right after its send, stops claiming when its time budget is
+    spent, and gives back whatever it claimed and did not send."""
     import asyncio
+    import time
 
     from delivery.transports import close_bots
 
     abandoned = abandon_stale()
     owner = f"tasks:{os.uname().nodename}:{os.getpid()}"
-    now = timezone.now()
-    # Leave fresh rows to the worker loop, which sends them within milliseconds.
-    ids = claimable_ids(limit=200, now=now, older_than=now - timedelta(seconds=30))
-    rows = claim_many(ids, owner, now=now)
+    deadline = time.monotonic() + (settings.AGENTLOOP_SAFETY_SWEEP_BUDGET if budget is None else budget)
+    loop = asyncio.new_event_loop()
+    sent = 0
+    try:
+        while time.monotonic() < deadline:
+            now = timezone.now()
+            # Leave fresh rows to the worker loop, which sends them within milliseconds.
+            rows = claim_many(claimable_ids(limit=batch, now=now, older_than=now - timedelta(seconds=30)),
+                              owner, now=now)
+            if not rows:
+                break
+            sent += _send_each(loop, rows, owner, deadline)
+    finally:
+        loop.run_until_complete(close_bots())
+        loop.close()
+    return {"abandoned": abandoned, "sent": sent}
 
-    async def deliver():
-        try:
-            return [(row, await send(row)) for row in rows]
-        finally:
-            await close_bots()
 
-    outcomes = asyncio.run(deliver()) if rows else []
-    with transaction.atomic():
-        finish_many(outcomes, owner)
-    return {"abandoned": abandoned, "sent": len(outcomes)}
+def _send_each(loop, rows, owner, deadline) -> int:
+    import time
+
+    for done, row in enumerate(rows):
+        if time.monotonic() >= deadline:
+            release(rows[done:], owner)
+            return done
+        result = loop.run_until_complete(send(row))
+        finish_many([(row, result)], owner)
+    return len(rows)

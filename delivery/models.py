@@ -60,7 +60,8 @@ class OutboundMessage(StateMachine, models.Model):
             OutboundState.ATTEMPTING,  # taken over from a dead owner
             OutboundState.PENDING,  # claimed, not sent, given back (ledger.release)
         },
-        OutboundState.FAILED: {OutboundState.ATTEMPTING, OutboundState.ABANDONED},
+        # FAILED -> FAILED: an operator's "retry now" makes a failed row due at once.
+        OutboundState.FAILED: {OutboundState.ATTEMPTING, OutboundState.ABANDONED, OutboundState.FAILED},
         # An operator's "retry now".
         OutboundState.UNREACHABLE: {OutboundState.FAILED},
         OutboundState.ABANDONED: {OutboundState.FAILED},
