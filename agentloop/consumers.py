@@ -194,8 +194,14 @@ class PlaygroundConsumer(LiveConsumer):
             return
         if not await self.still_allowed():
             return
+        from conversations.ingest import Unstorable
+
         message_id = str(content.get("id") or uuid.uuid4())[:64]
-        admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)
+        try:
+            admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)
+        except Unstorable as exc:  # e.g. a NUL character: refused alone, the socket stays open
+            await self.send_json({"type": "error", "error": f"message refused: {exc}"})
+            return
         await self.send_json({"type": "admitted", "id": message_id, **admission})
 
 

@@ -221,6 +221,7 @@ def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
     ({"text": 42}, "a message needs some text"),
     ({"nothing": True}, "a message needs some text"),
     ({"text": "x" * 4001}, "messages are limited to 4000 characters"),
+    ({"text": "hola\x00"}, "message refused: text contains a NUL character (U+0000), which cannot be stored"),
 ])
 def test_playground_answers_bad_input_with_an_error_and_admits_nothing(playground, payload, error):
     from conversations.models import InboundMessage
