@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import InterfaceError, OperationalError, connection
 
+from conversations.worker.backoff import DATABASE, Backoff
+
 log = logging.getLogger(__name__)
 
 # What a database that went away raises; anything else is a bug or a conflict.
@@ -36,15 +38,33 @@ def _force_close():
 
 
 def run_step(fn, *args, **kwargs):
-    """Run one step on the calling thread; a database fault closes its connection."""
+    """Run one step on the calling thread; a database fault closes its connection and
+    is reported once per fault (see backoff.FaultLog), not once per try."""
     try:
-        return fn(*args, **kwargs)
-    except DATABASE_FAULTS:
+        result = fn(*args, **kwargs)
+    except DATABASE_FAULTS as exc:
         _force_close()
+        DATABASE.failed(exc)
         raise
     except Exception:
         close_broken_connection()
         raise
+    DATABASE.recovered()
+    return result
+
+
+async def until_answered(call, deadline=None):
+    """Await `call()` until the database answers: while it is away, try again, backing
+    off — or until `deadline` (event loop time) has passed, then raise the last fault."""
+    backoff = Backoff()
+    while True:
+        try:
+            return await call()
+        except DATABASE_FAULTS:
+            delay = backoff.next()
+            if deadline is not None and asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
 
 
 class DatabaseThread:
@@ -58,6 +78,11 @@ class DatabaseThread:
     async def __call__(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(run_step, fn, *args, **kwargs))
+
+    async def persist(self, fn, *args, deadline=None):
+        """Run a step that must happen (a finished turn's end, a send's outcome): see
+        `until_answered`."""
+        return await until_answered(functools.partial(self, fn, *args), deadline)
 
     def close(self):
         """Close the thread's connection and stop it (waits for the step in progress)."""

@@ -4,11 +4,13 @@ work) that fires debounce flushes on time."""
 import logging
 import threading
 
-from django.db import IntegrityError, OperationalError, connection
+from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from conversations import engine
 from conversations.models import TurnState
+from conversations.worker.backoff import Backoff
+from conversations.worker.dbthread import DATABASE_FAULTS, run_step
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +34,23 @@ class Flusher(threading.Thread):
         self.flushed = 0
 
     def run(self):
+        backoff = Backoff()
         try:
             while not self.stopping.is_set():
                 self.wakeup.clear()
                 try:
-                    wait = self.step()
-                except OperationalError as exc:
-                    # e.g. chosen as a deadlock victim: the transaction rolled back whole.
-                    log.warning("flusher step failed, retrying: %s", exc)
-                    wait = 0.01
+                    wait = run_step(self.step)
+                    backoff.reset()
+                except DATABASE_FAULTS:
+                    # The database went away (reported once by run_step), or chose this
+                    # step as a deadlock victim: the transaction rolled back whole.
+                    wait = backoff.next()
                 except Exception:
                     log.exception("flusher step failed")
-                    connection.close()
-                    wait = 1.0
-                if wait > 0:
+                    wait = max(backoff.next(), 0.5)
+                if backoff.delay:  # backing off: wake-ups must not cut the pause short
+                    self.stopping.wait(wait)
+                elif wait > 0:
                     self.wakeup.wait(wait)
         finally:
             connection.close()

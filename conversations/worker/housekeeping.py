@@ -1,10 +1,12 @@
-"""Housekeeping: the heartbeat, the guard's sweep, and what dead workers left behind
-(their turns, their rows mid-send, external turns past their time)."""
+"""Housekeeping: the heartbeat, the guard's sweep, what dead workers left behind
+(their turns, their rows mid-send, external turns past their time), and the turns
+stamped with this worker that it no longer holds."""
 
 import asyncio
 import logging
 
 from conversations import engine, turns
+from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
 from tools import guard
 
@@ -31,6 +33,18 @@ class Housekeeping:
             if recovered:
                 log.info("recovered %d turns from dead workers", len(recovered))
                 self.worker.wake_turns()
+        orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())
+        if orphans:
+            log.warning("gave back %d running turns this worker no longer held", len(orphans))
+            self.worker.wake_turns()
+
+    async def first_round(self):
+        """At start, before anything else: wait for the database if it is away."""
+        while True:
+            try:
+                return await self.round()
+            except DATABASE_FAULTS:
+                await asyncio.sleep(1.0)  # reported once by the database thread
 
     async def loop(self):
         while True:
@@ -38,5 +52,7 @@ class Housekeeping:
             try:
                 await self.round()
                 await self.worker.db(engine.forget_workers, self.worker.dead_owners)
+            except DATABASE_FAULTS:
+                pass  # reported once by the database thread; the next round tries again
             except Exception:
                 log.exception("housekeeping failed")

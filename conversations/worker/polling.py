@@ -8,6 +8,8 @@ from django.conf import settings
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
 from conversations import telegram as telegram_inbound
+from conversations.worker.backoff import Backoff
+from conversations.worker.dbthread import DATABASE_FAULTS
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ class Polling:
                     self.pollers[channel_id] = asyncio.create_task(self.poll_channel(channel_id))
                 for channel_id in set(self.pollers) - wanted:
                     self.pollers.pop(channel_id).cancel()
+            except DATABASE_FAULTS:
+                pass  # reported once by the database thread; the pollers keep going
             except Exception:
                 log.exception("poller supervision failed")
             await asyncio.sleep(SUPERVISE_EVERY)
@@ -35,9 +39,13 @@ class Polling:
     async def poll_channel(self, channel_id):
         """One poller per bot (a lease): getUpdates with the persisted offset. A network
         failure rebuilds the Bot; the durable dedup keeps a re-delivered batch out."""
-        backoff = 1.0
+        backoff, database = 1.0, Backoff()
         while True:
-            channel = await self.worker.db(telegram_inbound.take_lease, channel_id, self.owner)
+            try:
+                channel = await self.worker.db(telegram_inbound.take_lease, channel_id, self.owner)
+            except DATABASE_FAULTS:
+                await asyncio.sleep(database.next())  # reported once by the database thread
+                continue
             if channel is None:
                 await asyncio.sleep(SUPERVISE_EVERY)
                 continue
@@ -45,8 +53,12 @@ class Polling:
             try:
                 async with bot:
                     await bot.delete_webhook()  # getUpdates is refused while a webhook is set
-                    await self.poll_batches(bot, channel)
+                    await self.poll_batches(bot, channel, database)
                 backoff = 1.0
+            except DATABASE_FAULTS:
+                # Admitting failed: the batch was not confirmed and is polled again (the
+                # dedup drops what got in) as soon as the database answers.
+                await asyncio.sleep(database.next())
             except (NetworkError, Conflict) as exc:
                 log.warning("channel %s: polling failed (%s); rebuilding in %.0fs", channel.slug, exc, backoff)
                 await asyncio.sleep(backoff)
@@ -55,13 +67,13 @@ class Polling:
                 log.error("channel %s: polling stopped: %s", channel.slug, exc)
                 await asyncio.sleep(60.0)
             except Exception:
-                # e.g. the database while admitting: the batch was not confirmed and is
-                # polled again (the dedup drops what got in); the poller must not die.
+                # Whatever it was, the poller must not die; an unconfirmed batch is
+                # polled again (the dedup drops what got in).
                 log.exception("channel %s: polling failed; retrying in %.0fs", channel.slug, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
 
-    async def poll_batches(self, bot, channel):
+    async def poll_batches(self, bot, channel, database):
         offset = channel.poll_offset
         while True:
             updates = await bot.get_updates(
@@ -70,6 +82,7 @@ class Polling:
             if updates:
                 batch = [u.to_dict() for u in updates]
                 admitted = await self.worker.db(telegram_inbound.admit_polled, channel.pk, self.owner, batch)
+                database.reset()
                 offset = max(u.update_id for u in updates) + 1
                 if admitted:
                     self.worker.flusher.wakeup.set()

@@ -6,7 +6,8 @@ import logging
 
 from django.db import transaction
 
-from conversations.worker.dbthread import Batcher
+from conversations.worker.backoff import Backoff
+from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
 from delivery.models import Outcome
 from delivery.transports import SendResult
@@ -31,7 +32,9 @@ class Replies:
         except Exception as exc:
             log.exception("sending ledger row %s failed", row.pk)
             result = SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")
-        await self.record((row, result))
+        # The outcome waits here while the database is away: a delivered mark lost
+        # would make the reply go out again (labelled) after the attempt timeout.
+        await until_answered(lambda: self.record((row, result)))
 
     def finish_sends(self, outcomes):
         with transaction.atomic():
@@ -51,8 +54,8 @@ class Replies:
         whole send, so no runtime sweep can take them too."""
         total = 0
         while True:
-            rows = await self.worker.db(ledger.claim_due, self.owner, self.worker.dead_owners, SWEEP_BATCH,
-                                        None, True)
+            rows = await self.worker.db.persist(ledger.claim_due, self.owner, self.worker.dead_owners,
+                                                SWEEP_BATCH, None, True)
             if not rows:
                 break
             total += len(rows)
@@ -65,15 +68,19 @@ class Replies:
         """The runtime sweep: pending rows (written by other processes), failed rows whose
         timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
         await self.boot_sweep()
+        backoff = Backoff()
         while True:
             try:
                 rows = await self.worker.db(ledger.claim_due, self.owner, self.worker.dead_owners, SWEEP_BATCH)
+                backoff.reset()
                 self.send_in_background(rows)
                 if len(rows) == SWEEP_BATCH:
                     continue  # more due right now
+            except DATABASE_FAULTS:
+                await asyncio.sleep(backoff.next())  # reported once by the database thread
             except Exception:
                 log.exception("ledger sweep failed")
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(max(backoff.next(), 0.5))
             await asyncio.sleep(self.worker.poll_interval)
 
     async def stop(self, grace):

@@ -14,7 +14,7 @@ from django.conf import settings
 
 from conversations import engine
 from conversations.agents import agent_for
-from conversations.worker.dbthread import DatabaseThread
+from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
 from conversations.worker.housekeeping import Housekeeping
 from conversations.worker.polling import Polling
@@ -51,6 +51,7 @@ class Worker:
         self.polling = Polling(self)
         self.housekeeping = Housekeeping(self)
         self.flusher = None
+        self.stop_deadline = None  # event loop time by which shutdown gives up on the database
         self._loop = self._stopping = self._wakeup = None
 
     @property
@@ -86,28 +87,35 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
-        await self.housekeeping.round()  # recover dead workers' turns before anything else
-        await self.prepare()
+        # Agents are imported on a thread meanwhile (the openai SDK alone takes a second
+        # or more): a restarted worker takes over its predecessor's polling at once.
+        imports = self._loop.run_in_executor(None, self.import_agents)
+        await self.housekeeping.first_round()  # recover dead workers' turns before anything else
         self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
                                adopt=lambda started: self._loop.call_soon_threadsafe(self.turns.adopt, started),
                                capacity=self.turns.capacity)
+        tasks = [asyncio.create_task(self.polling.loop())] if self.poll_telegram else []
+        await imports
+        await self.prepare()
         self.flusher.start()
         log.info("worker %s started", self.owner)
         if ready is not None:
             ready.set()
         jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop()]
-        if self.poll_telegram:
-            jobs.append(self.polling.loop())
-        tasks = [asyncio.create_task(job) for job in jobs]
+        tasks += [asyncio.create_task(job) for job in jobs]
         await self._stopping.wait()
         await self.shutdown(tasks)
 
-    async def prepare(self):
-        for name in settings.AGENTLOOP_AGENTS:  # import them now, not inside the first turn
+    @staticmethod
+    def import_agents():
+        for name in settings.AGENTLOOP_AGENTS:  # now, not inside the first turn
             agent_for(name)
-        await self.db(guard.ensure_policies)  # no policy row is written inside a turn
-        await self.tools.offered()
-        for agent, config in await self.db(engine.agents_in_use):
+
+    async def prepare(self):
+        # The database may come and go meanwhile: each step waits for it.
+        await self.db.persist(guard.ensure_policies)  # no policy row is written inside a turn
+        await until_answered(self.tools.offered)
+        for agent, config in await self.db.persist(engine.agents_in_use):
             try:
                 await agent_for(agent).prepare(config)
             except Exception:
@@ -115,6 +123,8 @@ class Worker:
 
     async def shutdown(self, tasks):
         log.info("worker %s stopping", self.owner)
+        loop = asyncio.get_running_loop()
+        self.stop_deadline = loop.time() + 2 * SHUTDOWN_GRACE
         self.flusher.stop()
         for task in tasks:
             task.cancel()
@@ -123,8 +133,16 @@ class Worker:
         await self.polling.stop()
         await self.replies.stop(SHUTDOWN_GRACE)
         await close_bots()
-        await self.db(self.polling.release_leases)
-        await self.db(engine.retire, self.owner)
-        await asyncio.get_running_loop().run_in_executor(None, self.flusher.join, 5)
+        # The flusher may be mid-flush, starting turns under this owner: it must be gone
+        # before the heartbeat is, or those turns would stay RUNNING under nobody.
+        await loop.run_in_executor(None, self.flusher.join, SHUTDOWN_GRACE)
+        await self.turns.release_adopted()
+        try:
+            await self.db.persist(self.polling.release_leases, deadline=self.stop_deadline)
+            await self.db.persist(engine.retire, self.owner, deadline=self.stop_deadline)
+        except DATABASE_FAULTS:
+            # The heartbeat stays: the next worker on this host sees the process gone
+            # and takes over at once.
+            log.warning("worker %s stopped without the database; its work is taken over on restart", self.owner)
         for thread in (self.db, self.claim, self.read, self.tools):
             thread.close()

@@ -5,7 +5,7 @@ import time
 
 from conversations import turns
 from conversations.agents import TurnCancelled
-from conversations.worker.dbthread import DatabaseThread
+from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
 from tools import guard, registry
 from tools.registry import Scope
 
@@ -25,7 +25,12 @@ class ToolCalls:
         (not a database round trip in every turn)."""
         expires, tools = self._offered
         if time.monotonic() >= expires:
-            tools = await self.worker.db(guard.offered_tools)
+            try:
+                tools = await self.worker.db(guard.offered_tools)
+            except DATABASE_FAULTS:
+                if not expires:
+                    raise
+                return tools  # the database is away: the last list still holds
             self._offered = (time.monotonic() + guard.POLICY_CACHE_SECONDS, tools)
         return tools
 

@@ -5,20 +5,31 @@ import asyncio
 import functools
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
+from audit.failpoints import failpoint
 from conversations import console, engine, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
 from conversations.models import Turn, TurnState
+from conversations.worker.backoff import Backoff
+from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
 from delivery.models import OutboundKind
-from conversations.worker.dbthread import Batcher
 from delivery.transports import Target, transport_for
 
 log = logging.getLogger(__name__)
 
 APOLOGY = "Sorry — I couldn't finish that just now. Please try again in a moment."
 CANCEL_CHECK_EVERY = 0.2
+# A RUNNING turn of ours that we do not run is given back only when older than this:
+# one the flusher has just started is on its way to the event loop.
+ORPHAN_AFTER = 10.0
+
+
+def deadline_for(config) -> float:
+    """Seconds an agent may take for a whole turn (not only per HTTP request)."""
+    return float((config or {}).get("deadline") or settings.AGENTLOOP_AGENT_DEADLINE)
 
 
 class TurnRunner:
@@ -27,6 +38,11 @@ class TurnRunner:
         self.owner = worker.owner
         self.running: dict[int, asyncio.Task] = {}
         self.cancelled_by_user: set[int] = set()
+        # Turns whose answer is in hand and whose end is being written down (while the
+        # database is away, for as long as it takes): this worker still holds them.
+        self.finishing: set[int] = set()
+        self.tasks: set[asyncio.Task] = set()  # every turn task, until it is over
+        self.releases: set[asyncio.Task] = set()  # turns started while stopping, handed back
         self.done = 0
         self.complete = Batcher(worker.db, self.complete_turns)
 
@@ -34,24 +50,34 @@ class TurnRunner:
         return self.worker.max_concurrent - len(self.running)
 
     async def loop(self):
-        worker = self.worker
+        worker, backoff = self.worker, Backoff()
         while True:
             try:
                 if self.capacity() > 0:
                     for turn in await worker.claim(self.claim_turns, self.capacity()):
-                        self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
+                        self.start(turn)
+                backoff.reset()
+            except DATABASE_FAULTS:
+                await asyncio.sleep(backoff.next())  # reported once by the database thread
             except Exception:
                 log.exception("claiming turns failed")
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(max(backoff.next(), 0.5))
             await worker.sleep(worker.poll_interval)
+
+    def start(self, turn):
+        task = asyncio.create_task(self.run_turn(turn))
+        self.running[turn.pk] = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def adopt(self, started):
         """Run turns the flusher started for this worker (on the event loop)."""
         for turn in started:
             if self.worker.stopping():
-                asyncio.create_task(self.worker.db(self.release_turn, turn.pk))
+                self.releases.add(asyncio.create_task(
+                    self.worker.db.persist(self.release_turn, turn.pk, deadline=self.worker.stop_deadline)))
             elif turn.pk not in self.running:
-                self.running[turn.pk] = asyncio.create_task(self.run_turn(turn))
+                self.start(turn)
 
     def claim_turns(self, limit):
         return turns.start_many(turns.ready_candidates(limit), self.owner)
@@ -76,16 +102,22 @@ class TurnRunner:
         if channel.typing_enabled and transport.supports_typing:
             typing = asyncio.create_task(self.keep_typing(transport, target))
         state, reply, outcome = TurnState.DONE, "", ""
+        deadline = deadline_for(channel.agent_config)
         try:
-            reply = await agent_for(channel.agent).respond(self.context(turn))
+            reply = await asyncio.wait_for(agent_for(channel.agent).respond(self.context(turn)), deadline)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
                 # Shutdown: hand the turn back unless it already acted.
-                await asyncio.shield(self.worker.db(self.release_turn, turn.pk))
+                await asyncio.shield(self.worker.db.persist(self.release_turn, turn.pk,
+                                                            deadline=self.worker.stop_deadline))
             return
         except HandedOver:
-            await self.worker.db(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
+            await self.worker.db.persist(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
             return
+        except TimeoutError:
+            # Never re-run: it may have acted before it went quiet.
+            log.warning("turn %s: agent %s gave no answer within %g s", turn.pk, channel.agent, deadline)
+            state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: no answer within {deadline:g} s"
         except AgentUnavailable as exc:
             log.warning("turn %s ended without an answer from agent %s: %s", turn.pk, channel.agent, exc)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: {exc}"
@@ -97,6 +129,7 @@ class TurnRunner:
                 typing.cancel()
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
+        failpoint("turn.after_answer")
         outbound = await self.record_completion(turn, state, reply, outcome)
         self.done += 1
         self.worker.flusher.wakeup.set()  # a buffer may have been waiting for this turn
@@ -104,16 +137,22 @@ class TurnRunner:
             await self.worker.replies.send(outbound)
 
     async def record_completion(self, turn, state, reply, outcome, attempts=3):
-        """Write the turn's end down, retrying a failed batch; a turn must never stay
-        RUNNING under a live worker that no longer runs it."""
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self.complete((turn, state, reply, outcome))
-            except Exception:
-                log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, attempt)
-                await asyncio.sleep(0.5 * attempt)
-        await self.worker.db(self.release_turn, turn.pk)  # run again elsewhere, if it fired no effect
-        return None
+        """Write the turn's end down with its reply. While the database is away the
+        reply waits here, in memory, and the write is tried again (backing off) until
+        the database answers: the turn is neither lost nor run again. Only a write that
+        fails for another reason, `attempts` times, hands the turn back."""
+        self.finishing.add(turn.pk)
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    return await until_answered(functools.partial(self.complete, (turn, state, reply, outcome)))
+                except Exception:
+                    log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, attempt)
+                    await asyncio.sleep(0.5 * attempt)
+            await self.worker.db.persist(self.release_turn, turn.pk)  # run again elsewhere, if it fired no effect
+            return None
+        finally:
+            self.finishing.discard(turn.pk)
 
     def complete_turns(self, finished):
         """Finish turns and write their replies into the ledger, in one transaction. A
@@ -139,6 +178,15 @@ class TurnRunner:
         return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
                 for turn, *_ in finished]
 
+    def held(self):
+        """Turns this worker holds on the event loop: running, or being written down."""
+        return set(self.running) | self.finishing
+
+    def give_back_orphans(self, held):
+        """RUNNING turns stamped with this worker that it does not hold (a start whose
+        answer was lost with its connection): given back (engine.give_up_turn)."""
+        return engine.give_back_orphans(self.owner, held, older_than=ORPHAN_AFTER)
+
     def release_turn(self, turn_id):
         turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
         if turn is not None:
@@ -161,6 +209,8 @@ class TurnRunner:
                 continue
             try:
                 ids = await self.worker.db(self.cancelled_among, list(self.running))
+            except DATABASE_FAULTS:
+                continue  # reported once by the database thread
             except Exception:
                 log.exception("cancel check failed")
                 continue
@@ -174,11 +224,18 @@ class TurnRunner:
     def cancelled_among(turn_ids):
         return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", flat=True))
 
+    async def release_adopted(self):
+        """Once the flusher has stopped: wait for the turns it started meanwhile to be
+        handed back."""
+        await asyncio.sleep(0)  # let the flusher's last hand-offs reach the loop
+        await asyncio.gather(*self.releases, return_exceptions=True)
+
     async def stop(self, grace):
-        """Let running turns finish within `grace`; the rest are cancelled (handed back)."""
-        if not self.running:
+        """Let turns finish (and be written down) within `grace`; the rest are
+        cancelled (handed back)."""
+        if not self.tasks:
             return
-        _, pending = await asyncio.wait(list(self.running.values()), timeout=grace)
+        _, pending = await asyncio.wait(list(self.tasks), timeout=grace)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,95 @@
+"""Retrying through a fault without flooding the log: a back-off per loop, and one
+process-wide log of database faults that writes a line when a fault starts, one now
+and then while it lasts, and one when the database is back — never one per try (a
+flusher retrying every 10 ms on a closed connection once wrote 140 lines a second)."""
+
+import logging
+import threading
+import time
+
+log = logging.getLogger("conversations.worker")
+
+FIRST_DELAY = 0.02
+MAX_DELAY = 1.0  # the database's return is noticed within a second
+REPORT_EVERY = 30.0
+
+
+class Backoff:
+    """The pause before a loop's next try: doubles from `first` up to `cap`; a success
+    starts it over."""
+
+    def __init__(self, first=FIRST_DELAY, cap=MAX_DELAY):
+        self.first, self.cap = first, cap
+        self.delay = 0.0
+
+    def next(self) -> float:
+        self.delay = min(self.cap, self.delay * 2 if self.delay else self.first)
+        return self.delay
+
+    def reset(self):
+        self.delay = 0.0
+
+
+def fault_kind(exc) -> str:
+    """A short name for what went wrong, so a restart's burst of different messages
+    ("terminating connection", "connection refused", "the connection is closed") is
+    reported as a handful of kinds rather than one line per message."""
+    text = str(exc).lower()
+    for words, kind in ((("locked", "busy"), "database locked"),
+                        (("refused", "could not connect", "starting up", "shutting down",
+                          "no such file", "timeout expired", "could not translate"), "database unreachable"),
+                        (("closed", "terminat", "lost", "broken", "reset", "eof"), "connection lost"),
+                        (("deadlock", "serializ"), "transaction conflict")):
+        if any(word in text for word in words):
+            return kind
+    return type(exc).__name__
+
+
+class FaultLog:
+    """Thread-safe; `clock` is injectable for tests."""
+
+    def __init__(self, logger=log, subject="database", every=REPORT_EVERY, clock=time.monotonic):
+        self.logger, self.subject, self.every, self.clock = logger, subject, every, clock
+        self._lock = threading.Lock()
+        self._since = None  # when the current fault started, or None while healthy
+        self._reported: dict[str, float] = {}  # kind -> when it was last logged
+        self._failures = 0
+
+    @property
+    def failing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc):
+        kind, now = fault_kind(exc), self.clock()
+        with self._lock:
+            if self._since is None:
+                self._since = now
+            self._failures += 1
+            last = self._reported.get(kind)
+            if last is not None and now - last < self.every:
+                return
+            self._reported[kind] = now
+            elapsed = now - self._since
+        if last is None:
+            self.logger.warning("%s fault (%s): %s; retrying with back-off", self.subject, kind,
+                                _first_line(exc))
+        else:
+            self.logger.warning("%s still failing after %.0f s (%s): %s", self.subject, elapsed, kind,
+                                _first_line(exc))
+
+    def recovered(self):
+        if self._since is None:  # the common case: no lock, no work
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            elapsed, failures = self.clock() - self._since, self._failures
+            self._since, self._reported, self._failures = None, {}, 0
+        self.logger.info("%s back after %.1f s (%d failed tries)", self.subject, elapsed, failures)
+
+
+def _first_line(exc):
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+DATABASE = FaultLog()
