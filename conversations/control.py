@@ -55,9 +55,8 @@ def drop_pending(conversation, now) -> int:
     buffer = MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN).first()
     if buffer is None:
         return 0
-    dropped = MessageBuffer.objects.filter(pk=buffer.pk, state=BufferState.OPEN).update(
-        state=BufferState.DROPPED, flush_reason=FlushReason.CONTROL, flushed_at=now
-    )
+    dropped = MessageBuffer.transition(buffer.pk, BufferState.OPEN, BufferState.DROPPED,
+                                       flush_reason=FlushReason.CONTROL, flushed_at=now)
     if dropped:
         InboundMessage.objects.filter(buffer=buffer).update(disposition=Disposition.DROPPED)
     return dropped

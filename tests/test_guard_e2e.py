@@ -109,7 +109,8 @@ def test_killed_between_claim_and_confirm_calendar_is_reconciled(processes, key,
     body = {"conversation": conversation.pk, "arguments": EVENT}
     hanging = threading.Thread(target=lambda: _swallow(invoke, web, key, "calendar_create_event_then_hang", body))
     hanging.start()
-    wait_until(marker.exists, timeout=20, message="the event to be written")
+    # Its content, not only its existence: write_text creates the file before it writes.
+    wait_until(lambda: marker.exists() and marker.read_text(), timeout=20, message="the event to be written")
     web.kill()
     hanging.join(10)
     claim = ActionClaim.objects.get()
