@@ -181,3 +181,19 @@ def test_long_polling_persists_its_offset_and_a_rebuilt_poller_readmits_nothing(
     assert texts(fake_telegram) == ["¿Me confirmas las horas?", "¿Y la de mañana?"]
     assert second["update_id"] > first["update_id"]
     assert fake_telegram.calls("deleteWebhook"), "polling clears a webhook first"
+
+
+def test_an_agent_past_its_overall_deadline_fails_the_turn_with_the_apology(processes, make_channel, fake_telegram):
+    """Per-request timeouts do not bound a turn (a peer may trickle, a loop may go on):
+    the whole answer has a deadline; past it the user gets the apology, and the turn is
+    never run again (it may have acted)."""
+    from conversations.worker import APOLOGY
+
+    telegram_channel(make_channel, fake_telegram, agent_config={"delay": 30.0, "deadline": 1.0})
+    web, _ = processes.web(), processes.worker()
+    send(web, "tg", 101, "¿Me confirmas la hora?")
+    fake_telegram.wait_for("sendMessage", timeout=15)
+    assert texts(fake_telegram, 101) == [APOLOGY]
+    turn = Turn.objects.get()
+    assert turn.state == TurnState.FAILED and turn.attempts == 1
+    assert turn.outcome == "agent unavailable: no answer within 1 s"

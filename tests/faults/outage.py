@@ -115,6 +115,7 @@ def child(names):
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    call_command("flush", interactive=False, verbosity=0)  # a cluster serves several runs
     cluster = None
     if os.environ.get("AGENTLOOP_OUTAGE_PGDIR"):
         cluster = Cluster.__new__(Cluster)
