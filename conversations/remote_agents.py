@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agentloop.tls import shared_tls_context
 from conversations.agents import Agent, AgentUnavailable, HandedOver, TurnContext
 from delivery import signing
 
@@ -62,7 +63,7 @@ class WebhookAgent(Agent):
 
     @staticmethod
     async def _post(url, body, headers, timeout):
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             response = await client.post(url, content=body, headers=headers)
             return response.status_code, response.content
 

@@ -20,6 +20,7 @@ from django.conf import settings
 from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, TelegramError, TimedOut
 
 from agentloop.caches import BoundedCache
+from agentloop.tls import shared_tls_context
 from audit.redaction import channel_secrets, redact
 from delivery import signing
 from delivery.models import Outcome
@@ -264,7 +265,7 @@ class ApiCallbackTransport(Transport):
         return self.failed(Outcome.PERMANENT, f"rejected: HTTP {status}")
 
     async def _post(self, body, headers, timeout):
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             response = await client.post(self.channel.callback_url, content=body, headers=headers)
             return response.status_code, retry_after_header(response.headers.get("Retry-After"))
 

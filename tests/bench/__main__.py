@@ -2,7 +2,9 @@
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard]
+    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]]
+
+The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 """
 
 import json
@@ -444,14 +446,30 @@ def bench_guard(n=2000, warmup=200):
                     f"({p50 / b50:.2f}x at p50; target: added p50 <= 1.5 ms on SQLite)")
 
 
+def soak(seconds):
+    def run():
+        from tests.bench.soak import bench_soak
+
+        bench_soak(seconds, report)
+
+    return run
+
+
 BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
-              "latency": bench_latency, "guard": bench_guard}
+              "latency": bench_latency, "guard": bench_guard, "soak": soak(None)}
+SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 
-def main(names):
+def main(args):
+    seconds = None
+    if "--seconds" in args:
+        at = args.index("--seconds")
+        seconds, args = int(args[at + 1]), args[:at] + args[at + 2:]
+    names = args
+    benchmarks = {**BENCHMARKS, "soak": soak(seconds or (None if "soak" in names else SOAK_SECONDS_IN_FULL_RUN))}
     setup_django()
-    for name in names or BENCHMARKS:
-        BENCHMARKS[name]()
+    for name in names or benchmarks:
+        benchmarks[name]()
         from django.core.management import call_command
 
         call_command("flush", interactive=False, verbosity=0)
