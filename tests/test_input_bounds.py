@@ -4,6 +4,7 @@ the refusal audited, and never stalls a bot."""
 
 import asyncio
 import json
+import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -89,6 +90,47 @@ def test_a_message_arriving_after_a_split_flush_joins_the_waiting_remainder(make
     assert buffer.pk == remainder.pk != stale.pk and remainder.message_count == 3
     assert list(remainder.messages.order_by("pk").values_list("text", flat=True)) == ["parte 3", "parte 4",
                                                                                        "parte 5"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admissions_racing_split_flushes_lose_nothing_and_keep_the_order(make_channel):
+    """One thread admits a stream of messages while another keeps finishing the running
+    turn and flushing (each flush splitting the backlog): every message ends up in exactly
+    one turn, in order, no turn holds more than max_messages, nothing raises."""
+    from django.db import connection
+    from django.utils import timezone as django_timezone
+
+    channel = make_channel("chan", max_messages=5)
+    admit(channel, msg("first", "Listo."))
+    count, errors, done = 60, [], threading.Event()
+
+    def sender():
+        try:
+            for i in range(count):
+                admit(channel, msg(i, f"m{i}"))
+        except Exception as exc:  # noqa: BLE001 — reported by the assertion below
+            errors.append(exc)
+        finally:
+            done.set()
+            connection.close()
+
+    def flush_round():
+        for turn in Turn.objects.filter(state=TurnState.RUNNING):
+            turns.finish(turn.pk, "w1", state=TurnState.DONE, reply_text="ok")
+        for turn in engine.flush_due(now=django_timezone.now() + timedelta(minutes=5)):
+            assert turns.start(turn.pk, "w1")
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    while not done.is_set():
+        flush_round()
+    thread.join()
+    wait_until(lambda: flush_round() or not MessageBuffer.objects.filter(state=BufferState.OPEN).exists(),
+               message="the backlog drained")
+    assert errors == []
+    inputs = [t.merged_input.split("\n") for t in Turn.objects.order_by("pk")]
+    assert all(len(lines) <= 5 for lines in inputs) and len(inputs) >= count // 5
+    assert [line for lines in inputs for line in lines] == ["Listo."] + [f"m{i}" for i in range(count)]
 
 
 @pytest.mark.django_db
