@@ -129,6 +129,20 @@ def process_name(pid, root):
     return text[:40]
 
 
+def cluster_up(root, timeout=30):
+    """Every process once django-q2 has forked its own (cluster, sentinel, pusher, monitor,
+    workers), so each is measured from the start."""
+    from django.conf import settings
+
+    deadline = time.monotonic() + timeout
+    while True:
+        names = descendants(root)
+        if (sum(name == "tasks" for name in names.values()) >= 4 + settings.Q_CLUSTER["workers"]
+                or time.monotonic() > deadline):
+            return names
+        time.sleep(0.2)
+
+
 def label(names):
     """Unique labels: the django-q2 cluster forks its pusher, monitor and workers."""
     seen, labels = Counter(), {}
@@ -191,7 +205,7 @@ def bench_soak(seconds=None, report=print):
     statuses = Counter()
     samples = []  # (seconds into the run, {label: rss kB})
     try:
-        labels = label(descendants(proc.pid))
+        labels = label(cluster_up(proc.pid))
         total = seconds * RATE
         marks = {0, total // 2, total - 1}  # RSS at the start, the half, the end
         with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {key}"}) as client:
