@@ -4,6 +4,7 @@ generated secret key readable by its owner only, `testserver` not a default host
 on an address others can reach)."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -84,12 +85,14 @@ def test_runall_warns_loudly_about_debug_on_an_address_others_can_reach(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     proc = subprocess.Popen([sys.executable, "manage.py", "runall", "--host", "0.0.0.0", "--port", str(free_port())],
                             cwd=BASE_DIR, env={**env, "DEBUG": "true", "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"},
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output = wait_until(lambda: (text := (tmp_path / "runall.log").read_text()) and "WARNING: DEBUG=true" in text
                             and text, timeout=30, message="the DEBUG warning")
     finally:
-        proc.terminate()
+        # The warning is all this test needs: runall and its children (its own process
+        # group, on an unmigrated database) go at once.
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         log.close()
     assert "0.0.0.0" in output and "not a loopback address" in output
