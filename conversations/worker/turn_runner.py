@@ -15,7 +15,7 @@ from conversations.models import Turn, TurnState
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
-from delivery.models import OutboundKind
+from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from delivery.transports import Target, transport_for
 
 log = logging.getLogger(__name__)
@@ -143,16 +143,39 @@ class TurnRunner:
         fails for another reason, `attempts` times, hands the turn back."""
         self.finishing.add(turn.pk)
         try:
-            for attempt in range(1, attempts + 1):
+            backoff, failures = Backoff(), 0
+            while True:
                 try:
-                    return await until_answered(functools.partial(self.complete, (turn, state, reply, outcome)))
+                    return await self.complete((turn, state, reply, outcome))
+                except DATABASE_FAULTS:
+                    await asyncio.sleep(backoff.next())
+                    # The write may have gone through before the connection died.
+                    done, row = await until_answered(functools.partial(self.worker.db, self.written_before, turn.pk))
+                    if done:
+                        return row
                 except Exception:
-                    log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, attempt)
-                    await asyncio.sleep(0.5 * attempt)
-            await self.worker.db.persist(self.release_turn, turn.pk)  # run again elsewhere, if it fired no effect
-            return None
+                    failures += 1
+                    log.exception("recording the end of turn %s failed (attempt %d)", turn.pk, failures)
+                    if failures >= attempts:
+                        await self.worker.db.persist(self.release_turn, turn.pk)  # run again elsewhere, if no effect
+                        return None
+                    await asyncio.sleep(0.5 * failures)
         finally:
             self.finishing.discard(turn.pk)
+
+    def written_before(self, turn_id):
+        """After a failed completion: (True, its reply row to send, or None) if this
+        worker's write went through all the same — the reply row is still ours to send,
+        pending or claimed by us (we never got it back, so it was not sent) — or (False,
+        None) if the turn is still running, to be written again."""
+        if Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=self.owner).exists():
+            return False, None
+        rows = OutboundMessage.objects.filter(turn_id=turn_id, kind__in=(OutboundKind.REPLY, OutboundKind.NOTICE))
+        pending = list(rows.filter(state=OutboundState.PENDING).values_list("pk", flat=True))
+        if pending:
+            claimed = ledger.claim_many(pending, self.owner)
+            return True, claimed[0] if claimed else None
+        return True, rows.filter(state=OutboundState.ATTEMPTING, owner=self.owner).select_related("channel").first()
 
     def complete_turns(self, finished):
         """Finish turns and write their replies into the ledger, in one transaction. A
