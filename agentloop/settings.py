@@ -123,6 +123,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
+    # A database host that drops packets (rather than refusing) must not hang a reconnect
+    # or a query forever: a connect deadline, and TCP keepalives so a dead peer's socket
+    # is noticed in ~20 s instead of the kernel's two hours.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT", default=5),
+            "keepalives": 1,
+            "keepalives_idle": env.int("DATABASE_KEEPALIVES_IDLE", default=10),
+            "keepalives_interval": 5,
+            "keepalives_count": 2,
+        }
+    )
 # A reused connection is checked before a request or task uses it: after a database
 # restart the dead one is replaced instead of failing the first query.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
