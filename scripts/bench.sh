@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 names=("$@")
+# The peer benchmark's Chat SDK bot (tests/bench/peer/): its packages from the lockfile,
+# when node is here and they are not installed yet (without node the benchmark says so).
+if command -v node >/dev/null && [ ! -f tests/bench/peer/node_modules/chat/package.json ]; then
+  npm ci --no-audit --no-fund --prefix tests/bench/peer
+fi
 $PY -m tests.bench "${names[@]}"
 if [ -z "${DATABASE_URL:-}" ] && { [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" guard "* ]]; }; then
   echo; echo "=== guard overhead on PostgreSQL ==="

@@ -2,9 +2,10 @@
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]]
+    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
+The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
 """
 
 import json
@@ -455,8 +456,15 @@ def soak(seconds):
     return run
 
 
+def peer():
+    from tests.bench.peer import bench_peer
+
+    bench_peer(report)
+
+
 BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
-              "latency": bench_latency, "guard": bench_guard, "soak": soak(None)}
+              "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
+              "peer": peer}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

@@ -2,7 +2,8 @@
 process so the client never competes with the server for the GIL.
 
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --kind telegram --n 3000
-Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses"}.
+Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses", "p50_ms", "p99_ms"}
+(the latencies: request written to response read, per request).
 """
 
 import argparse
@@ -21,11 +22,12 @@ def telegram_body(i, conversations):
         "chat": {"id": chat, "type": "private", "first_name": "Bench"}}}).encode()
 
 
-async def client(host, port, path, headers, bodies, statuses):
+async def client(host, port, path, headers, bodies, statuses, latencies):
     reader, writer = await asyncio.open_connection(host, port)
     for body in bodies:
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n{headers}\r\n").encode()
+        began = time.perf_counter()
         writer.write(head + body)
         await writer.drain()
         status_line = await reader.readline()
@@ -34,22 +36,30 @@ async def client(host, port, path, headers, bodies, statuses):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
         await reader.readexactly(length)
+        latencies.append(time.perf_counter() - began)
         statuses[int(status_line.split()[1])] += 1
     writer.close()
+
+
+def percentile_ms(seconds, p):
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000 if ordered else None
 
 
 async def main(args):
     url = urlsplit(args.url)
     headers = "".join(f"{h}\r\n" for h in args.header)
     bodies = [telegram_body(args.offset + i, args.conversations) for i in range(args.n)]
-    statuses = Counter()
+    statuses, latencies = Counter(), []
     slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
     started = time.perf_counter()
-    await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses) for s in slices))
+    await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies)
+                           for s in slices))
     seconds = time.perf_counter() - started
     ok = sum(v for k, v in statuses.items() if k < 300)
     print(json.dumps({"n": args.n, "seconds": seconds, "rate": ok / seconds, "errors": args.n - ok,
-                      "statuses": dict(statuses)}))
+                      "statuses": dict(statuses), "p50_ms": percentile_ms(latencies, 50),
+                      "p99_ms": percentile_ms(latencies, 99)}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,358 @@
+"""The peer benchmark: agentloop beside the Vercel Chat SDK (4.41, burst mode) on the same
+Telegram workload, with the same load client (tests/bench/loadgen.py) and the same local
+Bot API server (tests/fakes/telegram_api.py) for both.
+
+Workload: 16 keep-alive clients POST Telegram webhook updates, a new chat each message;
+every message is flushed when its window closes and answered by an echo handler, whose
+reply goes to the local Bot API server. agentloop runs as `make run` runs it (manage.py
+runall: daphne, the worker loop, the django-q2 cluster; DEBUG off, INFO logging), on
+SQLite and on PostgreSQL (DATABASE_URL when it names one, else a throwaway cluster from
+scripts/pg.sh); its channel's agent is `echo`. The peer is tests/bench/peer/bot.mjs on
+in-memory state and on a throwaway redis-server; its handler posts the merged burst.
+
+Per system: accepted webhook POSTs/s, POST p50/p99, errors, messages answered exactly
+once, and whether it survives SIGKILL mid-burst (20 messages accepted, their windows
+still open; every process of the system killed; restarted; how many of the 20 are
+answered). Then agentloop / the peer's best configuration for POSTs/s and p99.
+
+    .venv/bin/python -m tests.bench peer
+    BENCH_PEER_MESSAGES=500 .venv/bin/python -m tests.bench peer   # a quick look
+
+Skipped, with a note, where `node` is missing. Not part of `make test`
+(tests/test_bench_peer.py only checks that the peer bot answers).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import httpx
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+PEER_DIR = Path(__file__).resolve().parent / "peer"
+LOGS = BASE_DIR / "var" / "bench-logs"
+SECRET = "peer-bench-secret"
+MESSAGES = 2000  # measured per system (BENCH_PEER_MESSAGES overrides)
+WARMUP = 200
+KILL_BURST = 20
+CONCURRENCY = 16
+ONE_CHAT_EACH = 10 ** 9  # loadgen's --conversations: chat = 1_000_000 + i, never reused
+AFTER_RESTART = 20.0  # seconds a restarted system gets to answer the killed burst (windows <= 4 s)
+ANSWER_TIMEOUT = 300.0
+
+
+# --- the peer ----------------------------------------------------------------------------
+
+def ensure_node_modules():
+    """`npm ci` from the lockfile when the packages are not installed yet."""
+    if not (PEER_DIR / "node_modules" / "chat" / "package.json").exists():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(PEER_DIR)], check=True,
+                       capture_output=True, timeout=300)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(proc, url, log, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(proc.args[:2])} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up within {timeout:.0f} s; see {log}")
+        time.sleep(0.05)
+
+
+class System:
+    """One system under test: its processes in a session of their own, so a SIGKILL of the
+    session's process group kills every one of them at once, as a power cut would."""
+
+    name = "system"
+    hook_path = ""
+
+    def __init__(self, token, log_name):
+        self.token = token
+        self.log = LOGS / f"{log_name}.log"
+        self.proc = None
+        self.url = ""
+
+    def command(self, port):
+        raise NotImplementedError
+
+    def env(self, port):
+        return dict(os.environ)
+
+    def start(self):
+        LOGS.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.command(port), cwd=BASE_DIR, env=self.env(port), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_up(self.proc, self.url, self.log)
+        return self
+
+    @property
+    def hook(self):
+        return f"{self.url}{self.hook_path}"
+
+    def kill(self):
+        """SIGKILL every process of the system, and wait until they are gone."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class Peer(System):
+    hook_path = "/webhooks/telegram"
+
+    def __init__(self, token, api_url, state="memory", redis_url="", debounce_ms=None):
+        super().__init__(token, f"peer-{state}")
+        self.api_url, self.state, self.redis_url, self.debounce_ms = api_url, state, redis_url, debounce_ms
+        self.name = f"Chat SDK 4.41 burst, {state} state"
+
+    def command(self, port):
+        return ["node", str(PEER_DIR / "bot.mjs")]
+
+    def env(self, port):
+        env = {**os.environ, "PEER_PORT": str(port), "PEER_STATE": self.state, "REDIS_URL": self.redis_url,
+               "TELEGRAM_BOT_TOKEN": self.token, "TELEGRAM_WEBHOOK_SECRET_TOKEN": SECRET,
+               "TELEGRAM_API_BASE_URL": self.api_url}
+        if self.debounce_ms is not None:
+            env["PEER_DEBOUNCE_MS"] = str(self.debounce_ms)
+        return env
+
+
+class Agentloop(System):
+    hook_path = "/webhooks/telegram/bench-peer/"
+
+    def __init__(self, token, api_url, database_url, label):
+        super().__init__(token, f"peer-agentloop-{label}")
+        self.database_url = database_url
+        self.name = f"agentloop (make run, {label})"
+        self.manage("migrate", "--verbosity", "0")
+        self.manage("addchannel", "bench-peer", "--kind", "telegram", "--token", token, "--secret", SECRET,
+                    "--api-base", api_url, "--mode", "webhook", "--agent", "echo")
+
+    def env(self, port=None):
+        # `make run`'s defaults: no DEBUG, INFO logging, the product's own URLs and poll interval.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DEBUG", "LOG_LEVEL", "AGENTLOOP_URLCONF", "AGENTLOOP_POLL_INTERVAL",
+                            "TELEGRAM_BOT_TOKEN")}
+        return {**env, "DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1"}
+
+    def manage(self, *args):
+        subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=self.env(), check=True,
+                       capture_output=True)
+
+    def command(self, port):
+        return [sys.executable, "manage.py", "runall", "--host", "127.0.0.1", "--port", str(port)]
+
+
+@contextmanager
+def redis_server():
+    """A throwaway redis-server (no persistence), its URL."""
+    from tests.redis_server import _free_port, _ping
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="agentloop-peer-redis-") as workdir, \
+            open(LOGS / "peer-redis-server.log", "wb") as log:
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", workdir], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 10
+            while not _ping(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not answer PING")
+                time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+@contextmanager
+def throwaway_postgres():
+    """A PostgreSQL cluster from scripts/pg.sh under /tmp (the postgres user must reach it),
+    its URL; None (with the reason printed) where it cannot be started."""
+    pgdir = tempfile.mkdtemp(prefix="agentloop-pg-peer-", dir="/tmp")
+    try:
+        url = subprocess.run([str(BASE_DIR / "scripts" / "pg.sh"), "start", pgdir], check=True,
+                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    except (subprocess.CalledProcessError, OSError) as error:
+        print(f"[peer] PostgreSQL run skipped: scripts/pg.sh start failed ({error})", flush=True)
+        shutil.rmtree(pgdir, ignore_errors=True)
+        yield None
+        return
+    try:
+        yield url
+    finally:
+        subprocess.run([str(BASE_DIR / "scripts" / "pg.sh"), "stop", pgdir], capture_output=True)
+
+
+# --- the workload ------------------------------------------------------------------------
+
+def post_updates(system, n, offset):
+    """n updates, a new chat each, through the shared load client."""
+    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--n", str(n),
+            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
+            "--header", f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
+    out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def chats(n, offset):
+    """The chat ids loadgen gives updates offset .. offset + n - 1, as the Bot API sees them."""
+    return {str(1_000_000 + i) for i in range(offset, offset + n)}
+
+
+def replies(fake, token, wanted):
+    """sendMessage calls per chat, for the chats in `wanted`."""
+    counts = Counter(str(call.params.get("chat_id")) for call in fake.calls("sendMessage", token=token))
+    return {chat: counts[chat] for chat in wanted}
+
+
+def wait_answered(fake, token, wanted, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(replies(fake, token, wanted).values()):
+            break
+        time.sleep(0.2)
+    return replies(fake, token, wanted)
+
+
+def measure(system, fake, messages, offset):
+    """Warm up, then the measured run; every message must be answered exactly once."""
+    warm = post_updates(system, WARMUP, offset)
+    wait_answered(fake, system.token, chats(WARMUP, offset), ANSWER_TIMEOUT)
+    offset += WARMUP
+    run = post_updates(system, messages, offset)
+    answered = wait_answered(fake, system.token, chats(messages, offset), ANSWER_TIMEOUT)
+    time.sleep(2)  # a late second copy of a reply would arrive now
+    answered = replies(fake, system.token, chats(messages, offset))
+    return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"],
+            "errors": run["errors"] + warm["errors"], "statuses": run["statuses"],
+            "once": sum(1 for c in answered.values() if c == 1),
+            "missing": sum(1 for c in answered.values() if c == 0),
+            "doubled": sum(1 for c in answered.values() if c > 1)}
+
+
+def survives_sigkill(system, fake, offset):
+    """KILL_BURST messages accepted while their windows are open, every process of the
+    system SIGKILLed, the system restarted: how many of them get answered (once)."""
+    burst = post_updates(system, KILL_BURST, offset)
+    wanted = chats(KILL_BURST, offset)
+    before = sum(1 for c in replies(fake, system.token, wanted).values() if c)
+    system.kill()
+    system.start()
+    answered = wait_answered(fake, system.token, wanted, AFTER_RESTART)
+    return {"accepted": KILL_BURST - burst["errors"], "before_kill": before,
+            "answered": sum(1 for c in answered.values() if c), "doubled": sum(1 for c in answered.values() if c > 1)}
+
+
+def run_system(system, fake, messages, offset):
+    system.start()
+    try:
+        figures = measure(system, fake, messages, offset)
+        figures["kill"] = survives_sigkill(system, fake, offset + WARMUP + messages)
+    finally:
+        system.stop()
+    figures["name"] = system.name
+    return figures
+
+
+def line(f):
+    k = f["kill"]
+    return (f"{f['rate']:.0f} accepted webhook POSTs/s, POST p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms, "
+            f"{f['errors']} errors; answered exactly once {f['once']}/{f['once'] + f['missing'] + f['doubled']} "
+            f"({f['missing']} missing, {f['doubled']} doubled); SIGKILL mid-burst: {k['answered']}/{KILL_BURST} "
+            f"answered after restart ({k['accepted']} accepted, {k['before_kill']} answered before the kill, "
+            f"{k['doubled']} doubled)")
+
+
+# --- the benchmark -----------------------------------------------------------------------
+
+def agentloop_databases():
+    """(label, DATABASE_URL) pairs: SQLite always (its own file), PostgreSQL from
+    DATABASE_URL when it names one, else a throwaway cluster."""
+    sqlite = BASE_DIR / "var" / "bench-peer.sqlite3"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{sqlite}{suffix}").unlink(missing_ok=True)
+    yield "SQLite", f"sqlite:///{sqlite}"
+    given = os.environ.get("DATABASE_URL", "")
+    if given.startswith("postgres"):
+        yield "PostgreSQL", given
+        return
+    with throwaway_postgres() as url:
+        if url:
+            yield "PostgreSQL", url
+
+
+def bench_peer(report=print):
+    from tests.fakes.telegram_api import FakeBotAPI
+
+    if not shutil.which("node"):
+        report("peer", "skipped: `node` is missing (install Node.js 20+ to compare with the Chat SDK peer)")
+        return
+    ensure_node_modules()
+    messages = int(os.environ.get("BENCH_PEER_MESSAGES") or MESSAGES)
+    results, offset = [], 0
+    with FakeBotAPI() as fake, closing(agentloop_databases()) as databases:
+        for label, url in databases:
+            results.append(run_system(Agentloop(f"7{len(results)}:AGENTLOOP", fake.url, url, label),
+                                      fake, messages, offset))
+            report("peer", f"{results[-1]['name']}: {line(results[-1])}")
+            offset += 10 * messages
+        peers = []
+        for state in ("memory", "redis"):
+            with (redis_server() if state == "redis" else _no_redis()) as redis_url:
+                peers.append(run_system(Peer(f"8{len(peers)}:PEER", fake.url, state, redis_url), fake,
+                                        messages, offset))
+            report("peer", f"{peers[-1]['name']}: {line(peers[-1])}")
+            offset += 10 * messages
+    best = max(peers, key=lambda f: f["rate"])
+    for ours in results:
+        report("peer", f"{ours['name']} / {best['name']} (the peer's best): POSTs/s {ours['rate'] / best['rate']:.2f}x "
+                       f"(target >= 1.0), POST p99 {ours['p99'] / best['p99']:.2f}x (target <= 1.0), "
+                       f"{ours['errors']} errors, {ours['missing'] + ours['doubled']} not answered exactly once "
+                       f"(target 0 and 0)")
+    report("peer", f"{messages} messages per system after {WARMUP} warm-up, {CONCURRENCY} keep-alive clients, a new "
+                   f"chat each; reproduce with: .venv/bin/python -m tests.bench peer")
+
+
+@contextmanager
+def _no_redis():
+    yield ""

@@ -1,0 +1,65 @@
+"""The peer of `python -m tests.bench peer` (tests/bench/peer/bot.mjs, a Vercel Chat SDK
+bot) still answers, so the benchmark cannot rot between runs: webhook updates in, one
+merged reply out through the local Bot API server, and the benchmark's own load client
+and answer counting against it. The benchmark itself is never run by `make test`."""
+
+import shutil
+import time
+
+import httpx
+import pytest
+
+from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_updates, wait_answered
+
+TOKEN = "9:PEERTEST"
+
+
+def update(update_id, chat, text):
+    return {"update_id": update_id, "message": {
+        "message_id": update_id, "date": int(time.time()), "text": text,
+        "from": {"id": chat, "is_bot": False, "first_name": "Ana"},
+        "chat": {"id": chat, "type": "private", "first_name": "Ana"}}}
+
+
+@pytest.fixture
+def peer_bot(fake_telegram, tmp_path):
+    if not shutil.which("node"):
+        pytest.fail("node is missing: install Node.js 20+ (the peer benchmark's bot runs on it)", pytrace=False)
+    ensure_node_modules()
+    bot = Peer(TOKEN, fake_telegram.url, debounce_ms=1000)
+    bot.log = tmp_path / "peer.log"
+    bot.start()
+    yield bot
+    bot.stop()
+
+
+def post(bot, body, secret=SECRET):
+    return httpx.post(bot.hook, json=body, headers={"X-Telegram-Bot-Api-Secret-Token": secret}, timeout=10)
+
+
+def test_a_burst_is_answered_once_with_the_merged_text(peer_bot, fake_telegram):
+    for i, text in enumerate(["hola", "una consulta y", "¿mañana a las 10?"]):
+        assert post(peer_bot, update(100 + i, 4242, text)).status_code == 200
+
+    [reply] = fake_telegram.wait_for("sendMessage", token=TOKEN, timeout=15)
+    assert reply.params == {"chat_id": "4242", "text": "hola\nuna consulta y\n¿mañana a las 10?"}
+
+    # The next message is a burst of its own: answered alone, the first not again.
+    assert post(peer_bot, update(200, 4242, "gracias")).status_code == 200
+    first, second = fake_telegram.wait_for("sendMessage", count=2, token=TOKEN, timeout=15)
+    assert (first, second.params["text"]) == (reply, "gracias")
+
+
+def test_a_wrong_secret_is_refused(peer_bot, fake_telegram):
+    assert post(peer_bot, update(300, 77, "hola"), secret="wrong").status_code == 401
+    assert post(peer_bot, update(301, 77, "¿sigues?")).status_code == 200
+    [reply] = fake_telegram.wait_for("sendMessage", token=TOKEN, timeout=15)
+    assert reply.params["text"] == "¿sigues?"
+
+
+def test_the_benchmark_load_client_and_counting_work_against_it(peer_bot, fake_telegram):
+    run = post_updates(peer_bot, 5, 0)
+    assert (run["errors"], run["statuses"]) == (0, {"200": 5})
+    assert 0 < run["p50_ms"] <= run["p99_ms"]
+    answered = wait_answered(fake_telegram, TOKEN, chats(5, 0), timeout=15)
+    assert answered == {chat: 1 for chat in chats(5, 0)}
