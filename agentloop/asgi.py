@@ -13,6 +13,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path  # noqa: E402
 
 from agentloop import consumers  # noqa: E402
+from conversations.lean_ingest import LeanIngest  # noqa: E402
 
 if settings.AGENTLOOP_SERVE_STATIC:
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -25,7 +26,8 @@ websockets = URLRouter([
 ])
 
 application = ProtocolTypeRouter({
-    "http": django_app,
+    # The Telegram webhook's POSTs skip Django's request stack (conversations/lean_ingest.py).
+    "http": LeanIngest(django_app),
     # The session cookie logs the websocket in; another site's page may not open one.
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(websockets)),
 })

@@ -140,6 +140,49 @@ def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
 RETRYABLE = ("40P01", "40001")
 
 
+class BatchFailed(Exception):
+    """The shared transaction of a batch of admissions failed as a whole."""
+
+
+def admit_many(requests, is_fault) -> list:
+    """Admit several messages in one transaction (group commit: one BEGIN, one commit
+    for all of them). Each admission runs in a savepoint of its own (`admit`'s atomic
+    block nests), so one that fails is rolled back alone and gets its exception while
+    the others commit. Returns, in order, an Admission or the exception of each; none
+    is committed before this returns, so answer none before.
+
+    An error for which `is_fault(exc)` is true (the database went away, SQLite's lock
+    timed out) fails the whole batch: it is raised. A transaction left unusable any
+    other way, or a commit refused (a deferred foreign key: a channel deleted since it
+    was cached), is not the others' fault: they are admitted again one by one."""
+    results = []
+    try:
+        with transaction.atomic():
+            for channel, inbound in requests:
+                try:
+                    results.append(admit(channel, inbound))
+                except Exception as exc:
+                    if is_fault(exc):
+                        raise
+                    if transaction.get_connection().needs_rollback:
+                        raise BatchFailed() from exc
+                    results.append(exc)
+    except Exception as exc:
+        if is_fault(exc):
+            raise
+        return [_admit_alone(channel, inbound, is_fault) for channel, inbound in requests]
+    return results
+
+
+def _admit_alone(channel, inbound, is_fault):
+    try:
+        return admit(channel, inbound)
+    except Exception as exc:
+        if is_fault(exc):
+            raise
+        return exc
+
+
 def _admit(channel, inbound, now):
     with transaction.atomic():
         admission = _admit_in_transaction(channel, inbound, now)

@@ -1,0 +1,235 @@
+"""The lean path of the Telegram webhook: an ASGI app in front of Django's.
+
+Measured (profile in issue 12): of a webhook POST's time under daphne, Django's full
+request stack — a fresh thread per request, the middleware chain, the URL resolver —
+cost more than the admission itself. This path serves `POST /webhooks/telegram/<slug>/`
+without it, and every other request goes on to Django.
+
+The answers are the view's own (conversations.views.telegram_prepare and
+telegram_admitted: the same channel and secret checks, the same errors, the refusal of
+unstorable input), the 503 + Retry-After of a database outage is the middleware's, and
+the guarantees do not move:
+
+- Group commit. One thread with its own connection (the admitter) takes the requests
+  that arrived while it was busy as one batch: one transaction, each admission in its
+  own savepoint (ingest.admit_many), one commit. A request is answered only after the
+  commit that holds its message; one bad admission fails alone.
+- The dedup is the database's (the admission's INSERT … ON CONFLICT DO NOTHING).
+- A request this path does not fully handle (a proxy or HTTPS redirect set-up, a host
+  not allowed) is left to Django, which answers it as before.
+"""
+
+import asyncio
+import json
+import logging
+import queue
+import re
+import threading
+import time
+
+from django.conf import settings
+from django.db import connection
+from django.http.request import split_domain_port, validate_host
+
+from agentloop.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
+from conversations import ingest, views
+from conversations.worker.dbthread import close_broken_connection
+
+log = logging.getLogger(__name__)
+
+# Django's <slug:slug> converter.
+TELEGRAM_PATH = re.compile(r"/webhooks/telegram/([-a-zA-Z0-9_]+)/")
+SECRET_HEADER = views.SECRET_HEADER.lower().encode("latin-1")
+MAX_BATCH = 64
+# An idle connection may have died (a database restart); it is checked before use.
+IDLE_CHECK_SECONDS = 1.0
+
+UNAVAILABLE = views.Answer(503, {"ok": False, "error": "database unavailable, retry later"})
+SERVER_ERROR = views.Answer(500, {"ok": False, "error": "internal server error"})
+
+
+class Admitter:
+    """The thread that prepares and admits the lean path's requests, in batches."""
+
+    def __init__(self):
+        self.requests = queue.SimpleQueue()
+        self.thread = None
+        self.started = threading.Lock()
+        self.last_used = 0.0
+
+    async def answer(self, slug, secret, body) -> views.Answer:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._start()
+        self.requests.put((slug, secret, body, loop, future))
+        return await future
+
+    def _start(self):
+        if self.thread is None:
+            with self.started:
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._run, name="lean-admitter", daemon=True)
+                    self.thread.start()
+
+    def stop(self):
+        """End the thread (after the requests already queued) and close its connection."""
+        with self.started:
+            thread, self.thread = self.thread, None
+        if thread is not None:
+            self.requests.put(None)
+            thread.join()
+
+    def _run(self):
+        try:
+            while (batch := self._next_batch()) is not None:
+                answers = self._answer_batch([item[:3] for item in batch])
+                by_loop = {}
+                for (*_, loop, future), answer in zip(batch, answers):
+                    by_loop.setdefault(loop, []).append((future, answer))
+                for loop, pairs in by_loop.items():
+                    loop.call_soon_threadsafe(_resolve, pairs)
+        finally:
+            connection.close()
+
+    def _next_batch(self):
+        """The requests waiting now (at least one; at most MAX_BATCH), or None to stop."""
+        batch = [self.requests.get()]
+        while batch[-1] is not None and len(batch) < MAX_BATCH:
+            try:
+                batch.append(self.requests.get_nowait())
+            except queue.Empty:
+                break
+        if batch[-1] is None:  # stop(): answer what came before it first
+            batch.pop()
+            if not batch:
+                return None
+            self.requests.put(None)
+        return batch
+
+    def _answer_batch(self, batch):
+        if time.monotonic() - self.last_used > IDLE_CHECK_SECONDS:
+            close_broken_connection()
+        try:
+            return self._prepare_and_admit(batch)
+        except Exception as exc:  # the batch as a whole: the database is away, or a bug
+            return [_failure(exc)] * len(batch)
+        finally:
+            self.last_used = time.monotonic()
+
+    def _prepare_and_admit(self, batch):
+        answers, admissions = [None] * len(batch), []
+        for i, (slug, secret, body) in enumerate(batch):
+            try:
+                prepared = views.telegram_prepare(slug, secret, body)
+            except Exception as exc:
+                if database_unavailable(exc):
+                    raise
+                prepared = _failure(exc)
+            if isinstance(prepared, views.Answer):
+                answers[i] = prepared
+            else:
+                admissions.append((i, prepared))
+        if not admissions:
+            return answers
+        results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
+        for (i, _), result in zip(admissions, results):
+            answers[i] = _failure(result) if isinstance(result, Exception) else views.telegram_admitted(result)
+        return answers
+
+
+def _failure(exc) -> views.Answer:
+    """The answer to a request that failed: 503 while the database is away (logged once
+    per fault kind per interval, the broken connection closed), else 500."""
+    if database_unavailable(exc):
+        _log_fault(type(exc.__cause__ or exc).__name__, _describe(exc))
+        close_broken_connection()
+        return UNAVAILABLE
+    log.error("webhook admission failed", exc_info=exc)
+    return SERVER_ERROR
+
+
+def _resolve(pairs):
+    for future, answer in pairs:
+        if not future.done():
+            future.set_result(answer)
+
+
+class LeanIngest:
+    """ASGI: the Telegram webhook's POSTs on the lean path, everything else to `app`."""
+
+    def __init__(self, app):
+        self.app = app
+        self.admitter = Admitter()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = TELEGRAM_PATH.fullmatch(scope["path"])
+            if match and self._takes(scope):
+                return await self._telegram(match[1], scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def _takes(self, scope):
+        """Only requests Django would serve as they are: no HTTPS redirect or proxy
+        headers to honour, no script prefix, an allowed Host."""
+        if settings.SECURE_SSL_REDIRECT or settings.USE_X_FORWARDED_HOST or scope.get("root_path"):
+            return False
+        host = _header(scope, b"host")
+        if host is None:
+            return False
+        domain, _ = split_domain_port(host.decode("latin-1"))
+        allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+        return bool(domain) and validate_host(domain, allowed)
+
+    async def _telegram(self, slug, scope, receive, send):
+        body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        if body is False:
+            return  # the client went away
+        secret = _header(scope, SECRET_HEADER)
+        answer = await self.admitter.answer(slug, secret.decode("latin-1") if secret is not None else None, body)
+        await _respond(send, answer)
+
+
+def _header(scope, name):
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+async def _read_body(receive, limit):
+    """The request body; None when it is over `limit` bytes (read to its end, not kept);
+    False when the client disconnected."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is None or size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks) if limit is None or size <= limit else None
+
+
+def _security_headers():
+    """The headers Django's middleware adds to such an answer (plain HTTP)."""
+    headers = [(b"x-frame-options", settings.X_FRAME_OPTIONS.encode())]
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers.append((b"x-content-type-options", b"nosniff"))
+    if settings.SECURE_REFERRER_POLICY:
+        headers.append((b"referrer-policy", settings.SECURE_REFERRER_POLICY.encode()))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers.append((b"cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY.encode()))
+    return headers
+
+
+async def _respond(send, answer):
+    body = json.dumps(answer.body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *_security_headers()]
+    if answer.status == 503:
+        headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,160 @@
+"""The Telegram webhook's lean ASGI path (conversations/lean_ingest.py): the same answers
+as the Django view for every kind of request, without ever reaching Django's stack, and
+group commit (ingest.admit_many) where one bad admission fails alone.
+
+The lean app is driven in-process over ASGI (httpx's ASGITransport) with a Django app
+behind it that fails the test if reached; its admitter thread has its own database
+connection, hence transactional_db. The real server (daphne) serves the same path in
+test_telegram_webhook's concurrency tests and test_web_outage's 503s."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from django.test import Client
+
+from audit.models import AuditEvent, EventKind
+from conversations import ingest
+from conversations.ingest import Inbound
+from conversations.lean_ingest import LeanIngest
+from conversations.models import Channel, InboundMessage
+
+SECRET = "lean-secret"
+HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+
+def update(update_id, text="hola", chat=777, first_name="Ana"):
+    return {"update_id": update_id, "message": {
+        "message_id": update_id, "date": 1764417600, "text": text,
+        "from": {"id": chat, "is_bot": False, "first_name": first_name},
+        "chat": {"id": chat, "type": "private", "first_name": first_name}}}
+
+
+async def _django_must_not_answer(scope, receive, send):
+    raise AssertionError(f"the lean path handed {scope['method']} {scope['path']} to Django")
+
+
+@pytest.fixture
+def lean(transactional_db):
+    app = LeanIngest(_django_must_not_answer)
+    yield app
+    app.admitter.stop()
+
+
+@pytest.fixture
+def channels(transactional_db):
+    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret=SECRET)
+    Channel.objects.create(slug="nosecret", kind="telegram", bot_token="2:A")
+    Channel.objects.create(slug="api-chan", kind="api")
+    Channel.objects.forget_cached()
+
+
+def post_lean(app, requests):
+    """POST each (slug, body, headers) to the lean app, all at once; the responses."""
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await asyncio.gather(*(http.post(f"/webhooks/telegram/{slug}/", content=body, headers=headers)
+                                          for slug, body, headers in requests))
+
+    return asyncio.run(run())
+
+
+def post_view(slug, body, headers):
+    extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
+    return Client().post(f"/webhooks/telegram/{slug}/", data=body, content_type="application/json", **extra)
+
+
+CASES = {
+    "unknown channel": ("nope", json.dumps(update(1)), {HEADER: SECRET}),
+    "not a telegram channel": ("api-chan", json.dumps(update(1)), {HEADER: SECRET}),
+    "channel without a secret": ("nosecret", json.dumps(update(1)), {HEADER: SECRET}),
+    "missing secret": ("tg", json.dumps(update(1)), {}),
+    "wrong secret": ("tg", json.dumps(update(1)), {HEADER: "nope"}),
+    "not JSON": ("tg", "{not json", {HEADER: SECRET}),
+    "not an update": ("tg", json.dumps({"hello": 1}), {HEADER: SECRET}),
+    "an update we ignore": ("tg", json.dumps({"update_id": 5, "edited_message": update(5)["message"]}),
+                            {HEADER: SECRET}),
+    "too large": ("tg", json.dumps(update(1, text="x" * 300_000)), {HEADER: SECRET}),
+    "unstorable (NUL)": ("tg", json.dumps(update(9, text="a\x00b")), {HEADER: SECRET}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_lean_path_answers_like_the_view(lean, channels, case):
+    slug, body, headers = CASES[case]
+    [fast] = post_lean(lean, [(slug, body, headers)])
+    slow = post_view(slug, body, headers)
+    assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
+    assert fast.headers["content-type"] == "application/json"
+    assert not InboundMessage.objects.exists()
+
+
+def test_an_unstorable_update_is_refused_with_200_and_audited(lean, channels):
+    [response] = post_lean(lean, [("tg", json.dumps(update(9, text="a\x00b")), {HEADER: SECRET})])
+    assert response.status_code == 200 and "NUL" in response.json()["refused"]
+    assert AuditEvent.objects.filter(kind=EventKind.MESSAGE_REFUSED, target="message 777:9").exists()
+
+
+def test_concurrent_updates_are_each_admitted_once_and_a_retry_is_a_duplicate(lean, channels):
+    """40 updates at once (batches share a commit), then all of them again."""
+    requests = [("tg", json.dumps(update(100 + i, chat=1000 + i % 7)), {HEADER: SECRET}) for i in range(40)]
+    first = post_lean(lean, requests)
+    assert [(r.status_code, r.json()) for r in first] == [(200, {"ok": True, "duplicate": False})] * 40
+    again = post_lean(lean, requests)
+    assert [(r.status_code, r.json()) for r in again] == [(200, {"ok": True, "duplicate": True})] * 40
+    assert InboundMessage.objects.count() == 40
+    # The view sees the same dedup: it is the database's.
+    assert post_view(*requests[0]).json() == {"ok": True, "duplicate": True}
+
+
+def test_other_requests_go_to_django(transactional_db):
+    reached = []
+
+    async def django(scope, receive, send):
+        reached.append((scope["method"], scope["path"]))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = LeanIngest(django)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+            await http.get("/webhooks/telegram/tg/")
+            await http.post("/api/v1/channels/x/messages", json={})
+            await http.post("/webhooks/telegram/tg/", json={}, headers={"Host": "evil.example"})
+
+    asyncio.run(run())
+    app.admitter.stop()
+    assert reached == [("GET", "/webhooks/telegram/tg/"), ("POST", "/api/v1/channels/x/messages"),
+                       ("POST", "/webhooks/telegram/tg/")]
+
+
+def _inbound(i, chat="c"):
+    return Inbound(platform_message_id=f"m{i}", chat_id=f"{chat}{i}", sender_id=f"{chat}{i}", text="hola")
+
+
+def test_group_commit_one_bad_admission_fails_alone(transactional_db):
+    """A channel deleted after it was cached: its admission breaks a foreign key, which
+    both databases check at commit (deferred). The batch's commit fails; the others are
+    admitted again one by one, and only the bad one gets its error."""
+    good = Channel.objects.create(slug="good", kind="api")
+    gone = Channel.objects.create(slug="gone", kind="api")
+    Channel.objects.filter(pk=gone.pk).delete()
+    results = ingest.admit_many([(good, _inbound(1)), (gone, _inbound(2)), (good, _inbound(3))],
+                                lambda exc: False)
+    assert isinstance(results[1], Exception)
+    assert [r.duplicate for r in (results[0], results[2])] == [False, False]
+    assert sorted(InboundMessage.objects.values_list("platform_message_id", flat=True)) == ["m1", "m3"]
+
+
+def test_group_commit_a_database_fault_fails_the_whole_batch_and_stores_nothing(transactional_db):
+    """When the error is the database's (is_fault), no admission of the batch is kept:
+    every request of it is answered 503 and retried by its client."""
+    good = Channel.objects.create(slug="good", kind="api")
+    gone = Channel.objects.create(slug="gone", kind="api")
+    Channel.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(Exception):
+        ingest.admit_many([(good, _inbound(1)), (gone, _inbound(2)), (good, _inbound(3))], lambda exc: True)
+    assert not InboundMessage.objects.exists()
