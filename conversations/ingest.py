@@ -317,18 +317,19 @@ def open_conversation(channel, inbound) -> Conversation:
 
 def _create_conversation(channel, inbound):
     """A conversation's first message creates it in a short transaction of its own, so
-    concurrent first messages race only on these two unique rows (get_or_create
-    settles that race), never while holding the locks of an admission."""
+    concurrent first messages race only on these two unique rows, never while holding
+    the locks of an admission. INSERT … ON CONFLICT DO NOTHING settles that race (what
+    get_or_create did with a savepoint, a SELECT and an INSERT for each row, through
+    the ORM: most of the admission of a new conversation's first message)."""
     with transaction.atomic():
-        contact, _ = Contact.objects.get_or_create(
-            channel=channel, platform_id=inbound.sender_id,
-            defaults={"display_name": inbound.sender_name[:200], "username": inbound.username[:100]},
-        )
-    with transaction.atomic():
-        Conversation.objects.get_or_create(
-            channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
-            defaults={"contact": contact, "is_group": inbound.is_group},
-        )
+        contact = Contact(channel=channel, platform_id=inbound.sender_id,
+                          display_name=inbound.sender_name[:200], username=inbound.username[:100])
+        if not _insert(contact, ("channel_id", "platform_id")):
+            contact.pk = Contact.objects.filter(channel=channel, platform_id=inbound.sender_id).values_list(
+                "pk", flat=True).get()
+        _insert(Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
+                             contact_id=contact.pk, is_group=inbound.is_group),
+                ("channel_id", "chat_id", "sender_id"))
 
 
 def _overflowed(conversation, message):
@@ -360,30 +361,36 @@ def _store_once(channel, conversation, inbound, now, command, buffer, dispositio
     return message if _insert_unless_admitted(message) else None
 
 
-@functools.cache
-def _insert_sql():
-    fields = [f for f in InboundMessage._meta.concrete_fields if not f.primary_key]
+def _insert_unless_admitted(message) -> bool:
+    return _insert(message, ("channel_id", "platform_message_id"))
+
+
+@functools.lru_cache(maxsize=8)  # one entry per (model, conflict target) the code inserts
+def _insert_sql(model, conflict):
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
+    on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
     sql = (
-        f"INSERT INTO {quote(InboundMessage._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
-        f"ON CONFLICT ({quote('channel_id')}, {quote('platform_message_id')}) DO NOTHING RETURNING {quote('id')}"
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}){on_conflict} RETURNING {quote('id')}"
     )
     return sql, fields
 
 
-def _insert_unless_admitted(message) -> bool:
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id (SQLite ≥ 3.35 and PostgreSQL):
-    one statement, no savepoint, and no exception to unwind for a duplicate."""
-    sql, fields = _insert_sql()
-    params = [f.get_db_prep_save(f.pre_save(message, True), connection) for f in fields]
+def _insert(instance, conflict=()) -> bool:
+    """INSERT [… ON CONFLICT (conflict) DO NOTHING] RETURNING id (SQLite ≥ 3.35 and
+    PostgreSQL): one statement, no savepoint, and no exception to unwind for a
+    duplicate; False when the row already existed. Plain SQL: on the hot path the ORM's
+    save() cost more than the statement."""
+    sql, fields = _insert_sql(type(instance), conflict)
+    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return False
-    message.pk = row[0]
-    message._state.adding = False
+    instance.pk = row[0]
+    instance._state.adding, instance._state.db = False, connection.alias
     return True
 
 
@@ -426,7 +433,8 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
             buffer = _reread_open_buffer(channel, conversation, inbound, now, carried)
     if buffer is None:
         fields = _planned(channel, inbound, now, now, 1, carried)
-        buffer = MessageBuffer.objects.create(conversation=conversation, first_message_at=now, **fields)
+        buffer = MessageBuffer(conversation=conversation, first_message_at=now, **fields)
+        _insert(buffer)
     if message.buffer_id != buffer.pk:
         InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
     return buffer
