@@ -184,6 +184,17 @@ class Scenario:
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
+    def spread(self, asked, start, over):
+        """Deliver each question in its own thread, evenly over `over` seconds from
+        `start` (monotonic); returns the threads."""
+        senders = []
+        for i, (chat_id, question) in enumerate(asked.items()):
+            time.sleep(max(0.0, start + i * over / len(asked) - time.monotonic()))
+            sender = threading.Thread(target=self.deliver, args=(chat_id, question))
+            sender.start()
+            senders.append(sender)
+        return senders
+
     def replies(self, chat_id):
         return [(c.params["text"], c.wall) for c in self.fake.calls("sendMessage", self.token)
                 if int(c.params["chat_id"]) == chat_id]
@@ -273,12 +284,7 @@ class Scenario:
 
         restarter = threading.Thread(target=database)
         restarter.start()
-        senders = []
-        for i, (chat_id, question) in enumerate(asked.items()):
-            time.sleep(max(0.0, start + i * over / chats - time.monotonic()))
-            sender = threading.Thread(target=self.deliver, args=(chat_id, question))
-            sender.start()
-            senders.append(sender)
+        senders = self.spread(asked, start, over)
         restarter.join()
         for sender in senders:
             sender.join()
@@ -345,12 +351,7 @@ class Scenario:
         thread = threading.Thread(target=killer)
         thread.start()
         offset = self.log_offset()
-        senders = []
-        for i, (chat_id, question) in enumerate(asked.items()):
-            time.sleep(max(0.0, start + i * over / chats - time.monotonic()))
-            sender = threading.Thread(target=self.deliver, args=(chat_id, question))
-            sender.start()
-            senders.append(sender)
+        senders = self.spread(asked, start, over)
         thread.join()
         back = time.time()
         for sender in senders:
