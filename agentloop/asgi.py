@@ -14,6 +14,9 @@ from django.urls import path  # noqa: E402
 
 from agentloop import consumers  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
+from agentloop.twisted_tuning import cache_content_type_parsing  # noqa: E402
+
+cache_content_type_parsing()
 
 if settings.AGENTLOOP_SERVE_STATIC:
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler

@@ -436,8 +436,17 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
         buffer = MessageBuffer(conversation=conversation, first_message_at=now, **fields)
         _insert(buffer)
     if message.buffer_id != buffer.pk:
-        InboundMessage.objects.filter(pk=message.pk).update(buffer=buffer)
+        _set_buffer(message, buffer)
     return buffer
+
+
+def _set_buffer(message, buffer):
+    """The message joins `buffer` (plain SQL: the ORM's update cost more than the statement)."""
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {quote(InboundMessage._meta.db_table)} SET {quote('buffer_id')} = %s "
+                       f"WHERE {quote('id')} = %s", [buffer.pk, message.pk])
+    message.buffer_id = buffer.pk
 
 
 def _reread_open_buffer(channel, conversation, inbound, now, carried):

@@ -19,10 +19,18 @@ from django.core.management.base import BaseCommand
 def processes(host, port):
     python = sys.executable
     return {
-        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "agentloop.asgi:application"],
+        # No access log line per request unless ACCESS_LOG=true: like the routine INFO
+        # lines silenced in settings.LOGGING, it cost the web process a formatted write
+        # per webhook POST (daphne's default, --verbosity 1, writes one to stdout).
+        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "--verbosity", "1" if access_log() else "0",
+                "agentloop.asgi:application"],
         "worker": [python, "manage.py", "runloop"],
         "tasks": [python, "manage.py", "qcluster"],
     }
+
+
+def access_log():
+    return os.environ.get("ACCESS_LOG", "").lower() in ("1", "true", "yes", "on")
 
 
 # Seconds each process gets to stop. The worker hands its running turns back; the
