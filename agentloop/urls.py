@@ -15,6 +15,7 @@ admin.site.index_title = "Operations"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", console_views.dashboard, name="console-dashboard"),
+    path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),

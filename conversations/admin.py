@@ -135,6 +135,7 @@ class ConversationAdmin(admin.ModelAdmin):
         if not obj.pk:
             return "—"
         links = [
+            format_html('<a href="{}">the whole story, in time order</a>', reverse("console-story", args=[obj.pk])),
             changelist_link("conversations_inboundmessage", "messages", conversation__id__exact=obj.pk),
             changelist_link("delivery_outboundmessage", "ledger rows", conversation__id__exact=obj.pk),
             changelist_link("tools_actionclaim", "action claims", conversation_id=obj.pk),

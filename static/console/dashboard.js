@@ -10,6 +10,10 @@
   const REASONS = {window: "window closed", max_wait: "max wait reached", max_messages: "max messages reached",
                    media: "media / non-text", control: "control command"};
   let picture = null;
+  // A conversation's whole story (the page under /console/conversations/<id>/story/).
+  const STORY = JSON.parse(document.getElementById("admin-links").textContent).story;
+  const story = (id) => id == null ? null
+    : el("a", {href: STORY.replace("/0/", `/${encodeURIComponent(id)}/`), class: "story-link", title: "the whole story"}, "story");
 
   const socket = C.connect(root.dataset.socket, {
     status: (text, kind) => C.setStatus(status, text, kind),
@@ -35,12 +39,12 @@
     picture = data;
     C.syncClock(data.now);
     section("buffers", data.buffers).replaceChildren(...data.buffers.map((b) => el("tr", {"data-flush-at": b.flush_at, "data-window": b.window_seconds},
-      el("td", {}, C.link("conversation", b.conversation, `${b.contact} @ ${b.channel}`)),
+      el("td", {}, C.link("conversation", b.conversation, `${b.contact} @ ${b.channel}`), " ", story(b.conversation)),
       el("td", {}, String(b.messages)),
       el("td", {}, `${b.window_seconds} s`, b.window_kind ? el("span", {class: "muted"}, ` ${b.window_kind}`) : null),
       el("td", {class: "countdown"}, el("span", {class: "seconds"}), el("span", {class: "bar"}, el("span", {class: "bar-fill"}))))));
     section("turns", data.turns).replaceChildren(...data.turns.map((t) => el("tr", {},
-      el("td", {}, C.link("turn", t.turn, `#${t.turn}`), " ", el("span", {class: "muted"}, t.channel)),
+      el("td", {}, C.link("turn", t.turn, `#${t.turn}`), " ", el("span", {class: "muted"}, t.channel), " ", story(t.conversation)),
       el("td", {}, t.agent),
       el("td", {}, el("span", {class: `pill pill-${t.state === "running" ? "ok" : "wait"}`}, t.state),
         t.fired_effect ? el("span", {class: "pill pill-effect", title: "an effect fired: never cancelled"}, "effect") : null),
@@ -89,11 +93,11 @@
   function describe(e) {
     if (e.kind === "message") {
       const wait = e.disposition === "buffered" ? `buffered, window ${e.window_seconds} s` : e.disposition;
-      return [C.link("conversation", e.conversation, `${e.contact} @ ${e.channel}`), `: “${e.text}” (${wait})`];
+      return [C.link("conversation", e.conversation, `${e.contact} @ ${e.channel}`), `: “${e.text}” (${wait}) `, story(e.conversation)];
     }
     if (e.kind === "turn") {
       const what = e.reply !== undefined ? `${e.state}${e.reply ? `: “${e.reply.slice(0, 80)}”` : ""}` : `${e.state} (${REASONS[e.reason] || e.reason})`;
-      return [C.link("turn", e.turn, `turn #${e.turn}`), ` ${what}`];
+      return [C.link("turn", e.turn, `turn #${e.turn}`), ` ${what} `, story(e.conversation)];
     }
     if (e.kind === "audit") {
       return [C.link(e.event === "duplicate_prevented" ? "duplicate" : "event", e.id, e.label), e.summary ? `: ${e.summary}` : ""];

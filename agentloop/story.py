@@ -1,0 +1,372 @@
+"""A conversation's whole story, in time order, for the person asking "why did the bot
+do that?": each admitted message and the window it got, each flush and its reason, each
+turn (with the double-texting decisions around it), each guarded tool call (claim,
+caught duplicate, proposal and who decided it), each ledger row and the audit events.
+
+It reads every app's tables, so it lives here, above them (nothing imports it but the
+console's views). One page is at most PAGE_SIZE entries, newest page first; each source
+is asked for at most PAGE_SIZE rows older than the cursor, so a page costs one query per
+source whatever the length of the conversation. Every text shown passes through
+`redact`, with the channel's own secrets added.
+
+What is not stored, and therefore not shown: a duplicate delivery refused by the inbound
+dedup (the unique constraint refuses it and the webhook answers `duplicate: true`; no row
+or event is written per delivery), the tools a model was offered and its read-only or
+unguarded calls (only guarded calls leave a claim), and each send attempt of a ledger row
+(the row keeps its count, its last outcome and last error).
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Q
+from django.db.models.functions import Coalesce
+from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+
+from audit.models import AuditEvent, EventKind
+from audit.redaction import channel_secrets, redact, redact_payload
+from conversations import windows
+from conversations.models import (
+    BufferState, ContextNote, Conversation, Disposition, InboundMessage, MessageBuffer, Turn,
+)
+from delivery.models import OutboundMessage
+from tools.models import ActionClaim
+
+PAGE_SIZE = 200
+TEXT_LIMIT = 2000  # a merged input or reply longer than this is cut on the page (the admin has it whole)
+# The double-texting decisions the ingest audits (enqueue, the default, leaves no event).
+DOUBLE_TEXTING = {EventKind.MESSAGE_REJECTED, EventKind.TURN_INTERRUPTED, EventKind.TURN_ROLLED_BACK,
+                  EventKind.STRATEGY_FELL_BACK}
+
+
+@dataclass
+class Entry:
+    at: datetime
+    rank: int  # the source's place among entries of the same instant
+    pk: int
+    kind: str
+    title: str
+    text: str = ""
+    details: list = field(default_factory=list)  # (label, value) pairs
+    links: list = field(default_factory=list)  # (label, admin model, pk)
+
+    @property
+    def key(self):
+        return (self.at, self.rank, self.pk)
+
+    def cursor(self) -> str:
+        return f"{self.at.isoformat()}~{self.rank}~{self.pk}"
+
+
+@dataclass
+class Page:
+    conversation: Conversation
+    entries: list  # oldest first
+    earlier: str | None  # the cursor of the page before this one, if any
+    newest: bool
+
+
+def parse_cursor(value):
+    """(time, rank, pk) from a cursor, or None for the newest page (or a mangled cursor)."""
+    try:
+        at, rank, pk = (value or "").split("~")
+        at = parse_datetime(at)
+        return (at, int(rank), int(pk)) if at else None
+    except ValueError:
+        return None
+
+
+def page(conversation_id, before=None, size=PAGE_SIZE) -> Page:
+    """The `size` entries just older than `before` (a cursor), oldest first."""
+    conversation = Conversation.objects.select_related("channel", "contact").get(pk=conversation_id)
+    cursor = parse_cursor(before)
+    story = _Story(conversation, size)
+    entries = []
+    for rank, source in enumerate(SOURCES):
+        entries += source(story, _older(cursor, rank, source.time_field), rank)
+    entries.sort(key=lambda e: e.key, reverse=True)
+    shown = sorted(entries[:size], key=lambda e: e.key)
+    story.annotate(shown)
+    earlier = shown[0].cursor() if len(entries) > size else None
+    return Page(conversation, shown, earlier, cursor is None)
+
+
+def _older(cursor, rank, time_field):
+    """Rows of the source with this rank that sort before the cursor (time, rank, pk)."""
+    if cursor is None:
+        return Q()
+    at, cursor_rank, pk = cursor
+    if rank < cursor_rank:
+        return Q(**{f"{time_field}__lte": at})
+    if rank == cursor_rank:
+        return Q(**{f"{time_field}__lt": at}) | Q(**{time_field: at, "pk__lt": pk})
+    return Q(**{f"{time_field}__lt": at})
+
+
+class _Story:
+    """One page's reading of one conversation: its secrets and its channel's settings."""
+
+    def __init__(self, conversation, size):
+        self.conversation = conversation
+        self.size = size
+        self.secrets = channel_secrets(conversation.channel)
+        self.settings = conversation.channel.debounce_settings()
+
+    def redact(self, text, limit=TEXT_LIMIT):
+        text = redact(text, self.secrets)
+        return text if len(text) <= limit else text[:limit] + "…"
+
+    def latest(self, queryset, time_field, condition):
+        return list(queryset.filter(condition).order_by(f"-{time_field}", "-pk")[:self.size])
+
+    def annotate(self, entries):
+        """What one entry says about another on the same page: a message that arrived
+        while a turn ran."""
+        running = [(e.started, e.finished, e.pk) for e in entries if e.kind == "turn" and e.started]
+        for entry in entries:
+            if entry.kind != "message":
+                continue
+            during = [pk for start, end, pk in running if start <= entry.at and (end is None or entry.at < end)]
+            if during:
+                entry.details.append(("Double texting", f"arrived while turn {during[0]} ran; channel strategy "
+                                                         f"{self.conversation.channel.double_texting}"))
+
+
+def _seconds(start, end):
+    return f"{(end - start).total_seconds():.3f} s" if start and end else "—"
+
+
+def _iso(value):
+    return value.isoformat(timespec="microseconds") if value else "—"
+
+
+# --- the sources, each one query --------------------------------------------------------------
+
+
+def _messages(story, older, rank):
+    rows = story.latest(InboundMessage.objects.filter(conversation=story.conversation)
+                        .select_related("buffer"), "received_at", older)
+    return [_message_entry(story, m, rank) for m in rows]
+_messages.time_field = "received_at"
+
+
+def _message_entry(story, m, rank):
+    details = [("Platform id", m.platform_message_id), ("Kind", m.get_kind_display()),
+               ("Disposition", m.get_disposition_display())]
+    if m.sender_name:
+        details.append(("Sender", story.redact(m.sender_name, 200)))
+    if m.sent_at:
+        details.append(("Sent by the platform", f"{_iso(m.sent_at)} (admitted {_seconds(m.sent_at, m.received_at)} "
+                                                f"later)"))
+    if m.buffer_id and m.disposition == Disposition.BUFFERED:
+        details.append(("Window", _window(story, m)))
+    links = [("message", "conversations.inboundmessage", m.pk)]
+    if m.buffer_id:
+        links.append((f"buffer {m.buffer_id}", "conversations.messagebuffer", m.buffer_id))
+    text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
+    return Entry(m.received_at, rank, m.pk, "message", f"Message admitted from {m.sender_name or 'the contact'}",
+                 story.redact(text), details, links)
+
+
+def _window(story, m):
+    """The window this message got. The buffer stores the window of its last message;
+    for the earlier ones it is recomputed from the text with the channel's settings."""
+    buffer = m.buffer
+    if buffer.last_message_at == m.received_at and buffer.window_kind:
+        return (f"{buffer.window_kind}, {buffer.window_seconds:g} s (stored on buffer {buffer.pk}); "
+                f"planned flush: {buffer.get_planned_reason_display()} at {_iso(buffer.flush_at)}")
+    if m.media_type:
+        return "media: flushes at once"
+    kind = windows.classify(m.text, story.settings)
+    return (f"{kind}, {story.settings.seconds(kind):g} s — re-armed by a later message (recomputed from the text "
+            f"with the channel's current settings)")
+
+
+def _buffers(story, older, rank):
+    # An open buffer has no flush yet: it stands at its last message.
+    rows = story.latest(MessageBuffer.objects.filter(conversation=story.conversation)
+                        .annotate(story_at=Coalesce("flushed_at", "last_message_at")), "story_at", older)
+    return [_buffer_entry(story, b, rank) for b in rows]
+_buffers.time_field = "story_at"
+
+
+def _buffer_entry(story, b, rank):
+    details = [("Messages", b.message_count), ("First message", _iso(b.first_message_at)),
+               ("Last message", _iso(b.last_message_at)),
+               ("Last window", f"{b.window_kind or '—'}, {b.window_seconds:g} s"),
+               ("Deadline", _iso(b.flush_at))]
+    if b.state == BufferState.OPEN:
+        title = f"Buffer open: flushes at {_iso(b.flush_at)} ({b.get_planned_reason_display()})"
+    elif b.state == BufferState.FLUSHED:
+        title = f"Buffer flushed: {b.get_flush_reason_display() or b.flush_reason}"
+        details += [("Waited", f"{_seconds(b.first_message_at, b.flushed_at)} after the first message, "
+                               f"{_seconds(b.last_message_at, b.flushed_at)} after the last"),
+                    ("Flushed by", b.flushed_by or "—")]
+    else:
+        title = "Buffer dropped (/stop or /reset)"
+    if b.carried_turn_id:
+        details.append(("Carries", f"the input of cancelled turn {b.carried_turn_id} (interrupt)"))
+    return Entry(b.story_at, rank, b.pk, "buffer", title, "", details,
+                 [(f"buffer {b.pk}", "conversations.messagebuffer", b.pk)])
+
+
+def _turns(story, older, rank):
+    rows = story.latest(Turn.objects.filter(conversation=story.conversation), "created_at", older)
+    return [_turn_entry(story, t, rank) for t in rows]
+_turns.time_field = "created_at"
+
+
+def _turn_entry(story, t, rank):
+    details = [("State", t.get_state_display()), ("Flush reason", t.get_flush_reason_display()),
+               ("Started", f"{_iso(t.started_at)} (waited {_seconds(t.created_at, t.started_at)})"),
+               ("Finished", f"{_iso(t.finished_at)} (ran {_seconds(t.started_at, t.finished_at)})"),
+               ("Worker", t.owner or "—"), ("Attempts", t.attempts),
+               ("Fired an effect", f"yes, at {_iso(t.effect_fired_at)} (never interrupted after)"
+                if t.fired_effect else "no")]
+    if t.outcome:
+        details.append(("Outcome", story.redact(t.outcome, 300)))
+    if t.reply_text:
+        details.append(("Reply", story.redact(t.reply_text)))
+    links = [(f"turn {t.pk}", "conversations.turn", t.pk)]
+    if t.buffer_id:
+        links.append((f"buffer {t.buffer_id}", "conversations.messagebuffer", t.buffer_id))
+    entry = Entry(t.created_at, rank, t.pk, "turn", f"Turn {t.pk}: {t.get_state_display()}",
+                  story.redact(t.merged_input), details, links)
+    entry.started, entry.finished = t.started_at, t.finished_at
+    return entry
+
+
+def _claims(story, older, rank):
+    rows = story.latest(ActionClaim.objects.filter(conversation_id=story.conversation.pk)
+                        .select_related("proposal"), "created_at", older)
+    return [_claim_entry(story, c, rank) for c in rows]
+_claims.time_field = "created_at"
+
+
+def _claim_entry(story, c, rank):
+    details = [("State", c.get_state_display()), ("Claimed by", c.owner or "—"),
+               ("Fingerprint", f"{c.fingerprint[:12]}… of {', '.join(c.fingerprint_fields) or 'all arguments'}"),
+               ("Arguments", _json(story, c.arguments)),
+               ("Window ends", _iso(c.expires_at)),
+               ("Finished", f"{_iso(c.finished_at)} ({_seconds(c.created_at, c.finished_at)})")]
+    if c.result is not None:
+        details.append(("Result", _json(story, c.result)))
+    if c.error:
+        details.append(("Error", story.redact(c.error, 300)))
+    if c.duplicates_caught:
+        details.append(("Duplicates caught", f"{c.duplicates_caught} (this claim is their original)"))
+    links = [(f"claim {c.pk}", "tools.actionclaim", c.pk)]
+    proposal = getattr(c, "proposal", None)  # select_related: no query
+    if proposal is not None:
+        decided = (f"{proposal.get_state_display()} by {proposal.decided_by} at {_iso(proposal.decided_at)}"
+                   if proposal.decided_by else f"{proposal.get_state_display()} (expires {_iso(proposal.expires_at)})")
+        details.append(("Proposal", decided))
+        if proposal.error:
+            details.append(("Proposal error", story.redact(proposal.error, 300)))
+        links.append((f"proposal {proposal.pk}", "tools.proposal", proposal.pk))
+    title = f"Guard: {c.action} claimed" if proposal is None else f"Guard: {c.action} proposed for approval"
+    return Entry(c.created_at, rank, c.pk, "claim", title, "", details, links)
+
+
+def _json(story, value):
+    import json
+
+    return story.redact(json.dumps(redact_payload(value), ensure_ascii=False, default=str), 600)
+
+
+def _ledger(story, older, rank):
+    rows = story.latest(OutboundMessage.objects.filter(conversation=story.conversation), "created_at", older)
+    return [_ledger_entry(story, r, rank) for r in rows]
+_ledger.time_field = "created_at"
+
+
+def _ledger_entry(story, r, rank):
+    details = [("State", r.get_state_display()),
+               ("Attempts", f"{r.attempts} (flood waits {r.flood_waits}, operator resends {r.extra_resends})"),
+               ("Last outcome", r.get_last_outcome_display() or "—"),
+               ("Recovery marker", "yes: the latest attempt carried '♻️ Recovered reply'"
+                if r.needs_marker else "no"),
+               ("Last claimed", _iso(r.claimed_at)),
+               ("Delivered", f"{_iso(r.delivered_at)} ({_seconds(r.created_at, r.delivered_at)} after written)"),
+               ("Platform message id", r.platform_message_id or "—")]
+    if r.last_error:
+        details.append(("Last error", story.redact(r.last_error, 300)))
+    if r.next_attempt_at and r.state in OutboundMessage.OPEN:
+        details.append(("Next attempt", _iso(r.next_attempt_at)))
+    links = [(f"ledger row {r.pk}", "delivery.outboundmessage", r.pk)]
+    if r.turn_id:
+        links.append((f"turn {r.turn_id}", "conversations.turn", r.turn_id))
+    return Entry(r.created_at, rank, r.pk, "ledger", f"Ledger: {r.get_kind_display()} written, "
+                 f"{r.get_state_display()}", story.redact(r.text), details, links)
+
+
+def _events(story, older, rank):
+    rows = story.latest(AuditEvent.objects.filter(conversation_id=story.conversation.pk), "at", older)
+    return [_event_entry(story, e, rank) for e in rows]
+_events.time_field = "at"
+
+
+def _event_entry(story, e, rank):
+    extra = e.extra or {}
+    details = [("Actor", story.redact(e.actor, 100) or "—"), ("Target", e.target or "—")]
+    details += [(name, _json(story, value) if isinstance(value, (dict, list)) else story.redact(str(value), 300))
+                for name, value in sorted(extra.items())]
+    links = [(f"event {e.pk}", "audit.auditevent", e.pk)]
+    if extra.get("original_claim"):
+        links.append((f"original: claim {extra['original_claim']}", "tools.actionclaim", extra["original_claim"]))
+    kind = "double_texting" if e.kind in DOUBLE_TEXTING else "audit"
+    label = EventKind(e.kind).label if e.kind in EventKind.values else e.kind
+    return Entry(e.at, rank, e.pk, kind, f"Audit: {label}", story.redact(e.summary, 300), details, links)
+
+
+def _notes(story, older, rank):
+    rows = story.latest(ContextNote.objects.filter(conversation=story.conversation), "created_at", older)
+    return [Entry(n.created_at, rank, n.pk, "note", "Note for the agent's next turn", story.redact(n.text), [],
+                  [(f"note {n.pk}", "conversations.contextnote", n.pk)]) for n in rows]
+_notes.time_field = "created_at"
+
+
+# In this order within the same instant: what arrived, what it flushed, what ran, what it did.
+SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes]
+
+
+# --- how a page is handed out -------------------------------------------------------------------
+
+
+def admin_url(model_label, pk):
+    app, model = model_label.split(".")
+    return reverse(f"admin:{app}_{model}_change", args=[pk])
+
+
+def as_dict(entry, can_view=lambda label: True) -> dict:
+    """One entry as the page and the JSON download show it: links only to the rows the
+    reader may open."""
+    return {
+        "at": _iso(entry.at), "kind": entry.kind, "id": entry.pk, "title": entry.title, "text": entry.text,
+        "details": [{"label": label, "value": str(value)} for label, value in entry.details],
+        "links": [{"label": label, "url": admin_url(model, pk) if can_view(model) else None}
+                  for label, model, pk in entry.links],
+    }
+
+
+def as_json(page_, can_view=lambda label: True) -> dict:
+    c = page_.conversation
+    return {
+        "conversation": {"id": c.pk, "channel": c.channel.slug, "contact": redact(str(c.contact), channel_secrets(
+            c.channel)), "chat_id": c.chat_id, "double_texting": c.channel.double_texting},
+        "entries": [as_dict(e, can_view) for e in page_.entries],
+        "earlier": page_.earlier,
+        "not_recorded": NOT_RECORDED,
+    }
+
+
+NOT_RECORDED = [
+    "Duplicate deliveries refused by the inbound dedup: the unique constraint refuses them and the webhook "
+    "answers 200 with duplicate: true; no row or event is written per delivery.",
+    "The tools offered to each model request and its read-only or unguarded calls: only guarded calls leave "
+    "a claim (shown).",
+    "Each send attempt of a ledger row: the row keeps the count, the last outcome and the last error (shown).",
+    "The window of a message that was not its buffer's last is recomputed from its text with the channel's "
+    "current settings (the buffer stores the window of its last message only).",
+]
