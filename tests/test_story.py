@@ -274,3 +274,35 @@ def test_five_thousand_messages_page_by_page_within_a_bounded_number_of_queries(
         print(f"\nstory of {InboundMessage.objects.count()} messages ({total} entries): newest HTML page "
               f"{html_seconds * 1000:.0f} ms; JSON pages median {sorted(timings)[len(timings) // 2] * 1000:.0f} ms, "
               f"max {max(timings) * 1000:.0f} ms over {pages} pages")
+
+
+@pytest.mark.e2e
+def test_the_dashboard_links_to_the_story_in_a_browser(processes, browser, make_channel, fake_telegram):
+    """An auditor watching the dashboard follows a message's "story" link to the page
+    (the README's screenshot)."""
+    from tests.browser import assert_no_console_errors, page_for, screenshot
+
+    telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
+    call_command("createuser", "audrey", "--role", "auditor", "--password", "pw-audrey-story-1",
+                 stdout=io.StringIO())
+    web, _ = processes.web(), processes.worker(**AGENT)
+    page = page_for(browser, web.url, "audrey", "pw-audrey-story-1")
+    page.goto("/console/")
+    page.wait_for_selector("#connection.pill-ok")
+
+    first = send(web, "tg", 101, "Confirmo las horas de psicología.")
+    fake_telegram.wait_for("sendMessage", timeout=15)
+    deliver_again(web, first)
+    send(web, "tg", 101, "Agéndame las horas en mi calendario.")
+    fake_telegram.wait_for("sendMessage", count=2, timeout=15)
+
+    page.locator("#feed li", has_text="Duplicate prevented").wait_for()
+    page.locator("#feed li", has_text="Confirmo las horas").locator("a.story-link").click()
+    page.wait_for_url("**/console/conversations/*/story/")
+    page.locator(".story-entry.story-audit", has_text="Duplicate prevented").wait_for()
+    kinds = page.locator(".story-entry").evaluate_all("nodes => nodes.map(n => n.dataset.kind)")
+    assert {"message", "buffer", "turn", "claim", "ledger", "audit"} <= set(kinds)
+    assert TOKEN not in page.content() and SECRET not in page.content()
+    page.set_viewport_size({"width": 1280, "height": 1400})
+    screenshot(page, "story")
+    assert_no_console_errors(page)
