@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 TELEGRAM_PATH = re.compile(r"/webhooks/telegram/([-a-zA-Z0-9_]+)/")
 SECRET_HEADER = views.SECRET_HEADER.lower().encode("latin-1")
 MAX_BATCH = 64
+POSTGRES_ADMITTERS = 4
 # An idle connection may have died (a database restart); it is checked before use.
 IDLE_CHECK_SECONDS = 1.0
 
@@ -49,45 +50,57 @@ SERVER_ERROR = views.Answer(500, {"ok": False, "error": "internal server error"}
 
 
 class Admitter:
-    """The thread that prepares and admits the lean path's requests, in batches."""
+    """The threads that prepare and admit the lean path's requests, in batches: one on
+    SQLite (its writers take turns anyway), a few on PostgreSQL, where a batch mostly
+    waits for the server's answers."""
 
     def __init__(self):
         self.requests = queue.SimpleQueue()
-        self.thread = None
+        self.threads = []
         self.started = threading.Lock()
-        self.last_used = 0.0
 
     async def answer(self, slug, secret, body) -> views.Answer:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._start()
+        if not self.threads:
+            self._start()
         self.requests.put((slug, secret, body, loop, future))
         return await future
 
     def _start(self):
-        if self.thread is None:
-            with self.started:
-                if self.thread is None:
-                    self.thread = threading.Thread(target=self._run, name="lean-admitter", daemon=True)
-                    self.thread.start()
+        with self.started:
+            if not self.threads:
+                count = 1 if connection.vendor == "sqlite" else POSTGRES_ADMITTERS
+                self.threads = [threading.Thread(target=self._run, name=f"lean-admitter-{i}", daemon=True)
+                                for i in range(count)]
+                for thread in self.threads:
+                    thread.start()
 
     def stop(self):
-        """End the thread (after the requests already queued) and close its connection."""
+        """End the threads (after the requests already queued) and close their connections."""
         with self.started:
-            thread, self.thread = self.thread, None
-        if thread is not None:
+            threads, self.threads = self.threads, []
+        for _ in threads:
             self.requests.put(None)
+        for thread in threads:
             thread.join()
 
     def _run(self):
+        last_used = 0.0
         try:
             while (batch := self._next_batch()) is not None:
+                if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
+                    close_broken_connection()
                 answers = self._answer_batch([item[:3] for item in batch])
+                last_used = time.monotonic()
                 by_loop = {}
                 for (*_, loop, future), answer in zip(batch, answers):
                     by_loop.setdefault(loop, []).append((future, answer))
                 for loop, pairs in by_loop.items():
-                    loop.call_soon_threadsafe(_resolve, pairs)
+                    try:
+                        loop.call_soon_threadsafe(_resolve, pairs)
+                    except RuntimeError:  # that loop is closed (shutting down): nobody waits
+                        pass
         finally:
             connection.close()
 
@@ -107,14 +120,10 @@ class Admitter:
         return batch
 
     def _answer_batch(self, batch):
-        if time.monotonic() - self.last_used > IDLE_CHECK_SECONDS:
-            close_broken_connection()
         try:
             return self._prepare_and_admit(batch)
         except Exception as exc:  # the batch as a whole: the database is away, or a bug
             return [_failure(exc)] * len(batch)
-        finally:
-            self.last_used = time.monotonic()
 
     def _prepare_and_admit(self, batch):
         answers, admissions = [None] * len(batch), []
@@ -131,10 +140,18 @@ class Admitter:
                 admissions.append((i, prepared))
         if not admissions:
             return answers
+        # Conversations locked in one order by every batch, so concurrent batches never
+        # wait for each other in a cycle (a stable sort: a conversation's own messages
+        # keep their order).
+        admissions.sort(key=lambda item: _conversation_key(*item[1]))
         results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
         for (i, _), result in zip(admissions, results):
             answers[i] = _failure(result) if isinstance(result, Exception) else views.telegram_admitted(result)
         return answers
+
+
+def _conversation_key(channel, inbound):
+    return channel.pk, inbound.chat_id, inbound.sender_id
 
 
 def _failure(exc) -> views.Answer:

@@ -107,6 +107,10 @@ def report(name, line):
     print(f"[{name}] {line}", flush=True)
 
 
+def met(ok):
+    return "met" if ok else "NOT MET"
+
+
 def percentile(values, p):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
@@ -144,7 +148,8 @@ def bench_ingest(n=3000, rounds=5):
         stop(proc)
     ref, rate = statistics.median(r["rate"] for r in bare), statistics.median(r["rate"] for r in ours)
     report("ingest", f"{rate:.0f} msg/s through webhook -> dedup -> buffer vs {ref:.0f} req/s for a bare "
-           f"one-INSERT view on the same server and database: ratio {rate / ref:.2f} (target >= 0.8); "
+           f"one-INSERT view on the same server and database: ratio {rate / ref:.2f} "
+           f"(target >= 1.5: {met(rate / ref >= 1.5)}); "
            f"median of {rounds} rounds x {n} requests, 16 keep-alive clients, 200 conversations; "
            f"{admitted} messages stored, {errors} errors")
 
@@ -192,7 +197,8 @@ def bench_flush(conversations=1000, seconds=10.0):
         floor_ms = [x * 1000 for x in timer_floor()]
         report("flush", f"lateness p50 {percentile(late_ms, 50):.1f} ms, p99 {percentile(late_ms, 99):.1f} ms, "
                f"max {max(late_ms):.1f} ms over {len(buffers)} bursts arriving in {seconds:.0f} s "
-               f"(target p99 <= 20 ms); {lost} lost, {double} double-flushed; reference: a bare thread "
+               f"(target p99 <= 10 ms: {met(percentile(late_ms, 99) <= 10)}); {lost} lost, {double} double-flushed; "
+               f"reference: a bare thread "
                f"sleeping to known deadlines wakes p99 {percentile(floor_ms, 99):.2f} ms late")
         bench_flush_instant(channel, proc)
     finally:
@@ -260,7 +266,7 @@ def bench_turns(count=500, agent_seconds=1.0):
             stop(proc)
     report("turns", f"{count} conversations flushing together into a {agent_seconds:.0f} s agent, replies sent "
            f"to a local Bot API server: {many:.2f} s wall vs {single:.2f} s for a single turn: "
-           f"{many / single:.2f}x (target <= 2x)")
+           f"{many / single:.2f}x (target <= 1.5x: {met(many / single <= 1.5)})")
 
 
 def timeline(fake):
@@ -352,12 +358,12 @@ def bench_latency(conversations=200, warmup=20):
     OpenAI-compatible server, minus the debounce window the message got. 200
     conversations, one message each ("¿…?": the 1.2 s window), after 20 warm-up
     conversations (not counted: the first turns of a fresh process pay for imports,
-    connections and cold caches). Measured at two loads: 10 new conversations a second
-    (the target's figure) and 50 a second (a stress figure: on 2 cores the web server,
-    the worker, the fake model and the load generator then compete for the CPU)."""
-    for rate, label in ((10, "target"), (50, "stress")):
+    connections and cold caches). Measured at two loads, 10 and 50 new conversations a
+    second, with one target for both (issue 12): at 50 a second the web server, the
+    worker, the fake model and the load generator compete for the 2 cores."""
+    for rate in (10, 50):
         added, window = _measure_latency(conversations, warmup, rate)
-        verdict = "(target p99 <= 30 ms)" if label == "target" else "(stress load; no target)"
+        verdict = f"(target p99 <= 30 ms: {met(percentile(added, 99) <= 30)})"
         report(f"latency@{rate}/s",
                f"last inbound message -> model request, minus the window, {rate} new conversations/s: "
                f"p50 {percentile(added, 50):.1f} ms, p99 {percentile(added, 99):.1f} ms, max {max(added):.1f} ms "
