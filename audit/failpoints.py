@@ -30,6 +30,13 @@ POINTS = (
     "approval.between_steps",  # an operator's Apply: the claim taken; the effect not run
 )
 
+# Per chunk of a long reply (only replies over the platform's limit cross them, so the
+# crash matrix's short replies do not; tests/test_chunks.py arms them, `@N` = chunk N).
+CHUNK_POINTS = (
+    "ledger.after_chunk_send",  # chunk N sent; its delivery not recorded
+    "ledger.after_chunk",  # chunk N's delivery recorded; chunk N+1 not started
+)
+
 
 def parse(value: str) -> dict[str, int]:
     """"a,b@3" → {"a": 1, "b": 3}: which hit of each point kills."""

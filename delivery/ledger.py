@@ -38,7 +38,7 @@ from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
 from audit.redaction import redact
-from delivery import console
+from delivery import chunks, console
 from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import SendResult, Target, transport_for
@@ -46,6 +46,7 @@ from delivery.transports import SendResult, Target, transport_for
 log = logging.getLogger(__name__)
 
 RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"
+PREFIX_UNITS = chunks.units(RECOVERY_PREFIX)
 MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)
@@ -78,7 +79,21 @@ def _row(reply: Reply) -> OutboundMessage:
     conversation = reply.conversation
     return OutboundMessage(conversation=conversation, channel=conversation.channel,
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
+                           chunks=split_for(conversation.channel, reply.text),
                            reply_target=reply.reply_target, thread_id=reply.thread_id)
+
+
+def split_for(channel, text) -> list:
+    """The chunks a reply is sent in on this channel's platform, [] when it fits in one.
+    Each leaves room for the recovery prefix, which any chunk may have to carry."""
+    limit = transport_for(channel).max_units
+    if limit is None or chunks.units(text) <= limit - PREFIX_UNITS:
+        return []
+    return chunks.split(text, limit - PREFIX_UNITS)
+
+
+def parts(row) -> list:
+    return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 
 def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id=""):
@@ -140,15 +155,22 @@ def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=No
 def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
     """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
     under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
-    the row's attempts before it (SQL evaluates SET expressions on the old row)."""
+    the row before it (SQL evaluates SET expressions on the old row): the chunk the send
+    resumes at is labelled if its send had started before; the claim starts it."""
     token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
         where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
-        needs_marker=Case(When(attempts__gt=0, then=Value(True)), default=Value(False)),
-        attempts=F("attempts") + 1,
+        needs_marker=Case(When(_started_before(), then=Value(True)), default=Value(False)),
+        chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
     )
     return token
+
+
+def _started_before():
+    """The chunk a claim resumes at had started before: its send may have landed. (A row
+    an older build claimed counts attempts only.)"""
+    return Q(chunks_started__gt=F("chunks_delivered")) | Q(chunks_started=0, attempts__gt=0)
 
 
 def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
@@ -183,7 +205,9 @@ def claim_written(rows, owner, now=None):
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them
         row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
-        row.needs_marker, row.attempts = row.attempts > 0, row.attempts + 1
+        row.needs_marker = row.chunks_started > row.chunks_delivered or (row.chunks_started == 0 and row.attempts > 0)
+        row.attempts += 1
+        row.chunks_started = row.chunks_delivered + 1
     return claimed
 
 
@@ -200,17 +224,65 @@ def holds_rows(owner) -> bool:
 
 
 def text_to_send(row) -> str:
-    return RECOVERY_PREFIX + row.text if row.needs_marker else row.text
+    """The chunk this attempt resumes at, labelled if its send may have happened before."""
+    text = parts(row)[row.chunks_delivered]
+    return RECOVERY_PREFIX + text if row.needs_marker else text
 
 
-async def send(row) -> SendResult:
+async def send(row, db=None) -> SendResult:
+    """Send a claimed row's chunks in order, from the first not known delivered. Around
+    each chunk but the attempt's first (started by the claim) and the last (recorded by
+    `finish_many`), its start and its delivery are written down (through `db`, an async
+    runner of a database function, `sync_to_async` by default), so a crash between
+    chunks knows which were delivered and whether the next had started."""
     failpoint("ledger.after_claim")
-    target = Target(row.chat_id, row.reply_target, row.thread_id, conversation_id=row.conversation_id)
-    result = await transport_for(row.channel).send_text(target, text_to_send(row))
+    db = db or _in_a_thread
+    pieces, first = parts(row), row.chunks_delivered
+    result = SendResult.delivered(row.platform_message_id)
+    for index in range(first, len(pieces)):
+        if index > first and not await _note(db, row, chunks_started=index + 1):
+            result = SendResult.failed(Outcome.TEMPORARY, f"chunk {index + 1} not started: its start not recorded")
+            break
+        target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
+                        conversation_id=row.conversation_id)
+        label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
+        result = await transport_for(row.channel).send_text(target, label + pieces[index])
+        failpoint("ledger.after_chunk_send")
+        if not result.ok or index == len(pieces) - 1:
+            break
+        if not await _note(db, row, chunks_delivered=index + 1):
+            result = SendResult.failed(Outcome.AMBIGUOUS, f"chunk {index + 1} sent; its delivery not recorded")
+            break
+        failpoint("ledger.after_chunk")
     failpoint("ledger.after_send")
     if not result.ok:
         log.warning("send of ledger row %s failed (%s): %s", row.pk, result.outcome, result.error)
     return result
+
+
+async def _in_a_thread(fn, *args):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(fn)(*args)
+
+
+async def _note(db, row, **progress) -> bool:
+    """Record a chunk's progress on the claim we hold; False if it could not be (the
+    database away, or the claim lost): the attempt stops there."""
+    try:
+        noted = await db(note_progress, row.pk, row.claim_token, progress)
+    except Exception as exc:
+        log.warning("could not record the progress of ledger row %s: %s", row.pk, type(exc).__name__)
+        return False
+    if noted:
+        for name, value in progress.items():
+            setattr(row, name, value)
+    return bool(noted)
+
+
+def note_progress(pk, claim_token, progress) -> int:
+    return OutboundMessage.transition(pk, OutboundState.ATTEMPTING, OutboundState.ATTEMPTING,
+                                      where={"claim_token": claim_token}, **progress)
 
 
 # --- outcomes ----------------------------------------------------------------------------------
@@ -446,6 +518,7 @@ def release(rows, owner) -> int:
         released += OutboundMessage.transition(
             row.pk, OutboundState.ATTEMPTING, before, where={"owner": owner, "claim_token": row.claim_token},
             owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
+            chunks_started=F("chunks_delivered") + (1 if row.needs_marker else 0),
             next_attempt_at=timezone.now())
     return released
 

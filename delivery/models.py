@@ -50,7 +50,9 @@ class OutboundMessage(StateMachine, models.Model):
 
     Whether a send carries the recovery prefix is decided by the claim itself, from the
     row's state before it: a row never claimed goes out plain; any row claimed before
-    (it may have been sent) goes out labelled.
+    (it may have been sent) goes out labelled. A reply in several chunks resumes at its
+    first chunk not known delivered, labelled only if that chunk's send had started
+    (`chunks_started > chunks_delivered`); chunks known delivered are never resent.
     """
 
     TRANSITIONS = {
@@ -89,6 +91,13 @@ class OutboundMessage(StateMachine, models.Model):
     flood_waits = models.PositiveIntegerField(default=0, help_text="Attempts refused by flood control.")
     extra_resends = models.PositiveIntegerField(default=0, help_text="Granted by an operator's retry.")
     needs_marker = models.BooleanField(default=False, help_text="The current attempt carries the recovery prefix.")
+    # A reply over the platform's limit, as the ordered chunks it is sent in (empty: the
+    # text is the one chunk). Each chunk's start and delivery are recorded around its
+    # send, so a recovery resumes at the first chunk not known delivered and labels it
+    # only if its send had started (see `delivery.ledger.send`).
+    chunks = models.JSONField(default=list, blank=True)
+    chunks_started = models.PositiveIntegerField(default=0, help_text="Chunks whose send has started.")
+    chunks_delivered = models.PositiveIntegerField(default=0, help_text="Chunks known delivered, in order.")
     last_outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     last_error = models.CharField(max_length=300, blank=True)
     platform_message_id = models.CharField(max_length=100, blank=True)

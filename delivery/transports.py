@@ -22,14 +22,14 @@ from telegram.error import BadRequest, Forbidden, NetworkError, RetryAfter, Tele
 from agentloop.caches import BoundedCache
 from agentloop.tls import shared_tls_context
 from audit.redaction import channel_secrets, redact
-from delivery import signing
+from delivery import chunks, signing
 from delivery.models import Outcome
 from delivery.retry_after import clamp_retry_after, retry_after_header
 from delivery.telegram_request import AiohttpRequest, NotSent
 
 log = logging.getLogger(__name__)
 
-TELEGRAM_MAX_CHARS = 4096
+TELEGRAM_MAX_UNITS = 4096  # a message's length as Telegram counts it: UTF-16 code units
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class Target:
 
 class Transport(abc.ABC):
     supports_typing = False
+    max_units = None  # the platform's limit on one message (UTF-16 units); None: no limit
 
     def __init__(self, channel):
         self.channel = channel
@@ -85,19 +86,6 @@ class Transport(abc.ABC):
 
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""
-
-
-def split_text(text: str, limit: int) -> list[str]:
-    """Platform-sized chunks, cut at a newline or space when one is near the limit."""
-    chunks = []
-    while len(text) > limit:
-        cut = max(text.rfind("\n", 0, limit), text.rfind(" ", 0, limit))
-        if cut < limit // 2:
-            cut = limit
-        chunks.append(text[:cut])
-        text = text[cut:].lstrip("\n ")
-    chunks.append(text)
-    return chunks
 
 
 # AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per
@@ -151,6 +139,7 @@ async def close_bots():
 
 class TelegramTransport(Transport):
     supports_typing = True
+    max_units = TELEGRAM_MAX_UNITS
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         bot = telegram_bot(self.channel.bot_token, self.channel.api_base)
@@ -160,7 +149,9 @@ class TelegramTransport(Transport):
             if target.reply_target else None
         )
         try:
-            for chunk in split_text(text, TELEGRAM_MAX_CHARS):
+            # The ledger sends a long reply chunk by chunk (delivery.chunks); this split
+            # only guards a text that reaches the transport whole.
+            for chunk in chunks.split(text, TELEGRAM_MAX_UNITS):
                 message = await bot.send_message(
                     chat_id=target.chat_id, text=chunk, reply_parameters=reply,
                     message_thread_id=int(target.thread_id) if target.thread_id else None,

@@ -28,7 +28,7 @@ class Replies:
         """Send a ledger row this worker has claimed and record the outcome. An error of
         our own counts as ambiguous (it may have gone out): resent later, labelled."""
         try:
-            result = await ledger.send(row)
+            result = await ledger.send(row, db=self.worker.db)  # a long reply's chunks recorded as they go
         except Exception as exc:
             log.exception("sending ledger row %s failed", row.pk)
             result = SendResult.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {exc}")

@@ -554,6 +554,8 @@ class FakeBotAPI(ThreadingHTTPServer):
         text = params.get("text")
         if text is None or str(text) == "":
             raise BotAPIError(400, "Bad Request: message text is empty")
+        if len(str(text).encode("utf-16-le")) // 2 > 4096:  # Telegram counts UTF-16 code units
+            raise BotAPIError(400, "Bad Request: message is too long")
         chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
         bot = self.bot_user(token)
         message: dict[str, Any] = {
