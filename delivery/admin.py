@@ -39,14 +39,24 @@ class LedgerRowAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
-                                                                        "error_shown", "unreachable_link"]
+                                                                        "chunk_progress", "error_shown",
+                                                                        "unreachable_link"]
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
                            "turn_link", "text"]}),
-        ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "last_outcome",
+        ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
+                                 "last_outcome",
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
         ("Timing", {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
     ]
+
+    @admin.display(description="Chunks")
+    def chunk_progress(self, row):
+        """A long reply's chunks: how many are known delivered and whether the next had started."""
+        total = len(row.chunks) or 1
+        done = total if row.state == "delivered" else row.chunks_delivered
+        started = row.chunks_started > row.chunks_delivered and done < total
+        return f"{done} of {total} delivered" + (f"; chunk {done + 1} was started" if started else "")
 
     @admin.display(description="text")
     def short_text(self, row):

@@ -268,7 +268,10 @@ async def _in_a_thread(fn, *args):
 
 async def _note(db, row, **progress) -> bool:
     """Record a chunk's progress on the claim we hold; False if it could not be (the
-    database away, or the claim lost): the attempt stops there."""
+    database away, or the claim lost): the attempt stops there. With the ledger off
+    (a row kept in memory only) there is nothing to record."""
+    if row.pk is None:
+        return True
     try:
         noted = await db(note_progress, row.pk, row.claim_token, progress)
     except Exception as exc:

@@ -190,3 +190,35 @@ def test_a_reply_thread_and_reply_to_kept_first_chunk_only(processes, make_chann
     row = OutboundMessage.objects.get()
     assert row.platform_message_id == "4"  # the last chunk's (the fake numbers a chat's messages from 1)
     assert (row.chunks_started, row.attempts) == (4, 1) and chunks.units(LONG) > 3 * TELEGRAM
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_safety_sweep_sends_a_long_reply_chunk_by_chunk_recording_each(make_channel, fake_telegram):
+    """django-q2's sweep sends from a plain thread: the chunks' progress is written from
+    another thread's connection (sync_to_async), and the row is recorded as it goes."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    channel = telegram_channel(make_channel, fake_telegram)
+    row = ledger.enqueue(conversation_for(channel), LONG, kind=OutboundKind.REPLY)
+    # A previous sweep delivered chunks 1–2 and died before starting chunk 3.
+    OutboundMessage.objects.filter(pk=row.pk).update(
+        state=OutboundState.FAILED, attempts=1, chunks_started=2, chunks_delivered=2,
+        next_attempt_at=timezone.now(), created_at=timezone.now() - timedelta(minutes=2))
+    assert ledger.safety_sweep(budget=20) == {"abandoned": 0, "sent": 1}
+    assert texts(fake_telegram) == PARAGRAPHS[2:]
+    row.refresh_from_db()
+    assert (row.state, row.chunks_started, row.chunks_delivered) == (OutboundState.DELIVERED, 4, 3)
+
+
+@pytest.mark.e2e
+def test_with_the_ledger_off_a_long_reply_still_goes_out_whole(processes, make_channel, fake_telegram):
+    telegram_channel(make_channel, fake_telegram)
+    web, _ = processes.web(), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
+    from tests.e2e import send
+
+    send(web, "tg", 101, "\n\n".join(PARAGRAPHS[:2]))  # the echo agent answers it back: two chunks
+    calls = fake_telegram.wait_for("sendMessage", count=2, timeout=15)
+    assert [c.params["text"] for c in calls] == PARAGRAPHS[:2]
+    assert not OutboundMessage.objects.exists()
