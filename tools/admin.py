@@ -40,15 +40,7 @@ class ToolPolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="Fingerprint")
     def fingerprint(self, policy):
-        from tools import registry
-
-        if policy.fingerprint_fields:
-            return " + ".join(policy.fingerprint_fields)
-        try:
-            default = registry.get(policy.name).fingerprint_fields
-        except registry.UnknownTool:
-            default = ()
-        return (" + ".join(default) if default else "all arguments") + " (default)"
+        return policy.fingerprint_description()
 
     def changelist_view(self, request, extra_context=None):
         guard.ensure_policies()  # every registered tool shows up, even before its first call

@@ -56,6 +56,18 @@ class ToolPolicy(models.Model):
     def __str__(self):
         return self.name
 
+    def fingerprint_description(self) -> str:
+        """The fields that define this action's identity, as operators read them."""
+        from tools import registry  # the registry imports tool classes, which import models
+
+        if self.fingerprint_fields:
+            return " + ".join(self.fingerprint_fields)
+        try:
+            default = registry.get(self.name).fingerprint_fields
+        except registry.UnknownTool:
+            default = ()
+        return (" + ".join(default) if default else "all arguments") + " (default)"
+
 
 class ClaimState(models.TextChoices):
     IN_FLIGHT = "in_flight", "In flight"

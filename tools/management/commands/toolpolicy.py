@@ -110,15 +110,6 @@ def describe(policy) -> list:
         ("max per hour", "no limit" if policy.max_per_hour is None else str(policy.max_per_hour)),
         ("timeout", f"{policy.timeout_seconds} s"),
         ("proposal ttl", f"{policy.approval_ttl_seconds} s"),
-        ("fingerprint", fingerprint(policy)),
+        ("fingerprint", policy.fingerprint_description()),
     ]
 
-
-def fingerprint(policy) -> str:
-    if policy.fingerprint_fields:
-        return " + ".join(policy.fingerprint_fields)
-    try:
-        default = registry.get(policy.name).fingerprint_fields
-    except registry.UnknownTool:
-        default = ()
-    return (" + ".join(default) if default else "all arguments") + " (default)"
