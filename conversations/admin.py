@@ -75,7 +75,7 @@ class ChannelAdmin(admin.ModelAdmin):
                                  "greeting_words", "conjunction_words", ("max_wait", "max_messages")],
                       "description": "Seconds to wait after a message, by how the last message ends. "
                                      "Each new message re-arms the window."}),
-        ("Double texting and typing", {"fields": ["double_texting", "typing_enabled"]}),
+        ("Double texting, typing and edits", {"fields": ["double_texting", "typing_mode", "edits"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
         ("Telegram", {"fields": [("bot_token", "forget_bot_token"), ("webhook_secret", "forget_webhook_secret"),
                                  "api_base", "telegram_mode", "poll_offset", "poll_owner", "poll_lease_until"],

@@ -39,6 +39,21 @@ class DoubleTexting(models.TextChoices):
     ROLLBACK = "rollback", "Rollback: cancel the turn, drop its input"
 
 
+class TypingMode(models.TextChoices):
+    """When the bot shows "typing…" (where the platform can show it at all)."""
+
+    INSTANT = "instant", "Instant: from the first message of a burst, through the window and the turn"
+    TURN = "turn", "Turn: only while the agent runs"
+    NEVER = "never", "Never"
+
+
+class EditsPolicy(models.TextChoices):
+    """What an edit of a message the user already sent does."""
+
+    APPLY = "apply", "Apply: the corrected text counts"
+    IGNORE = "ignore", "Ignore edits"
+
+
 def _default_greetings():
     return ", ".join(windows.DEFAULT_GREETINGS)
 
@@ -118,7 +133,8 @@ class Channel(models.Model):
     double_texting = models.CharField(
         max_length=16, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE
     )
-    typing_enabled = models.BooleanField(default=True)
+    typing_mode = models.CharField(max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
+    edits = models.CharField(max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)

@@ -25,7 +25,7 @@ def test_addchannel_creates_then_updates_only_what_is_given():
     channel = Channel.objects.get(slug="mybot")
     assert (channel.double_texting, channel.window_closed, channel.max_wait, channel.max_messages) == \
         ("interrupt", 0.8, 9.0, 4)
-    assert channel.webhook_secret and not channel.typing_enabled
+    assert channel.webhook_secret and channel.typing_mode == "never"
     assert channel.debounce_settings().greetings == frozenset({"ahoy", "que onda"})
 
     out = run("addchannel", "mybot", "--window-neutral", "3", "--mode", "polling")

@@ -11,7 +11,7 @@ from django.db import transaction
 from audit.failpoints import failpoint
 from conversations import console, engine, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
-from conversations.models import Turn, TurnState
+from conversations.models import Turn, TurnState, TypingMode
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
@@ -99,7 +99,7 @@ class TurnRunner:
         transport = transport_for(channel)
         target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
         typing = None
-        if channel.typing_enabled and transport.supports_typing:
+        if channel.typing_mode != TypingMode.NEVER and transport.supports_typing:
             typing = asyncio.create_task(self.keep_typing(transport, target))
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(channel.agent_config)

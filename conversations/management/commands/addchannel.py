@@ -5,7 +5,7 @@ import secrets
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.models import Channel, ChannelKind, DoubleTexting, TelegramMode
+from conversations.models import Channel, ChannelKind, DoubleTexting, EditsPolicy, TelegramMode, TypingMode
 
 # option name -> model field; only options given on the command line are changed.
 FIELDS = {
@@ -15,6 +15,7 @@ FIELDS = {
     "window_open": "window_open", "window_neutral": "window_neutral", "max_wait": "max_wait",
     "max_messages": "max_messages", "greetings": "greeting_words", "conjunctions": "conjunction_words",
     "agent": "agent", "callback_url": "callback_url", "callback_secret": "callback_secret",
+    "typing_mode": "typing_mode", "edits": "edits",
 }
 
 
@@ -49,7 +50,11 @@ class Command(BaseCommand):
         parser.add_argument("--system-prompt", help="openai: the system prompt.")
         parser.add_argument("--agent-url", help="webhook: the agent service's URL.")
         parser.add_argument("--agent-secret", help="webhook: HMAC key for the request signature.")
-        parser.add_argument("--typing", action=argparse.BooleanOptionalAction, help="Typing indicator on/off.")
+        parser.add_argument("--typing-mode", choices=TypingMode.values,
+                            help="When to show typing: instant (from the first message), turn, never.")
+        parser.add_argument("--typing", action=argparse.BooleanOptionalAction,
+                            help="Shorthand: --typing is --typing-mode instant, --no-typing is never.")
+        parser.add_argument("--edits", choices=EditsPolicy.values, help="What a user's edit does: apply or ignore.")
         parser.add_argument("--callback-url", help="api channels: where replies are POSTed.")
         parser.add_argument("--callback-secret", help="api channels: HMAC key for the callback.")
         parser.add_argument("--inactive", action="store_true", help="Create or set the channel inactive.")
@@ -74,7 +79,7 @@ class Command(BaseCommand):
             if options.get(option) is not None:
                 channel.agent_config = {**(channel.agent_config or {}), key: options[option]}
         if options.get("typing") is not None:
-            channel.typing_enabled = options["typing"]
+            channel.typing_mode = TypingMode.INSTANT if options["typing"] else TypingMode.NEVER
         if options["inactive"]:
             channel.is_active = False
         generated = ""
