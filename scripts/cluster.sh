@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# Test hosts on this machine: Linux network namespaces joined by a bridge, each with its
+# own addresses and host name, so the product runs as it would on several machines.
+#
+#   scripts/cluster.sh up        build the hosts, start PostgreSQL + Redis on db, migrate,
+#                                start the web server and the worker on app-a and app-b
+#   scripts/cluster.sh status    hosts, addresses, processes, URLs
+#   scripts/cluster.sh down      stop every process in the hosts, remove hosts, bridge, data
+#   scripts/cluster.sh check     can it run here? (root, network namespaces)
+#
+# and, for fault drills (the fault test uses them):
+#   scripts/cluster.sh kill HOST      SIGKILL every process on HOST (app-a, app-b)
+#   scripts/cluster.sh start HOST     start HOST's processes again (after a kill)
+#   scripts/cluster.sh unplug HOST    cut HOST's link to db (ip link set … down)
+#   scripts/cluster.sh plug HOST      give it back
+#
+# Hosts (addresses: CLUSTER_NET, default 10.213, i.e. 10.213.0.0/24 and 10.213.1.0/24):
+#   root namespace  10.213.0.1   the bridge; the load generator and a local Bot API live here
+#   db              10.213.0.2   PostgreSQL :5432 and redis-server :6379 (also on its links)
+#   app-a           10.213.0.11  daphne :8000, the worker loop, django-q2's cluster (only here)
+#   app-b           10.213.0.12  daphne :8000, the worker loop
+# Each app host reaches db over a link of its own (a veth pair, 10.213.1.0/30 for app-a,
+# 10.213.1.4/30 for app-b), so one host can lose the database while its web server stays
+# reachable. No namespace has a default route and nothing is NATed or forwarded: all
+# traffic stays inside these namespaces and loopback.
+#
+# Root only (namespaces, links). The app hosts run .venv/bin/python from this clone as
+# root; PostgreSQL runs as the `postgres` user in a folder under /tmp it owns (the clone
+# may sit in a private directory it cannot enter), settings as scripts/pg.sh.
+# Environment: CLUSTER_DIR (default /tmp/agentloop-cluster: data, logs), CLUSTER_PREFIX
+# (default alc: names of the namespaces and links), CLUSTER_NET; the app hosts' settings
+# (AGENTLOOP_*, LOG_LEVEL, …) are taken from the environment of `up` and kept for `start`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLONE=$(pwd)
+SELF=$CLONE/scripts/cluster.sh
+PY=$CLONE/.venv/bin/python
+NET=${CLUSTER_NET:-10.213}
+STATE=${CLUSTER_DIR:-/tmp/agentloop-cluster}
+P=${CLUSTER_PREFIX:-alc}  # at most 5 characters: link names are limited to 15
+BRIDGE=$P-br
+ROOT_ADDR=$NET.0.1
+WEB_PORT=8000 PG_PORT=5432 REDIS_PORT=6379
+HOSTS=(db app-a app-b)
+BUILT=""
+APPS=(app-a app-b)
+TASKS_HOST=app-a  # django-q2's cluster runs on one host only
+
+ns() { echo "$P-$1"; }
+front_addr() { case $1 in db) echo "$NET.0.2";; app-a) echo "$NET.0.11";; app-b) echo "$NET.0.12";; esac; }
+# The db link of an app host: db's end, the app's end (a /30 each).
+db_side() { case $1 in app-a) echo "$NET.1.1";; app-b) echo "$NET.1.5";; esac; }
+app_side() { case $1 in app-a) echo "$NET.1.2";; app-b) echo "$NET.1.6";; esac; }
+root_veth() { case $1 in db) echo "$P-db";; app-a) echo "$P-a";; app-b) echo "$P-b";; esac; }
+say() { echo "cluster: $*"; }
+die() { echo "cluster: $*" >&2; exit 1; }
+
+need_root() {
+  [ "$(id -u)" = 0 ] || die "needs root: it creates network namespaces, a bridge and veth links (run: sudo $0 ${1:-up})"
+}
+
+need_netns() {
+  command -v ip >/dev/null 2>&1 || die "the 'ip' command (Debian package iproute2) is missing: apt-get install iproute2"
+  command -v unshare >/dev/null 2>&1 || die "the 'unshare' command (util-linux) is missing"
+  local probe=$P-p$$ out
+  if ! out=$(ip netns add "$probe" 2>&1); then
+    die "network namespaces are not available here ('ip netns add' said: $out); the cluster needs them (a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+  fi
+  ip netns del "$probe"
+  if ! out=$(ip link add "$probe" type bridge 2>&1); then
+    die "the kernel refuses a bridge ('ip link add … type bridge' said: $out; try: modprobe bridge)"
+  fi
+  ip link del "$probe"
+}
+
+exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$(ns "$1")"; }
+
+# Run a command on a host: its network namespace and a host name of its own (a UTS
+# namespace), so the product's "same host" checks (engine.owner_gone) never see across.
+on() {
+  local host=$1; shift
+  (exec_on "$host" "$@")
+}
+
+exec_on() {
+  local host=$1; shift
+  exec ip netns exec "$(ns "$host")" unshare --uts -- sh -c 'hostname "$0"; exec "$@"' "$host" "$@"
+}
+
+# Start a long-running process on a host in the background, in a session of its own,
+# its output in STATE/HOST/NAME.log.
+daemon() {
+  local host=$1 name=$2; shift 2
+  mkdir -p "$STATE/$host"
+  setsid nohup "$SELF" _on "$host" "$@" >>"$STATE/$host/$name.log" 2>&1 </dev/null &
+}
+
+# --- the network ---------------------------------------------------------------------------
+
+net_up() {
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$ROOT_ADDR/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  local host
+  for host in "${HOSTS[@]}"; do
+    ip netns add "$(ns "$host")"
+    ip -n "$(ns "$host")" link set lo up
+    ip link add "$(root_veth "$host")" type veth peer name "$P-$host-f"
+    ip link set "$P-$host-f" netns "$(ns "$host")"
+    ip -n "$(ns "$host")" link set "$P-$host-f" name eth0
+    ip -n "$(ns "$host")" addr add "$(front_addr "$host")/24" dev eth0
+    ip -n "$(ns "$host")" link set eth0 up
+    ip link set "$(root_veth "$host")" master "$BRIDGE" up
+  done
+  for host in "${APPS[@]}"; do
+    # db0 on the app host <-> to-app-a / to-app-b on db.
+    ip link add "$P-$host-d" type veth peer name "$P-db-$host"
+    ip link set "$P-$host-d" netns "$(ns "$host")"
+    ip link set "$P-db-$host" netns "$(ns db)"
+    ip -n "$(ns "$host")" link set "$P-$host-d" name db0
+    ip -n "$(ns db)" link set "$P-db-$host" name "to-$host"
+    ip -n "$(ns "$host")" addr add "$(app_side "$host")/30" dev db0
+    ip -n "$(ns db)" addr add "$(db_side "$host")/30" dev "to-$host"
+    ip -n "$(ns "$host")" link set db0 up
+    ip -n "$(ns db)" link set "to-$host" up
+  done
+  for host in "${HOSTS[@]}"; do
+    if [ -n "$(ip -n "$(ns "$host")" route show default)" ]; then
+      die "$host has a default route; refusing to go on (traffic must stay on this machine)"
+    fi
+  done
+}
+
+net_down() {
+  local host
+  for host in "${HOSTS[@]}"; do
+    exists "$host" && ip netns del "$(ns "$host")"
+    ip link show "$(root_veth "$host")" >/dev/null 2>&1 && ip link del "$(root_veth "$host")"
+  done
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+}
+
+# --- db: PostgreSQL and Redis ------------------------------------------------------------
+
+pg_bin() {
+  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/pg_ctl" ] && { echo "$d"; return; }; done
+  dirname "$(command -v pg_ctl)"
+}
+
+as_postgres() { (cd / && runuser -u postgres -- "$@"); }
+
+db_up() {
+  local bin pgdir=$STATE/db/pg listen
+  bin=$(pg_bin)
+  mkdir -p "$pgdir"
+  chown postgres: "$pgdir"
+  as_postgres "$bin/initdb" -D "$pgdir/data" -U postgres -A trust --no-sync -E UTF8 >"$pgdir/initdb.log" 2>&1 \
+    || die "initdb failed (see $pgdir/initdb.log)"
+  # Trust on the cluster's own networks only (the namespaces reach nothing else).
+  echo "host all all $NET.0.0/16 trust" >>"$pgdir/data/pg_hba.conf"
+  listen="127.0.0.1,$(front_addr db),$(db_side app-a),$(db_side app-b)"
+  # As scripts/pg.sh, plus server-side keepalives matching the product's client side.
+  on db runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -w -t 60 \
+    -o "-p $PG_PORT -k $pgdir -c listen_addresses=$listen -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=2" \
+    start >/dev/null || die "PostgreSQL did not start (see $pgdir/server.log)"
+  on db runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres agentloop
+  mkdir -p "$STATE/db/redis"
+  daemon db redis redis-server --port "$REDIS_PORT" --bind "127.0.0.1 $(front_addr db) $(db_side app-a) $(db_side app-b)" \
+    --protected-mode no --save "" --appendonly no --dir "$STATE/db/redis"
+  local deadline=$((SECONDS + 20))
+  until on db redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "redis-server did not answer (see $STATE/db/redis.log)"
+    sleep 0.2
+  done
+}
+
+# --- app hosts ---------------------------------------------------------------------------
+
+# The app hosts' settings from the caller's environment, kept for `start` after a kill.
+save_env() {
+  local v
+  for v in $(compgen -e); do
+    case $v in
+      AGENTLOOP_*|LOG_LEVEL|DJANGO_Q_LOG_LEVEL|Q_WORKERS|DEBUG|ACCESS_LOG|SECRET_KEY|CONN_*|DATABASE_POOL|DATABASE_*TIMEOUT|DATABASE_KEEPALIVES_IDLE)
+        printf 'export %s=%q\n' "$v" "${!v}";;
+    esac
+  done >"$STATE/env"
+}
+
+app_env() {
+  local host=$1
+  # shellcheck disable=SC1091
+  [ -f "$STATE/env" ] && . "$STATE/env"
+  export DATABASE_URL="postgres://postgres@$(db_side "$host"):$PG_PORT/agentloop"
+  export REDIS_URL="redis://$(db_side "$host"):$REDIS_PORT/0"
+  export HOST=$(front_addr "$host") PORT=$WEB_PORT
+  export ALLOWED_HOSTS="$(front_addr "$host"),127.0.0.1,localhost"
+  export DJANGO_SETTINGS_MODULE=agentloop.settings PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+}
+
+migrate() {
+  (app_env app-a; on app-a "$PY" manage.py migrate --verbosity 0) >"$STATE/migrate.log" 2>&1 \
+    || die "migrate failed (see $STATE/migrate.log)"
+}
+
+# What `make run` (manage.py runall) starts, as separate processes: daphne and the worker
+# loop on every app host, django-q2's cluster on one.
+app_start() {
+  local host=$1 addr
+  addr=$(front_addr "$host")
+  (
+    app_env "$host"
+    cd "$CLONE"
+    daemon "$host" web "$PY" -m daphne -b "$addr" -p "$WEB_PORT" --verbosity 0 agentloop.asgi:application
+    daemon "$host" worker "$PY" manage.py runloop
+    if [ "$host" = "$TASKS_HOST" ]; then daemon "$host" tasks "$PY" manage.py qcluster; fi
+  )
+}
+
+wait_web() {
+  local host=$1 deadline=$((SECONDS + 90)) url
+  url="http://$(front_addr "$host"):$WEB_PORT/healthz"
+  until "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' "$url" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || die "$host's web server did not answer $url (see $STATE/$host/web.log)"
+    sleep 0.3
+  done
+}
+
+pids_on() { exists "$1" && ip netns pids "$(ns "$1")" || true; }
+
+kill_host() {
+  local host=$1 signal=${2:-KILL} deadline pids
+  pids=$(pids_on "$host")
+  [ -n "$pids" ] && kill -"$signal" $pids 2>/dev/null || true
+  deadline=$((SECONDS + ${3:-10}))
+  while [ -n "$(pids_on "$host")" ] && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  [ -z "$(pids_on "$host")" ]
+}
+
+# --- commands ------------------------------------------------------------------------------
+
+up() {
+  need_root up
+  need_netns
+  if exists db || ip link show "$BRIDGE" >/dev/null 2>&1; then
+    die "a cluster with prefix '$P' is up already (scripts/cluster.sh status; scripts/cluster.sh down)"
+  fi
+  [ -x "$PY" ] || make .venv/.installed-dev
+  command -v redis-server >/dev/null 2>&1 || die "redis-server is missing (scripts/system-deps.sh installs it)"
+  rm -rf "$STATE"
+  mkdir -p "$STATE"
+  chmod 755 "$STATE"
+  save_env
+  trap '[ -n "$BUILT" ] || { echo "cluster: up failed; taking down what was built" >&2; down >/dev/null 2>&1; }' EXIT
+  say "network: bridge $BRIDGE $ROOT_ADDR/24, hosts ${HOSTS[*]}"
+  net_up
+  say "db: PostgreSQL and Redis on $(front_addr db)"
+  db_up
+  say "migrating"
+  migrate
+  local host
+  for host in "${APPS[@]}"; do app_start "$host"; done
+  for host in "${APPS[@]}"; do wait_web "$host"; done
+  BUILT=1
+  say "up"
+  status
+}
+
+down() {
+  need_root down
+  local host bin
+  # The data goes with the hosts: a short grace, then SIGKILL.
+  for host in "${APPS[@]}"; do kill_host "$host" TERM 5 || kill_host "$host" KILL; done
+  if [ -f "$STATE/db/pg/data/postmaster.pid" ]; then
+    bin=$(pg_bin)
+    as_postgres "$bin/pg_ctl" -D "$STATE/db/pg/data" -m fast -w -t 10 stop >/dev/null 2>&1 || true
+  fi
+  kill_host db TERM 5 || kill_host db KILL
+  net_down
+  rm -rf "$STATE"
+  say "down"
+}
+
+status() {
+  local host addrs
+  if ! exists db && ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    say "not up (prefix $P)"
+    return 0
+  fi
+  echo "root namespace: bridge $BRIDGE $ROOT_ADDR (load generator, local Bot API)"
+  for host in "${HOSTS[@]}"; do
+    if ! exists "$host"; then echo "$host: missing"; continue; fi
+    addrs=$(ip -n "$(ns "$host")" -br addr | awk '$1 != "lo" {printf "%s %s %s; ", $1, $2, $3}')
+    echo "$host (namespace $(ns "$host")): $addrs"
+    local pids
+    pids=$(pids_on "$host")
+    if [ -n "$pids" ]; then
+      ps -o pid=,etime=,args= -p "$(echo $pids | tr ' ' ,)" | cut -c1-150 | sed 's/^/    /'
+    else
+      echo "    (no processes)"
+    fi
+  done
+  echo "web:      http://$(front_addr app-a):$WEB_PORT/  http://$(front_addr app-b):$WEB_PORT/"
+  echo "database: postgres://postgres@$(front_addr db):$PG_PORT/agentloop   (from this namespace)"
+  echo "redis:    redis://$(front_addr db):$REDIS_PORT/0"
+  echo "logs:     $STATE/<host>/*.log"
+}
+
+app_host() { case ${1:-} in app-a|app-b) ;; *) die "which host? app-a or app-b";; esac; }
+
+case ${1:-} in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  check) need_root check; need_netns; say "root, and network namespaces work: ready for up" ;;
+  kill) app_host "${2:-}"; need_root kill; kill_host "$2" KILL || die "processes left on $2"; say "$2: every process killed" ;;
+  start) app_host "${2:-}"; need_root start; exists "$2" || die "not up"
+         [ -z "$(pids_on "$2")" ] || die "$2 still runs processes (kill it first)"
+         app_start "$2"; wait_web "$2"; say "$2: started" ;;
+  unplug) app_host "${2:-}"; need_root unplug; ip -n "$(ns "$2")" link set db0 down; say "$2: link to db down" ;;
+  plug) app_host "${2:-}"; need_root plug; ip -n "$(ns "$2")" link set db0 up; say "$2: link to db up" ;;
+  _on) shift; exec_on "$@" ;;  # internal: `daemon` runs a host's process through this
+  *) echo "usage: $0 up|down|status|check|kill HOST|start HOST|unplug HOST|plug HOST" >&2; exit 2 ;;
+esac
