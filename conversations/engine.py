@@ -9,18 +9,17 @@ the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 import itertools
 import logging
 import os
-import socket
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, F, Min, OuterRef
 from django.utils import timezone
 
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, turns
+from conversations import console, liveness, turns
 from conversations.models import (
     BufferState, ContextNote, FlushReason, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
 )
@@ -180,11 +179,14 @@ def clip(text, limit):
 
 # --- workers and recovery ------------------------------------------------------
 
-def new_owner():
+def new_owner(lock=False):
     """`host:pid:start:random` — with the process's start time, so that a later process
-    given the same pid (a restart in a container often is) is not taken for it."""
+    given the same pid (a restart in a container often is) is not taken for it. `lock`:
+    its worker will hold a liveness lock (conversations/liveness.py), said by a fifth
+    field — so the others judge it by that lock, not by its heartbeat."""
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{process_started(pid) or 0}:{os.urandom(3).hex()}"
+    owner = f"{settings.AGENTLOOP_HOSTNAME}:{pid}:{process_started(pid) or 0}:{os.urandom(3).hex()}"
+    return f"{owner}:{liveness.LOCK_MARK}" if lock else owner
 
 
 def process_started(pid) -> str | None:
@@ -202,17 +204,22 @@ def process_started(pid) -> str | None:
 
 
 def owner_gone(owner, hostname=None, pid=None) -> bool:
-    """Whether the worker behind `owner` is visibly gone: it ran on this host, and its
-    pid is free now or names a process started since. Such an owner is dead at once —
-    a restarted worker need not wait for its predecessor's heartbeat or leases to
-    expire. Another host's owner is never judged here (its heartbeat tells)."""
+    """Whether the worker behind `owner` is visibly gone: it ran on this host and its pid
+    is free now or names a process started since, or it held a liveness lock that
+    nobody holds now (any host: the database ended its session). Such an owner is dead
+    at once — no need to wait for its heartbeat or leases to expire. Another host's
+    owner without a lock is not judged here (its heartbeat tells)."""
+    return gone_from_this_host(owner, hostname, pid) or owner in liveness.released([owner])
+
+
+def gone_from_this_host(owner, hostname=None, pid=None) -> bool:
     parts = owner.split(":")
     started = None
-    if len(parts) == 4 and parts[1].isdigit():  # new_owner()'s form
+    if len(parts) in (4, 5) and parts[1].isdigit():  # new_owner()'s form
         hostname, pid, started = parts[0], int(parts[1]), parts[2]
     elif hostname is None and len(parts) == 3 and parts[1].isdigit():  # before start times
         hostname, pid = parts[0], int(parts[1])
-    if hostname != socket.gethostname() or pid is None:
+    if hostname != settings.AGENTLOOP_HOSTNAME or pid is None:
         return False
     now_started = process_started(pid)
     if now_started is None:
@@ -223,8 +230,8 @@ def owner_gone(owner, hostname=None, pid=None) -> bool:
 def beat(owner, now=None):
     now = now or timezone.now()
     updated = WorkerHeartbeat.objects.filter(owner=owner).update(seen_at=now)
-    if not updated:
-        WorkerHeartbeat.objects.create(owner=owner, hostname=socket.gethostname(), pid=os.getpid(),
+    if not updated:  # the first beat, or the others took this worker for dead and forgot it
+        WorkerHeartbeat.objects.create(owner=owner, hostname=settings.AGENTLOOP_HOSTNAME, pid=os.getpid(),
                                        started_at=now, seen_at=now)
 
 
@@ -243,13 +250,19 @@ def _pid_alive(pid):
 
 
 def dead_owners(now=None):
-    """Owners whose heartbeat went stale, or whose process on this host is gone."""
+    """Owners that are dead: a lock holder whose lock is free (whatever its heartbeat
+    says — a worker holding its lock is alive however stale its row), any other whose
+    heartbeat went stale, and any whose process on this host is gone. Two statements:
+    the heartbeats, then the locks held (in that order: see liveness.released)."""
     now = now or timezone.now()
     stale = now - timedelta(seconds=settings.AGENTLOOP_WORKER_STALE_AFTER)
-    host = socket.gethostname()
+    rows = list(WorkerHeartbeat.objects.values_list("owner", "hostname", "pid", "seen_at"))
+    lock_free = liveness.released(owner for owner, *_ in rows)
     dead = []
-    for owner, hostname, pid, seen_at in WorkerHeartbeat.objects.values_list("owner", "hostname", "pid", "seen_at"):
-        if seen_at < stale or (hostname == host and owner_gone(owner, hostname, pid)):
+    for owner, hostname, pid, seen_at in rows:
+        judged_by_lock = liveness.marks_lock(owner) and connection.vendor == "postgresql"
+        if (owner in lock_free or (seen_at < stale and not judged_by_lock)
+                or gone_from_this_host(owner, hostname, pid)):
             dead.append(owner)
     return dead
 

@@ -1,11 +1,16 @@
 """Housekeeping: the heartbeat, the guard's sweep, what dead workers left behind
 (their turns, their rows mid-send, external turns past their time), and the turns
-stamped with this worker that it no longer holds."""
+stamped with this worker that it no longer holds.
+
+Dead workers are looked for every DEATH_CHECK_EVERY seconds when liveness comes from
+advisory locks (a dead worker's lock frees at once: looking only every few seconds
+would be what keeps its work waiting), the rest every HOUSEKEEPING_EVERY."""
 
 import asyncio
+import itertools
 import logging
 
-from conversations import engine, turns
+from conversations import engine, liveness, turns
 from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
 from tools import guard
@@ -13,6 +18,10 @@ from tools import guard
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY = 5.0
+# Two statements (heartbeats, pg_locks) a second per worker; a turn of a dead worker is
+# given back within this of its lock freeing, and its rows mid-send are claimed by the
+# next ledger sweep (every AGENTLOOP_POLL_INTERVAL) after that.
+DEATH_CHECK_EVERY = 1.0
 
 
 class Housekeeping:
@@ -24,19 +33,26 @@ class Housekeeping:
         db = self.worker.db
         await db(engine.beat, self.owner)
         await db(guard.sweep)
-        self.worker.dead_owners = dead = await db(engine.dead_owners)
-        await db(ledger.abandon_stale, None, dead)
+        await self.take_over_dead()
+        await db(ledger.abandon_stale, None, self.worker.dead_owners)
         if await db(turns.release_external):
             self.worker.wake_turns()
-        if dead:
-            recovered = await db(engine.recover_turns, dead)
-            if recovered:
-                log.info("recovered %d turns from dead workers", len(recovered))
-                self.worker.wake_turns()
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())
         if orphans:
             log.warning("gave back %d running turns this worker no longer held", len(orphans))
             self.worker.wake_turns()
+
+    async def take_over_dead(self):
+        """Find dead workers: the ledger's sweeps claim their rows mid-send from this
+        list; their running turns are given back (run again, or failed with a notice)
+        here. Their buffers need nothing: any flusher flushes a due buffer."""
+        db = self.worker.db
+        self.worker.dead_owners = dead = await db(engine.dead_owners)
+        if dead and self.worker.liveness.holding():  # a worker the others may think dead takes nothing over
+            recovered = await db(engine.recover_turns, dead)
+            if recovered:
+                log.info("recovered %d turns from dead workers", len(recovered))
+                self.worker.wake_turns()
 
     async def first_round(self):
         """At start, before anything else: wait for the database if it is away."""
@@ -47,9 +63,14 @@ class Housekeeping:
                 await asyncio.sleep(1.0)  # reported once by the database thread
 
     async def loop(self):
-        while True:
-            await asyncio.sleep(HOUSEKEEPING_EVERY)
+        tick = DEATH_CHECK_EVERY if liveness.advisory() else HOUSEKEEPING_EVERY
+        every = max(1, round(HOUSEKEEPING_EVERY / tick))
+        for n in itertools.count(1):
+            await asyncio.sleep(tick)
             try:
+                if n % every:
+                    await self.take_over_dead()
+                    continue
                 await self.round()
                 await self.worker.db(engine.forget_workers, self.worker.dead_owners)
             except DATABASE_FAULTS:

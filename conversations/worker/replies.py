@@ -71,6 +71,9 @@ class Replies:
         backoff = Backoff()
         while True:
             try:
+                if not self.worker.liveness.holding():  # taken for dead by the others: claim nothing
+                    await asyncio.sleep(self.worker.poll_interval)
+                    continue
                 rows = await self.worker.db(ledger.claim_due, self.owner, self.worker.dead_owners, SWEEP_BATCH)
                 backoff.reset()
                 self.send_in_background(rows)

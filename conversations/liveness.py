@@ -1,0 +1,268 @@
+"""Whether a worker is alive, told by the database itself.
+
+advisory (AGENTLOOP_LIVENESS, PostgreSQL's default): each worker holds a session-level
+advisory lock, keyed by its owner stamp, on a connection of its own (`LockHolder`). The
+lock lives exactly as long as that session: it frees the moment the worker's process
+dies (the kernel closes its socket, the server ends the session), and within about
+AGENTLOOP_LIVENESS_TIMEOUT seconds when its host drops off the network (the session's
+own TCP keepalives and tcp_user_timeout, set on the server's side of it, give up on the
+silent peer). Other workers read pg_locks (`released`): an owner that says it holds a
+lock (its stamp ends in LOCK_MARK) and whose key nobody holds is dead — whatever its
+heartbeat says, and however old that is.
+
+heartbeat (SQLite; or chosen): a worker is dead when its heartbeat row is older than
+AGENTLOOP_WORKER_STALE_AFTER. An owner stamp without the mark (that mode, or a worker of
+an older release during an upgrade) is always judged this way, so both kinds can run
+side by side.
+
+A worker whose own lock connection breaks is, to the others, dead: they take over its
+turns, rows mid-send and polling leases. So while it does not hold its lock it claims
+nothing new (`holding()` gates its claims) and reconnects to take its lock again. What
+it had in flight is protected by the compare-and-swap claims it already relies on: a
+turn's end is written only `where owner = it and state = running` (a turn taken over is
+no longer its, so its answer is dropped and the new run's stands); a reply's outcome is
+recorded under its claim token (a row taken over has another); a polling lease is
+renewed only `where poll_owner = it`; an effect is claimed in the guard before it runs
+(a re-run finds the claim). The worst case is a reply sent by both, the second one
+labelled as a possible duplicate — the ledger's promise.
+
+Behind a transaction-mode pooler (PgBouncer pool_mode=transaction) a session lock is
+meaningless: the lock stays on whichever server connection ran the statement, which
+outlives the worker. Give the lock a session of its own with
+AGENTLOOP_LIVENESS_DATABASE_URL (PostgreSQL itself, or a session-mode pool), or set
+AGENTLOOP_LIVENESS=heartbeat. A lock connection that lands on a pooled session is
+noticed: each ping asks whether *this* session holds the key, and a "no" drops the lock
+with an error naming the setting.
+"""
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+
+import environ
+import psycopg
+from django.conf import settings
+from django.db import connection, connections
+
+log = logging.getLogger(__name__)
+
+LOCK_MARK = "L"  # the last field of an owner stamp whose worker holds a lock
+PING_EVERY = 1.0  # seconds between the lock connection's checks
+# Options of Django's that are not libpq connection parameters.
+_DJANGO_ONLY = {"pool", "server_side_binding", "isolation_level", "assume_role", "prepare_threshold",
+                "cursor_factory", "context"}
+
+HELD_KEYS_SQL = """
+    SELECT classid::bigint, objid::bigint FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+MINE_SQL = """
+    SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+                   AND pid = pg_backend_pid() AND classid::bigint = %s AND objid::bigint = %s)
+"""
+
+
+def advisory() -> bool:
+    return settings.AGENTLOOP_LIVENESS == "advisory" and connection.vendor == "postgresql"
+
+
+def marks_lock(owner: str) -> bool:
+    """Whether `owner`'s stamp says its worker holds a liveness lock."""
+    parts = owner.split(":")
+    return len(parts) == 5 and parts[4] == LOCK_MARK
+
+
+def lock_key(owner: str) -> int:
+    """The owner's lock: 64 bits of a hash of its stamp (stamps carry random bits, so
+    two workers never share one), as PostgreSQL's signed bigint."""
+    digest = hashlib.blake2b(owner.encode(), digest_size=8, person=b"agentloop-live").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _halves(key: int) -> tuple[int, int]:
+    """pg_locks shows a bigint advisory key as classid (high 32 bits) and objid (low)."""
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    return unsigned >> 32, unsigned & 0xFFFF_FFFF
+
+
+def _key(classid: int, objid: int) -> int:
+    unsigned = (classid << 32) | objid
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+
+
+def held_keys() -> set[int]:
+    """Every advisory lock held in this database now, by any session (one statement)."""
+    with connection.cursor() as cursor:
+        cursor.execute(HELD_KEYS_SQL)
+        return {_key(classid, objid) for classid, objid in cursor.fetchall()}
+
+
+def released(owners) -> set[str]:
+    """Those of `owners` that say they hold a lock and do not: dead. Empty off
+    PostgreSQL (no worker there holds one). Read after the owners themselves (their
+    heartbeat rows, the stamps on their claims): a worker takes its lock before it
+    writes or claims anything, so a stamp seen with its lock free is a worker gone."""
+    marked = {owner for owner in owners if marks_lock(owner)}
+    if not marked or connection.vendor != "postgresql":
+        return set()
+    held = held_keys()
+    return {owner for owner in marked if lock_key(owner) not in held}
+
+
+# --- the worker's own lock ------------------------------------------------------------
+
+def lock_connection_params() -> dict:
+    """libpq parameters for the lock's connection: the database's own (or
+    AGENTLOOP_LIVENESS_DATABASE_URL's), with short TCP timeouts so that this process
+    notices a dead network as fast as the server does."""
+    if settings.AGENTLOOP_LIVENESS_DATABASE_URL:
+        source = environ.Env.db_url_config(settings.AGENTLOOP_LIVENESS_DATABASE_URL)
+    else:
+        source = connections["default"].settings_dict
+    params = {k: v for k, v in (source.get("OPTIONS") or {}).items() if k not in _DJANGO_ONLY}
+    params.update(dbname=source.get("NAME"), user=source.get("USER"), password=source.get("PASSWORD"),
+                  host=source.get("HOST"), port=source.get("PORT"))
+    timeout = settings.AGENTLOOP_LIVENESS_TIMEOUT
+    params.update(connect_timeout=max(2, timeout), keepalives=1, keepalives_idle=1, keepalives_interval=1,
+                  keepalives_count=max(1, timeout - 1), tcp_user_timeout=timeout * 1000,
+                  application_name="agentloop liveness")
+    return {k: v for k, v in params.items() if v not in (None, "")}
+
+
+def server_timeouts_sql() -> str:
+    """The same timeouts on the server's side of the session: these decide how soon the
+    server ends the session of a host that vanished — and so frees its lock."""
+    timeout = settings.AGENTLOOP_LIVENESS_TIMEOUT
+    return (f"SET tcp_keepalives_idle = 1; SET tcp_keepalives_interval = 1; "
+            f"SET tcp_keepalives_count = {max(1, timeout - 1)}; SET tcp_user_timeout = {timeout * 1000}; "
+            f"SET statement_timeout = {timeout * 1000}")
+
+
+class LockHolder(threading.Thread):
+    """Takes the worker's lock on a connection of its own and keeps checking that it
+    still holds it; reconnects and takes it again when the connection breaks.
+
+    It also lets the lock go when the worker's event loop stops answering for
+    AGENTLOOP_WORKER_STALE_AFTER seconds (a wedged process holds its connection open
+    forever, but does no work: the others should take over), and takes it again once
+    the loop answers."""
+
+    def __init__(self, owner):
+        super().__init__(name="liveness", daemon=True)
+        self.owner = owner
+        self.key = lock_key(owner)
+        self.conn = None
+        self.backend_pid = None  # the server session holding the lock
+        self._held = threading.Event()
+        self._stopping = threading.Event()
+        self._loop = None
+        self._vouched = time.monotonic()
+        self._refusals = 0
+
+    def holding(self) -> bool:
+        return self._held.is_set()
+
+    async def start_holding(self):
+        """Start the thread and wait until the lock is ours (while the database is away:
+        as long as that takes — nothing may be claimed before)."""
+        self._loop = asyncio.get_running_loop()
+        self._vouched = time.monotonic()
+        self.start()
+        while not self.holding():
+            await asyncio.sleep(0.05)
+
+    def _vouch(self):
+        self._vouched = time.monotonic()
+
+    def _loop_answers(self) -> bool:
+        """Ask the event loop for a sign of life; whether it gave one recently (a holder
+        started without a loop has none to watch)."""
+        if self._loop is None:
+            return True
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._vouch)
+        return time.monotonic() - self._vouched < settings.AGENTLOOP_WORKER_STALE_AFTER
+
+    def run(self):
+        delay = 0.0
+        while not self._stopping.is_set():
+            try:
+                if not self._loop_answers():
+                    if self.conn is not None:
+                        self._drop(f"its event loop has not answered for {settings.AGENTLOOP_WORKER_STALE_AFTER:g} s")
+                elif self.conn is None:
+                    self._take()
+                else:
+                    self._check()
+                delay = 0.0
+            except psycopg.Error as exc:
+                self._drop(f"its connection failed ({type(exc).__name__})")
+                delay = min(2.0, delay * 2 or 0.1)  # back soon: meanwhile it claims nothing
+            self._stopping.wait(max(delay, PING_EVERY if self.holding() else 0.2))
+        self._close()
+
+    def _take(self):
+        self.conn = psycopg.connect(**lock_connection_params(), autocommit=True)
+        self.conn.execute(server_timeouts_sql())
+        if self.conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [self.key]).fetchone()[0]:
+            self.backend_pid = self.conn.info.backend_pid
+            self._held.set()
+            self._refusals = 0
+            log.info("worker %s holds its liveness lock", self.owner)
+            return
+        # Held by another session: most likely our own previous one, which the server
+        # has not given up on yet (it will, within AGENTLOOP_LIVENESS_TIMEOUT).
+        self._refusals += 1
+        if self._refusals in (1, 30):
+            log.warning("worker %s: its liveness lock is held by another session; waiting", self.owner)
+        self._close()
+
+    def _check(self):
+        classid, objid = _halves(self.key)
+        if not self.conn.execute(MINE_SQL, [classid, objid]).fetchone()[0]:
+            log.error("worker %s: its lock connection's session does not hold its lock — is it behind a "
+                      "transaction-mode pooler? Set AGENTLOOP_LIVENESS_DATABASE_URL to a direct connection "
+                      "or AGENTLOOP_LIVENESS=heartbeat", self.owner)
+            self._drop("the session does not hold the lock")
+
+    def _drop(self, why):
+        if self._held.is_set():
+            log.warning("worker %s let go of its liveness lock: %s; it claims nothing until it holds it again",
+                        self.owner, why)
+        self._held.clear()
+        self._close()
+
+    def _close(self):
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()  # the server ends the session: the lock frees
+            except Exception:
+                pass
+
+    def stop(self):
+        """Let the lock go (last thing a worker does, after its heartbeat is gone)."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(PING_EVERY + settings.AGENTLOOP_LIVENESS_TIMEOUT + 1)
+        self._held.clear()
+
+
+class NoLock:
+    """A worker judged by its heartbeat alone: always free to claim."""
+
+    def holding(self) -> bool:
+        return True
+
+    async def start_holding(self):
+        return None
+
+    def stop(self):
+        return None
+
+
+def for_worker(owner):
+    return LockHolder(owner) if marks_lock(owner) else NoLock()

@@ -1,0 +1,215 @@
+"""A worker's death told by the database itself (conversations/liveness.py): on
+PostgreSQL each worker holds an advisory lock on a session of its own, and the others
+take over what a worker held as soon as its lock is free — not when its heartbeat goes
+stale (AGENTLOOP_WORKER_STALE_AFTER, 30 s). The dead worker plays one on another host
+(AGENTLOOP_HOSTNAME), so the same-host pid check cannot be what notices it. On SQLite
+the heartbeat is the only judge (the existing restart and ledger tests run there)."""
+
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from conversations import engine, liveness
+from conversations.models import Channel, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat
+from delivery import ledger
+from delivery.models import OutboundMessage, OutboundState
+from tests.conftest import is_postgres, wait_until
+from tests.e2e import SECRET, TOKEN, send
+
+TAKE_OVER_WITHIN = 5.0
+POLL_TOKEN = "4343:POLLING"
+
+
+@pytest.fixture
+def on_postgres(db):
+    if not is_postgres():
+        pytest.skip("advisory locks are PostgreSQL's; SQLite's workers are judged by their heartbeat")
+
+
+# --- the judgement, in this process ---------------------------------------------------------
+
+def test_an_owner_stamp_says_whether_its_worker_holds_a_lock():
+    plain, locked = engine.new_owner(), engine.new_owner(lock=True)
+    assert not liveness.marks_lock(plain) and liveness.marks_lock(locked)
+    assert locked.startswith(plain.rsplit(":", 1)[0].rsplit(":", 1)[0])  # host:pid:start as before
+    assert liveness.lock_key(locked) == liveness.lock_key(locked) != liveness.lock_key(engine.new_owner(lock=True))
+    assert liveness.released([plain, "agent:webhook"]) == set()  # never judged by a lock
+
+
+def test_sqlite_judges_by_heartbeat_only(db):
+    if is_postgres():
+        pytest.skip("the SQLite side of the judgement")
+    now = timezone.now()
+    locked = engine.new_owner(lock=True).replace(engine.settings.AGENTLOOP_HOSTNAME, "elsewhere", 1)
+    WorkerHeartbeat.objects.create(owner=locked, hostname="elsewhere", pid=1, seen_at=now)
+    assert engine.dead_owners(now) == []  # no lock to read: a fresh heartbeat is alive
+    assert engine.dead_owners(now + timedelta(seconds=31)) == [locked]
+
+
+def held(owner):
+    holder = liveness.LockHolder(owner)
+    holder.start()
+    wait_until(holder.holding, timeout=10, message="the lock taken")
+    return holder
+
+
+def foreign_owner():
+    """A lock holder's stamp from another host: no pid of it is judged here."""
+    host, pid, started, rest = engine.new_owner(lock=True).split(":", 3)
+    return f"other-host:{pid}:{started}:{rest}"
+
+
+def test_a_worker_holding_its_lock_is_alive_however_stale_its_heartbeat(on_postgres):
+    owner = foreign_owner()
+    WorkerHeartbeat.objects.create(owner=owner, hostname="other-host", pid=1,
+                                   seen_at=timezone.now() - timedelta(hours=1))
+    unlocked = "other-host:2:0:abcdef"
+    WorkerHeartbeat.objects.create(owner=unlocked, hostname="other-host", pid=2,
+                                   seen_at=timezone.now() - timedelta(hours=1))
+    holder = held(owner)
+    try:
+        assert engine.dead_owners() == [unlocked]  # the stale one without a lock is dead by its heartbeat
+        assert not engine.owner_gone(owner)
+    finally:
+        holder.stop()
+    # The session ended: its lock is free at once, whatever the heartbeat says.
+    assert sorted(engine.dead_owners()) == sorted([owner, unlocked])
+    assert engine.owner_gone(owner)
+
+
+def test_a_lock_connection_killed_by_the_server_is_reopened_and_the_lock_taken_again(on_postgres):
+    holder = held(foreign_owner())
+    try:
+        first = holder.backend_pid
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+        wait_until(lambda: holder.holding() and holder.backend_pid != first, timeout=10,
+                   message="the lock taken again on a new session")
+        assert holder.key in liveness.held_keys()
+    finally:
+        holder.stop()
+    assert holder.key not in liveness.held_keys()
+
+
+def test_a_lock_held_by_another_session_is_waited_for_not_stolen(on_postgres):
+    """A worker whose previous session the server has not dropped yet must not think it
+    holds its lock (nor claim anything) until that session is gone."""
+    owner = foreign_owner()
+    params = liveness.lock_connection_params()
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s::bigint)", [liveness.lock_key(owner)])
+        holder = liveness.LockHolder(owner)
+        holder.start()
+        try:
+            time.sleep(1.0)
+            assert not holder.holding()
+        finally:
+            other.close()  # the old session goes: the lock is free
+        try:
+            wait_until(holder.holding, timeout=10, message="the lock taken once free")
+        finally:
+            holder.stop()
+
+
+# --- real processes ------------------------------------------------------------------------
+
+def channels(make_channel, fake):
+    fake.add_token(POLL_TOKEN)
+    common = dict(kind="telegram", api_base=fake.url, window_closed=0.3, window_neutral=0.3)
+    slow = make_channel("slow", bot_token=TOKEN, webhook_secret=SECRET, agent_config={"delay": 30}, **common)
+    fast = make_channel("fast", bot_token=TOKEN, webhook_secret=SECRET, **common)
+    polled = make_channel("polled", bot_token=POLL_TOKEN, telegram_mode="polling", **common)
+    return slow, fast, polled
+
+
+def taken_within(predicate, since, message):
+    wait_until(predicate, timeout=30, message=message)
+    return time.monotonic() - since
+
+
+@pytest.mark.e2e
+def test_a_worker_killed_on_another_host_is_taken_over_within_seconds(on_postgres, processes, make_channel,
+                                                                     fake_telegram):
+    slow, fast, polled = channels(make_channel, fake_telegram)
+    pool = {"DATABASE_POOL": "true"}
+    web = processes.web(**pool)
+    dying = processes.worker(AGENTLOOP_HOSTNAME="host-a", **pool)
+    owner_a = WorkerHeartbeat.objects.get(pid=dying.pid).owner
+    assert owner_a.startswith("host-a:") and liveness.marks_lock(owner_a)
+    wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner_a, message="A polls")
+
+    send(web, "slow", 101, "¿Me ayudas con esto?")  # a turn A runs for 30 s
+    wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING, owner=owner_a).exists(), message="A's turn")
+    hold = fake_telegram.hold("sendMessage")
+    send(web, "fast", 102, "¿Hola?")  # a reply A is sending: the platform holds it
+    hold.wait_held(1, timeout=15)
+    row = OutboundMessage.objects.get(conversation__chat_id="102")
+    assert (row.state, row.owner) == (OutboundState.ATTEMPTING, owner_a)
+
+    survivor = processes.worker(**pool)  # the default AGENTLOOP_WORKER_STALE_AFTER: 30 s
+    owner_b = WorkerHeartbeat.objects.get(pid=survivor.pid).owner
+    time.sleep(1.5)  # B has looked at A (alive) at least once: nothing taken while A lives
+    assert Turn.objects.get(conversation__chat_id="101").owner == owner_a
+    assert OutboundMessage.objects.get(pk=row.pk).owner == owner_a
+
+    send(web, "fast", 103, "¿Y otra cosa?")  # an open buffer when A dies (any flusher flushes it)
+    dying.kill()
+    killed = time.monotonic()
+    hold.release()
+    assert timezone.now() - WorkerHeartbeat.objects.get(owner=owner_a).seen_at < timedelta(seconds=10)
+
+    turn_at = taken_within(lambda: Turn.objects.filter(conversation__chat_id="101", owner=owner_b).exists(),
+                           killed, "A's turn run by B")
+    row_at = taken_within(lambda: OutboundMessage.objects.filter(pk=row.pk, owner=owner_b).exists(),
+                          killed, "A's reply claimed by B")
+    lease_at = taken_within(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner_b, killed, "A's lease")
+    wait_until(lambda: MessageBuffer.objects.filter(conversation__chat_id="103", state="flushed").exists(),
+               timeout=30, message="the buffer flushed")
+    buffer = MessageBuffer.objects.get(conversation__chat_id="103")
+    buffer_at = (buffer.flushed_at - buffer.flush_at).total_seconds()  # late past its deadline
+    print(f"\ntaken over after SIGKILL: turn {turn_at:.2f} s, reply {row_at:.2f} s, lease {lease_at:.2f} s; "
+          f"the open buffer flushed {buffer_at:.2f} s past its deadline")
+    assert max(turn_at, row_at, lease_at, buffer_at) <= TAKE_OVER_WITHIN, (turn_at, row_at, lease_at, buffer_at)
+
+    wait_until(lambda: OutboundMessage.objects.filter(pk=row.pk, state=OutboundState.DELIVERED).exists(),
+               timeout=15, message="A's reply delivered by B")
+    sent = [c.params["text"] for c in fake_telegram.calls("sendMessage") if c.params["chat_id"] in (102, "102")]
+    assert sent == ["¿Hola?", f"{ledger.RECOVERY_PREFIX}¿Hola?"]  # the resend labelled
+    assert "Traceback" not in survivor.output(), survivor.output()
+
+
+@pytest.mark.e2e
+def test_a_live_worker_is_never_taken_over_however_stale_its_heartbeat_looks(on_postgres, processes, make_channel,
+                                                                             fake_telegram):
+    slow, fast, polled = channels(make_channel, fake_telegram)
+    slow.agent_config = {"delay": 15}
+    slow.save()
+    web = processes.web()
+    alive = processes.worker(AGENTLOOP_HOSTNAME="host-a", DATABASE_POOL="true")
+    owner_a = WorkerHeartbeat.objects.get(pid=alive.pid).owner
+    wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner_a, message="A polls")
+    send(web, "slow", 101, "¿Me ayudas con esto?")
+    wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING, owner=owner_a).exists(), message="A's turn")
+    # B thinks a heartbeat older than 1 s is stale; A beats every 5 s, and its row is
+    # made an hour old besides.
+    processes.worker(AGENTLOOP_WORKER_STALE_AFTER=1, DATABASE_POOL="true")
+    watch_until = time.monotonic() + 6
+    while time.monotonic() < watch_until:
+        WorkerHeartbeat.objects.filter(owner=owner_a).update(seen_at=timezone.now() - timedelta(hours=1))
+        turn = Turn.objects.get(conversation__chat_id="101")
+        assert (turn.state, turn.owner, turn.attempts) == (TurnState.RUNNING, owner_a, 1)
+        assert Channel.objects.get(pk=polled.pk).poll_owner == owner_a
+        time.sleep(0.2)
+    with override_settings(AGENTLOOP_WORKER_STALE_AFTER=1):
+        assert owner_a not in engine.dead_owners()
+    wait_until(lambda: Turn.objects.get(conversation__chat_id="101").state == TurnState.DONE, timeout=30,
+               message="A finishes its own turn")
+    fake_telegram.wait_for("sendMessage", timeout=10)
+    assert Turn.objects.get(conversation__chat_id="101").attempts == 1
+    assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿Me ayudas con esto?"]
+    assert InboundMessage.objects.count() == 1
