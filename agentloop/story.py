@@ -28,7 +28,7 @@ from audit.models import AuditEvent, EventKind
 from audit.redaction import channel_secrets, redact, redact_payload
 from conversations import windows
 from conversations.models import (
-    BufferState, ContextNote, Conversation, Disposition, InboundMessage, MessageBuffer, Turn,
+    BufferState, ContextNote, Conversation, Disposition, InboundMessage, MessageBuffer, MessageEdit, Turn,
 )
 from delivery.models import OutboundMessage
 from tools.models import ActionClaim
@@ -159,6 +159,9 @@ def _message_entry(story, m, rank):
     if m.sent_at:
         details.append(("Sent by the platform", f"{_iso(m.sent_at)} (admitted {_seconds(m.sent_at, m.received_at)} "
                                                 f"later)"))
+    if m.edited_at:
+        details.append(("Edited", f"last at {_iso(m.edited_at)}: the text shown is the corrected one (each edit, "
+                                  f"with the text before it, is an entry of its own)"))
     if m.buffer_id and m.disposition == Disposition.BUFFERED:
         details.append(("Window", _window(story, m)))
     links = [("message", "conversations.inboundmessage", m.pk)]
@@ -327,8 +330,26 @@ def _notes(story, older, rank):
 _notes.time_field = "created_at"
 
 
-# In this order within the same instant: what arrived, what it flushed, what ran, what it did.
-SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes]
+def _edits(story, older, rank):
+    rows = story.latest(MessageEdit.objects.filter(conversation=story.conversation), "received_at", older)
+    return [_edit_entry(story, e, rank) for e in rows]
+_edits.time_field = "received_at"
+
+
+def _edit_entry(story, e, rank):
+    details = [("Outcome", e.get_outcome_display()), ("Why", story.redact(e.detail, 300) or "—"),
+               ("Edited by the user", f"{_iso(e.edited_at)} (via {e.source})"),
+               ("Text before", story.redact(e.old_text))]
+    links = [(f"message {e.message_id}", "conversations.inboundmessage", e.message_id)]
+    if e.turn_id:
+        links.append((f"turn {e.turn_id}", "conversations.turn", e.turn_id))
+    return Entry(e.received_at, rank, e.pk, "edit", f"Message {e.message_id} edited: {e.get_outcome_display()}",
+                 story.redact(e.new_text), details, links)
+
+
+# In this order within the same instant: what arrived, what it flushed, what ran, what it did
+# (edits last: a source's rank is part of the page cursor).
+SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes, _edits]
 
 
 # --- how a page is handed out -------------------------------------------------------------------

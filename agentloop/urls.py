@@ -20,6 +20,8 @@ urlpatterns = [
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
+    path("api/v1/channels/<slug:slug>/messages/<str:message_id>", api.MessageEditView.as_view(),
+         name="api-channel-message-edit"),
     path("api/v1/turns", api.TurnListView.as_view(), name="api-turns"),
     path("api/v1/turns/<int:turn>/claim", api.TurnClaimView.as_view(), name="api-turn-claim"),
     path("api/v1/turns/<int:turn>/reply", api.TurnReplyView.as_view(), name="api-turn-reply"),

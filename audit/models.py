@@ -15,6 +15,8 @@ class EventKind(models.TextChoices):
     TURN_FAILED = "turn_failed", "Turn failed"
     MESSAGE_OVERFLOWED = "message_overflowed", "Message not buffered (too many pending)"
     MESSAGE_REFUSED = "message_refused", "Message refused (cannot be stored)"
+    MESSAGE_EDITED = "message_edited", "Message edited by the user"
+    EDIT_IGNORED = "edit_ignored", "Edit ignored (changed nothing)"
     # Layer 2
     DUPLICATE_PREVENTED = "duplicate_prevented", "Duplicate prevented"
     ACTION_UNCERTAIN = "action_uncertain", "Action interrupted (outcome uncertain)"

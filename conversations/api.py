@@ -11,8 +11,9 @@ from rest_framework.views import APIView
 
 from conversations.api_auth import ErrorSerializer
 
+from conversations import edits
 from conversations.ingest import Inbound, Unstorable, admit
-from conversations.models import Channel, ChannelKind, InboundMessage
+from conversations.models import Channel, ChannelKind, EditOutcome, InboundMessage
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,61 @@ class ChannelMessagesView(APIView):
             "flush_reason": admission.planned_reason, "window": admission.window_kind,
         }
         return Response(AdmissionSerializer(body).data, status=status.HTTP_202_ACCEPTED)
+
+
+class MessageEditSerializer(serializers.Serializer):
+    text = serializers.CharField(allow_blank=True, max_length=20000, trim_whitespace=False,
+                                 help_text="The corrected text (as long as a new message may be).")
+    edited_at = serializers.DateTimeField(
+        required=False, help_text="When the user edited it. An edit is applied once per (message, edited_at): "
+                                  "send it to make a retry safe. Default: the time the request arrives.")
+
+
+class EditResultSerializer(serializers.Serializer):
+    message = serializers.IntegerField(help_text="The edited message's row id.")
+    conversation = serializers.IntegerField()
+    duplicate = serializers.BooleanField(help_text="This edit (same edited_at) was applied before: nothing changed now.")
+    outcome = serializers.ChoiceField(
+        [o for o in EditOutcome.values if o != EditOutcome.IGNORED],
+        help_text="buffered: corrected in the open buffer, its window re-armed; rerun: the turn holding it was "
+                  "cancelled (interrupt strategy, no effect fired) and runs again with the corrected text; noted: "
+                  "the agent's next turn gets a note of the edit; unchanged: same text; not_applied: the message "
+                  "never reached a turn (a control command, rejected, dropped).")
+    detail = serializers.CharField()
+    turn = serializers.IntegerField(allow_null=True, help_text="The turn cancelled (rerun) or too late for (noted).")
+    buffer = serializers.IntegerField(allow_null=True)
+    flush_at = serializers.DateTimeField(allow_null=True, help_text="When the corrected buffer flushes.")
+
+
+class MessageEditView(APIView):
+    @extend_schema(
+        request=MessageEditSerializer,
+        responses={200: EditResultSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer,
+                   404: ErrorSerializer, 409: ErrorSerializer},
+        summary="Edit a message the user already sent (the corrected text counts)",
+        description="The message is the one POSTed with this `message_id`. 404: no such message in the channel. "
+                    "400: a malformed body or a text that cannot be stored (same bounds as a new message). "
+                    "409: the channel ignores edits (its `edits` setting is `ignore`): the edit is recorded and "
+                    "audited as ignored and changes nothing (a retry gets the same answer).")
+    def patch(self, request, slug, message_id):
+        channel = channel_for_key(request.user, slug, ChannelKind.API)
+        incoming = MessageEditSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        try:
+            result = edits.apply(channel, edits.Edit(platform_message_id=message_id, text=data["text"],
+                                                     edited_at=data.get("edited_at") or timezone.now(),
+                                                     source="api"))
+        except Unstorable as exc:
+            raise exceptions.ParseError(f"edit refused: {exc}") from None
+        if result.outcome == edits.UNKNOWN:
+            raise exceptions.NotFound(f"no message '{message_id}' in channel '{slug}'")
+        if result.outcome == EditOutcome.IGNORED:
+            raise Conflict(f"channel '{slug}' ignores edits (edits: ignore): the edit was recorded and changed nothing")
+        return Response(EditResultSerializer({
+            "message": result.message_id, "conversation": result.conversation_id, "duplicate": result.duplicate,
+            "outcome": result.outcome, "detail": result.detail, "turn": result.turn_id, "buffer": result.buffer_id,
+            "flush_at": result.flush_at}).data)
 
 
 # --- turns for external agents (pull agents, and webhook agents answering later) ----------

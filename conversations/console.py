@@ -95,5 +95,5 @@ def messages_of(conversation_id, limit=30):
 
     rows = (InboundMessage.objects.filter(conversation_id=conversation_id)
             .order_by("-received_at", "-pk")[:limit])
-    return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition}
-            for m in reversed(rows)]
+    return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition,
+             "id": m.platform_message_id, "edited": m.edited_at is not None} for m in reversed(rows)]

@@ -262,6 +262,9 @@ class InboundMessage(models.Model):
     thread_id = models.CharField(max_length=50, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
+    # The user corrected this message (its text is the corrected one; each edit, with the
+    # text before it, is a MessageEdit row).
+    edited_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -280,6 +283,7 @@ class FlushReason(models.TextChoices):
     MAX_MESSAGES = "max_messages", "Max messages reached"
     MEDIA = "media", "Media / non-text"
     CONTROL = "control", "Control command"
+    EDIT = "edit", "An edit re-runs a cancelled turn"
 
 
 class BufferState(models.TextChoices):
@@ -456,3 +460,40 @@ class ContextNote(models.Model):
 
     def __str__(self):
         return self.text[:80]
+
+
+class EditOutcome(models.TextChoices):
+    """What an edit of a message changed (conversations/edits.py decides)."""
+
+    BUFFERED = "buffered", "Corrected in the open buffer (window re-armed)"
+    RERUN = "rerun", "Turn cancelled and re-run with the corrected text"
+    NOTED = "noted", "Noted for the agent's next turn"
+    UNCHANGED = "unchanged", "Same text as before: nothing to change"
+    NOT_APPLIED = "not_applied", "Not applied: the message never reached a turn"
+    IGNORED = "ignored", "Ignored: the channel ignores edits"
+
+
+class MessageEdit(models.Model):
+    """One edit of an admitted message. The unique (message, edited_at) *is* the edit's
+    dedup: a redelivered `edited_message` stops at its INSERT, as a message does."""
+
+    message = models.ForeignKey(InboundMessage, on_delete=models.CASCADE, related_name="edits")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="edits")
+    edited_at = models.DateTimeField(help_text="When the user edited it (Telegram's edit_date).")
+    received_at = models.DateTimeField(default=timezone.now)
+    source = models.CharField(max_length=16, help_text="telegram, api or webchat.")
+    old_text = models.TextField(blank=True)
+    new_text = models.TextField(blank=True)
+    outcome = models.CharField(max_length=16, choices=EditOutcome.choices)
+    detail = models.CharField(max_length=300, blank=True, help_text="Why this outcome.")
+    turn = models.ForeignKey("Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="edits",
+                             help_text="The turn cancelled for a re-run, or the one the edit came too late for.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message", "edited_at"], name="message_edit_applied_once")
+        ]
+        indexes = [models.Index(fields=["conversation", "received_at"], name="edit_conversation_idx")]
+
+    def __str__(self):
+        return f"edit of message {self.message_id} ({self.outcome})"

@@ -9,6 +9,7 @@ from django.urls import reverse
 from telegram.error import TelegramError
 
 from conversations.models import Channel, ChannelKind, TelegramMode
+from conversations.telegram import ALLOWED_UPDATES
 
 
 class Command(BaseCommand):
@@ -44,7 +45,7 @@ class Command(BaseCommand):
             if not channel.webhook_secret:
                 channel.webhook_secret = secrets.token_urlsafe(24)
             asyncio.run(self._call(bot, bot.set_webhook(
-                url=full, secret_token=channel.webhook_secret, allowed_updates=["message"],
+                url=full, secret_token=channel.webhook_secret, allowed_updates=ALLOWED_UPDATES,
                 drop_pending_updates=drop_pending)))
         except TelegramError as exc:
             raise CommandError(f"Telegram refused: {exc}") from exc
