@@ -133,11 +133,12 @@ net_up() {
 
 net_down() {
   local host
+  # A veth pair goes with either end (asynchronously): whatever is gone already is fine.
   for host in "${HOSTS[@]}"; do
-    exists "$host" && ip netns del "$(ns "$host")"
-    ip link show "$(root_veth "$host")" >/dev/null 2>&1 && ip link del "$(root_veth "$host")"
+    ip link del "$(root_veth "$host")" 2>/dev/null || true
+    if exists "$host"; then ip netns del "$(ns "$host")"; fi
   done
-  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+  ip link del "$BRIDGE" 2>/dev/null || true
 }
 
 # --- db: PostgreSQL and Redis ------------------------------------------------------------
@@ -159,9 +160,11 @@ db_up() {
   # Trust on the cluster's own networks only (the namespaces reach nothing else).
   echo "host all all $NET.0.0/16 trust" >>"$pgdir/data/pg_hba.conf"
   listen="127.0.0.1,$(front_addr db),$(db_side app-a),$(db_side app-b)"
-  # As scripts/pg.sh, plus server-side keepalives matching the product's client side.
+  # As scripts/pg.sh, plus server-side keepalives matching the product's client side, and
+  # a log line for every lock waited on longer than a second (a cut-off host's open
+  # transaction holding the others up shows there).
   on db runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -w -t 60 \
-    -o "-p $PG_PORT -k $pgdir -c listen_addresses=$listen -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=2" \
+    -o "-p $PG_PORT -k $pgdir -c listen_addresses=$listen -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c log_lock_waits=on -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=2" \
     start >/dev/null || die "PostgreSQL did not start (see $pgdir/server.log)"
   on db runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres agentloop
   mkdir -p "$STATE/db/redis"
@@ -243,7 +246,7 @@ up() {
   need_root up
   need_netns
   if exists db || ip link show "$BRIDGE" >/dev/null 2>&1; then
-    die "a cluster with prefix '$P' is up already (scripts/cluster.sh status; scripts/cluster.sh down)"
+    die "a cluster with prefix '$P' is up already (CLUSTER_PREFIX=$P scripts/cluster.sh status, or … down)"
   fi
   [ -x "$PY" ] || make .venv/.installed-dev
   command -v redis-server >/dev/null 2>&1 || die "redis-server is missing (scripts/system-deps.sh installs it)"
