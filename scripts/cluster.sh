@@ -148,6 +148,7 @@ pg_bin() {
   dirname "$(command -v pg_ctl)"
 }
 
+# From /: the postgres user may not enter the clone we were started in.
 as_postgres() { (cd / && runuser -u postgres -- "$@"); }
 
 db_up() {
@@ -163,10 +164,10 @@ db_up() {
   # As scripts/pg.sh, plus server-side keepalives matching the product's client side, and
   # a log line for every lock waited on longer than a second (a cut-off host's open
   # transaction holding the others up shows there).
-  on db runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -w -t 60 \
+  (cd / && on db runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -w -t 60 \
     -o "-p $PG_PORT -k $pgdir -c listen_addresses=$listen -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 -c log_lock_waits=on -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=2" \
-    start >/dev/null || die "PostgreSQL did not start (see $pgdir/server.log)"
-  on db runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres agentloop
+    start >/dev/null) || die "PostgreSQL did not start (see $pgdir/server.log)"
+  (cd / && on db runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U postgres agentloop)
   mkdir -p "$STATE/db/redis"
   daemon db redis redis-server --port "$REDIS_PORT" --bind "127.0.0.1 $(front_addr db) $(db_side app-a) $(db_side app-b)" \
     --protected-mode no --save "" --appendonly no --dir "$STATE/db/redis"
@@ -196,6 +197,8 @@ app_env() {
   [ -f "$STATE/env" ] && . "$STATE/env"
   export DATABASE_URL="postgres://postgres@$(db_side "$host"):$PG_PORT/agentloop"
   export REDIS_URL="redis://$(db_side "$host"):$REDIS_PORT/0"
+  # The host's own name (as its UTS namespace says): a setting from `up` never makes two hosts one.
+  export AGENTLOOP_HOSTNAME=$host
   export HOST=$(front_addr "$host") PORT=$WEB_PORT
   export ALLOWED_HOSTS="$(front_addr "$host"),127.0.0.1,localhost"
   export DJANGO_SETTINGS_MODULE=agentloop.settings PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
