@@ -31,6 +31,7 @@
 # (default alc: names of the namespaces and links), CLUSTER_NET; the app hosts' settings
 # (AGENTLOOP_*, LOG_LEVEL, …) are taken from the environment of `up` and kept for `start`.
 set -euo pipefail
+export PATH=$PATH:/usr/sbin:/sbin  # ip, runuser: not on every user's PATH, even root's under sudo
 cd "$(dirname "$0")/.."
 CLONE=$(pwd)
 SELF=$CLONE/scripts/cluster.sh
