@@ -59,7 +59,9 @@ PHASES = {"before (5-20 s)": (5.0, KILL_AT), "app-a down (20-35 s)": (KILL_AT, R
 
 
 def has_liveness():
-    return importlib.util.find_spec("conversations.liveness") is not None
+    """Fast death detection from the database itself, unless switched to the heartbeat."""
+    return (importlib.util.find_spec("conversations.liveness") is not None
+            and os.environ.get("AGENTLOOP_LIVENESS", "").lower() != "heartbeat")
 
 
 def skip_reason():
