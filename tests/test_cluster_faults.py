@@ -221,6 +221,8 @@ def measure(db, bot_api, messages, takeover, started, settled):
         "messages": len(messages), "accepted": len(accepted), "not_accepted": len(messages) - len(accepted),
         "accepted_by": dict(Counter(["app-a", "app-b"][m.host] for m in accepted)),
         "failed_over": sum(1 for m in accepted if m.host != m.home),
+        "failed_posts": dict(Counter(f"{['app-a', 'app-b'][host]} {outcome}" for m in messages
+                                     for host, outcome in m.tries if not (isinstance(outcome, int) and outcome < 300))),
         "lost": lost, "unanswered": unanswered, "answered_by_notice": notices,
         "conversations_unanswered": len({m.chat for m in accepted} - set(by_chat)),
         "unlabelled_duplicate_replies": unlabelled, "labelled_resends": labelled,
@@ -251,7 +253,7 @@ def report(figures, tmp_path, capsys):
         "cluster fault test (scripts/cluster.sh; tests/test_cluster_faults.py)",
         f"  load: {figures['messages']} messages over {CONVERSATIONS} conversations at {RATE:g}/s for {SECONDS:g} s, "
         f"half through each web host; accepted {figures['accepted']} ({figures['failed_over']} by the other host "
-        f"after a failed POST): {figures['accepted_by']}",
+        f"after a failed POST): {figures['accepted_by']}; failed POSTs {figures['failed_posts']}",
         f"  faults: app-a SIGKILLed at {KILL_AT:g} s, started at {RESTART_AT:g} s; app-b cut from db "
         f"{UNPLUG_AT:g}-{UNPLUG_AT + UNPLUG_FOR:g} s",
         f"  lost {len(figures['lost'])}, unanswered {len(figures['unanswered'])} (answered by the recovery notice: "
