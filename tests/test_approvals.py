@@ -22,7 +22,7 @@ EVENT = {"title": "Sesión de grupo", "start_datetime": "2026-12-03T18:00"}
 
 @pytest.fixture
 def conversation(make_channel, make_conversation):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True, approval_ttl_seconds=3600)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator", approval_ttl_seconds=3600)
     return make_conversation(make_channel("shop"), "ana")
 
 
@@ -99,7 +99,7 @@ def test_the_sweep_expires_proposals(conversation):
 
 
 def test_an_apply_whose_run_failed_is_reported(conversation, make_channel):
-    ToolPolicy.objects.create(name="calendar_delete_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_delete_event", approval="operator")
     outcome = guard.invoke("calendar_delete_event", {"event_id": "nope"}, Scope.of_conversation(conversation),
                            actor="worker:w")
     failed = approvals.apply(outcome.proposal_id, by="olga")

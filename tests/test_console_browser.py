@@ -213,7 +213,7 @@ def test_an_operator_applies_a_proposal_from_the_dashboard_once(processes, brows
 
     channel = Channel.objects.create(slug="tg", kind="api")
     guard.ensure_policies()
-    ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=True)
+    ToolPolicy.objects.filter(name="calendar_create_event").update(approval="operator")
     guard.forget_policies()
     outcome = guard.invoke("calendar_create_event", {"title": "Kine", "start_datetime": "2026-12-03T09:00"},
                            Scope.of_conversation(make_conversation(channel)), actor="test")

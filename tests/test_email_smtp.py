@@ -33,7 +33,7 @@ def send(arguments, scope=Scope("contact:1")):
 @pytest.fixture
 def trusted(db):
     """An operator who trusts their users switched approval off for email_send."""
-    ToolPolicy.objects.create(name="email_send", requires_approval=False, max_per_hour=3)
+    ToolPolicy.objects.create(name="email_send", approval="none", max_per_hour=3)
 
 
 def mail(n):
@@ -75,7 +75,7 @@ def test_the_limit_is_a_sliding_hour_and_failed_sends_do_not_count(smtp, trusted
 
 
 def test_proposals_count_and_rejected_ones_do_not(smtp):
-    ToolPolicy.objects.create(name="email_send", requires_approval=True, max_per_hour=2)
+    ToolPolicy.objects.create(name="email_send", approval="operator", max_per_hour=2)
     first, second = send(mail(1)), send(mail(2))
     assert send(mail(3)).status == Status.FAILED and Proposal.objects.count() == 2
     approvals.reject(first.proposal_id, by="olga")

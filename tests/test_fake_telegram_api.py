@@ -478,3 +478,76 @@ def test_stop_releases_waiting_requests():
 
     assert not caller.is_alive()
     assert len(results) == 1  # answered or cut off, but never left hanging
+
+
+# --------------------------------------------------------- buttons and their taps
+
+
+def keyboard(*buttons: tuple[str, str]) -> telegram.InlineKeyboardMarkup:
+    return telegram.InlineKeyboardMarkup(
+        [[telegram.InlineKeyboardButton(text, callback_data=data) for text, data in buttons]]
+    )
+
+
+def test_inline_keyboard_tap_answer_and_edit(fake):
+    async def scenario():
+        async with make_bot(fake) as bot:
+            sent = await bot.send_message(
+                chat_id=42, text="Confirm?", reply_markup=keyboard(("Yes", "c:tok:y"), ("No", "c:tok:n"))
+            )
+            assert sent.reply_markup.inline_keyboard[0][1].callback_data == "c:tok:n"
+            update = telegram.Update.de_json(
+                fake.callback_query(TOKEN, sent.to_dict(), "c:tok:y", user_id=42), bot
+            )
+            query = update.callback_query
+            assert (query.data, query.from_user.id, query.message.message_id) == ("c:tok:y", 42, sent.message_id)
+            assert await bot.answer_callback_query(query.id, text="Done ✅") is True
+            with pytest.raises(BadRequest, match="(?i)query is too old"):  # answered once only
+                await bot.answer_callback_query(query.id, text="again")
+            edited = await bot.edit_message_text(chat_id=42, message_id=sent.message_id, text="Confirm?\n\nDone.")
+            assert edited.text == "Confirm?\n\nDone." and edited.reply_markup is None
+            with pytest.raises(BadRequest, match="(?i)message is not modified"):
+                await bot.edit_message_text(chat_id=42, message_id=sent.message_id, text="Confirm?\n\nDone.")
+            marked = await bot.edit_message_reply_markup(
+                chat_id=42, message_id=sent.message_id, reply_markup=keyboard(("Undo", "c:tok:u"))
+            )
+            assert marked.reply_markup.inline_keyboard[0][0].text == "Undo"
+            with pytest.raises(BadRequest, match="(?i)message to edit not found"):
+                await bot.edit_message_text(chat_id=42, message_id=999, text="x")
+
+    asyncio.run(scenario())
+    shown = fake.sent_message(TOKEN, 42, 1)
+    assert shown["text"] == "Confirm?\n\nDone." and shown["reply_markup"]["inline_keyboard"][0][0]["text"] == "Undo"
+    answered = fake.calls("answerCallbackQuery")
+    assert [call.params.get("text") for call in answered] == ["Done ✅", "again"]
+    assert len(fake.calls("editMessageText")) == 3 and len(fake.calls("editMessageReplyMarkup")) == 1
+
+
+def test_buttons_and_answers_are_validated_like_the_real_api(fake):
+    async def scenario():
+        async with make_bot(fake) as bot:
+            with pytest.raises(BadRequest, match="(?i)button_data_invalid"):
+                await bot.send_message(chat_id=42, text="x", reply_markup=keyboard(("Yes", "y" * 65)))
+            with pytest.raises(BadRequest, match="(?i)query is too old"):  # an id Telegram never issued
+                await bot.answer_callback_query("12345", text="forged")
+            query = fake.callback_query(TOKEN, (await bot.send_message(chat_id=42, text="q")).to_dict(), "d")
+            with pytest.raises(BadRequest, match="(?i)message_too_long"):
+                await bot.answer_callback_query(query["callback_query"]["id"], text="x" * 201)
+            assert await bot.answer_callback_query(query["callback_query"]["id"], text="x" * 200) is True
+
+    asyncio.run(scenario())
+    for body, error in [
+        ({"text": "x"}, 'parameter "callback_query_id" is required'),
+    ]:
+        answer = httpx.post(f"{fake.url}/bot{TOKEN}/answerCallbackQuery", json=body).json()
+        assert answer["ok"] is False and error in answer["description"]
+    shapes = [
+        ({"inline_keyboard": [{"text": "a", "callback_data": "b"}]}, "should be an Array of Arrays"),
+        ({"inline_keyboard": [[{"text": "a"}]]}, "BUTTON_TYPE_INVALID"),
+        ({"inline_keyboard": [[{"text": "", "callback_data": "b"}]]}, "text buttons are unallowed"),
+        ({"inline_keyboard": [[{"text": "a", "callback_data": "b", "url": "https://x"}]]}, "BUTTON_TYPE_INVALID"),
+    ]
+    for markup, error in shapes:
+        answer = httpx.post(f"{fake.url}/bot{TOKEN}/sendMessage",
+                            json={"chat_id": 42, "text": "x", "reply_markup": markup}).json()
+        assert answer["ok"] is False and error in answer["description"], (markup, answer)

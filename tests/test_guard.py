@@ -44,7 +44,7 @@ def scope(conversation):
 def email_without_approval(db):
     """email_send as an operator who trusts their users has set it: no approval (the
     default, approval, is tested in test_email_smtp)."""
-    ToolPolicy.objects.create(name="email_send", requires_approval=False)
+    ToolPolicy.objects.create(name="email_send", approval="none")
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def operator_session(web, username, password):
 
 
 def test_two_operators_applying_at_once_run_it_once(processes, key, conversation):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     User = get_user_model()
     for name in ("olga", "pablo"):
         User.objects.create_superuser(name, f"{name}@example.com", "pw-" + name)

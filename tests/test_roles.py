@@ -68,7 +68,7 @@ def history(make_channel, make_conversation, agent_key):
                         owner="w1", started_at=timezone.now())
     first = guard.invoke("calendar_create_event", EVENT, scope, actor="worker:w1")
     guard.invoke("calendar_create_event", EVENT, scope, actor="worker:w1")  # caught
-    ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=True)
+    ToolPolicy.objects.filter(name="calendar_create_event").update(approval="operator")
     guard.forget_policies()
     proposal = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t").proposal_id
     # An error text that carries the bot's URL (a misconfigured api_base does that).

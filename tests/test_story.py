@@ -75,7 +75,7 @@ def test_the_incident_told_in_time_order_to_an_auditor_with_no_secret(processes,
     conversation = Conversation.objects.get(channel=channel)
     # A proposal an operator applies, and a ledger row whose error carries the bot's URL
     # (written redacted; an older row is planted raw, as rows were before redaction).
-    ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=True)
+    ToolPolicy.objects.filter(name="calendar_create_event").update(approval="operator")
     guard.forget_policies()
     proposal = guard.invoke("calendar_create_event", {"title": "Kine", "start_datetime": "2026-12-02T10:00"},
                             Scope.of_conversation(conversation), actor="worker:test").proposal_id

@@ -40,8 +40,8 @@ def test_creates_with_the_tools_defaults_then_updates_only_what_is_given():
     out = run("email_send", "--approval", "none", "--window", "120", "--max-per-hour", "3", "--timeout", "30")
     assert out.splitlines()[0] == "updated tool policy email_send"
     policy = ToolPolicy.objects.get(name="email_send")
-    assert (policy.requires_approval, policy.window_seconds, policy.max_per_hour, policy.timeout_seconds) == \
-        (False, 120, 3, 30)
+    assert (policy.approval, policy.window_seconds, policy.max_per_hour, policy.timeout_seconds) == \
+        ("none", 120, 3, 30)
     assert policy.enabled and policy.guarded
 
     run("email_send", "--disable", "--no-guard", "--max-per-hour", "none")
@@ -49,7 +49,7 @@ def test_creates_with_the_tools_defaults_then_updates_only_what_is_given():
     assert (policy.enabled, policy.guarded, policy.max_per_hour, policy.window_seconds) == (False, False, None, 120)
     out = run("email_send", "--enable", "--guard", "--approval", "operator")
     policy.refresh_from_db()
-    assert (policy.enabled, policy.guarded, policy.requires_approval) == (True, True, True)
+    assert (policy.enabled, policy.guarded, policy.approval) == (True, True, "operator")
     assert fields(out)["max per hour"].strip() == "no limit"
     assert run("email_send").splitlines()[0] == "unchanged: tool policy email_send"
     assert ToolPolicy.objects.filter(name="email_send").count() == 1
@@ -69,6 +69,15 @@ def test_the_guard_follows_the_change_at_once(make_channel, make_conversation):
     assert "calendar_create_event" not in [tool["function"]["name"] for tool in guard.offered_tools()]
 
 
+def test_approval_user_asks_the_conversations_user(make_channel, make_conversation):
+    scope = Scope.of_conversation(make_conversation(make_channel("shop"), "ana"))
+    out = run("calendar_create_event", "--approval", "user")
+    assert fields(out)["approval"].strip() == "user"
+    outcome = guard.invoke("calendar_create_event", EVENT, scope, actor="test")
+    assert outcome.status == Status.AWAITING_APPROVAL and "user's confirmation" in outcome.note
+    assert not CalendarEvent.objects.exists()
+
+
 def test_an_unknown_tool_is_refused_naming_the_registered_ones():
     with pytest.raises(CommandError, match="unknown tool 'launch_rockets'; registered tools: calendar_create_event, "
                                            "calendar_delete_event, calendar_list_events, email_send"):
@@ -80,7 +89,7 @@ def test_an_external_agents_existing_action_can_be_updated():
     ToolPolicy.objects.create(name="ext:7:refund")
     run("ext:7:refund", "--approval", "operator", "--window", "3600")
     policy = ToolPolicy.objects.get(name="ext:7:refund")
-    assert (policy.requires_approval, policy.window_seconds) == (True, 3600)
+    assert (policy.approval, policy.window_seconds) == ("operator", 3600)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -89,7 +98,7 @@ def test_an_external_agents_existing_action_can_be_updated():
     (["--max-per-hour", "0"], "--max-per-hour: Ensure this value is greater than or equal to 1"),
     (["--max-per-hour", "lots"], "'lots' is not a whole number or 'none'"),
     (["--window", "ten"], "invalid int value"),
-    (["--approval", "user"], r"invalid choice: 'user' \(choose from 'none', 'operator'\)"),
+    (["--approval", "anyone"], r"invalid choice: 'anyone' \(choose from 'none', 'operator', 'user'\)"),
     (["--enable", "--disable"], "not allowed with argument --enable"),
 ])
 def test_bad_values_are_refused_and_nothing_changes(args, message):
@@ -101,7 +110,7 @@ def test_bad_values_are_refused_and_nothing_changes(args, message):
 
 
 def test_without_a_name_lists_every_policy():
-    ToolPolicy.objects.create(name="ext:7:refund", requires_approval=True, max_per_hour=2)
+    ToolPolicy.objects.create(name="ext:7:refund", approval="operator", max_per_hour=2)
     lines = run().splitlines()
     assert [line.split()[0] for line in lines] == ["calendar_create_event", "calendar_delete_event",
                                                    "calendar_list_events", "email_send", "ext:7:refund"]
@@ -120,7 +129,7 @@ def test_from_the_command_line(processes):
     assert done.stdout.splitlines()[0] == "created tool policy calendar_create_event"
     assert "  approval:      operator" in done.stdout.splitlines()
     policy = ToolPolicy.objects.get(name="calendar_create_event")
-    assert (policy.requires_approval, policy.window_seconds, policy.max_per_hour) == (True, 900, 4)
+    assert (policy.approval, policy.window_seconds, policy.max_per_hour) == ("operator", 900, 4)
 
     refused = manage("nope", "--window", "5")
     assert refused.returncode == 1 and "CommandError: unknown tool 'nope'; registered tools:" in refused.stderr

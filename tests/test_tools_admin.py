@@ -43,7 +43,7 @@ def test_an_edited_policy_applies_to_the_next_call(operator, scope):
     policy = ToolPolicy.objects.get(name="calendar_create_event")
     response = operator.post(reverse("admin:tools_toolpolicy_change", args=[policy.pk]), {
         "name": policy.name, "enabled": "on", "window_seconds": 600, "fingerprint_fields": '["title"]',
-        "requires_approval": "on", "approval_ttl_seconds": 60, "timeout_seconds": 60, "guarded": "on"})
+        "approval": "operator", "approval_ttl_seconds": 60, "timeout_seconds": 60, "guarded": "on"})
     assert response.status_code == 302, response.content.decode()[:2000]
     moved = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t")
     assert moved.status == "awaiting_approval"
@@ -81,7 +81,7 @@ def test_reconcile_and_release_uncertain_claims(operator, scope):
 
 
 def test_apply_and_reject_from_the_proposal_page(operator, scope):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     apply_me = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
     reject_me = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t").proposal_id
     page = operator.get(reverse("admin:tools_proposal_change", args=[apply_me])).content.decode()
@@ -101,7 +101,7 @@ def test_apply_and_reject_from_the_proposal_page(operator, scope):
 @pytest.mark.parametrize("next_url", ["https://evil.example/phish", "//evil.example/x", "http:///evil.example",
                                       "javascript:alert(1)"])
 def test_a_decision_never_redirects_off_the_site(operator, scope, next_url):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     first = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
     second = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t").proposal_id
     for view, pk in (("apply", first), ("reject", second)):
@@ -111,7 +111,7 @@ def test_a_decision_never_redirects_off_the_site(operator, scope, next_url):
 
 
 def test_a_decision_returns_to_a_page_of_the_site(operator, scope):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     proposal = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
     response = operator.post(reverse("admin:tools_proposal_apply", args=[proposal]), {"next": "/console/"})
     assert response.status_code == 302 and response["Location"] == "/console/"
@@ -119,7 +119,7 @@ def test_a_decision_returns_to_a_page_of_the_site(operator, scope):
 
 
 def test_an_expired_proposal_offers_no_buttons(operator, scope):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     proposal = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
     Proposal.objects.filter(pk=proposal).update(expires_at=timezone.now() - timedelta(seconds=1))
     page = operator.get(reverse("admin:tools_proposal_change", args=[proposal])).content.decode()

@@ -48,7 +48,7 @@ def invoke(client, key, name, body):
 
 
 def test_tools_are_listed_as_openai_functions(client, key):
-    ToolPolicy.objects.create(name="email_send", requires_approval=True)
+    ToolPolicy.objects.create(name="email_send", approval="operator")
     response = call(client, "get", "/api/v1/tools", key=key)
     assert response.status_code == 200
     tools = {t["function"]["name"]: t for t in response.json()}
@@ -57,7 +57,7 @@ def test_tools_are_listed_as_openai_functions(client, key):
     assert create["type"] == "function" and create["effect"] == "create" and create["guarded"] is True
     assert create["function"]["parameters"]["required"] == ["title", "start_datetime"]
     assert tools["calendar_list_events"]["guarded"] is False
-    assert tools["email_send"]["requires_approval"] is True
+    assert tools["email_send"]["approval"] == "operator" and tools["email_send"]["requires_approval"] is True
 
 
 def test_invoke_then_the_duplicate_with_note_and_original(client, key, conversation):
@@ -83,7 +83,7 @@ def test_invoke_with_an_explicit_scope(client, key, agent_key, shop):
 
 
 def test_invoke_under_approval_is_202(client, key, conversation):
-    ToolPolicy.objects.create(name="calendar_create_event", requires_approval=True)
+    ToolPolicy.objects.create(name="calendar_create_event", approval="operator")
     response = invoke(client, key, "calendar_create_event", {"conversation": conversation.pk, "arguments": EVENT})
     assert response.status_code == 202 and response.json()["status"] == "awaiting_approval"
     assert response.json()["proposal"] and not CalendarEvent.objects.exists()

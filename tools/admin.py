@@ -10,7 +10,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from conversations.models import Turn
 from tools import approvals, guard
-from tools.models import ActionClaim, Calendar, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
+from tools.models import (
+    ActionClaim, Calendar, CalendarEvent, ClaimState, Confirmation, Proposal, ProposalState, ToolPolicy,
+)
 
 
 def admin_link(model_name, pk, label=None, app="tools"):
@@ -22,17 +24,21 @@ def admin_link(model_name, pk, label=None, app="tools"):
 
 @admin.register(ToolPolicy)
 class ToolPolicyAdmin(admin.ModelAdmin):
-    list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "requires_approval",
+    list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "approval",
                     "approval_ttl_seconds", "max_per_hour", "timeout_seconds"]
-    list_editable = ["enabled", "guarded", "window_seconds", "requires_approval", "max_per_hour"]
-    list_filter = ["enabled", "guarded", "requires_approval"]
+    list_editable = ["enabled", "guarded", "window_seconds", "approval", "max_per_hour"]
+    list_filter = ["enabled", "guarded", "approval"]
     search_fields = ["name"]
     fieldsets = [
         (None, {"fields": ["name", "enabled"]}),
         ("Duplicate guard", {"fields": ["guarded", "window_seconds", "fingerprint_fields", "timeout_seconds"],
                              "description": "An identical call (same fingerprint fields, same contact) within the "
                                             "window is not run again; the model is told it was already done."}),
-        ("A person in the loop", {"fields": ["requires_approval", "approval_ttl_seconds"]}),
+        ("A person in the loop", {"fields": ["approval", "approval_ttl_seconds"],
+                                  "description": "operator: an operator applies each call in the admin or the "
+                                                 "dashboard. user: the conversation's user is asked in the chat "
+                                                 "(buttons on Telegram and the web chat, a yes/no reply on the API) "
+                                                 "and their tap applies it, once."}),
         ("Limits", {"fields": ["max_per_hour"],
                     "description": "Calls a single contact may make of this action per hour (proposals count; "
                                    "failed and rejected ones do not). email_send starts at 10."}),
@@ -137,7 +143,7 @@ class ProposalAdmin(admin.ModelAdmin):
     search_fields = ["=id", "claim__action", "decided_by"]
     actions = ["apply_selected", "reject_selected"]
     readonly_fields = ["claim_link", "action", "what", "state", "created_at", "expires_at", "decided_by",
-                       "decided_at", "result", "error", "buttons"]
+                       "decided_at", "result", "error", "asked", "buttons"]
     fields = readonly_fields
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
     change_form_template = "admin/tools/proposal/change_form.html"
@@ -153,6 +159,16 @@ class ProposalAdmin(admin.ModelAdmin):
     @admin.display(description="Claim")
     def claim_link(self, proposal):
         return admin_link("actionclaim", proposal.claim_id)
+
+    @admin.display(description="Asked in the chat")
+    def asked(self, proposal):
+        """Under approval = user: the question the conversation's user was sent (they
+        decide with its buttons or a yes/no reply; an operator may still decide here)."""
+        try:
+            question = proposal.confirmation
+        except Confirmation.DoesNotExist:
+            return "—"
+        return f"“{question.text}” — {question.taps} answer(s)"
 
     @admin.display(description="Decide")
     def buttons(self, proposal):

@@ -95,7 +95,9 @@ class ToolListView(APIView):
             if not policy.enabled:
                 continue
             tools.append({**tool.as_function(), "effect": tool.effect.value,
-                          "guarded": tool.guarded and policy.guarded, "requires_approval": policy.requires_approval,
+                          "guarded": tool.guarded and policy.guarded, "approval": policy.approval,
+                          # Kept for clients written before `approval`: true for operator and user.
+                          "requires_approval": policy.requires_approval,
                           "window_seconds": policy.window_seconds})
         return Response(tools)
 

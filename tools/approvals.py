@@ -1,5 +1,6 @@
 """A person in the loop: a call under an approval policy becomes a proposal that an
-operator applies or rejects.
+operator applies or rejects — or, under `approval = user`, that the conversation's own
+user confirms in the chat (tools.confirmations asks; its tap calls `apply`/`reject`).
 
 Apply is a compare-and-swap from `pending` to `applying`: a second click, a double
 submit or two operators at the same moment find it no longer pending and change
@@ -20,7 +21,7 @@ from audit.failpoints import failpoint
 from audit.models import EventKind
 from conversations.notes import inform
 from tools import guard, registry
-from tools.models import ClaimState, Proposal, ProposalState
+from tools.models import ApprovalMode, ClaimState, Proposal, ProposalState
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,21 @@ def open_proposal(claim, policy) -> Proposal:
     record(EventKind.PROPOSAL_CREATED, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug,
            actor=claim.owner, target=f"proposal {proposal.pk}", summary=f"{claim.action} awaits approval",
            tool=claim.action, claim=claim.pk, proposal=proposal.pk, agent_key=claim.agent_key_id)
+    if policy.approval == ApprovalMode.USER and claim.conversation_id:
+        from tools import confirmations
+
+        # In the same transaction: a proposal the user must confirm always has its question.
+        confirmations.ask(proposal, claim)
     return proposal
+
+
+def by_user(by: str) -> bool:
+    """A decision taken by the conversation's user (tools.confirmations), not an operator."""
+    return by.startswith("user:")
+
+
+def _who(by) -> str:
+    return "The user" if by_user(by) else "A person"
 
 
 def _describe(claim) -> str:
@@ -42,21 +57,29 @@ def _describe(claim) -> str:
     return f"{claim.action}({args})"[:300]
 
 
-def apply(proposal_id, *, by: str) -> Proposal:
+def apply(proposal_id, *, by: str, tell_user: bool = True) -> Proposal:
     """Run the proposed action once. Returns the proposal as it stands afterwards
-    (unchanged when it was not pending: applied already, rejected or expired)."""
+    (unchanged when it was not pending: applied already, rejected or expired).
+    `tell_user` False: the caller shows the outcome itself (a question's buttons edited)."""
+    return apply_once(proposal_id, by=by, tell_user=tell_user)[0]
+
+
+def apply_once(proposal_id, *, by: str, tell_user: bool = True) -> tuple[Proposal, bool]:
+    """`apply`, and whether this call was the one that decided it (a second tap is told
+    "already confirmed")."""
     won, took = _begin_apply(proposal_id, by)
     proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
     if not won:
         if proposal.state == ProposalState.PENDING:  # it is past its time
-            expire(proposal)
+            expire(proposal, tell_user=tell_user)
             proposal.refresh_from_db()
-        return proposal
+        return proposal, False
     claim = proposal.claim
     if not took:  # its claim was settled some other way (an operator released it): never run it
-        _finish(proposal, claim, guard.Outcome(guard.Status.FAILED, error=f"its claim is {claim.state}"), by)
+        _finish(proposal, claim, guard.Outcome(guard.Status.FAILED, error=f"its claim is {claim.state}"), by,
+                tell_user)
         proposal.refresh_from_db()
-        return proposal
+        return proposal, True
     failpoint("approval.between_steps")
     try:
         tool = registry.get(claim.action)
@@ -64,9 +87,9 @@ def apply(proposal_id, *, by: str) -> Proposal:
     except registry.UnknownTool:
         guard.transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error="tool no longer exists")
         outcome = guard.Outcome(guard.Status.FAILED, error=f"tool {claim.action!r} no longer exists")
-    _finish(proposal, claim, outcome, by)
+    _finish(proposal, claim, outcome, by, tell_user)
     proposal.refresh_from_db()
-    return proposal
+    return proposal, True
 
 
 def _begin_apply(proposal_id, by) -> tuple[bool, bool]:
@@ -80,21 +103,23 @@ def _begin_apply(proposal_id, by) -> tuple[bool, bool]:
         claim_id, action = Proposal.objects.filter(pk=proposal_id).values_list("claim_id", "claim__action").get()
         policy = guard.policy_for(action)
         took = guard.transition(claim_id, [ClaimState.PROPOSED], ClaimState.IN_FLIGHT,
-                                owner=f"operator:{by}"[:100],
+                                owner=(by if by_user(by) else f"operator:{by}")[:100],
                                 lease_until=timezone.now() + timedelta(seconds=policy.timeout_seconds))
     return True, took
 
 
-def _finish(proposal, claim, outcome, by):
+def _finish(proposal, claim, outcome, by, tell_user=True):
+    verb = "confirmed" if by_user(by) else "approved"
     if outcome.status == guard.Status.DONE:
-        state, for_agent = ProposalState.APPLIED, f"A person approved and applied {_describe(claim)}; result: {outcome.result}"
-        for_user = "✅ Approved and done: " + _describe_for_user(claim)
+        state = ProposalState.APPLIED
+        for_agent = f"{_who(by)} {verb} and applied {_describe(claim)}; result: {outcome.result}"
+        for_user = f"✅ {verb.capitalize()} and done: " + _describe_for_user(claim)
     elif outcome.status == guard.Status.UNCERTAIN:
         return  # stays applying until the claim is settled (sweep: settle_applying)
     else:
         state = ProposalState.FAILED
-        for_agent = f"A person approved {_describe(claim)}, but it failed: {outcome.error}"
-        for_user = "⚠️ Approved, but it could not be done: " + _describe_for_user(claim)
+        for_agent = f"{_who(by)} {verb} {_describe(claim)}, but it failed: {outcome.error}"
+        for_user = f"⚠️ {verb.capitalize()}, but it could not be done: " + _describe_for_user(claim)
     with transaction.atomic():
         moved = Proposal.transition(proposal.pk, ProposalState.APPLYING, state, result=outcome.result,
                                     error=outcome.error[:2000])
@@ -104,7 +129,7 @@ def _finish(proposal, claim, outcome, by):
                    tool=claim.action, claim=claim.pk, proposal=proposal.pk, outcome=state,
                    agent_key=claim.agent_key_id)
             if claim.conversation_id:
-                inform(claim.conversation_id, for_agent=for_agent, for_user=for_user)
+                inform(claim.conversation_id, for_agent=for_agent, for_user=for_user if tell_user else "")
 
 
 def _describe_for_user(claim) -> str:
@@ -114,11 +139,18 @@ def _describe_for_user(claim) -> str:
     return f"{label}" + (f" ({when})" if when else "")
 
 
-def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
+def reject(proposal_id, *, by: str, reason: str = "", tell_user: bool = True) -> Proposal:
+    return reject_once(proposal_id, by=by, reason=reason, tell_user=tell_user)[0]
+
+
+def reject_once(proposal_id, *, by: str, reason: str = "", tell_user: bool = True) -> tuple[Proposal, bool]:
+    """`reject`, and whether this call was the one that decided it. A proposal past its
+    time is expired rather than rejected (its answer says so)."""
     now = timezone.now()
     with transaction.atomic():
         won = Proposal.transition(proposal_id, ProposalState.PENDING, ProposalState.REJECTED,
-                                  decided_by=by[:150], decided_at=now, error=reason[:2000])
+                                  where={"expires_at__gt": now}, decided_by=by[:150], decided_at=now,
+                                  error=reason[:2000])
         proposal = Proposal.objects.select_related("claim").get(pk=proposal_id)
         if won:
             claim = proposal.claim
@@ -129,13 +161,17 @@ def reject(proposal_id, *, by: str, reason: str = "") -> Proposal:
                    agent_key=claim.agent_key_id)
             if claim.conversation_id:
                 why = f" ({reason})" if reason else ""
+                said = "said no to" if by_user(by) else "rejected"
                 inform(claim.conversation_id,
-                       for_agent=f"A person rejected {_describe(claim)}{why}; it was not done.",
-                       for_user="❌ Not approved: " + _describe_for_user(claim) + why)
-    return proposal
+                       for_agent=f"{_who(by)} {said} {_describe(claim)}{why}; it was not done.",
+                       for_user=("❌ Not approved: " + _describe_for_user(claim) + why) if tell_user else "")
+    if not won and proposal.state == ProposalState.PENDING:  # it is past its time
+        expire(proposal, tell_user=tell_user)
+        proposal.refresh_from_db()
+    return proposal, bool(won)
 
 
-def expire(proposal) -> bool:
+def expire(proposal, tell_user: bool = True) -> bool:
     with transaction.atomic():
         won = Proposal.transition(proposal.pk, ProposalState.PENDING, ProposalState.EXPIRED,
                                   where={"expires_at__lte": timezone.now()})
@@ -149,7 +185,8 @@ def expire(proposal) -> bool:
             if claim.conversation_id:
                 inform(claim.conversation_id,
                        for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
-                       for_user="⌛ Not approved in time, so not done: " + _describe_for_user(claim))
+                       for_user=("⌛ Not approved in time, so not done: " + _describe_for_user(claim))
+                       if tell_user else "")
     return bool(won)
 
 
@@ -168,6 +205,7 @@ def settle_applying():
             outcome = guard.Outcome(guard.Status.DONE, result=claim.result)
         else:
             outcome = guard.Outcome(guard.Status.FAILED, error=claim.error or "it did not happen")
+        # Told in the chat even when a tap decided it: the tap could only say "confirmed".
         _finish(proposal, claim, outcome, proposal.decided_by or "guard")
 
 

@@ -444,8 +444,13 @@ def _proposer(policy):
 
 def proposed_outcome(claim) -> Outcome:
     proposal = claim.proposal
-    note = (f"This action needs a person's approval. It has been proposed (proposal {proposal.pk}) and has NOT "
-            "been carried out yet; tell the user it is waiting for approval. You will be told the decision.")
+    if hasattr(proposal, "confirmation"):  # the user was asked in the chat (tools.confirmations)
+        note = (f"This action needs the user's confirmation. A question asking them to confirm it has been sent "
+                f"to them in this chat (proposal {proposal.pk}); it has NOT been carried out yet. Tell the user "
+                "briefly to confirm it there; do not ask again in your own words. You will be told the decision.")
+    else:
+        note = (f"This action needs a person's approval. It has been proposed (proposal {proposal.pk}) and has NOT "
+                "been carried out yet; tell the user it is waiting for approval. You will be told the decision.")
     return Outcome(Status.AWAITING_APPROVAL, note=note, claim_id=claim.pk, proposal_id=proposal.pk)
 
 

@@ -16,6 +16,14 @@ from conversations.states import StateMachine
 DEFAULT_WINDOW_SECONDS = 600
 
 
+class ApprovalMode(models.TextChoices):
+    """Who must say yes before a call of the action runs."""
+
+    NONE = "none", "Nobody (calls run)"
+    OPERATOR = "operator", "An operator (admin or dashboard)"
+    USER = "user", "The conversation's user (a question in the chat)"
+
+
 class ToolPolicy(models.Model):
     """Operator settings for one action (a registered tool, or an action an external
     agent guards through the claim API). Created on first use with the tool's defaults."""
@@ -34,7 +42,12 @@ class ToolPolicy(models.Model):
         help_text='Argument names that define "the same action", e.g. ["title", "start_datetime"]. '
                   "Empty: the tool's default (all arguments for unknown actions).",
     )
-    requires_approval = models.BooleanField(default=False, help_text="Calls become proposals a person applies.")
+    approval = models.CharField(
+        max_length=16, choices=ApprovalMode.choices, default=ApprovalMode.NONE,
+        help_text="operator: calls become proposals an operator applies in the admin or the dashboard; user: "
+                  "the conversation's user is asked in the chat (buttons, or a yes/no reply) and the tap applies it "
+                  "(calls without a conversation wait for an operator).",
+    )
     max_per_hour = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)],
         help_text="At most this many calls per scope (one contact) in any hour, proposals included; the next "
@@ -67,6 +80,11 @@ class ToolPolicy(models.Model):
         except registry.UnknownTool:
             default = ()
         return (" + ".join(default) if default else "all arguments") + " (default)"
+
+    @property
+    def requires_approval(self) -> bool:
+        """Someone (an operator or the user) must approve each call."""
+        return self.approval != ApprovalMode.NONE
 
 
 class ClaimState(models.TextChoices):
@@ -175,6 +193,35 @@ class Proposal(StateMachine, models.Model):
     @property
     def is_open(self):
         return self.state == ProposalState.PENDING and self.expires_at > timezone.now()
+
+
+def new_confirmation_token():
+    # 24 random bytes: not guessable, and "c:<token>:y" stays far below Telegram's 64-byte callback_data.
+    return secrets.token_urlsafe(24)
+
+
+class Confirmation(models.Model):
+    """The question that asks a conversation's own user to confirm one proposal in the
+    chat (tools.confirmations). The proposal's state is the truth; this row only maps the
+    buttons' opaque token to it and remembers where the question went."""
+
+    proposal = models.OneToOneField(Proposal, on_delete=models.CASCADE, related_name="confirmation")
+    token = models.CharField(max_length=40, unique=True, default=new_confirmation_token, editable=False)
+    conversation = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE,
+                                     related_name="confirmations")
+    # The question's ledger row (pruned with the ledger after 7 days: the link goes, the row stays).
+    question = models.ForeignKey("delivery.OutboundMessage", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="confirmations")
+    text = models.TextField(help_text="The question as the user reads it.")
+    asked_at = models.DateTimeField(default=timezone.now)
+    taps = models.PositiveIntegerField(default=0, help_text="Answers received (taps, replayed callbacks, replies).")
+    last_tap_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-asked_at"]
+
+    def __str__(self):
+        return f"confirmation of proposal {self.proposal_id}"
 
 
 def new_feed_token():

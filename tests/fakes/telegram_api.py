@@ -196,6 +196,11 @@ class FakeBotAPI(ThreadingHTTPServer):
         self._delays: dict[str, float] = {}
         self._holds: list[Hold] = []
         self._handlers: dict[str, tuple[str, Handler]] = {}
+        # Messages the bot sent, as the chat shows them now (edits apply), by (token, chat, id).
+        self._sent: dict[tuple[str, int, int], dict[str, Any]] = {}
+        # Callback queries pushed or made here, and whether each was answered already.
+        self._callback_queries: dict[str, bool] = {}
+        self._next_callback_id = 7_000_000
         for method, handler in {
             "getMe": self._api_get_me,
             "sendMessage": self._api_send_message,
@@ -204,6 +209,9 @@ class FakeBotAPI(ThreadingHTTPServer):
             "deleteWebhook": self._api_delete_webhook,
             "getWebhookInfo": self._api_get_webhook_info,
             "getUpdates": self._api_get_updates,
+            "answerCallbackQuery": self._api_answer_callback_query,
+            "editMessageText": self._api_edit_message_text,
+            "editMessageReplyMarkup": self._api_edit_message_reply_markup,
         }.items():
             self.set_handler(method, handler)
 
@@ -307,6 +315,8 @@ class FakeBotAPI(ThreadingHTTPServer):
                 self._rules,
                 self._delays,
                 self._holds,
+                self._sent,
+                self._callback_queries,
             ):
                 store.clear()
             self._forget_offsets = False
@@ -571,9 +581,123 @@ class FakeBotAPI(ThreadingHTTPServer):
         if reply_to is not None:
             message["reply_to_message"] = {"message_id": reply_to, "date": message["date"], "chat": chat}
         markup = params.get("reply_markup")
+        if markup is not None:
+            markup = _check_reply_markup(markup)
         if isinstance(markup, dict) and "inline_keyboard" in markup:
             message["reply_markup"] = markup  # Telegram echoes inline keyboards only
+        with self._cond:
+            self._sent[(token, chat_id, message["message_id"])] = copy.deepcopy(message)
         return message
+
+    # ------------------------------------------------------ buttons and their taps
+
+    def sent_message(self, token: str, chat_id: int, message_id: int) -> dict[str, Any] | None:
+        """A message the bot sent, as the chat shows it now (after any edits)."""
+        with self._cond:
+            found = self._sent.get((token, int(chat_id), int(message_id)))
+            return copy.deepcopy(found) if found else None
+
+    def sent_messages(self, token: str | None = None, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """The bot's messages as the chats show them now, in the order they were sent."""
+        with self._cond:
+            found = [m for (t, chat, _), m in self._sent.items()
+                     if token in (None, t) and chat_id in (None, chat)]
+        return copy.deepcopy(found)  # a dict keeps the order of sending; an edit keeps its place
+
+    def callback_query(
+        self,
+        token: str,
+        message: dict[str, Any],
+        data: str,
+        *,
+        user_id: int | None = None,
+        first_name: str = "Ana",
+        query_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A tap on a button of `message` (a message the bot sent, as returned by
+        sendMessage) as the Update Telegram delivers: the query's id is registered, so
+        answerCallbackQuery accepts it once. Returned, not queued: POST it to a webhook,
+        or push_update it for getUpdates."""
+        chat = message["chat"]
+        with self._cond:
+            if query_id is None:
+                query_id = str(self._next_callback_id)
+                self._next_callback_id += 1
+            self._callback_queries.setdefault(query_id, False)
+            update_id = self._next_update_id.get(token, 1)
+            self._next_update_id[token] = update_id + 1
+        sender = user_id if user_id is not None else chat["id"]
+        return {
+            "update_id": update_id,
+            "callback_query": {
+                "id": query_id,
+                "from": {"id": sender, "is_bot": False, "first_name": first_name},
+                "message": copy.deepcopy(message),
+                "chat_instance": str(zlib.crc32(f"{token}:{chat['id']}".encode())),
+                "data": data,
+            },
+        }
+
+    def _api_answer_callback_query(self, token: str, params: dict[str, Any]) -> bool:
+        query_id = params.get("callback_query_id")
+        if query_id is None or str(query_id) == "":
+            raise BotAPIError(400, "Bad Request: parameter \"callback_query_id\" is required")
+        text = params.get("text")
+        if text is not None and len(str(text)) > 200:
+            raise BotAPIError(400, "Bad Request: MESSAGE_TOO_LONG")
+        with self._cond:
+            answered = self._callback_queries.get(str(query_id))
+            if answered is None or answered:  # unknown, or answered before: Telegram refuses both alike
+                raise BotAPIError(
+                    400, "Bad Request: query is too old and response timeout expired or query ID is invalid"
+                )
+            self._callback_queries[str(query_id)] = True
+        return True
+
+    def _edited(self, token: str, params: dict[str, Any]) -> tuple[tuple[str, int, int], dict[str, Any]]:
+        if params.get("inline_message_id"):
+            raise BotAPIError(400, "Bad Request: inline messages are not modelled by this fake")
+        chat_id = _chat_id(params)
+        if params.get("message_id") in (None, ""):
+            raise BotAPIError(400, "Bad Request: message identifier is not specified")
+        key = (token, chat_id, _as_int(params.get("message_id"), 0))
+        with self._cond:
+            message = self._sent.get(key)
+        if message is None:
+            raise BotAPIError(400, "Bad Request: message to edit not found")
+        return key, message
+
+    def _store_edit(self, key, message, text, markup) -> dict[str, Any]:
+        if markup is not None:
+            markup = _check_reply_markup(markup)
+        edited = copy.deepcopy(message)
+        edited["text"] = text
+        edited.pop("reply_markup", None)
+        if isinstance(markup, dict) and markup.get("inline_keyboard"):
+            edited["reply_markup"] = markup
+        if edited["text"] == message["text"] and edited.get("reply_markup") == message.get("reply_markup"):
+            raise BotAPIError(
+                400,
+                "Bad Request: message is not modified: specified new message content and reply markup are "
+                "exactly the same as a current content and reply markup of the message",
+            )
+        edited["edit_date"] = int(time.time())
+        with self._cond:
+            self._sent[key] = edited
+        return copy.deepcopy(edited)
+
+    def _api_edit_message_text(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        key, message = self._edited(token, params)
+        text = params.get("text")
+        if text is None or str(text) == "":
+            raise BotAPIError(400, "Bad Request: message text is empty")
+        if len(str(text).encode("utf-16-le")) // 2 > 4096:
+            raise BotAPIError(400, "Bad Request: MESSAGE_TOO_LONG")
+        return self._store_edit(key, message, str(text), params.get("reply_markup"))
+
+    def _api_edit_message_reply_markup(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        key, message = self._edited(token, params)
+        return self._store_edit(key, message, message["text"], params.get("reply_markup"))
 
     def _api_set_webhook(self, token: str, params: dict[str, Any]) -> bool:
         url = params.get("url") or ""
@@ -875,6 +999,39 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
         else:
             params[name] = _decode_value(name, payload.decode("utf-8", "replace"))
     return params
+
+
+_BUTTON_ACTIONS = ("callback_data", "url", "switch_inline_query", "switch_inline_query_current_chat",
+                   "web_app", "login_url", "callback_game", "pay", "copy_text", "switch_inline_query_chosen_chat")
+
+
+def _check_reply_markup(markup: Any) -> Any:
+    """Validate a reply_markup as Telegram does for the parts we model: an inline keyboard
+    is rows of buttons, each with a text and exactly one action, callback_data 1-64 bytes."""
+    if isinstance(markup, str):
+        try:
+            markup = json.loads(markup)
+        except ValueError:
+            raise BotAPIError(400, "Bad Request: can't parse reply keyboard markup JSON object") from None
+    if not isinstance(markup, dict):
+        raise BotAPIError(400, "Bad Request: can't parse reply keyboard markup JSON object")
+    if "inline_keyboard" not in markup:
+        return markup  # reply keyboards, force_reply, remove_keyboard: accepted as they are
+    rows = markup["inline_keyboard"]
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise BotAPIError(400, "Bad Request: field \"inline_keyboard\" of the InlineKeyboardMarkup should be an Array of Arrays")
+    for row in rows:
+        for button in row:
+            if not isinstance(button, dict) or not str(button.get("text") or ""):
+                raise BotAPIError(400, "Bad Request: text buttons are unallowed in the inline keyboard")
+            actions = [name for name in _BUTTON_ACTIONS if name in button]
+            if len(actions) != 1:
+                raise BotAPIError(400, "Bad Request: BUTTON_TYPE_INVALID")
+            if "callback_data" in button:
+                data = str(button["callback_data"]).encode()
+                if not 1 <= len(data) <= 64:
+                    raise BotAPIError(400, "Bad Request: BUTTON_DATA_INVALID")
+    return markup
 
 
 def _chat_id(params: dict[str, Any]) -> int:

@@ -272,7 +272,7 @@ def prepare():
     from tools.models import ToolPolicy
 
     ToolPolicy.objects.update_or_create(name="calendar_create_event",
-                                        defaults={"timeout_seconds": 1, "requires_approval": False})
+                                        defaults={"timeout_seconds": 1, "approval": "none"})
     User = get_user_model()
     if not User.objects.filter(username=OPERATOR[0]).exists():
         User.objects.create_superuser(OPERATOR[0], "crash-operator@example.com", OPERATOR[1])
@@ -324,12 +324,12 @@ def run_point(servers, fake, database, point):
     prepare()
     run = PointRun(servers, fake, database, index, point)
     make_channel(fake, run.slug, run.token)
-    approval = point == "approval.between_steps"
-    ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=approval)
+    approval = "operator" if point == "approval.between_steps" else "none"
+    ToolPolicy.objects.filter(name="calendar_create_event").update(approval=approval)
     try:
         return run.run()
     finally:
-        ToolPolicy.objects.filter(name="calendar_create_event").update(requires_approval=False)
+        ToolPolicy.objects.filter(name="calendar_create_event").update(approval="none")
 
 
 def run_all(processes, fake, database, points=POINTS, report=None):

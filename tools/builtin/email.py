@@ -34,7 +34,7 @@ class SendEmail(Tool):
     # Anyone who can talk to the bot can ask for an email to anyone: out of the box a
     # person approves each one, and a contact cannot have more than ten an hour proposed
     # or sent (tool policy `email_send` in the admin).
-    policy_defaults = {"requires_approval": True, "max_per_hour": 10}
+    policy_defaults = {"approval": "operator", "max_per_hour": 10}
     fingerprint_fields = ("to", "subject", "body")
     normalizers = {"to": fingerprint.addresses, "subject": fingerprint.text, "body": fingerprint.digest_of}
 

@@ -4,11 +4,11 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from tools import guard, registry
-from tools.models import ToolPolicy
+from tools.models import ApprovalMode, ToolPolicy
 
-# --approval value -> requires_approval. A person decides in the admin or the console
-# ("operator"); nobody decides ("none").
-APPROVALS = {"none": False, "operator": True}
+# --approval: nobody decides ("none"), an operator in the admin or the console
+# ("operator"), or the conversation's user in the chat ("user").
+APPROVALS = list(ApprovalMode.values)
 
 # option name -> model field; only options given on the command line are changed.
 FIELDS = {"enabled": "enabled", "guarded": "guarded", "window": "window_seconds", "max_per_hour": "max_per_hour",
@@ -36,7 +36,8 @@ class Command(BaseCommand):
         # mean "not given".
         unset = {"default": argparse.SUPPRESS}
         parser.add_argument("--approval", **unset, choices=list(APPROVALS),
-                            help="none: calls run; operator: calls become proposals a person applies or rejects.")
+                            help="none: calls run; operator: calls become proposals an operator applies or "
+                                 "rejects; user: the conversation's user confirms each call in the chat.")
         parser.add_argument("--window", **unset, type=int, metavar="SECONDS",
                             help="An identical call within this time of the first is a duplicate.")
         on_off = parser.add_mutually_exclusive_group()
@@ -79,8 +80,8 @@ class Command(BaseCommand):
             if option in options:
                 setattr(policy, field, options[option])
         if "approval" in options:
-            policy.requires_approval = APPROVALS[options["approval"]]
-            changed.append("requires_approval")
+            policy.approval = options["approval"]
+            changed.append("approval")
         if not changed:
             return []
         try:
@@ -106,7 +107,7 @@ def describe(policy) -> list:
         ("enabled", "on" if policy.enabled else "off"),
         ("guarded", "on" if policy.guarded else "off"),
         ("window", f"{policy.window_seconds} s"),
-        ("approval", "operator" if policy.requires_approval else "none"),
+        ("approval", policy.approval),
         ("max per hour", "no limit" if policy.max_per_hour is None else str(policy.max_per_hour)),
         ("timeout", f"{policy.timeout_seconds} s"),
         ("proposal ttl", f"{policy.approval_ttl_seconds} s"),

@@ -1,0 +1,325 @@
+"""Confirmation by the user, in the chat, exactly once.
+
+Under a tool policy with `approval = user`, the guard's proposal (tools.approvals) is
+also a question to the conversation's own user, written to the delivery ledger in the
+proposal's transaction (so it reaches the chat at least once, like a reply):
+
+- Telegram: an inline keyboard, Yes / No. Each button's `callback_data` is
+  `c:<token>:y|n`, the token 24 random bytes stored on the Confirmation row: opaque, not
+  guessable, 34 bytes (Telegram allows 64). A forged or stale token finds no row and
+  applies nothing. The tap is answered with answerCallbackQuery, and the question is
+  edited (editMessageText, buttons removed) to show the outcome.
+- The web chat (the console's playground): the same buttons on the reply bubble; a tap
+  goes back over the page's websocket (agentloop.consumers), and the outcome is pushed
+  to every page watching the conversation.
+- A platform without buttons (an `api` channel): the question ends "Reply yes or no",
+  and the conversation's next inbound message, when its whole text is one of the
+  answer words below and a question is open, is consumed as the answer (it is stored,
+  never given to the agent); anything else is an ordinary message.
+
+Every answer goes through `approvals.apply` / `approvals.reject`: one compare-and-swap
+from pending, so a double tap, a callback Telegram re-delivers, a replayed webhook or
+two devices apply the action once; the others are told "Already confirmed at 10:02"
+(the deployment's local time, AGENTLOOP_DEFAULT_TIME_ZONE). Only the conversation's
+sender may answer (in a group, the person who asked). The decision is audited like an
+operator's (actor and decided_by "user:<name> (<platform> <id>)") and reaches the
+agent's next turn as a context note, as an operator's does.
+"""
+
+import asyncio
+import logging
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from audit.redaction import redact
+from conversations.models import ChannelKind, Conversation
+from delivery import ledger
+from delivery.models import OutboundKind
+from tools import approvals, fingerprint
+from tools.models import Confirmation, ProposalState
+
+log = logging.getLogger(__name__)
+
+# The whole text of a reply, case-insensitive, trailing "." or "!" allowed. Nothing
+# looser: "yes, but tomorrow" is a message for the agent, not an answer.
+YES_WORDS = frozenset({"yes", "sí", "si"})
+NO_WORDS = frozenset({"no"})
+CALLBACK_DATA = re.compile(r"^c:([A-Za-z0-9_-]{16,40}):([yn])$")
+YES_LABEL, NO_LABEL = "✅ Yes, do it", "❌ No"
+# Each Bot API call a tap makes (answer, edit) is bounded by this many seconds.
+BOT_CALL_DEADLINE = 5.0
+TOAST_LIMIT = 200  # answerCallbackQuery's text
+
+
+# --- asking -------------------------------------------------------------------------------
+
+
+def ask(proposal, claim) -> Confirmation | None:
+    """Called inside the proposal's transaction: the question exists exactly when the
+    proposal does, and the ledger sends it at least once."""
+    conversation = Conversation.objects.select_related("channel").filter(pk=claim.conversation_id).first()
+    if conversation is None:
+        return None  # no chat to ask in: an operator decides, as under `operator`
+    text = question_text(claim, conversation.channel)
+    confirmation = Confirmation.objects.create(proposal=proposal, conversation=conversation, text=text,
+                                               asked_at=proposal.created_at)
+    row = ledger.enqueue(conversation, text, kind=OutboundKind.NOTICE)
+    Confirmation.objects.filter(pk=confirmation.pk).update(question=row)
+    confirmation.question = row
+    return confirmation
+
+
+def has_buttons(channel) -> bool:
+    return channel.kind in (ChannelKind.TELEGRAM, ChannelKind.WEBCHAT)
+
+
+def question_text(claim, channel) -> str:
+    text = f"Please confirm: {describe(claim.action, claim.arguments)}."
+    if has_buttons(channel):
+        return text
+    return text + "\nReply yes or no."
+
+
+def describe(action, arguments) -> str:
+    """What the action will do, in plain words (the dashboard shows the same call as JSON)."""
+    args = arguments or {}
+    if action == "calendar_create_event":
+        text = f"create the calendar event “{args.get('title', '')}” on {_when(args.get('start_datetime'))}"
+        if args.get("end_datetime"):
+            text += f" until {_when(args['end_datetime'])}"
+        if args.get("location"):
+            text += f" at {args['location']}"
+        return text
+    if action == "calendar_delete_event":
+        return f"delete the calendar event {args.get('event_id', '')}"
+    if action == "email_send":
+        to = args.get("to")
+        to = ", ".join(to) if isinstance(to, list) else to
+        return f"send the email “{args.get('subject', '')}” to {to}"
+    shown = ", ".join(f"{k}: {v}" for k, v in args.items() if not isinstance(v, (dict, list)))
+    return action.replace("_", " ") + (f" ({shown})" if shown else "")
+
+
+def _when(value) -> str:
+    try:
+        moment = fingerprint.parse_moment(value).astimezone(fingerprint.default_zone())
+    except (ValueError, TypeError):
+        return str(value)
+    return f"{moment:%a} {moment.day} {moment:%b %Y, %H:%M}"
+
+
+def buttons(confirmation) -> tuple:
+    return ((YES_LABEL, f"c:{confirmation.token}:y"), (NO_LABEL, f"c:{confirmation.token}:n"))
+
+
+def buttons_for_rows(row_ids) -> dict:
+    """{ledger row id: buttons} for the questions among these rows whose proposal is
+    still pending (a question sent late, after an operator decided, goes without)."""
+    found = (Confirmation.objects.filter(question_id__in=list(row_ids), proposal__state=ProposalState.PENDING)
+             .select_related("conversation__channel"))
+    return {c.question_id: buttons(c) for c in found if has_buttons(c.conversation.channel)}
+
+
+# --- answering ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a tap gets: `toast` for the tapper (answerCallbackQuery), `outcome` the
+    question's new text ("" = leave it), `status` for the webhook's answer and logs."""
+
+    status: str
+    toast: str
+    outcome: str = ""
+
+
+def _local(moment) -> str:
+    return timezone.localtime(moment, fingerprint.default_zone()).strftime("%H:%M") if moment else "?"
+
+
+def _name(conversation) -> str:
+    return conversation.contact.display_name or conversation.contact.username or conversation.sender_id
+
+
+def decided_by(conversation, name="") -> str:
+    return f"user:{name or _name(conversation)} ({conversation.channel.kind} {conversation.sender_id})"[:150]
+
+
+def decide(confirmation, yes: bool, *, by: str) -> Reply:
+    """Apply or reject the proposal through the operators' compare-and-swap; whoever
+    loses the race (a second tap, a re-delivered callback) is told what was decided."""
+    Confirmation.objects.filter(pk=confirmation.pk).update(taps=F("taps") + 1, last_tap_at=timezone.now())
+    # With buttons the question itself is edited to show the outcome; without, a message says it.
+    tell_user = not has_buttons(confirmation.conversation.channel)
+    if yes:
+        proposal, won = approvals.apply_once(confirmation.proposal_id, by=by, tell_user=tell_user)
+    else:
+        proposal, won = approvals.reject_once(confirmation.proposal_id, by=by, tell_user=tell_user)
+    return _reply(confirmation.text, proposal, won)
+
+
+def _reply(question, proposal, won) -> Reply:
+    at = _local(proposal.decided_at)
+    state = proposal.state
+    if state == ProposalState.EXPIRED:
+        when = _local(proposal.expires_at)
+        return Reply("expired", f"This request expired at {when}; nothing was done.",
+                     f"{question}\n\n⌛ Expired at {when}: not done.")
+    if state == ProposalState.REJECTED:
+        return Reply("rejected" if won else "already_rejected",
+                     "OK, it will not be done." if won else f"Already declined at {at}.",
+                     f"{question}\n\n❌ Declined at {at}: not done.")
+    if not won:
+        return Reply("already_confirmed", f"Already confirmed at {at}.", _confirmed_line(question, proposal, at))
+    toast = {ProposalState.APPLIED: "Done ✅", ProposalState.FAILED: "Confirmed, but it could not be done.",
+             ProposalState.APPLYING: "Confirmed; checking whether it went through."}.get(state, "Confirmed.")
+    return Reply("confirmed", toast, _confirmed_line(question, proposal, at))
+
+
+def _confirmed_line(question, proposal, at) -> str:
+    if proposal.state == ProposalState.APPLIED:
+        return f"{question}\n\n✅ Confirmed at {at}: done."
+    if proposal.state == ProposalState.FAILED:
+        return f"{question}\n\n⚠️ Confirmed at {at}, but it could not be done."
+    return f"{question}\n\n⏳ Confirmed at {at}; checking whether it was done."
+
+
+INVALID = Reply("invalid", "This button is no longer valid.")
+
+
+def tap(channel, data, *, sender_id: str, sender_name: str = "", chat_id: str = "") -> tuple[Reply, object]:
+    """A button's data from a tap: (the reply, the Confirmation or None)."""
+    match = CALLBACK_DATA.match(data or "")
+    if not match:
+        return INVALID, None
+    confirmation = (Confirmation.objects.select_related("conversation__contact", "conversation__channel")
+                    .filter(token=match[1], conversation__channel=channel).first())
+    if confirmation is None or (chat_id and chat_id != confirmation.conversation.chat_id):
+        log.warning("channel %s: a tap with unknown confirmation data from %s", channel.slug, redact(sender_id)[:50])
+        return INVALID, None
+    conversation = confirmation.conversation
+    if str(sender_id) != conversation.sender_id:
+        return Reply("not_yours", f"Only {_name(conversation)} can confirm this."[:TOAST_LIMIT]), confirmation
+    reply = decide(confirmation, match[2] == "y", by=decided_by(conversation, sender_name))
+    return reply, confirmation
+
+
+# --- Telegram ---------------------------------------------------------------------------------
+
+
+def handle_telegram_callback(channel, update: dict) -> dict:
+    """A `callback_query` update (webhook or long polling): decide, answer the tap, edit
+    the question. Returns the webhook's JSON answer. Database errors propagate (the
+    update is re-delivered: the compare-and-swap makes that harmless); Bot API failures
+    are logged (the tap's outcome is already decided and the next tap repeats the edit)."""
+    query = update.get("callback_query")
+    if not isinstance(query, dict) or not query.get("id"):
+        return {"ok": True, "ignored": True}
+    sender = query.get("from") if isinstance(query.get("from"), dict) else {}
+    message = query.get("message") if isinstance(query.get("message"), dict) else {}
+    chat = message.get("chat") if isinstance(message.get("chat"), dict) else {}
+    name = " ".join(str(sender.get(k) or "") for k in ("first_name", "last_name")).strip()
+    reply, _ = tap(channel, str(query.get("data") or ""), sender_id=str(sender.get("id", "")), sender_name=name,
+                   chat_id=str(chat.get("id", "")))
+    _bot_call(channel, "answer_callback_query", callback_query_id=str(query["id"]), text=reply.toast[:TOAST_LIMIT])
+    if reply.outcome and chat.get("id") is not None and message.get("message_id") is not None:
+        # Without reply_markup: the buttons go, the outcome stays readable in the chat.
+        _bot_call(channel, "edit_message_text", chat_id=chat["id"], message_id=message["message_id"],
+                  text=reply.outcome)
+    return {"ok": True, "callback": reply.status}
+
+
+def _bot_call(channel, method, **params) -> bool:
+    from telegram.error import BadRequest, TelegramError
+
+    from delivery.transports import call_telegram_now
+
+    try:
+        call_telegram_now(channel, method, BOT_CALL_DEADLINE, **params)
+        return True
+    except BadRequest as exc:
+        # "message is not modified" (an earlier tap edited it already), "query is too old"
+        # (a re-delivered callback): the state is already right.
+        log.info("channel %s: %s refused: %s", channel.slug, method, redact(str(exc))[:200])
+    except (TelegramError, asyncio.TimeoutError, OSError) as exc:
+        log.warning("channel %s: %s failed: %s", channel.slug, method, redact(f"{type(exc).__name__}: {exc}")[:200])
+    return False
+
+
+# --- the web chat -----------------------------------------------------------------------------
+
+
+def handle_webchat_tap(channel, sender_id: str, sender_name: str, data: str) -> dict:
+    """A tap on the playground's buttons, as the logged-in person (their sender id).
+    Every page watching the conversation is shown the outcome (two devices agree)."""
+    from agentloop import live
+
+    reply, confirmation = tap(channel, data, sender_id=sender_id, sender_name=sender_name)
+    answer = {"type": "confirmation", "data": data, "status": reply.status, "text": reply.toast}
+    if confirmation is not None and reply.outcome:
+        match = CALLBACK_DATA.match(data)
+        event = {"kind": "question_decided", "conversation": confirmation.conversation_id, "token": match[1],
+                 "text": reply.outcome, "status": reply.status}
+        with transaction.atomic():
+            live.publish([live.conversation_group(confirmation.conversation_id)], event)
+        answer["outcome"] = reply.outcome
+    return answer
+
+
+# --- a reply instead of a tap (platforms without buttons) ---------------------------------------
+
+
+def answer_word(text) -> bool | None:
+    """True for yes, False for no, None for anything else (the whole text counts)."""
+    word = unicodedata.normalize("NFKC", text or "").casefold().strip().rstrip(".!").strip()
+    if word in YES_WORDS:
+        return True
+    if word in NO_WORDS:
+        return False
+    return None
+
+
+@dataclass
+class PendingAnswer:
+    """A reply that answers an open question, found while the message is admitted."""
+
+    confirmation: Confirmation
+    yes: bool
+
+    def take(self, message):
+        """The message was new (not a re-delivery): decide once its admission commits,
+        outside that transaction (the action must never run in a transaction that could
+        still roll back). A crash in between leaves the question open: answer again."""
+        confirmation, yes = self.confirmation, self.yes
+        by = decided_by(confirmation.conversation, message.sender_name)
+        transaction.on_commit(lambda: _decide_logged(confirmation, yes, by))
+
+
+def _decide_logged(confirmation, yes, by):
+    try:
+        decide(confirmation, yes, by=by)
+    except Exception:
+        log.exception("answering confirmation %s failed; the question stays open", confirmation.pk)
+
+
+def answer_from_text(channel, conversation, text) -> PendingAnswer | None:
+    """On a channel without buttons, a message whose whole text is yes/no while one of the
+    conversation's questions is open answers the oldest open one (questions are answered
+    in the order they were asked). None: an ordinary message. Cheap for every other
+    message: no query unless the text is an answer word."""
+    if channel.kind != ChannelKind.API:  # Telegram and the web chat have buttons
+        return None
+    yes = answer_word(text)
+    if yes is None:
+        return None
+    confirmation = (Confirmation.objects.select_related("conversation__contact", "conversation__channel")
+                    .filter(conversation_id=conversation.pk, proposal__state=ProposalState.PENDING,
+                            proposal__expires_at__gt=timezone.now())
+                    .order_by("asked_at", "pk").first())
+    return None if confirmation is None else PendingAnswer(confirmation, yes)
+
