@@ -94,6 +94,17 @@ class ChannelMessagesView(APIView):
 
 
 class MessageEditSerializer(serializers.Serializer):
+    # `text` is required although the method is PATCH (an edit replaces the whole text):
+    # never partial, for DRF and for the schema (drf-spectacular marks a PATCH body's
+    # serializer partial, which would show every field optional).
+    @property
+    def partial(self):
+        return False
+
+    @partial.setter
+    def partial(self, value):
+        pass
+
     text = serializers.CharField(allow_blank=True, max_length=20000, trim_whitespace=False,
                                  help_text="The corrected text (as long as a new message may be).")
     edited_at = serializers.DateTimeField(

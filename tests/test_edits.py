@@ -431,6 +431,8 @@ def test_the_schema_documents_the_patch_and_its_errors(client):
     operation = schema["paths"]["/api/v1/channels/{slug}/messages/{message_id}"]["patch"]
     assert {"200", "400", "404", "409"} <= set(operation["responses"])
     assert "ignores edits" in operation["description"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert schema["components"]["schemas"][body]["required"] == ["text"]
 
 
 # --- end to end: the real web server and worker ---------------------------------------------------
@@ -507,3 +509,39 @@ def test_the_story_page_shows_each_edit_with_the_text_before_it(channel):
                                                           f"turn {turn.pk}"]
     [message] = [e for e in page.entries if e.kind == "message"]
     assert any(label == "Edited" for label, _ in message.details)
+
+
+@pytest.mark.e2e
+def test_the_playground_edit_in_a_browser_corrects_the_turn_and_shows_on_the_dashboard(processes, browser):
+    from django.contrib.auth.models import User
+
+    from tests.browser import assert_no_console_errors, page_for
+
+    Channel.objects.create(slug="playground", kind="webchat", agent="echo",
+                           **{f"window_{kind}": 3.0 for kind in ("closed", "greeting", "open", "neutral")})
+    User.objects.create_superuser("op", "op@example.com", "pw-op-edits-1")
+    web = processes.web()
+    processes.worker()
+    page = page_for(browser, web.url, "op", "pw-op-edits-1")
+    dashboard = page.context.new_page()
+    dashboard.goto("/console/")
+    dashboard.wait_for_selector("#connection.pill-ok")
+    page.goto("/console/playground/")
+    page.wait_for_selector("#connection.pill-ok")
+    chat = page.locator("#chat-input")
+    chat.fill("quiero una cita el martes y")
+    chat.press("Enter")
+    page.locator(".bubble-me .bubble-edit").click()
+    assert chat.input_value() == "quiero una cita el martes y"
+    assert page.locator("#chat-form button[type=submit]").inner_text() == "Save edit"
+    chat.fill("quiero una cita el jueves.")
+    chat.press("Enter")
+    page.locator(".system-merge", has_text="Edit applied").wait_for()
+    assert page.locator(".bubble-me .text").inner_text() == "quiero una cita el jueves."
+    assert page.locator(".bubble-me .edited").count() == 1
+    # The echo agent answers with the merged turn: the corrected text only.
+    page.locator(".bubble-agent", has_text="quiero una cita el jueves.").wait_for(timeout=15_000)
+    assert page.locator(".bubble-agent").count() == 1
+    dashboard.locator("#feed li", has_text="Message edited by the user").wait_for()
+    assert_no_console_errors(page)
+    assert_no_console_errors(dashboard)
