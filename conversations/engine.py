@@ -12,7 +12,7 @@ import os
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Exists, F, Min, OuterRef
 from django.utils import timezone
 
@@ -209,7 +209,7 @@ def owner_gone(owner, hostname=None, pid=None) -> bool:
     nobody holds now (any host: the database ended its session). Such an owner is dead
     at once — no need to wait for its heartbeat or leases to expire. Another host's
     owner without a lock is not judged here (its heartbeat tells)."""
-    return gone_from_this_host(owner, hostname, pid) or owner in liveness.released([owner])
+    return gone_from_this_host(owner, hostname, pid) or owner in (liveness.released([owner]) or ())
 
 
 def gone_from_this_host(owner, hostname=None, pid=None) -> bool:
@@ -260,8 +260,8 @@ def dead_owners(now=None):
     lock_free = liveness.released(owner for owner, *_ in rows)
     dead = []
     for owner, hostname, pid, seen_at in rows:
-        judged_by_lock = liveness.marks_lock(owner) and connection.vendor == "postgresql"
-        if (owner in lock_free or (seen_at < stale and not judged_by_lock)
+        judged_by_lock = lock_free is not None and liveness.marks_lock(owner)
+        if ((judged_by_lock and owner in lock_free) or (seen_at < stale and not judged_by_lock)
                 or gone_from_this_host(owner, hostname, pid)):
             dead.append(owner)
     return dead

@@ -50,14 +50,18 @@ log = logging.getLogger(__name__)
 
 LOCK_MARK = "L"  # the last field of an owner stamp whose worker holds a lock
 PING_EVERY = 1.0  # seconds between the lock connection's checks
+RECONNECT_CAP = 2.0  # longest pause between a lost lock connection's tries
 # Options of Django's that are not libpq connection parameters.
 _DJANGO_ONLY = {"pool", "server_side_binding", "isolation_level", "assume_role", "prepare_threshold",
                 "cursor_factory", "context"}
 
+# The server's uptime, and every advisory lock held in this database (a bigint key shows
+# as classid = its high 32 bits, objid = its low 32; int8's << keeps the low 64 bits).
 HELD_KEYS_SQL = """
-    SELECT classid::bigint, objid::bigint FROM pg_locks
-    WHERE locktype = 'advisory' AND granted AND objsubid = 1
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8,
+           ARRAY(SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 1
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
 """
 MINE_SQL = """
     SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
@@ -88,28 +92,48 @@ def _halves(key: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFF_FFFF
 
 
-def _key(classid: int, objid: int) -> int:
-    unsigned = (classid << 32) | objid
-    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+def grace() -> float:
+    """How long after the database restarts (or this process's own lock session began)
+    a free lock is not taken for a death: every worker lost its session with the
+    server's restart, and each needs up to this long to notice, reconnect and take its
+    lock again. Lock holders are judged a moment later, that is all."""
+    return PING_EVERY + RECONNECT_CAP + settings.AGENTLOOP_LIVENESS_TIMEOUT
 
 
-def held_keys() -> set[int]:
-    """Every advisory lock held in this database now, by any session (one statement)."""
+def held_keys() -> tuple[float, set[int]]:
+    """The server's uptime in seconds, and every advisory lock held in this database
+    now, by any session (one statement)."""
     with connection.cursor() as cursor:
         cursor.execute(HELD_KEYS_SQL)
-        return {_key(classid, objid) for classid, objid in cursor.fetchall()}
+        uptime, keys = cursor.fetchone()
+        return uptime, set(keys)
 
 
-def released(owners) -> set[str]:
-    """Those of `owners` that say they hold a lock and do not: dead. Empty off
-    PostgreSQL (no worker there holds one). Read after the owners themselves (their
-    heartbeat rows, the stamps on their claims): a worker takes its lock before it
-    writes or claims anything, so a stamp seen with its lock free is a worker gone."""
+def released(owners) -> set[str] | None:
+    """Those of `owners` that say they hold a lock and do not: dead. Read after the
+    owners themselves (their heartbeat rows, the stamps on their claims): a worker takes
+    its lock before it writes or claims anything, so a stamp seen with its lock free is
+    a worker gone.
+
+    None off PostgreSQL (no locks to read: heartbeats judge). Nobody, for now, within
+    `grace()` of the server's start or of this process's own lock session, or while this
+    process's worker does not hold its lock (it may be the one cut off)."""
+    if connection.vendor != "postgresql":
+        return None
     marked = {owner for owner in owners if marks_lock(owner)}
-    if not marked or connection.vendor != "postgresql":
+    if not marked or _own_lock_too_young():
         return set()
-    held = held_keys()
+    uptime, held = held_keys()
+    if uptime < grace():
+        return set()
     return {owner for owner in marked if lock_key(owner) not in held}
+
+
+_own = []  # this process's worker's LockHolder, once it runs
+
+
+def _own_lock_too_young() -> bool:
+    return any(holder.held_for() < grace() for holder in _own)
 
 
 # --- the worker's own lock ------------------------------------------------------------
@@ -141,12 +165,18 @@ def server_timeouts_sql() -> str:
             f"SET statement_timeout = {timeout * 1000}")
 
 
+def wedged_after() -> float:
+    """A worker whose event loop has not answered its lock thread for this long is wedged
+    (the loop is asked every PING_EVERY: never less than a few of those)."""
+    return max(settings.AGENTLOOP_WORKER_STALE_AFTER, 5 * PING_EVERY)
+
+
 class LockHolder(threading.Thread):
     """Takes the worker's lock on a connection of its own and keeps checking that it
     still holds it; reconnects and takes it again when the connection breaks.
 
     It also lets the lock go when the worker's event loop stops answering for
-    AGENTLOOP_WORKER_STALE_AFTER seconds (a wedged process holds its connection open
+    AGENTLOOP_WORKER_STALE_AFTER seconds (`wedged_after`) (a wedged process holds its connection open
     forever, but does no work: the others should take over), and takes it again once
     the loop answers."""
 
@@ -156,6 +186,7 @@ class LockHolder(threading.Thread):
         self.key = lock_key(owner)
         self.conn = None
         self.backend_pid = None  # the server session holding the lock
+        self._held_since = None  # time.monotonic() when it was (re)taken
         self._held = threading.Event()
         self._stopping = threading.Event()
         self._loop = None
@@ -165,11 +196,17 @@ class LockHolder(threading.Thread):
     def holding(self) -> bool:
         return self._held.is_set()
 
+    def held_for(self) -> float:
+        """Seconds this lock has been held on its current session (0 when not held)."""
+        since = self._held_since
+        return time.monotonic() - since if self.holding() and since is not None else 0.0
+
     async def start_holding(self):
         """Start the thread and wait until the lock is ours (while the database is away:
         as long as that takes — nothing may be claimed before)."""
         self._loop = asyncio.get_running_loop()
         self._vouched = time.monotonic()
+        _own.append(self)  # this process's own: its age decides when locks may judge others
         self.start()
         while not self.holding():
             await asyncio.sleep(0.05)
@@ -184,7 +221,7 @@ class LockHolder(threading.Thread):
             return True
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._vouch)
-        return time.monotonic() - self._vouched < settings.AGENTLOOP_WORKER_STALE_AFTER
+        return time.monotonic() - self._vouched < wedged_after()
 
     def run(self):
         delay = 0.0
@@ -192,7 +229,7 @@ class LockHolder(threading.Thread):
             try:
                 if not self._loop_answers():
                     if self.conn is not None:
-                        self._drop(f"its event loop has not answered for {settings.AGENTLOOP_WORKER_STALE_AFTER:g} s")
+                        self._drop(f"its event loop has not answered for {wedged_after():g} s")
                 elif self.conn is None:
                     self._take()
                 else:
@@ -200,8 +237,18 @@ class LockHolder(threading.Thread):
                 delay = 0.0
             except psycopg.Error as exc:
                 self._drop(f"its connection failed ({type(exc).__name__})")
-                delay = min(2.0, delay * 2 or 0.1)  # back soon: meanwhile it claims nothing
+                delay = min(RECONNECT_CAP, delay * 2 or 0.1)  # back soon: meanwhile it claims nothing
             self._stopping.wait(max(delay, PING_EVERY if self.holding() else 0.2))
+        self._let_go()
+
+    def _let_go(self):
+        """Stopping: unlock before closing, so the others see the lock free at once (a
+        closed session's locks go only once the server has ended it)."""
+        if self.conn is not None and self.holding():
+            try:
+                self.conn.execute("SELECT pg_advisory_unlock(%s::bigint)", [self.key])
+            except psycopg.Error:
+                pass  # the close below frees it anyway
         self._close()
 
     def _take(self):
@@ -209,6 +256,7 @@ class LockHolder(threading.Thread):
         self.conn.execute(server_timeouts_sql())
         if self.conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [self.key]).fetchone()[0]:
             self.backend_pid = self.conn.info.backend_pid
+            self._held_since = time.monotonic()
             self._held.set()
             self._refusals = 0
             log.info("worker %s holds its liveness lock", self.owner)
@@ -249,6 +297,8 @@ class LockHolder(threading.Thread):
         if self.is_alive():
             self.join(PING_EVERY + settings.AGENTLOOP_LIVENESS_TIMEOUT + 1)
         self._held.clear()
+        if self in _own:
+            _own.remove(self)
 
 
 class NoLock:
