@@ -26,7 +26,6 @@ operator's (actor and decided_by "user:<name> (<platform> <id>)") and reaches th
 agent's next turn as a context note, as an operator's does.
 """
 
-import asyncio
 import logging
 import re
 import unicodedata
@@ -226,29 +225,30 @@ def handle_telegram_callback(channel, update: dict) -> dict:
     name = " ".join(str(sender.get(k) or "") for k in ("first_name", "last_name")).strip()
     reply, _ = tap(channel, str(query.get("data") or ""), sender_id=str(sender.get("id", "")), sender_name=name,
                    chat_id=str(chat.get("id", "")))
-    _bot_call(channel, "answer_callback_query", callback_query_id=str(query["id"]), text=reply.toast[:TOAST_LIMIT])
+    calls = [("answer_callback_query", {"callback_query_id": str(query["id"]), "text": reply.toast[:TOAST_LIMIT]})]
     if reply.outcome and chat.get("id") is not None and message.get("message_id") is not None:
         # Without reply_markup: the buttons go, the outcome stays readable in the chat.
-        _bot_call(channel, "edit_message_text", chat_id=chat["id"], message_id=message["message_id"],
-                  text=reply.outcome)
+        calls.append(("edit_message_text", {"chat_id": chat["id"], "message_id": message["message_id"],
+                                            "text": reply.outcome}))
+    _bot_calls(channel, calls)
     return {"ok": True, "callback": reply.status}
 
 
-def _bot_call(channel, method, **params) -> bool:
-    from telegram.error import BadRequest, TelegramError
+def _bot_calls(channel, calls):
+    """The answer and the edit, one connection for both. Failures are logged, never
+    raised: the decision is made and stays; the next tap repeats both."""
+    from telegram.error import BadRequest
 
     from delivery.transports import call_telegram_now
 
-    try:
-        call_telegram_now(channel, method, BOT_CALL_DEADLINE, **params)
-        return True
-    except BadRequest as exc:
-        # "message is not modified" (an earlier tap edited it already), "query is too old"
-        # (a re-delivered callback): the state is already right.
-        log.info("channel %s: %s refused: %s", channel.slug, method, redact(str(exc))[:200])
-    except (TelegramError, asyncio.TimeoutError, OSError) as exc:
-        log.warning("channel %s: %s failed: %s", channel.slug, method, redact(f"{type(exc).__name__}: {exc}")[:200])
-    return False
+    for (method, _), result in zip(calls, call_telegram_now(channel, BOT_CALL_DEADLINE, *calls)):
+        if isinstance(result, BadRequest):
+            # "message is not modified" (an earlier tap edited it already), "query is too
+            # old" (a re-delivered callback): the chat already shows the right thing.
+            log.info("channel %s: %s refused: %s", channel.slug, method, redact(str(result))[:200])
+        elif isinstance(result, Exception):
+            log.warning("channel %s: %s failed: %s", channel.slug, method,
+                        redact(f"{type(result).__name__}: {result}")[:200])
 
 
 # --- the web chat -----------------------------------------------------------------------------
