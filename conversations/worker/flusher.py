@@ -32,6 +32,9 @@ class Flusher(threading.Thread):
         self.wakeup = threading.Event()
         self.stopping = threading.Event()
         self.flushed = 0
+        # Whether the last look saw any open buffer (due, or with a deadline ahead): the
+        # typing look (worker.typing) asks the database nothing while none is open.
+        self.saw_open_buffers = True
 
     def run(self):
         backoff = Backoff()
@@ -72,8 +75,10 @@ class Flusher(threading.Thread):
             if started:
                 self.adopt(started)
             self.on_flush()
+            self.saw_open_buffers = True
             return 0.0  # there may be more due right now
         deadline = engine.next_deadline(timezone.now())
+        self.saw_open_buffers = deadline is not None
         wait = self.poll_interval
         if deadline is not None:
             wait = min(wait, (deadline - timezone.now()).total_seconds())

@@ -1,0 +1,354 @@
+"""Typing indicators: one loop per conversation, owned by the worker.
+
+A conversation shows "typing…" while something holds it:
+
+- a window (channels whose typing mode is `instant`): its buffer is open, waiting for
+  the burst to end. The worker learns these by a look at the database every
+  LOOK_EVERY seconds (one indexed query, on a thread of its own; none at all while the
+  flusher sees no open buffer or no channel types instantly);
+- a turn (`instant` and `turn`): this worker runs it; known in memory, at once.
+
+The turn of a burst continues the loop its window started (no second loop, no gap), and
+the loop ends the moment nothing holds it: when the agent has answered (before the reply
+is sent, so no indicator follows the reply) or when a look finds the buffer gone
+(flushed elsewhere, dropped by /stop or /reset, a rollback). A window's indicator is
+refreshed only on the word of a look that began after the refresh fell due: a buffer
+dropped since the last refresh is never shown typing again.
+
+The web request that admits a message never calls the platform: every typing call is
+made here, best effort — with a deadline, logged once per fault, never in a turn's way.
+At most AGENTLOOP_MAX_TYPING loops run per worker; beyond that a conversation simply
+shows no indicator.
+
+Several workers: a window is typed by one of them, chosen by the conversation's id
+modulo the live workers (their heartbeats, less the ones housekeeping found dead); a
+turn by the worker that runs it. A window typed by one worker and flushed into a turn by
+another sends one indicator twice at the hand-over; a worker joining or leaving moves
+windows between workers within PARTITION_EVERY seconds.
+"""
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection
+
+from agentloop.caches import BoundedCache
+from conversations.models import (
+    BufferState, Channel, Conversation, InboundMessage, MessageBuffer, TypingMode, WorkerHeartbeat,
+)
+from conversations.worker.backoff import Backoff, FaultLog
+from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
+from delivery.retry_after import clamp_retry_after
+from delivery.transports import Target, transport_for, typing_kinds
+
+log = logging.getLogger(__name__)
+
+# How often open buffers are looked for: a window's indicator starts within about this
+# of its first message. A window's refresh asks the looks for their word this much
+# before it falls due, so it goes out on time, not a look's interval late.
+LOOK_EVERY = 0.25
+# A look that took t seconds waits at least LOOK_SHARE * t before the next (10k open
+# buffers on SQLite: ~16 ms a look, still every 0.25 s).
+LOOK_SHARE = 10
+# How often the live workers (the partition) and the channels that type are read again.
+PARTITION_EVERY = 5.0
+# A window hold that only the next look can confirm or end (see Typing.turn_ended).
+UNKNOWN_WINDOW = -1
+
+
+@dataclass(frozen=True)
+class Window:
+    """An open buffer a look found, on a channel that types from the first message."""
+
+    conversation_id: int
+    buffer_id: int
+    chat_id: str
+    thread_id: str
+    channel_id: int
+
+
+@dataclass(eq=False)
+class Indicator:
+    """One conversation's typing loop and what holds it."""
+
+    conversation_id: int
+    channel: Channel
+    transport: object
+    target: Target
+    refresh: float
+    buffer_id: int | None = None  # the open buffer a look saw (a window's hold)
+    turn_id: int | None = None  # the turn this worker runs (a turn's hold)
+    # Set when a refresh may go out: by a turn, or by a look begun after `wanted_since`.
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
+    wanted_since: float = 0.0
+    failing: bool = False
+    task: asyncio.Task | None = None
+
+    @property
+    def held(self):
+        return self.buffer_id is not None or self.turn_id is not None
+
+
+# One fault log per channel (a bot that is down is one fault, however many chats wait):
+# a line when its typing starts failing, one now and then while it does, one when back.
+_faults = BoundedCache(maxsize=256)
+
+
+def faults_for(channel) -> FaultLog:
+    faults = _faults.get(channel.pk)
+    if faults is None:
+        faults = _faults.set(channel.pk, FaultLog(log, subject=f"typing indicators of channel {channel.slug}"))
+    return faults
+
+
+# --- the database side (on the typing thread) ---------------------------------------
+
+
+def typing_channels() -> dict:
+    """Active channels that show typing from the first message, by id."""
+    return {channel.pk: channel for channel in Channel.objects.filter(
+        is_active=True, typing_mode=TypingMode.INSTANT, kind__in=typing_kinds())}
+
+
+def live_owners(dead) -> list[str]:
+    """The workers alive as far as this one knows: heartbeats, less those found dead."""
+    dead = set(dead)
+    return sorted(owner for owner in WorkerHeartbeat.objects.values_list("owner", flat=True) if owner not in dead)
+
+
+def open_windows(channel_ids, part, parts, limit) -> list[Window]:
+    """One statement: the open buffers of these channels' conversations whose id falls
+    in this worker's part, oldest buffer first (a window being typed stays in the first
+    `limit` until it closes), with the thread of the last message (forum topics).
+
+    Driven from the open buffers (the partial index of open buffers; SQLite's CROSS JOIN
+    keeps that order), so it costs in proportion to the buffers open now, never to a
+    channel's conversations (a bot's millions of chats, nearly all of them quiet)."""
+    if not channel_ids:
+        return []
+    sql = _open_windows_sql(len(channel_ids), parts > 1)
+    params = [*channel_ids, *((parts, part) if parts > 1 else ()), limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [Window(conversation, buffer, chat, thread or "", channel)
+            for conversation, buffer, chat, thread, channel in rows]
+
+
+@functools.lru_cache(maxsize=64)  # one entry per (number of channels, partitioned)
+def _open_windows_sql(channels, partitioned):
+    quote = connection.ops.quote_name
+    buffers, conversations, messages = (quote(m._meta.db_table) for m in (MessageBuffer, Conversation, InboundMessage))
+    # The state as a literal: SQLite uses the partial index (WHERE state = 'open') only
+    # for a query whose own WHERE says so in the same words.
+    return (
+        f"SELECT b.conversation_id, b.id, c.chat_id, "
+        f"(SELECT m.thread_id FROM {messages} m WHERE m.buffer_id = b.id ORDER BY m.id DESC LIMIT 1), "
+        f"c.channel_id "
+        f"FROM {buffers} b CROSS JOIN {conversations} c "
+        f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
+        f"AND c.channel_id IN ({', '.join(['%s'] * channels)}) "
+        + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
+        + "ORDER BY b.id LIMIT %s"
+    )
+
+
+# --- the worker side (on its event loop) ----------------------------------------------
+
+
+class Typing:
+    def __init__(self, worker, cap=None, interval=None):
+        self.worker = worker
+        self.cap = cap if cap is not None else settings.AGENTLOOP_MAX_TYPING
+        # 0: each platform's own interval (Transport.typing_refresh).
+        self.interval = interval if interval is not None else settings.AGENTLOOP_TYPING_INTERVAL
+        self.db = DatabaseThread("typing")
+        self.indicators: dict[int, Indicator] = {}
+        # conversation -> buffer id: buffers turns took since the current look began. Its
+        # answer may still report them open; it is not believed.
+        self.spent: dict[int, int] = {}
+        self.channels: dict = {}
+        self.part, self.parts = 0, 1
+        self.partition_at = None  # monotonic time of the last partition read
+        self.looks = 0  # looks that asked the database (for tests and operators)
+        self.skipped = 0  # indicators not started: the cap was reached
+
+    # --- holds --------------------------------------------------------------------
+
+    def turn_started(self, turn):
+        """A turn this worker runs (synchronously, before its task starts): its
+        conversation shows typing until `turn_ended`, continuing its window's loop."""
+        conversation = turn.conversation
+        channel = conversation.channel
+        if channel.typing_mode == TypingMode.NEVER:
+            return
+        transport = transport_for(channel)
+        if not transport.supports_typing:
+            return
+        buffer_id = turn.buffer_id or 0
+        self.spent[conversation.pk] = buffer_id
+        indicator = self.indicators.get(conversation.pk)
+        if indicator is not None and indicator.buffer_id is not None and indicator.buffer_id <= buffer_id:
+            indicator.buffer_id = None  # that window is this turn now
+        if indicator is None:
+            target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
+            indicator = self._start(conversation.pk, channel, transport, target)
+            if indicator is None:
+                return
+        indicator.turn_id = turn.pk
+        indicator.confirmed.set()
+
+    def turn_ended(self, turn, cancelled=False):
+        """The agent answered (or the turn stopped): typing stops now, before the reply
+        goes out, unless a newer window of the conversation is open. A turn cancelled by
+        a new message (interrupt, rollback) has no reply to race: its loop waits for the
+        next look, which finds that message's window (the same loop carries on) or not
+        (/stop: it ends, silent). Idempotent."""
+        indicator = self.indicators.get(turn.conversation_id)
+        if indicator is not None and indicator.turn_id == turn.pk:
+            indicator.turn_id = None
+            if cancelled and indicator.buffer_id is None:
+                indicator.buffer_id = UNKNOWN_WINDOW
+            self._release(indicator)
+
+    def windows_held(self):
+        return any(indicator.buffer_id is not None for indicator in self.indicators.values())
+
+    # --- the look -------------------------------------------------------------------
+
+    async def watch(self):
+        """Every LOOK_EVERY seconds, learn which windows are open (see `look`)."""
+        backoff, faults = Backoff(first=LOOK_EVERY, cap=30.0), FaultLog(log, subject="typing look")
+        took = 0.0
+        while True:
+            # A slow look (thousands of open buffers) is made less often: at most about
+            # 1/LOOK_SHARE of the typing thread's time goes to looking.
+            await asyncio.sleep(backoff.delay or max(LOOK_EVERY, LOOK_SHARE * took))
+            began = time.monotonic()
+            try:
+                await self.look()
+                took = time.monotonic() - began
+                backoff.reset()
+                faults.recovered()
+            except DATABASE_FAULTS:
+                backoff.next()  # reported once by the database thread
+            except Exception as exc:
+                backoff.next()
+                faults.failed(exc)
+
+    async def look(self):
+        # Buffers turns took before this look began are in its answer (and any later
+        # one's) as flushed: only those taken while it runs need remembering.
+        self.spent.clear()
+        now = time.monotonic()
+        if self.partition_at is None or now - self.partition_at >= PARTITION_EVERY:
+            self.channels, owners = await self.db(self._read_partition, list(self.worker.dead_owners))
+            if self.worker.owner not in owners:
+                owners = sorted([*owners, self.worker.owner])
+            self.part, self.parts = owners.index(self.worker.owner), len(owners)
+            self.partition_at = now
+        flusher = self.worker.flusher
+        quiet = flusher is not None and not flusher.saw_open_buffers
+        if not self.channels or (quiet and not self.windows_held()):
+            return  # nothing to ask: no channel types instantly, or no buffer is open anywhere
+        started = time.monotonic()
+        if quiet:
+            found = []  # the flusher saw no open buffer since: every window closed
+        else:
+            found = await self.db(open_windows, list(self.channels), self.part, self.parts, self.cap)
+            self.looks += 1
+        self.apply(found, started)
+
+    @staticmethod
+    def _read_partition(dead):
+        return typing_channels(), live_owners(dead)
+
+    def apply(self, found, started):
+        """Windows a look begun at `started` found open: start or confirm their loops;
+        loops whose window it did not find lose that hold."""
+        windows = {}
+        for window in found:
+            spent = self.spent.get(window.conversation_id)
+            if spent is None or window.buffer_id > spent:
+                windows[window.conversation_id] = window
+        for indicator in list(self.indicators.values()):
+            if indicator.buffer_id is not None and indicator.conversation_id not in windows:
+                indicator.buffer_id = None
+                self._release(indicator)
+        for conversation_id, window in windows.items():
+            indicator = self.indicators.get(conversation_id)
+            if indicator is None:
+                channel = self.channels.get(window.channel_id)
+                if channel is None:
+                    continue
+                target = Target(window.chat_id, "", window.thread_id, conversation_id=conversation_id)
+                indicator = self._start(conversation_id, channel, transport_for(channel), target)
+                if indicator is None:
+                    continue
+            indicator.buffer_id = window.buffer_id
+            if started >= indicator.wanted_since:
+                indicator.confirmed.set()
+
+    # --- the loops ------------------------------------------------------------------
+
+    def _start(self, conversation_id, channel, transport, target):
+        if len(self.indicators) >= self.cap:
+            self.skipped += 1  # better no indicator than a worker swamped by them
+            return None
+        refresh = self.interval or transport.typing_refresh
+        indicator = Indicator(conversation_id, channel, transport, target, refresh)
+        indicator.task = asyncio.create_task(self._run(indicator))
+        self.indicators[conversation_id] = indicator
+        return indicator
+
+    def _release(self, indicator):
+        if not indicator.held:
+            indicator.task.cancel()  # an indicator in flight is abandoned
+            self.indicators.pop(indicator.conversation_id, None)
+
+    async def _run(self, indicator):
+        """Show typing now, then every `refresh` seconds: at once while a turn holds it,
+        and for a window only once a look begun since says its buffer is still open."""
+        while True:
+            await indicator.confirmed.wait()
+            pause = await self._send(indicator)
+            # Ask a look for its word a little early: the next refresh goes out within
+            # [pause - LOOK_EVERY, pause], not a look's interval late.
+            early = min(LOOK_EVERY, pause / 4)
+            await asyncio.sleep(pause - early)
+            indicator.wanted_since = time.monotonic()
+            indicator.confirmed.clear()
+            if indicator.turn_id is not None:
+                await asyncio.sleep(early)
+                if indicator.turn_id is not None:  # the turn is known here: no look to wait for
+                    indicator.confirmed.set()
+
+    async def _send(self, indicator) -> float:
+        """One typing call within its deadline; returns the pause before the next."""
+        faults = faults_for(indicator.channel)
+        try:
+            await asyncio.wait_for(indicator.transport.send_typing(indicator.target),
+                                   indicator.transport.typing_refresh)
+        except Exception as exc:  # best effort: never in a turn's way
+            indicator.failing = True
+            faults.failed(exc)
+            retry_after = getattr(exc, "retry_after", None)  # flood control: wait as asked
+            return max(indicator.refresh, clamp_retry_after(retry_after)) if retry_after else indicator.refresh
+        if indicator.failing:
+            indicator.failing = False
+            faults.recovered()
+        return indicator.refresh
+
+    async def stop(self):
+        indicators = list(self.indicators.values())
+        self.indicators.clear()
+        for indicator in indicators:
+            indicator.task.cancel()
+        await asyncio.gather(*(i.task for i in indicators), return_exceptions=True)
+
+    def close(self):
+        self.db.close()
