@@ -228,6 +228,27 @@ def test_an_expired_proposal_says_so_and_applies_nothing(make_channel, fake_tele
 
 
 @pytest.mark.django_db
+def test_a_question_expired_by_the_sweep_loses_its_buttons(make_channel, fake_telegram,
+                                                           django_capture_on_commit_callbacks):
+    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    user_policy(approval_ttl_seconds=60)
+    conversation = telegram_conversation(channel)
+    propose(conversation)
+    deliver_questions()
+    [question] = question_on(fake_telegram)
+    Proposal.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert guard.sweep()["expired"] == 1
+    edited = shown(fake_telegram, question)
+    assert "reply_markup" not in edited and "⌛ Expired at" in edited["text"]
+    # The chat is told in words too, and the agent's next turn learns it.
+    assert OutboundMessage.objects.filter(text__startswith="⌛ Not approved in time").count() == 1
+    assert "expired" in ContextNote.objects.get(conversation=conversation).text
+    answer = webhook_post(Client(), fake_telegram.callback_query(e2e.TOKEN, question, button(question, "y")))
+    assert answer["callback"] == "expired" and not CalendarEvent.objects.exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("forge", ["random_token", "no_such_format", "other_chat", "other_channel"])
 def test_a_forged_callback_applies_nothing(make_channel, fake_telegram, forge):
     channel = e2e.telegram_channel(make_channel, fake_telegram)

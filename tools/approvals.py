@@ -187,6 +187,10 @@ def expire(proposal, tell_user: bool = True) -> bool:
                        for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
                        for_user=("⌛ Not approved in time, so not done: " + _describe_for_user(claim))
                        if tell_user else "")
+            if tell_user:  # expired by the sweep, not by a tap (which shows it itself)
+                from tools import confirmations
+
+                transaction.on_commit(lambda: confirmations.withdraw_question(proposal.pk))
     return bool(won)
 
 

@@ -251,6 +251,29 @@ def _bot_calls(channel, calls):
                         redact(f"{type(result).__name__}: {result}")[:200])
 
 
+def withdraw_question(proposal_id):
+    """A question whose proposal expired unanswered (the guard's sweep) loses its buttons
+    and says so, in the chat; best effort (a later tap is told the same)."""
+    from agentloop import live
+
+    confirmation = (Confirmation.objects.select_related("question", "conversation__channel", "proposal")
+                    .filter(proposal_id=proposal_id).first())
+    if confirmation is None or confirmation.proposal.state != ProposalState.EXPIRED:
+        return
+    channel = confirmation.conversation.channel
+    outcome = _reply(confirmation.text, confirmation.proposal, False).outcome
+    question = confirmation.question
+    if channel.kind == ChannelKind.TELEGRAM and question is not None and question.platform_message_id:
+        _bot_calls(channel, [("edit_message_text", {"chat_id": question.chat_id,
+                                                    "message_id": int(question.platform_message_id),
+                                                    "text": outcome})])
+    elif channel.kind == ChannelKind.WEBCHAT:
+        event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
+                 "token": confirmation.token, "text": outcome, "status": "expired"}
+        with transaction.atomic():
+            live.publish([live.conversation_group(confirmation.conversation_id)], event)
+
+
 # --- the web chat -----------------------------------------------------------------------------
 
 
