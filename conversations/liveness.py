@@ -8,7 +8,9 @@ AGENTLOOP_LIVENESS_TIMEOUT seconds when its host drops off the network (the sess
 own TCP keepalives and tcp_user_timeout, set on the server's side of it, give up on the
 silent peer). Other workers read pg_locks (`released`): an owner that says it holds a
 lock (its stamp ends in LOCK_MARK) and whose key nobody holds is dead — whatever its
-heartbeat says, and however old that is.
+heartbeat says, and however old that is. Except within `grace()` of the server's start
+or of the looking worker's own lock session: a database restart ends every session at
+once, and each worker needs a moment to take its lock again.
 
 heartbeat (SQLite; or chosen): a worker is dead when its heartbeat row is older than
 AGENTLOOP_WORKER_STALE_AFTER. An owner stamp without the mark (that mode, or a worker of
@@ -21,7 +23,7 @@ nothing new (`holding()` gates its claims) and reconnects to take its lock again
 it had in flight is protected by the compare-and-swap claims it already relies on: a
 turn's end is written only `where owner = it and state = running` (a turn taken over is
 no longer its, so its answer is dropped and the new run's stands); a reply's outcome is
-recorded under its claim token (a row taken over has another); a polling lease is
+recorded only where its claim still holds (a row taken over is another's); a polling lease is
 renewed only `where poll_owner = it`; an effect is claimed in the guard before it runs
 (a re-run finds the claim). The worst case is a reply sent by both, the second one
 labelled as a possible duplicate — the ledger's promise.

@@ -41,7 +41,7 @@ def test_an_owner_stamp_says_whether_its_worker_holds_a_lock():
     assert not liveness.marks_lock(plain) and liveness.marks_lock(locked)
     assert locked.startswith(plain.rsplit(":", 1)[0].rsplit(":", 1)[0])  # host:pid:start as before
     assert liveness.lock_key(locked) == liveness.lock_key(locked) != liveness.lock_key(engine.new_owner(lock=True))
-    assert liveness.released([plain, "agent:webhook"]) == set()  # never judged by a lock
+    assert not liveness.released([plain, "agent:webhook"])  # never judged by a lock
 
 
 def test_sqlite_judges_by_heartbeat_only(db):
@@ -269,3 +269,34 @@ def test_a_live_worker_is_never_taken_over_however_stale_its_heartbeat_looks(on_
     assert Turn.objects.get(conversation__chat_id="101").attempts == 1
     assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿Me ayudas con esto?"]
     assert InboundMessage.objects.count() == 1
+
+
+@pytest.mark.e2e
+def test_a_worker_that_lost_its_lock_claims_nothing_until_it_holds_it_again(on_postgres, processes, make_channel,
+                                                                             fake_telegram):
+    """The split brain: a worker whose lock session ended is dead to the others, so it
+    starts no turn, sends no reply and polls no bot until its lock is back."""
+    slow, fast, polled = channels(make_channel, fake_telegram)
+    web, worker = processes.web(), processes.worker()
+    owner = WorkerHeartbeat.objects.get(pid=worker.pid).owner
+    wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner, message="it polls")
+    params = liveness.lock_connection_params()
+    with psycopg.connect(**params, autocommit=True) as thief:
+        # End its lock session and take its key first (a waiting lock is granted before
+        # its holder's reconnect can try again).
+        thief.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                      "'agentloop liveness' AND datname = current_database() AND pid <> pg_backend_pid()")
+        thief.execute("SELECT pg_advisory_lock(%s::bigint)", [liveness.lock_key(owner)])
+        wait_until(lambda: "let go of its liveness lock" in worker.output(), timeout=10, message="it let go")
+        send(web, "fast", 102, "¿Hola?")
+        wait_until(lambda: Turn.objects.filter(conversation__chat_id="102").exists(), message="the buffer flushed")
+        time.sleep(2.0)  # what it must not do, it would have done by now (it looks every 50 ms)
+        assert Turn.objects.get(conversation__chat_id="102").state == TurnState.READY
+        assert not fake_telegram.calls("sendMessage")
+        lease = Channel.objects.get(pk=polled.pk).poll_lease_until
+    wait_until(lambda: "holds its liveness lock" in worker.output().split("let go of its liveness lock")[-1],
+               timeout=15, message="its lock taken again")
+    fake_telegram.wait_for("sendMessage", timeout=15)
+    assert Turn.objects.get(conversation__chat_id="102").state == TurnState.DONE
+    assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿Hola?"]
+    wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_lease_until > lease, message="its lease renewed")

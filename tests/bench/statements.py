@@ -7,10 +7,10 @@ against a real database, as the process that runs it in production calls it.
     … -m tests.bench.statements -v                      # and each statement's SQL
 
 The database is flushed first: give it one of its own. Statements are what Django
-executes (django.test.utils.CaptureQueriesContext: BEGIN, COMMIT and savepoints included). Round trips,
-on PostgreSQL only, are counted from libpq's own trace of the connection: each simple
-Query (BEGIN, COMMIT, SAVEPOINT…) and each Sync of the extended protocol is one wait
-for the server.
+executes (django.test.utils.CaptureQueriesContext: BEGIN, COMMIT and savepoints
+included). Round trips, on PostgreSQL only, are counted from libpq's own trace of the
+connection: each simple Query (BEGIN, COMMIT, SAVEPOINT…) and each Sync of the extended
+protocol is one wait for the server.
 """
 
 import os
