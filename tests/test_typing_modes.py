@@ -174,8 +174,9 @@ def test_the_cap_on_typing_loops_leaves_the_rest_without_typing_and_delays_nothi
 def test_two_workers_type_each_window_once(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, window_open=3.0)
     web, workers = processes.web(), [started_worker(processes), started_worker(processes)]
+    # Both are running before the first buffer opens: each reads who else runs (its
+    # part) when it first has windows to type, and again every typing.PARTITION_EVERY.
     assert WorkerHeartbeat.objects.count() == 2
-    time.sleep(5.5)  # each worker reads who else runs every typing.PARTITION_EVERY (5 s)
     chats = range(301, 307)
     for chat in chats:
         send(web, "tg", chat, "hola y")

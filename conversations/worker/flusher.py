@@ -34,7 +34,7 @@ class Flusher(threading.Thread):
         self.flushed = 0
         # Whether the last look saw any open buffer (due, or with a deadline ahead): the
         # typing look (worker.typing) asks the database nothing while none is open.
-        self.saw_open_buffers = True
+        self.saw_open_buffers = False
 
     def run(self):
         backoff = Backoff()

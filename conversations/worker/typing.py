@@ -244,6 +244,10 @@ class Typing:
         # Buffers turns took before this look began are in its answer (and any later
         # one's) as flushed: only those taken while it runs need remembering.
         self.spent.clear()
+        flusher = self.worker.flusher
+        quiet = flusher is not None and not flusher.saw_open_buffers
+        if quiet and not self.windows_held():
+            return  # no buffer is open anywhere: nothing to ask (an idle worker asks nothing)
         now = time.monotonic()
         if self.partition_at is None or now - self.partition_at >= PARTITION_EVERY:
             self.channels, owners = await self.db(self._read_partition, list(self.worker.dead_owners))
@@ -251,10 +255,8 @@ class Typing:
                 owners = sorted([*owners, self.worker.owner])
             self.part, self.parts = owners.index(self.worker.owner), len(owners)
             self.partition_at = now
-        flusher = self.worker.flusher
-        quiet = flusher is not None and not flusher.saw_open_buffers
-        if not self.channels or (quiet and not self.windows_held()):
-            return  # nothing to ask: no channel types instantly, or no buffer is open anywhere
+        if not self.channels and not self.windows_held():
+            return  # no channel types from the first message
         started = time.monotonic()
         if quiet:
             found = []  # the flusher saw no open buffer since: every window closed
