@@ -153,9 +153,9 @@ class Faults(threading.Thread):
     def run(self):
         try:
             self.at(KILL_AT)
-            killed_at = time.time()  # the takeover is timed from the kill, not from its end
+            self.takeover.snapshot()
+            self.takeover.killed(time.time())  # timed from the kill, not from its end
             self.cluster.kill("app-a")
-            self.takeover.snapshot(killed_at)
             self.takeover.watch(timeout=RESTART_AT - KILL_AT + 10)
             self.at(RESTART_AT)
             self.cluster.start("app-a")

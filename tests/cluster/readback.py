@@ -142,8 +142,10 @@ class Takeover:
         self._stop = threading.Event()
         self._thread = None
 
-    def snapshot(self, killed_at):
-        self.killed_at = killed_at
+    def snapshot(self):
+        """What the host holds, read just before it is killed: once it is dead the others
+        may take it over faster than a look after the kill could see it. What it still
+        finished itself before the kill is left out afterwards (`finish`)."""
         mine = f"{self.host}:%"
         self.turns = [r[0] for r in self.db.rows(
             "SELECT id FROM conversations_turn WHERE state = 'running' AND owner LIKE %s", (mine,))]
@@ -165,6 +167,9 @@ class Takeover:
                     AND (state IN ('pending', 'failed') OR (state = 'attempting' AND owner LIKE %(m)s)))""",
             {"t": self.turns, "r": self.rows, "m": mine})
         return {"turns": turns, "ledger": rows}
+
+    def killed(self, at):
+        self.killed_at = at
 
     def watch(self, timeout):
         """Poll (every 0.1 s) in a thread until nothing waits on the dead host or `timeout`."""
@@ -191,6 +196,15 @@ class Takeover:
         self._stop.set()
         if self._thread:
             self._thread.join(10)
+        before_kill = (self.killed_at,)
+        done_before = {r[0] for r in self.db.rows(
+            "SELECT id FROM conversations_turn WHERE id = ANY(%s) AND finished_at < to_timestamp(%s)",
+            (self.turns, *before_kill))}
+        sent_before = {r[0] for r in self.db.rows(
+            "SELECT id FROM delivery_outboundmessage WHERE id = ANY(%s) AND delivered_at < to_timestamp(%s)",
+            (self.rows, *before_kill))}
+        self.turns = [t for t in self.turns if t not in done_before]
+        self.rows = [r for r in self.rows if r not in sent_before]
         turns = self.db.rows("SELECT state, owner FROM conversations_turn WHERE id = ANY(%s)", (self.turns,))
         rows = self.db.rows("SELECT owner FROM delivery_outboundmessage WHERE id = ANY(%s)", (self.rows,))
         # A turn that had fired its effect is never run again: it fails (its owner stamp
