@@ -116,16 +116,22 @@ class Readback:
                           "max": round(float(worst), 2) if worst is not None else None}
         return late
 
-    def buffer_lateness(self, buffer_ids, since):
-        """Of buffers open at `since` (wall time): the latest flush after its deadline (or
-        after `since`, for a deadline before it), seconds, and who flushed them."""
-        if not buffer_ids:
-            return None, Counter()
-        found = self.rows(
+    def buffer_lateness(self, buffer_ids, since, dead=()):
+        """Of buffers open at `since` (wall time) and not flushed by a `dead` worker before
+        it died: the latest flush after its deadline (or after `since`, for a deadline
+        before it), seconds, and who flushed them."""
+        found = [(seconds, by) for seconds, by in self.rows(
             """SELECT extract(epoch FROM flushed_at - greatest(flush_at, to_timestamp(%s))), flushed_by
                FROM conversations_messagebuffer WHERE id = ANY(%s)""", (since, list(buffer_ids)))
+            if worker(by) not in dead]
         late = [float(seconds) for seconds, _ in found if seconds is not None]
         return (max(late) if late else None), Counter(by.split(":")[0] for _, by in found if by)
+
+
+def worker(owner):
+    """The worker behind an owner stamp (host:pid:start:random[:L]), without the
+    per-thread suffix some claims carry (#N)."""
+    return (owner or "").split("#")[0]
 
 
 class Takeover:
@@ -137,6 +143,7 @@ class Takeover:
         self.db, self.host, self.chats = readback, host, [str(c) for c in chats]
         self.killed_at = None
         self.turns, self.rows, self.buffers = [], [], []
+        self.dead = set()  # the owner stamps of the host's workers at the kill
         self.seconds = {"turns": None, "ledger": None}
         self.taken_by = {}
         self._stop = threading.Event()
@@ -145,14 +152,17 @@ class Takeover:
     def snapshot(self):
         """What the host holds, read just before it is killed: once it is dead the others
         may take it over faster than a look after the kill could see it. What it still
-        finished itself before the kill is left out afterwards (`finish`)."""
+        finished itself before it died is left out afterwards (`finish`)."""
         mine = f"{self.host}:%"
-        self.turns = [r[0] for r in self.db.rows(
-            "SELECT id FROM conversations_turn WHERE state = 'running' AND owner LIKE %s", (mine,))]
-        self.rows = [r[0] for r in self.db.rows(
-            """SELECT o.id FROM delivery_outboundmessage o LEFT JOIN conversations_turn t ON t.id = o.turn_id
+        turns = self.db.rows("SELECT id, owner FROM conversations_turn WHERE state = 'running' AND owner LIKE %s",
+                             (mine,))
+        rows = self.db.rows(
+            """SELECT o.id, coalesce(nullif(o.owner, ''), t.owner) FROM delivery_outboundmessage o
+               LEFT JOIN conversations_turn t ON t.id = o.turn_id
                WHERE (o.state = 'attempting' AND o.owner LIKE %s)
-                  OR (o.state = 'pending' AND t.owner LIKE %s)""", (mine, mine))]
+                  OR (o.state = 'pending' AND t.owner LIKE %s)""", (mine, mine))
+        self.turns, self.rows = [t for t, _ in turns], [r for r, _ in rows]
+        self.dead = {worker(owner) for _, owner in turns + rows}
         self.buffers = [r[0] for r in self.db.rows(
             """SELECT b.id FROM conversations_messagebuffer b JOIN conversations_conversation c
                ON c.id = b.conversation_id WHERE b.state = 'open' AND c.chat_id = ANY(%s)""", (self.chats,))]
@@ -196,15 +206,18 @@ class Takeover:
         self._stop.set()
         if self._thread:
             self._thread.join(10)
-        before_kill = (self.killed_at,)
-        done_before = {r[0] for r in self.db.rows(
-            "SELECT id FROM conversations_turn WHERE id = ANY(%s) AND finished_at < to_timestamp(%s)",
-            (self.turns, *before_kill))}
-        sent_before = {r[0] for r in self.db.rows(
-            "SELECT id FROM delivery_outboundmessage WHERE id = ANY(%s) AND delivered_at < to_timestamp(%s)",
-            (self.rows, *before_kill))}
+        # Finished or sent under the dead worker's own stamp: it did so before it died.
+        done_before = {t for t, state, owner in self.db.rows(
+            "SELECT id, state, owner FROM conversations_turn WHERE id = ANY(%s)", (self.turns,))
+            if state == "done" and worker(owner) in self.dead}
+        sent_before = {r for r, state, owner in self.db.rows(
+            "SELECT id, state, owner FROM delivery_outboundmessage WHERE id = ANY(%s)", (self.rows,))
+            if state == "delivered" and worker(owner) in self.dead}
         self.turns = [t for t in self.turns if t not in done_before]
         self.rows = [r for r in self.rows if r not in sent_before]
+        for kind, held in (("turns", self.turns), ("ledger", self.rows)):
+            if not held:
+                self.seconds[kind] = None  # nothing of that kind to take over
         turns = self.db.rows("SELECT state, owner FROM conversations_turn WHERE id = ANY(%s)", (self.turns,))
         rows = self.db.rows("SELECT owner FROM delivery_outboundmessage WHERE id = ANY(%s)", (self.rows,))
         # A turn that had fired its effect is never run again: it fails (its owner stamp
