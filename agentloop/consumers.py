@@ -185,6 +185,11 @@ class PlaygroundConsumer(LiveConsumer):
                               "agent": self.channel.agent, "transcript": transcript})
 
     async def receive_json(self, content, **kwargs):
+        if "confirm" in content:  # a tap on a question's button (tools.confirmations)
+            if await self.still_allowed():
+                await self.send_json(await database_sync_to_async(_confirm)(self.channel, self.scope["user"],
+                                                                            str(content["confirm"])[:100]))
+            return
         text = content.get("text")
         if not isinstance(text, str) or not text.strip():
             await self.send_json({"type": "error", "error": "a message needs some text"})
@@ -196,6 +201,15 @@ class PlaygroundConsumer(LiveConsumer):
             return
         from conversations.ingest import Unstorable
 
+        if "edit" in content:  # the person corrects a message they sent (conversations.edits)
+            message_id = str(content["edit"])[:64]
+            try:
+                edited = await database_sync_to_async(_edit)(self.channel, self.scope["user"], text, message_id)
+            except Unstorable as exc:
+                await self.send_json({"type": "error", "error": f"edit refused: {exc}"})
+                return
+            await self.send_json({"type": "edited", "id": message_id, "text": text, **edited})
+            return
         message_id = str(content.get("id") or uuid.uuid4())[:64]
         try:
             admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)
@@ -211,6 +225,13 @@ def _sender(user):
     return lambda text="", message_id="": Inbound(
         platform_message_id=message_id, chat_id=f"console-{user.pk}", sender_id=f"console-{user.pk}",
         sender_name=user.get_full_name() or user.get_username(), username=user.get_username(), text=text)
+
+
+def _confirm(channel, user, data):
+    from tools.confirmations import handle_webchat_tap
+
+    me = _sender(user)()
+    return handle_webchat_tap(channel, me.sender_id, me.sender_name, data)
 
 
 def _open_playground(slug, user):
@@ -233,6 +254,20 @@ def _admit(channel, user, text, message_id):
             "flush_at": admission.flush_at.isoformat() if admission.flush_at else None,
             "window_seconds": admission.window_seconds, "window_kind": admission.window_kind,
             "now": timezone.now().isoformat()}
+
+
+def _edit(channel, user, text, message_id):
+    from django.utils import timezone
+
+    from conversations import edits
+
+    me = _sender(user)()
+    now = timezone.now()
+    result = edits.apply(channel, edits.Edit(platform_message_id=f"console:{message_id}", text=text, edited_at=now,
+                                             source="webchat", chat_id=me.chat_id, sender_id=me.sender_id), now)
+    return {"outcome": result.outcome, "duplicate": result.duplicate, "detail": result.detail,
+            "flush_at": result.flush_at.isoformat() if result.flush_at else None,
+            "window_seconds": result.window_seconds, "window_kind": result.window_kind, "now": now.isoformat()}
 
 
 def _transcript(conversation_id):

@@ -4,6 +4,7 @@ Every variable is documented in README.md; bad values fail loudly at start-up
 (django-environ raises on a malformed int, float, bool or URL).
 """
 
+import socket
 from pathlib import Path
 
 import environ
@@ -103,6 +104,8 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'agentloop.sqlite3'}")
 }
+# DATABASE_POOL: PostgreSQL only (see below); SQLite ignores it, as it does CONN_MAX_AGE.
+DATABASE_POOL = env.bool("DATABASE_POOL", default=False)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
     # Django's SQLite backend plus an in-process queue for write transactions.
@@ -122,7 +125,24 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test_agentloop.sqlite3"))
     }
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
+    # DATABASE_POOL: Django's psycopg pool (a process keeps up to DATABASE_POOL_MAX_SIZE
+    # connections open and lends one to each request or thread) instead of a connection
+    # per request. A pooled connection is never "persistent": CONN_MAX_AGE must stay 0
+    # (Django refuses both), so setting CONN_MAX_AGE as well is refused here, by name.
+    if DATABASE_POOL:
+        if env.int("CONN_MAX_AGE", default=0) != 0:
+            raise environ.ImproperlyConfigured(
+                "DATABASE_POOL=true keeps connections in a pool: leave CONN_MAX_AGE unset (or 0)")
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=2),
+            # A worker keeps one connection per database thread (about 4 + AGENTLOOP_TOOL_THREADS).
+            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=32),
+            # Waiting for a free connection longer than this fails the step like an outage.
+            "timeout": env.float("DATABASE_POOL_TIMEOUT", default=10.0),
+        }
+    else:
+        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
     # A database host that drops packets (rather than refusing) must not hang a reconnect
     # or a query forever: a connect deadline, and TCP keepalives so a dead peer's socket
     # is noticed in ~20 s instead of the kernel's two hours.
@@ -210,7 +230,10 @@ Q_CLUSTER = {
 # seen within this interval; known deadlines are slept to exactly.
 AGENTLOOP_POLL_INTERVAL = env.float("AGENTLOOP_POLL_INTERVAL", default=0.05)
 AGENTLOOP_MAX_CONCURRENT_TURNS = env.int("AGENTLOOP_MAX_CONCURRENT_TURNS", default=1000)
-AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=4.0)
+# Seconds between typing indicators; 0: each platform's own (Telegram 4 s, below its ~5 s).
+AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=0.0)
+# Typing loops one worker runs at once; beyond it a conversation shows no indicator.
+AGENTLOOP_MAX_TYPING = env.int("AGENTLOOP_MAX_TYPING", default=1000)
 # Input without end: a turn's merged text is cut to this many characters (the cut is
 # marked; the stored messages keep everything), and a conversation holds at most this
 # many messages waiting for a turn — later ones are stored and answered with a notice.
@@ -220,6 +243,30 @@ AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", defau
 AGENTLOOP_MAX_ACTIONS_PER_KEY = env.int("AGENTLOOP_MAX_ACTIONS_PER_KEY", default=100)
 # A worker whose heartbeat is older than this is dead: its turns are recovered.
 AGENTLOOP_WORKER_STALE_AFTER = env.float("AGENTLOOP_WORKER_STALE_AFTER", default=30.0)
+# How workers tell that another worker died (conversations/liveness.py). advisory
+# (PostgreSQL's default): each worker holds a session advisory lock on a connection of
+# its own; its lock frees when its process dies or its host drops off the network, and
+# the others take over within seconds. heartbeat (SQLite's only choice): a worker is dead
+# when its heartbeat is older than AGENTLOOP_WORKER_STALE_AFTER.
+AGENTLOOP_LIVENESS = env.str(
+    "AGENTLOOP_LIVENESS",
+    default="heartbeat" if DATABASES["default"]["ENGINE"] == "agentloop.sqlite" else "advisory")
+if AGENTLOOP_LIVENESS not in ("advisory", "heartbeat"):
+    raise environ.ImproperlyConfigured("AGENTLOOP_LIVENESS must be advisory or heartbeat")
+if AGENTLOOP_LIVENESS == "advisory" and DATABASES["default"]["ENGINE"] == "agentloop.sqlite":
+    raise environ.ImproperlyConfigured("AGENTLOOP_LIVENESS=advisory needs PostgreSQL (SQLite: heartbeat)")
+# The lock's connection, when DATABASE_URL goes through a transaction-mode pooler
+# (PgBouncer): a session lock must be held by a session of its own, so point this at
+# PostgreSQL itself or at a session-mode pool. Empty: DATABASE_URL.
+AGENTLOOP_LIVENESS_DATABASE_URL = env.str("AGENTLOOP_LIVENESS_DATABASE_URL", default="")
+# Seconds after which a silent peer is given up on that connection, on both ends (TCP
+# keepalives and tcp_user_timeout): a host that vanished loses its lock in about this.
+AGENTLOOP_LIVENESS_TIMEOUT = env.int("AGENTLOOP_LIVENESS_TIMEOUT", default=3)
+# The host name workers put in their owner stamps and heartbeats. Workers with the same
+# name judge each other's pids from /proc at once: processes that share a host name but
+# not a pid space (containers on the host's network) need a name each. Tests give a
+# worker a foreign name to play one on another host.
+AGENTLOOP_HOSTNAME = env.str("AGENTLOOP_HOSTNAME", default="") or socket.gethostname()
 # An agent's whole answer (every model request and tool call of one turn) must come
 # within this many seconds, or the turn fails with an apology; a channel's agent config
 # may set its own `deadline`.
@@ -289,6 +336,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {"once_per_kind": {"()": "agentloop.pool_log.OncePerKind"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
@@ -299,5 +347,8 @@ LOGGING = {
         # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
         # Our tasks log themselves when they find something to do.
         "django-q": {"level": env.str("DJANGO_Q_LOG_LEVEL", default="WARNING")},
+        # DATABASE_POOL: psycopg's pool logs every failed reconnect of an outage (several
+        # a second): the first of a kind is kept (it names the cause), then one in 30 s.
+        "psycopg.pool": {"filters": ["once_per_kind"]},
     },
 }

@@ -27,6 +27,7 @@ from conversations.models import (
 )
 from delivery import ledger
 from delivery.models import OutboundKind
+from tools import confirmations
 
 log = logging.getLogger(__name__)
 
@@ -199,18 +200,27 @@ def _admit_in_transaction(channel, inbound, now):
     if conversation is None:
         return None
     running = conversation.running_turn_id
+    # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
+    # for the agent (tools.confirmations); stored like a control command, outside any buffer.
+    answer = None if (command or inbound.media_type) else confirmations.answer_from_text(
+        channel, conversation, inbound.text)
     # A conversation with this many messages waiting takes no more into its buffer: the
     # message is stored (and audited), and the sender told once per episode.
-    overflow = not command and (conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
+    overflow = not command and not answer and (
+        conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
     # The open buffer comes with the conversation, so the message is stored with it
     # in one statement; with a turn running the strategy decides first.
-    buffer = None if (command or running or overflow) else _known_open_buffer(conversation)
+    buffer = None if (command or answer or running or overflow) else _known_open_buffer(conversation)
     message = _store_once(channel, conversation, inbound, now, command, buffer,
-                          Disposition.OVERFLOW if overflow else Disposition.BUFFERED)
+                          Disposition.CONTROL if answer else Disposition.OVERFLOW if overflow else Disposition.BUFFERED)
     if message is None:
         return Admission(duplicate=True, conversation_id=conversation.pk)
     failpoint("inbound.after_insert")
     admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
+    if answer:
+        answer.take(message)  # decided once this admission commits
+        admission.disposition = Disposition.CONTROL
+        return admission
     if command:
         control.handle(conversation, message, command, now)
         admission.disposition = Disposition.CONTROL

@@ -15,6 +15,9 @@ the guarantees do not move:
   own savepoint (ingest.admit_many), one commit. A request is answered only after the
   commit that holds its message; one bad admission fails alone.
 - The dedup is the database's (the admission's INSERT … ON CONFLICT DO NOTHING).
+- An `edited_message` (rare) takes a slower path of its own: applied by conversations.edits
+  in its own transaction after the batch's admissions commit, so a message and its edit
+  in one batch apply in that order and a normal message never waits for an edit.
 - A request this path does not fully handle (a proxy or HTTPS redirect set-up, a host
   not allowed) is left to Django, which answers it as before.
 """
@@ -32,7 +35,7 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
-from conversations import ingest, views
+from conversations import edits, ingest, views
 from conversations.worker.dbthread import close_broken_connection
 
 log = logging.getLogger(__name__)
@@ -126,7 +129,7 @@ class Admitter:
             return [_failure(exc)] * len(batch)
 
     def _prepare_and_admit(self, batch):
-        answers, admissions = [None] * len(batch), []
+        answers, admissions, edited = [None] * len(batch), [], []
         for i, (slug, secret, body) in enumerate(batch):
             try:
                 prepared = views.telegram_prepare(slug, secret, body)
@@ -136,10 +139,22 @@ class Admitter:
                 prepared = _failure(exc)
             if isinstance(prepared, views.Answer):
                 answers[i] = prepared
+            elif isinstance(prepared[1], edits.Edit):
+                edited.append((i, prepared))
             else:
                 admissions.append((i, prepared))
-        if not admissions:
-            return answers
+        if admissions:
+            self._admit(admissions, answers)
+        # Edits are rare: each its own transaction, after the batch's messages (an edit
+        # may follow its message in the same batch), never in the messages' way.
+        for i, (channel, edit) in edited:
+            try:
+                answers[i] = views.telegram_edited(edits.apply(channel, edit))
+            except Exception as exc:
+                answers[i] = _failure(exc)
+        return answers
+
+    def _admit(self, admissions, answers):
         # Conversations locked in one order by every batch, so concurrent batches never
         # wait for each other in a cycle (a stable sort: a conversation's own messages
         # keep their order).
@@ -147,7 +162,6 @@ class Admitter:
         results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
         for (i, _), result in zip(admissions, results):
             answers[i] = _failure(result) if isinstance(result, Exception) else views.telegram_admitted(result)
-        return answers
 
 
 def _conversation_key(channel, inbound):
@@ -201,9 +215,28 @@ class LeanIngest:
         body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if body is False:
             return  # the client went away
+        if body and b'"callback_query"' in body:
+            # A tap on a question's button runs the action and calls the Bot API
+            # (tools.confirmations): Django's view takes it, off the admitter threads.
+            return await self.app(scope, _replay(body), send)
         secret = _header(scope, SECRET_HEADER)
         answer = await self.admitter.answer(slug, secret.decode("latin-1") if secret is not None else None, body)
         await _respond(send, answer)
+
+
+def _replay(body):
+    """An ASGI `receive` that hands over a body already read, then waits like a client
+    that stays connected (Django cancels its wait once the answer is sent)."""
+    delivered = False
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+
+    return receive
 
 
 def _header(scope, name):

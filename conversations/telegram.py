@@ -8,6 +8,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from conversations import edits
 from conversations.engine import owner_gone
 from conversations.ingest import Inbound, Unstorable, admit, record_refusal
 from conversations.models import Channel, ChannelKind, TelegramMode
@@ -21,10 +22,37 @@ MEDIA_KINDS = (
 )
 GROUP_TYPES = ("group", "supergroup")
 LEASE = timedelta(seconds=60)
+# The updates we ask Telegram for (setWebhook, getUpdates): anything else is never sent.
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+
+
+def item_from_update(update: telegram.Update) -> Inbound | edits.Edit | None:
+    """A new message, an edit of one, or None for updates we do not act on."""
+    if update.message is not None:
+        return inbound_from_update(update)
+    if update.edited_message is not None:
+        return edit_from_update(update)
+    return None
+
+
+def edit_from_update(update: telegram.Update) -> edits.Edit | None:
+    """An `edited_message` as an Edit of the message we stored as "<chat>:<message id>",
+    deduplicated by its `edit_date`."""
+    message = update.edited_message
+    if message is None or message.from_user is None:
+        return None
+    return edits.Edit(
+        platform_message_id=f"{message.chat.id}:{message.message_id}",
+        text=message.text or message.caption or "",
+        edited_at=message.edit_date or message.date,
+        source="telegram",
+        chat_id=str(message.chat.id),
+        sender_id=str(message.from_user.id),
+    )
 
 
 def inbound_from_update(update: telegram.Update) -> Inbound | None:
-    """The message we act on, or None for updates we ignore (edits, service messages…)."""
+    """The message we act on, or None for updates we ignore (service messages…)."""
     message = update.message
     if message is None or message.from_user is None:
         return None
@@ -98,13 +126,24 @@ def admit_polled(channel_id, owner, updates: list[dict]) -> int:
     channel = Channel.objects.get(pk=channel_id)
     admitted = 0
     for data in updates:
+        if isinstance(data, dict) and "callback_query" in data:  # a tap on a question's button
+            from tools.confirmations import handle_telegram_callback
+
+            handle_telegram_callback(channel, data)
+            continue
         try:
-            inbound = inbound_from_update(parse_update(data))
+            inbound = item_from_update(parse_update(data))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("channel %s: skipping malformed update %s: %s", channel.slug, data.get("update_id"), exc)
             continue
+        if isinstance(inbound, edits.Edit):
+            # Applied in its own transaction, in update order (after its message).
+            result = edits.apply_or_refuse(channel, inbound, "long polling")
+            admitted += bool(result and not result.duplicate and result.outcome in edits.WAKES_THE_FLUSHER)
+            continue
         # A message that cannot be stored is refused alone (audited): the others are
-        # admitted and the offset moves past it, so one bad update never stalls the bot.
+        # admitted and the offset moves past it, so one bad update never stalls the bot
+        # (an edit of a message never received is audited and skipped likewise).
         # Any other error propagates: the offset is not advanced, the batch is polled
         # again, and the dedup drops what was admitted before the error.
         admitted += bool(inbound and admit_or_refuse(channel, inbound, "long polling"))

@@ -10,7 +10,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from conversations import telegram as telegram_inbound
+from conversations import edits, telegram as telegram_inbound
 from conversations.ingest import admit, record_refusal, refusal
 from conversations.models import Channel, ChannelKind
 
@@ -30,7 +30,10 @@ def telegram_webhook(request, slug):
         return prepared.response()
     # Anything failing from here on is ours: a 500 makes Telegram retry, and the dedup
     # makes the retry safe.
-    return telegram_admitted(admit(*prepared)).response()
+    channel, item = prepared
+    if isinstance(item, edits.Edit):
+        return telegram_edited(edits.apply(channel, item)).response()
+    return telegram_admitted(admit(channel, item)).response()
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ def _error(status, message):
 
 def telegram_prepare(slug, supplied_secret, body):
     """Everything before the admission: the channel, its secret, the update parsed into
-    an Inbound. Returns the Answer to give at once, or (channel, inbound) to admit.
+    an Inbound (or an edits.Edit). Returns the Answer to give at once, or (channel,
+    inbound) to admit, or (channel, edit) to apply.
     `body` is None when it was over the size limit."""
     channel = Channel.objects.active(slug, ChannelKind.TELEGRAM)
     if channel is None:
@@ -68,14 +72,18 @@ def telegram_prepare(slug, supplied_secret, body):
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return _error(400, "body is not valid JSON")
+    if isinstance(data, dict) and "callback_query" in data:  # a tap on a question's button
+        from tools.confirmations import handle_telegram_callback
+
+        return Answer(200, handle_telegram_callback(channel, data))
     try:
-        inbound = telegram_inbound.inbound_from_update(telegram_inbound.parse_update(data))
+        inbound = telegram_inbound.item_from_update(telegram_inbound.parse_update(data))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return _error(400, f"not a valid Telegram update: {exc}")
     if inbound is None:
         # 200 so Telegram stops retrying an update we will never act on.
         return Answer(200, {"ok": True, "ignored": True})
-    problem = refusal(inbound)
+    problem = edits.refusal(inbound) if isinstance(inbound, edits.Edit) else refusal(inbound)
     if problem:
         # 200 so Telegram stops retrying an update no retry could store; audited.
         record_refusal(channel, inbound, problem, "webhook")
@@ -85,6 +93,14 @@ def telegram_prepare(slug, supplied_secret, body):
 
 def telegram_admitted(admission):
     return Answer(200, {"ok": True, "duplicate": admission.duplicate})
+
+
+def telegram_edited(result):
+    """200 whatever the edit did (Telegram would resend it otherwise); an edit of a
+    message we never received is audited and ignored."""
+    if result.outcome == edits.UNKNOWN:
+        return Answer(200, {"ok": True, "ignored": True, "edit": result.outcome})
+    return Answer(200, {"ok": True, "duplicate": result.duplicate, "edit": result.outcome})
 
 
 def healthz(request):

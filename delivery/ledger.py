@@ -39,7 +39,7 @@ from audit.failpoints import failpoint
 from audit.models import EventKind
 from audit.redaction import redact
 from delivery import chunks, console
-from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import SendResult, Target, transport_for
 
@@ -180,6 +180,7 @@ def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
     token = _claim(ids, owner, now or timezone.now(), dead_owners, boot)
     rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token).order_by("created_at", "pk"))
     _attach_channels(rows)
+    _attach_buttons(rows)
     return rows
 
 
@@ -190,6 +191,19 @@ def _attach_channels(rows):
     channels = Channel.objects.in_bulk({row.channel_id for row in rows})
     for row in rows:
         row.channel = channels[row.channel_id]
+
+
+def _attach_buttons(rows):
+    """A question asking the user to confirm an action (a notice row of
+    tools.confirmations) goes out with its answer buttons while its proposal is open:
+    one query per batch that has notices, none for a batch of replies."""
+    from tools.confirmations import buttons_for_rows
+
+    notices = [row for row in rows if row.kind == OutboundKind.NOTICE]
+    if notices:
+        found = buttons_for_rows([row.pk for row in notices])
+        for row in notices:
+            row.buttons = found.get(row.pk, ())
 
 
 def claim_written(rows, owner, now=None):
@@ -244,7 +258,8 @@ async def send(row, db=None) -> SendResult:
             result = SendResult.failed(Outcome.TEMPORARY, f"chunk {index + 1} not started: its start not recorded")
             break
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
-                        conversation_id=row.conversation_id)
+                        conversation_id=row.conversation_id,
+                        buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
         label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
         result = await transport_for(row.channel).send_text(target, label + pieces[index])
         failpoint("ledger.after_chunk_send")

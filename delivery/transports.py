@@ -68,10 +68,16 @@ class Target:
     reply_target: str = ""
     thread_id: str = ""
     conversation_id: int | None = None
+    # Answer buttons under the message, as (label, opaque data) pairs: a question asking the
+    # user to confirm an action (tools.confirmations). Platforms without buttons ignore them.
+    buttons: tuple = ()
 
 
 class Transport(abc.ABC):
     supports_typing = False
+    # Seconds between two typing indicators: below the platform's own expiry, so the
+    # indicator never blinks out while it is wanted. Also each call's deadline.
+    typing_refresh = 4.0
     max_units = None  # the platform's limit on one message (UTF-16 units); None: no limit
 
     def __init__(self, channel):
@@ -139,6 +145,7 @@ async def close_bots():
 
 class TelegramTransport(Transport):
     supports_typing = True
+    typing_refresh = 4.0  # Telegram shows "typing…" for ~5 s, or until the bot's next message
     max_units = TELEGRAM_MAX_UNITS
 
     async def send_text(self, target: Target, text: str) -> SendResult:
@@ -151,10 +158,12 @@ class TelegramTransport(Transport):
         try:
             # The ledger sends a long reply chunk by chunk (delivery.chunks); this split
             # only guards a text that reaches the transport whole.
-            for chunk in chunks.split(text, TELEGRAM_MAX_UNITS):
+            pieces = chunks.split(text, TELEGRAM_MAX_UNITS)
+            for index, chunk in enumerate(pieces):
                 message = await bot.send_message(
                     chat_id=target.chat_id, text=chunk, reply_parameters=reply,
                     message_thread_id=int(target.thread_id) if target.thread_id else None,
+                    reply_markup=inline_keyboard(target.buttons) if index == len(pieces) - 1 else None,
                 )
                 last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
@@ -191,6 +200,40 @@ class TelegramTransport(Transport):
         )
 
 
+def inline_keyboard(buttons) -> telegram.InlineKeyboardMarkup | None:
+    """Buttons side by side in one row; a tap comes back as a callback_query with the data."""
+    if not buttons:
+        return None
+    return telegram.InlineKeyboardMarkup([[telegram.InlineKeyboardButton(label, callback_data=data)
+                                           for label, data in buttons]])
+
+
+def call_telegram_now(channel, deadline: float, *calls) -> list:
+    """Bot API calls from synchronous code (a webhook's thread, a database thread), one
+    after the other on an event loop of their own with a Bot of its own (a Bot must not
+    cross event loops), each bounded by `deadline` seconds. `calls`: (method name,
+    {params}) pairs. Returns, in order, each call's result or the exception it raised
+    (python-telegram-bot's, or asyncio.TimeoutError)."""
+
+    async def each():
+        request = AiohttpRequest(connections=1, read_timeout=deadline, write_timeout=deadline,
+                                 connect_timeout=deadline)
+        bot = telegram.Bot(channel.bot_token, base_url=f"{channel.api_base.rstrip('/')}/bot", request=request,
+                           get_updates_request=AiohttpRequest(connections=1))  # never used: created lazily
+        results = []
+        try:
+            for method, params in calls:
+                try:
+                    results.append(await asyncio.wait_for(getattr(bot, method)(**params), deadline))
+                except (TelegramError, asyncio.TimeoutError, OSError) as exc:
+                    results.append(exc)
+        finally:
+            await request.shutdown()
+        return results
+
+    return asyncio.run(each())
+
+
 class StoredTransport(Transport):
     """api channels without a callback: the reply row *is* the delivery; clients read it."""
 
@@ -204,14 +247,17 @@ class WebchatTransport(Transport):
     agentloop.live); the row stays readable, and the page reloads it on reconnect."""
 
     supports_typing = True
+    typing_refresh = 4.0  # the page shows a typing signal for 6 s (static/console/playground.js)
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         from agentloop import live
 
         try:
-            await live.apublish([live.conversation_group(target.conversation_id)], {
-                "kind": "reply", "conversation": target.conversation_id, "text": text,
-                "reply_to": target.reply_target})
+            event = {"kind": "reply", "conversation": target.conversation_id, "text": text,
+                     "reply_to": target.reply_target}
+            if target.buttons:  # the page shows them and sends a tap back over its socket
+                event["buttons"] = [{"label": label, "data": data} for label, data in target.buttons]
+            await live.apublish([live.conversation_group(target.conversation_id)], event)
         except Exception as exc:  # e.g. Redis unreachable
             return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered()
@@ -259,6 +305,14 @@ class ApiCallbackTransport(Transport):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             response = await client.post(self.channel.callback_url, content=body, headers=headers)
             return response.status_code, retry_after_header(response.headers.get("Retry-After"))
+
+
+def typing_kinds() -> tuple[str, ...]:
+    """The channel kinds whose transport can show "typing…" (the worker's typing look
+    asks the database only about these)."""
+    from conversations.models import Channel, ChannelKind
+
+    return tuple(kind for kind in ChannelKind.values if transport_for(Channel(kind=kind)).supports_typing)
 
 
 def transport_for(channel) -> Transport:

@@ -14,6 +14,7 @@ from conversations.worker.dbthread import DATABASE_FAULTS
 log = logging.getLogger(__name__)
 
 SUPERVISE_EVERY = 5.0
+LEASE_RETRY_EVERY = 2.0
 
 
 class Polling:
@@ -42,12 +43,16 @@ class Polling:
         backoff, database = 1.0, Backoff()
         while True:
             try:
-                channel = await self.worker.db(telegram_inbound.take_lease, channel_id, self.owner)
+                channel = None
+                if self.worker.liveness.holding():  # taken for dead by the others: no lease
+                    channel = await self.worker.db(telegram_inbound.take_lease, channel_id, self.owner)
             except DATABASE_FAULTS:
                 await asyncio.sleep(database.next())  # reported once by the database thread
                 continue
             if channel is None:
-                await asyncio.sleep(SUPERVISE_EVERY)
+                # Held by another worker: look again soon — a dead holder's lease is
+                # taken over at the first look after its death is seen.
+                await asyncio.sleep(LEASE_RETRY_EVERY)
                 continue
             bot = telegram.Bot(channel.bot_token, base_url=f"{channel.api_base.rstrip('/')}/bot")
             try:
@@ -77,7 +82,8 @@ class Polling:
         offset = channel.poll_offset
         while True:
             updates = await bot.get_updates(
-                offset=offset, timeout=settings.AGENTLOOP_TELEGRAM_POLL_TIMEOUT, allowed_updates=["message"]
+                offset=offset, timeout=settings.AGENTLOOP_TELEGRAM_POLL_TIMEOUT,
+                allowed_updates=telegram_inbound.ALLOWED_UPDATES
             )
             if updates:
                 batch = [u.to_dict() for u in updates]
@@ -86,6 +92,8 @@ class Polling:
                 offset = max(u.update_id for u in updates) + 1
                 if admitted:
                     self.worker.flusher.wakeup.set()
+            if not self.worker.liveness.holding():
+                return  # the others may be taking its lease over
             if await self.worker.db(telegram_inbound.take_lease, channel.pk, self.owner) is None:
                 return  # another worker took over
 

@@ -12,7 +12,7 @@ import threading
 
 from django.conf import settings
 
-from conversations import engine
+from conversations import engine, liveness
 from conversations.agents import agent_for
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
@@ -21,6 +21,7 @@ from conversations.worker.polling import Polling
 from conversations.worker.replies import Replies
 from conversations.worker.tool_calls import ToolCalls
 from conversations.worker.turn_runner import TurnRunner
+from conversations.worker.typing import Typing
 from delivery.transports import close_bots
 from tools import guard
 
@@ -31,8 +32,10 @@ SHUTDOWN_GRACE = 10.0
 
 class Worker:
     def __init__(self, *, owner=None, poll_interval=None, max_concurrent=None, typing_interval=None,
-                 poll_telegram=True):
-        self.owner = owner or engine.new_owner()
+                 max_typing=None, poll_telegram=True):
+        self.owner = owner or engine.new_owner(lock=liveness.advisory())
+        # Its liveness lock (PostgreSQL): while it does not hold it, it claims nothing.
+        self.liveness = liveness.for_worker(self.owner)
         self.poll_interval = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
         self.max_concurrent = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
         self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
@@ -45,6 +48,9 @@ class Worker:
         # thread's batches of replies it waited tens of ms before the model was asked.
         self.read = DatabaseThread("read")
         self.dead_owners: list[str] = []
+        # Typing indicators: their own database thread, so a look never queues behind
+        # (or delays) replies, history loads or the flusher.
+        self.typing = Typing(self, cap=max_typing, interval=self.typing_interval)
         self.turns = TurnRunner(self)
         self.tools = ToolCalls(self, settings.AGENTLOOP_TOOL_THREADS)
         self.replies = Replies(self)
@@ -90,6 +96,7 @@ class Worker:
         # Agents are imported on a thread meanwhile (the openai SDK alone takes a second
         # or more): a restarted worker takes over its predecessor's polling at once.
         imports = self._loop.run_in_executor(None, self.import_agents)
+        await self.liveness.start_holding()  # before its stamp is on anything
         await self.housekeeping.first_round()  # recover dead workers' turns before anything else
         self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
                                adopt=lambda started: self._loop.call_soon_threadsafe(self.turns.adopt, started),
@@ -101,7 +108,8 @@ class Worker:
         log.info("worker %s started", self.owner)
         if ready is not None:
             ready.set()
-        jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop()]
+        jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop(),
+                self.typing.watch()]
         tasks += [asyncio.create_task(job) for job in jobs]
         await self._stopping.wait()
         await self.shutdown(tasks)
@@ -130,6 +138,7 @@ class Worker:
             task.cancel()
         await self.turns.stop(SHUTDOWN_GRACE)
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.typing.stop()
         await self.polling.stop()
         await self.replies.stop(SHUTDOWN_GRACE)
         await close_bots()
@@ -144,5 +153,6 @@ class Worker:
             # The heartbeat stays: the next worker on this host sees the process gone
             # and takes over at once.
             log.warning("worker %s stopped without the database; its work is taken over on restart", self.owner)
-        for thread in (self.db, self.claim, self.read, self.tools):
+        for thread in (self.db, self.claim, self.read, self.typing.db, self.tools):
             thread.close()
+        await loop.run_in_executor(None, self.liveness.stop)  # last: its heartbeat is gone

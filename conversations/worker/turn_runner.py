@@ -11,12 +11,11 @@ from django.db import transaction
 from audit.failpoints import failpoint
 from conversations import console, engine, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
-from conversations.models import Turn, TurnState, TypingMode
+from conversations.models import Turn, TurnState
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
-from delivery.transports import Target, transport_for
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +46,8 @@ class TurnRunner:
         self.complete = Batcher(worker.db, self.complete_turns)
 
     def capacity(self):
+        if not self.worker.liveness.holding():
+            return 0  # the others may be taking this worker's work over: start nothing
         return self.worker.max_concurrent - len(self.running)
 
     async def loop(self):
@@ -65,10 +66,15 @@ class TurnRunner:
             await worker.sleep(worker.poll_interval)
 
     def start(self, turn):
+        # Typing first, synchronously: a window's loop carries on into the turn without
+        # a moment in which nothing holds it.
+        self.worker.typing.turn_started(turn)
         task = asyncio.create_task(self.run_turn(turn))
         self.running[turn.pk] = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # A task cancelled before its first step never reaches run_turn's `finally`.
+        task.add_done_callback(lambda _: self.worker.typing.turn_ended(turn))
 
     def adopt(self, started):
         """Run turns the flusher started for this worker (on the event loop)."""
@@ -95,12 +101,7 @@ class TurnRunner:
                            load_tools=worker.tools.offered)
 
     async def run_turn(self, turn):
-        conversation, channel = turn.conversation, turn.conversation.channel
-        transport = transport_for(channel)
-        target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
-        typing = None
-        if channel.typing_mode != TypingMode.NEVER and transport.supports_typing:
-            typing = asyncio.create_task(self.keep_typing(transport, target))
+        channel = turn.conversation.channel
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(channel.agent_config)
         try:
@@ -125,8 +126,8 @@ class TurnRunner:
             log.exception("turn %s failed in agent %s", turn.pk, channel.agent)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"{type(exc).__name__}: {exc}"
         finally:
-            if typing is not None:
-                typing.cancel()
+            # Before the reply goes out: no indicator after it.
+            self.worker.typing.turn_ended(turn, cancelled=turn.pk in self.cancelled_by_user)
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
         failpoint("turn.after_answer")
@@ -196,8 +197,11 @@ class TurnRunner:
                 by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
                 return [by_turn.get(turn.pk) for turn, *_ in finished]
             written = dict(zip(replies, ledger.enqueue_many(replies.values()), strict=True))
-        # A row another worker's sweep claimed first is that worker's to send.
-        claimed = {row.pk for row in ledger.claim_written(list(written.values()), self.owner)}
+        # A row another worker's sweep claimed first is that worker's to send. Without
+        # its liveness lock this worker leaves them pending for a sweep (a claim of a
+        # worker the others think dead would be taken over, and the reply labelled).
+        rows = list(written.values()) if self.worker.liveness.holding() else []
+        claimed = {row.pk for row in ledger.claim_written(rows, self.owner)}
         return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
                 for turn, *_ in finished]
 
@@ -214,15 +218,6 @@ class TurnRunner:
         turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
         if turn is not None:
             engine.give_up_turn(turn)
-
-    async def keep_typing(self, transport, target):
-        """Telegram's indicator lasts ~5 s: refresh it until the turn ends."""
-        while True:
-            try:
-                await transport.send_typing(target)
-            except Exception as exc:
-                log.debug("typing indicator failed: %s", exc)
-            await asyncio.sleep(self.worker.typing_interval)
 
     async def cancel_loop(self):
         """Turns cancelled by another process (/stop, interrupt, rollback) are stopped here."""

@@ -1,7 +1,8 @@
 "use strict";
 // The playground: a web chat with one webchat channel, showing what happens between the
 // messages — the debounce countdown, the merge into a turn, typing, the reply, and any
-// duplicate the guard caught — as it happens.
+// duplicate the guard caught — as it happens. The person's own messages can be edited
+// (the edit counts: conversations/edits.py decides what it changes).
 (() => {
   const C = window.AgentloopConsole;
   const {el} = C;
@@ -15,6 +16,8 @@
   let deadline = null; // {flushAt, window}
   let typingUntil = 0;
   let conversation = null;
+  let editing = null; // {id, item}: the message the input is correcting
+  const sendButton = form.querySelector("button[type=submit]");
 
   const socket = C.connect(root.dataset.socket, {
     status: (text, kind) => C.setStatus(document.getElementById("connection"), text, kind),
@@ -25,10 +28,16 @@
     if (data.type === "hello") {
       conversation = data.conversation;
       document.getElementById("conversation-link").replaceChildren("· ", C.link("conversation", conversation, `conversation ${conversation}`));
-      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply" ? bubble("agent", item.text, item.at) : bubble("me", item.text, item.at)));
+      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply" ? bubble("agent", item.text, item.at)
+        : bubble("me", item.text, item.at, (item.id || "").startsWith("console:") ? item.id.slice(8) : null, item.edited)));
       scroll();
     } else if (data.type === "admitted") {
       admitted(data);
+    } else if (data.type === "edited") {
+      edited(data);
+    } else if (data.type === "confirmation") {
+      if (data.outcome) decided(data.data.split(":")[1], data.outcome);
+      else system(data.text, "muted"); // e.g. "This button is no longer valid."
     } else if (data.type === "error") {
       system(data.error, "error");
     } else if (data.type === "event") {
@@ -66,7 +75,9 @@
     } else if (e.kind === "reply") {
       typingUntil = 0;
       typing.hidden = true;
-      log.append(bubble("agent", e.text));
+      log.append(e.buttons ? question(e.text, e.buttons) : bubble("agent", e.text));
+    } else if (e.kind === "question_decided") {
+      decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
       system([C.link("duplicate", e.id, "Duplicate prevented by the guard"), `: ${e.summary}`], "duplicate");
     } else if (e.kind === "audit") {
@@ -75,11 +86,85 @@
     scroll();
   }
 
-  function bubble(who, text, at) {
-    return el("li", {class: `bubble bubble-${who}`},
+  function bubble(who, text, at, id, wasEdited) {
+    const item = el("li", {class: `bubble bubble-${who}`},
       el("span", {class: "visually-hidden"}, who === "me" ? "You: " : "Agent: "),
       el("span", {class: "text"}, text),
       el("time", {}, C.clock(at || new Date(C.serverNow()).toISOString())));
+    if (who === "me" && id) {
+      item.dataset.message = id;
+      if (wasEdited) markEdited(item);
+      item.append(el("button", {type: "button", class: "bubble-edit", title: "Edit this message",
+        onclick: () => startEditing(id, item)}, "edit"));
+    }
+    return item;
+  }
+
+  function markEdited(item) {
+    if (!item.querySelector(".edited")) item.querySelector("time").prepend(el("span", {class: "edited"}, "edited · "));
+  }
+
+  // Editing: the input takes the message's text; Send becomes "Save edit"; Escape cancels.
+  function startEditing(id, item) {
+    editing = {id, item};
+    input.value = item.querySelector(".text").textContent;
+    sendButton.textContent = "Save edit";
+    item.classList.add("bubble-editing");
+    input.focus();
+  }
+
+  function stopEditing() {
+    if (editing) editing.item.classList.remove("bubble-editing");
+    editing = null;
+    sendButton.textContent = "Send";
+  }
+
+  const EDIT_OUTCOMES = {
+    buffered: "Edit applied: the waiting message was corrected and its window re-armed.",
+    rerun: "Edit applied: the running turn was cancelled and runs again with the corrected text.",
+    noted: "Edit noted: the agent reads it in its next turn.",
+    unchanged: "Same text as before: nothing changed.",
+    not_applied: "Edit not applied",
+    ignored: "This channel ignores edits: nothing changed.",
+    unknown_message: "That message is not known here.",
+  };
+
+  function edited(e) {
+    const item = log.querySelector(`[data-message="${CSS.escape(e.id)}"]`);
+    const changed = ["buffered", "rerun", "noted"].includes(e.outcome);
+    if (item && changed) {
+      item.querySelector(".text").textContent = e.text;
+      markEdited(item);
+    }
+    if (e.outcome === "buffered" && e.flush_at) {
+      C.syncClock(e.now);
+      deadline = {flushAt: e.flush_at, window: e.window_seconds};
+      countdown.querySelector(".label").textContent = `Edited: waiting ${e.window_seconds} s again (${e.window_kind})…`;
+      countdown.hidden = false;
+    }
+    const what = e.duplicate ? "That edit was already applied." : EDIT_OUTCOMES[e.outcome] || e.outcome;
+    system(e.outcome === "not_applied" ? `${what}: ${e.detail}` : what, changed ? "merge" : "muted");
+  }
+
+  // A question asking to confirm an action: its buttons send the tap over the socket; the
+  // server applies it once and answers with the outcome, which replaces the buttons.
+  function question(text, buttons) {
+    const item = bubble("agent", text);
+    const token = buttons[0].data.split(":")[1];
+    item.dataset.question = token;
+    item.append(el("div", {class: "actions question-buttons"}, ...buttons.map((b) =>
+      el("button", {type: "button", class: "button", "data-choice": b.data.endsWith(":y") ? "yes" : "no",
+        onclick: () => { if (!socket.send({confirm: b.data})) system("Not connected yet; try again in a moment.", "error"); }},
+      b.label))));
+    return item;
+  }
+
+  function decided(token, text) {
+    const item = log.querySelector(`[data-question="${CSS.escape(token)}"]`);
+    if (!item) { system(text, "muted"); return; }
+    item.querySelector(".text").textContent = text;
+    const buttons = item.querySelector(".question-buttons");
+    if (buttons) buttons.remove();
   }
 
   function system(content, kind) {
@@ -94,9 +179,15 @@
   function send() {
     const text = input.value.trim();
     if (!text) return;
+    if (editing) {
+      if (!socket.send({edit: editing.id, text})) { system("Not connected yet; try again in a moment.", "error"); return; }
+      stopEditing();
+      input.value = "";
+      return;
+    }
     const id = (crypto.randomUUID && crypto.randomUUID()) || `${Date.now()}-${Math.random()}`;
     if (!socket.send({text, id})) { system("Not connected yet; try again in a moment.", "error"); return; }
-    log.append(bubble("me", text));
+    log.append(bubble("me", text, null, id));
     input.value = "";
     scroll();
   }
@@ -104,6 +195,7 @@
   form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+    if (e.key === "Escape" && editing) { stopEditing(); input.value = ""; }
   });
 
   setInterval(() => {
