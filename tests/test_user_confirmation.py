@@ -107,8 +107,11 @@ def test_the_question_says_what_will_happen_and_carries_opaque_buttons(make_chan
     settings.AGENTLOOP_DEFAULT_TIME_ZONE = "Europe/Madrid"
     channel = e2e.telegram_channel(make_channel, fake_telegram)
     user_policy()
-    outcome = propose(telegram_conversation(channel), {**EVENT, "end_datetime": "2026-12-07T11:00"})
+    conversation = telegram_conversation(channel)
+    outcome = propose(conversation, {**EVENT, "end_datetime": "2026-12-07T11:00"})
     assert outcome.status == Status.AWAITING_APPROVAL and "user's confirmation" in outcome.for_model()["note"]
+    again = propose(conversation, {**EVENT, "end_datetime": "2026-12-07T11:00"})
+    assert again.duplicate and "awaits the user's own confirmation" in again.note  # not "a person's"
     assert not CalendarEvent.objects.exists()
     deliver_questions()
     [question] = question_on(fake_telegram)

@@ -29,7 +29,7 @@ from audit.failpoints import failpoint
 from audit.models import EventKind
 from tools import registry
 from tools.fingerprint import Fingerprint, compute
-from tools.models import ActionClaim, ClaimState, ToolPolicy
+from tools.models import ActionClaim, ClaimState, Confirmation, ToolPolicy
 from tools.registry import CannotReconcile, OutcomeUnknown, Scope, ToolCall, ToolError
 
 log = logging.getLogger(__name__)
@@ -249,11 +249,19 @@ def duplicate_outcome(claim, status, now=None) -> Outcome:
                           "its outcome was known, so it may or may not have happened. Do not retry it; tell the "
                           "user it may already be done and ask them to check.",
         Status.AWAITING_APPROVAL: f"Not proposed again: an identical action was proposed {age} ago and still "
-                                  "awaits a person's approval. Tell the user it is waiting for approval.",
+                                  f"awaits {_approver(claim)}. Tell the user it is waiting for approval.",
     }
     proposal_id = getattr(getattr(claim, "proposal", None), "pk", None) if status == Status.AWAITING_APPROVAL else None
     return Outcome(status, result=claim.result if status == Status.DUPLICATE else None, note=notes[status],
                    claim_id=claim.pk, proposal_id=proposal_id, original=_original(claim, now), duplicate=True)
+
+
+def _approver(claim) -> str:
+    """Who the proposal waits for: the user (a question in the chat) or an operator."""
+    proposal_id = getattr(getattr(claim, "proposal", None), "pk", None)
+    if proposal_id is not None and Confirmation.objects.filter(proposal_id=proposal_id).exists():
+        return "the user's own confirmation (the question with Yes/No buttons in this chat)"
+    return "a person's approval"
 
 
 # --- uncertainty -------------------------------------------------------------------------

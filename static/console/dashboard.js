@@ -8,7 +8,8 @@
   const status = document.getElementById("connection");
   const FEED_LENGTH = 30;
   const REASONS = {window: "window closed", max_wait: "max wait reached", max_messages: "max messages reached",
-                   media: "media / non-text", control: "control command"};
+                   media: "media / non-text", control: "control command",
+                   edit: "an edit re-runs a cancelled turn"};
   let picture = null;
   // A conversation's whole story (the page under /console/conversations/<id>/story/).
   const STORY = JSON.parse(document.getElementById("admin-links").textContent).story;
