@@ -30,6 +30,12 @@ def outcomes_since(since):
 
 def replies_of(conversation_id, limit=30):
     """The conversation's latest outbound rows, oldest first, with their ledger state."""
-    rows = OutboundMessage.objects.filter(conversation_id=conversation_id).order_by("-created_at", "-pk")[:limit]
-    return [{"kind": "reply", "text": r.text, "at": r.created_at.isoformat(), "state": r.state, "row": r.pk}
+    from tools.confirmations import buttons_for_rows
+
+    rows = list(OutboundMessage.objects.filter(conversation_id=conversation_id).order_by("-created_at", "-pk")[:limit])
+    # A question still waiting for the user keeps its buttons after a page reload.
+    buttons = buttons_for_rows([r.pk for r in rows])
+    return [{"kind": "reply", "text": r.text, "at": r.created_at.isoformat(), "state": r.state, "row": r.pk,
+             **({"buttons": [{"label": label, "data": data} for label, data in buttons[r.pk]]}
+                if r.pk in buttons else {})}
             for r in reversed(rows)]

@@ -377,16 +377,25 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
         buttons = question["event"]["buttons"]
         assert [b["label"] for b in buttons] == ["✅ Yes, do it", "❌ No"]
         yes = buttons[0]["data"]
+        assert await transcript_buttons() == [buttons]  # a page opened (or reloaded) now shows them too
         await phone.send_json_to({"confirm": yes})
         await laptop.send_json_to({"confirm": yes})  # the same tap from a second device
         answers = [await until(page, lambda m: m["type"] == "confirmation") for page in (phone, laptop)]
         assert sorted(a["status"] for a in answers) == ["already_confirmed", "confirmed"]
         decided = await until(laptop, lambda m: m.get("event", {}).get("kind") == "question_decided")
         assert "✅ Confirmed at" in decided["event"]["text"]
+        assert await transcript_buttons() == []  # decided: a reloaded page shows the outcome only
         await phone.send_json_to({"confirm": "c:" + "B" * 32 + ":y"})
         assert (await until(phone, lambda m: m["type"] == "confirmation"))["status"] == "invalid"
         for page in (phone, laptop):
             await page.disconnect()
+
+    async def transcript_buttons():
+        page = WebsocketCommunicator(application, "/ws/console/playground/playground/", headers=headers)
+        assert (await page.connect())[0]
+        hello = await page.receive_json_from(timeout=5)
+        await page.disconnect()
+        return [item["buttons"] for item in hello["transcript"] if item.get("buttons")]
 
     async def until(page, predicate, timeout=5.0):
         deadline = asyncio.get_running_loop().time() + timeout

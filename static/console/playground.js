@@ -28,7 +28,8 @@
     if (data.type === "hello") {
       conversation = data.conversation;
       document.getElementById("conversation-link").replaceChildren("· ", C.link("conversation", conversation, `conversation ${conversation}`));
-      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply" ? bubble("agent", item.text, item.at)
+      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply"
+        ? (item.buttons ? question(item.text, item.buttons) : bubble("agent", item.text, item.at))
         : bubble("me", item.text, item.at, (item.id || "").startsWith("console:") ? item.id.slice(8) : null, item.edited)));
       scroll();
     } else if (data.type === "admitted") {
