@@ -84,7 +84,11 @@ pidfile = {self.dir / "pgbouncer.pid"}
             args = ["runuser", "-u", "postgres", "--", *args]
         self.log = open(log_path, "wb")
         self.popen = subprocess.Popen(args, cwd="/", stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(self._answers, timeout=15, message=f"pgbouncer on port {self.port} ({log_path})")
+        try:
+            wait_until(self._answers, timeout=15, message=f"pgbouncer on port {self.port} ({log_path})")
+        except BaseException:
+            self.stop()
+            raise
 
     def url(self, dbname):
         return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
