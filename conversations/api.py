@@ -373,6 +373,22 @@ def _in_db_thread(fn, *args, **kwargs):
     return database_sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)
 
 
+def _release_request_thread():
+    """Django's middleware steps ran in a thread of this request's own (asgiref gives
+    each request context a one-thread executor, shut down when the request ends): it
+    would sit idle for the whole wait, a thread per waiting client. Shut it down now;
+    the response's middleware steps start a fresh one. (An executor a caller supplied
+    to the context is theirs: left alone.)"""
+    from asgiref.sync import SyncToAsync
+
+    context = SyncToAsync.thread_sensitive_context.get(None)
+    if context is None or getattr(context, "_executor", None) is not None:
+        return
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
+    if executor is not None:
+        executor.shutdown(wait=False)
+
+
 class ConversationMessagesView(APIView):
     """An async view under Daphne: the long-poll sleeps on the event loop between cheap
     checks (two indexed queries each, 50 ms doubling to 500 ms: about 65 checks in a
@@ -418,6 +434,7 @@ class ConversationMessagesView(APIView):
         from conversations import timeline
 
         LongPolls.enter()
+        _release_request_thread()
         try:
             loop = asyncio.get_running_loop()
             deadline, pause = loop.time() + wait, LongPolls.FIRST_PAUSE

@@ -5,6 +5,7 @@ The view is async and reads in the event loop's thread pool, so in-process tests
 committed rows (transactional_db); the long-poll and its cap run against the real web
 server and worker processes."""
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -16,6 +17,7 @@ from django.utils import timezone
 from conversations.models import Conversation, InboundMessage
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
+from tests.conftest import is_postgres, wait_until
 
 POST_URL = "/api/v1/channels/{}/messages"
 READ_URL = "/api/v1/conversations/{}/messages"
@@ -207,15 +209,17 @@ def test_long_poll_gets_the_reply_of_an_api_channel_without_callback(processes, 
 
     started = time.monotonic()
     answer = http_read(web, key, admitted["conversation"], wait=25, after=first["next"])
-    elapsed = time.monotonic() - started
+    elapsed, answered_at = time.monotonic() - started, timezone.now()
     assert answer.status_code == 200, answer.text
     [item] = answer.json()["items"]
     assert item["kind"] == "reply" and item["text"] and item["state"] in OutboundState.values
-    assert elapsed < 10, f"answered {elapsed:.1f}s after the reply existed? (window 0.1 s + echo turn)"
+    assert elapsed < 10, f"the reply took {elapsed:.1f}s (window 0.1 s + an echo turn)"
     row = OutboundMessage.objects.get(pk=item["id"])
     assert item["text"] == row.text
+    lag = (answered_at - row.created_at).total_seconds()
+    print(f"long-poll answered {lag:.3f}s after the reply row was written")
+    assert lag < 1.5, "checks are at most 0.5 s apart"
     # The stored transport records it delivered: re-read from the start shows the state now.
-    from tests.conftest import wait_until
     wait_until(lambda: OutboundMessage.objects.get(pk=row.pk).state == OutboundState.DELIVERED, message="delivered")
     again = http_read(web, key, admitted["conversation"]).json()["items"]
     assert [(i["kind"], i.get("state")) for i in again] == [("inbound", None), ("reply", "delivered")]
@@ -274,3 +278,73 @@ def test_other_methods_go_through_drf(client, key):
     assert refused.status_code == 405 and "error" in refused.json()
     assert client.head(READ_URL.format(conversation), **auth(key)).status_code == 200
     assert client.options(READ_URL.format(conversation), **auth(key)).status_code == 200
+
+
+def test_a_burst_beyond_the_cursor_memory_still_pages_exactly_once(client, key):
+    conversation = post(client, key, "m0", "hola")["conversation"]
+    for n in range(150):  # all within the settle time: the cursor keeps at most 100 of them
+        reply(conversation, f"r{n}")
+    seen, cursor = read_all(client, key, conversation, limit=40)
+    assert len(seen) == len(set(seen)) == 151
+    assert len(cursor) < 4096
+
+
+def threads_of(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def connections_to_test_database():
+    from django.db import connection
+
+    if not is_postgres():
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.e2e
+def test_waiting_long_polls_hold_no_thread_and_no_connection_each(processes, make_channel, agent_key):
+    key = agent_key(make_channel("shop", kind="api", agent="pull"), name="shop-app")
+    web = processes.web()
+    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+                              json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
+                              ).json()["conversation"]
+    cursor = http_read(web, key, conversation).json()["next"]
+    http_read(web, key, conversation, wait=0.3, after=cursor)  # the pool's threads exist before the baseline
+    threads_before, connections_before = threads_of(web.pid), connections_to_test_database()
+
+    clients, answers = 40, []
+    polls = [threading.Thread(target=lambda: answers.append(http_read(web, key, conversation, wait=3, after=cursor)))
+             for _ in range(clients)]
+    for poll in polls:
+        poll.start()
+    time.sleep(1.2)  # all waiting, checking every 0.5 s by now
+    samples = []
+    for _ in range(8):
+        samples.append((threads_of(web.pid) - threads_before, connections_to_test_database() - connections_before))
+        time.sleep(0.1)
+    for poll in polls:
+        poll.join(10)
+    assert len(answers) == clients and all(a.status_code == 200 and not a.json()["items"] for a in answers)
+    pool = min(32, (os.cpu_count() or 1) + 4)  # the event loop's default thread pool
+    extra_threads, extra_connections = max(t for t, _ in samples), max(c for _, c in samples)
+    print(f"{clients} waiting long-polls: +{extra_threads} threads, +{extra_connections} database connections")
+    assert extra_threads <= pool + 2 < clients
+    assert extra_connections <= pool < clients
+
+
+@pytest.mark.e2e
+def test_a_client_that_hangs_up_gives_its_slot_back(processes, make_channel, agent_key):
+    key = agent_key(make_channel("shop", kind="api", agent="pull"), name="shop-app")
+    web = processes.web(AGENTLOOP_MAX_LONG_POLLS=1)
+    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+                              json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
+                              ).json()["conversation"]
+    cursor = http_read(web, key, conversation).json()["next"]
+    with pytest.raises(httpx.ReadTimeout):
+        http_read(web, key, conversation, wait=25, after=cursor, timeout=0.5)
+    wait_until(lambda: http_read(web, key, conversation, wait=0.1, after=cursor).status_code == 200,
+               timeout=5, message="the hung-up long-poll's slot freed")
