@@ -381,10 +381,14 @@ def _release_request_thread():
     to the context is theirs: left alone.)"""
     from asgiref.sync import SyncToAsync
 
-    context = SyncToAsync.thread_sensitive_context.get(None)
-    if context is None or getattr(context, "_executor", None) is not None:
+    # asgiref internals (3.13): another version without them keeps the idle thread, and
+    # tests/test_api_read.py's thread count says so.
+    contexts, executors = (getattr(SyncToAsync, "thread_sensitive_context", None),
+                           getattr(SyncToAsync, "context_to_thread_executor", None))
+    context = contexts.get(None) if contexts is not None else None
+    if context is None or executors is None or getattr(context, "_executor", None) is not None:
         return
-    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
+    executor = executors.pop(context, None)
     if executor is not None:
         executor.shutdown(wait=False)
 
