@@ -106,6 +106,8 @@ DATABASES = {
 }
 # DATABASE_POOL: PostgreSQL only (see below); SQLite ignores it, as it does CONN_MAX_AGE.
 DATABASE_POOL = env.bool("DATABASE_POOL", default=False)
+# DATABASE_URL goes through a transaction-mode pooler (PgBouncer pool_mode=transaction).
+DATABASE_TRANSACTION_POOLER = env.bool("DATABASE_TRANSACTION_POOLER", default=False)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
     # Django's SQLite backend plus an in-process queue for write transactions.
@@ -155,6 +157,13 @@ else:
             "keepalives_count": 2,
         }
     )
+    # DATABASE_TRANSACTION_POOLER: DATABASE_URL goes through a transaction-mode pooler
+    # (PgBouncer pool_mode=transaction), where each transaction may run on another server
+    # session. A server-side cursor (QuerySet.iterator() outside a transaction, e.g. in a
+    # data migration) would be fetched from on a session that never declared it, so
+    # Django's are turned off: such querysets are read whole instead.
+    if DATABASE_TRANSACTION_POOLER:
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 # A reused connection is checked before a request or task uses it: after a database
 # restart the dead one is replaced instead of failing the first query.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
@@ -301,6 +310,8 @@ AGENTLOOP_DELIVERY_LEDGER = env.bool("AGENTLOOP_DELIVERY_LEDGER", default=True)
 AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT = env.float("AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT", default=300.0)
 # An api channel's callback POST, from connect to the last byte of the answer (seconds).
 AGENTLOOP_CALLBACK_TIMEOUT = env.float("AGENTLOOP_CALLBACK_TIMEOUT", default=10.0)
+# Long-polls of the conversation read API waiting at once, per web process (503 beyond).
+AGENTLOOP_MAX_LONG_POLLS = env.int("AGENTLOOP_MAX_LONG_POLLS", default=200)
 # The django-q2 safety sweep stops claiming after this long (seconds; under the task timeout).
 AGENTLOOP_SAFETY_SWEEP_BUDGET = env.float("AGENTLOOP_SAFETY_SWEEP_BUDGET", default=40.0)
 

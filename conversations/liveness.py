@@ -317,4 +317,14 @@ class NoLock:
 
 
 def for_worker(owner):
-    return LockHolder(owner) if marks_lock(owner) else NoLock()
+    if not marks_lock(owner):
+        return NoLock()
+    if settings.DATABASE_TRANSACTION_POOLER and not settings.AGENTLOOP_LIVENESS_DATABASE_URL:
+        # Refused before anything is claimed: through the pooler the lock would stay on a
+        # pooled server session that outlives this worker (see the module's docstring).
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "DATABASE_TRANSACTION_POOLER=true: the worker's liveness lock needs a session of its own — set "
+            "AGENTLOOP_LIVENESS_DATABASE_URL to PostgreSQL itself, or AGENTLOOP_LIVENESS=heartbeat")
+    return LockHolder(owner)

@@ -258,7 +258,9 @@ def test_a_liveness_lock_pointed_through_pgbouncer_is_noticed_and_let_go(process
     another one — whose session does not hold the lock. The worker logs the error naming
     the settings and lets go (it claims nothing), while the lock stays on the pooled
     connection, held by nobody's worker: why a pooled lock means nothing."""
-    worker = processes.worker(**through(bouncer))
+    # An operator who did say DATABASE_TRANSACTION_POOLER is refused at start (below); one
+    # who did not is caught at run time.
+    worker = processes.worker(**through(bouncer, DATABASE_TRANSACTION_POOLER="false"))
     owner = WorkerHeartbeat.objects.get(pid=worker.pid).owner
     wait_until(lambda: advisory_lock_holders(), message="its lock taken")
     [lock_pid] = advisory_lock_holders()
@@ -321,3 +323,13 @@ def test_migrate_runs_through_pgbouncer_on_a_fresh_database(processes, bouncer):
     finally:
         with connection.cursor() as cursor:  # pgbouncer's server connections to it are forced off
             cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+
+
+def test_a_worker_told_of_the_pooler_but_not_given_a_lock_session_refuses_to_start(processes, bouncer):
+    """DATABASE_TRANSACTION_POOLER=true with the advisory lock and no direct URL for it:
+    the worker stops before it claims anything, naming the two ways out."""
+    worker = processes.worker(wait=False, **through(bouncer))
+    wait_until(lambda: worker.popen.poll() is not None, timeout=60, message="the worker to refuse")
+    assert worker.popen.returncode != 0
+    assert "AGENTLOOP_LIVENESS_DATABASE_URL" in worker.output() and "AGENTLOOP_LIVENESS=heartbeat" in worker.output()
+    assert not WorkerHeartbeat.objects.filter(pid=worker.pid).exists()

@@ -28,9 +28,15 @@
     if (data.type === "hello") {
       conversation = data.conversation;
       document.getElementById("conversation-link").replaceChildren("· ", C.link("conversation", conversation, `conversation ${conversation}`));
+      const mine = (item) => (item.id || "").startsWith("console:") ? item.id.slice(8) : null;
+      // The socket opens before its hello arrives: a message sent in between is not in
+      // this transcript yet, and its bubble (with its edit link) must not vanish.
+      const known = new Set(data.transcript.map(mine).filter(Boolean));
+      const sentMeanwhile = [...log.querySelectorAll(".bubble-me[data-message]")]
+        .filter((item) => !known.has(item.dataset.message));
       log.replaceChildren(...data.transcript.map((item) => item.kind === "reply"
         ? (item.buttons ? question(item.text, item.buttons) : bubble("agent", item.text, item.at))
-        : bubble("me", item.text, item.at, (item.id || "").startsWith("console:") ? item.id.slice(8) : null, item.edited)));
+        : bubble("me", item.text, item.at, mine(item), item.edited)), ...sentMeanwhile);
       scroll();
     } else if (data.type === "admitted") {
       admitted(data);
