@@ -38,7 +38,10 @@ def test_postgres_restarted_mid_traffic(cluster):
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
     assert figures["first_flush_after_return"] is not None and figures["first_flush_after_return"] <= 2.0, figures
-    assert figures["worker_log_lines_per_second"] < 20, figures
+    # A restart is over in a fraction of a second, too short for a rate: a handful of lines
+    # (a fault's first line per kind, the liveness lock let go and taken again, "back after"),
+    # never one per try (the worker retries every 20 ms or so).
+    assert figures["worker_log_lines_during_outage"] <= 10, "\n".join(figures["worker_log_during_outage"])
 
 
 def test_postgres_down_for_seconds_mid_traffic(cluster):
@@ -46,7 +49,7 @@ def test_postgres_down_for_seconds_mid_traffic(cluster):
                                                                    "down_for": 3.0})["restart"]
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
-    assert figures["worker_log_lines_per_second"] < 20, figures
+    assert figures["worker_log_lines_per_second"] < 20, "\n".join(figures["worker_log_during_outage"])
 
 
 def test_postgres_backends_terminated_mid_traffic(cluster):
@@ -75,4 +78,4 @@ def test_sqlite_locked_past_its_timeout():
         figures = outage.run_scenarios(url, ["sqlite-lock"])["sqlite-lock"]
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
-    assert figures["worker_log_lines_per_second"] < 20, figures
+    assert figures["worker_log_lines_per_second"] < 20, "\n".join(figures["worker_log_during_outage"])

@@ -227,6 +227,12 @@ class Scenario:
     def log_offset(self):
         return self.worker.log_path.stat().st_size
 
+    def log_text(self, start, end, limit=40):
+        """The lines themselves (the first `limit`), shown when a quiet-log check fails."""
+        with open(self.worker.log_path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start).decode(errors="replace").splitlines()[:limit]
+
     def log_lines(self, start, end):
         with open(self.worker.log_path, "rb") as f:
             f.seek(start)
@@ -298,6 +304,7 @@ class Scenario:
             "database_down_seconds": round(outage_seconds, 2),
             "first_flush_after_return": self.first_flush_after(outage["up"]),
             "worker_log_lines_during_outage": self.log_lines(outage["offset"], outage["end_offset"]),
+            "worker_log_during_outage": self.log_text(outage["offset"], outage["end_offset"]),
             "worker_log_lines_per_second": round(
                 self.log_lines(outage["offset"], outage["end_offset"]) / outage_seconds, 1),
         })
