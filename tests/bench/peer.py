@@ -172,7 +172,9 @@ class Agentloop(System):
         self.name = f"agentloop (make run, {label})"
         self.manage("migrate", "--verbosity", "0")
         self.manage("addchannel", "bench-peer", "--kind", "telegram", "--token", token, "--secret", SECRET,
-                    "--api-base", api_url, "--mode", "webhook", "--agent", "echo")
+                    "--api-base", api_url, "--mode", "webhook", "--agent", "echo",
+                    # BENCH_PEER_TYPING=turn|never: what instant typing (the default) costs here.
+                    *(["--typing-mode", os.environ["BENCH_PEER_TYPING"]] if os.environ.get("BENCH_PEER_TYPING") else []))
 
     def env(self, port=None):
         # `make run`'s defaults: no DEBUG, INFO logging, the product's own URLs and poll interval.
