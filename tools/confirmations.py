@@ -335,7 +335,7 @@ def answer_from_text(channel, conversation, text) -> PendingAnswer | None:
     conversation's questions is open answers the oldest open one (questions are answered
     in the order they were asked). None: an ordinary message. Cheap for every other
     message: no query unless the text is an answer word."""
-    if channel.kind != ChannelKind.API:  # Telegram and the web chat have buttons
+    if has_buttons(channel):  # the tap answers there
         return None
     yes = answer_word(text)
     if yes is None:
