@@ -28,7 +28,14 @@ from audit.models import AuditEvent, EventKind
 from audit.redaction import channel_secrets, redact, redact_payload
 from conversations import windows
 from conversations.models import (
-    BufferState, ContextNote, Conversation, Disposition, InboundMessage, MessageBuffer, MessageEdit, Turn,
+    BufferState,
+    ContextNote,
+    Conversation,
+    Disposition,
+    InboundMessage,
+    MessageBuffer,
+    MessageEdit,
+    Turn,
 )
 from delivery.models import OutboundMessage
 from tools.models import ActionClaim

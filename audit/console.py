@@ -2,8 +2,8 @@
 dashboard's figures about caught duplicates."""
 
 from django.db.models import Count
-from django.db.models.functions import TruncDate
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import TruncDate
 
 from agentloop import live
 from audit.models import AuditEvent, EventKind

@@ -8,7 +8,15 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from conversations.models import (
-    AgentKey, Channel, Contact, ContextNote, Conversation, InboundMessage, MessageBuffer, Turn, WorkerHeartbeat,
+    AgentKey,
+    Channel,
+    Contact,
+    ContextNote,
+    Conversation,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    WorkerHeartbeat,
 )
 
 

@@ -14,8 +14,8 @@ agent must not act.
 import abc
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from django.conf import settings
 from django.core.exceptions import ValidationError

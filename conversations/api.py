@@ -9,9 +9,8 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api_auth import ErrorSerializer
-
 from conversations import edits
+from conversations.api_auth import ErrorSerializer
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.models import Channel, ChannelKind, Disposition, EditOutcome, InboundMessage
 from delivery.models import OutboundKind, OutboundState

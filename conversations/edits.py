@@ -34,8 +34,19 @@ from audit.events import record
 from audit.models import EventKind
 from conversations import engine, ingest, notes, turns, windows
 from conversations.models import (
-    BufferState, Conversation, Disposition, DoubleTexting, EditOutcome, EditsPolicy, FlushReason, InboundMessage,
-    MessageBuffer, MessageEdit, MessageKind, Turn, TurnState,
+    BufferState,
+    Conversation,
+    Disposition,
+    DoubleTexting,
+    EditOutcome,
+    EditsPolicy,
+    FlushReason,
+    InboundMessage,
+    MessageBuffer,
+    MessageEdit,
+    MessageKind,
+    Turn,
+    TurnState,
 )
 
 log = logging.getLogger(__name__)

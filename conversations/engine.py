@@ -21,7 +21,14 @@ from audit.failpoints import after_commit
 from audit.models import EventKind
 from conversations import console, liveness, turns
 from conversations.models import (
-    BufferState, ContextNote, FlushReason, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+    BufferState,
+    ContextNote,
+    FlushReason,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
+    WorkerHeartbeat,
 )
 from delivery import ledger
 from delivery.models import OutboundKind

@@ -10,7 +10,7 @@ import functools
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -22,8 +22,16 @@ from audit.failpoints import failpoint
 from audit.models import EventKind
 from conversations import console, control, turns, windows
 from conversations.models import (
-    BufferState, Contact, Conversation, Disposition, DoubleTexting, InboundMessage,
-    MessageBuffer, MessageKind, Turn, TurnState,
+    BufferState,
+    Contact,
+    Conversation,
+    Disposition,
+    DoubleTexting,
+    InboundMessage,
+    MessageBuffer,
+    MessageKind,
+    Turn,
+    TurnState,
 )
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -279,7 +287,7 @@ def _aware(value):
         return None
     if isinstance(value, str):
         value = parse_datetime(value)
-    return value if timezone.is_aware(value) else value.replace(tzinfo=dt_timezone.utc)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
 def _conversation_with_state(channel, inbound):

@@ -45,7 +45,7 @@ class WebhookAgent(Agent):
             # One deadline for the whole exchange: httpx's timeouts are per phase, and an
             # agent trickling a byte a second would never trip them.
             status, content = await asyncio.wait_for(self._post(config["url"], body, headers, timeout), timeout)
-        except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:
             raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc

@@ -10,7 +10,8 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from conversations import edits, telegram as telegram_inbound
+from conversations import edits
+from conversations import telegram as telegram_inbound
 from conversations.ingest import admit, record_refusal, refusal
 from conversations.models import Channel, ChannelKind
 

@@ -7,7 +7,6 @@ replying at once the client's own CPU was the limit, so replies and typing indic
 go through this class; PTB still builds every request and maps every error.
 """
 
-import asyncio
 import json
 from urllib.parse import urlsplit
 
@@ -90,7 +89,7 @@ class AiohttpRequest(BaseRequest):
         # token (…/bot<TOKEN>/sendMessage), and aiohttp puts it in its messages.
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise NotSent(f"aiohttp.{type(exc).__name__} connecting to {_host(url)}") from exc
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             # As PTB's own layer: a timeout after the request went out may have been delivered.
             raise TimedOut(f"Timed out waiting for {_host(url)}") from exc
         except aiohttp.ClientError as exc:

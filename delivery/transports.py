@@ -225,7 +225,7 @@ def call_telegram_now(channel, deadline: float, *calls) -> list:
             for method, params in calls:
                 try:
                     results.append(await asyncio.wait_for(getattr(bot, method)(**params), deadline))
-                except (TelegramError, asyncio.TimeoutError, OSError) as exc:
+                except (TimeoutError, TelegramError, OSError) as exc:
                     results.append(exc)
         finally:
             await request.shutdown()
@@ -289,7 +289,7 @@ class ApiCallbackTransport(Transport):
             status, retry_after = await asyncio.wait_for(self._post(body, headers, deadline), deadline)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
-        except (httpx.HTTPError, asyncio.TimeoutError) as exc:  # sent, no (whole) answer: it may have arrived
+        except (TimeoutError, httpx.HTTPError) as exc:  # sent, no (whole) answer: it may have arrived
             return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
         if status < 300:
             return SendResult.delivered()

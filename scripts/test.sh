@@ -10,6 +10,9 @@ status=0
 # Chromium and redis-server (apt-installed when missing and we are root).
 scripts/system-deps.sh || { echo "could not install the system packages the tests need"; exit 1; }
 
+echo "=== ruff (lint + import order; ruff.toml) ==="
+$PY -m ruff check . || status=1
+
 echo "=== test suite on SQLite ==="
 env -u DATABASE_URL $PY -m pytest "$@" || status=$?
 

@@ -6,7 +6,7 @@ where windows matter; the end-to-end test runs the real web server and worker.""
 import asyncio
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -18,12 +18,20 @@ from conversations.edits import Edit
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.lean_ingest import LeanIngest
 from conversations.models import (
-    BufferState, Channel, ContextNote, EditOutcome, InboundMessage, MessageBuffer, MessageEdit, Turn, TurnState,
+    BufferState,
+    Channel,
+    ContextNote,
+    EditOutcome,
+    InboundMessage,
+    MessageBuffer,
+    MessageEdit,
+    Turn,
+    TurnState,
 )
 from conversations.telegram import admit_polled
 from tests.conftest import wait_until
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SECRET = "edit-secret"
 HEADER = "X-Telegram-Bot-Api-Secret-Token"
 
@@ -282,7 +290,7 @@ def test_the_webhook_view_applies_an_edited_message_once(client, tg):
     assert post_view(client, edited).json() == {"ok": True, "duplicate": True, "edit": "buffered"}
     assert InboundMessage.objects.get().text == "Confirmo las horas."
     row = MessageEdit.objects.get()
-    assert (row.source, row.edited_at) == ("telegram", datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc))
+    assert (row.source, row.edited_at) == ("telegram", datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC))
     assert MessageBuffer.objects.get().window_kind == "closed"
 
 

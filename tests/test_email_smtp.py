@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from tests.fakes.smtp_server import FakeSMTP
 from tools import approvals, guard
 from tools.guard import Status
 from tools.models import ActionClaim, ClaimState, Proposal, ProposalState, ToolPolicy
 from tools.registry import Scope
-from tests.fakes.smtp_server import FakeSMTP
 
 pytestmark = pytest.mark.django_db
 MAIL = {"to": ["ana@example.com", "Luis@Example.com"], "subject": "Su cita", "body": "Lunes a las 10:00.\n"}

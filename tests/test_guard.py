@@ -9,11 +9,11 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
+from tests.tools_for_tests import FlakyCreate, GatedCreate
 from tools import guard, registry
 from tools.guard import Status
 from tools.models import ActionClaim, CalendarEvent, ClaimState, ToolPolicy
 from tools.registry import Scope
-from tests.tools_for_tests import FlakyCreate, GatedCreate
 
 BUILTIN = [
     "tools.builtin.calendar.CreateEvent",

@@ -1,7 +1,7 @@
 """Admission and flushing on the database: dedup, buffers, merge, control commands,
 double-texting strategies, recovery. Time is injected."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -9,11 +9,18 @@ from audit.models import AuditEvent, EventKind
 from conversations import engine, turns
 from conversations.ingest import Inbound, admit
 from conversations.models import (
-    BufferState, Conversation, Disposition, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+    BufferState,
+    Conversation,
+    Disposition,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
+    WorkerHeartbeat,
 )
 from delivery.models import OutboundKind, OutboundMessage
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 pytestmark = pytest.mark.django_db
 
 

@@ -5,7 +5,7 @@ the refusal audited, and never stalls a bot."""
 import asyncio
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -15,7 +15,13 @@ from audit.models import AuditEvent, EventKind
 from conversations import engine, ingest, turns
 from conversations.ingest import Inbound, admit
 from conversations.models import (
-    BufferState, Channel, Disposition, InboundMessage, MessageBuffer, Turn, TurnState,
+    BufferState,
+    Channel,
+    Disposition,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
 )
 from delivery import transports
 from delivery.models import OutboundKind, OutboundMessage
@@ -24,7 +30,7 @@ from tests.e2e import TOKEN
 from tools import guard
 from tools.models import ActionClaim, ToolPolicy
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 FIXTURES = Path(__file__).parent / "fixtures"
 SECRET = "s3cret-token_ABC"
 

@@ -12,6 +12,7 @@ import json
 
 import httpx
 import pytest
+from django.db import IntegrityError
 from django.test import Client
 
 from audit.models import AuditEvent, EventKind
@@ -155,6 +156,6 @@ def test_group_commit_a_database_fault_fails_the_whole_batch_and_stores_nothing(
     good = Channel.objects.create(slug="good", kind="api")
     gone = Channel.objects.create(slug="gone", kind="api")
     Channel.objects.filter(pk=gone.pk).delete()
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         ingest.admit_many([(good, _inbound(1)), (gone, _inbound(2)), (good, _inbound(3))], lambda exc: True)
     assert not InboundMessage.objects.exists()

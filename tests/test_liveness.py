@@ -17,7 +17,14 @@ from django.utils import timezone
 
 from conversations import engine, liveness
 from conversations.models import (
-    Channel, Contact, Conversation, InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat,
+    Channel,
+    Contact,
+    Conversation,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
+    WorkerHeartbeat,
 )
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState

@@ -20,7 +20,6 @@ from conversations.remote_agents import WebhookAgent
 from delivery import ledger, signing
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import ApiCallbackTransport, Target, close_bots
-from tests.conftest import wait_until
 
 GOOD, BAD = "5100:GOOD-token", "5200:BAD-token"
 

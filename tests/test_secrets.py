@@ -80,7 +80,7 @@ class FullBacklog:
         try:
             socket.create_connection(("127.0.0.1", self.port), timeout=0.3).close()
             return False
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return True
 
     def close(self):

@@ -6,7 +6,7 @@ import io
 import json
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from html import unescape
 from urllib.parse import urlencode
 
@@ -19,7 +19,13 @@ from audit.models import AuditEvent, EventKind
 from conversations import engine
 from conversations.ingest import Inbound, admit
 from conversations.models import (
-    BufferState, Conversation, FlushReason, InboundMessage, MessageBuffer, Turn, TurnState,
+    BufferState,
+    Conversation,
+    FlushReason,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
 )
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, Outcome
@@ -32,7 +38,7 @@ from tools.registry import Scope
 AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
 CALLS = [{"name": "calendar_create_event",
           "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}}]
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 BOT_TOKEN_SHAPE = "987654321:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 
 

@@ -229,7 +229,7 @@ def test_webchat_typing_from_the_first_message_until_the_reply(processes):
             while replied is None or loop.time() < replied + 1.5:
                 try:
                     message = await ws.receive_json(timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     assert loop.time() < sent + 20, "no reply"
                     continue
                 event = message.get("event") or {}

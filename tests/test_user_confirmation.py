@@ -351,7 +351,7 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
     from agentloop.asgi import application
     from conversations.models import Channel
 
-    channel = Channel.objects.create(slug="playground", kind="webchat", agent="demo")
+    Channel.objects.create(slug="playground", kind="webchat", agent="demo")
     user_policy()
     user = get_user_model().objects.create_user("op", password="pw", is_staff=True)
     for codename in ("view_auditevent", "change_channel", "change_proposal"):

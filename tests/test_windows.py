@@ -1,13 +1,13 @@
 """The adaptive window table, the word lists and the caps — pure logic, injected time."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from conversations import windows
 from conversations.windows import CLOSED, GREETING, NEUTRAL, OPEN, DebounceSettings, plan_flush
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 DEFAULTS = DebounceSettings()
 
 

@@ -11,7 +11,14 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from conversations.models import Turn
 from tools import approvals, guard
 from tools.models import (
-    ActionClaim, Calendar, CalendarEvent, ClaimState, Confirmation, Proposal, ProposalState, ToolPolicy,
+    ActionClaim,
+    Calendar,
+    CalendarEvent,
+    ClaimState,
+    Confirmation,
+    Proposal,
+    ProposalState,
+    ToolPolicy,
 )
 
 

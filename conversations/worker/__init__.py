@@ -10,9 +10,9 @@ One module per job — `flusher` (debounce deadlines), `turn_runner` (turns),
 through `dbthread`, which never leaves a thread on a broken connection.
 """
 
+from conversations.worker.dbthread import Batcher
 from conversations.worker.flusher import Flusher
 from conversations.worker.supervisor import Worker
-from conversations.worker.dbthread import Batcher
 from conversations.worker.turn_runner import APOLOGY
 
 __all__ = ["APOLOGY", "Batcher", "Flusher", "Worker"]

@@ -77,7 +77,7 @@ class Worker:
         """Sleep until woken (new turns may be ready) or `seconds` passed."""
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         self._wakeup.clear()
 

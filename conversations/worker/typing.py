@@ -38,7 +38,13 @@ from django.db import connection
 
 from agentloop.caches import BoundedCache
 from conversations.models import (
-    BufferState, Channel, Conversation, InboundMessage, MessageBuffer, TypingMode, WorkerHeartbeat,
+    BufferState,
+    Channel,
+    Conversation,
+    InboundMessage,
+    MessageBuffer,
+    TypingMode,
+    WorkerHeartbeat,
 )
 from conversations.worker.backoff import Backoff, FaultLog
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread

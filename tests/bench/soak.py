@@ -81,7 +81,7 @@ def restore_schedules():
     from django.db.migrations.loader import MigrationLoader
     from django.db.migrations.operations import RunPython
 
-    for (app, name), migration in MigrationLoader(None, ignore_no_migrations=True).disk_migrations.items():
+    for (_app, name), migration in MigrationLoader(None, ignore_no_migrations=True).disk_migrations.items():
         if "schedule" in name:
             for operation in migration.operations:
                 if isinstance(operation, RunPython):
@@ -153,9 +153,9 @@ def label(names):
 
 
 def start_product(env_db_url, logs):
-    from tests.bench.__main__ import free_port, wait_until
-
     import httpx
+
+    from tests.bench.__main__ import free_port, wait_until
 
     port = free_port()
     # `make run`'s defaults: no DEBUG, INFO logging, the product's own URLs and poll interval.
@@ -189,11 +189,10 @@ def send(client, base, i):
 
 
 def bench_soak(seconds=None, report=print):
-    from tests.bench.__main__ import LOGS, wait_until
-
     import httpx
 
     from conversations.models import AgentKey, Channel
+    from tests.bench.__main__ import LOGS, wait_until
 
     seconds = int(seconds or os.environ.get("BENCH_SOAK_SECONDS") or FULL_SECONDS)
     restore_schedules()

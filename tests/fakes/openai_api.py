@@ -34,9 +34,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Union
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 DEFAULT_MODELS = ("fake-model",)
@@ -147,7 +148,7 @@ class Delay:
 
 
 # An answer function receives the recorded Request and returns another answer.
-Answer = Union[Reply, ToolCalls, Error, Delay, Callable[[Request], Any]]
+Answer = Reply | ToolCalls | Error | Delay | Callable[[Request], Any]
 
 _ERROR_DEFAULTS: dict[int, tuple[str, str | None, str]] = {
     400: ("invalid_request_error", None, "Bad request."),

@@ -31,9 +31,10 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 BOT_USERNAME = "agentloop_test_bot"

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -256,7 +257,7 @@ class Scenario:
 
     def first_flush_after(self, back_at):
         """Seconds from the database's return to the first buffer flushed after it."""
-        from datetime import datetime, timezone
+        from datetime import datetime
 
         from django.db import connection
         from django.db.models import Min
@@ -264,7 +265,7 @@ class Scenario:
         from conversations.models import MessageBuffer
 
         connection.close()
-        since = datetime.fromtimestamp(back_at, timezone.utc)
+        since = datetime.fromtimestamp(back_at, UTC)
         at = MessageBuffer.objects.filter(flushed_at__gte=since, conversation__channel__slug=self.slug).aggregate(
             at=Min("flushed_at"))["at"]
         return None if at is None else round(at.timestamp() - back_at, 2)
