@@ -283,6 +283,12 @@ AGENTLOOP_AGENT_DEADLINE = env.float("AGENTLOOP_AGENT_DEADLINE", default=300.0)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
 # Connections per bot for replies (typing indicators get as many again, apart).
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
+# The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
+AGENTLOOP_PLATFORMS = {
+    "api": "conversations.platforms.api.ApiPlatform",
+    "webchat": "conversations.platforms.webchat.WebchatPlatform",
+    "telegram": "conversations.platforms.telegram.TelegramPlatform",
+}
 AGENTLOOP_AGENTS = {
     "echo": "conversations.agents.EchoAgent",
     "demo": "conversations.demo_agent.DemoAgent",

@@ -1,0 +1,54 @@
+"""The platform registry: settings.AGENTLOOP_PLATFORMS maps a channel kind to its
+Platform class by dotted path (the way AGENTLOOP_AGENTS and the tools are registered).
+Adding a platform is one package here and one line in that setting; nothing else asks
+which kind a channel is."""
+
+from functools import cache
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from conversations.platforms.base import Platform, Poller, Setting
+
+__all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "get", "of", "transport_for", "urlpatterns"]
+
+
+class UnknownPlatform(LookupError):
+    pass
+
+
+@cache
+def _registry() -> dict[str, Platform]:
+    return {kind: import_string(path)() for kind, path in settings.AGENTLOOP_PLATFORMS.items()}
+
+
+def all_platforms() -> list[Platform]:
+    return list(_registry().values())
+
+
+def get(kind: str) -> Platform:
+    try:
+        return _registry()[kind]
+    except KeyError:
+        raise UnknownPlatform(f"no platform '{kind}' (settings.AGENTLOOP_PLATFORMS)") from None
+
+
+def of(channel) -> Platform:
+    return get(channel.kind)
+
+
+def choices() -> list[tuple[str, str]]:
+    """Channel.kind's choices (a callable, so the migration does not freeze them)."""
+    return [(kind, platform.label) for kind, platform in _registry().items()]
+
+
+def transport_for(channel):
+    return of(channel).transport(channel)
+
+
+def urlpatterns() -> list:
+    """Every platform's webhook URLs, each under webhooks/<kind>/."""
+    from django.urls import include, path
+
+    return [path(f"webhooks/{kind}/", include((platform.urls(), kind)))
+            for kind, platform in _registry().items() if platform.urls()]

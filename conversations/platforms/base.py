@@ -1,0 +1,129 @@
+"""What a platform is to the rest of the product: one subclass of `Platform` per
+package under conversations/platforms/, registered by dotted path in
+settings.AGENTLOOP_PLATFORMS (see conversations.platforms).
+
+Everything a platform means lives in its package: parsing its webhook into our own
+types (conversations.ingest.Inbound, conversations.edits.Edit), its views, its transport
+(delivery.transports.Transport: send, typing, outcome mapping), its polling if any, its
+settings (a dict checked on save, stored in Channel.platform_settings), and its
+`addchannel` options. The rest of the product asks the registry, never `channel.kind`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One per-platform setting of a channel (a key of Channel.platform_settings).
+
+    `secret`: masked in the admin and in every error text (audit.redaction).
+    `required_to_send`: while empty, the channel's replies wait (Channel.send_blocked).
+    `check`: raises ValidationError (or ValueError) for a bad value; returns it cleaned."""
+
+    default: Any = ""
+    help: str = ""
+    secret: bool = False
+    required_to_send: bool = False
+    choices: tuple = ()
+    check: Callable[[Any], Any] | None = None
+    option: str = ""  # the addchannel flag ("--token"); "" = --<name with dashes>
+
+    def flag(self, name: str) -> str:
+        return self.option or "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Poller:
+    """A platform that fetches its updates (Telegram's getUpdates) instead of receiving
+    webhooks. The worker runs `run(worker, channel_id)` for each channel `channel_ids()`
+    returns, one poller per channel across all workers (the platform takes a lease)."""
+
+    channel_ids: Callable[[], list]
+    run: Callable[..., Any]
+
+
+class Platform:
+    kind: str = ""
+    label: str = ""
+    settings: dict[str, Setting] = {}
+    # The chat shows answer buttons under a message (a question asking to confirm an
+    # action; tools.confirmations). Without them the user answers yes or no in words.
+    has_buttons: bool = False
+    # Replies go out at all (False: the reply row *is* the delivery, read through the API).
+    # An instance attribute may depend on the channel: see transport().
+
+    # --- settings -------------------------------------------------------------------
+    def clean_settings(self, values: dict | None) -> dict:
+        """The channel's settings with defaults filled and each value checked; unknown
+        keys are refused (a typo must not pass as a setting)."""
+        values = dict(values or {})
+        unknown = sorted(set(values) - set(self.settings))
+        if unknown:
+            raise ValidationError({"platform_settings": f"unknown {self.label} setting(s): {', '.join(unknown)}"})
+        cleaned, errors = {}, {}
+        for name, spec in self.settings.items():
+            value = values.get(name, spec.default)
+            try:
+                if spec.choices and value not in spec.choices:
+                    raise ValidationError(f"must be one of {', '.join(map(str, spec.choices))}")
+                cleaned[name] = spec.check(value) if spec.check and value not in ("", None) else value
+            except (ValidationError, ValueError, TypeError) as exc:
+                errors[name] = exc.messages if isinstance(exc, ValidationError) else [str(exc)]
+        if errors:
+            raise ValidationError({"platform_settings": [f"{name}: {'; '.join(msgs)}" for name, msgs in errors.items()]})
+        return cleaned
+
+    def send_blocked(self, channel) -> str:
+        """Why this channel's replies must wait ("" = they may go). Stored on save in
+        Channel.send_blocked, the one column the ledger's claim reads."""
+        missing = [name for name, spec in self.settings.items()
+                   if spec.required_to_send and not channel.platform_settings.get(name)]
+        return f"no {', '.join(missing)} set" if missing else ""
+
+    def secrets(self, channel) -> list[str]:
+        """The values of this channel's secret settings (masked in every error text)."""
+        values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
+        return [str(v) for name, spec in self.settings.items() if spec.secret and (v := (values or {}).get(name))]
+
+    # --- delivery ---------------------------------------------------------------------
+    def transport(self, channel):
+        """The delivery.transports.Transport that sends this channel's replies."""
+        raise NotImplementedError
+
+    # --- inbound ----------------------------------------------------------------------
+    def urls(self) -> list:
+        """URL patterns, mounted under /webhooks/<kind>/ (e.g. path("<slug:slug>/", view))."""
+        return []
+
+    def poller(self) -> Poller | None:
+        return None
+
+    # --- confirmations (platforms with buttons) -------------------------------------------
+    def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
+        """The question's message shows `outcome` instead of its buttons (best effort)."""
+
+    # --- operators ----------------------------------------------------------------------
+    # addchannel's options: one flag per setting (Setting.flag). Platforms may share a
+    # flag (--token, --api-base): the command adds each flag once, and a channel takes
+    # the flags its own platform names (options are keyed by flag: "token", "api_base").
+    def options(self) -> dict[str, tuple[str, Setting]]:
+        """{flag: (setting name, spec)}."""
+        return {spec.flag(name): (name, spec) for name, spec in self.settings.items()}
+
+    def apply_options(self, channel, options: dict) -> None:
+        """Copy the addchannel options given for this platform into the channel's settings."""
+        for flag, (name, _spec) in self.options().items():
+            value = options.get(flag.lstrip("-").replace("-", "_"))
+            if value is not None:
+                channel.platform_settings[name] = value
+
+    def bootstrap(self, stdout) -> None:
+        """`make run`: create this platform's demo channel from the environment, if the
+        environment names one (e.g. TELEGRAM_BOT_TOKEN)."""
+
