@@ -1,0 +1,469 @@
+"""A local fake of Meta's Graph API for the WhatsApp Cloud API, speaking real HTTP.
+
+The product's transport talks to it with its real client (httpx), so the whole HTTP
+path (headers, JSON bodies, status codes, the error envelope, timeouts) is exercised::
+
+    with FakeGraphAPI(tokens=["EAAG-test"]) as fake:
+        ...                                  # the worker sends through {fake.url}
+        [call] = fake.wait_for("message")
+        assert call.body["text"]["body"] == "hola"
+
+What it answers, as the Cloud API documents it (POST /{version}/{phone number id}/messages
+with `Authorization: Bearer <token>`):
+
+- a message: 200 {"messaging_product": "whatsapp", "contacts": [{"input", "wa_id"}],
+  "messages": [{"id": "wamid.…"}]};
+- a read receipt, with or without a typing indicator: 200 {"success": true};
+- an error: the Graph envelope {"error": {"message", "type", "code", "error_subcode",
+  "error_data", "fbtrace_id"}} with the HTTP status the platform uses for that code.
+
+Calls are recorded by what they are ("message", "typing", "read"); tests script the next
+answers of one of them (`fail_next(code=…)`), hold them (the request is in, no answer
+comes until released: a send that never answers), delay them, or drop the connection.
+
+It is also "Meta" the other way: `webhook_body` builds the documented notification
+shapes and `deliver` POSTs one to a webhook signed with the app secret, as Meta does.
+
+Standard library only (http.server), like tests/fakes/telegram_api.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import re
+import secrets
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+# The documented error codes the product maps, with the HTTP status, the type, the title
+# and the details Meta sends for each (the message is "(#<code>) <title>").
+ERRORS: dict[int, tuple[int, str, str, str]] = {
+    0: (401, "OAuthException", "AuthException", "We were unable to authenticate the app user."),
+    1: (500, "OAuthException", "API Unknown", "Invalid request or possible server error."),
+    2: (503, "OAuthException", "API Service", "Temporary due to downtime or due to being overloaded."),
+    4: (400, "OAuthException", "API Too Many Calls", "The app has reached its API call rate limit."),
+    100: (400, "OAuthException", "Invalid parameter", "The request included one or more unsupported or "
+                                                      "misspelled parameters."),
+    190: (401, "OAuthException", "Access token has expired", "Error validating access token: Session has "
+                                                              "expired."),
+    80007: (400, "OAuthException", "Rate limit issues", "The WhatsApp Business Account has reached its rate "
+                                                        "limit."),
+    130429: (400, "OAuthException", "Rate limit hit", "Cloud API message throughput has been reached."),
+    131000: (500, "OAuthException", "Something went wrong", "Message failed to send due to an unknown error."),
+    131021: (400, "OAuthException", "Recipient cannot be sender", "Sender and recipient phone number is the "
+                                                                  "same."),
+    131026: (400, "OAuthException", "Message Undeliverable", "Unable to deliver message."),
+    131047: (400, "OAuthException", "Re-engagement message", "Message failed to send because more than 24 "
+                                                             "hours have passed since the customer last "
+                                                             "replied to this number."),
+    131051: (400, "OAuthException", "Unsupported message type", "Message type is not currently supported."),
+    131056: (400, "OAuthException", "(Business Account, Consumer Account) pair rate limit hit",
+             "Too many messages sent from the sender phone number to the same recipient phone number in a "
+             "short period of time."),
+}
+
+MAX_TEXT = 4096  # a text message's body, characters
+_PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<phone>[^/]+)/messages/?$")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the fake received it."""
+
+    what: str  # "message", "typing", "read" ("invalid" for a body it could not place)
+    version: str
+    phone_number_id: str
+    token: str  # the bearer token ("" when none was sent)
+    body: dict
+    at: float  # time.monotonic()
+    wall: float  # time.time()
+
+
+class GraphError(Exception):
+    """An error answer in the Graph envelope."""
+
+    def __init__(self, code: int, *, status: int | None = None, message: str = "", subcode: int | None = None,
+                 details: str = ""):
+        known = ERRORS.get(code, (400, "OAuthException", "Error", ""))
+        self.code = code
+        self.status = status or known[0]
+        self.type = known[1]
+        self.message = message or f"(#{code}) {known[2]}"
+        self.subcode = subcode
+        self.details = details or known[3]
+        super().__init__(self.message)
+
+    def envelope(self) -> dict:
+        error = {"message": self.message, "type": self.type, "code": self.code,
+                 "error_data": {"messaging_product": "whatsapp", "details": self.details},
+                 "fbtrace_id": "A" + secrets.token_urlsafe(16)}
+        if self.subcode is not None:
+            error["error_subcode"] = self.subcode
+        return {"error": error}
+
+
+@dataclass
+class _Rule:
+    what: str
+    times: int
+    error: GraphError | None  # None: close the connection without answering
+
+
+@dataclass
+class Hold:
+    """Blocks calls of one kind (after they are recorded) until released."""
+
+    fake: FakeGraphAPI
+    what: str
+    released: bool = False
+    held: int = 0
+
+    def release(self) -> None:
+        with self.fake._cond:
+            self.released = True
+            if self in self.fake._holds:
+                self.fake._holds.remove(self)
+            self.fake._cond.notify_all()
+
+    def wait_held(self, count: int = 1, timeout: float = 5.0) -> int:
+        with self.fake._cond:
+            if not self.fake._cond.wait_for(lambda: self.held >= count, timeout):
+                raise AssertionError(f"expected {count} held {self.what!r} call(s) within {timeout}s, {self.held} held")
+            return self.held
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+@dataclass
+class _State:
+    calls: list = field(default_factory=list)
+    rules: list = field(default_factory=list)
+    delays: dict = field(default_factory=dict)
+
+
+_serial = itertools.count(1)
+
+
+def new_wamid(wa_id: str) -> str:
+    """A message id in the shape WhatsApp gives them: "wamid." and base64 of a record
+    naming the recipient and a random id (~60 characters)."""
+    record = f"\x18\x0b{wa_id}\x15\x02\x00\x11\x18\x12{secrets.token_hex(9).upper()}\x00".encode()
+    return "wamid." + base64.b64encode(record).decode()
+
+
+class FakeGraphAPI(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int = 0, *, host: str = "127.0.0.1", tokens=(), phone_number_ids=()):
+        super().__init__((host, port), _Handler)
+        self._cond = threading.Condition(threading.RLock())
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+        self._state = _State()
+        self._holds: list[Hold] = []
+        # Empty: any token / number is accepted.
+        self.tokens = set(tokens)
+        self.phone_number_ids = set(phone_number_ids)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeGraphAPI:
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"FakeGraphAPI:{self.server_address[1]}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._stopping.is_set():
+            return
+        with self._cond:
+            self._stopping.set()
+            for hold in self._holds:
+                hold.released = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+        with self._cond:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.server_close()
+
+    def __enter__(self) -> FakeGraphAPI:
+        return self if self._thread is not None else self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # --- recording ----------------------------------------------------------------------
+
+    def calls(self, what: str | None = None) -> list[Call]:
+        with self._cond:
+            return [c for c in self._state.calls if what is None or c.what == what]
+
+    def wait_for(self, what: str, count: int = 1, timeout: float = 5.0) -> list[Call]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.calls(what)) >= count, timeout):
+                raise AssertionError(f"expected {count} {what!r} call(s) within {timeout}s, got "
+                                     f"{len(self.calls(what))}; recorded: {[c.what for c in self._state.calls]}")
+            return self.calls(what)
+
+    def texts(self, to: str | None = None) -> list[str]:
+        """The text bodies of the messages sent (to one recipient)."""
+        return [c.body["text"]["body"] for c in self.calls("message")
+                if c.body.get("type") == "text" and (to is None or c.body.get("to") == to)]
+
+    # --- scripted behaviour ----------------------------------------------------------------
+
+    def fail_next(self, what: str = "message", *, code: int, status: int | None = None, message: str = "",
+                  subcode: int | None = None, times: int = 1) -> None:
+        """Answer the next `times` calls of `what` with the Graph error `code`."""
+        with self._cond:
+            self._state.rules.append(_Rule(what, times, GraphError(code, status=status, message=message,
+                                                                   subcode=subcode)))
+
+    def drop_connection_next(self, what: str = "message", *, times: int = 1) -> None:
+        """Close the socket without an answer (the request was received)."""
+        with self._cond:
+            self._state.rules.append(_Rule(what, times, None))
+
+    def hold(self, what: str = "message") -> Hold:
+        hold = Hold(self, what)
+        with self._cond:
+            self._holds.append(hold)
+        return hold
+
+    def delay(self, what: str, seconds: float) -> None:
+        with self._cond:
+            self._state.delays[what] = seconds
+
+    # --- serving -----------------------------------------------------------------------
+
+    def _serve(self, path: str, authorization: str, body: bytes) -> tuple[int, dict] | None:
+        match = _PATH.match(urlsplit(path).path)
+        if match is None:
+            return 400, GraphError(100, message="Unsupported post request. Object does not exist, cannot be "
+                                                "loaded due to missing permissions, or does not support this "
+                                                "operation").envelope()
+        token = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        what = _what(data)
+        with self._cond:
+            self._state.calls.append(Call(what, match["version"], match["phone"], token,
+                                          data if isinstance(data, dict) else {}, time.monotonic(), time.time()))
+            self._cond.notify_all()
+        if not token:
+            return 400, GraphError(104, message="An access token is required to request this resource.").envelope()
+        if self.tokens and token not in self.tokens:
+            return 401, GraphError(190, message="Invalid OAuth access token - Cannot parse access token").envelope()
+        if self.phone_number_ids and match["phone"] not in self.phone_number_ids:
+            return 400, GraphError(100, subcode=33, message=f"Unsupported post request. Object with ID "
+                                                            f"'{match['phone']}' does not exist").envelope()
+        self._wait_while_held(what)
+        self._sleep_if_delayed(what)
+        rule = self._take_rule(what)
+        if rule is not None:
+            return None if rule.error is None else (rule.error.status, rule.error.envelope())
+        problem = _invalid(data, what)
+        if problem:
+            return 400, GraphError(100, message=f"(#100) {problem}").envelope()
+        if what in ("typing", "read"):
+            return 200, {"success": True}
+        return 200, {"messaging_product": "whatsapp", "contacts": [{"input": data["to"], "wa_id": data["to"]}],
+                     "messages": [{"id": new_wamid(data["to"])}]}
+
+    def _wait_while_held(self, what):
+        with self._cond:
+            hold = next((h for h in self._holds if h.what == what), None)
+            if hold is None:
+                return
+            hold.held += 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: hold.released or self._stopping.is_set())
+            hold.held -= 1
+
+    def _sleep_if_delayed(self, what):
+        with self._cond:
+            seconds = self._state.delays.get(what, 0)
+        if seconds:
+            self._stopping.wait(seconds)
+
+    def _take_rule(self, what):
+        with self._cond:
+            for rule in self._state.rules:
+                if rule.what == what:
+                    rule.times -= 1
+                    if rule.times <= 0:
+                        self._state.rules.remove(rule)
+                    return rule
+        return None
+
+
+def _what(data) -> str:
+    if not isinstance(data, dict):
+        return "invalid"
+    if data.get("status") == "read":
+        return "typing" if "typing_indicator" in data else "read"
+    return "message" if "to" in data or "type" in data else "invalid"
+
+
+def _invalid(data, what) -> str:
+    """What the Cloud API would refuse in this body, "" when nothing."""
+    if not isinstance(data, dict):
+        return "The parameter messaging_product is required."
+    if data.get("messaging_product") != "whatsapp":
+        return "The parameter messaging_product is required."
+    if what in ("typing", "read"):
+        if not isinstance(data.get("message_id"), str) or not data["message_id"].startswith("wamid."):
+            return "Invalid parameter: message_id"
+        if what == "typing" and data["typing_indicator"] != {"type": "text"}:
+            return "Invalid parameter: typing_indicator"
+        return ""
+    if not isinstance(data.get("to"), str) or not data["to"]:
+        return "The parameter to is required."
+    if data.get("type", "text") != "text":
+        return f"Param type '{data.get('type')}' is not supported by this fake"
+    body = (data.get("text") or {}).get("body")
+    if not isinstance(body, str) or not body:
+        return "The parameter text['body'] is required."
+    if len(body) > MAX_TEXT:
+        return f"Param text['body'] must be at most {MAX_TEXT} characters long."
+    context = data.get("context")
+    if context is not None and not (isinstance(context, dict) and isinstance(context.get("message_id"), str)):
+        return "Invalid parameter: context"
+    return ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: FakeGraphAPI
+
+    def setup(self):
+        super().setup()
+        with self.server._cond:
+            self.server._connections.add(self.connection)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            with self.server._cond:
+                self.server._connections.discard(self.connection)
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        outcome = self.server._serve(self.path, self.headers.get("Authorization", ""), body)
+        if outcome is None:
+            self.close_connection = True
+            return
+        status, payload = outcome
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+    def do_GET(self):
+        self.do_POST()
+
+
+# --- Meta's side of the webhook ------------------------------------------------------------
+
+
+def signature(app_secret: str, body: bytes) -> str:
+    """X-Hub-Signature-256 as Meta computes it."""
+    return "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def text_message(wa_id: str, text: str, *, wamid: str | None = None, timestamp: int | None = None) -> dict:
+    return {"from": wa_id, "id": wamid or new_wamid(wa_id), "timestamp": str(timestamp or int(time.time())),
+            "type": "text", "text": {"body": text}}
+
+
+def media_message(wa_id: str, kind: str = "image", caption: str = "", *, wamid: str | None = None) -> dict:
+    media = {"mime_type": "image/jpeg", "sha256": secrets.token_hex(32), "id": str(next(_serial) + 10**15)}
+    if caption:
+        media["caption"] = caption
+    return {"from": wa_id, "id": wamid or new_wamid(wa_id), "timestamp": str(int(time.time())),
+            "type": kind, kind: media}
+
+
+def status(wamid: str, state: str, wa_id: str, *, error_code: int | None = None) -> dict:
+    """A `statuses` entry: sent, delivered, read or failed (with the error Meta reports)."""
+    entry = {"id": wamid, "status": state, "timestamp": str(int(time.time())), "recipient_id": wa_id}
+    if state in ("sent", "delivered"):
+        entry["conversation"] = {"id": secrets.token_hex(16), "origin": {"type": "service"}}
+        entry["pricing"] = {"billable": True, "pricing_model": "PMP", "category": "service"}
+    if error_code is not None:
+        known = ERRORS.get(error_code, (400, "", "Error", ""))
+        entry["errors"] = [{"code": error_code, "title": known[2], "message": known[2],
+                            "error_data": {"details": known[3]}}]
+    return entry
+
+
+def webhook_body(phone_number_id: str, *, messages=(), statuses=(), contacts=None, field_name="messages",
+                 display_phone_number="15550001111", waba_id="102290129340398") -> dict:
+    """One notification with one entry and one change, in the documented shape."""
+    value: dict[str, Any] = {"messaging_product": "whatsapp",
+                             "metadata": {"display_phone_number": display_phone_number,
+                                          "phone_number_id": phone_number_id}}
+    if messages:
+        senders = {m["from"] for m in messages}
+        value["contacts"] = contacts if contacts is not None else [
+            {"profile": {"name": "Camila Rojas"}, "wa_id": wa_id} for wa_id in sorted(senders)]
+        value["messages"] = list(messages)
+    if statuses:
+        value["statuses"] = list(statuses)
+    return {"object": "whatsapp_business_account",
+            "entry": [{"id": waba_id, "changes": [{"value": value, "field": field_name}]}]}
+
+
+def deliver(url: str, body: dict | bytes, app_secret: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """POST a notification to a webhook the way Meta does (signed); returns (status, body)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=raw, method="POST", headers={
+        "Content-Type": "application/json", "X-Hub-Signature-256": signature(app_secret, raw),
+        "User-Agent": "facebookexternalua"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
