@@ -19,15 +19,10 @@ from conversations import windows
 from conversations.states import StateMachine
 
 
-class ChannelKind(models.TextChoices):
-    TELEGRAM = "telegram", "Telegram"
-    WEBCHAT = "webchat", "Web chat"
-    API = "api", "API"
+def _platform_choices():
+    from conversations import platforms
 
-
-class TelegramMode(models.TextChoices):
-    WEBHOOK = "webhook", "Webhook"
-    POLLING = "polling", "Long polling"
+    return platforms.choices()
 
 
 class DoubleTexting(models.TextChoices):
@@ -91,24 +86,21 @@ class ChannelManager(models.Manager):
 class Channel(models.Model):
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=100, blank=True)
-    kind = models.CharField(max_length=16, choices=ChannelKind.choices, default=ChannelKind.API)
+    # The platform (conversations.platforms, settings.AGENTLOOP_PLATFORMS).
+    kind = models.CharField(max_length=16, choices=_platform_choices, default="api")
     is_active = models.BooleanField(default=True)
+    # The platform's own settings (bot token, webhook secret, callback URL…), checked on
+    # save against its Platform.settings.
+    platform_settings = models.JSONField(default=dict, blank=True)
+    # Why replies must wait ("" = they may go): computed on save from the platform's
+    # settings, and set by delivery when the platform refuses the channel's credentials.
+    # The ledger's claim reads this column and no other platform rule.
+    send_blocked = models.CharField(max_length=300, blank=True, default="")
 
-    # Telegram
-    bot_token = models.CharField(max_length=200, blank=True)
-    webhook_secret = models.CharField(
-        max_length=256, blank=True, help_text="Checked against X-Telegram-Bot-Api-Secret-Token."
-    )
-    api_base = models.URLField(
-        default="https://api.telegram.org",
-        help_text="Bot API root; requests go to {api_base}/bot{token}/{method}.",
-    )
-    telegram_mode = models.CharField(
-        max_length=16, choices=TelegramMode.choices, default=TelegramMode.WEBHOOK
-    )
-    # Next getUpdates offset, persisted so a restarted poller never re-reads confirmed updates.
+    # Polling platforms (Telegram's getUpdates): the next offset, persisted so a restarted
+    # poller never re-reads confirmed updates.
     poll_offset = models.BigIntegerField(null=True, blank=True)
-    # One poller per bot across all workers: Telegram answers 409 to concurrent getUpdates.
+    # One poller per channel across all workers (Telegram answers 409 to concurrent getUpdates).
     poll_owner = models.CharField(max_length=100, blank=True)
     poll_lease_until = models.DateTimeField(null=True, blank=True)
 
@@ -139,10 +131,6 @@ class Channel(models.Model):
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)
 
-    # api channels: where replies are POSTed (HMAC-signed); empty = kept for pulling.
-    callback_url = models.URLField(blank=True)
-    callback_secret = models.CharField(max_length=128, blank=True)
-
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -160,12 +148,40 @@ class Channel(models.Model):
         from conversations.agents import validate_agent_config
 
         validate_agent_config(self.agent_config)
-        if self.kind == ChannelKind.API and self.callback_url and not self.callback_secret:
-            # Replies are never POSTed unsigned: the receiver could not tell ours from anyone's.
-            raise ValidationError({"callback_secret": "A callback URL needs a callback secret: replies are signed "
-                                                      "with it (HMAC-SHA256), never sent unsigned."})
+        try:
+            platform = self.platform
+        except LookupError as exc:
+            raise ValidationError({"kind": str(exc)}) from exc
+        try:
+            self.platform_settings = platform.clean_settings(self.platform_settings)
+        except ValidationError as exc:
+            # Not keyed by field: the admin shows a platform's settings as fields of
+            # their own ("<kind>_<name>"), and each message names its setting.
+            raise ValidationError(exc.messages) from exc
+
+    @property
+    def platform(self):
+        from conversations import platforms
+
+        return platforms.of(self)
+
+    def setting(self, name, default=""):
+        """One of the platform's settings (its default when the channel has none stored)."""
+        value = (self.platform_settings or {}).get(name)
+        if value in (None, ""):
+            spec = self.platform.settings.get(name)
+            return spec.default if spec is not None else default
+        return value
 
     def save(self, *args, **kwargs):
+        # Checked on every save (a script's too, not only the admin's), and the block
+        # recomputed: saving a channel whose token was refused lets its replies go again.
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or "platform_settings" in update_fields:
+            self.platform_settings = self.platform.clean_settings(self.platform_settings)
+            self.send_blocked = self.platform.send_blocked(self)[:300]
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "send_blocked"}
         super().save(*args, **kwargs)
         Channel.objects.forget_cached()
 
@@ -258,7 +274,7 @@ class InboundMessage(models.Model):
     text = models.TextField(blank=True)
     media_type = models.CharField(max_length=30, blank=True)
     sender_name = models.CharField(max_length=200, blank=True)
-    reply_target = models.CharField(max_length=50, blank=True, help_text="Platform id a reply threads to.")
+    reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
     thread_id = models.CharField(max_length=50, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
@@ -373,7 +389,7 @@ class Turn(StateMachine, models.Model):
         default=False, help_text="Set before the first external effect; such a turn is never cancelled."
     )
     owner = models.CharField(max_length=100, blank=True, help_text="The worker running it.")
-    reply_target = models.CharField(max_length=50, blank=True)
+    reply_target = models.CharField(max_length=200, blank=True)
     thread_id = models.CharField(max_length=50, blank=True)
     reply_text = models.TextField(blank=True)
     outcome = models.CharField(max_length=300, blank=True, help_text="Why it was cancelled or failed.")

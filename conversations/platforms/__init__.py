@@ -10,7 +10,8 @@ from django.utils.module_loading import import_string
 
 from conversations.platforms.base import Platform, Poller, Setting
 
-__all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "get", "of", "transport_for", "urlpatterns"]
+__all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "close_clients", "get", "of", "pollers",
+           "transport_for", "typing_kinds", "urlpatterns"]
 
 
 class UnknownPlatform(LookupError):
@@ -43,7 +44,28 @@ def choices() -> list[tuple[str, str]]:
 
 
 def transport_for(channel):
+    """The delivery.transports.Transport that sends this channel's replies."""
     return of(channel).transport(channel)
+
+
+def typing_kinds() -> tuple[str, ...]:
+    """The kinds whose transport can show "typing…" (the worker's typing look asks the
+    database only about these)."""
+    from conversations.models import Channel
+
+    return tuple(kind for kind, platform in _registry().items()
+                 if platform.transport(Channel(kind=kind)).supports_typing)
+
+
+def pollers() -> dict[str, Poller]:
+    """The platforms that fetch their updates, by kind (the worker runs them)."""
+    return {kind: poller for kind, platform in _registry().items() if (poller := platform.poller()) is not None}
+
+
+async def close_clients() -> None:
+    """Every platform's HTTP clients opened on the running event loop, closed."""
+    for platform in _registry().values():
+        await platform.close_clients()
 
 
 def urlpatterns() -> list:

@@ -87,9 +87,17 @@ class Platform:
         return f"no {', '.join(missing)} set" if missing else ""
 
     def secrets(self, channel) -> list[str]:
-        """The values of this channel's secret settings (masked in every error text)."""
+        """The values of this channel's secret settings, and the secrets in its URLs
+        (masked in every error text). `channel`: a Channel, or a dict of its fields."""
+        from audit.redaction import url_secrets
+
         values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
-        return [str(v) for name, spec in self.settings.items() if spec.secret and (v := (values or {}).get(name))]
+        values = values if isinstance(values, dict) else {}
+        found = [str(v) for name, spec in self.settings.items() if spec.secret and (v := values.get(name))]
+        for name, value in values.items():
+            if isinstance(value, str) and (name.endswith("url") or name.endswith("base")):
+                found += url_secrets(value)
+        return found
 
     # --- delivery ---------------------------------------------------------------------
     def transport(self, channel):
@@ -104,6 +112,10 @@ class Platform:
     def poller(self) -> Poller | None:
         return None
 
+    async def close_clients(self) -> None:
+        """Close the HTTP clients this platform's transports opened on the running event
+        loop (the worker's shutdown, the safety sweep's end)."""
+
     # --- confirmations (platforms with buttons) -------------------------------------------
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
         """The question's message shows `outcome` instead of its buttons (best effort)."""
@@ -116,14 +128,27 @@ class Platform:
         """{flag: (setting name, spec)}."""
         return {spec.flag(name): (name, spec) for name, spec in self.settings.items()}
 
-    def apply_options(self, channel, options: dict) -> None:
-        """Copy the addchannel options given for this platform into the channel's settings."""
+    def apply_options(self, channel, options: dict) -> list[str]:
+        """Copy the addchannel options given for this platform into the channel's
+        settings. Returns lines for the operator (e.g. a secret generated for them)."""
+        channel.platform_settings = dict(channel.platform_settings or {})
         for flag, (name, _spec) in self.options().items():
             value = options.get(flag.lstrip("-").replace("-", "_"))
             if value is not None:
                 channel.platform_settings[name] = value
+        return []
 
-    def bootstrap(self, stdout) -> None:
+    def bootstrap(self, stdout) -> str:
         """`make run`: create this platform's demo channel from the environment, if the
-        environment names one (e.g. TELEGRAM_BOT_TOKEN)."""
+        environment names one (e.g. TELEGRAM_BOT_TOKEN). Returns the line `make run`
+        prints about it ("" for none)."""
+        return ""
+
+
+def check_url(value):
+    """A Setting.check for URLs (http or https)."""
+    from django.core.validators import URLValidator
+
+    URLValidator(schemes=["http", "https"])(value)
+    return value
 
