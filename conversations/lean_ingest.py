@@ -5,8 +5,8 @@ request stack — a fresh thread per request, the middleware chain, the URL reso
 cost more than the admission itself. This path serves `POST /webhooks/telegram/<slug>/`
 without it, and every other request goes on to Django.
 
-The answers are the view's own (conversations.views.telegram_prepare and
-telegram_admitted: the same channel and secret checks, the same errors, the refusal of
+The answers are the view's own (conversations.platforms.telegram.webhook: prepare and
+admitted, the same channel and secret checks, the same errors, the refusal of
 unstorable input), the 503 + Retry-After of a database outage is the middleware's, and
 the guarantees do not move:
 
@@ -35,7 +35,8 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
-from conversations import edits, ingest, views
+from conversations import edits, ingest
+from conversations.platforms.telegram import webhook as views
 from conversations.worker.dbthread import close_broken_connection
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Admitter:
         answers, admissions, edited = [None] * len(batch), [], []
         for i, (slug, secret, body) in enumerate(batch):
             try:
-                prepared = views.telegram_prepare(slug, secret, body)
+                prepared = views.prepare(slug, secret, body)
             except Exception as exc:
                 if database_unavailable(exc):
                     raise
@@ -149,7 +150,7 @@ class Admitter:
         # may follow its message in the same batch), never in the messages' way.
         for i, (channel, edit) in edited:
             try:
-                answers[i] = views.telegram_edited(edits.apply(channel, edit))
+                answers[i] = views.edited(edits.apply(channel, edit))
             except Exception as exc:
                 answers[i] = _failure(exc)
         return answers
@@ -161,7 +162,7 @@ class Admitter:
         admissions.sort(key=lambda item: _conversation_key(*item[1]))
         results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
         for (i, _), result in zip(admissions, results):
-            answers[i] = _failure(result) if isinstance(result, Exception) else views.telegram_admitted(result)
+            answers[i] = _failure(result) if isinstance(result, Exception) else views.admitted(result)
 
 
 def _conversation_key(channel, inbound):

@@ -12,7 +12,7 @@ import threading
 
 from django.conf import settings
 
-from conversations import engine, liveness
+from conversations import engine, liveness, platforms
 from conversations.agents import agent_for
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
@@ -22,7 +22,6 @@ from conversations.worker.replies import Replies
 from conversations.worker.tool_calls import ToolCalls
 from conversations.worker.turn_runner import TurnRunner
 from conversations.worker.typing import Typing
-from delivery.transports import close_bots
 from tools import guard
 
 log = logging.getLogger(__name__)
@@ -141,7 +140,7 @@ class Worker:
         await self.typing.stop()
         await self.polling.stop()
         await self.replies.stop(SHUTDOWN_GRACE)
-        await close_bots()
+        await platforms.close_clients()
         # The flusher may be mid-flush, starting turns under this owner: it must be gone
         # before the heartbeat is, or those turns would stay RUNNING under nobody.
         await loop.run_in_executor(None, self.flusher.join, SHUTDOWN_GRACE)

@@ -46,10 +46,11 @@ from conversations.models import (
     TypingMode,
     WorkerHeartbeat,
 )
+from conversations.platforms import transport_for, typing_kinds
 from conversations.worker.backoff import Backoff, FaultLog
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
 from delivery.retry_after import clamp_retry_after
-from delivery.transports import Target, transport_for, typing_kinds
+from delivery.transports import Target
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,74 @@
+"""Telegram updates (from the webhook or long polling) into our own types: an
+Inbound message (conversations.ingest) or an Edit of one (conversations.edits)."""
+
+import telegram
+
+from conversations import edits
+from conversations.ingest import Inbound
+
+# Non-text messages flush their buffer at once; the first attribute present names the kind.
+MEDIA_KINDS = (
+    "photo", "voice", "audio", "video", "video_note", "document", "sticker", "animation",
+    "location", "venue", "contact", "poll", "dice",
+)
+GROUP_TYPES = ("group", "supergroup")
+# The updates we ask Telegram for (setWebhook, getUpdates): anything else is never sent.
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+
+
+def item_from_update(update: telegram.Update) -> Inbound | edits.Edit | None:
+    """A new message, an edit of one, or None for updates we do not act on."""
+    if update.message is not None:
+        return inbound_from_update(update)
+    if update.edited_message is not None:
+        return edit_from_update(update)
+    return None
+
+
+def edit_from_update(update: telegram.Update) -> edits.Edit | None:
+    """An `edited_message` as an Edit of the message we stored as "<chat>:<message id>",
+    deduplicated by its `edit_date`."""
+    message = update.edited_message
+    if message is None or message.from_user is None:
+        return None
+    return edits.Edit(
+        platform_message_id=f"{message.chat.id}:{message.message_id}",
+        text=message.text or message.caption or "",
+        edited_at=message.edit_date or message.date,
+        source="telegram",
+        chat_id=str(message.chat.id),
+        sender_id=str(message.from_user.id),
+    )
+
+
+def inbound_from_update(update: telegram.Update) -> Inbound | None:
+    """The message we act on, or None for updates we ignore (service messages…)."""
+    message = update.message
+    if message is None or message.from_user is None:
+        return None
+    media = next((kind for kind in MEDIA_KINDS if getattr(message, kind, None)), "")
+    text = message.text or message.caption or ""
+    if not text and not media:
+        return None
+    sender = message.from_user
+    thread = message.message_thread_id if message.is_topic_message else None
+    return Inbound(
+        platform_message_id=f"{message.chat.id}:{message.message_id}",
+        chat_id=str(message.chat.id),
+        sender_id=str(sender.id),
+        text=text,
+        sender_name=sender.full_name,
+        username=sender.username or "",
+        media_type=media,
+        is_group=message.chat.type in GROUP_TYPES,
+        thread_id=str(thread) if thread else "",
+        reply_target=str(message.message_id),
+        sent_at=message.date,
+    )
+
+
+def parse_update(data: dict) -> telegram.Update:
+    """python-telegram-bot's own parser; raises on payloads that are not an Update."""
+    if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+        raise ValueError("not a Telegram Update: 'update_id' missing")
+    return telegram.Update.de_json(data, None)

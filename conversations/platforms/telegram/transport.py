@@ -1,0 +1,181 @@
+"""Telegram's transport: replies and "typing…" through python-telegram-bot, each send's
+error mapped to the ledger's outcomes (delivery.models.Outcome).
+
+Transports are used from the worker's event loop only. python-telegram-bot's Bot must
+not be shared across event loops, so bots are cached per loop.
+"""
+
+import asyncio
+
+import telegram
+from django.conf import settings
+from telegram.error import (
+    BadRequest,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
+
+from agentloop.caches import BoundedCache
+from conversations.platforms.telegram.request import AiohttpRequest, NotSent
+from delivery import chunks
+from delivery.models import Outcome
+from delivery.transports import SendResult, Target, Transport
+
+TELEGRAM_MAX_UNITS = 4096  # a message's length as Telegram counts it: UTF-16 code units
+
+# Telegram's BadRequest descriptions that mean the chat itself is gone for this bot.
+UNREACHABLE_CHAT = ("chat not found", "bot was kicked", "bot is not a member", "user is deactivated",
+                    "group chat was deleted", "have no rights to send")
+
+# AGENTLOOP_TELEGRAM_CONNECTIONS per bot (Telegram itself takes ~30 messages/s per
+# bot); requests beyond it queue in aiohttp's connector.
+# Bounded (bots of tokens an operator replaced would otherwise stay for the process's life);
+# a bot pushed out is closed once any send it is in the middle of is over.
+BOT_CACHE_SIZE = 256
+EVICTED_BOT_GRACE = 120.0
+
+
+def _close_evicted(key, bot):
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if id(loop) == key[0]:  # its session belongs to this loop; another loop's is left to the GC
+        loop.create_task(_close_later(bot))
+
+
+async def _close_later(bot):
+    await asyncio.sleep(EVICTED_BOT_GRACE)
+    await bot.request.shutdown()
+
+
+_bots = BoundedCache(maxsize=BOT_CACHE_SIZE, on_evict=_close_evicted)
+
+
+def bot_url(api_base: str) -> str:
+    """python-telegram-bot's base_url: requests go to {api_base}/bot{token}/{method}."""
+    return f"{api_base.rstrip('/')}/bot"
+
+
+def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
+    """A Bot for this event loop, talking to {api_base}/bot{token}/{method}. Typing
+    indicators get a Bot of their own ("typing"): best effort, they must never queue a
+    reply behind them."""
+    key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
+    bot = _bots.get(key)
+    if bot is None:
+        connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
+        bot = _bots.set(key, telegram.Bot(token, base_url=bot_url(api_base),
+                                          request=AiohttpRequest(connections=connections),
+                                          # unused: polling has its own Bot
+                                          get_updates_request=AiohttpRequest(connections=1)))
+    return bot
+
+
+async def close_bots():
+    """Close this event loop's bots (their HTTP sessions) on shutdown."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _bots.keys() if k[0] == loop_id]:
+        bot = _bots.pop(key)
+        if bot is not None:
+            await bot.request.shutdown()  # (Bot.shutdown skips bots never initialize()d)
+
+
+class TelegramTransport(Transport):
+    supports_typing = True
+    typing_refresh = 4.0  # Telegram shows "typing…" for ~5 s, or until the bot's next message
+    max_units = TELEGRAM_MAX_UNITS
+
+    def _bot(self, purpose="send"):
+        return telegram_bot(self.channel.setting("bot_token"), self.channel.setting("api_base"), purpose)
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        bot = self._bot()
+        last_id = ""
+        reply = (
+            telegram.ReplyParameters(int(target.reply_target), allow_sending_without_reply=True)
+            if target.reply_target else None
+        )
+        try:
+            # The ledger sends a long reply chunk by chunk (delivery.chunks); this split
+            # only guards a text that reaches the transport whole.
+            pieces = chunks.split(text, TELEGRAM_MAX_UNITS)
+            for index, chunk in enumerate(pieces):
+                message = await bot.send_message(
+                    chat_id=target.chat_id, text=chunk, reply_parameters=reply,
+                    message_thread_id=int(target.thread_id) if target.thread_id else None,
+                    reply_markup=inline_keyboard(target.buttons) if index == len(pieces) - 1 else None,
+                )
+                last_id = str(message.message_id)
+                reply = None  # only the first chunk threads to the user's message
+        except RetryAfter as exc:
+            return self.failed(Outcome.FLOOD, exc, exc.retry_after)
+        except InvalidToken as exc:  # 401/404 on the bot's URL: the token was revoked or is wrong
+            return self.failed(Outcome.CHANNEL_BLOCKED, f"the bot token was refused: {exc}")
+        except Forbidden as exc:  # blocked by the user, kicked from the group
+            return self.failed(Outcome.PERMANENT, exc)
+        except BadRequest as exc:
+            if any(phrase in str(exc).lower() for phrase in UNREACHABLE_CHAT):
+                return self.failed(Outcome.PERMANENT, exc)
+            # Telegram refused this message (not the chat): resending it as is cannot help.
+            return self.failed(Outcome.PERMANENT, f"rejected: {exc}")
+        except NotSent as exc:
+            return self.failed(Outcome.TEMPORARY, exc)
+        except TimedOut as exc:  # after the request went out: it may have been delivered
+            return self.failed(Outcome.AMBIGUOUS, f"timed out: {exc}")
+        except NetworkError as exc:
+            # PTB maps 5xx answers to NetworkError; our HTTP layer maps a connection lost
+            # after the request was sent to SentUnanswered (a NetworkError) — ambiguous.
+            kind = Outcome.AMBIGUOUS if getattr(exc, "ambiguous", False) else Outcome.TEMPORARY
+            return self.failed(kind, f"{type(exc).__name__}: {exc}")
+        except TelegramError as exc:
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        except (ValueError, TypeError, OverflowError) as exc:
+            # An answer PTB could not make sense of (the request went out): it may have landed.
+            return self.failed(Outcome.AMBIGUOUS, f"unreadable answer: {type(exc).__name__}")
+        return SendResult.delivered(last_id)
+
+    async def send_typing(self, target: Target) -> None:
+        await self._bot("typing").send_chat_action(
+            chat_id=target.chat_id, action="typing",
+            message_thread_id=int(target.thread_id) if target.thread_id else None,
+        )
+
+
+def inline_keyboard(buttons) -> telegram.InlineKeyboardMarkup | None:
+    """Buttons side by side in one row; a tap comes back as a callback_query with the data."""
+    if not buttons:
+        return None
+    return telegram.InlineKeyboardMarkup([[telegram.InlineKeyboardButton(label, callback_data=data)
+                                           for label, data in buttons]])
+
+
+def call_telegram_now(channel, deadline: float, *calls) -> list:
+    """Bot API calls from synchronous code (a webhook's thread, a database thread), one
+    after the other on an event loop of their own with a Bot of its own (a Bot must not
+    cross event loops), each bounded by `deadline` seconds. `calls`: (method name,
+    {params}) pairs. Returns, in order, each call's result or the exception it raised
+    (python-telegram-bot's, or asyncio.TimeoutError)."""
+
+    async def each():
+        request = AiohttpRequest(connections=1, read_timeout=deadline, write_timeout=deadline,
+                                 connect_timeout=deadline)
+        bot = telegram.Bot(channel.setting("bot_token"), base_url=bot_url(channel.setting("api_base")),
+                           request=request,
+                           get_updates_request=AiohttpRequest(connections=1))  # never used: created lazily
+        results = []
+        try:
+            for method, params in calls:
+                try:
+                    results.append(await asyncio.wait_for(getattr(bot, method)(**params), deadline))
+                except (TimeoutError, TelegramError, OSError) as exc:
+                    results.append(exc)
+        finally:
+            await request.shutdown()
+        return results
+
+    return asyncio.run(each())
