@@ -236,9 +236,10 @@ def _confirm(channel, user, data):
 
 def _open_playground(slug, user):
     from conversations.ingest import open_conversation
-    from conversations.models import Channel, ChannelKind
+    from conversations.models import Channel
+    from conversations.platforms.webchat import KIND
 
-    channel = Channel.objects.active(slug, ChannelKind.WEBCHAT)
+    channel = Channel.objects.active(slug, KIND)
     if channel is None:
         return None, None
     return channel, open_conversation(channel, _sender(user)())

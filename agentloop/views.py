@@ -9,7 +9,8 @@ from django.urls import reverse
 
 from agentloop import story as conversation_story
 from agentloop.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISSION, allowed
-from conversations.models import Channel, ChannelKind, Conversation
+from conversations.models import Channel, Conversation
+from conversations.platforms import webchat
 
 
 def _admin_links():
@@ -83,4 +84,4 @@ def _view_permission(model_label):
 
 
 def _playgrounds():
-    return list(Channel.objects.filter(kind=ChannelKind.WEBCHAT, is_active=True).order_by("slug"))
+    return list(Channel.objects.filter(kind=webchat.KIND, is_active=True).order_by("slug"))

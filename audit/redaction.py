@@ -125,12 +125,25 @@ def agent_secrets(config) -> list:
 
 
 def channel_secrets(channel) -> list:
-    """Every secret one channel holds (a Channel, or a dict of its fields)."""
+    """Every secret one channel holds (a Channel, or a dict of its fields): its platform's
+    secret settings and the secrets in its settings' URLs (the platform says which, see
+    conversations.platforms), and its agent's."""
     get = channel.get if isinstance(channel, dict) else lambda name, default="": getattr(channel, name, default)
-    found = [get("bot_token", ""), get("webhook_secret", ""), get("callback_secret", "")]
-    found += url_secrets(get("callback_url", ""))
+    found = _platform_secrets(channel, get("kind", ""))
     found += agent_secrets(get("agent_config", None))
     return [value for value in found if value and len(value) >= MIN_SECRET]
+
+
+def _platform_secrets(channel, kind) -> list:
+    from conversations import platforms
+
+    try:
+        platform = platforms.get(kind)
+    except LookupError:
+        # A kind no longer registered: every string among its settings is masked.
+        values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
+        return [v for v in (values or {}).values() if isinstance(v, str)]
+    return platform.secrets(channel)
 
 
 def deployment_secrets() -> list:
@@ -181,7 +194,7 @@ def _channels_secrets() -> list:
     from django.db import connection, transaction
 
     channel = apps.get_model("conversations", "Channel")
-    fields = ("bot_token", "webhook_secret", "callback_secret", "callback_url", "agent_config")
+    fields = ("kind", "platform_settings", "agent_config")
     if connection.in_atomic_block:
         with transaction.atomic():  # a savepoint: a failure here must not doom the caller's transaction
             rows = list(channel.objects.values(*fields))

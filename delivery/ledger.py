@@ -11,15 +11,18 @@ labelled duplicate therefore always means one model run delivered twice, never t
 Outcomes (see `transports`): delivered; flood → retried when the penalty ends;
 temporary or ambiguous → resent after 30 s, then 2 min, and the last budgeted resend is
 kept for the next worker start (an outage longer than the timers never strands a
-reply); permanent → the chat is marked unreachable and never retried. Bounded: 3
+reply); permanent → the chat is marked unreachable and never retried; channel blocked
+(the platform refused the channel's credentials) → the row waits, its attempt given
+back, until an operator saves the channel again. Bounded: 3
 resends (floods aside) and 24 h, then abandoned. Delivered and finished rows are pruned
 after 7 days.
 
 A row is claimable when it is pending, when it failed and its timer is due (or, at a
 worker's start, its last resend waits for that start), or when it is attempting under
-an owner that died (or held it longer than any send takes) — and only for transports
-that can send now. The boot sweep holds what it claims in `attempting` for the whole
-send, so no runtime sweep can take it too.
+an owner that died (or held it longer than any send takes) — and only for channels
+that can send now (active, and not blocked: Channel.send_blocked). The boot sweep
+holds what it claims in `attempting` for the whole send, so no runtime sweep can take
+it too.
 """
 
 import itertools
@@ -38,10 +41,11 @@ from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
 from audit.redaction import redact
+from conversations.platforms import transport_for
 from delivery import chunks, console
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
-from delivery.transports import SendResult, Target, transport_for
+from delivery.transports import SendResult, Target
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +141,10 @@ def _fresh(now):
 
 
 def _sendable():
-    """Only rows whose transport can send now — the one place this rule lives: an
-    inactive channel's rows wait, and so do a Telegram channel's without a token and an
-    api channel's whose callback has no secret (never sent unsigned)."""
-    no_telegram_token = Q(channel__kind="telegram", channel__bot_token="")
-    unsigned_callback = Q(channel__kind="api", channel__callback_secret="") & ~Q(channel__callback_url="")
-    return Q(channel__is_active=True) & ~no_telegram_token & ~unsigned_callback
+    """Only rows whose channel can send now: an inactive channel's rows wait, and so do
+    those of a channel its platform says cannot send (Channel.send_blocked: a setting
+    missing, credentials the platform refused)."""
+    return Q(channel__is_active=True, channel__send_blocked="")
 
 
 def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
@@ -419,6 +421,8 @@ def finish(row, owner, result: SendResult, now=None):
         mine(OutboundState.FAILED, flood_waits=F("flood_waits") + 1, next_attempt_at=now + wait,
              last_outcome=result.outcome, last_error=error)
         return OutboundState.FAILED
+    if result.outcome == Outcome.CHANNEL_BLOCKED:
+        return wait_for_channel(row, owner, error, now)
     if result.outcome == Outcome.PERMANENT:
         with transaction.atomic():
             if mine(OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
@@ -438,6 +442,28 @@ def finish(row, owner, result: SendResult, now=None):
     when = None if next_resend == budget else now + BACKOFF[min(next_resend, len(BACKOFF)) - 1]
     mine(OutboundState.FAILED, next_attempt_at=when, last_outcome=result.outcome, last_error=error)
     return OutboundState.FAILED
+
+
+def wait_for_channel(row, owner, error, now):
+    """The platform refused the channel's credentials: nothing was sent, so the row goes
+    back to waiting as it was before the claim (its attempt given back: a dead token must
+    not spend the resend budget), and the channel's replies wait until an operator saves
+    it again (Channel.save recomputes send_blocked). Audited once per block."""
+    from conversations.models import Channel
+
+    before = OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
+    with transaction.atomic():
+        OutboundMessage.transition(
+            row.pk, OutboundState.ATTEMPTING, before, where={"owner": owner, "claim_token": row.claim_token},
+            owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
+            chunks_started=F("chunks_delivered") + (1 if row.needs_marker else 0),
+            next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
+        if Channel.objects.filter(pk=row.channel_id, send_blocked="").update(send_blocked=error or "refused"):
+            Channel.objects.forget_cached()
+            record(EventKind.CHANNEL_BLOCKED, channel_slug=row.channel.slug, actor=row.owner or owner,
+                   target=f"channel {row.channel.slug}",
+                   summary=f"replies wait until the channel is saved again: {error}"[:300], ledger_row=row.pk)
+    return before
 
 
 def mark_unreachable(row, error, now):
@@ -553,7 +579,7 @@ def safety_sweep(budget=None, batch=1):
     import asyncio
     import time
 
-    from delivery.transports import close_bots
+    from conversations.platforms import close_clients
 
     abandoned = abandon_stale()
     owner = f"tasks:{os.uname().nodename}:{os.getpid()}"
@@ -570,7 +596,7 @@ def safety_sweep(budget=None, batch=1):
                 break
             sent += _send_each(loop, rows, owner, deadline)
     finally:
-        loop.run_until_complete(close_bots())
+        loop.run_until_complete(close_clients())
         loop.close()
     return {"abandoned": abandoned, "sent": sent}
 

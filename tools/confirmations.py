@@ -36,7 +36,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit.redaction import redact
-from conversations.models import ChannelKind, Conversation
+from conversations.models import Conversation
 from delivery import ledger
 from delivery.models import OutboundKind
 from tools import approvals, fingerprint
@@ -50,9 +50,7 @@ YES_WORDS = frozenset({"yes", "sí", "si"})
 NO_WORDS = frozenset({"no"})
 CALLBACK_DATA = re.compile(r"^c:([A-Za-z0-9_-]{16,40}):([yn])$")
 YES_LABEL, NO_LABEL = "✅ Yes, do it", "❌ No"
-# Each Bot API call a tap makes (answer, edit) is bounded by this many seconds.
-BOT_CALL_DEADLINE = 5.0
-TOAST_LIMIT = 200  # answerCallbackQuery's text
+TOAST_LIMIT = 200  # a tap's answer (Telegram's answerCallbackQuery text)
 
 
 # --- asking -------------------------------------------------------------------------------
@@ -74,7 +72,7 @@ def ask(proposal, claim) -> Confirmation | None:
 
 
 def has_buttons(channel) -> bool:
-    return channel.kind in (ChannelKind.TELEGRAM, ChannelKind.WEBCHAT)
+    return channel.platform.has_buttons
 
 
 def question_text(claim, channel) -> str:
@@ -208,70 +206,16 @@ def tap(channel, data, *, sender_id: str, sender_name: str = "", chat_id: str = 
     return reply, confirmation
 
 
-# --- Telegram ---------------------------------------------------------------------------------
-
-
-def handle_telegram_callback(channel, update: dict) -> dict:
-    """A `callback_query` update (webhook or long polling): decide, answer the tap, edit
-    the question. Returns the webhook's JSON answer. Database errors propagate (the
-    update is re-delivered: the compare-and-swap makes that harmless); Bot API failures
-    are logged (the tap's outcome is already decided and the next tap repeats the edit)."""
-    query = update.get("callback_query")
-    if not isinstance(query, dict) or not query.get("id"):
-        return {"ok": True, "ignored": True}
-    sender = query.get("from") if isinstance(query.get("from"), dict) else {}
-    message = query.get("message") if isinstance(query.get("message"), dict) else {}
-    chat = message.get("chat") if isinstance(message.get("chat"), dict) else {}
-    name = " ".join(str(sender.get(k) or "") for k in ("first_name", "last_name")).strip()
-    reply, _ = tap(channel, str(query.get("data") or ""), sender_id=str(sender.get("id", "")), sender_name=name,
-                   chat_id=str(chat.get("id", "")))
-    calls = [("answer_callback_query", {"callback_query_id": str(query["id"]), "text": reply.toast[:TOAST_LIMIT]})]
-    if reply.outcome and chat.get("id") is not None and message.get("message_id") is not None:
-        # Without reply_markup: the buttons go, the outcome stays readable in the chat.
-        calls.append(("edit_message_text", {"chat_id": chat["id"], "message_id": message["message_id"],
-                                            "text": reply.outcome}))
-    _bot_calls(channel, calls)
-    return {"ok": True, "callback": reply.status}
-
-
-def _bot_calls(channel, calls):
-    """The answer and the edit, one connection for both. Failures are logged, never
-    raised: the decision is made and stays; the next tap repeats both."""
-    from telegram.error import BadRequest
-
-    from delivery.transports import call_telegram_now
-
-    for (method, _), result in zip(calls, call_telegram_now(channel, BOT_CALL_DEADLINE, *calls)):
-        if isinstance(result, BadRequest):
-            # "message is not modified" (an earlier tap edited it already), "query is too
-            # old" (a re-delivered callback): the chat already shows the right thing.
-            log.info("channel %s: %s refused: %s", channel.slug, method, redact(str(result))[:200])
-        elif isinstance(result, Exception):
-            log.warning("channel %s: %s failed: %s", channel.slug, method,
-                        redact(f"{type(result).__name__}: {result}")[:200])
-
-
 def withdraw_question(proposal_id):
     """A question whose proposal expired unanswered (the guard's sweep) loses its buttons
     and says so, in the chat; best effort (a later tap is told the same)."""
-    from agentloop import live
-
     confirmation = (Confirmation.objects.select_related("question", "conversation__channel", "proposal")
                     .filter(proposal_id=proposal_id).first())
     if confirmation is None or confirmation.proposal.state != ProposalState.EXPIRED:
         return
     channel = confirmation.conversation.channel
     outcome = _reply(confirmation.text, confirmation.proposal, False).outcome
-    question = confirmation.question
-    if channel.kind == ChannelKind.TELEGRAM and question is not None and question.platform_message_id:
-        _bot_calls(channel, [("edit_message_text", {"chat_id": question.chat_id,
-                                                    "message_id": int(question.platform_message_id),
-                                                    "text": outcome})])
-    elif channel.kind == ChannelKind.WEBCHAT:
-        event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
-                 "token": confirmation.token, "text": outcome, "status": "expired"}
-        with transaction.atomic():
-            live.publish([live.conversation_group(confirmation.conversation_id)], event)
+    channel.platform.question_decided(channel, confirmation, outcome, "expired")
 
 
 # --- the web chat -----------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""The API channel: messages come in through the REST API (conversations.api, an agent
+key per channel); replies are stored for the read API, or POSTed signed to the
+channel's callback URL when it has one (transport.py)."""
+
+from django.core.exceptions import ValidationError
+
+from conversations.platforms.base import Platform, Setting, check_url
+
+KIND = "api"
+
+
+class ApiPlatform(Platform):
+    kind = KIND
+    label = "API"
+    settings = {
+        "callback_url": Setting(check=check_url, help="Where replies are POSTed (HMAC-signed); empty: replies "
+                                                      "are kept for the read API."),
+        "callback_secret": Setting(secret=True, help="HMAC key the callback's requests are signed with."),
+    }
+
+    def clean_settings(self, values):
+        cleaned = super().clean_settings(values)
+        if cleaned["callback_url"] and not cleaned["callback_secret"]:
+            # Replies are never POSTed unsigned: the receiver could not tell ours from anyone's.
+            raise ValidationError({"platform_settings": "callback_secret: a callback URL needs a callback secret: "
+                                                        "replies are signed with it (HMAC-SHA256), never sent "
+                                                        "unsigned."})
+        return cleaned
+
+    def send_blocked(self, channel) -> str:
+        values = channel.platform_settings or {}
+        if values.get("callback_url") and not values.get("callback_secret"):
+            return "the callback URL has no secret to sign with"
+        return ""
+
+    def transport(self, channel):
+        from conversations.platforms.api.transport import ApiCallbackTransport, StoredTransport
+
+        if (channel.platform_settings or {}).get("callback_url"):
+            return ApiCallbackTransport(channel)
+        return StoredTransport(channel)

@@ -1,0 +1,59 @@
+"""The API channel's two transports: the reply row kept for the read API, or POSTed
+signed to the channel's callback URL."""
+
+import asyncio
+import json
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+
+from agentloop.tls import shared_tls_context
+from delivery import signing
+from delivery.models import Outcome
+from delivery.retry_after import retry_after_header
+from delivery.transports import SendResult, Target, Transport, outcome_for_http_status
+
+
+class StoredTransport(Transport):
+    """api channels without a callback: the reply row *is* the delivery; clients read it."""
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        return SendResult.delivered()
+
+
+class ApiCallbackTransport(Transport):
+    """api channels with a callback URL (a webhook): the reply is POSTed, signed (see
+    `delivery.signing`: HMAC-SHA256 over the timestamp and the body). A channel without
+    a callback secret is never sent to unsigned: saving it is refused, its replies wait
+    (Channel.send_blocked), and a row claimed anyway (a secret cleared straight in the
+    database) blocks the channel instead of going out.
+    The whole exchange has one deadline: httpx's timeouts are per phase, and a peer that
+    trickles a byte a second would never trip them."""
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        values = self.channel.platform_settings or {}
+        secret, url = values.get("callback_secret", ""), values.get("callback_url", "")
+        if not secret:
+            return self.failed(Outcome.CHANNEL_BLOCKED, "refused: the channel's callback has no secret to sign with")
+        body = json.dumps({"chat": target.chat_id, "reply_to": target.reply_target, "text": text}).encode()
+        headers = {"Content-Type": "application/json", **signing.signed_headers(secret, body)}
+        host = urlsplit(url).netloc.rpartition("@")[2]
+        deadline = settings.AGENTLOOP_CALLBACK_TIMEOUT
+        try:
+            status, retry_after = await asyncio.wait_for(self._post(url, body, headers, deadline), deadline)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
+        except (TimeoutError, httpx.HTTPError) as exc:  # sent, no (whole) answer: it may have arrived
+            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
+        outcome = outcome_for_http_status(status)
+        if outcome == Outcome.DELIVERED:
+            return SendResult.delivered()
+        gone = status in (404, 410)  # the receiver is gone, rather than refusing this reply
+        said = f"rejected: HTTP {status}" if outcome == Outcome.PERMANENT and not gone else f"HTTP {status}"
+        return self.failed(outcome, said, retry_after)
+
+    async def _post(self, url, body, headers, timeout):
+        async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
+            response = await client.post(url, content=body, headers=headers)
+            return response.status_code, retry_after_header(response.headers.get("Retry-After"))

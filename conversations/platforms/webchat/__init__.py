@@ -1,0 +1,28 @@
+"""The site's own web chat (the console's playground): messages come in over the page's
+websocket (agentloop.consumers), replies and "typing…" go out through the live groups
+(transport.py), taps on a question's buttons come back over the same socket."""
+
+from conversations.platforms.base import Platform
+
+KIND = "webchat"
+
+
+class WebchatPlatform(Platform):
+    kind = KIND
+    label = "Web chat"
+    has_buttons = True  # the page shows them and sends a tap back over its socket
+
+    def transport(self, channel):
+        from conversations.platforms.webchat.transport import WebchatTransport
+
+        return WebchatTransport(channel)
+
+    def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
+        from django.db import transaction
+
+        from agentloop import live
+
+        event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
+                 "token": confirmation.token, "text": outcome, "status": status}
+        with transaction.atomic():
+            live.publish([live.conversation_group(confirmation.conversation_id)], event)

@@ -1,0 +1,32 @@
+"""The web chat's transport: replies and "typing…" pushed to the page's live group."""
+
+from delivery.models import Outcome
+from delivery.transports import SendResult, Target, Transport
+
+
+class WebchatTransport(Transport):
+    """The reply is pushed to the conversation's live group (`webchat.<conversation id>`),
+    across processes (see agentloop.live); the row stays readable, and the page reloads
+    it on reconnect."""
+
+    supports_typing = True
+    typing_refresh = 4.0  # the page shows a typing signal for 6 s (static/console/playground.js)
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        from agentloop import live
+
+        try:
+            event = {"kind": "reply", "conversation": target.conversation_id, "text": text,
+                     "reply_to": target.reply_target}
+            if target.buttons:  # the page shows them and sends a tap back over its socket
+                event["buttons"] = [{"label": label, "data": data} for label, data in target.buttons]
+            await live.apublish([live.conversation_group(target.conversation_id)], event)
+        except Exception as exc:  # e.g. Redis unreachable
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        return SendResult.delivered()
+
+    async def send_typing(self, target: Target) -> None:
+        from agentloop import live
+
+        await live.apublish([live.conversation_group(target.conversation_id)], {
+            "kind": "typing", "conversation": target.conversation_id})
