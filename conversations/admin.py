@@ -2,11 +2,11 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
-from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from conversations import platforms
 from conversations.models import (
     AgentKey,
     Channel,
@@ -31,9 +31,6 @@ def changelist_link(url_name, label, **query):
     return format_html('<a href="{}?{}">{}</a>', reverse(f"admin:{url_name}_changelist"), urlencode(query), label)
 
 
-SECRETS = ["bot_token", "webhook_secret", "callback_secret"]
-
-
 class SecretField(forms.CharField):
     """Shown as a password input that never renders the stored value; left blank, it keeps it."""
 
@@ -41,32 +38,96 @@ class SecretField(forms.CharField):
         return bool(data) and data != initial
 
 
-class ChannelForm(forms.ModelForm):
-    forget_bot_token = forms.BooleanField(required=False, label="Forget the bot token")
-    forget_webhook_secret = forms.BooleanField(required=False, label="Forget the webhook secret")
-    forget_callback_secret = forms.BooleanField(required=False, label="Forget the callback secret")
+def _label(name) -> str:
+    return name.replace("_", " ").capitalize()
+
+
+def _setting_field(spec) -> forms.Field:
+    """A form field for one platform Setting (conversations.platforms.base.Setting)."""
+    options = {"required": False, "label": None, "help_text": spec.help}
+    if spec.secret:
+        return SecretField(widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+                           **options)
+    if spec.choices:
+        return forms.ChoiceField(choices=[("", "—")] + [(c, c) for c in spec.choices], **options)
+    if isinstance(spec.default, bool):
+        return forms.BooleanField(**options)
+    if spec.default not in ("", None):
+        options["help_text"] = f"{spec.help} Default: {spec.default}".strip()
+    return forms.CharField(**options)
+
+
+def setting_fields() -> dict:
+    """Every registered platform's settings as form fields named "<kind>_<name>", and a
+    "forget_<kind>_<name>" box beside each secret."""
+    fields = {}
+    for platform in platforms.all_platforms():
+        for name, spec in platform.settings.items():
+            field = fields[f"{platform.kind}_{name}"] = _setting_field(spec)
+            field.label = _label(name)
+            if spec.secret:
+                fields[f"forget_{platform.kind}_{name}"] = forms.BooleanField(
+                    required=False, label=f"Forget the {_label(name).lower()}")
+    return fields
+
+
+def platform_fieldsets() -> list:
+    """One fieldset per platform: its settings, each secret with its forget box."""
+    sets = []
+    for platform in platforms.all_platforms():
+        rows = [(f"{platform.kind}_{name}", f"forget_{platform.kind}_{name}") if spec.secret
+                else f"{platform.kind}_{name}" for name, spec in platform.settings.items()]
+        if rows:
+            sets.append((f"{platform.label} settings", {"fields": rows, "classes": ["collapse"],
+                                                         "description": f"Used when the kind is {platform.label}."}))
+    return sets
+
+
+class ChannelFormBase(forms.ModelForm):
+    """The channel's own fields, and its platform's settings as fields of their own
+    (stored in Channel.platform_settings, checked by the platform on save)."""
 
     class Meta:
         model = Channel
-        fields = SECRETS  # the admin adds the rest (from its fieldsets)
-        field_classes = {name: SecretField for name in SECRETS}
-        widgets = {name: forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
-                   for name in SECRETS}
+        fields = []  # the admin adds the rest (from its fieldsets)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for name in SECRETS:
-            if getattr(self.instance, name, ""):
-                self.fields[name].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
+        stored = self.instance.platform_settings or {}
+        platform = platforms.get(self.instance.kind) if self.instance.kind in dict(platforms.choices()) else None
+        for name, spec in (platform.settings.items() if platform else ()):
+            key = f"{platform.kind}_{name}"
+            if key not in self.fields:
+                continue
+            if spec.secret:
+                if stored.get(name):
+                    self.fields[key].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
+            elif stored.get(name) not in (None, ""):
+                self.initial[key] = stored[name]
 
     def clean(self):
         cleaned = super().clean()
-        for name in SECRETS:
-            if cleaned.get(f"forget_{name}"):
-                cleaned[name] = ""
-            elif not cleaned.get(name):
-                cleaned[name] = getattr(self.instance, name, "")
+        kind = cleaned.get("kind") or self.instance.kind
+        try:
+            platform = platforms.get(kind)
+        except LookupError:
+            return cleaned  # the kind field reports it
+        # The stored values count only while the kind stays the same.
+        stored = (self.instance.platform_settings or {}) if kind == self.instance.kind else {}
+        values = {}
+        for name, spec in platform.settings.items():
+            value = cleaned.get(f"{kind}_{name}")
+            if spec.secret:
+                value = "" if cleaned.get(f"forget_{kind}_{name}") else (value or stored.get(name, ""))
+            if value not in (None, ""):
+                values[name] = value
+        # Checked by the model's clean (the platform's clean_settings), its messages
+        # naming each setting.
+        self.instance.platform_settings = values
         return cleaned
+
+
+ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
 
 
 @admin.register(Channel)
@@ -75,8 +136,8 @@ class ChannelAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "kind", "is_active", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "created_at", "updated_at", "delivery_health"]
-    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "send_blocked", "created_at", "updated_at",
+                       "delivery_health"]
     fieldsets = [
         (None, {"fields": ["slug", "name", "kind", "is_active"]}),
         ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
@@ -85,12 +146,9 @@ class ChannelAdmin(admin.ModelAdmin):
                                      "Each new message re-arms the window."}),
         ("Double texting, typing and edits", {"fields": ["double_texting", "typing_mode", "edits"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
-        ("Telegram", {"fields": [("bot_token", "forget_bot_token"), ("webhook_secret", "forget_webhook_secret"),
-                                 "api_base", "telegram_mode", "poll_offset", "poll_owner", "poll_lease_until"],
-                      "classes": ["collapse"]}),
-        ("API channel delivery", {"fields": ["callback_url", ("callback_secret", "forget_callback_secret")],
-                                  "classes": ["collapse"]}),
-        ("Delivery", {"fields": ["delivery_health"]}),
+        *platform_fieldsets(),
+        ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
+        ("Delivery", {"fields": ["send_blocked", "delivery_health"]}),
         ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
     ]
 

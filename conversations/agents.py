@@ -1,5 +1,5 @@
-"""Agents: what runs inside a turn. The Agents issue adds OpenAI-compatible, webhook,
-pull and demo agents; `echo` proves the pipeline until then.
+"""Agents: what runs inside a turn, registered by name in settings.AGENTLOOP_AGENTS
+(echo, demo, openai, webhook, pull).
 
 An agent gets the merged input (and can load the conversation's history). It acts on
 the world through `ctx.call_tool(name, arguments)`: the registry's tools behind the

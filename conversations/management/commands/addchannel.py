@@ -1,21 +1,20 @@
 import argparse
 import json
-import secrets
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.models import Channel, ChannelKind, DoubleTexting, EditsPolicy, TelegramMode, TypingMode
+from conversations import platforms
+from conversations.models import Channel, DoubleTexting, EditsPolicy, TypingMode
 
-# option name -> model field; only options given on the command line are changed.
+# option name -> model field; only options given on the command line are changed. A
+# platform's own settings come from its Platform.options() (see add_platform_options).
 FIELDS = {
-    "name": "name", "kind": "kind", "token": "bot_token", "secret": "webhook_secret",
-    "api_base": "api_base", "mode": "telegram_mode", "strategy": "double_texting",
+    "name": "name", "kind": "kind", "strategy": "double_texting",
     "window_closed": "window_closed", "window_greeting": "window_greeting",
     "window_open": "window_open", "window_neutral": "window_neutral", "max_wait": "max_wait",
     "max_messages": "max_messages", "greetings": "greeting_words", "conjunctions": "conjunction_words",
-    "agent": "agent", "callback_url": "callback_url", "callback_secret": "callback_secret",
-    "typing_mode": "typing_mode", "edits": "edits",
+    "agent": "agent", "typing_mode": "typing_mode", "edits": "edits",
 }
 
 
@@ -30,11 +29,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name")
-        parser.add_argument("--kind", choices=ChannelKind.values)
-        parser.add_argument("--token", help="Telegram bot token (from BotFather).")
-        parser.add_argument("--secret", help="Telegram webhook secret token (generated when missing).")
-        parser.add_argument("--api-base", help="Bot API root (default https://api.telegram.org).")
-        parser.add_argument("--mode", choices=TelegramMode.values, help="Telegram: webhook or polling.")
+        parser.add_argument("--kind", choices=[kind for kind, _ in platforms.choices()])
+        add_platform_options(parser)
         parser.add_argument("--strategy", choices=DoubleTexting.values, help="Double-texting strategy.")
         for kind in ("closed", "greeting", "open", "neutral"):
             parser.add_argument(f"--window-{kind}", type=float, help=f"The {kind} window, seconds.")
@@ -55,18 +51,23 @@ class Command(BaseCommand):
         parser.add_argument("--typing", action=argparse.BooleanOptionalAction,
                             help="Shorthand: --typing is --typing-mode instant, --no-typing is never.")
         parser.add_argument("--edits", choices=EditsPolicy.values, help="What a user's edit does: apply or ignore.")
-        parser.add_argument("--callback-url", help="api channels: where replies are POSTed.")
-        parser.add_argument("--callback-secret", help="api channels: HMAC key for the callback.")
         parser.add_argument("--inactive", action="store_true", help="Create or set the channel inactive.")
 
     def handle(self, *args, slug, **options):
         channel = Channel.objects.filter(slug=slug).first()
         created = channel is None
         if created:
-            channel = Channel(slug=slug, kind=options["kind"] or ChannelKind.API)
+            channel = Channel(slug=slug, kind=options["kind"] or "api")
+        elif options.get("kind") not in (None, channel.kind):
+            channel.platform_settings = {}  # another platform's settings mean nothing to this one
         for option, field in FIELDS.items():
             if options.get(option) is not None:
                 setattr(channel, field, options[option])
+        try:
+            platform = channel.platform
+        except LookupError as exc:
+            raise CommandError(str(exc)) from exc
+        refuse_foreign_options(platform, options)
         if options.get("agent_config") is not None:
             try:
                 given = json.loads(options["agent_config"])
@@ -82,17 +83,45 @@ class Command(BaseCommand):
             channel.typing_mode = TypingMode.INSTANT if options["typing"] else TypingMode.NEVER
         if options["inactive"]:
             channel.is_active = False
-        generated = ""
-        if channel.kind == ChannelKind.TELEGRAM and channel.telegram_mode == TelegramMode.WEBHOOK \
-                and not channel.webhook_secret:
-            channel.webhook_secret = generated = secrets.token_urlsafe(32)
+        notes = platform.apply_options(channel, options) or []
         try:
             channel.full_clean()
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
         channel.save()
         self.stdout.write(f"{'created' if created else 'updated'} channel {channel.slug} ({channel.kind})")
-        if generated:
-            self.stdout.write(f"webhook secret: {generated}")
+        for note in notes:
+            self.stdout.write(note)
+
+
+def _dest(flag) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_platform_options(parser):
+    """Every platform's settings as flags; a flag several platforms share (--token,
+    --api-base) is added once and says whose it is."""
+    owners: dict[str, list] = {}
+    for platform in platforms.all_platforms():
+        for flag, (_name, spec) in platform.options().items():
+            owners.setdefault(flag, []).append((platform, spec))
+    for flag, users in owners.items():
+        choices = sorted({c for _, spec in users for c in spec.choices}) or None
+        help_text = "; ".join(f"{platform.label}: {spec.help or _name_of(platform, flag)}" for platform, spec in users)
+        parser.add_argument(flag, dest=_dest(flag), choices=choices, help=help_text)
+
+
+def _name_of(platform, flag) -> str:
+    return platform.options()[flag][0].replace("_", " ")
+
+
+def refuse_foreign_options(platform, options):
+    """A platform flag given to a channel of another platform is a mistake, said at once."""
+    own = {_dest(flag) for flag in platform.options()}
+    for other in platforms.all_platforms():
+        for flag in other.options():
+            if _dest(flag) not in own and options.get(_dest(flag)) is not None:
+                raise CommandError(f"{flag} is not a setting of {platform.label} channels "
+                                   f"({_dest(flag)}: a {other.label} setting)")
 
 

@@ -1,5 +1,7 @@
 """What `make run` does before starting the processes: migrate, an admin user, a demo
-channel with an agent key, the playground's web chat channel. Idempotent and quiet on a second run."""
+channel with an agent key, the playground's web chat channel, and each platform's
+channel the environment names (Platform.bootstrap: e.g. TELEGRAM_BOT_TOKEN). Idempotent
+and quiet on a second run."""
 
 import os
 import secrets
@@ -9,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from conversations.models import AgentKey, Channel, ChannelKind, TelegramMode
+from conversations import platforms
+from conversations.models import AgentKey, Channel
 
 
 def _remembered(name, make):
@@ -33,11 +36,13 @@ class Command(BaseCommand):
         password = self.admin_user()
         key = self.demo_channel()
         self.playground_channel()
-        telegram = self.telegram_channel()
+        # Each line `make run` prints about a platform's channel (runall reads them back).
+        said = [line for platform in platforms.all_platforms() if (line := platform.bootstrap(self.stdout))]
         from tools.guard import ensure_policies
 
         ensure_policies()  # every tool's policy is in the admin from the start
-        info = {"admin_user": "admin", "admin_password": password, "demo_key": key, "telegram": telegram}
+        info = {"admin_user": "admin", "admin_password": password, "demo_key": key,
+                **{f"platform_{n}": line for n, line in enumerate(said)}}
         (settings.VAR_DIR / "bootstrap.env").write_text("".join(f"{k}={v}\n" for k, v in info.items()))
         os.chmod(settings.VAR_DIR / "bootstrap.env", 0o600)
 
@@ -54,7 +59,7 @@ class Command(BaseCommand):
 
     def demo_channel(self):
         channel, _ = Channel.objects.get_or_create(
-            slug="demo", defaults={"name": "Demo (API, demo agent)", "kind": ChannelKind.API, "agent": "demo"})
+            slug="demo", defaults={"name": "Demo (API, demo agent)", "kind": "api", "agent": "demo"})
         raw, fresh = _remembered("demo_agent_key", lambda: "")
         if not raw or AgentKey.objects.for_key(raw) is None:
             key, raw = AgentKey.objects.issue("demo", [channel])
@@ -64,15 +69,4 @@ class Command(BaseCommand):
     def playground_channel(self):
         """The console's playground talks to this web chat channel."""
         Channel.objects.get_or_create(slug="playground", defaults={
-            "name": "Playground (web chat, demo agent)", "kind": ChannelKind.WEBCHAT, "agent": "demo"})
-
-    def telegram_channel(self):
-        """With TELEGRAM_BOT_TOKEN set, a real bot answers through long polling."""
-        token = os.environ.get("TELEGRAM_BOT_TOKEN", "")
-        if not token:
-            return ""
-        Channel.objects.update_or_create(slug="telegram", defaults={
-            "name": "Telegram (polling)", "kind": ChannelKind.TELEGRAM, "bot_token": token,
-            "telegram_mode": TelegramMode.POLLING, "is_active": True, "agent": "demo",
-        })
-        return "telegram"
+            "name": "Playground (web chat, demo agent)", "kind": "webchat", "agent": "demo"})

@@ -143,7 +143,6 @@ class Command(BaseCommand):
             "      -d '{\"scope\": \"ana\", \"arguments\": {\"title\": \"Psicología\", "
             "\"start_datetime\": \"2026-12-01T10:00\"}}'",
         ]
-        if info.get("telegram"):
-            lines.append("  Telegram channel 'telegram' is polling with TELEGRAM_BOT_TOKEN")
+        lines += [f"  {line}" for name, line in sorted(info.items()) if name.startswith("platform_")]
         self.stdout.write("\n".join(lines) + "\n")
         self.stdout.flush()
