@@ -1,0 +1,87 @@
+"""WhatsApp (Cloud API): everything Meta's WhatsApp Business Platform means to agentloop.
+
+- inbound.py: a webhook notification (entries × changes × messages and statuses) into
+  our Inbound messages and delivery receipts; the X-Hub-Signature-256 check
+- webhook.py: GET (Meta's verification handshake) and POST (notifications)
+- transport.py: sending (threaded, split at 4,096), typing, Graph error codes mapped to
+  the ledger's outcomes
+
+Replies go to {api_base}/{api_version}/{phone_number_id}/messages with the channel's
+token. WhatsApp has no buttons here: a question asking to confirm an action is answered
+yes or no in words (tools.confirmations).
+"""
+
+import os
+import re
+
+from django.core.exceptions import ValidationError
+
+from conversations.platforms.base import Platform, Setting, check_url
+
+ENVIRONMENT = {"token": "WHATSAPP_TOKEN", "phone_number_id": "WHATSAPP_PHONE_NUMBER_ID",
+               "app_secret": "WHATSAPP_APP_SECRET", "verify_token": "WHATSAPP_VERIFY_TOKEN"}
+
+
+def check_phone_number_id(value):
+    value = str(value).strip()
+    if not value.isdigit():
+        raise ValidationError("the phone number's id (digits, from the app's WhatsApp > API Setup page), "
+                              "not the phone number itself")
+    return value
+
+
+def check_version(value):
+    if not re.fullmatch(r"v\d+\.\d+", str(value)):
+        raise ValidationError("a Graph API version such as v23.0")
+    return str(value)
+
+
+class WhatsAppPlatform(Platform):
+    kind = "whatsapp"
+    label = "WhatsApp"
+    has_buttons = False
+    settings = {
+        "phone_number_id": Setting(help="The business phone number's id (WhatsApp > API Setup).",
+                                   required_to_send=True, check=check_phone_number_id),
+        "token": Setting(help="A permanent system-user access token with whatsapp_business_messaging.",
+                         secret=True, required_to_send=True, option="--token"),
+        "app_secret": Setting(help="The Meta app's secret: checks X-Hub-Signature-256 on every notification.",
+                              secret=True),
+        "verify_token": Setting(help="Any string you choose; Meta sends it back when you register the webhook.",
+                                secret=True),
+        "api_base": Setting(default="https://graph.facebook.com", check=check_url,
+                            help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages."),
+        "api_version": Setting(default="v23.0", check=check_version, help="Graph API version."),
+    }
+
+    def transport(self, channel):
+        from conversations.platforms.whatsapp.transport import WhatsAppTransport
+
+        return WhatsAppTransport(channel)
+
+    def urls(self) -> list:
+        from django.urls import path
+
+        from conversations.platforms.whatsapp.webhook import webhook
+
+        return [path("<slug:slug>/", webhook, name="webhook")]
+
+    def bootstrap(self, stdout) -> str:
+        """With WHATSAPP_TOKEN, WHATSAPP_PHONE_NUMBER_ID, WHATSAPP_APP_SECRET and
+        WHATSAPP_VERIFY_TOKEN set, a `whatsapp` channel answers with the demo agent."""
+        from conversations.models import Channel
+
+        values = {name: os.environ.get(variable, "") for name, variable in ENVIRONMENT.items()}
+        if not any(values.values()):
+            return ""
+        missing = [ENVIRONMENT[name] for name, value in values.items() if not value]
+        if missing:
+            return f"WhatsApp: no channel, {', '.join(missing)} not set"
+        channel = Channel.objects.filter(slug="whatsapp").first() or Channel(slug="whatsapp")
+        kept = channel.platform_settings if channel.kind == self.kind else {}
+        channel.name, channel.kind, channel.is_active, channel.agent = "WhatsApp (demo agent)", self.kind, True, "demo"
+        channel.platform_settings = {**(kept or {}), **values}
+        channel.save()
+        return ("WhatsApp channel 'whatsapp': set the Meta app's webhook to "
+                "https://<your public host>/webhooks/whatsapp/whatsapp/ with verify token $WHATSAPP_VERIFY_TOKEN "
+                "(subscribe the 'messages' field)")

@@ -1,0 +1,185 @@
+"""Sending to WhatsApp: POST {api_base}/{api_version}/{phone_number_id}/messages with
+`Authorization: Bearer <token>`, one overall deadline per call (httpx's timeouts are per
+phase: a peer trickling a byte a second would never trip them).
+
+Outcomes, from the Graph error `code` (the HTTP status only where the code says nothing):
+
+| code | meaning | outcome |
+|---|---|---|
+| 4, 80007, 130429, 131056 | throughput / rate limits | flood: resent after FLOOD_BACKOFF |
+| 131047 | outside the 24-hour customer service window | permanent: the user must write first |
+| 131026, 131051, 131021 | undeliverable, unsupported, recipient is the sender | permanent |
+| 190, 0 | the access token expired or is invalid | channel blocked: its replies wait, no attempt spent |
+| 1, 2, 131000, any 5xx | Meta's side | temporary |
+| other 4xx | this request refused | permanent ("rejected: …") |
+
+No answer after the request went out (the deadline, a dropped connection): ambiguous.
+"""
+
+import asyncio
+import logging
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from agentloop.tls import shared_tls_context
+from delivery import chunks
+from delivery.models import Outcome
+from delivery.transports import SendResult, Target, Transport
+
+log = logging.getLogger(__name__)
+
+MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never undercount them)
+# WhatsApp's throughput errors carry no Retry-After. Its pair limit (131056) lets a
+# business write one user about once every 6 s, and its throughput limit (130429) is per
+# second; a minute clears both with room to spare, while a penalty beyond that would keep
+# a reply the user is waiting for longer than the limit needs. One flood wait is not a
+# resend (the ledger does not count it against the budget).
+FLOOD_BACKOFF = 60.0
+FLOOD_CODES = {4, 80007, 130429, 131056}
+TEMPORARY_CODES = {1, 2, 131000}
+# The token is dead: every send of the channel would fail the same way until an operator
+# replaces it, so the channel is blocked (its rows wait, no attempt spent) instead.
+TOKEN_DEAD_CODES = {0, 190}
+UNREACHABLE = {
+    131047: "outside WhatsApp's 24-hour customer service window: the user must write first "
+            "(message templates are not supported yet)",
+    131026: "message undeliverable (the number is not on WhatsApp, or cannot receive it)",
+    131051: "unsupported message type",
+    131021: "the recipient is the sender's own number",
+}
+
+
+class GraphAnswer(Exception):
+    """A typing call refused (raised: the typing loop logs it once per fault)."""
+
+    def __init__(self, text, retry_after=None):
+        super().__init__(text)
+        self.retry_after = retry_after
+
+
+def deadline() -> float:
+    """Each call's whole deadline: the one every outbound HTTP call of a channel uses."""
+    return settings.AGENTLOOP_CALLBACK_TIMEOUT
+
+
+class WhatsAppTransport(Transport):
+    supports_typing = True
+    # The indicator shows until our reply or for 25 s: refreshed well before it lapses.
+    typing_refresh = 20.0
+    max_units = MAX_UNITS
+
+    def setting(self, name):
+        return self.channel.setting(name)
+
+    def endpoint(self) -> str:
+        base = self.setting("api_base").rstrip("/")
+        return f"{base}/{self.setting('api_version')}/{self.setting('phone_number_id')}/messages"
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        if not self.setting("token") or not self.setting("phone_number_id"):
+            return self.failed(Outcome.TEMPORARY, "refused: the channel has no token or phone number id")
+        last_id = ""
+        context = target.reply_target
+        # The ledger sends a long reply chunk by chunk (delivery.chunks); this split only
+        # guards a text that reaches the transport whole.
+        for chunk in chunks.split(text, MAX_UNITS):
+            body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": target.chat_id,
+                    "type": "text", "text": {"preview_url": False, "body": chunk}}
+            if context:
+                body["context"] = {"message_id": context}  # shown as a reply to the user's message
+            result = await self._post(body)
+            if not isinstance(result, str):
+                return result
+            last_id, context = result, ""  # only the first chunk threads to the user's message
+        return SendResult.delivered(last_id)
+
+    async def _post(self, body) -> str | SendResult:
+        """The wamid of a sent message, or the failed SendResult."""
+        host = self.endpoint().split("/")[2]
+        limit = deadline()
+        try:
+            status, answer = await asyncio.wait_for(self._call(body, limit), limit)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
+        except (TimeoutError, httpx.HTTPError) as exc:  # sent, no (whole) answer: it may have arrived
+            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {limit:g} s")
+        if 200 <= status < 300:
+            wamid = _wamid(answer)
+            if wamid:
+                return wamid
+            return self.failed(Outcome.AMBIGUOUS, f"HTTP {status} without a message id: it may have been sent")
+        return self.outcome(status, answer)
+
+    def outcome(self, status, answer) -> SendResult:
+        """A refusal's outcome, from its Graph error code (see the module's table)."""
+        error = answer.get("error") if isinstance(answer, dict) else None
+        error = error if isinstance(error, dict) else {}
+        code = error.get("code")
+        details = (error.get("error_data") or {}).get("details") if isinstance(error.get("error_data"), dict) else ""
+        said = f"HTTP {status}" + (f", code {code}" if code is not None else "") + \
+            (f": {error.get('message')}" if error.get("message") else "") + (f" ({details})" if details else "")
+        if code in FLOOD_CODES or (code is None and status == 429):
+            return self.failed(Outcome.FLOOD, f"rate limited, retried in {FLOOD_BACKOFF:g} s: {said}",
+                               FLOOD_BACKOFF)
+        if code in UNREACHABLE:
+            return self.failed(Outcome.PERMANENT, f"{UNREACHABLE[code]} — {said}")
+        if code in TOKEN_DEAD_CODES:
+            return self.failed(Outcome.CHANNEL_BLOCKED, f"the access token was refused (replace it): {said}")
+        if code in TEMPORARY_CODES or status >= 500 or status == 408:
+            return self.failed(Outcome.TEMPORARY, said)
+        return self.failed(Outcome.PERMANENT, f"rejected: {said}")
+
+    async def _call(self, body, limit):
+        async with httpx.AsyncClient(timeout=limit, verify=shared_tls_context()) as client:
+            response = await client.post(self.endpoint(), json=body,
+                                         headers={"Authorization": f"Bearer {self.setting('token')}"})
+            try:
+                return response.status_code, response.json()
+            except ValueError:
+                return response.status_code, None
+
+    # --- typing -------------------------------------------------------------------------------
+
+    async def send_typing(self, target: Target) -> None:
+        """WhatsApp shows "typing…" against the user's last message (marking it read):
+        a turn's target names it; the worker's window typing passes none, so it is read
+        from the conversation's messages."""
+        wamid = target.reply_target or await last_inbound(target.conversation_id)
+        if not wamid or not self.setting("token"):
+            return  # nothing to show it against
+        body = {"messaging_product": "whatsapp", "status": "read", "message_id": wamid,
+                "typing_indicator": {"type": "text"}}
+        limit = deadline()
+        status, answer = await asyncio.wait_for(self._call(body, limit), limit)
+        if status >= 300:
+            result = self.outcome(status, answer)
+            raise GraphAnswer(result.error, result.retry_after if result.outcome == Outcome.FLOOD else None)
+
+
+async def last_inbound(conversation_id) -> str:
+    if conversation_id is None:
+        return ""
+    return await sync_to_async(_last_inbound, thread_sensitive=False)(conversation_id)
+
+
+def _last_inbound(conversation_id) -> str:
+    """The wamid of the conversation's latest message: one indexed read (the newest row
+    of the conversation's messages), its connection let go after (this runs on a pool
+    thread, not one Django tidies up)."""
+    from conversations.models import InboundMessage
+
+    try:
+        return (InboundMessage.objects.filter(conversation_id=conversation_id).order_by("-pk")
+                .values_list("reply_target", flat=True).first()) or ""
+    finally:
+        close_old_connections()
+
+
+def _wamid(answer) -> str:
+    try:
+        return str(answer["messages"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        return ""

@@ -1,0 +1,76 @@
+"""Delivery receipts: what a platform reports, after it accepted a send, about where the
+message went (WhatsApp's `statuses`: sent, delivered, read, failed).
+
+Only `failed` changes anything: the platform answered our send with a message id, so the
+ledger recorded the row delivered, and now says the message never reached the user. The
+row goes back into the ledger's hands — failed, resent on its resend budget after the
+ledger's first back-off (30 s), labelled like any resend of a row sent before; or
+unreachable, the chat marked as a permanent send error marks it, when the platform
+says no resend can help — with the platform's error (redacted) and an audit event.
+
+Receipts arrive late, twice, or out of order. Every change is one compare-and-swap from
+`delivered` on the row that still carries that platform id: a second copy of a receipt,
+or one about a send superseded by a resend (the row has its new id), changes nothing.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.events import record
+from audit.models import EventKind
+from audit.redaction import channel_secrets, redact
+from delivery import ledger
+from delivery.models import OutboundMessage, OutboundState, Outcome
+
+log = logging.getLogger(__name__)
+
+# What an applied receipt did (also the webhook's tally).
+UNKNOWN = "unknown"  # no row of this channel carries that id (pruned, or not ours)
+NOTED = "noted"  # sent / delivered / read: the row stays delivered (nothing is read or written)
+UNCHANGED = "unchanged"  # failed, but the row had moved on (a copy, a resend)
+FAILED = "failed"
+UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The platform's word that a message it accepted did not arrive."""
+
+    platform_message_id: str
+    error: str
+    permanent: bool = False  # no resend can help (e.g. WhatsApp's 24-hour window)
+
+
+def failed_after_send(channel, failure: Failure, now=None) -> str:
+    now = now or timezone.now()
+    row = (OutboundMessage.objects.filter(channel=channel, platform_message_id=failure.platform_message_id)
+           .order_by("-pk").first())
+    if row is None:
+        return UNKNOWN
+    row.channel = channel
+    error = redact(f"not delivered (platform receipt): {failure.error}", channel_secrets(channel))[:300]
+    with transaction.atomic():
+        if failure.permanent:
+            moved = OutboundMessage.transition(
+                row.pk, OutboundState.DELIVERED, OutboundState.UNREACHABLE,
+                where={"platform_message_id": failure.platform_message_id},
+                last_outcome=Outcome.PERMANENT, last_error=error, next_attempt_at=None, delivered_at=None)
+            if moved:
+                ledger.mark_unreachable(row, error, now)
+        else:
+            moved = OutboundMessage.transition(
+                row.pk, OutboundState.DELIVERED, OutboundState.FAILED,
+                where={"platform_message_id": failure.platform_message_id},
+                last_outcome=Outcome.TEMPORARY, last_error=error, next_attempt_at=now + ledger.BACKOFF[0],
+                delivered_at=None)
+        if not moved:
+            return UNCHANGED
+        record(EventKind.REPLY_FAILED_AFTER_SEND, conversation_id=row.conversation_id, channel_slug=channel.slug,
+               actor="platform", target=f"ledger row {row.pk}",
+               summary=("never retried: " if failure.permanent else "resent: ") + error, ledger_row=row.pk,
+               platform_message_id=failure.platform_message_id)
+    log.warning("channel %s: ledger row %s was not delivered after all (%s)", channel.slug, row.pk, error)
+    return UNREACHABLE if failure.permanent else FAILED
