@@ -17,7 +17,7 @@ from conversations import engine, platforms
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn
 from conversations.platforms.whatsapp.inbound import parse
-from conversations.platforms.whatsapp.transport import FLOOD_BACKOFF, WhatsAppTransport
+from conversations.platforms.whatsapp.transport import FLOOD_BACKOFF, WhatsAppTransport, close_clients
 from delivery import ledger, receipts
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import Target
@@ -215,6 +215,13 @@ def test_an_unstorable_message_is_refused_alone_and_audited(client, wa):
     assert AuditEvent.objects.filter(kind=EventKind.MESSAGE_REFUSED).count() == 1
 
 
+def test_messages_of_one_body_are_admitted_in_the_order_they_were_written(client, wa):
+    later = graph_api.text_message(USER, "segundo", timestamp=1764500010)
+    earlier = graph_api.text_message(USER, "primero", timestamp=1764500000)
+    signed_post(client, body_with(later, earlier))
+    assert list(InboundMessage.objects.order_by("pk").values_list("text", flat=True)) == ["primero", "segundo"]
+
+
 def test_parse_reads_the_documented_shapes():
     message = graph_api.text_message(USER, "hola")
     failed = graph_api.status("wamid.Z", "failed", USER, error_code=131047)
@@ -299,7 +306,14 @@ def transport(channel):
 
 
 def run(coro):
-    return asyncio.run(coro)
+    """On an event loop of its own, whose Graph client is closed before it ends."""
+    async def then_close():
+        try:
+            return await coro
+        finally:
+            await close_clients()
+
+    return asyncio.run(then_close())
 
 
 def test_a_reply_threads_to_the_message_and_returns_the_wamid(wa, fake_graph):

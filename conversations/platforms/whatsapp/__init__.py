@@ -59,6 +59,11 @@ class WhatsAppPlatform(Platform):
 
         return WhatsAppTransport(channel)
 
+    async def close_clients(self) -> None:
+        from conversations.platforms.whatsapp.transport import close_clients
+
+        await close_clients()
+
     def urls(self) -> list:
         from django.urls import path
 

@@ -78,6 +78,9 @@ def parse(data, phone_number_id: str) -> Notification:
                 found.ignored += 1
             else:
                 found.receipts.append(receipt)
+    # A body gathering several changes may not list them in the order they were written:
+    # admitted by their timestamps (seconds; a stable sort keeps the body's order within one).
+    found.messages.sort(key=lambda m: m.sent_at or _NEVER)
     return found
 
 
@@ -132,6 +135,9 @@ def receipt_from(status) -> Receipt | None:
     return Receipt(platform_message_id=str(status["id"]), status=str(status["status"]),
                    recipient=str(status.get("recipient_id") or ""),
                    error_code=code if isinstance(code, int) else None, error=error)
+
+
+_NEVER = datetime.max.replace(tzinfo=UTC)
 
 
 def _when(timestamp):

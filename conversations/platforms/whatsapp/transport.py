@@ -24,6 +24,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from agentloop.caches import BoundedCache
 from agentloop.tls import shared_tls_context
 from delivery import chunks
 from delivery.models import Outcome
@@ -133,13 +134,12 @@ class WhatsAppTransport(Transport):
         return self.failed(Outcome.PERMANENT, f"rejected: {said}")
 
     async def _call(self, body, limit):
-        async with httpx.AsyncClient(timeout=limit, verify=shared_tls_context()) as client:
-            response = await client.post(self.endpoint(), json=body,
-                                         headers={"Authorization": f"Bearer {self.setting('token')}"})
-            try:
-                return response.status_code, response.json()
-            except ValueError:
-                return response.status_code, None
+        response = await graph_client().post(self.endpoint(), json=body, timeout=limit,
+                                             headers={"Authorization": f"Bearer {self.setting('token')}"})
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, None
 
     # --- typing -------------------------------------------------------------------------------
 
@@ -157,6 +157,28 @@ class WhatsAppTransport(Transport):
         if status >= 300:
             result = self.outcome(status, answer)
             raise GraphAnswer(result.error, result.retry_after if result.outcome == Outcome.FLOOD else None)
+
+
+# One HTTP client per event loop (an httpx client must not cross loops), shared by every
+# WhatsApp channel of the process: its connections to the Graph API are kept alive
+# between replies (no TLS handshake per message). The token travels per request.
+# Bounded: the worker has one loop; each safety sweep one of its own, closed at its end.
+_clients = BoundedCache(maxsize=16)
+
+
+def graph_client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    held = _clients.get(id(loop))
+    if held is None or held[0] is not loop:  # (the loop is kept: its id cannot be reused while cached)
+        held = _clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
+    return held[1]
+
+
+async def close_clients():
+    """Close this event loop's client (the worker's shutdown, a safety sweep's end)."""
+    held = _clients.pop(id(asyncio.get_running_loop()))
+    if held is not None:
+        await held[1].aclose()
 
 
 async def last_inbound(conversation_id) -> str:
