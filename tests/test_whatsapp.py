@@ -525,3 +525,36 @@ def test_turns_thread_to_the_last_message_of_the_burst(client, wa):
         signed_post(client, body_with(message))
     [turn] = engine.flush_due(now=MessageBuffer.objects.get().flush_at)
     assert turn.reply_target == wamids[-1] and Turn.objects.count() == 1
+
+
+def test_the_admin_shows_a_whatsapp_channel_with_its_settings_and_no_secret(admin_client, wa):
+    page = admin_client.get(f"/admin/conversations/channel/{wa.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "WhatsApp settings" in html and 'name="whatsapp_phone_number_id"' in html and PHONE in html
+    for secret in (TOKEN, APP_SECRET, VERIFY):
+        assert secret not in html
+    listing = admin_client.get("/admin/conversations/channel/").content.decode()
+    assert "WhatsApp" in listing
+
+
+@pytest.mark.parametrize("code, state, counted", [
+    (130429, OutboundState.FAILED, "flood_waits"), (131056, OutboundState.FAILED, "flood_waits"),
+    (80007, OutboundState.FAILED, "flood_waits"), (4, OutboundState.FAILED, "flood_waits"),
+    (131047, OutboundState.UNREACHABLE, ""), (131026, OutboundState.UNREACHABLE, ""),
+    (131051, OutboundState.UNREACHABLE, ""), (131021, OutboundState.UNREACHABLE, ""),
+    (190, OutboundState.PENDING, "blocked"), (0, OutboundState.PENDING, "blocked"),
+    (1, OutboundState.FAILED, "resend"), (2, OutboundState.FAILED, "resend"), (131000, OutboundState.FAILED, "resend"),
+])
+def test_every_mapped_code_through_the_ledger(wa, fake_graph, code, state, counted):
+    fake_graph.fail_next("message", code=code)
+    row = through_the_ledger(wa)
+    assert row.state == state, (row.state, row.last_error)
+    if counted == "flood_waits":
+        assert row.flood_waits == 1 and ledger.resends_used(row) == 0
+    elif counted == "blocked":
+        assert row.attempts == 0 and Channel.objects.get(pk=wa.pk).send_blocked
+    elif counted == "resend":
+        assert row.flood_waits == 0 and row.next_attempt_at is not None
+    else:
+        assert UnreachableChat.objects.filter(chat_id=USER).exists() and row.next_attempt_at is None
