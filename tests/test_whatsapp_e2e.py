@@ -208,3 +208,24 @@ def test_the_incident_replayed_over_whatsapp_with_the_demo_agent(processes, make
     assert CalendarEvent.objects.count() == 2
     assert Turn.objects.filter(state=TurnState.DONE).count() == 2
     assert AuditEvent.objects.filter(kind=EventKind.DUPLICATE_PREVENTED).count() == 2
+
+
+def test_the_readme_steps_addchannel_then_the_webhook_handshake_then_a_reply(processes, fake_graph):
+    """What the README walks through: addchannel with the four values, Meta's GET to the
+    webhook URL with the verify token, then a user's message answered by the agent."""
+    from django.core.management import call_command
+
+    from tests.whatsapp import VERIFY
+
+    call_command("addchannel", "wa", "--kind", "whatsapp", "--agent", "demo", "--phone-number-id", PHONE,
+                 "--token", TOKEN, "--app-secret", APP_SECRET, "--verify-token", VERIFY, "--api-base", fake_graph.url)
+    web, _ = processes.web(), started_worker(processes)
+    handshake = httpx.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
+        "hub.mode": "subscribe", "hub.verify_token": VERIFY, "hub.challenge": "847362519"})
+    assert handshake.status_code == 200 and handshake.text == "847362519"
+    assert httpx.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
+        "hub.mode": "subscribe", "hub.verify_token": "guess", "hub.challenge": "1"}).status_code == 403
+    wamid = send(web, "what can you do?")
+    [reply] = fake_graph.wait_for("message", timeout=20)
+    assert "I can:" in reply.body["text"]["body"] and reply.body["context"] == {"message_id": wamid}
+    assert reply.token == TOKEN and reply.phone_number_id == PHONE
