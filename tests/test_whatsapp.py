@@ -558,3 +558,14 @@ def test_every_mapped_code_through_the_ledger(wa, fake_graph, code, state, count
         assert row.flood_waits == 0 and row.next_attempt_at is not None
     else:
         assert UnreachableChat.objects.filter(chat_id=USER).exists() and row.next_attempt_at is None
+
+
+@pytest.mark.parametrize("answer, outcome", [
+    (None, Outcome.PERMANENT), ({"error": "x"}, Outcome.PERMANENT), ({"error": {"code": [1]}}, Outcome.PERMANENT),
+    ({"error": {"code": "130429"}}, Outcome.PERMANENT), ({}, Outcome.PERMANENT),
+])
+def test_an_answer_without_a_usable_error_code_falls_back_on_the_status(wa, answer, outcome):
+    result = transport(wa).outcome(400, answer)
+    assert result.outcome == outcome and "HTTP 400" in result.error
+    assert transport(wa).outcome(429, answer).outcome == Outcome.FLOOD
+    assert transport(wa).outcome(503, answer).outcome == Outcome.TEMPORARY

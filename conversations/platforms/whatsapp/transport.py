@@ -118,7 +118,7 @@ class WhatsAppTransport(Transport):
         """A refusal's outcome, from its Graph error code (see the module's table)."""
         error = answer.get("error") if isinstance(answer, dict) else None
         error = error if isinstance(error, dict) else {}
-        code = error.get("code")
+        code = error.get("code") if isinstance(error.get("code"), int) else None
         details = (error.get("error_data") or {}).get("details") if isinstance(error.get("error_data"), dict) else ""
         said = f"HTTP {status}" + (f", code {code}" if code is not None else "") + \
             (f": {error.get('message')}" if error.get("message") else "") + (f" ({details})" if details else "")
