@@ -17,7 +17,6 @@ No answer after the request went out (the deadline, a dropped connection): ambig
 """
 
 import asyncio
-import logging
 
 import httpx
 from asgiref.sync import sync_to_async
@@ -29,8 +28,6 @@ from agentloop.tls import shared_tls_context
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.transports import SendResult, Target, Transport
-
-log = logging.getLogger(__name__)
 
 MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never undercount them)
 # WhatsApp's throughput errors carry no Retry-After. Its pair limit (131056) lets a

@@ -15,7 +15,6 @@ the recovery.
 
 import hmac
 import json
-import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
@@ -29,7 +28,6 @@ from conversations.platforms.whatsapp import inbound as parsing
 from conversations.platforms.whatsapp.transport import UNREACHABLE
 from delivery import receipts
 
-log = logging.getLogger(__name__)
 KIND = "whatsapp"
 
 
