@@ -32,6 +32,6 @@ def send(web, slug, chat_id, text, **kw):
     return body
 
 
-def telegram_channel(make_channel, fake, slug="tg", **fields):
-    return make_channel(slug, kind="telegram", bot_token=TOKEN, webhook_secret=SECRET,
-                        api_base=fake.url, **fields)
+def telegram_channel(make_channel, fake, slug="tg", mode="webhook", **fields):
+    return make_channel(slug, kind="telegram", platform_settings={
+        "bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url, "mode": mode}, **fields)

@@ -107,7 +107,8 @@ LONG = "\n\n".join(PARAGRAPHS)  # four paragraphs of ~3,900 units: four chunks
 
 @pytest.mark.django_db
 def test_a_long_reply_is_stored_as_its_chunks_each_with_room_for_the_marker(make_channel):
-    channel = make_channel("tg", kind="telegram", bot_token="1:x", api_base="http://127.0.0.1:9")
+    channel = make_channel("tg", kind="telegram", platform_settings={
+        "bot_token": "1:x", "api_base": "http://127.0.0.1:9"})
     row = ledger.enqueue(conversation_for(channel), LONG, kind=OutboundKind.REPLY)
     row.refresh_from_db()
     assert row.chunks == PARAGRAPHS
@@ -120,7 +121,8 @@ def test_a_long_reply_is_stored_as_its_chunks_each_with_room_for_the_marker(make
 
 @pytest.mark.django_db
 def test_a_claim_resumes_at_the_first_chunk_not_known_delivered_labelled_only_if_it_had_started(make_channel):
-    channel = make_channel("tg", kind="telegram", bot_token="1:x", api_base="http://127.0.0.1:9")
+    channel = make_channel("tg", kind="telegram", platform_settings={
+        "bot_token": "1:x", "api_base": "http://127.0.0.1:9"})
     row = ledger.enqueue(conversation_for(channel), LONG, kind=OutboundKind.REPLY)
     [first] = ledger.claim_due("w1")
     assert not first.needs_marker and first.chunks_started == 1 and ledger.text_to_send(first) == PARAGRAPHS[0]

@@ -25,13 +25,13 @@ def test_addchannel_creates_then_updates_only_what_is_given():
     channel = Channel.objects.get(slug="mybot")
     assert (channel.double_texting, channel.window_closed, channel.max_wait, channel.max_messages) == \
         ("interrupt", 0.8, 9.0, 4)
-    assert channel.webhook_secret and channel.typing_mode == "never"
+    assert channel.platform_settings["webhook_secret"] and channel.typing_mode == "never"
     assert channel.debounce_settings().greetings == frozenset({"ahoy", "que onda"})
 
     out = run("addchannel", "mybot", "--window-neutral", "3", "--mode", "polling")
     channel.refresh_from_db()
     assert "updated channel mybot" in out
-    assert (channel.window_neutral, channel.window_closed, channel.telegram_mode) == (3.0, 0.8, "polling")
+    assert (channel.window_neutral, channel.window_closed, channel.platform_settings["mode"]) == (3.0, 0.8, "polling")
     assert Channel.objects.count() == 1
 
 
@@ -73,23 +73,26 @@ def test_addchannel_sets_the_openai_agent():
 
 
 def test_setwebhook_calls_telegram_with_the_secret(fake_telegram):
-    Channel.objects.create(slug="mybot", kind="telegram", bot_token="77:HOOK", api_base=fake_telegram.url)
+    Channel.objects.create(slug="mybot", kind="telegram", platform_settings={
+        "bot_token": "77:HOOK", "api_base": fake_telegram.url})
     out = run("setwebhook", "mybot", "--url", "https://bot.example.com")
     channel = Channel.objects.get(slug="mybot")
     hook = fake_telegram.webhook("77:HOOK")
     assert hook["url"] == "https://bot.example.com/webhooks/telegram/mybot/"
-    assert hook["secret_token"] == channel.webhook_secret and channel.webhook_secret
-    assert channel.telegram_mode == "webhook" and "webhook set" in out
+    secret = channel.platform_settings["webhook_secret"]
+    assert hook["secret_token"] == secret and secret
+    assert channel.platform_settings["mode"] == "webhook" and "webhook set" in out
     run("setwebhook", "mybot", "--delete")
     assert fake_telegram.webhook("77:HOOK") is None
-    assert Channel.objects.get(slug="mybot").telegram_mode == "polling"
+    assert Channel.objects.get(slug="mybot").platform_settings["mode"] == "polling"
 
 
 def test_setwebhook_refuses_what_cannot_work(fake_telegram):
     Channel.objects.create(slug="shop", kind="api")
     with pytest.raises(CommandError, match="no Telegram channel"):
         run("setwebhook", "shop", "--url", "https://x.example")
-    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:BAD", api_base=fake_telegram.url)
+    Channel.objects.create(slug="tg", kind="telegram", platform_settings={
+        "bot_token": "1:BAD", "api_base": fake_telegram.url})
     fake_telegram.fail_next("setWebhook", status=400, description="Bad Request: bad webhook: HTTPS url must be provided")
     with pytest.raises(CommandError, match="Telegram refused"):
         run("setwebhook", "tg", "--url", "https://x.example")

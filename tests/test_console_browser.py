@@ -169,7 +169,8 @@ def test_an_auditor_reads_but_cannot_change_and_never_sees_a_token(processes, br
 
     token, secret = "987654321:AAF-very-secret-bot-token", "hook-secret-never-shown"
     call_command("createuser", "audrey", "--role", "auditor", "--password", "pw-audrey-console-1")
-    channel = Channel.objects.create(slug="tg", kind="telegram", bot_token=token, webhook_secret=secret)
+    channel = Channel.objects.create(slug="tg", kind="telegram", platform_settings={
+        "bot_token": token, "webhook_secret": secret})
     conversation = make_conversation(channel)
     event = record(EventKind.DUPLICATE_PREVENTED, conversation=conversation, target="claim 1",
                    summary="calendar_create_event not repeated (duplicate)", tool="calendar_create_event")

@@ -28,7 +28,7 @@ from conversations.models import (
     Turn,
     TurnState,
 )
-from conversations.telegram import admit_polled
+from conversations.platforms.telegram.polling import admit_polled
 from tests.conftest import wait_until
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -279,7 +279,7 @@ def post_view(client, body):
 
 @pytest.fixture
 def tg(make_channel):
-    return make_channel("tg", kind="telegram", bot_token="1:A", webhook_secret=SECRET)
+    return make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:A", "webhook_secret": SECRET})
 
 
 @pytest.mark.django_db
@@ -321,7 +321,7 @@ async def _django_must_not_answer(scope, receive, send):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_lean_path_applies_edits_after_the_messages_of_its_batch():
-    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret=SECRET)
+    Channel.objects.create(slug="tg", kind="telegram", platform_settings={"bot_token": "1:A", "webhook_secret": SECRET})
     Channel.objects.forget_cached()
     app = LeanIngest(_django_must_not_answer)
     try:
@@ -339,7 +339,8 @@ def test_the_lean_path_applies_edits_after_the_messages_of_its_batch():
 
 @pytest.mark.django_db
 def test_long_polling_applies_edits_in_update_order(tg):
-    Channel.objects.filter(pk=tg.pk).update(telegram_mode="polling", poll_owner="w1")
+    Channel.objects.filter(pk=tg.pk).update(platform_settings={**tg.platform_settings, "mode": "polling"},
+                                             poll_owner="w1")
     batch = [tg_update(10, "Confirmo las horas y"), tg_update(11, "Confirmo las horas.", edit_date=1796040030),
              tg_update(12, "x", message_id=999, edit_date=1796040031)]
     assert admit_polled(tg.pk, "w1", batch) == 2  # the message, and the edit that re-armed its buffer

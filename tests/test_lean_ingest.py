@@ -45,8 +45,8 @@ def lean(transactional_db):
 
 @pytest.fixture
 def channels(transactional_db):
-    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret=SECRET)
-    Channel.objects.create(slug="nosecret", kind="telegram", bot_token="2:A")
+    Channel.objects.create(slug="tg", kind="telegram", platform_settings={"bot_token": "1:A", "webhook_secret": SECRET})
+    Channel.objects.create(slug="nosecret", kind="telegram", platform_settings={"bot_token": "2:A"})
     Channel.objects.create(slug="api-chan", kind="api")
     Channel.objects.forget_cached()
 

@@ -22,7 +22,7 @@ def at(seconds):
 
 @pytest.fixture
 def conversation(make_channel, make_conversation):
-    return make_conversation(make_channel("tg", kind="telegram", bot_token="1:T"), "ana")
+    return make_conversation(make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T"}), "ana")
 
 
 @pytest.fixture
@@ -147,8 +147,10 @@ def test_a_row_held_longer_than_any_send_is_orphaned(row, settings):
 def test_rows_wait_while_their_transport_cannot_send(row, conversation):
     conversation.channel.__class__.objects.filter(pk=conversation.channel_id).update(is_active=False)
     assert claim(now=1, boot=True) == []
-    conversation.channel.__class__.objects.filter(pk=conversation.channel_id).update(is_active=True, bot_token="")
-    assert claim(now=1, boot=True) == []
+    channel = conversation.channel.__class__.objects.get(pk=conversation.channel_id)
+    channel.is_active, channel.platform_settings = True, {**channel.platform_settings, "bot_token": ""}
+    channel.save()
+    assert channel.send_blocked and claim(now=1, boot=True) == []
 
 
 def test_stale_rows_are_abandoned_not_sent(conversation):
@@ -212,7 +214,8 @@ def test_without_the_ledger_a_failure_is_given_up(row, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_django_q2_safety_sweep_delivers_when_no_worker_runs(make_channel, make_conversation, fake_telegram):
-    channel = make_channel("tg2", kind="telegram", bot_token="5:SAFE", api_base=fake_telegram.url)
+    channel = make_channel("tg2", kind="telegram", platform_settings={
+        "bot_token": "5:SAFE", "api_base": fake_telegram.url})
     conversation = make_conversation(channel, "202")
     row = ledger.enqueue(conversation, "¿sigue en pie?", kind=OutboundKind.REPLY)
     OutboundMessage.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=2))

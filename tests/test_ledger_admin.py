@@ -20,7 +20,7 @@ def operator(client):
 
 @pytest.fixture
 def rows(make_channel, make_conversation):
-    channel = make_channel("tg", kind="telegram", bot_token="1:T")
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T"})
     blocked = ledger.enqueue(make_conversation(channel, "101"), "hola", kind=OutboundKind.REPLY)
     waiting = ledger.enqueue(make_conversation(channel, "202"), "¿sigue?", kind=OutboundKind.REPLY)
     [claimed] = ledger.claim_many([blocked.pk], "w1")

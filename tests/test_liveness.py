@@ -157,10 +157,13 @@ def test_a_lock_held_by_another_session_is_waited_for_not_stolen(on_postgres):
 
 def channels(make_channel, fake):
     fake.add_token(POLL_TOKEN)
-    common = dict(kind="telegram", api_base=fake.url, window_closed=0.3, window_neutral=0.3)
-    slow = make_channel("slow", bot_token=TOKEN, webhook_secret=SECRET, agent_config={"delay": 30}, **common)
-    fast = make_channel("fast", bot_token=TOKEN, webhook_secret=SECRET, **common)
-    polled = make_channel("polled", bot_token=POLL_TOKEN, telegram_mode="polling", **common)
+    common = dict(kind="telegram", window_closed=0.3, window_neutral=0.3)
+    hooked = {"bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url}
+    slow = make_channel("slow", platform_settings=hooked, agent_config={"delay": 30}, **common)
+    fast = make_channel("fast", platform_settings=hooked, **common)
+    polled = make_channel("polled", platform_settings={
+        "bot_token": POLL_TOKEN, "api_base": fake.url, "mode": "polling"},
+                          **common)
     return slow, fast, polled
 
 

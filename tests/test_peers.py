@@ -14,12 +14,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from audit.models import AuditEvent, EventKind
 from conversations.agents import AgentUnavailable, TurnContext
 from conversations.models import Channel, Contact, Conversation
+from conversations.platforms.api.transport import ApiCallbackTransport
+from conversations.platforms.telegram.transport import close_bots
 from conversations.remote_agents import WebhookAgent
 from delivery import ledger, signing
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
-from delivery.transports import ApiCallbackTransport, Target, close_bots
+from delivery.transports import Target
 
 GOOD, BAD = "5100:GOOD-token", "5200:BAD-token"
 
@@ -57,7 +60,7 @@ def row_state(row):
 @pytest.mark.parametrize("raw, wait", [("1e400", 3600), ("99999999999", 3600), ("1e12", 3600), ("-5", 1),
                                        ("0", 1), ('"soon"', 30), ("7", 7)])
 def test_a_flood_wait_from_the_bot_api_is_clamped(make_channel, fake_telegram, raw, wait):
-    channel = make_channel("tg", kind="telegram", bot_token=BAD, api_base=fake_telegram.url)
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": BAD, "api_base": fake_telegram.url})
     row = ledger.enqueue(conversation_on(channel, "301"), "hola", kind=OutboundKind.REPLY)
     fake_telegram.fail_next("sendMessage", status=429, description="Too Many Requests: retry later",
                             retry_after=raw)
@@ -73,8 +76,8 @@ def test_a_flood_wait_from_the_bot_api_is_clamped(make_channel, fake_telegram, r
 def test_one_bad_row_never_undoes_the_others_in_a_batch(make_channel, fake_telegram):
     """Twenty replies delivered and one flood wait the clock cannot hold (now + 1e12 s is
     past year 9999), recorded in one transaction: the twenty stay delivered."""
-    good = make_channel("good", kind="telegram", bot_token=GOOD, api_base=fake_telegram.url)
-    bad = make_channel("bad", kind="telegram", bot_token=BAD, api_base=fake_telegram.url)
+    good = make_channel("good", kind="telegram", platform_settings={"bot_token": GOOD, "api_base": fake_telegram.url})
+    bad = make_channel("bad", kind="telegram", platform_settings={"bot_token": BAD, "api_base": fake_telegram.url})
     rows = [ledger.enqueue(conversation_on(good, f"{400 + n}"), f"respuesta {n}", kind=OutboundKind.REPLY)
             for n in range(20)]
     flooded = ledger.enqueue(conversation_on(bad, "499"), "la mala", kind=OutboundKind.REPLY)
@@ -91,7 +94,8 @@ def test_one_bad_row_never_undoes_the_others_in_a_batch(make_channel, fake_teleg
 @pytest.mark.django_db(transaction=True)
 def test_a_callbacks_retry_after_header_is_clamped(make_channel):
     with Service(status=429, headers={"Retry-After": "1e400"}) as service:
-        channel = make_channel("shop", callback_url=service.url, callback_secret="cb-secret-123")
+        channel = make_channel("shop", platform_settings={
+            "callback_url": service.url, "callback_secret": "cb-secret-123"})
         for header, wait in [("1e400", 3600), ("0", 1), ("-3", 1), ("soon", 30),
                              ("Wed, 21 Oct 2015 07:28:00 GMT", 1), ("99999999999", 3600)]:
             service.headers = {"Retry-After": header}
@@ -112,7 +116,7 @@ def stale_rows(channel, count):
 
 def test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_attempt(
         processes, make_channel, fake_telegram):
-    channel = make_channel("tg", kind="telegram", bot_token=GOOD, api_base=fake_telegram.url)
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": GOOD, "api_base": fake_telegram.url})
     rows = stale_rows(channel, 12)
     fake_telegram.delay("sendMessage", 0.3)
     sweep = processes.start("sweep", [sys.executable, "manage.py", "shell", "-c",
@@ -135,7 +139,7 @@ def test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_
 
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_out_of_time_gives_back_what_it_did_not_send(make_channel, fake_telegram):
-    channel = make_channel("tg", kind="telegram", bot_token=GOOD, api_base=fake_telegram.url)
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": GOOD, "api_base": fake_telegram.url})
     rows = stale_rows(channel, 3)
     fake_telegram.delay("sendMessage", 0.5)
     assert ledger.safety_sweep(budget=0.2, batch=3) == {"abandoned": 0, "sent": 1}
@@ -194,7 +198,8 @@ class Trickler:
 def test_a_callback_that_trickles_bytes_meets_the_deadline(make_channel, settings):
     settings.AGENTLOOP_CALLBACK_TIMEOUT = 1.5
     with Trickler() as trickler:
-        channel = make_channel("shop", callback_url=trickler.url, callback_secret="cb-secret-123")
+        channel = make_channel("shop", platform_settings={
+            "callback_url": trickler.url, "callback_secret": "cb-secret-123"})
         started = time.monotonic()
         result = asyncio.run(asyncio.wait_for(ApiCallbackTransport(channel).send_text(Target("ana"), "hola"), 20))
         elapsed = time.monotonic() - started
@@ -252,7 +257,8 @@ class Service:
 @pytest.mark.django_db(transaction=True)
 def test_a_callback_is_signed_over_its_timestamp_and_body(make_channel):
     with Service() as service:
-        channel = make_channel("shop", callback_url=service.url, callback_secret="cb-secret-123")
+        channel = make_channel("shop", platform_settings={
+            "callback_url": service.url, "callback_secret": "cb-secret-123"})
         result = asyncio.run(ApiCallbackTransport(channel).send_text(Target("ana", "77"), "Su hora es el lunes."))
     assert result.ok
     [(headers, body)] = service.received
@@ -268,18 +274,33 @@ def test_a_callback_is_signed_over_its_timestamp_and_body(make_channel):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_callback_without_a_secret_is_refused_on_save_and_never_sent_unsigned(make_channel):
-    unsigned = Channel(slug="shop", kind="api", callback_url="https://shop.example/replies")
+    unsigned = Channel(slug="shop", kind="api", platform_settings={"callback_url": "https://shop.example/replies"})
     with pytest.raises(ValidationError) as refused:
         unsigned.full_clean()
-    assert "callback_secret" in refused.value.message_dict
+    assert "callback_secret" in str(refused.value)
+    with pytest.raises(ValidationError):
+        unsigned.save()  # a script's save is checked too
     with Service() as service:
-        # Written straight into the database (an older row, a script): its replies wait…
-        channel = make_channel("shop", callback_url=service.url)
+        # Written straight into the database (an older row, a script)…
+        channel = make_channel("shop")
+        Channel.objects.filter(pk=channel.pk).update(platform_settings={"callback_url": service.url})
+        channel.refresh_from_db()
         row = ledger.enqueue(conversation_on(channel, "ana"), "hola", kind=OutboundKind.REPLY)
-        assert ledger.claim_due("w1") == []
-        # …and a send started anyway is refused, not sent unsigned.
+        [claimed] = ledger.claim_due("w1")
+        # …a send is refused, not sent unsigned: the row waits, its attempt given back, and
+        # so do the channel's other replies, audited once.
         result = asyncio.run(ApiCallbackTransport(channel).send_text(Target("ana"), "hola"))
-        assert result.outcome == Outcome.TEMPORARY and "no secret" in result.error
+        assert result.outcome == Outcome.CHANNEL_BLOCKED and "no secret" in result.error
+        ledger.finish(claimed, "w1", result)
         assert service.received == []
-        Channel.objects.filter(pk=channel.pk).update(callback_secret="cb-secret-123")
+        waiting = row_state(row)
+        assert (waiting.state, waiting.attempts) == (OutboundState.PENDING, 0)
+        assert ledger.claim_due("w1") == []
+        channel.refresh_from_db()
+        assert "no secret" in channel.send_blocked
+        assert AuditEvent.objects.filter(kind=EventKind.CHANNEL_BLOCKED).count() == 1
+        # An operator saves it with a secret: its replies go.
+        channel.platform_settings = {**channel.platform_settings, "callback_secret": "cb-secret-123"}
+        channel.save()
+        assert channel.send_blocked == ""
         assert [r.pk for r in ledger.claim_due("w1")] == [row.pk]

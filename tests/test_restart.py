@@ -21,8 +21,9 @@ def replies(fake, chat_id):
 
 
 def polling_channel(make_channel, fake):
-    return make_channel("poll", kind="telegram", bot_token=TOKEN, api_base=fake.url, telegram_mode="polling",
-                        window_closed=WINDOW, window_greeting=WINDOW, window_open=WINDOW, window_neutral=WINDOW)
+    return make_channel("poll", kind="telegram", platform_settings={
+        "bot_token": TOKEN, "api_base": fake.url, "mode": "polling"},
+        window_closed=WINDOW, window_greeting=WINDOW, window_open=WINDOW, window_neutral=WINDOW)
 
 
 def test_sigkill_mid_burst_then_restart_answers_new_messages_within_their_window(

@@ -58,9 +58,11 @@ def operator(client):
 @pytest.fixture
 def history(make_channel, make_conversation, agent_key):
     """A bit of everything an auditor reads, next to channels holding known secrets."""
-    bot = make_channel("tg", kind="telegram", bot_token=BOT_TOKEN, webhook_secret=WEBHOOK_SECRET,
-                       agent="webhook", agent_config={"url": "https://agent.example.com", "secret": AGENT_SECRET})
-    api = make_channel("shop", callback_url="https://shop.example.com/replies", callback_secret=CALLBACK_SECRET)
+    bot = make_channel("tg", kind="telegram", platform_settings={
+        "bot_token": BOT_TOKEN, "webhook_secret": WEBHOOK_SECRET},
+        agent="webhook", agent_config={"url": "https://agent.example.com", "secret": AGENT_SECRET})
+    api = make_channel("shop", platform_settings={
+        "callback_url": "https://shop.example.com/replies", "callback_secret": CALLBACK_SECRET})
     agent_key(bot, api)
     conversation = make_conversation(bot, "101")
     scope = Scope.of_conversation(conversation)
@@ -218,15 +220,16 @@ def test_an_operator_edits_a_channel_without_seeing_its_secrets(operator, histor
     assert BOT_TOKEN not in html and WEBHOOK_SECRET not in html and 'type="password"' in html
     form = page.context["adminform"].form
     data = {k: v for k, v in form.initial.items() if v is not None}
-    data.update({"bot_token": "", "webhook_secret": "", "agent_config": '{"url": "https://a.example.com"}',
+    data.update({"telegram_bot_token": "", "telegram_webhook_secret": "", "agent_config": '{"url": "https://a.example.com"}',
                  "window_closed": "0.7"})
     response = operator.post(url, data)
     assert response.status_code == 302, response.context["adminform"].form.errors
     channel.refresh_from_db()
-    assert (channel.bot_token, channel.webhook_secret, channel.window_closed) == (BOT_TOKEN, WEBHOOK_SECRET, 0.7)
-    operator.post(url, {**data, "bot_token": "42:NEW", "forget_webhook_secret": "on"})
+    settings = channel.platform_settings
+    assert (settings["bot_token"], settings["webhook_secret"], channel.window_closed) == (BOT_TOKEN, WEBHOOK_SECRET, 0.7)
+    operator.post(url, {**data, "telegram_bot_token": "42:NEW", "forget_telegram_webhook_secret": "on"})
     channel.refresh_from_db()
-    assert (channel.bot_token, channel.webhook_secret) == ("42:NEW", "")
+    assert (channel.platform_settings["bot_token"], channel.platform_settings.get("webhook_secret", "")) == ("42:NEW", "")
     assert operator.get(reverse("admin:conversations_channel_add")).status_code == 200
 
 

@@ -21,9 +21,9 @@ from audit.events import record
 from audit.models import EventKind
 from audit.redaction import MASK, redact
 from conversations.models import AgentKey, Conversation, Turn, TurnState
+from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
-from delivery.transports import close_bots
 from tests.conftest import free_port, wait_until
 from tests.fakes.openai_api import Error, FakeOpenAI
 
@@ -149,12 +149,13 @@ def test_failed_sends_leave_no_secret_in_the_database_logs_api_or_dashboard(make
                                                                              monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, API_KEY)
     full, silent = peers
-    timing_out = make_channel("tg-full", kind="telegram", bot_token=TOKEN_FULL, webhook_secret=WEBHOOK_SECRET,
-                              api_base=f"http://127.0.0.1:{full.port}")
-    unanswered = make_channel("tg-silent", kind="telegram", bot_token=TOKEN_SILENT,
-                              api_base=f"http://127.0.0.1:{silent.port}")
-    make_channel("shop", callback_url=f"https://shop.example/replies?key={CALLBACK_KEY}",
-                 callback_secret=CALLBACK_SECRET, agent="webhook",
+    timing_out = make_channel("tg-full", kind="telegram", platform_settings={
+        "bot_token": TOKEN_FULL, "webhook_secret": WEBHOOK_SECRET, "api_base": f"http://127.0.0.1:{full.port}"})
+    unanswered = make_channel("tg-silent", kind="telegram", platform_settings={
+        "bot_token": TOKEN_SILENT, "api_base": f"http://127.0.0.1:{silent.port}"})
+    make_channel("shop", platform_settings={
+        "callback_url": f"https://shop.example/replies?key={CALLBACK_KEY}", "callback_secret": CALLBACK_SECRET},
+        agent="webhook",
                  agent_config={"url": f"https://agent.local/hook?key={AGENT_KEY_IN_URL}", "secret": AGENT_SECRET})
     make_channel("llm", agent="openai", agent_config={"model": "m", "api_key_env": API_KEY_ENV})
     rows = [*write_rows(conversation_on(timing_out, "101")), *write_rows(conversation_on(unanswered, "102"))]
@@ -196,7 +197,7 @@ def test_failed_sends_leave_no_secret_in_the_database_logs_api_or_dashboard(make
 @pytest.mark.django_db(transaction=True)
 def test_an_old_unredacted_text_is_masked_on_the_way_out(make_channel):
     """A summary written before redaction existed (here: written around `record`)."""
-    make_channel("tg-old", kind="telegram", bot_token=TOKEN_FULL)
+    make_channel("tg-old", kind="telegram", platform_settings={"bot_token": TOKEN_FULL})
     event = record(EventKind.REPLY_ABANDONED, channel_slug="tg-old", summary="ok")
     from audit.models import AuditEvent
 

@@ -23,7 +23,7 @@ def fixture(name):
 
 @pytest.fixture
 def tg(make_channel):
-    return make_channel("tg", kind="telegram", bot_token="123:ABC", webhook_secret=SECRET)
+    return make_channel("tg", kind="telegram", platform_settings={"bot_token": "123:ABC", "webhook_secret": SECRET})
 
 
 def post(client, body, *, slug="tg", secret=SECRET, raw=False):
@@ -76,7 +76,7 @@ def test_missing_or_wrong_secret_is_refused_and_nothing_stored(client, tg, secre
 
 
 def test_a_channel_without_a_secret_refuses_everything(client, make_channel):
-    make_channel("open", kind="telegram", bot_token="1:A")
+    make_channel("open", kind="telegram", platform_settings={"bot_token": "1:A"})
     assert post(client, fixture("telegram_text_update.json"), slug="open").status_code == 403
     assert nothing_stored()
 
@@ -111,7 +111,7 @@ def test_get_is_not_allowed(client, tg):
 @pytest.mark.e2e
 def test_twenty_concurrent_copies_are_one_message_and_one_turn(processes, make_channel):
     """Real HTTP server, 20 clients at once with the same update."""
-    make_channel("tg", kind="telegram", bot_token="123:ABC", webhook_secret=SECRET)
+    make_channel("tg", kind="telegram", platform_settings={"bot_token": "123:ABC", "webhook_secret": SECRET})
     web = processes.web()
     body = json.dumps(fixture("telegram_text_update.json"))
     start = threading.Barrier(20)
@@ -139,7 +139,7 @@ def test_twenty_concurrent_copies_are_one_message_and_one_turn(processes, make_c
 @pytest.mark.e2e
 def test_concurrent_messages_of_one_conversation_all_land_in_its_buffer(processes, make_channel):
     """20 different messages of one chat at once: serialised per conversation, none lost."""
-    make_channel("tg", kind="telegram", bot_token="123:ABC", webhook_secret=SECRET)
+    make_channel("tg", kind="telegram", platform_settings={"bot_token": "123:ABC", "webhook_secret": SECRET})
     web = processes.web()
     base = fixture("telegram_text_update.json")
     start = threading.Barrier(20)

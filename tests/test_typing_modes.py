@@ -192,7 +192,7 @@ def test_two_workers_type_each_window_once(processes, make_channel, fake_telegra
 
 
 def test_the_look_is_one_statement_however_many_windows_are_open(db, make_channel):
-    channel = make_channel("tg", kind="telegram", bot_token="1:x", window_open=30.0)
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:x"}, window_open=30.0)
     for n in range(40):
         admit(channel, Inbound(platform_message_id=f"m{n}", chat_id=str(n), sender_id=str(n), text="hola y",
                                thread_id="7" if n == 3 else ""))

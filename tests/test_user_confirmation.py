@@ -59,7 +59,7 @@ def propose(conversation, arguments=EVENT):
 def deliver_questions():
     """Send what the ledger holds as the worker does (claim, send through the transport,
     record the outcome)."""
-    from delivery.transports import close_bots
+    from conversations.platforms.telegram.transport import close_bots
 
     async def send(row):
         try:
@@ -255,8 +255,8 @@ def test_a_question_expired_by_the_sweep_loses_its_buttons(make_channel, fake_te
 @pytest.mark.parametrize("forge", ["random_token", "no_such_format", "other_chat", "other_channel"])
 def test_a_forged_callback_applies_nothing(make_channel, fake_telegram, forge):
     channel = e2e.telegram_channel(make_channel, fake_telegram)
-    make_channel("tg2", kind="telegram", bot_token="99:OTHER", webhook_secret=e2e.SECRET,
-                                 api_base=fake_telegram.url)
+    make_channel("tg2", kind="telegram", platform_settings={
+        "bot_token": "99:OTHER", "webhook_secret": e2e.SECRET, "api_base": fake_telegram.url})
     user_policy()
     propose(telegram_conversation(channel))
     deliver_questions()
@@ -487,7 +487,7 @@ def test_concurrent_taps_from_parallel_processes_apply_once(processes, make_chan
 
 
 def test_a_tap_through_long_polling(processes, make_channel, fake_telegram):
-    channel = e2e.telegram_channel(make_channel, fake_telegram, telegram_mode="polling", **FAST)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, mode="polling", **FAST)
     user_policy()
     propose(telegram_conversation(channel))
     processes.worker()

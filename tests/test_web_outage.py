@@ -74,7 +74,7 @@ def test_web_answers_503_while_the_database_is_away_then_admits_once(processes):
 
 SETUP_CHANNELS = """
 from conversations.models import AgentKey, Channel
-Channel.objects.create(slug="tg", kind="telegram", bot_token="1:OUTAGE", webhook_secret="%s")
+Channel.objects.create(slug="tg", kind="telegram", platform_settings={"bot_token": "1:OUTAGE", "webhook_secret": "%s"})
 api = Channel.objects.create(slug="api", kind="api")
 print(AgentKey.objects.issue("outage", [api])[1])
 """ % SECRET
@@ -175,7 +175,8 @@ def _release(holder):
 def _sqlite_write_lock_held(processes):
     from django.db import connection
 
-    Channel.objects.create(slug="tg", kind="telegram", bot_token="1:OUTAGE", webhook_secret=SECRET)
+    Channel.objects.create(slug="tg", kind="telegram", platform_settings={
+        "bot_token": "1:OUTAGE", "webhook_secret": SECRET})
     api = Channel.objects.create(slug="api", kind="api")
     _, key = AgentKey.objects.issue("outage", [api])
     web = processes.web(SQLITE_TIMEOUT="1")

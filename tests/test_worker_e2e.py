@@ -164,8 +164,8 @@ def test_two_workers_flush_every_buffer_exactly_once(processes, make_channel):
 
 def test_long_polling_persists_its_offset_and_a_rebuilt_poller_readmits_nothing(
         processes, make_channel, fake_telegram):
-    channel = make_channel("poll", kind="telegram", bot_token=TOKEN, api_base=fake_telegram.url,
-                           telegram_mode="polling")
+    channel = make_channel("poll", kind="telegram", platform_settings={
+        "bot_token": TOKEN, "api_base": fake_telegram.url, "mode": "polling"})
     processes.worker()
     first = fake_telegram.push_message(TOKEN, 101, "¿Me confirmas las horas?")
     fake_telegram.wait_for("sendMessage", timeout=15)

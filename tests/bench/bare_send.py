@@ -9,7 +9,7 @@ import time
 
 import telegram
 
-from delivery.telegram_request import AiohttpRequest
+from conversations.platforms.telegram.request import AiohttpRequest
 
 
 async def main(url, token, n, chats, connections):

@@ -197,8 +197,8 @@ def bench_soak(seconds=None, report=print):
     seconds = int(seconds or os.environ.get("BENCH_SOAK_SECONDS") or FULL_SECONDS)
     restore_schedules()
     callbacks = CallbackServer()
-    channel = Channel.objects.create(slug="soak", kind="api", agent="echo", callback_url=callbacks.url,
-                                     callback_secret=SECRET)
+    channel = Channel.objects.create(slug="soak", kind="api", agent="echo", platform_settings={
+        "callback_url": callbacks.url, "callback_secret": SECRET})
     _, key = AgentKey.objects.issue("soak", [channel])
     proc, base = start_product(os.environ["DATABASE_URL"], LOGS)
     statuses = Counter()

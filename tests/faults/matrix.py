@@ -283,8 +283,9 @@ def make_channel(fake, slug, token):
 
     fake.add_token(token)
     windows = {name: 0.2 for name in ("window_closed", "window_greeting", "window_open", "window_neutral")}
-    return Channel.objects.create(slug=slug, kind="telegram", bot_token=token, webhook_secret=SECRET,
-                                  api_base=fake.url, agent="crash", typing_mode="never", **windows)
+    return Channel.objects.create(slug=slug, kind="telegram", platform_settings={
+        "bot_token": token, "webhook_secret": SECRET, "api_base": fake.url},
+        agent="crash", typing_mode="never", **windows)
 
 
 class Servers:

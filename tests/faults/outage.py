@@ -160,8 +160,8 @@ class Scenario:
         from conversations.models import Channel
         from tests.e2e import SECRET
 
-        return Channel.objects.create(slug=self.slug, kind="telegram", bot_token=self.token,
-                                      webhook_secret=SECRET, api_base=self.fake.url, **fields)
+        return Channel.objects.create(slug=self.slug, kind="telegram", platform_settings={
+            "bot_token": self.token, "webhook_secret": SECRET, "api_base": self.fake.url}, **fields)
 
     def start(self, **env):
         self.web = self.processes.web(**env)
