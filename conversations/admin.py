@@ -133,7 +133,7 @@ ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
 @admin.register(Channel)
 class ChannelAdmin(admin.ModelAdmin):
     form = ChannelForm
-    list_display = ["slug", "name", "kind", "is_active", "double_texting", "window_summary", "agent"]
+    list_display = ["slug", "name", "kind", "is_active", "send_blocked", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
     readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "send_blocked", "created_at", "updated_at",
