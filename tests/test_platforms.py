@@ -15,6 +15,7 @@ from audit.models import AuditEvent, EventKind
 from conversations import platforms
 from conversations.models import Channel
 from conversations.platforms.api.transport import ApiCallbackTransport, StoredTransport
+from conversations.platforms.telegram import polling
 from conversations.platforms.telegram.transport import TelegramTransport, close_bots
 from conversations.platforms.webchat.transport import WebchatTransport
 from delivery import ledger
@@ -162,3 +163,18 @@ def test_the_migration_moves_the_platform_columns_both_ways():
         assert back["tg"] == ("1:A", "polling", "") and back["shop"] == ("", "webhook", "c" * 12)
     finally:
         MigrationExecutor(connection).migrate(after)
+
+
+def test_the_telegram_bootstrap_hook_adds_a_polling_channel_from_the_environment(monkeypatch):
+    from conversations.platforms.telegram import TelegramPlatform
+
+    platform = TelegramPlatform()
+    monkeypatch.delenv("TELEGRAM_BOT_TOKEN", raising=False)
+    assert platform.bootstrap(None) == ""
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:ABC")
+    line = platform.bootstrap(None)
+    assert "polling" in line and platform.bootstrap(None) == line
+    channel = Channel.objects.get(slug="telegram")
+    assert (channel.kind, channel.agent, channel.send_blocked) == ("telegram", "demo", "")
+    assert channel.platform_settings["mode"] == "polling" and channel.platform_settings["bot_token"] == "123:ABC"
+    assert channel.pk in polling.polling_channels()
