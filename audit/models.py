@@ -30,6 +30,8 @@ class EventKind(models.TextChoices):
     REPLY_RECOVERED = "reply_recovered", "Reply resent with the recovery prefix"
     REPLY_ABANDONED = "reply_abandoned", "Reply abandoned"
     CHAT_UNREACHABLE = "chat_unreachable", "Chat unreachable (never retried)"
+    CHANNEL_BLOCKED = "channel_blocked", "Channel blocked (its credentials were refused; replies wait)"
+    REPLY_FAILED_AFTER_SEND = "reply_failed_after_send", "Reply not delivered after all (platform receipt)"
 
 
 class AuditEvent(models.Model):

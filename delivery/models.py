@@ -43,6 +43,10 @@ class Outcome(models.TextChoices):
     TEMPORARY = "temporary", "Temporary failure"
     PERMANENT = "permanent", "Permanent failure"
     AMBIGUOUS = "ambiguous", "Ambiguous (may have arrived)"
+    # The platform refused the channel's credentials (a revoked bot token): the row waits,
+    # its attempt given back, and the channel's replies wait (Channel.send_blocked) until
+    # an operator saves the channel again.
+    CHANNEL_BLOCKED = "channel_blocked", "Channel blocked (credentials refused)"
 
 
 class OutboundMessage(StateMachine, models.Model):
@@ -67,7 +71,9 @@ class OutboundMessage(StateMachine, models.Model):
         # An operator's "retry now".
         OutboundState.UNREACHABLE: {OutboundState.FAILED},
         OutboundState.ABANDONED: {OutboundState.FAILED},
-        OutboundState.DELIVERED: set(),
+        # A platform's receipt (WhatsApp's `failed` status) says a message it accepted never
+        # arrived: resent, or never retried (delivery.receipts).
+        OutboundState.DELIVERED: {OutboundState.FAILED, OutboundState.UNREACHABLE},
     }
     OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
 
@@ -82,7 +88,8 @@ class OutboundMessage(StateMachine, models.Model):
     )
     kind = models.CharField(max_length=16, choices=OutboundKind.choices, default=OutboundKind.REPLY)
     text = models.TextField()
-    reply_target = models.CharField(max_length=50, blank=True)
+    # Platform ids: WhatsApp's wamid.… are 60-80 characters.
+    reply_target = models.CharField(max_length=200, blank=True)
     thread_id = models.CharField(max_length=50, blank=True)
     state = models.CharField(max_length=16, choices=OutboundState.choices, default=OutboundState.PENDING)
     owner = models.CharField(max_length=100, blank=True)
