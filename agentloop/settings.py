@@ -288,6 +288,7 @@ AGENTLOOP_PLATFORMS = {
     "api": "conversations.platforms.api.ApiPlatform",
     "webchat": "conversations.platforms.webchat.WebchatPlatform",
     "telegram": "conversations.platforms.telegram.TelegramPlatform",
+    "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
 }
 AGENTLOOP_AGENTS = {
     "echo": "conversations.agents.EchoAgent",
