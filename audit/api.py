@@ -1,14 +1,14 @@
 """Audit events over the REST API, for monitoring (e.g. alert when duplicates spike)."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, serializers
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.events import recent
 from audit.models import EventKind
 from audit.redaction import redact
-from conversations.api_auth import ErrorSerializer
+from conversations.api_auth import StrictQuery, UtcDateTimeField, query_of
 
 
 class AuditEventSerializer(serializers.Serializer):
@@ -26,25 +26,27 @@ class AuditEventSerializer(serializers.Serializer):
         return redact(event.summary)  # rows written before redaction at write existed
 
 
-class AuditEventsQuery(serializers.Serializer):
-    kind = serializers.CharField(required=False, help_text="One kind or several, comma-separated.")
-    since = serializers.DateTimeField(required=False, help_text="Only events after this instant.")
+_KIND = "|".join(EventKind.values)
+KINDS_PATTERN = rf"^(?:{_KIND})(?:,(?:{_KIND}))*$"
+
+
+class AuditEventsQuery(StrictQuery):
+    kind = serializers.RegexField(
+        KINDS_PATTERN, required=False, trim_whitespace=False, help_text="One kind or several, comma-separated.",
+        error_messages={"invalid": f"unknown kind(s); one kind or several, comma-separated, of: "
+                                   f"{', '.join(EventKind.values)}"})
+    since = UtcDateTimeField(required=False, help_text="Only events after this instant.")
     limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=100)
 
 
 class AuditEventsView(APIView):
-    @extend_schema(parameters=[AuditEventsQuery], responses={200: AuditEventSerializer(many=True),
-                                                             400: ErrorSerializer},
+    @extend_schema(parameters=[AuditEventsQuery], responses={200: AuditEventSerializer(many=True)},
                    summary="Audit events of your channels and your own actions, newest first")
     def get(self, request):
-        query = AuditEventsQuery(data=request.query_params)
+        query = AuditEventsQuery(data=query_of(request))
         query.is_valid(raise_exception=True)
         params = query.validated_data
         kinds = [k for k in params.get("kind", "").split(",") if k]
-        unknown = set(kinds) - set(EventKind.values)
-        if unknown:
-            raise exceptions.ParseError(f"unknown kind(s): {', '.join(sorted(unknown))}; "
-                                        f"known: {', '.join(EventKind.values)}")
         slugs = request.user.channels.values_list("slug", flat=True)
         events = recent(kinds, channel_slugs=list(slugs), agent_key_id=request.user.pk, since=params.get("since"),
                         limit=params["limit"])

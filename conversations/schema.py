@@ -1,6 +1,16 @@
-"""OpenAPI description of the agent-key authentication (drf-spectacular extension)."""
+"""The OpenAPI schema (drf-spectacular) true to what the API does: the agent-key scheme,
+every error answer an operation can give (one shape, ErrorSerializer), and the real
+constraints of request fields (conversations/api_auth.py holds the code to them)."""
+
+import re
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+
+from conversations.api_auth import NO_NUL, NUL_IN_JSON, ROW_ID_MAX, ErrorSerializer, text_pattern
 
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):
@@ -9,3 +19,89 @@ class AgentKeyScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "An agent key from `manage.py createagentkey`."}
+
+
+def _error(description):
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+class ApiSchema(AutoSchema):
+    """AutoSchema for /api/v1/: the answers every operation shares are documented on each
+    one (an operation's own `responses` come first and may describe them better)."""
+
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        if not self.path.startswith("/api/v1/"):
+            return responses
+        for code, answer in self._shared_errors().items():
+            if code not in responses:
+                responses[code] = self._get_response_for_code(answer, code, None, direction)
+        return responses
+
+    def _shared_errors(self) -> dict:
+        errors = {}
+        has_body = self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None
+        if has_body or self._has_query():
+            errors["400"] = _error("Invalid request: `error` says why, `fields` which field (if one).")
+        errors["401"] = _error("No agent key, or an unknown or revoked one (`Authorization: Bearer <key>`).")
+        if self._path_has_parameters():
+            errors["404"] = _error("Nothing by that id or name among this key's channels.")
+        if has_body:
+            errors["413"] = _error("Request body too large (DATA_UPLOAD_MAX_MEMORY_SIZE).")
+            errors["415"] = _error("The body is not `application/json`.")
+        errors["429"] = _error("Too many requests for this key (AGENTLOOP_API_RATE): retry after `Retry-After` "
+                               "seconds.")
+        return errors
+
+    def _has_query(self):
+        return any(p.get("in") == "query" for p in self._get_parameters())
+
+    def _path_has_parameters(self):
+        return "{" in self.path
+
+    def _resolve_path_parameters(self, variables):
+        """Path ids are row ids: integers from 0 up to a BigAutoField's largest."""
+        parameters = super()._resolve_path_parameters(variables)
+        for parameter in parameters:
+            if parameter["schema"].get("type") == "integer":
+                parameter["schema"].update(minimum=0, maximum=ROW_ID_MAX)
+        return parameters
+
+    def _map_basic_serializer(self, serializer, direction):
+        """A serializer's `schema_extra` (e.g. an `anyOf` saying which fields go together)
+        joins its component: the rules its `validate` enforces, in the schema's words."""
+        component = super()._map_basic_serializer(serializer, direction)
+        return {**component, **getattr(serializer, "schema_extra", {})}
+
+    def _insert_field_validators(self, field, schema):
+        """drf-spectacular offers a blank-allowing field's "" as a second `oneOf` branch; when
+        the pattern already admits "", "" would match both branches, which `oneOf` forbids."""
+        super()._insert_field_validators(field, schema)
+        branches = schema.get("oneOf")
+        if (branches and len(branches) == 2 and branches[1] == {"type": "string", "maxLength": 0}
+                and re.search(branches[0].get("pattern", "(?!)"), "")):
+            schema.update(schema.pop("oneOf")[0])
+
+    def _json_value(self):
+        """A free-form JSON value as the API takes it: any, but no NUL in a text or a key
+        (OpenAPI 3.0 has no `propertyNames` to say the second: the description does)."""
+        ref = {"$ref": "#/components/schemas/JsonValue"}
+        texts = {"type": "string", "pattern": NO_NUL}
+        self.registry.register_on_missing(ResolvedComponent(
+            name="JsonValue", type=ResolvedComponent.SCHEMA, object="JsonValue", schema={
+                "description": NUL_IN_JSON, "nullable": True,
+                "anyOf": [texts, {"type": "number"}, {"type": "boolean"}, {"type": "array", "items": ref},
+                          {"type": "object", "additionalProperties": ref}]}))
+        return ref
+
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        meta = super()._map_serializer_field(field, direction, bypass_extensions)
+        if direction == "request" and isinstance(field, serializers.DictField):
+            return {**meta, "additionalProperties": self._json_value()}
+        if direction == "request" and isinstance(field, serializers.JSONField):
+            return {"allOf": [self._json_value()], **{k: v for k, v in meta.items() if k == "description"}}
+        if direction == "request" and "pattern" not in meta and meta.get("type") == "string" and "format" not in meta:
+            pattern = text_pattern(field)
+            if pattern:
+                meta["pattern"] = pattern
+        return meta

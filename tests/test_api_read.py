@@ -179,7 +179,7 @@ def test_the_schema_documents_the_operation(client):
     operation = schema["paths"]["/api/v1/conversations/{conversation}/messages"]["get"]
     params = {p["name"]: p for p in operation["parameters"]}
     assert params["conversation"]["in"] == "path" and params["conversation"]["required"]
-    assert params["after"]["schema"] == {"type": "string", "maxLength": 4096}
+    assert params["after"]["schema"] == {"type": "string", "format": "cursor"}  # opaque: a `next` passed back
     assert (params["limit"]["schema"]["minimum"], params["limit"]["schema"]["maximum"],
             params["limit"]["schema"]["default"]) == (1, 200, 50)
     assert (params["wait"]["schema"]["minimum"], params["wait"]["schema"]["maximum"]) == (0, 30)

@@ -122,7 +122,7 @@ def test_audit_events_for_monitoring(client, key, conversation, agent_key, make_
     stranger = agent_key(make_channel("elsewhere"), name="stranger")
     assert call(client, "get", "/api/v1/audit/events", key=stranger).json() == []
     bad = call(client, "get", "/api/v1/audit/events", {"kind": "nonsense"}, key=key)
-    assert bad.status_code == 400 and "unknown kind" in bad.json()["error"]
+    assert bad.status_code == 400 and "unknown kind" in bad.json()["fields"]["kind"][0]
     since = call(client, "get", "/api/v1/audit/events", {"since": timezone.now().isoformat()}, key=key)
     assert since.json() == []
 

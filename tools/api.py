@@ -7,14 +7,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations.api import conversation_for_key
-from conversations.api_auth import ErrorSerializer
+from conversations.api_auth import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
 from tools import guard, registry
 from tools.models import ActionClaim
 from tools.registry import Scope
 
 
-class ScopedSerializer(serializers.Serializer):
-    conversation = serializers.IntegerField(required=False, min_value=1,
+class ScopedSerializer(StrictBody):
+    schema_extra = {"oneOf": [{"required": ["conversation"]}, {"required": ["scope"]}]}  # what `validate` says
+
+    conversation = serializers.IntegerField(required=False, min_value=1, max_value=ROW_ID_MAX,
                                             help_text="A conversation id (its contact is the scope).")
     scope = serializers.CharField(required=False, max_length=150,
                                   help_text="An explicit scope of your own (e.g. a customer id), instead.")
@@ -31,7 +33,7 @@ class InvokeSerializer(ScopedSerializer):
 
 
 class ClaimRequestSerializer(ScopedSerializer):
-    action = serializers.RegexField(guard.GUARD_ONLY_NAME.pattern,
+    action = serializers.RegexField(guard.GUARD_ONLY_NAME.pattern, trim_whitespace=False,
                                     help_text="Your action's name, 1-48 letters, digits, '_' or '-' (not a hosted "
                                               "tool's; names are yours alone, kept apart from other keys').")
     fingerprint = serializers.ListField(
@@ -60,11 +62,11 @@ class ClaimSerializer(serializers.Serializer):
     result = serializers.JSONField(required=False)
 
 
-class ClaimOutcomeSerializer(serializers.Serializer):
-    result = serializers.JSONField(required=False, default=None)
+class ClaimOutcomeSerializer(StrictBody):
+    result = serializers.JSONField(required=False, allow_null=True, default=None)
 
 
-class ClaimFailureSerializer(serializers.Serializer):
+class ClaimFailureSerializer(StrictBody):
     error = serializers.CharField(max_length=2000)
 
 
@@ -105,10 +107,12 @@ class ToolListView(APIView):
 class ToolInvokeView(APIView):
     @extend_schema(
         request=InvokeSerializer,
-        responses={200: OutcomeSerializer, 202: OutcomeSerializer, 400: ErrorSerializer, 404: ErrorSerializer},
+        responses={200: OutcomeSerializer, 202: OutcomeSerializer},
         summary="Run a hosted tool behind the action guard",
         description="A duplicate is a success: `duplicate: true`, a `note` for the model and the original "
-                    "result. 202 when the tool needs a person's approval (a proposal was opened).",
+                    "result. 202 when the tool needs a person's approval (a proposal was opened). "
+                    "400: also when `arguments` do not fit the tool's `parameters` (GET /api/v1/tools). "
+                    "404: no such tool, it is disabled, or no such conversation among the key's channels.",
         examples=[OpenApiExample("create an event", request_only=True, value={
             "conversation": 12, "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}})],
     )
@@ -135,14 +139,16 @@ class ToolInvokeView(APIView):
 class ActionClaimView(APIView):
     @extend_schema(
         request=ClaimRequestSerializer,
-        responses={201: ClaimSerializer, 200: OutcomeSerializer, 409: OutcomeSerializer, 400: ErrorSerializer,
-                   429: ErrorSerializer},
+        responses={201: ClaimSerializer, 200: OutcomeSerializer,
+                   409: {"anyOf": [{"$ref": "#/components/schemas/Outcome"},
+                                   {"$ref": "#/components/schemas/Error"}]},
+                   404: ErrorSerializer, 429: ErrorSerializer},
         summary="Guard-only: claim an action before running it yourself",
         description="201: proceed — run the action, then call succeed or fail with the claim id. "
                     "200: a duplicate (or an interrupted identical action): do not run it; tell the user per "
                     "`note`. 409: an identical action is in progress right now, or the name is a hosted tool's "
-                    "(run those through /tools/{name}/invoke). 429: this key already uses "
-                    "AGENTLOOP_MAX_ACTIONS_PER_KEY action names.",
+                    "(run those through /tools/{name}/invoke). 404: no such conversation among the key's channels. "
+                    "429: this key already uses AGENTLOOP_MAX_ACTIONS_PER_KEY action names (or too many requests).",
     )
     def post(self, request):
         incoming = ClaimRequestSerializer(data=request.data)
@@ -177,7 +183,7 @@ def _claim_body(claim, status_word) -> dict:
 class _ClaimOutcomeView(APIView):
     def _settle(self, request, claim, settle, payload):
         try:
-            settled = settle(claim, payload, agent_key_id=request.user.pk)
+            settled = settle(row_id(claim, "claim"), payload, agent_key_id=request.user.pk)
         except ActionClaim.DoesNotExist:
             raise exceptions.NotFound(f"no claim {claim}") from None
         except guard.ClaimConflict as exc:
@@ -186,8 +192,7 @@ class _ClaimOutcomeView(APIView):
 
 
 class ActionSucceedView(_ClaimOutcomeView):
-    @extend_schema(request=ClaimOutcomeSerializer, responses={200: ClaimSerializer, 404: ErrorSerializer,
-                                                              409: ErrorSerializer},
+    @extend_schema(request=ClaimOutcomeSerializer, responses={200: ClaimSerializer, 409: ErrorSerializer},
                    summary="Guard-only: the action succeeded (keeps its result for duplicates)")
     def post(self, request, claim):
         incoming = ClaimOutcomeSerializer(data=request.data)
@@ -196,8 +201,7 @@ class ActionSucceedView(_ClaimOutcomeView):
 
 
 class ActionFailView(_ClaimOutcomeView):
-    @extend_schema(request=ClaimFailureSerializer, responses={200: ClaimSerializer, 404: ErrorSerializer,
-                                                              409: ErrorSerializer},
+    @extend_schema(request=ClaimFailureSerializer, responses={200: ClaimSerializer, 409: ErrorSerializer},
                    summary="Guard-only: the action failed (the claim is released; a retry may run)")
     def post(self, request, claim):
         incoming = ClaimFailureSerializer(data=request.data)
