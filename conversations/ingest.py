@@ -131,17 +131,26 @@ def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
     problem = refusal(inbound)
     if problem:
         raise Unstorable(problem)
+    created = None
     for attempt in range(1, 4):
         try:
-            admission = _admit(channel, inbound, now or timezone.now())
+            admission = _admit(channel, inbound, now or timezone.now(), created)
         except OperationalError as exc:
             if attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in RETRYABLE:
                 raise
             log.warning("admission of %s retried after: %s", inbound.platform_message_id, exc)
+            created = None
             continue
         if admission is not None:
             return admission
-        _create_conversation(channel, inbound)  # its first message: create, then admit
+        # Its first message: create, then admit. Inside a batch's transaction the row just
+        # created is this transaction's alone until it commits (no buffer, no turn): the
+        # admission need not read it back (a group-committed batch of new chats, one
+        # statement fewer each).
+        nested = transaction.get_connection().in_atomic_block
+        created = _create_conversation(channel, inbound)
+        if not nested:
+            created = None
     raise RuntimeError("conversation vanished while admitting a message")
 
 
@@ -192,19 +201,20 @@ def _admit_alone(channel, inbound, is_fault):
         return exc
 
 
-def _admit(channel, inbound, now):
+def _admit(channel, inbound, now, created=None):
     with transaction.atomic():
-        admission = _admit_in_transaction(channel, inbound, now)
+        admission = _admit_in_transaction(channel, inbound, now, created)
         if admission is not None and not admission.duplicate:
             console.message_admitted(channel, admission.conversation_id, inbound, admission,
                                      f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
         return admission
 
 
-def _admit_in_transaction(channel, inbound, now):
-    """`_admit`'s work, inside its transaction."""
+def _admit_in_transaction(channel, inbound, now, created=None):
+    """`_admit`'s work, inside its transaction. `created`: the conversation, when this
+    transaction has just created it (nothing else can have touched it)."""
     command = control.parse(inbound.text) if not inbound.media_type else None
-    conversation = _conversation_with_state(channel, inbound)
+    conversation = created if created is not None else _conversation_with_state(channel, inbound)
     if conversation is None:
         return None
     running = conversation.running_turn_id
@@ -219,9 +229,16 @@ def _admit_in_transaction(channel, inbound, now):
     # The open buffer comes with the conversation, so the message is stored with it
     # in one statement; with a turn running the strategy decides first.
     buffer = None if (command or answer or running or overflow) else _known_open_buffer(conversation)
+    # No buffer open and none needed first: the message's new buffer is inserted before
+    # it, so the message is stored in it (not stored, then moved by an UPDATE).
+    fresh = None
+    if not (command or answer or running or overflow) and buffer is None:
+        buffer = fresh = _new_buffer(channel, conversation, inbound, now, None)
     message = _store_once(channel, conversation, inbound, now, command, buffer,
                           Disposition.CONTROL if answer else Disposition.OVERFLOW if overflow else Disposition.BUFFERED)
     if message is None:
+        if fresh is not None:  # a duplicate (rare): the buffer made for it goes again
+            MessageBuffer.objects.filter(pk=fresh.pk).delete()
         return Admission(duplicate=True, conversation_id=conversation.pk)
     failpoint("inbound.after_insert")
     admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
@@ -245,7 +262,8 @@ def _admit_in_transaction(channel, inbound, now):
             return admission
         carried = running if outcome == "interrupted" else None
         buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
-    buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
+    if fresh is None:
+        buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
     admission.disposition = Disposition.BUFFERED
     admission.buffer_id = buffer.pk
     admission.flush_at = buffer.flush_at
@@ -345,9 +363,13 @@ def _create_conversation(channel, inbound):
         if not _insert(contact, ("channel_id", "platform_id")):
             contact.pk = Contact.objects.filter(channel=channel, platform_id=inbound.sender_id).values_list(
                 "pk", flat=True).get()
-        _insert(Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
-                             contact_id=contact.pk, is_group=inbound.is_group),
-                ("channel_id", "chat_id", "sender_id"))
+        conversation = Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
+                                    contact_id=contact.pk, is_group=inbound.is_group)
+        if not _insert(conversation, ("channel_id", "chat_id", "sender_id")):
+            return None  # created meanwhile by another admission: read as it stands
+    conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
+    conversation.open_buffer_count = 0
+    return conversation
 
 
 def _overflowed(conversation, message):
@@ -450,11 +472,16 @@ def _rearm(channel, conversation, buffer, message, inbound, now, carried):
         else:
             buffer = _reread_open_buffer(channel, conversation, inbound, now, carried)
     if buffer is None:
-        fields = _planned(channel, inbound, now, now, 1, carried)
-        buffer = MessageBuffer(conversation=conversation, first_message_at=now, **fields)
-        _insert(buffer)
+        buffer = _new_buffer(channel, conversation, inbound, now, carried)
     if message.buffer_id != buffer.pk:
         _set_buffer(message, buffer)
+    return buffer
+
+
+def _new_buffer(channel, conversation, inbound, now, carried):
+    fields = _planned(channel, inbound, now, now, 1, carried)
+    buffer = MessageBuffer(conversation=conversation, first_message_at=now, **fields)
+    _insert(buffer)
     return buffer
 
 

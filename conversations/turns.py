@@ -9,8 +9,8 @@ turn can no longer fire one.
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Case, CharField, Exists, F, OuterRef, TextField, Value, When
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from audit.events import record
@@ -58,16 +58,37 @@ def finish_many(results, owner, now=None) -> set:
     if not results:
         return set()
     now = now or timezone.now()
-
-    def per_row(field, index):
-        return Case(*(When(pk=r[0], then=Value(r[index])) for r in results), output_field=field)
-
     results = [(r[0], r[1], r[2], redact(r[3])[:300]) for r in results]  # an agent's error may carry a secret
+    Turn.check_transition([TurnState.RUNNING], {r[1] for r in results})
+    for at in range(0, len(results), FINISH_CHUNK):
+        _finish_chunk(results[at:at + FINISH_CHUNK], owner, now)
     ids = [r[0] for r in results]
-    Turn.transition(ids, TurnState.RUNNING, {r[0]: r[1] for r in results}, where={"owner": owner},
-                    reply_text=per_row(TextField(), 2), outcome=per_row(CharField(), 3), finished_at=now)
     return set(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
                                    state__in=(TurnState.DONE, TurnState.FAILED)).values_list("pk", flat=True))
+
+
+# Rows per statement (7 parameters each: SQLite takes 32,766 at most).
+FINISH_CHUNK = 500
+
+
+def _finish_chunk(results, owner, now):
+    """The compare-and-swap of `Turn.transition` (RUNNING -> each row's state, this
+    owner's only), in plain SQL: with hundreds of turns finishing together the ORM spent
+    longer building three CASE expressions of hundreds of WHENs than the database spent
+    running them (the worker's database thread, 500 simultaneous turns: 40% of its time)."""
+    quote = connection.ops.quote_name
+    whens = " ".join(["WHEN %s THEN %s"] * len(results))
+    finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
+    sql = (f"UPDATE {quote(Turn._meta.db_table)} SET "
+           f"{quote('state')} = CASE {quote('id')} {whens} END, "
+           f"{quote('reply_text')} = CASE {quote('id')} {whens} END, "
+           f"{quote('outcome')} = CASE {quote('id')} {whens} END, "
+           f"{quote('finished_at')} = %s "
+           f"WHERE {quote('id')} IN ({', '.join(['%s'] * len(results))}) "
+           f"AND {quote('state')} = %s AND {quote('owner')} = %s")
+    params = [value for column in (1, 2, 3) for r in results for value in (r[0], r[column])]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, finished_at, *(r[0] for r in results), TurnState.RUNNING, owner])
 
 
 def start_many(turn_ids, owner, now=None):

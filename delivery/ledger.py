@@ -228,7 +228,38 @@ def claim_written(rows, owner, now=None):
 
 
 def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
+    now = now or timezone.now()
+    if not boot and not maybe_claimable(dead_owners, now):
+        return []
     return claim_many(claimable_ids(dead_owners, limit, now, boot), owner, dead_owners, now, boot)
+
+
+def maybe_claimable(dead_owners, now) -> bool:
+    """Whether any row could be claimable now: a superset of `_claimable` (its state and
+    timer conditions, one index probe each, no budget, freshness or channel checks), so
+    False means the full query would find nothing. Each worker sweeps every poll
+    interval (20 times a second): the ORM compiled the full query each time, 1.4 ms of
+    CPU for an empty answer, taken from the web process on the same cores."""
+    table = connection.ops.quote_name(OutboundMessage._meta.db_table)
+    timestamp = OutboundMessage._meta.get_field("claimed_at")
+    probes = [(f"SELECT 1 FROM {table} WHERE state = %s", [OutboundState.PENDING])]
+    if enabled():
+        probes += [
+            (f"SELECT 1 FROM {table} WHERE state = %s AND next_attempt_at <= %s",
+             [OutboundState.FAILED, timestamp.get_db_prep_value(now, connection)]),
+            (f"SELECT 1 FROM {table} WHERE state = %s AND claimed_at < %s",
+             [OutboundState.ATTEMPTING, timestamp.get_db_prep_value(now - attempt_timeout(), connection)]),
+        ]
+        if dead_owners:
+            owners = list(dead_owners)
+            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND owner IN ({', '.join(['%s'] * len(owners))})",
+                           [OutboundState.ATTEMPTING, *owners]))
+    with connection.cursor() as cursor:
+        for sql, params in probes:  # one at a time: each its own index, and the first found ends it
+            cursor.execute(f"{sql} LIMIT 1", params)
+            if cursor.fetchone() is not None:
+                return True
+    return False
 
 
 def holds_rows(owner) -> bool:
