@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
-# The whole suite on SQLite, then on PostgreSQL. With DATABASE_URL set, that server is
-# used for the PostgreSQL run; otherwise a throwaway cluster is started and removed.
+# The whole suite on SQLite and on PostgreSQL. With DATABASE_URL set, that server is
+# used for the PostgreSQL pass; otherwise a throwaway cluster is started and removed.
+#
+# Most tests wait on processes (web server, workers, fake platforms) more than they
+# compute (a pass alone kept about one of CI's two cores busy), so the two passes run at
+# the same time. Tests marked `serial` (tests/conftest.py
+# SERIAL: they assert on the wall clock, or drive a browser, network namespaces, PgBouncer)
+# are kept out of that and run afterwards alone: SQLite's, then PostgreSQL's. So:
+#   1. SQLite pass and PostgreSQL pass at once, `-m "not serial"`, each into its own log,
+#      printed whole when both are done (a progress line every minute meanwhile);
+#   2. `-m serial` on SQLite, then on PostgreSQL.
+# Arguments go to every pytest run (a `-m` of your own replaces the phase's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -13,17 +23,76 @@ scripts/system-deps.sh || { echo "could not install the system packages the test
 echo "=== ruff (lint + import order; ruff.toml) ==="
 $PY -m ruff check . || status=1
 
-echo "=== test suite on SQLite ==="
-env -u DATABASE_URL $PY -m pytest "$@" || status=$?
+logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
+pgdir=""
+children=()
+cleanup() {
+  for pid in "${children[@]}"; do kill "$pid" 2>/dev/null; done
+  [ -n "$pgdir" ] && scripts/pg.sh stop "$pgdir"
+  rm -rf "$logs"
+}
+trap cleanup EXIT
 
-echo "=== test suite on PostgreSQL ==="
 if [ -n "${DATABASE_URL:-}" ]; then
-  $PY -m pytest "$@" || status=$?
+  pg_url=$DATABASE_URL
 else
   # Not under the clone: it may sit in a private directory the postgres user cannot enter.
   pgdir=$(mktemp -d /tmp/agentloop-pg-test-XXXXXX)
-  trap 'scripts/pg.sh stop "$pgdir"' EXIT
-  url=$(scripts/pg.sh start "$pgdir") || { echo "could not start PostgreSQL (see $pgdir)"; cat "$pgdir"/*.log 2>/dev/null; exit 1; }
-  DATABASE_URL=$url $PY -m pytest "$@" || status=$?
+  pg_url=$(scripts/pg.sh start "$pgdir") || { echo "could not start PostgreSQL (see $pgdir)"; cat "$pgdir"/*.log 2>/dev/null; exit 1; }
 fi
+
+# The tests that bring a database of their own run once, in the PostgreSQL pass
+# (tests/conftest.py OWN_DATABASE).
+sqlite_pytest() { env -u DATABASE_URL AGENTLOOP_TEST_PASS=sqlite $PY -m pytest "$@"; }
+postgres_pytest() { DATABASE_URL=$pg_url $PY -m pytest "$@"; }
+
+# pytest's "no tests collected" (5) is not a failure of one phase when the arguments
+# select only serial tests, or none: the pass fails only if both of its phases found nothing.
+passed() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
+pass_status() {  # concurrent phase's status, serial phase's status
+  if [ "$1" = 5 ] && [ "$2" = 5 ]; then echo 5
+  elif passed "$1" && passed "$2"; then echo 0
+  elif passed "$1"; then echo "$2"
+  else echo "$1"; fi
+}
+
+progress() {  # pytest -q's last "[ NN%]" in a log
+  grep -o '\[ *[0-9]*%\]' "$1" 2>/dev/null | tail -1 | tr -d '[] '
+}
+
+echo "=== SQLite and PostgreSQL passes at once (tests not marked serial) ==="
+sqlite_pytest -m "not serial" "$@" >"$logs/sqlite.log" 2>&1 &
+sqlite_pid=$!
+postgres_pytest -m "not serial" "$@" >"$logs/postgres.log" 2>&1 &
+postgres_pid=$!
+children=("$sqlite_pid" "$postgres_pid")
+started=$SECONDS next_report=$((SECONDS + 60))
+while kill -0 "$sqlite_pid" 2>/dev/null || kill -0 "$postgres_pid" 2>/dev/null; do
+  sleep 2
+  if (( SECONDS >= next_report )); then
+    next_report=$((next_report + 60))
+    sqlite_done=$(progress "$logs/sqlite.log") postgres_done=$(progress "$logs/postgres.log")
+    echo "  $(( (SECONDS - started) / 60 )) min: SQLite ${sqlite_done:-0%}, PostgreSQL ${postgres_done:-0%}"
+  fi
+done
+wait "$sqlite_pid"; sqlite_concurrent=$?
+wait "$postgres_pid"; postgres_concurrent=$?
+children=()
+
+echo "=== test suite on SQLite (not serial; ran beside PostgreSQL's) ==="
+cat "$logs/sqlite.log"
+echo "=== test suite on PostgreSQL (not serial; ran beside SQLite's) ==="
+cat "$logs/postgres.log"
+
+echo "=== test suite on SQLite: serial tests, alone ==="
+sqlite_pytest -m serial "$@"; sqlite_serial=$?
+echo "=== test suite on PostgreSQL: serial tests, alone ==="
+postgres_pytest -m serial "$@"; postgres_serial=$?
+
+sqlite_status=$(pass_status "$sqlite_concurrent" "$sqlite_serial")
+postgres_status=$(pass_status "$postgres_concurrent" "$postgres_serial")
+echo "=== SQLite pass: exit $sqlite_concurrent (not serial), $sqlite_serial (serial);" \
+     "PostgreSQL pass: exit $postgres_concurrent (not serial), $postgres_serial (serial) ==="
+[ "$sqlite_status" != 0 ] && status=$sqlite_status
+[ "$postgres_status" != 0 ] && status=$postgres_status
 exit $status

@@ -20,6 +20,93 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.browser", "tests.redis_server"]
 
 
+# Tests that run alone (pytest.ini's `serial` marker). scripts/test.sh runs the SQLite pass
+# and the PostgreSQL pass at the same time, then the serial tests of each pass, one pass after
+# the other, with nothing beside them. A test belongs here when what it asserts depends on the
+# wall clock (a latency or lateness bound, log lines per second, a take-over time, events
+# counted over a span of time), so that a second pass competing for the machine's two cores
+# could fail it; or when it uses what a machine has once (a browser, network namespaces with
+# fixed addresses, the peer bot's node_modules). A file name means all its tests. New ones:
+# `@pytest.mark.serial` on the test, or a line here. Tests using the `browser` fixture are
+# serial without a line.
+SERIAL = {
+    "tests/test_typing_modes.py": "typing starts and stops within 0.1-0.8 s of its moment",
+    "tests/test_worker_e2e.py::test_burst_becomes_one_turn_after_the_adaptive_window":
+        "a buffer flushes less than 0.5 s after its deadline",
+    "tests/test_worker_e2e.py::test_stop_during_a_burst_answers_at_once_and_runs_nothing":
+        "/stop answered within 4 s of the burst's last message",
+    "tests/test_worker_e2e.py::test_turns_run_concurrently_and_typing_is_refreshed":
+        "10 turns of 2 s overlap; typing refreshed 3 times within one",
+    "tests/test_worker_e2e.py::test_no_interrupt_after_an_external_effect":
+        "the second message lands within the turn's 1.5 s",
+    "tests/test_worker_e2e.py::test_reject_tells_the_user_to_wait": "the second message lands within the turn's 1.5 s",
+    "tests/test_restart.py": "after a SIGKILL, new messages are answered within their 1 s window",
+    "tests/test_liveness.py": "a dead worker's turns are taken over within seconds, a live one's never",
+    "tests/test_faults_database.py": "log lines per second and seconds to recover during database faults",
+    "tests/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
+    "tests/test_quiet_idle.py": "no routine log line through a round of sweeps",
+    "tests/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
+    "tests/test_pgbouncer.py": "ingest and answer times through PgBouncer",
+    "tests/test_database_deadline.py": "a silent database host is refused within 5 s",
+    "tests/test_bench_peer.py": "npm ci into the peer bot's one node_modules; a burst merged in one window",
+    "tests/test_api_inbound.py::test_accepted_with_the_flush_deadline": "flush_in within 0.5 s of the 4 s window",
+    "tests/test_api_read.py::test_long_poll_gets_the_reply_of_an_api_channel_without_callback":
+        "the reply reaches the long poll less than 1.5 s after it is written",
+    "tests/test_api_read.py::test_long_poll_times_out_empty_with_the_same_cursor_and_is_capped":
+        "an empty long poll ends between 2 and 4 s",
+    "tests/test_api_read.py::test_waiting_long_polls_hold_no_thread_and_no_connection_each":
+        "threads counted while 40 polls wait; under load it saw 15 where at most 8 are allowed",
+    "tests/test_caldav.py::test_server_down_is_a_tool_error": "refused within 10 s",
+    "tests/test_caldav.py::test_closed_port_is_a_tool_error": "refused within 5 s",
+    "tests/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "timed out within 5 s",
+    "tests/test_fake_openai_api.py::test_delay_longer_than_client_timeout_raises_api_timeout_error":
+        "the client gives up between 0.4 and 1.5 s",
+    "tests/test_fake_openai_api.py::test_stop_is_prompt_with_held_and_delayed_requests": "stopped within 2 s",
+    "tests/test_fake_telegram_api.py::test_long_poll_returns_as_soon_as_an_update_is_pushed":
+        "the long poll answers within 2 s of the push",
+    "tests/test_peers.py::test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_attempt":
+        "the kill lands within a few 0.3 s sends",
+    "tests/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "gives up between 1.4 and 3 s",
+    "tests/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "gives up between 1.4 and 3 s",
+}
+
+
+# Tests that never touch the suite's database (each brings its own), so that the second pass
+# would repeat them exactly: scripts/test.sh runs them in its PostgreSQL pass only (it sets
+# AGENTLOOP_TEST_PASS=sqlite for the SQLite pass, which leaves them out). A plain `pytest`
+# runs them, whatever the database.
+OWN_DATABASE = {
+    "tests/test_faults_database.py": "a throwaway PostgreSQL cluster of its own, fresh SQLite files",
+    "tests/test_quiet_idle.py": "`runall` on a fresh SQLite file",
+    "tests/test_database_deadline.py": "a silent socket as the database host",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests SERIAL names (and those driving a browser) `serial`; a name in SERIAL
+    that is no longer a test of its file is an error, not a test quietly run beside others.
+    In scripts/test.sh's SQLite pass, leave out the OWN_DATABASE tests."""
+    if os.environ.get("AGENTLOOP_TEST_PASS") == "sqlite":
+        elsewhere = [item for item in items if item.nodeid.partition("::")[0] in OWN_DATABASE]
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            items[:] = [item for item in items if item.nodeid.partition("::")[0] not in OWN_DATABASE]
+    modules = {}
+    for item in items:
+        path, _, _ = item.nodeid.partition("::")
+        name = getattr(item, "originalname", item.name)
+        modules.setdefault(path, getattr(item, "module", None))
+        if path in SERIAL or f"{path}::{name}" in SERIAL or "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
+    for entry in [*SERIAL, *OWN_DATABASE]:
+        path, _, name = entry.partition("::")
+        if not (BASE_DIR / path).is_file():
+            raise pytest.UsageError(f"tests/conftest.py names {path}, which does not exist")
+        if name and modules.get(path) is not None and not hasattr(modules[path], name):
+            raise pytest.UsageError(f"tests/conftest.py SERIAL names {entry}, which is no longer a test")
+
+
 def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
     """Poll `predicate` until it is truthy; return its value or fail with `message`."""
     deadline = time.monotonic() + timeout
