@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agentloop import views as console_views
 from audit import api as audit_api
-from conversations import api, views
+from conversations import api, platforms, views
 from tools import api as tools_api
 from tools import views as tools_views
 
@@ -18,7 +18,7 @@ urlpatterns = [
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
-    path("webhooks/telegram/<slug:slug>/", views.telegram_webhook, name="telegram-webhook"),
+    *platforms.urlpatterns(),  # each platform's webhooks, under webhooks/<kind>/
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
     path("api/v1/channels/<slug:slug>/messages/<str:message_id>", api.MessageEditView.as_view(),
          name="api-channel-message-edit"),
@@ -39,3 +39,6 @@ urlpatterns = [
     path("calendars/<str:token>.ics", tools_views.calendar_feed, name="calendar-feed"),
     path("healthz", views.healthz, name="healthz"),
 ]
+
+# A path under /api/ that matches no route answers JSON in the API's error shape.
+handler404 = "conversations.api_auth.api_not_found"

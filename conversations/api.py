@@ -1,18 +1,30 @@
-"""REST API for external agents (agent keys; DRF). The action-guard issue adds tools."""
+"""REST API for external agents (agent keys; DRF): messages into api channels, turns,
+conversation reads. The tools behind the action guard are in tools/api.py."""
 
 import logging
+import re
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from conversations import edits
-from conversations.api_auth import ErrorSerializer
+from conversations.api_auth import (
+    NO_NUL,
+    NOT_BLANK,
+    ErrorSerializer,
+    StrictBody,
+    UtcDateTimeField,
+    query_of,
+    row_id,
+)
 from conversations.ingest import Inbound, Unstorable, admit
-from conversations.models import Channel, ChannelKind, Disposition, EditOutcome, InboundMessage
+from conversations.models import Channel, Disposition, EditOutcome, InboundMessage
+from conversations.platforms.api import KIND as API_KIND
+from conversations.timeline import MAX_CURSOR_CHARS
 from delivery.models import OutboundKind, OutboundState
 
 log = logging.getLogger(__name__)
@@ -33,17 +45,27 @@ def conversation_for_key(key, conversation_id):
     from conversations.models import Conversation
 
     conversation = Conversation.objects.select_related("channel", "contact").filter(
-        pk=conversation_id, channel__agent_keys=key).first()
+        pk=row_id(conversation_id, "conversation"), channel__agent_keys=key).first()
     if conversation is None:
         raise exceptions.NotFound(f"no conversation {conversation_id}")
     return conversation
 
 
-class InboundMessageSerializer(serializers.Serializer):
-    # As long as the column our reply threads to (reply_target), which stores it.
-    message_id = serializers.CharField(max_length=InboundMessage._meta.get_field("reply_target").max_length)
+# A message id is stored twice (platform_message_id, and reply_target for threading): as
+# long as the shorter column.
+MESSAGE_ID_CHARS = min(InboundMessage._meta.get_field(name).max_length
+                       for name in ("platform_message_id", "reply_target"))
+
+
+class InboundMessageSerializer(StrictBody):
+    # The schema's own words for the rule `validate` enforces.
+    schema_extra = {"anyOf": [{"required": ["text"], "properties": {"text": {"pattern": NOT_BLANK}}},
+                              {"required": ["media_type"]}]}
+
+    message_id = serializers.CharField(max_length=MESSAGE_ID_CHARS)
     contact = serializers.CharField(max_length=100)
-    text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False)
+    text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False,
+                                 help_text="Required, and not blank, unless the message has a `media_type`.")
     chat = serializers.CharField(max_length=100, required=False)
     sender_name = serializers.CharField(max_length=200, required=False, default="")
     media_type = serializers.CharField(max_length=30, required=False, default="")
@@ -67,9 +89,13 @@ class AdmissionSerializer(serializers.Serializer):
 
 
 class ChannelMessagesView(APIView):
-    @extend_schema(request=InboundMessageSerializer, responses={202: AdmissionSerializer})
+    @extend_schema(request=InboundMessageSerializer,
+                   responses={202: AdmissionSerializer, 403: ErrorSerializer},
+                   summary="Send a user's message into an api channel (buffered into the next turn)",
+                   description="403: the key has no access to the channel. 404: no active channel by that slug. "
+                               "400: an invalid body, or the channel is not an `api` channel.")
     def post(self, request, slug):
-        channel = channel_for_key(request.user, slug, ChannelKind.API)
+        channel = channel_for_key(request.user, slug, API_KIND)
         incoming = InboundMessageSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
@@ -93,7 +119,7 @@ class ChannelMessagesView(APIView):
         return Response(AdmissionSerializer(body).data, status=status.HTTP_202_ACCEPTED)
 
 
-class MessageEditSerializer(serializers.Serializer):
+class MessageEditSerializer(StrictBody):
     # `text` is required although the method is PATCH (an edit replaces the whole text):
     # never partial, for DRF and for the schema (drf-spectacular marks a PATCH body's
     # serializer partial, which would show every field optional).
@@ -107,7 +133,7 @@ class MessageEditSerializer(serializers.Serializer):
 
     text = serializers.CharField(allow_blank=True, max_length=20000, trim_whitespace=False,
                                  help_text="The corrected text (as long as a new message may be).")
-    edited_at = serializers.DateTimeField(
+    edited_at = UtcDateTimeField(
         required=False, help_text="When the user edited it. An edit is applied once per (message, edited_at): "
                                   "send it to make a retry safe. Default: the time the request arrives.")
 
@@ -130,6 +156,9 @@ class EditResultSerializer(serializers.Serializer):
 
 class MessageEditView(APIView):
     @extend_schema(
+        parameters=[OpenApiParameter("message_id", {"type": "string", "maxLength": MESSAGE_ID_CHARS,
+                                                    "pattern": NO_NUL}, OpenApiParameter.PATH,
+                                     description="The `message_id` the message was POSTed with.")],
         request=MessageEditSerializer,
         responses={200: EditResultSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer,
                    404: ErrorSerializer, 409: ErrorSerializer},
@@ -139,7 +168,9 @@ class MessageEditView(APIView):
                     "409: the channel ignores edits (its `edits` setting is `ignore`): the edit is recorded and "
                     "audited as ignored and changes nothing (a retry gets the same answer).")
     def patch(self, request, slug, message_id):
-        channel = channel_for_key(request.user, slug, ChannelKind.API)
+        channel = channel_for_key(request.user, slug, API_KIND)
+        if len(message_id) > MESSAGE_ID_CHARS or "\x00" in message_id:
+            raise exceptions.NotFound(f"no message '{message_id[:MESSAGE_ID_CHARS]}' in channel '{slug}'")
         incoming = MessageEditSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
@@ -182,11 +213,11 @@ class TurnListQuery(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1, max_value=200, default=50)
 
 
-class TurnReplySerializer(serializers.Serializer):
+class TurnReplySerializer(StrictBody):
     text = serializers.CharField(max_length=20000, trim_whitespace=False)
 
 
-class TurnDoneSerializer(serializers.Serializer):
+class TurnDoneSerializer(StrictBody):
     text = serializers.CharField(max_length=20000, required=False, trim_whitespace=False,
                                  help_text="A last reply, sent before the turn is closed.")
 
@@ -203,7 +234,7 @@ def _turns_for_key(key):
 
 
 def _turn_for_key(key, turn_id):
-    turn = _turns_for_key(key).filter(pk=turn_id).first()
+    turn = _turns_for_key(key).filter(pk=row_id(turn_id, "turn")).first()
     if turn is None:
         raise exceptions.NotFound(f"no turn {turn_id}")
     return turn
@@ -213,14 +244,14 @@ class TurnListView(APIView):
     @extend_schema(parameters=[TurnListQuery], responses={200: TurnSerializer(many=True)},
                    summary="Turns of your channels (pull agents: the ready ones wait for you)")
     def get(self, request):
-        query = TurnListQuery(data=request.query_params)
+        query = TurnListQuery(data=query_of(request))
         query.is_valid(raise_exception=True)
         turns = _turns_for_key(request.user).filter(state=query.validated_data["state"]).order_by("created_at")
         return Response(TurnSerializer(turns[: query.validated_data["limit"]], many=True).data)
 
 
 class TurnClaimView(APIView):
-    @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer, 404: ErrorSerializer},
+    @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Claim a ready turn: it is yours to answer until you mark it done (or it times out)")
     def post(self, request, turn):
         from conversations import engine, turns
@@ -295,10 +326,24 @@ class TurnDoneView(APIView):
 # --- reading a conversation (an api channel without a callback: the app reads its replies) ---
 
 
+@extend_schema_field({"type": "string", "format": "cursor"})
+class CursorField(serializers.Field):
+    """An opaque cursor: the `next` of an earlier answer, passed back as it was given. Its
+    format, `cursor`, is ours, and the schema says no more of it: its spelling (base64url,
+    at most MAX_CURSOR_CHARS) is not a promise, and any other string is refused (400)."""
+
+    SPELLING = re.compile(r"[A-Za-z0-9_-]*")
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or len(data) > MAX_CURSOR_CHARS or not self.SPELLING.fullmatch(data):
+            raise serializers.ValidationError("not a cursor this API returned")
+        return data
+
+
 class ConversationMessagesQuery(serializers.Serializer):
-    after = serializers.CharField(
-        required=False, allow_blank=True, max_length=4096,
-        help_text="An opaque cursor: the `next` of an earlier answer. Omitted: from the conversation's start.")
+    after = CursorField(
+        required=False,
+        help_text="An opaque cursor: the `next` of an earlier answer. Omitted or empty: from the conversation's start.")
     limit = serializers.IntegerField(min_value=1, max_value=200, default=50, help_text="Items per page.")
     wait = serializers.FloatField(
         min_value=0, max_value=30, default=0,
@@ -419,7 +464,7 @@ class ConversationMessagesView(APIView):
         from conversations import timeline
 
         self.initial(request)  # authentication, permissions, throttling: database work, here
-        incoming = ConversationMessagesQuery(data=request.query_params)
+        incoming = ConversationMessagesQuery(data=query_of(request))
         incoming.is_valid(raise_exception=True)
         query = incoming.validated_data
         try:
