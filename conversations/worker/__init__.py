@@ -1,11 +1,11 @@
 """The worker loop: fires flushes on time, runs turns concurrently, sends replies,
-polls Telegram, and recovers what dead workers left behind.
+runs the pollers of platforms that poll (Telegram), and recovers what dead workers left behind.
 
 Several of these can run side by side (any number of processes): every piece of work
 is claimed by compare-and-swap with this worker's owner stamp.
 
 One module per job — `flusher` (debounce deadlines), `turn_runner` (turns),
-`tool_calls`, `replies` (sending), `polling` (Telegram long polling), `housekeeping`
+`tool_calls`, `replies` (sending), `polling` (the platforms' pollers), `housekeeping`
 (heartbeat, recovery) — started and stopped by `supervisor`; every database step runs
 through `dbthread`, which never leaves a thread on a broken connection.
 """

@@ -31,14 +31,14 @@ SHUTDOWN_GRACE = 10.0
 
 class Worker:
     def __init__(self, *, owner=None, poll_interval=None, max_concurrent=None, typing_interval=None,
-                 max_typing=None, poll_telegram=True):
+                 max_typing=None, poll=True):
         self.owner = owner or engine.new_owner(lock=liveness.advisory())
         # Its liveness lock (PostgreSQL): while it does not hold it, it claims nothing.
         self.liveness = liveness.for_worker(self.owner)
         self.poll_interval = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
         self.max_concurrent = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
         self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
-        self.poll_telegram = poll_telegram
+        self.poll = poll
         self.db = DatabaseThread("db")
         # Claiming ready turns has a thread of its own: a flushed turn starts without
         # queueing behind replies, history loads and sweeps on the main database thread.
@@ -100,7 +100,7 @@ class Worker:
         self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
                                adopt=lambda started: self._loop.call_soon_threadsafe(self.turns.adopt, started),
                                capacity=self.turns.capacity)
-        tasks = [asyncio.create_task(self.polling.loop())] if self.poll_telegram else []
+        tasks = [asyncio.create_task(self.polling.loop())] if self.poll else []
         await imports
         await self.prepare()
         self.flusher.start()

@@ -157,7 +157,7 @@ def measure():
     conversation = first.conversation
     with Count("run: the history the agent is given"):
         engine.conversation_history(conversation, first)
-    worker = Worker(owner=owner, poll_telegram=False)
+    worker = Worker(owner=owner, poll=False)
     worker.liveness = liveness.NoLock()
     with Count("complete one turn: end + reply row + its claim"):
         [row] = worker.turns.complete_turns([(first, "done", "Son las 10.", "")])

@@ -14,14 +14,14 @@ class Command(BaseCommand):
             "Run as many as you like side by side.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--no-telegram-polling", action="store_true",
-                            help="Do not poll Telegram from this worker.")
+        parser.add_argument("--no-polling", "--no-telegram-polling", dest="no_polling", action="store_true",
+                            help="Run no platform pollers (Telegram's getUpdates) in this worker.")
 
     def handle(self, *args, **options):
         # A thread that wakes (the flusher at a deadline) waits for the GIL until the
         # running thread gives it up: at most the switch interval, 5 ms by default.
         sys.setswitchinterval(SWITCH_INTERVAL)
-        worker = Worker(poll_telegram=not options["no_telegram_polling"])
+        worker = Worker(poll=not options["no_polling"])
 
         async def main():
             loop = asyncio.get_running_loop()
