@@ -221,6 +221,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # 3.1: JSON Schema's whole vocabulary, e.g. `propertyNames` (what an object's keys may be).
+    "OAS_VERSION": "3.1.0",
 }
 
 # --- django-q2: the safety-net sweeps (the worker loop does the timing) --------

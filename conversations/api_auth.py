@@ -129,12 +129,19 @@ class UtcDateTimeField(serializers.DateTimeField):
             return (datetime.min if parsed.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
+def _integral(value) -> bool:
+    """A JSON integer: JSON Schema counts 1.0 as one too."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _json_type_error(field, value) -> str | None:
     """Why `value` is not of the JSON type the schema gives `field` (DRF would coerce it)."""
     if isinstance(field, serializers.BooleanField):
         return None if isinstance(value, bool) else "Must be a JSON boolean."
     if isinstance(field, serializers.IntegerField):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "Must be a JSON integer."
+        return None if _integral(value) else "Must be a JSON integer."
     if isinstance(field, serializers.FloatField):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return None if ok else "Must be a JSON number."
@@ -177,6 +184,9 @@ class StrictBody(serializers.Serializer):
                         errors[name] = [problem]
             if errors:
                 raise serializers.ValidationError(errors)
+            data = {name: int(value) if isinstance(value, float) and isinstance(self.fields.get(name),
+                                                                                 serializers.IntegerField) else value
+                    for name, value in data.items()}
         return super().to_internal_value(data)
 
 

@@ -83,21 +83,22 @@ class ApiSchema(AutoSchema):
             schema.update(schema.pop("oneOf")[0])
 
     def _json_value(self):
-        """A free-form JSON value as the API takes it: any, but no NUL in a text or a key
-        (OpenAPI 3.0 has no `propertyNames` to say the second: the description does)."""
+        """A free-form JSON value as the API takes it: any, but no NUL in a text or a key."""
         ref = {"$ref": "#/components/schemas/JsonValue"}
         texts = {"type": "string", "pattern": NO_NUL}
         self.registry.register_on_missing(ResolvedComponent(
             name="JsonValue", type=ResolvedComponent.SCHEMA, object="JsonValue", schema={
-                "description": NUL_IN_JSON, "nullable": True,
-                "anyOf": [texts, {"type": "number"}, {"type": "boolean"}, {"type": "array", "items": ref},
-                          {"type": "object", "additionalProperties": ref}]}))
+                "description": NUL_IN_JSON,
+                "anyOf": [texts, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
+                          {"type": "array", "items": ref},
+                          {"type": "object", "additionalProperties": ref, "propertyNames": texts}]}))
         return ref
 
     def _map_serializer_field(self, field, direction, bypass_extensions=False):
         meta = super()._map_serializer_field(field, direction, bypass_extensions)
         if direction == "request" and isinstance(field, serializers.DictField):
-            return {**meta, "additionalProperties": self._json_value()}
+            return {**meta, "additionalProperties": self._json_value(), "propertyNames": {"type": "string",
+                                                                                          "pattern": NO_NUL}}
         if direction == "request" and isinstance(field, serializers.JSONField):
             return {"allOf": [self._json_value()], **{k: v for k, v in meta.items() if k == "description"}}
         if direction == "request" and "pattern" not in meta and meta.get("type") == "string" and "format" not in meta:
