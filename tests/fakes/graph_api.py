@@ -36,15 +36,14 @@ import itertools
 import json
 import re
 import secrets
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.fakes.server import FakeServer, TrackedHandler
 
 # The documented error codes the product maps, with the HTTP status, the type, the title
 # and the details Meta sends for each (the message is "(#<code>) <title>").
@@ -166,18 +165,11 @@ def new_wamid(wa_id: str) -> str:
     return "wamid." + base64.b64encode(record).decode()
 
 
-class FakeGraphAPI(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class FakeGraphAPI(FakeServer):
 
     def __init__(self, port: int = 0, *, host: str = "127.0.0.1", tokens=(), phone_number_ids=()):
         super().__init__((host, port), _Handler)
-        self._cond = threading.Condition(threading.RLock())
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
         self._state = _State()
-        self._holds: list[Hold] = []
         # Empty: any token / number is accepted.
         self.tokens = set(tokens)
         self.phone_number_ids = set(phone_number_ids)
@@ -188,38 +180,6 @@ class FakeGraphAPI(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
-
-    def start(self) -> FakeGraphAPI:
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"FakeGraphAPI:{self.server_address[1]}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._stopping.is_set():
-            return
-        with self._cond:
-            self._stopping.set()
-            for hold in self._holds:
-                hold.released = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join()
-        with self._cond:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.server_close()
-
-    def __enter__(self) -> FakeGraphAPI:
-        return self if self._thread is not None else self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     # --- recording ----------------------------------------------------------------------
 
@@ -363,25 +323,8 @@ def _invalid(data, what) -> str:
     return ""
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _Handler(TrackedHandler):
     server: FakeGraphAPI
-
-    def setup(self):
-        super().setup()
-        with self.server._cond:
-            self.server._connections.add(self.connection)
-
-    def finish(self):
-        try:
-            super().finish()
-        finally:
-            with self.server._cond:
-                self.server._connections.discard(self.connection)
-
-    def log_message(self, format, *args):
-        pass
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)

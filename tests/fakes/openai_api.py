@@ -31,14 +31,14 @@ import json
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from tests.fakes.server import FakeServer, TrackedHandler
 
 DEFAULT_MODELS = ("fake-model",)
 
@@ -196,14 +196,11 @@ class Hold:
 # -------------------------------------------------------------------- server
 
 
-class FakeOpenAI(ThreadingHTTPServer):
+class FakeOpenAI(FakeServer):
     """An in-process OpenAI-compatible server on 127.0.0.1.
 
     Clients use ``openai.OpenAI(api_key="sk-...", base_url=fake.url)``.
     """
-
-    daemon_threads = True  # a stuck client must never keep the test process alive
-    allow_reuse_address = True
 
     def __init__(
         self,
@@ -216,11 +213,6 @@ class FakeOpenAI(ThreadingHTTPServer):
         strict_models: bool = False,
     ):
         super().__init__((host, port), _RequestHandler)
-        # One lock for all state; its condition wakes wait_for, holds and delays.
-        self._cond = threading.Condition(threading.RLock())
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
         self._handler_threads: set[threading.Thread] = set()
 
         self.models = list(models)
@@ -247,42 +239,17 @@ class FakeOpenAI(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> FakeOpenAI:
-        # A short poll interval keeps stop() fast (shutdown waits for one poll).
-        self._thread = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"FakeOpenAI:{self.server_address[1]}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving: held and delayed requests are dropped unanswered."""
+        """Stop serving (held and delayed requests are dropped unanswered), then wait for
+        the handler threads to end."""
         if self._stopping.is_set():
             return
-        with self._cond:
-            self._stopping.set()  # cuts Delay waits short
-            for hold in self._holds:
-                hold.released = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join()
-        self._close_connections()
-        self.server_close()
+        super().stop()
         with self._cond:
             threads = list(self._handler_threads)
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-
-    def __enter__(self) -> FakeOpenAI:
-        return self if self._thread is not None else self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # ---------------------------------------------------------------- scripting
 
@@ -542,61 +509,26 @@ class FakeOpenAI(ThreadingHTTPServer):
     # -------------------------------------------------------------- connections
 
     def _track(self, connection: socket.socket) -> None:
+        super()._track(connection)
         with self._cond:
-            self._connections.add(connection)
             self._handler_threads.add(threading.current_thread())
 
     def _untrack(self, connection: socket.socket) -> None:
+        super()._untrack(connection)
         with self._cond:
-            self._connections.discard(connection)
             self._handler_threads.discard(threading.current_thread())
 
-    def _close_connections(self) -> None:
-        # Idle keep-alive connections would otherwise leave handler threads
-        # blocked reading the next request after stop().
-        with self._cond:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients hanging up (timeouts, dropped connections, stop()) are normal here.
-        if self._stopping.is_set():
-            return
-        if isinstance(sys.exc_info()[1], OSError):
-            return
-        super().handle_error(request, client_address)
-
-
-class _RequestHandler(BaseHTTPRequestHandler):
+class _RequestHandler(TrackedHandler):
     """Turns HTTP requests into FakeOpenAI calls; holds no state of its own."""
 
-    protocol_version = "HTTP/1.1"  # keep-alive; the SDK pools connections
-    # Headers and body go out in two writes; with Nagle on, the body waits for
-    # the client's delayed ACK and every answer takes ~40 ms.
-    disable_nagle_algorithm = True
     server: FakeOpenAI
-
-    def setup(self) -> None:
-        super().setup()
-        self.server._track(self.connection)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server._untrack(self.connection)
 
     def do_GET(self) -> None:
         self._dispatch()
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # keep test output readable; requests() is the log
 
     def _dispatch(self) -> None:
         body = self._read_body()

@@ -26,16 +26,15 @@ import email.policy
 import json
 import re
 import signal
-import socket
-import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.fakes.server import FakeServer, TrackedHandler
 
 BOT_USERNAME = "agentloop_test_bot"
 BOT_FIRST_NAME = "AgentLoop Test Bot"
@@ -159,14 +158,11 @@ class Hold:
         self.release()
 
 
-class FakeBotAPI(ThreadingHTTPServer):
+class FakeBotAPI(FakeServer):
     """An in-process Telegram Bot API server on 127.0.0.1.
 
     Clients use ``telegram.Bot(token, base_url=f"{fake.url}/bot")``.
     """
-
-    daemon_threads = True  # a stuck client must never keep the test process alive
-    allow_reuse_address = True
 
     def __init__(
         self,
@@ -177,11 +173,6 @@ class FakeBotAPI(ThreadingHTTPServer):
         require_known_tokens: bool = False,
     ):
         super().__init__((host, port), _RequestHandler)
-        # One lock for all state; its condition wakes long polls, wait_for and holds.
-        self._cond = threading.Condition(threading.RLock())
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._connections: set[socket.socket] = set()
 
         self.require_known_tokens = require_known_tokens
         self._known_tokens: set[str] = set(tokens)
@@ -223,38 +214,6 @@ class FakeBotAPI(ThreadingHTTPServer):
         """API root; the bot endpoint is f"{url}/bot<token>/<method>"."""
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
-
-    def start(self) -> FakeBotAPI:
-        # A short poll interval keeps stop() fast (shutdown waits for one poll).
-        self._thread = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"FakeBotAPI:{self.server_address[1]}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._stopping.is_set():
-            return
-        with self._cond:
-            # Wake every long poll, hold and delay so their threads can finish.
-            self._stopping.set()
-            for hold in self._holds:
-                hold.released = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join()
-        self._close_connections()
-        self.server_close()
-
-    def __enter__(self) -> FakeBotAPI:
-        return self if self._thread is not None else self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ settings
 
@@ -812,62 +771,16 @@ class FakeBotAPI(ThreadingHTTPServer):
         actions[route](**data)
         return True
 
-    # -------------------------------------------------------------- connections
-
-    def _track(self, connection: socket.socket) -> None:
-        with self._cond:
-            self._connections.add(connection)
-
-    def _untrack(self, connection: socket.socket) -> None:
-        with self._cond:
-            self._connections.discard(connection)
-
-    def _close_connections(self) -> None:
-        # Idle keep-alive connections would otherwise leave handler threads
-        # blocked reading the next request after stop().
-        with self._cond:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients hanging up (timeouts, dropped connections, stop()) are normal here.
-        if self._stopping.is_set():
-            return
-        if isinstance(sys.exc_info()[1], OSError):
-            return
-        super().handle_error(request, client_address)
-
-
-class _RequestHandler(BaseHTTPRequestHandler):
+class _RequestHandler(TrackedHandler):
     """Turns HTTP requests into FakeBotAPI calls; holds no state of its own."""
 
-    protocol_version = "HTTP/1.1"  # keep-alive, like the real API; clients pool connections
-    # Headers and body go out in two writes; with Nagle on, the body waits for
-    # the client's delayed ACK and every answer takes ~40 ms.
-    disable_nagle_algorithm = True
     server: FakeBotAPI
-
-    def setup(self) -> None:
-        super().setup()
-        self.server._track(self.connection)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server._untrack(self.connection)
 
     def do_GET(self) -> None:
         self._dispatch()
 
     do_POST = do_GET
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # keep test output readable; calls() is the log
 
     def _dispatch(self) -> None:
         url = urlsplit(self.path)
