@@ -31,6 +31,8 @@ pytest_plugins = ["tests.browser", "tests.redis_server"]
 # serial without a line.
 SERIAL = {
     "tests/test_typing_modes.py": "typing starts and stops within 0.1-0.8 s of its moment",
+    "tests/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
+        "typing shown within 1 s of the turn's start, refreshed every 15-25 s",
     "tests/test_worker_e2e.py::test_burst_becomes_one_turn_after_the_adaptive_window":
         "a buffer flushes less than 0.5 s after its deadline",
     "tests/test_worker_e2e.py::test_stop_during_a_burst_answers_at_once_and_runs_nothing":
