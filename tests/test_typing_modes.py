@@ -195,11 +195,12 @@ def test_the_look_is_one_statement_however_many_windows_are_open(db, make_channe
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:x"}, window_open=30.0)
     for n in range(40):
         admit(channel, Inbound(platform_message_id=f"m{n}", chat_id=str(n), sender_id=str(n), text="hola y",
-                               thread_id="7" if n == 3 else ""))
+                               thread_id="7" if n == 3 else "", reply_target=str(n)))
     with CaptureQueriesContext(connection) as queries:
         windows = open_windows([channel.pk], 0, 1, 1000)
     assert len(queries) == 1 and len(windows) == 40
     assert {w.thread_id for w in windows if w.chat_id == "3"} == {"7"}
+    assert {w.reply_target for w in windows if w.chat_id == "3"} == {"3"}  # the last message's id
     halves = [open_windows([channel.pk], part, 2, 1000) for part in (0, 1)]
     assert sorted(w.conversation_id for half in halves for w in half) == sorted(w.conversation_id for w in windows)
     assert len(open_windows([channel.pk], 0, 1, 10)) == 10

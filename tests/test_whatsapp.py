@@ -18,6 +18,7 @@ from conversations.ingest import Inbound, admit
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn
 from conversations.platforms.whatsapp.inbound import parse
 from conversations.platforms.whatsapp.transport import FLOOD_BACKOFF, WhatsAppTransport, close_clients
+from conversations.worker.typing import open_windows
 from delivery import ledger, receipts
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import Target
@@ -400,14 +401,15 @@ def test_typing_marks_the_last_message_read_with_a_typing_indicator(wa, fake_gra
 
 
 @pytest.mark.django_db(transaction=True)
-def test_window_typing_without_a_target_finds_the_conversations_last_message(make_channel):
+def test_window_typing_shows_against_the_windows_last_message(make_channel):
     with FakeGraphAPI(tokens=[TOKEN]) as fake:
         channel = whatsapp_channel(make_channel, fake)
         for n, wamid in enumerate(("wamid.FIRST", "wamid.SECOND")):
             admit(channel, Inbound(platform_message_id=wamid, chat_id=USER, sender_id=USER, text=f"parte {n} y",
                                    reply_target=wamid))
-        conversation = channel.conversations.get()
-        run(transport(channel).send_typing(Target(USER, "", conversation_id=conversation.pk)))
+        [window] = open_windows([channel.pk], 0, 1, 10)  # the worker's look
+        run(transport(channel).send_typing(Target(USER, window.reply_target,
+                                                  conversation_id=window.conversation_id)))
         [call] = fake.calls("typing")
         assert call.body["message_id"] == "wamid.SECOND"
 

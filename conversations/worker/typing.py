@@ -31,7 +31,7 @@ import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC
 
 from django.conf import settings
@@ -89,6 +89,9 @@ class Window:
     thread_id: str
     channel_id: int
     flush_at: float | None = None  # epoch seconds: when the buffer flushes, as the look saw it
+    # The last message's platform id: WhatsApp shows "typing…" against it (Telegram and
+    # the web chat do not need it).
+    reply_target: str = ""
 
 
 @dataclass(eq=False)
@@ -145,7 +148,8 @@ def live_owners(dead) -> list[str]:
 def open_windows(channel_ids, part, parts, limit) -> list[Window]:
     """One statement: the open buffers of these channels' conversations whose id falls
     in this worker's part, oldest buffer first (a window being typed stays in the first
-    `limit` until it closes), with the thread of the last message (forum topics).
+    `limit` until it closes), with the thread (forum topics) and the platform id of the
+    buffer's last message.
 
     Driven from the open buffers (the partial index of open buffers; SQLite's CROSS JOIN
     keeps that order), so it costs in proportion to the buffers open now, never to a
@@ -157,8 +161,8 @@ def open_windows(channel_ids, part, parts, limit) -> list[Window]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [Window(conversation, buffer, chat, thread or "", channel, _epoch(flush_at))
-            for conversation, buffer, chat, thread, channel, flush_at in rows]
+    return [Window(conversation, buffer, chat, thread or "", channel, _epoch(flush_at), reply_target or "")
+            for conversation, buffer, chat, thread, reply_target, channel, flush_at in rows]
 
 
 def _epoch(value):
@@ -177,10 +181,9 @@ def _open_windows_sql(channels, partitioned):
     # The state as a literal: SQLite uses the partial index (WHERE state = 'open') only
     # for a query whose own WHERE says so in the same words.
     return (
-        f"SELECT b.conversation_id, b.id, c.chat_id, "
-        f"(SELECT m.thread_id FROM {messages} m WHERE m.buffer_id = b.id ORDER BY m.id DESC LIMIT 1), "
-        f"c.channel_id, b.flush_at "
+        f"SELECT b.conversation_id, b.id, c.chat_id, m.thread_id, m.reply_target, c.channel_id, b.flush_at "
         f"FROM {buffers} b CROSS JOIN {conversations} c "
+        f"LEFT JOIN {messages} m ON m.id = (SELECT MAX(l.id) FROM {messages} l WHERE l.buffer_id = b.id) "
         f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
         f"AND c.channel_id IN ({', '.join(['%s'] * channels)}) "
         + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
@@ -318,10 +321,13 @@ class Typing:
                 channel = self.channels.get(window.channel_id)
                 if channel is None:
                     continue
-                target = Target(window.chat_id, "", window.thread_id, conversation_id=conversation_id)
+                target = Target(window.chat_id, window.reply_target, window.thread_id, conversation_id=conversation_id)
                 indicator = self._start(conversation_id, channel, transport_for(channel), target)
                 if indicator is None:
                     continue
+            elif indicator.turn_id is None and indicator.target.reply_target != window.reply_target:
+                # A later message of the burst: the indicator shows against it (WhatsApp).
+                indicator.target = replace(indicator.target, reply_target=window.reply_target)
             indicator.buffer_id, indicator.flush_at = window.buffer_id, window.flush_at
             if started >= indicator.wanted_since:
                 indicator.confirmed.set()

@@ -1,6 +1,5 @@
 """Sending to WhatsApp: POST {api_base}/{api_version}/{phone_number_id}/messages with
-`Authorization: Bearer <token>`, one overall deadline per call (httpx's timeouts are per
-phase: a peer trickling a byte a second would never trip them).
+`Authorization: Bearer <token>`, one overall deadline per call (Transport.exchange).
 
 Outcomes, from the Graph error `code` (the HTTP status only where the code says nothing):
 
@@ -19,9 +18,7 @@ No answer after the request went out (the deadline, a dropped connection): ambig
 import asyncio
 
 import httpx
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
 from agentloop.caches import BoundedCache
 from agentloop.tls import shared_tls_context
@@ -96,14 +93,11 @@ class WhatsAppTransport(Transport):
 
     async def _post(self, body) -> str | SendResult:
         """The wamid of a sent message, or the failed SendResult."""
-        host = self.endpoint().split("/")[2]
         limit = deadline()
-        try:
-            status, answer = await asyncio.wait_for(self._call(body, limit), limit)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
-        except (TimeoutError, httpx.HTTPError) as exc:  # sent, no (whole) answer: it may have arrived
-            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {limit:g} s")
+        exchanged = await self.exchange(self._call(body, limit), self.endpoint().split("/")[2], limit)
+        if isinstance(exchanged, SendResult):
+            return exchanged
+        status, answer = exchanged
         if 200 <= status < 300:
             wamid = _wamid(answer)
             if wamid:
@@ -142,9 +136,8 @@ class WhatsAppTransport(Transport):
 
     async def send_typing(self, target: Target) -> None:
         """WhatsApp shows "typing…" against the user's last message (marking it read):
-        a turn's target names it; the worker's window typing passes none, so it is read
-        from the conversation's messages."""
-        wamid = target.reply_target or await last_inbound(target.conversation_id)
+        the target names it (the turn's, or the open window's last message)."""
+        wamid = target.reply_target
         if not wamid or not self.setting("token"):
             return  # nothing to show it against
         body = {"messaging_product": "whatsapp", "status": "read", "message_id": wamid,
@@ -176,25 +169,6 @@ async def close_clients():
     held = _clients.pop(id(asyncio.get_running_loop()))
     if held is not None:
         await held[1].aclose()
-
-
-async def last_inbound(conversation_id) -> str:
-    if conversation_id is None:
-        return ""
-    return await sync_to_async(_last_inbound, thread_sensitive=False)(conversation_id)
-
-
-def _last_inbound(conversation_id) -> str:
-    """The wamid of the conversation's latest message: one indexed read (the newest row
-    of the conversation's messages), its connection let go after (this runs on a pool
-    thread, not one Django tidies up)."""
-    from conversations.models import InboundMessage
-
-    try:
-        return (InboundMessage.objects.filter(conversation_id=conversation_id).order_by("-pk")
-                .values_list("reply_target", flat=True).first()) or ""
-    finally:
-        close_old_connections()
 
 
 def _wamid(answer) -> str:
