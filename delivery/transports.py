@@ -10,7 +10,10 @@ Transports are used from the worker's event loop only.
 """
 
 import abc
+import asyncio
 from dataclasses import dataclass
+
+import httpx
 
 from audit.redaction import channel_secrets, redact
 from delivery.models import Outcome
@@ -72,6 +75,19 @@ class Transport(abc.ABC):
 
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""
+
+    async def exchange(self, request, host: str, deadline: float):
+        """Await one HTTP exchange (an httpx coroutine) under one overall deadline — httpx's
+        timeouts are per phase, and a peer trickling a byte a second would never trip
+        them. Returns the exchange's result, or the failed SendResult: temporary when
+        nothing was sent (no connection), ambiguous when the request went out and no whole
+        answer came back (it may have arrived)."""
+        try:
+            return await asyncio.wait_for(request, deadline)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
+        except (TimeoutError, httpx.HTTPError) as exc:
+            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
 
 
 def outcome_for_http_status(status: int) -> str:

@@ -1,7 +1,6 @@
 """The API channel's two transports: the reply row kept for the read API, or POSTed
 signed to the channel's callback URL."""
 
-import asyncio
 import json
 from urllib.parse import urlsplit
 
@@ -28,8 +27,7 @@ class ApiCallbackTransport(Transport):
     a callback secret is never sent to unsigned: saving it is refused, its replies wait
     (Channel.send_blocked), and a row claimed anyway (a secret cleared straight in the
     database) blocks the channel instead of going out.
-    The whole exchange has one deadline: httpx's timeouts are per phase, and a peer that
-    trickles a byte a second would never trip them."""
+    The whole exchange has one deadline (Transport.exchange)."""
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         values = self.channel.platform_settings or {}
@@ -40,12 +38,10 @@ class ApiCallbackTransport(Transport):
         headers = {"Content-Type": "application/json", **signing.signed_headers(secret, body)}
         host = urlsplit(url).netloc.rpartition("@")[2]
         deadline = settings.AGENTLOOP_CALLBACK_TIMEOUT
-        try:
-            status, retry_after = await asyncio.wait_for(self._post(url, body, headers, deadline), deadline)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
-        except (TimeoutError, httpx.HTTPError) as exc:  # sent, no (whole) answer: it may have arrived
-            return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
+        answer = await self.exchange(self._post(url, body, headers, deadline), host, deadline)
+        if isinstance(answer, SendResult):
+            return answer
+        status, retry_after = answer
         outcome = outcome_for_http_status(status)
         if outcome == Outcome.DELIVERED:
             return SendResult.delivered()
