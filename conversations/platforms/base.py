@@ -11,6 +11,7 @@ settings (a dict checked on save, stored in Channel.platform_settings), and its
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ class Poller:
     run: Callable[..., Any]
 
 
-class Platform:
+class Platform(abc.ABC):
     kind: str = ""
     label: str = ""
     settings: dict[str, Setting] = {}
@@ -100,9 +101,10 @@ class Platform:
         return found
 
     # --- delivery ---------------------------------------------------------------------
+    @abc.abstractmethod
     def transport(self, channel):
-        """The delivery.transports.Transport that sends this channel's replies."""
-        raise NotImplementedError
+        """The delivery.transports.Transport that sends this channel's replies (the one
+        hook every platform must give: the ledger sends through it)."""
 
     # --- inbound ----------------------------------------------------------------------
     def urls(self) -> list:
