@@ -140,6 +140,18 @@ class Platform(abc.ABC):
                 channel.platform_settings[name] = value
         return []
 
+    def demo_channel(self, slug: str, name: str, settings: dict):
+        """`make run`'s channel of this platform, created or brought up to date: its
+        settings from the environment over those it already had, the demo agent."""
+        from conversations.models import Channel
+
+        channel = Channel.objects.filter(slug=slug).first() or Channel(slug=slug)
+        kept = (channel.platform_settings or {}) if channel.kind == self.kind else {}
+        channel.name, channel.kind, channel.is_active, channel.agent = name, self.kind, True, "demo"
+        channel.platform_settings = {**kept, **settings}
+        channel.save()
+        return channel
+
     def bootstrap(self, stdout) -> str:
         """`make run`: create this platform's demo channel from the environment, if the
         environment names one (e.g. TELEGRAM_BOT_TOKEN). Returns the line `make run`

@@ -68,14 +68,8 @@ class TelegramPlatform(Platform):
 
     def bootstrap(self, stdout) -> str:
         """With TELEGRAM_BOT_TOKEN set, a real bot answers through long polling."""
-        from conversations.models import Channel
-
         token = os.environ.get("TELEGRAM_BOT_TOKEN", "")
         if not token:
             return ""
-        channel = Channel.objects.filter(slug="telegram").first() or Channel(slug="telegram")
-        kept = channel.platform_settings if channel.kind == self.kind else {}
-        channel.name, channel.kind, channel.is_active, channel.agent = "Telegram (polling)", self.kind, True, "demo"
-        channel.platform_settings = {**(kept or {}), "bot_token": token, "mode": POLLING}
-        channel.save()
+        self.demo_channel("telegram", "Telegram (polling)", {"bot_token": token, "mode": POLLING})
         return "Telegram channel 'telegram' is polling with TELEGRAM_BOT_TOKEN"

@@ -74,19 +74,13 @@ class WhatsAppPlatform(Platform):
     def bootstrap(self, stdout) -> str:
         """With WHATSAPP_TOKEN, WHATSAPP_PHONE_NUMBER_ID, WHATSAPP_APP_SECRET and
         WHATSAPP_VERIFY_TOKEN set, a `whatsapp` channel answers with the demo agent."""
-        from conversations.models import Channel
-
         values = {name: os.environ.get(variable, "") for name, variable in ENVIRONMENT.items()}
         if not any(values.values()):
             return ""
         missing = [ENVIRONMENT[name] for name, value in values.items() if not value]
         if missing:
             return f"WhatsApp: no channel, {', '.join(missing)} not set"
-        channel = Channel.objects.filter(slug="whatsapp").first() or Channel(slug="whatsapp")
-        kept = channel.platform_settings if channel.kind == self.kind else {}
-        channel.name, channel.kind, channel.is_active, channel.agent = "WhatsApp (demo agent)", self.kind, True, "demo"
-        channel.platform_settings = {**(kept or {}), **values}
-        channel.save()
+        self.demo_channel("whatsapp", "WhatsApp (demo agent)", values)
         return ("WhatsApp channel 'whatsapp': set the Meta app's webhook to "
                 "https://<your public host>/webhooks/whatsapp/whatsapp/ with verify token $WHATSAPP_VERIFY_TOKEN "
                 "(subscribe the 'messages' field)")
