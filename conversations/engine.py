@@ -14,17 +14,18 @@ from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, liveness, turns
+from conversations import console, liveness, rows, turns
 from conversations.models import (
     BufferState,
+    Channel,
     ContextNote,
+    Conversation,
     FlushReason,
     InboundMessage,
     MessageBuffer,
@@ -112,15 +113,10 @@ def flush_many(buffer_ids, now, owner="", start=0):
     between the deadline and the agent. The rest are born READY."""
     token = f"{owner or new_owner()}#{next(_batches)}"
     with transaction.atomic():
-        MessageBuffer.transition(list(buffer_ids), BufferState.OPEN, BufferState.FLUSHED, where={"flush_at__lte": now},
-                                 flushed_at=now, flushed_by=token, flush_reason=F("planned_reason"))
-        buffers = list(MessageBuffer.objects.filter(pk__in=buffer_ids, flushed_by=token)
-                       .select_related("conversation__channel", "carried_turn").order_by("flush_at", "pk"))
+        buffers = _claim(list(buffer_ids), now, token)
         if not buffers:
             return []
-        by_buffer = {}
-        for message in InboundMessage.objects.filter(buffer__in=buffers).order_by("received_at", "pk"):
-            by_buffer.setdefault(message.buffer_id, []).append(message)
+        by_buffer = _messages_of(buffers)
         _keep_the_rest_waiting(buffers, by_buffer, now)
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
@@ -131,12 +127,108 @@ def flush_many(buffer_ids, now, owner="", start=0):
         return created
 
 
+# The claim's statements, in SQL written once per batch size (conversations/rows.py says
+# why): the flusher runs them on every deadline, timed to the millisecond.
+
+def _claim(ids, now, token):
+    """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
+    `token`; then the buffers this call won, each with its conversation, channel and the
+    carried-over turn's input, deadline order."""
+    MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
+    at = _deadline_param(now)
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_sql(len(ids)), [BufferState.FLUSHED.value, at, token, *ids, BufferState.OPEN.value, at])
+        if not cursor.rowcount:
+            return []
+        cursor.execute(_claimed_sql(len(ids)), [*ids, token])
+        rows = cursor.fetchall()
+    shape = _claimed_shape()
+    buffers = []
+    for row in rows:
+        buffer, conversation, channel, carried = (part.build(row[a:b]) for part, a, b in shape)
+        conversation.channel = channel
+        buffer.conversation = conversation
+        buffer.carried_turn = carried if buffer.carried_turn_id else None
+        buffers.append(buffer)
+    return buffers
+
+
+@functools.cache
+def _claimed_shape():
+    """(columns, first, past-the-last) of each model in a _claimed_sql row."""
+    parts = [rows.columns(MessageBuffer, "b"), rows.columns(Conversation, "c"), rows.columns(Channel, "ch"),
+             rows.columns(Turn, "ct", frozenset({"id", "merged_input"}))]
+    shape, at = [], 0
+    for part in parts:
+        shape.append((part, at, at + part.width))
+        at += part.width
+    return shape
+
+
+@functools.cache
+def _claim_sql(n):
+    col = functools.partial(rows.column, MessageBuffer)
+    return (f"UPDATE {rows.table(MessageBuffer)} SET {col('state')} = %s, {col('flushed_at')} = %s, "
+            f"{col('flushed_by')} = %s, {col('flush_reason')} = {col('planned_reason')} "
+            f"WHERE {col('id')} IN ({', '.join(['%s'] * n)}) AND {col('state')} = %s AND {col('flush_at')} <= %s")
+
+
+@functools.cache
+def _claimed_sql(n):
+    select = ", ".join(part.sql for part, *_ in _claimed_shape())
+    return (f"SELECT {select} FROM {rows.table(MessageBuffer)} b "
+            f"JOIN {rows.table(Conversation)} c ON c.id = b.{rows.column(MessageBuffer, 'conversation')} "
+            f"JOIN {rows.table(Channel)} ch ON ch.id = c.{rows.column(Conversation, 'channel')} "
+            f"LEFT JOIN {rows.table(Turn)} ct ON ct.id = b.{rows.column(MessageBuffer, 'carried_turn')} "
+            f"WHERE b.id IN ({', '.join(['%s'] * n)}) AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
+            f"ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
+
+
+MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "sender_name", "reply_target", "thread_id",
+                           "received_at"})
+
+
+def _messages_of(buffers):
+    """{buffer id: its messages, oldest first}, with the fields a merge reads."""
+    ids = [b.pk for b in buffers]
+    with connection.cursor() as cursor:
+        cursor.execute(_messages_sql(len(ids)), ids)
+        found = cursor.fetchall()
+    shape = rows.columns(InboundMessage, "m", MERGED_FIELDS)
+    by_buffer = {}
+    for row in found:
+        message = shape.build(row)
+        by_buffer.setdefault(message.buffer_id, []).append(message)
+    return by_buffer
+
+
+@functools.cache
+def _messages_sql(n):
+    col = functools.partial(rows.column, InboundMessage)
+    return (f"SELECT {rows.columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {rows.table(InboundMessage)} m "
+            f"WHERE m.{col('buffer')} IN ({', '.join(['%s'] * n)}) ORDER BY m.{col('received_at')}, m.id")
+
+
+def _busy_conversations(conversation_ids):
+    """Which of these conversations have a turn ready or running."""
+    ids = list(conversation_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(_busy_sql(len(ids)), [*ids, *Turn.ACTIVE])
+        return {row[0] for row in cursor.fetchall()}
+
+
+@functools.cache
+def _busy_sql(n):
+    col = functools.partial(rows.column, Turn)
+    return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {col('conversation')} IN "
+            f"({', '.join(['%s'] * n)}) AND {col('state')} IN (%s, %s)")
+
+
 def _born_running(new_turns, owner, now, room):
     """Mark up to `room` new turns RUNNING under `owner`: one per conversation with no
     turn ready or running (checked inside the flush's transaction; on PostgreSQL a
     concurrent start is refused by the one-running-turn index, and the flush retried)."""
-    busy = set(Turn.objects.filter(conversation__in={t.conversation_id for t in new_turns},
-                                   state__in=Turn.ACTIVE).values_list("conversation_id", flat=True))
+    busy = _busy_conversations({t.conversation_id for t in new_turns})
     for turn in new_turns:
         if room == 0:
             break
@@ -347,8 +439,6 @@ def forget_workers(owners):
 
 def agents_in_use():
     """(agent, config) of every active channel, for the worker to prepare at start."""
-    from conversations.models import Channel
-
     return list(Channel.objects.filter(is_active=True).values_list("agent", "agent_config"))
 
 
@@ -369,19 +459,49 @@ def recovery_sweep(grace_seconds=5.0):
 def conversation_history(conversation, before_turn, limit=20):
     """The agent's context since the last /reset, oldest first: each finished turn as a
     user message and the assistant's reply, and the notes added meanwhile (a person's
-    decision on a proposal) as system messages."""
-    turns = Turn.objects.filter(conversation=conversation, state=TurnState.DONE, pk__lt=before_turn.pk)
-    notes = ContextNote.objects.filter(conversation=conversation)
-    if conversation.context_reset_at:
-        turns = turns.filter(created_at__gte=conversation.context_reset_at)
-        notes = notes.filter(created_at__gte=conversation.context_reset_at)
+    decision on a proposal) as system messages. In SQL written once (it runs before
+    every model request; the ORM's compiling was most of its cost)."""
+    since = conversation.context_reset_at
+    params = [conversation.pk, TurnState.DONE.value, before_turn.pk]
+    with connection.cursor() as cursor:
+        cursor.execute(_history_turns_sql(since is not None), params + _since(since) + [limit])
+        turn_rows = cursor.fetchall()
+        cursor.execute(_history_notes_sql(since is not None), [conversation.pk] + _since(since) + [limit])
+        note_rows = cursor.fetchall()
+    turn_columns = rows.columns(Turn, "t", HISTORY_TURN_FIELDS)
+    note_columns = rows.columns(ContextNote, "n", HISTORY_NOTE_FIELDS)
     entries = []
-    for created_at, merged_input, reply in turns.order_by("-pk").values_list(
-            "created_at", "merged_input", "reply_text")[:limit]:
-        entries.append((created_at, 0, {"role": "user", "content": merged_input}))
-        if reply:
-            entries.append((created_at, 1, {"role": "assistant", "content": reply}))
-    for created_at, text in notes.order_by("-created_at").values_list("created_at", "text")[:limit]:
-        entries.append((created_at, 2, {"role": "system", "content": text}))
+    for row in turn_rows:
+        turn = turn_columns.build(row)
+        entries.append((turn.created_at, 0, {"role": "user", "content": turn.merged_input}))
+        if turn.reply_text:
+            entries.append((turn.created_at, 1, {"role": "assistant", "content": turn.reply_text}))
+    for row in note_rows:
+        note = note_columns.build(row)
+        entries.append((note.created_at, 2, {"role": "system", "content": note.text}))
     entries.sort(key=lambda e: (e[0], e[1]))
     return [message for _, _, message in entries]
+
+
+HISTORY_TURN_FIELDS = frozenset({"id", "created_at", "merged_input", "reply_text"})
+HISTORY_NOTE_FIELDS = frozenset({"id", "created_at", "text"})
+
+
+def _since(moment):
+    return [] if moment is None else [Turn._meta.get_field("created_at").get_db_prep_value(moment, connection)]
+
+
+@functools.cache
+def _history_turns_sql(since):
+    col = functools.partial(rows.column, Turn)
+    return (f"SELECT {rows.columns(Turn, 't', HISTORY_TURN_FIELDS).sql} FROM {rows.table(Turn)} t "
+            f"WHERE t.{col('conversation')} = %s AND t.{col('state')} = %s AND t.id < %s "
+            + (f"AND t.{col('created_at')} >= %s " if since else "") + "ORDER BY t.id DESC LIMIT %s")
+
+
+@functools.cache
+def _history_notes_sql(since):
+    col = functools.partial(rows.column, ContextNote)
+    return (f"SELECT {rows.columns(ContextNote, 'n', HISTORY_NOTE_FIELDS).sql} FROM {rows.table(ContextNote)} n "
+            f"WHERE n.{col('conversation')} = %s "
+            + (f"AND n.{col('created_at')} >= %s " if since else "") + f"ORDER BY n.{col('created_at')} DESC LIMIT %s")

@@ -74,10 +74,17 @@ class Flusher(threading.Thread):
             started = [turn for turn in flushed if turn.state == TurnState.RUNNING]
             if started:
                 self.adopt(started)
-            self.on_flush()
+            if len(started) < len(flushed):
+                # Only a turn born READY needs the claim query; waking the turn loop for
+                # turns started here ran that query on every deadline, for nothing, in
+                # the same process (the same GIL) as this timed thread.
+                self.on_flush()
             self.saw_open_buffers = True
             return 0.0  # there may be more due right now
-        deadline = engine.next_deadline(timezone.now())
+        # Asked with the `now` the due query used, not a fresh one: a deadline passing
+        # between the two queries would be neither due nor ahead, and the flusher would
+        # sleep past it to the next one.
+        deadline = engine.next_deadline(now)
         self.saw_open_buffers = deadline is not None
         wait = self.poll_interval
         if deadline is not None:
