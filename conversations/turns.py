@@ -6,17 +6,19 @@ turn that has fired an external effect can no longer be cancelled, and a cancell
 turn can no longer fire one.
 """
 
+import functools
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.utils import timezone
 
 from audit.events import record
 from audit.models import EventKind
 from audit.redaction import redact
-from conversations.models import Turn, TurnState
+from conversations import rows
+from conversations.models import Channel, Conversation, Turn, TurnState
 
 EXTERNAL_GAVE_UP_NOTICE = (
     "Sorry — I could not answer your last message. Please send it again in a while."
@@ -176,16 +178,25 @@ def give_up_external(turn, now) -> bool:
 
 def ready_candidates(limit):
     """Oldest ready turns, at most one per conversation and none where a turn runs
-    (turns of a conversation run one at a time, in arrival order)."""
-    running = Turn.objects.filter(conversation=OuterRef("conversation"), state=TurnState.RUNNING)
+    (turns of a conversation run one at a time, in arrival order), leaving those that
+    wait for an external agent. In SQL written once: every worker asks this many times
+    a second (AGENTLOOP_POLL_INTERVAL), and compiling the query was most of its cost."""
     seen, picked = set(), []
-    for turn_id, conversation_id in (
-        Turn.objects.filter(state=TurnState.READY).exclude(Exists(running))
-        .exclude(conversation__channel__agent=PULL_AGENT)  # those wait for an external agent
-        .order_by("created_at", "pk")
-        .values_list("pk", "conversation_id")[: limit * 2]
-    ):
-        if conversation_id not in seen:
-            seen.add(conversation_id)
-            picked.append(turn_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_ready_sql(), [TurnState.READY.value, PULL_AGENT, TurnState.RUNNING.value, limit * 2])
+        for turn_id, conversation_id in cursor.fetchall():
+            if conversation_id not in seen:
+                seen.add(conversation_id)
+                picked.append(turn_id)
     return picked[:limit]
+
+
+@functools.cache
+def _ready_sql():
+    turn, conv = functools.partial(rows.column, Turn), functools.partial(rows.column, Conversation)
+    return (f"SELECT t.id, t.{turn('conversation')} FROM {rows.table(Turn)} t "
+            f"JOIN {rows.table(Conversation)} c ON c.id = t.{turn('conversation')} "
+            f"JOIN {rows.table(Channel)} ch ON ch.id = c.{conv('channel')} "
+            f"WHERE t.{turn('state')} = %s AND ch.{rows.column(Channel, 'agent')} <> %s AND NOT EXISTS ("
+            f"SELECT 1 FROM {rows.table(Turn)} r WHERE r.{turn('conversation')} = t.{turn('conversation')} "
+            f"AND r.{turn('state')} = %s) ORDER BY t.{turn('created_at')}, t.id LIMIT %s")
