@@ -1,0 +1,89 @@
+"""The flusher's claim and the agent's history are hand-written SQL (conversations/rows.py):
+what they build must be what the ORM would have loaded — aware datetimes, decoded JSON,
+booleans — on SQLite and on PostgreSQL alike. Time is injected."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from conversations import engine
+from conversations.ingest import Inbound, admit
+from conversations.models import Channel, ContextNote, Conversation, MessageBuffer, Turn, TurnState
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+pytestmark = pytest.mark.django_db
+
+
+def test_a_claimed_buffer_is_the_one_the_orm_would_load(make_channel):
+    channel = make_channel("rows", agent_config={"delay": 0.5, "nested": {"a": [1, 2]}})
+    admit(channel, Inbound(platform_message_id="1", chat_id="-5", sender_id="7", text="hola", sender_name="Ana",
+                           reply_target="1", is_group=True), now=T0)
+    admit(channel, Inbound(platform_message_id="2", chat_id="-5", sender_id="7", text="¿vienes?", sender_name="Ana",
+                           reply_target="2", is_group=True), now=T0 + timedelta(seconds=1))
+    buffer_id = MessageBuffer.objects.get().pk
+
+    [turn] = engine.flush_many([buffer_id], T0 + timedelta(minutes=5), owner="host:1:1:ab", start=1)
+
+    loaded = MessageBuffer.objects.select_related("conversation__channel").get(pk=buffer_id)
+    built = turn.buffer
+    assert built.state == loaded.state == "flushed"
+    for name in ("flush_at", "first_message_at", "last_message_at", "flushed_at", "flushed_by", "flush_reason",
+                 "window_seconds", "message_count"):
+        assert getattr(built, name) == getattr(loaded, name), name
+    assert built.flushed_at.tzinfo is not None and built.flush_at.tzinfo is not None
+    for model in (Conversation, Channel):
+        mine = built.conversation if model is Conversation else built.conversation.channel
+        theirs = loaded.conversation if model is Conversation else loaded.conversation.channel
+        for field in model._meta.concrete_fields:
+            assert getattr(mine, field.attname) == getattr(theirs, field.attname), f"{model.__name__}.{field.name}"
+    assert built.conversation.channel.agent_config == {"delay": 0.5, "nested": {"a": [1, 2]}}
+    assert built.conversation.is_group is True
+    assert turn.merged_input == "Ana: hola\nAna: ¿vienes?"
+    assert (turn.reply_target, turn.state, turn.owner) == ("2", TurnState.RUNNING, "host:1:1:ab")
+    assert Turn.objects.get(pk=turn.pk).merged_input == turn.merged_input
+
+
+def test_a_buffer_no_longer_due_or_already_flushed_is_not_claimed(make_channel):
+    channel = make_channel("rows-late")
+    admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", text="hola y"), now=T0)
+    buffer = MessageBuffer.objects.get()
+    assert engine.flush_many([buffer.pk], buffer.flush_at - timedelta(milliseconds=1)) == []
+    assert len(engine.flush_many([buffer.pk], buffer.flush_at)) == 1
+    assert engine.flush_many([buffer.pk], buffer.flush_at + timedelta(seconds=1)) == []
+    assert Turn.objects.count() == 1
+
+
+def test_history_since_the_reset_in_order_with_notes(make_channel):
+    channel = make_channel("rows-history")
+    conversation = None
+    finished = []
+    for i in range(3):
+        admit(channel, Inbound(platform_message_id=str(i), chat_id="3", sender_id="3", text=f"¿pregunta {i}?"),
+              now=T0 + timedelta(minutes=10 * i))
+        buffer = MessageBuffer.objects.get(state="open")
+        [turn] = engine.flush_many([buffer.pk], buffer.flush_at)
+        Turn.objects.filter(pk=turn.pk).update(state=TurnState.DONE, reply_text=f"respuesta {i}")
+        finished.append(turn)
+        conversation = turn.conversation
+    ContextNote.objects.create(conversation=conversation, text="approved", created_at=finished[1].created_at
+                               + timedelta(seconds=1))
+    admit(channel, Inbound(platform_message_id="last", chat_id="3", sender_id="3", text="¿y ahora?"),
+          now=T0 + timedelta(hours=1))
+    buffer = MessageBuffer.objects.get(state="open")
+    [current] = engine.flush_many([buffer.pk], buffer.flush_at)
+
+    assert engine.conversation_history(conversation, current) == [
+        {"role": "user", "content": "¿pregunta 0?"}, {"role": "assistant", "content": "respuesta 0"},
+        {"role": "user", "content": "¿pregunta 1?"}, {"role": "assistant", "content": "respuesta 1"},
+        {"role": "system", "content": "approved"},
+        {"role": "user", "content": "¿pregunta 2?"}, {"role": "assistant", "content": "respuesta 2"},
+    ]
+    assert engine.conversation_history(conversation, current, limit=1) == [
+        {"role": "system", "content": "approved"},
+        {"role": "user", "content": "¿pregunta 2?"}, {"role": "assistant", "content": "respuesta 2"},
+    ]
+    Conversation.objects.filter(pk=conversation.pk).update(context_reset_at=finished[2].created_at)
+    conversation.refresh_from_db()
+    assert engine.conversation_history(conversation, current) == [
+        {"role": "user", "content": "¿pregunta 2?"}, {"role": "assistant", "content": "respuesta 2"},
+    ]
