@@ -128,7 +128,9 @@ def flush_many(buffer_ids, now, owner="", start=0):
 
 
 # The claim's statements, in SQL written once per batch size (conversations/rows.py says
-# why): the flusher runs them on every deadline, timed to the millisecond.
+# why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
+# caller may pass any number of ids, the flusher at most its batch (200).
+BATCH_SHAPES = 256
 
 def _claim(ids, now, token):
     """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
@@ -141,10 +143,10 @@ def _claim(ids, now, token):
         if not cursor.rowcount:
             return []
         cursor.execute(_claimed_sql(len(ids)), [*ids, token])
-        rows = cursor.fetchall()
+        found = cursor.fetchall()
     shape = _claimed_shape()
     buffers = []
-    for row in rows:
+    for row in found:
         buffer, conversation, channel, carried = (part.build(row[a:b]) for part, a, b in shape)
         conversation.channel = channel
         buffer.conversation = conversation
@@ -165,7 +167,7 @@ def _claimed_shape():
     return shape
 
 
-@functools.cache
+@functools.lru_cache(maxsize=BATCH_SHAPES)
 def _claim_sql(n):
     col = functools.partial(rows.column, MessageBuffer)
     return (f"UPDATE {rows.table(MessageBuffer)} SET {col('state')} = %s, {col('flushed_at')} = %s, "
@@ -173,7 +175,7 @@ def _claim_sql(n):
             f"WHERE {col('id')} IN ({', '.join(['%s'] * n)}) AND {col('state')} = %s AND {col('flush_at')} <= %s")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=BATCH_SHAPES)
 def _claimed_sql(n):
     select = ", ".join(part.sql for part, *_ in _claimed_shape())
     return (f"SELECT {select} FROM {rows.table(MessageBuffer)} b "
@@ -202,7 +204,7 @@ def _messages_of(buffers):
     return by_buffer
 
 
-@functools.cache
+@functools.lru_cache(maxsize=BATCH_SHAPES)
 def _messages_sql(n):
     col = functools.partial(rows.column, InboundMessage)
     return (f"SELECT {rows.columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {rows.table(InboundMessage)} m "
@@ -217,7 +219,7 @@ def _busy_conversations(conversation_ids):
         return {row[0] for row in cursor.fetchall()}
 
 
-@functools.cache
+@functools.lru_cache(maxsize=BATCH_SHAPES)
 def _busy_sql(n):
     col = functools.partial(rows.column, Turn)
     return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {col('conversation')} IN "

@@ -1,5 +1,5 @@
 """Model instances from hand-written SQL, for the few statements on the timed path (the
-flusher's claim): the ORM compiles a query anew on every call, which there cost more
+flusher's claim, the ready-turn query, a turn's history): the ORM compiles a query anew on every call, which there cost more
 than the database did. The columns are listed from the model once; each value goes
 through the same converters the ORM applies (SQLite's naive datetimes made aware, JSON
 text decoded), so an instance built here is the one a queryset would have given.
@@ -35,7 +35,7 @@ class Columns:
         return self.model.from_db(connection.alias, self.names, values)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # a handful of call sites, each with fixed arguments
 def columns(model, alias, only=None):
     """`Columns` for (model, alias, only), made once per process. `only`: a frozenset of
     attnames, or None for all."""
