@@ -133,7 +133,12 @@ class TurnRunner:
         failpoint("turn.after_answer")
         outbound = await self.record_completion(turn, state, reply, outcome)
         self.done += 1
-        self.worker.flusher.wakeup.set()  # a buffer may have been waiting for this turn
+        if self.worker.flusher.saw_open_buffers:
+            # A buffer may have been waiting for this turn. With none open at the last
+            # look there is nothing to wake for: a buffer opened since (by another
+            # process) is found at the next look anyway, and 500 turns ending together
+            # woke the flusher's queries hundreds of times, for nothing.
+            self.worker.flusher.wakeup.set()
         if outbound is not None:
             await self.worker.replies.send(outbound)
 
