@@ -17,10 +17,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentloop import rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, liveness, rows, turns
+from conversations import console, liveness, turns
 from conversations.models import (
     BufferState,
     Channel,
@@ -127,7 +128,7 @@ def flush_many(buffer_ids, now, owner="", start=0):
         return created
 
 
-# The claim's statements, in SQL written once per batch size (conversations/rows.py says
+# The claim's statements, in SQL written once per batch size (agentloop/rows.py says
 # why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
 # caller may pass any number of ids, the flusher at most its batch (200).
 BATCH_SHAPES = 256
@@ -172,7 +173,7 @@ def _claim_sql(n):
     col = functools.partial(rows.column, MessageBuffer)
     return (f"UPDATE {rows.table(MessageBuffer)} SET {col('state')} = %s, {col('flushed_at')} = %s, "
             f"{col('flushed_by')} = %s, {col('flush_reason')} = {col('planned_reason')} "
-            f"WHERE {col('id')} IN ({', '.join(['%s'] * n)}) AND {col('state')} = %s AND {col('flush_at')} <= %s")
+            f"WHERE {col('id')} IN ({rows.placeholders(n)}) AND {col('state')} = %s AND {col('flush_at')} <= %s")
 
 
 @functools.lru_cache(maxsize=BATCH_SHAPES)
@@ -182,7 +183,7 @@ def _claimed_sql(n):
             f"JOIN {rows.table(Conversation)} c ON c.id = b.{rows.column(MessageBuffer, 'conversation')} "
             f"JOIN {rows.table(Channel)} ch ON ch.id = c.{rows.column(Conversation, 'channel')} "
             f"LEFT JOIN {rows.table(Turn)} ct ON ct.id = b.{rows.column(MessageBuffer, 'carried_turn')} "
-            f"WHERE b.id IN ({', '.join(['%s'] * n)}) AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
+            f"WHERE b.id IN ({rows.placeholders(n)}) AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
             f"ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
 
 
@@ -208,7 +209,7 @@ def _messages_of(buffers):
 def _messages_sql(n):
     col = functools.partial(rows.column, InboundMessage)
     return (f"SELECT {rows.columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {rows.table(InboundMessage)} m "
-            f"WHERE m.{col('buffer')} IN ({', '.join(['%s'] * n)}) ORDER BY m.{col('received_at')}, m.id")
+            f"WHERE m.{col('buffer')} IN ({rows.placeholders(n)}) ORDER BY m.{col('received_at')}, m.id")
 
 
 def _busy_conversations(conversation_ids):
@@ -223,7 +224,7 @@ def _busy_conversations(conversation_ids):
 def _busy_sql(n):
     col = functools.partial(rows.column, Turn)
     return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {col('conversation')} IN "
-            f"({', '.join(['%s'] * n)}) AND {col('state')} IN (%s, %s)")
+            f"({rows.placeholders(n)}) AND {col('state')} IN (%s, %s)")
 
 
 def _born_running(new_turns, owner, now, room):

@@ -17,6 +17,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from agentloop.rows import placeholders
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -412,7 +413,7 @@ def _insert_sql(model, conflict):
     on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(fields))}){on_conflict} RETURNING {quote('id')}"
+        f"VALUES ({placeholders(len(fields))}){on_conflict} RETURNING {quote('id')}"
     )
     return sql, fields
 

@@ -19,9 +19,7 @@ import logging
 import os
 
 import openai
-import openai.resources.chat.completions  # noqa: F401 — the SDK loads these lazily, inside the first turn
-import openai.types.chat  # noqa: F401
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion  # loaded now, not inside the first turn
 
 from agentloop.caches import BoundedCache
 from audit.redaction import agent_secrets, redact
@@ -66,7 +64,7 @@ def _client(config):
 class OpenAIAgent(Agent):
     async def prepare(self, config):
         try:
-            _client(config).chat.completions  # noqa: B018 — builds the client and its resources now
+            _client(config)  # the client and its connection pool now, not inside the first turn
         except AgentUnavailable as exc:
             log.warning("an openai channel cannot run: %s", exc)
 

@@ -14,10 +14,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop import rows
 from audit.events import record
 from audit.models import EventKind
 from audit.redaction import redact
-from conversations import rows
 from conversations.models import Channel, Conversation, Turn, TurnState
 
 EXTERNAL_GAVE_UP_NOTICE = (
@@ -86,7 +86,7 @@ def _finish_chunk(results, owner, now):
            f"{quote('reply_text')} = CASE {quote('id')} {whens} END, "
            f"{quote('outcome')} = CASE {quote('id')} {whens} END, "
            f"{quote('finished_at')} = %s "
-           f"WHERE {quote('id')} IN ({', '.join(['%s'] * len(results))}) "
+           f"WHERE {quote('id')} IN ({rows.placeholders(len(results))}) "
            f"AND {quote('state')} = %s AND {quote('owner')} = %s")
     params = [value for column in (1, 2, 3) for r in results for value in (r[0], r[column])]
     with connection.cursor() as cursor:

@@ -37,6 +37,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from agentloop.rows import placeholders
 from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -252,7 +253,7 @@ def maybe_claimable(dead_owners, now) -> bool:
         ]
         if dead_owners:
             owners = list(dead_owners)
-            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND owner IN ({', '.join(['%s'] * len(owners))})",
+            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND owner IN ({placeholders(len(owners))})",
                            [OutboundState.ATTEMPTING, *owners]))
     with connection.cursor() as cursor:
         for sql, params in probes:  # one at a time: each its own index, and the first found ends it

@@ -40,6 +40,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from agentloop.caches import BoundedCache
+from agentloop.rows import placeholders
 from conversations.models import (
     BufferState,
     Channel,
@@ -185,7 +186,7 @@ def _open_windows_sql(channels, partitioned):
         f"FROM {buffers} b CROSS JOIN {conversations} c "
         f"LEFT JOIN {messages} m ON m.id = (SELECT MAX(l.id) FROM {messages} l WHERE l.buffer_id = b.id) "
         f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
-        f"AND c.channel_id IN ({', '.join(['%s'] * channels)}) "
+        f"AND c.channel_id IN ({placeholders(channels)}) "
         + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
         + "ORDER BY b.id LIMIT %s"
     )

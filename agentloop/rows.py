@@ -48,3 +48,8 @@ def table(model):
 
 def column(model, name):
     return connection.ops.quote_name(model._meta.get_field(name).column)
+
+
+def placeholders(n) -> str:
+    """`%s, %s, …` for an IN list of n values."""
+    return ", ".join(["%s"] * n)
