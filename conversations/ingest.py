@@ -125,19 +125,22 @@ def record_refusal(channel, inbound: Inbound, reason: str, source: str):
                 printable(inbound.platform_message_id), source, reason)
 
 
-def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
+def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False) -> Admission:
     """Admit one message. The whole admission is one transaction with no effect outside
     the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried.
-    Raises Unstorable for a message the database cannot store as given."""
+    Raises Unstorable for a message the database cannot store as given.
+
+    `batched`: inside admit_many's shared transaction, without savepoints of its own
+    (see there); an error is then not retried here but fails the batch."""
     problem = refusal(inbound)
     if problem:
         raise Unstorable(problem)
     created = None
     for attempt in range(1, 4):
         try:
-            admission = _admit(channel, inbound, now or timezone.now(), created)
+            admission = _admit(channel, inbound, now or timezone.now(), created, savepoint=not batched)
         except OperationalError as exc:
-            if attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in RETRYABLE:
+            if batched or attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in RETRYABLE:
                 raise
             log.warning("admission of %s retried after: %s", inbound.platform_message_id, exc)
             created = None
@@ -149,7 +152,7 @@ def admit(channel, inbound: Inbound, now: datetime | None = None) -> Admission:
         # admission need not read it back (a group-committed batch of new chats, one
         # statement fewer each).
         nested = transaction.get_connection().in_atomic_block
-        created = _create_conversation(channel, inbound)
+        created = _create_conversation(channel, inbound, savepoint=not batched)
         if not nested:
             created = None
     raise RuntimeError("conversation vanished while admitting a message")
@@ -165,21 +168,28 @@ class BatchFailed(Exception):
 
 def admit_many(requests, is_fault) -> list:
     """Admit several messages in one transaction (group commit: one BEGIN, one commit
-    for all of them). Each admission runs in a savepoint of its own (`admit`'s atomic
-    block nests), so one that fails is rolled back alone and gets its exception while
-    the others commit. Returns, in order, an Admission or the exception of each; none
-    is committed before this returns, so answer none before.
+    for all of them). Returns, in order, an Admission or the exception of each; none is
+    committed before this returns, so answer none before.
+
+    The admissions share the transaction without savepoints: on PostgreSQL a savepoint
+    and its release are two round trips each, and an admission wraps two of them (the
+    new conversation, the message) — most of a new chat's eleven round trips, measured
+    as most of a webhook POST's time under load. One that fails the database's way
+    leaves the transaction unusable: the batch is rolled back and every message admitted
+    again on its own (its own transaction, savepoints, retries), so one bad admission
+    still fails alone. An error raised before any statement (Unstorable) is that
+    admission's alone, and the others go on.
 
     An error for which `is_fault(exc)` is true (the database went away, SQLite's lock
-    timed out) fails the whole batch: it is raised. A transaction left unusable any
-    other way, or a commit refused (a deferred foreign key: a channel deleted since it
-    was cached), is not the others' fault: they are admitted again one by one."""
+    timed out) fails the whole batch: it is raised. A commit refused (a deferred foreign
+    key: a channel deleted since it was cached) is not the others' fault either: they
+    are admitted again one by one."""
     results = []
     try:
         with transaction.atomic():
             for channel, inbound in requests:
                 try:
-                    results.append(admit(channel, inbound))
+                    results.append(admit(channel, inbound, batched=True))
                 except Exception as exc:
                     if is_fault(exc):
                         raise
@@ -202,8 +212,8 @@ def _admit_alone(channel, inbound, is_fault):
         return exc
 
 
-def _admit(channel, inbound, now, created=None):
-    with transaction.atomic():
+def _admit(channel, inbound, now, created=None, savepoint=True):
+    with transaction.atomic(savepoint=savepoint):
         admission = _admit_in_transaction(channel, inbound, now, created)
         if admission is not None and not admission.duplicate:
             console.message_admitted(channel, admission.conversation_id, inbound, admission,
@@ -352,13 +362,14 @@ def open_conversation(channel, inbound) -> Conversation:
     return Conversation.objects.get(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id)
 
 
-def _create_conversation(channel, inbound):
+def _create_conversation(channel, inbound, savepoint=True):
     """A conversation's first message creates it in a short transaction of its own, so
     concurrent first messages race only on these two unique rows, never while holding
     the locks of an admission. INSERT … ON CONFLICT DO NOTHING settles that race (what
     get_or_create did with a savepoint, a SELECT and an INSERT for each row, through
-    the ORM: most of the admission of a new conversation's first message)."""
-    with transaction.atomic():
+    the ORM: most of the admission of a new conversation's first message).
+    `savepoint=False`: inside a batch's transaction (admit_many)."""
+    with transaction.atomic(savepoint=savepoint):
         contact = Contact(channel=channel, platform_id=inbound.sender_id,
                           display_name=inbound.sender_name[:200], username=inbound.username[:100])
         if not _insert(contact, ("channel_id", "platform_id")):

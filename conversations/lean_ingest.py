@@ -11,9 +11,10 @@ unstorable input), the 503 + Retry-After of a database outage is the middleware'
 the guarantees do not move:
 
 - Group commit. One thread with its own connection (the admitter) takes the requests
-  that arrived while it was busy as one batch: one transaction, each admission in its
-  own savepoint (ingest.admit_many), one commit. A request is answered only after the
-  commit that holds its message; one bad admission fails alone.
+  that arrived while it was busy as one batch: one transaction, no savepoint per
+  admission (ingest.admit_many: a batch that fails is admitted again one by one), one
+  commit. A request is answered only after the commit that holds its message; one bad
+  admission fails alone.
 - The dedup is the database's (the admission's INSERT … ON CONFLICT DO NOTHING).
 - An `edited_message` (rare) takes a slower path of its own: applied by conversations.edits
   in its own transaction after the batch's admissions commit, so a message and its edit

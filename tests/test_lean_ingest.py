@@ -12,14 +12,15 @@ import json
 
 import httpx
 import pytest
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError, connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditEvent, EventKind
 from conversations import ingest
 from conversations.ingest import Inbound
 from conversations.lean_ingest import LeanIngest
-from conversations.models import Channel, InboundMessage
+from conversations.models import Channel, Conversation, InboundMessage
 
 SECRET = "lean-secret"
 HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -159,3 +160,55 @@ def test_group_commit_a_database_fault_fails_the_whole_batch_and_stores_nothing(
     with pytest.raises(IntegrityError):
         ingest.admit_many([(good, _inbound(1)), (gone, _inbound(2)), (good, _inbound(3))], lambda exc: True)
     assert not InboundMessage.objects.exists()
+
+
+@pytest.fixture
+def boom_trigger(transactional_db):
+    """A real database error in the middle of a batch: a trigger that refuses the message
+    whose text is "boom" (what a constraint violation does), on either database."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("CREATE FUNCTION refuse_boom() RETURNS trigger AS $$ BEGIN "
+                           "IF NEW.text = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END "
+                           "$$ LANGUAGE plpgsql")
+            cursor.execute("CREATE TRIGGER refuse_boom BEFORE INSERT ON conversations_inboundmessage "
+                           "FOR EACH ROW EXECUTE FUNCTION refuse_boom()")
+        else:
+            cursor.execute("CREATE TRIGGER refuse_boom BEFORE INSERT ON conversations_inboundmessage "
+                           "WHEN NEW.text = 'boom' BEGIN SELECT RAISE(ABORT, 'boom refused'); END")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER refuse_boom" + (" ON conversations_inboundmessage"
+                                                     if connection.vendor == "postgresql" else ""))
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP FUNCTION refuse_boom()")
+
+
+def test_group_commit_a_statement_failing_mid_batch_fails_alone(boom_trigger):
+    """The batch's admissions share its transaction without savepoints, so a statement
+    that fails leaves it unusable: the batch is rolled back and each message admitted
+    again on its own. Only the bad one gets its error; each good one is stored once."""
+    channel = Channel.objects.create(slug="good", kind="api")
+    bad = Inbound(platform_message_id="m2", chat_id="c2", sender_id="c2", text="boom")
+    results = ingest.admit_many([(channel, _inbound(1)), (channel, bad), (channel, _inbound(3))], lambda exc: False)
+    assert isinstance(results[1], DatabaseError) and "boom refused" in str(results[1])
+    assert [r.duplicate for r in (results[0], results[2])] == [False, False]
+    assert sorted(InboundMessage.objects.values_list("platform_message_id", flat=True)) == ["m1", "m3"]
+    assert Conversation.objects.filter(chat_id="c2").count() <= 1  # its conversation may stay, once
+
+
+def test_group_commit_takes_no_savepoint_per_admission(transactional_db):
+    """On PostgreSQL each savepoint is two round trips, and an admission used to take two
+    of them: a batch of new chats now sends one INSERT per row it writes (contact,
+    conversation, buffer, message) after one look for the conversation, and nothing else
+    but its BEGIN and COMMIT."""
+    channel = Channel.objects.create(slug="good", kind="api")
+    with CaptureQueriesContext(connection) as queries:
+        results = ingest.admit_many([(channel, _inbound(i)) for i in range(5)], lambda exc: False)
+    assert all(not r.duplicate for r in results)
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    assert not [s for s in statements if s in ("SAVEPOINT", "RELEASE", "ROLLBACK")], statements
+    assert statements.count("INSERT") == 5 * 4
+    # Besides those, only the dashboard's "is anyone watching?" look (cached, at most once).
+    admissions = [q["sql"] for q in queries.captured_queries if "conversations_" in q["sql"]]
+    assert len(admissions) == 5 * 5, admissions
