@@ -16,6 +16,7 @@ from django.db import DatabaseError, IntegrityError, connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from agentloop.middleware import database_unavailable
 from audit.models import AuditEvent, EventKind
 from conversations import ingest
 from conversations.ingest import Inbound
@@ -212,3 +213,30 @@ def test_group_commit_takes_no_savepoint_per_admission(transactional_db):
     # Besides those, only the dashboard's "is anyone watching?" look (cached, at most once).
     admissions = [q["sql"] for q in queries.captured_queries if "conversations_" in q["sql"]]
     assert len(admissions) == 5 * 5, admissions
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="deadlocks are PostgreSQL's; SQLite serialises writers")
+def test_group_commit_a_deadlock_mid_batch_is_admitted_again_one_by_one(transactional_db):
+    """A batch that loses a deadlock (PostgreSQL rolls its transaction back) is not a
+    database outage: its messages are admitted again one by one, none answered 503."""
+    with connection.cursor() as cursor:
+        # Once only (a sequence is not rolled back): the first try deadlocks, the next one passes.
+        cursor.execute("CREATE SEQUENCE deadlock_once")
+        cursor.execute("CREATE FUNCTION deadlock_once() RETURNS trigger AS $$ BEGIN "
+                       "IF NEW.text = 'deadlock' AND nextval('deadlock_once') = 1 THEN "
+                       "RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END IF; RETURN NEW; END "
+                       "$$ LANGUAGE plpgsql")
+        cursor.execute("CREATE TRIGGER deadlock_once BEFORE INSERT ON conversations_inboundmessage "
+                       "FOR EACH ROW EXECUTE FUNCTION deadlock_once()")
+    try:
+        channel = Channel.objects.create(slug="good", kind="api")
+        loser = Inbound(platform_message_id="m2", chat_id="c2", sender_id="c2", text="deadlock")
+        results = ingest.admit_many([(channel, _inbound(1)), (channel, loser), (channel, _inbound(3))],
+                                    database_unavailable)
+        assert [r.duplicate for r in results] == [False, False, False]
+        assert sorted(InboundMessage.objects.values_list("platform_message_id", flat=True)) == ["m1", "m2", "m3"]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER deadlock_once ON conversations_inboundmessage")
+            cursor.execute("DROP FUNCTION deadlock_once()")
+            cursor.execute("DROP SEQUENCE deadlock_once")
