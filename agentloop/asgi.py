@@ -22,7 +22,6 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path  # noqa: E402
 
 from agentloop import consumers  # noqa: E402
-from agentloop.heap import freeze_boot_heap  # noqa: E402
 from agentloop.twisted_tuning import cache_content_type_parsing  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
 
@@ -44,6 +43,3 @@ application = ProtocolTypeRouter({
     # The session cookie logs the websocket in; another site's page may not open one.
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(websockets)),
 })
-
-# Last: everything the web process imported to get here stays out of full collections.
-freeze_boot_heap()

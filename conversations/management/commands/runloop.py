@@ -4,7 +4,6 @@ import sys
 
 from django.core.management.base import BaseCommand
 
-from agentloop.heap import freeze_boot_heap
 from conversations.worker import Worker
 
 SWITCH_INTERVAL = 0.0005  # seconds
@@ -23,7 +22,6 @@ class Command(BaseCommand):
         # running thread gives it up: at most the switch interval, 5 ms by default.
         sys.setswitchinterval(SWITCH_INTERVAL)
         worker = Worker(poll=not options["no_polling"])
-        freeze_boot_heap()  # a full collection stopped the flusher for ~100 ms (agentloop/heap.py)
 
         async def main():
             loop = asyncio.get_running_loop()
