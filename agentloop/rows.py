@@ -1,6 +1,6 @@
 """Model instances from hand-written SQL, for the few statements on the timed path (the
-flusher's claim, the ready-turn query, a turn's history): the ORM compiles a query anew on every call, which there cost more
-than the database did. The columns are listed from the model once; each value goes
+flusher's claim, the ready-turn query, a turn's history): the ORM compiles a query anew
+on every call, which there cost more than the database did. The columns are listed from the model once; each value goes
 through the same converters the ORM applies (SQLite's naive datetimes made aware, JSON
 text decoded), so an instance built here is the one a queryset would have given.
 """

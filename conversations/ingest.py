@@ -140,7 +140,7 @@ def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=Fal
         try:
             admission = _admit(channel, inbound, now or timezone.now(), created, savepoint=not batched)
         except OperationalError as exc:
-            if batched or attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in RETRYABLE:
+            if batched or attempt == 3 or not _retryable(exc):
                 raise
             log.warning("admission of %s retried after: %s", inbound.platform_message_id, exc)
             created = None
@@ -204,9 +204,9 @@ def admit_many(requests, is_fault) -> list:
 
 
 def _retryable(exc) -> bool:
-    """A deadlock or serialization failure (PostgreSQL): not the database going away. In a
-    batch it fails the batch's transaction, whose messages are then admitted one by one
-    (where `admit` retries such an error)."""
+    """A deadlock or serialization failure (PostgreSQL): only this transaction lost, not
+    the database going away. `admit` retries it; in a batch it fails the batch's
+    transaction, whose messages are then admitted one by one (each retried)."""
     return getattr(exc.__cause__, "sqlstate", None) in RETRYABLE
 
 

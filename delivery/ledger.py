@@ -405,10 +405,9 @@ def _mark_delivered(platform_ids, owner, now) -> set:
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     table = connection.ops.quote_name(OutboundMessage._meta.db_table)
     cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
-    marks = ", ".join(["%s"] * len(platform_ids))
     sql = (f"UPDATE {table} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
            f"platform_message_id = CASE id {cases} ELSE platform_message_id END "
-           f"WHERE id IN ({marks}) AND state = %s AND owner = %s" + (" RETURNING id" if returning else ""))
+           f"WHERE id IN ({placeholders(len(platform_ids))}) AND state = %s AND owner = %s" + (" RETURNING id" if returning else ""))
     params = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED,
               *[v for pair in platform_ids for v in pair], *[pk for pk, _ in platform_ids],
               OutboundState.ATTEMPTING, owner]
