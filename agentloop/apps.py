@@ -11,6 +11,9 @@ class AgentloopConfig(AppConfig):
 
     def ready(self):
         from agentloop.roles import on_post_migrate
+        from agentloop.rows import register_lookups
+
+        register_lookups()
 
         # Once per migrate (sent with this app as the sender), after every app's tables exist.
         post_migrate.connect(on_post_migrate, sender=self, dispatch_uid="agentloop.roles")

@@ -43,11 +43,19 @@ def record_many(events):
                   event.pop("conversation_id", None), str(event.pop("target", "")), summary]
         rows.append([*fields, json.dumps(redact_payload(event), default=str)])
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
-    extra = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    columns = "kind, at, actor, channel_slug, conversation_id, target, summary, extra"
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {table} (kind, at, actor, channel_slug, conversation_id, target, summary, extra) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, %s, {extra})", rows)
+        if connection.vendor == "postgresql":
+            # The rows as one array per column: one statement, not one per event (a
+            # recovery of 500 rows was 500 INSERTs, half of the delivered mark's time).
+            kinds, _, actors, slugs, conversation_ids, targets, summaries, extras = (list(c) for c in zip(*rows))
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT v.kind, %s, v.actor, v.slug, v.conversation_id, v.target, "
+                f"v.summary, v.extra::jsonb FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], "
+                f"%s::text[], %s::text[], %s::text[]) AS v(kind, actor, slug, conversation_id, target, summary, extra)",
+                [at, kinds, actors, slugs, conversation_ids, targets, summaries, extras])
+        else:
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
     console.events_recorded(AuditEvent(kind=r[0], at=timezone.now(), channel_slug=r[3], conversation_id=r[4],
                                        target=r[5], summary=r[6], extra=events[i]) for i, r in enumerate(rows))
     return len(rows)

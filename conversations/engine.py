@@ -140,10 +140,11 @@ def _claim(ids, now, token):
     MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
     at = _deadline_param(now)
     with connection.cursor() as cursor:
-        cursor.execute(_claim_sql(len(ids)), [BufferState.FLUSHED.value, at, token, *ids, BufferState.OPEN.value, at])
+        cursor.execute(_claim_sql(len(ids)), [BufferState.FLUSHED.value, at, token, *rows.in_params(ids),
+                                             BufferState.OPEN.value, at])
         if not cursor.rowcount:
             return []
-        cursor.execute(_claimed_sql(len(ids)), [*ids, token])
+        cursor.execute(_claimed_sql(len(ids)), [*rows.in_params(ids), token])
         found = cursor.fetchall()
     shape = _claimed_shape()
     buffers = []
@@ -173,7 +174,7 @@ def _claim_sql(n):
     col = functools.partial(rows.column, MessageBuffer)
     return (f"UPDATE {rows.table(MessageBuffer)} SET {col('state')} = %s, {col('flushed_at')} = %s, "
             f"{col('flushed_by')} = %s, {col('flush_reason')} = {col('planned_reason')} "
-            f"WHERE {col('id')} IN ({rows.placeholders(n)}) AND {col('state')} = %s AND {col('flush_at')} <= %s")
+            f"WHERE {rows.in_sql(col('id'), n)} AND {col('state')} = %s AND {col('flush_at')} <= %s")
 
 
 @functools.lru_cache(maxsize=BATCH_SHAPES)
@@ -183,7 +184,7 @@ def _claimed_sql(n):
             f"JOIN {rows.table(Conversation)} c ON c.id = b.{rows.column(MessageBuffer, 'conversation')} "
             f"JOIN {rows.table(Channel)} ch ON ch.id = c.{rows.column(Conversation, 'channel')} "
             f"LEFT JOIN {rows.table(Turn)} ct ON ct.id = b.{rows.column(MessageBuffer, 'carried_turn')} "
-            f"WHERE b.id IN ({rows.placeholders(n)}) AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
+            f"WHERE {rows.in_sql('b.id', n)} AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
             f"ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
 
 
@@ -195,7 +196,7 @@ def _messages_of(buffers):
     """{buffer id: its messages, oldest first}, with the fields a merge reads."""
     ids = [b.pk for b in buffers]
     with connection.cursor() as cursor:
-        cursor.execute(_messages_sql(len(ids)), ids)
+        cursor.execute(_messages_sql(len(ids)), rows.in_params(ids))
         found = cursor.fetchall()
     shape = rows.columns(InboundMessage, "m", MERGED_FIELDS)
     by_buffer = {}
@@ -209,22 +210,22 @@ def _messages_of(buffers):
 def _messages_sql(n):
     col = functools.partial(rows.column, InboundMessage)
     return (f"SELECT {rows.columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {rows.table(InboundMessage)} m "
-            f"WHERE m.{col('buffer')} IN ({rows.placeholders(n)}) ORDER BY m.{col('received_at')}, m.id")
+            f"WHERE {rows.in_sql('m.' + col('buffer'), n)} ORDER BY m.{col('received_at')}, m.id")
 
 
 def _busy_conversations(conversation_ids):
     """Which of these conversations have a turn ready or running."""
     ids = list(conversation_ids)
     with connection.cursor() as cursor:
-        cursor.execute(_busy_sql(len(ids)), [*ids, *Turn.ACTIVE])
+        cursor.execute(_busy_sql(len(ids)), [*rows.in_params(ids), *Turn.ACTIVE])
         return {row[0] for row in cursor.fetchall()}
 
 
 @functools.lru_cache(maxsize=BATCH_SHAPES)
 def _busy_sql(n):
     col = functools.partial(rows.column, Turn)
-    return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {col('conversation')} IN "
-            f"({rows.placeholders(n)}) AND {col('state')} IN (%s, %s)")
+    return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {rows.in_sql(col('conversation'), n)} "
+            f"AND {col('state')} IN (%s, %s)")
 
 
 def _born_running(new_turns, owner, now, room):

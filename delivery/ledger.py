@@ -37,7 +37,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from agentloop.rows import placeholders
+from agentloop.rows import in_params, in_sql, placeholders, postgresql
 from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -253,8 +253,8 @@ def maybe_claimable(dead_owners, now) -> bool:
         ]
         if dead_owners:
             owners = list(dead_owners)
-            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND owner IN ({placeholders(len(owners))})",
-                           [OutboundState.ATTEMPTING, *owners]))
+            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND {in_sql('owner', len(owners), None)}",
+                           [OutboundState.ATTEMPTING, *in_params(owners)]))
     with connection.cursor() as cursor:
         for sql, params in probes:  # one at a time: each its own index, and the first found ends it
             cursor.execute(f"{sql} LIMIT 1", params)
@@ -404,13 +404,21 @@ def _mark_delivered(platform_ids, owner, now) -> set:
         return set()
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     table = connection.ops.quote_name(OutboundMessage._meta.db_table)
-    cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
-    sql = (f"UPDATE {table} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
-           f"platform_message_id = CASE id {cases} ELSE platform_message_id END "
-           f"WHERE id IN ({placeholders(len(platform_ids))}) AND state = %s AND owner = %s" + (" RETURNING id" if returning else ""))
-    params = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED,
-              *[v for pair in platform_ids for v in pair], *[pk for pk, _ in platform_ids],
-              OutboundState.ATTEMPTING, owner]
+    delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
+    if postgresql():  # the pairs as two arrays: one statement text for any batch (agentloop.rows.in_sql)
+        sql = (f"UPDATE {table} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
+               f"platform_message_id = v.platform_id FROM unnest(%s::bigint[], %s::text[]) AS v(id, platform_id) "
+               f"WHERE o.id = v.id AND o.state = %s AND o.owner = %s RETURNING o.id")
+        params = [*delivered, [pk for pk, _ in platform_ids], [pid for _, pid in platform_ids],
+                  OutboundState.ATTEMPTING, owner]
+    else:
+        cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
+        sql = (f"UPDATE {table} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
+               f"platform_message_id = CASE id {cases} ELSE platform_message_id END "
+               f"WHERE id IN ({placeholders(len(platform_ids))}) AND state = %s AND owner = %s"
+               + (" RETURNING id" if returning else ""))
+        params = [*delivered, *[v for pair in platform_ids for v in pair], *[pk for pk, _ in platform_ids],
+                  OutboundState.ATTEMPTING, owner]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {pk for (pk,) in cursor.fetchall()} if returning else set(ids)

@@ -317,20 +317,23 @@ def test_waiting_long_polls_hold_no_thread_and_no_connection_each(processes, mak
     threads_before, connections_before = threads_of(web.pid), connections_to_test_database()
 
     clients, answers = 40, []
-    polls = [threading.Thread(target=lambda: answers.append(http_read(web, key, conversation, wait=3, after=cursor)))
+    polls = [threading.Thread(target=lambda: answers.append(http_read(web, key, conversation, wait=5, after=cursor)))
              for _ in range(clients)]
     for poll in polls:
         poll.start()
     time.sleep(1.2)  # all waiting, checking every 0.5 s by now
     samples = []
-    for _ in range(8):
+    for _ in range(25):
         samples.append((threads_of(web.pid) - threads_before, connections_to_test_database() - connections_before))
         time.sleep(0.1)
     for poll in polls:
-        poll.join(10)
+        poll.join(15)
     assert len(answers) == clients and all(a.status_code == 200 and not a.json()["items"] for a in answers)
     pool = min(32, (os.cpu_count() or 1) + 4)  # the event loop's default thread pool
-    extra_threads, extra_connections = max(t for t, _ in samples), max(c for _, c in samples)
+    # The fewest seen while all wait: on a loaded machine a late request's own middleware
+    # thread (or one shutting down) can still be there at one sample; a thread held per
+    # waiting client would be there at every sample (+40).
+    extra_threads, extra_connections = min(t for t, _ in samples), min(c for _, c in samples)
     print(f"{clients} waiting long-polls: +{extra_threads} threads, +{extra_connections} database connections")
     assert extra_threads <= pool + 2 < clients
     assert extra_connections <= pool < clients

@@ -20,7 +20,7 @@ from conversations.platforms.telegram.transport import TelegramTransport, close_
 from conversations.platforms.webchat.transport import WebchatTransport
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
-from delivery.transports import SendResult
+from delivery.transports import SendResult, Target
 
 pytestmark = pytest.mark.django_db
 
@@ -178,3 +178,29 @@ def test_the_telegram_bootstrap_hook_adds_a_polling_channel_from_the_environment
     assert (channel.kind, channel.agent, channel.send_blocked) == ("telegram", "demo", "")
     assert channel.platform_settings["mode"] == "polling" and channel.platform_settings["bot_token"] == "123:ABC"
     assert channel.pk in polling.polling_channels()
+
+
+def test_a_sent_answer_without_a_message_id_is_ambiguous_and_a_threaded_reply_keeps_its_fields(
+        make_channel, make_conversation, fake_telegram):
+    """Replies read only the sent message's id from Telegram's answer (ReplyBot): an
+    answer without one (the request went out) is ambiguous, to be resent labelled; a
+    reply to a message in a topic still carries its reply and thread parameters."""
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "9:OK",
+                                                                     "api_base": fake_telegram.url})
+    transport = platforms.transport_for(channel)
+
+    async def send(target):
+        try:
+            return await transport.send_text(target, "hola")
+        finally:
+            await close_bots()
+
+    sent = asyncio.run(send(Target(chat_id="301", reply_target="77", thread_id="5")))
+    call = fake_telegram.calls("sendMessage")[-1]
+    assert sent.ok and sent.platform_message_id == str(fake_telegram.sent_messages("9:OK")[-1]["message_id"])
+    assert call.params["message_thread_id"] in (5, "5") and call.params["reply_parameters"] == {
+        "message_id": 77, "allow_sending_without_reply": True}
+
+    fake_telegram.set_handler("sendMessage", lambda token, params: {"chat": {"id": 301}})
+    unreadable = asyncio.run(send(Target(chat_id="301")))
+    assert unreadable.outcome == Outcome.AMBIGUOUS and unreadable.error == "unreadable answer: KeyError"

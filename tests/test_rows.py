@@ -87,3 +87,41 @@ def test_history_since_the_reset_in_order_with_notes(make_channel):
     assert engine.conversation_history(conversation, current) == [
         {"role": "user", "content": "¿pregunta 2?"}, {"role": "assistant", "content": "respuesta 2"},
     ]
+
+
+def test_an_id_list_is_one_array_parameter_on_postgresql_and_selects_the_same_rows(make_channel, make_conversation):
+    """`__in` with a list of ids on an integer column, and rows.in_sql: on PostgreSQL one
+    array parameter (the statement's text the same for 3 ids or 500), elsewhere Django's
+    IN list; the same rows either way, NULLs ignored, an empty list matching nothing, a
+    subquery left as Django writes it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from agentloop import rows
+
+    channel = make_channel("ids")
+    ids = [make_conversation(channel, str(n)).pk for n in range(5)]
+    wanted = [ids[0], ids[3], None, 10 ** 12]
+
+    with CaptureQueriesContext(connection) as queries:
+        assert sorted(Conversation.objects.filter(pk__in=wanted).values_list("pk", flat=True)) == [ids[0], ids[3]]
+        assert list(Conversation.objects.filter(pk__in=[]).values_list("pk", flat=True)) == []
+        assert Conversation.objects.filter(pk__in=Conversation.objects.filter(chat_id="4").values("pk")).get().pk \
+            == ids[4]
+    listed, subquery = queries.captured_queries[0]["sql"], queries.captured_queries[-1]["sql"]
+    if connection.vendor == "postgresql":
+        assert "= ANY(" in listed and "::bigint[]" in listed and " IN (" not in listed
+    else:
+        assert " IN (" in listed and "ANY" not in listed
+    assert " IN (SELECT" in subquery
+
+    many = ids * 120  # 600 values: a statement over 4 KB as an IN list
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {rows.table(Conversation)} WHERE {rows.in_sql('id', len(many))}",
+                       rows.in_params(many))
+        assert cursor.fetchone()[0] == 5
+        cursor.execute(f"SELECT count(*) FROM {rows.table(Conversation)} "
+                       f"WHERE {rows.in_sql('chat_id', 2, None)}", rows.in_params(["1", "2"]))
+        assert cursor.fetchone()[0] == 2
+    if connection.vendor == "postgresql":
+        assert len(rows.in_sql("id", 600)) < 40

@@ -1,5 +1,5 @@
 """The recovery benchmark's reference: the same messages sent through the same client
-(python-telegram-bot on our aiohttp layer, as many connections per bot as the worker
+(python-telegram-bot on our aiohttp layer, the worker's ReplyBot.send_message_id, as many connections per bot as the worker
 uses) to the same local Bot API server, all at once — no ledger, no database."""
 
 import argparse
@@ -7,16 +7,15 @@ import asyncio
 import json
 import time
 
-import telegram
-
+from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.request import AiohttpRequest
 
 
 async def main(url, token, n, chats, connections):
-    bot = telegram.Bot(token, base_url=f"{url.rstrip('/')}/bot", request=AiohttpRequest(connections=connections),
+    bot = ReplyBot(token, base_url=f"{url.rstrip('/')}/bot", request=AiohttpRequest(connections=connections),
                        get_updates_request=AiohttpRequest(connections=1))
     began = time.monotonic()
-    await asyncio.gather(*(bot.send_message(chat_id=str(1000 + i % chats), text=f"bare {i}") for i in range(n)))
+    await asyncio.gather(*(bot.send_message_id(str(1000 + i % chats), f"bare {i}") for i in range(n)))
     elapsed = time.monotonic() - began
     await bot.request.shutdown()
     print(json.dumps({"sent": n, "seconds": elapsed}))

@@ -5,6 +5,7 @@
 - callbacks.py: taps on a question's buttons (webhook and polling alike), editMessageText
 - transport.py: sending, typing, each error mapped to the ledger's outcomes
 - request.py: python-telegram-bot's HTTP layer on aiohttp
+- bot.py: the Bot replies are sent with (only the sent message's id read back)
 - polling.py: long polling (getUpdates under a lease), run by the worker
 - setup.py: setWebhook / deleteWebhook (the `setwebhook` command)
 """

@@ -20,6 +20,7 @@ from telegram.error import (
 )
 
 from agentloop.caches import BoundedCache
+from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.request import AiohttpRequest, NotSent
 from delivery import chunks
 from delivery.models import Outcome
@@ -61,7 +62,7 @@ def bot_url(api_base: str) -> str:
     return f"{api_base.rstrip('/')}/bot"
 
 
-def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
+def telegram_bot(token: str, api_base: str, purpose="send") -> ReplyBot:
     """A Bot for this event loop, talking to {api_base}/bot{token}/{method}. Typing
     indicators get a Bot of their own ("typing"): best effort, they must never queue a
     reply behind them."""
@@ -69,7 +70,7 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> telegram.Bot:
     bot = _bots.get(key)
     if bot is None:
         connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
-        bot = _bots.set(key, telegram.Bot(token, base_url=bot_url(api_base),
+        bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base),
                                           request=AiohttpRequest(connections=connections),
                                           # unused: polling has its own Bot
                                           get_updates_request=AiohttpRequest(connections=1)))
@@ -105,12 +106,11 @@ class TelegramTransport(Transport):
             # only guards a text that reaches the transport whole.
             pieces = chunks.split(text, TELEGRAM_MAX_UNITS)
             for index, chunk in enumerate(pieces):
-                message = await bot.send_message(
-                    chat_id=target.chat_id, text=chunk, reply_parameters=reply,
+                last_id = await bot.send_message_id(
+                    target.chat_id, chunk, reply_parameters=reply,
                     message_thread_id=int(target.thread_id) if target.thread_id else None,
                     reply_markup=inline_keyboard(target.buttons) if index == len(pieces) - 1 else None,
                 )
-                last_id = str(message.message_id)
                 reply = None  # only the first chunk threads to the user's message
         except RetryAfter as exc:
             return self.failed(Outcome.FLOOD, exc, exc.retry_after)
@@ -134,7 +134,7 @@ class TelegramTransport(Transport):
             return self.failed(kind, f"{type(exc).__name__}: {exc}")
         except TelegramError as exc:
             return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
-        except (ValueError, TypeError, OverflowError) as exc:
+        except (ValueError, TypeError, LookupError, OverflowError) as exc:
             # An answer PTB could not make sense of (the request went out): it may have landed.
             return self.failed(Outcome.AMBIGUOUS, f"unreadable answer: {type(exc).__name__}")
         return SendResult.delivered(last_id)
