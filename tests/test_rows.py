@@ -53,6 +53,54 @@ def test_a_buffer_no_longer_due_or_already_flushed_is_not_claimed(make_channel):
     assert Turn.objects.count() == 1
 
 
+def test_a_flush_starts_only_the_turns_first_in_line_and_on_postgresql_waits_on_the_server_three_times(
+        make_channel):
+    """flush_many(start=…) starts a new turn at once only where its conversation has no
+    turn ready or running, and within the room it was given. On PostgreSQL the claim, the
+    read of what it won and that check are one statement: a batch is BEGIN, claim, the
+    messages, the turns' INSERT, COMMIT."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    channel = make_channel("rows-start")
+    for chat in ("1", "2", "3"):
+        admit(channel, Inbound(platform_message_id=f"a{chat}", chat_id=chat, sender_id=chat, text="hola y"), now=T0)
+    first = {b.conversation.chat_id: b.pk for b in MessageBuffer.objects.select_related("conversation")}
+    [waiting] = engine.flush_many([first["1"]], T0 + timedelta(minutes=1))  # chat 1: a turn ready already
+    assert waiting.state == TurnState.READY
+    admit(channel, Inbound(platform_message_id="b1", chat_id="1", sender_id="1", text="otra y"), now=T0)
+    due = list(MessageBuffer.objects.filter(state="open").values_list("pk", flat=True))
+
+    with CaptureQueriesContext(connection) as queries:
+        made = engine.flush_many(due, T0 + timedelta(minutes=1), owner="host:1:1:ab", start=1)
+    states = {turn.conversation.chat_id: turn.state for turn in made}
+    assert states["1"] == TurnState.READY  # behind the ready one
+    assert sorted(states.values()) == [TurnState.READY, TurnState.READY, TurnState.RUNNING]  # room for one
+    assert Turn.objects.filter(state=TurnState.RUNNING).count() == 1
+    if connection.vendor == "postgresql":
+        statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]  # the test's
+        assert len(statements) == 3 and statements[0].startswith("WITH b AS (UPDATE")  # claim + read + busy
+
+
+def test_the_flushers_look_is_the_due_buffers_and_the_next_deadline_in_one_statement(make_channel):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    channel = make_channel("rows-look")
+    assert engine.look(T0) == ([], None)
+    for chat, at in (("1", T0), ("2", T0 + timedelta(seconds=2)), ("3", T0 + timedelta(seconds=30))):
+        admit(channel, Inbound(platform_message_id=chat, chat_id=chat, sender_id=chat, text="hola y"), now=at)
+    deadlines = dict(MessageBuffer.objects.values_list("conversation__chat_id", "flush_at"))
+    by_id = dict(MessageBuffer.objects.values_list("pk", "conversation__chat_id"))
+    now = deadlines["2"]  # the second just due
+    with CaptureQueriesContext(connection) as queries:
+        due, deadline = engine.look(now)
+    assert len(queries.captured_queries) == 1
+    assert sorted(by_id[pk] for pk in due) == ["1", "2"] and due == engine.due_buffer_ids(now)
+    assert deadline == deadlines["3"] == engine.next_deadline(now) and deadline.tzinfo is not None
+    assert engine.look(deadlines["3"] + timedelta(seconds=1))[1] is None
+
+
 def test_history_since_the_reset_in_order_with_notes(make_channel):
     channel = make_channel("rows-history")
     conversation = None

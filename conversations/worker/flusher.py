@@ -61,7 +61,7 @@ class Flusher(threading.Thread):
     def step(self) -> float:
         """Flush what is due; return how long to sleep before the next look."""
         now = timezone.now()
-        due = engine.due_buffer_ids(now)
+        due, deadline = engine.look(now)
         if due:
             room = self.capacity() if self.adopt is not None else 0
             try:
@@ -81,10 +81,9 @@ class Flusher(threading.Thread):
                 self.on_flush()
             self.saw_open_buffers = True
             return 0.0  # there may be more due right now
-        # Asked with the `now` the due query used, not a fresh one: a deadline passing
-        # between the two queries would be neither due nor ahead, and the flusher would
-        # sleep past it to the next one.
-        deadline = engine.next_deadline(now)
+        # Asked with the `now` the due part used, not a fresh one: a deadline passing
+        # between the two would be neither due nor ahead, and the flusher would sleep
+        # past it to the next one.
         self.saw_open_buffers = deadline is not None
         wait = self.poll_interval
         if deadline is not None:

@@ -185,8 +185,7 @@ def measure():
     with Count("dead workers looked for (every 1 s with advisory locks)"):
         engine.dead_owners()
     with Count("flusher's look when nothing is due (every AGENTLOOP_POLL_INTERVAL)"):
-        engine.due_buffer_ids(timezone.now())
-        engine.next_deadline(timezone.now())
+        engine.look(timezone.now())
     with Count("turn claimer's look when nothing is ready"):
         turns.start_many(turns.ready_candidates(10), owner)
     with Count("ledger sweep's look when nothing is due"):
