@@ -6,6 +6,7 @@ text decoded), so an instance built here is the one a queryset would have given.
 """
 
 import functools
+from datetime import UTC
 
 from django.db import connection
 from django.db.models import IntegerField
@@ -50,6 +51,19 @@ def table(model):
 
 def column(model, name):
     return connection.ops.quote_name(model._meta.get_field(name).column)
+
+
+def aware(value):
+    """A datetime from raw SQL, as the ORM would have given it: SQLite hands back naive
+    UTC (or, for an aggregate, the stored text); None stays None."""
+    from django.utils import timezone
+    from django.utils.dateparse import parse_datetime
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
 def placeholders(n) -> str:

@@ -10,12 +10,11 @@ import functools
 import itertools
 import logging
 import os
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from agentloop import rows
 from audit.events import record
@@ -60,7 +59,7 @@ def next_deadline(now):
     """The nearest future deadline, or None."""
     with connection.cursor() as cursor:
         cursor.execute(_next_deadline_sql(), [_deadline_param(now)])
-        return _aware(cursor.fetchone()[0])
+        return rows.aware(cursor.fetchone()[0])
 
 
 def look(now, limit=200):
@@ -72,15 +71,7 @@ def look(now, limit=200):
         found = cursor.fetchall()
     due = [buffer_id for buffer_id, _ in found if buffer_id is not None]
     deadline = next((value for buffer_id, value in found if buffer_id is None), None)
-    return due, _aware(deadline)
-
-
-def _aware(value):
-    if value is None:
-        return None
-    if isinstance(value, str):  # SQLite: an aggregate's value comes back as stored, naive UTC text
-        value = parse_datetime(value)
-    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+    return due, rows.aware(deadline)
 
 
 @functools.cache
@@ -156,22 +147,22 @@ BATCH_SHAPES = 256
 
 def _claim(ids, now, token):
     """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
-    `token`; then the buffers this call won, each with its conversation, channel and the
-    carried-over turn's input, deadline order."""
+    `token`; then the buffers this call won, each with its conversation, channel, the
+    carried-over turn's input and whether the conversation has a turn ready or running,
+    deadline order."""
     MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
     at = _deadline_param(now)
     claim = [BufferState.FLUSHED.value, at, token, *rows.in_params(ids), BufferState.OPEN.value, at]
     with connection.cursor() as cursor:
         if rows.postgresql():
-            # One round trip: the claim, what it won and whether each conversation has a
-            # turn ready or running (for _born_running) — the flusher's timed step was
+            # One round trip for the claim and what it won: the flusher's timed step was
             # six waits for the server, each one more chance to queue behind other work.
             cursor.execute(_claim_and_read_sql_postgresql(), [*claim, *Turn.ACTIVE])
         else:
             cursor.execute(_claim_sql(len(ids)), claim)
             if not cursor.rowcount:
                 return []
-            cursor.execute(_claimed_sql(len(ids)), [*rows.in_params(ids), token])
+            cursor.execute(_claimed_sql(len(ids)), [*Turn.ACTIVE, *rows.in_params(ids), token])
         found = cursor.fetchall()
     shape = _claimed_shape()
     buffers = []
@@ -180,8 +171,7 @@ def _claim(ids, now, token):
         conversation.channel = channel
         buffer.conversation = conversation
         buffer.carried_turn = carried if buffer.carried_turn_id else None
-        if len(row) > shape[-1][2]:
-            buffer.conversation_busy = bool(row[-1])
+        buffer.conversation_busy = bool(row[-1])  # a turn ready or running there (for _born_running)
         buffers.append(buffer)
     return buffers
 
@@ -208,20 +198,23 @@ def _claim_sql(n):
 
 @functools.lru_cache(maxsize=BATCH_SHAPES)
 def _claimed_sql(n):
-    return (f"SELECT {_claimed_select()} FROM {rows.table(MessageBuffer)} b {_claimed_joins()} "
+    return (f"SELECT {_claimed_select()}, {_busy_sql()} FROM {rows.table(MessageBuffer)} b {_claimed_joins()} "
             f"WHERE {rows.in_sql('b.id', n)} AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
             f"ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
 
 
 @functools.cache
 def _claim_and_read_sql_postgresql():
-    """_claim_sql and _claimed_sql in one statement (the UPDATE's RETURNING as `b`), plus
-    the conversation's busy flag (_busy_sql's question, per row)."""
-    turn = functools.partial(rows.column, Turn)
-    busy = (f"EXISTS (SELECT 1 FROM {rows.table(Turn)} t WHERE t.{turn('conversation')} = "
-            f"b.{rows.column(MessageBuffer, 'conversation')} AND t.{turn('state')} IN (%s, %s))")
-    return (f"WITH b AS ({_claim_sql(0)} RETURNING *) SELECT {_claimed_select()}, {busy} FROM b "
+    """_claim_sql and _claimed_sql in one statement (the UPDATE's RETURNING as `b`)."""
+    return (f"WITH b AS ({_claim_sql(0)} RETURNING *) SELECT {_claimed_select()}, {_busy_sql()} FROM b "
             f"{_claimed_joins()} ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
+
+
+def _busy_sql():
+    """Whether the claimed buffer's conversation has a turn ready or running, per row."""
+    turn = functools.partial(rows.column, Turn)
+    return (f"EXISTS (SELECT 1 FROM {rows.table(Turn)} t WHERE t.{turn('conversation')} = "
+            f"b.{rows.column(MessageBuffer, 'conversation')} AND t.{turn('state')} IN (%s, %s))")
 
 
 def _claimed_select():
@@ -259,29 +252,11 @@ def _messages_sql(n):
             f"WHERE {rows.in_sql('m.' + col('buffer'), n)} ORDER BY m.{col('received_at')}, m.id")
 
 
-def _busy_conversations(conversation_ids):
-    """Which of these conversations have a turn ready or running."""
-    ids = list(conversation_ids)
-    with connection.cursor() as cursor:
-        cursor.execute(_busy_sql(len(ids)), [*rows.in_params(ids), *Turn.ACTIVE])
-        return {row[0] for row in cursor.fetchall()}
-
-
-@functools.lru_cache(maxsize=BATCH_SHAPES)
-def _busy_sql(n):
-    col = functools.partial(rows.column, Turn)
-    return (f"SELECT {col('conversation')} FROM {rows.table(Turn)} WHERE {rows.in_sql(col('conversation'), n)} "
-            f"AND {col('state')} IN (%s, %s)")
-
-
 def _born_running(new_turns, owner, now, room):
     """Mark up to `room` new turns RUNNING under `owner`: one per conversation with no
     turn ready or running (checked inside the flush's transaction; on PostgreSQL a
     concurrent start is refused by the one-running-turn index, and the flush retried)."""
-    if all(hasattr(turn.buffer, "conversation_busy") for turn in new_turns):  # read with the claim
-        busy = {turn.conversation_id for turn in new_turns if turn.buffer.conversation_busy}
-    else:
-        busy = _busy_conversations({t.conversation_id for t in new_turns})
+    busy = {turn.conversation_id for turn in new_turns if turn.buffer.conversation_busy}  # read with the claim
     for turn in new_turns:
         if room == 0:
             break

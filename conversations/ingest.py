@@ -10,14 +10,13 @@ import functools
 import logging
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from agentloop.rows import placeholders
+from agentloop.rows import aware, placeholders
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -316,16 +315,6 @@ def _conversation_with_state_sql():
     )
 
 
-def _aware(value):
-    """Raw SQL gets datetimes as the driver hands them: SQLite's are naive UTC (or
-    text); the ORM would have converted them."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-
-
 def _conversation_with_state(channel, inbound):
     lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
     if connection.features.has_select_for_update:
@@ -347,10 +336,10 @@ def _conversation_with_state(channel, inbound):
         return None
     fields = dict(zip(_CONVERSATION_COLUMNS, row))
     conversation = Conversation(channel=channel, **{**fields, "is_group": bool(fields["is_group"]),
-                                                    "context_reset_at": _aware(fields["context_reset_at"])})
+                                                    "context_reset_at": aware(fields["context_reset_at"])})
     conversation._state.adding, conversation._state.db = False, connection.alias
     conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.running_turn_id = row[6:]
-    conversation.open_buffer_first_at = _aware(first_at)
+    conversation.open_buffer_first_at = aware(first_at)
     return conversation
 
 

@@ -1,6 +1,7 @@
 """The recovery benchmark's reference: the same messages sent through the same client
-(python-telegram-bot on our aiohttp layer, the worker's ReplyBot.send_message_id, as many connections per bot as the worker
-uses) to the same local Bot API server, all at once — no ledger, no database."""
+(python-telegram-bot on our aiohttp layer, the worker's ReplyBot.send_message_id, as
+many connections per bot as the worker uses) to the same local Bot API server, all at
+once — no ledger, no database."""
 
 import argparse
 import asyncio
