@@ -113,3 +113,28 @@ class ArrayIn(In):
 def register_lookups():
     """Once, at start-up (AgentloopConfig.ready): every integer column's `__in`."""
     IntegerField.register_lookup(ArrayIn)
+
+
+@functools.lru_cache(maxsize=16)  # one entry per (model, conflict, returning) the code inserts
+def _insert_many_sql(model, conflict, returning):
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+    on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
+    sql = (f"INSERT INTO {table(model)} ({', '.join(quote(f.column) for f in fields)}) "
+           f"SELECT * FROM unnest({arrays}){on_conflict} RETURNING {', '.join(quote(c) for c in returning)}")
+    return sql, fields
+
+
+def insert_many(model, instances, conflict=(), returning=("id",)) -> list:
+    """PostgreSQL: the instances' rows in one statement, one array per column
+    (`INSERT … SELECT * FROM unnest(…) [ON CONFLICT (conflict) DO NOTHING] RETURNING …`),
+    which reads the same for any number of rows. Returns the `returning` columns of the
+    rows inserted (a conflicting row returns nothing), in no promised order: callers
+    match them to their instances by a key they returned."""
+    sql, fields = _insert_many_sql(model, tuple(conflict), tuple(returning))
+    params = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for instance in instances]
+              for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

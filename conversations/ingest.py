@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import aware, placeholders
+from agentloop.rows import aware, in_params, in_sql, insert_many, placeholders, postgresql
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -124,17 +124,18 @@ def record_refusal(channel, inbound: Inbound, reason: str, source: str):
                 printable(inbound.platform_message_id), source, reason)
 
 
-def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False) -> Admission:
+def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False, known=None) -> Admission:
     """Admit one message. The whole admission is one transaction with no effect outside
     the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried.
     Raises Unstorable for a message the database cannot store as given.
 
     `batched`: inside admit_many's shared transaction, without savepoints of its own
-    (see there); an error is then not retried here but fails the batch."""
+    (see there); an error is then not retried here but fails the batch. `known`: its
+    conversation, already locked and read (or created) by this transaction."""
     problem = refusal(inbound)
     if problem:
         raise Unstorable(problem)
-    created = None
+    created = known
     for attempt in range(1, 4):
         try:
             admission = _admit(channel, inbound, now or timezone.now(), created, savepoint=not batched)
@@ -186,9 +187,14 @@ def admit_many(requests, is_fault) -> list:
     results = []
     try:
         with transaction.atomic():
-            for channel, inbound in requests:
+            ahead = _admit_ahead(requests, timezone.now()) if postgresql() and len(requests) > 1 else {}
+            for i, (channel, inbound) in enumerate(requests):
+                done = ahead.get(i)
+                if isinstance(done, Admission):
+                    results.append(done)
+                    continue
                 try:
-                    results.append(admit(channel, inbound, batched=True))
+                    results.append(admit(channel, inbound, batched=True, known=done))
                 except Exception as exc:
                     if is_fault(exc) and not _retryable(exc):
                         raise
@@ -216,6 +222,151 @@ def _admit_alone(channel, inbound, is_fault):
         if is_fault(exc):
             raise
         return exc
+
+
+def _admit_ahead(requests, now) -> dict:
+    """PostgreSQL, inside admit_many's transaction, before its admissions one by one: the
+    statements the batch's messages have in common, run once for the batch with one
+    array per column (tests.bench.statements: a batch of 32 new chats was 5 statements
+    a message). Returns {index in requests: what was done for it}:
+
+    - its conversation exists: locked (all of them in one statement, in the batch's
+      order, which is every batch's: lean_ingest sorts them), then read with its open
+      buffer and running turn (one more); that admission goes on from there.
+    - it does not: created (contacts, then conversations: a statement each), and, for a
+      plain message, its buffer and the message inserted (a statement each): that
+      Admission is complete. A conversation another admission created meanwhile is not
+      in the result: its message is admitted one by one, as before.
+
+    Only a conversation's first message in the batch: its next one must see what the
+    first did. A message refused as unstorable is left to `admit`, which refuses it."""
+    firsts = {}
+    for i, (channel, inbound) in enumerate(requests):
+        if not refusal(inbound):
+            firsts.setdefault((channel.pk, inbound.chat_id, inbound.sender_id), i)
+    if not firsts:
+        return {}
+    channels = {channel.pk: channel for channel, _ in requests}
+    ahead = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
+    created = _create_conversations(requests, [i for i in firsts.values() if i not in ahead])
+    ahead.update(created)
+    ahead.update(_admit_first_messages(requests, created, now))
+    return ahead
+
+
+def _lock_and_read(firsts, channels) -> dict:
+    """{(channel id, chat, sender): Conversation with its state} of the keys that exist:
+    locked first, then read (see _conversation_with_state for why in that order)."""
+    keys = list(firsts)
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT c.id FROM {quote(Conversation._meta.db_table)} c JOIN unnest(%s::bigint[], %s::text[], %s::text[]) "
+            f"WITH ORDINALITY AS k(channel_id, chat_id, sender_id, n) ON c.channel_id = k.channel_id "
+            f"AND c.chat_id = k.chat_id AND c.sender_id = k.sender_id ORDER BY k.n FOR NO KEY UPDATE OF c",
+            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]])
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return {}
+        cursor.execute(_conversation_with_state_sql(in_sql("c.id", len(ids))),
+                       [TurnState.RUNNING, BufferState.OPEN, *in_params(ids)])
+        rows = cursor.fetchall()
+    found = {}
+    for row in rows:
+        conversation = _conversation_from_row(channels[row[-1]], row)
+        found[(row[-1], conversation.chat_id, conversation.sender_id)] = conversation
+    return found
+
+
+def _create_conversations(requests, indexes) -> dict:
+    """{index: Conversation} of the conversations this transaction created, for the
+    first messages at `indexes` (none of them exists yet); two statements (three when a
+    contact exists already: a sender seen in another chat)."""
+    if not indexes:
+        return {}
+    contacts = {}
+    for i in indexes:
+        channel, inbound = requests[i]
+        contacts.setdefault((channel.pk, inbound.sender_id), Contact(
+            channel=channel, platform_id=inbound.sender_id, display_name=inbound.sender_name[:200],
+            username=inbound.username[:100]))
+    contact_ids = {(channel_id, platform_id): pk for pk, channel_id, platform_id in insert_many(
+        Contact, contacts.values(), ("channel_id", "platform_id"), ("id", "channel_id", "platform_id"))}
+    known = [key for key in contacts if key not in contact_ids]
+    if known:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT c.id, c.channel_id, c.platform_id FROM {connection.ops.quote_name(Contact._meta.db_table)} c "
+                f"JOIN unnest(%s::bigint[], %s::text[]) AS k(channel_id, platform_id) "
+                f"ON c.channel_id = k.channel_id AND c.platform_id = k.platform_id",
+                [[key[0] for key in known], [key[1] for key in known]])
+            contact_ids.update({(channel_id, platform_id): pk for pk, channel_id, platform_id in cursor.fetchall()})
+    conversations = {}
+    for i in indexes:
+        channel, inbound = requests[i]
+        conversations[i] = Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
+                                        contact_id=contact_ids[(channel.pk, inbound.sender_id)],
+                                        is_group=inbound.is_group)
+    inserted = {tuple(key): pk for pk, *key in insert_many(
+        Conversation, conversations.values(), ("channel_id", "chat_id", "sender_id"),
+        ("id", "channel_id", "chat_id", "sender_id"))}
+    created = {}
+    for i, conversation in conversations.items():
+        pk = inserted.get((conversation.channel_id, conversation.chat_id, conversation.sender_id))
+        if pk is None:
+            continue  # created meanwhile by another admission: admitted one by one
+        conversation.pk = pk
+        conversation._state.adding, conversation._state.db = False, connection.alias
+        conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
+        conversation.open_buffer_count = 0
+        created[i] = conversation
+    return created
+
+
+def _admit_first_messages(requests, created, now) -> dict:
+    """{index: Admission} of the plain messages that open the conversations this
+    transaction created: a buffer each, then the messages, a statement each. A control
+    command or an answer to a question (neither can be plain here) is left to `admit`,
+    as is a second message with the same platform id in this batch."""
+    plain, seen = {}, set()
+    for i, conversation in created.items():
+        channel, inbound = requests[i]
+        if (not inbound.media_type and control.parse(inbound.text)) or (channel.pk, inbound.platform_message_id) in seen:
+            continue
+        if not inbound.media_type and confirmations.answer_from_text(channel, conversation, inbound.text):
+            continue
+        seen.add((channel.pk, inbound.platform_message_id))
+        plain[i] = MessageBuffer(conversation=conversation, first_message_at=now,
+                                 **_planned(channel, inbound, now, now, 1, None))
+    if not plain:
+        return {}
+    buffer_ids = {conversation_id: pk for pk, conversation_id in insert_many(
+        MessageBuffer, plain.values(), returning=("id", "conversation_id"))}
+    messages = {}
+    for i, buffer in plain.items():
+        buffer.pk = buffer_ids[buffer.conversation_id]
+        buffer._state.adding, buffer._state.db = False, connection.alias
+        channel, inbound = requests[i]
+        messages[i] = _message(channel, created[i], inbound, now, None, buffer)
+    stored = {(channel_id, platform_id): pk for pk, channel_id, platform_id in insert_many(
+        InboundMessage, messages.values(), ("channel_id", "platform_message_id"),
+        ("id", "channel_id", "platform_message_id"))}
+    admissions, unused = {}, []
+    for i, message in messages.items():
+        channel, inbound = requests[i]
+        message.pk = stored.get((channel.pk, inbound.platform_message_id))
+        if message.pk is None:  # admitted before (rare): its buffer goes again
+            unused.append(plain[i].pk)
+            admissions[i] = Admission(duplicate=True, conversation_id=created[i].pk)
+            continue
+        failpoint("inbound.after_insert")
+        admissions[i] = admission = _buffered(
+            Admission(duplicate=False, conversation_id=created[i].pk, message_id=message.pk), plain[i])
+        console.message_admitted(channel, created[i].pk, inbound, admission,
+                                 f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
+    if unused:
+        MessageBuffer.objects.filter(pk__in=unused).delete()
+    return admissions
 
 
 def _admit(channel, inbound, now, created=None, savepoint=True):
@@ -281,6 +432,10 @@ def _admit_in_transaction(channel, inbound, now, created=None):
         buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
     if fresh is None:
         buffer = _rearm(channel, conversation, buffer, message, inbound, now, carried)
+    return _buffered(admission, buffer)
+
+
+def _buffered(admission, buffer):
     admission.disposition = Disposition.BUFFERED
     admission.buffer_id = buffer.pk
     admission.flush_at = buffer.flush_at
@@ -300,18 +455,18 @@ def _first(queryset):
 _CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", "context_reset_at")
 
 
-@functools.cache
-def _conversation_with_state_sql():
+@functools.lru_cache(maxsize=2)  # one conversation by its key; a batch's by their ids
+def _conversation_with_state_sql(where="c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s"):
     """One statement for the hot path of every inbound message: the conversation, its
-    open buffer and whether a turn runs. Written as SQL because the ORM spent longer
+    open buffer, whether a turn runs (and its channel's id, for a batch's). Written as SQL because the ORM spent longer
     compiling the equivalent annotated query (1.3 ms) than the rest of the request."""
     conversation, buffer, turn = (m._meta.db_table for m in (Conversation, MessageBuffer, Turn))
     return (
         f"SELECT {', '.join('c.' + c for c in _CONVERSATION_COLUMNS)}, "
         f"b.id, b.first_message_at, b.message_count, "
-        f"(SELECT t.id FROM {turn} t WHERE t.conversation_id = c.id AND t.state = %s LIMIT 1) "
+        f"(SELECT t.id FROM {turn} t WHERE t.conversation_id = c.id AND t.state = %s LIMIT 1), c.channel_id "
         f"FROM {conversation} c LEFT JOIN {buffer} b ON b.conversation_id = c.id AND b.state = %s "
-        f"WHERE c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s"
+        f"WHERE {where}"
     )
 
 
@@ -332,13 +487,15 @@ def _conversation_with_state(channel, inbound):
         cursor.execute(_conversation_with_state_sql(),
                        [TurnState.RUNNING, BufferState.OPEN, channel.pk, inbound.chat_id, inbound.sender_id])
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else _conversation_from_row(channel, row)
+
+
+def _conversation_from_row(channel, row):
     fields = dict(zip(_CONVERSATION_COLUMNS, row))
     conversation = Conversation(channel=channel, **{**fields, "is_group": bool(fields["is_group"]),
                                                     "context_reset_at": aware(fields["context_reset_at"])})
     conversation._state.adding, conversation._state.db = False, connection.alias
-    conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.running_turn_id = row[6:]
+    conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.running_turn_id = row[6:10]
     conversation.open_buffer_first_at = aware(first_at)
     return conversation
 
@@ -396,17 +553,21 @@ def _overflowed(conversation, message):
 def _store_once(channel, conversation, inbound, now, command, buffer, disposition=Disposition.BUFFERED):
     """Insert the message under its unique constraint; None when it was already admitted.
     Inserting first is the dedup: a retry, a resume or a re-polled batch all stop here."""
+    message = _message(channel, conversation, inbound, now, command, buffer, disposition)
+    return message if _insert_unless_admitted(message) else None
+
+
+def _message(channel, conversation, inbound, now, command, buffer, disposition=Disposition.BUFFERED):
     kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
     if command:
         kind = MessageKind.CONTROL
-    message = InboundMessage(
+    return InboundMessage(
         channel=channel, conversation=conversation, buffer=buffer, disposition=disposition,
         platform_message_id=inbound.platform_message_id, kind=kind,
         text=inbound.text, media_type=inbound.media_type,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=now,
     )
-    return message if _insert_unless_admitted(message) else None
 
 
 def _insert_unless_admitted(message) -> bool:
