@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 TELEGRAM_PATH = re.compile(r"/webhooks/telegram/([-a-zA-Z0-9_]+)/")
 SECRET_HEADER = views.SECRET_HEADER.lower().encode("latin-1")
 MAX_BATCH = 64
-POSTGRES_ADMITTERS = 4
+POSTGRES_ADMITTERS = 2
 # An idle connection may have died (a database restart); it is checked before use.
 IDLE_CHECK_SECONDS = 1.0
 
