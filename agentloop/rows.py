@@ -92,7 +92,18 @@ def in_sql(column_sql, n, cast="bigint") -> str:
 
 def in_params(values) -> list:
     """The parameters of an `in_sql` of these values."""
-    return [list(values)] if postgresql() else list(values)
+    values = list(values)
+    if not postgresql():
+        return values
+    return [int_array(values) if all(isinstance(value, int) for value in values) else values]
+
+
+def int_array(values) -> str:
+    """Integers as PostgreSQL's array literal, `{1,2,3}`: one text parameter, which
+    psycopg quotes in C. Given a list, psycopg dumps and quotes each element in Python,
+    which for a batch of 500 ids cost more than the statement (py-spy, the worker's
+    database thread)."""
+    return "{" + ",".join(str(int(value)) for value in values) + "}"
 
 
 class ArrayIn(In):
@@ -108,7 +119,7 @@ class ArrayIn(In):
         if not values or not all(isinstance(value, int) for value in values):
             return super().as_sql(compiler, connection)
         lhs, lhs_params = self.process_lhs(compiler, connection)
-        return f"{lhs} = ANY(%s::{self.lhs.output_field.cast_db_type(connection)}[])", (*lhs_params, values)
+        return f"{lhs} = ANY(%s::{self.lhs.output_field.cast_db_type(connection)}[])", (*lhs_params, int_array(values))
 
 
 def register_lookups():
@@ -116,35 +127,62 @@ def register_lookups():
     IntegerField.register_lookup(ArrayIn)
 
 
+def recordset(alias, columns) -> str:
+    """`json_to_recordset(%s::json) AS alias(name type, …)` for `columns`, (name, type)
+    pairs: a batch's rows as one JSON parameter (with `records`), in a statement that
+    reads the same for any number of rows (see in_sql for why that matters). psycopg
+    quotes an array parameter element by element in Python, which made up a fifth of
+    the web process's admissions (py-spy); json.dumps is one call in C."""
+    return f"json_to_recordset(%s::json) AS {alias}({', '.join(f'{name} {kind}' for name, kind in columns)})"
+
+
+def records(names, rows) -> str:
+    """The JSON parameter of a `recordset` with these column names, from rows of values
+    in that order; a datetime travels as ISO 8601 text, with its offset."""
+    return json.dumps([{name: _json_value(value) for name, value in zip(names, row)} for row in rows])
+
+
+def _json_value(value):
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if type(value).__name__ in ("Jsonb", "Json"):  # a JSONField's value, wrapped for psycopg with its encoder
+        return json.loads(value.dumps(value.obj)) if value.dumps else value.obj
+    return value
+
+
 @functools.lru_cache(maxsize=16)  # one entry per (model, conflict, returning) the code inserts
 def _insert_many_sql(model, conflict, returning):
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
     names = ", ".join(quote(f.column) for f in fields)
-    record = ", ".join(f"{quote(f.column)} {f.db_type(connection)}" for f in fields)
+    source = recordset("r", [(quote(f.column), f.db_type(connection)) for f in fields])
     on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
-    sql = (f"INSERT INTO {table(model)} ({names}) SELECT {names} FROM json_to_recordset(%s::json) AS r({record})"
+    sql = (f"INSERT INTO {table(model)} ({names}) SELECT {names} FROM {source}"
            f"{on_conflict} RETURNING {', '.join(quote(c) for c in returning)}")
     return sql, fields
 
 
 def insert_many(model, instances, conflict=(), returning=("id",)) -> list:
     """PostgreSQL: the instances' rows in one statement (`INSERT … SELECT … FROM
-    json_to_recordset(%s) [ON CONFLICT (conflict) DO NOTHING] RETURNING …`), which reads
-    the same for any number of rows. The rows travel as one JSON text: psycopg quotes
-    an array parameter element by element in Python, which made up a fifth of the web
-    process's admissions (py-spy); json.dumps is one call in C. Returns the `returning`
-    columns of the rows inserted (a conflicting row returns nothing), in no promised
-    order: callers match them to their instances by a key they returned."""
+    json_to_recordset(%s) [ON CONFLICT (conflict) DO NOTHING] RETURNING …`). Returns
+    the `returning` columns of the rows inserted; a conflicting row returns nothing, so
+    with `conflict` callers match the rows to their instances by a key they returned.
+    Without, the rows come back in the instances' order, which Django's bulk_create
+    relies on too (its INSERT … SELECT * FROM UNNEST form)."""
     sql, fields = _insert_many_sql(model, tuple(conflict), tuple(returning))
-    rows = [{f.column: _json_value(f.get_db_prep_save(f.pre_save(instance, True), connection)) for f in fields}
-            for instance in instances]
+    values = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [json.dumps(rows)])
+        cursor.execute(sql, [records([f.column for f in fields], values)])
         return cursor.fetchall()
 
 
-def _json_value(value):
-    """A column's value as JSON carries it: a datetime as ISO 8601 text (with its offset),
-    which json_to_recordset casts to the column's type like any literal."""
-    return value.isoformat() if isinstance(value, datetime) else value
+def create_many(model, instances) -> list:
+    """`bulk_create` (the instances, saved, with their ids), as one JSON parameter on
+    PostgreSQL (insert_many) rather than Django's array per column."""
+    instances = list(instances)
+    if not postgresql() or not instances:
+        return model.objects.bulk_create(instances)
+    for instance, (pk,) in zip(instances, insert_many(model, instances), strict=True):
+        instance.pk = pk
+        instance._state.adding, instance._state.db = False, connection.alias
+    return instances

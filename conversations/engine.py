@@ -134,7 +134,7 @@ def flush_many(buffer_ids, now, owner="", start=0):
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
             _born_running(new_turns, owner, now, start)
-        created = Turn.objects.bulk_create(new_turns)
+        created = rows.create_many(Turn, new_turns)
         console.turns_created(created)
         after_commit("flush.after_claim")
         return created

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import aware, in_params, in_sql, insert_many, placeholders, postgresql
+from agentloop.rows import aware, in_params, in_sql, insert_many, placeholders, postgresql, records, recordset, table
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -258,13 +258,12 @@ def _lock_and_read(firsts, channels) -> dict:
     """{(channel id, chat, sender): Conversation with its state} of the keys that exist:
     locked first, then read (see _conversation_with_state for why in that order)."""
     keys = list(firsts)
-    quote = connection.ops.quote_name
+    source = recordset("k", [("channel_id", "bigint"), ("chat_id", "text"), ("sender_id", "text"), ("n", "int")])
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT c.id FROM {quote(Conversation._meta.db_table)} c JOIN unnest(%s::bigint[], %s::text[], %s::text[]) "
-            f"WITH ORDINALITY AS k(channel_id, chat_id, sender_id, n) ON c.channel_id = k.channel_id "
+            f"SELECT c.id FROM {table(Conversation)} c JOIN {source} ON c.channel_id = k.channel_id "
             f"AND c.chat_id = k.chat_id AND c.sender_id = k.sender_id ORDER BY k.n FOR NO KEY UPDATE OF c",
-            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]])
+            [records(("channel_id", "chat_id", "sender_id", "n"), [(*key, n) for n, key in enumerate(keys)])])
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return {}
@@ -296,10 +295,10 @@ def _create_conversations(requests, indexes) -> dict:
     if known:
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT c.id, c.channel_id, c.platform_id FROM {connection.ops.quote_name(Contact._meta.db_table)} c "
-                f"JOIN unnest(%s::bigint[], %s::text[]) AS k(channel_id, platform_id) "
+                f"SELECT c.id, c.channel_id, c.platform_id FROM {table(Contact)} c "
+                f"JOIN {recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
                 f"ON c.channel_id = k.channel_id AND c.platform_id = k.platform_id",
-                [[key[0] for key in known], [key[1] for key in known]])
+                [records(("channel_id", "platform_id"), known)])
             contact_ids.update({(channel_id, platform_id): pk for pk, channel_id, platform_id in cursor.fetchall()})
     conversations = {}
     for i in indexes:

@@ -78,13 +78,12 @@ def _finish_chunk(results, owner, now):
     owner's only), in plain SQL: with hundreds of turns finishing together the ORM spent
     longer building three CASE expressions of hundreds of WHENs than the database spent
     running them (the worker's database thread, 500 simultaneous turns: 40% of its time).
-    On PostgreSQL the rows come as arrays (UPDATE … FROM unnest): one statement text for
-    any batch (agentloop/rows.py in_sql says why that matters)."""
+    On PostgreSQL the rows come as one JSON parameter (UPDATE … FROM json_to_recordset):
+    one statement text for any batch (agentloop/rows.py in_sql and recordset say why)."""
     finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
     if rows.postgresql():
-        columns = list(zip(*results))
         with connection.cursor() as cursor:
-            cursor.execute(_finish_sql_postgresql(), [finished_at, *(list(column) for column in columns),
+            cursor.execute(_finish_sql_postgresql(), [finished_at, rows.records(("id", "state", "reply", "outcome"), results),
                                                       TurnState.RUNNING, owner])
         return
     quote = connection.ops.quote_name
@@ -104,8 +103,8 @@ def _finish_chunk(results, owner, now):
 @functools.cache
 def _finish_sql_postgresql():
     return (f"UPDATE {rows.table(Turn)} AS t SET state = v.state, reply_text = v.reply, outcome = v.outcome, "
-            f"finished_at = %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) "
-            f"AS v(id, state, reply, outcome) WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
+            f"finished_at = %s FROM {rows.recordset('v', [('id', 'bigint'), ('state', 'text'), ('reply', 'text'), ('outcome', 'text')])} "
+            f"WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
 
 
 def start_many(turn_ids, owner, now=None):

@@ -37,7 +37,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from agentloop.rows import in_params, in_sql, placeholders, postgresql
+from agentloop.rows import create_many, in_params, in_sql, placeholders, postgresql, records, recordset, table
 from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
@@ -108,7 +108,7 @@ def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="
 
 def enqueue_many(replies):
     """Write replies down as pending rows (one INSERT)."""
-    return OutboundMessage.objects.bulk_create([_row(r) for r in replies])
+    return create_many(OutboundMessage, [_row(r) for r in replies])
 
 
 def unrecorded(replies):
@@ -211,14 +211,26 @@ def _attach_buttons(rows):
 
 def claim_written(rows, owner, now=None):
     """Claim rows this process has just written (their objects in hand): the same
-    compare-and-swap, then only the won ids are read back — the turn's completion path,
-    where hundreds of replies are claimed at once."""
+    compare-and-swap as a sweep's claim of a pending row, in SQL written once, which
+    returns the ids it won — the turn's completion path, where hundreds of replies are
+    claimed at once. Through the ORM (`_claim`'s Q of every claimable state, its
+    channel join and CASE) the statement's compile was half of the worker's database
+    thread while 1,000 turns ended together (py-spy, tests.bench flush on PostgreSQL)."""
     if not rows:
         return []
     now = now or timezone.now()
-    token = _claim([row.pk for row in rows], owner, now)
-    won = set(OutboundMessage.objects.filter(pk__in=[row.pk for row in rows], claim_token=token)
-              .values_list("pk", flat=True))
+    token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
+    ids = [row.pk for row in rows]
+    OutboundMessage.check_transition([OutboundState.PENDING], [OutboundState.ATTEMPTING])  # the SQL below
+    returning = connection.features.can_return_rows_from_bulk_insert  # PostgreSQL, SQLite >= 3.35
+    at = connection.ops.adapt_datetimefield_value(now)
+    fresh = connection.ops.adapt_datetimefield_value(now - FRESHNESS)
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_written_sql(len(ids), returning),
+                       [OutboundState.ATTEMPTING, owner, token, at, *in_params(ids), OutboundState.PENDING,
+                        MAX_RESENDS, fresh, fresh])
+        won = {row[0] for row in cursor.fetchall()} if returning else set(
+            OutboundMessage.objects.filter(pk__in=ids, claim_token=token).values_list("pk", flat=True))
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them
         row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
@@ -226,6 +238,22 @@ def claim_written(rows, owner, now=None):
         row.attempts += 1
         row.chunks_started = row.chunks_delivered + 1
     return claimed
+
+
+def _claim_written_sql(n, returning):
+    """`_claim` of pending rows (`_claimable`: PENDING, within its budget, fresh, its
+    channel able to send; `_started_before` for the label), as SQL. SET expressions
+    read the row as it was, on both databases."""
+    from conversations.models import Channel
+
+    outbound, channel = connection.ops.quote_name(OutboundMessage._meta.db_table), table(Channel)
+    return (f"UPDATE {outbound} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
+            f"needs_marker = (chunks_started > chunks_delivered OR (chunks_started = 0 AND attempts > 0)), "
+            f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
+            f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= flood_waits + extra_resends + %s "
+            f"AND (created_at > %s OR retried_at > %s) "
+            f"AND channel_id IN (SELECT id FROM {channel} WHERE is_active AND send_blocked = '')"
+            + (" RETURNING id" if returning else ""))
 
 
 def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
@@ -405,12 +433,11 @@ def _mark_delivered(platform_ids, owner, now) -> set:
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     table = connection.ops.quote_name(OutboundMessage._meta.db_table)
     delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
-    if postgresql():  # the pairs as two arrays: one statement text for any batch (agentloop.rows.in_sql)
+    if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.rows.recordset)
         sql = (f"UPDATE {table} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
-               f"platform_message_id = v.platform_id FROM unnest(%s::bigint[], %s::text[]) AS v(id, platform_id) "
+               f"platform_message_id = v.platform_id FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "
                f"WHERE o.id = v.id AND o.state = %s AND o.owner = %s RETURNING o.id")
-        params = [*delivered, [pk for pk, _ in platform_ids], [pid for _, pid in platform_ids],
-                  OutboundState.ATTEMPTING, owner]
+        params = [*delivered, records(("id", "platform_id"), platform_ids), OutboundState.ATTEMPTING, owner]
     else:
         cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
         sql = (f"UPDATE {table} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "

@@ -224,3 +224,30 @@ def test_the_django_q2_safety_sweep_delivers_when_no_worker_runs(make_channel, m
     assert ledger.safety_sweep() == {"abandoned": 1, "sent": 1}
     assert [c.params["text"] for c in fake_telegram.calls("sendMessage")] == ["¿sigue en pie?"]
     assert state(row).state == OutboundState.DELIVERED and state(stale).state == OutboundState.ABANDONED
+
+
+def test_a_just_written_row_is_claimed_like_a_sweep_would_claim_it(conversation, make_channel, make_conversation):
+    """claim_written (the completion path's claim, in SQL of its own) wins exactly the
+    rows a sweep's claim would: pending, within their budget, fresh, of a channel that
+    can send; and leaves them as that claim does."""
+    sendable = write(conversation, "hoy")
+    stale = write(conversation, "ayer", created=-25 * 3600)
+    spent = write(conversation, "gastada")
+    OutboundMessage.objects.filter(pk=spent.pk).update(attempts=ledger.MAX_RESENDS + 1)
+    held = write(conversation, "ya tomada")
+    [held] = ledger.claim_many([held.pk], "w0", now=at(0))
+    quiet = make_conversation(make_channel("off", kind="telegram", platform_settings={"bot_token": "2:T"}), "eva")
+    inactive = write(quiet, "canal apagado")
+    quiet.channel.__class__.objects.filter(pk=quiet.channel_id).update(is_active=False)
+    blocked = make_conversation(make_channel("blocked", kind="telegram", platform_settings={}), "leo")
+    unsendable = write(blocked, "sin token")
+    rows = [state(r) for r in (sendable, stale, spent, held, inactive, unsendable)]
+
+    won = ledger.claim_written(rows, "w1", now=at(1))
+    assert [r.pk for r in won] == [sendable.pk]
+    stored = state(sendable)
+    assert (stored.state, stored.owner, stored.claim_token, stored.attempts, stored.chunks_started,
+            stored.needs_marker) == (OutboundState.ATTEMPTING, "w1", won[0].claim_token, 1, 1, False)
+    assert (won[0].attempts, won[0].chunks_started, won[0].needs_marker) == (1, 1, False)
+    assert state(held).owner == "w0"
+    assert [r.state for r in map(state, (stale, spent, inactive, unsendable))] == [OutboundState.PENDING] * 4
