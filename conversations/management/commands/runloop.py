@@ -4,6 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand
 
+from agentloop import collector
 from conversations.worker import Worker
 
 SWITCH_INTERVAL = 0.0005  # seconds
@@ -22,6 +23,7 @@ class Command(BaseCommand):
         # running thread gives it up: at most the switch interval, 5 ms by default.
         sys.setswitchinterval(SWITCH_INTERVAL)
         worker = Worker(poll=not options["no_polling"])
+        collector.tune_for_bursts()
 
         async def main():
             loop = asyncio.get_running_loop()
