@@ -83,8 +83,8 @@ def _finish_chunk(results, owner, now):
     finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
     if rows.postgresql():
         with connection.cursor() as cursor:
-            cursor.execute(_finish_sql_postgresql(), [finished_at, rows.records(("id", "state", "reply", "outcome"), results),
-                                                      TurnState.RUNNING, owner])
+            ends = rows.records(("id", "state", "reply", "outcome"), results)
+            cursor.execute(_finish_sql_postgresql(), [finished_at, ends, TurnState.RUNNING, owner])
         return
     quote = connection.ops.quote_name
     whens = " ".join(["WHEN %s THEN %s"] * len(results))
@@ -102,9 +102,9 @@ def _finish_chunk(results, owner, now):
 
 @functools.cache
 def _finish_sql_postgresql():
+    ends = rows.recordset("v", [("id", "bigint"), ("state", "text"), ("reply", "text"), ("outcome", "text")])
     return (f"UPDATE {rows.table(Turn)} AS t SET state = v.state, reply_text = v.reply, outcome = v.outcome, "
-            f"finished_at = %s FROM {rows.recordset('v', [('id', 'bigint'), ('state', 'text'), ('reply', 'text'), ('outcome', 'text')])} "
-            f"WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
+            f"finished_at = %s FROM {ends} WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
 
 
 def start_many(turn_ids, owner, now=None):

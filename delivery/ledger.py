@@ -435,7 +435,8 @@ def _mark_delivered(platform_ids, owner, now) -> set:
     delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
     if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.rows.recordset)
         sql = (f"UPDATE {table} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
-               f"platform_message_id = v.platform_id FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "
+               f"platform_message_id = v.platform_id "
+               f"FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "
                f"WHERE o.id = v.id AND o.state = %s AND o.owner = %s RETURNING o.id")
         params = [*delivered, records(("id", "platform_id"), platform_ids), OutboundState.ATTEMPTING, owner]
     else:

@@ -42,7 +42,8 @@ else
 fi
 
 # The tests that bring a database of their own run once, in the PostgreSQL pass
-# (tests/conftest.py OWN_DATABASE).
+# (tests/conftest.py OWN_DATABASE), as do the few long ones whose subject is not the
+# database (ONE_PASS).
 sqlite_pytest() { env -u DATABASE_URL AGENTLOOP_TEST_PASS=sqlite $PY -m pytest "$@"; }
 postgres_pytest() { DATABASE_URL=$pg_url $PY -m pytest "$@"; }
 
