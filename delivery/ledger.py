@@ -160,7 +160,7 @@ def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
     under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
     the row before it (SQL evaluates SET expressions on the old row): the chunk the send
     resumes at is labelled if its send had started before; the claim starts it."""
-    token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
+    token = _new_token()
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
         where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
@@ -168,6 +168,11 @@ def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
         chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
     )
     return token
+
+
+def _new_token() -> str:
+    """A claim's stamp, unique to this process and call."""
+    return f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
 
 
 def _started_before():
@@ -219,7 +224,7 @@ def claim_written(rows, owner, now=None):
     if not rows:
         return []
     now = now or timezone.now()
-    token = f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
+    token = _new_token()
     ids = [row.pk for row in rows]
     OutboundMessage.check_transition([OutboundState.PENDING], [OutboundState.ATTEMPTING])  # the SQL below
     returning = connection.features.can_return_rows_from_bulk_insert  # PostgreSQL, SQLite >= 3.35
@@ -246,13 +251,12 @@ def _claim_written_sql(n, returning):
     read the row as it was, on both databases."""
     from conversations.models import Channel
 
-    outbound, channel = connection.ops.quote_name(OutboundMessage._meta.db_table), table(Channel)
-    return (f"UPDATE {outbound} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
+    return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
             f"needs_marker = (chunks_started > chunks_delivered OR (chunks_started = 0 AND attempts > 0)), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
             f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= flood_waits + extra_resends + %s "
             f"AND (created_at > %s OR retried_at > %s) "
-            f"AND channel_id IN (SELECT id FROM {channel} WHERE is_active AND send_blocked = '')"
+            f"AND channel_id IN (SELECT id FROM {table(Channel)} WHERE is_active AND send_blocked = '')"
             + (" RETURNING id" if returning else ""))
 
 
@@ -269,19 +273,19 @@ def maybe_claimable(dead_owners, now) -> bool:
     False means the full query would find nothing. Each worker sweeps every poll
     interval (20 times a second): the ORM compiled the full query each time, 1.4 ms of
     CPU for an empty answer, taken from the web process on the same cores."""
-    table = connection.ops.quote_name(OutboundMessage._meta.db_table)
+    outbound = table(OutboundMessage)
     timestamp = OutboundMessage._meta.get_field("claimed_at")
-    probes = [(f"SELECT 1 FROM {table} WHERE state = %s", [OutboundState.PENDING])]
+    probes = [(f"SELECT 1 FROM {outbound} WHERE state = %s", [OutboundState.PENDING])]
     if enabled():
         probes += [
-            (f"SELECT 1 FROM {table} WHERE state = %s AND next_attempt_at <= %s",
+            (f"SELECT 1 FROM {outbound} WHERE state = %s AND next_attempt_at <= %s",
              [OutboundState.FAILED, timestamp.get_db_prep_value(now, connection)]),
-            (f"SELECT 1 FROM {table} WHERE state = %s AND claimed_at < %s",
+            (f"SELECT 1 FROM {outbound} WHERE state = %s AND claimed_at < %s",
              [OutboundState.ATTEMPTING, timestamp.get_db_prep_value(now - attempt_timeout(), connection)]),
         ]
         if dead_owners:
             owners = list(dead_owners)
-            probes.append((f"SELECT 1 FROM {table} WHERE state = %s AND {in_sql('owner', len(owners), None)}",
+            probes.append((f"SELECT 1 FROM {outbound} WHERE state = %s AND {in_sql('owner', len(owners), None)}",
                            [OutboundState.ATTEMPTING, *in_params(owners)]))
     with connection.cursor() as cursor:
         for sql, params in probes:  # one at a time: each its own index, and the first found ends it
@@ -431,17 +435,17 @@ def _mark_delivered(platform_ids, owner, now) -> set:
     if not platform_ids:
         return set()
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
-    table = connection.ops.quote_name(OutboundMessage._meta.db_table)
+    outbound = table(OutboundMessage)
     delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
     if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.rows.recordset)
-        sql = (f"UPDATE {table} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
+        sql = (f"UPDATE {outbound} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
                f"platform_message_id = v.platform_id "
                f"FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "
                f"WHERE o.id = v.id AND o.state = %s AND o.owner = %s RETURNING o.id")
         params = [*delivered, records(("id", "platform_id"), platform_ids), OutboundState.ATTEMPTING, owner]
     else:
         cases = " ".join(["WHEN %s THEN %s"] * len(platform_ids))
-        sql = (f"UPDATE {table} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
+        sql = (f"UPDATE {outbound} SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
                f"platform_message_id = CASE id {cases} ELSE platform_message_id END "
                f"WHERE id IN ({placeholders(len(platform_ids))}) AND state = %s AND owner = %s"
                + (" RETURNING id" if returning else ""))
