@@ -288,6 +288,11 @@ AGENTLOOP_AGENT_DEADLINE = env.float("AGENTLOOP_AGENT_DEADLINE", default=300.0)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
 # Connections per bot for replies (typing indicators get as many again, apart).
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
+# A reply's wait for one of those connections, and for Telegram's answer once it went out.
+# A send still waiting for a connection is not sent (resent unlabelled); one that went out
+# and got no answer in time may have arrived (resent labelled).
+AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", default=5.0)
+AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
 # The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
 AGENTLOOP_PLATFORMS = {
     "api": "conversations.platforms.api.ApiPlatform",

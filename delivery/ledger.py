@@ -25,10 +25,12 @@ holds what it claims in `attempting` for the whole send, so no runtime sweep can
 it too.
 """
 
+import asyncio
 import itertools
 import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -43,7 +45,7 @@ from audit.failpoints import failpoint
 from audit.models import EventKind
 from audit.redaction import redact
 from conversations.platforms import transport_for
-from delivery import chunks, console
+from delivery import chunks, console, faults, pacing
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import SendResult, Target
@@ -55,6 +57,7 @@ PREFIX_UNITS = chunks.units(RECOVERY_PREFIX)
 MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)
+NOT_SENT_MAX_WAIT = 60.0  # seconds: a send that never left is tried again at most this late
 PRUNE_AFTER = timedelta(days=7)
 
 _tokens = itertools.count()
@@ -120,7 +123,9 @@ def unrecorded(replies):
 
 
 def _within_budget():
-    return Q(attempts__lte=F("flood_waits") + F("extra_resends") + MAX_RESENDS)
+    """Attempts are sends that may have left: a flood or a send that never left gives its
+    attempt back (`_defer`), so only those count."""
+    return Q(attempts__lte=F("extra_resends") + MAX_RESENDS)
 
 
 def _claimable(now, dead_owners, boot):
@@ -149,23 +154,32 @@ def _sendable():
 
 
 def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
-    rows = OutboundMessage.objects.filter(_claimable(now or timezone.now(), dead_owners, boot))
+    return [pk for pk, *_ in _candidates(dead_owners, limit, now or timezone.now(), boot, older_than)]
+
+
+def _candidates(dead_owners, limit, now, boot, older_than=None):
+    """Claimable rows, oldest first, as (id, channel id, chat id, chunks left to send)."""
+    rows = OutboundMessage.objects.filter(_claimable(now, dead_owners, boot))
     if older_than is not None:
         rows = rows.filter(created_at__lte=older_than)
-    return list(rows.order_by("created_at", "pk").values_list("pk", flat=True)[:limit])
+    found = rows.order_by("created_at", "pk").values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered")
+    return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered
+            in found[:limit]]
 
 
-def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
+def _claim(ids, owner, now, dead_owners=(), boot=False, started=True) -> str:
     """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
     under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
     the row before it (SQL evaluates SET expressions on the old row): the chunk the send
-    resumes at is labelled if its send had started before; the claim starts it."""
+    resumes at is labelled if its send had started before. `started`: the claim starts
+    that chunk's send (a row sent at once); a paced row waiting for its slot records the
+    start itself just before it sends (`send`), so a crash while it waits labels nothing."""
     token = _new_token()
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
         where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
         needs_marker=Case(When(_started_before(), then=Value(True)), default=Value(False)),
-        chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
+        chunks_started=F("chunks_delivered") + 1 if started else F("chunks_started"), attempts=F("attempts") + 1,
     )
     return token
 
@@ -182,23 +196,66 @@ def _started_before():
 
 
 def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
-    """Claim these rows for `owner` (those still claimable); returns what was won."""
+    """Claim these rows for `owner` (those still claimable, and of paced channels those
+    whose slot is near); returns what was won."""
     if not ids:
         return []
-    token = _claim(ids, owner, now or timezone.now(), dead_owners, boot)
-    rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token).order_by("created_at", "pk"))
-    _attach_channels(rows)
+    now = now or timezone.now()
+    found = (OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk")
+             .values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered"))
+    candidates = [(pk, channel, chat, max(1, len(parts or ()) - delivered))
+                  for pk, channel, chat, parts, delivered in found]
+    return _claim_candidates(candidates, owner, dead_owners, now, boot)
+
+
+def _claim_candidates(candidates, owner, dead_owners, now, boot, clock=None):
+    """Claim candidates (oldest first): rows of unpaced channels at once; a paced row only
+    once its slot is reserved within the horizon (delivery.pacing), in each chat's order —
+    a chat not free in time keeps its later rows back too, and a bot whose budget is
+    spent for the horizon keeps back all of its rows. The slot rides on the row
+    (`pace_delay` from the reservation, `send_at` on the monotonic clock); `send` waits
+    for it."""
+    channels = _channels({channel for _, channel, _, _ in candidates})
+    plain, paced = [], {}
+    full_bots, waiting_chats = set(), set()
+    for pk, channel_id, chat_id, chunks_left in candidates:
+        channel = channels.get(channel_id)
+        pace = transport_for(channel).pace(chat_id) if channel is not None else None
+        if pace is None:
+            plain.append(pk)
+            continue
+        if pace.bot in full_bots or (channel_id, chat_id) in waiting_chats:
+            continue
+        slot = pacing.reserve(pace, pacing.HORIZON, clock, chunks=chunks_left)
+        if slot.delay is None:
+            (full_bots if slot.full == "bot" else waiting_chats).add(pace.bot if slot.full == "bot"
+                                                                     else (channel_id, chat_id))
+            continue
+        paced[pk] = (pace, slot.delay, time.monotonic() + slot.delay)
+    rows = _won(plain, owner, now, dead_owners, boot, started=True, channels=channels)
+    rows += _won(list(paced), owner, now, dead_owners, boot, started=False, channels=channels)
+    for row in rows:
+        row.pace, row.pace_delay, row.send_at = paced.get(row.pk, (None, 0.0, 0.0))
+    rows.sort(key=lambda row: (row.created_at, row.pk))
+    return rows
+
+
+def _won(ids, owner, now, dead_owners, boot, started, channels):
+    if not ids:
+        return []
+    token = _claim(ids, owner, now, dead_owners, boot, started)
+    rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token))
+    for row in rows:
+        row.channel = channels[row.channel_id]
     _attach_buttons(rows)
     return rows
 
 
-def _attach_channels(rows):
-    """Each row's channel (bot), loaded once per channel rather than joined per row."""
+def _channels(ids) -> dict:
+    """The rows' channels (bots), loaded once per channel rather than joined per row."""
     from conversations.models import Channel
 
-    channels = Channel.objects.in_bulk({row.channel_id for row in rows})
-    for row in rows:
-        row.channel = channels[row.channel_id]
+    return Channel.objects.in_bulk(ids) if ids else {}
 
 
 def _attach_buttons(rows):
@@ -224,6 +281,9 @@ def claim_written(rows, owner, now=None):
     if not rows:
         return []
     now = now or timezone.now()
+    paced = [row for row in rows if transport_for(row.channel).pace(row.chat_id) is not None]
+    if paced:
+        return _claim_written_paced(rows, paced, owner, now)
     token = _new_token()
     ids = [row.pk for row in rows]
     OutboundMessage.check_transition([OutboundState.PENDING], [OutboundState.ATTEMPTING])  # the SQL below
@@ -245,6 +305,22 @@ def claim_written(rows, owner, now=None):
     return claimed
 
 
+def _claim_written_paced(rows, paced, owner, now):
+    """`claim_written` where some rows are paced: those go through the paced claim (a few
+    dozen a second at most) and take the claimed state onto the objects in hand."""
+    ids = {row.pk for row in paced}
+    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now)
+    won = {row.pk: row for row in claim_many(list(ids), owner, now=now)}
+    for row in paced:
+        fresh = won.get(row.pk)
+        if fresh is not None:
+            for name in ("state", "owner", "claim_token", "claimed_at", "needs_marker", "attempts",
+                         "chunks_started", "pace", "pace_delay", "send_at"):
+                setattr(row, name, getattr(fresh, name))
+            claimed.append(row)
+    return claimed
+
+
 def _claim_written_sql(n, returning):
     """`_claim` of pending rows (`_claimable`: PENDING, within its budget, fresh, its
     channel able to send; `_started_before` for the label), as SQL. SET expressions
@@ -254,17 +330,20 @@ def _claim_written_sql(n, returning):
     return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
             f"needs_marker = (chunks_started > chunks_delivered OR (chunks_started = 0 AND attempts > 0)), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
-            f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= flood_waits + extra_resends + %s "
+            f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= extra_resends + %s "
             f"AND (created_at > %s OR retried_at > %s) "
             f"AND channel_id IN (SELECT id FROM {table(Channel)} WHERE is_active AND send_blocked = '')"
             + (" RETURNING id" if returning else ""))
 
 
 def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
+    """Claim what is due, oldest first. Injected time (`now`) is the pacing's clock too;
+    without it, the database's."""
+    clock = None if now is None else now.timestamp()
     now = now or timezone.now()
     if not boot and not maybe_claimable(dead_owners, now):
         return []
-    return claim_many(claimable_ids(dead_owners, limit, now, boot), owner, dead_owners, now, boot)
+    return _claim_candidates(_candidates(dead_owners, limit, now, boot), owner, dead_owners, now, boot, clock)
 
 
 def maybe_claimable(dead_owners, now) -> bool:
@@ -314,19 +393,29 @@ async def send(row, db=None) -> SendResult:
     each chunk but the attempt's first (started by the claim) and the last (recorded by
     `finish_many`), its start and its delivery are written down (through `db`, an async
     runner of a database function, `sync_to_async` by default), so a crash between
-    chunks knows which were delivered and whether the next had started."""
+    chunks knows which were delivered and whether the next had started.
+
+    A paced row (`row.pace`, set by the claim) waits for its reserved slot first and
+    records its first chunk's start itself; its later chunks wait for their chat slots
+    (reserved with the first) and a bot slot each."""
     failpoint("ledger.after_claim")
     db = db or _in_a_thread
     pieces, first = parts(row), row.chunks_delivered
+    row.resumed_at = first  # the chunk the label, if any, rides on (`_defer`)
+    pace, sent_at = getattr(row, "pace", None), None
     result = SendResult.delivered(row.platform_message_id)
     for index in range(first, len(pieces)):
-        if index > first and not await _note(db, row, chunks_started=index + 1):
-            result = SendResult.failed(Outcome.TEMPORARY, f"chunk {index + 1} not started: its start not recorded")
+        if pace is not None:
+            await _wait_for_slot(db, row, pace, sent_at)
+        started_by_claim = index == first and (pace is None or row.needs_marker)
+        if not started_by_claim and not await _note(db, row, chunks_started=index + 1):
+            result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not started: its start not recorded")
             break
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
                         conversation_id=row.conversation_id,
                         buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
         label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
+        sent_at = time.monotonic()
         result = await transport_for(row.channel).send_text(target, label + pieces[index])
         failpoint("ledger.after_chunk_send")
         if not result.ok or index == len(pieces) - 1:
@@ -337,8 +426,21 @@ async def send(row, db=None) -> SendResult:
         failpoint("ledger.after_chunk")
     failpoint("ledger.after_send")
     if not result.ok:
-        log.warning("send of ledger row %s failed (%s): %s", row.pk, result.outcome, result.error)
+        faults.failed(row.channel, result)
+    else:
+        faults.recovered(row.channel)
     return result
+
+
+async def _wait_for_slot(db, row, pace, sent_at):
+    """Sleep until this chunk's slot: the attempt's first waits out the delay its claim
+    reserved; a later one a chat interval after the chunk before (`sent_at`, monotonic),
+    then a bot slot of its own."""
+    if sent_at is None:
+        await asyncio.sleep(max(getattr(row, "send_at", 0.0) - time.monotonic(), 0.0))
+        return
+    await asyncio.sleep(max(sent_at + pace.chat_interval - time.monotonic(), 0.0))
+    await asyncio.sleep(await db(pacing.chunk_slot, pace))
 
 
 async def _in_a_thread(fn, *args):
@@ -469,8 +571,8 @@ def _after_delivery(rows, now):
 
 
 def resends_used(row) -> int:
-    """Resends spent so far: claims after the first, floods aside."""
-    return max(0, row.attempts - 1 - row.flood_waits)
+    """Resends spent so far: attempts after the first (a deferred send gave its own back)."""
+    return max(0, row.attempts - 1)
 
 
 def finish(row, owner, result: SendResult, now=None):
@@ -487,11 +589,8 @@ def finish(row, owner, result: SendResult, now=None):
         # No ledger: one try, then the reply is given up (and said so in the log).
         mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error, next_attempt_at=None)
         return None
-    if result.outcome == Outcome.FLOOD:
-        wait = timedelta(seconds=clamp_retry_after(result.retry_after))
-        mine(OutboundState.FAILED, flood_waits=F("flood_waits") + 1, next_attempt_at=now + wait,
-             last_outcome=result.outcome, last_error=error)
-        return OutboundState.FAILED
+    if result.outcome in (Outcome.FLOOD, Outcome.NOT_SENT):
+        return _defer(row, owner, result, error, now)
     if result.outcome == Outcome.CHANNEL_BLOCKED:
         return wait_for_channel(row, owner, error, now)
     if result.outcome == Outcome.PERMANENT:
@@ -515,6 +614,42 @@ def finish(row, owner, result: SendResult, now=None):
     return OutboundState.FAILED
 
 
+def _defer(row, owner, result, error, now):
+    """The send provably did not leave (a flood refused it; no connection could be had or
+    made): the row waits and goes out again as it would have — unlabelled unless the chunk
+    it stopped at carried the label — and the attempt is given back. A flood pauses the
+    whole bot (every row of it) for the penalty; a send that never left waits 1 s, then
+    2, 4… up to a minute (the 24-hour freshness still bounds it)."""
+    if result.outcome == Outcome.FLOOD:
+        wait = clamp_retry_after(result.retry_after)
+        pace = transport_for(row.channel).pace(row.chat_id)
+        if pace is not None:  # on this host's clock (`now`, injectable): a second's skew is nothing here
+            pacing.pause(pace.bot, wait, clock=now.timestamp())
+    else:
+        wait = min(2.0 ** row.flood_waits, NOT_SENT_MAX_WAIT)
+    _give_back(row, owner, OutboundState.FAILED, flood_waits=F("flood_waits") + 1,
+               next_attempt_at=now + timedelta(seconds=wait), last_outcome=result.outcome, last_error=error)
+    return OutboundState.FAILED
+
+
+def _give_back(row, owner, state, **fields) -> int:
+    """Undo our claim of a row whose send did not leave: the attempt it counted returned,
+    and the chunk it stopped at left as it was before (labelled next time only if it
+    carried the label this time — its earlier send may have landed)."""
+    carried_label = row.needs_marker and row.chunks_delivered == getattr(row, "resumed_at", row.chunks_delivered)
+    fields.setdefault("next_attempt_at", timezone.now())
+    return OutboundMessage.transition(
+        row.pk, OutboundState.ATTEMPTING, state, where={"owner": owner, "claim_token": row.claim_token},
+        owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
+        chunks_started=F("chunks_delivered") + (1 if carried_label else 0), **fields)
+
+
+def _waiting_state(row):
+    """Where a claimed row waits when its attempt is given back: pending if it was never
+    tried before, else failed (a timer makes it due)."""
+    return OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
+
+
 def wait_for_channel(row, owner, error, now):
     """The platform refused the channel's credentials: nothing was sent, so the row goes
     back to waiting as it was before the claim (its attempt given back: a dead token must
@@ -522,13 +657,9 @@ def wait_for_channel(row, owner, error, now):
     it again (Channel.save recomputes send_blocked). Audited once per block."""
     from conversations.models import Channel
 
-    before = OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
+    before = _waiting_state(row)
     with transaction.atomic():
-        OutboundMessage.transition(
-            row.pk, OutboundState.ATTEMPTING, before, where={"owner": owner, "claim_token": row.claim_token},
-            owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
-            chunks_started=F("chunks_delivered") + (1 if row.needs_marker else 0),
-            next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
+        _give_back(row, owner, before, next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
         if Channel.objects.filter(pk=row.channel_id, send_blocked="").update(send_blocked=error or "refused"):
             Channel.objects.forget_cached()
             record(EventKind.CHANNEL_BLOCKED, channel_slug=row.channel.slug, actor=row.owner or owner,
@@ -573,7 +704,7 @@ def abandon_stale(now=None, dead_owners=()) -> int:
         with transaction.atomic():
             if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED,
                                           where={"attempts": row.attempts}, next_attempt_at=None):
-                why = "resend budget spent" if row.attempts > row.flood_waits + row.extra_resends + MAX_RESENDS \
+                why = "resend budget spent" if row.attempts > row.extra_resends + MAX_RESENDS \
                     else "older than 24 h"
                 _audit_abandoned(row, f"{why}; last error: {row.last_error or '—'}")
                 abandoned += 1
@@ -627,15 +758,7 @@ def release(rows, owner) -> int:
     """Give back claimed rows this owner did not send: as they were before the claim
     (the attempt it counted is returned, so an unsent row goes out plain if it never
     went out before)."""
-    released = 0
-    for row in rows:
-        before = OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
-        released += OutboundMessage.transition(
-            row.pk, OutboundState.ATTEMPTING, before, where={"owner": owner, "claim_token": row.claim_token},
-            owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
-            chunks_started=F("chunks_delivered") + (1 if row.needs_marker else 0),
-            next_attempt_at=timezone.now())
-    return released
+    return sum(_give_back(row, owner, _waiting_state(row)) for row in rows)
 
 
 def safety_sweep(budget=None, batch=1):
@@ -653,6 +776,7 @@ def safety_sweep(budget=None, batch=1):
     from conversations.platforms import close_clients
 
     abandoned = abandon_stale()
+    pacing.forget_spent()
     owner = f"tasks:{os.uname().nodename}:{os.getpid()}"
     deadline = time.monotonic() + (settings.AGENTLOOP_SAFETY_SWEEP_BUDGET if budget is None else budget)
     loop = asyncio.new_event_loop()

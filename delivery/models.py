@@ -43,6 +43,9 @@ class Outcome(models.TextChoices):
     TEMPORARY = "temporary", "Temporary failure"
     PERMANENT = "permanent", "Permanent failure"
     AMBIGUOUS = "ambiguous", "Ambiguous (may have arrived)"
+    # The request provably never left (no connection could be had or made: the pool,
+    # DNS, TCP, TLS): resent unlabelled, its attempt given back.
+    NOT_SENT = "not_sent", "Not sent (never left)"
     # The platform refused the channel's credentials (a revoked bot token): the row waits,
     # its attempt given back, and the channel's replies wait (Channel.send_blocked) until
     # an operator saves the channel again.
@@ -95,7 +98,8 @@ class OutboundMessage(StateMachine, models.Model):
     owner = models.CharField(max_length=100, blank=True)
     claim_token = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Sends started (claims).")
-    flood_waits = models.PositiveIntegerField(default=0, help_text="Attempts refused by flood control.")
+    flood_waits = models.PositiveIntegerField(
+        default=0, help_text="Sends deferred: refused by flood control, or never sent (no attempt spent).")
     extra_resends = models.PositiveIntegerField(default=0, help_text="Granted by an operator's retry.")
     needs_marker = models.BooleanField(default=False, help_text="The current attempt carries the recovery prefix.")
     # A reply over the platform's limit, as the ordered chunks it is sent in (empty: the
@@ -145,3 +149,16 @@ class UnreachableChat(models.Model):
 
     def __str__(self):
         return f"{self.chat_id} @ {self.channel_id}"
+
+
+class SendBudget(models.Model):
+    """One pacing key's next free send slot, shared by every process and host: a bot's
+    (all its chats), a chat's, a group's (delivery.pacing). `next_slot` is epoch
+    seconds on the database's clock (PostgreSQL), so hosts whose clocks differ still
+    space their sends by the same measure."""
+
+    key = models.CharField(max_length=150, primary_key=True)
+    next_slot = models.FloatField()
+
+    def __str__(self):
+        return self.key

@@ -1,7 +1,7 @@
 """What a transport is to the ledger: one class per platform (in that platform's package,
 conversations.platforms; `conversations.platforms.transport_for(channel)` picks it),
 each with one send method returning a typed outcome: delivered, flood (retry after N s),
-temporary, permanent (the chat cannot be reached), ambiguous (the request went out and
+not sent (the request provably never left), temporary, permanent (the chat cannot be reached), ambiguous (the request went out and
 no answer came back: it may have arrived), or channel blocked (the platform refused the
 channel's credentials: its replies wait, attempts untouched). The ledger decides what to
 do with each.
@@ -17,6 +17,7 @@ import httpx
 
 from audit.redaction import channel_secrets, redact
 from delivery.models import Outcome
+from delivery.pacing import Pace
 from delivery.retry_after import clamp_retry_after
 
 
@@ -76,18 +77,44 @@ class Transport(abc.ABC):
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""
 
-    async def exchange(self, request, host: str, deadline: float):
-        """Await one HTTP exchange (an httpx coroutine) under one overall deadline — httpx's
-        timeouts are per phase, and a peer trickling a byte a second would never trip
-        them. Returns the exchange's result, or the failed SendResult: temporary when
-        nothing was sent (no connection), ambiguous when the request went out and no whole
-        answer came back (it may have arrived)."""
+    def pace(self, chat_id: str) -> Pace | None:
+        """The limits a send into `chat_id` falls under (delivery.pacing); None: unpaced."""
+        return None
+
+    def paced(self, bot: str, chat_id: str, chat_interval: float) -> Pace | None:
+        """A Pace from the channel's pace settings (conversations.platforms.base.pace_settings)."""
+        pace = Pace.of(bot, float(self.channel.setting("messages_per_second") or 0), chat_id, chat_interval)
+        return pace if pace.paced else None
+
+    async def exchange(self, request_for, host: str, deadline: float):
+        """Await one HTTP exchange under one overall deadline — httpx's timeouts are per
+        phase, and a peer trickling a byte a second would never trip them. `request_for`
+        takes httpx's request extensions (a trace of the exchange's progress) and returns
+        its coroutine. Returns the exchange's result, or the failed SendResult: not sent
+        when its headers never went out (no pooled connection free, DNS, TCP, TLS,
+        refused — whichever error or timer ended it), ambiguous when the request went out
+        and no whole answer came back (it may have arrived)."""
+        progress = Progress()
         try:
-            return await asyncio.wait_for(request, deadline)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__} connecting to {host}")
-        except (TimeoutError, httpx.HTTPError) as exc:
+            return await asyncio.wait_for(request_for({"trace": progress.trace}), deadline)
+        except (TimeoutError, httpx.HTTPError, OSError) as exc:
+            if not progress.sent:
+                return self.failed(Outcome.NOT_SENT, f"{type(exc).__name__} before the request went out to {host}")
             return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
+
+
+class Progress:
+    """Whether an httpx request's headers were written to its connection (httpcore's
+    trace): until then nothing of it can have reached the server."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self):
+        self.sent = False
+
+    async def trace(self, event: str, info: dict) -> None:
+        if event.endswith("send_request_headers.started"):
+            self.sent = True
 
 
 def outcome_for_http_status(status: int) -> str:

@@ -11,6 +11,11 @@ _update_ids = itertools.count(900_000)
 _message_ids = itertools.count(1)
 
 
+# A Telegram channel's pacing switched off (delivery.pacing), for tests of something
+# else that send several replies into one chat at once: paced, the second would wait 1 s.
+UNPACED = {"messages_per_second": 0, "chat_interval": 0, "group_messages_per_minute": 0}
+
+
 def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None):
     message_id = message_id or next(_message_ids)
     return {

@@ -10,7 +10,7 @@ from delivery import chunks, ledger
 from delivery.chunks import split, units
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import telegram_channel
+from tests.e2e import UNPACED, telegram_channel
 from tests.test_ledger_e2e import conversation_for, delivered, texts
 
 TELEGRAM = 4096
@@ -122,7 +122,7 @@ def test_a_long_reply_is_stored_as_its_chunks_each_with_room_for_the_marker(make
 @pytest.mark.django_db
 def test_a_claim_resumes_at_the_first_chunk_not_known_delivered_labelled_only_if_it_had_started(make_channel):
     channel = make_channel("tg", kind="telegram", platform_settings={
-        "bot_token": "1:x", "api_base": "http://127.0.0.1:9"})
+        "bot_token": "1:x", "api_base": "http://127.0.0.1:9", **UNPACED})
     row = ledger.enqueue(conversation_for(channel), LONG, kind=OutboundKind.REPLY)
     [first] = ledger.claim_due("w1")
     assert not first.needs_marker and first.chunks_started == 1 and ledger.text_to_send(first) == PARAGRAPHS[0]

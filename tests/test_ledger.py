@@ -11,6 +11,7 @@ from audit.models import AuditEvent, EventKind
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import SendResult
+from tests.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 T0 = timezone.now()
@@ -22,7 +23,15 @@ def at(seconds):
 
 @pytest.fixture
 def conversation(make_channel, make_conversation):
-    return make_conversation(make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T"}), "ana")
+    """A Telegram chat whose channel is unpaced: these are the ledger's rules, claimed
+    several rows of one chat at a time (pacing has tests of its own below)."""
+    return make_conversation(make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T", **UNPACED}),
+                             "ana")
+
+
+@pytest.fixture
+def paced(make_channel, make_conversation):
+    return make_conversation(make_channel("paced", kind="telegram", platform_settings={"bot_token": "3:P"}), "ana")
 
 
 @pytest.fixture
@@ -89,21 +98,55 @@ def test_temporary_failures_back_off_30s_then_2min_then_wait_for_the_next_start(
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_ABANDONED).count() == 1
 
 
-def test_flood_control_waits_for_the_penalty_and_does_not_spend_the_budget(row):
+def test_flood_control_waits_for_the_penalty_spends_no_attempt_and_labels_nothing(row):
+    # A 429 is a refusal: nothing reached the chat, so the resend goes out plain.
     for attempt in range(6):
         [r] = claim(now=attempt * 10)
-        assert r.needs_marker == (attempt > 0)
+        assert not r.needs_marker and r.attempts == 1
         fail([r], Outcome.FLOOD, now=attempt * 10, retry_after=7)
         assert state(row).next_attempt_at == at(attempt * 10 + 7)
         assert claim(now=attempt * 10 + 6) == []
-    assert state(row).state == OutboundState.FAILED and state(row).flood_waits == 6
+    flooded = state(row)
+    assert (flooded.state, flooded.flood_waits, flooded.attempts) == (OutboundState.FAILED, 6, 0)
     [r] = claim(now=100)
+    assert ledger.text_to_send(r) == "Su cita es el lunes."
     ledger.finish(r, "w1", SendResult.delivered("m1"), now=at(101))
     delivered = state(row)
     assert delivered.state == OutboundState.DELIVERED and delivered.platform_message_id == "m1"
-    event = AuditEvent.objects.get(kind=EventKind.REPLY_RECOVERED)
-    assert event.conversation_id == row.conversation_id and event.channel_slug == "tg"
-    assert event.extra == {"attempts": 7} and event.target == f"ledger row {row.pk}"
+    assert delivered.attempts == 1
+    assert not AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).exists()
+
+
+def test_a_flood_pauses_every_row_of_the_bot_not_only_the_refused_one(paced, make_conversation):
+    other = make_conversation(paced.channel, "beto")
+    first, second = write(paced, "uno"), write(other, "dos", created=1)
+    [r] = ledger.claim_many([first.pk], "w1", now=at(2))
+    fail([r], Outcome.FLOOD, now=2, retry_after=5)
+    assert claim(now=3) == []  # beto's row waits too: the whole bot is paused
+    rows = claim(now=7.5)
+    assert [r.pk for r in rows] == [first.pk, second.pk]  # oldest first once the penalty is over
+    assert [r.pace_delay for r in rows] == [0, pytest.approx(1 / 29, abs=1e-4)]  # spaced by the bot's rate
+
+
+def test_a_send_that_never_left_is_resent_plain_backing_off_without_spending_attempts(row):
+    waits = []
+    for attempt in range(8):
+        [r] = claim(now=attempt * 100)
+        assert not r.needs_marker
+        fail([r], Outcome.NOT_SENT, now=attempt * 100)
+        waits.append((state(row).next_attempt_at - at(attempt * 100)).total_seconds())
+    assert waits == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert state(row).attempts == 0 and state(row).state == OutboundState.FAILED
+
+
+def test_a_resend_after_an_ambiguous_send_stays_labelled_through_a_flood(row):
+    [r] = claim(now=0)
+    fail([r], Outcome.AMBIGUOUS, now=1)  # it may have arrived
+    [r] = claim(now=31)
+    assert r.needs_marker
+    fail([r], Outcome.FLOOD, now=31, retry_after=3)  # the labelled resend was refused
+    [r] = claim(now=40)
+    assert r.needs_marker and r.attempts == 2  # still labelled; the flood spent nothing
 
 
 def test_permanent_failure_marks_the_chat_unreachable_and_is_never_retried(row, conversation):
@@ -236,10 +279,11 @@ def test_a_just_written_row_is_claimed_like_a_sweep_would_claim_it(conversation,
     OutboundMessage.objects.filter(pk=spent.pk).update(attempts=ledger.MAX_RESENDS + 1)
     held = write(conversation, "ya tomada")
     [held] = ledger.claim_many([held.pk], "w0", now=at(0))
-    quiet = make_conversation(make_channel("off", kind="telegram", platform_settings={"bot_token": "2:T"}), "eva")
+    quiet = make_conversation(make_channel("off", kind="telegram", platform_settings={"bot_token": "2:T", **UNPACED}),
+                              "eva")
     inactive = write(quiet, "canal apagado")
     quiet.channel.__class__.objects.filter(pk=quiet.channel_id).update(is_active=False)
-    blocked = make_conversation(make_channel("blocked", kind="telegram", platform_settings={}), "leo")
+    blocked = make_conversation(make_channel("blocked", kind="telegram", platform_settings=UNPACED), "leo")
     unsendable = write(blocked, "sin token")
     rows = [state(r) for r in (sendable, stale, spent, held, inactive, unsendable)]
 

@@ -21,6 +21,7 @@ from conversations.platforms.webchat.transport import WebchatTransport
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
+from tests.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 
@@ -41,8 +42,10 @@ def test_the_registry_names_every_platform_and_picks_each_transport(make_channel
 def test_settings_are_checked_on_save_with_defaults_filled(make_channel):
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:A"})
     assert channel.platform_settings == {"bot_token": "1:A", "webhook_secret": "", "mode": "webhook",
-                                         "api_base": "https://api.telegram.org"}
-    for wrong in ({"bot_tokn": "1:A"}, {"mode": "carrier"}, {"api_base": "not a url"}):
+                                         "api_base": "https://api.telegram.org", "messages_per_second": 29.0,
+                                         "chat_interval": 1.0, "group_messages_per_minute": 20.0}
+    for wrong in ({"bot_tokn": "1:A"}, {"mode": "carrier"}, {"api_base": "not a url"},
+                  {"messages_per_second": "fast"}, {"chat_interval": -1}):
         with pytest.raises(ValidationError):
             Channel(slug="bad", kind="telegram", platform_settings=wrong).save()
     assert not Channel.objects.filter(slug="bad").exists()
@@ -63,7 +66,7 @@ def test_a_refused_bot_token_blocks_the_channel_and_burns_no_attempt(make_channe
     replies wait (audited once), and saving the channel with a new token lets them go."""
     fake_telegram.require_known_tokens = True
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "9:REVOKED",
-                                                                     "api_base": fake_telegram.url})
+                                                                     "api_base": fake_telegram.url, **UNPACED})
     conversation = make_conversation(channel, "301")
     rows = [ledger.enqueue(conversation, text, kind=OutboundKind.REPLY) for text in ("uno", "dos")]
     claimed = ledger.claim_due("w1")
@@ -98,7 +101,7 @@ def test_a_refused_bot_token_blocks_the_channel_and_burns_no_attempt(make_channe
 
 def test_finish_with_a_blocked_channel_keeps_a_resent_row_labelled(make_channel, make_conversation):
     """A row that may have gone out before stays labelled when the block gives it back."""
-    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:A"})
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:A", **UNPACED})
     row = ledger.enqueue(make_conversation(channel, "1"), "hola", kind=OutboundKind.REPLY)
     [first] = ledger.claim_due("w1")
     ledger.finish(first, "w1", SendResult.failed(Outcome.AMBIGUOUS, "timed out"))

@@ -159,6 +159,29 @@ class Platform(abc.ABC):
         return ""
 
 
+def check_rate(value):
+    """A Setting.check for a rate or an interval: a number, 0 or more (0: no limit)."""
+    number = float(value)
+    if number < 0 or number != number or number == float("inf"):
+        raise ValidationError("a number, 0 or more (0: no limit)")
+    return number
+
+
+def pace_settings(per_second: float, chat_interval: float, group_per_minute: float = 0.0) -> dict:
+    """The pacing settings a platform with documented send limits gives its channels
+    (delivery.pacing): defaults just below the platform's own limits."""
+    found = {
+        "messages_per_second": Setting(default=per_second, check=check_rate,
+                                       help="Sends per second of this bot or number, across every worker (0: unpaced)."),
+        "chat_interval": Setting(default=chat_interval, check=check_rate,
+                                 help="Seconds between two sends into one chat (0: unpaced)."),
+    }
+    if group_per_minute:
+        found["group_messages_per_minute"] = Setting(default=group_per_minute, check=check_rate,
+                                                     help="Sends per minute into one group (0: unpaced).")
+    return found
+
+
 def check_url(value):
     """A Setting.check for URLs (http or https)."""
     from django.core.validators import URLValidator

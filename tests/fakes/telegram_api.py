@@ -81,6 +81,23 @@ Handler = Callable[[str, dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
+class Limits:
+    """Telegram's documented send limits (core.telegram.org/bots/faq): about 30 messages a
+    second from one bot, one a second into one chat, 20 a minute into one group. Beyond
+    them the fake answers 429 with `retry_after` (whole seconds, as Telegram does) for the
+    time until the window frees, counting each window over the last second (minute)."""
+
+    per_bot: int = 30
+    per_chat: int = 1
+    per_group_minute: int = 20
+
+
+# The methods that put a message into a chat (sendChatAction does not count).
+_PACED_METHODS = frozenset({"sendmessage", "sendphoto", "senddocument", "sendvoice", "sendaudio",
+                            "sendvideo", "sendmediagroup", "sendsticker", "sendanimation"})
+
+
+@dataclass(frozen=True)
 class Call:
     """One Bot API request as the fake received it."""
 
@@ -171,8 +188,14 @@ class FakeBotAPI(FakeServer):
         host: str = "127.0.0.1",
         tokens: tuple[str, ...] | list[str] = (),
         require_known_tokens: bool = False,
+        limits: Limits | None = None,
     ):
         super().__init__((host, port), _RequestHandler)
+
+        # Telegram's send limits, kept when given (None: unlimited, as a test asks).
+        self.limits = limits
+        self.floods = 0  # 429s answered for the limits
+        self._windows: dict[tuple, list[float]] = {}  # (token[, chat]) -> accepted sends' times
 
         self.require_known_tokens = require_known_tokens
         self._known_tokens: set[str] = set(tokens)
@@ -277,9 +300,11 @@ class FakeBotAPI(FakeServer):
                 self._holds,
                 self._sent,
                 self._callback_queries,
+                self._windows,
             ):
                 store.clear()
             self._forget_offsets = False
+            self.floods = 0
             self._cond.notify_all()
 
     def wait_for(
@@ -485,12 +510,43 @@ class FakeBotAPI(FakeServer):
         rule = self._take_rule(token, method)
         if rule is not None:
             return None if rule.error is None else (rule.error.status, rule.error.envelope())
+        flooded = self._over_limits(token, method, params)
+        if flooded is not None:
+            return flooded.status, flooded.envelope()
         if known is None:
             return 404, BotAPIError(404, "Not Found: method not found").envelope()
         try:
             return 200, {"ok": True, "result": known[1](token, params)}
         except BotAPIError as error:
             return error.status, error.envelope()
+
+    def _over_limits(self, token: str, method: str, params: dict[str, Any]) -> BotAPIError | None:
+        """A 429 if this send would break the limits; otherwise the send is counted."""
+        if self.limits is None or method.lower() not in _PACED_METHODS:
+            return None
+        try:
+            chat = int(params.get("chat_id"))
+        except (TypeError, ValueError):
+            return None  # the method's own check answers 400
+        group = chat < 0
+        windows = [((token,), 1.0, self.limits.per_bot),
+                   ((token, chat), 60.0 if group else 1.0,
+                    self.limits.per_group_minute if group else self.limits.per_chat)]
+        now = time.monotonic()
+        with self._cond:
+            wait = 0.0
+            for key, span, most in windows:
+                times = self._windows.setdefault(key, [])
+                del times[:bisect.bisect_right(times, now - span)]
+                if len(times) >= most:
+                    wait = max(wait, times[len(times) - most] + span - now)
+            if wait > 0:
+                self.floods += 1
+                seconds = max(1, int(-(-wait // 1)))
+                return BotAPIError(429, f"Too Many Requests: retry after {seconds}", {"retry_after": seconds})
+            for key, _, _ in windows:
+                self._windows[key].append(now)
+        return None
 
     # ------------------------------------------------------------- Bot methods
 
@@ -991,6 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--token", action="append", default=[], help="known token (repeatable)")
     parser.add_argument("--require-known-tokens", action="store_true")
+    parser.add_argument("--limits", action="store_true", help="keep Telegram's documented send limits")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -1002,6 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         tokens=args.token,
         require_known_tokens=args.require_known_tokens,
+        limits=Limits() if args.limits else None,
     ) as fake:
         # One line, flushed: whoever started us reads it to learn the port.
         print(fake.url, flush=True)

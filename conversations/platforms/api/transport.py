@@ -38,7 +38,8 @@ class ApiCallbackTransport(Transport):
         headers = {"Content-Type": "application/json", **signing.signed_headers(secret, body)}
         host = urlsplit(url).netloc.rpartition("@")[2]
         deadline = settings.AGENTLOOP_CALLBACK_TIMEOUT
-        answer = await self.exchange(self._post(url, body, headers, deadline), host, deadline)
+        answer = await self.exchange(lambda extensions: self._post(url, body, headers, deadline, extensions),
+                                     host, deadline)
         if isinstance(answer, SendResult):
             return answer
         status, retry_after = answer
@@ -49,7 +50,7 @@ class ApiCallbackTransport(Transport):
         said = f"rejected: HTTP {status}" if outcome == Outcome.PERMANENT and not gone else f"HTTP {status}"
         return self.failed(outcome, said, retry_after)
 
-    async def _post(self, url, body, headers, timeout):
+    async def _post(self, url, body, headers, timeout, extensions):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
-            response = await client.post(url, content=body, headers=headers)
+            response = await client.post(url, content=body, headers=headers, extensions=extensions)
             return response.status_code, retry_after_header(response.headers.get("Retry-After"))

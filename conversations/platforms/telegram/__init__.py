@@ -13,7 +13,7 @@
 import os
 import secrets
 
-from conversations.platforms.base import Platform, Poller, Setting, check_url
+from conversations.platforms.base import Platform, Poller, Setting, check_url, pace_settings
 
 WEBHOOK, POLLING = "webhook", "polling"
 
@@ -29,6 +29,8 @@ class TelegramPlatform(Platform):
         "api_base": Setting(default="https://api.telegram.org", check=check_url,
                             help="Bot API root; requests go to {api_base}/bot{token}/{method}."),
         "mode": Setting(default=WEBHOOK, choices=(WEBHOOK, POLLING), help="Webhook or long polling."),
+        # Telegram's documented limits: ~30 messages/s per bot, 1/s per chat, 20/min per group.
+        **pace_settings(per_second=29, chat_interval=1.0, group_per_minute=20),
     }
 
     def transport(self, channel):

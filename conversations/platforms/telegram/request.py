@@ -18,7 +18,8 @@ from delivery.retry_after import clamp_retry_after
 
 
 class NotSent(NetworkError):
-    """The connection could not be made: the request never reached the server."""
+    """The request never went out (no connection could be had or made): resending it
+    cannot make a duplicate."""
 
 
 class SentUnanswered(NetworkError):
@@ -27,10 +28,36 @@ class SentUnanswered(NetworkError):
     ambiguous = True
 
 
+class _Exchange:
+    """One request's progress, as aiohttp's tracing reports it: whether its headers were
+    written to the connection. Until then nothing of it can have reached the server."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self):
+        self.sent = False
+
+
+async def _headers_sent(session, context, params):
+    context.trace_request_ctx.sent = True
+
+
+def _trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_headers_sent)
+    return trace
+
+
 class AiohttpRequest(BaseRequest):
-    def __init__(self, connections=8, read_timeout=5.0, write_timeout=5.0, connect_timeout=5.0):
+    """Every failure is classified by what it proves: a request whose headers never went
+    out (waiting for one of the pooled connections, DNS, TCP, TLS, refused) raises
+    NotSent, whichever timer or error ended it; one that went out and got no whole answer
+    raises TimedOut or SentUnanswered (it may have been delivered)."""
+
+    def __init__(self, connections=8, read_timeout=5.0, write_timeout=5.0, connect_timeout=5.0, pool_timeout=5.0):
         self._connections = connections
-        self._timeouts = {"read": read_timeout, "write": write_timeout, "connect": connect_timeout}
+        self._timeouts = {"read": read_timeout, "write": write_timeout, "connect": connect_timeout,
+                          "pool": pool_timeout}
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -39,20 +66,26 @@ class AiohttpRequest(BaseRequest):
 
     async def initialize(self) -> None:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._connections))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._connections),
+                                                  trace_configs=[_trace()])
 
     async def shutdown(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
-    def _timeout(self, read_timeout, write_timeout, connect_timeout):
+    def _timeout(self, read_timeout, write_timeout, connect_timeout, pool_timeout):
         def pick(value, name):
             return self._timeouts[name] if value is BaseRequest.DEFAULT_NONE else value
 
         read, write = pick(read_timeout, "read"), pick(write_timeout, "write")
-        # aiohttp has no write timeout of its own: bound the whole exchange by both.
-        total = None if read is None or write is None else read + write
-        return aiohttp.ClientTimeout(total=total, sock_connect=pick(connect_timeout, "connect"), sock_read=read)
+        connect, pool = pick(connect_timeout, "connect"), pick(pool_timeout, "pool")
+        phases = (pool, connect, read, write)
+        # aiohttp's `connect` covers the wait for a pooled connection and making one;
+        # `total` is the whole exchange's deadline (a peer trickling bytes never trips
+        # sock_read). Which of them fires says nothing of delivery: the trace does.
+        total = None if None in phases else sum(phases)
+        return aiohttp.ClientTimeout(total=total, connect=None if None in (pool, connect) else pool + connect,
+                                     sock_connect=connect, sock_read=read)
 
     @staticmethod
     def _body(request_data: RequestData | None):
@@ -79,20 +112,22 @@ class AiohttpRequest(BaseRequest):
         pool_timeout=BaseRequest.DEFAULT_NONE,
     ) -> tuple[int, bytes]:
         await self.initialize()  # lazily: the session belongs to the running event loop
-        timeout = self._timeout(read_timeout, write_timeout, connect_timeout)
+        timeout = self._timeout(read_timeout, write_timeout, connect_timeout, pool_timeout)
+        exchange = _Exchange()
         try:
             async with self._session.request(method, url, data=self._body(request_data), timeout=timeout,
-                                             headers={"User-Agent": self.USER_AGENT}) as response:
+                                             headers={"User-Agent": self.USER_AGENT},
+                                             trace_request_ctx=exchange) as response:
                 payload = await response.read()
                 return response.status, sane_flood_answer(payload) if response.status == 429 else payload
         # Errors name the error's type and the host, never the URL: it carries the bot's
         # token (…/bot<TOKEN>/sendMessage), and aiohttp puts it in its messages.
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise NotSent(f"aiohttp.{type(exc).__name__} connecting to {_host(url)}") from exc
-        except TimeoutError as exc:
-            # As PTB's own layer: a timeout after the request went out may have been delivered.
-            raise TimedOut(f"Timed out waiting for {_host(url)}") from exc
-        except aiohttp.ClientError as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if not exchange.sent:
+                raise NotSent(f"aiohttp.{type(exc).__name__} before the request went out to {_host(url)}") from exc
+            if isinstance(exc, TimeoutError):
+                # As PTB's own layer: a timeout after the request went out may have been delivered.
+                raise TimedOut(f"Timed out waiting for {_host(url)}") from exc
             raise SentUnanswered(f"aiohttp.{type(exc).__name__} talking to {_host(url)}") from exc
 
 

@@ -6,6 +6,7 @@ not be shared across event loops, so bots are cached per loop.
 """
 
 import asyncio
+import hashlib
 
 import telegram
 from django.conf import settings
@@ -24,6 +25,7 @@ from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.request import AiohttpRequest, NotSent
 from delivery import chunks
 from delivery.models import Outcome
+from delivery.pacing import Pace
 from delivery.transports import SendResult, Target, Transport
 
 TELEGRAM_MAX_UNITS = 4096  # a message's length as Telegram counts it: UTF-16 code units
@@ -69,9 +71,10 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> ReplyBot:
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
     bot = _bots.get(key)
     if bot is None:
-        connections = settings.AGENTLOOP_TELEGRAM_CONNECTIONS
-        bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base),
-                                          request=AiohttpRequest(connections=connections),
+        request = AiohttpRequest(connections=settings.AGENTLOOP_TELEGRAM_CONNECTIONS,
+                                 pool_timeout=settings.AGENTLOOP_TELEGRAM_POOL_TIMEOUT,
+                                 read_timeout=settings.AGENTLOOP_TELEGRAM_READ_TIMEOUT)
+        bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base), request=request,
                                           # unused: polling has its own Bot
                                           get_updates_request=AiohttpRequest(connections=1)))
     return bot
@@ -112,7 +115,7 @@ class TelegramTransport(Transport):
                     reply_markup=inline_keyboard(target.buttons) if index == len(pieces) - 1 else None,
                 )
                 reply = None  # only the first chunk threads to the user's message
-        except RetryAfter as exc:
+        except RetryAfter as exc:  # refused, not sent: the bot waits out the penalty
             return self.failed(Outcome.FLOOD, exc, exc.retry_after)
         except InvalidToken as exc:  # 401/404 on the bot's URL: the token was revoked or is wrong
             return self.failed(Outcome.CHANNEL_BLOCKED, f"the bot token was refused: {exc}")
@@ -123,8 +126,8 @@ class TelegramTransport(Transport):
                 return self.failed(Outcome.PERMANENT, exc)
             # Telegram refused this message (not the chat): resending it as is cannot help.
             return self.failed(Outcome.PERMANENT, f"rejected: {exc}")
-        except NotSent as exc:
-            return self.failed(Outcome.TEMPORARY, exc)
+        except NotSent as exc:  # never left: resent unlabelled, no attempt spent
+            return self.failed(Outcome.NOT_SENT, exc)
         except TimedOut as exc:  # after the request went out: it may have been delivered
             return self.failed(Outcome.AMBIGUOUS, f"timed out: {exc}")
         except NetworkError as exc:
@@ -139,11 +142,26 @@ class TelegramTransport(Transport):
             return self.failed(Outcome.AMBIGUOUS, f"unreadable answer: {type(exc).__name__}")
         return SendResult.delivered(last_id)
 
+    def pace(self, chat_id: str) -> Pace | None:
+        """Telegram's limits: per bot (its token, whichever channels share it), per chat,
+        and a tighter one per group (a group's chat id is negative)."""
+        if str(chat_id).startswith("-"):
+            per_minute = float(self.channel.setting("group_messages_per_minute") or 0)
+            interval = 60.0 / per_minute if per_minute else 0.0
+        else:
+            interval = float(self.channel.setting("chat_interval") or 0)
+        return self.paced(bot_key(self.channel.setting("bot_token")), str(chat_id), interval)
+
     async def send_typing(self, target: Target) -> None:
         await self._bot("typing").send_chat_action(
             chat_id=target.chat_id, action="typing",
             message_thread_id=int(target.thread_id) if target.thread_id else None,
         )
+
+
+def bot_key(token: str) -> str:
+    """The bot's pacing key: its token's digest (the token itself is a secret)."""
+    return "telegram:" + hashlib.sha256(token.encode()).hexdigest()[:20]
 
 
 def inline_keyboard(buttons) -> telegram.InlineKeyboardMarkup | None:

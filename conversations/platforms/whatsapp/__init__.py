@@ -16,7 +16,7 @@ import re
 
 from django.core.exceptions import ValidationError
 
-from conversations.platforms.base import Platform, Setting, check_url
+from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 
 ENVIRONMENT = {"token": "WHATSAPP_TOKEN", "phone_number_id": "WHATSAPP_PHONE_NUMBER_ID",
                "app_secret": "WHATSAPP_APP_SECRET", "verify_token": "WHATSAPP_VERIFY_TOKEN"}
@@ -52,6 +52,9 @@ class WhatsAppPlatform(Platform):
         "api_base": Setting(default="https://graph.facebook.com", check=check_url,
                             help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages."),
         "api_version": Setting(default="v23.0", check=check_version, help="Graph API version."),
+        # The Cloud API's default throughput is 80 messages/s per business number; its pair
+        # limit (one user, code 131056) allows bursts and is met as a flood when it comes.
+        **pace_settings(per_second=78, chat_interval=0.0),
     }
 
     def transport(self, channel):

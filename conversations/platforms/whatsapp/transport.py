@@ -13,6 +13,8 @@ Outcomes, from the Graph error `code` (the HTTP status only where the code says 
 | other 4xx | this request refused | permanent ("rejected: …") |
 
 No answer after the request went out (the deadline, a dropped connection): ambiguous.
+The request never went out (no connection could be had or made): not sent — resent
+unlabelled, no attempt spent.
 """
 
 import asyncio
@@ -24,6 +26,7 @@ from agentloop.caches import BoundedCache
 from agentloop.tls import shared_tls_context
 from delivery import chunks
 from delivery.models import Outcome
+from delivery.pacing import Pace
 from delivery.transports import SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never undercount them)
@@ -94,7 +97,8 @@ class WhatsAppTransport(Transport):
     async def _post(self, body) -> str | SendResult:
         """The wamid of a sent message, or the failed SendResult."""
         limit = deadline()
-        exchanged = await self.exchange(self._call(body, limit), self.endpoint().split("/")[2], limit)
+        exchanged = await self.exchange(lambda extensions: self._call(body, limit, extensions),
+                                        self.endpoint().split("/")[2], limit)
         if isinstance(exchanged, SendResult):
             return exchanged
         status, answer = exchanged
@@ -124,13 +128,18 @@ class WhatsAppTransport(Transport):
             return self.failed(Outcome.TEMPORARY, said)
         return self.failed(Outcome.PERMANENT, f"rejected: {said}")
 
-    async def _call(self, body, limit):
-        response = await graph_client().post(self.endpoint(), json=body, timeout=limit,
+    async def _call(self, body, limit, extensions=None):
+        response = await graph_client().post(self.endpoint(), json=body, timeout=limit, extensions=extensions,
                                              headers={"Authorization": f"Bearer {self.setting('token')}"})
         try:
             return response.status_code, response.json()
         except ValueError:
             return response.status_code, None
+
+    def pace(self, chat_id: str) -> Pace | None:
+        """The business number's throughput, and the channel's chat interval if it sets one."""
+        return self.paced(f"whatsapp:{self.setting('phone_number_id')}", str(chat_id),
+                          float(self.setting("chat_interval") or 0))
 
     # --- typing -------------------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""Failed sends logged once per fault, not once per try: a platform away for a minute with a
+thousand replies queued is one line when it starts (per channel and kind of outcome),
+one now and then while it lasts, and one when a send gets through again."""
+
+import logging
+import threading
+import time
+
+from agentloop.caches import BoundedCache
+
+log = logging.getLogger("delivery.ledger")
+
+REPORT_EVERY = 30.0
+
+
+class SendFaults:
+    """Thread-safe; `clock` is injectable for tests."""
+
+    def __init__(self, every=REPORT_EVERY, clock=time.monotonic):
+        self.every, self.clock = every, clock
+        self._lock = threading.Lock()
+        # channel slug -> [since, failures, {outcome: when last logged}]; bounded: slugs
+        # are operators', but a bound costs nothing.
+        self._open = BoundedCache(maxsize=1024)
+
+    def failed(self, channel, result) -> None:
+        now, slug = self.clock(), getattr(channel, "slug", "?")
+        with self._lock:
+            fault = self._open.get(slug)
+            if fault is None:
+                fault = self._open.set(slug, [now, 0, {}])
+            fault[1] += 1
+            last = fault[2].get(result.outcome)
+            if last is not None and now - last < self.every:
+                return
+            fault[2][result.outcome] = now
+            since = fault[0]
+        if last is None:
+            log.warning("sends of channel %s failing (%s): %s", slug, result.outcome, result.error)
+        else:
+            log.warning("sends of channel %s still failing after %.0f s (%s): %s", slug, now - since,
+                        result.outcome, result.error)
+
+    def recovered(self, channel) -> None:
+        slug = getattr(channel, "slug", "?")
+        if slug not in self._open:  # the common case: nothing to say
+            return
+        with self._lock:
+            fault = self._open.pop(slug)
+        if fault is not None:
+            log.info("sends of channel %s back after %.1f s (%d failed sends)", slug, self.clock() - fault[0],
+                     fault[1])
+
+
+SENDS = SendFaults()
+failed, recovered = SENDS.failed, SENDS.recovered

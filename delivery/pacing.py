@@ -1,0 +1,164 @@
+"""Pacing: sends kept below each platform's documented limits, one budget per bot shared
+by every worker process and host.
+
+Telegram takes about 30 messages a second from one bot, one a second into one chat and
+20 a minute into one group; beyond that it answers 429 and, if we keep going, longer
+and longer penalties. A burst of intake (a thousand new chats replied to at once) must
+become a paced drain from the ledger, not a storm of 429s.
+
+Each limit is a key in `SendBudget` holding the next free slot (the generic cell rate
+algorithm's "theoretical arrival time"): reserving a send moves the slot on by the
+key's interval, in one upsert, so processes that reserve at the same moment get
+distinct slots. A send takes its bot's earliest slot, and its chat's only if the chat
+is free by then; a chat that is not gives the bot's slot back, so a busy chat never
+pushes the rest of the bot's chats back.
+A reservation further ahead than the caller's horizon is not taken (nothing written):
+the ledger claims a row only once its slot is near, so a row never sits `attempting`
+for long while it waits its turn (see `delivery.ledger.claim_due`).
+
+On PostgreSQL the slots are on the database's clock (`statement_timestamp()`); what a
+reservation returns is a delay, slept on the local clock. On SQLite (one machine) the
+local clock is the database's.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from agentloop.rows import postgresql, table
+from delivery.models import SendBudget
+
+# Sends to one chat arrive with the network's jitter between them: a chat's interval is
+# widened by this much, so two sends spaced exactly 1 s apart never land 0.99 s apart.
+CHAT_JITTER = 0.05
+# How far ahead the ledger reserves: a claimed row waits at most this long for its slot.
+HORIZON = 1.0
+FORGET_AFTER = 60.0  # a key whose slot is this far in the past holds nothing: deleted
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The limits one send falls under: its bot's and its chat's (0: none)."""
+
+    bot: str  # the bot's budget key: one per credential, whichever channels share it
+    bot_interval: float
+    chat: str = ""
+    chat_interval: float = 0.0
+
+    @classmethod
+    def of(cls, bot, per_second, chat="", chat_interval=0.0):
+        """`per_second`: the bot's rate (0: unpaced); `chat_interval`: seconds between two
+        sends into the chat (0: unpaced)."""
+        return cls(bot, 1.0 / per_second if per_second else 0.0,
+                   f"{bot}:{chat}" if chat_interval else "", chat_interval + CHAT_JITTER if chat_interval else 0.0)
+
+    @property
+    def paced(self) -> bool:
+        return bool(self.bot_interval or self.chat_interval)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A reservation's answer: `delay` seconds to wait before sending, or None when the
+    earliest slot lies beyond the horizon (`full` names the key that is: "bot", "chat")."""
+
+    delay: float | None
+    full: str = ""
+
+
+def reserve(pace: Pace, horizon: float = HORIZON, clock: float | None = None, chunks: int = 1) -> Slot:
+    """Reserve a send under `pace`: the bot's earliest slot, if it lies within `horizon`
+    seconds (math.inf: whatever it takes), and only if the chat is free by then. The chat
+    is booked for all of a reply's `chunks` at once (`chunks` intervals from the slot), so
+    no other reply lands between them; each later chunk takes its own bot slot
+    (`chunk_slot`). A chat that is not free in time gives the bot's slot back (one
+    transaction; the bot's row is always locked first, so reservations never deadlock).
+    `clock`: epoch seconds to count from (injected time in tests); None: the database's."""
+    if not pace.paced:
+        return Slot(0.0)
+    with transaction.atomic():
+        delay = 0.0
+        if pace.bot_interval:
+            delay = _take(pace.bot, pace.bot_interval, 0.0, horizon, clock)
+            if delay is None:
+                return Slot(None, "bot")
+        if pace.chat_interval and _take(pace.chat, pace.chat_interval * chunks, delay, delay, clock) is None:
+            transaction.set_rollback(True)
+            return Slot(None, "chat")
+    return Slot(max(delay, 0.0))
+
+
+def chunk_slot(pace: Pace, clock: float | None = None) -> float:
+    """The next chunk of a reply under way (its chat booked with the first, and a chat
+    interval already waited since the chunk before): a bot slot however far, and the
+    chat's booking kept at least one interval past it. Returns its delay."""
+    if not pace.paced:
+        return 0.0
+    with transaction.atomic():
+        delay = max(_take(pace.bot, pace.bot_interval, 0.0, math.inf, clock), 0.0) if pace.bot_interval else 0.0
+        if pace.chat_interval:
+            _extend(pace.chat, delay + pace.chat_interval, clock)
+    return delay
+
+
+def pause(key: str, seconds: float, clock: float | None = None) -> None:
+    """Nothing under `key` goes out for `seconds` (a 429's retry_after pauses the whole bot,
+    not only the refused row)."""
+    _extend(key, seconds, clock)
+
+
+def _extend(key: str, seconds: float, clock: float | None) -> None:
+    """`key` is taken for at least `seconds` from now."""
+    now = _now_sql(clock)
+    greatest = "greatest" if postgresql() else "max"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table(SendBudget)} AS b (key, next_slot) VALUES (%s, {now[0]} + %s) "
+            f"ON CONFLICT (key) DO UPDATE SET next_slot = {greatest}(b.next_slot, {now[0]} + %s)",
+            [key, *now[1], seconds, *now[1], seconds])
+
+
+def waiting(key: str, clock: float | None = None) -> float:
+    """Seconds until `key`'s next free slot (0 when free now)."""
+    now = _now_sql(clock)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT next_slot - {now[0]} FROM {table(SendBudget)} WHERE key = %s", [*now[1], key])
+        found = cursor.fetchone()
+    return max(found[0], 0.0) if found else 0.0
+
+
+def forget_spent(clock: float | None = None) -> int:
+    """Delete keys whose slot is long past (one per chat ever replied to would pile up)."""
+    now = _now_sql(clock)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table(SendBudget)} WHERE next_slot < {now[0]} - %s", [*now[1], FORGET_AFTER])
+        return cursor.rowcount
+
+
+def _take(key, interval, after, horizon, clock) -> float | None:
+    """The upsert: the key's slot is max(its next slot, now + after); taken (moved on by
+    `interval`) only if it is within `horizon` of now. Returns its delay from now, or None.
+    Written as SQL: the ORM has no conditional upsert, and this is one round trip."""
+    now = _now_sql(clock)
+    greatest = "greatest" if postgresql() else "max"
+    limit = horizon if math.isfinite(horizon) else 1e12
+    slot = f"{greatest}(b.next_slot, {now[0]} + %s)"
+    sql = (f"INSERT INTO {table(SendBudget)} AS b (key, next_slot) VALUES (%s, {now[0]} + %s + %s) "
+           f"ON CONFLICT (key) DO UPDATE SET next_slot = {slot} + %s "
+           f"WHERE {slot} <= {now[0]} + %s "
+           f"RETURNING next_slot - %s - {now[0]}")
+    n = now[1]
+    params = [key, *n, after, interval, *n, after, interval, *n, after, *n, limit, interval, *n]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    return None if found is None else float(found[0])
+
+
+def _now_sql(clock):
+    """The SQL for "now" in epoch seconds and its parameters."""
+    if clock is None and postgresql():
+        return "extract(epoch FROM statement_timestamp())::float8", []
+    return "%s", [time.time() if clock is None else float(clock)]

@@ -1,0 +1,123 @@
+"""Pacing (delivery.pacing) on the real database, with injected time: slots spaced by each
+key's interval, nothing reserved beyond the horizon, a chat's slot given back when its
+bot has none, a flood's pause; and the ledger's paced claim: a row is claimed only once
+its slot is near, in each chat's order, and a row claimed while it waits labels nothing
+if its worker dies."""
+
+import math
+import threading
+
+import pytest
+from django.db import connections
+
+from delivery import pacing
+from delivery.models import SendBudget
+from delivery.pacing import Pace, Slot
+
+T = 1_800_000_000.0  # an epoch second to count from
+BOT = Pace.of("bot", 10)  # 0.1 s apart
+CHATTY = Pace.of("bot", 10, "ana", 1.0)  # and 1.05 s apart into ana's chat
+
+
+def slot_of(key):
+    found = SendBudget.objects.filter(key=key).first()
+    return found.next_slot - T if found else None
+
+
+def near(x):
+    return pytest.approx(x, abs=1e-5)  # epoch seconds as floats: ~0.2 µs apart
+
+
+@pytest.mark.django_db
+def test_slots_are_spaced_by_the_interval_and_none_is_taken_beyond_the_horizon():
+    delays = [pacing.reserve(BOT, horizon=0.35, clock=T).delay for _ in range(6)]
+    assert delays == [0.0, near(0.1), near(0.2), near(0.3), None, None]
+    assert slot_of("bot") == near(0.4)  # the refusals wrote nothing
+    assert pacing.reserve(BOT, horizon=0.35, clock=T + 0.3).delay == near(0.1)
+    assert pacing.reserve(BOT, horizon=0.35, clock=T + 10).delay == 0.0  # an idle key starts from now
+
+
+@pytest.mark.django_db
+def test_a_chat_not_free_in_time_gives_its_bot_slot_back_and_holds_up_no_other_chat():
+    assert pacing.reserve(CHATTY, clock=T) == Slot(0.0)
+    assert slot_of("bot") == near(0.1) and slot_of("bot:ana") == near(1.05)
+    assert pacing.reserve(CHATTY, horizon=1.0, clock=T) == Slot(None, "chat")
+    assert slot_of("bot") == near(0.1)  # given back: ana's wait costs the bot nothing
+    other = Pace.of("bot", 10, "beto", 1.0)
+    assert pacing.reserve(other, clock=T).delay == near(0.1)  # another chat of the bot goes on
+    assert pacing.reserve(CHATTY, clock=T + 1.05).delay == near(0.0)  # ana's chat is free again
+
+
+@pytest.mark.django_db
+def test_the_bot_slot_is_taken_only_within_the_horizon():
+    for _ in range(10):
+        pacing.reserve(BOT, horizon=math.inf, clock=T)  # the bot is booked for a second
+    assert pacing.reserve(CHATTY, horizon=0.5, clock=T) == Slot(None, "bot")
+    assert slot_of("bot:ana") is None
+    assert pacing.reserve(CHATTY, horizon=1.5, clock=T).delay == near(1.0)
+    assert slot_of("bot:ana") == near(2.05)  # booked from its bot slot on
+
+
+@pytest.mark.django_db
+def test_a_reply_in_chunks_books_its_chat_for_all_of_them():
+    assert pacing.reserve(CHATTY, clock=T, chunks=3).delay == 0.0
+    assert slot_of("bot:ana") == near(3 * 1.05)
+    assert pacing.reserve(CHATTY, horizon=3.0, clock=T + 1.05) == Slot(None, "chat")  # no reply between
+    assert pacing.chunk_slot(CHATTY, clock=T + 1.05) == near(0.0)  # chunk 2, a chat interval later
+    assert slot_of("bot") == near(1.15)
+    pacing.reserve(BOT, horizon=math.inf, clock=T + 2.05)  # the bot is busy when chunk 3 is due...
+    assert pacing.chunk_slot(CHATTY, clock=T + 2.1) == near(0.05)
+    assert slot_of("bot:ana") == near(2.15 + 1.05)  # ...and the chat stays booked past it
+
+
+@pytest.mark.django_db
+def test_a_pause_holds_every_send_of_the_key():
+    pacing.pause("bot", 7, clock=T)
+    assert pacing.waiting("bot", clock=T + 1) == near(6)
+    assert pacing.reserve(BOT, clock=T + 1).delay is None
+    assert pacing.reserve(BOT, horizon=math.inf, clock=T + 1).delay == near(6)
+    pacing.pause("bot", 1, clock=T)  # a shorter pause never shortens a longer one
+    assert pacing.waiting("bot", clock=T + 1) == near(6.1)
+
+
+@pytest.mark.django_db
+def test_unpaced_sends_touch_nothing_and_spent_keys_are_forgotten():
+    assert pacing.reserve(Pace.of("free", 0), clock=T) == Slot(0.0)
+    assert not SendBudget.objects.exists()
+    pacing.reserve(CHATTY, clock=T)
+    assert pacing.forget_spent(clock=T + 30) == 0
+    assert pacing.forget_spent(clock=T + pacing.FORGET_AFTER + 5) == 2
+    assert not SendBudget.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_database_clock_is_used_when_no_time_is_injected():
+    assert pacing.reserve(BOT).delay == 0.0
+    assert pacing.reserve(BOT).delay == pytest.approx(0.1, abs=0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_processes_reserving_at_once_get_distinct_slots_one_budget_for_the_bot():
+    """Four database sessions (threads with connections of their own, as four workers
+    would be) reserve 30 sends each on one bot at the same moment: 120 distinct slots,
+    each exactly one interval after the one before — one budget, never a burst. (On
+    PostgreSQL the sessions race for the key's row; SQLite takes them one writer at a time.)"""
+    delays, errors, start = [], [], threading.Barrier(4)
+
+    def worker():
+        try:
+            start.wait()
+            mine = [pacing.reserve(BOT, horizon=math.inf, clock=T).delay for _ in range(30)]
+            delays.extend(mine)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    assert sorted(delays) == pytest.approx([k * 0.1 for k in range(120)], abs=1e-4)
