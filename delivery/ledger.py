@@ -191,8 +191,8 @@ def _new_token() -> str:
 
 def _started_before():
     """The chunk a claim resumes at had started before: its send may have landed. (A row
-    an older build claimed counts attempts only.)"""
-    return Q(chunks_started__gt=F("chunks_delivered")) | Q(chunks_started=0, attempts__gt=0)
+    older build claimed counting attempts only was marked started by migration 0006.)"""
+    return Q(chunks_started__gt=F("chunks_delivered"))
 
 
 def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
@@ -299,7 +299,7 @@ def claim_written(rows, owner, now=None):
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them
         row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
-        row.needs_marker = row.chunks_started > row.chunks_delivered or (row.chunks_started == 0 and row.attempts > 0)
+        row.needs_marker = row.chunks_started > row.chunks_delivered
         row.attempts += 1
         row.chunks_started = row.chunks_delivered + 1
     return claimed
@@ -328,7 +328,7 @@ def _claim_written_sql(n, returning):
     from conversations.models import Channel
 
     return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
-            f"needs_marker = (chunks_started > chunks_delivered OR (chunks_started = 0 AND attempts > 0)), "
+            f"needs_marker = (chunks_started > chunks_delivered), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
             f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= extra_resends + %s "
             f"AND (created_at > %s OR retried_at > %s) "

@@ -73,7 +73,7 @@ def test_a_row_never_claimed_goes_out_plain_and_a_retried_one_labelled(row):
 
 
 def test_a_pending_row_with_attempts_is_labelled(row):
-    OutboundMessage.objects.filter(pk=row.pk).update(attempts=1)  # an older build claimed it, maybe sent it
+    OutboundMessage.objects.filter(pk=row.pk).update(attempts=1, chunks_started=1)  # claimed before, maybe sent
     [claimed] = claim(now=1)
     assert claimed.needs_marker
 
@@ -239,7 +239,7 @@ def test_retry_now_and_abandon(row, conversation):
 def test_batch_claims_decide_each_rows_marker(conversation):
     plain = [write(conversation, f"m{i}") for i in range(3)]
     retried = write(conversation, "retried")
-    OutboundMessage.objects.filter(pk=retried.pk).update(state=OutboundState.FAILED, attempts=1,
+    OutboundMessage.objects.filter(pk=retried.pk).update(state=OutboundState.FAILED, attempts=1, chunks_started=1,
                                                          next_attempt_at=at(0))
     claimed = {r.text: r.needs_marker for r in claim(now=1)}
     assert claimed == {"m0": False, "m1": False, "m2": False, "retried": True}

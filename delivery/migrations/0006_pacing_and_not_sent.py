@@ -12,6 +12,15 @@ def floods_spend_no_attempt(apps, schema_editor):
                 attempts__gte=F("flood_waits")).update(attempts=F("attempts") - F("flood_waits"))
 
 
+def claims_before_chunks_started(apps, schema_editor):
+    """Rows an older build claimed (attempts counted, no chunk marked started) may have been
+    sent: marked started, so the claim's one rule (a chunk started and not delivered is
+    labelled) labels them. A paced claim now leaves a chunk unstarted while it waits."""
+    rows = apps.get_model("delivery", "OutboundMessage").objects
+    rows.filter(state__in=["pending", "attempting", "failed"], chunks_started=0, attempts__gt=0).update(
+        chunks_started=F("chunks_delivered") + 1)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -36,5 +45,6 @@ class Migration(migrations.Migration):
             name='last_outcome',
             field=models.CharField(blank=True, choices=[('delivered', 'Delivered'), ('flood', 'Flood control (retry after)'), ('temporary', 'Temporary failure'), ('permanent', 'Permanent failure'), ('ambiguous', 'Ambiguous (may have arrived)'), ('not_sent', 'Not sent (never left)'), ('channel_blocked', 'Channel blocked (credentials refused)')], max_length=16),
         ),
+        migrations.RunPython(claims_before_chunks_started, migrations.RunPython.noop),
         migrations.RunPython(floods_spend_no_attempt, migrations.RunPython.noop),
     ]

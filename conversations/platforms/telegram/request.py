@@ -80,12 +80,12 @@ class AiohttpRequest(BaseRequest):
         read, write = pick(read_timeout, "read"), pick(write_timeout, "write")
         connect, pool = pick(connect_timeout, "connect"), pick(pool_timeout, "pool")
         phases = (pool, connect, read, write)
-        # aiohttp's `connect` covers the wait for a pooled connection and making one;
-        # `total` is the whole exchange's deadline (a peer trickling bytes never trips
-        # sock_read). Which of them fires says nothing of delivery: the trace does.
+        # aiohttp's `connect` bounds the wait for a connection, a free pooled one or a new
+        # one made (`sock_connect` the TCP connect itself); `total` the whole exchange (a
+        # peer trickling bytes never trips sock_read). Which of them fires says nothing of
+        # delivery: the trace does.
         total = None if None in phases else sum(phases)
-        return aiohttp.ClientTimeout(total=total, connect=None if None in (pool, connect) else pool + connect,
-                                     sock_connect=connect, sock_read=read)
+        return aiohttp.ClientTimeout(total=total, connect=pool, sock_connect=connect, sock_read=read)
 
     @staticmethod
     def _body(request_data: RequestData | None):
