@@ -57,7 +57,8 @@ PREFIX_UNITS = chunks.units(RECOVERY_PREFIX)
 MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)
-NOT_SENT_MAX_WAIT = 60.0  # seconds: a send that never left is tried again at most this late
+NOT_SENT_MAX_WAIT = 60.0
+LATE_RESLOTS = 2  # fresh slots a late paced send may take before it goes anyway  # seconds: a send that never left is tried again at most this late
 PRUNE_AFTER = timedelta(days=7)
 
 _tokens = itertools.count()
@@ -149,8 +150,16 @@ def _fresh(now):
 def _sendable():
     """Only rows whose channel can send now: an inactive channel's rows wait, and so do
     those of a channel its platform says cannot send (Channel.send_blocked: a setting
-    missing, credentials the platform refused)."""
-    return Q(channel__is_active=True, channel__send_blocked="")
+    missing, credentials the platform refused).
+
+    A subquery, not a join: with a join Django writes the claim as `UPDATE … WHERE id IN
+    (SELECT … )`, and PostgreSQL, re-checking a row another claim just moved, re-checks
+    only that outer `id IN` — so two sweeps racing for the same pending rows both won
+    them, the second labelled (a duplicate, found by two workers draining one paced
+    bot). Here the state test stays in the UPDATE's own WHERE, which the re-check reads."""
+    from conversations.models import Channel
+
+    return Q(channel_id__in=Channel.objects.filter(is_active=True, send_blocked="").values("id"))
 
 
 def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
@@ -167,19 +176,19 @@ def _candidates(dead_owners, limit, now, boot, older_than=None):
             in found[:limit]]
 
 
-def _claim(ids, owner, now, dead_owners=(), boot=False, started=True) -> str:
+def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
     """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
     under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
     the row before it (SQL evaluates SET expressions on the old row): the chunk the send
-    resumes at is labelled if its send had started before. `started`: the claim starts
-    that chunk's send (a row sent at once); a paced row waiting for its slot records the
-    start itself just before it sends (`send`), so a crash while it waits labels nothing."""
+    resumes at is labelled if its send had started before; the claim starts it. (A paced
+    row may wait up to the pacing horizon for its slot: a worker that dies meanwhile
+    leaves it labelled, as nobody can tell whether it went.)"""
     token = _new_token()
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
         where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
         needs_marker=Case(When(_started_before(), then=Value(True)), default=Value(False)),
-        chunks_started=F("chunks_delivered") + 1 if started else F("chunks_started"), attempts=F("attempts") + 1,
+        chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
     )
     return token
 
@@ -191,7 +200,7 @@ def _new_token() -> str:
 
 def _started_before():
     """The chunk a claim resumes at had started before: its send may have landed. (A row
-    older build claimed counting attempts only was marked started by migration 0006.)"""
+    an older build claimed counting attempts only was marked started by migration 0006.)"""
     return Q(chunks_started__gt=F("chunks_delivered"))
 
 
@@ -209,41 +218,57 @@ def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
 
 
 def _claim_candidates(candidates, owner, dead_owners, now, boot, clock=None):
-    """Claim candidates (oldest first): rows of unpaced channels at once; a paced row only
-    once its slot is reserved within the horizon (delivery.pacing), in each chat's order —
-    a chat not free in time keeps its later rows back too, and a bot whose budget is
-    spent for the horizon keeps back all of its rows. The slot rides on the row
+    """Claim candidates (oldest first): rows of unpaced channels at once; of a paced bot,
+    as many of its oldest rows as its budget has room for within the horizon
+    (delivery.pacing), each then given its slot — claimed first, so workers sweeping
+    side by side never reserve slots for the same row. A row whose slot is not near
+    after all (its chat not free in time, or another worker took the bot's room) is
+    released as it was, and its chat's later rows with it. The slot rides on the row
     (`pace_delay` from the reservation, `send_at` on the monotonic clock); `send` waits
     for it."""
     channels = _channels({channel for _, channel, _, _ in candidates})
-    plain, paced = [], {}
-    full_bots, waiting_chats = set(), set()
-    for pk, channel_id, chat_id, chunks_left in candidates:
+    plain, paced, chunks_left = [], {}, {}
+    for pk, channel_id, chat_id, left in candidates:
         channel = channels.get(channel_id)
         pace = transport_for(channel).pace(chat_id) if channel is not None else None
         if pace is None:
             plain.append(pk)
-            continue
-        if pace.bot in full_bots or (channel_id, chat_id) in waiting_chats:
-            continue
-        slot = pacing.reserve(pace, pacing.HORIZON, clock, chunks=chunks_left)
-        if slot.delay is None:
-            (full_bots if slot.full == "bot" else waiting_chats).add(pace.bot if slot.full == "bot"
-                                                                     else (channel_id, chat_id))
-            continue
-        paced[pk] = (pace, slot.delay, time.monotonic() + slot.delay)
-    rows = _won(plain, owner, now, dead_owners, boot, started=True, channels=channels)
-    rows += _won(list(paced), owner, now, dead_owners, boot, started=False, channels=channels)
+        else:
+            paced.setdefault(pace.bot, []).append(pk)
+            chunks_left[pk] = (pace, left)
+    chosen = [pk for bot, ids in paced.items()
+              for pk in ids[:pacing.room(chunks_left[ids[0]][0], pacing.HORIZON, clock)]]
+    rows = _won(plain, owner, now, dead_owners, boot, channels=channels)
     for row in rows:
-        row.pace, row.pace_delay, row.send_at = paced.get(row.pk, (None, 0.0, 0.0))
+        row.pace, row.pace_delay, row.send_at = None, 0.0, 0.0
+    won = _won(chosen, owner, now, dead_owners, boot, channels=channels)
+    rows += _slotted(sorted(won, key=lambda row: (row.created_at, row.pk)), chunks_left, owner, clock)
     rows.sort(key=lambda row: (row.created_at, row.pk))
     return rows
 
 
-def _won(ids, owner, now, dead_owners, boot, started, channels):
+def _slotted(rows, chunks_left, owner, clock):
+    """Reserve each claimed paced row's slot, in order; release those that get none."""
+    full_bots, waiting_chats, slotted, unslotted = set(), set(), [], []
+    for row in rows:
+        pace, left = chunks_left[row.pk]
+        slot = pacing.Slot(None)
+        if pace.bot not in full_bots and (row.channel_id, row.chat_id) not in waiting_chats:
+            slot = pacing.reserve(pace, pacing.HORIZON, clock, chunks=left)
+        if slot.delay is None:
+            (full_bots.add(pace.bot) if slot.full == "bot" else waiting_chats.add((row.channel_id, row.chat_id)))
+            unslotted.append(row)
+            continue
+        row.pace, row.pace_delay, row.send_at = pace, slot.delay, time.monotonic() + slot.delay
+        slotted.append(row)
+    release(unslotted, owner)
+    return slotted
+
+
+def _won(ids, owner, now, dead_owners, boot, channels):
     if not ids:
         return []
-    token = _claim(ids, owner, now, dead_owners, boot, started)
+    token = _claim(ids, owner, now, dead_owners, boot)
     rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token))
     for row in rows:
         row.channel = channels[row.channel_id]
@@ -395,9 +420,8 @@ async def send(row, db=None) -> SendResult:
     runner of a database function, `sync_to_async` by default), so a crash between
     chunks knows which were delivered and whether the next had started.
 
-    A paced row (`row.pace`, set by the claim) waits for its reserved slot first and
-    records its first chunk's start itself; its later chunks wait for their chat slots
-    (reserved with the first) and a bot slot each."""
+    A paced row (`row.pace`, set by the claim) waits for its reserved slot first; its
+    later chunks wait a chat interval after the chunk before, and a bot slot each."""
     failpoint("ledger.after_claim")
     db = db or _in_a_thread
     pieces, first = parts(row), row.chunks_delivered
@@ -407,8 +431,7 @@ async def send(row, db=None) -> SendResult:
     for index in range(first, len(pieces)):
         if pace is not None:
             await _wait_for_slot(db, row, pace, sent_at)
-        started_by_claim = index == first and (pace is None or row.needs_marker)
-        if not started_by_claim and not await _note(db, row, chunks_started=index + 1):
+        if index > first and not await _note(db, row, chunks_started=index + 1):
             result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not started: its start not recorded")
             break
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
@@ -435,12 +458,21 @@ async def send(row, db=None) -> SendResult:
 async def _wait_for_slot(db, row, pace, sent_at):
     """Sleep until this chunk's slot: the attempt's first waits out the delay its claim
     reserved; a later one a chat interval after the chunk before (`sent_at`, monotonic),
-    then a bot slot of its own."""
+    then a bot slot of its own. A send that wakes well past its slot (the event loop or
+    the database was busy) takes a fresh slot instead of going at once: the platform
+    counts arrivals, and overdue sends going out together are the burst pacing exists to
+    prevent. Twice at most; then it goes."""
     if sent_at is None:
-        await asyncio.sleep(max(getattr(row, "send_at", 0.0) - time.monotonic(), 0.0))
-        return
-    await asyncio.sleep(max(sent_at + pace.chat_interval - time.monotonic(), 0.0))
-    await asyncio.sleep(await db(pacing.chunk_slot, pace))
+        due = getattr(row, "send_at", 0.0)
+    else:
+        await asyncio.sleep(max(sent_at + pace.chat_interval - time.monotonic(), 0.0))
+        due = time.monotonic() + await db(pacing.chunk_slot, pace)
+    for _ in range(LATE_RESLOTS):
+        await asyncio.sleep(max(due - time.monotonic(), 0.0))
+        if time.monotonic() - due <= pacing.LATE_TOLERANCE:
+            return
+        due = time.monotonic() + await db(pacing.bot_slot, pace)
+    await asyncio.sleep(max(due - time.monotonic(), 0.0))
 
 
 async def _in_a_thread(fn, *args):

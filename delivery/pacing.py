@@ -35,7 +35,10 @@ from delivery.models import SendBudget
 CHAT_JITTER = 0.05
 # How far ahead the ledger reserves: a claimed row waits at most this long for its slot.
 HORIZON = 1.0
-FORGET_AFTER = 60.0  # a key whose slot is this far in the past holds nothing: deleted
+FORGET_AFTER = 60.0
+# A send this late for its slot takes a fresh one (delivery.ledger): within it, the sends
+# of any second stay within the platform's limit (28/s paced, 30/s allowed: 70 ms of slack).
+LATE_TOLERANCE = 0.05  # a key whose slot is this far in the past holds nothing: deleted
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,21 @@ def reserve(pace: Pace, horizon: float = HORIZON, clock: float | None = None, ch
             transaction.set_rollback(True)
             return Slot(None, "chat")
     return Slot(max(delay, 0.0))
+
+
+def room(pace: Pace, horizon: float = HORIZON, clock: float | None = None) -> int:
+    """How many sends the bot's budget has room for within `horizon` (a chat-only pace:
+    no bound), so a sweep claims no more of its rows than it can send soon."""
+    if not pace.bot_interval:
+        return 1 << 30
+    return max(0, math.floor((horizon - waiting(pace.bot, clock)) / pace.bot_interval) + 1)
+
+
+def bot_slot(pace: Pace, clock: float | None = None) -> float:
+    """A fresh bot slot however far (a send that woke too late for its own). Its delay."""
+    if not pace.bot_interval:
+        return 0.0
+    return max(_take(pace.bot, pace.bot_interval, 0.0, math.inf, clock), 0.0)
 
 
 def chunk_slot(pace: Pace, clock: float | None = None) -> float:

@@ -37,6 +37,7 @@ def send(web, slug, chat_id, text, **kw):
     return body
 
 
-def telegram_channel(make_channel, fake, slug="tg", mode="webhook", **fields):
+def telegram_channel(make_channel, fake, slug="tg", mode="webhook", extra=None, **fields):
+    """`extra`: more platform settings (UNPACED, say)."""
     return make_channel(slug, kind="telegram", platform_settings={
-        "bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url, "mode": mode}, **fields)
+        "bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url, "mode": mode, **(extra or {})}, **fields)

@@ -19,7 +19,7 @@ from delivery.transports import Target
 from tests.conftest import wait_until
 from tests.e2e import UNPACED
 from tests.fakes.telegram_api import BotAPIError
-from tests.test_chunks import LONG, PARAGRAPHS
+from tests.test_chunks import PARAGRAPHS
 from tests.test_ledger_e2e import conversation_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -184,15 +184,3 @@ def test_a_refused_connection_is_not_sent_and_a_silent_server_is_ambiguous(make_
         silent.close()
     assert first.outcome == Outcome.NOT_SENT and "78:R" not in first.error
     assert second.outcome == Outcome.AMBIGUOUS
-
-
-def test_a_long_reply_held_by_pacing_is_not_started_until_its_slot(make_channel, fake_telegram):
-    """A paced row is claimed without starting its send: a worker that dies while it waits
-    for its slot leaves a row that goes out plain."""
-    channel = channel_for(make_channel, fake_telegram)
-    row = ledger.enqueue(conversation_for(channel), LONG, kind=OutboundKind.REPLY)
-    [claimed] = ledger.claim_due("w1")
-    stored = OutboundMessage.objects.get(pk=row.pk)
-    assert (stored.state, stored.chunks_started) == (OutboundState.ATTEMPTING, 0)
-    [recovered] = ledger.claim_due("w2", dead_owners={"w1"}, now=timezone.now() + timedelta(seconds=5))
-    assert not recovered.needs_marker and ledger.text_to_send(recovered) == PARAGRAPHS[0]

@@ -121,3 +121,40 @@ def test_processes_reserving_at_once_get_distinct_slots_one_budget_for_the_bot()
         thread.join(30)
     assert not errors
     assert sorted(delays) == pytest.approx([k * 0.1 for k in range(120)], abs=1e-4)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conversation):
+    """Four sessions claim the same 200 pending rows at the same moment (each worker's
+    sweep sees every due row): each row is won by one of them, plain. On PostgreSQL a
+    claim whose state test sat in a subquery let two of them win a row, the second
+    labelled (found by two workers draining one bot)."""
+    from delivery import ledger
+    from delivery.models import OutboundKind, OutboundMessage
+    from tests.e2e import UNPACED
+
+    channel = make_channel("race", kind="telegram", platform_settings={"bot_token": "5:R", **UNPACED})
+    ids = [ledger.enqueue(make_conversation(channel, f"c{i}"), "hola", kind=OutboundKind.REPLY).pk
+           for i in range(200)]
+    won, errors, start = {}, [], threading.Barrier(4)
+
+    def sweep(owner):
+        try:
+            start.wait()
+            for chunk in (ids[::-1], ids):  # two passes, in opposite orders
+                won.setdefault(owner, []).extend(row.pk for row in ledger.claim_many(chunk, owner))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sweep, args=(f"w{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    claims = [pk for pks in won.values() for pk in pks]
+    assert sorted(claims) == sorted(ids)  # every row once, none twice
+    rows = OutboundMessage.objects.filter(pk__in=ids)
+    assert set(rows.values_list("attempts", "needs_marker").distinct()) == {(1, False)}

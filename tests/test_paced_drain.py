@@ -1,0 +1,97 @@
+"""Promise 3 under real load, through real processes: the web server taking webhooks, one
+worker (two on PostgreSQL: one budget for the bot across them) and the local fake Bot
+API keeping Telegram's documented limits. A burst of new chats becomes a paced drain:
+every reply once, none labelled, hardly a 429."""
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from delivery.models import OutboundMessage, OutboundState
+from tests.conftest import is_postgres, wait_until
+from tests.e2e import SECRET, UNPACED, telegram_channel, update
+from tests.fakes.telegram_api import FakeBotAPI, Limits
+
+pytestmark = pytest.mark.e2e
+PREFIX = "♻️"
+
+
+def post_at_rate(web, slug, chats, rate, threads=4, text="¿me confirmas la cita?"):
+    """One message from each of `chats`, POSTed to the webhook at `rate` a second overall
+    (`threads` keep-alive clients, each on a schedule of its own). Returns the statuses."""
+    statuses, lock = [], threading.Lock()
+    began = time.monotonic() + 0.2
+
+    def client(mine):
+        with httpx.Client(timeout=10) as http:
+            for n, chat in mine:
+                pause = began + n / rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                answer = http.post(f"{web.url}/webhooks/telegram/{slug}/", json=update(chat, text),
+                                   headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
+                with lock:
+                    statuses.append(answer.status_code)
+
+    numbered = list(enumerate(chats))
+    workers = [threading.Thread(target=client, args=(numbered[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(len(chats) / rate + 60)
+    return statuses
+
+
+def replies_by_chat(fake):
+    found = {}
+    for message in fake.sent_messages():
+        found.setdefault(message["chat"]["id"], []).append(message["text"])
+    return found
+
+
+def test_a_burst_of_1000_new_chats_drains_paced_every_reply_once_none_labelled(processes, make_channel):
+    with FakeBotAPI(limits=Limits()) as fake:
+        telegram_channel(make_channel, fake)  # Telegram's defaults: 28 messages/s, 1/s a chat
+        web = processes.web()
+        for _ in range(2 if is_postgres() else 1):
+            processes.worker()
+        chats = [7_000_000 + i for i in range(1000)]
+        began = time.monotonic()
+        statuses = post_at_rate(web, "tg", chats, rate=100)
+        assert statuses.count(200) == 1000
+        wait_until(lambda: len(fake.sent_messages()) >= 1000, timeout=90, interval=0.5,
+                   message="1,000 replies delivered")
+        drained = time.monotonic() - began
+        time.sleep(1.0)  # anything more that would come (a duplicate) has time to
+        replies = replies_by_chat(fake)
+        assert sorted(replies) == chats and all(len(texts) == 1 for texts in replies.values()), \
+            {chat: texts for chat, texts in replies.items() if len(texts) != 1}
+        assert not [t for texts in replies.values() for t in texts if t.startswith(PREFIX)]
+        sends = len(fake.calls("sendMessage"))
+        print(f"1,000 new chats at 100/s: drained in {drained:.1f} s, {fake.floods} 429s for {sends} sends")
+        assert fake.floods <= 0.05 * 1000, f"{fake.floods} 429s for {sends} sends"
+        assert drained <= 90
+        rows = OutboundMessage.objects.all()
+        assert rows.filter(state=OutboundState.DELIVERED).count() == 1000
+        assert not rows.filter(needs_marker=True).exists() and not rows.filter(attempts__gt=1).exists()
+
+
+def test_sustained_intake_against_an_unlimited_platform_labels_nothing(processes, make_channel, fake_telegram):
+    """New chats as fast as the web process takes them, unpaced, for 30 s: sends queue for
+    the bot's connections and go out plain whenever they get one."""
+    telegram_channel(make_channel, fake_telegram, extra=UNPACED)
+    web = processes.web()
+    processes.worker()
+    seconds, rate = 30, 150
+    chats = [8_000_000 + i for i in range(seconds * rate)]
+    statuses = post_at_rate(web, "tg", chats, rate=rate)
+    accepted = statuses.count(200)
+    assert accepted == len(chats)
+    wait_until(lambda: len(fake_telegram.sent_messages()) >= accepted, timeout=120, interval=0.5,
+               message="every reply delivered")
+    replies = replies_by_chat(fake_telegram)
+    assert all(len(texts) == 1 for texts in replies.values()) and len(replies) == accepted
+    assert not [t for texts in replies.values() for t in texts if t.startswith(PREFIX)]
+    assert not OutboundMessage.objects.filter(needs_marker=True).exists()
