@@ -32,6 +32,7 @@ def snapshot(now=None) -> dict:
         "turns": conversations_console.turns_in_flight(),
         "proposals": tools_console.pending_proposals(),
         "ledger": delivery_console.replies_by_state(),
+        "backlog": delivery_console.backlog(),
         "duplicates": audit_console.recent(limit=10, kinds=[EventKind.DUPLICATE_PREVENTED]),
         "events": audit_console.recent(limit=15),
         "charts": {

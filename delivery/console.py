@@ -1,10 +1,15 @@
 """What the operator console shows of the delivery ledger: a live nudge when sends
-are recorded, and the dashboard's figures (replies by ledger state, outcomes)."""
+are recorded, and the dashboard's figures (replies by ledger state, outcomes, the queue
+per channel and how long it takes to drain)."""
 
 from django.db.models import Count
 
 from agentloop import live
-from delivery.models import OutboundMessage, OutboundState
+from delivery import pacing
+from delivery.models import OutboundMessage, OutboundState, Outcome
+
+# A failed row whose last send provably never left waits its turn; it is not failing.
+DEFERRED = (Outcome.FLOOD, Outcome.NOT_SENT)
 
 
 def sends_recorded(outcomes):
@@ -20,6 +25,41 @@ def replies_by_state():
     counts = dict(OutboundMessage.objects.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
     return [{"state": state.value, "label": state.label, "count": counts.get(state.value, 0)}
             for state in OutboundState]
+
+
+def backlog() -> list:
+    """Per channel with replies still owed: how many wait their turn (pending, or deferred
+    by a flood or a send that never left), how many are being sent, how many failed and
+    will be retried; the channel's pace and the time its queue takes to drain at it; and
+    how long its bot is paused for (a 429's penalty), if it is."""
+    from conversations.models import Channel
+    from conversations.platforms import transport_for
+
+    counts = {}
+    for channel_id, state, outcome, n in (OutboundMessage.objects.filter(state__in=OutboundMessage.OPEN)
+                                          .values_list("channel_id", "state", "last_outcome")
+                                          .annotate(n=Count("pk")).values_list("channel_id", "state",
+                                                                                "last_outcome", "n")):
+        entry = counts.setdefault(channel_id, {"queued": 0, "sending": 0, "retrying": 0})
+        if state == OutboundState.ATTEMPTING:
+            entry["sending"] += n
+        elif state == OutboundState.PENDING or outcome in DEFERRED:
+            entry["queued"] += n
+        else:
+            entry["retrying"] += n
+    channels = Channel.objects.in_bulk(list(counts))
+    found = []
+    for channel_id, entry in sorted(counts.items()):
+        channel = channels.get(channel_id)
+        if channel is None:
+            continue
+        pace = transport_for(channel).pace("0")
+        per_second = round(1 / pace.bot_interval, 1) if pace is not None and pace.bot_interval else None
+        owed = entry["queued"] + entry["sending"]
+        found.append({"channel": channel.slug, **entry, "per_second": per_second,
+                      "drain_seconds": round(owed / per_second, 1) if per_second else None,
+                      "paused_seconds": round(pacing.waiting(pace.bot), 1) if pace is not None else 0.0})
+    return found
 
 
 def outcomes_since(since):

@@ -158,3 +158,33 @@ def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conver
     assert sorted(claims) == sorted(ids)  # every row once, none twice
     rows = OutboundMessage.objects.filter(pk__in=ids)
     assert set(rows.values_list("attempts", "needs_marker").distinct()) == {(1, False)}
+
+
+@pytest.mark.django_db
+def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel, make_conversation):
+    """A queue waiting its turn is not a failure: pending rows and rows a 429 deferred are
+    'queued', failures that back off are 'retrying'; the drain time is the queue at the pace."""
+    from agentloop import console
+    from delivery import ledger
+    from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
+    from delivery.transports import SendResult
+    from tests.e2e import UNPACED
+
+    paced = make_channel("paced", kind="telegram", platform_settings={"bot_token": "6:P", "messages_per_second": 20})
+    free = make_channel("free", kind="telegram", platform_settings={"bot_token": "6:F", **UNPACED})
+    for i in range(40):
+        ledger.enqueue(make_conversation(paced, f"p{i}"), "hola", kind=OutboundKind.REPLY)
+    row = ledger.enqueue(make_conversation(free, "f0"), "hola", kind=OutboundKind.REPLY)
+    claimed = ledger.claim_due("w1")
+    flooded = next(r for r in claimed if r.channel_id == paced.pk)
+    ledger.finish(flooded, "w1", SendResult.failed(Outcome.FLOOD, "Too Many Requests", retry_after=9))
+    ledger.finish(next(r for r in claimed if r.pk == row.pk), "w1", SendResult.failed(Outcome.TEMPORARY, "502"))
+    sending = sum(1 for r in claimed if r.channel_id == paced.pk) - 1
+    assert OutboundMessage.objects.filter(state=OutboundState.ATTEMPTING).count() == sending
+    by_channel = {b["channel"]: b for b in console.snapshot()["backlog"]}
+    assert by_channel["paced"]["queued"] == 40 - sending and by_channel["paced"]["sending"] == sending
+    assert by_channel["paced"]["retrying"] == 0 and by_channel["paced"]["per_second"] == 20.0
+    assert by_channel["paced"]["drain_seconds"] == pytest.approx(40 / 20)
+    assert by_channel["paced"]["paused_seconds"] == pytest.approx(9, abs=0.5)
+    assert (by_channel["free"]["retrying"], by_channel["free"]["per_second"], by_channel["free"]["drain_seconds"]) \
+        == (1, None, None)

@@ -59,6 +59,13 @@
         el("button", {type: "button", class: "button", onclick: () => decide("reject", p.proposal)}, "Reject")) : null)));
     section("ledger", data.ledger).replaceChildren(...data.ledger.map((s) => el("li", {class: `stat stat-${s.state}`},
       el("a", {href: C.adminList("ledger", `state__exact=${s.state}`)}, el("strong", {}, String(s.count)), " ", s.state))));
+    section("backlog", data.backlog).replaceChildren(...data.backlog.map((b) => el("tr", {},
+      el("td", {}, b.channel),
+      el("td", {}, String(b.queued)), el("td", {}, String(b.sending)),
+      el("td", {}, b.retrying ? el("span", {class: "pill pill-wait"}, String(b.retrying)) : "0"),
+      el("td", {}, b.per_second ? `${b.per_second}/s` : "unpaced",
+        b.paused_seconds > 1 ? el("span", {class: "pill pill-wait", title: "the platform asked us to wait (429)"}, ` paused ${b.paused_seconds} s`) : null),
+      el("td", {}, b.drain_seconds === null ? "—" : `${b.drain_seconds} s`))));
     section("duplicates", data.duplicates).replaceChildren(...data.duplicates.map((d) => el("li", {},
       C.link("duplicate", d.id, d.summary || d.tool || "duplicate"), " ",
       el("span", {class: "muted"}, `${C.since(d.at)} ago`))));
