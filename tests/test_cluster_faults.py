@@ -101,6 +101,9 @@ def bot_api(cluster):
 def test_hosts_die_and_lose_the_database_under_load(cluster, bot_api, tmp_path, capsys):
     cluster.manage("addchannel", SLUG, "--kind", "telegram", "--token", TOKEN, "--secret", SECRET,
                    "--api-base", bot_api.url, "--mode", "webhook", "--agent", "cluster",
+                   # Unpaced: its Bot API keeps no limits; one budget across processes has a
+                   # test of its own (test_paced_drain, two workers on PostgreSQL).
+                   "--messages-per-second", "0", "--chat-interval", "0", "--group-messages-per-minute", "0",
                    "--agent-config", json.dumps({"delay": AGENT_DELAY}), "--typing-mode", "never",
                    AGENTLOOP_EXTRA_AGENTS="cluster=tests.cluster.agent.ClusterAgent")
     db = Readback(cluster.database_url, SLUG)

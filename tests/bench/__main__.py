@@ -25,6 +25,10 @@ VAR = BASE_DIR / "var"
 LOGS = VAR / "bench-logs"
 SECRET = "bench-secret"
 RESULTS = []
+# The local Bot API keeps no limits unless asked, and these benchmarks measure the product's
+# own machinery against a bare loop that paces nothing: their channels are unpaced
+# (delivery.pacing). `paced` measures the pacing itself, against a Bot API that keeps them.
+UNPACED = {"messages_per_second": 0, "chat_interval": 0, "group_messages_per_minute": 0}
 
 
 def setup_django():
@@ -246,7 +250,7 @@ def bench_turns(count=500, agent_seconds=1.0):
 
     with FakeBotAPI() as fake:
         channel = Channel.objects.create(slug="bench-turns", kind="telegram", platform_settings={
-            "bot_token": "2:BENCH", "webhook_secret": SECRET, "api_base": fake.url},
+            "bot_token": "2:BENCH", "webhook_secret": SECRET, "api_base": fake.url, **UNPACED},
             agent_config={"delay": agent_seconds})
         proc = worker()
         try:
@@ -323,7 +327,7 @@ def bench_recovery(n=10_000, chats=100):
 
     with FakeBotAPI() as fake:
         channel = Channel.objects.create(slug="bench-recovery", kind="telegram", platform_settings={
-            "bot_token": "3:BENCH", "webhook_secret": SECRET, "api_base": fake.url})
+            "bot_token": "3:BENCH", "webhook_secret": SECRET, "api_base": fake.url, **UNPACED})
         conversations = []
         for c in range(chats):
             contact = Contact.objects.create(channel=channel, platform_id=str(1000 + c))

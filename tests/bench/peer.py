@@ -173,6 +173,9 @@ class Agentloop(System):
         self.manage("migrate", "--verbosity", "0")
         self.manage("addchannel", "bench-peer", "--kind", "telegram", "--token", token, "--secret", SECRET,
                     "--api-base", api_url, "--mode", "webhook", "--agent", "echo",
+                    # Unpaced: the local Bot API keeps no limits and the Chat SDK paces nothing;
+                    # this compares intake, not Telegram's 30 messages/s (bench `paced` does).
+                    "--messages-per-second", "0", "--chat-interval", "0", "--group-messages-per-minute", "0",
                     # BENCH_PEER_TYPING=turn|never: what instant typing (the default) costs here.
                     *(["--typing-mode", os.environ["BENCH_PEER_TYPING"]] if os.environ.get("BENCH_PEER_TYPING") else []))
 
