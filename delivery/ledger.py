@@ -209,12 +209,13 @@ def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
     whose slot is near); returns what was won."""
     if not ids:
         return []
+    clock = None if now is None else now.timestamp()  # injected time paces by it too
     now = now or timezone.now()
     found = (OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk")
              .values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered"))
     candidates = [(pk, channel, chat, max(1, len(parts or ()) - delivered))
                   for pk, channel, chat, parts, delivered in found]
-    return _claim_candidates(candidates, owner, dead_owners, now, boot)
+    return _claim_candidates(candidates, owner, dead_owners, now, boot, clock)
 
 
 def _claim_candidates(candidates, owner, dead_owners, now, boot, clock=None):
@@ -302,13 +303,14 @@ def claim_written(rows, owner, now=None):
     returns the ids it won — the turn's completion path, where hundreds of replies are
     claimed at once. Through the ORM (`_claim`'s Q of every claimable state, its
     channel join and CASE) the statement's compile was half of the worker's database
-    thread while 1,000 turns ended together (py-spy, tests.bench flush on PostgreSQL)."""
+    thread while 1,000 turns ended together (py-spy, tests.bench flush on PostgreSQL).
+    Rows of paced channels take the paced claim (`claim_many`): a few dozen a second."""
     if not rows:
         return []
-    now = now or timezone.now()
     paced = [row for row in rows if transport_for(row.channel).pace(row.chat_id) is not None]
     if paced:
         return _claim_written_paced(rows, paced, owner, now)
+    now = now or timezone.now()
     token = _new_token()
     ids = [row.pk for row in rows]
     OutboundMessage.check_transition([OutboundState.PENDING], [OutboundState.ATTEMPTING])  # the SQL below
@@ -334,7 +336,7 @@ def _claim_written_paced(rows, paced, owner, now):
     """`claim_written` where some rows are paced: those go through the paced claim (a few
     dozen a second at most) and take the claimed state onto the objects in hand."""
     ids = {row.pk for row in paced}
-    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now)
+    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now)  # (None: now)
     won = {row.pk: row for row in claim_many(list(ids), owner, now=now)}
     for row in paced:
         fresh = won.get(row.pk)

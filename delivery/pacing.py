@@ -35,10 +35,10 @@ from delivery.models import SendBudget
 CHAT_JITTER = 0.05
 # How far ahead the ledger reserves: a claimed row waits at most this long for its slot.
 HORIZON = 1.0
-FORGET_AFTER = 60.0
-# A send this late for its slot takes a fresh one (delivery.ledger): within it, the sends
-# of any second stay within the platform's limit (28/s paced, 30/s allowed: 70 ms of slack).
-LATE_TOLERANCE = 0.05  # a key whose slot is this far in the past holds nothing: deleted
+FORGET_AFTER = 60.0  # a key whose slot is this far in the past holds nothing: deleted
+# A send this late for its slot takes a fresh one (delivery.ledger): overdue sends going
+# out together are a burst the platform counts.
+LATE_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from django.urls import reverse
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult
+from tests.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ def operator(client):
 
 @pytest.fixture
 def rows(make_channel, make_conversation):
-    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T"})
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:T", **UNPACED})
     blocked = ledger.enqueue(make_conversation(channel, "101"), "hola", kind=OutboundKind.REPLY)
     waiting = ledger.enqueue(make_conversation(channel, "202"), "¿sigue?", kind=OutboundKind.REPLY)
     [claimed] = ledger.claim_many([blocked.pk], "w1")

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 from django.core.management import call_command
 
 from audit.models import AuditEvent, EventKind
@@ -384,12 +385,12 @@ def test_a_connection_dropped_after_the_request_is_ambiguous(wa, fake_graph):
     assert run(transport(wa).send_text(Target(USER), "hola")).outcome == Outcome.AMBIGUOUS
 
 
-def test_nobody_listening_is_temporary(make_channel):
+def test_nobody_listening_is_not_sent(make_channel):
     from tests.conftest import free_port
 
     channel = whatsapp_channel(make_channel, settings={**whatsapp_settings(), "api_base": f"http://127.0.0.1:{free_port()}"})
     result = run(transport(channel).send_text(Target(USER), "hola"))
-    assert result.outcome == Outcome.TEMPORARY and "ConnectError" in result.error
+    assert result.outcome == Outcome.NOT_SENT and "ConnectError" in result.error  # never left: resent plain
 
 
 def test_typing_marks_the_last_message_read_with_a_typing_indicator(wa, fake_graph):
@@ -443,8 +444,8 @@ def test_a_delivered_reply_keeps_the_wamid_for_its_receipts(wa, fake_graph):
 def test_flood_waits_the_chosen_back_off_without_spending_a_resend(wa, fake_graph):
     fake_graph.fail_next("message", code=130429)
     row = through_the_ledger(wa)
-    assert row.state == OutboundState.FAILED and row.flood_waits == 1
-    assert (row.next_attempt_at - row.claimed_at).total_seconds() == pytest.approx(FLOOD_BACKOFF, abs=1)
+    assert row.state == OutboundState.FAILED and row.flood_waits == 1 and row.attempts == 0  # refused: none spent
+    assert (row.next_attempt_at - timezone.now()).total_seconds() == pytest.approx(FLOOD_BACKOFF, abs=5)
 
 
 def test_outside_the_24_hour_window_is_unreachable_with_the_reason(wa, fake_graph):
@@ -499,7 +500,7 @@ def test_addchannel_creates_a_whatsapp_channel(db, capsys):
     channel = Channel.objects.get(slug="wa-cli")
     assert channel.kind == "whatsapp" and channel.platform_settings == {
         "phone_number_id": PHONE, "token": TOKEN, "app_secret": APP_SECRET, "verify_token": VERIFY,
-        "api_base": "http://127.0.0.1:9", "api_version": "v22.0"}
+        "api_base": "http://127.0.0.1:9", "api_version": "v22.0", "messages_per_second": 78.0, "chat_interval": 0.0}
 
 
 def test_bootstrap_adds_a_whatsapp_channel_from_the_environment(db, monkeypatch):

@@ -124,18 +124,19 @@ def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel,
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1
 
 
-def test_flood_is_retried_after_the_back_off_labelled(processes, make_channel, fake_graph):
+def test_flood_is_retried_after_the_back_off_plain(processes, make_channel, fake_graph):
     whatsapp_channel(make_channel, fake_graph)
     web, _ = processes.web(), started_worker(processes)
     fake_graph.fail_next("message", code=130429)
     send(web, "¿Hay hora el martes?")
     row = wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.FAILED).first(), timeout=20,
                      message="the flood recorded")
-    assert row.flood_waits == 1 and (row.next_attempt_at - row.claimed_at).total_seconds() == pytest.approx(60, abs=1)
+    assert row.flood_waits == 1 and row.attempts == 0  # refused: nothing reached the chat, nothing spent
+    assert (row.next_attempt_at - timezone.now()).total_seconds() == pytest.approx(60, abs=5)
     OutboundMessage.objects.filter(pk=row.pk).update(next_attempt_at=timezone.now())  # …a minute later
     wait_until(delivered(1), timeout=20, message="the retry delivered")
-    assert fake_graph.texts(USER)[-1] == f"{ledger.RECOVERY_PREFIX}¿Hay hora el martes?"
-    assert OutboundMessage.objects.get().attempts == 2
+    assert fake_graph.texts(USER)[-1] == "¿Hay hora el martes?"
+    assert OutboundMessage.objects.get().attempts == 1
 
 
 def test_outside_the_24_hour_window_is_never_retried(processes, make_channel, fake_graph):

@@ -3,9 +3,11 @@ same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
+        [paced]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
+The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram's limits.
 """
 
 import gc
@@ -488,9 +490,15 @@ def peer():
     bench_peer(report)
 
 
+def paced():
+    from tests.bench.paced import bench_paced
+
+    bench_paced(report, web_server, worker, stop, wait_until)
+
+
 BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
-              "peer": peer}
+              "peer": peer, "paced": paced}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

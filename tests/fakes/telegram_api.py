@@ -195,6 +195,7 @@ class FakeBotAPI(FakeServer):
         # Telegram's send limits, kept when given (None: unlimited, as a test asks).
         self.limits = limits
         self.floods = 0  # 429s answered for the limits
+        self.flood_times: list[float] = []  # when (time.monotonic()), for telling where they came
         self._windows: dict[tuple, list[float]] = {}  # (token[, chat]) -> accepted sends' times
 
         self.require_known_tokens = require_known_tokens
@@ -301,6 +302,7 @@ class FakeBotAPI(FakeServer):
                 self._sent,
                 self._callback_queries,
                 self._windows,
+                self.flood_times,
             ):
                 store.clear()
             self._forget_offsets = False
@@ -542,6 +544,7 @@ class FakeBotAPI(FakeServer):
                     wait = max(wait, times[len(times) - most] + span - now)
             if wait > 0:
                 self.floods += 1
+                self.flood_times.append(now)
                 seconds = max(1, int(-(-wait // 1)))
                 return BotAPIError(429, f"Too Many Requests: retry after {seconds}", {"retry_after": seconds})
             for key, _, _ in windows:
