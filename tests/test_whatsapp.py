@@ -10,8 +10,8 @@ import json
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 from django.core.management import call_command
+from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
 from conversations import engine, platforms
