@@ -551,3 +551,37 @@ def test_buttons_and_answers_are_validated_like_the_real_api(fake):
         answer = httpx.post(f"{fake.url}/bot{TOKEN}/sendMessage",
                             json={"chat_id": 42, "text": "x", "reply_markup": markup}).json()
         assert answer["ok"] is False and error in answer["description"], (markup, answer)
+
+
+def test_with_limits_it_keeps_telegrams_per_bot_per_chat_and_per_group_limits():
+    """Telegram's limits, scaled down: 3 a second per bot, 1 a second per chat, 2 a minute
+    per group. Beyond each: 429 with retry_after (whole seconds); sendChatAction is free."""
+    from tests.fakes.telegram_api import Limits
+
+    async def scenario(server):
+        bot = telegram.Bot(TOKEN, base_url=f"{server.url}/bot")
+        async with bot:
+            for chat in (1, 2, 3):
+                await bot.send_message(chat, "hola")
+            with pytest.raises(RetryAfter) as bot_limit:
+                await bot.send_message(4, "hola")  # the 4th within a second, from one bot
+            await bot.send_chat_action(5, "typing")  # not a message: not counted
+            await asyncio.sleep(1.05)
+            await bot.send_message(1, "otra")  # a second later: chat 1 may hear again
+            with pytest.raises(RetryAfter) as chat_limit:
+                await bot.send_message(1, "y otra")
+            await asyncio.sleep(1.05)
+            for _ in range(2):
+                await bot.send_message(-100, "al grupo")
+                await asyncio.sleep(1.05)
+            with pytest.raises(RetryAfter) as group_limit:
+                await bot.send_message(-100, "una más")  # the 3rd within a minute
+        return bot_limit.value, chat_limit.value, group_limit.value
+
+    with FakeBotAPI(limits=Limits(per_bot=3, per_chat=1, per_group_minute=2)) as server:
+        refused = asyncio.run(scenario(server))
+        waits = [error.retry_after.total_seconds() if isinstance(error.retry_after, dtm.timedelta)
+                 else float(error.retry_after) for error in refused]
+        assert waits[0] == 1 and waits[1] == 1 and 57 <= waits[2] <= 59
+        assert server.floods == 3 and len(server.flood_times) == 3
+        assert len(server.sent_messages()) == 3 + 1 + 2  # what was refused never landed

@@ -82,7 +82,7 @@ def test_boot_sweep_and_runtime_sweep_race_each_row_sent_once(processes, make_ch
     rows = ledger.enqueue_many([ledger.Reply(conversations[i % 20], f"reply {i}", OutboundKind.REPLY)
                                 for i in range(300)])
     OutboundMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
-        state=OutboundState.ATTEMPTING, owner="dead:1", attempts=1, claimed_at=timezone.now())
+        state=OutboundState.ATTEMPTING, owner="dead:1", attempts=1, chunks_started=1, claimed_at=timezone.now())
     processes.worker()  # its boot sweep takes the same rows
 
     wait_until(delivered(300), timeout=60, message="all 300 rows delivered")

@@ -341,7 +341,8 @@ def bench_recovery(n=10_000, chats=100):
             rows = ledger.enqueue_many([ledger.Reply(conversations[i % chats], f"reply {i}", OutboundKind.REPLY)
                                         for i in range(start_at, min(n, start_at + 1000))])
             OutboundMessage.objects.filter(pk__in=[r.pk for r in rows]).update(
-                state=OutboundState.ATTEMPTING, owner="dead:bench", attempts=1, claimed_at=timezone.now())
+                state=OutboundState.ATTEMPTING, owner="dead:bench", attempts=1, chunks_started=1,
+                claimed_at=timezone.now())  # as a claim leaves them
 
         began = time.time()
         proc = worker()
