@@ -132,6 +132,35 @@ def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
         time.sleep(interval)
 
 
+def at_once(*calls, timeout=60.0):
+    """Run each callable in a thread of its own, released together by a barrier, each on a
+    database connection of its own (closed at its end), as parallel workers would; returns
+    their results in order, or raises the first error one of them met."""
+    import threading
+
+    from django.db import connections
+
+    barrier, results, errors = threading.Barrier(len(calls)), [None] * len(calls), []
+
+    def run(index, call):
+        try:
+            barrier.wait()
+            results[index] = call()
+        except Exception as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    return results
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,14 +5,13 @@ its slot is near, in each chat's order, and a row claimed while it waits labels 
 if its worker dies."""
 
 import math
-import threading
 
 import pytest
-from django.db import connections
 
 from delivery import pacing
 from delivery.models import SendBudget
 from delivery.pacing import Pace, Slot
+from tests.conftest import at_once
 
 T = 1_800_000_000.0  # an epoch second to count from
 BOT = Pace.of("bot", 10)  # 0.1 s apart
@@ -102,24 +101,10 @@ def test_processes_reserving_at_once_get_distinct_slots_one_budget_for_the_bot()
     would be) reserve 30 sends each on one bot at the same moment: 120 distinct slots,
     each exactly one interval after the one before — one budget, never a burst. (On
     PostgreSQL the sessions race for the key's row; SQLite takes them one writer at a time.)"""
-    delays, errors, start = [], [], threading.Barrier(4)
+    def reserve_30():
+        return [pacing.reserve(BOT, horizon=math.inf, clock=T).delay for _ in range(30)]
 
-    def worker():
-        try:
-            start.wait()
-            mine = [pacing.reserve(BOT, horizon=math.inf, clock=T).delay for _ in range(30)]
-            delays.extend(mine)
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors
+    delays = [delay for mine in at_once(*[reserve_30] * 4) for delay in mine]
     assert sorted(delays) == pytest.approx([k * 0.1 for k in range(120)], abs=1e-4)
 
 
@@ -136,25 +121,11 @@ def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conver
     channel = make_channel("race", kind="telegram", platform_settings={"bot_token": "5:R", **UNPACED})
     ids = [ledger.enqueue(make_conversation(channel, f"c{i}"), "hola", kind=OutboundKind.REPLY).pk
            for i in range(200)]
-    won, errors, start = {}, [], threading.Barrier(4)
-
     def sweep(owner):
-        try:
-            start.wait()
-            for chunk in (ids[::-1], ids):  # two passes, in opposite orders
-                won.setdefault(owner, []).extend(row.pk for row in ledger.claim_many(chunk, owner))
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        return [row.pk for chunk in (ids[::-1], ids) for row in ledger.claim_many(chunk, owner)]  # two passes
 
-    threads = [threading.Thread(target=sweep, args=(f"w{n}",)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
-    claims = [pk for pks in won.values() for pk in pks]
+    won = at_once(*[lambda owner=f"w{n}": sweep(owner) for n in range(4)])
+    claims = [pk for pks in won for pk in pks]
     assert sorted(claims) == sorted(ids)  # every row once, none twice
     rows = OutboundMessage.objects.filter(pk__in=ids)
     assert set(rows.values_list("attempts", "needs_marker").distinct()) == {(1, False)}
