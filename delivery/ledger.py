@@ -431,8 +431,9 @@ async def send(row, db=None) -> SendResult:
     pace, sent_at = getattr(row, "pace", None), None
     result = SendResult.delivered(row.platform_message_id)
     for index in range(first, len(pieces)):
-        if pace is not None:
-            await _wait_for_slot(db, row, pace, sent_at)
+        if pace is not None and not await _slot_reached(db, row, pace, sent_at):
+            result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not sent: no send slot could be reserved")
+            break
         if index > first and not await _note(db, row, chunks_started=index + 1):
             result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not started: its start not recorded")
             break
@@ -455,6 +456,17 @@ async def send(row, db=None) -> SendResult:
     else:
         faults.recovered(row.channel)
     return result
+
+
+async def _slot_reached(db, row, pace, sent_at) -> bool:
+    """Wait for the chunk's slot; False if it could not be reserved (the database away):
+    the chunk has not left, so the attempt stops there, resent unlabelled (reported once
+    per channel with the send's outcome, and by the database thread once per fault)."""
+    try:
+        await _wait_for_slot(db, row, pace, sent_at)
+    except Exception:
+        return False
+    return True
 
 
 async def _wait_for_slot(db, row, pace, sent_at):
