@@ -58,6 +58,7 @@ MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)
 NOT_SENT_MAX_WAIT = 60.0
+PACED_RETRY = 0.25  # seconds the safety sweep waits when what is due has no send slot yet
 LATE_RESLOTS = 2  # fresh slots a late paced send may take before it goes anyway  # seconds: a send that never left is tried again at most this late
 PRUNE_AFTER = timedelta(days=7)
 
@@ -815,10 +816,8 @@ def safety_sweep(budget=None, batch=1):
     sent, so a sweep killed at django-q2's task timeout — or by anything — never leaves
     a delivered row `attempting` nor spends an attempt of a row it did not send),
     records each outcome right after its send, stops claiming when its time budget is
-    spent, and gives back whatever it claimed and did not send."""
-    import asyncio
-    import time
-
+    spent, and gives back whatever it claimed and did not send. A due row whose chat or
+    bot has no send slot yet (pacing) is waited for, within the budget."""
     from conversations.platforms import close_clients
 
     abandoned = abandon_stale()
@@ -831,10 +830,13 @@ def safety_sweep(budget=None, batch=1):
         while time.monotonic() < deadline:
             now = timezone.now()
             # Leave fresh rows to the worker loop, which sends them within milliseconds.
-            rows = claim_many(claimable_ids(limit=batch, now=now, older_than=now - timedelta(seconds=30)),
-                              owner, now=now)
-            if not rows:
+            due = claimable_ids(limit=batch, now=now, older_than=now - timedelta(seconds=30))
+            rows = claim_many(due, owner)
+            if not rows and not due:
                 break
+            if not rows:  # due, but paced: its chat or bot has no slot yet
+                time.sleep(min(PACED_RETRY, max(deadline - time.monotonic(), 0)))
+                continue
             sent += _send_each(loop, rows, owner, deadline)
     finally:
         loop.run_until_complete(close_clients())
@@ -843,8 +845,6 @@ def safety_sweep(budget=None, batch=1):
 
 
 def _send_each(loop, rows, owner, deadline) -> int:
-    import time
-
     for done, row in enumerate(rows):
         if time.monotonic() >= deadline:
             release(rows[done:], owner)

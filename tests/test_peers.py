@@ -23,6 +23,7 @@ from conversations.remote_agents import WebhookAgent
 from delivery import ledger, signing
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import Target
+from tests.e2e import UNPACED
 
 GOOD, BAD = "5100:GOOD-token", "5200:BAD-token"
 
@@ -139,7 +140,8 @@ def test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_
 
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_out_of_time_gives_back_what_it_did_not_send(make_channel, fake_telegram):
-    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": GOOD, "api_base": fake_telegram.url})
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": GOOD, "api_base": fake_telegram.url,
+                                                                     **UNPACED})  # three rows into one chat at once
     rows = stale_rows(channel, 3)
     fake_telegram.delay("sendMessage", 0.5)
     assert ledger.safety_sweep(budget=0.2, batch=3) == {"abandoned": 0, "sent": 1}

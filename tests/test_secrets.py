@@ -25,6 +25,7 @@ from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from tests.conftest import free_port, wait_until
+from tests.e2e import UNPACED
 from tests.fakes.openai_api import Error, FakeOpenAI
 
 TOKEN_FULL = "7310042:AAF-fullBacklogToken_0123456789abcd"
@@ -150,9 +151,10 @@ def test_failed_sends_leave_no_secret_in_the_database_logs_api_or_dashboard(make
     monkeypatch.setenv(API_KEY_ENV, API_KEY)
     full, silent = peers
     timing_out = make_channel("tg-full", kind="telegram", platform_settings={
-        "bot_token": TOKEN_FULL, "webhook_secret": WEBHOOK_SECRET, "api_base": f"http://127.0.0.1:{full.port}"})
+        "bot_token": TOKEN_FULL, "webhook_secret": WEBHOOK_SECRET, "api_base": f"http://127.0.0.1:{full.port}",
+        **UNPACED})
     unanswered = make_channel("tg-silent", kind="telegram", platform_settings={
-        "bot_token": TOKEN_SILENT, "api_base": f"http://127.0.0.1:{silent.port}"})
+        "bot_token": TOKEN_SILENT, "api_base": f"http://127.0.0.1:{silent.port}", **UNPACED})
     make_channel("shop", platform_settings={
         "callback_url": f"https://shop.example/replies?key={CALLBACK_KEY}", "callback_secret": CALLBACK_SECRET},
         agent="webhook",
@@ -169,19 +171,21 @@ def test_failed_sends_leave_no_secret_in_the_database_logs_api_or_dashboard(make
 
     stored = {row.pk: OutboundMessage.objects.get(pk=row.pk) for row in rows}
     fresh_full, last_full, fresh_silent, last_silent = (stored[row.pk] for row in rows)
-    # The failures are what they were: a connect timeout (never sent), a peer that never answered.
-    assert (fresh_full.state, fresh_full.last_outcome) == (OutboundState.FAILED, Outcome.TEMPORARY)
+    # The failures are what they were: a connect timeout (never sent: deferred, nothing spent, so
+    # the row on its last resend waits too), a peer that never answered (its last resend abandoned).
+    assert (fresh_full.state, fresh_full.last_outcome) == (OutboundState.FAILED, Outcome.NOT_SENT)
+    assert (last_full.state, last_full.last_outcome, last_full.attempts) == (OutboundState.FAILED, Outcome.NOT_SENT, 3)
     assert (fresh_silent.state, fresh_silent.last_outcome) == (OutboundState.FAILED, Outcome.AMBIGUOUS)
-    assert last_full.state == last_silent.state == OutboundState.ABANDONED
+    assert last_silent.state == OutboundState.ABANDONED
     # Named by the error's type and the host, not the URL.
-    assert f"connecting to 127.0.0.1:{full.port}" in fresh_full.last_error, fresh_full.last_error
+    assert f"went out to 127.0.0.1:{full.port}" in fresh_full.last_error, fresh_full.last_error
     assert f"127.0.0.1:{silent.port}" in fresh_silent.last_error, fresh_silent.last_error
     assert "/bot" not in fresh_full.last_error + fresh_silent.last_error
 
     database = secret_fields_only(dump_database())
     assert "resends spent; last error" in database  # the abandon's audit summary is in the dump
     assert leaks(database) == []
-    assert "send of ledger row" in caplog.text and leaks(caplog.text) == []
+    assert "sends of channel tg-full failing" in caplog.text and leaks(caplog.text) == []
 
     key = AgentKey.objects.issue("monitor", [timing_out, unanswered])[1]
     from django.test import Client

@@ -16,7 +16,7 @@ from django.utils import timezone
 from audit.models import AuditEvent, EventKind
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn, TurnState
 from delivery import ledger
-from delivery.models import OutboundMessage, OutboundState, UnreachableChat
+from delivery.models import OutboundMessage, OutboundState, SendBudget, UnreachableChat
 from tests.conftest import wait_until
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
@@ -133,7 +133,9 @@ def test_flood_is_retried_after_the_back_off_plain(processes, make_channel, fake
                      message="the flood recorded")
     assert row.flood_waits == 1 and row.attempts == 0  # refused: nothing reached the chat, nothing spent
     assert (row.next_attempt_at - timezone.now()).total_seconds() == pytest.approx(60, abs=5)
+    assert SendBudget.objects.get().next_slot - time.time() == pytest.approx(60, abs=5)  # the number paused
     OutboundMessage.objects.filter(pk=row.pk).update(next_attempt_at=timezone.now())  # …a minute later
+    SendBudget.objects.update(next_slot=0)
     wait_until(delivered(1), timeout=20, message="the retry delivered")
     assert fake_graph.texts(USER)[-1] == "¿Hay hora el martes?"
     assert OutboundMessage.objects.get().attempts == 1
