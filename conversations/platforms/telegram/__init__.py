@@ -30,7 +30,7 @@ class TelegramPlatform(Platform):
                             help="Bot API root; requests go to {api_base}/bot{token}/{method}."),
         "mode": Setting(default=WEBHOOK, choices=(WEBHOOK, POLLING), help="Webhook or long polling."),
         # Telegram's documented limits: ~30 messages/s per bot, 1/s per chat, 20/min per group.
-        **pace_settings(per_second=28.5, chat_interval=1.0, group_per_minute=20),
+        **pace_settings(per_second=29, chat_interval=1.0, group_per_minute=20),
     }
 
     def transport(self, channel):
