@@ -290,8 +290,10 @@ AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", def
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
 # A reply's wait for one of those connections, and for Telegram's answer once it went out.
 # A send still waiting for a connection is not sent (resent unlabelled); one that went out
-# and got no answer in time may have arrived (resent labelled).
-AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", default=5.0)
+# and got no answer in time may have arrived (resent labelled). The wait is long: a boot
+# sweep hands thousands of rows to 8 connections at once (10,000 queued took ~10 s), and
+# giving up on the queue only sends them again later.
+AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", default=30.0)
 AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
 # The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
 AGENTLOOP_PLATFORMS = {
