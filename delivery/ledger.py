@@ -172,9 +172,13 @@ def _candidates(dead_owners, limit, now, boot, older_than=None):
     rows = OutboundMessage.objects.filter(_claimable(now, dead_owners, boot))
     if older_than is not None:
         rows = rows.filter(created_at__lte=older_than)
-    found = rows.order_by("created_at", "pk").values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered")
-    return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered
-            in found[:limit]]
+    return _as_candidates(rows.order_by("created_at", "pk")[:limit])
+
+
+def _as_candidates(rows):
+    """Rows as claim candidates: (id, channel id, chat id, chunks left to send)."""
+    found = rows.values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered")
+    return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered in found]
 
 
 def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
@@ -212,10 +216,7 @@ def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
         return []
     clock = None if now is None else now.timestamp()  # injected time paces by it too
     now = now or timezone.now()
-    found = (OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk")
-             .values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered"))
-    candidates = [(pk, channel, chat, max(1, len(parts or ()) - delivered))
-                  for pk, channel, chat, parts, delivered in found]
+    candidates = _as_candidates(OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk"))
     return _claim_candidates(candidates, owner, dead_owners, now, boot, clock)
 
 

@@ -71,7 +71,7 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> ReplyBot:
     key = (id(asyncio.get_running_loop()), token, api_base.rstrip("/"), purpose)
     bot = _bots.get(key)
     if bot is None:
-        request = AiohttpRequest(connections=settings.AGENTLOOP_TELEGRAM_CONNECTIONS,  # (per phase; see request.py)
+        request = AiohttpRequest(connections=settings.AGENTLOOP_TELEGRAM_CONNECTIONS,
                                  pool_timeout=settings.AGENTLOOP_TELEGRAM_POOL_TIMEOUT,
                                  read_timeout=settings.AGENTLOOP_TELEGRAM_READ_TIMEOUT)
         bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base), request=request,
