@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from conversations.models import AgentKey, Channel, WorkerHeartbeat
+from tests import local_http
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -253,7 +254,7 @@ class Processes:
         def healthy():
             assert proc.popen.poll() is None, proc.output()
             try:
-                return httpx.get(f"{proc.url}/healthz", timeout=1).status_code == 200
+                return local_http.get(f"{proc.url}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 

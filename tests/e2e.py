@@ -3,7 +3,7 @@
 import itertools
 import time
 
-import httpx
+from tests import local_http
 
 SECRET = "e2e-secret"
 TOKEN = "4242:E2E-TOKEN"
@@ -31,7 +31,7 @@ def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None)
 def send(web, slug, chat_id, text, **kw):
     """POST one update to the webhook; returns the update."""
     body = update(chat_id, text, **kw)
-    response = httpx.post(f"{web.url}/webhooks/telegram/{slug}/", json=body,
+    response = local_http.post(f"{web.url}/webhooks/telegram/{slug}/", json=body,
                           headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)
     assert response.status_code == 200, response.text
     return body

@@ -17,6 +17,7 @@ from django.utils import timezone
 from conversations.models import Conversation, InboundMessage
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
+from tests import local_http
 from tests.conftest import is_postgres, wait_until
 
 POST_URL = "/api/v1/channels/{}/messages"
@@ -194,7 +195,7 @@ def test_the_schema_documents_the_operation(client):
 
 
 def http_read(web, key, conversation, timeout=40, **params):
-    return httpx.get(f"{web.url}{READ_URL.format(conversation)}", params=params,
+    return local_http.get(f"{web.url}{READ_URL.format(conversation)}", params=params,
                      headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
 
 
@@ -202,7 +203,7 @@ def http_read(web, key, conversation, timeout=40, **params):
 def test_long_poll_gets_the_reply_of_an_api_channel_without_callback(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api", **FAST), name="shop-app")
     web, _ = processes.web(), processes.worker()
-    admitted = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+    admitted = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                           json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10).json()
     first = http_read(web, key, admitted["conversation"]).json()
     assert [i["kind"] for i in first["items"]] == ["inbound"]
@@ -229,7 +230,7 @@ def test_long_poll_gets_the_reply_of_an_api_channel_without_callback(processes, 
 def test_long_poll_times_out_empty_with_the_same_cursor_and_is_capped(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api", agent="pull"), name="shop-app")  # nobody answers
     web = processes.web(AGENTLOOP_MAX_LONG_POLLS=1)
-    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+    conversation = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                               json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
                               ).json()["conversation"]
     cursor = http_read(web, key, conversation).json()["next"]
@@ -261,7 +262,7 @@ def test_real_server_errors_are_json(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api"), name="shop-app")
     other = agent_key(make_channel("other", kind="api"), name="other-app")
     web = processes.web()
-    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+    conversation = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                               json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
                               ).json()["conversation"]
     for response, code in [(http_read(web, "wrong", conversation), 401), (http_read(web, other, conversation), 404),
@@ -309,7 +310,7 @@ def connections_to_test_database():
 def test_waiting_long_polls_hold_no_thread_and_no_connection_each(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api", agent="pull"), name="shop-app")
     web = processes.web()
-    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+    conversation = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                               json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
                               ).json()["conversation"]
     cursor = http_read(web, key, conversation).json()["next"]
@@ -343,7 +344,7 @@ def test_waiting_long_polls_hold_no_thread_and_no_connection_each(processes, mak
 def test_a_client_that_hangs_up_gives_its_slot_back(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api", agent="pull"), name="shop-app")
     web = processes.web(AGENTLOOP_MAX_LONG_POLLS=1)
-    conversation = httpx.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
+    conversation = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                               json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10
                               ).json()["conversation"]
     cursor = http_read(web, key, conversation).json()["next"]

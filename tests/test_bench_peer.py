@@ -6,9 +6,9 @@ and answer counting against it. The benchmark itself is never run by `make test`
 import shutil
 import time
 
-import httpx
 import pytest
 
+from tests import local_http
 from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_updates, wait_answered
 
 TOKEN = "9:PEERTEST"
@@ -34,7 +34,7 @@ def peer_bot(fake_telegram, tmp_path):
 
 
 def post(bot, body, secret=SECRET):
-    return httpx.post(bot.hook, json=body, headers={"X-Telegram-Bot-Api-Secret-Token": secret}, timeout=10)
+    return local_http.post(bot.hook, json=body, headers={"X-Telegram-Bot-Api-Secret-Token": secret}, timeout=10)
 
 
 def test_a_burst_is_answered_once_with_the_merged_text(peer_bot, fake_telegram):

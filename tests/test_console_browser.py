@@ -5,11 +5,11 @@ and without Redis), a playground round trip, phone width and the keyboard.
 The screenshots in the README are the ones these tests take
 (`AGENTLOOP_SCREENSHOTS_DIR=docs/screenshots`)."""
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 
 from conversations.models import Channel
+from tests import local_http
 from tests.browser import assert_no_console_errors, page_for, screenshot
 from tests.conftest import wait_until
 from tests.fakes.openai_api import Delay, FakeOpenAI, Reply
@@ -46,7 +46,7 @@ def test_dashboard_shows_what_other_processes_do_live(processes, browser, agent_
     live(page)
     assert page.locator("#buffers tbody tr").count() == 0
 
-    response = httpx.post(f"{other.url}/api/v1/channels/shop/messages", headers={"Authorization": f"Bearer {key}"},
+    response = local_http.post(f"{other.url}/api/v1/channels/shop/messages", headers={"Authorization": f"Bearer {key}"},
                           json={"message_id": "m1", "contact": "ana", "text": "¿tienen talla 38?"})
     assert response.status_code == 202, response.text
 
@@ -154,7 +154,7 @@ def test_console_pages_fit_a_phone_and_work_from_the_keyboard(processes, browser
 def test_console_pages_need_a_staff_login(processes):
     web = processes.web()
     for path in ("/console/", "/console/playground/"):
-        response = httpx.get(f"{web.url}{path}")
+        response = local_http.get(f"{web.url}{path}")
         assert response.status_code == 302 and "/admin/login/" in response.headers["location"]
 
 

@@ -29,6 +29,7 @@ from conversations.models import (
     TurnState,
 )
 from conversations.platforms.telegram.polling import admit_polled
+from tests import local_http
 from tests.conftest import wait_until
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -458,7 +459,7 @@ def test_an_edit_reruns_the_running_turn_and_only_the_corrected_reply_goes_out(p
     first = wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING).first(), message="turn running")
     edited = update(101, "Agéndame psicología el miércoles.", message_id=sent["message"]["message_id"])
     edited["edited_message"] = {**edited.pop("message"), "edit_date": sent["message"]["date"] + 1}
-    response = httpx.post(f"{web.url}/webhooks/telegram/tg/", json=edited, headers={HEADER: "e2e-secret"})
+    response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=edited, headers={HEADER: "e2e-secret"})
     assert response.json() == {"ok": True, "duplicate": False, "edit": "rerun"}
     [reply] = fake_telegram.wait_for("sendMessage", timeout=15)
     assert reply.params["text"] == "Agéndame psicología el miércoles."

@@ -6,7 +6,6 @@ moved past the claim timeout instead of waiting for it."""
 
 from datetime import timedelta
 
-import httpx
 import pytest
 from django.conf import settings
 from django.utils import timezone
@@ -15,12 +14,13 @@ from audit.models import AuditEvent, EventKind
 from conversations import engine, turns
 from conversations.models import Turn, TurnState
 from delivery.models import OutboundKind, OutboundMessage
+from tests import local_http
 
 pytestmark = pytest.mark.e2e
 
 
 def api(web, key, method, path, body=None):
-    return httpx.request(method, f"{web.url}{path}", json=body, timeout=10,
+    return local_http.request(method, f"{web.url}{path}", json=body, timeout=10,
                          headers={"Authorization": f"Bearer {key}"})
 
 

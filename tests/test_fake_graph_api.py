@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from tests import local_http
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
 
@@ -24,7 +25,7 @@ def fake():
 
 def post(fake, body, token=TOKEN, phone=PHONE, timeout=5.0):
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.post(f"{fake.url}/v23.0/{phone}/messages", json=body, headers=headers, timeout=timeout)
+    return local_http.post(f"{fake.url}/v23.0/{phone}/messages", json=body, headers=headers, timeout=timeout)
 
 
 def text(to="16505551234", body="hola", **extra):

@@ -15,10 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from tests import local_http
 from tests.fakes.openai_api import Delay, Error, FakeOpenAI, Reply, Request, ToolCalls
 
 KEY = "sk-test-key"
@@ -272,7 +272,7 @@ def test_sdk_retries_a_500_when_retries_are_enabled(fake):
 
 
 def test_missing_authorization_is_401_envelope(fake):
-    response = httpx.post(
+    response = local_http.post(
         f"{fake.url}/chat/completions",
         json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
     )
@@ -299,15 +299,15 @@ def test_unknown_api_key_raises_authentication_error():
 
 def test_malformed_json_and_unknown_path_are_400_and_404(fake):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-    response = httpx.post(f"{fake.url}/chat/completions", content=b"{not json", headers=headers)
+    response = local_http.post(f"{fake.url}/chat/completions", content=b"{not json", headers=headers)
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
 
-    response = httpx.post(f"{fake.url}/chat/completions", json={"model": "x"}, headers=headers)
+    response = local_http.post(f"{fake.url}/chat/completions", json={"model": "x"}, headers=headers)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages"
 
-    response = httpx.post(f"{fake.url}/responses", json={}, headers=headers)
+    response = local_http.post(f"{fake.url}/responses", json={}, headers=headers)
     assert response.status_code == 404
     assert "Invalid URL" in response.json()["error"]["message"]
     assert fake.requests() == []

@@ -27,6 +27,7 @@ from telegram.error import (
     RetryAfter,
 )
 
+from tests import local_http
 from tests.fakes.telegram_api import FakeBotAPI
 
 TOKEN = "123456:TEST-token"
@@ -171,7 +172,7 @@ def test_long_poll_returns_as_soon_as_an_update_is_pushed(fake):
 
 def test_long_poll_without_updates_waits_for_the_timeout(fake):
     started = time.monotonic()
-    response = httpx.post(f"{fake.url}/bot{TOKEN}/getUpdates", data={"timeout": "0.3"})
+    response = local_http.post(f"{fake.url}/bot{TOKEN}/getUpdates", data={"timeout": "0.3"})
     elapsed = time.monotonic() - started
 
     assert response.json() == {"ok": True, "result": []}
@@ -313,7 +314,7 @@ def test_delay_slows_the_answer(fake):
 
 def test_wait_for_times_out_with_a_helpful_message(fake):
     fake.push_message(TOKEN, 1, "x")
-    httpx.post(f"{fake.url}/bot{TOKEN}/getUpdates")
+    local_http.post(f"{fake.url}/bot{TOKEN}/getUpdates")
 
     with pytest.raises(AssertionError, match=r"sendMessage.*getUpdates"):
         fake.wait_for("sendMessage", timeout=0.05)
@@ -443,10 +444,10 @@ def test_runs_as_a_script_and_stops_on_sigterm():
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), (url, proc.stderr.read() if proc.poll() is not None else "")
-        response = httpx.get(f"{url}/bot{TOKEN}/getMe", timeout=5)
+        response = local_http.get(f"{url}/bot{TOKEN}/getMe", timeout=5)
         assert response.status_code == 200
         assert response.json()["result"]["id"] == 123456
-        calls = httpx.get(f"{url}/_control/calls", timeout=5).json()["result"]
+        calls = local_http.get(f"{url}/_control/calls", timeout=5).json()["result"]
         assert [c["method"] for c in calls] == ["getMe"]
 
         proc.send_signal(signal.SIGTERM)
@@ -466,7 +467,7 @@ def test_stop_releases_waiting_requests():
 
     def call_get_me():
         try:
-            results.append(httpx.get(f"{fake.url}/bot{TOKEN}/getMe", timeout=5).status_code)
+            results.append(local_http.get(f"{fake.url}/bot{TOKEN}/getMe", timeout=5).status_code)
         except httpx.HTTPError:
             results.append(-1)
 
@@ -539,7 +540,7 @@ def test_buttons_and_answers_are_validated_like_the_real_api(fake):
     for body, error in [
         ({"text": "x"}, 'parameter "callback_query_id" is required'),
     ]:
-        answer = httpx.post(f"{fake.url}/bot{TOKEN}/answerCallbackQuery", json=body).json()
+        answer = local_http.post(f"{fake.url}/bot{TOKEN}/answerCallbackQuery", json=body).json()
         assert answer["ok"] is False and error in answer["description"]
     shapes = [
         ({"inline_keyboard": [{"text": "a", "callback_data": "b"}]}, "should be an Array of Arrays"),
@@ -548,7 +549,7 @@ def test_buttons_and_answers_are_validated_like_the_real_api(fake):
         ({"inline_keyboard": [[{"text": "a", "callback_data": "b", "url": "https://x"}]]}, "BUTTON_TYPE_INVALID"),
     ]
     for markup, error in shapes:
-        answer = httpx.post(f"{fake.url}/bot{TOKEN}/sendMessage",
+        answer = local_http.post(f"{fake.url}/bot{TOKEN}/sendMessage",
                             json={"chat_id": 42, "text": "x", "reply_markup": markup}).json()
         assert answer["ok"] is False and error in answer["description"], (markup, answer)
 

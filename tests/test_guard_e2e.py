@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from audit.models import AuditEvent, EventKind
+from tests import local_http
 from tests.conftest import wait_until
 from tests.fakes.smtp_server import FakeSMTP
 from tools.models import ActionClaim, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
@@ -33,7 +34,7 @@ def key(shop, agent_key):
 
 
 def invoke(web, key, name, body, timeout=30):
-    return httpx.post(f"{web.url}/api/v1/tools/{name}/invoke", json=body, timeout=timeout,
+    return local_http.post(f"{web.url}/api/v1/tools/{name}/invoke", json=body, timeout=timeout,
                       headers={"Authorization": f"Bearer {key}"})
 
 

@@ -11,6 +11,7 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Contact, Conversation, Turn, WorkerHeartbeat
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, UnreachableChat
+from tests import local_http
 from tests.conftest import wait_until
 from tests.e2e import send, telegram_channel
 
@@ -132,7 +133,6 @@ def topic_update(chat_id, thread_id, message_id, text):
 
 
 def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes, make_channel, fake_telegram):
-    import httpx
 
     from tests.e2e import SECRET
 
@@ -140,7 +140,7 @@ def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes
     web, _ = processes.web(), processes.worker()
     text = " ".join(f"palabra{i}" for i in range(700)) + "?"  # ~6,700 characters: two chunks
     fake_telegram.fail_next("sendMessage", status=500, description="Internal Server Error")
-    response = httpx.post(f"{web.url}/webhooks/telegram/tg/", json=topic_update(-100123, 9, 31, text),
+    response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=topic_update(-100123, 9, 31, text),
                           headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)
     assert response.status_code == 200
     wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.FAILED).exists(), timeout=15,

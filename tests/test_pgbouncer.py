@@ -24,7 +24,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from django.db import connection
@@ -32,6 +31,7 @@ from django.db import connection
 from audit.models import AuditEvent, EventKind
 from conversations.models import InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat
 from delivery.models import OutboundMessage, OutboundState
+from tests import local_http
 from tests.conftest import BASE_DIR, database_url, free_port, is_postgres, wait_until
 from tests.e2e import SECRET, telegram_channel, update
 from tools.models import ActionClaim, CalendarEvent, ClaimState
@@ -162,7 +162,7 @@ def through(bouncer, **env):
 
 
 def post(web, body):
-    response = httpx.post(f"{web.url}/webhooks/telegram/tg/", json=body,
+    response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=body,
                           headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()

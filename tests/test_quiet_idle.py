@@ -8,8 +8,7 @@ import sqlite3
 import subprocess
 import sys
 
-import httpx
-
+from tests import local_http
 from tests.conftest import BASE_DIR, free_port, wait_until
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+) (.*)$")
@@ -35,7 +34,7 @@ def test_idle_product_runs_its_sweeps_without_a_log_line(tmp_path):
         try:
             wait_until(lambda: "agentloop is running" in log_path.read_text() and " started" in log_path.read_text(),
                        timeout=60, message="runall up, worker started")
-            not_found = httpx.get(f"http://127.0.0.1:{port}/no-such-page", timeout=10)
+            not_found = local_http.get(f"http://127.0.0.1:{port}/no-such-page", timeout=10)
             assert not_found.status_code == 404 and "URLconf" not in not_found.text  # not a debug page
             wait_until(lambda: "Not Found: /no-such-page" in log_path.read_text(), message="the 404 logged")
             started = len(log_path.read_text())

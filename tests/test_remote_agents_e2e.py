@@ -5,12 +5,12 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 
 from conversations.models import Turn, TurnState
 from delivery import signing
 from delivery.models import OutboundMessage, OutboundState
+from tests import local_http
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +18,7 @@ SECRET = "agent-secret"
 
 
 def api(web, key, method, path, body=None):
-    return httpx.request(method, f"{web.url}{path}", json=body, timeout=10,
+    return local_http.request(method, f"{web.url}{path}", json=body, timeout=10,
                          headers={"Authorization": f"Bearer {key}"})
 
 

@@ -11,7 +11,6 @@ import socket
 import threading
 from datetime import timedelta
 
-import httpx
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
@@ -24,6 +23,7 @@ from conversations.models import AgentKey, Conversation, Turn, TurnState
 from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
+from tests import local_http
 from tests.conftest import free_port, wait_until
 from tests.e2e import UNPACED
 from tests.fakes.openai_api import Error, FakeOpenAI
@@ -228,7 +228,7 @@ def refusing_port():
 
 
 def inbound(web, key, slug, message_id, text):
-    response = httpx.post(f"{web.url}/api/v1/channels/{slug}/messages", timeout=10,
+    response = local_http.post(f"{web.url}/api/v1/channels/{slug}/messages", timeout=10,
                           headers={"Authorization": f"Bearer {key}"},
                           json={"message_id": message_id, "contact": "ana", "text": text})
     assert response.status_code == 202, response.text
@@ -257,7 +257,7 @@ def test_agent_failures_leave_no_secret_in_turn_outcomes_logs_api_or_dashboard(p
         assert leaks(database) == [], outcomes
         log = worker.output()
         assert "ended without an answer" in log and leaks(log) == []
-        events = httpx.get(f"{web.url}/api/v1/audit/events", headers={"Authorization": f"Bearer {key}"},
+        events = local_http.get(f"{web.url}/api/v1/audit/events", headers={"Authorization": f"Bearer {key}"},
                            timeout=10)
         assert events.status_code == 200 and leaks(events.text) == []
         picture = json.dumps(dashboard.snapshot(), default=str, ensure_ascii=False)

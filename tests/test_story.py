@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from html import unescape
 from urllib.parse import urlencode
 
-import httpx
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
@@ -30,6 +29,7 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, Outcome
 from delivery.transports import SendResult
+from tests import local_http
 from tests.e2e import SECRET, TOKEN, send, telegram_channel
 from tools import approvals, guard
 from tools.models import ActionClaim, ToolPolicy
@@ -60,7 +60,7 @@ def entries_in_html(html):
 
 def deliver_again(web, body):
     """Telegram's retry of an update we already admitted."""
-    response = httpx.post(f"{web.url}/webhooks/telegram/tg/", json=body,
+    response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=body,
                           headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)
     assert response.status_code == 200 and response.json()["duplicate"] is True
 

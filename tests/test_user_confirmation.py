@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -28,7 +27,7 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Contact, ContextNote, Conversation, InboundMessage
 from delivery import ledger
 from delivery.models import OutboundMessage
-from tests import e2e
+from tests import e2e, local_http
 from tests.conftest import wait_until
 from tools import confirmations, guard
 from tools.guard import Status
@@ -413,7 +412,7 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
 
 
 def tap_over_http(web, update, slug="tg"):
-    response = httpx.post(f"{web.url}/webhooks/telegram/{slug}/", json=update,
+    response = local_http.post(f"{web.url}/webhooks/telegram/{slug}/", json=update,
                           headers={"X-Telegram-Bot-Api-Secret-Token": e2e.SECRET}, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()

@@ -17,6 +17,7 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState, SendBudget, UnreachableChat
+from tests import local_http
 from tests.conftest import wait_until
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
@@ -223,10 +224,10 @@ def test_the_readme_steps_addchannel_then_the_webhook_handshake_then_a_reply(pro
     call_command("addchannel", "wa", "--kind", "whatsapp", "--agent", "demo", "--phone-number-id", PHONE,
                  "--token", TOKEN, "--app-secret", APP_SECRET, "--verify-token", VERIFY, "--api-base", fake_graph.url)
     web, _ = processes.web(), started_worker(processes)
-    handshake = httpx.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
+    handshake = local_http.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
         "hub.mode": "subscribe", "hub.verify_token": VERIFY, "hub.challenge": "847362519"})
     assert handshake.status_code == 200 and handshake.text == "847362519"
-    assert httpx.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
+    assert local_http.get(f"{web.url}/webhooks/whatsapp/wa/", timeout=10, params={
         "hub.mode": "subscribe", "hub.verify_token": "guess", "hub.challenge": "1"}).status_code == 403
     wamid = send(web, "what can you do?")
     [reply] = fake_graph.wait_for("message", timeout=20)

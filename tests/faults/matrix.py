@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from audit.failpoints import ENV, POINTS
+from tests import local_http
 from tests.e2e import SECRET, update
 
 AGENT = "crash=tests.faults.agent.CrashAgent"
@@ -125,7 +126,7 @@ class PointRun:
         self.messages.append(message)
         for attempt in range(20):
             try:
-                response = httpx.post(f"{self.procs['web'].url}/webhooks/telegram/{self.slug}/",
+                response = local_http.post(f"{self.procs['web'].url}/webhooks/telegram/{self.slug}/",
                                       json=message.update, timeout=10,
                                       headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
                 if 200 <= response.status_code < 300:

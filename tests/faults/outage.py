@@ -37,6 +37,8 @@ from pathlib import Path
 
 import httpx
 
+from tests import local_http
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 PG = str(BASE_DIR / "scripts" / "pg.sh")
 RESULTS = "outage-results: "
@@ -176,7 +178,7 @@ class Scenario:
         pause = 0.1
         while True:
             try:
-                response = httpx.post(f"{self.web.url}/webhooks/telegram/{self.slug}/", json=body,
+                response = local_http.post(f"{self.web.url}/webhooks/telegram/{self.slug}/", json=body,
                                       headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)
                 if response.status_code < 300:
                     return time.time()
