@@ -5,6 +5,8 @@
 # serves the site while you edit it. (Not --quiet: it hides the warnings from --strict.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The configuration page is generated (agentloop/config_table.py): stale is a failure too.
+.venv/bin/python scripts/config_docs.py --check
 out=$(mktemp -d /tmp/agentloop-docs-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 .venv/bin/python -m mkdocs build --strict --site-dir "$out" 2>&1 | { grep -v '^INFO ' || true; }
