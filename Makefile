@@ -1,4 +1,4 @@
-# agentloop — the two commands: `make run` and `make test` (plus `make bench`).
+# agentloop — the two commands: `make run` and `make test` (plus `make bench`, `make docs`).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
 
-.PHONY: run test bench test-sqlite test-postgres clean
+.PHONY: run test bench docs test-sqlite test-postgres clean
 
 $(VENV)/.installed: requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: $(VENV)/.installed-dev
 ## make bench: the benchmarks, each figure beside its same-run reference.
 bench: $(VENV)/.installed-dev
 	scripts/bench.sh
+
+## make docs: the manual (docs/, mkdocs.yml) served at http://$(HOST):8001/, rebuilt on
+## every edit. `make test` builds it strictly (scripts/docs.sh).
+DOCS_PORT ?= 8001
+docs: $(VENV)/.installed-dev
+	$(PY) -m mkdocs serve -a $(HOST):$(DOCS_PORT)
 
 clean:
 	rm -rf var/test_* var/pg-*

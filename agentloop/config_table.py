@@ -1,0 +1,241 @@
+"""Every environment variable agentloop reads, in one table: the source of
+docs/configuration.md (written by `scripts/config_docs.py`).
+
+settings.py reads the environment itself (django-environ, as Django projects do); this
+table documents it. `tests/test_config_docs.py` keeps the two together: it parses
+settings.py and fails when a variable it reads is missing here, when a row says
+"settings" for a variable settings.py does not read, when a literal default in
+settings.py is not the one written here, and when docs/configuration.md is not what the
+generator writes now. Rows read elsewhere (`read_by`) name a variable the product's code
+spells out somewhere else (`make run`'s commands, a platform's demo channel).
+
+Imports nothing of ours: the generator loads it without Django.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SETTINGS = "settings"
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    default: str  # as a reader would write it: `30`, `true`, "empty", or a sentence
+    meaning: str  # Markdown, one paragraph
+    read_by: str = SETTINGS  # "settings", or where else it is read (for the reader)
+
+
+# Groups in the order of the page; each row in the order a reader looks for it.
+GROUPS: list[tuple[str, str, list[Var]]] = [
+    ("Django, HTTP and security", "The web process and Django itself.", [
+        Var("SECRET_KEY", "generated once into `var/secret_key` (mode 0600)",
+            "Django's secret key; set it in production."),
+        Var("AGENTLOOP_REQUIRE_SECRET_KEY", "false",
+            "Refuse to start without `SECRET_KEY` (when `DEBUG` is off)."),
+        Var("DEBUG", "false",
+            "Django debug mode (`make run` too: `DEBUG=true make run` asks for it, and warns "
+            "loudly when `HOST` is not a loopback address)."),
+        Var("ALLOWED_HOSTS", "loopback names and `HOST`", "Comma-separated host names."),
+        Var("HOST", "127.0.0.1",
+            "Where `make run` serves (`manage.py runall --host`); a non-loopback `HOST` is "
+            "also allowed as a `Host` header."),
+        Var("PORT", "8000", "The port `make run` serves on (`manage.py runall --port`).",
+            read_by="`manage.py runall` (`make run`)"),
+        Var("CSRF_TRUSTED_ORIGINS", "empty", "Origins allowed to post admin forms behind a proxy."),
+        Var("HTTPS", "false",
+            "Behind TLS: turns on the six below (SSL redirect, secure cookies, HSTS a year with "
+            "subdomains and preload); each can be set alone."),
+        Var("SECURE_SSL_REDIRECT", "`HTTPS`",
+            "Django's switch of the same name (`/healthz` is never redirected)."),
+        Var("SESSION_COOKIE_SECURE", "`HTTPS`", "Django's switch of the same name."),
+        Var("CSRF_COOKIE_SECURE", "`HTTPS`", "Django's switch of the same name."),
+        Var("SECURE_HSTS_SECONDS", "`31536000` with `HTTPS`, else `0`",
+            "HSTS; read Django's warnings about it before you turn it on."),
+        Var("SECURE_HSTS_INCLUDE_SUBDOMAINS", "`HTTPS`", "HSTS for subdomains too."),
+        Var("SECURE_HSTS_PRELOAD", "`HTTPS`", "Ask browsers to preload HSTS."),
+        Var("SECURE_PROXY_SSL_HEADER", "unset",
+            "`HTTP_X_FORWARDED_PROTO,https` behind a proxy that sets that header itself "
+            "(and drops a client's)."),
+        Var("TIME_ZONE", "UTC", "The admin's time zone."),
+        Var("AGENTLOOP_SERVE_STATIC", "true",
+            "daphne serves `/static/` itself; turn off behind a proxy that does."),
+        Var("AGENTLOOP_MAX_BODY_BYTES", "262144 (256 KB)",
+            "Larger webhook and API bodies get 413."),
+        Var("AGENTLOOP_API_RATE", "6000/min", "Per-agent-key API throttle."),
+        Var("AGENTLOOP_MAX_LONG_POLLS", "200",
+            "Long-polls of the conversation read API waiting at once, per web process; "
+            "beyond, 503 with `Retry-After: 2`."),
+        Var("AGENTLOOP_URLCONF", "agentloop.urls",
+            "The root URL configuration; the benchmarks mount a reference view this way."),
+        Var("REDIS_URL", "empty",
+            "channels-redis: the console's live updates across processes and machines "
+            "(without it they cross processes through the database)."),
+    ]),
+    ("make run", "Read by `make run` (`manage.py bootstrap` and `manage.py runall`), not by "
+     "the running product.", [
+        Var("ADMIN_PASSWORD", "generated once into `var/admin_password`",
+            "The `admin` user's password under `make run`.",
+            read_by="`manage.py bootstrap` (`make run`)"),
+        Var("TELEGRAM_BOT_TOKEN", "empty",
+            "Set: `make run` adds a `telegram` channel in polling mode.",
+            read_by="the Telegram platform's bootstrap (`make run`)"),
+        Var("WHATSAPP_TOKEN", "empty",
+            "With the three below: `make run` adds a `whatsapp` channel (demo agent) and "
+            "prints its webhook URL. The permanent system-user token.",
+            read_by="the WhatsApp platform's bootstrap (`make run`)"),
+        Var("WHATSAPP_PHONE_NUMBER_ID", "empty", "The number's id (digits, from API Setup).",
+            read_by="the WhatsApp platform's bootstrap (`make run`)"),
+        Var("WHATSAPP_APP_SECRET", "empty", "The Meta app's secret (App settings → Basic).",
+            read_by="the WhatsApp platform's bootstrap (`make run`)"),
+        Var("WHATSAPP_VERIFY_TOKEN", "empty", "The string Meta sends back when you register the webhook.",
+            read_by="the WhatsApp platform's bootstrap (`make run`)"),
+        Var("ACCESS_LOG", "false",
+            "daphne writes a line per request to stdout (off by default: a formatted write "
+            "per webhook POST).",
+            read_by="`manage.py runall` (`make run`)"),
+    ]),
+    ("Database", "SQLite by default; PostgreSQL to scale out.", [
+        Var("DATABASE_URL", "`sqlite:///var/agentloop.sqlite3`",
+            "Any URL django-environ understands; `postgres://user:pass@host:5432/db` to scale out."),
+        Var("SQLITE_TIMEOUT", "30",
+            "Seconds a SQLite writer waits for the write lock (then the web answers 503)."),
+        Var("SQLITE_TEST_NAME", "`var/test_agentloop.sqlite3`",
+            "The tests' SQLite file (shared with the processes they start)."),
+        Var("CONN_MAX_AGE", "0",
+            "PostgreSQL: seconds a process keeps a connection between requests (`0`: one per "
+            "request; not with `DATABASE_POOL`)."),
+        Var("DATABASE_POOL", "false",
+            "PostgreSQL: Django's psycopg pool — each process keeps connections open and "
+            "lends one per request or thread (refused together with `CONN_MAX_AGE`)."),
+        Var("DATABASE_POOL_MIN_SIZE", "2", "The pool's lower bound per process."),
+        Var("DATABASE_POOL_MAX_SIZE", "32",
+            "The pool's upper bound per process (a worker holds one per database thread: "
+            "about 4 + `AGENTLOOP_TOOL_THREADS`)."),
+        Var("DATABASE_POOL_TIMEOUT", "10",
+            "Seconds a step waits for a free pooled connection before it fails like an outage."),
+        Var("DATABASE_TRANSACTION_POOLER", "false",
+            "PostgreSQL: `DATABASE_URL` goes through a transaction-mode pooler (PgBouncer): "
+            "Django's server-side cursors off. Point `AGENTLOOP_LIVENESS_DATABASE_URL` at "
+            "PostgreSQL itself: without it (or `AGENTLOOP_LIVENESS=heartbeat`) a worker "
+            "refuses to start."),
+        Var("DATABASE_CONNECT_TIMEOUT", "5",
+            "PostgreSQL: seconds a (re)connect may take before it fails and is retried with back-off."),
+        Var("DATABASE_KEEPALIVES_IDLE", "10",
+            "PostgreSQL: seconds of silence before TCP keepalives probe the server (a dead "
+            "host is noticed in about this + 10 s)."),
+        Var("CONN_HEALTH_CHECKS", "true",
+            "A reused connection is checked before use, so a database restart costs no failed request."),
+    ]),
+    ("The worker loop and liveness", "`manage.py runloop`, and how workers tell that another died.", [
+        Var("AGENTLOOP_POLL_INTERVAL", "0.05",
+            "Longest the worker sleeps without looking; known deadlines are slept to exactly. "
+            "Also the period of the ledger's runtime sweep."),
+        Var("AGENTLOOP_MAX_CONCURRENT_TURNS", "1000", "Turns in flight per worker process."),
+        Var("AGENTLOOP_TYPING_INTERVAL", "0",
+            "Seconds between typing indicators; `0`: each platform's own (Telegram 4 s, its "
+            "indicator lasts about 5 s; WhatsApp 20 s)."),
+        Var("AGENTLOOP_MAX_TYPING", "1000",
+            "Typing loops one worker runs at once; beyond it a conversation shows no indicator."),
+        Var("AGENTLOOP_MAX_TURN_CHARS", "16000",
+            "A turn's merged input is cut to this many characters, marked `[… N characters cut]` "
+            "(the messages keep all of it)."),
+        Var("AGENTLOOP_MAX_PENDING_MESSAGES", "200",
+            "Messages a conversation may have waiting for a turn; later ones are stored, "
+            "audited and answered with one notice."),
+        Var("AGENTLOOP_WORKER_STALE_AFTER", "30",
+            "A worker judged by its heartbeat and silent this long is dead; its work is "
+            "recovered (a worker holding its liveness lock is alive however old its heartbeat)."),
+        Var("AGENTLOOP_LIVENESS", "`advisory` on PostgreSQL, `heartbeat` on SQLite",
+            "How workers tell that another died: its advisory lock freed (seconds), or its "
+            "heartbeat gone stale."),
+        Var("AGENTLOOP_LIVENESS_DATABASE_URL", "`DATABASE_URL`",
+            "The liveness lock's connection: PostgreSQL itself (same database) when "
+            "`DATABASE_URL` goes through a transaction-mode pooler."),
+        Var("AGENTLOOP_LIVENESS_TIMEOUT", "3",
+            "Seconds of silence after which the lock's session is given up, on both ends (TCP "
+            "keepalives, `tcp_user_timeout`)."),
+        Var("AGENTLOOP_HOSTNAME", "the host name",
+            "The host name in workers' owner stamps; workers with the same one judge each "
+            "other's pids directly (containers sharing the host's network need a name each)."),
+        Var("Q_WORKERS", "1", "django-q2 worker processes (the safety-net sweeps)."),
+    ]),
+    ("Telegram", "Per process; each channel's own settings are in the admin.", [
+        Var("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", "25", "Long-polling timeout, seconds."),
+        Var("AGENTLOOP_TELEGRAM_CONNECTIONS", "8",
+            "HTTP connections per bot for replies (as many again for typing)."),
+        Var("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", "30",
+            "Seconds a reply waits for a connection, a free one of those or a new one (then: "
+            "not sent, resent unlabelled)."),
+        Var("AGENTLOOP_TELEGRAM_READ_TIMEOUT", "5",
+            "Seconds for Telegram's answer once a reply went out (then: may have arrived, "
+            "resent labelled)."),
+    ]),
+    ("Agents", "The agents that answer turns.", [
+        Var("AGENTLOOP_AGENT_DEADLINE", "300",
+            "Seconds an agent's whole answer may take (every model request and tool call of "
+            "one turn), or the turn fails with an apology; a channel's agent config may set "
+            "its own `deadline`."),
+        Var("AGENTLOOP_EXTRA_AGENTS", "empty", "`name=dotted.path,…` agents added to the registry."),
+        Var("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", "300",
+            "A turn handed to a pull or webhook agent and not closed in time is released."),
+        Var("AGENTLOOP_EXTERNAL_TURN_ATTEMPTS", "3",
+            "Starts a handed-over turn gets (claims and worker runs); then it fails and the user is told."),
+        Var("AGENTLOOP_AGENT_KEY_ENVS", "empty",
+            "Variables an agent's `api_key_env` may name besides `*_API_KEY` (never "
+            "`SECRET_KEY` or `DATABASE_URL`: the value is sent to the agent's URL)."),
+        Var("OPENAI_API_KEY", "empty",
+            "The `openai` agent's key (or the variable the channel's `--agent-key-env` "
+            "names), read from the worker's environment, never stored.",
+            read_by="the `openai` agent"),
+    ]),
+    ("The delivery ledger", "Layer 3: every reply at least once.", [
+        Var("AGENTLOOP_DELIVERY_LEDGER", "true",
+            "`false`: replies are sent from memory, once (a crash loses those in flight)."),
+        Var("AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT", "300",
+            "Seconds after which a row still `attempting` is orphaned, whoever holds it."),
+        Var("AGENTLOOP_CALLBACK_TIMEOUT", "10",
+            "Seconds for one outbound HTTP exchange (an `api` channel's callback POST, a "
+            "WhatsApp send), from connect to the last byte of the answer."),
+        Var("AGENTLOOP_SAFETY_SWEEP_BUDGET", "40",
+            "Seconds after which django-q2's safety sweep stops claiming rows (under the "
+            "task timeout)."),
+    ]),
+    ("The action guard and its tools", "Layer 2: an action asked twice runs once.", [
+        Var("AGENTLOOP_GUARD_WAIT", "3.0",
+            "Seconds an identical call waits for one in flight before answering \"in progress\"."),
+        Var("AGENTLOOP_TOOL_THREADS", "16", "Threads per worker for tool calls made inside turns."),
+        Var("AGENTLOOP_EXTRA_TOOLS", "empty", "Dotted paths of your own tools, comma-separated."),
+        Var("AGENTLOOP_MAX_ACTIONS_PER_KEY", "100",
+            "Distinct guard-only action names per agent key (`/api/v1/actions/claim`); more get 429."),
+        Var("AGENTLOOP_DEFAULT_TIME_ZONE", "`TIME_ZONE`",
+            "The zone of dates given without one (\"2026-12-01T10:00\"), and of the times "
+            "in a confirmation's answers."),
+        Var("AGENTLOOP_CALENDAR_BACKEND", "local",
+            "`local` (our database and an iCalendar feed) or `caldav`."),
+        Var("AGENTLOOP_CALDAV_URL", "empty", "The CalDAV server."),
+        Var("AGENTLOOP_CALDAV_USERNAME", "empty", "The CalDAV account's user name."),
+        Var("AGENTLOOP_CALDAV_PASSWORD", "empty", "The CalDAV account's password."),
+        Var("AGENTLOOP_CALDAV_CALENDAR", "agentloop", "The CalDAV calendar's name (created if missing)."),
+        Var("AGENTLOOP_CALDAV_TIMEOUT", "15", "Seconds a CalDAV request may take."),
+        Var("EMAIL_URL", "consolemail://",
+            "Where `email_send` sends: `smtp://`, `smtp+tls://user:pass@host:587`, `smtps://…`."),
+        Var("DEFAULT_FROM_EMAIL", "agentloop@localhost", "The sender of `email_send`."),
+        Var("EMAIL_TIMEOUT", "20", "SMTP socket timeout, seconds."),
+    ]),
+    ("Logging", "", [
+        Var("LOG_LEVEL", "INFO", "Root log level."),
+        Var("DJANGO_Q_LOG_LEVEL", "WARNING",
+            "django-q2's own logger (`INFO` logs every routine sweep: eight lines each 30 s)."),
+    ]),
+    ("Tests", "For the test suite and the crash matrix; leave unset in production.", [
+        Var("AGENTLOOP_FAILPOINT", "empty",
+            "Named fault points that kill the process with SIGKILL when hit "
+            "(`ledger.after_send`, `ledger.after_send@3`, comma-separated); the crash matrix "
+            "arms one per run.",
+            read_by="the fault points (`failpoint()`)"),
+    ]),
+]
+
+VARIABLES: list[Var] = [var for _, _, rows in GROUPS for var in rows]
