@@ -7,6 +7,7 @@ bool or URL).
 """
 
 import socket
+import sys
 from pathlib import Path
 
 import environ
@@ -51,7 +52,6 @@ SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=HTTPS)
 SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -69,6 +69,12 @@ INSTALLED_APPS = [
     "audit",
     "agentloop",
 ]
+
+# daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports
+# Twisted's reactor at setup to do it: a third of a worker's start-up, which needs neither.
+# The product serves through `daphne` itself (runall, Procfile); the app is only for runserver.
+if sys.argv[1:2] == ["runserver"]:
+    INSTALLED_APPS.insert(0, "daphne")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
