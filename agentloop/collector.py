@@ -21,7 +21,7 @@ import gc
 YOUNG_THRESHOLD = 50_000
 
 
-def tune_for_bursts():
+def tune_for_bursts() -> None:
     """Call once, after start-up has imported and built what it needs."""
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, 20, 100)

@@ -14,12 +14,12 @@ ROUTINE = ("discarding closed connection",)
 
 
 class OncePerKind(logging.Filter):
-    def __init__(self, name=""):
+    def __init__(self, name: str = "") -> None:
         super().__init__(name)
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}  # bounded below
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if message.startswith(ROUTINE):
             return False

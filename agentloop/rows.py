@@ -5,33 +5,49 @@ through the same converters the ORM applies (SQLite's naive datetimes made aware
 text decoded), so an instance built here is the one a queryset would have given.
 """
 
+from __future__ import annotations
+
 import functools
 import json
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connection
-from django.db.models import IntegerField
+from django.db.models import ForeignObjectRel, IntegerField, Model
 from django.db.models.lookups import In
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Field
+    from django.db.models.expressions import Col
+    from django.db.models.sql.compiler import SQLCompiler, _AsSqlType
+
+    _In = In[Any]  # generic in django-stubs only
+else:
+    _In = In
+
+M = TypeVar("M", bound=Model)
 
 
 class Columns:
     """The concrete columns of `model` (or just `only`, the rest left deferred) under
     `alias`: `.sql` for a SELECT list, `.build(values)` for an instance."""
 
-    def __init__(self, model, alias, only=None):
+    def __init__(self, model: type[Model], alias: str, only: frozenset[str] | None = None) -> None:
         fields = [f for f in model._meta.concrete_fields if only is None or f.attname in only]
         self.model, self.names = model, [f.attname for f in fields]
         quote = connection.ops.quote_name
-        self.sql = ", ".join(f"{alias}.{quote(f.column)}" for f in fields)
+        self.sql = ", ".join(f"{alias}.{quote(_db_column(f))}" for f in fields)
         self.width = len(fields)
-        self.converters = []
+        self.converters: list[tuple[int, Col, list[Callable[..., Any]]]] = []
         for index, field in enumerate(fields):
             col = field.get_col(alias)
             chain = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
             if chain:
                 self.converters.append((index, col, chain))
 
-    def build(self, values):
+    def build(self, values: Iterable[Any]) -> Model:
         values = list(values)
         for index, col, chain in self.converters:
             for convert in chain:
@@ -40,21 +56,28 @@ class Columns:
 
 
 @functools.lru_cache(maxsize=64)  # a handful of call sites, each with fixed arguments
-def columns(model, alias, only=None):
+def columns(model: type[Model], alias: str, only: frozenset[str] | None = None) -> Columns:
     """`Columns` for (model, alias, only), made once per process. `only`: a frozenset of
     attnames, or None for all."""
     return Columns(model, alias, only)
 
 
-def table(model):
+def table(model: type[Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def column(model, name):
-    return connection.ops.quote_name(model._meta.get_field(name).column)
+def column(model: type[Model], name: str) -> str:
+    return connection.ops.quote_name(_db_column(model._meta.get_field(name)))
 
 
-def aware(value):
+def _db_column(field: Field[Any, Any] | ForeignObjectRel) -> str:
+    """The field's column (a concrete field always has one; django-stubs types it optional)."""
+    if isinstance(field, ForeignObjectRel) or field.column is None:
+        raise ValueError(f"{field} has no column of its own")
+    return field.column
+
+
+def aware(value: datetime | str | None) -> datetime | None:
     """A datetime from raw SQL, as the ORM would have given it: SQLite hands back naive
     UTC (or, for an aggregate, the stored text); None stays None."""
     from django.utils import timezone
@@ -63,11 +86,13 @@ def aware(value):
     if value is None:
         return None
     if isinstance(value, str):
-        value = parse_datetime(value)
+        text, value = value, parse_datetime(value)
+        if value is None:
+            raise ValueError(f"{text!r} is not a date-time")
     return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
-def placeholders(n) -> str:
+def placeholders(n: int) -> str:
     """`%s, %s, …` for a VALUES list (or, on SQLite, an IN list) of n values."""
     return ", ".join(["%s"] * n)
 
@@ -76,7 +101,7 @@ def postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
-def in_sql(column_sql, n, cast="bigint") -> str:
+def in_sql(column_sql: str, n: int, cast: str | None = "bigint") -> str:
     """`column IN (%s, …)` for n values, with its parameters from `in_params`. On
     PostgreSQL one array parameter, `column = ANY(%s::bigint[])`: the statement reads
     the same for any number of values. psycopg caches its parse of a statement only up
@@ -90,7 +115,7 @@ def in_sql(column_sql, n, cast="bigint") -> str:
     return f"{column_sql} IN ({placeholders(n)})"
 
 
-def in_params(values) -> list:
+def in_params(values: Iterable[Any]) -> list[Any]:
     """The parameters of an `in_sql` of these values."""
     values = list(values)
     if not postgresql():
@@ -98,7 +123,7 @@ def in_params(values) -> list:
     return [int_array(values) if all(isinstance(value, int) for value in values) else values]
 
 
-def int_array(values) -> str:
+def int_array(values: Iterable[int]) -> str:
     """Integers as PostgreSQL's array literal, `{1,2,3}`: one text parameter, which
     psycopg quotes in C. Given a list, psycopg dumps and quotes each element in Python,
     which for a batch of 500 ids cost more than the statement (py-spy, the worker's
@@ -106,13 +131,13 @@ def int_array(values) -> str:
     return "{" + ",".join(str(int(value)) for value in values) + "}"
 
 
-class ArrayIn(In):
+class ArrayIn(_In):
     """`__in` with a list of values on an integer column, on PostgreSQL: one array
     parameter (see in_sql), so a claim of 500 ids (Model.transition, ledger.claim_many)
     is not a statement too long for psycopg's cache. Anything else (a subquery, another
     database, an empty list) compiles as Django's own `In`."""
 
-    def as_postgresql(self, compiler, connection):
+    def as_postgresql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> _AsSqlType:
         if not self.rhs_is_direct_value() or not isinstance(self.rhs, (list, tuple, set, frozenset)):
             return super().as_sql(compiler, connection)
         values = [value for value in self.rhs if value is not None]  # NULL equals nothing, as in In
@@ -122,12 +147,12 @@ class ArrayIn(In):
         return f"{lhs} = ANY(%s::{self.lhs.output_field.cast_db_type(connection)}[])", (*lhs_params, int_array(values))
 
 
-def register_lookups():
+def register_lookups() -> None:
     """Once, at start-up (AgentloopConfig.ready): every integer column's `__in`."""
     IntegerField.register_lookup(ArrayIn)
 
 
-def recordset(alias, columns) -> str:
+def recordset(alias: str, columns: Iterable[tuple[str, str | None]]) -> str:
     """`json_to_recordset(%s::json) AS alias(name type, …)` for `columns`, (name, type)
     pairs: a batch's rows as one JSON parameter (with `records`), in a statement that
     reads the same for any number of rows (see in_sql for why that matters). psycopg
@@ -136,13 +161,13 @@ def recordset(alias, columns) -> str:
     return f"json_to_recordset(%s::json) AS {alias}({', '.join(f'{name} {kind}' for name, kind in columns)})"
 
 
-def records(names, rows) -> str:
+def records(names: Sequence[str], rows: Iterable[Iterable[Any]]) -> str:
     """The JSON parameter of a `recordset` with these column names, from rows of values
     in that order; a datetime travels as ISO 8601 text, with its offset."""
     return json.dumps([{name: _json_value(value) for name, value in zip(names, row)} for row in rows])
 
 
-def _json_value(value):
+def _json_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if type(value).__name__ in ("Jsonb", "Json"):  # a JSONField's value, wrapped for psycopg with its encoder
@@ -151,18 +176,20 @@ def _json_value(value):
 
 
 @functools.lru_cache(maxsize=16)  # one entry per (model, conflict, returning) the code inserts
-def _insert_many_sql(model, conflict, returning):
+def _insert_many_sql(model: type[Model], conflict: tuple[str, ...],
+                     returning: tuple[str, ...]) -> tuple[str, list[Field[Any, Any]]]:
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
-    names = ", ".join(quote(f.column) for f in fields)
-    source = recordset("r", [(quote(f.column), f.db_type(connection)) for f in fields])
+    names = ", ".join(quote(_db_column(f)) for f in fields)
+    source = recordset("r", [(quote(_db_column(f)), f.db_type(connection)) for f in fields])
     on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
     sql = (f"INSERT INTO {table(model)} ({names}) SELECT {names} FROM {source}"
            f"{on_conflict} RETURNING {', '.join(quote(c) for c in returning)}")
     return sql, fields
 
 
-def insert_many(model, instances, conflict=(), returning=("id",)) -> list:
+def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterable[str] = (),
+                returning: Iterable[str] = ("id",)) -> list[tuple[Any, ...]]:
     """PostgreSQL: the instances' rows in one statement (`INSERT … SELECT … FROM
     json_to_recordset(%s) [ON CONFLICT (conflict) DO NOTHING] RETURNING …`). Returns
     the `returning` columns of the rows inserted; a conflicting row returns nothing, so
@@ -172,16 +199,17 @@ def insert_many(model, instances, conflict=(), returning=("id",)) -> list:
     sql, fields = _insert_many_sql(model, tuple(conflict), tuple(returning))
     values = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [records([f.column for f in fields], values)])
-        return cursor.fetchall()
+        cursor.execute(sql, [records([_db_column(f) for f in fields], values)])
+        inserted: list[tuple[Any, ...]] = cursor.fetchall()
+        return inserted
 
 
-def create_many(model, instances) -> list:
+def create_many(model: type[M], instances: Iterable[M]) -> list[M]:
     """`bulk_create` (the instances, saved, with their ids), as one JSON parameter on
     PostgreSQL (insert_many) rather than Django's array per column."""
     instances = list(instances)
     if not postgresql() or not instances:
-        return model.objects.bulk_create(instances)
+        return model._default_manager.bulk_create(instances)  # `objects`, for the models given here
     for instance, (pk,) in zip(instances, insert_many(model, instances), strict=True):
         instance.pk = pk
         instance._state.adding, instance._state.db = False, connection.alias

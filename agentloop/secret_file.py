@@ -35,7 +35,7 @@ def read_or_create_secret_key(path: Path) -> str:
     return key
 
 
-def _owner_only(path):
+def _owner_only(path: Path) -> None:
     """A key file written by an older version with the umask's mode is tightened."""
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:

@@ -9,7 +9,7 @@ import functools
 CACHED_CONTENT_TYPES = 64
 
 
-def cache_content_type_parsing():
+def cache_content_type_parsing() -> None:
     try:
         from twisted.web import http
     except ImportError:  # another server than daphne: nothing to tune

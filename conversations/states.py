@@ -7,9 +7,17 @@ once, not a race) and performs it as a compare-and-swap `filter(pk, state__in=ol
 .update(state=new, …)`, so of two racing callers exactly one moves the row.
 """
 
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
 from django.db.models import Case, CharField, Q, Value, When
 
 from audit.redaction import redact
+
+if TYPE_CHECKING:
+    from django.db.models import Manager
 
 
 class IllegalTransition(ValueError):
@@ -19,10 +27,11 @@ class IllegalTransition(ValueError):
 class StateMachine:
     """Mixin for a model with a `state` field and a TRANSITIONS table."""
 
-    TRANSITIONS: dict = {}
+    TRANSITIONS: ClassVar[Mapping[str, Collection[str]]] = {}
+    objects: ClassVar[Manager[Any]]  # declared only: the model's own manager
 
     @classmethod
-    def check_transition(cls, old_states, new_states):
+    def check_transition(cls, old_states: Iterable[str], new_states: Collection[str]) -> None:
         """Raise IllegalTransition unless every old → new pair is in the table (for the
         few statements written in SQL by hand, which call this before they run)."""
         for old in old_states:
@@ -31,7 +40,8 @@ class StateMachine:
                     raise IllegalTransition(f"{cls.__name__}: {old} → {new} is not an allowed transition")
 
     @classmethod
-    def transition(cls, pk, old, new, *, where=None, **fields) -> int:
+    def transition(cls, pk: int | Collection[int], old: str | Iterable[str], new: str | dict[int, str], *,
+                   where: Q | dict[str, Any] | None = None, **fields: Any) -> int:
         """Move the row `pk` (or the rows, given a list of ids) from one of the states
         `old` (a state or several) to `new` — a state, or {id: state} to decide per row
         in one UPDATE — where `where` (a Q or a dict of filters) also holds, setting
@@ -51,5 +61,6 @@ class StateMachine:
         if isinstance(new, dict):
             if not new:
                 return 0
-            new = Case(*(When(pk=key, then=Value(state)) for key, state in new.items()), output_field=CharField())
+            per_row = Case(*(When(pk=key, then=Value(state)) for key, state in new.items()), output_field=CharField())
+            return rows.update(state=per_row, **fields)
         return rows.update(state=new, **fields)

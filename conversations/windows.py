@@ -17,6 +17,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Final, Literal
 
 DEFAULT_GREETINGS = (
     "hola", "holi", "buenas", "buenos dias", "buenas tardes", "buenas noches", "buen dia",
@@ -30,7 +31,11 @@ DEFAULT_CONJUNCTIONS = (
     "and", "or", "but", "with", "for", "to", "so", "because", "then", "also", "plus", "of", "in",
 )
 
-CLOSED, GREETING, OPEN, NEUTRAL = "closed", "greeting", "open", "neutral"
+WindowKind = Literal["closed", "greeting", "open", "neutral"]
+CLOSED: Final = "closed"
+GREETING: Final = "greeting"
+OPEN: Final = "open"
+NEUTRAL: Final = "neutral"
 
 _ELLIPSIS = ("...", "…")
 _OPEN_ENDINGS = (",", ":", ";")
@@ -44,17 +49,17 @@ class DebounceSettings:
     greeting: float = 4.0
     open: float = 4.0
     neutral: float = 2.5
-    greetings: frozenset = field(default_factory=lambda: frozenset(DEFAULT_GREETINGS))
-    conjunctions: frozenset = field(default_factory=lambda: frozenset(DEFAULT_CONJUNCTIONS))
+    greetings: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_GREETINGS))
+    conjunctions: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_CONJUNCTIONS))
     max_wait: float = 15.0
     max_messages: int = 10
 
-    def seconds(self, kind: str) -> float:
-        return getattr(self, kind)
+    def seconds(self, kind: WindowKind) -> float:
+        return {CLOSED: self.closed, GREETING: self.greeting, OPEN: self.open, NEUTRAL: self.neutral}[kind]
 
 
 @functools.lru_cache(maxsize=256)
-def parse_words(text: str) -> frozenset:
+def parse_words(text: str) -> frozenset[str]:
     """Comma- or newline-separated words and phrases, normalised like message text."""
     parts = re.split(r"[,\n]", text or "")
     return frozenset(" ".join(words(p)) for p in parts if words(p))
@@ -70,7 +75,7 @@ def words(text: str) -> list[str]:
     return _WORD.findall(fold(text))
 
 
-def is_bare_greeting(text: str, greetings: frozenset) -> bool:
+def is_bare_greeting(text: str, greetings: frozenset[str]) -> bool:
     """True when the message is nothing but greeting phrases ("hola, una consulta")."""
     tokens = words(text)
     if not tokens:
@@ -86,7 +91,7 @@ def is_bare_greeting(text: str, greetings: frozenset) -> bool:
     return covered[-1]
 
 
-def classify(text: str, settings: DebounceSettings) -> str:
+def classify(text: str, settings: DebounceSettings) -> WindowKind:
     """Which window the last message of a buffer gets."""
     stripped = (text or "").strip()
     if is_bare_greeting(stripped, settings.greetings):

@@ -23,6 +23,9 @@ scripts/system-deps.sh || { echo "could not install the system packages the test
 echo "=== ruff (lint + import order; ruff.toml) ==="
 $PY -m ruff check . || status=1
 
+echo "=== types (mypy; mypy.ini) ==="
+scripts/types.sh || status=1
+
 echo "=== docs (mkdocs build --strict) ==="
 scripts/docs.sh || status=1
 

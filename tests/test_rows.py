@@ -210,3 +210,14 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
         assert [platform_id for _, platform_id in first] == ["p1"] and [p for _, p in again] == ["p2"]
         assert Contact.objects.get(platform_id="p1").display_name == "Ana"
         assert rows.in_params([3, 1, 2]) == ["{3,1,2}"]
+
+
+def test_aware_gives_the_orms_datetime_and_refuses_text_that_is_no_date_time():
+    from agentloop import rows
+
+    assert rows.aware(None) is None
+    assert rows.aware(datetime(2026, 11, 29, 12, 0)) == T0  # SQLite's naive UTC
+    assert rows.aware("2026-11-29 12:00:00") == T0  # an aggregate's stored text
+    assert rows.aware(T0 + timedelta(hours=1)) == T0 + timedelta(hours=1)
+    with pytest.raises(ValueError, match="not a date-time"):  # was: AttributeError on None
+        rows.aware("soon")

@@ -2,11 +2,15 @@
 that a restatement of the same order hashes the same (case, spacing, time zone), while
 anything else about the call (an extra `end_datetime`, say) does not count."""
 
+from __future__ import annotations
+
 import hashlib
 import json
 import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -16,18 +20,24 @@ from django.utils.dateparse import parse_date, parse_datetime
 @dataclass(frozen=True)
 class Fingerprint:
     digest: str
-    fields: list
-    material: dict
+    fields: list[str]
+    material: dict[str, Any]
 
 
-def text(value, call=None):
+class Normalizer(Protocol):
+    """A tool's `normalizers[field]`: the value that is hashed for that argument."""
+
+    def __call__(self, value: Any, call: Any = None) -> Any: ...
+
+
+def text(value: object, call: object = None) -> str | None:
     """Case-, width- and whitespace-insensitive text."""
     if value is None:
         return None
     return " ".join(unicodedata.normalize("NFKC", str(value)).casefold().split())
 
 
-def digest_of(value, call=None):
+def digest_of(value: object, call: object = None) -> str | None:
     """A long text counts by its content; only the hash is kept (a corrected body is new)."""
     if value is None:
         return None
@@ -35,19 +45,20 @@ def digest_of(value, call=None):
     return "sha256:" + hashlib.sha256(normalised.encode()).hexdigest()[:32]
 
 
-def addresses(value, call=None):
+def addresses(value: object, call: object = None) -> list[str] | None:
     if value is None:
         return None
     items = value if isinstance(value, list) else str(value).replace(";", ",").split(",")
     return sorted({str(a).strip().casefold() for a in items if str(a).strip()})
 
 
-def default_zone():
+def default_zone() -> ZoneInfo:
     return ZoneInfo(settings.AGENTLOOP_DEFAULT_TIME_ZONE)
 
 
-def parse_moment(value) -> datetime:
+def parse_moment(value: object) -> datetime:
     """An ISO date or date-time; a naive one is in the deployment's default time zone."""
+    moment: datetime | None
     if isinstance(value, datetime):
         moment = value
     else:
@@ -63,7 +74,7 @@ def parse_moment(value) -> datetime:
     return moment
 
 
-def instant(value, call=None):
+def instant(value: object, call: object = None) -> str | None:
     """The same moment written in any zone or format hashes the same (to the minute)."""
     if value is None:
         return None
@@ -74,7 +85,7 @@ def instant(value, call=None):
     return moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def canonical(value):
+def canonical(value: Any) -> Any:
     """Generic canonical form: key-sorted objects, strings NFKC with spacing collapsed."""
     if isinstance(value, dict):
         return {str(k): canonical(v) for k, v in sorted(value.items())}
@@ -85,7 +96,9 @@ def canonical(value):
     return value
 
 
-def compute(action, fields, arguments, normalizers, scope=None) -> Fingerprint:
+def compute(action: str, fields: Sequence[str] | None, arguments: Mapping[str, Any],
+            normalizers: Mapping[str, Normalizer], scope: object = None) -> Fingerprint:
+    material: dict[str, Any]
     if fields:
         material = {}
         for name in fields:

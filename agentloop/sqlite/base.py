@@ -19,11 +19,15 @@
    connections with check_same_thread=False and checks thread use itself).
 """
 
+from __future__ import annotations
+
 import fcntl
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
@@ -31,12 +35,14 @@ from django.db.backends.sqlite3 import base
 _write_locks: dict[str, threading.Lock] = {}
 _pools: dict[str, list[sqlite3.Connection]] = {}
 POOL_SIZE = 8
-_process_locks: dict[str, "_ProcessLock"] = {}
+_process_locks: dict[str, _ProcessLock] = {}
 _registry_lock = threading.Lock()
 RETRY_STEPS = (0.0002, 0.0005, 0.001, 0.002)
+T = TypeVar("T")
+DatabaseName = str | os.PathLike[str]  # settings_dict["NAME"]
 
 
-def _lock_for(name):
+def _lock_for(name: DatabaseName) -> threading.Lock:
     with _registry_lock:
         return _write_locks.setdefault(str(name), threading.Lock())
 
@@ -50,14 +56,14 @@ class _ProcessLock:
     caller gave up is handed back at once (or to the next caller already waiting).
     Callers are serialised by the database's thread lock: at most one waits here."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self.changed = threading.Condition()
         self.pending = False  # the helper is blocked in flock()
         self.waiting = False  # a caller waits for the helper
         self.handed = False  # the helper got the lock for the waiting caller
 
-    def acquire(self, timeout) -> bool:
+    def acquire(self, timeout: float) -> bool:
         with self.changed:
             if not self.pending:
                 try:
@@ -72,7 +78,7 @@ class _ProcessLock:
             finally:
                 self.waiting = self.handed = False
 
-    def _wait_for_lock(self):
+    def _wait_for_lock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_EX)  # released by the kernel if we die
         with self.changed:
             self.pending = False
@@ -82,18 +88,18 @@ class _ProcessLock:
             else:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)  # its caller gave up
 
-    def release(self):
+    def release(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
-def _process_lock_for(name):
+def _process_lock_for(name: DatabaseName) -> _ProcessLock:
     with _registry_lock:
         if str(name) not in _process_locks:
             _process_locks[str(name)] = _ProcessLock(f"{name}-writelock")
         return _process_locks[str(name)]
 
 
-def _locked_error(timeout):
+def _locked_error(timeout: float) -> OperationalError:
     """The error a BUSY statement would have raised, as Django wraps it."""
     cause = sqlite3.OperationalError(
         f"database is locked (another process held the write lock for more than {timeout:g} s)")
@@ -102,12 +108,12 @@ def _locked_error(timeout):
     return error
 
 
-def _pool_for(name):
+def _pool_for(name: DatabaseName) -> list[sqlite3.Connection]:
     with _registry_lock:
         return _pools.setdefault(str(name), [])
 
 
-def _locked(exc):
+def _locked(exc: sqlite3.OperationalError) -> bool:
     return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
@@ -115,9 +121,9 @@ class RetryingCursor(base.SQLiteCursorWrapper):
     """A statement that meets another process's write lock is retried, briefly and
     often, until the connection's timeout (a BUSY statement did nothing: safe)."""
 
-    timeout = 30.0
+    timeout: float = 30.0
 
-    def _retry(self, run):
+    def _retry(self, run: Callable[[], T]) -> T:
         deadline = None
         for attempt in range(1_000_000):
             try:
@@ -130,11 +136,15 @@ class RetryingCursor(base.SQLiteCursorWrapper):
                 if now > deadline:
                     raise
                 time.sleep(RETRY_STEPS[min(attempt, len(RETRY_STEPS) - 1)])
+        raise _locked_error(self.timeout)  # not reached: the deadline comes first
 
-    def execute(self, query, params=None):
+    # Django's signatures (params: any iterable), which sqlite3.Cursor's do not allow (django-stubs ignores it too).
+    def execute(  # type: ignore[override]
+            self, query: str, params: Iterable[Any] | None = None) -> base.SQLiteCursorWrapper:
         return self._retry(lambda: super(RetryingCursor, self).execute(query, params))
 
-    def executemany(self, query, param_list):
+    def executemany(  # type: ignore[override]
+            self, query: str, param_list: Iterable[Iterable[Any]]) -> base.SQLiteCursorWrapper:
         param_list = list(param_list)
         return self._retry(lambda: super(RetryingCursor, self).executemany(query, param_list))
 
@@ -142,22 +152,22 @@ class RetryingCursor(base.SQLiteCursorWrapper):
 class DatabaseWrapper(base.DatabaseWrapper):
     _holds_write_lock = False
 
-    def get_new_connection(self, conn_params):
+    def get_new_connection(self, conn_params: Any) -> sqlite3.Connection:
         if not self.is_in_memory_db():
             pool = _pool_for(self.settings_dict["NAME"])
             with _registry_lock:
                 if pool:
                     return pool.pop()
-        connection = super().get_new_connection(conn_params)
+        connection: sqlite3.Connection = super().get_new_connection(conn_params)
         connection.execute("PRAGMA busy_timeout = 0")  # RetryingCursor waits instead
         return connection
 
-    def create_cursor(self, name=None):
-        cursor = self.connection.cursor(factory=RetryingCursor)
+    def create_cursor(self, name: str | None = None) -> RetryingCursor:
+        cursor: RetryingCursor = self.connection.cursor(factory=RetryingCursor)
         cursor.timeout = self.settings_dict["OPTIONS"].get("timeout", 30)
         return cursor
 
-    def _start_transaction_under_autocommit(self):
+    def _start_transaction_under_autocommit(self) -> None:
         name = self.settings_dict["NAME"]
         if not self.is_in_memory_db():
             timeout = self.settings_dict["OPTIONS"].get("timeout", 30)
@@ -169,31 +179,31 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 _lock_for(name).release()
                 raise _locked_error(timeout)
         try:
-            super()._start_transaction_under_autocommit()
+            super()._start_transaction_under_autocommit()  # type: ignore[misc]  # private in Django, absent from django-stubs
         except BaseException:
             self._release_write_lock()
             raise
 
-    def _release_write_lock(self):
+    def _release_write_lock(self) -> None:
         if self._holds_write_lock:
             self._holds_write_lock = False
             name = self.settings_dict["NAME"]
             _process_lock_for(name).release()
             _lock_for(name).release()
 
-    def _commit(self):
+    def _commit(self) -> None:
         try:
-            return super()._commit()
+            super()._commit()  # type: ignore[misc]  # private in Django, absent from django-stubs
         finally:
             self._release_write_lock()
 
-    def _rollback(self):
+    def _rollback(self) -> None:
         try:
-            return super()._rollback()
+            super()._rollback()  # type: ignore[misc]  # private in Django, absent from django-stubs
         finally:
             self._release_write_lock()
 
-    def _close(self):
+    def _close(self) -> None:
         try:
             if self._can_pool():
                 pool = _pool_for(self.settings_dict["NAME"])
@@ -201,10 +211,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
                     if len(pool) < POOL_SIZE:
                         pool.append(self.connection)
                         return None
-            return super()._close()
+            super()._close()  # type: ignore[misc]  # private in Django, absent from django-stubs
         finally:
             self._release_write_lock()
 
-    def _can_pool(self):
+    def _can_pool(self) -> bool:
         return (self.connection is not None and not self.is_in_memory_db()
                 and not self.connection.in_transaction and self.connection.isolation_level is None)

@@ -3,12 +3,21 @@ Platform class by dotted path (the way AGENTLOOP_AGENTS and the tools are regist
 Adding a platform is one package here and one line in that setting; nothing else asks
 which kind a channel is."""
 
+from __future__ import annotations
+
 from functools import cache
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
 from conversations.platforms.base import Platform, Poller, Setting
+
+if TYPE_CHECKING:  # for annotations only
+    from django.urls import URLPattern, URLResolver
+
+    from conversations.models import Channel
+    from delivery.transports import Transport
 
 __all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "close_clients", "get", "of", "pollers",
            "transport_for", "typing_kinds", "urlpatterns"]
@@ -34,7 +43,7 @@ def get(kind: str) -> Platform:
         raise UnknownPlatform(f"no platform '{kind}' (settings.AGENTLOOP_PLATFORMS)") from None
 
 
-def of(channel) -> Platform:
+def of(channel: Channel) -> Platform:
     return get(channel.kind)
 
 
@@ -43,7 +52,7 @@ def choices() -> list[tuple[str, str]]:
     return [(kind, platform.label) for kind, platform in _registry().items()]
 
 
-def transport_for(channel):
+def transport_for(channel: Channel) -> Transport:
     """The delivery.transports.Transport that sends this channel's replies."""
     return of(channel).transport(channel)
 
@@ -68,7 +77,7 @@ async def close_clients() -> None:
         await platform.close_clients()
 
 
-def urlpatterns() -> list:
+def urlpatterns() -> list[URLPattern | URLResolver]:
     """Every platform's webhook URLs, each under webhooks/<kind>/."""
     from django.urls import include, path
 

@@ -14,9 +14,17 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
+
+if TYPE_CHECKING:  # for annotations only
+    from django.core.management.base import OutputWrapper
+    from django.urls import URLPattern, URLResolver
+
+    from conversations.models import Channel
+    from delivery.transports import Transport
+    from tools.models import Confirmation
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,7 @@ class Setting:
     help: str = ""
     secret: bool = False
     required_to_send: bool = False
-    choices: tuple = ()
+    choices: tuple[Any, ...] = ()
     check: Callable[[Any], Any] | None = None
     option: str = ""  # the addchannel flag ("--token"); "" = --<name with dashes>
 
@@ -45,7 +53,7 @@ class Poller:
     webhooks. The worker runs `run(worker, channel_id)` for each channel `channel_ids()`
     returns, one poller per channel across all workers (the platform takes a lease)."""
 
-    channel_ids: Callable[[], list]
+    channel_ids: Callable[[], list[int]]
     run: Callable[..., Any]
 
 
@@ -60,14 +68,15 @@ class Platform(abc.ABC):
     # An instance attribute may depend on the channel: see transport().
 
     # --- settings -------------------------------------------------------------------
-    def clean_settings(self, values: dict | None) -> dict:
+    def clean_settings(self, values: dict[str, Any] | None) -> dict[str, Any]:
         """The channel's settings with defaults filled and each value checked; unknown
         keys are refused (a typo must not pass as a setting)."""
         values = dict(values or {})
         unknown = sorted(set(values) - set(self.settings))
         if unknown:
             raise ValidationError({"platform_settings": f"unknown {self.label} setting(s): {', '.join(unknown)}"})
-        cleaned, errors = {}, {}
+        cleaned: dict[str, Any] = {}
+        errors: dict[str, list[str]] = {}
         for name, spec in self.settings.items():
             value = values.get(name, spec.default)
             try:
@@ -80,14 +89,14 @@ class Platform(abc.ABC):
             raise ValidationError({"platform_settings": [f"{name}: {'; '.join(msgs)}" for name, msgs in errors.items()]})
         return cleaned
 
-    def send_blocked(self, channel) -> str:
+    def send_blocked(self, channel: Channel) -> str:
         """Why this channel's replies must wait ("" = they may go). Stored on save in
         Channel.send_blocked, the one column the ledger's claim reads."""
         missing = [name for name, spec in self.settings.items()
                    if spec.required_to_send and not channel.platform_settings.get(name)]
         return f"no {', '.join(missing)} set" if missing else ""
 
-    def secrets(self, channel) -> list[str]:
+    def secrets(self, channel: Channel | dict[str, Any]) -> list[str]:
         """The values of this channel's secret settings, and the secrets in its URLs
         (masked in every error text). `channel`: a Channel, or a dict of its fields."""
         from audit.redaction import url_secrets
@@ -102,12 +111,12 @@ class Platform(abc.ABC):
 
     # --- delivery ---------------------------------------------------------------------
     @abc.abstractmethod
-    def transport(self, channel):
+    def transport(self, channel: Channel) -> Transport:
         """The delivery.transports.Transport that sends this channel's replies (the one
         hook every platform must give: the ledger sends through it)."""
 
     # --- inbound ----------------------------------------------------------------------
-    def urls(self) -> list:
+    def urls(self) -> list[URLPattern | URLResolver]:
         """URL patterns, mounted under /webhooks/<kind>/ (e.g. path("<slug:slug>/", view))."""
         return []
 
@@ -119,7 +128,7 @@ class Platform(abc.ABC):
         loop (the worker's shutdown, the safety sweep's end)."""
 
     # --- confirmations (platforms with buttons) -------------------------------------------
-    def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
+    def question_decided(self, channel: Channel, confirmation: Confirmation, outcome: str, status: str) -> None:
         """The question's message shows `outcome` instead of its buttons (best effort)."""
 
     # --- operators ----------------------------------------------------------------------
@@ -130,7 +139,7 @@ class Platform(abc.ABC):
         """{flag: (setting name, spec)}."""
         return {spec.flag(name): (name, spec) for name, spec in self.settings.items()}
 
-    def apply_options(self, channel, options: dict) -> list[str]:
+    def apply_options(self, channel: Channel, options: dict[str, Any]) -> list[str]:
         """Copy the addchannel options given for this platform into the channel's
         settings. Returns lines for the operator (e.g. a secret generated for them)."""
         channel.platform_settings = dict(channel.platform_settings or {})
@@ -140,7 +149,7 @@ class Platform(abc.ABC):
                 channel.platform_settings[name] = value
         return []
 
-    def demo_channel(self, slug: str, name: str, settings: dict):
+    def demo_channel(self, slug: str, name: str, settings: dict[str, Any]) -> Channel:
         """`make run`'s channel of this platform, created or brought up to date: its
         settings from the environment over those it already had, the demo agent."""
         from conversations.models import Channel
@@ -152,14 +161,14 @@ class Platform(abc.ABC):
         channel.save()
         return channel
 
-    def bootstrap(self, stdout) -> str:
+    def bootstrap(self, stdout: OutputWrapper | None) -> str:
         """`make run`: create this platform's demo channel from the environment, if the
         environment names one (e.g. TELEGRAM_BOT_TOKEN). Returns the line `make run`
         prints about it ("" for none)."""
         return ""
 
 
-def check_rate(value):
+def check_rate(value: str | float) -> float:
     """A Setting.check for a rate or an interval: a number, 0 or more (0: no limit)."""
     number = float(value)
     if number < 0 or number != number or number == float("inf"):
@@ -167,7 +176,7 @@ def check_rate(value):
     return number
 
 
-def pace_settings(per_second: float, chat_interval: float, group_per_minute: float = 0.0) -> dict:
+def pace_settings(per_second: float, chat_interval: float, group_per_minute: float = 0.0) -> dict[str, Setting]:
     """The pacing settings a platform with documented send limits gives its channels
     (delivery.pacing): defaults just below the platform's own limits."""
     found = {
@@ -182,7 +191,7 @@ def pace_settings(per_second: float, chat_interval: float, group_per_minute: flo
     return found
 
 
-def check_url(value):
+def check_url(value: str) -> str:
     """A Setting.check for URLs (http or https)."""
     from django.core.validators import URLValidator
 
