@@ -200,6 +200,11 @@ class Process:
         self.popen.send_signal(signal.SIGKILL)
         self.popen.wait(10)
 
+    def terminate(self):
+        """SIGTERM, not waited for (`stop` waits)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+
     def stop(self, timeout=20):
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
@@ -262,6 +267,10 @@ class Processes:
         return proc
 
     def stop_all(self):
+        """Every process asked to stop at once, then each waited for: their graceful
+        shutdowns overlap instead of adding up (a few seconds each under load)."""
+        for proc in reversed(self.started):
+            proc.terminate()
         for proc in reversed(self.started):
             proc.stop()
 
