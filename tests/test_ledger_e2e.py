@@ -13,7 +13,7 @@ from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, UnreachableChat
 from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import send, telegram_channel
+from tests.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 PREFIX = "♻️ Recovered reply"
@@ -75,7 +75,8 @@ def test_crash_mid_send_is_resent_labelled_even_when_the_resend_crashes_too(proc
 
 
 def test_boot_sweep_and_runtime_sweep_race_each_row_sent_once(processes, make_channel, fake_telegram):
-    channel = telegram_channel(make_channel, fake_telegram)
+    # Unpaced: 15 rows into each chat, paced 1 s apart, made this 15 s of waiting for pacing.
+    channel = telegram_channel(make_channel, fake_telegram, extra=UNPACED)
     conversations = [conversation_for(channel, str(1000 + i)) for i in range(20)]
     processes.worker()  # its runtime sweep will see the dead owner within a housekeeping round
     WorkerHeartbeat.objects.create(owner="dead:1", hostname=socket.gethostname(), pid=2 ** 22 + 7,
@@ -136,7 +137,7 @@ def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes
 
     from tests.e2e import SECRET
 
-    telegram_channel(make_channel, fake_telegram)
+    telegram_channel(make_channel, fake_telegram, extra=UNPACED)  # a group is paced at 20/min: 3 s a chunk
     web, _ = processes.web(), processes.worker()
     text = " ".join(f"palabra{i}" for i in range(700)) + "?"  # ~6,700 characters: two chunks
     fake_telegram.fail_next("sendMessage", status=500, description="Internal Server Error")
