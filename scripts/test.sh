@@ -4,12 +4,15 @@
 #
 # Most tests wait on processes (web server, workers, fake platforms) more than they
 # compute (a pass alone kept about one of CI's two cores busy), so the two passes run at
-# the same time. Tests marked `serial` (tests/conftest.py
-# SERIAL: they assert on the wall clock, or drive a browser, network namespaces, PgBouncer)
-# are kept out of that and run afterwards alone: SQLite's, then PostgreSQL's. So:
-#   1. SQLite pass and PostgreSQL pass at once, `-m "not serial"`, each into its own log,
-#      printed whole when both are done (a progress line every minute meanwhile);
-#   2. `-m serial` on SQLite, then on PostgreSQL.
+# the same time, in two phases:
+#   1. `-m "not serial"` on SQLite and on PostgreSQL at once: the busy phase.
+#   2. `-m serial` on SQLite and on PostgreSQL at once, with nothing else beside them.
+#      These (tests/conftest.py SERIAL) assert on the wall clock, or drive a browser,
+#      network namespaces, PgBouncer; they mostly wait, so two of them side by side leave
+#      each a core, where beside phase 1's busy tests they would not.
+# Each pass of a phase writes its own log, printed whole when both are done (a progress
+# line every minute meanwhile). Each test runs in one pass or both (conftest.py's
+# OWN_DATABASE and ONE_PASS say which run once, and where).
 # Arguments go to every pytest run (a `-m` of your own replaces the phase's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,11 +50,10 @@ else
   pg_url=$(scripts/pg.sh start "$pgdir") || { echo "could not start PostgreSQL (see $pgdir)"; cat "$pgdir"/*.log 2>/dev/null; exit 1; }
 fi
 
-# The tests that bring a database of their own run once, in the PostgreSQL pass
-# (tests/conftest.py OWN_DATABASE), as do the few long ones whose subject is not the
-# database (ONE_PASS).
+# AGENTLOOP_TEST_PASS tells conftest.py which pass this is: a test run once is left out
+# of the other (tests/conftest.py OWN_DATABASE, ONE_PASS).
 sqlite_pytest() { env -u DATABASE_URL AGENTLOOP_TEST_PASS=sqlite $PY -m pytest "$@"; }
-postgres_pytest() { DATABASE_URL=$pg_url $PY -m pytest "$@"; }
+postgres_pytest() { DATABASE_URL=$pg_url AGENTLOOP_TEST_PASS=postgres $PY -m pytest "$@"; }
 
 # pytest's "no tests collected" (5) is not a failure of one phase when the arguments
 # select only serial tests, or none: the pass fails only if both of its phases found nothing.
@@ -67,34 +69,38 @@ progress() {  # pytest -q's last "[ NN%]" in a log
   grep -o '\[ *[0-9]*%\]' "$1" 2>/dev/null | tail -1 | tr -d '[] '
 }
 
-echo "=== SQLite and PostgreSQL passes at once (tests not marked serial) ==="
-sqlite_pytest -m "not serial" "$@" >"$logs/sqlite.log" 2>&1 &
-sqlite_pid=$!
-postgres_pytest -m "not serial" "$@" >"$logs/postgres.log" 2>&1 &
-postgres_pid=$!
-children=("$sqlite_pid" "$postgres_pid")
-started=$SECONDS next_report=$((SECONDS + 60))
-while kill -0 "$sqlite_pid" 2>/dev/null || kill -0 "$postgres_pid" 2>/dev/null; do
-  sleep 2
-  if (( SECONDS >= next_report )); then
-    next_report=$((next_report + 60))
-    sqlite_done=$(progress "$logs/sqlite.log") postgres_done=$(progress "$logs/postgres.log")
-    echo "  $(( (SECONDS - started) / 60 )) min: SQLite ${sqlite_done:-0%}, PostgreSQL ${postgres_done:-0%}"
-  fi
-done
-wait "$sqlite_pid"; sqlite_concurrent=$?
-wait "$postgres_pid"; postgres_concurrent=$?
-children=()
+both_passes() {  # a phase's name, its -m expression, then pytest's arguments; sets $sqlite_rc $postgres_rc
+  local phase=$1 marks=$2; shift 2
+  echo "=== SQLite and PostgreSQL passes at once: $phase ==="
+  sqlite_pytest -m "$marks" "$@" >"$logs/sqlite-$phase.log" 2>&1 &
+  local sqlite_pid=$!
+  postgres_pytest -m "$marks" "$@" >"$logs/postgres-$phase.log" 2>&1 &
+  local postgres_pid=$!
+  children=("$sqlite_pid" "$postgres_pid")
+  local started=$SECONDS next_report=$((SECONDS + 60))
+  while kill -0 "$sqlite_pid" 2>/dev/null || kill -0 "$postgres_pid" 2>/dev/null; do
+    sleep 2
+    if (( SECONDS >= next_report )); then
+      next_report=$((next_report + 60))
+      local sqlite_done postgres_done
+      sqlite_done=$(progress "$logs/sqlite-$phase.log") postgres_done=$(progress "$logs/postgres-$phase.log")
+      echo "  $(( (SECONDS - started) / 60 )) min: SQLite ${sqlite_done:-0%}, PostgreSQL ${postgres_done:-0%}"
+    fi
+  done
+  wait "$sqlite_pid"; sqlite_rc=$?
+  wait "$postgres_pid"; postgres_rc=$?
+  children=()
+  echo "=== test suite on SQLite: $phase (ran beside PostgreSQL's) ==="
+  cat "$logs/sqlite-$phase.log"
+  echo "=== test suite on PostgreSQL: $phase (ran beside SQLite's) ==="
+  cat "$logs/postgres-$phase.log"
+  echo "=== $phase: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ==="
+}
 
-echo "=== test suite on SQLite (not serial; ran beside PostgreSQL's) ==="
-cat "$logs/sqlite.log"
-echo "=== test suite on PostgreSQL (not serial; ran beside SQLite's) ==="
-cat "$logs/postgres.log"
-
-echo "=== test suite on SQLite: serial tests, alone ==="
-sqlite_pytest -m serial "$@"; sqlite_serial=$?
-echo "=== test suite on PostgreSQL: serial tests, alone ==="
-postgres_pytest -m serial "$@"; postgres_serial=$?
+both_passes not-serial "not serial" "$@"
+sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
+both_passes serial serial "$@"
+sqlite_serial=$sqlite_rc postgres_serial=$postgres_rc
 
 sqlite_status=$(pass_status "$sqlite_concurrent" "$sqlite_serial")
 postgres_status=$(pass_status "$postgres_concurrent" "$postgres_serial")

@@ -74,22 +74,40 @@ SERIAL = {
 }
 
 
-# Tests that never touch the suite's database (each brings its own), so that the second pass
-# would repeat them exactly: scripts/test.sh runs them in its PostgreSQL pass only (it sets
-# AGENTLOOP_TEST_PASS=sqlite for the SQLite pass, which leaves them out). A plain `pytest`
-# runs them, whatever the database.
+# scripts/test.sh runs the suite twice, AGENTLOOP_TEST_PASS=sqlite and =postgres; some tests
+# would only repeat themselves there, so each runs in one of the two passes. A plain `pytest`
+# (no AGENTLOOP_TEST_PASS) runs them all, whatever the database.
+#
+# Tests that never touch the suite's database (each brings its own): the SQLite pass runs
+# them, beside its lighter serial phase (the PostgreSQL pass's is the longer one).
 OWN_DATABASE = {
     "tests/test_faults_database.py": "a throwaway PostgreSQL cluster of its own, fresh SQLite files",
     "tests/test_quiet_idle.py": "`runall` on a fresh SQLite file",
     "tests/test_database_deadline.py": "a silent socket as the database host",
 }
 
-# Long tests whose subject is not the database (they use it as any test does): the SQLite
-# pass leaves them out too, so CI runs them once, on PostgreSQL.
+# Tests whose subject is not the database (they use it as any test does, or not at all):
+# the PostgreSQL pass runs them, the SQLite pass leaves them out. A file name means all
+# its tests.
 ONE_PASS = {
     "tests/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
         "35 s of a turn kept waiting, to watch WhatsApp's typing indicator refreshed (test_typing_modes "
         "checks the typing leases on both databases)",
+    "tests/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
+                                "(NUL bytes, integer ranges)",
+    "tests/test_fake_telegram_api.py": "the fake Bot API itself",
+    "tests/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
+    "tests/test_fake_graph_api.py": "the fake Graph API itself",
+    "tests/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
+    "tests/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
+    "tests/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
+    "tests/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
+    "tests/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
+    "tests/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
+    "tests/test_console_browser.py::test_playground_round_trip_countdown_merge_typing_reply": "a page in a browser",
+    "tests/test_console_browser.py::test_console_pages_fit_a_phone_and_work_from_the_keyboard": "a page in a browser",
+    "tests/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
+    "tests/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
 }
 
 
@@ -97,11 +115,12 @@ ONE_PASS = {
 def pytest_collection_modifyitems(config, items):
     """Mark the tests SERIAL names (and those driving a browser) `serial`; a name in SERIAL
     that is no longer a test of its file is an error, not a test quietly run beside others.
-    In scripts/test.sh's SQLite pass, leave out the OWN_DATABASE and ONE_PASS tests."""
-    if os.environ.get("AGENTLOOP_TEST_PASS") == "sqlite":
+    In scripts/test.sh's passes, leave out what the other pass runs (OWN_DATABASE, ONE_PASS)."""
+    elsewhere_names = {"sqlite": ONE_PASS, "postgres": OWN_DATABASE}.get(os.environ.get("AGENTLOOP_TEST_PASS"))
+    if elsewhere_names is not None:
         def elsewhere(item):
             path, _, _ = item.nodeid.partition("::")
-            return path in OWN_DATABASE or f"{path}::{getattr(item, 'originalname', item.name)}" in ONE_PASS
+            return path in elsewhere_names or f"{path}::{getattr(item, 'originalname', item.name)}" in elsewhere_names
         left_out = [item for item in items if elsewhere(item)]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
