@@ -272,7 +272,7 @@ def _keep_the_rest_waiting(buffers, by_buffer, now):
     new open buffer, due at once, which flushes when this turn is over (the flusher skips
     a conversation with an active turn): a backlog becomes turns in order, each bounded.
     An admission racing this finds the new buffer when its own compare-and-swap on the
-    claimed one fails (see ingest._rearm)."""
+    claimed one fails (see ingest.admission._rearm)."""
     for buffer in buffers:
         messages = by_buffer.get(buffer.pk, [])
         limit = max(1, buffer.conversation.channel.max_messages)

@@ -32,15 +32,12 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from datetime import UTC
 
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from agentloop.caches import BoundedCache
-from agentloop.rows import placeholders
+from agentloop.rows import epoch, placeholders
 from conversations.models import (
     BufferState,
     Channel,
@@ -162,17 +159,8 @@ def open_windows(channel_ids, part, parts, limit) -> list[Window]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [Window(conversation, buffer, chat, thread or "", channel, _epoch(flush_at), reply_target or "")
+    return [Window(conversation, buffer, chat, thread or "", channel, epoch(flush_at), reply_target or "")
             for conversation, buffer, chat, thread, reply_target, channel, flush_at in rows]
-
-
-def _epoch(value):
-    """A deadline read by raw SQL as epoch seconds (SQLite hands over naive UTC, or text)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    return (value if timezone.is_aware(value) else value.replace(tzinfo=UTC)).timestamp()
 
 
 @functools.lru_cache(maxsize=64)  # one entry per (number of channels, partitioned)
