@@ -241,7 +241,7 @@ def test_unknown_slugs_do_not_grow_the_web_process(processes):
 def test_the_policy_cache_is_bounded():
     for i in range(1_200):
         guard.policy_for(f"made-up-{i}")
-    assert len(guard._policies) <= guard._policies.maxsize == 1024
+    assert len(guard.policies._policies) <= guard.policies._policies.maxsize == 1024
     assert guard.policy_for("made-up-1199").name == "made-up-1199"
 
 
