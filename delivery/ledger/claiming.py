@@ -5,6 +5,8 @@ import itertools
 import os
 import secrets
 import time
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
@@ -17,6 +19,19 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState
 
 _tokens = itertools.count()
 _token_prefix = secrets.token_hex(6)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim's terms: who claims, at what time, the owners known dead (their
+    `attempting` rows are orphans), whether it is a worker's boot sweep (a last resend
+    kept for the next start is due), and the pacing's clock (None: the database's)."""
+
+    owner: str
+    now: datetime
+    dead_owners: object = ()
+    boot: bool = False
+    clock: float | None = None
 
 
 def _within_budget():
@@ -76,9 +91,9 @@ def _as_candidates(rows):
     return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered in found]
 
 
-def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
+def _claim(ids, request: ClaimRequest) -> str:
     """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
-    under `owner`, stamped with a fresh token (returned). `needs_marker` is computed from
+    under the request's owner, stamped with a fresh token (returned). `needs_marker` is computed from
     the row before it (SQL evaluates SET expressions on the old row): the chunk the send
     resumes at is labelled if its send had started before; the claim starts it. (A paced
     row may wait up to the pacing horizon for its slot: a worker that dies meanwhile
@@ -86,7 +101,8 @@ def _claim(ids, owner, now, dead_owners=(), boot=False) -> str:
     token = _new_token()
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
-        where=_claimable(now, dead_owners, boot), owner=owner, claim_token=token, claimed_at=now,
+        where=_claimable(request.now, request.dead_owners, request.boot), owner=request.owner, claim_token=token,
+        claimed_at=request.now,
         needs_marker=Case(When(_started_before(), then=Value(True)), default=Value(False)),
         chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
     )
@@ -112,10 +128,10 @@ def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
     clock = None if now is None else now.timestamp()  # injected time paces by it too
     now = now or timezone.now()
     candidates = _as_candidates(OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk"))
-    return _claim_candidates(candidates, owner, dead_owners, now, boot, clock)
+    return _claim_candidates(candidates, ClaimRequest(owner, now, dead_owners, boot, clock))
 
 
-def _claim_candidates(candidates, owner, dead_owners, now, boot, clock=None):
+def _claim_candidates(candidates, request: ClaimRequest):
     """Claim candidates (oldest first): rows of unpaced channels at once; of a paced bot,
     as many of its oldest rows as its budget has room for within the horizon
     (delivery.pacing), each then given its slot — claimed first, so workers sweeping
@@ -135,38 +151,38 @@ def _claim_candidates(candidates, owner, dead_owners, now, boot, clock=None):
             paced.setdefault(pace.bot, []).append(pk)
             chunks_left[pk] = (pace, left)
     chosen = [pk for bot, ids in paced.items()
-              for pk in ids[:pacing.room(chunks_left[ids[0]][0], pacing.HORIZON, clock)]]
-    rows = _won(plain, owner, now, dead_owners, boot, channels=channels)
+              for pk in ids[:pacing.room(chunks_left[ids[0]][0], pacing.HORIZON, request.clock)]]
+    rows = _won(plain, request, channels)
     for row in rows:
         row.pace, row.pace_delay, row.send_at = None, 0.0, 0.0
-    won = _won(chosen, owner, now, dead_owners, boot, channels=channels)
-    rows += _slotted(sorted(won, key=lambda row: (row.created_at, row.pk)), chunks_left, owner, clock)
+    won = _won(chosen, request, channels)
+    rows += _slotted(sorted(won, key=lambda row: (row.created_at, row.pk)), chunks_left, request)
     rows.sort(key=lambda row: (row.created_at, row.pk))
     return rows
 
 
-def _slotted(rows, chunks_left, owner, clock):
+def _slotted(rows, chunks_left, request: ClaimRequest):
     """Reserve each claimed paced row's slot, in order; release those that get none."""
     full_bots, waiting_chats, slotted, unslotted = set(), set(), [], []
     for row in rows:
         pace, left = chunks_left[row.pk]
         slot = pacing.Slot(None)
         if pace.bot not in full_bots and (row.channel_id, row.chat_id) not in waiting_chats:
-            slot = pacing.reserve(pace, pacing.HORIZON, clock, chunks=left)
+            slot = pacing.reserve(pace, pacing.HORIZON, request.clock, chunks=left)
         if slot.delay is None:
             (full_bots.add(pace.bot) if slot.full == "bot" else waiting_chats.add((row.channel_id, row.chat_id)))
             unslotted.append(row)
             continue
         row.pace, row.pace_delay, row.send_at = pace, slot.delay, time.monotonic() + slot.delay
         slotted.append(row)
-    release(unslotted, owner)
+    release(unslotted, request.owner)
     return slotted
 
 
-def _won(ids, owner, now, dead_owners, boot, channels):
+def _won(ids, request: ClaimRequest, channels):
     if not ids:
         return []
-    token = _claim(ids, owner, now, dead_owners, boot)
+    token = _claim(ids, request)
     rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token))
     for row in rows:
         row.channel = channels[row.channel_id]
@@ -241,7 +257,7 @@ def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
     now = now or timezone.now()
     if not boot and not maybe_claimable(dead_owners, now):
         return []
-    return _claim_candidates(_candidates(dead_owners, limit, now, boot), owner, dead_owners, now, boot, clock)
+    return _claim_candidates(_candidates(dead_owners, limit, now, boot), ClaimRequest(owner, now, dead_owners, boot, clock))
 
 
 def maybe_claimable(dead_owners, now) -> bool:
