@@ -92,6 +92,12 @@ def aware(value: datetime | str | None) -> datetime | None:
     return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
 
 
+def epoch(value: datetime | str | None) -> float | None:
+    """A datetime from raw SQL as epoch seconds (`aware`'s conversion); None stays None."""
+    moment = aware(value)
+    return None if moment is None else moment.timestamp()
+
+
 def placeholders(n: int) -> str:
     """`%s, %s, …` for a VALUES list (or, on SQLite, an IN list) of n values."""
     return ", ".join(["%s"] * n)
@@ -175,17 +181,63 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=16)  # one entry per (model, conflict, returning) the code inserts
-def _insert_many_sql(model: type[Model], conflict: tuple[str, ...],
-                     returning: tuple[str, ...]) -> tuple[str, list[Field[Any, Any]]]:
+@functools.lru_cache(maxsize=32)  # one entry per (model, conflict, returning, form) the code inserts
+def _insert_sql(model: type[Model], conflict: tuple[str, ...], returning: tuple[str, ...],
+                many: bool) -> tuple[str, list[Field[Any, Any]]]:
+    """INSERT of every concrete column but the key, `VALUES (%s, …)` for one row or, with
+    `many`, `SELECT … FROM json_to_recordset(%s)` for a batch (PostgreSQL), [ON CONFLICT
+    (conflict) DO NOTHING] RETURNING `returning`."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
     names = ", ".join(quote(_db_column(f)) for f in fields)
-    source = recordset("r", [(quote(_db_column(f)), f.db_type(connection)) for f in fields])
+    if many:
+        rows = f"SELECT {names} FROM {recordset('r', [(quote(_db_column(f)), f.db_type(connection)) for f in fields])}"
+    else:
+        rows = f"VALUES ({placeholders(len(fields))})"
     on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
-    sql = (f"INSERT INTO {table(model)} ({names}) SELECT {names} FROM {source}"
+    sql = (f"INSERT INTO {table(model)} ({names}) {rows}"
            f"{on_conflict} RETURNING {', '.join(quote(c) for c in returning)}")
     return sql, fields
+
+
+def insert(instance: Model, conflict: Iterable[str] = ()) -> bool:
+    """INSERT [… ON CONFLICT (conflict) DO NOTHING] RETURNING id (SQLite ≥ 3.35 and
+    PostgreSQL): one statement, no savepoint, and no exception to unwind for a
+    duplicate; False when the row already existed. Plain SQL: on the hot path (an
+    inbound message's admission) the ORM's save() cost more than the statement."""
+    sql, fields = _insert_sql(type(instance), tuple(conflict), ("id",), False)
+    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    instance.pk = row[0]
+    instance._state.adding, instance._state.db = False, connection.alias
+    return True
+
+
+def update_in_state(model: type[Model], pk: int, fields: dict[str, Any], state: str) -> bool:
+    """UPDATE … SET fields WHERE id = %s AND state = %s: a compare-and-swap on one row's
+    state, True if it held. Plain SQL: on the hot path (a buffer re-armed by each
+    message) the ORM's compile of this one statement cost as much as running the whole
+    transaction."""
+    sql, columns = _update_in_state_sql(model, tuple(fields))
+    params = [f.get_db_prep_save(value, connection) for f, value in zip(columns, fields.values())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, pk, state])
+        held: bool = cursor.rowcount == 1
+        return held
+
+
+@functools.lru_cache(maxsize=8)  # one entry per (model, set of fields) the code updates
+def _update_in_state_sql(model: type[Model], names: tuple[str, ...]) -> tuple[str, list[Any]]:
+    quote = connection.ops.quote_name
+    columns = [model._meta.get_field(name) for name in names]
+    sql = (f"UPDATE {table(model)} SET "
+           + ", ".join(f"{quote(_db_column(f))} = %s" for f in columns)
+           + f" WHERE {quote('id')} = %s AND {quote('state')} = %s")
+    return sql, columns
 
 
 def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterable[str] = (),
@@ -196,7 +248,7 @@ def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterab
     with `conflict` callers match the rows to their instances by a key they returned.
     Without, the rows come back in the instances' order, which Django's bulk_create
     relies on too (its INSERT … SELECT * FROM UNNEST form)."""
-    sql, fields = _insert_many_sql(model, tuple(conflict), tuple(returning))
+    sql, fields = _insert_sql(model, tuple(conflict), tuple(returning), True)
     values = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
     with connection.cursor() as cursor:
         cursor.execute(sql, [records([_db_column(f) for f in fields], values)])

@@ -24,15 +24,14 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
 
 
 def record_many(events):
-    """Several events in one statement (each a dict of `record`'s keyword arguments).
-    Plain SQL: a mass recovery writes thousands, and the ORM's per-field assembly of a
-    bulk INSERT cost more than the INSERT."""
+    """Several events in one statement (each a dict of `record`'s keyword arguments;
+    `audit.sql.insert_events` says why it is SQL)."""
     import json
 
     from django.db import connection
     from django.utils import timezone
 
-    from agentloop.rows import records, recordset
+    from audit import sql
 
     if not events:
         return 0
@@ -44,21 +43,7 @@ def record_many(events):
         fields = [event.pop("kind"), at, event.pop("actor", ""), event.pop("channel_slug", "") or "",
                   event.pop("conversation_id", None), str(event.pop("target", "")), summary]
         rows.append([*fields, json.dumps(redact_payload(event), default=str)])
-    table = connection.ops.quote_name(AuditEvent._meta.db_table)
-    columns = "kind, at, actor, channel_slug, conversation_id, target, summary, extra"
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The rows as one JSON parameter: one statement, not one per event (a recovery
-            # of 500 rows was 500 INSERTs, half of the delivered mark's time).
-            names = ("kind", "at", "actor", "slug", "conversation_id", "target", "summary", "extra")
-            source = recordset("v", [("kind", "text"), ("actor", "text"), ("slug", "text"),
-                                     ("conversation_id", "bigint"), ("target", "text"), ("summary", "text"),
-                                     ("extra", "text")])
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) SELECT v.kind, %s, v.actor, v.slug, v.conversation_id, v.target, "
-                f"v.summary, v.extra::jsonb FROM {source}", [at, records(names, rows)])
-        else:
-            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+    sql.insert_events(at, rows)
     console.events_recorded(AuditEvent(kind=r[0], at=timezone.now(), channel_slug=r[3], conversation_id=r[4],
                                        target=r[5], summary=r[6], extra=events[i]) for i, r in enumerate(rows))
     return len(rows)

@@ -18,8 +18,9 @@ Where the edited message's input is decides what the edit does (channel.edits = 
 With `ignore`, an edit is recorded and audited and changes nothing. Every edit is one
 transaction with the conversation locked (as an admission), and its row's unique
 (message, edited_at) is the dedup: a redelivered edit stops at its INSERT. The rows are
-written with the admission's own statements (ingest._insert, ingest._update_if_open),
-so an edit and an admission racing on a buffer meet the same compare-and-swap.
+written with the admission's own statements (agentloop.rows.insert,
+conversations.sql.update_open_buffer), so an edit and an admission racing on a buffer meet
+the same compare-and-swap.
 """
 
 import logging
@@ -30,9 +31,10 @@ from datetime import datetime
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from agentloop.rows import insert
 from audit.events import record
 from audit.models import EventKind
-from conversations import engine, ingest, notes, turns, windows
+from conversations import engine, ingest, notes, sql, turns, windows
 from conversations.models import (
     BufferState,
     Conversation,
@@ -70,6 +72,18 @@ class Edit:
     source: str  # telegram, api, webchat
     chat_id: str | None = None
     sender_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """An edit being applied to a message whose input a turn holds: where, which message
+    (its text already the new one), the text it had, and when."""
+
+    channel: object
+    conversation: Conversation
+    message: InboundMessage
+    old_text: str
+    now: datetime
 
 
 @dataclass
@@ -141,7 +155,7 @@ def _apply(channel, edit, now):
     message = InboundMessage.objects.get(channel=channel, platform_message_id=edit.platform_message_id)
     row = MessageEdit(message=message, conversation=conversation, edited_at=edit.edited_at, received_at=now,
                       source=edit.source, old_text=message.text, new_text=edit.text, outcome="")
-    if not ingest._insert(row, ("message_id", "edited_at")):
+    if not insert(row, ("message_id", "edited_at")):
         first = MessageEdit.objects.get(message=message, edited_at=edit.edited_at)
         return EditResult(first.outcome, duplicate=True, message_id=message.pk, conversation_id=conversation.pk,
                           turn_id=first.turn_id, detail=first.detail)
@@ -192,7 +206,7 @@ def _decide(channel, conversation, message, edit, now) -> EditResult:
                 return result
             message.refresh_from_db(fields=["buffer"])
             continue
-        return _correct_turn(channel, conversation, message, old, where, now)
+        return _correct_turn(Correction(channel, conversation, message, old, now), where)
     raise OperationalError("the edited message's buffer kept changing")  # retried by the caller's caller
 
 
@@ -264,7 +278,7 @@ def _correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
     fields = _replan(channel, buffer, mine + moved, now)
     if moved:
         fields["carried_turn_id"] = None
-    if not ingest._update_if_open(buffer.pk, fields):
+    if not sql.update_open_buffer(buffer.pk, fields):
         return None
     if moved:
         InboundMessage.objects.filter(pk__in=[m.pk for m in moved]).update(buffer=buffer)
@@ -285,9 +299,11 @@ def _replan(channel, buffer, messages, now):
             "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds}
 
 
-def _correct_turn(channel, conversation, message, old, turn, now) -> EditResult:
+def _correct_turn(correction, turn) -> EditResult:
     """The message's input is in `turn`: re-run it (interrupt, no effect fired), else a
     note for the next turn."""
+    channel, conversation, message, now = (correction.channel, correction.conversation, correction.message,
+                                           correction.now)
     messages = list(InboundMessage.objects.filter(buffer_id__in=_input_buffers(turn.buffer_id)))
     if turn.state in Turn.ACTIVE and channel.double_texting == DoubleTexting.INTERRUPT and messages:
         # The interrupt's own compare-and-swap: refused once the turn fired an effect.
@@ -299,7 +315,7 @@ def _correct_turn(channel, conversation, message, old, turn, now) -> EditResult:
         why = f"turn {turn.pk} is {turn.state} and the channel's double texting is {channel.double_texting}"
     else:
         why = f"turn {turn.pk} is {turn.state}"
-    notes.inform(conversation.pk, for_agent=note_text(old, message.text))
+    notes.inform(conversation.pk, for_agent=note_text(correction.old_text, message.text))
     return EditResult(EditOutcome.NOTED, turn_id=turn.pk, detail=f"{why}: noted for the next turn")
 
 
@@ -326,7 +342,7 @@ def _rerun(channel, conversation, turn, messages, now) -> EditResult:
     buffer = MessageBuffer(conversation=conversation, first_message_at=min(m.received_at for m in messages),
                            last_message_at=now, flush_at=now, planned_reason=FlushReason.EDIT, window_kind="edit",
                            message_count=len(messages))
-    ingest._insert(buffer)
+    insert(buffer)
     InboundMessage.objects.filter(pk__in=[m.pk for m in messages]).update(buffer=buffer)
     return EditResult(EditOutcome.RERUN, turn_id=turn.pk, buffer_id=buffer.pk, flush_at=now,
                       detail=f"turn {turn.pk} cancelled; re-run with the corrected text")

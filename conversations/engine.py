@@ -6,26 +6,22 @@ The timing lives in the worker loop (conversations/worker.py), which sleeps unti
 the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 
-import functools
 import itertools
 import logging
 import os
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from agentloop import rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, liveness, turns
+from conversations import console, liveness, sql, turns
 from conversations.models import (
-    BufferState,
     Channel,
-    ContextNote,
-    Conversation,
     FlushReason,
     InboundMessage,
     MessageBuffer,
@@ -50,56 +46,19 @@ def due_buffer_ids(now, limit=200):
     """Open buffers whose deadline passed, oldest deadline first. A buffer whose
     conversation has a turn ready or running waits (enqueue): it flushes when that turn
     ends, so everything said meanwhile becomes one next turn."""
-    with connection.cursor() as cursor:
-        cursor.execute(_due_sql(), [_deadline_param(now), *Turn.ACTIVE, limit])
-        return [row[0] for row in cursor.fetchall()]
+    return sql.due_buffer_ids(now, limit)
 
 
 def next_deadline(now):
     """The nearest future deadline, or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(_next_deadline_sql(), [_deadline_param(now)])
-        return rows.aware(cursor.fetchone()[0])
+    return sql.next_deadline(now)
 
 
 def look(now, limit=200):
     """The flusher's look: (due_buffer_ids, next_deadline) in one statement — one wait
     for the database per wake-up instead of two, on the flusher's timed path and in the
     idle floor every worker costs (20 looks a second)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_look_sql(), [_deadline_param(now), *Turn.ACTIVE, limit, _deadline_param(now)])
-        found = cursor.fetchall()
-    due = [buffer_id for buffer_id, _ in found if buffer_id is not None]
-    deadline = next((value for buffer_id, value in found if buffer_id is None), None)
-    return due, rows.aware(deadline)
-
-
-@functools.cache
-def _look_sql():
-    return (f"SELECT d.id, NULL FROM ({_due_sql()}) d UNION ALL "
-            f"SELECT NULL, ({_next_deadline_sql()})")
-
-
-# The flusher asks these on every wake-up (tens a second while buffers are open):
-# plain SQL, built once, where the ORM compiled each query anew every time (most of a
-# wake-up's cost). The state as a literal, as the partial indexes are written.
-@functools.cache
-def _due_sql():
-    quote = connection.ops.quote_name
-    buffers, turns_table = quote(MessageBuffer._meta.db_table), quote(Turn._meta.db_table)
-    return (f"SELECT b.id FROM {buffers} b WHERE b.state = '{BufferState.OPEN.value}' AND b.flush_at <= %s "
-            f"AND NOT EXISTS (SELECT 1 FROM {turns_table} t WHERE t.conversation_id = b.conversation_id "
-            f"AND t.state IN (%s, %s)) ORDER BY b.flush_at LIMIT %s")
-
-
-@functools.cache
-def _next_deadline_sql():
-    buffers = connection.ops.quote_name(MessageBuffer._meta.db_table)
-    return f"SELECT MIN(flush_at) FROM {buffers} WHERE state = '{BufferState.OPEN.value}' AND flush_at > %s"
-
-
-def _deadline_param(now):
-    return MessageBuffer._meta.get_field("flush_at").get_db_prep_value(now, connection)
+    return sql.look(now, limit)
 
 
 def flush_buffer(buffer_id, now=None):
@@ -126,10 +85,10 @@ def flush_many(buffer_ids, now, owner="", start=0):
     between the deadline and the agent. The rest are born READY."""
     token = f"{owner or new_owner()}#{next(_batches)}"
     with transaction.atomic():
-        buffers = _claim(list(buffer_ids), now, token)
+        buffers = sql.claim_buffers(list(buffer_ids), now, token)
         if not buffers:
             return []
-        by_buffer = _messages_of(buffers)
+        by_buffer = sql.messages_of(b.pk for b in buffers)
         _keep_the_rest_waiting(buffers, by_buffer, now)
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
@@ -138,118 +97,6 @@ def flush_many(buffer_ids, now, owner="", start=0):
         console.turns_created(created)
         after_commit("flush.after_claim")
         return created
-
-
-# The claim's statements, in SQL written once per batch size (agentloop/rows.py says
-# why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
-# caller may pass any number of ids, the flusher at most its batch (200).
-BATCH_SHAPES = 256
-
-def _claim(ids, now, token):
-    """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
-    `token`; then the buffers this call won, each with its conversation, channel, the
-    carried-over turn's input and whether the conversation has a turn ready or running,
-    deadline order."""
-    MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
-    at = _deadline_param(now)
-    claim = [BufferState.FLUSHED.value, at, token, *rows.in_params(ids), BufferState.OPEN.value, at]
-    with connection.cursor() as cursor:
-        if rows.postgresql():
-            # One round trip for the claim and what it won: the flusher's timed step was
-            # six waits for the server, each one more chance to queue behind other work.
-            cursor.execute(_claim_and_read_sql_postgresql(), [*claim, *Turn.ACTIVE])
-        else:
-            cursor.execute(_claim_sql(len(ids)), claim)
-            if not cursor.rowcount:
-                return []
-            cursor.execute(_claimed_sql(len(ids)), [*Turn.ACTIVE, *rows.in_params(ids), token])
-        found = cursor.fetchall()
-    shape = _claimed_shape()
-    buffers = []
-    for row in found:
-        buffer, conversation, channel, carried = (part.build(row[a:b]) for part, a, b in shape)
-        conversation.channel = channel
-        buffer.conversation = conversation
-        buffer.carried_turn = carried if buffer.carried_turn_id else None
-        buffer.conversation_busy = bool(row[-1])  # a turn ready or running there (for _born_running)
-        buffers.append(buffer)
-    return buffers
-
-
-@functools.cache
-def _claimed_shape():
-    """(columns, first, past-the-last) of each model in a _claimed_sql row."""
-    parts = [rows.columns(MessageBuffer, "b"), rows.columns(Conversation, "c"), rows.columns(Channel, "ch"),
-             rows.columns(Turn, "ct", frozenset({"id", "merged_input"}))]
-    shape, at = [], 0
-    for part in parts:
-        shape.append((part, at, at + part.width))
-        at += part.width
-    return shape
-
-
-@functools.lru_cache(maxsize=BATCH_SHAPES)
-def _claim_sql(n):
-    col = functools.partial(rows.column, MessageBuffer)
-    return (f"UPDATE {rows.table(MessageBuffer)} SET {col('state')} = %s, {col('flushed_at')} = %s, "
-            f"{col('flushed_by')} = %s, {col('flush_reason')} = {col('planned_reason')} "
-            f"WHERE {rows.in_sql(col('id'), n)} AND {col('state')} = %s AND {col('flush_at')} <= %s")
-
-
-@functools.lru_cache(maxsize=BATCH_SHAPES)
-def _claimed_sql(n):
-    return (f"SELECT {_claimed_select()}, {_busy_sql()} FROM {rows.table(MessageBuffer)} b {_claimed_joins()} "
-            f"WHERE {rows.in_sql('b.id', n)} AND b.{rows.column(MessageBuffer, 'flushed_by')} = %s "
-            f"ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
-
-
-@functools.cache
-def _claim_and_read_sql_postgresql():
-    """_claim_sql and _claimed_sql in one statement (the UPDATE's RETURNING as `b`)."""
-    return (f"WITH b AS ({_claim_sql(0)} RETURNING *) SELECT {_claimed_select()}, {_busy_sql()} FROM b "
-            f"{_claimed_joins()} ORDER BY b.{rows.column(MessageBuffer, 'flush_at')}, b.id")
-
-
-def _busy_sql():
-    """Whether the claimed buffer's conversation has a turn ready or running, per row."""
-    turn = functools.partial(rows.column, Turn)
-    return (f"EXISTS (SELECT 1 FROM {rows.table(Turn)} t WHERE t.{turn('conversation')} = "
-            f"b.{rows.column(MessageBuffer, 'conversation')} AND t.{turn('state')} IN (%s, %s))")
-
-
-def _claimed_select():
-    return ", ".join(part.sql for part, *_ in _claimed_shape())
-
-
-def _claimed_joins():
-    return (f"JOIN {rows.table(Conversation)} c ON c.id = b.{rows.column(MessageBuffer, 'conversation')} "
-            f"JOIN {rows.table(Channel)} ch ON ch.id = c.{rows.column(Conversation, 'channel')} "
-            f"LEFT JOIN {rows.table(Turn)} ct ON ct.id = b.{rows.column(MessageBuffer, 'carried_turn')}")
-
-
-MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "sender_name", "reply_target", "thread_id",
-                           "received_at"})
-
-
-def _messages_of(buffers):
-    """{buffer id: its messages, oldest first}, with the fields a merge reads."""
-    ids = [b.pk for b in buffers]
-    with connection.cursor() as cursor:
-        cursor.execute(_messages_sql(len(ids)), rows.in_params(ids))
-        found = cursor.fetchall()
-    shape = rows.columns(InboundMessage, "m", MERGED_FIELDS)
-    by_buffer = {}
-    for row in found:
-        message = shape.build(row)
-        by_buffer.setdefault(message.buffer_id, []).append(message)
-    return by_buffer
-
-
-@functools.lru_cache(maxsize=BATCH_SHAPES)
-def _messages_sql(n):
-    col = functools.partial(rows.column, InboundMessage)
-    return (f"SELECT {rows.columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {rows.table(InboundMessage)} m "
-            f"WHERE {rows.in_sql('m.' + col('buffer'), n)} ORDER BY m.{col('received_at')}, m.id")
 
 
 def _born_running(new_turns, owner, now, room):
@@ -272,7 +119,7 @@ def _keep_the_rest_waiting(buffers, by_buffer, now):
     new open buffer, due at once, which flushes when this turn is over (the flusher skips
     a conversation with an active turn): a backlog becomes turns in order, each bounded.
     An admission racing this finds the new buffer when its own compare-and-swap on the
-    claimed one fails (see ingest._rearm)."""
+    claimed one fails (see ingest.admission._rearm)."""
     for buffer in buffers:
         messages = by_buffer.get(buffer.pk, [])
         limit = max(1, buffer.conversation.channel.max_messages)
@@ -487,49 +334,14 @@ def recovery_sweep(grace_seconds=5.0):
 def conversation_history(conversation, before_turn, limit=20):
     """The agent's context since the last /reset, oldest first: each finished turn as a
     user message and the assistant's reply, and the notes added meanwhile (a person's
-    decision on a proposal) as system messages. In SQL written once (it runs before
-    every model request; the ORM's compiling was most of its cost)."""
-    since = conversation.context_reset_at
-    params = [conversation.pk, TurnState.DONE.value, before_turn.pk]
-    with connection.cursor() as cursor:
-        cursor.execute(_history_turns_sql(since is not None), params + _since(since) + [limit])
-        turn_rows = cursor.fetchall()
-        cursor.execute(_history_notes_sql(since is not None), [conversation.pk] + _since(since) + [limit])
-        note_rows = cursor.fetchall()
-    turn_columns = rows.columns(Turn, "t", HISTORY_TURN_FIELDS)
-    note_columns = rows.columns(ContextNote, "n", HISTORY_NOTE_FIELDS)
+    decision on a proposal) as system messages (`conversations.sql.history`)."""
+    turns_before, notes = sql.history(conversation.pk, before_turn.pk, conversation.context_reset_at, limit)
     entries = []
-    for row in turn_rows:
-        turn = turn_columns.build(row)
+    for turn in turns_before:
         entries.append((turn.created_at, 0, {"role": "user", "content": turn.merged_input}))
         if turn.reply_text:
             entries.append((turn.created_at, 1, {"role": "assistant", "content": turn.reply_text}))
-    for row in note_rows:
-        note = note_columns.build(row)
+    for note in notes:
         entries.append((note.created_at, 2, {"role": "system", "content": note.text}))
     entries.sort(key=lambda e: (e[0], e[1]))
     return [message for _, _, message in entries]
-
-
-HISTORY_TURN_FIELDS = frozenset({"id", "created_at", "merged_input", "reply_text"})
-HISTORY_NOTE_FIELDS = frozenset({"id", "created_at", "text"})
-
-
-def _since(moment):
-    return [] if moment is None else [Turn._meta.get_field("created_at").get_db_prep_value(moment, connection)]
-
-
-@functools.cache
-def _history_turns_sql(since):
-    col = functools.partial(rows.column, Turn)
-    return (f"SELECT {rows.columns(Turn, 't', HISTORY_TURN_FIELDS).sql} FROM {rows.table(Turn)} t "
-            f"WHERE t.{col('conversation')} = %s AND t.{col('state')} = %s AND t.id < %s "
-            + (f"AND t.{col('created_at')} >= %s " if since else "") + "ORDER BY t.id DESC LIMIT %s")
-
-
-@functools.cache
-def _history_notes_sql(since):
-    col = functools.partial(rows.column, ContextNote)
-    return (f"SELECT {rows.columns(ContextNote, 'n', HISTORY_NOTE_FIELDS).sql} FROM {rows.table(ContextNote)} n "
-            f"WHERE n.{col('conversation')} = %s "
-            + (f"AND n.{col('created_at')} >= %s " if since else "") + f"ORDER BY n.{col('created_at')} DESC LIMIT %s")

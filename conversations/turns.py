@@ -6,19 +6,18 @@ turn that has fired an external effect can no longer be cancelled, and a cancell
 turn can no longer fire one.
 """
 
-import functools
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentloop import rows
 from audit.events import record
 from audit.models import EventKind
 from audit.redaction import redact
-from conversations.models import Channel, Conversation, Turn, TurnState
+from conversations import sql
+from conversations.models import Turn, TurnState
 
 EXTERNAL_GAVE_UP_NOTICE = (
     "Sorry — I could not answer your last message. Please send it again in a while."
@@ -55,56 +54,15 @@ def finish(turn_id, owner, *, state, reply_text="", outcome="", now=None) -> boo
 
 
 def finish_many(results, owner, now=None) -> set:
-    """Finish running turns in one UPDATE (state, reply and outcome per row by CASE);
-    returns the ids that were still this owner's to finish (not cancelled meanwhile)."""
+    """Finish running turns in one UPDATE (`conversations.sql.finish_turns`); returns the ids that were still this owner's to finish (not cancelled meanwhile)."""
     if not results:
         return set()
     now = now or timezone.now()
     results = [(r[0], r[1], r[2], redact(r[3])[:300]) for r in results]  # an agent's error may carry a secret
-    Turn.check_transition([TurnState.RUNNING], {r[1] for r in results})
-    for at in range(0, len(results), FINISH_CHUNK):
-        _finish_chunk(results[at:at + FINISH_CHUNK], owner, now)
+    sql.finish_turns(results, owner, now)
     ids = [r[0] for r in results]
     return set(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
                                    state__in=(TurnState.DONE, TurnState.FAILED)).values_list("pk", flat=True))
-
-
-# Rows per statement (7 parameters each: SQLite takes 32,766 at most).
-FINISH_CHUNK = 500
-
-
-def _finish_chunk(results, owner, now):
-    """The compare-and-swap of `Turn.transition` (RUNNING -> each row's state, this
-    owner's only), in plain SQL: with hundreds of turns finishing together the ORM spent
-    longer building three CASE expressions of hundreds of WHENs than the database spent
-    running them (the worker's database thread, 500 simultaneous turns: 40% of its time).
-    On PostgreSQL the rows come as one JSON parameter (UPDATE … FROM json_to_recordset):
-    one statement text for any batch (agentloop/rows.py in_sql and recordset say why)."""
-    finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
-    if rows.postgresql():
-        with connection.cursor() as cursor:
-            ends = rows.records(("id", "state", "reply", "outcome"), results)
-            cursor.execute(_finish_sql_postgresql(), [finished_at, ends, TurnState.RUNNING, owner])
-        return
-    quote = connection.ops.quote_name
-    whens = " ".join(["WHEN %s THEN %s"] * len(results))
-    sql = (f"UPDATE {quote(Turn._meta.db_table)} SET "
-           f"{quote('state')} = CASE {quote('id')} {whens} END, "
-           f"{quote('reply_text')} = CASE {quote('id')} {whens} END, "
-           f"{quote('outcome')} = CASE {quote('id')} {whens} END, "
-           f"{quote('finished_at')} = %s "
-           f"WHERE {quote('id')} IN ({rows.placeholders(len(results))}) "
-           f"AND {quote('state')} = %s AND {quote('owner')} = %s")
-    params = [value for column in (1, 2, 3) for r in results for value in (r[0], r[column])]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, finished_at, *(r[0] for r in results), TurnState.RUNNING, owner])
-
-
-@functools.cache
-def _finish_sql_postgresql():
-    ends = rows.recordset("v", [("id", "bigint"), ("state", "text"), ("reply", "text"), ("outcome", "text")])
-    return (f"UPDATE {rows.table(Turn)} AS t SET state = v.state, reply_text = v.reply, outcome = v.outcome, "
-            f"finished_at = %s FROM {ends} WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
 
 
 def start_many(turn_ids, owner, now=None):
@@ -193,24 +151,12 @@ def give_up_external(turn, now) -> bool:
 def ready_candidates(limit):
     """Oldest ready turns, at most one per conversation and none where a turn runs
     (turns of a conversation run one at a time, in arrival order), leaving those that
-    wait for an external agent. In SQL written once: every worker asks this many times
-    a second (AGENTLOOP_POLL_INTERVAL), and compiling the query was most of its cost."""
+    wait for an external agent (`conversations.sql.ready_turns`)."""
     seen, picked = set(), []
-    with connection.cursor() as cursor:
-        cursor.execute(_ready_sql(), [TurnState.READY.value, PULL_AGENT, TurnState.RUNNING.value, limit * 2])
-        for turn_id, conversation_id in cursor.fetchall():
-            if conversation_id not in seen:
-                seen.add(conversation_id)
-                picked.append(turn_id)
+    for turn_id, conversation_id in sql.ready_turns(limit * 2, PULL_AGENT):
+        if conversation_id not in seen:
+            seen.add(conversation_id)
+            picked.append(turn_id)
     return picked[:limit]
 
 
-@functools.cache
-def _ready_sql():
-    turn, conv = functools.partial(rows.column, Turn), functools.partial(rows.column, Conversation)
-    return (f"SELECT t.id, t.{turn('conversation')} FROM {rows.table(Turn)} t "
-            f"JOIN {rows.table(Conversation)} c ON c.id = t.{turn('conversation')} "
-            f"JOIN {rows.table(Channel)} ch ON ch.id = c.{conv('channel')} "
-            f"WHERE t.{turn('state')} = %s AND ch.{rows.column(Channel, 'agent')} <> %s AND NOT EXISTS ("
-            f"SELECT 1 FROM {rows.table(Turn)} r WHERE r.{turn('conversation')} = t.{turn('conversation')} "
-            f"AND r.{turn('state')} = %s) ORDER BY t.{turn('created_at')}, t.id LIMIT %s")

@@ -22,13 +22,11 @@ local clock is the database's.
 """
 
 import math
-import time
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from agentloop.rows import postgresql, table
-from delivery.models import SendBudget
+from delivery import sql
 
 # Sends to one chat arrive with the network's jitter between them: a chat's interval is
 # widened by this much, so two sends spaced exactly 1 s apart never land 0.99 s apart.
@@ -129,54 +127,21 @@ def pause(key: str, seconds: float, clock: float | None = None) -> None:
 
 def _extend(key: str, seconds: float, clock: float | None) -> None:
     """`key` is taken for at least `seconds` from now."""
-    now = _now_sql(clock)
-    greatest = "greatest" if postgresql() else "max"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table(SendBudget)} AS b (key, next_slot) VALUES (%s, {now[0]} + %s) "
-            f"ON CONFLICT (key) DO UPDATE SET next_slot = {greatest}(b.next_slot, {now[0]} + %s)",
-            [key, *now[1], seconds, *now[1], seconds])
+    sql.extend_slot(key, seconds, clock)
 
 
 def waiting(key: str, clock: float | None = None) -> float:
     """Seconds until `key`'s next free slot (0 when free now)."""
-    now = _now_sql(clock)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT next_slot - {now[0]} FROM {table(SendBudget)} WHERE key = %s", [*now[1], key])
-        found = cursor.fetchone()
-    return max(found[0], 0.0) if found else 0.0
+    found = sql.slot_wait(key, clock)
+    return max(found, 0.0) if found is not None else 0.0
 
 
 def forget_spent(clock: float | None = None) -> int:
     """Delete keys whose slot is long past (one per chat ever replied to would pile up)."""
-    now = _now_sql(clock)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table(SendBudget)} WHERE next_slot < {now[0]} - %s", [*now[1], FORGET_AFTER])
-        return cursor.rowcount
+    return sql.forget_slots(FORGET_AFTER, clock)
 
 
 def _take(key, interval, after, horizon, clock) -> float | None:
-    """The upsert: the key's slot is max(its next slot, now + after); taken (moved on by
-    `interval`) only if it is within `horizon` of now. Returns its delay from now, or None.
-    Written as SQL: the ORM has no conditional upsert, and this is one round trip."""
-    now = _now_sql(clock)
-    greatest = "greatest" if postgresql() else "max"
-    limit = horizon if math.isfinite(horizon) else 1e12
-    slot = f"{greatest}(b.next_slot, {now[0]} + %s)"
-    sql = (f"INSERT INTO {table(SendBudget)} AS b (key, next_slot) VALUES (%s, {now[0]} + %s + %s) "
-           f"ON CONFLICT (key) DO UPDATE SET next_slot = {slot} + %s "
-           f"WHERE {slot} <= {now[0]} + %s "
-           f"RETURNING next_slot - %s - {now[0]}")
-    n = now[1]
-    params = [key, *n, after, interval, *n, after, interval, *n, after, *n, limit, interval, *n]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.fetchone()
-    return None if found is None else float(found[0])
-
-
-def _now_sql(clock):
-    """The SQL for "now" in epoch seconds and its parameters."""
-    if clock is None and postgresql():
-        return "extract(epoch FROM statement_timestamp())::float8", []
-    return "%s", [time.time() if clock is None else float(clock)]
+    """Take the key's slot (moved on by `interval`) if it is within `horizon` of now
+    (`delivery.sql.take_slot`); its delay from now, or None."""
+    return sql.take_slot(key, interval, after, horizon if math.isfinite(horizon) else 1e12, clock)

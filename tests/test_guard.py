@@ -246,14 +246,15 @@ def interrupted_claim(tool_name, arguments, scope):
     """A claim as a process that died between claim and confirm leaves it."""
     tool = registry.get(tool_name)
     fp = tool.fingerprint(arguments, scope)
-    attempt = guard.take_claim(tool_name, arguments, scope, fp, guard.policy_for(tool_name), owner="worker:dead")
+    attempt = guard.take_claim(guard.ClaimRequest(tool_name, arguments, scope, fp, guard.policy_for(tool_name)),
+                               owner="worker:dead")
     ActionClaim.objects.filter(pk=attempt.claim.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
     return attempt.claim
 
 
 def test_interrupted_create_that_happened_is_reconciled_not_rerun(scope):
     claim = interrupted_claim("calendar_create_event", PSICO_1, scope)
-    registry.get("calendar_create_event").run(guard._call_of(claim))  # the effect landed before the crash
+    registry.get("calendar_create_event").run(guard.helpers._call_of(claim))  # the effect landed before the crash
     again = invoke("calendar_create_event", PSICO_1, scope)
     assert again.status == Status.DUPLICATE and again.original["claim"] == claim.pk
     assert again.result["event_id"] == f"agentloop-claim-{claim.pk}@agentloop"
@@ -295,7 +296,7 @@ def test_a_calls_own_unknown_outcome_is_uncertain_not_a_duplicate(test_tools, sc
 
 def test_the_sweep_settles_claims_left_in_flight(scope):
     happened = interrupted_claim("calendar_create_event", PSICO_1, scope)
-    registry.get("calendar_create_event").run(guard._call_of(happened))
+    registry.get("calendar_create_event").run(guard.helpers._call_of(happened))
     lost = interrupted_claim("email_send", {"to": "a@b.co", "subject": "s", "body": "b"}, scope)
     report = guard.sweep()
     assert report["uncertain"] == 2 and report["reconciled"] == 1

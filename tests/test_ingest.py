@@ -299,7 +299,7 @@ def test_recovery_sweep_flushes_overdue_buffers(channel):
 def test_a_message_racing_the_flusher_starts_the_next_buffer(channel):
     """The flusher claims buffers without locking the conversation: a message that read
     the buffer as open just before it was flushed must not be lost inside it."""
-    from conversations import ingest
+    from conversations.ingest import Arrival, admission
 
     admit(channel, msg(1, "Listo."), now=at(0))
     stale = MessageBuffer.objects.get()
@@ -307,7 +307,7 @@ def test_a_message_racing_the_flusher_starts_the_next_buffer(channel):
     conversation = Conversation.objects.get()
     late = InboundMessage.objects.create(channel=channel, conversation=conversation, platform_message_id="2",
                                          text="¿y esto?", buffer=stale)
-    buffer = ingest._rearm(channel, conversation, stale, late, msg(2, "¿y esto?"), at(2), None)
+    buffer = admission._rearm(Arrival(channel, conversation, msg(2, "¿y esto?"), at(2)), stale, late, None)
     assert buffer.pk != stale.pk and buffer.state == BufferState.OPEN
     assert InboundMessage.objects.get(pk=late.pk).buffer_id == buffer.pk
     assert Turn.objects.get().merged_input == "Listo."

@@ -13,7 +13,7 @@ import pytest
 
 from audit.models import AuditEvent, EventKind
 from conversations import engine, ingest, turns
-from conversations.ingest import Inbound, admit
+from conversations.ingest import Arrival, Inbound, admission, admit
 from conversations.models import (
     BufferState,
     Channel,
@@ -91,7 +91,7 @@ def test_a_message_arriving_after_a_split_flush_joins_the_waiting_remainder(make
     # it and must join the remainder, not trip over the one-open-buffer index.
     late = InboundMessage.objects.create(channel=channel, conversation=turn.conversation, buffer=stale,
                                          platform_message_id="late", text="parte 5")
-    buffer = ingest._rearm(channel, turn.conversation, stale, late, msg("late", "parte 5"), at(101), None)
+    buffer = admission._rearm(Arrival(channel, turn.conversation, msg("late", "parte 5"), at(101)), stale, late, None)
     remainder = MessageBuffer.objects.get(state=BufferState.OPEN)
     assert buffer.pk == remainder.pk != stale.pk and remainder.message_count == 3
     assert list(remainder.messages.order_by("pk").values_list("text", flat=True)) == ["parte 3", "parte 4",
@@ -241,7 +241,7 @@ def test_unknown_slugs_do_not_grow_the_web_process(processes):
 def test_the_policy_cache_is_bounded():
     for i in range(1_200):
         guard.policy_for(f"made-up-{i}")
-    assert len(guard._policies) <= guard._policies.maxsize == 1024
+    assert len(guard.policies._policies) <= guard.policies._policies.maxsize == 1024
     assert guard.policy_for("made-up-1199").name == "made-up-1199"
 
 

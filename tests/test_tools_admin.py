@@ -67,11 +67,11 @@ def test_reconcile_and_release_uncertain_claims(operator, scope):
     claims = []
     for title in ("happened", "lost"):
         arguments = {**EVENT, "title": title}
-        attempt = guard.take_claim(tool.name, arguments, scope, tool.fingerprint(arguments, scope),
-                                   guard.policy_for(tool.name), owner="worker:dead")
+        attempt = guard.take_claim(guard.ClaimRequest(tool.name, arguments, scope, tool.fingerprint(arguments, scope),
+                                                      guard.policy_for(tool.name)), owner="worker:dead")
         guard.mark_uncertain(attempt.claim)
         claims.append(attempt.claim)
-    tool.run(guard._call_of(claims[0]))
+    tool.run(guard.helpers._call_of(claims[0]))
     url = reverse("admin:tools_actionclaim_changelist")
     ids = [str(c.pk) for c in claims]
     operator.post(url, {"action": "reconcile_claims", "_selected_action": ids})

@@ -28,25 +28,17 @@ windows between workers within PARTITION_EVERY seconds.
 """
 
 import asyncio
-import functools
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from datetime import UTC
 
 from django.conf import settings
-from django.db import connection
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from agentloop.caches import BoundedCache
-from agentloop.rows import placeholders
+from agentloop.rows import epoch
+from conversations import sql
 from conversations.models import (
-    BufferState,
     Channel,
-    Conversation,
-    InboundMessage,
-    MessageBuffer,
     TypingMode,
     WorkerHeartbeat,
 )
@@ -150,51 +142,14 @@ def open_windows(channel_ids, part, parts, limit) -> list[Window]:
     """One statement: the open buffers of these channels' conversations whose id falls
     in this worker's part, oldest buffer first (a window being typed stays in the first
     `limit` until it closes), with the thread (forum topics) and the platform id of the
-    buffer's last message.
-
-    Driven from the open buffers (the partial index of open buffers; SQLite's CROSS JOIN
-    keeps that order), so it costs in proportion to the buffers open now, never to a
-    channel's conversations (a bot's millions of chats, nearly all of them quiet)."""
+    buffer's last message (`conversations.sql.open_windows`: in proportion to the
+    buffers open now, never to a channel's conversations — a bot's millions of chats,
+    nearly all of them quiet)."""
     if not channel_ids:
         return []
-    sql = _open_windows_sql(len(channel_ids), parts > 1)
-    params = [*channel_ids, *((parts, part) if parts > 1 else ()), limit]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [Window(conversation, buffer, chat, thread or "", channel, _epoch(flush_at), reply_target or "")
-            for conversation, buffer, chat, thread, reply_target, channel, flush_at in rows]
-
-
-def _epoch(value):
-    """A deadline read by raw SQL as epoch seconds (SQLite hands over naive UTC, or text)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    return (value if timezone.is_aware(value) else value.replace(tzinfo=UTC)).timestamp()
-
-
-@functools.lru_cache(maxsize=64)  # one entry per (number of channels, partitioned)
-def _open_windows_sql(channels, partitioned):
-    quote = connection.ops.quote_name
-    buffers, conversations, messages = (quote(m._meta.db_table) for m in (MessageBuffer, Conversation, InboundMessage))
-    # The state as a literal: SQLite uses the partial index (WHERE state = 'open') only
-    # for a query whose own WHERE says so in the same words.
-    # The last message's two fields as subqueries of the output rows, each an index probe
-    # of the buffer's messages: PostgreSQL planned the join written before (ON m.id =
-    # (SELECT MAX(...))) as a hash join over the whole message table, 7-16 ms a look at a
-    # few thousand messages and growing with every message ever stored.
-    last = f"FROM {messages} l WHERE l.buffer_id = b.id ORDER BY l.id DESC LIMIT 1"
-    return (
-        f"SELECT b.conversation_id, b.id, c.chat_id, (SELECT l.thread_id {last}), "
-        f"(SELECT l.reply_target {last}), c.channel_id, b.flush_at "
-        f"FROM {buffers} b CROSS JOIN {conversations} c "
-        f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
-        f"AND c.channel_id IN ({placeholders(channels)}) "
-        + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
-        + "ORDER BY b.id LIMIT %s"
-    )
+    return [Window(conversation, buffer, chat, thread or "", channel, epoch(flush_at), reply_target or "")
+            for conversation, buffer, chat, thread, reply_target, channel, flush_at
+            in sql.open_windows(channel_ids, part, parts, limit)]
 
 
 # --- the worker side (on its event loop) ----------------------------------------------

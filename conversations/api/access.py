@@ -1,0 +1,33 @@
+"""Which channels and conversations an agent key may reach."""
+
+from django.shortcuts import get_object_or_404
+from rest_framework import exceptions, status
+
+from conversations.api_auth import row_id
+from conversations.models import Channel
+
+
+def channel_for_key(key, slug, kind=None):
+    channel = get_object_or_404(Channel, slug=slug, is_active=True)
+    if not key.channels.filter(pk=channel.pk).exists():
+        raise exceptions.PermissionDenied(f"this agent key has no access to channel '{slug}'")
+    if kind and channel.kind != kind:
+        raise exceptions.ValidationError({"channel": f"'{slug}' is a {channel.kind} channel, not {kind}"})
+    return channel
+
+
+def conversation_for_key(key, conversation_id):
+    """The conversation, if it is in one of the key's channels; 404 otherwise (another
+    agent's conversations do not exist as far as this key is concerned)."""
+    from conversations.models import Conversation
+
+    conversation = Conversation.objects.select_related("channel", "contact").filter(
+        pk=row_id(conversation_id, "conversation"), channel__agent_keys=key).first()
+    if conversation is None:
+        raise exceptions.NotFound(f"no conversation {conversation_id}")
+    return conversation
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "conflict"

@@ -1,0 +1,157 @@
+"""Messages into api channels, and their edits."""
+
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations import edits
+from conversations.api.access import Conflict, channel_for_key
+from conversations.api_auth import (
+    NO_NUL,
+    NOT_BLANK,
+    ErrorSerializer,
+    StrictBody,
+    UtcDateTimeField,
+)
+from conversations.ingest import Inbound, Unstorable, admit
+from conversations.models import EditOutcome, InboundMessage
+from conversations.platforms.api import KIND as API_KIND
+
+MESSAGE_ID_CHARS = min(InboundMessage._meta.get_field(name).max_length
+                       for name in ("platform_message_id", "reply_target"))
+
+
+class InboundMessageSerializer(StrictBody):
+    # The schema's own words for the rule `validate` enforces.
+    schema_extra = {"anyOf": [{"required": ["text"], "properties": {"text": {"pattern": NOT_BLANK}}},
+                              {"required": ["media_type"]}]}
+
+    message_id = serializers.CharField(max_length=MESSAGE_ID_CHARS)
+    contact = serializers.CharField(max_length=100)
+    text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False,
+                                 help_text="Required, and not blank, unless the message has a `media_type`.")
+    chat = serializers.CharField(max_length=100, required=False)
+    sender_name = serializers.CharField(max_length=200, required=False, default="")
+    media_type = serializers.CharField(max_length=30, required=False, default="")
+    is_group = serializers.BooleanField(required=False, default=False)
+
+    def validate(self, data):
+        if not data["text"].strip() and not data["media_type"]:
+            raise serializers.ValidationError({"text": "a message needs text or a media_type"})
+        return data
+
+
+class AdmissionSerializer(serializers.Serializer):
+    duplicate = serializers.BooleanField()
+    conversation = serializers.IntegerField(allow_null=True)
+    message = serializers.IntegerField(allow_null=True)
+    disposition = serializers.CharField()
+    flush_at = serializers.DateTimeField(allow_null=True)
+    flush_in = serializers.FloatField(allow_null=True, help_text="Seconds until the buffer flushes.")
+    flush_reason = serializers.CharField(help_text="Planned: window, max_wait, max_messages, media.")
+    window = serializers.CharField(help_text="Which window the message got: closed, greeting, open, neutral.")
+
+
+class ChannelMessagesView(APIView):
+    @extend_schema(request=InboundMessageSerializer,
+                   responses={202: AdmissionSerializer, 403: ErrorSerializer},
+                   summary="Send a user's message into an api channel (buffered into the next turn)",
+                   description="403: the key has no access to the channel. 404: no active channel by that slug. "
+                               "400: an invalid body, or the channel is not an `api` channel.")
+    def post(self, request, slug):
+        channel = channel_for_key(request.user, slug, API_KIND)
+        incoming = InboundMessageSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        try:
+            admission = admit(channel, Inbound(
+                platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
+                sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
+                media_type=data["media_type"], is_group=data["is_group"], reply_target=data["message_id"],
+            ))
+        except Unstorable as exc:
+            raise exceptions.ParseError(f"message refused: {exc}") from None
+        flush_in = None
+        if admission.flush_at is not None:
+            flush_in = round(max(0.0, (admission.flush_at - timezone.now()).total_seconds()), 3)
+        body = {
+            "duplicate": admission.duplicate, "conversation": admission.conversation_id,
+            "message": admission.message_id, "disposition": admission.disposition or "duplicate",
+            "flush_at": admission.flush_at, "flush_in": flush_in,
+            "flush_reason": admission.planned_reason, "window": admission.window_kind,
+        }
+        return Response(AdmissionSerializer(body).data, status=status.HTTP_202_ACCEPTED)
+
+
+class MessageEditSerializer(StrictBody):
+    # `text` is required although the method is PATCH (an edit replaces the whole text):
+    # never partial, for DRF and for the schema (drf-spectacular marks a PATCH body's
+    # serializer partial, which would show every field optional).
+    @property
+    def partial(self):
+        return False
+
+    @partial.setter
+    def partial(self, value):
+        pass
+
+    text = serializers.CharField(allow_blank=True, max_length=20000, trim_whitespace=False,
+                                 help_text="The corrected text (as long as a new message may be).")
+    edited_at = UtcDateTimeField(
+        required=False, help_text="When the user edited it. An edit is applied once per (message, edited_at): "
+                                  "send it to make a retry safe. Default: the time the request arrives.")
+
+
+class EditResultSerializer(serializers.Serializer):
+    message = serializers.IntegerField(help_text="The edited message's row id.")
+    conversation = serializers.IntegerField()
+    duplicate = serializers.BooleanField(help_text="This edit (same edited_at) was applied before: nothing changed now.")
+    outcome = serializers.ChoiceField(
+        [o for o in EditOutcome.values if o != EditOutcome.IGNORED],
+        help_text="buffered: corrected in the open buffer, its window re-armed; rerun: the turn holding it was "
+                  "cancelled (interrupt strategy, no effect fired) and runs again with the corrected text; noted: "
+                  "the agent's next turn gets a note of the edit; unchanged: same text; not_applied: the message "
+                  "never reached a turn (a control command, rejected, dropped).")
+    detail = serializers.CharField()
+    turn = serializers.IntegerField(allow_null=True, help_text="The turn cancelled (rerun) or too late for (noted).")
+    buffer = serializers.IntegerField(allow_null=True)
+    flush_at = serializers.DateTimeField(allow_null=True, help_text="When the corrected buffer flushes.")
+
+
+class MessageEditView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("message_id", {"type": "string", "maxLength": MESSAGE_ID_CHARS,
+                                                    "pattern": NO_NUL}, OpenApiParameter.PATH,
+                                     description="The `message_id` the message was POSTed with.")],
+        request=MessageEditSerializer,
+        responses={200: EditResultSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer,
+                   404: ErrorSerializer, 409: ErrorSerializer},
+        summary="Edit a message the user already sent (the corrected text counts)",
+        description="The message is the one POSTed with this `message_id`. 404: no such message in the channel. "
+                    "400: a malformed body or a text that cannot be stored (same bounds as a new message). "
+                    "409: the channel ignores edits (its `edits` setting is `ignore`): the edit is recorded and "
+                    "audited as ignored and changes nothing (a retry gets the same answer).")
+    def patch(self, request, slug, message_id):
+        channel = channel_for_key(request.user, slug, API_KIND)
+        if len(message_id) > MESSAGE_ID_CHARS or "\x00" in message_id:
+            raise exceptions.NotFound(f"no message '{message_id[:MESSAGE_ID_CHARS]}' in channel '{slug}'")
+        incoming = MessageEditSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        try:
+            result = edits.apply(channel, edits.Edit(platform_message_id=message_id, text=data["text"],
+                                                     edited_at=data.get("edited_at") or timezone.now(),
+                                                     source="api"))
+        except Unstorable as exc:
+            raise exceptions.ParseError(f"edit refused: {exc}") from None
+        if result.outcome == edits.UNKNOWN:
+            raise exceptions.NotFound(f"no message '{message_id}' in channel '{slug}'")
+        if result.outcome == EditOutcome.IGNORED:
+            raise Conflict(f"channel '{slug}' ignores edits (edits: ignore): the edit was recorded and changed nothing")
+        return Response(EditResultSerializer({
+            "message": result.message_id, "conversation": result.conversation_id, "duplicate": result.duplicate,
+            "outcome": result.outcome, "detail": result.detail, "turn": result.turn_id, "buffer": result.buffer_id,
+            "flush_at": result.flush_at}).data)

@@ -1,0 +1,140 @@
+"""Turns for external agents (pull agents, and webhook agents answering later)."""
+
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from conversations.api.access import Conflict
+from conversations.api_auth import (
+    ErrorSerializer,
+    StrictBody,
+    query_of,
+    row_id,
+)
+from delivery.models import OutboundKind
+
+
+class TurnSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="pk")
+    state = serializers.CharField()
+    channel = serializers.CharField(source="conversation.channel.slug")
+    conversation = serializers.IntegerField(source="conversation_id")
+    contact = serializers.CharField(source="conversation.sender_id")
+    chat = serializers.CharField(source="conversation.chat_id")
+    text = serializers.CharField(source="merged_input", help_text="The merged input of the burst.")
+    flush_reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    history = serializers.ListField(child=serializers.DictField(), required=False,
+                                    help_text="The conversation so far (chat messages), on claim.")
+
+
+class TurnListQuery(serializers.Serializer):
+    state = serializers.ChoiceField(["ready", "running", "done", "failed", "cancelled"], default="ready")
+    limit = serializers.IntegerField(min_value=1, max_value=200, default=50)
+
+
+class TurnReplySerializer(StrictBody):
+    text = serializers.CharField(max_length=20000, trim_whitespace=False)
+
+
+class TurnDoneSerializer(StrictBody):
+    text = serializers.CharField(max_length=20000, required=False, trim_whitespace=False,
+                                 help_text="A last reply, sent before the turn is closed.")
+
+
+def _turns_for_key(key):
+    from conversations.models import Turn
+
+    return Turn.objects.select_related("conversation__channel").filter(conversation__channel__agent_keys=key)
+
+
+def _turn_for_key(key, turn_id):
+    turn = _turns_for_key(key).filter(pk=row_id(turn_id, "turn")).first()
+    if turn is None:
+        raise exceptions.NotFound(f"no turn {turn_id}")
+    return turn
+
+
+class TurnListView(APIView):
+    @extend_schema(parameters=[TurnListQuery], responses={200: TurnSerializer(many=True)},
+                   summary="Turns of your channels (pull agents: the ready ones wait for you)")
+    def get(self, request):
+        query = TurnListQuery(data=query_of(request))
+        query.is_valid(raise_exception=True)
+        turns = _turns_for_key(request.user).filter(state=query.validated_data["state"]).order_by("created_at")
+        return Response(TurnSerializer(turns[: query.validated_data["limit"]], many=True).data)
+
+
+class TurnClaimView(APIView):
+    @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer},
+                   summary="Claim a ready turn: it is yours to answer until you mark it done (or it times out)")
+    def post(self, request, turn):
+        from conversations import engine, turns
+
+        found = _turn_for_key(request.user, turn)
+        if found.conversation.channel.agent != turns.PULL_AGENT:
+            return Response({"error": f"turn {found.pk} belongs to a '{found.conversation.channel.agent}' channel; "
+                                      "only turns of pull channels can be claimed"},
+                            status=status.HTTP_409_CONFLICT)
+        if not turns.claim_external(found.pk, request.user.pk):
+            return Response({"error": f"turn {found.pk} is {found.state}, or another turn of its conversation "
+                                      "is running"}, status=status.HTTP_409_CONFLICT)
+        found.refresh_from_db()
+        body = TurnSerializer(found).data
+        body["history"] = engine.conversation_history(found.conversation, found)
+        return Response(body)
+
+
+class TurnReplyView(APIView):
+    @extend_schema(request=TurnReplySerializer, responses={202: TurnSerializer, 409: ErrorSerializer},
+                   summary="Reply in a turn you hold: written into the delivery ledger and sent")
+    def post(self, request, turn):
+        found = _turn_for_key(request.user, turn)
+        incoming = TurnReplySerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        _reply(request.user, found, incoming.validated_data["text"])
+        return Response(TurnSerializer(found).data, status=status.HTTP_202_ACCEPTED)
+
+
+def _reply(key, turn, text):
+    from django.db import transaction
+
+    from conversations import turns
+    from conversations.models import Turn
+    from delivery import ledger
+
+    with transaction.atomic():
+        locked = Turn.objects.select_for_update().select_related("conversation__channel").get(pk=turn.pk)
+        if not turns.may_answer(locked, key.pk):
+            raise Conflict(f"turn {turn.pk} is {locked.state} and not yours to answer")
+        ledger.enqueue(locked.conversation, text, kind=OutboundKind.REPLY, turn=locked,
+                       reply_target=locked.reply_target, thread_id=locked.thread_id)
+        Turn.objects.filter(pk=turn.pk).update(reply_text=(locked.reply_text + "\n" + text).strip())
+
+
+class TurnDoneView(APIView):
+    @extend_schema(request=TurnDoneSerializer, responses={200: TurnSerializer, 409: ErrorSerializer},
+                   summary="Close a turn you hold (optionally with a last reply)")
+    def post(self, request, turn):
+        from conversations import turns
+        from conversations.models import TurnState
+
+        found = _turn_for_key(request.user, turn)
+        incoming = TurnDoneSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        if not turns.may_answer(found, request.user.pk):
+            if found.state == TurnState.DONE:
+                return Response(TurnSerializer(found).data)  # a retried "done" changes nothing
+            return Response({"error": f"turn {found.pk} is {found.state} and not yours to close"},
+                            status=status.HTTP_409_CONFLICT)
+        if incoming.validated_data.get("text"):
+            _reply(request.user, found, incoming.validated_data["text"])
+        found.refresh_from_db()
+        if not turns.finish_many([(found.pk, TurnState.DONE, found.reply_text, "answered by an external agent")],
+                                 found.owner):
+            return Response({"error": f"turn {found.pk} changed meanwhile"}, status=status.HTTP_409_CONFLICT)
+        found.refresh_from_db()
+        return Response(TurnSerializer(found).data)

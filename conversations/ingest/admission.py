@@ -1,0 +1,329 @@
+"""Admitting one message, one by one: its conversation locked and read with its state
+(one statement), the message inserted under its unique constraint (the dedup), then a
+control command, an answer, an overflow, the double-texting strategy, or the buffer
+re-armed by a compare-and-swap against the flusher."""
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+
+from agentloop.rows import aware, insert
+from audit.events import record
+from audit.failpoints import failpoint
+from audit.models import EventKind
+from conversations import console, control, sql, windows
+from conversations.ingest.double_texting import double_text
+from conversations.ingest.refusal import refusal
+from conversations.ingest.values import Admission, Arrival, Inbound, Unstorable
+from conversations.models import (
+    BufferState,
+    Contact,
+    Conversation,
+    Disposition,
+    InboundMessage,
+    MessageBuffer,
+    MessageKind,
+    Turn,
+)
+from delivery import ledger
+from delivery.models import OutboundKind
+from tools import confirmations
+
+log = logging.getLogger("conversations.ingest")  # the name it had as one module
+
+OVERFLOW_NOTICE = ("You've sent more than I can keep up with. I'll answer what I have so far; "
+                   "please send the rest again once I've replied.")
+
+
+def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False, known=None) -> Admission:
+    """Admit one message. The whole admission is one transaction with no effect outside
+    the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried.
+    Raises Unstorable for a message the database cannot store as given.
+
+    `batched`: inside admit_many's shared transaction, without savepoints of its own
+    (see there); an error is then not retried here but fails the batch. `known`: its
+    conversation, already locked and read (or created) by this transaction."""
+    problem = refusal(inbound)
+    if problem:
+        raise Unstorable(problem)
+    created = known
+    for attempt in range(1, 4):
+        try:
+            admission = _admit(channel, inbound, now or timezone.now(), created, savepoint=not batched)
+        except OperationalError as exc:
+            if batched or attempt == 3 or not _retryable(exc):
+                raise
+            log.warning("admission of %s retried after: %s", inbound.platform_message_id, exc)
+            created = None
+            continue
+        if admission is not None:
+            return admission
+        # Its first message: create, then admit. Inside a batch's transaction the row just
+        # created is this transaction's alone until it commits (no buffer, no turn): the
+        # admission need not read it back (a group-committed batch of new chats, one
+        # statement fewer each).
+        nested = transaction.get_connection().in_atomic_block
+        created = _create_conversation(channel, inbound, savepoint=not batched)
+        if not nested:
+            created = None
+    raise RuntimeError("conversation vanished while admitting a message")
+
+
+# PostgreSQL: deadlock_detected, serialization_failure.
+RETRYABLE = ("40P01", "40001")
+
+
+def _retryable(exc) -> bool:
+    """A deadlock or serialization failure (PostgreSQL): only this transaction lost, not
+    the database going away. `admit` retries it; in a batch it fails the batch's
+    transaction, whose messages are then admitted one by one (each retried)."""
+    return getattr(exc.__cause__, "sqlstate", None) in RETRYABLE
+
+
+def _admit(channel, inbound, now, created=None, savepoint=True):
+    with transaction.atomic(savepoint=savepoint):
+        admission = _admit_in_transaction(channel, inbound, now, created)
+        if admission is not None and not admission.duplicate:
+            console.message_admitted(channel, admission.conversation_id, inbound, admission,
+                                     f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
+        return admission
+
+
+def _admit_in_transaction(channel, inbound, now, created=None):
+    """`_admit`'s work, inside its transaction. `created`: the conversation, when this
+    transaction has just created it (nothing else can have touched it)."""
+    command = control.parse(inbound.text) if not inbound.media_type else None
+    conversation = created if created is not None else _conversation_with_state(channel, inbound)
+    if conversation is None:
+        return None
+    arrival = Arrival(channel, conversation, inbound, now)
+    running = conversation.running_turn_id
+    # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
+    # for the agent (tools.confirmations); stored like a control command, outside any buffer.
+    answer = None if (command or inbound.media_type) else confirmations.answer_from_text(
+        channel, conversation, inbound.text)
+    # A conversation with this many messages waiting takes no more into its buffer: the
+    # message is stored (and audited), and the sender told once per episode.
+    overflow = not command and not answer and (
+        conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
+    # The open buffer comes with the conversation, so the message is stored with it
+    # in one statement; with a turn running the strategy decides first.
+    buffer = None if (command or answer or running or overflow) else _known_open_buffer(conversation)
+    # No buffer open and none needed first: the message's new buffer is inserted before
+    # it, so the message is stored in it (not stored, then moved by an UPDATE).
+    fresh = None
+    if not (command or answer or running or overflow) and buffer is None:
+        buffer = fresh = _new_buffer(arrival, None)
+    message = _store_once(arrival, command, buffer,
+                          Disposition.CONTROL if answer else Disposition.OVERFLOW if overflow else Disposition.BUFFERED)
+    if message is None:
+        if fresh is not None:  # a duplicate (rare): the buffer made for it goes again
+            MessageBuffer.objects.filter(pk=fresh.pk).delete()
+        return Admission(duplicate=True, conversation_id=conversation.pk)
+    failpoint("inbound.after_insert")
+    admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
+    if answer:
+        answer.take(message)  # decided once this admission commits
+        admission.disposition = Disposition.CONTROL
+        return admission
+    if command:
+        control.handle(conversation, message, command, now)
+        admission.disposition = Disposition.CONTROL
+        return admission
+    if overflow:
+        _overflowed(conversation, message)
+        admission.disposition = Disposition.OVERFLOW
+        return admission
+    carried = None
+    if running is not None:
+        outcome = double_text(channel, conversation, Turn(pk=running), message, now)
+        if outcome == "rejected":
+            admission.disposition = Disposition.REJECTED
+            return admission
+        carried = running if outcome == "interrupted" else None
+        buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
+    if fresh is None:
+        buffer = _rearm(arrival, buffer, message, carried)
+    return _buffered(admission, buffer)
+
+
+def _buffered(admission, buffer):
+    admission.disposition = Disposition.BUFFERED
+    admission.buffer_id = buffer.pk
+    admission.flush_at = buffer.flush_at
+    admission.planned_reason = buffer.planned_reason
+    admission.window_kind = buffer.window_kind
+    admission.window_seconds = buffer.window_seconds
+    return admission
+
+
+def _first(queryset):
+    """The first row or None, without .first()'s ORDER BY (at most one row matches)."""
+    rows = list(queryset[:1])
+    return rows[0] if rows else None
+
+
+def _conversation_with_state(channel, inbound):
+    lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
+    if connection.features.has_select_for_update:
+        # Lock first, read after: a statement that waited for the lock would otherwise
+        # see the buffer as it was before the previous holder committed (PostgreSQL
+        # re-checks only the locked row). SQLite's BEGIN IMMEDIATE already serialises.
+        # Nothing locked means nothing to read: it may appear (committed by a concurrent
+        # first message) between the two statements, and must not be used unlocked.
+        # NO KEY UPDATE: admissions of one conversation exclude each other, but a flusher
+        # inserting a turn (a foreign-key share lock on this row) is not blocked — it
+        # may hold a buffer row this admission waits for, which would be a deadlock.
+        if not Conversation.objects.select_for_update(no_key=True).filter(**lookup).values_list("pk"):
+            return None
+    row = sql.conversation_with_state(channel.pk, inbound.chat_id, inbound.sender_id)
+    return None if row is None else _conversation_from_row(channel, row)
+
+
+def _conversation_from_row(channel, row):
+    fields = dict(zip(sql.CONVERSATION_COLUMNS, row))
+    conversation = Conversation(channel=channel, **{**fields, "is_group": bool(fields["is_group"]),
+                                                    "context_reset_at": aware(fields["context_reset_at"])})
+    conversation._state.adding, conversation._state.db = False, connection.alias
+    conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.running_turn_id = row[6:10]
+    conversation.open_buffer_first_at = aware(first_at)
+    return conversation
+
+
+def _known_open_buffer(conversation):
+    if conversation.open_buffer_id is None:
+        return None
+    return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,
+                         first_message_at=conversation.open_buffer_first_at,
+                         message_count=conversation.open_buffer_count)
+
+
+def open_conversation(channel, inbound) -> Conversation:
+    """The conversation this sender's messages go to, created if new (the web chat
+    opens it before the first message, to listen to it)."""
+    _create_conversation(channel, inbound)
+    return Conversation.objects.get(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id)
+
+
+def _create_conversation(channel, inbound, savepoint=True):
+    """A conversation's first message creates it in a short transaction of its own, so
+    concurrent first messages race only on these two unique rows, never while holding
+    the locks of an admission. INSERT … ON CONFLICT DO NOTHING settles that race (what
+    get_or_create did with a savepoint, a SELECT and an INSERT for each row, through
+    the ORM: most of the admission of a new conversation's first message).
+    `savepoint=False`: inside a batch's transaction (admit_many)."""
+    with transaction.atomic(savepoint=savepoint):
+        contact = Contact(channel=channel, platform_id=inbound.sender_id,
+                          display_name=inbound.sender_name[:200], username=inbound.username[:100])
+        if not insert(contact, ("channel_id", "platform_id")):
+            contact.pk = Contact.objects.filter(channel=channel, platform_id=inbound.sender_id).values_list(
+                "pk", flat=True).get()
+        conversation = Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
+                                    contact_id=contact.pk, is_group=inbound.is_group)
+        if not insert(conversation, ("channel_id", "chat_id", "sender_id")):
+            return None  # created meanwhile by another admission: read as it stands
+    conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
+    conversation.open_buffer_count = 0
+    return conversation
+
+
+def _overflowed(conversation, message):
+    """Audit a message kept out of the full buffer; the first of an episode (the buffer's
+    first, by compare-and-swap) also gets the notice."""
+    first = MessageBuffer.objects.filter(pk=conversation.open_buffer_id, overflow_noticed=False).update(
+        overflow_noticed=True)
+    if first:
+        ledger.enqueue(conversation, OVERFLOW_NOTICE, kind=OutboundKind.NOTICE,
+                       reply_target=message.reply_target, thread_id=message.thread_id)
+    record(EventKind.MESSAGE_OVERFLOWED, conversation=conversation, target=f"message {message.pk}",
+           actor=conversation.sender_id, summary=message.text[:200],
+           pending=conversation.open_buffer_count, noticed=bool(first))
+
+
+def _store_once(arrival, command, buffer, disposition=Disposition.BUFFERED):
+    """Insert the message under its unique constraint; None when it was already admitted.
+    Inserting first is the dedup: a retry, a resume or a re-polled batch all stop here."""
+    message = _message(arrival, command, buffer, disposition)
+    return message if _insert_unless_admitted(message) else None
+
+
+def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
+    inbound = arrival.inbound
+    kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
+    if command:
+        kind = MessageKind.CONTROL
+    return InboundMessage(
+        channel=arrival.channel, conversation=arrival.conversation, buffer=buffer, disposition=disposition,
+        platform_message_id=inbound.platform_message_id, kind=kind,
+        text=inbound.text, media_type=inbound.media_type,
+        sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
+        thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
+    )
+
+
+def _insert_unless_admitted(message) -> bool:
+    return insert(message, ("channel_id", "platform_message_id"))
+
+
+def _rearm(arrival, buffer, message, carried):
+    """Add the message to the conversation's open buffer (or a new one) and re-plan
+    its deadline from this latest message."""
+    if buffer is not None:
+        fields = _planned(arrival, buffer.first_message_at, buffer.message_count + 1, carried)
+        # Compare-and-swap: the flusher may have claimed this buffer since we read it (it
+        # does not lock the conversation); its turn was then made without this message,
+        # which starts the next buffer instead.
+        if sql.update_open_buffer(buffer.pk, fields):
+            for name, value in fields.items():
+                setattr(buffer, name, value)
+        else:
+            buffer = _reread_open_buffer(arrival, carried)
+    if buffer is None:
+        buffer = _new_buffer(arrival, carried)
+    if message.buffer_id != buffer.pk:
+        _set_buffer(message, buffer)
+    return buffer
+
+
+def _new_buffer(arrival, carried):
+    fields = _planned(arrival, arrival.now, 1, carried)
+    buffer = MessageBuffer(conversation=arrival.conversation, first_message_at=arrival.now, **fields)
+    insert(buffer)
+    return buffer
+
+
+def _set_buffer(message, buffer):
+    """The message joins `buffer` (plain SQL: the ORM's update cost more than the statement)."""
+    sql.set_buffer(message.pk, buffer.pk)
+    message.buffer_id = buffer.pk
+
+
+def _reread_open_buffer(arrival, carried):
+    """After a lost compare-and-swap: the open buffer the flusher may have just made for a
+    burst's remainder (engine._keep_the_rest_waiting), re-armed with this message; None
+    when there is none (the caller creates one)."""
+    buffer = _first(MessageBuffer.objects.filter(conversation=arrival.conversation, state=BufferState.OPEN))
+    if buffer is None:
+        return None
+    fields = _planned(arrival, buffer.first_message_at, buffer.message_count + 1, carried)
+    if not sql.update_open_buffer(buffer.pk, fields):
+        return None
+    for name, value in fields.items():
+        setattr(buffer, name, value)
+    return buffer
+
+
+def _planned(arrival, first_at, count, carried):
+    channel, inbound, now = arrival.channel, arrival.inbound, arrival.now
+    plan = windows.plan_flush(
+        text=inbound.text, is_media=bool(inbound.media_type), now=now, first_message_at=first_at,
+        message_count=count, settings=channel.debounce_settings(),
+    )
+    fields = {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
+              "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds}
+    if carried is not None:
+        fields["carried_turn_id"] = carried
+    return fields

@@ -1,0 +1,58 @@
+"""Refusal: a message the database cannot store as given (a NUL, an unpaired
+surrogate, a field too long) is refused alone, audited, never retried."""
+
+import functools
+import logging
+import re
+
+from audit.events import record
+from audit.models import EventKind
+from conversations.ingest.values import MAX_TEXT_CHARS, Inbound
+from conversations.models import (
+    Conversation,
+    InboundMessage,
+)
+
+log = logging.getLogger("conversations.ingest")  # the name it had as one module
+
+# PostgreSQL refuses NUL in text; no database can encode an unpaired UTF-16 surrogate
+# (JSON's "\ud800" decodes to one).
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+
+
+@functools.cache
+def _field_limits():
+    """Fields of an Inbound stored in columns of bounded length, and those lengths."""
+    column = {"platform_message_id": (InboundMessage, "platform_message_id"), "chat_id": (Conversation, "chat_id"),
+              "sender_id": (Conversation, "sender_id"), "reply_target": (InboundMessage, "reply_target"),
+              "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type")}
+    limits = {name: model._meta.get_field(field).max_length for name, (model, field) in column.items()}
+    return {**limits, "text": MAX_TEXT_CHARS}
+
+
+def refusal(inbound: Inbound) -> str:
+    """Why this message cannot be stored, or "" when it can."""
+    limits = _field_limits()
+    for name in ("platform_message_id", "chat_id", "sender_id", "text", "sender_name", "username",
+                 "media_type", "thread_id", "reply_target"):
+        value = getattr(inbound, name)
+        found = _UNSTORABLE_CHARACTER.search(value)
+        if found:
+            what = "a NUL character" if found.group() == "\x00" else "an unpaired surrogate"
+            return f"{name} contains {what} (U+{ord(found.group()):04X}), which cannot be stored"
+        if name in limits and len(value) > limits[name]:
+            return f"{name} is {len(value)} characters long; at most {limits[name]} can be stored"
+    return ""
+
+
+def printable(value: str, limit: int = 100) -> str:
+    """`value` safe to store in an audit row: unstorable characters escaped, cut to `limit`."""
+    return _UNSTORABLE_CHARACTER.sub(lambda m: f"\\u{ord(m.group()):04x}", value)[:limit]
+
+
+def record_refusal(channel, inbound: Inbound, reason: str, source: str):
+    """Audit a refused message (it has no row of its own to show)."""
+    record(EventKind.MESSAGE_REFUSED, channel_slug=channel.slug, actor=printable(inbound.sender_id),
+           target=f"message {printable(inbound.platform_message_id, 150)}", summary=f"{source}: {reason}")
+    log.warning("channel %s: refused message %s from %s: %s", channel.slug,
+                printable(inbound.platform_message_id), source, reason)

@@ -1,0 +1,58 @@
+"""The values of an admission: a platform message in our terms (Inbound), one being
+admitted (Arrival), what became of it (Admission), and the refusal of one that cannot be stored."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from conversations.models import (
+    Conversation,
+)
+
+# Longest text admitted (the inbound API's limit; Telegram's own is 4096).
+MAX_TEXT_CHARS = 20000
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A platform message in our own terms (parsed from Telegram, the API, the web chat)."""
+
+    platform_message_id: str
+    chat_id: str
+    sender_id: str
+    text: str = ""
+    sender_name: str = ""
+    username: str = ""
+    media_type: str = ""  # "photo", "voice", … ; empty for plain text
+    is_group: bool = False
+    thread_id: str = ""
+    reply_target: str = ""  # the platform id our reply threads to
+    sent_at: datetime | None = None
+
+
+@dataclass
+class Admission:
+    duplicate: bool
+    conversation_id: int | None = None
+    message_id: int | None = None
+    disposition: str = ""
+    buffer_id: int | None = None
+    flush_at: datetime | None = None
+    planned_reason: str = ""
+    window_kind: str = ""
+    window_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One message being admitted: where it came from, the conversation it goes to (read
+    or created by this admission's transaction), and when it arrived."""
+
+    channel: object
+    conversation: Conversation
+    inbound: Inbound
+    now: datetime
+
+
+class Unstorable(ValueError):
+    """A message the database cannot store as given. Refused alone: its caller answers or
+    skips it (and audits the refusal), never retries it."""

@@ -1,0 +1,29 @@
+"""Layer 1's tables: who talks to us, what they said, and when each burst becomes a turn.
+
+State machines are written down once here (the *State enums and their TRANSITIONS);
+every transition goes through the model's checked `transition()` (conversations.states):
+a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a move the
+table does not allow.
+
+The package, by table: `channels`, `messages` (contacts, conversations, inbound
+messages), `buffers`, `turns` (turns, worker heartbeats, context notes), `keys`,
+`edits`. Every model is imported here, so Django finds them all; the migrations name
+the channel's callable defaults at this path (`conversations.models._default_greetings`,
+`_default_conjunctions`, `_platform_choices`), so they are imported here too.
+"""
+
+from conversations.models.buffers import BufferState, FlushReason, MessageBuffer  # noqa: F401
+from conversations.models.channels import (  # noqa: F401
+    Channel,
+    ChannelManager,
+    DoubleTexting,
+    EditsPolicy,
+    TypingMode,
+    _default_conjunctions,
+    _default_greetings,
+    _platform_choices,
+)
+from conversations.models.edits import EditOutcome, MessageEdit  # noqa: F401
+from conversations.models.keys import AgentKey, AgentKeyManager  # noqa: F401
+from conversations.models.messages import Contact, Conversation, Disposition, InboundMessage, MessageKind  # noqa: F401
+from conversations.models.turns import ContextNote, Turn, TurnState, WorkerHeartbeat  # noqa: F401

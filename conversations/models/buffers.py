@@ -1,0 +1,71 @@
+"""Buffers: a burst of messages waiting for its window to close."""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from conversations.models.messages import Conversation
+from conversations.states import StateMachine
+
+
+class FlushReason(models.TextChoices):
+    WINDOW = "window", "Window closed"
+    MAX_WAIT = "max_wait", "Max wait reached"
+    MAX_MESSAGES = "max_messages", "Max messages reached"
+    MEDIA = "media", "Media / non-text"
+    CONTROL = "control", "Control command"
+    EDIT = "edit", "An edit re-runs a cancelled turn"
+
+
+class BufferState(models.TextChoices):
+    OPEN = "open", "Open"
+    FLUSHED = "flushed", "Flushed into a turn"
+    DROPPED = "dropped", "Dropped"
+
+
+class MessageBuffer(StateMachine, models.Model):
+    """The pending messages of a conversation, waiting for their window to close."""
+
+    TRANSITIONS = {
+        BufferState.OPEN: {BufferState.FLUSHED, BufferState.DROPPED},
+        BufferState.FLUSHED: set(),
+        BufferState.DROPPED: set(),
+    }
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="buffers")
+    state = models.CharField(max_length=16, choices=BufferState.choices, default=BufferState.OPEN)
+    first_message_at = models.DateTimeField()
+    last_message_at = models.DateTimeField()
+    flush_at = models.DateTimeField(help_text="The deadline: the buffer flushes at this instant.")
+    # What the deadline was computed from: the reason it will flush for, and the window
+    # the last message got (shown on the dashboard).
+    planned_reason = models.CharField(max_length=16, choices=FlushReason.choices, default=FlushReason.WINDOW)
+    window_kind = models.CharField(max_length=16, blank=True)
+    window_seconds = models.FloatField(default=0.0)
+    message_count = models.PositiveIntegerField(default=0)
+    flush_reason = models.CharField(max_length=16, choices=FlushReason.choices, blank=True)
+    flushed_at = models.DateTimeField(null=True, blank=True)
+    flushed_by = models.CharField(max_length=120, blank=True, help_text="The claim's owner stamp.")
+    # Set by the first message kept out of this full buffer: one notice per episode.
+    overflow_noticed = models.BooleanField(default=False)
+    # interrupt strategy: the cancelled turn whose input this buffer carries forward.
+    carried_turn = models.ForeignKey(
+        "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="carried_into"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation"], condition=Q(state="open"), name="one_open_buffer_per_conversation"
+            )
+        ]
+        # The flusher's query: open buffers by deadline.
+        indexes = [models.Index(fields=["state", "flush_at"], name="buffer_due_idx")]
+
+    def __str__(self):
+        return f"buffer {self.pk} ({self.state}, {self.message_count} msgs)"
+
+    def seconds_left(self, now=None):
+        if self.state != BufferState.OPEN:
+            return None
+        return max(0.0, (self.flush_at - (now or timezone.now())).total_seconds())

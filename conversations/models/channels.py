@@ -1,0 +1,190 @@
+"""Channels (a bot, a WhatsApp number, a web chat, an API channel) and their settings."""
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from agentloop.caches import BoundedCache
+from conversations import windows
+
+
+def _platform_choices():
+    from conversations import platforms
+
+    return platforms.choices()
+
+
+class DoubleTexting(models.TextChoices):
+    """What happens to a message that arrives while the conversation's turn runs."""
+
+    ENQUEUE = "enqueue", "Enqueue: merge into the next turn"
+    REJECT = "reject", "Reject: ask the user to wait"
+    INTERRUPT = "interrupt", "Interrupt: cancel the turn, keep its input"
+    ROLLBACK = "rollback", "Rollback: cancel the turn, drop its input"
+
+
+class TypingMode(models.TextChoices):
+    """When the bot shows "typing…" (where the platform can show it at all)."""
+
+    INSTANT = "instant", "Instant: from the first message of a burst, through the window and the turn"
+    TURN = "turn", "Turn: only while the agent runs"
+    NEVER = "never", "Never"
+
+
+class EditsPolicy(models.TextChoices):
+    """What an edit of a message the user already sent does."""
+
+    APPLY = "apply", "Apply: the corrected text counts"
+    IGNORE = "ignore", "Ignore edits"
+
+
+def _default_greetings():
+    return ", ".join(windows.DEFAULT_GREETINGS)
+
+
+def _default_conjunctions():
+    return ", ".join(windows.DEFAULT_CONJUNCTIONS)
+
+
+class ChannelManager(models.Manager):
+    # Inbound requests look their channel up on every message; a copy at most this
+    # old is good enough (operators' edits apply within a second or two). Both caches are
+    # bounded: an anonymous client choosing slugs must not grow the process. Unknown slugs
+    # get a small cache of their own, so they never push a real channel out.
+    CACHE_SECONDS = 2.0
+    _cache = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
+    _unknown = BoundedCache(maxsize=256, max_age=CACHE_SECONDS)
+
+    def active(self, slug, kind=None):
+        """The active channel with this slug (and kind), from a short per-process cache."""
+        channel = self._cache.get(slug)
+        if channel is None and slug not in self._unknown:
+            channel = self.filter(slug=slug, is_active=True).first()
+            (self._cache if channel is not None else self._unknown).set(slug, channel)
+        return channel if channel is not None and (kind is None or channel.kind == kind) else None
+
+    def forget_cached(self):
+        self._cache.clear()
+        self._unknown.clear()
+
+    def cache_size(self) -> int:
+        """Entries held by this process's channel caches (for tests and operators)."""
+        return len(self._cache) + len(self._unknown)
+
+
+class Channel(models.Model):
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=100, blank=True)
+    # The platform (conversations.platforms, settings.AGENTLOOP_PLATFORMS).
+    kind = models.CharField(max_length=16, choices=_platform_choices, default="api")
+    is_active = models.BooleanField(default=True)
+    # The platform's own settings (bot token, webhook secret, callback URL…), checked on
+    # save against its Platform.settings.
+    platform_settings = models.JSONField(default=dict, blank=True)
+    # Why replies must wait ("" = they may go): computed on save from the platform's
+    # settings, and set by delivery when the platform refuses the channel's credentials.
+    # The ledger's claim reads this column and no other platform rule.
+    send_blocked = models.CharField(max_length=300, blank=True, default="")
+
+    # Polling platforms (Telegram's getUpdates): the next offset, persisted so a restarted
+    # poller never re-reads confirmed updates.
+    poll_offset = models.BigIntegerField(null=True, blank=True)
+    # One poller per channel across all workers (Telegram answers 409 to concurrent getUpdates).
+    poll_owner = models.CharField(max_length=100, blank=True)
+    poll_lease_until = models.DateTimeField(null=True, blank=True)
+
+    # Debounce: the adaptive window (seconds), by what the last message looks like.
+    window_closed = models.FloatField(default=1.2, validators=[MinValueValidator(0.0)],
+                                      help_text="Ends in ? ! or .")
+    window_greeting = models.FloatField(default=4.0, validators=[MinValueValidator(0.0)],
+                                        help_text="A bare greeting: 'hola', 'una consulta'.")
+    window_open = models.FloatField(default=4.0, validators=[MinValueValidator(0.0)],
+                                    help_text="Ends in a comma, '...', ':' or a conjunction.")
+    window_neutral = models.FloatField(default=2.5, validators=[MinValueValidator(0.0)],
+                                       help_text="Anything else.")
+    greeting_words = models.TextField(default=_default_greetings,
+                                      help_text="Comma-separated greetings and phrases.")
+    conjunction_words = models.TextField(default=_default_conjunctions,
+                                         help_text="Comma-separated words that leave a sentence open.")
+    max_wait = models.FloatField(default=15.0, validators=[MinValueValidator(0.0)],
+                                 help_text="A buffer never waits longer than this after its first message.")
+    max_messages = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)],
+                                               help_text="A buffer flushes at once when it holds this many.")
+
+    double_texting = models.CharField(
+        max_length=16, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE
+    )
+    typing_mode = models.CharField(max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
+    edits = models.CharField(max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
+
+    agent = models.CharField(max_length=50, default="echo")
+    agent_config = models.JSONField(default=dict, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ChannelManager()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.name or self.slug
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from conversations.agents import validate_agent_config
+
+        validate_agent_config(self.agent_config)
+        try:
+            platform = self.platform
+        except LookupError as exc:
+            raise ValidationError({"kind": str(exc)}) from exc
+        try:
+            self.platform_settings = platform.clean_settings(self.platform_settings)
+        except ValidationError as exc:
+            # Not keyed by field: the admin shows a platform's settings as fields of
+            # their own ("<kind>_<name>"), and each message names its setting.
+            raise ValidationError(exc.messages) from exc
+
+    @property
+    def platform(self):
+        from conversations import platforms
+
+        return platforms.of(self)
+
+    def setting(self, name, default=""):
+        """One of the platform's settings (its default when the channel has none stored)."""
+        value = (self.platform_settings or {}).get(name)
+        if value in (None, ""):
+            spec = self.platform.settings.get(name)
+            return spec.default if spec is not None else default
+        return value
+
+    def save(self, *args, **kwargs):
+        # Checked on every save (a script's too, not only the admin's), and the block
+        # recomputed: saving a channel whose token was refused lets its replies go again.
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or "platform_settings" in update_fields:
+            self.platform_settings = self.platform.clean_settings(self.platform_settings)
+            self.send_blocked = self.platform.send_blocked(self)[:300]
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "send_blocked"}
+        super().save(*args, **kwargs)
+        Channel.objects.forget_cached()
+
+    def delete(self, *args, **kwargs):
+        Channel.objects.forget_cached()
+        return super().delete(*args, **kwargs)
+
+    def debounce_settings(self) -> windows.DebounceSettings:
+        return windows.DebounceSettings(
+            closed=self.window_closed,
+            greeting=self.window_greeting,
+            open=self.window_open,
+            neutral=self.window_neutral,
+            greetings=windows.parse_words(self.greeting_words),
+            conjunctions=windows.parse_words(self.conjunction_words),
+            max_wait=self.max_wait,
+            max_messages=self.max_messages,
+        )

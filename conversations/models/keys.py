@@ -1,0 +1,43 @@
+"""Agent keys: how an external agent authenticates to the REST API."""
+
+import hashlib
+import secrets
+
+from django.db import models
+
+from conversations.models.channels import Channel
+
+
+class AgentKeyManager(models.Manager):
+    def for_key(self, raw_key: str):
+        """The live key matching `raw_key`, or None. Keys are stored as SHA-256 only."""
+        if not raw_key:
+            return None
+        digest = hashlib.sha256(raw_key.encode()).hexdigest()
+        return self.filter(key_hash=digest, revoked_at__isnull=True).first()
+
+    def issue(self, name: str, channels=()):
+        raw = "al_" + secrets.token_urlsafe(32)
+        key = self.create(name=name, prefix=raw[:8], key_hash=hashlib.sha256(raw.encode()).hexdigest())
+        key.channels.set(channels)
+        return key, raw
+
+
+class AgentKey(models.Model):
+    """An external agent's credential; it sees only the channels it is granted."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    channels = models.ManyToManyField(Channel, blank=True, related_name="agent_keys")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = AgentKeyManager()
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    # DRF treats request.user as authenticated when this is true.
+    is_authenticated = True

@@ -1,0 +1,97 @@
+"""Who talks to us (contacts, conversations) and what they said (inbound messages)."""
+
+from django.db import models
+from django.utils import timezone
+
+from conversations.models.channels import Channel
+
+
+class Contact(models.Model):
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="contacts")
+    platform_id = models.CharField(max_length=100)
+    display_name = models.CharField(max_length=200, blank=True)
+    username = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "platform_id"], name="contact_unique_per_channel")
+        ]
+
+    def __str__(self):
+        return self.display_name or self.username or self.platform_id
+
+
+class Conversation(models.Model):
+    """One (channel, contact) pair; in a group, one (chat, sender) pair."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="conversations")
+    contact = models.ForeignKey(Contact, on_delete=models.CASCADE, related_name="conversations")
+    chat_id = models.CharField(max_length=100)
+    # Denormalised from contact so ingest finds the conversation in one indexed lookup.
+    sender_id = models.CharField(max_length=100)
+    is_group = models.BooleanField(default=False)
+    # History before this instant is not given to the agent (/reset).
+    context_reset_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_message_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "chat_id", "sender_id"], name="conversation_unique_chat_sender"
+            )
+        ]
+
+    def __str__(self):
+        where = f" in {self.chat_id}" if self.is_group else ""
+        return f"{self.contact}{where} @ {self.channel.slug}"
+
+
+class MessageKind(models.TextChoices):
+    TEXT = "text", "Text"
+    MEDIA = "media", "Media"
+    CONTROL = "control", "Control command"
+
+
+class Disposition(models.TextChoices):
+    """What became of an admitted message."""
+
+    BUFFERED = "buffered", "Buffered"
+    CONTROL = "control", "Control command"
+    REJECTED = "rejected", "Rejected (a turn was running)"
+    DROPPED = "dropped", "Dropped (/stop or /reset)"
+    OVERFLOW = "overflow", "Not buffered (too many pending; the sender was told)"
+
+
+class InboundMessage(models.Model):
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages")
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # Platform id, unique per channel (Telegram: "<chat id>:<message id>", as message
+    # ids are only unique within a chat). The constraint *is* the durable dedup.
+    platform_message_id = models.CharField(max_length=120)
+    buffer = models.ForeignKey(
+        "MessageBuffer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+    )
+    kind = models.CharField(max_length=16, choices=MessageKind.choices, default=MessageKind.TEXT)
+    disposition = models.CharField(max_length=16, choices=Disposition.choices, default=Disposition.BUFFERED)
+    text = models.TextField(blank=True)
+    media_type = models.CharField(max_length=30, blank=True)
+    sender_name = models.CharField(max_length=200, blank=True)
+    reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
+    thread_id = models.CharField(max_length=50, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    # The user corrected this message (its text is the corrected one; each edit, with the
+    # text before it, is a MessageEdit row).
+    edited_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "platform_message_id"], name="inbound_message_admitted_once"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.platform_message_id}: {self.text[:40]}"

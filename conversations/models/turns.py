@@ -1,0 +1,97 @@
+"""Turns (a buffer made one request to the agent), the workers that run them, and the
+notes an agent reads in its next turns."""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from conversations.models.buffers import FlushReason, MessageBuffer
+from conversations.models.messages import Conversation
+from conversations.states import StateMachine
+
+
+class TurnState(models.TextChoices):
+    READY = "ready", "Ready"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    CANCELLED = "cancelled", "Cancelled"
+    FAILED = "failed", "Failed"
+
+
+class Turn(StateMachine, models.Model):
+    """One agent run over one merged buffer."""
+
+    TRANSITIONS = {
+        TurnState.READY: {TurnState.RUNNING, TurnState.CANCELLED},
+        # RUNNING -> READY: its worker died before it fired any effect, or an external
+        # agent let its claim lapse, so it is run (or offered) again.
+        TurnState.RUNNING: {TurnState.DONE, TurnState.CANCELLED, TurnState.FAILED, TurnState.READY},
+        TurnState.DONE: set(),
+        TurnState.CANCELLED: set(),
+        TurnState.FAILED: set(),
+    }
+    ACTIVE = (TurnState.READY, TurnState.RUNNING)
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    buffer = models.OneToOneField(
+        MessageBuffer, null=True, blank=True, on_delete=models.SET_NULL, related_name="turn"
+    )
+    merged_input = models.TextField()
+    flush_reason = models.CharField(max_length=16, choices=FlushReason.choices)
+    state = models.CharField(max_length=16, choices=TurnState.choices, default=TurnState.READY)
+    fired_effect = models.BooleanField(
+        default=False, help_text="Set before the first external effect; such a turn is never cancelled."
+    )
+    owner = models.CharField(max_length=100, blank=True, help_text="The worker running it.")
+    reply_target = models.CharField(max_length=200, blank=True)
+    thread_id = models.CharField(max_length=50, blank=True)
+    reply_text = models.TextField(blank=True)
+    outcome = models.CharField(max_length=300, blank=True, help_text="Why it was cancelled or failed.")
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    effect_fired_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One turn at a time per conversation, guaranteed by the database itself.
+            models.UniqueConstraint(
+                fields=["conversation"], condition=Q(state="running"), name="one_running_turn_per_conversation"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state", "created_at"], name="turn_queue_idx"),
+            models.Index(fields=["conversation", "state"], name="turn_conversation_state_idx"),
+        ]
+
+    def __str__(self):
+        return f"turn {self.pk} ({self.state})"
+
+
+class WorkerHeartbeat(models.Model):
+    """Each worker loop stamps its claims with `owner` and keeps this row fresh."""
+
+    owner = models.CharField(max_length=100, unique=True)
+    hostname = models.CharField(max_length=100)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.owner
+
+
+class ContextNote(models.Model):
+    """Something the agent must know in its next turns that was not said in the chat:
+    e.g. a person approved or rejected an action it proposed."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="notes")
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return self.text[:80]

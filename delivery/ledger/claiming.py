@@ -1,0 +1,272 @@
+"""Claiming: the compare-and-swap that moves due rows to `attempting` under one owner
+(and, for paced channels, gives each its send slot)."""
+
+import itertools
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Case, F, Q, Value, When
+from django.utils import timezone
+
+from conversations.platforms import transport_for
+from delivery import pacing, sql
+from delivery.ledger.outcomes import release
+from delivery.ledger.replies import FRESHNESS, MAX_RESENDS, attempt_timeout, enabled
+from delivery.models import OutboundKind, OutboundMessage, OutboundState
+
+_tokens = itertools.count()
+_token_prefix = secrets.token_hex(6)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim's terms: who claims, at what time, the owners known dead (their
+    `attempting` rows are orphans), whether it is a worker's boot sweep (a last resend
+    kept for the next start is due), and the pacing's clock (None: the database's)."""
+
+    owner: str
+    now: datetime
+    dead_owners: object = ()
+    boot: bool = False
+    clock: float | None = None
+
+
+def _within_budget():
+    """Attempts are sends that may have left: a flood or a send that never left gives its
+    attempt back (`_defer`), so only those count."""
+    return Q(attempts__lte=F("extra_resends") + MAX_RESENDS)
+
+
+def _claimable(now, dead_owners, boot):
+    due = Q(state=OutboundState.PENDING)
+    if enabled():
+        due |= Q(state=OutboundState.FAILED, next_attempt_at__lte=now)
+        if boot:
+            due |= Q(state=OutboundState.FAILED, next_attempt_at__isnull=True)
+        orphaned = Q(state=OutboundState.ATTEMPTING, claimed_at__lt=now - attempt_timeout())
+        if dead_owners:
+            orphaned |= Q(state=OutboundState.ATTEMPTING, owner__in=list(dead_owners))
+        due |= orphaned
+    return due & _within_budget() & _fresh(now) & _sendable()
+
+
+def _fresh(now):
+    """24 h from its creation, or from an operator's retry."""
+    return Q(created_at__gt=now - FRESHNESS) | Q(retried_at__gt=now - FRESHNESS)
+
+
+def _sendable():
+    """Only rows whose channel can send now: an inactive channel's rows wait, and so do
+    those of a channel its platform says cannot send (Channel.send_blocked: a setting
+    missing, credentials the platform refused).
+
+    A subquery, not a join: with a join Django writes the claim as `UPDATE … WHERE id IN
+    (SELECT … )`, and PostgreSQL, re-checking a row another claim just moved, re-checks
+    only that outer `id IN` — so two sweeps racing for the same pending rows both won
+    them, the second labelled (a duplicate, found by two workers draining one paced
+    bot). Here the state test stays in the UPDATE's own WHERE, which the re-check reads."""
+    from conversations.models import Channel
+
+    return Q(channel_id__in=Channel.objects.filter(is_active=True, send_blocked="").values("id"))
+
+
+def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
+    return [pk for pk, *_ in _candidates(dead_owners, limit, now or timezone.now(), boot, older_than)]
+
+
+def _candidates(dead_owners, limit, now, boot, older_than=None):
+    """Claimable rows, oldest first, as (id, channel id, chat id, chunks left to send)."""
+    rows = OutboundMessage.objects.filter(_claimable(now, dead_owners, boot))
+    if older_than is not None:
+        rows = rows.filter(created_at__lte=older_than)
+    return _as_candidates(rows.order_by("created_at", "pk")[:limit])
+
+
+def _as_candidates(rows):
+    """Rows as claim candidates: (id, channel id, chat id, chunks left to send)."""
+    found = rows.values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered")
+    return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered in found]
+
+
+def _claim(ids, request: ClaimRequest) -> str:
+    """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
+    under the request's owner, stamped with a fresh token (returned). `needs_marker` is computed from
+    the row before it (SQL evaluates SET expressions on the old row): the chunk the send
+    resumes at is labelled if its send had started before; the claim starts it. (A paced
+    row may wait up to the pacing horizon for its slot: a worker that dies meanwhile
+    leaves it labelled, as nobody can tell whether it went.)"""
+    token = _new_token()
+    OutboundMessage.transition(
+        list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
+        where=_claimable(request.now, request.dead_owners, request.boot), owner=request.owner, claim_token=token,
+        claimed_at=request.now,
+        needs_marker=Case(When(_started_before(), then=Value(True)), default=Value(False)),
+        chunks_started=F("chunks_delivered") + 1, attempts=F("attempts") + 1,
+    )
+    return token
+
+
+def _new_token() -> str:
+    """A claim's stamp, unique to this process and call."""
+    return f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
+
+
+def _started_before():
+    """The chunk a claim resumes at had started before: its send may have landed. (A row
+    an older build claimed counting attempts only was marked started by migration 0006.)"""
+    return Q(chunks_started__gt=F("chunks_delivered"))
+
+
+def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
+    """Claim these rows for `owner` (those still claimable, and of paced channels those
+    whose slot is near); returns what was won."""
+    if not ids:
+        return []
+    clock = None if now is None else now.timestamp()  # injected time paces by it too
+    now = now or timezone.now()
+    candidates = _as_candidates(OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk"))
+    return _claim_candidates(candidates, ClaimRequest(owner, now, dead_owners, boot, clock))
+
+
+def _claim_candidates(candidates, request: ClaimRequest):
+    """Claim candidates (oldest first): rows of unpaced channels at once; of a paced bot,
+    as many of its oldest rows as its budget has room for within the horizon
+    (delivery.pacing), each then given its slot — claimed first, so workers sweeping
+    side by side never reserve slots for the same row. A row whose slot is not near
+    after all (its chat not free in time, or another worker took the bot's room) is
+    released as it was, and its chat's later rows with it. The slot rides on the row
+    (`pace_delay` from the reservation, `send_at` on the monotonic clock); `send` waits
+    for it."""
+    channels = _channels({channel for _, channel, _, _ in candidates})
+    plain, paced, chunks_left = [], {}, {}
+    for pk, channel_id, chat_id, left in candidates:
+        channel = channels.get(channel_id)
+        pace = transport_for(channel).pace(chat_id) if channel is not None else None
+        if pace is None:
+            plain.append(pk)
+        else:
+            paced.setdefault(pace.bot, []).append(pk)
+            chunks_left[pk] = (pace, left)
+    chosen = [pk for bot, ids in paced.items()
+              for pk in ids[:pacing.room(chunks_left[ids[0]][0], pacing.HORIZON, request.clock)]]
+    rows = _won(plain, request, channels)
+    for row in rows:
+        row.pace, row.pace_delay, row.send_at = None, 0.0, 0.0
+    won = _won(chosen, request, channels)
+    rows += _slotted(sorted(won, key=lambda row: (row.created_at, row.pk)), chunks_left, request)
+    rows.sort(key=lambda row: (row.created_at, row.pk))
+    return rows
+
+
+def _slotted(rows, chunks_left, request: ClaimRequest):
+    """Reserve each claimed paced row's slot, in order; release those that get none."""
+    full_bots, waiting_chats, slotted, unslotted = set(), set(), [], []
+    for row in rows:
+        pace, left = chunks_left[row.pk]
+        slot = pacing.Slot(None)
+        if pace.bot not in full_bots and (row.channel_id, row.chat_id) not in waiting_chats:
+            slot = pacing.reserve(pace, pacing.HORIZON, request.clock, chunks=left)
+        if slot.delay is None:
+            (full_bots.add(pace.bot) if slot.full == "bot" else waiting_chats.add((row.channel_id, row.chat_id)))
+            unslotted.append(row)
+            continue
+        row.pace, row.pace_delay, row.send_at = pace, slot.delay, time.monotonic() + slot.delay
+        slotted.append(row)
+    release(unslotted, request.owner)
+    return slotted
+
+
+def _won(ids, request: ClaimRequest, channels):
+    if not ids:
+        return []
+    token = _claim(ids, request)
+    rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token))
+    for row in rows:
+        row.channel = channels[row.channel_id]
+    _attach_buttons(rows)
+    return rows
+
+
+def _channels(ids) -> dict:
+    """The rows' channels (bots), loaded once per channel rather than joined per row."""
+    from conversations.models import Channel
+
+    return Channel.objects.in_bulk(ids) if ids else {}
+
+
+def _attach_buttons(rows):
+    """A question asking the user to confirm an action (a notice row of
+    tools.confirmations) goes out with its answer buttons while its proposal is open:
+    one query per batch that has notices, none for a batch of replies."""
+    from tools.confirmations import buttons_for_rows
+
+    notices = [row for row in rows if row.kind == OutboundKind.NOTICE]
+    if notices:
+        found = buttons_for_rows([row.pk for row in notices])
+        for row in notices:
+            row.buttons = found.get(row.pk, ())
+
+
+def claim_written(rows, owner, now=None):
+    """Claim rows this process has just written (their objects in hand): the same
+    compare-and-swap as a sweep's claim of a pending row, in SQL written once, which
+    returns the ids it won — the turn's completion path, where hundreds of replies are
+    claimed at once. Rows of paced channels take the paced claim (`claim_many`): a few dozen a second.
+    (The statement, and why it is SQL: `delivery.sql.claim_pending`.)"""
+    if not rows:
+        return []
+    paced = [row for row in rows if transport_for(row.channel).pace(row.chat_id) is not None]
+    if paced:
+        return _claim_written_paced(rows, paced, owner, now)
+    now = now or timezone.now()
+    token = _new_token()
+    ids = [row.pk for row in rows]
+    won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
+    claimed = [row for row in rows if row.pk in won]
+    for row in claimed:  # as the UPDATE left them
+        row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
+        row.needs_marker = row.chunks_started > row.chunks_delivered
+        row.attempts += 1
+        row.chunks_started = row.chunks_delivered + 1
+    return claimed
+
+
+def _claim_written_paced(rows, paced, owner, now):
+    """`claim_written` where some rows are paced: those go through the paced claim (a few
+    dozen a second at most) and take the claimed state onto the objects in hand."""
+    ids = {row.pk for row in paced}
+    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now)  # (None: now)
+    won = {row.pk: row for row in claim_many(list(ids), owner, now=now)}
+    for row in paced:
+        fresh = won.get(row.pk)
+        if fresh is not None:
+            for name in ("state", "owner", "claim_token", "claimed_at", "needs_marker", "attempts",
+                         "chunks_started", "pace", "pace_delay", "send_at"):
+                setattr(row, name, getattr(fresh, name))
+            claimed.append(row)
+    return claimed
+
+
+def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
+    """Claim what is due, oldest first. Injected time (`now`) is the pacing's clock too;
+    without it, the database's."""
+    clock = None if now is None else now.timestamp()
+    now = now or timezone.now()
+    if not boot and not maybe_claimable(dead_owners, now):
+        return []
+    return _claim_candidates(_candidates(dead_owners, limit, now, boot), ClaimRequest(owner, now, dead_owners, boot, clock))
+
+
+def maybe_claimable(dead_owners, now) -> bool:
+    """Whether any row could be claimable now: a superset of `_claimable` (its state and
+    timer conditions, one index probe each, no budget, freshness or channel checks), so
+    False means the full query would find nothing (`delivery.sql.maybe_due`: why SQL)."""
+    return sql.maybe_due(now, timers=enabled(), orphaned_before=now - attempt_timeout(), dead_owners=dead_owners)
+
+
+def holds_rows(owner) -> bool:
+    """Whether `owner` still holds rows mid-send (its heartbeat must outlive them)."""
+    return OutboundMessage.objects.filter(owner=owner, state=OutboundState.ATTEMPTING).exists()

@@ -1,0 +1,206 @@
+"""Outcomes: what one attempt's result does to its row (delivered, deferred, resent,
+unreachable, abandoned), and giving back a claim whose send did not leave."""
+
+import logging
+from datetime import timedelta
+
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from audit.events import record, record_many
+from audit.models import EventKind
+from audit.redaction import redact
+from conversations.platforms import transport_for
+from delivery import console, pacing, sql
+from delivery.ledger.replies import BACKOFF, MAX_RESENDS, NOT_SENT_MAX_WAIT, enabled
+from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.retry_after import clamp_retry_after
+from delivery.transports import SendResult
+
+log = logging.getLogger("delivery.ledger")  # the name it had as one module
+
+
+def finish_many(outcomes, owner, now=None):
+    """Record send outcomes. Deliveries — nearly all of them — are one UPDATE for the
+    whole batch (each row's platform id chosen by CASE); the rest one by one.
+
+    Rows are isolated: each write runs in a savepoint of the caller's transaction, so one
+    row that cannot be recorded never undoes the others' (a rolled-back "delivered" mark
+    would be resent, labelled). A row that fails stays `attempting` and is recovered as
+    an orphan. Only the database going away is raised (the caller retries the batch)."""
+    now = now or timezone.now()
+    outcomes = [(row, result) for row, result in outcomes if row.pk is not None]
+    delivered = [(row, result) for row, result in outcomes if result.ok]
+    if delivered:
+        _record_deliveries(delivered, owner, now)
+    failures = [row.pk for row, result in outcomes if not result.ok and not _isolated(finish, row, owner, result, now)]
+    if failures:
+        log.error("could not record the outcome of ledger rows %s; they will be recovered as orphans", failures)
+    console.sends_recorded(outcomes)
+
+
+def _record_deliveries(delivered, owner, now):
+    def batch():
+        won = sql.mark_delivered([(row.pk, result.platform_message_id) for row, result in delivered], owner, now)
+        _after_delivery([row for row, _ in delivered if row.pk in won], now)
+
+    if len(delivered) > 1 and _isolated(batch):
+        return
+    failures = [row.pk for row, result in delivered if not _isolated(_record_delivery, row, result, owner, now)]
+    if failures:
+        log.error("could not record the delivery of ledger rows %s; they will be recovered as orphans", failures)
+
+
+def _record_delivery(row, result, owner, now):
+    won = sql.mark_delivered([(row.pk, result.platform_message_id)], owner, now)
+    _after_delivery([row] if row.pk in won else [], now)
+
+
+def _isolated(write, *args) -> bool:
+    """Run one write in a savepoint; False (rolled back to the savepoint) if it failed
+    for any reason but the database going away."""
+    try:
+        with transaction.atomic():
+            write(*args)
+        return True
+    except (OperationalError, InterfaceError):
+        raise
+    except (DatabaseError, ArithmeticError, ValueError, TypeError):
+        log.exception("recording a ledger outcome failed")
+        return False
+
+
+def _after_delivery(rows, now):
+    record_many([dict(kind=EventKind.REPLY_RECOVERED, conversation_id=row.conversation_id,
+                      channel_slug=row.channel.slug, actor=row.owner, target=f"ledger row {row.pk}",
+                      summary=f"resent with the recovery prefix (attempt {row.attempts})",
+                      attempts=row.attempts)
+                 for row in rows if row.needs_marker])
+    chats = {(row.channel_id, row.chat_id) for row in rows}
+    if chats and UnreachableChat.objects.filter(channel_id__in={c for c, _ in chats}).exists():
+        for channel_id, chat_id in chats:  # it was reached again: not unreachable any more
+            UnreachableChat.objects.filter(channel_id=channel_id, chat_id=chat_id).delete()
+
+
+def resends_used(row) -> int:
+    """Resends spent so far: attempts after the first (a deferred send gave its own back)."""
+    return max(0, row.attempts - 1)
+
+
+def finish(row, owner, result: SendResult, now=None):
+    """Record one attempt's outcome (a compare-and-swap on the claim we hold)."""
+    now = now or timezone.now()
+    if result.ok:
+        return finish_many([(row, result)], owner, now)
+    def mine(new_state, **fields):
+        return OutboundMessage.transition(row.pk, OutboundState.ATTEMPTING, new_state,
+                                          where={"owner": owner, "claim_token": row.claim_token}, **fields)
+
+    error = redact(result.error)[:300]
+    if not enabled():
+        # No ledger: one try, then the reply is given up (and said so in the log).
+        mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error, next_attempt_at=None)
+        return None
+    if result.outcome in (Outcome.FLOOD, Outcome.NOT_SENT):
+        return _defer(row, owner, result, error, now)
+    if result.outcome == Outcome.CHANNEL_BLOCKED:
+        return wait_for_channel(row, owner, error, now)
+    if result.outcome == Outcome.PERMANENT:
+        with transaction.atomic():
+            if mine(OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
+                    next_attempt_at=None):
+                mark_unreachable(row, error, now)
+        return OutboundState.UNREACHABLE
+    # Temporary or ambiguous: a resend, on the budget.
+    next_resend = resends_used(row) + 1
+    budget = MAX_RESENDS + row.extra_resends
+    if next_resend > budget:
+        with transaction.atomic():
+            if mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error,
+                    next_attempt_at=None):
+                _audit_abandoned(row, f"{budget} resends spent; last error: {error}")
+        return OutboundState.ABANDONED
+    # The last budgeted resend is kept for the next worker start.
+    when = None if next_resend == budget else now + BACKOFF[min(next_resend, len(BACKOFF)) - 1]
+    mine(OutboundState.FAILED, next_attempt_at=when, last_outcome=result.outcome, last_error=error)
+    return OutboundState.FAILED
+
+
+def _defer(row, owner, result, error, now):
+    """The send provably did not leave (a flood refused it; no connection could be had or
+    made): the row waits and goes out again as it would have — unlabelled unless the chunk
+    it stopped at carried the label — and the attempt is given back. A flood pauses the
+    whole bot (every row of it) for the penalty; a send that never left waits 1 s, then
+    2, 4… up to a minute (the 24-hour freshness still bounds it)."""
+    if result.outcome == Outcome.FLOOD:
+        wait = clamp_retry_after(result.retry_after)
+        pace = transport_for(row.channel).pace(row.chat_id)
+        if pace is not None:  # on this host's clock (`now`, injectable): a second's skew is nothing here
+            pacing.pause(pace.bot, wait, clock=now.timestamp())
+    else:
+        wait = min(2.0 ** row.flood_waits, NOT_SENT_MAX_WAIT)
+    _give_back(row, owner, OutboundState.FAILED, flood_waits=F("flood_waits") + 1,
+               next_attempt_at=now + timedelta(seconds=wait), last_outcome=result.outcome, last_error=error)
+    return OutboundState.FAILED
+
+
+def _give_back(row, owner, state, **fields) -> int:
+    """Undo our claim of a row whose send did not leave: the attempt it counted returned,
+    and the chunk it stopped at left as it was before (labelled next time only if it
+    carried the label this time — its earlier send may have landed)."""
+    carried_label = row.needs_marker and row.chunks_delivered == getattr(row, "resumed_at", row.chunks_delivered)
+    fields.setdefault("next_attempt_at", timezone.now())
+    return OutboundMessage.transition(
+        row.pk, OutboundState.ATTEMPTING, state, where={"owner": owner, "claim_token": row.claim_token},
+        owner="", claim_token="", claimed_at=None, attempts=F("attempts") - 1, needs_marker=False,
+        chunks_started=F("chunks_delivered") + (1 if carried_label else 0), **fields)
+
+
+def _waiting_state(row):
+    """Where a claimed row waits when its attempt is given back: pending if it was never
+    tried before, else failed (a timer makes it due)."""
+    return OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
+
+
+def wait_for_channel(row, owner, error, now):
+    """The platform refused the channel's credentials: nothing was sent, so the row goes
+    back to waiting as it was before the claim (its attempt given back: a dead token must
+    not spend the resend budget), and the channel's replies wait until an operator saves
+    it again (Channel.save recomputes send_blocked). Audited once per block."""
+    from conversations.models import Channel
+
+    before = _waiting_state(row)
+    with transaction.atomic():
+        _give_back(row, owner, before, next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
+        if Channel.objects.filter(pk=row.channel_id, send_blocked="").update(send_blocked=error or "refused"):
+            Channel.objects.forget_cached()
+            record(EventKind.CHANNEL_BLOCKED, channel_slug=row.channel.slug, actor=row.owner or owner,
+                   target=f"channel {row.channel.slug}",
+                   summary=f"replies wait until the channel is saved again: {error}"[:300], ledger_row=row.pk)
+    return before
+
+
+def mark_unreachable(row, error, now):
+    mark, created = UnreachableChat.objects.get_or_create(
+        channel_id=row.channel_id, chat_id=row.chat_id, defaults={"error": error, "since": now,
+                                                                   "last_failure_at": now})
+    if not created:
+        UnreachableChat.objects.filter(pk=mark.pk).update(error=error, last_failure_at=now,
+                                                          failures=F("failures") + 1)
+        return
+    record(EventKind.CHAT_UNREACHABLE, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
+           actor=row.owner, target=f"chat {row.chat_id}", summary=f"never retried: {error}"[:300],
+           ledger_row=row.pk)
+
+
+def _audit_abandoned(row, why):
+    record(EventKind.REPLY_ABANDONED, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
+           actor=row.owner or "ledger", target=f"ledger row {row.pk}", summary=why[:300], ledger_row=row.pk)
+
+
+def release(rows, owner) -> int:
+    """Give back claimed rows this owner did not send: as they were before the claim
+    (the attempt it counted is returned, so an unsent row goes out plain if it never
+    went out before)."""
+    return sum(_give_back(row, owner, _waiting_state(row)) for row in rows)

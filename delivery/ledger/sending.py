@@ -1,0 +1,122 @@
+"""Sending: a claimed row's chunks, in order, each start and delivery written down."""
+
+import asyncio
+import logging
+import time
+
+from audit.failpoints import failpoint
+from conversations.platforms import transport_for
+from delivery import faults, pacing
+from delivery.ledger.replies import LATE_RESLOTS, RECOVERY_PREFIX, parts
+from delivery.models import OutboundMessage, OutboundState, Outcome
+from delivery.transports import SendResult, Target
+
+log = logging.getLogger("delivery.ledger")  # the name it had as one module
+
+
+def text_to_send(row) -> str:
+    """The chunk this attempt resumes at, labelled if its send may have happened before."""
+    text = parts(row)[row.chunks_delivered]
+    return RECOVERY_PREFIX + text if row.needs_marker else text
+
+
+async def send(row, db=None) -> SendResult:
+    """Send a claimed row's chunks in order, from the first not known delivered. Around
+    each chunk but the attempt's first (started by the claim) and the last (recorded by
+    `finish_many`), its start and its delivery are written down (through `db`, an async
+    runner of a database function, `sync_to_async` by default), so a crash between
+    chunks knows which were delivered and whether the next had started.
+
+    A paced row (`row.pace`, set by the claim) waits for its reserved slot first; its
+    later chunks wait a chat interval after the chunk before, and a bot slot each."""
+    failpoint("ledger.after_claim")
+    db = db or _in_a_thread
+    pieces, first = parts(row), row.chunks_delivered
+    row.resumed_at = first  # the chunk the label, if any, rides on (`_defer`)
+    pace, sent_at = getattr(row, "pace", None), None
+    result = SendResult.delivered(row.platform_message_id)
+    for index in range(first, len(pieces)):
+        if pace is not None and not await _slot_reached(db, row, pace, sent_at):
+            result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not sent: no send slot could be reserved")
+            break
+        if index > first and not await _note(db, row, chunks_started=index + 1):
+            result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not started: its start not recorded")
+            break
+        target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
+                        conversation_id=row.conversation_id,
+                        buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
+        label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
+        sent_at = time.monotonic()
+        result = await transport_for(row.channel).send_text(target, label + pieces[index])
+        failpoint("ledger.after_chunk_send")
+        if not result.ok or index == len(pieces) - 1:
+            break
+        if not await _note(db, row, chunks_delivered=index + 1):
+            result = SendResult.failed(Outcome.AMBIGUOUS, f"chunk {index + 1} sent; its delivery not recorded")
+            break
+        failpoint("ledger.after_chunk")
+    failpoint("ledger.after_send")
+    if not result.ok:
+        faults.failed(row.channel, result)
+    else:
+        faults.recovered(row.channel)
+    return result
+
+
+async def _slot_reached(db, row, pace, sent_at) -> bool:
+    """Wait for the chunk's slot; False if it could not be reserved (the database away):
+    the chunk has not left, so the attempt stops there, resent unlabelled (reported once
+    per channel with the send's outcome, and by the database thread once per fault)."""
+    try:
+        await _wait_for_slot(db, row, pace, sent_at)
+    except Exception:
+        return False
+    return True
+
+
+async def _wait_for_slot(db, row, pace, sent_at):
+    """Sleep until this chunk's slot: the attempt's first waits out the delay its claim
+    reserved; a later one a chat interval after the chunk before (`sent_at`, monotonic),
+    then a bot slot of its own. A send that wakes well past its slot (the event loop or
+    the database was busy) takes a fresh slot instead of going at once: the platform
+    counts arrivals, and overdue sends going out together are the burst pacing exists to
+    prevent. Twice at most; then it goes."""
+    if sent_at is None:
+        due = getattr(row, "send_at", 0.0)
+    else:
+        await asyncio.sleep(max(sent_at + pace.chat_interval - time.monotonic(), 0.0))
+        due = time.monotonic() + await db(pacing.chunk_slot, pace)
+    for _ in range(LATE_RESLOTS):
+        await asyncio.sleep(max(due - time.monotonic(), 0.0))
+        if time.monotonic() - due <= pacing.LATE_TOLERANCE:
+            return
+        due = time.monotonic() + await db(pacing.bot_slot, pace)
+    await asyncio.sleep(max(due - time.monotonic(), 0.0))
+
+
+async def _in_a_thread(fn, *args):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(fn)(*args)
+
+
+async def _note(db, row, **progress) -> bool:
+    """Record a chunk's progress on the claim we hold; False if it could not be (the
+    database away, or the claim lost): the attempt stops there. With the ledger off
+    (a row kept in memory only) there is nothing to record."""
+    if row.pk is None:
+        return True
+    try:
+        noted = await db(note_progress, row.pk, row.claim_token, progress)
+    except Exception as exc:
+        log.warning("could not record the progress of ledger row %s: %s", row.pk, type(exc).__name__)
+        return False
+    if noted:
+        for name, value in progress.items():
+            setattr(row, name, value)
+    return bool(noted)
+
+
+def note_progress(pk, claim_token, progress) -> int:
+    return OutboundMessage.transition(pk, OutboundState.ATTEMPTING, OutboundState.ATTEMPTING,
+                                      where={"claim_token": claim_token}, **progress)

@@ -1,0 +1,130 @@
+"""Sweeps: abandoning what is stale, pruning what is finished, an operator's retry and
+abandon, and django-q2's safety sweep."""
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from delivery import pacing
+from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
+from delivery.ledger.outcomes import _audit_abandoned, finish_many, release, resends_used
+from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, PRUNE_AFTER, attempt_timeout
+from delivery.ledger.sending import send
+from delivery.models import OutboundMessage, OutboundState, UnreachableChat
+
+
+def abandon_stale(now=None, dead_owners=()) -> int:
+    """Open rows past their freshness, or past their resend budget with nobody sending
+    them, are abandoned."""
+    now = now or timezone.now()
+    idle = Q(state__in=[OutboundState.PENDING, OutboundState.FAILED]) | Q(
+        state=OutboundState.ATTEMPTING, claimed_at__lt=now - attempt_timeout())
+    if dead_owners:
+        idle |= Q(state=OutboundState.ATTEMPTING, owner__in=list(dead_owners))
+    stale = Q(state__in=OutboundMessage.OPEN) & ~_fresh(now)
+    spent = ~_within_budget()
+    abandoned = 0
+    for row in OutboundMessage.objects.select_related("channel").filter(idle & (stale | spent))[:500]:
+        with transaction.atomic():
+            if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED,
+                                          where={"attempts": row.attempts}, next_attempt_at=None):
+                why = "resend budget spent" if row.attempts > row.extra_resends + MAX_RESENDS \
+                    else "older than 24 h"
+                _audit_abandoned(row, f"{why}; last error: {row.last_error or '—'}")
+                abandoned += 1
+    return abandoned
+
+
+def prune(now=None) -> int:
+    """Finished rows are deleted after 7 days (django-q2 schedule, daily)."""
+    now = now or timezone.now()
+    finished = [OutboundState.DELIVERED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]
+    deleted, _ = OutboundMessage.objects.filter(state__in=finished, created_at__lte=now - PRUNE_AFTER).delete()
+    return deleted
+
+
+def retry_now(ids, by="operator") -> int:
+    """An operator's "retry now": failed, abandoned or unreachable rows get one more
+    resend, due at once (they will carry the recovery prefix)."""
+    now = timezone.now()
+    moved = 0
+    for row in OutboundMessage.objects.filter(pk__in=list(ids), state__in=[
+            OutboundState.FAILED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]):
+        grant = max(0, resends_used(row) + 1 - MAX_RESENDS - row.extra_resends)
+        moved += OutboundMessage.transition(
+            row.pk, row.state, OutboundState.FAILED, next_attempt_at=now, extra_resends=F("extra_resends") + grant,
+            retried_at=now, last_error=f"retry requested by {by}"[:300])
+    return moved
+
+
+def abandon(ids, by="operator") -> int:
+    rows = OutboundMessage.objects.select_related("channel").filter(
+        pk__in=list(ids), state__in=[OutboundState.PENDING, OutboundState.FAILED])
+    abandoned = 0
+    for row in rows:
+        with transaction.atomic():
+            if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED, next_attempt_at=None):
+                _audit_abandoned(row, f"abandoned by {by}")
+                abandoned += 1
+    return abandoned
+
+
+def channel_health(channel_id) -> dict:
+    """For the admin's channel page: the last error and the unreachable chats."""
+    last = (OutboundMessage.objects.filter(channel_id=channel_id).exclude(last_error="")
+            .order_by("-claimed_at").values("last_error", "claimed_at").first())
+    unreachable = list(UnreachableChat.objects.filter(channel_id=channel_id).order_by("-last_failure_at")
+                       .values_list("chat_id", "error", "since")[:50])
+    return {"last_error": last, "unreachable": unreachable}
+
+
+def safety_sweep(budget=None, batch=1):
+    """django-q2's safety net (every minute): abandon stale rows, and deliver what is due
+    when no worker loop is doing it — the claims make racing a live worker harmless.
+
+    It claims a small batch at a time (one row by default: a row claimed is a row being
+    sent, so a sweep killed at django-q2's task timeout — or by anything — never leaves
+    a delivered row `attempting` nor spends an attempt of a row it did not send),
+    records each outcome right after its send, stops claiming when its time budget is
+    spent, and gives back whatever it claimed and did not send. A due row whose chat or
+    bot has no send slot yet (pacing) is waited for, within the budget."""
+    from conversations.platforms import close_clients
+
+    abandoned = abandon_stale()
+    pacing.forget_spent()
+    owner = f"tasks:{os.uname().nodename}:{os.getpid()}"
+    deadline = time.monotonic() + (settings.AGENTLOOP_SAFETY_SWEEP_BUDGET if budget is None else budget)
+    loop = asyncio.new_event_loop()
+    sent = 0
+    try:
+        while time.monotonic() < deadline:
+            now = timezone.now()
+            # Leave fresh rows to the worker loop, which sends them within milliseconds.
+            due = claimable_ids(limit=batch, now=now, older_than=now - timedelta(seconds=30))
+            rows = claim_many(due, owner)
+            if not rows and not due:
+                break
+            if not rows:  # due, but paced: its chat or bot has no slot yet
+                time.sleep(min(PACED_RETRY, max(deadline - time.monotonic(), 0)))
+                continue
+            sent += _send_each(loop, rows, owner, deadline)
+    finally:
+        loop.run_until_complete(close_clients())
+        loop.close()
+    return {"abandoned": abandoned, "sent": sent}
+
+
+def _send_each(loop, rows, owner, deadline) -> int:
+    for done, row in enumerate(rows):
+        if time.monotonic() >= deadline:
+            release(rows[done:], owner)
+            return done
+        result = loop.run_until_complete(send(row))
+        finish_many([(row, result)], owner)
+    return len(rows)

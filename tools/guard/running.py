@@ -1,0 +1,168 @@
+"""Running: a hosted tool behind the guard — claim, run the effect, confirm or release;
+an identical call settled against the claim that holds its fingerprint."""
+
+import logging
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from audit.failpoints import failpoint
+from tools import registry
+from tools.guard.claiming import (
+    ClaimRequest,
+    RateLimited,
+    duplicate_outcome,
+    note_duplicate,
+    rate_limited_outcome,
+    take_claim,
+)
+from tools.guard.helpers import _call_of, transition
+from tools.guard.outcomes import Outcome, Status
+from tools.guard.policies import policy_for
+from tools.guard.uncertainty import mark_uncertain, reconcile
+from tools.models import ClaimState
+from tools.registry import OutcomeUnknown, Scope, ToolCall, ToolError
+
+log = logging.getLogger("tools.guard")  # the name it had as one module
+
+
+def execute(tool, claim) -> Outcome:
+    """Run the effect for a claim we hold, then confirm or release it."""
+    failpoint("tool.after_claim")
+    try:
+        result = tool.run(_call_of(claim))
+    except OutcomeUnknown as exc:
+        mark_uncertain(claim, f"outcome unknown: {exc}")
+        state = reconcile(claim)
+        if state == ClaimState.DONE:
+            claim.refresh_from_db()
+            return Outcome(Status.DONE, result=claim.result, claim_id=claim.pk)
+        note = ("The action was attempted but its outcome is unknown (" + str(exc) + "); it may have happened. "
+                "Do not retry it; tell the user it may be done and ask them to check.")
+        return Outcome(Status.UNCERTAIN, note=note, claim_id=claim.pk)
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, ToolError):
+            log.exception("tool %s failed on claim %s", tool.name, claim.pk)
+        transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.RELEASED, error=error[:2000])
+        return Outcome(Status.FAILED, error=error, claim_id=claim.pk,
+                       note="The action failed and did not happen; you may tell the user or try again.")
+    failpoint("tool.after_effect")
+    # From UNCERTAIN too: the run outlived its lease, but its success is the truth.
+    transition(claim.pk, [ClaimState.IN_FLIGHT, ClaimState.UNCERTAIN], ClaimState.DONE, result=result)
+    return Outcome(Status.DONE, result=result, claim_id=claim.pk)
+
+
+def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome | None:
+    """Decide what an identical call gets while `claim` holds the fingerprint. None means
+    the claim went away (released or reconciled as not done): the caller may claim anew.
+
+    A claim still in flight is waited on briefly: the answer is then usually the real
+    outcome (a duplicate of a done action) rather than "in progress"."""
+    deadline = time.monotonic() + wait
+    pause = 0.01
+    while True:
+        now = timezone.now()
+        if not claim.live or claim.state == ClaimState.RELEASED:
+            return None
+        if claim.state == ClaimState.IN_FLIGHT and claim.lease_until <= now:
+            mark_uncertain(claim, "still in flight after its timeout (its process probably died)")
+            claim.refresh_from_db()
+            continue
+        if claim.state == ClaimState.PROPOSED and _expire_overdue_proposal(claim, now):
+            claim.refresh_from_db()
+            continue
+        if claim.state == ClaimState.UNCERTAIN and reconcile(claim) != ClaimState.UNCERTAIN:
+            claim.refresh_from_db()
+            continue
+        if claim.state == ClaimState.IN_FLIGHT and time.monotonic() < deadline:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.1)
+            claim.refresh_from_db()
+            continue
+        status = {ClaimState.DONE: Status.DUPLICATE, ClaimState.IN_FLIGHT: Status.IN_PROGRESS,
+                  ClaimState.UNCERTAIN: Status.UNCERTAIN, ClaimState.PROPOSED: Status.AWAITING_APPROVAL}[claim.state]
+        note_duplicate(claim, status, actor=actor, scope=scope, now=now)
+        return duplicate_outcome(claim, status, now)
+
+
+def _expire_overdue_proposal(claim, now) -> bool:
+    """A proposal past its time, not yet swept, must not keep blocking a new call."""
+    from tools import approvals
+
+    proposal = getattr(claim, "proposal", None)
+    return proposal is not None and proposal.expires_at <= now and approvals.expire(proposal)
+
+
+def default_wait():
+    return settings.AGENTLOOP_GUARD_WAIT
+
+
+def invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None) -> Outcome:
+    """Run a hosted tool behind the guard. Raises UnknownTool, InvalidArguments or
+    ToolDisabled before anything is written."""
+    tool = registry.get(name)
+    policy = policy_for(name)
+    if not policy.enabled:
+        raise ToolDisabled(f"tool {name!r} is switched off")
+    arguments = tool.validate(arguments)
+    if not tool.guarded or not policy.guarded:
+        return _run_unguarded(tool, arguments, scope)
+    fp = tool.fingerprint(arguments, scope, policy.fingerprint_fields or None)
+    attempt, outcome = claim_or_settle(ClaimRequest(name, arguments, scope, fp, policy), actor=actor,
+                                       agent_key_id=agent_key_id, wait=wait, proposed=policy.requires_approval)
+    if outcome is not None:
+        return outcome
+    if policy.requires_approval:
+        return proposed_outcome(attempt.claim)
+    return execute(tool, attempt.claim)
+
+
+def claim_or_settle(request: ClaimRequest, *, actor, agent_key_id=None, wait=None, proposed=False):
+    """(our new claim, None), or (None, the answer an identical call gets). Retried when
+    the claim holding the fingerprint is released while we look at it."""
+    wait = default_wait() if wait is None else wait
+    for _ in range(5):
+        try:
+            attempt = take_claim(request, owner=actor, agent_key_id=agent_key_id, proposed=proposed,
+                                 on_created=_proposer(request.policy) if proposed else None)
+        except RateLimited as exc:
+            return None, rate_limited_outcome(exc)
+        if attempt.created:
+            return attempt, None
+        outcome = settle_existing(attempt.claim, wait=wait, actor=actor, scope=request.scope)
+        if outcome is not None:
+            return None, outcome
+    raise RuntimeError(f"{request.action}: the claim kept being released under us")
+
+
+def _run_unguarded(tool, arguments, scope) -> Outcome:
+    try:
+        return Outcome(Status.DONE, result=tool.run(ToolCall(arguments=arguments, scope=scope)))
+    except Exception as exc:
+        if not isinstance(exc, ToolError):
+            log.exception("tool %s failed", tool.name)
+        return Outcome(Status.FAILED, error=str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}")
+
+
+class ToolDisabled(Exception):
+    pass
+
+
+def _proposer(policy):
+    from tools import approvals
+
+    return lambda claim: approvals.open_proposal(claim, policy)
+
+
+def proposed_outcome(claim) -> Outcome:
+    proposal = claim.proposal
+    if hasattr(proposal, "confirmation"):  # the user was asked in the chat (tools.confirmations)
+        note = (f"This action needs the user's confirmation. A question asking them to confirm it has been sent "
+                f"to them in this chat (proposal {proposal.pk}); it has NOT been carried out yet. Tell the user "
+                "briefly to confirm it there; do not ask again in your own words. You will be told the decision.")
+    else:
+        note = (f"This action needs a person's approval. It has been proposed (proposal {proposal.pk}) and has NOT "
+                "been carried out yet; tell the user it is waiting for approval. You will be told the decision.")
+    return Outcome(Status.AWAITING_APPROVAL, note=note, claim_id=claim.pk, proposal_id=proposal.pk)
