@@ -1,8 +1,8 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
+from agentloop.core.redaction import redact, redact_payload
 from audit import console
 from audit.models import AuditEvent
-from audit.redaction import redact, redact_payload
 
 
 def record(kind, *, conversation=None, conversation_id=None, channel_slug="", actor="", target="", summary="",
@@ -32,7 +32,7 @@ def record_many(events):
     from django.db import connection
     from django.utils import timezone
 
-    from agentloop.rows import records, recordset
+    from agentloop.core.rows import records, recordset
 
     if not events:
         return 0

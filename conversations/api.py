@@ -11,8 +11,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations import edits
-from conversations.api_auth import (
+from agentloop.core.api import (
     NO_NUL,
     NOT_BLANK,
     ErrorSerializer,
@@ -21,6 +20,7 @@ from conversations.api_auth import (
     query_of,
     row_id,
 )
+from conversations import edits
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.models import Channel, Disposition, EditOutcome, InboundMessage
 from conversations.platforms.api import KIND as API_KIND

@@ -4,7 +4,7 @@ publishes, and the dashboard's figures (open buffers, turns in flight, flush rea
 from django.db.models import Count
 from django.utils import timezone
 
-from agentloop import live
+from agentloop.core import live
 from conversations.models import BufferState, MessageBuffer, Turn
 
 

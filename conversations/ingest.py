@@ -16,7 +16,17 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import aware, in_params, in_sql, insert_many, placeholders, postgresql, records, recordset, table
+from agentloop.core.rows import (
+    aware,
+    in_params,
+    in_sql,
+    insert_many,
+    placeholders,
+    postgresql,
+    records,
+    recordset,
+    table,
+)
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind

@@ -1,7 +1,7 @@
 """Layer 1's tables: who talks to us, what they said, and when each burst becomes a turn.
 
 State machines are written down once here (the *State enums and their TRANSITIONS);
-every transition goes through the model's checked `transition()` (conversations.states):
+every transition goes through the model's checked `transition()` (agentloop.core.states):
 a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a move the
 table does not allow.
 """
@@ -14,14 +14,12 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from agentloop.caches import BoundedCache
-from conversations import windows
-from conversations.states import StateMachine
+from agentloop.core.caches import BoundedCache
+from agentloop.core.states import StateMachine
+from conversations import platforms, windows
 
 
 def _platform_choices():
-    from conversations import platforms
-
     return platforms.choices()
 
 
@@ -161,8 +159,6 @@ class Channel(models.Model):
 
     @property
     def platform(self):
-        from conversations import platforms
-
         return platforms.of(self)
 
     def setting(self, name, default=""):

@@ -14,10 +14,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentloop import rows
+from agentloop.core import rows
+from agentloop.core.redaction import redact
 from audit.events import record
 from audit.models import EventKind
-from audit.redaction import redact
 from conversations.models import Channel, Conversation, Turn, TurnState
 
 EXTERNAL_GAVE_UP_NOTICE = (

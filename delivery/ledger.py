@@ -34,18 +34,19 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from agentloop.rows import create_many, in_params, in_sql, placeholders, postgresql, records, recordset, table
+from agentloop.core.redaction import redact
+from agentloop.core.rows import create_many, in_params, in_sql, placeholders, postgresql, records, recordset, table
 from audit.events import record, record_many
 from audit.failpoints import failpoint
 from audit.models import EventKind
-from audit.redaction import redact
-from conversations.platforms import transport_for
 from delivery import chunks, console, faults, pacing
+from delivery.hooks import buttons_for_rows, channel_model, close_clients, transport_for
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import SendResult, Target
@@ -158,8 +159,7 @@ def _sendable():
     only that outer `id IN` — so two sweeps racing for the same pending rows both won
     them, the second labelled (a duplicate, found by two workers draining one paced
     bot). Here the state test stays in the UPDATE's own WHERE, which the re-check reads."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     return Q(channel_id__in=Channel.objects.filter(is_active=True, send_blocked="").values("id"))
 
 
@@ -281,17 +281,13 @@ def _won(ids, owner, now, dead_owners, boot, channels):
 
 def _channels(ids) -> dict:
     """The rows' channels (bots), loaded once per channel rather than joined per row."""
-    from conversations.models import Channel
-
-    return Channel.objects.in_bulk(ids) if ids else {}
+    return channel_model().objects.in_bulk(ids) if ids else {}
 
 
 def _attach_buttons(rows):
     """A question asking the user to confirm an action (a notice row of
     tools.confirmations) goes out with its answer buttons while its proposal is open:
     one query per batch that has notices, none for a batch of replies."""
-    from tools.confirmations import buttons_for_rows
-
     notices = [row for row in rows if row.kind == OutboundKind.NOTICE]
     if notices:
         found = buttons_for_rows([row.pk for row in notices])
@@ -354,8 +350,7 @@ def _claim_written_sql(n, returning):
     """`_claim` of pending rows (`_claimable`: PENDING, within its budget, fresh, its
     channel able to send; `_started_before` for the label), as SQL. SET expressions
     read the row as it was, on both databases."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
             f"needs_marker = (chunks_started > chunks_delivered), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
@@ -492,8 +487,6 @@ async def _wait_for_slot(db, row, pace, sent_at):
 
 
 async def _in_a_thread(fn, *args):
-    from asgiref.sync import sync_to_async
-
     return await sync_to_async(fn)(*args)
 
 
@@ -587,7 +580,7 @@ def _mark_delivered(platform_ids, owner, now) -> set:
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     outbound = table(OutboundMessage)
     delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
-    if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.rows.recordset)
+    if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.core.rows.recordset)
         sql = (f"UPDATE {outbound} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
                f"platform_message_id = v.platform_id "
                f"FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "
@@ -703,8 +696,7 @@ def wait_for_channel(row, owner, error, now):
     back to waiting as it was before the claim (its attempt given back: a dead token must
     not spend the resend budget), and the channel's replies wait until an operator saves
     it again (Channel.save recomputes send_blocked). Audited once per block."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     before = _waiting_state(row)
     with transaction.atomic():
         _give_back(row, owner, before, next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
@@ -819,8 +811,6 @@ def safety_sweep(budget=None, batch=1):
     records each outcome right after its send, stops claiming when its time budget is
     spent, and gives back whatever it claimed and did not send. A due row whose chat or
     bot has no send slot yet (pacing) is waited for, within the budget."""
-    from conversations.platforms import close_clients
-
     abandoned = abandon_stale()
     pacing.forget_spent()
     owner = f"tasks:{os.uname().nodename}:{os.getpid()}"

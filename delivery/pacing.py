@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from agentloop.rows import postgresql, table
+from agentloop.core.rows import postgresql, table
 from delivery.models import SendBudget
 
 # Sends to one chat arrive with the network's jitter between them: a chat's interval is

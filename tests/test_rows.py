@@ -145,7 +145,7 @@ def test_an_id_list_is_one_array_parameter_on_postgresql_and_selects_the_same_ro
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from agentloop import rows
+    from agentloop.core import rows
 
     channel = make_channel("ids")
     ids = [make_conversation(channel, str(n)).pk for n in range(5)]
@@ -182,7 +182,7 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
     field. With a conflict target, rows already there return nothing (insert_many)."""
     from django.db import connection
 
-    from agentloop import rows
+    from agentloop.core import rows
     from delivery.models import OutboundKind, OutboundMessage
 
     channel = make_channel("many")

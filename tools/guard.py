@@ -23,11 +23,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agentloop.caches import BoundedCache
+from agentloop.core.caches import BoundedCache
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
-from tools import registry
+from tools import hooks, registry
 from tools.fingerprint import Fingerprint, compute
 from tools.models import ActionClaim, ClaimState, Confirmation, ToolPolicy
 from tools.registry import CannotReconcile, OutcomeUnknown, Scope, ToolCall, ToolError
@@ -383,10 +383,8 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
 
 def _expire_overdue_proposal(claim, now) -> bool:
     """A proposal past its time, not yet swept, must not keep blocking a new call."""
-    from tools import approvals
-
     proposal = getattr(claim, "proposal", None)
-    return proposal is not None and proposal.expires_at <= now and approvals.expire(proposal)
+    return proposal is not None and proposal.expires_at <= now and hooks.expire(proposal)
 
 
 def default_wait():
@@ -445,9 +443,7 @@ class ToolDisabled(Exception):
 
 
 def _proposer(policy):
-    from tools import approvals
-
-    return lambda claim: approvals.open_proposal(claim, policy)
+    return lambda claim: hooks.open_proposal(claim, policy)
 
 
 def proposed_outcome(claim) -> Outcome:
@@ -560,8 +556,6 @@ def sweep(now=None) -> dict:
     """Claims in flight past their lease become uncertain (and are reconciled where the
     tool can); proposals past their time expire; an Apply interrupted between its two
     steps is undone. Run by the worker and by django-q2."""
-    from tools import approvals
-
     now = now or timezone.now()
     stuck = list(ActionClaim.objects.filter(state=ClaimState.IN_FLIGHT, lease_until__lte=now)[:200])
     reconciled = 0
@@ -569,7 +563,7 @@ def sweep(now=None) -> dict:
         if mark_uncertain(claim, "still in flight after its timeout (its process probably died)"):
             claim.state = ClaimState.UNCERTAIN
             reconciled += reconcile(claim) != ClaimState.UNCERTAIN
-    reopened = approvals.reopen_interrupted()  # before expiring: a reopened one past its time expires now
-    expired = approvals.expire_due(now)
-    approvals.settle_applying()
+    reopened = hooks.reopen_interrupted()  # before expiring: a reopened one past its time expires now
+    expired = hooks.expire_due(now)
+    hooks.settle_applying()
     return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired, "reopened": reopened}

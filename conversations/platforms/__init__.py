@@ -5,7 +5,9 @@ which kind a channel is."""
 
 from functools import cache
 
+from django.apps import apps
 from django.conf import settings
+from django.urls import include, path
 from django.utils.module_loading import import_string
 
 from conversations.platforms.base import Platform, Poller, Setting
@@ -51,8 +53,7 @@ def transport_for(channel):
 def typing_kinds() -> tuple[str, ...]:
     """The kinds whose transport can show "typing…" (the worker's typing look asks the
     database only about these)."""
-    from conversations.models import Channel
-
+    Channel = apps.get_model("conversations", "Channel")  # by name: conversations.models imports this module
     return tuple(kind for kind, platform in _registry().items()
                  if platform.transport(Channel(kind=kind)).supports_typing)
 
@@ -70,7 +71,5 @@ async def close_clients() -> None:
 
 def urlpatterns() -> list:
     """Every platform's webhook URLs, each under webhooks/<kind>/."""
-    from django.urls import include, path
-
     return [path(f"webhooks/{kind}/", include((platform.urls(), kind)))
             for kind, platform in _registry().items() if platform.urls()]

@@ -39,8 +39,8 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from agentloop.caches import BoundedCache
-from agentloop.rows import placeholders
+from agentloop.core.caches import BoundedCache
+from agentloop.core.rows import placeholders
 from conversations.models import (
     BufferState,
     Channel,

@@ -6,7 +6,7 @@ import logging
 
 from telegram.error import BadRequest
 
-from audit.redaction import redact
+from agentloop.core.redaction import redact
 from conversations.platforms.telegram.transport import call_telegram_now
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The site's own web chat (the console's playground): messages come in over the page's
-websocket (agentloop.consumers), replies and "typing…" go out through the live groups
+websocket (agentloop.console.consumers), replies and "typing…" go out through the live groups
 (transport.py), taps on a question's buttons come back over the same socket."""
 
 from conversations.platforms.base import Platform
@@ -20,7 +20,7 @@ class WebchatPlatform(Platform):
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
         from django.db import transaction
 
-        from agentloop import live
+        from agentloop.core import live
 
         event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
                  "token": confirmation.token, "text": outcome, "status": status}

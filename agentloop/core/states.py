@@ -9,7 +9,7 @@ once, not a race) and performs it as a compare-and-swap `filter(pk, state__in=ol
 
 from django.db.models import Case, CharField, Q, Value, When
 
-from audit.redaction import redact
+from agentloop.core.redaction import redact
 
 
 class IllegalTransition(ValueError):

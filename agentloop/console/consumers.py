@@ -1,7 +1,7 @@
 """The console's websockets: the dashboard and the playground. Staff only; live updates
-arrive through `agentloop.live` (Redis, or the relay over the database). A socket stays
-open for hours while roles change: every action looks the user up again and checks the
-permission it needs, not only the handshake."""
+arrive through `agentloop.core.live` (Redis, or agentloop.console.relay over the
+database). A socket stays open for hours while roles change: every action looks the user
+up again and checks the permission it needs, not only the handshake."""
 
 import asyncio
 import json
@@ -11,7 +11,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
 
-from agentloop import console, live
+from agentloop.console import dashboard as console
+from agentloop.console import relay
+from agentloop.core import live
 
 # Close codes (4000–4999 are the application's).
 NOT_STAFF = 4403  # not active staff, or lacking the page's permission
@@ -41,7 +43,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         for group in self.live_groups:
             await self.channel_layer.group_add(group, self.channel_name)
-        await live.relay().subscribe()
+        await relay.relay().subscribe()
         self.subscribed = True
         await self.accept()
         await self.welcome()
@@ -51,7 +53,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
         if self.subscribed:
             self.subscribed = False
-            await live.relay().unsubscribe()
+            await relay.relay().unsubscribe()
 
     async def prepare(self, user) -> bool:
         return True

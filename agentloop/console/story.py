@@ -24,8 +24,8 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 
+from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
-from audit.redaction import channel_secrets, redact, redact_payload
 from conversations import windows
 from conversations.models import (
     BufferState,

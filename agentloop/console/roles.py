@@ -60,11 +60,3 @@ def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
     for app_config in global_apps.get_app_configs():
         create_permissions(app_config, verbosity=0, using=using, apps=apps)
     ensure_roles(using)
-
-
-# Secrets can surface inside error texts (a Bot API URL carries the bot token): texts are
-# shown redacted to everyone (they are redacted when written too; this covers older rows).
-def hide_secrets(text: str) -> str:
-    from audit.redaction import redact
-
-    return redact(text)
