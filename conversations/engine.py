@@ -140,7 +140,7 @@ def flush_many(buffer_ids, now, owner="", start=0):
         return created
 
 
-# The claim's statements, in SQL written once per batch size (agentloop/rows.py says
+# The claim's statements, in SQL written once per batch size (agentloop/core/rows.py says
 # why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
 # caller may pass any number of ids, the flusher at most its batch (200).
 BATCH_SHAPES = 256

@@ -79,7 +79,7 @@ def _finish_chunk(results, owner, now):
     longer building three CASE expressions of hundreds of WHENs than the database spent
     running them (the worker's database thread, 500 simultaneous turns: 40% of its time).
     On PostgreSQL the rows come as one JSON parameter (UPDATE … FROM json_to_recordset):
-    one statement text for any batch (agentloop/rows.py in_sql and recordset say why)."""
+    one statement text for any batch (agentloop/core/rows.py in_sql and recordset say why)."""
     finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
     if rows.postgresql():
         with connection.cursor() as cursor:

@@ -1,4 +1,4 @@
-"""The flusher's claim and the agent's history are hand-written SQL (agentloop/rows.py):
+"""The flusher's claim and the agent's history are hand-written SQL (agentloop/core/rows.py):
 what they build must be what the ORM would have loaded — aware datetimes, decoded JSON,
 booleans — on SQLite and on PostgreSQL alike. Time is injected."""
 
