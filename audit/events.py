@@ -1,6 +1,13 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
+import json
+
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
 from agentloop.core.redaction import redact, redact_payload
+from agentloop.core.rows import records, recordset
 from audit import console
 from audit.models import AuditEvent
 
@@ -27,13 +34,6 @@ def record_many(events):
     """Several events in one statement (each a dict of `record`'s keyword arguments).
     Plain SQL: a mass recovery writes thousands, and the ORM's per-field assembly of a
     bulk INSERT cost more than the INSERT."""
-    import json
-
-    from django.db import connection
-    from django.utils import timezone
-
-    from agentloop.core.rows import records, recordset
-
     if not events:
         return 0
     at = connection.ops.adapt_datetimefield_value(timezone.now())
@@ -67,8 +67,6 @@ def record_many(events):
 def recent(kinds=(), channel_slugs=None, agent_key_id=None, since=None, limit=100):
     """Events for monitoring, newest first; restricted to some channels (and the events
     an agent key caused) when `channel_slugs` is given."""
-    from django.db.models import Q
-
     events = AuditEvent.objects.all()
     if kinds:
         events = events.filter(kind__in=kinds)

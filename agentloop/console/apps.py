@@ -12,6 +12,8 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self):
+        # Imported here, not at the top: roles imports auth's models, which the app
+        # registry cannot give before it is ready.
         from agentloop.console.roles import on_post_migrate
 
         # Once per migrate, after every app's tables exist: post_migrate is sent per app

@@ -11,6 +11,8 @@
 every `migrate`, so the permissions of every model exist by then.
 """
 
+from django.apps import apps as global_apps
+from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS
@@ -32,9 +34,7 @@ def operator_permissions(using=DEFAULT_DB_ALIAS):
 
 
 def auditor_permissions(using=DEFAULT_DB_ALIAS):
-    from django.apps import apps
-
-    models = [apps.get_model(label) for label in AUDITED_MODELS]
+    models = [global_apps.get_model(label) for label in AUDITED_MODELS]
     types = ContentType.objects.db_manager(using).get_for_models(*models, for_concrete_models=False).values()
     return Permission.objects.using(using).filter(content_type__in=types, codename__startswith="view_")
 
@@ -49,9 +49,6 @@ def ensure_roles(using=DEFAULT_DB_ALIAS):
 def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
     """After `migrate`: make sure every app's permissions exist (whatever the order of
     INSTALLED_APPS), then the groups."""
-    from django.apps import apps as global_apps
-    from django.contrib.auth.management import create_permissions
-
     apps = apps or global_apps
     try:
         apps.get_model("auth", "Group")

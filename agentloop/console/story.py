@@ -16,6 +16,7 @@ unguarded calls (only guarded calls leave a claim), and each send attempt of a l
 (the row keeps its count, its last outcome and last error).
 """
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -280,8 +281,6 @@ def _claim_entry(story, c, rank):
 
 
 def _json(story, value):
-    import json
-
     return story.redact(json.dumps(redact_payload(value), ensure_ascii=False, default=str), 600)
 
 

@@ -7,6 +7,8 @@ import re
 from datetime import UTC, datetime
 
 from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, serializers
 from rest_framework.response import Response
 
@@ -38,9 +40,6 @@ def api_not_found(request, exception=None):
     """handler404: a path under /api/ that matches no route (a path converter that does
     not fit, say `turns/-1/claim`) answers in the API's error shape, like every other API
     error; the rest of the site keeps Django's page."""
-    from django.http import JsonResponse
-    from django.views import defaults
-
     if request.path.startswith("/api/"):
         return JsonResponse({"error": f"no such path: {request.path[:200]}"}, status=404)
     return defaults.page_not_found(request, exception)

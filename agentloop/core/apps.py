@@ -13,6 +13,7 @@ class CoreConfig(AppConfig):
     verbose_name = "Core"
 
     def ready(self):
+        # Imported here, as Django asks of ready(): not while the app registry loads.
         from agentloop.core import redaction
         from agentloop.core.rows import register_lookups
 

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.db.models import IntegerField
 from django.db.models.lookups import In
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 
 class Columns:
@@ -57,9 +59,6 @@ def column(model, name):
 def aware(value):
     """A datetime from raw SQL, as the ORM would have given it: SQLite hands back naive
     UTC (or, for an aggregate, the stored text); None stays None."""
-    from django.utils import timezone
-    from django.utils.dateparse import parse_datetime
-
     if value is None:
         return None
     if isinstance(value, str):
@@ -123,7 +122,7 @@ class ArrayIn(In):
 
 
 def register_lookups():
-    """Once, at start-up (AgentloopConfig.ready): every integer column's `__in`."""
+    """Once, at start-up (CoreConfig.ready): every integer column's `__in`."""
     IntegerField.register_lookup(ArrayIn)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 
 from agentloop.core.redaction import url_secrets
 
@@ -184,8 +185,6 @@ def pace_settings(per_second: float, chat_interval: float, group_per_minute: flo
 
 def check_url(value):
     """A Setting.check for URLs (http or https)."""
-    from django.core.validators import URLValidator
-
     URLValidator(schemes=["http", "https"])(value)
     return value
 

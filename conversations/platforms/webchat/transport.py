@@ -1,5 +1,6 @@
 """The web chat's transport: replies and "typing…" pushed to the page's live group."""
 
+from agentloop.core import live
 from delivery.models import Outcome
 from delivery.transports import SendResult, Target, Transport
 
@@ -13,8 +14,6 @@ class WebchatTransport(Transport):
     typing_refresh = 4.0  # the page shows a typing signal for 6 s (static/console/playground.js)
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        from agentloop.core import live
-
         try:
             event = {"kind": "reply", "conversation": target.conversation_id, "text": text,
                      "reply_to": target.reply_target}
@@ -26,7 +25,5 @@ class WebchatTransport(Transport):
         return SendResult.delivered()
 
     async def send_typing(self, target: Target) -> None:
-        from agentloop.core import live
-
         await live.apublish([live.conversation_group(target.conversation_id)], {
             "kind": "typing", "conversation": target.conversation_id})
