@@ -23,7 +23,7 @@ run: $(VENV)/.installed
 	$(PY) manage.py bootstrap
 	exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
 
-## make test: ruff, then the whole suite on SQLite and on PostgreSQL (a throwaway
+## make test: ruff, import-linter, then the whole suite on SQLite and on PostgreSQL (a throwaway
 ## cluster when DATABASE_URL is not given): both passes at once, then the tests that
 ## time themselves (marked serial) alone.
 test: $(VENV)/.installed-dev

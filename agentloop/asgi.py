@@ -21,8 +21,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from agentloop import consumers  # noqa: E402
-from agentloop.twisted_tuning import cache_content_type_parsing  # noqa: E402
+from agentloop.console import consumers  # noqa: E402
+from agentloop.core.twisted_tuning import cache_content_type_parsing  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
 
 cache_content_type_parsing()

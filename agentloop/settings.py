@@ -25,7 +25,7 @@ if not SECRET_KEY:
     if not DEBUG and env.bool("AGENTLOOP_REQUIRE_SECRET_KEY", default=False):
         raise environ.ImproperlyConfigured("SECRET_KEY must be set in production")
     # A stable per-checkout key so sessions survive restarts of `make run`.
-    from agentloop.secret_file import read_or_create_secret_key
+    from agentloop.core.secret_file import read_or_create_secret_key
 
     SECRET_KEY = read_or_create_secret_key(VAR_DIR / "secret_key")
 
@@ -67,7 +67,8 @@ INSTALLED_APPS = [
     "delivery",
     "tools",
     "audit",
-    "agentloop",
+    "agentloop.core",  # app label `agentloop` (its tables and migrations kept that name)
+    "agentloop.console",
 ]
 
 # daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports
@@ -85,7 +86,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Innermost, so its process_exception sees a view's database outage first: 503.
-    "agentloop.middleware.DatabaseUnavailableMiddleware",
+    "agentloop.core.middleware.DatabaseUnavailableMiddleware",
 ]
 
 # Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
@@ -119,7 +120,7 @@ DATABASE_TRANSACTION_POOLER = env.bool("DATABASE_TRANSACTION_POOLER", default=Fa
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
     # Django's SQLite backend plus an in-process queue for write transactions.
-    DATABASES["default"]["ENGINE"] = "agentloop.sqlite"
+    DATABASES["default"]["ENGINE"] = "agentloop.core.sqlite"
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             # Writers queue for the lock instead of failing with "database is locked":
@@ -218,7 +219,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": env.str("AGENTLOOP_API_RATE", default="6000/min")},
-    "EXCEPTION_HANDLER": "conversations.api_auth.json_exception_handler",
+    "EXCEPTION_HANDLER": "agentloop.core.api.json_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "agentloop API",
@@ -272,10 +273,10 @@ AGENTLOOP_WORKER_STALE_AFTER = env.float("AGENTLOOP_WORKER_STALE_AFTER", default
 # when its heartbeat is older than AGENTLOOP_WORKER_STALE_AFTER.
 AGENTLOOP_LIVENESS = env.str(
     "AGENTLOOP_LIVENESS",
-    default="heartbeat" if DATABASES["default"]["ENGINE"] == "agentloop.sqlite" else "advisory")
+    default="heartbeat" if DATABASES["default"]["ENGINE"] == "agentloop.core.sqlite" else "advisory")
 if AGENTLOOP_LIVENESS not in ("advisory", "heartbeat"):
     raise environ.ImproperlyConfigured("AGENTLOOP_LIVENESS must be advisory or heartbeat")
-if AGENTLOOP_LIVENESS == "advisory" and DATABASES["default"]["ENGINE"] == "agentloop.sqlite":
+if AGENTLOOP_LIVENESS == "advisory" and DATABASES["default"]["ENGINE"] == "agentloop.core.sqlite":
     raise environ.ImproperlyConfigured("AGENTLOOP_LIVENESS=advisory needs PostgreSQL (SQLite: heartbeat)")
 # The lock's connection, when DATABASE_URL goes through a transaction-mode pooler
 # (PgBouncer): a session lock must be held by a session of its own, so point this at
@@ -374,7 +375,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"once_per_kind": {"()": "agentloop.pool_log.OncePerKind"}},
+    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {

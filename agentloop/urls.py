@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from agentloop import views as console_views
+from agentloop.console import views as console_views
 from audit import api as audit_api
 from conversations import api, platforms, views
 from tools import api as tools_api
@@ -41,4 +41,4 @@ urlpatterns = [
 ]
 
 # A path under /api/ that matches no route answers JSON in the API's error shape.
-handler404 = "conversations.api_auth.api_not_found"
+handler404 = "agentloop.core.api.api_not_found"

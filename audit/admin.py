@@ -6,7 +6,7 @@ from django.db.models.functions import TruncDate
 from django.urls import reverse
 from django.utils.html import format_html
 
-from agentloop.roles import hide_secrets
+from agentloop.core.redaction import hide_secrets
 from audit.models import AuditEvent, CaughtDuplicate, EventKind
 
 # An event's target ("claim 12", "ledger row 7"…) → the admin page of that row.

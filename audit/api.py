@@ -5,10 +5,10 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agentloop.core.api import StrictQuery, UtcDateTimeField, query_of
+from agentloop.core.redaction import redact
 from audit.events import recent
 from audit.models import EventKind
-from audit.redaction import redact
-from conversations.api_auth import StrictQuery, UtcDateTimeField, query_of
 
 
 class AuditEventSerializer(serializers.Serializer):

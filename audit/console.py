@@ -5,9 +5,9 @@ from django.db.models import Count
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import TruncDate
 
-from agentloop import live
+from agentloop.core import live
+from agentloop.core.redaction import redact
 from audit.models import AuditEvent, EventKind
-from audit.redaction import redact
 
 
 def event_payload(event) -> dict:

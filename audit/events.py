@@ -1,8 +1,14 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
-from audit import console
+import json
+
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from agentloop.core.redaction import redact, redact_payload
+from audit import console, sql
 from audit.models import AuditEvent
-from audit.redaction import redact, redact_payload
 
 
 def record(kind, *, conversation=None, conversation_id=None, channel_slug="", actor="", target="", summary="",
@@ -26,13 +32,6 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
 def record_many(events):
     """Several events in one statement (each a dict of `record`'s keyword arguments;
     `audit.sql.insert_events` says why it is SQL)."""
-    import json
-
-    from django.db import connection
-    from django.utils import timezone
-
-    from audit import sql
-
     if not events:
         return 0
     at = connection.ops.adapt_datetimefield_value(timezone.now())
@@ -52,8 +51,6 @@ def record_many(events):
 def recent(kinds=(), channel_slugs=None, agent_key_id=None, since=None, limit=100):
     """Events for monitoring, newest first; restricted to some channels (and the events
     an agent key caused) when `channel_slugs` is given."""
-    from django.db.models import Q
-
     events = AuditEvent.objects.all()
     if kinds:
         events = events.filter(kind__in=kinds)

@@ -16,6 +16,8 @@ import os
 import signal
 import threading
 
+from django.db import transaction
+
 ENV = "AGENTLOOP_FAILPOINT"
 
 # The points placed in the pipeline, in its order (the crash matrix runs each).
@@ -64,8 +66,6 @@ def after_commit(name: str) -> None:
     """The point fires right after the current transaction commits (its work durable,
     nothing after it done yet)."""
     if name in _armed:
-        from django.db import transaction
-
         transaction.on_commit(lambda: failpoint(name))
 
 

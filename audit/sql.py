@@ -4,7 +4,7 @@ parameters, as in the other apps' `sql` modules."""
 
 from django.db import connection
 
-from agentloop.rows import records, recordset, table
+from agentloop.core.rows import records, recordset, table
 from audit.models import AuditEvent
 
 COLUMNS = "kind, at, actor, channel_slug, conversation_id, target, summary, extra"

@@ -18,6 +18,7 @@ from conversations.models import (
     Turn,
     WorkerHeartbeat,
 )
+from delivery.admin import delivery_health_html
 
 
 def link(obj, label=None):
@@ -154,8 +155,6 @@ class ChannelAdmin(admin.ModelAdmin):
 
     @admin.display(description="Delivery health")
     def delivery_health(self, obj):
-        from delivery.admin import delivery_health_html
-
         return delivery_health_html(obj) if obj.pk else "—"
 
     @admin.display(description="windows (closed/greeting/open/neutral)")

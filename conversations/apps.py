@@ -1,4 +1,14 @@
+from types import SimpleNamespace
+
 from django.apps import AppConfig
+
+
+def _conversation_for_key(key, conversation_id):
+    # The API package imports DRF and drf_spectacular: a worker that never asks does not
+    # pay for them at start-up (a third of it).
+    from conversations.api import conversation_for_key
+
+    return conversation_for_key(key, conversation_id)
 
 
 class ConversationsConfig(AppConfig):
@@ -6,5 +16,17 @@ class ConversationsConfig(AppConfig):
     verbose_name = "Conversations"
 
     # conversations.schema (the OpenAPI auth scheme, and DRF's DEFAULT_SCHEMA_CLASS) is not
-    # imported here: DRF imports it when a schema is generated, and importing
-    # drf_spectacular at setup was a third of a worker's start-up.
+    # imported here: DRF imports it when a schema is generated.
+    def ready(self):
+        # Imported here, not at the top: these modules import models, which the app
+        # registry cannot give before it is ready.
+        from agentloop.core import redaction
+        from conversations import notes, platforms
+        from delivery import hooks as delivery_hooks
+        from tools import hooks as tools_hooks
+
+        # The layers below ask conversations through these (the order: .importlinter).
+        redaction.register_platforms(platforms)
+        delivery_hooks.register_platforms(platforms)
+        tools_hooks.register(conversations=SimpleNamespace(
+            inform=notes.inform, conversation_for_key=_conversation_for_key))

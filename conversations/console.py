@@ -4,8 +4,8 @@ publishes, and the dashboard's figures (open buffers, turns in flight, flush rea
 from django.db.models import Count
 from django.utils import timezone
 
-from agentloop import live
-from conversations.models import BufferState, MessageBuffer, Turn
+from agentloop.core import live
+from conversations.models import BufferState, InboundMessage, MessageBuffer, Turn
 
 
 def _iso(value):
@@ -91,8 +91,6 @@ def turn_count(since):
 def messages_of(conversation_id, limit=30):
     """The conversation's latest inbound messages, oldest first (the playground's
     transcript on reconnect)."""
-    from conversations.models import InboundMessage
-
     rows = (InboundMessage.objects.filter(conversation_id=conversation_id)
             .order_by("-received_at", "-pk")[:limit])
     return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition,

@@ -18,7 +18,7 @@ Where the edited message's input is decides what the edit does (channel.edits = 
 With `ignore`, an edit is recorded and audited and changes nothing. Every edit is one
 transaction with the conversation locked (as an admission), and its row's unique
 (message, edited_at) is the dedup: a redelivered edit stops at its INSERT. The rows are
-written with the admission's own statements (agentloop.rows.insert,
+written with the admission's own statements (agentloop.core.rows.insert,
 conversations.sql.update_open_buffer), so an edit and an admission racing on a buffer meet
 the same compare-and-swap.
 """
@@ -31,7 +31,7 @@ from datetime import datetime
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import insert
+from agentloop.core.rows import insert
 from audit.events import record
 from audit.models import EventKind
 from conversations import engine, ingest, notes, sql, turns, windows

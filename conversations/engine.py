@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentloop import rows
+from agentloop.core import rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind

@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
-from agentloop.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
+from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import edits, ingest
 from conversations.platforms.telegram import webhook as views
 from conversations.worker.dbthread import close_broken_connection

@@ -21,8 +21,8 @@ import os
 import openai
 from openai.types.chat import ChatCompletion  # loaded now, not inside the first turn
 
-from agentloop.caches import BoundedCache
-from audit.redaction import agent_secrets, redact
+from agentloop.core.caches import BoundedCache
+from agentloop.core.redaction import agent_secrets, redact
 from conversations.agents import Agent, AgentUnavailable, TurnContext, key_env_problem
 
 log = logging.getLogger(__name__)

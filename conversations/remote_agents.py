@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agentloop.tls import shared_tls_context
+from agentloop.core.tls import shared_tls_context
 from conversations.agents import Agent, AgentUnavailable, HandedOver, TurnContext
 from delivery import signing
 

@@ -1,6 +1,6 @@
 """The OpenAPI schema (drf-spectacular) true to what the API does: the agent-key scheme,
 every error answer an operation can give (one shape, ErrorSerializer), and the real
-constraints of request fields (conversations/api_auth.py holds the code to them)."""
+constraints of request fields (agentloop/core/api.py holds the code to them)."""
 
 import re
 
@@ -10,7 +10,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from conversations.api_auth import NO_NUL, NUL_IN_JSON, ROW_ID_MAX, ErrorSerializer, text_pattern
+from agentloop.core.api import NO_NUL, NUL_IN_JSON, ROW_ID_MAX, ErrorSerializer, text_pattern
 
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):

@@ -7,9 +7,9 @@ hand-written.
 
 One style: tables through `table(Model)` (quoted as the backend quotes), columns by
 their bare names (lower-case, needing no quotes on either database), every value a
-parameter; a SELECT list of a whole model from `agentloop.rows.columns`. The generic
+parameter; a SELECT list of a whole model from `agentloop.core.rows.columns`. The generic
 statements (one row inserted, a compare-and-swap on one row's state) are
-`agentloop.rows.insert` and `update_in_state`. The service modules (`ingest`, `edits`,
+`agentloop.core.rows.insert` and `update_in_state`. The service modules (`ingest`, `edits`,
 `engine`, `turns`, `worker.typing`) keep the rules; here are only the statements.
 (`liveness` keeps its own: they read PostgreSQL's catalogs, not our tables.)
 """
@@ -18,7 +18,7 @@ import functools
 
 from django.db import connection
 
-from agentloop.rows import (
+from agentloop.core.rows import (
     aware,
     columns,
     in_params,
@@ -119,7 +119,7 @@ def set_buffer(message_id, buffer_id) -> None:
 
 def update_open_buffer(buffer_id, fields) -> bool:
     """The buffer's `fields` set only while it is open (a compare-and-swap against the
-    flusher's claim; plain SQL, see `agentloop.rows.update_in_state`)."""
+    flusher's claim; plain SQL, see `agentloop.core.rows.update_in_state`)."""
     return update_in_state(MessageBuffer, buffer_id, fields, BufferState.OPEN)
 
 
@@ -181,7 +181,7 @@ def look(now, limit):
     return due, aware(deadline)
 
 
-# The claim's statements, in SQL written once per batch size (agentloop/rows.py says
+# The claim's statements, in SQL written once per batch size (agentloop/core/rows.py says
 # why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
 # caller may pass any number of ids, the flusher at most its batch (200).
 BATCH_SHAPES = 256
@@ -341,7 +341,7 @@ def finish_turns(results, owner, now) -> None:
     CASE expressions of hundreds of WHENs than the database spent running them (the
     worker's database thread, 500 simultaneous turns: 40% of its time). On PostgreSQL
     the rows come as one JSON parameter (UPDATE … FROM json_to_recordset): one statement
-    text for any batch (agentloop/rows.py in_sql and recordset say why)."""
+    text for any batch (agentloop/core/rows.py in_sql and recordset say why)."""
     Turn.check_transition([TurnState.RUNNING], {r[1] for r in results})  # the SQL below
     for at in range(0, len(results), FINISH_CHUNK):
         _finish_chunk(results[at:at + FINISH_CHUNK], owner, now)

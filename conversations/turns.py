@@ -13,11 +13,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.core.redaction import redact
 from audit.events import record
 from audit.models import EventKind
-from audit.redaction import redact
 from conversations import sql
 from conversations.models import Turn, TurnState
+from delivery import ledger
+from delivery.models import OutboundKind
 
 EXTERNAL_GAVE_UP_NOTICE = (
     "Sorry — I could not answer your last message. Please send it again in a while."
@@ -133,9 +135,6 @@ def release_external(now=None) -> list:
 def give_up_external(turn, now) -> bool:
     """RUNNING -> FAILED for a turn external agents took and never finished, too often;
     the notice to the user is written in the same transaction."""
-    from delivery import ledger
-    from delivery.models import OutboundKind
-
     why = f"no external agent finished it in {turn.attempts} attempts"
     with transaction.atomic():
         if not Turn.transition(turn.pk, TurnState.RUNNING, TurnState.FAILED, where={"owner": turn.owner},

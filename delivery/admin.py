@@ -7,7 +7,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from agentloop.roles import hide_secrets
+from agentloop.core.redaction import hide_secrets
 from delivery import ledger
 from delivery.models import OutboundMessage, UnreachableChat
 

@@ -4,8 +4,9 @@ per channel and how long it takes to drain)."""
 
 from django.db.models import Count
 
-from agentloop import live
+from agentloop.core import live
 from delivery import pacing
+from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.models import OutboundMessage, OutboundState, Outcome
 
 # A failed row whose last send provably never left waits its turn; it is not failing.
@@ -32,9 +33,6 @@ def backlog() -> list:
     by a flood or a send that never left), how many are being sent, how many failed and
     will be retried; the channel's pace and the time its queue takes to drain at it; and
     how long its bot is paused for (a 429's penalty), if it is."""
-    from conversations.models import Channel
-    from conversations.platforms import transport_for
-
     counts = {}
     for channel_id, state, outcome, n in (OutboundMessage.objects.filter(state__in=OutboundMessage.OPEN)
                                           .values_list("channel_id", "state", "last_outcome")
@@ -47,7 +45,7 @@ def backlog() -> list:
             entry["queued"] += n
         else:
             entry["retrying"] += n
-    channels = Channel.objects.in_bulk(list(counts))
+    channels = channel_model().objects.in_bulk(list(counts))
     found = []
     for channel_id, entry in sorted(counts.items()):
         channel = channels.get(channel_id)
@@ -70,8 +68,6 @@ def outcomes_since(since):
 
 def replies_of(conversation_id, limit=30):
     """The conversation's latest outbound rows, oldest first, with their ledger state."""
-    from tools.confirmations import buttons_for_rows
-
     rows = list(OutboundMessage.objects.filter(conversation_id=conversation_id).order_by("-created_at", "-pk")[:limit])
     # A question still waiting for the user keeps its buttons after a page reload.
     buttons = buttons_for_rows([r.pk for r in rows])

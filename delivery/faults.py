@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from agentloop.caches import BoundedCache
+from agentloop.core.caches import BoundedCache
 
 log = logging.getLogger("delivery.ledger")
 

@@ -17,7 +17,7 @@ or failed, its attempt given back.
 from django.db import models
 from django.utils import timezone
 
-from conversations.states import StateMachine
+from agentloop.core.states import StateMachine
 
 
 class OutboundKind(models.TextChoices):

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from agentloop.core.redaction import channel_secrets, redact
 from audit.events import record
 from audit.models import EventKind
-from audit.redaction import channel_secrets, redact
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState, Outcome
 

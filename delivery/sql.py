@@ -12,7 +12,8 @@ import time
 
 from django.db import connection
 
-from agentloop.rows import in_params, in_sql, placeholders, postgresql, records, recordset, table
+from agentloop.core.rows import in_params, in_sql, placeholders, postgresql, records, recordset, table
+from delivery.hooks import channel_model
 from delivery.models import OutboundMessage, OutboundState, Outcome, SendBudget
 
 # --- the ledger ---------------------------------------------------------------------------
@@ -41,8 +42,7 @@ def _claim_pending_sql(n, returning):
     """`ledger.claiming._claim` of pending rows (`_claimable`: PENDING, within its budget,
     fresh, its channel able to send; `_started_before` for the label), as SQL. SET
     expressions read the row as it was, on both databases."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
             f"needs_marker = (chunks_started > chunks_delivered), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
@@ -97,7 +97,7 @@ def mark_delivered(platform_ids, owner, now) -> set:
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     outbound = table(OutboundMessage)
     delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
-    if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.rows.recordset)
+    if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.core.rows.recordset)
         sql = (f"UPDATE {outbound} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
                f"platform_message_id = v.platform_id "
                f"FROM {recordset('v', [('id', 'bigint'), ('platform_id', 'text')])} "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from audit.redaction import channel_secrets, redact
+from agentloop.core.redaction import channel_secrets, redact
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.retry_after import clamp_retry_after

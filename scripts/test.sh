@@ -26,6 +26,9 @@ scripts/system-deps.sh || { echo "could not install the system packages the test
 echo "=== ruff (lint + import order; ruff.toml) ==="
 $PY -m ruff check . || status=1
 
+echo "=== import layers (lint-imports; .importlinter) ==="
+.venv/bin/lint-imports || status=1
+
 echo "=== types (mypy; mypy.ini) ==="
 scripts/types.sh || status=1
 

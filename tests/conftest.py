@@ -298,7 +298,7 @@ class Processes:
 def fresh_channel_cache():
     """Each test's channels, tool policies and live listeners are new rows (rolled back
     after), never a cached copy."""
-    from agentloop.live import forget_listeners
+    from agentloop.core.live import forget_listeners
     from tools.guard import forget_policies
 
     Channel.objects.forget_cached()

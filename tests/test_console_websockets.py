@@ -245,7 +245,7 @@ def test_playground_survives_a_frame_that_is_not_json(playground):
 
 
 def test_nothing_is_published_while_nobody_watches(playground):
-    from agentloop.models import LiveEvent
+    from agentloop.core.models import LiveEvent
 
     admit(playground, Inbound("m1", "ana", "ana", text="hola"))
     assert not LiveEvent.objects.exists()
@@ -253,7 +253,7 @@ def test_nothing_is_published_while_nobody_watches(playground):
 
 def test_payloads_are_json_round_trippable(playground):
     """What the live path carries crosses Redis and the database as JSON."""
-    from agentloop import console
+    from agentloop.console import dashboard as console
 
     json.dumps(console.snapshot())
 
@@ -261,8 +261,8 @@ def test_payloads_are_json_round_trippable(playground):
 def test_a_rolled_back_change_publishes_nothing(playground):
     from django.db import transaction
 
-    from agentloop import live
-    from agentloop.models import LiveEvent, LiveListener
+    from agentloop.core import live
+    from agentloop.core.models import LiveEvent, LiveListener
 
     LiveListener.objects.create(name="web:1", seen_at=timezone.now())
     with pytest.raises(RuntimeError), transaction.atomic():
@@ -278,7 +278,7 @@ def test_the_relay_waits_for_a_gap_in_the_ids_then_moves_past_it():
     commit): the relay's floor stays below the gap for a while, then gives up on it."""
     import time
 
-    from agentloop.live import Relay
+    from agentloop.console.relay import Relay
 
     relay = Relay()
     relay.floor, relay.seen = 1, {3, 4}
@@ -322,7 +322,7 @@ async def closed_with(comm):
 def operator_in_group():
     from django.contrib.auth.models import Group
 
-    from agentloop.roles import OPERATORS, ensure_roles
+    from agentloop.console.roles import OPERATORS, ensure_roles
 
     ensure_roles()
     user = make_user("groupie")

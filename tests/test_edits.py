@@ -504,7 +504,7 @@ def test_the_playground_edits_the_persons_own_message_only():
 
 @pytest.mark.django_db
 def test_the_story_page_shows_each_edit_with_the_text_before_it(channel):
-    from agentloop import story
+    from agentloop.console import story
 
     set_strategy(channel, "interrupt")
     turn = running_turn(channel)

@@ -16,7 +16,7 @@ from django.db import DatabaseError, IntegrityError, connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from agentloop.middleware import database_unavailable
+from agentloop.core.middleware import database_unavailable
 from audit.models import AuditEvent, EventKind
 from conversations import ingest
 from conversations.ingest import Inbound

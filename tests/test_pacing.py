@@ -135,7 +135,7 @@ def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conver
 def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel, make_conversation):
     """A queue waiting its turn is not a failure: pending rows and rows a 429 deferred are
     'queued', failures that back off are 'retrying'; the drain time is the queue at the pace."""
-    from agentloop import console
+    from agentloop.console import dashboard as console
     from delivery import ledger
     from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
     from delivery.transports import SendResult

@@ -116,7 +116,7 @@ def test_finish_with_a_blocked_channel_keeps_a_resent_row_labelled(make_channel,
 
 
 def test_redaction_asks_the_platform_for_its_secrets(make_channel):
-    from audit.redaction import channel_secrets
+    from agentloop.core.redaction import channel_secrets
 
     channel = make_channel("shop", platform_settings={
         "callback_url": "https://shop.example/replies?key=K3yK3yK3yK3y99", "callback_secret": "cb-secret-123"})

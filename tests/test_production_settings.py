@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from agentloop.secret_file import read_or_create_secret_key
+from agentloop.core.secret_file import read_or_create_secret_key
 from tests.conftest import BASE_DIR, wait_until
 
 # The production environment README.md documents ("Running in production").

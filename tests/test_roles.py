@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from agentloop import roles
+from agentloop.console import roles
 from audit.models import AuditEvent, CaughtDuplicate
 from conversations.models import AgentKey, Channel, Turn
 from delivery import ledger

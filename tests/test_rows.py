@@ -1,4 +1,4 @@
-"""The flusher's claim and the agent's history are hand-written SQL (agentloop/rows.py):
+"""The flusher's claim and the agent's history are hand-written SQL (agentloop/core/rows.py):
 what they build must be what the ORM would have loaded — aware datetimes, decoded JSON,
 booleans — on SQLite and on PostgreSQL alike. Time is injected."""
 
@@ -145,7 +145,7 @@ def test_an_id_list_is_one_array_parameter_on_postgresql_and_selects_the_same_ro
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from agentloop import rows
+    from agentloop.core import rows
 
     channel = make_channel("ids")
     ids = [make_conversation(channel, str(n)).pk for n in range(5)]
@@ -182,7 +182,7 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
     field. With a conflict target, rows already there return nothing (insert_many)."""
     from django.db import connection
 
-    from agentloop import rows
+    from agentloop.core import rows
     from delivery.models import OutboundKind, OutboundMessage
 
     channel = make_channel("many")
@@ -213,7 +213,7 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
 
 
 def test_aware_gives_the_orms_datetime_and_refuses_text_that_is_no_date_time():
-    from agentloop import rows
+    from agentloop.core import rows
 
     assert rows.aware(None) is None
     assert rows.aware(datetime(2026, 11, 29, 12, 0)) == T0  # SQLite's naive UTC

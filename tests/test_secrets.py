@@ -15,10 +15,10 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentloop import console as dashboard
+from agentloop.console import dashboard
+from agentloop.core.redaction import MASK, redact
 from audit.events import record
 from audit.models import EventKind
-from audit.redaction import MASK, redact
 from conversations.models import AgentKey, Conversation, Turn, TurnState
 from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agentloop.core.states import IllegalTransition
 from conversations.models import BufferState, MessageBuffer, Turn, TurnState
-from conversations.states import IllegalTransition
 from delivery.models import OutboundMessage, OutboundState
 from tools.models import ActionClaim, ClaimState, Proposal, ProposalState
 

@@ -8,8 +8,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from conversations.models import Turn
-from tools import approvals, guard
+from tools import approvals, guard, hooks
 from tools.models import (
     ActionClaim,
     Calendar,
@@ -93,7 +92,7 @@ class ActionClaimAdmin(admin.ModelAdmin):
         worker = claim.owner.removeprefix("worker:")
         if not claim.conversation_id or worker == claim.owner:
             return "—"
-        turn = Turn.objects.filter(
+        turn = hooks.model("Turn").objects.filter(
             Q(finished_at__isnull=True) | Q(finished_at__gte=claim.created_at), conversation_id=claim.conversation_id,
             owner=worker, started_at__lte=claim.created_at).order_by("-started_at").first()
         return admin_link("turn", turn.pk if turn else None, app="conversations")

@@ -6,9 +6,8 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api import conversation_for_key
-from conversations.api_auth import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
-from tools import guard, registry
+from agentloop.core.api import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
+from tools import guard, hooks, registry
 from tools.models import ActionClaim
 from tools.registry import Scope
 
@@ -73,7 +72,7 @@ class ClaimFailureSerializer(StrictBody):
 def _scope(request, data) -> Scope:
     key = request.user
     if "conversation" in data:
-        return Scope.of_conversation(conversation_for_key(key, data["conversation"]))
+        return Scope.of_conversation(hooks.conversation_for_key(key, data["conversation"]))
     return Scope.of_agent(key.pk, data["scope"])
 
 

@@ -19,8 +19,7 @@ from django.utils import timezone
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
-from conversations.notes import inform
-from tools import guard, registry
+from tools import guard, hooks, registry
 from tools.models import ApprovalMode, ClaimState, Proposal, ProposalState
 
 log = logging.getLogger(__name__)
@@ -36,10 +35,8 @@ def open_proposal(claim, policy) -> Proposal:
            actor=claim.owner, target=f"proposal {proposal.pk}", summary=f"{claim.action} awaits approval",
            tool=claim.action, claim=claim.pk, proposal=proposal.pk, agent_key=claim.agent_key_id)
     if policy.approval == ApprovalMode.USER and claim.conversation_id:
-        from tools import confirmations
-
         # In the same transaction: a proposal the user must confirm always has its question.
-        confirmations.ask(proposal, claim)
+        hooks.ask(proposal, claim)
     return proposal
 
 
@@ -129,7 +126,7 @@ def _finish(proposal, claim, outcome, by, tell_user=True):
                    tool=claim.action, claim=claim.pk, proposal=proposal.pk, outcome=state,
                    agent_key=claim.agent_key_id)
             if claim.conversation_id:
-                inform(claim.conversation_id, for_agent=for_agent, for_user=for_user if tell_user else "")
+                hooks.inform(claim.conversation_id, for_agent=for_agent, for_user=for_user if tell_user else "")
 
 
 def _describe_for_user(claim) -> str:
@@ -162,9 +159,9 @@ def reject_once(proposal_id, *, by: str, reason: str = "", tell_user: bool = Tru
             if claim.conversation_id:
                 why = f" ({reason})" if reason else ""
                 said = "said no to" if by_user(by) else "rejected"
-                inform(claim.conversation_id,
-                       for_agent=f"{_who(by)} {said} {_describe(claim)}{why}; it was not done.",
-                       for_user=("❌ Not approved: " + _describe_for_user(claim) + why) if tell_user else "")
+                hooks.inform(claim.conversation_id,
+                             for_agent=f"{_who(by)} {said} {_describe(claim)}{why}; it was not done.",
+                             for_user=("❌ Not approved: " + _describe_for_user(claim) + why) if tell_user else "")
     if not won and proposal.state == ProposalState.PENDING:  # it is past its time
         expire(proposal, tell_user=tell_user)
         proposal.refresh_from_db()
@@ -183,14 +180,12 @@ def expire(proposal, tell_user: bool = True) -> bool:
                    summary=f"{claim.action} expired unapproved", tool=claim.action, claim=claim.pk,
                    proposal=proposal.pk, agent_key=claim.agent_key_id)
             if claim.conversation_id:
-                inform(claim.conversation_id,
-                       for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
-                       for_user=("⌛ Not approved in time, so not done: " + _describe_for_user(claim))
-                       if tell_user else "")
+                hooks.inform(claim.conversation_id,
+                             for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
+                             for_user=("⌛ Not approved in time, so not done: " + _describe_for_user(claim))
+                             if tell_user else "")
             if tell_user:  # expired by the sweep, not by a tap (which shows it itself)
-                from tools import confirmations
-
-                transaction.on_commit(lambda: confirmations.withdraw_question(proposal.pk))
+                transaction.on_commit(lambda: hooks.withdraw_question(proposal.pk))
     return bool(won)
 
 

@@ -4,3 +4,14 @@ from django.apps import AppConfig
 class ToolsConfig(AppConfig):
     name = "tools"
     verbose_name = "Tools and the action guard"
+
+    def ready(self):
+        # Imported here, not at the top: these modules import models, which the app
+        # registry cannot give before it is ready.
+        from delivery import hooks as delivery_hooks
+        from tools import approvals, confirmations, hooks
+
+        # Calls against the layer order, registered (the order: .importlinter; tools.hooks).
+        hooks.register(approvals=approvals, confirmations=confirmations)
+        # The ledger sends a question with its answer buttons.
+        delivery_hooks.register_buttons(confirmations.buttons_for_rows)

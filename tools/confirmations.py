@@ -10,7 +10,7 @@ proposal's transaction (so it reaches the chat at least once, like a reply):
   applies nothing. The tap is answered with answerCallbackQuery, and the question is
   edited (editMessageText, buttons removed) to show the outcome.
 - The web chat (the console's playground): the same buttons on the reply bubble; a tap
-  goes back over the page's websocket (agentloop.consumers), and the outcome is pushed
+  goes back over the page's websocket (agentloop.console.consumers), and the outcome is pushed
   to every page watching the conversation.
 - A platform without buttons (an `api` channel): the question ends "Reply yes or no",
   and the conversation's next inbound message, when its whole text is one of the
@@ -35,11 +35,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from audit.redaction import redact
-from conversations.models import Conversation
+from agentloop.core import live
+from agentloop.core.redaction import redact
 from delivery import ledger
 from delivery.models import OutboundKind
-from tools import approvals, fingerprint
+from tools import approvals, fingerprint, hooks
 from tools.models import Confirmation, ProposalState
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ TOAST_LIMIT = 200  # a tap's answer (Telegram's answerCallbackQuery text)
 def ask(proposal, claim) -> Confirmation | None:
     """Called inside the proposal's transaction: the question exists exactly when the
     proposal does, and the ledger sends it at least once."""
-    conversation = Conversation.objects.select_related("channel").filter(pk=claim.conversation_id).first()
+    conversation = hooks.model("Conversation").objects.select_related("channel").filter(pk=claim.conversation_id).first()
     if conversation is None:
         return None  # no chat to ask in: an operator decides, as under `operator`
     text = question_text(claim, conversation.channel)
@@ -224,8 +224,6 @@ def withdraw_question(proposal_id):
 def handle_webchat_tap(channel, sender_id: str, sender_name: str, data: str) -> dict:
     """A tap on the playground's buttons, as the logged-in person (their sender id).
     Every page watching the conversation is shown the outcome (two devices agree)."""
-    from agentloop import live
-
     reply, confirmation = tap(channel, data, sender_id=sender_id, sender_name=sender_name)
     answer = {"type": "confirmation", "data": data, "status": reply.status, "text": reply.toast}
     if confirmation is not None and reply.outcome:

@@ -1,7 +1,7 @@
 """The action guard's tables: tool policies, claims, proposals — and the local calendar.
 
 State machines are written down once here (the *State enums and their TRANSITIONS);
-every transition goes through the model's checked `transition()` (conversations.states).
+every transition goes through the model's checked `transition()` (agentloop.core.states).
 """
 
 import secrets
@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from conversations.states import StateMachine
+from agentloop.core.states import StateMachine
 
 DEFAULT_WINDOW_SECONDS = 600
 

@@ -3,7 +3,7 @@
 from django.shortcuts import get_object_or_404
 from rest_framework import exceptions, status
 
-from conversations.api_auth import row_id
+from agentloop.core.api import row_id
 from conversations.models import Channel
 
 

@@ -7,15 +7,15 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations import edits
-from conversations.api.access import Conflict, channel_for_key
-from conversations.api_auth import (
+from agentloop.core.api import (
     NO_NUL,
     NOT_BLANK,
     ErrorSerializer,
     StrictBody,
     UtcDateTimeField,
 )
+from conversations import edits
+from conversations.api.access import Conflict, channel_for_key
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.models import EditOutcome, InboundMessage
 from conversations.platforms.api import KIND as API_KIND

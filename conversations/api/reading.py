@@ -8,11 +8,11 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api.access import conversation_for_key
-from conversations.api_auth import (
+from agentloop.core.api import (
     ErrorSerializer,
     query_of,
 )
+from conversations.api.access import conversation_for_key
 from conversations.models import Disposition
 from conversations.timeline import MAX_CURSOR_CHARS
 from delivery.models import OutboundKind, OutboundState

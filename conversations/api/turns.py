@@ -6,13 +6,13 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api.access import Conflict
-from conversations.api_auth import (
+from agentloop.core.api import (
     ErrorSerializer,
     StrictBody,
     query_of,
     row_id,
 )
+from conversations.api.access import Conflict
 from delivery.models import OutboundKind
 
 

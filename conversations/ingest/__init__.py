@@ -8,7 +8,7 @@ locked, so concurrent messages of a conversation are applied one after the other
 The package, by what it does: `values` (Inbound, Arrival, Admission), `refusal`,
 `admission` (one by one), `batch` (admit_many, PostgreSQL's batch statements),
 `double_texting`; its hand-written statements are in `conversations.sql`, the generic
-ones (`insert`, `update_in_state`) in `agentloop.rows`.
+ones (`insert`, `update_in_state`) in `agentloop.core.rows`.
 """
 
 from conversations.ingest.admission import OVERFLOW_NOTICE, RETRYABLE, admit, open_conversation

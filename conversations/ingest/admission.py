@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import aware, insert
+from agentloop.core.rows import aware, insert
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind

@@ -4,7 +4,7 @@ PostgreSQL the statements they have in common run once for the batch (`_admit_ah
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agentloop.rows import insert_many, postgresql
+from agentloop.core.rows import insert_many, postgresql
 from audit.failpoints import failpoint
 from conversations import console, control, sql
 from conversations.ingest.admission import _buffered, _conversation_from_row, _message, _planned, _retryable, admit

@@ -1,7 +1,7 @@
 """Layer 1's tables: who talks to us, what they said, and when each burst becomes a turn.
 
 State machines are written down once here (the *State enums and their TRANSITIONS);
-every transition goes through the model's checked `transition()` (conversations.states):
+every transition goes through the model's checked `transition()` (agentloop.core.states):
 a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a move the
 table does not allow.
 

@@ -4,8 +4,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from agentloop.core.states import StateMachine
 from conversations.models.messages import Conversation
-from conversations.states import StateMachine
 
 
 class FlushReason(models.TextChoices):

@@ -3,7 +3,7 @@
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from agentloop.caches import BoundedCache
+from agentloop.core.caches import BoundedCache
 from conversations import windows
 
 

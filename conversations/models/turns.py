@@ -5,9 +5,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from agentloop.core.states import StateMachine
 from conversations.models.buffers import FlushReason, MessageBuffer
 from conversations.models.messages import Conversation
-from conversations.states import StateMachine
 
 
 class TurnState(models.TextChoices):

@@ -8,7 +8,9 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
+from django.apps import apps
 from django.conf import settings
+from django.urls import include, path
 from django.utils.module_loading import import_string
 
 from conversations.platforms.base import Platform, Poller, Setting
@@ -60,8 +62,7 @@ def transport_for(channel: Channel) -> Transport:
 def typing_kinds() -> tuple[str, ...]:
     """The kinds whose transport can show "typing…" (the worker's typing look asks the
     database only about these)."""
-    from conversations.models import Channel
-
+    Channel = apps.get_model("conversations", "Channel")  # by name: conversations.models imports this module
     return tuple(kind for kind, platform in _registry().items()
                  if platform.transport(Channel(kind=kind)).supports_typing)
 
@@ -79,7 +80,5 @@ async def close_clients() -> None:
 
 def urlpatterns() -> list[URLPattern | URLResolver]:
     """Every platform's webhook URLs, each under webhooks/<kind>/."""
-    from django.urls import include, path
-
     return [path(f"webhooks/{kind}/", include((platform.urls(), kind)))
             for kind, platform in _registry().items() if platform.urls()]

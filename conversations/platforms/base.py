@@ -16,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+
+from agentloop.core.redaction import url_secrets
 
 if TYPE_CHECKING:  # for annotations only
     from django.core.management.base import OutputWrapper
@@ -31,7 +35,7 @@ if TYPE_CHECKING:  # for annotations only
 class Setting:
     """One per-platform setting of a channel (a key of Channel.platform_settings).
 
-    `secret`: masked in the admin and in every error text (audit.redaction).
+    `secret`: masked in the admin and in every error text (agentloop.core.redaction).
     `required_to_send`: while empty, the channel's replies wait (Channel.send_blocked).
     `check`: raises ValidationError (or ValueError) for a bad value; returns it cleaned."""
 
@@ -99,8 +103,6 @@ class Platform(abc.ABC):
     def secrets(self, channel: Channel | dict[str, Any]) -> list[str]:
         """The values of this channel's secret settings, and the secrets in its URLs
         (masked in every error text). `channel`: a Channel, or a dict of its fields."""
-        from audit.redaction import url_secrets
-
         values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
         values = values if isinstance(values, dict) else {}
         found = [str(v) for name, spec in self.settings.items() if spec.secret and (v := values.get(name))]
@@ -152,8 +154,7 @@ class Platform(abc.ABC):
     def demo_channel(self, slug: str, name: str, settings: dict[str, Any]) -> Channel:
         """`make run`'s channel of this platform, created or brought up to date: its
         settings from the environment over those it already had, the demo agent."""
-        from conversations.models import Channel
-
+        Channel = apps.get_model("conversations", "Channel")  # by name: conversations.models imports this module
         channel = Channel.objects.filter(slug=slug).first() or Channel(slug=slug)
         kept = (channel.platform_settings or {}) if channel.kind == self.kind else {}
         channel.name, channel.kind, channel.is_active, channel.agent = name, self.kind, True, "demo"
@@ -193,8 +194,6 @@ def pace_settings(per_second: float, chat_interval: float, group_per_minute: flo
 
 def check_url(value: str) -> str:
     """A Setting.check for URLs (http or https)."""
-    from django.core.validators import URLValidator
-
     URLValidator(schemes=["http", "https"])(value)
     return value
 

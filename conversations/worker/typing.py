@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 
-from agentloop.caches import BoundedCache
-from agentloop.rows import epoch
+from agentloop.core.caches import BoundedCache
+from agentloop.core.rows import epoch
 from conversations import sql
 from conversations.models import (
     Channel,

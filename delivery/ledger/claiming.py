@@ -11,8 +11,8 @@ from datetime import datetime
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from conversations.platforms import transport_for
 from delivery import pacing, sql
+from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.ledger.outcomes import release
 from delivery.ledger.replies import FRESHNESS, MAX_RESENDS, attempt_timeout, enabled
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
@@ -68,8 +68,7 @@ def _sendable():
     only that outer `id IN` — so two sweeps racing for the same pending rows both won
     them, the second labelled (a duplicate, found by two workers draining one paced
     bot). Here the state test stays in the UPDATE's own WHERE, which the re-check reads."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     return Q(channel_id__in=Channel.objects.filter(is_active=True, send_blocked="").values("id"))
 
 
@@ -192,8 +191,7 @@ def _won(ids, request: ClaimRequest, channels):
 
 def _channels(ids) -> dict:
     """The rows' channels (bots), loaded once per channel rather than joined per row."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     return Channel.objects.in_bulk(ids) if ids else {}
 
 
@@ -201,8 +199,6 @@ def _attach_buttons(rows):
     """A question asking the user to confirm an action (a notice row of
     tools.confirmations) goes out with its answer buttons while its proposal is open:
     one query per batch that has notices, none for a batch of replies."""
-    from tools.confirmations import buttons_for_rows
-
     notices = [row for row in rows if row.kind == OutboundKind.NOTICE]
     if notices:
         found = buttons_for_rows([row.pk for row in notices])

@@ -8,11 +8,11 @@ from django.db import DatabaseError, InterfaceError, OperationalError, transacti
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.core.redaction import redact
 from audit.events import record, record_many
 from audit.models import EventKind
-from audit.redaction import redact
-from conversations.platforms import transport_for
 from delivery import console, pacing, sql
+from delivery.hooks import channel_model, transport_for
 from delivery.ledger.replies import BACKOFF, MAX_RESENDS, NOT_SENT_MAX_WAIT, enabled
 from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.retry_after import clamp_retry_after
@@ -168,8 +168,7 @@ def wait_for_channel(row, owner, error, now):
     back to waiting as it was before the claim (its attempt given back: a dead token must
     not spend the resend budget), and the channel's replies wait until an operator saves
     it again (Channel.save recomputes send_blocked). Audited once per block."""
-    from conversations.models import Channel
-
+    Channel = channel_model()
     before = _waiting_state(row)
     with transaction.atomic():
         _give_back(row, owner, before, next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)

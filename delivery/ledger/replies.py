@@ -5,9 +5,9 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from agentloop.rows import create_many
-from conversations.platforms import transport_for
+from agentloop.core.rows import create_many
 from delivery import chunks
+from delivery.hooks import transport_for
 from delivery.models import OutboundMessage
 
 RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"

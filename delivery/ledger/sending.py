@@ -5,8 +5,8 @@ import logging
 import time
 
 from audit.failpoints import failpoint
-from conversations.platforms import transport_for
 from delivery import faults, pacing
+from delivery.hooks import transport_for
 from delivery.ledger.replies import LATE_RESLOTS, RECOVERY_PREFIX, parts
 from delivery.models import OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target

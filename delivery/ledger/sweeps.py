@@ -12,6 +12,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from delivery import pacing
+from delivery.hooks import close_clients
 from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
 from delivery.ledger.outcomes import _audit_abandoned, finish_many, release, resends_used
 from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, PRUNE_AFTER, attempt_timeout
@@ -94,8 +95,6 @@ def safety_sweep(budget=None, batch=1):
     records each outcome right after its send, stops claiming when its time budget is
     spent, and gives back whatever it claimed and did not send. A due row whose chat or
     bot has no send slot yet (pacing) is waited for, within the budget."""
-    from conversations.platforms import close_clients
-
     abandoned = abandon_stale()
     pacing.forget_spent()
     owner = f"tasks:{os.uname().nodename}:{os.getpid()}"

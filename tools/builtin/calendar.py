@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from tools import fingerprint
+from tools.models import Calendar, CalendarEvent
 from tools.registry import Effect, InvalidArguments, Tool, ToolCall, ToolError
 
 
@@ -57,16 +58,12 @@ class CalendarBackend(abc.ABC):
 
 class LocalCalendar(CalendarBackend):
     def _calendar(self, scope, create=False):
-        from tools.models import Calendar
-
         if create:
             calendar, _ = Calendar.objects.get_or_create(scope=scope.key, defaults={"name": scope.label or scope.key})
             return calendar
         return Calendar.objects.filter(scope=scope.key).first()
 
     def create(self, scope, uid, data):
-        from tools.models import CalendarEvent
-
         calendar = self._calendar(scope, create=True)
         CalendarEvent.objects.create(calendar=calendar, uid=uid, title=data.title, start=data.start, end=data.end,
                                      attendees=data.attendees, location=data.location, description=data.description)
@@ -77,14 +74,10 @@ class LocalCalendar(CalendarBackend):
         return event_dict(event.uid, data, str(event.calendar))
 
     def find(self, scope, uid):
-        from tools.models import CalendarEvent
-
         event = CalendarEvent.objects.select_related("calendar").filter(calendar__scope=scope.key, uid=uid).first()
         return self._as_dict(event) if event else None
 
     def list(self, scope, start_from, start_to, limit=50):
-        from tools.models import CalendarEvent
-
         events = CalendarEvent.objects.select_related("calendar").filter(calendar__scope=scope.key)
         if start_from:
             events = events.filter(start__gte=start_from)
@@ -93,8 +86,6 @@ class LocalCalendar(CalendarBackend):
         return [self._as_dict(e) for e in events.order_by("start")[:limit]]
 
     def delete(self, scope, uid):
-        from tools.models import CalendarEvent
-
         deleted, _ = CalendarEvent.objects.filter(calendar__scope=scope.key, uid=uid).delete()
         return bool(deleted)
 

@@ -3,7 +3,7 @@
 
 from django.db import IntegrityError, transaction
 
-from agentloop.caches import BoundedCache
+from agentloop.core.caches import BoundedCache
 from tools import registry
 from tools.models import ToolPolicy
 

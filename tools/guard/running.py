@@ -8,7 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit.failpoints import failpoint
-from tools import registry
+from tools import hooks, registry
 from tools.guard.claiming import (
     ClaimRequest,
     RateLimited,
@@ -89,10 +89,8 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
 
 def _expire_overdue_proposal(claim, now) -> bool:
     """A proposal past its time, not yet swept, must not keep blocking a new call."""
-    from tools import approvals
-
     proposal = getattr(claim, "proposal", None)
-    return proposal is not None and proposal.expires_at <= now and approvals.expire(proposal)
+    return proposal is not None and proposal.expires_at <= now and hooks.expire(proposal)
 
 
 def default_wait():
@@ -151,9 +149,7 @@ class ToolDisabled(Exception):
 
 
 def _proposer(policy):
-    from tools import approvals
-
-    return lambda claim: approvals.open_proposal(claim, policy)
+    return lambda claim: hooks.open_proposal(claim, policy)
 
 
 def proposed_outcome(claim) -> Outcome:

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand
 
 from conversations import platforms
 from conversations.models import AgentKey, Channel
+from tools.guard import ensure_policies
 
 
 def _remembered(name, make):
@@ -38,8 +39,6 @@ class Command(BaseCommand):
         self.playground_channel()
         # Each line `make run` prints about a platform's channel (runall reads them back).
         said = [line for platform in platforms.all_platforms() if (line := platform.bootstrap(self.stdout))]
-        from tools.guard import ensure_policies
-
         ensure_policies()  # every tool's policy is in the admin from the start
         info = {"admin_user": "admin", "admin_password": password, "demo_key": key,
                 **{f"platform_{n}": line for n, line in enumerate(said)}}

@@ -4,7 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand
 
-from agentloop import collector
+from agentloop.core import collector
 from conversations.worker import Worker
 
 SWITCH_INTERVAL = 0.0005  # seconds

@@ -33,6 +33,9 @@ class ApiPlatform(Platform):
             return "the callback URL has no secret to sign with"
         return ""
 
+    # The package's own modules are imported where they are used: each of them imports this
+    # package (its __init__) first, and they import models and ingest, which the registry
+    # that loads this class from settings must not pull in.
     def transport(self, channel):
         from conversations.platforms.api.transport import ApiCallbackTransport, StoredTransport
 

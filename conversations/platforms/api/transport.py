@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
-from agentloop.tls import shared_tls_context
+from agentloop.core.tls import shared_tls_context
 from delivery import signing
 from delivery.models import Outcome
 from delivery.retry_after import retry_after_header

@@ -13,6 +13,8 @@
 import os
 import secrets
 
+from django.urls import path
+
 from conversations.platforms.base import Platform, Poller, Setting, check_url, pace_settings
 
 WEBHOOK, POLLING = "webhook", "polling"
@@ -33,14 +35,15 @@ class TelegramPlatform(Platform):
         **pace_settings(per_second=29, chat_interval=1.0, group_per_minute=20),
     }
 
+    # The package's own modules are imported where they are used: each of them imports this
+    # package (its __init__) first, and they import models and ingest, which the registry
+    # that loads this class from settings must not pull in.
     def transport(self, channel):
         from conversations.platforms.telegram.transport import TelegramTransport
 
         return TelegramTransport(channel)
 
     def urls(self) -> list:
-        from django.urls import path
-
         from conversations.platforms.telegram.webhook import webhook
 
         return [path("<slug:slug>/", webhook, name="webhook")]

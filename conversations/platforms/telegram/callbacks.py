@@ -6,8 +6,9 @@ import logging
 
 from telegram.error import BadRequest
 
-from audit.redaction import redact
+from agentloop.core.redaction import redact
 from conversations.platforms.telegram.transport import call_telegram_now
+from tools.confirmations import tap
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ def handle_callback(channel, update: dict) -> dict:
     the question. Returns the webhook's JSON answer. Database errors propagate (the
     update is re-delivered: the compare-and-swap makes that harmless); Bot API failures
     are logged (the tap's outcome is already decided and the next tap repeats the edit)."""
-    from tools.confirmations import tap
-
     query = update.get("callback_query")
     if not isinstance(query, dict) or not query.get("id"):
         return {"ok": True, "ignored": True}

@@ -20,7 +20,7 @@ from telegram.error import (
     TimedOut,
 )
 
-from agentloop.caches import BoundedCache
+from agentloop.core.caches import BoundedCache
 from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.request import AiohttpRequest, NotSent
 from delivery import chunks

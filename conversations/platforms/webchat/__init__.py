@@ -1,7 +1,10 @@
 """The site's own web chat (the console's playground): messages come in over the page's
-websocket (agentloop.consumers), replies and "typing…" go out through the live groups
+websocket (agentloop.console.consumers), replies and "typing…" go out through the live groups
 (transport.py), taps on a question's buttons come back over the same socket."""
 
+from django.db import transaction
+
+from agentloop.core import live
 from conversations.platforms.base import Platform
 
 KIND = "webchat"
@@ -12,16 +15,15 @@ class WebchatPlatform(Platform):
     label = "Web chat"
     has_buttons = True  # the page shows them and sends a tap back over its socket
 
+    # The package's own modules are imported where they are used: each of them imports this
+    # package (its __init__) first, and they import models and ingest, which the registry
+    # that loads this class from settings must not pull in.
     def transport(self, channel):
         from conversations.platforms.webchat.transport import WebchatTransport
 
         return WebchatTransport(channel)
 
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
-        from django.db import transaction
-
-        from agentloop import live
-
         event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
                  "token": confirmation.token, "text": outcome, "status": status}
         with transaction.atomic():

@@ -1,20 +1,19 @@
 """The web chat's transport: replies and "typing…" pushed to the page's live group."""
 
+from agentloop.core import live
 from delivery.models import Outcome
 from delivery.transports import SendResult, Target, Transport
 
 
 class WebchatTransport(Transport):
     """The reply is pushed to the conversation's live group (`webchat.<conversation id>`),
-    across processes (see agentloop.live); the row stays readable, and the page reloads
+    across processes (see agentloop.core.live); the row stays readable, and the page reloads
     it on reconnect."""
 
     supports_typing = True
     typing_refresh = 4.0  # the page shows a typing signal for 6 s (static/console/playground.js)
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        from agentloop import live
-
         try:
             event = {"kind": "reply", "conversation": target.conversation_id, "text": text,
                      "reply_to": target.reply_target}
@@ -26,7 +25,5 @@ class WebchatTransport(Transport):
         return SendResult.delivered()
 
     async def send_typing(self, target: Target) -> None:
-        from agentloop import live
-
         await live.apublish([live.conversation_group(target.conversation_id)], {
             "kind": "typing", "conversation": target.conversation_id})

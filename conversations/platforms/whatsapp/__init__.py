@@ -15,6 +15,7 @@ import os
 import re
 
 from django.core.exceptions import ValidationError
+from django.urls import path
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 
@@ -57,6 +58,9 @@ class WhatsAppPlatform(Platform):
         **pace_settings(per_second=78, chat_interval=0.0),
     }
 
+    # The package's own modules are imported where they are used: each of them imports this
+    # package (its __init__) first, and they import models and ingest, which the registry
+    # that loads this class from settings must not pull in.
     def transport(self, channel):
         from conversations.platforms.whatsapp.transport import WhatsAppTransport
 
@@ -68,8 +72,6 @@ class WhatsAppPlatform(Platform):
         await close_clients()
 
     def urls(self) -> list:
-        from django.urls import path
-
         from conversations.platforms.whatsapp.webhook import webhook
 
         return [path("<slug:slug>/", webhook, name="webhook")]

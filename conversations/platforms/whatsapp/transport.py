@@ -22,8 +22,8 @@ import asyncio
 import httpx
 from django.conf import settings
 
-from agentloop.caches import BoundedCache
-from agentloop.tls import shared_tls_context
+from agentloop.core.caches import BoundedCache
+from agentloop.core.tls import shared_tls_context
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db.models import Case, CharField, Q, Value, When
 
-from audit.redaction import redact
+from agentloop.core.redaction import redact
 
 if TYPE_CHECKING:
     from django.db.models import Manager

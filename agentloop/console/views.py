@@ -7,8 +7,8 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-from agentloop import story as conversation_story
-from agentloop.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISSION, allowed
+from agentloop.console import story as conversation_story
+from agentloop.console.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISSION, allowed
 from conversations.models import Channel, Conversation
 from conversations.platforms import webchat
 

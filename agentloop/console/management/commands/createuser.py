@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from agentloop import roles
+from agentloop.console import roles
 
 
 class Command(BaseCommand):

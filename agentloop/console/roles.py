@@ -11,6 +11,8 @@
 every `migrate`, so the permissions of every model exist by then.
 """
 
+from django.apps import apps as global_apps
+from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS
@@ -32,9 +34,7 @@ def operator_permissions(using=DEFAULT_DB_ALIAS):
 
 
 def auditor_permissions(using=DEFAULT_DB_ALIAS):
-    from django.apps import apps
-
-    models = [apps.get_model(label) for label in AUDITED_MODELS]
+    models = [global_apps.get_model(label) for label in AUDITED_MODELS]
     types = ContentType.objects.db_manager(using).get_for_models(*models, for_concrete_models=False).values()
     return Permission.objects.using(using).filter(content_type__in=types, codename__startswith="view_")
 
@@ -52,10 +52,9 @@ def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
     Django creates an app's permissions when its own post_migrate is sent, in the order of
     INSTALLED_APPS; this runs on this app's. So only the apps listed after this one still
     lack theirs (none while it is listed last). Creating them all again here doubled the
-    cost of every flush between transactional tests (a post_migrate round each)."""
-    from django.apps import apps as global_apps
-    from django.contrib.auth.management import create_permissions
-
+    cost of every flush between transactional tests (a post_migrate round each). The
+    sender is the core app (`agentloop`: the console app has no models, and Django sends
+    post_migrate only to apps that have)."""
     apps = apps or global_apps
     try:
         apps.get_model("auth", "Group")
@@ -65,11 +64,3 @@ def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
     for app_config in configs[configs.index(sender) + 1:]:
         create_permissions(app_config, verbosity=0, using=using, apps=apps)
     ensure_roles(using)
-
-
-# Secrets can surface inside error texts (a Bot API URL carries the bot token): texts are
-# shown redacted to everyone (they are redacted when written too; this covers older rows).
-def hide_secrets(text: str) -> str:
-    from audit.redaction import redact
-
-    return redact(text)

@@ -3,7 +3,7 @@
 One function, `redact`, is applied wherever text that may carry a secret is *written*:
 every stored error (a ledger row's last error, an unreachable chat's, a turn's outcome,
 a claim's), every audit summary, every log record this product's processes create
-(installed as the log record factory when the audit app is ready), and every payload
+(installed as the log record factory when agentloop.core's app is ready), and every payload
 the API and the console's websockets send. It masks:
 
 - the deployment's own secrets, wherever they appear: each channel's bot token, webhook
@@ -22,9 +22,11 @@ secrets themselves (`redact(text, channel_secrets(channel))`). No query is ever 
 while a log record is created.
 
 This module is imported from everywhere (settings-free at import, no model imports at
-module level), so it lives in `audit`, which every app already depends on.
+module level), so it lives in the bottom layer, agentloop.core; the platforms' part
+(which settings of a channel are secret) is registered by conversations when it is ready.
 """
 
+import asyncio
 import logging
 import os
 import re
@@ -32,6 +34,10 @@ import threading
 import time
 import traceback
 from urllib.parse import parse_qsl, quote, urlsplit
+
+from django.apps import apps
+from django.conf import settings
+from django.db import connection, transaction
 
 MASK = "•••"
 # Shorter values would mask ordinary words; the patterns below still catch their shapes.
@@ -77,6 +83,12 @@ def redact_payload(value):
     if isinstance(value, (list, tuple)):
         return [redact_payload(item) for item in value]
     return value
+
+
+# Secrets can surface inside error texts (a Bot API URL carries the bot token): the admin
+# shows texts redacted to everyone (they are redacted when written too; this covers older rows).
+def hide_secrets(text: str) -> str:
+    return redact(text)
 
 
 def _variants(secrets):
@@ -134,13 +146,25 @@ def channel_secrets(channel) -> list:
     return [value for value in found if value and len(value) >= MIN_SECRET]
 
 
-def _platform_secrets(channel, kind) -> list:
-    from conversations import platforms
+# Which of a channel's settings are secret is its platform's to say (conversations.platforms,
+# a layer above this one): that app registers its answer here when it is ready.
+_platforms = None
 
+
+def register_platforms(platforms):
+    """`platforms.get(kind)` returns a platform whose `secrets(channel)` lists the secret
+    values of one channel's settings, or raises LookupError for a kind not registered."""
+    global _platforms
+    _platforms = platforms
+
+
+def _platform_secrets(channel, kind) -> list:
     try:
-        platform = platforms.get(kind)
+        if _platforms is None:
+            raise LookupError(kind)
+        platform = _platforms.get(kind)
     except LookupError:
-        # A kind no longer registered: every string among its settings is masked.
+        # A kind no longer registered (or no platforms at all): every string among its settings is masked.
         values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
         return [v for v in (values or {}).values() if isinstance(v, str)]
     return platform.secrets(channel)
@@ -149,8 +173,6 @@ def _platform_secrets(channel, kind) -> list:
 def deployment_secrets() -> list:
     """Secrets of the deployment itself: SECRET_KEY, database passwords, the secrets in
     the channel layer's and cache's URLs, environment variables named like secrets."""
-    from django.conf import settings
-
     found = [getattr(settings, "SECRET_KEY", "")]
     for database in getattr(settings, "DATABASES", {}).values():
         found.append(database.get("PASSWORD") or "")
@@ -190,10 +212,7 @@ class _Known:
 
 
 def _channels_secrets() -> list:
-    from django.apps import apps
-    from django.db import connection, transaction
-
-    channel = apps.get_model("conversations", "Channel")
+    channel = apps.get_model("conversations", "Channel")  # by name: its app is a layer above
     fields = ("kind", "platform_settings", "agent_config")
     if connection.in_atomic_block:
         with transaction.atomic():  # a savepoint: a failure here must not doom the caller's transaction
@@ -205,10 +224,6 @@ def _channels_secrets() -> list:
 
 def _may_query() -> bool:
     """A query is safe here: apps loaded, no event loop in this thread, no failed transaction."""
-    import asyncio
-
-    from django.apps import apps
-
     if not apps.ready or _in_log_record.active:
         return False
     try:
@@ -216,8 +231,6 @@ def _may_query() -> bool:
         return False
     except RuntimeError:
         pass
-    from django.db import connection
-
     return not connection.needs_rollback
 
 

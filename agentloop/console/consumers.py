@@ -1,7 +1,7 @@
 """The console's websockets: the dashboard and the playground. Staff only; live updates
-arrive through `agentloop.live` (Redis, or the relay over the database). A socket stays
-open for hours while roles change: every action looks the user up again and checks the
-permission it needs, not only the handshake."""
+arrive through `agentloop.core.live` (Redis, or agentloop.console.relay over the
+database). A socket stays open for hours while roles change: every action looks the user
+up again and checks the permission it needs, not only the handshake."""
 
 import asyncio
 import json
@@ -10,8 +10,20 @@ import uuid
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
-from agentloop import console, live
+from agentloop.console import dashboard as console
+from agentloop.console import relay
+from agentloop.core import live
+from conversations import console as conversations_console
+from conversations import edits
+from conversations.ingest import Inbound, Unstorable, admit, open_conversation
+from conversations.models import Channel
+from conversations.platforms.webchat import KIND
+from delivery import console as delivery_console
+from tools import approvals
+from tools.confirmations import handle_webchat_tap
+from tools.models import Proposal
 
 # Close codes (4000–4999 are the application's).
 NOT_STAFF = 4403  # not active staff, or lacking the page's permission
@@ -41,7 +53,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         for group in self.live_groups:
             await self.channel_layer.group_add(group, self.channel_name)
-        await live.relay().subscribe()
+        await relay.relay().subscribe()
         self.subscribed = True
         await self.accept()
         await self.welcome()
@@ -51,7 +63,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
         if self.subscribed:
             self.subscribed = False
-            await live.relay().unsubscribe()
+            await relay.relay().unsubscribe()
 
     async def prepare(self, user) -> bool:
         return True
@@ -154,9 +166,6 @@ class DashboardConsumer(LiveConsumer):
 
 
 def _decide(action, proposal_id, username):
-    from tools import approvals
-    from tools.models import Proposal
-
     if not Proposal.objects.filter(pk=proposal_id).exists():
         return "unknown"
     decide = approvals.apply if action == "apply" else approvals.reject
@@ -199,8 +208,6 @@ class PlaygroundConsumer(LiveConsumer):
             return
         if not await self.still_allowed():
             return
-        from conversations.ingest import Unstorable
-
         if "edit" in content:  # the person corrects a message they sent (conversations.edits)
             message_id = str(content["edit"])[:64]
             try:
@@ -220,25 +227,17 @@ class PlaygroundConsumer(LiveConsumer):
 
 
 def _sender(user):
-    from conversations.ingest import Inbound
-
     return lambda text="", message_id="": Inbound(
         platform_message_id=message_id, chat_id=f"console-{user.pk}", sender_id=f"console-{user.pk}",
         sender_name=user.get_full_name() or user.get_username(), username=user.get_username(), text=text)
 
 
 def _confirm(channel, user, data):
-    from tools.confirmations import handle_webchat_tap
-
     me = _sender(user)()
     return handle_webchat_tap(channel, me.sender_id, me.sender_name, data)
 
 
 def _open_playground(slug, user):
-    from conversations.ingest import open_conversation
-    from conversations.models import Channel
-    from conversations.platforms.webchat import KIND
-
     channel = Channel.objects.active(slug, KIND)
     if channel is None:
         return None, None
@@ -246,10 +245,6 @@ def _open_playground(slug, user):
 
 
 def _admit(channel, user, text, message_id):
-    from django.utils import timezone
-
-    from conversations.ingest import admit
-
     admission = admit(channel, _sender(user)(text=text, message_id=f"console:{message_id}"))
     return {"duplicate": admission.duplicate, "disposition": admission.disposition,
             "flush_at": admission.flush_at.isoformat() if admission.flush_at else None,
@@ -258,10 +253,6 @@ def _admit(channel, user, text, message_id):
 
 
 def _edit(channel, user, text, message_id):
-    from django.utils import timezone
-
-    from conversations import edits
-
     me = _sender(user)()
     now = timezone.now()
     result = edits.apply(channel, edits.Edit(platform_message_id=f"console:{message_id}", text=text, edited_at=now,
@@ -272,8 +263,5 @@ def _edit(channel, user, text, message_id):
 
 
 def _transcript(conversation_id):
-    from conversations import console as conversations_console
-    from delivery import console as delivery_console
-
     items = conversations_console.messages_of(conversation_id) + delivery_console.replies_of(conversation_id)
     return sorted(items, key=lambda item: item["at"] or "")[-40:]

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connection
 from django.db.models import ForeignObjectRel, IntegerField, Model
 from django.db.models.lookups import In
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -80,9 +82,6 @@ def _db_column(field: Field[Any, Any] | ForeignObjectRel) -> str:
 def aware(value: datetime | str | None) -> datetime | None:
     """A datetime from raw SQL, as the ORM would have given it: SQLite hands back naive
     UTC (or, for an aggregate, the stored text); None stays None."""
-    from django.utils import timezone
-    from django.utils.dateparse import parse_datetime
-
     if value is None:
         return None
     if isinstance(value, str):
@@ -154,7 +153,7 @@ class ArrayIn(_In):
 
 
 def register_lookups() -> None:
-    """Once, at start-up (AgentloopConfig.ready): every integer column's `__in`."""
+    """Once, at start-up (CoreConfig.ready): every integer column's `__in`."""
     IntegerField.register_lookup(ArrayIn)
 
 

@@ -16,6 +16,7 @@ unguarded calls (only guarded calls leave a claim), and each send attempt of a l
 (the row keeps its count, its last outcome and last error).
 """
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -24,8 +25,8 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 
+from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
-from audit.redaction import channel_secrets, redact, redact_payload
 from conversations import windows
 from conversations.models import (
     BufferState,
@@ -280,8 +281,6 @@ def _claim_entry(story, c, rank):
 
 
 def _json(story, value):
-    import json
-
     return story.redact(json.dumps(redact_payload(value), ensure_ascii=False, default=str), 600)
 
 

@@ -1,0 +1,25 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
+
+
+class CoreConfig(AppConfig):
+    """The bottom layer (.importlinter): database helpers, the state machine, redaction
+    and the publishing half of live updates. It imports no app of the product. Its two
+    models (live updates) keep the label `agentloop` they were created under, so their
+    tables and migration history stay as they are."""
+
+    name = "agentloop.core"
+    label = "agentloop"
+    verbose_name = "Core"
+
+    def ready(self):
+        # Imported here, as Django asks of ready(): not while the app registry loads.
+        from agentloop.core import redaction
+        from agentloop.core.rows import register_lookups
+
+        register_lookups()
+        redaction.install_log_redaction()
+        # A lazy model reference: the channel model belongs to an app above this one.
+        for signal in (post_save, post_delete):
+            signal.connect(redaction.forget_secrets, sender="conversations.Channel",
+                           dispatch_uid=f"agentloop.core.redaction.{signal is post_save}")

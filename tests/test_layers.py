@@ -1,0 +1,67 @@
+"""No import cycle between the product's modules (issue 23: 0 cycles). The layer order
+itself, the independence of the platform packages and the bottom package's isolation
+are import-linter's contracts (.importlinter, run by scripts/test.sh); this checks what
+they cannot: that no module of the product reaches itself again through its imports,
+inside an app as well as across apps. Imports made inside functions count too; imports
+under `if TYPE_CHECKING:` do not (they never run: annotations naming a model of the
+package that imports them, as the platform registry's do)."""
+
+import grimp
+
+PRODUCT = ("agentloop", "conversations", "tools", "delivery", "audit")
+
+
+def _graph():
+    graph = grimp.build_graph(*PRODUCT, include_external_packages=False, exclude_type_checking_imports=True,
+                              cache_dir=None)
+    modules = {m for m in graph.modules if ".migrations" not in m and not m.endswith(".migrations")}
+    return {m: sorted(i for i in graph.find_modules_directly_imported_by(m) if i in modules) for m in modules}
+
+
+def _cycles(imports) -> list:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(imports):
+        if root in index:
+            continue
+        work = [(root, iter(imports[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(imports[child])))
+                    break
+                if child in on_stack:
+                    low[module] = min(low[module], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[module])
+                if low[module] == index[module]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == module:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_modules_of_the_product():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
