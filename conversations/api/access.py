@@ -4,7 +4,7 @@ from django.shortcuts import get_object_or_404
 from rest_framework import exceptions, status
 
 from agentloop.core.api import row_id
-from conversations.models import Channel
+from conversations.models import Channel, Conversation
 
 
 def channel_for_key(key, slug, kind=None):
@@ -19,8 +19,6 @@ def channel_for_key(key, slug, kind=None):
 def conversation_for_key(key, conversation_id):
     """The conversation, if it is in one of the key's channels; 404 otherwise (another
     agent's conversations do not exist as far as this key is concerned)."""
-    from conversations.models import Conversation
-
     conversation = Conversation.objects.select_related("channel", "contact").filter(
         pk=row_id(conversation_id, "conversation"), channel__agent_keys=key).first()
     if conversation is None:

@@ -1,8 +1,12 @@
 """Reading a conversation (an api channel without a callback: the app reads its replies),
 long-polled."""
 
+import asyncio
 import re
 
+from asgiref.sync import SyncToAsync
+from channels.db import database_sync_to_async
+from django.conf import settings
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
@@ -12,6 +16,7 @@ from agentloop.core.api import (
     ErrorSerializer,
     query_of,
 )
+from conversations import timeline
 from conversations.api.access import conversation_for_key
 from conversations.models import Disposition
 from conversations.timeline import MAX_CURSOR_CHARS
@@ -89,8 +94,6 @@ class LongPolls:
 
     @classmethod
     def enter(cls):
-        from django.conf import settings
-
         if cls.waiting >= settings.AGENTLOOP_MAX_LONG_POLLS:
             raise TooManyWaiting()
         cls.waiting += 1
@@ -104,8 +107,6 @@ def _in_db_thread(fn, *args, **kwargs):
     """Run a database step in the loop's shared thread pool, its connection closed (or
     returned to the pool) afterwards as CONN_MAX_AGE / DATABASE_POOL say: a waiting
     long-poll holds neither a thread nor a connection between its checks."""
-    from channels.db import database_sync_to_async
-
     return database_sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)
 
 
@@ -115,8 +116,6 @@ def _release_request_thread():
     would sit idle for the whole wait, a thread per waiting client. Shut it down now;
     the response's middleware steps start a fresh one. (An executor a caller supplied
     to the context is theirs: left alone.)"""
-    from asgiref.sync import SyncToAsync
-
     # asgiref internals (3.13): another version without them keeps the idle thread, and
     # tests/test_api_read.py's thread count says so.
     contexts, executors = (getattr(SyncToAsync, "thread_sensitive_context", None),
@@ -153,8 +152,6 @@ class ConversationMessagesView(APIView):
             "conversation": found.pk, "items": [_item(i) for i in items], "next": cursor.encode()}).data)
 
     def _first_read(self, request, conversation):
-        from conversations import timeline
-
         self.initial(request)  # authentication, permissions, throttling: database work, here
         incoming = ConversationMessagesQuery(data=query_of(request))
         incoming.is_valid(raise_exception=True)
@@ -169,10 +166,6 @@ class ConversationMessagesView(APIView):
 
     @staticmethod
     async def _wait(conversation_id, cursor, limit, wait):
-        import asyncio
-
-        from conversations import timeline
-
         LongPolls.enter()
         _release_request_thread()
         try:

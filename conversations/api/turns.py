@@ -1,6 +1,7 @@
 """Turns for external agents (pull agents, and webhook agents answering later)."""
 
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
@@ -12,7 +13,10 @@ from agentloop.core.api import (
     query_of,
     row_id,
 )
+from conversations import engine, turns
 from conversations.api.access import Conflict
+from conversations.models import Turn, TurnState
+from delivery import ledger
 from delivery.models import OutboundKind
 
 
@@ -46,8 +50,6 @@ class TurnDoneSerializer(StrictBody):
 
 
 def _turns_for_key(key):
-    from conversations.models import Turn
-
     return Turn.objects.select_related("conversation__channel").filter(conversation__channel__agent_keys=key)
 
 
@@ -72,8 +74,6 @@ class TurnClaimView(APIView):
     @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Claim a ready turn: it is yours to answer until you mark it done (or it times out)")
     def post(self, request, turn):
-        from conversations import engine, turns
-
         found = _turn_for_key(request.user, turn)
         if found.conversation.channel.agent != turns.PULL_AGENT:
             return Response({"error": f"turn {found.pk} belongs to a '{found.conversation.channel.agent}' channel; "
@@ -100,12 +100,6 @@ class TurnReplyView(APIView):
 
 
 def _reply(key, turn, text):
-    from django.db import transaction
-
-    from conversations import turns
-    from conversations.models import Turn
-    from delivery import ledger
-
     with transaction.atomic():
         locked = Turn.objects.select_for_update().select_related("conversation__channel").get(pk=turn.pk)
         if not turns.may_answer(locked, key.pk):
@@ -119,9 +113,6 @@ class TurnDoneView(APIView):
     @extend_schema(request=TurnDoneSerializer, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Close a turn you hold (optionally with a last reply)")
     def post(self, request, turn):
-        from conversations import turns
-        from conversations.models import TurnState
-
         found = _turn_for_key(request.user, turn)
         incoming = TurnDoneSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)

@@ -1,15 +1,14 @@
 """Channels (a bot, a WhatsApp number, a web chat, an API channel) and their settings."""
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
 from agentloop.core.caches import BoundedCache
-from conversations import windows
+from conversations import platforms, windows
 
 
 def _platform_choices():
-    from conversations import platforms
-
     return platforms.choices()
 
 
@@ -131,8 +130,6 @@ class Channel(models.Model):
         return self.name or self.slug
 
     def clean(self):
-        from django.core.exceptions import ValidationError
-
         from conversations.agents import validate_agent_config
 
         validate_agent_config(self.agent_config)
@@ -149,8 +146,6 @@ class Channel(models.Model):
 
     @property
     def platform(self):
-        from conversations import platforms
-
         return platforms.of(self)
 
     def setting(self, name, default=""):

@@ -4,6 +4,8 @@ import asyncio
 import logging
 import time
 
+from asgiref.sync import sync_to_async
+
 from audit.failpoints import failpoint
 from delivery import faults, pacing
 from delivery.hooks import transport_for
@@ -95,8 +97,6 @@ async def _wait_for_slot(db, row, pace, sent_at):
 
 
 async def _in_a_thread(fn, *args):
-    from asgiref.sync import sync_to_async
-
     return await sync_to_async(fn)(*args)
 
 
