@@ -2,7 +2,7 @@
 docs/configuration.md (written by `scripts/config_docs.py`).
 
 settings.py reads the environment itself (django-environ, as Django projects do); this
-table documents it. `tests/test_config_docs.py` keeps the two together: it parses
+table documents it. `tests/unit/test_config_docs.py` keeps the two together: it parses
 settings.py and fails when a variable it reads is missing here, when a row says
 "settings" for a variable settings.py does not read, when a literal default in
 settings.py is not the one written here, and when docs/configuration.md is not what the

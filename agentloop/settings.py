@@ -1,7 +1,7 @@
 """agentloop settings: one file, every knob read from the environment (or `.env`).
 
 Every variable is documented in agentloop/config_table.py (docs/configuration.md is
-generated from it; tests/test_config_docs.py fails when a read here is missing there);
+generated from it; tests/unit/test_config_docs.py fails when a read here is missing there);
 bad values fail loudly at start-up (django-environ raises on a malformed int, float,
 bool or URL).
 """

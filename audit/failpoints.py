@@ -33,7 +33,7 @@ POINTS = (
 )
 
 # Per chunk of a long reply (only replies over the platform's limit cross them, so the
-# crash matrix's short replies do not; tests/test_chunks.py arms them, `@N` = chunk N).
+# crash matrix's short replies do not; tests/end_to_end/test_chunks.py arms them, `@N` = chunk N).
 CHUNK_POINTS = (
     "ledger.after_chunk_send",  # chunk N sent; its delivery not recorded
     "ledger.after_chunk",  # chunk N's delivery recorded; chunk N+1 not started

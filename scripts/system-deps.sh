@@ -3,7 +3,7 @@
 # drive /usr/bin/chromium; Playwright's own browser downloads are never used),
 # redis-server (the Redis-backed tests start a throwaway one), iproute2 (`ip`: the cluster
 # of test hosts, scripts/cluster.sh, builds network namespaces, a bridge and veth links
-# with it; the bridge itself is the kernel's) and pgbouncer (tests/test_pgbouncer.py runs
+# with it; the bridge itself is the kernel's) and pgbouncer (tests/end_to_end/test_pgbouncer.py runs
 # the product through a throwaway one in transaction mode). As root, installs what is
 # missing and says what; as another user, only says what is missing.
 # Called by .ci/run and scripts/test.sh (`make test`).

@@ -31,46 +31,46 @@ pytest_plugins = ["tests.browser", "tests.redis_server"]
 # `@pytest.mark.serial` on the test, or a line here. Tests using the `browser` fixture are
 # serial without a line.
 SERIAL = {
-    "tests/test_typing_modes.py": "typing starts and stops within 0.1-0.8 s of its moment",
-    "tests/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
+    "tests/end_to_end/test_typing_modes.py": "typing starts and stops within 0.1-0.8 s of its moment",
+    "tests/end_to_end/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
         "typing shown within 1 s of the turn's start, refreshed every 15-25 s",
-    "tests/test_worker_e2e.py::test_burst_becomes_one_turn_after_the_adaptive_window":
+    "tests/end_to_end/test_worker_e2e.py::test_burst_becomes_one_turn_after_the_adaptive_window":
         "a buffer flushes less than 0.5 s after its deadline",
-    "tests/test_worker_e2e.py::test_stop_during_a_burst_answers_at_once_and_runs_nothing":
+    "tests/end_to_end/test_worker_e2e.py::test_stop_during_a_burst_answers_at_once_and_runs_nothing":
         "/stop answered within 4 s of the burst's last message",
-    "tests/test_worker_e2e.py::test_turns_run_concurrently_and_typing_is_refreshed":
+    "tests/end_to_end/test_worker_e2e.py::test_turns_run_concurrently_and_typing_is_refreshed":
         "10 turns of 2 s overlap; typing refreshed 3 times within one",
-    "tests/test_worker_e2e.py::test_no_interrupt_after_an_external_effect":
+    "tests/end_to_end/test_worker_e2e.py::test_no_interrupt_after_an_external_effect":
         "the second message lands within the turn's 1.5 s",
-    "tests/test_worker_e2e.py::test_reject_tells_the_user_to_wait": "the second message lands within the turn's 1.5 s",
-    "tests/test_restart.py": "after a SIGKILL, new messages are answered within their 1 s window",
-    "tests/test_liveness.py": "a dead worker's turns are taken over within seconds, a live one's never",
-    "tests/test_faults_database.py": "log lines per second and seconds to recover during database faults",
-    "tests/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
-    "tests/test_quiet_idle.py": "no routine log line through a round of sweeps",
-    "tests/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
-    "tests/test_pgbouncer.py": "ingest and answer times through PgBouncer",
-    "tests/test_database_deadline.py": "a silent database host is refused within 5 s",
-    "tests/test_bench_peer.py": "npm ci into the peer bot's one node_modules; a burst merged in one window",
-    "tests/test_api_inbound.py::test_accepted_with_the_flush_deadline": "flush_in within 0.5 s of the 4 s window",
-    "tests/test_api_read.py::test_long_poll_gets_the_reply_of_an_api_channel_without_callback":
+    "tests/end_to_end/test_worker_e2e.py::test_reject_tells_the_user_to_wait": "the second message lands within the turn's 1.5 s",
+    "tests/end_to_end/test_restart.py": "after a SIGKILL, new messages are answered within their 1 s window",
+    "tests/end_to_end/test_liveness.py": "a dead worker's turns are taken over within seconds, a live one's never",
+    "tests/end_to_end/test_faults_database.py": "log lines per second and seconds to recover during database faults",
+    "tests/end_to_end/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
+    "tests/end_to_end/test_quiet_idle.py": "no routine log line through a round of sweeps",
+    "tests/end_to_end/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
+    "tests/end_to_end/test_pgbouncer.py": "ingest and answer times through PgBouncer",
+    "tests/end_to_end/test_database_deadline.py": "a silent database host is refused within 5 s",
+    "tests/end_to_end/test_bench_peer.py": "npm ci into the peer bot's one node_modules; a burst merged in one window",
+    "tests/unit/test_api_inbound.py::test_accepted_with_the_flush_deadline": "flush_in within 0.5 s of the 4 s window",
+    "tests/end_to_end/test_api_read.py::test_long_poll_gets_the_reply_of_an_api_channel_without_callback":
         "the reply reaches the long poll less than 1.5 s after it is written",
-    "tests/test_api_read.py::test_long_poll_times_out_empty_with_the_same_cursor_and_is_capped":
+    "tests/end_to_end/test_api_read.py::test_long_poll_times_out_empty_with_the_same_cursor_and_is_capped":
         "an empty long poll ends between 2 and 4 s",
-    "tests/test_api_read.py::test_waiting_long_polls_hold_no_thread_and_no_connection_each":
+    "tests/end_to_end/test_api_read.py::test_waiting_long_polls_hold_no_thread_and_no_connection_each":
         "threads counted while 40 polls wait (the fewest seen: a late request's own thread comes and goes)",
-    "tests/test_caldav.py::test_server_down_is_a_tool_error": "refused within 10 s",
-    "tests/test_caldav.py::test_closed_port_is_a_tool_error": "refused within 5 s",
-    "tests/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "timed out within 5 s",
-    "tests/test_fake_openai_api.py::test_delay_longer_than_client_timeout_raises_api_timeout_error":
+    "tests/end_to_end/test_caldav.py::test_server_down_is_a_tool_error": "refused within 10 s",
+    "tests/end_to_end/test_caldav.py::test_closed_port_is_a_tool_error": "refused within 5 s",
+    "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "timed out within 5 s",
+    "tests/end_to_end/test_fake_openai_api.py::test_delay_longer_than_client_timeout_raises_api_timeout_error":
         "the client gives up between 0.4 and 1.5 s",
-    "tests/test_fake_openai_api.py::test_stop_is_prompt_with_held_and_delayed_requests": "stopped within 2 s",
-    "tests/test_fake_telegram_api.py::test_long_poll_returns_as_soon_as_an_update_is_pushed":
+    "tests/end_to_end/test_fake_openai_api.py::test_stop_is_prompt_with_held_and_delayed_requests": "stopped within 2 s",
+    "tests/end_to_end/test_fake_telegram_api.py::test_long_poll_returns_as_soon_as_an_update_is_pushed":
         "the long poll answers within 2 s of the push",
-    "tests/test_peers.py::test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_attempt":
+    "tests/end_to_end/test_peers.py::test_a_sweep_killed_mid_way_leaves_no_delivered_row_attempting_and_burns_no_attempt":
         "the kill lands within a few 0.3 s sends",
-    "tests/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "gives up between 1.4 and 3 s",
-    "tests/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "gives up between 1.4 and 3 s",
+    "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "gives up between 1.4 and 3 s",
+    "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "gives up between 1.4 and 3 s",
 }
 
 
@@ -81,33 +81,33 @@ SERIAL = {
 # Tests that never touch the suite's database (each brings its own): the SQLite pass runs
 # them, beside its lighter serial phase (the PostgreSQL pass's is the longer one).
 OWN_DATABASE = {
-    "tests/test_faults_database.py": "a throwaway PostgreSQL cluster of its own, fresh SQLite files",
-    "tests/test_quiet_idle.py": "`runall` on a fresh SQLite file",
-    "tests/test_database_deadline.py": "a silent socket as the database host",
+    "tests/end_to_end/test_faults_database.py": "a throwaway PostgreSQL cluster of its own, fresh SQLite files",
+    "tests/end_to_end/test_quiet_idle.py": "`runall` on a fresh SQLite file",
+    "tests/end_to_end/test_database_deadline.py": "a silent socket as the database host",
 }
 
 # Tests whose subject is not the database (they use it as any test does, or not at all):
 # the PostgreSQL pass runs them, the SQLite pass leaves them out. A file name means all
 # its tests.
 ONE_PASS = {
-    "tests/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
+    "tests/end_to_end/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
         "35 s of a turn kept waiting, to watch WhatsApp's typing indicator refreshed (test_typing_modes "
         "checks the typing leases on both databases)",
-    "tests/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
+    "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
                                 "(NUL bytes, integer ranges)",
-    "tests/test_fake_telegram_api.py": "the fake Bot API itself",
-    "tests/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
-    "tests/test_fake_graph_api.py": "the fake Graph API itself",
-    "tests/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
-    "tests/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
-    "tests/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
-    "tests/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
-    "tests/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
-    "tests/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
-    "tests/test_console_browser.py::test_playground_round_trip_countdown_merge_typing_reply": "a page in a browser",
-    "tests/test_console_browser.py::test_console_pages_fit_a_phone_and_work_from_the_keyboard": "a page in a browser",
-    "tests/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
-    "tests/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
+    "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
+    "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
+    "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
+    "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
+    "tests/end_to_end/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
+    "tests/end_to_end/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
+    "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
+    "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
+    "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
+    "tests/end_to_end/test_console_browser.py::test_playground_round_trip_countdown_merge_typing_reply": "a page in a browser",
+    "tests/end_to_end/test_console_browser.py::test_console_pages_fit_a_phone_and_work_from_the_keyboard": "a page in a browser",
+    "tests/end_to_end/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
+    "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
 }
 
 

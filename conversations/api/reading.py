@@ -117,7 +117,7 @@ def _release_request_thread():
     the response's middleware steps start a fresh one. (An executor a caller supplied
     to the context is theirs: left alone.)"""
     # asgiref internals (3.13): another version without them keeps the idle thread, and
-    # tests/test_api_read.py's thread count says so.
+    # tests/end_to_end/test_api_read.py's thread count says so.
     contexts, executors = (getattr(SyncToAsync, "thread_sensitive_context", None),
                            getattr(SyncToAsync, "context_to_thread_executor", None))
     context = contexts.get(None) if contexts is not None else None

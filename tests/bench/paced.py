@@ -10,8 +10,8 @@ def bench_paced(report, web_server, worker, stop, wait_until, rate=300, seconds=
     from conversations.models import Channel
     from delivery.models import OutboundMessage
     from tests.e2e import SECRET, TOKEN
+    from tests.end_to_end.test_paced_drain import post_at_rate
     from tests.fakes.telegram_api import FakeBotAPI, Limits
-    from tests.test_paced_drain import post_at_rate
 
     limits = Limits()
     with FakeBotAPI(limits=limits) as fake:

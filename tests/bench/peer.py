@@ -26,7 +26,7 @@ before the queue expires, drains the old one into its `context.skipped`.
     BENCH_PEER_MESSAGES=500 .venv/bin/python -m tests.bench peer   # a quick look
 
 Skipped, with a note, where `node` is missing. Not part of `make test`
-(tests/test_bench_peer.py only checks that the peer bot answers).
+(tests/end_to_end/test_bench_peer.py only checks that the peer bot answers).
 """
 
 import json

@@ -19,7 +19,7 @@ One run per point, on its own channel of the local fake Telegram Bot API:
      recovery notices, calendar events (want exactly 1).
 
 Used by `python -m tests.faults` (both databases, prints the table) and by
-tests/test_crash_matrix.py (the suite's database). Django must be set up on the
+tests/end_to_end/test_crash_matrix.py (the suite's database). Django must be set up on the
 database the processes use.
 """
 

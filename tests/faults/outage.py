@@ -1,5 +1,5 @@
 """The database goes away and comes back: figures for the closing note, and the
-scenarios tests/test_faults_database.py asserts on.
+scenarios tests/end_to_end/test_faults_database.py asserts on.
 
     .venv/bin/python -m tests.faults.outage [--scenario NAME ...]
 

@@ -12,7 +12,7 @@ import pytest
 from conversations import engine
 from conversations.models import InboundMessage, MessageBuffer, Turn
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 SECRET = "s3cret-token_ABC"
 HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 

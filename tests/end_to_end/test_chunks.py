@@ -11,7 +11,7 @@ from delivery.chunks import split, units
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from tests.conftest import wait_until
 from tests.e2e import UNPACED, telegram_channel
-from tests.test_ledger_e2e import conversation_for, delivered, texts
+from tests.end_to_end.test_ledger_e2e import conversation_for, delivered, texts
 
 TELEGRAM = 4096
 

@@ -1,7 +1,7 @@
 """The Telegram Bot API fake, driven by the real python-telegram-bot client.
 
 Every test talks HTTP to a real server on 127.0.0.1; nothing is mocked.
-Run with: .venv/bin/python -m pytest -q -p no:django tests/test_fake_telegram_api.py
+Run with: .venv/bin/python -m pytest -q -p no:django tests/end_to_end/test_fake_telegram_api.py
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.fakes.telegram_api import FakeBotAPI
 
 TOKEN = "123456:TEST-token"
 OTHER_TOKEN = "654321:OTHER-token"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

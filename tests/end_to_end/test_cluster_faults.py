@@ -20,7 +20,7 @@ over by app-b, and messages/s before and after.
 
 Root only (skipped otherwise); run once, in the PostgreSQL pass of `make test`. By hand:
 
-    sudo DATABASE_URL=postgres://… .venv/bin/python -m pytest tests/test_cluster_faults.py -s
+    sudo DATABASE_URL=postgres://… .venv/bin/python -m pytest tests/end_to_end/test_cluster_faults.py -s
 """
 
 import asyncio
@@ -253,7 +253,7 @@ def report(figures, tmp_path, capsys):
     t, held = figures["takeover_seconds"], figures["held_at_kill"]
     lines = [
         "",
-        "cluster fault test (scripts/cluster.sh; tests/test_cluster_faults.py)",
+        "cluster fault test (scripts/cluster.sh; tests/end_to_end/test_cluster_faults.py)",
         f"  load: {figures['messages']} messages over {CONVERSATIONS} conversations at {RATE:g}/s for {SECONDS:g} s, "
         f"half through each web host; accepted {figures['accepted']} ({figures['failed_over']} by the other host "
         f"after a failed POST): {figures['accepted_by']}; failed POSTs {figures['failed_posts']}",

@@ -18,9 +18,9 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcom
 from delivery.transports import Target
 from tests.conftest import wait_until
 from tests.e2e import UNPACED
+from tests.end_to_end.test_chunks import PARAGRAPHS
+from tests.end_to_end.test_ledger_e2e import conversation_for
 from tests.fakes.telegram_api import BotAPIError
-from tests.test_chunks import PARAGRAPHS
-from tests.test_ledger_e2e import conversation_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PREFIX = ledger.RECOVERY_PREFIX

@@ -22,7 +22,7 @@ from tests import local_http
 from tests.fakes.openai_api import Delay, Error, FakeOpenAI, Reply, Request, ToolCalls
 
 KEY = "sk-test-key"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CALENDAR_TOOL = {
     "type": "function",

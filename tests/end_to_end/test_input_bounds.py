@@ -31,7 +31,7 @@ from tools import guard
 from tools.models import ActionClaim, ToolPolicy
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 SECRET = "s3cret-token_ABC"
 
 

@@ -474,7 +474,7 @@ def test_an_edit_reruns_the_running_turn_and_only_the_corrected_reply_goes_out(p
 
 @pytest.mark.django_db(transaction=True)
 def test_the_playground_edits_the_persons_own_message_only():
-    from tests.test_console_websockets import OPERATE, make_user, receive_until, talk
+    from tests.unit.test_console_websockets import OPERATE, make_user, receive_until, talk
 
     Channel.objects.create(slug="playground", kind="webchat", agent="demo", window_closed=2.0)
     owner, other = make_user("op", perms=OPERATE), make_user("op2", perms=OPERATE)
