@@ -30,7 +30,7 @@ from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, Outcome
 from delivery.transports import SendResult
 from tests import local_http
-from tests.e2e import SECRET, TOKEN, send, telegram_channel
+from tests.e2e import SECRET, TOKEN, UNPACED, send, telegram_channel
 from tools import approvals, guard
 from tools.models import ActionClaim, ToolPolicy
 from tools.registry import Scope
@@ -68,7 +68,10 @@ def deliver_again(web, body):
 @pytest.mark.e2e
 def test_the_incident_told_in_time_order_to_an_auditor_with_no_secret(processes, make_channel, fake_telegram,
                                                                       client):
-    channel = telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
+    # Unpaced: the notice it claims by hand below goes into the chat just answered; paced,
+    # it waits for the chat's next slot (1 s), and the claim found nothing to take.
+    channel = telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS},
+                               extra=UNPACED)
     web, _ = processes.web(), processes.worker(**AGENT)
 
     first = send(web, "tg", 101, f"Confirmo las horas de psicología (clave {SECRET}).")
