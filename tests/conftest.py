@@ -79,7 +79,7 @@ SERIAL = {
 # (no AGENTLOOP_TEST_PASS) runs them all, whatever the database.
 #
 # Tests that never touch the suite's database (each brings its own): the SQLite pass runs
-# them, beside its lighter serial phase (the PostgreSQL pass's is the longer one).
+# them (its serial phase is the shorter of the two).
 OWN_DATABASE = {
     "tests/end_to_end/test_faults_database.py": "a throwaway PostgreSQL cluster of its own, fresh SQLite files",
     "tests/end_to_end/test_quiet_idle.py": "`runall` on a fresh SQLite file",
