@@ -40,6 +40,9 @@ class TurnRunner:
         # Turns whose answer is in hand and whose end is being written down (while the
         # database is away, for as long as it takes): this worker still holds them.
         self.finishing: set[int] = set()
+        # The stamp the last completion batch put (or tried to put) on each finishing
+        # turn's reply row: after a lost answer, the row is ours to send only if it bears it.
+        self.claim_tokens: dict[int, str] = {}
         self.tasks: set[asyncio.Task] = set()  # every turn task, until it is over
         self.releases: set[asyncio.Task] = set()  # turns started while stopping, handed back
         self.done = 0
@@ -168,20 +171,27 @@ class TurnRunner:
                     await asyncio.sleep(0.5 * failures)
         finally:
             self.finishing.discard(turn.pk)
+            self.claim_tokens.pop(turn.pk, None)
 
     def written_before(self, turn_id):
         """After a failed completion: (True, its reply row to send, or None) if this
-        worker's write went through all the same — the reply row is still ours to send,
-        pending or claimed by us (we never got it back, so it was not sent) — or (False,
-        None) if the turn is still running, to be written again."""
+        worker's write went through all the same — the reply row is still ours to send
+        if pending, or claimed with the completion's own stamp (we never got it back, so
+        it was not sent) — or (False, None) if the turn is still running, to be written
+        again. A row this worker's sweep claimed meanwhile (pending once the completion
+        committed, before its claim) bears the sweep's stamp: the sweep sends it, and
+        sending it here as well was a second, unlabelled copy."""
         if Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=self.owner).exists():
             return False, None
+        token = self.claim_tokens.setdefault(turn_id, ledger.new_token())
         rows = OutboundMessage.objects.filter(turn_id=turn_id, kind__in=(OutboundKind.REPLY, OutboundKind.NOTICE))
         pending = list(rows.filter(state=OutboundState.PENDING).values_list("pk", flat=True))
-        if pending:
-            claimed = ledger.claim_many(pending, self.owner)
-            return True, claimed[0] if claimed else None
-        return True, rows.filter(state=OutboundState.ATTEMPTING, owner=self.owner).select_related("channel").first()
+        if pending:  # its answer may be lost too: then the row is found below, by its stamp
+            claimed = ledger.claim_many(pending, self.owner, token=token)
+            if claimed:
+                return True, claimed[0]  # with its send slot, if paced
+        mine = rows.filter(state=OutboundState.ATTEMPTING, owner=self.owner, claim_token=token)
+        return True, mine.select_related("channel").first()
 
     def complete_turns(self, finished):
         """Finish turns and write their replies into the ledger, in one transaction. A
@@ -206,7 +216,10 @@ class TurnRunner:
         # its liveness lock this worker leaves them pending for a sweep (a claim of a
         # worker the others think dead would be taken over, and the reply labelled).
         rows = list(written.values()) if self.worker.liveness.holding() else []
-        claimed = {row.pk for row in ledger.claim_written(rows, self.owner)}
+        token = ledger.new_token()
+        for turn_id in written:  # before the claim: its answer may never come back
+            self.claim_tokens[turn_id] = token
+        claimed = {row.pk for row in ledger.claim_written(rows, self.owner, token=token)}
         return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
                 for turn, *_ in finished]
 

@@ -30,7 +30,15 @@ names below are its interface (`from delivery.ledger import X`, `ledger.X`, and 
 django-q2 schedules' `delivery.ledger.safety_sweep` and `delivery.ledger.prune`).
 """
 
-from delivery.ledger.claiming import claim_due, claim_many, claim_written, claimable_ids, holds_rows, maybe_claimable
+from delivery.ledger.claiming import (
+    claim_due,
+    claim_many,
+    claim_written,
+    claimable_ids,
+    holds_rows,
+    maybe_claimable,
+    new_token,
+)
 from delivery.ledger.outcomes import finish, finish_many, mark_unreachable, release, resends_used, wait_for_channel
 from delivery.ledger.replies import (
     BACKOFF,
@@ -58,6 +66,6 @@ __all__ = [
     "BACKOFF", "FRESHNESS", "LATE_RESLOTS", "MAX_RESENDS", "NOT_SENT_MAX_WAIT", "PACED_RETRY", "PREFIX_UNITS",
     "PRUNE_AFTER", "RECOVERY_PREFIX", "Reply", "abandon", "abandon_stale", "attempt_timeout", "channel_health",
     "claim_due", "claim_many", "claim_written", "claimable_ids", "enabled", "enqueue", "enqueue_many", "finish",
-    "finish_many", "holds_rows", "mark_unreachable", "maybe_claimable", "note_progress", "parts", "prune", "release",
+    "finish_many", "holds_rows", "mark_unreachable", "maybe_claimable", "new_token", "note_progress", "parts", "prune", "release",
     "resends_used", "retry_now", "safety_sweep", "send", "split_for", "text_to_send", "unrecorded", "wait_for_channel",
 ]

@@ -25,13 +25,15 @@ _token_prefix = secrets.token_hex(6)
 class ClaimRequest:
     """One claim's terms: who claims, at what time, the owners known dead (their
     `attempting` rows are orphans), whether it is a worker's boot sweep (a last resend
-    kept for the next start is due), and the pacing's clock (None: the database's)."""
+    kept for the next start is due), the pacing's clock (None: the database's) and the
+    stamp the claim puts on its rows."""
 
     owner: str
     now: datetime
     dead_owners: object = ()
     boot: bool = False
     clock: float | None = None
+    token: str = ""  # the claim's stamp, chosen by the caller to find its rows again; else fresh
 
 
 def _within_budget():
@@ -97,7 +99,7 @@ def _claim(ids, request: ClaimRequest) -> str:
     resumes at is labelled if its send had started before; the claim starts it. (A paced
     row may wait up to the pacing horizon for its slot: a worker that dies meanwhile
     leaves it labelled, as nobody can tell whether it went.)"""
-    token = _new_token()
+    token = request.token or new_token()
     OutboundMessage.transition(
         list(ids), [OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING], OutboundState.ATTEMPTING,
         where=_claimable(request.now, request.dead_owners, request.boot), owner=request.owner, claim_token=token,
@@ -108,8 +110,10 @@ def _claim(ids, request: ClaimRequest) -> str:
     return token
 
 
-def _new_token() -> str:
-    """A claim's stamp, unique to this process and call."""
+def new_token() -> str:
+    """A claim's stamp, unique to this process and call. A caller that may lose the
+    answer of its claim (the connection dies after the commit) picks the stamp first, so
+    it can tell the rows it won from rows the same owner claimed elsewhere (its sweep)."""
     return f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
 
 
@@ -119,15 +123,15 @@ def _started_before():
     return Q(chunks_started__gt=F("chunks_delivered"))
 
 
-def claim_many(ids, owner, dead_owners=(), now=None, boot=False):
+def claim_many(ids, owner, now=None, token=""):
     """Claim these rows for `owner` (those still claimable, and of paced channels those
-    whose slot is near); returns what was won."""
+    whose slot is near), stamped with `token` (default: a fresh one); returns what was won."""
     if not ids:
         return []
     clock = None if now is None else now.timestamp()  # injected time paces by it too
     now = now or timezone.now()
     candidates = _as_candidates(OutboundMessage.objects.filter(pk__in=list(ids)).order_by("created_at", "pk"))
-    return _claim_candidates(candidates, ClaimRequest(owner, now, dead_owners, boot, clock))
+    return _claim_candidates(candidates, ClaimRequest(owner, now, clock=clock, token=token))
 
 
 def _claim_candidates(candidates, request: ClaimRequest):
@@ -206,8 +210,9 @@ def _attach_buttons(rows):
             row.buttons = found.get(row.pk, ())
 
 
-def claim_written(rows, owner, now=None):
-    """Claim rows this process has just written (their objects in hand): the same
+def claim_written(rows, owner, now=None, token=""):
+    """Claim rows this process has just written (their objects in hand), stamped with
+    `token` (default: a fresh one): the same
     compare-and-swap as a sweep's claim of a pending row, in SQL written once, which
     returns the ids it won — the turn's completion path, where hundreds of replies are
     claimed at once. Rows of paced channels take the paced claim (`claim_many`): a few dozen a second.
@@ -216,9 +221,9 @@ def claim_written(rows, owner, now=None):
         return []
     paced = [row for row in rows if transport_for(row.channel).pace(row.chat_id) is not None]
     if paced:
-        return _claim_written_paced(rows, paced, owner, now)
+        return _claim_written_paced(rows, paced, owner, (now, token))
     now = now or timezone.now()
-    token = _new_token()
+    token = token or new_token()
     ids = [row.pk for row in rows]
     won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
     claimed = [row for row in rows if row.pk in won]
@@ -230,12 +235,15 @@ def claim_written(rows, owner, now=None):
     return claimed
 
 
-def _claim_written_paced(rows, paced, owner, now):
+def _claim_written_paced(rows, paced, owner, when):
     """`claim_written` where some rows are paced: those go through the paced claim (a few
-    dozen a second at most) and take the claimed state onto the objects in hand."""
+    dozen a second at most) and take the claimed state onto the objects in hand.
+    `when`: the claim's (now, token), either of them empty for the default."""
+    now, token = when
+    token = token or new_token()  # one stamp for both halves
     ids = {row.pk for row in paced}
-    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now)  # (None: now)
-    won = {row.pk: row for row in claim_many(list(ids), owner, now=now)}
+    claimed = claim_written([row for row in rows if row.pk not in ids], owner, now, token)  # (None: now)
+    won = {row.pk: row for row in claim_many(list(ids), owner, now=now, token=token)}
     for row in paced:
         fresh = won.get(row.pk)
         if fresh is not None:
