@@ -15,7 +15,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-export PYTHONDONTWRITEBYTECODE=1
 status=0
 
 # Chromium and redis-server (apt-installed when missing and we are root).
@@ -32,6 +31,10 @@ scripts/types.sh || status=1
 
 echo "=== docs (mkdocs build --strict) ==="
 scripts/docs.sh || status=1
+
+# Compiled once here, not by each of the few hundred web servers and workers the tests
+# start (a fresh clone has no __pycache__: 0.3 s of CPU per process start, measured).
+$PY -m compileall -q -j 0 -x node_modules agentloop conversations delivery tools audit tests manage.py >/dev/null || status=1
 
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
 pgdir=""

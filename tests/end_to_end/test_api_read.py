@@ -202,7 +202,7 @@ def http_read(web, key, conversation, timeout=40, **params):
 @pytest.mark.e2e
 def test_long_poll_gets_the_reply_of_an_api_channel_without_callback(processes, make_channel, agent_key):
     key = agent_key(make_channel("shop", kind="api", **FAST), name="shop-app")
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     admitted = local_http.post(f"{web.url}{POST_URL.format('shop')}", headers={"Authorization": f"Bearer {key}"},
                           json={"message_id": "m1", "contact": "ana", "text": "hola"}, timeout=10).json()
     first = http_read(web, key, admitted["conversation"]).json()

@@ -217,7 +217,7 @@ def test_the_safety_sweep_sends_a_long_reply_chunk_by_chunk_recording_each(make_
 @pytest.mark.e2e
 def test_with_the_ledger_off_a_long_reply_still_goes_out_whole(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
+    web, _ = processes.web(wait=False), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
     from tests.e2e import send
 
     send(web, "tg", 101, "\n\n".join(PARAGRAPHS[:2]))  # the echo agent answers it back: two chunks

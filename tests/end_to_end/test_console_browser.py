@@ -39,7 +39,7 @@ def test_dashboard_shows_what_other_processes_do_live(processes, browser, agent_
     env = {"REDIS_URL": request.getfixturevalue("redis_url")} if layer == "redis" else {}
     channel = Channel.objects.create(slug="shop", kind="api", agent="echo", agent_config={"delay": 1.0}, **WINDOWS)
     key = agent_key(channel)
-    watched, other = processes.web(**env), processes.web(**env)
+    watched, other = processes.web(wait=False, **env), processes.web(wait=False, **env)
     processes.worker(**env)
     page = page_for(browser, watched.url, *operator())
     page.goto("/console/")
@@ -68,7 +68,7 @@ def test_playground_round_trip_countdown_merge_typing_reply(processes, browser):
                                **{f"window_{kind}": 2.0 for kind in ("closed", "greeting", "open", "neutral")},
                                agent_config={"base_url": fake.url, "model": "fake-model",
                                                               "api_key_env": "FAKE_OPENAI_API_KEY"})
-        web = processes.web()
+        web = processes.web(wait=False)
         processes.worker(FAKE_OPENAI_API_KEY="sk-test")
         page = page_for(browser, web.url, *operator())
         page.goto("/console/playground/")
@@ -102,7 +102,7 @@ def test_playground_catches_a_repeated_order_and_links_into_the_admin(processes,
     with a link to the caught duplicate in the admin, and on the dashboard."""
     Channel.objects.create(slug="playground", kind="webchat", agent="demo",
                            **{f"window_{kind}": 1.0 for kind in ("closed", "greeting", "open", "neutral")})
-    web = processes.web()
+    web = processes.web(wait=False)
     processes.worker()
     page = page_for(browser, web.url, *operator())
     page.goto("/console/playground/")

@@ -457,7 +457,7 @@ def test_an_edit_reruns_the_running_turn_and_only_the_corrected_reply_goes_out(p
     from tests.e2e import send, telegram_channel, update
 
     telegram_channel(make_channel, fake_telegram, double_texting="interrupt", agent_config={"delay": 3.0})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     sent = send(web, "tg", 101, "Agéndame psicología el martes.")
     first = wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING).first(), message="turn running")
     edited = update(101, "Agéndame psicología el miércoles.", message_id=sent["message"]["message_id"])
@@ -533,7 +533,7 @@ def test_the_playground_edit_in_a_browser_corrects_the_turn_and_shows_on_the_das
     Channel.objects.create(slug="playground", kind="webchat", agent="echo",
                            **{f"window_{kind}": 3.0 for kind in ("closed", "greeting", "open", "neutral")})
     User.objects.create_superuser("op", "op@example.com", "pw-op-edits-1")
-    web = processes.web()
+    web = processes.web(wait=False)
     processes.worker()
     page = page_for(browser, web.url, "op", "pw-op-edits-1")
     dashboard = page.context.new_page()

@@ -20,7 +20,7 @@ CALLS = [
 
 def test_the_incident_through_the_worker(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
-    web, _ = processes.web(), processes.worker(**AGENT)
+    web, _ = processes.web(wait=False), processes.worker(**AGENT)
 
     send(web, "tg", 101, "Confirmo las horas de psicología.")
     [first] = fake_telegram.wait_for("sendMessage", timeout=15)

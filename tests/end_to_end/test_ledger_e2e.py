@@ -95,7 +95,7 @@ def test_boot_sweep_and_runtime_sweep_race_each_row_sent_once(processes, make_ch
 
 def test_flood_control_retried_after_the_penalty_plain(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     fake_telegram.fail_next("sendMessage", status=429, description="Too Many Requests: retry after 1",
                             retry_after=1)
     send(web, "tg", 101, "¿Hay hora el martes?")
@@ -109,7 +109,7 @@ def test_flood_control_retried_after_the_penalty_plain(processes, make_channel, 
 
 def test_a_blocked_bot_is_never_retried_and_the_chat_marked_unreachable(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     fake_telegram.fail_next("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
     send(web, "tg", 101, "¿Hola?")
     wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.UNREACHABLE).exists(),
@@ -138,7 +138,7 @@ def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes
     from tests.e2e import SECRET
 
     telegram_channel(make_channel, fake_telegram, extra=UNPACED)  # a group is paced at 20/min: 3 s a chunk
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     text = " ".join(f"palabra{i}" for i in range(700)) + "?"  # ~6,700 characters: two chunks
     fake_telegram.fail_next("sendMessage", status=500, description="Internal Server Error")
     response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=topic_update(-100123, 9, 31, text),
@@ -165,7 +165,7 @@ def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes
 
 def test_with_the_ledger_off_replies_go_out_without_rows(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
+    web, _ = processes.web(wait=False), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
     send(web, "tg", 101, "¿Hola?")
     [reply] = fake_telegram.wait_for("sendMessage", timeout=15)
     assert reply.params["text"] == "¿Hola?"

@@ -200,7 +200,7 @@ def test_a_worker_killed_on_another_host_is_taken_over_within_seconds(on_postgre
                                                                      fake_telegram):
     slow, fast, polled = channels(make_channel, fake_telegram)
     pool = {"DATABASE_POOL": "true"}
-    web = processes.web(**pool)
+    web = processes.web(wait=False, **pool)
     dying = processes.worker(AGENTLOOP_HOSTNAME="host-a", **pool)
     owner_a = WorkerHeartbeat.objects.get(pid=dying.pid).owner
     assert owner_a.startswith("host-a:") and liveness.marks_lock(owner_a)
@@ -253,7 +253,7 @@ def test_a_live_worker_is_never_taken_over_however_stale_its_heartbeat_looks(on_
     slow, fast, polled = channels(make_channel, fake_telegram)
     slow.agent_config = {"delay": 25}
     slow.save()
-    web = processes.web()
+    web = processes.web(wait=False)
     alive = processes.worker(AGENTLOOP_HOSTNAME="host-a", DATABASE_POOL="true")
     owner_a = WorkerHeartbeat.objects.get(pid=alive.pid).owner
     wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner_a, message="A polls")
@@ -287,7 +287,7 @@ def test_a_worker_that_lost_its_lock_claims_nothing_until_it_holds_it_again(on_p
     """The split brain: a worker whose lock session ended is dead to the others, so it
     starts no turn, sends no reply and polls no bot until its lock is back."""
     slow, fast, polled = channels(make_channel, fake_telegram)
-    web, worker = processes.web(), processes.worker()
+    web, worker = processes.web(wait=False), processes.worker()
     owner = WorkerHeartbeat.objects.get(pid=worker.pid).owner
     wait_until(lambda: Channel.objects.get(pk=polled.pk).poll_owner == owner, message="it polls")
     params = liveness.lock_connection_params()

@@ -48,7 +48,7 @@ def test_the_incident_two_events_two_duplicates_prevented(processes, make_channe
                                    ("calendar_create_event", {**PSICO[1], "end_datetime": "2026-12-08T11:00"})])),
         Reply("Tus horas ya estaban en tu calendario."),
     )
-    web, _ = processes.web(), processes.worker(**KEY_ENV)
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
     send(web, "tg", 101, "Confirmo las horas de psicología.")
     [first] = fake_telegram.wait_for("sendMessage", timeout=20)
     send(web, "tg", 101, "Agéndame las horas en mi calendario.")
@@ -81,7 +81,7 @@ def test_the_incident_two_events_two_duplicates_prevented(processes, make_channe
 def test_a_burst_of_three_is_one_model_request(processes, make_channel, fake_telegram, fake_openai):
     openai_channel(make_channel, fake_telegram, fake_openai)
     fake_openai.script(Reply("Perfecto, anotado."))
-    web, _ = processes.web(), processes.worker(**KEY_ENV)
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
     for text in ["Confirmo psicología y", "también kine y", "el dentista"]:
         send(web, "tg", 101, text)
     [reply] = fake_telegram.wait_for("sendMessage", timeout=20)
@@ -92,7 +92,7 @@ def test_a_burst_of_three_is_one_model_request(processes, make_channel, fake_tel
 
 def test_stop_during_a_burst_answers_at_once_and_asks_no_model(processes, make_channel, fake_telegram, fake_openai):
     openai_channel(make_channel, fake_telegram, fake_openai)
-    web, _ = processes.web(), processes.worker(**KEY_ENV)
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
     send(web, "tg", 101, "Agéndame las horas y")
     send(web, "tg", 101, "/stop")
     [answer] = fake_telegram.wait_for("sendMessage", timeout=10)
@@ -105,7 +105,7 @@ def test_a_provider_timeout_ends_with_an_apology_and_no_tool_rerun(processes, ma
                                                                    fake_openai):
     openai_channel(make_channel, fake_telegram, fake_openai, timeout=1)
     fake_openai.script(ToolCalls([("calendar_create_event", PSICO[0])]), Delay(5, then=Reply("too late")))
-    web, _ = processes.web(), processes.worker(**KEY_ENV)
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
     send(web, "tg", 101, "Agéndame psicología el 1 de diciembre a las 10.")
     [apology] = fake_telegram.wait_for("sendMessage", timeout=20)
     assert "couldn't finish" in apology.params["text"]

@@ -82,7 +82,7 @@ def test_sustained_intake_against_an_unlimited_platform_labels_nothing(processes
     """New chats as fast as the web process takes them, unpaced, for 30 s: sends queue for
     the bot's connections and go out plain whenever they get one."""
     telegram_channel(make_channel, fake_telegram, extra=UNPACED)
-    web = processes.web()
+    web = processes.web(wait=False)
     processes.worker()
     seconds, rate = 30, 150
     chats = [8_000_000 + i for i in range(seconds * rate)]

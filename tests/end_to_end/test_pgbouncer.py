@@ -186,7 +186,7 @@ def test_a_burst_through_pgbouncer_is_answered_once_with_one_effect_per_conversa
         processes, bouncer, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
     direct = database_url()
-    web = processes.web(**through(bouncer))
+    web = processes.web(wait=False, **through(bouncer))
     worker = processes.worker(**through(bouncer, AGENTLOOP_LIVENESS_DATABASE_URL=direct, **AGENT))
 
     # Two messages per conversation (the first ends in "y": its window waits for the

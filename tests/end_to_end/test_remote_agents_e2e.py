@@ -35,7 +35,7 @@ def delivered_texts():
 def test_a_pull_agent_claims_replies_and_closes_a_turn(processes, make_channel, agent_key):
     channel = make_channel("pulled", agent="pull")
     key, stranger = agent_key(channel, name="puller"), agent_key(make_channel("other"), name="stranger")
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     inbound(web, key, "pulled", "m1", "¿Tienen hora el lunes?")
     ready = wait_until(lambda: api(web, key, "GET", "/api/v1/turns?state=ready").json(), timeout=10,
                        message="a ready turn")
@@ -59,7 +59,7 @@ def test_a_pull_agent_claims_replies_and_closes_a_turn(processes, make_channel, 
 def test_a_claimed_pull_turn_never_finished_is_released(processes, make_channel, agent_key):
     channel = make_channel("pulled", agent="pull")
     key = agent_key(channel)
-    web, _ = processes.web(), processes.worker(AGENTLOOP_EXTERNAL_TURN_TIMEOUT="1")
+    web, _ = processes.web(wait=False), processes.worker(AGENTLOOP_EXTERNAL_TURN_TIMEOUT="1")
     inbound(web, key, "pulled", "m1", "hola?")
     [turn] = wait_until(lambda: api(web, key, "GET", "/api/v1/turns").json(), timeout=10, message="a ready turn")
     assert api(web, key, "POST", f"/api/v1/turns/{turn['id']}/claim").status_code == 200
@@ -112,7 +112,7 @@ def test_a_webhook_agent_answers_in_the_response_or_later_through_the_api(proces
     try:
         channel = make_channel("hooked", agent="webhook", agent_config={"url": service.url, "secret": SECRET})
         key = agent_key(channel)
-        web, _ = processes.web(), processes.worker()
+        web, _ = processes.web(wait=False), processes.worker()
         inbound(web, key, "hooked", "m1", "¿Abren el sábado?")
         wait_until(lambda: service.received, timeout=10, message="the agent service called")
         [payload] = service.received

@@ -29,7 +29,7 @@ def polling_channel(make_channel, fake):
 def test_sigkill_mid_burst_then_restart_answers_new_messages_within_their_window(
         processes, make_channel, fake_telegram):
     channel = polling_channel(make_channel, fake_telegram)
-    web, worker = processes.web(), processes.worker()
+    web, worker = processes.web(wait=False), processes.worker()
     wait_until(lambda: Channel.objects.get(pk=channel.pk).poll_owner, message="the poller's lease")
     before = {1000 + i: f"Question {i} before the crash?" for i in range(6)}
     for chat_id, text in before.items():
@@ -38,7 +38,7 @@ def test_sigkill_mid_burst_then_restart_answers_new_messages_within_their_window
     worker.kill()  # mid-burst: some admitted, some answered, some still at the platform
     web.kill()
 
-    processes.web(), processes.worker()
+    processes.web(wait=False), processes.worker()
     after = {2000 + i: f"Question {i} after the restart?" for i in range(3)}
     sent = {chat_id: (fake_telegram.push_message(TOKEN, chat_id, text), time.time())[1]
             for chat_id, text in after.items()}

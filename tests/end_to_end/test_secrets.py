@@ -244,7 +244,7 @@ def test_agent_failures_leave_no_secret_in_turn_outcomes_logs_api_or_dashboard(p
         modelled = make_channel("modelled", agent="openai", agent_config={
             "base_url": fake_openai.url, "model": "fake-model", "api_key_env": API_KEY_ENV})
         key = AgentKey.objects.issue("monitor", [hooked, modelled])[1]
-        web, worker = processes.web(), processes.worker(**{API_KEY_ENV: API_KEY})
+        web, worker = processes.web(wait=False), processes.worker(**{API_KEY_ENV: API_KEY})
         inbound(web, key, "hooked", "h1", "¿Hay hora el lunes?")
         inbound(web, key, "modelled", "m1", "¿Hay hora el martes?")
         wait_until(lambda: Turn.objects.filter(state=TurnState.FAILED).count() == 2, timeout=30,

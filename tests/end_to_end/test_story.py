@@ -72,7 +72,7 @@ def test_the_incident_told_in_time_order_to_an_auditor_with_no_secret(processes,
     # it waits for the chat's next slot (1 s), and the claim found nothing to take.
     channel = telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS},
                                extra=UNPACED)
-    web, _ = processes.web(), processes.worker(**AGENT)
+    web, _ = processes.web(wait=False), processes.worker(**AGENT)
 
     first = send(web, "tg", 101, f"Confirmo las horas de psicología (clave {SECRET}).")
     fake_telegram.wait_for("sendMessage", timeout=15)
@@ -294,7 +294,7 @@ def test_the_dashboard_links_to_the_story_in_a_browser(processes, browser, make_
     telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
     call_command("createuser", "audrey", "--role", "auditor", "--password", "pw-audrey-story-1",
                  stdout=io.StringIO())
-    web, _ = processes.web(), processes.worker(**AGENT)
+    web, _ = processes.web(wait=False), processes.worker(**AGENT)
     page = page_for(browser, web.url, "audrey", "pw-audrey-story-1")
     page.goto("/console/")
     page.wait_for_selector("#connection.pill-ok")

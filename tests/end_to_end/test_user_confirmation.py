@@ -428,7 +428,7 @@ def test_the_incident_with_confirmation_by_the_user_makes_two_events(processes, 
     double tap and a replayed callback apply nothing more: 2 events."""
     e2e.telegram_channel(make_channel, fake_telegram, agent="demo", **FAST)
     user_policy()
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     e2e.send(web, "tg", CHAT, "Confirmo las horas de psicología: lunes y miércoles a las 10")
     wait_until(lambda: len(fake_telegram.calls("sendMessage")) >= 3, timeout=30, message="two questions, one reply")
     questions = question_on(fake_telegram)
@@ -511,7 +511,7 @@ def test_the_web_chat_shows_the_question_with_buttons_and_a_tap_confirms(process
     Channel.objects.create(slug="playground", kind="webchat", agent="demo", **FAST)
     user_policy()
     User.objects.create_superuser("op", "op@example.com", "pw-op-confirm-1")
-    web = processes.web()
+    web = processes.web(wait=False)
     processes.worker()
     page = page_for(browser, web.url, "op", "pw-op-confirm-1")
     page.goto("/console/playground/")

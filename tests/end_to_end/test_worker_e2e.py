@@ -22,7 +22,7 @@ def texts(fake, chat_id=None):
 
 def test_burst_becomes_one_turn_after_the_adaptive_window(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     for text in ["Confirmo las horas de psicología y", "también la de kine y", "la del dentista y"]:
         last = send(web, "tg", 101, text)
     send(web, "tg", 202, "¿Me confirmas la hora?")
@@ -43,7 +43,7 @@ def test_burst_becomes_one_turn_after_the_adaptive_window(processes, make_channe
 
 def test_stop_during_a_burst_answers_at_once_and_runs_nothing(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "Agéndame las horas y")
     send(web, "tg", 101, "/stop")
     [answer] = fake_telegram.wait_for("sendMessage", timeout=5)
@@ -57,7 +57,7 @@ def test_stop_during_a_burst_answers_at_once_and_runs_nothing(processes, make_ch
 
 def test_turns_run_concurrently_and_typing_is_refreshed(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, agent_config={"delay": 2.0})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     for chat in range(1, 11):
         send(web, "tg", chat, "¿Hola, me ayudas?")
     fake_telegram.wait_for("sendMessage", count=10, timeout=20)
@@ -74,7 +74,7 @@ def test_turns_run_concurrently_and_typing_is_refreshed(processes, make_channel,
 @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
 def test_interrupt_cancels_a_turn_without_effects(processes, make_channel, fake_telegram, strategy):
     telegram_channel(make_channel, fake_telegram, double_texting=strategy, agent_config={"delay": 3.0})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "Confirmo las horas de psicología.")
     first = wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING).first(), message="turn running")
     send(web, "tg", 101, "Agéndame las horas en mi calendario.")
@@ -91,7 +91,7 @@ def test_interrupt_cancels_a_turn_without_effects(processes, make_channel, fake_
 def test_no_interrupt_after_an_external_effect(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, double_texting="interrupt",
                      agent_config={"delay": 1.5, "mark_effect": True})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "Confirmo las horas de psicología.")
     wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING, fired_effect=True).exists(),
                message="turn fired its effect")
@@ -103,7 +103,7 @@ def test_no_interrupt_after_an_external_effect(processes, make_channel, fake_tel
 
 def test_reject_tells_the_user_to_wait(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, double_texting="reject", agent_config={"delay": 1.5})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "Confirmo las horas.")
     wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING).exists(), message="turn running")
     send(web, "tg", 101, "¿Me oyes?")
@@ -115,7 +115,7 @@ def test_reject_tells_the_user_to_wait(processes, make_channel, fake_telegram):
 
 def test_worker_killed_with_a_pending_buffer_flushes_it_once_after_restart(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
-    web, worker = processes.web(), processes.worker()
+    web, worker = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "Confirmo las horas y")
     worker.kill()
     buffer = MessageBuffer.objects.get()
@@ -129,7 +129,7 @@ def test_worker_killed_with_a_pending_buffer_flushes_it_once_after_restart(proce
 
 def test_worker_killed_mid_turn_runs_it_again_after_restart(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, agent_config={"delay": 1.0})
-    web, worker = processes.web(), processes.worker()
+    web, worker = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "¿Me ayudas?")
     wait_until(lambda: Turn.objects.filter(state=TurnState.RUNNING).exists(), message="turn running")
     worker.kill()
@@ -190,7 +190,7 @@ def test_an_agent_past_its_overall_deadline_fails_the_turn_with_the_apology(proc
     from conversations.worker import APOLOGY
 
     telegram_channel(make_channel, fake_telegram, agent_config={"delay": 30.0, "deadline": 1.0})
-    web, _ = processes.web(), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker()
     send(web, "tg", 101, "¿Me confirmas la hora?")
     fake_telegram.wait_for("sendMessage", timeout=15)
     assert texts(fake_telegram, 101) == [APOLOGY]

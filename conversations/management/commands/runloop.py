@@ -13,6 +13,10 @@ SWITCH_INTERVAL = 0.0005  # seconds
 class Command(BaseCommand):
     help = ("Run the worker loop: debounce flushes on time, turns, replies, Telegram polling. "
             "Run as many as you like side by side.")
+    # Django's system checks are a deploy-time matter (`manage.py check --deploy`; `migrate`
+    # runs them too): here they cost every worker start 1.2 s of CPU, importing the web
+    # stack (URLs, admin, API schema) a worker never serves.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
         parser.add_argument("--no-polling", "--no-telegram-polling", dest="no_polling", action="store_true",
