@@ -142,7 +142,8 @@ class ChannelAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["slug", "name", "kind", "is_active"]}),
         ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
-                                 "greeting_words", "conjunction_words", ("max_wait", "max_messages")],
+                                 "greeting_words", "conjunction_words", ("max_wait", "max_messages"),
+                                 ("window_media", "window_album", "media_at_once")],
                       "description": "Seconds to wait after a message, by how the last message ends. "
                                      "Each new message re-arms the window."}),
         ("Double texting, typing and edits", {"fields": ["double_texting", "typing_mode", "edits"]}),

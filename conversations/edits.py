@@ -292,11 +292,12 @@ def _replan(channel, buffer, messages, now):
     """The buffer's deadline re-planned from now, by its last message (as an admission
     plans it), counting every message it holds."""
     last = max(messages, key=lambda m: (m.received_at, m.pk))
-    plan = windows.plan_flush(text=last.text, is_media=bool(last.media_type), now=now,
-                              first_message_at=buffer.first_message_at, message_count=len(messages),
-                              settings=channel.debounce_settings())
-    return {"message_count": len(messages), "last_message_at": now, "flush_at": plan.flush_at,
-            "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds}
+    count = len({m.album_id or f"message {m.pk}" for m in messages})  # an album counts once
+    plan = windows.plan_flush(ingest.latest(last), now=now, first_message_at=buffer.first_message_at,
+                              message_count=count, settings=channel.debounce_settings())
+    return {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
+            "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds,
+            "last_album_id": last.album_id}
 
 
 def _correct_turn(correction, turn) -> EditResult:

@@ -115,23 +115,40 @@ def _born_running(new_turns, owner, now, room):
 
 
 def _keep_the_rest_waiting(buffers, by_buffer, now):
-    """A turn takes at most its channel's `max_messages`, oldest first. The rest move to a
-    new open buffer, due at once, which flushes when this turn is over (the flusher skips
-    a conversation with an active turn): a backlog becomes turns in order, each bounded.
-    An admission racing this finds the new buffer when its own compare-and-swap on the
-    claimed one fails (see ingest.admission._rearm)."""
+    """A turn takes at most its channel's `max_messages`, oldest first (an album's items
+    counting once, never split). The rest move to a new open buffer, due at once, which
+    flushes when this turn is over (the flusher skips a conversation with an active
+    turn): a backlog becomes turns in order, each bounded. An admission racing this finds
+    the new buffer when its own compare-and-swap on the claimed one fails (see
+    ingest.admission._rearm)."""
     for buffer in buffers:
         messages = by_buffer.get(buffer.pk, [])
         limit = max(1, buffer.conversation.channel.max_messages)
-        if len(messages) <= limit:
+        cut = _first_beyond(messages, limit)
+        if cut is None:
             continue
-        by_buffer[buffer.pk], rest = messages[:limit], messages[limit:]
+        by_buffer[buffer.pk], rest = messages[:cut], messages[cut:]
         remainder = MessageBuffer.objects.create(
             conversation=buffer.conversation, first_message_at=rest[0].received_at,
             last_message_at=rest[-1].received_at, flush_at=now, planned_reason=FlushReason.MAX_MESSAGES,
-            window_kind="cap", message_count=len(rest))
+            window_kind="cap", message_count=len(_units(rest)), last_album_id=rest[-1].album_id)
         InboundMessage.objects.filter(pk__in=[m.pk for m in rest]).update(buffer=remainder)
         MessageBuffer.objects.filter(pk=buffer.pk).update(message_count=limit)
+
+
+def _units(messages):
+    """The messages as they count: an album's consecutive items are one (their index)."""
+    starts = []
+    for index, message in enumerate(messages):
+        if not (index and message.album_id and message.album_id == messages[index - 1].album_id):
+            starts.append(index)
+    return starts
+
+
+def _first_beyond(messages, limit):
+    """The index of the first message past `limit` messages (as they count), or None."""
+    starts = _units(messages)
+    return starts[limit] if len(starts) > limit else None
 
 
 def _turn_for(buffer, messages, now):

@@ -56,7 +56,7 @@ def _conversation_with_state_sql(where="c.channel_id = %s AND c.chat_id = %s AND
     than the rest of the request."""
     return (
         f"SELECT {', '.join('c.' + c for c in CONVERSATION_COLUMNS)}, "
-        f"b.id, b.first_message_at, b.message_count, "
+        f"b.id, b.first_message_at, b.message_count, b.last_album_id, "
         f"(SELECT t.id FROM {table(Turn)} t WHERE t.conversation_id = c.id AND t.state = %s LIMIT 1), "
         f"c.channel_id "
         f"FROM {table(Conversation)} c LEFT JOIN {table(MessageBuffer)} b ON b.conversation_id = c.id "
@@ -67,8 +67,8 @@ def _conversation_with_state_sql(where="c.channel_id = %s AND c.chat_id = %s AND
 
 def conversation_with_state(channel_id, chat_id, sender_id):
     """The row of one conversation by its key (CONVERSATION_COLUMNS, then its open
-    buffer's id, first message time and count, its running turn's id, its channel's id),
-    or None."""
+    buffer's id, first message time, count and latest album, its running turn's id, its
+    channel's id), or None."""
     with connection.cursor() as cursor:
         cursor.execute(_conversation_with_state_sql(),
                        [TurnState.RUNNING, BufferState.OPEN, channel_id, chat_id, sender_id])
@@ -267,8 +267,8 @@ def _claimed_joins():
             f"LEFT JOIN {table(Turn)} ct ON ct.id = b.carried_turn_id")
 
 
-MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "sender_name", "reply_target", "thread_id",
-                           "received_at"})
+MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "album_id", "sender_name", "reply_target",
+                           "thread_id", "received_at"})
 
 
 def messages_of(buffer_ids) -> dict:

@@ -7,9 +7,15 @@ The signal is the text of the last message (bots cannot see the user typing):
     ends in a comma, '...', ':' or a conjunction   -> open window     (4.0 s)
     ends in ? ! .                                  -> closed window   (1.2 s)
     anything else                                  -> neutral window  (2.5 s)
+    a photo, voice note, file… without a caption   -> media window    (2.5 s)
 
 A greeting wins over its punctuation: "¡Hola!" is still almost always followed
-by the actual question.
+by the actual question. A caption is text like any other: a photo captioned "¿qué
+dice esta boleta?" gets the closed window. An item of an album (several photos sent
+as one: Telegram's `media_group_id`) keeps the buffer open at least the album window
+(3.0 s) — the items of one album arrive one by one, as fast as the phone uploads them —
+and the album counts as one message towards `max_messages`. A channel may still flush
+media at once (`media_at_once`), as earlier versions always did.
 """
 
 import functools
@@ -31,11 +37,12 @@ DEFAULT_CONJUNCTIONS = (
     "and", "or", "but", "with", "for", "to", "so", "because", "then", "also", "plus", "of", "in",
 )
 
-WindowKind = Literal["closed", "greeting", "open", "neutral"]
+WindowKind = Literal["closed", "greeting", "open", "neutral", "media"]
 CLOSED: Final = "closed"
 GREETING: Final = "greeting"
 OPEN: Final = "open"
 NEUTRAL: Final = "neutral"
+MEDIA: Final = "media"
 
 _ELLIPSIS = ("...", "…")
 _OPEN_ENDINGS = (",", ":", ";")
@@ -53,9 +60,13 @@ class DebounceSettings:
     conjunctions: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_CONJUNCTIONS))
     max_wait: float = 15.0
     max_messages: int = 10
+    media: float = 2.5
+    album: float = 3.0
+    media_at_once: bool = False
 
     def seconds(self, kind: WindowKind) -> float:
-        return {CLOSED: self.closed, GREETING: self.greeting, OPEN: self.open, NEUTRAL: self.neutral}[kind]
+        return {CLOSED: self.closed, GREETING: self.greeting, OPEN: self.open, NEUTRAL: self.neutral,
+                MEDIA: self.media}[kind]
 
 
 @functools.lru_cache(maxsize=256)
@@ -106,6 +117,16 @@ def classify(text: str, settings: DebounceSettings) -> WindowKind:
     return NEUTRAL
 
 
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """What the window is planned by: the buffer's latest message — its text (a
+    media message's caption), whether it carries media, whether it is an album's item."""
+
+    text: str
+    media: bool = False
+    album: bool = False
+
+
 @dataclass(frozen=True)
 class FlushPlan:
     flush_at: datetime
@@ -115,22 +136,24 @@ class FlushPlan:
 
 
 def plan_flush(
-    *, text: str, is_media: bool, now: datetime, first_message_at: datetime,
-    message_count: int, settings: DebounceSettings,
+    latest: Latest, *, now: datetime, first_message_at: datetime, message_count: int, settings: DebounceSettings,
 ) -> FlushPlan:
-    """The deadline of a buffer whose latest message is `text`, received at `now`.
+    """The deadline of a buffer whose latest message is `latest`, received at `now`.
 
     Every new message re-plans (re-arms) the deadline; the caps bound a buffer that
-    never goes quiet (max_wait) or grows without end (max_messages).
+    never goes quiet (max_wait) or grows without end (max_messages; an album counts
+    once, so the caller counts it so).
     """
-    if is_media:
-        return FlushPlan(now, "media", "media", 0.0)
+    if latest.media and settings.media_at_once:
+        return FlushPlan(now, "media", MEDIA, 0.0)
     if message_count >= settings.max_messages:
         return FlushPlan(now, "max_messages", "cap", 0.0)
-    kind = classify(text, settings)
-    seconds = settings.seconds(kind)
+    kind: WindowKind = MEDIA if latest.media and not latest.text.strip() else classify(latest.text, settings)
+    seconds, reason = settings.seconds(kind), "window"
+    if latest.album and settings.album > seconds:
+        seconds, reason = settings.album, "album"  # the album's next item may still be on its way
     window_deadline = now + timedelta(seconds=seconds)
     cap = first_message_at + timedelta(seconds=settings.max_wait)
     if cap < window_deadline:
         return FlushPlan(max(cap, now), "max_wait", kind, seconds)
-    return FlushPlan(window_deadline, "window", kind, seconds)
+    return FlushPlan(window_deadline, reason, kind, seconds)

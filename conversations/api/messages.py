@@ -36,6 +36,9 @@ class InboundMessageSerializer(StrictBody):
     chat = serializers.CharField(max_length=100, required=False)
     sender_name = serializers.CharField(max_length=200, required=False, default="")
     media_type = serializers.CharField(max_length=30, required=False, default="")
+    album = serializers.CharField(max_length=64, required=False, default="",
+                                  help_text="Items sent as one album share it: they count as one message "
+                                            "and keep the buffer open for the album window.")
     is_group = serializers.BooleanField(required=False, default=False)
 
     def validate(self, data):
@@ -51,8 +54,9 @@ class AdmissionSerializer(serializers.Serializer):
     disposition = serializers.CharField()
     flush_at = serializers.DateTimeField(allow_null=True)
     flush_in = serializers.FloatField(allow_null=True, help_text="Seconds until the buffer flushes.")
-    flush_reason = serializers.CharField(help_text="Planned: window, max_wait, max_messages, media.")
-    window = serializers.CharField(help_text="Which window the message got: closed, greeting, open, neutral.")
+    flush_reason = serializers.CharField(help_text="Planned: window, album, max_wait, max_messages, media.")
+    window = serializers.CharField(help_text="Which window the message got: closed, greeting, open, neutral, "
+                                             "media.")
 
 
 class ChannelMessagesView(APIView):
@@ -70,7 +74,8 @@ class ChannelMessagesView(APIView):
             admission = admit(channel, Inbound(
                 platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
                 sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
-                media_type=data["media_type"], is_group=data["is_group"], reply_target=data["message_id"],
+                media_type=data["media_type"], album_id=data["album"], is_group=data["is_group"],
+                reply_target=data["message_id"],
             ))
         except Unstorable as exc:
             raise exceptions.ParseError(f"message refused: {exc}") from None

@@ -11,7 +11,7 @@ The package, by what it does: `values` (Inbound, Arrival, Admission), `refusal`,
 ones (`insert`, `update_in_state`) in `agentloop.core.rows`.
 """
 
-from conversations.ingest.admission import OVERFLOW_NOTICE, RETRYABLE, admit, open_conversation
+from conversations.ingest.admission import OVERFLOW_NOTICE, RETRYABLE, admit, latest, open_conversation
 from conversations.ingest.batch import BatchFailed, admit_many
 from conversations.ingest.double_texting import REJECT_NOTICE
 from conversations.ingest.refusal import printable, record_refusal, refusal
@@ -19,5 +19,5 @@ from conversations.ingest.values import MAX_TEXT_CHARS, Admission, Arrival, Inbo
 
 __all__ = [
     "MAX_TEXT_CHARS", "OVERFLOW_NOTICE", "REJECT_NOTICE", "RETRYABLE", "Admission", "Arrival", "BatchFailed", "Inbound",
-    "Unstorable", "admit", "admit_many", "open_conversation", "printable", "record_refusal", "refusal",
+    "Unstorable", "admit", "admit_many", "latest", "open_conversation", "printable", "record_refusal", "refusal",
 ]

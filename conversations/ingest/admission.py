@@ -188,7 +188,8 @@ def _conversation_from_row(channel, row):
     conversation = Conversation(channel=channel, **{**fields, "is_group": bool(fields["is_group"]),
                                                     "context_reset_at": aware(fields["context_reset_at"])})
     conversation._state.adding, conversation._state.db = False, connection.alias
-    conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.running_turn_id = row[6:10]
+    (conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.open_buffer_album,
+     conversation.running_turn_id) = row[6:11]
     conversation.open_buffer_first_at = aware(first_at)
     return conversation
 
@@ -198,7 +199,7 @@ def _known_open_buffer(conversation):
         return None
     return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,
                          first_message_at=conversation.open_buffer_first_at,
-                         message_count=conversation.open_buffer_count)
+                         message_count=conversation.open_buffer_count, last_album_id=conversation.open_buffer_album)
 
 
 def open_conversation(channel, inbound) -> Conversation:
@@ -226,7 +227,7 @@ def _create_conversation(channel, inbound, savepoint=True):
         if not insert(conversation, ("channel_id", "chat_id", "sender_id")):
             return None  # created meanwhile by another admission: read as it stands
     conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
-    conversation.open_buffer_count = 0
+    conversation.open_buffer_count, conversation.open_buffer_album = 0, ""
     return conversation
 
 
@@ -258,7 +259,7 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
     return InboundMessage(
         channel=arrival.channel, conversation=arrival.conversation, buffer=buffer, disposition=disposition,
         platform_message_id=inbound.platform_message_id, kind=kind,
-        text=inbound.text, media_type=inbound.media_type,
+        text=inbound.text, media_type=inbound.media_type, album_id=inbound.album_id,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
     )
@@ -272,7 +273,7 @@ def _rearm(arrival, buffer, message, carried):
     """Add the message to the conversation's open buffer (or a new one) and re-plan
     its deadline from this latest message."""
     if buffer is not None:
-        fields = _planned(arrival, buffer.first_message_at, buffer.message_count + 1, carried)
+        fields = _planned(arrival, buffer.first_message_at, counted(buffer, arrival.inbound), carried)
         # Compare-and-swap: the flusher may have claimed this buffer since we read it (it
         # does not lock the conversation); its turn was then made without this message,
         # which starts the next buffer instead.
@@ -308,7 +309,7 @@ def _reread_open_buffer(arrival, carried):
     buffer = _first(MessageBuffer.objects.filter(conversation=arrival.conversation, state=BufferState.OPEN))
     if buffer is None:
         return None
-    fields = _planned(arrival, buffer.first_message_at, buffer.message_count + 1, carried)
+    fields = _planned(arrival, buffer.first_message_at, counted(buffer, arrival.inbound), carried)
     if not sql.update_open_buffer(buffer.pk, fields):
         return None
     for name, value in fields.items():
@@ -316,14 +317,24 @@ def _reread_open_buffer(arrival, carried):
     return buffer
 
 
+def counted(buffer, inbound) -> int:
+    """The buffer's message count with this message: an album's next item adds nothing."""
+    same_album = bool(inbound.album_id) and inbound.album_id == buffer.last_album_id
+    return buffer.message_count + (0 if same_album else 1)
+
+
+def latest(message) -> windows.Latest:
+    """What a message (an Inbound or a stored InboundMessage) gives the window to plan by."""
+    return windows.Latest(message.text, media=bool(message.media_type), album=bool(message.album_id))
+
+
 def _planned(arrival, first_at, count, carried):
     channel, inbound, now = arrival.channel, arrival.inbound, arrival.now
-    plan = windows.plan_flush(
-        text=inbound.text, is_media=bool(inbound.media_type), now=now, first_message_at=first_at,
-        message_count=count, settings=channel.debounce_settings(),
-    )
+    plan = windows.plan_flush(latest(inbound), now=now, first_message_at=first_at, message_count=count,
+                              settings=channel.debounce_settings())
     fields = {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
-              "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds}
+              "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds,
+              "last_album_id": inbound.album_id}
     if carried is not None:
         fields["carried_turn_id"] = carried
     return fields

@@ -152,7 +152,7 @@ def _create_conversations(requests, indexes) -> dict:
         conversation.pk = pk
         conversation._state.adding, conversation._state.db = False, connection.alias
         conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
-        conversation.open_buffer_count = 0
+        conversation.open_buffer_count, conversation.open_buffer_album = 0, ""
         created[i] = conversation
     return created
 

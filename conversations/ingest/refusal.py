@@ -25,7 +25,8 @@ def _field_limits():
     """Fields of an Inbound stored in columns of bounded length, and those lengths."""
     column = {"platform_message_id": (InboundMessage, "platform_message_id"), "chat_id": (Conversation, "chat_id"),
               "sender_id": (Conversation, "sender_id"), "reply_target": (InboundMessage, "reply_target"),
-              "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type")}
+              "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type"),
+              "album_id": (InboundMessage, "album_id")}
     limits = {name: model._meta.get_field(field).max_length for name, (model, field) in column.items()}
     return {**limits, "text": MAX_TEXT_CHARS}
 
@@ -34,7 +35,7 @@ def refusal(inbound: Inbound) -> str:
     """Why this message cannot be stored, or "" when it can."""
     limits = _field_limits()
     for name in ("platform_message_id", "chat_id", "sender_id", "text", "sender_name", "username",
-                 "media_type", "thread_id", "reply_target"):
+                 "media_type", "album_id", "thread_id", "reply_target"):
         value = getattr(inbound, name)
         found = _UNSTORABLE_CHARACTER.search(value)
         if found:

@@ -23,6 +23,7 @@ class Inbound:
     sender_name: str = ""
     username: str = ""
     media_type: str = ""  # "photo", "voice", … ; empty for plain text
+    album_id: str = ""  # the album it is an item of (Telegram's media_group_id), if any
     is_group: bool = False
     thread_id: str = ""
     reply_target: str = ""  # the platform id our reply threads to

@@ -12,7 +12,8 @@ class FlushReason(models.TextChoices):
     WINDOW = "window", "Window closed"
     MAX_WAIT = "max_wait", "Max wait reached"
     MAX_MESSAGES = "max_messages", "Max messages reached"
-    MEDIA = "media", "Media / non-text"
+    MEDIA = "media", "Media, flushed at once (the channel's choice)"
+    ALBUM = "album", "An album's items kept the window open"
     CONTROL = "control", "Control command"
     EDIT = "edit", "An edit re-runs a cancelled turn"
 
@@ -42,7 +43,10 @@ class MessageBuffer(StateMachine, models.Model):
     planned_reason = models.CharField(max_length=16, choices=FlushReason.choices, default=FlushReason.WINDOW)
     window_kind = models.CharField(max_length=16, blank=True)
     window_seconds = models.FloatField(default=0.0)
-    message_count = models.PositiveIntegerField(default=0)
+    message_count = models.PositiveIntegerField(default=0)  # an album's items count once
+    # The album (platform group id) of the latest message, if any: its next item joins it
+    # without counting again.
+    last_album_id = models.CharField(max_length=64, blank=True, default="")
     flush_reason = models.CharField(max_length=16, choices=FlushReason.choices, blank=True)
     flushed_at = models.DateTimeField(null=True, blank=True)
     flushed_by = models.CharField(max_length=120, blank=True, help_text="The claim's owner stamp.")

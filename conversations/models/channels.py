@@ -107,7 +107,17 @@ class Channel(models.Model):
     max_wait = models.FloatField(default=15.0, validators=[MinValueValidator(0.0)],
                                  help_text="A buffer never waits longer than this after its first message.")
     max_messages = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)],
-                                               help_text="A buffer flushes at once when it holds this many.")
+                                               help_text="A buffer flushes at once when it holds this many "
+                                                         "(an album counts once).")
+    window_media = models.FloatField(default=2.5, validators=[MinValueValidator(0.0)],
+                                     help_text="A photo, voice note or file without a caption "
+                                               "(a caption is classified like text).")
+    window_album = models.FloatField(default=3.0, validators=[MinValueValidator(0.0)],
+                                     help_text="An album's item keeps the buffer open at least this long: "
+                                               "its next item may still be uploading.")
+    media_at_once = models.BooleanField(default=False,
+                                        help_text="Flush a buffer at once when media arrives, "
+                                                  "instead of giving it a window.")
 
     double_texting = models.CharField(
         max_length=16, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE
@@ -182,4 +192,7 @@ class Channel(models.Model):
             conjunctions=windows.parse_words(self.conjunction_words),
             max_wait=self.max_wait,
             max_messages=self.max_messages,
+            media=self.window_media,
+            album=self.window_album,
+            media_at_once=self.media_at_once,
         )

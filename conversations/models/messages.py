@@ -77,6 +77,8 @@ class InboundMessage(models.Model):
     disposition = models.CharField(max_length=16, choices=Disposition.choices, default=Disposition.BUFFERED)
     text = models.TextField(blank=True)
     media_type = models.CharField(max_length=30, blank=True)
+    # Items sent as one album (Telegram's media_group_id) share it.
+    album_id = models.CharField(max_length=64, blank=True, default="")
     sender_name = models.CharField(max_length=200, blank=True)
     reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
     thread_id = models.CharField(max_length=50, blank=True)

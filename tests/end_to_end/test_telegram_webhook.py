@@ -52,13 +52,13 @@ def test_a_retried_update_is_a_duplicate(client, tg):
     assert InboundMessage.objects.count() == 1
 
 
-def test_group_photo_in_a_topic_flushes_at_once_and_keeps_the_thread(client, tg):
+def test_group_photo_in_a_topic_gets_its_captions_window_and_keeps_the_thread(client, tg):
     post(client, fixture("telegram_group_photo_update.json"))
     message = InboundMessage.objects.get()
     assert (message.media_type, message.thread_id, message.text) == ("photo", "17", "la factura")
     assert message.conversation.is_group
-    [turn] = engine.flush_due()
-    assert (turn.flush_reason, turn.thread_id, turn.merged_input) == ("media", "17", "Bea: [photo] la factura")
+    [turn] = engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    assert (turn.flush_reason, turn.thread_id, turn.merged_input) == ("window", "17", "Bea: [photo] la factura")
 
 
 def test_updates_we_do_not_act_on_get_200_so_telegram_stops_retrying(client, tg):

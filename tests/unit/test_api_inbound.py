@@ -33,6 +33,18 @@ def test_accepted_with_the_flush_deadline(client, key):
     assert MessageBuffer.objects.get().flush_at.isoformat().startswith(body["flush_at"][:19])
 
 
+def test_an_album_through_the_api_counts_once_and_keeps_the_buffer_open(client, key):
+    for i, caption in enumerate(("Las boletas", "", "")):
+        body = post(client, {"message_id": f"p{i}", "contact": "ana", "text": caption, "media_type": "photo",
+                             "album": "a1"}, key=key).json()
+        assert (body["flush_reason"], body["window"]) == ("album", "neutral" if caption else "media")
+    assert MessageBuffer.objects.get().message_count == 1
+    long_album = post(client, {"message_id": "p9", "contact": "ana", "media_type": "photo", "album": "x" * 65},
+                      key=key)
+    assert long_album.status_code == 400 and "album" in long_album.json()["fields"]
+    assert InboundMessage.objects.count() == 3
+
+
 def test_duplicate_is_reported(client, key):
     payload = {"message_id": "m1", "contact": "ana", "text": "hola"}
     post(client, payload, key=key)

@@ -89,7 +89,74 @@ def test_a_message_after_the_flush_starts_a_new_buffer(channel):
     assert MessageBuffer.objects.count() == 2
 
 
-def test_media_flushes_at_once_with_its_reason(channel):
+def test_media_joins_the_burst_its_caption_classified_like_text(channel):
+    admit(channel, msg(1, "mira esto y"), now=at(0))
+    photo = admit(channel, msg(2, "la factura", media_type="photo"), now=at(1))
+    assert (photo.window_kind, photo.flush_at) == ("neutral", at(3.5))
+    assert engine.flush_due(now=at(1)) == []  # no longer flushed at once
+    [turn] = engine.flush_due(now=at(3.5))
+    assert turn.flush_reason == "window"
+    assert turn.merged_input == "mira esto y\n[photo] la factura"
+
+
+def test_a_photo_then_its_question_is_one_turn(channel):
+    photo = admit(channel, msg(1, "", media_type="photo"), now=at(0))
+    assert (photo.window_kind, photo.flush_at) == ("media", at(2.5))
+    admit(channel, msg(2, "¿qué dice esta boleta?"), now=at(0.6))
+    assert engine.flush_due(now=at(1.7)) == []
+    [turn] = engine.flush_due(now=at(1.8))
+    assert turn.merged_input == "[photo]\n¿qué dice esta boleta?"
+
+
+def album(mid, caption="", group="album-1"):
+    return msg(mid, caption, media_type="photo", album_id=group)
+
+
+def test_an_album_and_its_question_are_one_turn_counted_as_two_messages(channel):
+    channel.max_messages = 3
+    channel.save()
+    admit(channel, album(1, "¿cuánto suman?"), now=at(0))
+    for i, when in ((2, 0.05), (3, 0.1), (4, 2.9)):  # the last item a slow upload later
+        item = admit(channel, album(i), now=at(when))
+        assert item.planned_reason == "album"
+    assert MessageBuffer.objects.get().message_count == 1  # four items, one message
+    assert engine.flush_due(now=at(3.3)) == []  # the album window outlasts the caption's closed one
+    question = admit(channel, msg(5, "¿cuánto suman en total?"), now=at(3.4))
+    assert (question.planned_reason, question.flush_at) == ("window", at(4.6))
+    buffer = MessageBuffer.objects.get()
+    assert buffer.message_count == 2 and buffer.state == BufferState.OPEN  # not capped at 3
+    [turn] = engine.flush_due(now=at(4.6))
+    assert turn.merged_input == "[photo] ¿cuánto suman?\n[photo]\n[photo]\n[photo]\n¿cuánto suman en total?"
+    assert list(InboundMessage.objects.order_by("pk").values_list("album_id", flat=True)) == ["album-1"] * 4 + [""]
+
+
+def test_a_backlog_is_cut_between_albums_never_inside_one(channel):
+    channel.max_messages = 2
+    channel.media_at_once = True  # everything lands in one buffer before it is flushed
+    channel.save()
+    for i in range(1, 4):
+        admit(channel, album(i, group="a"), now=at(0))
+    admit(channel, msg(4, "y esta"), now=at(0))
+    for i in range(5, 7):
+        admit(channel, album(i, group="b"), now=at(0))
+    [first] = engine.flush_due(now=at(0))
+    assert first.merged_input == "[photo]\n[photo]\n[photo]\ny esta"  # album a and the text: two
+    rest = MessageBuffer.objects.get(state=BufferState.OPEN)
+    assert (rest.message_count, rest.last_album_id) == (1, "b")
+
+
+def test_two_albums_count_twice_and_the_reason_says_album(channel):
+    admit(channel, album(1, group="a"), now=at(0))
+    admit(channel, album(2, group="a"), now=at(0.1))
+    admit(channel, album(3, group="b"), now=at(1))
+    assert MessageBuffer.objects.get().message_count == 2
+    [turn] = engine.flush_due(now=at(4))
+    assert turn.flush_reason == "album"
+
+
+def test_media_flushes_at_once_where_the_channel_chose_it(channel):
+    channel.media_at_once = True
+    channel.save()
     admit(channel, msg(1, "mira esto y"), now=at(0))
     admit(channel, msg(2, "la factura", media_type="photo"), now=at(1))
     [turn] = engine.flush_due(now=at(1))

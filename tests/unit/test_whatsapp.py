@@ -171,12 +171,15 @@ def test_a_retried_notification_is_a_duplicate(client, wa):
     assert InboundMessage.objects.count() == 1
 
 
-def test_media_flushes_at_once_with_its_caption(client, wa):
+def test_media_gets_a_window_by_its_caption(client, wa):
     signed_post(client, body_with(graph_api.media_message(USER, "image", "la factura")))
     message = InboundMessage.objects.get()
     assert (message.media_type, message.text, message.kind) == ("image", "la factura", "media")
-    [turn] = engine.flush_due()
-    assert turn.flush_reason == "media" and turn.reply_target == message.platform_message_id
+    buffer = MessageBuffer.objects.get()
+    assert (buffer.window_kind, buffer.window_seconds) == ("neutral", 2.5)  # the caption's window
+    assert engine.flush_due() == []
+    [turn] = engine.flush_due(now=buffer.flush_at)
+    assert turn.flush_reason == "window" and turn.reply_target == message.platform_message_id
 
 
 def test_a_tapped_button_is_text_and_reactions_are_ignored(client, wa):

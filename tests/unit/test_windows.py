@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conversations import windows
-from conversations.windows import CLOSED, GREETING, NEUTRAL, OPEN, DebounceSettings, plan_flush
+from conversations.windows import CLOSED, GREETING, MEDIA, NEUTRAL, OPEN, DebounceSettings, Latest, plan_flush
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 DEFAULTS = DebounceSettings()
@@ -54,8 +54,8 @@ def test_parse_words_normalises_case_accents_and_blanks():
     assert windows.parse_words(" Buenos DÍAS ,\n,hola ") == frozenset({"buenos dias", "hola"})
 
 
-def plan(text, *, now=T0, first=T0, count=1, media=False, settings=DEFAULTS):
-    return plan_flush(text=text, is_media=media, now=now, first_message_at=first,
+def plan(text, *, now=T0, first=T0, count=1, media=False, album=False, settings=DEFAULTS):
+    return plan_flush(Latest(text, media=media, album=album), now=now, first_message_at=first,
                       message_count=count, settings=settings)
 
 
@@ -88,6 +88,42 @@ def test_max_messages_flushes_at_once():
     assert (p.flush_at, p.reason) == (T0, "max_messages")
 
 
-def test_media_flushes_at_once():
+def test_media_without_a_caption_gets_the_media_window():
     p = plan("", media=True)
-    assert (p.flush_at, p.reason) == (T0, "media")
+    assert (p.flush_at, p.reason, p.window_kind, p.window_seconds) == (T0 + timedelta(seconds=2.5), "window", MEDIA, 2.5)
+
+
+def test_a_caption_is_classified_like_text():
+    p = plan("¿qué dice esta boleta?", media=True)
+    assert (p.flush_at, p.reason, p.window_kind) == (T0 + timedelta(seconds=1.2), "window", CLOSED)
+    assert plan("hola", media=True).window_kind == GREETING
+
+
+def test_an_album_item_keeps_the_buffer_open_for_the_album_window():
+    captioned = plan("¿cuánto suman?", media=True, album=True)  # closed (1.2 s), but more items may follow
+    assert (captioned.flush_at, captioned.reason, captioned.window_kind, captioned.window_seconds) == (
+        T0 + timedelta(seconds=3.0), "album", CLOSED, 3.0)
+    bare = plan("", media=True, album=True)
+    assert (bare.flush_at, bare.reason) == (T0 + timedelta(seconds=3.0), "album")
+    longer = plan("hola", media=True, album=True)  # a window longer than the album's is kept
+    assert (longer.flush_at, longer.reason) == (T0 + timedelta(seconds=4.0), "window")
+
+
+def test_the_question_after_the_album_gets_its_own_window():
+    later = T0 + timedelta(seconds=0.5)
+    p = plan("¿cuánto suman en total?", now=later, count=2)
+    assert (p.flush_at, p.reason) == (later + timedelta(seconds=1.2), "window")
+
+
+def test_media_flushes_at_once_when_the_channel_says_so():
+    at_once = DebounceSettings(media_at_once=True)
+    for text, album in (("", False), ("¿y esto?", False), ("", True)):
+        p = plan(text, media=True, album=album, settings=at_once)
+        assert (p.flush_at, p.reason) == (T0, "media")
+    assert plan("¿y esto?", settings=at_once).reason == "window"  # text is not media
+
+
+def test_caps_still_bound_media():
+    assert plan("", media=True, album=True, count=3, settings=DebounceSettings(max_messages=3)).reason == "max_messages"
+    p = plan("", media=True, album=True, now=T0 + timedelta(seconds=14), settings=DebounceSettings(max_wait=15.0))
+    assert (p.flush_at, p.reason) == (T0 + timedelta(seconds=15), "max_wait")

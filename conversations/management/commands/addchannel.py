@@ -12,7 +12,8 @@ from conversations.models import Channel, DoubleTexting, EditsPolicy, TypingMode
 FIELDS = {
     "name": "name", "kind": "kind", "strategy": "double_texting",
     "window_closed": "window_closed", "window_greeting": "window_greeting",
-    "window_open": "window_open", "window_neutral": "window_neutral", "max_wait": "max_wait",
+    "window_open": "window_open", "window_neutral": "window_neutral", "window_media": "window_media",
+    "window_album": "window_album", "media_at_once": "media_at_once", "max_wait": "max_wait",
     "max_messages": "max_messages", "greetings": "greeting_words", "conjunctions": "conjunction_words",
     "agent": "agent", "typing_mode": "typing_mode", "edits": "edits",
 }
@@ -32,8 +33,10 @@ class Command(BaseCommand):
         parser.add_argument("--kind", choices=[kind for kind, _ in platforms.choices()])
         add_platform_options(parser)
         parser.add_argument("--strategy", choices=DoubleTexting.values, help="Double-texting strategy.")
-        for kind in ("closed", "greeting", "open", "neutral"):
+        for kind in ("closed", "greeting", "open", "neutral", "media", "album"):
             parser.add_argument(f"--window-{kind}", type=float, help=f"The {kind} window, seconds.")
+        parser.add_argument("--media-at-once", action=argparse.BooleanOptionalAction, default=None,
+                            help="Flush a buffer at once when media arrives (default: a window).")
         parser.add_argument("--max-wait", type=float, help="Max seconds a buffer waits.")
         parser.add_argument("--max-messages", type=int, help="Max messages in a buffer.")
         parser.add_argument("--greetings", help="Comma-separated greeting words and phrases.")

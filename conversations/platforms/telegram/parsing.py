@@ -6,7 +6,8 @@ import telegram
 from conversations import edits
 from conversations.ingest import Inbound
 
-# Non-text messages flush their buffer at once; the first attribute present names the kind.
+# Non-text messages: the first attribute present names the kind (conversations.windows
+# gives them their window; an album's items share `media_group_id`).
 MEDIA_KINDS = (
     "photo", "voice", "audio", "video", "video_note", "document", "sticker", "animation",
     "location", "venue", "contact", "poll", "dice",
@@ -60,6 +61,7 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
         sender_name=sender.full_name,
         username=sender.username or "",
         media_type=media,
+        album_id=message.media_group_id or "",
         is_group=message.chat.type in GROUP_TYPES,
         thread_id=str(thread) if thread else "",
         reply_target=str(message.message_id),
