@@ -10,7 +10,7 @@
 #      SERIAL) assert on the wall clock, or drive a browser, network namespaces, PgBouncer.
 # Each pass of a phase writes its own log, printed whole when both are done (a progress
 # line every minute meanwhile). Each test runs in one pass or both (conftest.py's
-# OWN_DATABASE and ONE_PASS say which run once, and where).
+# OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
 # Arguments go to every pytest run (a `-m` of your own replaces the phase's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +55,7 @@ else
 fi
 
 # AGENTLOOP_TEST_PASS tells conftest.py which pass this is: a test run once is left out
-# of the other (tests/conftest.py OWN_DATABASE, ONE_PASS).
+# of the other (tests/conftest.py OWN_DATABASE, ANY_DATABASE, ONE_PASS).
 sqlite_pytest() { env -u DATABASE_URL AGENTLOOP_TEST_PASS=sqlite $PY -m pytest "$@"; }
 postgres_pytest() { DATABASE_URL=$pg_url AGENTLOOP_TEST_PASS=postgres $PY -m pytest "$@"; }
 

@@ -86,24 +86,33 @@ OWN_DATABASE = {
     "tests/end_to_end/test_database_deadline.py": "a silent socket as the database host",
 }
 
-# Tests whose subject is not the database (they use it as any test does, or not at all):
-# the PostgreSQL pass runs them, the SQLite pass leaves them out. A file name means all
-# its tests.
-ONE_PASS = {
-    "tests/end_to_end/test_whatsapp_e2e.py::test_typing_is_refreshed_through_a_30_s_turn":
-        "35 s of a turn kept waiting, to watch WhatsApp's typing indicator refreshed (test_typing_modes "
-        "checks the typing leases on both databases)",
-    "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
-                                "(NUL bytes, integer ranges)",
+# Tests whose subject is not the database — a platform's or a provider's protocol, an HTTP
+# client's deadline, a fake server, the settings — using it as any test does, or not at
+# all: one pass runs them. Those below run in the SQLite pass, whose busy phase is the
+# shorter one (the PostgreSQL pass has the schema fuzzing); what the ledger, the guard
+# and the buffers do on each database is tested on both by the tests of those subjects.
+# A file name means all its tests.
+ANY_DATABASE = {
+    "tests/end_to_end/test_whatsapp_e2e.py": "WhatsApp's Cloud API: webhooks, sends, typing, errors (the ledger "
+                                             "behind them is tested on both databases over Telegram)",
+    "tests/end_to_end/test_openai_agent_e2e.py": "the OpenAI-compatible protocol through the openai SDK",
+    "tests/end_to_end/test_production_settings.py": "settings and `check --deploy`",
+    "tests/end_to_end/test_browser_smoke.py": "a browser logs in, console errors are caught",
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
     "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
     "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
-    "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
     "tests/end_to_end/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
+}
+
+# The same, run in the PostgreSQL pass.
+ONE_PASS = {
+    "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
+                                "(NUL bytes, integer ranges)",
+    "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
     "tests/end_to_end/test_console_browser.py::test_playground_round_trip_countdown_merge_typing_reply": "a page in a browser",
     "tests/end_to_end/test_console_browser.py::test_console_pages_fit_a_phone_and_work_from_the_keyboard": "a page in a browser",
     "tests/end_to_end/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
@@ -115,8 +124,9 @@ ONE_PASS = {
 def pytest_collection_modifyitems(config, items):
     """Mark the tests SERIAL names (and those driving a browser) `serial`; a name in SERIAL
     that is no longer a test of its file is an error, not a test quietly run beside others.
-    In scripts/test.sh's passes, leave out what the other pass runs (OWN_DATABASE, ONE_PASS)."""
-    elsewhere_names = {"sqlite": ONE_PASS, "postgres": OWN_DATABASE}.get(os.environ.get("AGENTLOOP_TEST_PASS"))
+    In scripts/test.sh's passes, leave out what the other pass runs (OWN_DATABASE, ANY_DATABASE, ONE_PASS)."""
+    elsewhere_names = {"sqlite": ONE_PASS, "postgres": {**OWN_DATABASE, **ANY_DATABASE}}.get(
+        os.environ.get("AGENTLOOP_TEST_PASS"))
     if elsewhere_names is not None:
         def elsewhere(item):
             path, _, _ = item.nodeid.partition("::")
@@ -132,7 +142,7 @@ def pytest_collection_modifyitems(config, items):
         modules.setdefault(path, getattr(item, "module", None))
         if path in SERIAL or f"{path}::{name}" in SERIAL or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
-    for entry in [*SERIAL, *OWN_DATABASE, *ONE_PASS]:
+    for entry in [*SERIAL, *OWN_DATABASE, *ANY_DATABASE, *ONE_PASS]:
         path, _, name = entry.partition("::")
         if not (BASE_DIR / path).is_file():
             raise pytest.UsageError(f"tests/conftest.py names {path}, which does not exist")
