@@ -292,7 +292,8 @@ def _replan(channel, buffer, messages, now):
     """The buffer's deadline re-planned from now, by its last message (as an admission
     plans it), counting every message it holds."""
     last = max(messages, key=lambda m: (m.received_at, m.pk))
-    count = len({m.album_id or f"message {m.pk}" for m in messages})  # an album counts once
+    ordered = sorted(messages, key=lambda m: (m.received_at, m.pk))
+    count = len(windows.message_starts([m.album_id for m in ordered]))  # an album counts once
     plan = windows.plan_flush(ingest.latest(last), now=now, first_message_at=buffer.first_message_at,
                               message_count=count, settings=channel.debounce_settings())
     return {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,

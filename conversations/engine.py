@@ -19,7 +19,7 @@ from agentloop.core import rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, liveness, sql, turns
+from conversations import console, liveness, sql, turns, windows
 from conversations.models import (
     Channel,
     FlushReason,
@@ -131,23 +131,18 @@ def _keep_the_rest_waiting(buffers, by_buffer, now):
         remainder = MessageBuffer.objects.create(
             conversation=buffer.conversation, first_message_at=rest[0].received_at,
             last_message_at=rest[-1].received_at, flush_at=now, planned_reason=FlushReason.MAX_MESSAGES,
-            window_kind="cap", message_count=len(_units(rest)), last_album_id=rest[-1].album_id)
+            window_kind="cap", message_count=len(_starts(rest)), last_album_id=rest[-1].album_id)
         InboundMessage.objects.filter(pk__in=[m.pk for m in rest]).update(buffer=remainder)
         MessageBuffer.objects.filter(pk=buffer.pk).update(message_count=limit)
 
 
-def _units(messages):
-    """The messages as they count: an album's consecutive items are one (their index)."""
-    starts = []
-    for index, message in enumerate(messages):
-        if not (index and message.album_id and message.album_id == messages[index - 1].album_id):
-            starts.append(index)
-    return starts
+def _starts(messages):
+    return windows.message_starts([m.album_id for m in messages])
 
 
 def _first_beyond(messages, limit):
     """The index of the first message past `limit` messages (as they count), or None."""
-    starts = _units(messages)
+    starts = _starts(messages)
     return starts[limit] if len(starts) > limit else None
 
 

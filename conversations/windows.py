@@ -127,6 +127,13 @@ class Latest:
     album: bool = False
 
 
+def message_starts(album_ids: list[str]) -> list[int]:
+    """Where each message begins, as messages count (`max_messages`): of a buffer's
+    messages in order, given their album ids, the index of each one that is not the next
+    item of the album before it."""
+    return [i for i, album in enumerate(album_ids) if not (i and album and album == album_ids[i - 1])]
+
+
 @dataclass(frozen=True)
 class FlushPlan:
     flush_at: datetime

@@ -127,3 +127,8 @@ def test_caps_still_bound_media():
     assert plan("", media=True, album=True, count=3, settings=DebounceSettings(max_messages=3)).reason == "max_messages"
     p = plan("", media=True, album=True, now=T0 + timedelta(seconds=14), settings=DebounceSettings(max_wait=15.0))
     assert (p.flush_at, p.reason) == (T0 + timedelta(seconds=15), "max_wait")
+
+
+def test_an_albums_items_count_as_one_message():
+    assert windows.message_starts(["", "a", "a", "a", "", "b", "b", "a"]) == [0, 1, 4, 5, 7]
+    assert windows.message_starts([]) == []
