@@ -291,8 +291,8 @@ def _correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
 def _replan(channel, buffer, messages, now):
     """The buffer's deadline re-planned from now, by its last message (as an admission
     plans it), counting every message it holds."""
-    last = max(messages, key=lambda m: (m.received_at, m.pk))
     ordered = sorted(messages, key=lambda m: (m.received_at, m.pk))
+    last = ordered[-1]
     count = len(windows.message_starts([m.album_id for m in ordered]))  # an album counts once
     plan = windows.plan_flush(ingest.latest(last), now=now, first_message_at=buffer.first_message_at,
                               message_count=count, settings=channel.debounce_settings())

@@ -247,10 +247,8 @@ class Process:
 
 
 class WebProcess(Process):
-    def __init__(self, name, args, env, log_dir, port):
-        super().__init__(name, args, env, log_dir)
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.healthy = False
+    base_url = ""  # set by Processes.web
+    healthy = False
 
     @property
     def url(self):
@@ -294,8 +292,8 @@ class Processes:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def start(self, name, args, **env):
-        proc = Process(f"{name}-{len(self.started)}", args, self.env(**env), self.log_dir)
+    def start(self, name, args, *, kind=Process, **env):
+        proc = kind(f"{name}-{len(self.started)}", args, self.env(**env), self.log_dir)
         self.started.append(proc)
         return proc
 
@@ -317,10 +315,9 @@ class Processes:
         it starts while the next worker does (each takes a second or two to import): the
         wait comes at the end of that `worker()`, or at the first use of its `url`."""
         port = free_port()
-        proc = WebProcess(f"web-{len(self.started)}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                                                      str(port), "agentloop.asgi:application"],
-                          self.env(**env), self.log_dir, port)
-        self.started.append(proc)
+        proc = self.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                  "agentloop.asgi:application"], kind=WebProcess, **env)
+        proc.base_url = f"http://127.0.0.1:{port}"
         if wait:
             proc.wait_healthy()
         return proc

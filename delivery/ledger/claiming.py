@@ -221,7 +221,7 @@ def claim_written(rows, owner, now=None, token=""):
         return []
     paced = [row for row in rows if transport_for(row.channel).pace(row.chat_id) is not None]
     if paced:
-        return _claim_written_paced(rows, paced, owner, (now, token))
+        return _claim_written_paced(rows, paced, owner, now, token)
     now = now or timezone.now()
     token = token or new_token()
     ids = [row.pk for row in rows]
@@ -235,11 +235,9 @@ def claim_written(rows, owner, now=None, token=""):
     return claimed
 
 
-def _claim_written_paced(rows, paced, owner, when):
+def _claim_written_paced(rows, paced, owner, now, token):
     """`claim_written` where some rows are paced: those go through the paced claim (a few
-    dozen a second at most) and take the claimed state onto the objects in hand.
-    `when`: the claim's (now, token), either of them empty for the default."""
-    now, token = when
+    dozen a second at most) and take the claimed state onto the objects in hand."""
     token = token or new_token()  # one stamp for both halves
     ids = {row.pk for row in paced}
     claimed = claim_written([row for row in rows if row.pk not in ids], owner, now, token)  # (None: now)
