@@ -161,6 +161,27 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "other's pids directly (containers sharing the host's network need a name each)."),
         Var("Q_WORKERS", "1", "django-q2 worker processes (the safety-net sweeps)."),
     ]),
+    ("Files users send", "Photos, albums, voice notes and documents: fetched from the platform after "
+     "their message is stored, shown to the agent (docs/media.md).", [
+        Var("AGENTLOOP_MEDIA_ROOT", "`var/files`", "Where Django's default storage keeps fetched files."),
+        Var("AGENTLOOP_MEDIA_MAX_BYTES", "20000000",
+            "One file at most, in bytes (Telegram serves bots files up to 20 MB); a larger one is "
+            "described to the model, never fetched."),
+        Var("AGENTLOOP_MEDIA_MAX_TURN_BYTES", "50000000",
+            "Bytes of images one turn shows to a model, in all; those beyond are described."),
+        Var("AGENTLOOP_MEDIA_FETCH_DEADLINE", "30", "Seconds one fetch of a file may take, overall."),
+        Var("AGENTLOOP_MEDIA_ATTEMPTS", "4",
+            "Tries of a fetch that fails (backing off 1, 3, 9 s) before the model is told the file "
+            "could not be read."),
+        Var("AGENTLOOP_MEDIA_WAIT", "30",
+            "Seconds a turn waits for its files to be fetched; it runs without those still missing "
+            "(the model is told)."),
+        Var("AGENTLOOP_MEDIA_POLL", "0.5",
+            "Seconds between a worker's looks for files to fetch while their burst's window is open."),
+        Var("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", "1568",
+            "Images larger than this many pixels on their longer side are downscaled (JPEG) before "
+            "a model sees them."),
+    ]),
     ("Telegram", "Per process; each channel's own settings are in the admin.", [
         Var("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", "25", "Long-polling timeout, seconds."),
         Var("AGENTLOOP_TELEGRAM_CONNECTIONS", "8",

@@ -262,6 +262,23 @@ AGENTLOOP_MAX_TYPING = env.int("AGENTLOOP_MAX_TYPING", default=1000)
 # many messages waiting for a turn — later ones are stored and answered with a notice.
 AGENTLOOP_MAX_TURN_CHARS = env.int("AGENTLOOP_MAX_TURN_CHARS", default=16000)
 AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", default=200)
+
+# --- Files users send (conversations/media) ---------------------------------------
+# Stored through Django's default storage: the filesystem under MEDIA_ROOT.
+MEDIA_ROOT = env.path("AGENTLOOP_MEDIA_ROOT", default=VAR_DIR / "files")
+# One file at most (Telegram's Bot API serves bots files up to 20 MB); larger ones are
+# described to the model, not fetched. A burst's images shown to a model, in all.
+AGENTLOOP_MEDIA_MAX_BYTES = env.int("AGENTLOOP_MEDIA_MAX_BYTES", default=20_000_000)
+AGENTLOOP_MEDIA_MAX_TURN_BYTES = env.int("AGENTLOOP_MEDIA_MAX_TURN_BYTES", default=50_000_000)
+# One fetch, overall (a platform that trickles bytes meets it); tries before giving up.
+AGENTLOOP_MEDIA_FETCH_DEADLINE = env.float("AGENTLOOP_MEDIA_FETCH_DEADLINE", default=30.0)
+AGENTLOOP_MEDIA_ATTEMPTS = env.int("AGENTLOOP_MEDIA_ATTEMPTS", default=4)
+# How long a turn waits for its files before the agent runs without those still missing.
+AGENTLOOP_MEDIA_WAIT = env.float("AGENTLOOP_MEDIA_WAIT", default=30.0)
+# Seconds between a worker's looks for files to fetch while their window is open.
+AGENTLOOP_MEDIA_POLL = env.float("AGENTLOOP_MEDIA_POLL", default=0.5)
+# Images larger than this many pixels on their longer side are downscaled for the model.
+AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", default=1568)
 # Distinct guard-only action names one agent key may use (/api/v1/actions/claim).
 AGENTLOOP_MAX_ACTIONS_PER_KEY = env.int("AGENTLOOP_MAX_ACTIONS_PER_KEY", default=100)
 # A worker whose heartbeat is older than this is dead: its turns are recovered.

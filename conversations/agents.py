@@ -53,6 +53,9 @@ class TurnContext:
     # Where the turn came from, for agents that speak to other services.
     channel_kind: str = ""
     contact_name: str = ""
+    # The files of the burst (conversations.media.for_agents.Attachment), settled: stored,
+    # or skipped or failed with the reason. `for_agents.parts` makes model content of them.
+    media: list = field(default_factory=list)
 
 
 class Agent(abc.ABC):

@@ -151,6 +151,7 @@ def _turn_for(buffer, messages, now):
     return Turn(
         conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
         merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
+        has_media=any(m.media_file_id for m in messages),
         reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
     )
 

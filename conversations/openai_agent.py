@@ -7,6 +7,9 @@ AGENTLOOP_AGENT_KEY_ENVS, checked on save and again here), `system_prompt`, `max
 requests per turn, default 6), `timeout` (seconds per request, default 60), `history`
 (messages of context, default 20), `temperature`.
 
+A burst's files reach the model as content parts (conversations.media.for_agents):
+images as `image_url` data URLs, documents with their text, the rest described.
+
 Every tool call goes through the action guard (`ctx.call_tool`); a duplicate comes back
 as a success with a note, which the model reads like any other result. A provider
 error or timeout ends the turn (AgentUnavailable): the user gets a short apology and the
@@ -24,6 +27,7 @@ from openai.types.chat import ChatCompletion  # loaded now, not inside the first
 from agentloop.core.caches import BoundedCache
 from agentloop.core.redaction import agent_secrets, redact
 from conversations.agents import Agent, AgentUnavailable, TurnContext, key_env_problem
+from conversations.media import for_agents
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,15 @@ def _client(config):
     return client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
 
 
+async def user_content(ctx: TurnContext):
+    """The turn's text; with files, content parts: the text, then each file (an image as
+    an image_url, a document with its text, the rest described). Read and downscaled on
+    a thread: a burst of large images must not hold the event loop other turns run on."""
+    if not ctx.media:
+        return ctx.text
+    return [{"type": "text", "text": ctx.text}, *await asyncio.to_thread(for_agents.parts, ctx.media)]
+
+
 class OpenAIAgent(Agent):
     async def prepare(self, config):
         try:
@@ -76,7 +89,7 @@ class OpenAIAgent(Agent):
         messages = [{"role": "system", "content": config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT}]
         if ctx.load_history is not None:
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]
-        messages.append({"role": "user", "content": ctx.text})
+        messages.append({"role": "user", "content": await user_content(ctx)})
         tools = await ctx.load_tools() if ctx.load_tools is not None else []
         for _ in range(int(config.get("max_steps", 6))):
             message = await self._complete(client, config, messages, tools)

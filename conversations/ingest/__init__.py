@@ -15,9 +15,9 @@ from conversations.ingest.admission import OVERFLOW_NOTICE, RETRYABLE, admit, la
 from conversations.ingest.batch import BatchFailed, admit_many
 from conversations.ingest.double_texting import REJECT_NOTICE
 from conversations.ingest.refusal import printable, record_refusal, refusal
-from conversations.ingest.values import MAX_TEXT_CHARS, Admission, Arrival, Inbound, Unstorable
+from conversations.ingest.values import MAX_TEXT_CHARS, Admission, Arrival, Inbound, MediaRef, Unstorable
 
 __all__ = [
     "MAX_TEXT_CHARS", "OVERFLOW_NOTICE", "REJECT_NOTICE", "RETRYABLE", "Admission", "Arrival", "BatchFailed", "Inbound",
-    "Unstorable", "admit", "admit_many", "latest", "open_conversation", "printable", "record_refusal", "refusal",
+    "MediaRef", "Unstorable", "admit", "admit_many", "latest", "open_conversation", "printable", "record_refusal", "refusal",
 ]

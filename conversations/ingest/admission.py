@@ -18,6 +18,7 @@ from conversations import console, control, sql, windows
 from conversations.ingest.double_texting import double_text
 from conversations.ingest.refusal import refusal
 from conversations.ingest.values import Admission, Arrival, Inbound, Unstorable
+from conversations.media import files as media_files
 from conversations.models import (
     BufferState,
     Contact,
@@ -262,6 +263,8 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
         text=inbound.text, media_type=inbound.media_type, album_id=inbound.album_id,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
+        # Its file's row, written now (in this transaction); fetched later by a worker.
+        media_file_id=media_files.file_id_for(arrival.channel, inbound.media, arrival.now) if inbound.media else None,
     )
 
 

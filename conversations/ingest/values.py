@@ -13,6 +13,20 @@ MAX_TEXT_CHARS = 20000
 
 
 @dataclass(frozen=True)
+class MediaRef:
+    """The file a media message carries, as its platform names it (conversations.media
+    fetches it after the message is stored)."""
+
+    key: str  # the platform's stable id of the file (Telegram's file_unique_id): stored once per channel
+    ref: str  # what fetching it takes (Telegram's file_id)
+    kind: str  # photo, voice, document, …
+    declared_type: str = ""  # the MIME type the platform gave (never trusted: the bytes are sniffed)
+    file_name: str = ""
+    declared_size: int | None = None
+    duration: float | None = None
+
+
+@dataclass(frozen=True)
 class Inbound:
     """A platform message in our own terms (parsed from Telegram, the API, the web chat)."""
 
@@ -28,6 +42,7 @@ class Inbound:
     thread_id: str = ""
     reply_target: str = ""  # the platform id our reply threads to
     sent_at: datetime | None = None
+    media: MediaRef | None = None  # the file it carries, if the platform gave one
 
 
 @dataclass

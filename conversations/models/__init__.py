@@ -6,7 +6,7 @@ a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a mo
 table does not allow.
 
 The package, by table: `channels`, `messages` (contacts, conversations, inbound
-messages), `buffers`, `turns` (turns, worker heartbeats, context notes), `keys`,
+messages), `buffers`, `media` (the files users send), `turns` (turns, worker heartbeats, context notes), `keys`,
 `edits`. Every model is imported here, so Django finds them all; the migrations name
 the channel's callable defaults at this path (`conversations.models._default_greetings`,
 `_default_conjunctions`, `_platform_choices`), so they are imported here too.
@@ -25,5 +25,6 @@ from conversations.models.channels import (  # noqa: F401
 )
 from conversations.models.edits import EditOutcome, MessageEdit  # noqa: F401
 from conversations.models.keys import AgentKey, AgentKeyManager  # noqa: F401
+from conversations.models.media import SETTLED, MediaFile, MediaState  # noqa: F401
 from conversations.models.messages import Contact, Conversation, Disposition, InboundMessage, MessageKind  # noqa: F401
 from conversations.models.turns import ContextNote, Turn, TurnState, WorkerHeartbeat  # noqa: F401

@@ -79,6 +79,9 @@ class InboundMessage(models.Model):
     media_type = models.CharField(max_length=30, blank=True)
     # Items sent as one album (Telegram's media_group_id) share it.
     album_id = models.CharField(max_length=64, blank=True, default="")
+    # The file it carries (conversations.media), fetched after the message is stored.
+    media_file = models.ForeignKey("MediaFile", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="messages")
     sender_name = models.CharField(max_length=200, blank=True)
     reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
     thread_id = models.CharField(max_length=50, blank=True)

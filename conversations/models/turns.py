@@ -37,6 +37,8 @@ class Turn(StateMachine, models.Model):
         MessageBuffer, null=True, blank=True, on_delete=models.SET_NULL, related_name="turn"
     )
     merged_input = models.TextField()
+    # Its burst carried files (conversations.media): the runner settles and shows them.
+    has_media = models.BooleanField(default=False)
     flush_reason = models.CharField(max_length=16, choices=FlushReason.choices)
     state = models.CharField(max_length=16, choices=TurnState.choices, default=TurnState.READY)
     fired_effect = models.BooleanField(

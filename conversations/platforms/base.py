@@ -125,6 +125,15 @@ class Platform(abc.ABC):
     def poller(self) -> Poller | None:
         return None
 
+    async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:
+        """The bytes of the file `ref` names (a MediaRef's `ref`), at most `limit` of them
+        (conversations.media.download.fetch_bytes enforces it while reading). Raises
+        conversations.media.download.FileUnavailable (`permanent` when trying again
+        cannot help) or FileTooLarge. The worker calls it under an overall deadline."""
+        from conversations.media.download import FileUnavailable  # the platform registry loads before apps
+
+        raise FileUnavailable(f"{self.label} files cannot be fetched", permanent=True)
+
     async def close_clients(self) -> None:
         """Close the HTTP clients this platform's transports opened on the running event
         loop (the worker's shutdown, the safety sweep's end)."""

@@ -1,5 +1,6 @@
 """Housekeeping: the heartbeat, the guard's sweep, what dead workers left behind
-(their turns, their rows mid-send, external turns past their time), and the turns
+(their turns, their rows mid-send, files they were fetching, external turns past
+their time), and the turns
 stamped with this worker that it no longer holds.
 
 Dead workers are looked for every DEATH_CHECK_EVERY seconds when liveness comes from
@@ -11,6 +12,7 @@ import itertools
 import logging
 
 from conversations import engine, liveness, turns
+from conversations.media import fetching
 from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
 from tools import guard
@@ -35,6 +37,7 @@ class Housekeeping:
         await db(guard.sweep)
         await self.take_over_dead()
         await db(ledger.abandon_stale, None, self.worker.dead_owners)
+        await db(fetching.release_expired)
         if await db(turns.release_external):
             self.worker.wake_turns()
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())

@@ -1,7 +1,7 @@
 """The supervisor: starts the worker's jobs, and stops them in order.
 
 Threads: the flusher is a plain thread sleeping until the earliest deadline (timing
-matters there and must not queue behind turn work); turns, replies and pollers are
+matters there and must not queue behind turn work); turns, replies, file fetches and pollers are
 asyncio tasks on one event loop (agent calls are I/O-bound: hundreds run at once);
 their database steps run on a few database threads, each with its own connection.
 """
@@ -17,6 +17,7 @@ from conversations.agents import agent_for
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
 from conversations.worker.housekeeping import Housekeeping
+from conversations.worker.media import MediaFetcher
 from conversations.worker.polling import Polling
 from conversations.worker.replies import Replies
 from conversations.worker.tool_calls import ToolCalls
@@ -53,6 +54,7 @@ class Worker:
         self.turns = TurnRunner(self)
         self.tools = ToolCalls(self, settings.AGENTLOOP_TOOL_THREADS)
         self.replies = Replies(self)
+        self.media = MediaFetcher(self)
         self.polling = Polling(self)
         self.housekeeping = Housekeeping(self)
         self.flusher = None
@@ -108,7 +110,7 @@ class Worker:
         if ready is not None:
             ready.set()
         jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop(),
-                self.typing.watch()]
+                self.typing.watch(), self.media.loop()]
         tasks += [asyncio.create_task(job) for job in jobs]
         await self._stopping.wait()
         await self.shutdown(tasks)

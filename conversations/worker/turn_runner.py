@@ -11,6 +11,7 @@ from django.db import transaction
 from audit.failpoints import failpoint
 from conversations import console, engine, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
+from conversations.media import for_agents
 from conversations.models import Turn, TurnState
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
@@ -103,12 +104,22 @@ class TurnRunner:
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
                            load_tools=worker.tools.offered)
 
+    async def settled_media(self, turn):
+        """The turn's files once settled (fetched here if nobody has: conversations.worker.media)."""
+        read = self.worker.read
+        ids = await until_answered(functools.partial(read, for_agents.file_ids_of_turn, turn))
+        await self.worker.media.settle(ids)
+        return await until_answered(functools.partial(read, for_agents.attachments, ids))
+
     async def run_turn(self, turn):
         channel = turn.conversation.channel
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(channel.agent_config)
         try:
-            reply = await asyncio.wait_for(agent_for(channel.agent).respond(self.context(turn)), deadline)
+            context = self.context(turn)
+            if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
+                context.media = await self.settled_media(turn)
+            reply = await asyncio.wait_for(agent_for(channel.agent).respond(context), deadline)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
                 # Shutdown: hand the turn back unless it already acted.

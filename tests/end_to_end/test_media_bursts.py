@@ -81,3 +81,68 @@ def test_an_album_and_a_photo_each_with_their_question_are_one_turn_each(process
     assert (album_turn.flush_reason, photo_turn.flush_reason) == ("window", "window")
     buffer = MessageBuffer.objects.get(conversation__chat_id="501")
     assert buffer.message_count == 2  # the album and its question
+
+
+def test_the_model_receives_every_image_of_the_album_fetched_once(processes, make_channel, fake_telegram, tmp_path):
+    """An album of 3 photos the local Bot API serves (getFile, then each download) and
+    its question: one model request carrying the 3 images, each fetched once even though
+    the album's first update is delivered again."""
+    import io
+
+    from PIL import Image
+
+    from conversations.models import MediaFile, MediaState
+    from tests.e2e import TOKEN
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    def jpeg(shade):
+        out = io.BytesIO()
+        Image.new("RGB", (40, 30), (shade, 10, 10)).save(out, "JPEG")
+        return out.getvalue()
+
+    with FakeOpenAI() as model:
+        model.script(Reply("Suman 42."))
+        telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
+            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        web, _ = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files"), processes.worker(
+            AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        album = []
+        for shade in (50, 120, 200):
+            update = photo_update(601, album="24680", caption="las boletas" if shade == 50 else "")
+            update["message"]["photo"] = [{**fake_telegram.add_file(TOKEN, jpeg(shade)), "width": 40, "height": 30}]
+            album.append(update)
+        for item in album:
+            post(web, item)
+        post(web, album[0])  # delivered again: stored once, fetched once
+        send(web, "tg", 601, "¿cuánto suman en total?")
+        wait_until(settled(601), timeout=30, message="the album answered")
+
+        [request] = model.requests()
+        content = request.messages[-1]["content"]
+        assert [part["type"] for part in content] == ["text", "image_url", "image_url", "image_url"]
+        assert content[0]["text"] == "[photo] las boletas\n[photo]\n[photo]\n¿cuánto suman en total?"
+        assert all(part["image_url"]["url"].startswith("data:image/jpeg;base64,") for part in content[1:])
+    assert replies(fake_telegram, 601) == ["Suman 42."]
+    assert sorted(fake_telegram.downloads) == sorted(u["message"]["photo"][0]["file_id"] for u in album)
+    assert set(MediaFile.objects.values_list("state", flat=True)) == {MediaState.STORED}
+
+
+def test_a_photo_the_platform_cannot_give_is_told_to_the_model(processes, make_channel, fake_telegram, tmp_path):
+    """A file id the Bot API does not know (getFile: 400): settled at once as failed, and the
+    model is told it could not be read; the turn is not held up."""
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    with FakeOpenAI() as model:
+        model.script(Reply("No pude ver la foto."))
+        telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
+            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        web, _ = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "f"), processes.worker(
+            AGENTLOOP_MEDIA_ROOT=tmp_path / "f")
+        post(web, photo_update(602, caption="¿qué dice?"))
+        wait_until(settled(602), timeout=30, message="the photo answered")
+        [request] = model.requests()
+        content = request.messages[-1]["content"]
+    assert content[0] == {"type": "text", "text": "[photo] ¿qué dice?"}
+    assert content[1]["type"] == "text" and "could not be read" in content[1]["text"]
+    assert "wrong file_id" in content[1]["text"].lower()
+    assert replies(fake_telegram, 602) == ["No pude ver la foto."]

@@ -23,6 +23,7 @@ import bisect
 import copy
 import email.parser
 import email.policy
+import hashlib
 import json
 import re
 import signal
@@ -75,6 +76,9 @@ _STRING_PARAMS = frozenset(
 )
 
 _BOT_PATH = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z0-9_]+)/?$")
+_FILE_PATH = re.compile(r"^/file/bot(?P<token>[^/]+)/(?P<path>.+)$")
+# Telegram's own limit: a bot may download files of up to 20 MB (getFile refuses larger).
+MAX_DOWNLOAD_BYTES = 20 * 1024 * 1024
 
 # A handler receives (token, params) and returns the "result" of the envelope.
 Handler = Callable[[str, dict[str, Any]], Any]
@@ -217,6 +221,9 @@ class FakeBotAPI(FakeServer):
         # Callback queries pushed or made here, and whether each was answered already.
         self._callback_queries: dict[str, bool] = {}
         self._next_callback_id = 7_000_000
+        # Files a bot may download: file_id -> {"token", "data", "unique", "path", "trickle"}.
+        self._files: dict[str, dict[str, Any]] = {}
+        self.downloads: list[str] = []  # file_ids downloaded, in order
         for method, handler in {
             "getMe": self._api_get_me,
             "sendMessage": self._api_send_message,
@@ -228,6 +235,7 @@ class FakeBotAPI(FakeServer):
             "answerCallbackQuery": self._api_answer_callback_query,
             "editMessageText": self._api_edit_message_text,
             "editMessageReplyMarkup": self._api_edit_message_reply_markup,
+            "getFile": self._api_get_file,
         }.items():
             self.set_handler(method, handler)
 
@@ -781,6 +789,35 @@ class FakeBotAPI(FakeServer):
             self._next_message_id[key] = max(next_id, message_id + 1)
             return message_id
 
+    # ------------------------------------------------------------------ files
+
+    def add_file(self, token: str, data: bytes, *, unique_id: str | None = None, trickle: float = 0.0,
+                 size: int | None = None) -> dict[str, Any]:
+        """A file the bot may fetch (getFile, then GET /file/bot<token>/<file_path>);
+        returns the fields a message carries for it. `trickle`: seconds between the
+        download's 1 KB pieces. `size`: the file_size getFile reports (a liar, if given)."""
+        with self._cond:
+            file_id = f"AgAC{len(self._files) + 1:06d}{abs(hash(data)) % 10**8:08d}"
+            unique = unique_id or f"AQAD{hashlib.sha1(data).hexdigest()[:12]}"
+            self._files[file_id] = {"token": token, "data": data, "unique": unique, "trickle": trickle,
+                                    "path": f"documents/file_{len(self._files)}", "size": size}
+        return {"file_id": file_id, "file_unique_id": unique, "file_size": len(data) if size is None else size}
+
+    def _api_get_file(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        file = self._files.get(str(params.get("file_id", "")))
+        if file is None or file["token"] != token:
+            raise BotAPIError(400, "Bad Request: wrong file_id or the file is temporarily unavailable")
+        size = len(file["data"]) if file["size"] is None else file["size"]
+        if len(file["data"]) > MAX_DOWNLOAD_BYTES:
+            raise BotAPIError(400, "Bad Request: file is too big")
+        return {"file_id": params["file_id"], "file_unique_id": file["unique"], "file_size": size,
+                "file_path": file["path"]}
+
+    def file_at(self, token: str, path: str) -> tuple[str, dict[str, Any]] | None:
+        with self._cond:
+            return next(((file_id, f) for file_id, f in self._files.items()
+                         if f["token"] == token and f["path"] == path), None)
+
     # ----------------------------------------------------------- control plane
 
     def _serve_control(
@@ -847,6 +884,10 @@ class _RequestHandler(TrackedHandler):
         if url.path.startswith("/_control/"):
             self._send_json(*self.server._serve_control(self.command, url.path, url.query, body))
             return
+        download = _FILE_PATH.match(url.path)
+        if download is not None:
+            self._send_file(unquote(download["token"]), unquote(download["path"]))
+            return
         match = _BOT_PATH.match(url.path)
         if match is None:
             self._send_json(404, BotAPIError(404, "Not Found").envelope())
@@ -879,6 +920,30 @@ class _RequestHandler(TrackedHandler):
                 return b"".join(chunks)
             chunks.append(self.rfile.read(size))
             self.rfile.readline()  # the CRLF after each chunk
+
+    def _send_file(self, token: str, path: str) -> None:
+        found = self.server.file_at(token, path)
+        if found is None:
+            self._send_json(404, BotAPIError(404, "Not Found").envelope())
+            return
+        file_id, file = found
+        with self.server._cond:
+            self.server.downloads.append(file_id)
+        data = file["data"]
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if not file["trickle"]:
+                self.wfile.write(data)
+                return
+            for start in range(0, len(data), 1024):
+                self.wfile.write(data[start:start + 1024])
+                self.wfile.flush()
+                time.sleep(file["trickle"])
+        except OSError:
+            self.close_connection = True  # the client gave up
 
     def _send_json(self, status: int, payload: dict[str, Any]) -> None:
         data = _dumps(payload).encode("utf-8")

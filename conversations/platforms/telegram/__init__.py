@@ -6,6 +6,7 @@
 - transport.py: sending, typing, each error mapped to the ledger's outcomes
 - request.py: python-telegram-bot's HTTP layer on aiohttp
 - bot.py: the Bot replies are sent with (only the sent message's id read back)
+- files.py: a message's file (getFile, then its download)
 - polling.py: long polling (getUpdates under a lease), run by the worker
 - setup.py: setWebhook / deleteWebhook (the `setwebhook` command)
 """
@@ -52,6 +53,11 @@ class TelegramPlatform(Platform):
         from conversations.platforms.telegram import polling
 
         return Poller(channel_ids=polling.polling_channels, run=polling.poll_channel)
+
+    async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
+        from conversations.platforms.telegram.files import fetch_file
+
+        return await fetch_file(channel, ref, limit)
 
     async def close_clients(self) -> None:
         from conversations.platforms.telegram.transport import close_bots

@@ -4,7 +4,7 @@ Inbound message (conversations.ingest) or an Edit of one (conversations.edits)."
 import telegram
 
 from conversations import edits
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, MediaRef
 
 # Non-text messages: the first attribute present names the kind (conversations.windows
 # gives them their window; an album's items share `media_group_id`).
@@ -66,6 +66,25 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
         thread_id=str(thread) if thread else "",
         reply_target=str(message.message_id),
         sent_at=message.date,
+        media=media_ref(message, media),
+    )
+
+
+def media_ref(message: telegram.Message, kind: str) -> MediaRef | None:
+    """The file a message carries (a photo: its largest size), or None (a location, a
+    poll… carry none). Keyed by `file_unique_id`, the same for every bot and every time
+    the file is sent; fetched by `file_id`."""
+    item = getattr(message, kind, None) if kind else None
+    if isinstance(item, tuple):  # a photo's sizes, smallest first
+        item = item[-1] if item else None
+    if not isinstance(item, telegram.TelegramObject) or not getattr(item, "file_id", None):
+        return None
+    duration = getattr(item, "duration", None)
+    return MediaRef(
+        key=item.file_unique_id, ref=item.file_id, kind=kind,
+        declared_type=getattr(item, "mime_type", None) or "", file_name=getattr(item, "file_name", None) or "",
+        declared_size=getattr(item, "file_size", None),
+        duration=duration.total_seconds() if hasattr(duration, "total_seconds") else duration,
     )
 
 

@@ -64,6 +64,11 @@ def bot_url(api_base: str) -> str:
     return f"{api_base.rstrip('/')}/bot"
 
 
+def file_url(api_base: str) -> str:
+    """python-telegram-bot's base_file_url: files download from {api_base}/file/bot{token}/{path}."""
+    return f"{api_base.rstrip('/')}/file/bot"
+
+
 def telegram_bot(token: str, api_base: str, purpose="send") -> ReplyBot:
     """A Bot for this event loop, talking to {api_base}/bot{token}/{method}. Typing
     indicators get a Bot of their own ("typing"): best effort, they must never queue a
@@ -74,7 +79,8 @@ def telegram_bot(token: str, api_base: str, purpose="send") -> ReplyBot:
         request = AiohttpRequest(connections=settings.AGENTLOOP_TELEGRAM_CONNECTIONS,
                                  pool_timeout=settings.AGENTLOOP_TELEGRAM_POOL_TIMEOUT,
                                  read_timeout=settings.AGENTLOOP_TELEGRAM_READ_TIMEOUT)
-        bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base), request=request,
+        bot = _bots.set(key, ReplyBot(token, base_url=bot_url(api_base), base_file_url=file_url(api_base),
+                                      request=request,
                                           # unused: polling has its own Bot
                                           get_updates_request=AiohttpRequest(connections=1)))
     return bot

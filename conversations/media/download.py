@@ -1,0 +1,59 @@
+"""One HTTP download with an overall deadline and a size cap, read as a stream: a
+server that trickles bytes meets the deadline, one that sends more than it announced
+(or more than the cap) is cut off at the cap, not read to the end."""
+
+import asyncio
+
+import httpx
+
+from agentloop.core.redaction import redact
+
+
+class FileUnavailable(Exception):
+    """The platform will not give the file: `permanent` (404, refused) or worth another try."""
+
+    def __init__(self, why: str, permanent: bool = False):
+        super().__init__(why)
+        self.permanent = permanent
+
+
+class FileTooLarge(FileUnavailable):
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"{mb(size)} is over the {mb(limit)} a file may have", permanent=True)
+        self.size, self.limit = size, limit
+
+
+def mb(size: int) -> str:
+    if size >= 100_000:
+        return f"{size / 1_000_000:.1f} MB"
+    return f"{size / 1000:.0f} KB" if size >= 1000 else f"{size} bytes"
+
+
+async def fetch_bytes(url: str, limit: int, deadline: float, headers: dict | None = None,
+                      secrets: tuple[str, ...] = ()) -> bytes:
+    """GET `url`, at most `limit` bytes, within `deadline` seconds in all. `secrets`
+    (a token in the URL, a bearer) are masked in every error text."""
+    try:
+        return await asyncio.wait_for(_read(url, limit, deadline, headers or {}), deadline)
+    except TimeoutError:
+        raise FileUnavailable(f"the download did not finish within {deadline:g} s") from None
+    except httpx.HTTPError as exc:
+        raise FileUnavailable(redact(f"the download failed: {type(exc).__name__}: {exc}", list(secrets))) from None
+
+
+async def _read(url, limit, deadline, headers) -> bytes:
+    async with httpx.AsyncClient(timeout=deadline, follow_redirects=False) as client:
+        async with client.stream("GET", url, headers=headers) as response:
+            if response.status_code in (401, 403, 404, 410):
+                raise FileUnavailable(f"the platform answered {response.status_code} for the file", permanent=True)
+            if response.status_code != 200:
+                raise FileUnavailable(f"the platform answered {response.status_code} for the file")
+            announced = int(response.headers.get("content-length") or 0)
+            if announced > limit:
+                raise FileTooLarge(announced, limit)
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise FileTooLarge(len(body), limit)
+            return bytes(body)

@@ -1,0 +1,133 @@
+"""The worker's side of a file: claimed (a compare-and-swap PENDING → FETCHING under a
+lease, so two workers never fetch one file), fetched through its platform under a
+deadline and the size cap, stored, settled.
+
+A try that fails is retried with backoff (`AGENTLOOP_MEDIA_ATTEMPTS` in all, logged
+once per file when it gives up, not once per try); a file its platform refuses for good
+(404, over the cap) is settled at once. A lease that outlives its worker (SIGKILL
+mid-download) expires and the file is fetched again: nothing was stored under it.
+"""
+
+import asyncio
+import hashlib
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.db.models import F
+from django.utils import timezone
+
+from agentloop.core.redaction import redact
+from audit.failpoints import failpoint
+from conversations import platforms
+from conversations.media import sniff
+from conversations.media.download import FileTooLarge, FileUnavailable
+from conversations.models import SETTLED, MediaFile, MediaState
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAYS = (1.0, 3.0, 9.0)  # before the 2nd, 3rd, 4th try
+
+
+def lease_seconds() -> float:
+    return settings.AGENTLOOP_MEDIA_FETCH_DEADLINE + 10.0
+
+
+def due_ids(limit, now=None) -> list[int]:
+    now = now or timezone.now()
+    return list(MediaFile.objects.filter(state=MediaState.PENDING, next_attempt_at__lte=now)
+                .order_by("pk").values_list("pk", flat=True)[:limit])
+
+
+def due_ids_among(ids, now=None) -> list[int]:
+    """Those of `ids` pending and due now (a turn waiting for them fetches them itself)."""
+    return list(MediaFile.objects.filter(pk__in=ids, state=MediaState.PENDING,
+                                         next_attempt_at__lte=now or timezone.now()).values_list("pk", flat=True))
+
+
+def claim(ids, owner, now=None) -> list[MediaFile]:
+    """The files of `ids` still pending and due (a retry waits out its backoff), now FETCHING under `owner` until its lease
+    ends (those another worker claimed first are not returned)."""
+    if not ids:
+        return []
+    now = now or timezone.now()
+    until = now + timedelta(seconds=lease_seconds())
+    MediaFile.transition(list(ids), MediaState.PENDING, MediaState.FETCHING, where={"next_attempt_at__lte": now},
+                         owner=owner, lease_until=until, attempts=F("attempts") + 1)
+    return list(MediaFile.objects.filter(pk__in=ids, state=MediaState.FETCHING, owner=owner, lease_until=until)
+                .select_related("channel"))
+
+
+def release_expired(now=None) -> int:
+    """FETCHING files whose lease ran out (their worker died or hung) go back to PENDING."""
+    now = now or timezone.now()
+    expired = list(MediaFile.objects.filter(state=MediaState.FETCHING, lease_until__lt=now)
+                   .values_list("pk", flat=True)[:100])
+    return MediaFile.transition(expired, MediaState.FETCHING, MediaState.PENDING, where={"lease_until__lt": now},
+                                owner="", lease_until=None) if expired else 0
+
+
+def states(ids) -> dict[int, tuple[str, object]]:
+    """{id: (state, next_attempt_at)} of these files."""
+    return {pk: (state, at) for pk, state, at in
+            MediaFile.objects.filter(pk__in=ids).values_list("pk", "state", "next_attempt_at")}
+
+
+async def fetch(file: MediaFile) -> bytes:
+    """The file's bytes from its platform, within the deadline and the cap (raises
+    FileUnavailable / FileTooLarge)."""
+    limit, deadline = settings.AGENTLOOP_MEDIA_MAX_BYTES, settings.AGENTLOOP_MEDIA_FETCH_DEADLINE
+    try:
+        data = await asyncio.wait_for(platforms.of(file.channel).fetch_media(file.channel, file.ref, limit),
+                                      deadline)
+    except TimeoutError:
+        raise FileUnavailable(f"the platform did not give the file within {deadline:g} s") from None
+    if len(data) > limit:  # a platform hook that read past the cap
+        raise FileTooLarge(len(data), limit)
+    return data
+
+
+def save(file: MediaFile, data: bytes) -> dict:
+    """Store the bytes (Django's default storage: the filesystem under var/, or S3) under
+    a name of their own digest; the fields that say what was stored."""
+    digest = hashlib.sha256(data).hexdigest()
+    mime = sniff.content_type(data)
+    name = f"media/{file.channel_id}/{digest[:2]}/{digest}"
+    if not default_storage.exists(name):  # a retry after a crash between the save and the mark
+        name = default_storage.save(name, ContentFile(data))
+    return {"storage_name": name, "content_type": mime, "size": len(data), "sha256": digest}
+
+
+def mark_stored(file: MediaFile, owner, stored: dict, now=None) -> bool:
+    failpoint("media.after_store")
+    return MediaFile.transition(file.pk, MediaState.FETCHING, MediaState.STORED, where={"owner": owner},
+                                settled_at=now or timezone.now(), lease_until=None, **stored) == 1
+
+
+def mark_failed(file: MediaFile, owner, exc: Exception, now=None) -> str:
+    """After a failed try: retried later (PENDING with backoff), or settled — SKIPPED
+    (over the cap), FAILED (refused for good, or out of tries). Returns the new state."""
+    now = now or timezone.now()
+    why = redact(str(exc) or type(exc).__name__)[:300]
+    if isinstance(exc, FileTooLarge):
+        new = MediaState.SKIPPED
+    elif getattr(exc, "permanent", False) or file.attempts >= settings.AGENTLOOP_MEDIA_ATTEMPTS:
+        new = MediaState.FAILED
+    else:
+        delay = RETRY_DELAYS[min(file.attempts, len(RETRY_DELAYS)) - 1]
+        moved = MediaFile.transition(file.pk, MediaState.FETCHING, MediaState.PENDING, where={"owner": owner},
+                                     owner="", lease_until=None, problem=why,
+                                     next_attempt_at=now + timedelta(seconds=delay))
+        return MediaState.PENDING if moved else ""
+    moved = MediaFile.transition(file.pk, MediaState.FETCHING, new, where={"owner": owner}, problem=why,
+                                 settled_at=now, lease_until=None)
+    if moved and new == MediaState.FAILED:
+        log.warning("file %s (%s) of channel %s could not be fetched after %d tries: %s",
+                    file.pk, file.kind, file.channel.slug, file.attempts, why)
+    return new if moved else ""
+
+
+def is_settled(state) -> bool:
+    return state in SETTLED

@@ -1,0 +1,140 @@
+"""What a turn's agent receives of the files in its burst: `Attachment`s, in the
+burst's order. The OpenAI-compatible agent turns them into content parts (`parts`):
+an image as an `image_url` data URL (downscaled first when large), a text or PDF
+document by name and type with its text, anything else — or a file that could not be
+read — described in a line, so the model knows what was sent and what it did not see."""
+
+import base64
+import io
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.files.storage import default_storage
+
+from conversations.media import sniff
+from conversations.media.download import mb
+from conversations.models import InboundMessage, MediaFile, MediaState
+
+DOCUMENT_TEXT_CHARS = 20000
+
+
+@dataclass(frozen=True)
+class Attachment:
+    id: int
+    kind: str
+    state: str
+    content_type: str = ""
+    file_name: str = ""
+    size: int | None = None
+    duration: float | None = None
+    problem: str = ""
+    storage_name: str = ""
+
+    @property
+    def readable(self) -> bool:
+        return self.state == MediaState.STORED and bool(self.storage_name)
+
+    def read(self) -> bytes:
+        with default_storage.open(self.storage_name, "rb") as f:
+            return f.read()
+
+
+def file_ids_of_turn(turn) -> list[int]:
+    """The files of the messages merged into `turn`, in arrival order."""
+    return list(InboundMessage.objects.filter(buffer_id=turn.buffer_id, media_file__isnull=False)
+                .order_by("received_at", "pk").values_list("media_file_id", flat=True))
+
+
+def attachments(ids) -> list[Attachment]:
+    rows = {f.pk: f for f in MediaFile.objects.filter(pk__in=ids)}
+    return [Attachment(id=f.pk, kind=f.kind, state=f.state, content_type=f.content_type, file_name=f.file_name,
+                       size=f.size if f.size is not None else f.declared_size, duration=f.duration,
+                       problem=f.problem, storage_name=f.storage_name)
+            for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
+
+
+def describe(item: Attachment, why_not: str = "") -> str:
+    """One line about a file: what it is, and why the model does not see it, if so."""
+    what = {"voice": "voice note", "video_note": "video note"}.get(item.kind, item.kind)
+    facts = [f"'{item.file_name}'" if item.file_name else "", item.content_type,
+             mb(item.size) if item.size else "", f"{item.duration:g} s" if item.duration else ""]
+    line = f"[{what}: {', '.join(f for f in facts if f)}]" if any(facts) else f"[{what}]"
+    if not why_not:
+        why_not = _why_unread(item)
+    return f"{line[:-1]}; {why_not}]" if why_not else line
+
+
+def _why_unread(item: Attachment) -> str:
+    if item.state == MediaState.SKIPPED:
+        return f"not read: {item.problem or 'not fetched'}"
+    if item.state == MediaState.FAILED:
+        return f"could not be read: {item.problem or 'the platform did not give it'}"
+    if item.state != MediaState.STORED:
+        return "could not be read in time (still being fetched)"
+    if item.kind in ("voice", "audio"):
+        return "not transcribed"
+    return ""
+
+
+def parts(items: list[Attachment]) -> list[dict]:
+    """OpenAI chat content parts for these files (after the turn's text part). Images
+    beyond AGENTLOOP_MEDIA_MAX_TURN_BYTES in all are described instead of shown."""
+    found, budget = [], settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES
+    for item in items:
+        if item.readable and sniff.is_image(item.content_type):
+            if (item.size or 0) > budget:
+                found.append(_text(describe(item, "not shown: over what one burst may carry")))
+                continue
+            budget -= item.size or 0
+            found.append({"type": "image_url", "image_url": {"url": image_data_url(item.read())}})
+        elif item.readable and item.content_type in ("text/plain", "application/pdf"):
+            found.append(_text(f"{describe(item)}\n{document_text(item)}"))
+        else:
+            found.append(_text(describe(item)))
+    return found
+
+
+def _text(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def image_data_url(data: bytes) -> str:
+    """A data URL of the image, re-encoded as JPEG at most AGENTLOOP_MEDIA_IMAGE_MAX_SIDE
+    pixels on its longer side when larger (models scale big images down anyway, and
+    pay for every byte sent), else as it came."""
+    from PIL import Image  # Pillow: only where an image is shown to a model
+
+    limit = settings.AGENTLOOP_MEDIA_IMAGE_MAX_SIDE
+    mime = sniff.content_type(data)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if max(image.size) > limit:
+                image.thumbnail((limit, limit))
+                out = io.BytesIO()
+                image.convert("RGB").save(out, "JPEG", quality=85)
+                data, mime = out.getvalue(), "image/jpeg"
+    except (OSError, ValueError, Image.DecompressionBombError):
+        pass  # not an image Pillow can read: sent as it came, the model's server decides
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def document_text(item: Attachment) -> str:
+    """The text of a plain-text or PDF file, at most DOCUMENT_TEXT_CHARS characters."""
+    data = item.read()
+    if item.content_type == "text/plain":
+        text = data.decode("utf-8", "replace")
+    else:
+        text = _pdf_text(data)
+    if len(text) > DOCUMENT_TEXT_CHARS:
+        text = text[:DOCUMENT_TEXT_CHARS] + f"\n[… {len(text) - DOCUMENT_TEXT_CHARS} characters cut]"
+    return text
+
+
+def _pdf_text(data: bytes) -> str:
+    import pypdf  # only where a PDF is read
+
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        return "\n".join(page.extract_text() or "" for page in reader.pages[:50])
+    except Exception as exc:  # pypdf raises many kinds for a broken file
+        return f"[the PDF's text could not be read: {type(exc).__name__}]"

@@ -1,0 +1,66 @@
+"""Files users send (a photo, a voice note, a document): one row per platform file,
+fetched from the platform once, outside the admission that stored its message."""
+
+from django.db import models
+from django.utils import timezone
+
+from agentloop.core.states import StateMachine
+from conversations.models.channels import Channel
+
+
+class MediaState(models.TextChoices):
+    PENDING = "pending", "Waiting to be fetched"
+    FETCHING = "fetching", "Being fetched (leased by a worker)"
+    STORED = "stored", "Fetched and stored"
+    SKIPPED = "skipped", "Not fetched (over a size cap, or nothing to fetch)"
+    FAILED = "failed", "Could not be fetched (gave up)"
+
+
+SETTLED = (MediaState.STORED, MediaState.SKIPPED, MediaState.FAILED)
+
+
+class MediaFile(StateMachine, models.Model):
+    """One platform file. Unique per channel by the platform's own stable id (Telegram's
+    `file_unique_id`): a re-delivered update, or the same photo sent twice, is fetched
+    once. `ref` is what fetching it takes (Telegram's `file_id`; never a URL with a token)."""
+
+    TRANSITIONS = {
+        MediaState.PENDING: {MediaState.FETCHING, MediaState.SKIPPED, MediaState.FAILED},
+        # Back to PENDING: a failed try that will be retried, or a lease that expired.
+        MediaState.FETCHING: {MediaState.STORED, MediaState.SKIPPED, MediaState.FAILED, MediaState.PENDING},
+        MediaState.STORED: set(),
+        MediaState.SKIPPED: set(),
+        MediaState.FAILED: set(),
+    }
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="media_files")
+    file_key = models.CharField(max_length=200, help_text="The platform's stable id of the file.")
+    ref = models.CharField(max_length=500, help_text="What fetching it takes (Telegram's file_id).")
+    kind = models.CharField(max_length=30, help_text="photo, voice, document, …")
+    declared_type = models.CharField(max_length=100, blank=True, help_text="The MIME type the platform gave.")
+    file_name = models.CharField(max_length=255, blank=True)
+    declared_size = models.BigIntegerField(null=True, blank=True, help_text="Bytes, as the platform said.")
+    duration = models.FloatField(null=True, blank=True, help_text="Seconds (voice notes, audio, video).")
+    state = models.CharField(max_length=16, choices=MediaState.choices, default=MediaState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    owner = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    storage_name = models.CharField(max_length=300, blank=True, help_text="Its name in Django's default storage.")
+    content_type = models.CharField(max_length=100, blank=True, help_text="Sniffed from the bytes.")
+    size = models.BigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    problem = models.CharField(max_length=300, blank=True, help_text="Why it was skipped or failed (redacted).")
+    created_at = models.DateTimeField(default=timezone.now)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["channel", "file_key"], name="media_file_once_per_channel")]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="media_file_due_idx")]
+
+    def __str__(self):
+        return f"{self.kind} {self.file_key} ({self.state})"
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED

@@ -1,0 +1,88 @@
+"""Files: fetched while their burst's window is still open (the loop below claims due
+files every AGENTLOOP_MEDIA_POLL seconds), and settled before a turn that carries them
+starts (`settle`: a file nobody has taken yet is fetched by the turn itself, one being
+fetched elsewhere is waited for), within AGENTLOOP_MEDIA_WAIT."""
+
+import asyncio
+import logging
+
+from django.conf import settings
+
+from conversations.media import fetching
+from conversations.worker.backoff import Backoff
+from conversations.worker.dbthread import DATABASE_FAULTS
+
+log = logging.getLogger(__name__)
+
+MAX_FETCHES = 8  # at once per worker
+WAIT_STEP = 0.1
+
+
+class MediaFetcher:
+    def __init__(self, worker):
+        self.worker = worker
+        self.owner = worker.owner
+        self.fetching: dict[int, asyncio.Task] = {}
+
+    async def loop(self):
+        backoff = Backoff()
+        while True:
+            try:
+                room = MAX_FETCHES - len(self.fetching)
+                if room > 0 and self.worker.liveness.holding():
+                    await self.take(await self.worker.db(fetching.due_ids, room))
+                backoff.reset()
+            except DATABASE_FAULTS:
+                await asyncio.sleep(backoff.next())  # reported once by the database thread
+            except Exception:
+                log.exception("claiming files to fetch failed")
+                await asyncio.sleep(max(backoff.next(), 0.5))
+            await asyncio.sleep(settings.AGENTLOOP_MEDIA_POLL)
+
+    async def take(self, ids):
+        """Claim these files and start fetching each (in the background)."""
+        ids = [pk for pk in ids if pk not in self.fetching]
+        for file in await self.worker.db(fetching.claim, ids, self.owner) if ids else []:
+            task = asyncio.create_task(self.fetch_one(file))
+            self.fetching[file.pk] = task
+            task.add_done_callback(lambda _, pk=file.pk: self.fetching.pop(pk, None))
+
+    async def fetch_one(self, file):
+        db = self.worker.db
+        try:
+            data = await fetching.fetch(file)
+            stored = await asyncio.to_thread(fetching.save, file, data)
+        except Exception as exc:  # the platform's, the storage's: this file's try failed
+            await db.persist(fetching.mark_failed, file, self.owner, exc)
+            return
+        await db.persist(fetching.mark_stored, file, self.owner, stored)
+
+    async def settle(self, ids, wait=None) -> None:
+        """Return once every file of `ids` is settled (stored, skipped or failed), or
+        `wait` seconds have passed: those still unsettled are told to the model as not
+        read. A file pending and due is claimed and fetched here; one waiting out its
+        backoff is fetched when it is due."""
+        if not ids:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (settings.AGENTLOOP_MEDIA_WAIT if wait is None else wait)
+        while loop.time() < deadline:
+            try:
+                states = await self.worker.db(fetching.states, ids)
+            except DATABASE_FAULTS:
+                await asyncio.sleep(WAIT_STEP)
+                continue
+            open_ = [pk for pk, (state, _) in states.items() if not fetching.is_settled(state)]
+            if not open_:
+                return
+            due = [pk for pk in open_ if states[pk][0] == "pending" and pk not in self.fetching]
+            if due:
+                try:
+                    await self.take(await self.worker.db(fetching.due_ids_among, due))
+                except DATABASE_FAULTS:
+                    pass
+            mine = [self.fetching[pk] for pk in open_ if pk in self.fetching]
+            if mine:  # ours: woken when they end; others': looked at again shortly
+                await asyncio.wait(mine, timeout=max(0.0, min(1.0, deadline - loop.time())))
+            else:
+                await asyncio.sleep(WAIT_STEP)

@@ -1,0 +1,197 @@
+"""Files users send (conversations.media): read from the bytes, fetched from a local Bot
+API server through python-telegram-bot and httpx under a cap and a deadline, stored once,
+retried or settled, and shown to the model as content parts."""
+
+import asyncio
+import base64
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.files.storage import default_storage
+from django.utils import timezone
+from PIL import Image
+
+from conversations import platforms
+from conversations.ingest import MediaRef
+from conversations.media import fetching, files, for_agents, sniff
+from conversations.media.download import FileTooLarge, FileUnavailable
+from conversations.models import MediaFile, MediaState
+from tests.e2e import TOKEN, telegram_channel
+
+
+def jpeg(width=64, height=48) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGBA", (8, 8)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def media_root(settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path / "files"  # FileSystemStorage follows the setting's change
+    yield
+    assert str(tmp_path) in default_storage.path("x")
+
+
+def ref(key="u1", **kw):
+    return MediaRef(key=key, ref=kw.pop("ref", f"file-{key}"), kind=kw.pop("kind", "photo"), **kw)
+
+
+# --- what the bytes are -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("data", "mime"), [
+    (jpeg(), "image/jpeg"),
+    (png(), "image/png"),
+    ("¿Cuánto suman? 12 + 30\n".encode(), "text/plain"),
+    (b"PK\x03\x04" + b"\x00" * 40, "application/zip"),  # a ZIP named boleta.jpg is a ZIP
+    (b"\x00\x01\x02binary", "application/octet-stream"),
+    (b"", "application/octet-stream"),
+])
+def test_the_content_type_comes_from_the_bytes(data, mime):
+    assert sniff.content_type(data) == mime
+
+
+# --- one row per platform file --------------------------------------------------------------
+
+def test_the_same_platform_file_is_one_row_and_one_over_the_cap_is_skipped_at_once(make_channel, settings):
+    channel = make_channel("tg", kind="telegram")
+    first = files.file_id_for(channel, ref("same"))
+    assert files.file_id_for(channel, ref("same", ref="another-file-id")) == first
+    settings.AGENTLOOP_MEDIA_MAX_BYTES = 1000
+    big = MediaFile.objects.get(pk=files.file_id_for(channel, ref("big", declared_size=5_000_000)))
+    assert big.state == MediaState.SKIPPED and "5.0 MB is over the 1 KB" in big.problem
+
+
+# --- fetched from a local Bot API server -----------------------------------------------------
+
+def fetch(channel, file_id, limit=1_000_000):
+    async def once():
+        try:
+            return await platforms.of(channel).fetch_media(channel, file_id, limit)
+        finally:
+            await platforms.close_clients()  # the bot's HTTP session belongs to this loop
+    return asyncio.run(once())
+
+
+@pytest.fixture
+def bot_channel(make_channel, fake_telegram):
+    return telegram_channel(make_channel, fake_telegram)
+
+
+def test_a_telegram_file_is_fetched_with_get_file_then_its_download(bot_channel, fake_telegram):
+    photo = jpeg()
+    given = fake_telegram.add_file(TOKEN, photo)
+    assert fetch(bot_channel, given["file_id"]) == photo
+    assert [c.params["file_id"] for c in fake_telegram.calls("getFile")] == [given["file_id"]]
+    assert fake_telegram.downloads == [given["file_id"]]
+
+
+def test_an_unknown_file_id_is_unavailable_for_good(bot_channel):
+    with pytest.raises(FileUnavailable) as caught:
+        fetch(bot_channel, "no-such-file")
+    assert caught.value.permanent and "wrong file_id" in str(caught.value).lower()
+
+
+def test_a_file_over_the_cap_is_refused_by_its_size_and_by_its_bytes_when_the_size_lies(bot_channel, fake_telegram):
+    honest = fake_telegram.add_file(TOKEN, b"x" * 5000)
+    with pytest.raises(FileTooLarge):
+        fetch(bot_channel, honest["file_id"], limit=1000)
+    liar = fake_telegram.add_file(TOKEN, b"y" * 5000, size=10)  # getFile says 10 bytes
+    with pytest.raises(FileTooLarge):
+        fetch(bot_channel, liar["file_id"], limit=1000)
+
+
+def test_a_download_that_trickles_meets_the_deadline_and_names_no_token(bot_channel, fake_telegram, settings):
+    settings.AGENTLOOP_MEDIA_FETCH_DEADLINE = 0.5
+    slow = fake_telegram.add_file(TOKEN, b"z" * 20_000, trickle=0.1)  # 2 s in all
+    with pytest.raises(FileUnavailable) as caught:
+        fetch(bot_channel, slow["file_id"])
+    assert not caught.value.permanent and "0.5 s" in str(caught.value) and TOKEN not in str(caught.value)
+
+
+# --- retried, settled ----------------------------------------------------------------------
+
+def claimed(channel, key="u1"):
+    pk = files.file_id_for(channel, ref(key))
+    [file] = fetching.claim([pk], "w1")
+    return file
+
+
+def test_a_failed_try_is_retried_later_then_given_up_and_a_refusal_settles_at_once(make_channel, settings):
+    channel = make_channel("tg", kind="telegram")
+    settings.AGENTLOOP_MEDIA_ATTEMPTS = 2
+    file = claimed(channel)
+    assert fetching.mark_failed(file, "w1", FileUnavailable("reset by peer")) == MediaState.PENDING
+    again = MediaFile.objects.get(pk=file.pk)
+    assert again.next_attempt_at > timezone.now() and again.problem == "reset by peer"
+    assert fetching.claim([file.pk], "w1") == []  # not due yet: claimed by the due query only
+    MediaFile.objects.filter(pk=file.pk).update(next_attempt_at=timezone.now())
+    [second] = fetching.claim(fetching.due_ids(10), "w1")
+    assert second.attempts == 2
+    assert fetching.mark_failed(second, "w1", FileUnavailable("reset again")) == MediaState.FAILED
+    refused = claimed(channel, "u2")
+    assert fetching.mark_failed(refused, "w1", FileUnavailable("404", permanent=True)) == MediaState.FAILED
+    large = claimed(channel, "u3")
+    assert fetching.mark_failed(large, "w1", FileTooLarge(10, 5)) == MediaState.SKIPPED
+
+
+def test_a_claim_is_taken_once_and_an_expired_lease_goes_back_to_pending(make_channel):
+    channel = make_channel("tg", kind="telegram")
+    pk = files.file_id_for(channel, ref())
+    assert len(fetching.claim([pk], "w1")) == 1
+    assert fetching.claim([pk], "w2") == []
+    MediaFile.objects.filter(pk=pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert fetching.release_expired() == 1
+    assert [f.owner for f in fetching.claim([pk], "w2")] == ["w2"]
+
+
+def test_stored_once_under_its_digest_even_when_saved_again_after_a_crash(make_channel):
+    channel = make_channel("tg", kind="telegram")
+    file = claimed(channel)
+    first, second = fetching.save(file, jpeg()), fetching.save(file, jpeg())
+    assert first == second and first["content_type"] == "image/jpeg"
+    assert fetching.mark_stored(file, "w1", first)
+    assert not fetching.mark_stored(file, "w2", first)  # not its claim
+
+
+# --- what the model is shown -----------------------------------------------------------------
+
+def stored(channel, key, data, **kw):
+    file = claimed(channel, key)
+    MediaFile.objects.filter(pk=file.pk).update(**kw)
+    fetching.mark_stored(file, "w1", fetching.save(file, data))
+    return file.pk
+
+
+def test_images_become_image_parts_large_ones_downscaled_documents_their_text_the_rest_described(
+        make_channel, settings):
+    channel = make_channel("tg", kind="telegram")
+    settings.AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = 256
+    small, big = stored(channel, "a", jpeg()), stored(channel, "b", jpeg(2000, 1000))
+    doc = stored(channel, "c", b"Total: 42 USD\n", kind="document", file_name="boleta.txt")
+    voice = stored(channel, "d", b"OggS\x00\x02" + b"\x00" * 60, kind="voice", duration=12)
+    gone = claimed(channel, "e")
+    fetching.mark_failed(gone, "w1", FileUnavailable("the platform answered 404 for the file", permanent=True))
+    parts = for_agents.parts(for_agents.attachments([small, big, doc, voice, gone.pk]))
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text", "text", "text"]
+    assert parts[0]["image_url"]["url"] == "data:image/jpeg;base64," + base64.b64encode(jpeg()).decode()
+    scaled = Image.open(io.BytesIO(base64.b64decode(parts[1]["image_url"]["url"].split(",", 1)[1])))
+    assert scaled.size == (256, 128)
+    assert "'boleta.txt', text/plain" in parts[2]["text"] and "Total: 42 USD" in parts[2]["text"]
+    assert parts[3]["text"] == "[voice note: audio/ogg, 66 bytes, 12 s; not transcribed]"
+    assert parts[4]["text"] == "[photo; could not be read: the platform answered 404 for the file]"
+
+
+def test_images_beyond_what_a_burst_may_carry_are_described(make_channel, settings):
+    channel = make_channel("tg", kind="telegram")
+    ids = [stored(channel, f"k{i}", jpeg(64 + i, 48)) for i in range(3)]
+    settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES = sum(MediaFile.objects.get(pk=pk).size for pk in ids[:2])
+    parts = for_agents.parts(for_agents.attachments(ids))
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
+    assert "over what one burst may carry" in parts[2]["text"]
