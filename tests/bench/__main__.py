@@ -125,9 +125,9 @@ def percentile(values, p):
 
 # --- ingest ----------------------------------------------------------------------------
 
-def loadgen(url, n, offset, concurrency=16, headers=()):
+def loadgen(url, n, offset, concurrency=16, headers=(), photo=False):
     args = [sys.executable, "-m", "tests.bench.loadgen", "--url", url, "--n", str(n), "--offset", str(offset),
-            "--concurrency", str(concurrency)]
+            "--concurrency", str(concurrency), *(["--photo"] if photo else [])]
     for header in headers:
         args += ["--header", header]
     out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
@@ -160,6 +160,35 @@ def bench_ingest(n=3000, rounds=5):
            f"(target >= 1.5: {met(rate / ref >= 1.5)}); "
            f"median of {rounds} rounds x {n} requests, 16 keep-alive clients, 200 conversations; "
            f"{admitted} messages stored, {errors} errors")
+
+
+def bench_media(n=3000, rounds=5):
+    """Admitting a photo (its message and its file's row; the fetch is a worker's, later)
+    against admitting a text message, rounds interleaved on one server and database."""
+    from conversations.models import Channel, MediaFile
+
+    Channel.objects.create(slug="bench-tg", kind="telegram", platform_settings={
+        "bot_token": "1:BENCH", "webhook_secret": SECRET})
+    proc, base = web_server()
+    try:
+        hook = f"{base}/webhooks/telegram/bench-tg/"
+        secret = [f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
+        loadgen(hook, 500, 0, headers=secret)
+        loadgen(hook, 500, 500, headers=secret, photo=True)
+        text, photo, offset = [], [], 1000
+        for _ in range(rounds):
+            text.append(loadgen(hook, n, offset, headers=secret))
+            photo.append(loadgen(hook, n, offset + n, headers=secret, photo=True))
+            offset += 2 * n
+        errors = sum(r["errors"] for r in text + photo)
+        files = MediaFile.objects.count()
+    finally:
+        stop(proc)
+    ref, rate = statistics.median(r["rate"] for r in text), statistics.median(r["rate"] for r in photo)
+    report("media", f"{rate:.0f} photo messages/s admitted vs {ref:.0f} text messages/s on the same server: "
+           f"a photo costs {ref / rate:.2f}x a text message (target <= 1.2: {met(ref / rate <= 1.2)}); "
+           f"median of {rounds} rounds x {n} requests each, 16 keep-alive clients, 200 conversations; "
+           f"{files} file rows, {errors} errors")
 
 
 # --- flush precision ----------------------------------------------------------------------
@@ -497,7 +526,7 @@ def paced():
     bench_paced(report, web_server, worker, stop, wait_until)
 
 
-BENCHMARKS = {"ingest": bench_ingest, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
+BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes

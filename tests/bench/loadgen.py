@@ -14,12 +14,20 @@ from collections import Counter
 from urllib.parse import urlsplit
 
 
-def telegram_body(i, conversations):
+def telegram_body(i, conversations, photo=False):
+    """A text message, or (`photo`) a photo with a caption as Telegram sends it: three
+    sizes, each with its file ids (a file of its own per message)."""
     chat = 1_000_000 + i % conversations
-    return json.dumps({"update_id": 10_000_000 + i, "message": {
-        "message_id": i + 1, "date": int(time.time()), "text": f"mensaje {i} y",
-        "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
-        "chat": {"id": chat, "type": "private", "first_name": "Bench"}}}).encode()
+    message = {"message_id": i + 1, "date": int(time.time()),
+               "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
+               "chat": {"id": chat, "type": "private", "first_name": "Bench"}}
+    if photo:
+        message["caption"] = f"boleta {i} y"
+        message["photo"] = [{"file_id": f"AgACAgEAAxkBAAI{i:08d}{side}", "file_unique_id": f"AQAD{i:08d}{side}",
+                             "width": side, "height": side * 3 // 4, "file_size": side * 90} for side in (90, 320, 800)]
+    else:
+        message["text"] = f"mensaje {i} y"
+    return json.dumps({"update_id": 10_000_000 + i, "message": message}).encode()
 
 
 async def client(host, port, path, headers, bodies, statuses, latencies):
@@ -49,7 +57,7 @@ def percentile_ms(seconds, p):
 async def main(args):
     url = urlsplit(args.url)
     headers = "".join(f"{h}\r\n" for h in args.header)
-    bodies = [telegram_body(args.offset + i, args.conversations) for i in range(args.n)]
+    bodies = [telegram_body(args.offset + i, args.conversations, args.photo) for i in range(args.n)]
     statuses, latencies = Counter(), []
     slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
     started = time.perf_counter()
@@ -70,4 +78,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--header", action="append", default=[])
+    parser.add_argument("--photo", action="store_true", help="photo messages with a caption, not text")
     asyncio.run(main(parser.parse_args()))

@@ -83,6 +83,19 @@ def test_an_album_and_a_photo_each_with_their_question_are_one_turn_each(process
     assert buffer.message_count == 2  # the album and its question
 
 
+def answered_by_a_model(model, answer, processes, make_channel, fake_telegram, tmp_path):
+    """A Telegram channel whose OpenAI-compatible agent is `model` (answering `answer`),
+    its web server and worker storing files under tmp_path; returns the web server."""
+    from tests.fakes.openai_api import Reply
+
+    model.script(Reply(answer))
+    telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
+        "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+    web = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+    processes.worker(AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+    return web
+
+
 def test_the_model_receives_every_image_of_the_album_fetched_once(processes, make_channel, fake_telegram, tmp_path):
     """An album of 3 photos the local Bot API serves (getFile, then each download) and
     its question: one model request carrying the 3 images, each fetched once even though
@@ -93,7 +106,7 @@ def test_the_model_receives_every_image_of_the_album_fetched_once(processes, mak
 
     from conversations.models import MediaFile, MediaState
     from tests.e2e import TOKEN
-    from tests.fakes.openai_api import FakeOpenAI, Reply
+    from tests.fakes.openai_api import FakeOpenAI
 
     def jpeg(shade):
         out = io.BytesIO()
@@ -101,11 +114,7 @@ def test_the_model_receives_every_image_of_the_album_fetched_once(processes, mak
         return out.getvalue()
 
     with FakeOpenAI() as model:
-        model.script(Reply("Suman 42."))
-        telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
-            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
-        web, _ = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files"), processes.worker(
-            AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        web = answered_by_a_model(model, "Suman 42.", processes, make_channel, fake_telegram, tmp_path)
         album = []
         for shade in (50, 120, 200):
             update = photo_update(601, album="24680", caption="las boletas" if shade == 50 else "")
@@ -130,14 +139,10 @@ def test_the_model_receives_every_image_of_the_album_fetched_once(processes, mak
 def test_a_photo_the_platform_cannot_give_is_told_to_the_model(processes, make_channel, fake_telegram, tmp_path):
     """A file id the Bot API does not know (getFile: 400): settled at once as failed, and the
     model is told it could not be read; the turn is not held up."""
-    from tests.fakes.openai_api import FakeOpenAI, Reply
+    from tests.fakes.openai_api import FakeOpenAI
 
     with FakeOpenAI() as model:
-        model.script(Reply("No pude ver la foto."))
-        telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
-            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
-        web, _ = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "f"), processes.worker(
-            AGENTLOOP_MEDIA_ROOT=tmp_path / "f")
+        web = answered_by_a_model(model, "No pude ver la foto.", processes, make_channel, fake_telegram, tmp_path)
         post(web, photo_update(602, caption="¿qué dice?"))
         wait_until(settled(602), timeout=30, message="the photo answered")
         [request] = model.requests()
