@@ -134,15 +134,21 @@ def loadgen(url, n, offset, concurrency=16, headers=(), photo=False):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def bench_ingest(n=3000, rounds=5):
-    from conversations.models import Channel, InboundMessage
+def telegram_webhook():
+    """A Telegram channel and a web server: (process, base URL, its webhook, the secret header)."""
+    from conversations.models import Channel
 
     Channel.objects.create(slug="bench-tg", kind="telegram", platform_settings={
         "bot_token": "1:BENCH", "webhook_secret": SECRET})
     proc, base = web_server()
+    return proc, base, f"{base}/webhooks/telegram/bench-tg/", [f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
+
+
+def bench_ingest(n=3000, rounds=5):
+    from conversations.models import InboundMessage
+
+    proc, base, hook, secret = telegram_webhook()
     try:
-        hook = f"{base}/webhooks/telegram/bench-tg/"
-        secret = [f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
         loadgen(f"{base}/bench/insert", 500, 0)
         loadgen(hook, 500, 0, headers=secret)
         bare, ours, offset = [], [], 1000
@@ -165,14 +171,10 @@ def bench_ingest(n=3000, rounds=5):
 def bench_media(n=3000, rounds=5):
     """Admitting a photo (its message and its file's row; the fetch is a worker's, later)
     against admitting a text message, rounds interleaved on one server and database."""
-    from conversations.models import Channel, MediaFile
+    from conversations.models import MediaFile
 
-    Channel.objects.create(slug="bench-tg", kind="telegram", platform_settings={
-        "bot_token": "1:BENCH", "webhook_secret": SECRET})
-    proc, base = web_server()
+    proc, base, hook, secret = telegram_webhook()
     try:
-        hook = f"{base}/webhooks/telegram/bench-tg/"
-        secret = [f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
         loadgen(hook, 500, 0, headers=secret)
         loadgen(hook, 500, 500, headers=secret, photo=True)
         text, photo, offset = [], [], 1000
