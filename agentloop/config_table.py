@@ -181,6 +181,14 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", "1568",
             "Images larger than this many pixels on their longer side are downscaled (JPEG) before "
             "a model sees them."),
+        Var("AGENTLOOP_TRANSCRIPTION_BASE_URL", "empty: voice notes are not transcribed",
+            "An OpenAI-compatible server whose `/v1/audio/transcriptions` turns voice notes and "
+            "audio into text, once per file (a channel's `agent_config.transcription` may name "
+            "its own, or `false`)."),
+        Var("AGENTLOOP_TRANSCRIPTION_MODEL", "whisper-1", "The transcription model."),
+        Var("AGENTLOOP_TRANSCRIPTION_API_KEY_ENV", "OPENAI_API_KEY",
+            "The environment variable holding the transcription server's key (a `…_API_KEY` name)."),
+        Var("AGENTLOOP_TRANSCRIPTION_TIMEOUT", "60", "Seconds one transcription may take, overall."),
     ]),
     ("Telegram", "Per process; each channel's own settings are in the admin.", [
         Var("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", "25", "Long-polling timeout, seconds."),

@@ -279,6 +279,12 @@ AGENTLOOP_MEDIA_WAIT = env.float("AGENTLOOP_MEDIA_WAIT", default=30.0)
 AGENTLOOP_MEDIA_POLL = env.float("AGENTLOOP_MEDIA_POLL", default=0.5)
 # Images larger than this many pixels on their longer side are downscaled for the model.
 AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", default=1568)
+# Voice notes and audio as text: an OpenAI-compatible /v1/audio/transcriptions (empty: not
+# transcribed, unless a channel's agent_config["transcription"] names a server).
+AGENTLOOP_TRANSCRIPTION_BASE_URL = env.str("AGENTLOOP_TRANSCRIPTION_BASE_URL", default="")
+AGENTLOOP_TRANSCRIPTION_MODEL = env.str("AGENTLOOP_TRANSCRIPTION_MODEL", default="whisper-1")
+AGENTLOOP_TRANSCRIPTION_API_KEY_ENV = env.str("AGENTLOOP_TRANSCRIPTION_API_KEY_ENV", default="OPENAI_API_KEY")
+AGENTLOOP_TRANSCRIPTION_TIMEOUT = env.float("AGENTLOOP_TRANSCRIPTION_TIMEOUT", default=60.0)
 # Distinct guard-only action names one agent key may use (/api/v1/actions/claim).
 AGENTLOOP_MAX_ACTIONS_PER_KEY = env.int("AGENTLOOP_MAX_ACTIONS_PER_KEY", default=100)
 # A worker whose heartbeat is older than this is dead: its turns are recovered.

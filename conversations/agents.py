@@ -115,3 +115,24 @@ def validate_agent_config(config):
         problem = key_env_problem(config["api_key_env"])
         if problem:
             raise ValidationError({"agent_config": problem})
+    problem = transcription_problem(config.get("transcription"))
+    if problem:
+        raise ValidationError({"agent_config": problem})
+
+
+TRANSCRIPTION_KEYS = {"base_url", "model", "api_key_env", "timeout", "language"}
+
+
+def transcription_problem(value) -> str:
+    """Why a channel's `transcription` setting (conversations.media.transcribe) is
+    refused ("" when it is fine): an object of TRANSCRIPTION_KEYS, or false."""
+    if value is False or value is None:
+        return ""
+    if not isinstance(value, dict):
+        return "transcription must be an object (base_url, model, api_key_env, timeout, language) or false"
+    unknown = set(value) - TRANSCRIPTION_KEYS
+    if unknown:
+        return f"transcription has unknown keys: {', '.join(sorted(unknown))}"
+    if "api_key_env" in value:
+        return key_env_problem(value["api_key_env"])
+    return ""

@@ -8,7 +8,8 @@ requests per turn, default 6), `timeout` (seconds per request, default 60), `his
 (messages of context, default 20), `temperature`.
 
 A burst's files reach the model as content parts (conversations.media.for_agents):
-images as `image_url` data URLs, documents with their text, the rest described.
+images as `image_url` data URLs, documents with their text, voice notes with their
+transcript (when configured), the rest described.
 
 Every tool call goes through the action guard (`ctx.call_tool`); a duplicate comes back
 as a success with a note, which the model reads like any other result. A provider

@@ -97,7 +97,8 @@ def save(file: MediaFile, data: bytes) -> dict:
     name = f"media/{file.channel_id}/{digest[:2]}/{digest}"
     if not default_storage.exists(name):  # a retry after a crash between the save and the mark
         name = default_storage.save(name, ContentFile(data))
-    return {"storage_name": name, "content_type": mime, "size": len(data), "sha256": digest}
+    # problem "": an earlier try's failure no longer says anything about the stored file.
+    return {"storage_name": name, "content_type": mime, "size": len(data), "sha256": digest, "problem": ""}
 
 
 def mark_stored(file: MediaFile, owner, stored: dict, now=None) -> bool:

@@ -1,7 +1,8 @@
 """What a turn's agent receives of the files in its burst: `Attachment`s, in the
 burst's order. The OpenAI-compatible agent turns them into content parts (`parts`):
 an image as an `image_url` data URL (downscaled first when large), a text or PDF
-document by name and type with its text, anything else — or a file that could not be
+document by name and type with its text, a voice note with its transcript (when a
+transcription server is configured: conversations.media.transcribe), anything else — or a file that could not be
 read — described in a line, so the model knows what was sent and what it did not see."""
 
 import base64
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.files.storage import default_storage
 
-from conversations.media import sniff
+from conversations.media import sniff, transcribe
 from conversations.media.download import mb
 from conversations.models import InboundMessage, MediaFile, MediaState
 
@@ -29,6 +30,7 @@ class Attachment:
     duration: float | None = None
     problem: str = ""
     storage_name: str = ""
+    transcript: str = ""
 
     @property
     def readable(self) -> bool:
@@ -49,7 +51,7 @@ def attachments(ids) -> list[Attachment]:
     rows = {f.pk: f for f in MediaFile.objects.filter(pk__in=ids)}
     return [Attachment(id=f.pk, kind=f.kind, state=f.state, content_type=f.content_type, file_name=f.file_name,
                        size=f.size if f.size is not None else f.declared_size, duration=f.duration,
-                       problem=f.problem, storage_name=f.storage_name)
+                       problem=f.problem, storage_name=f.storage_name, transcript=f.transcript)
             for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
 
 
@@ -71,8 +73,10 @@ def _why_unread(item: Attachment) -> str:
         return f"could not be read: {item.problem or 'the platform did not give it'}"
     if item.state != MediaState.STORED:
         return "could not be read in time (still being fetched)"
-    if item.kind in ("voice", "audio"):
-        return "not transcribed"
+    if item.kind in transcribe.AUDIO_KINDS:
+        if item.transcript:
+            return "transcribed"
+        return item.problem or "not transcribed"
     return ""
 
 
@@ -87,6 +91,8 @@ def parts(items: list[Attachment]) -> list[dict]:
                 continue
             budget -= item.size or 0
             found.append({"type": "image_url", "image_url": {"url": image_data_url(item.read())}})
+        elif item.transcript:
+            found.append(_text(f"{describe(item)}\n{item.transcript}"))
         elif item.readable and item.content_type in ("text/plain", "application/pdf"):
             found.append(_text(f"{describe(item)}\n{document_text(item)}"))
         else:

@@ -50,7 +50,9 @@ class MediaFile(StateMachine, models.Model):
     content_type = models.CharField(max_length=100, blank=True, help_text="Sniffed from the bytes.")
     size = models.BigIntegerField(null=True, blank=True)
     sha256 = models.CharField(max_length=64, blank=True)
-    problem = models.CharField(max_length=300, blank=True, help_text="Why it was skipped or failed (redacted).")
+    problem = models.CharField(max_length=300, blank=True,
+                               help_text="Why it was skipped or failed, or not transcribed (redacted).")
+    transcript = models.TextField(blank=True, help_text="A voice note's or audio file's text, when transcribed.")
     created_at = models.DateTimeField(default=timezone.now)
     settled_at = models.DateTimeField(null=True, blank=True)
 

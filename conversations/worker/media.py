@@ -8,7 +8,7 @@ import logging
 
 from django.conf import settings
 
-from conversations.media import fetching
+from conversations.media import fetching, transcribe
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS
 
@@ -55,6 +55,8 @@ class MediaFetcher:
         except Exception as exc:  # the platform's, the storage's: this file's try failed
             await db.persist(fetching.mark_failed, file, self.owner, exc)
             return
+        # Before the mark: a file is stored with its text, so it is transcribed once.
+        stored.update(await transcribe.transcript_of(file, data))
         await db.persist(fetching.mark_stored, file, self.owner, stored)
 
     async def settle(self, ids, wait=None) -> None:

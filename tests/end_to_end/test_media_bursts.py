@@ -151,3 +151,40 @@ def test_a_photo_the_platform_cannot_give_is_told_to_the_model(processes, make_c
     assert content[1]["type"] == "text" and "could not be read" in content[1]["text"]
     assert "wrong file_id" in content[1]["text"].lower()
     assert replies(fake_telegram, 602) == ["No pude ver la foto."]
+
+
+def test_a_voice_note_is_transcribed_once_and_the_model_reads_its_text(
+        processes, make_channel, fake_telegram, tmp_path):
+    """A voice note (its update delivered twice) and then a question: one turn whose model
+    request carries the note's transcript, from one download and one transcription
+    request to the OpenAI-compatible /v1/audio/transcriptions (the language passed on)."""
+    from conversations.models import Channel, MediaFile
+    from tests.e2e import TOKEN
+    from tests.fakes.openai_api import FakeOpenAI
+
+    ogg = b"OggS\x00\x02" + bytes(range(256)) * 40  # what a voice note's bytes begin with
+    with FakeOpenAI() as model:
+        model.transcript = "Reserva para el martes a las cinco, por favor."
+        web = answered_by_a_model(model, "Listo, martes 17:00.", processes, make_channel, fake_telegram, tmp_path)
+        Channel.objects.filter(slug="tg").update(agent_config={
+            **Channel.objects.get(slug="tg").agent_config,
+            "transcription": {"base_url": model.url, "model": "whisper-1", "api_key_env": "FAKE_OPENAI_API_KEY",
+                              "language": "es"}})
+        voice = photo_update(603)
+        del voice["message"]["photo"]
+        voice["message"]["voice"] = {**fake_telegram.add_file(TOKEN, ogg), "duration": 4, "mime_type": "audio/ogg"}
+        post(web, voice)
+        post(web, voice)  # delivered again: one file, fetched and transcribed once
+        send(web, "tg", 603, "¿puedes?")
+        wait_until(settled(603), timeout=30, message="the voice note answered")
+        [request] = model.requests()
+        [transcription] = model.transcriptions()
+    content = request.messages[-1]["content"]
+    assert content[0] == {"type": "text", "text": "[voice]\n¿puedes?"}
+    assert content[1]["type"] == "text" and content[1]["text"].startswith("[voice note: audio/ogg")
+    assert "4 s; transcribed]\nReserva para el martes a las cinco, por favor." in content[1]["text"]
+    assert (transcription.model, transcription.language, transcription.data) == ("whisper-1", "es", ogg)
+    assert transcription.file_name.endswith(".ogg")
+    assert fake_telegram.downloads == [voice["message"]["voice"]["file_id"]]
+    assert MediaFile.objects.get().transcript == "Reserva para el martes a las cinco, por favor."
+    assert replies(fake_telegram, 603) == ["Listo, martes 17:00."]

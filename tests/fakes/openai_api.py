@@ -26,6 +26,8 @@ Standard library only, so it works anywhere the tests run.
 from __future__ import annotations
 
 import argparse
+import email.parser
+import email.policy
 import itertools
 import json
 import re
@@ -225,6 +227,10 @@ class FakeOpenAI(FakeServer):
         self.strict_models = strict_models
 
         self._requests: list[Request] = []
+        # /v1/audio/transcriptions: what was sent, and what to answer (`transcript`: a
+        # text; None answers "(<n> bytes of <file name>)"; an Error answers that error).
+        self._transcriptions: list[Transcription] = []
+        self.transcript: str | Error | None = None
         self._rejected: list[tuple[int, str]] = []  # (status, message) of refused requests
         self._script: list[Answer] = []
         self._holds: list[Hold] = []
@@ -285,6 +291,11 @@ class FakeOpenAI(FakeServer):
         """Recorded chat completion requests, in order of arrival."""
         with self._cond:
             return list(self._requests)
+
+    def transcriptions(self) -> list[Transcription]:
+        """Recorded transcription requests, in order of arrival."""
+        with self._cond:
+            return list(self._transcriptions)
 
     def rejected(self) -> list[tuple[int, str]]:
         """(status, message) of requests refused before recording (auth, bad JSON, stream)."""
@@ -349,9 +360,29 @@ class FakeOpenAI(FakeServer):
         path = path.rstrip("/") or "/"
         if verb == "POST" and path == "/v1/chat/completions":
             return self._serve_chat(headers, raw)
+        if verb == "POST" and path == "/v1/audio/transcriptions":
+            return self._check_auth(headers) or self._serve_transcription(headers, raw)
         if verb == "GET" and (path == "/v1/models" or _MODEL_PATH.match(path)):
             return self._check_auth(headers) or self._serve_models(path)
         return self._reject(404, f"Invalid URL ({verb} {path})")
+
+    def _serve_transcription(self, headers: dict[str, str], raw: bytes) -> tuple[int, dict, dict]:
+        """Whisper's endpoint: a multipart form with `file` and `model` (required), as the
+        real API checks them; JSON {"text": …} back."""
+        fields, files = _multipart(headers.get("content-type", ""), raw)
+        if "file" not in files:
+            return self._reject(400, "Missing required parameter: 'file'.", param="file")
+        if not fields.get("model"):
+            return self._reject(400, "you must provide a model parameter", param="model")
+        name, data = files["file"]
+        with self._cond:
+            self._transcriptions.append(Transcription(at=time.monotonic(), model=fields["model"], file_name=name,
+                                                      data=data, language=fields.get("language", "")))
+            answer = self.transcript
+            self._cond.notify_all()
+        if isinstance(answer, Error):
+            return answer.status, answer.envelope(), answer.response_headers()
+        return 200, {"text": answer if answer is not None else f"({len(data)} bytes of {name})"}, {}
 
     def _serve_models(self, path: str) -> tuple[int, dict, dict]:
         match = _MODEL_PATH.match(path)
@@ -572,6 +603,33 @@ class _RequestHandler(TrackedHandler):
 
 
 # ------------------------------------------------------------------- helpers
+
+
+@dataclass
+class Transcription:
+    at: float
+    model: str
+    file_name: str
+    data: bytes
+    language: str = ""
+
+
+def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str, tuple[str, bytes]]]:
+    """A multipart/form-data body as its fields and its files ({name: (file name, bytes)})."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    fields: dict[str, str] = {}
+    files: dict[str, tuple[str, bytes]] = {}
+    if not message.is_multipart():
+        return fields, files
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        if name and part.get_filename() is not None:
+            files[name] = (part.get_filename(), payload)
+        elif name:
+            fields[name] = payload.decode("utf-8", "replace")
+    return fields, files
 
 
 def _bearer_key(authorization: str) -> str | None:

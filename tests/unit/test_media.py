@@ -195,3 +195,88 @@ def test_images_beyond_what_a_burst_may_carry_are_described(make_channel, settin
     parts = for_agents.parts(for_agents.attachments(ids))
     assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
     assert "over what one burst may carry" in parts[2]["text"]
+
+
+# --- voice notes as text -------------------------------------------------------------------
+
+OGG = b"OggS\x00\x02" + b"\x01" * 200
+
+
+def test_a_channel_transcribes_with_its_own_server_the_deployments_or_not_at_all(make_channel, settings):
+    from django.core.exceptions import ValidationError
+
+    from conversations.agents import validate_agent_config
+    from conversations.media import transcribe
+
+    settings.AGENTLOOP_TRANSCRIPTION_BASE_URL = ""
+    plain = make_channel("a", kind="telegram")
+    assert transcribe.transcriber_for(plain) is None  # nothing configured: described, not transcribed
+    own = make_channel("b", kind="telegram", agent_config={"transcription": {"base_url": "http://asr/v1",
+                                                                             "model": "large-v3"}})
+    assert (transcribe.transcriber_for(own).base_url, transcribe.transcriber_for(own).model) == \
+        ("http://asr/v1", "large-v3")
+    settings.AGENTLOOP_TRANSCRIPTION_BASE_URL = "http://everyone/v1"
+    assert transcribe.transcriber_for(plain).model == "whisper-1"
+    off = make_channel("c", kind="telegram", agent_config={"transcription": False})
+    assert transcribe.transcriber_for(off) is None
+    for bad, why in [({"transcription": "yes"}, "must be an object"),
+                     ({"transcription": {"url": "x"}}, "unknown keys: url"),
+                     ({"transcription": {"api_key_env": "SECRET_KEY"}}, "is not allowed")]:
+        with pytest.raises(ValidationError, match=why):
+            validate_agent_config(bad)
+
+
+def voice_file(channel, key="v1"):
+    file = claimed(channel, key)
+    MediaFile.objects.filter(pk=file.pk).update(kind="voice", duration=3)
+    file.kind, file.duration = "voice", 3
+    return file
+
+
+def test_a_transcription_that_fails_or_never_answers_is_told_to_the_model_redacted(make_channel, settings,
+                                                                                 monkeypatch):
+    import socket
+    import time
+
+    from conversations.media import transcribe
+    from tests.fakes.openai_api import Error, FakeOpenAI
+
+    channel = make_channel("tg", kind="telegram")
+    secret = "sk-proj-" + "Zq9" * 12
+    monkeypatch.setenv("ASR_API_KEY", secret)
+    settings.AGENTLOOP_TRANSCRIPTION_API_KEY_ENV = "ASR_API_KEY"
+    with FakeOpenAI(api_keys=[secret]) as server:
+        settings.AGENTLOOP_TRANSCRIPTION_BASE_URL = server.url
+        server.transcript = Error(500, f"decoder crashed reading key={secret}")
+        file = voice_file(channel)
+        found = asyncio.run(transcribe.transcript_of(file, OGG))
+        assert found["transcript"] == "" and found["problem"].startswith("not transcribed: InternalServerError")
+        assert secret not in found["problem"]
+        assert len(server.transcriptions()) == 1  # not retried: the file itself is stored
+    fetching.mark_stored(file, "w1", {**fetching.save(file, OGG), **found})
+    [part] = for_agents.parts(for_agents.attachments([file.pk]))
+    assert part["text"].startswith("[voice note: audio/ogg, 206 bytes, 3 s; not transcribed: InternalServerError")
+
+    with socket.socket() as silent:  # accepts the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        settings.AGENTLOOP_TRANSCRIPTION_BASE_URL = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        settings.AGENTLOOP_TRANSCRIPTION_TIMEOUT = 0.5
+        started = time.monotonic()
+        found = asyncio.run(transcribe.transcript_of(voice_file(channel, "v2"), OGG))
+        assert time.monotonic() - started < 3
+    assert found["problem"] in ("not transcribed: no answer within 0.5 s",
+                                "not transcribed: APITimeoutError: Request timed out.")
+
+
+def test_only_sound_is_transcribed(make_channel, settings):
+    from conversations.media import transcribe
+    from tests.fakes.openai_api import FakeOpenAI
+
+    channel = make_channel("tg", kind="telegram")
+    with FakeOpenAI() as server:
+        settings.AGENTLOOP_TRANSCRIPTION_BASE_URL = server.url
+        assert asyncio.run(transcribe.transcript_of(claimed(channel, "p1"), jpeg())) == {}  # a photo
+        assert asyncio.run(transcribe.transcript_of(voice_file(channel), OGG)) == {
+            "transcript": f"({len(OGG)} bytes of voice.ogg)", "problem": ""}
+        assert [t.file_name for t in server.transcriptions()] == ["voice.ogg"]
