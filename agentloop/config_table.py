@@ -181,6 +181,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", "1568",
             "Images larger than this many pixels on their longer side are downscaled (JPEG) before "
             "a model sees them."),
+        Var("AGENTLOOP_MEDIA_URL_TTL", "3600",
+            "Seconds a signed link to a file works (the `media` of a webhook or pull agent's turn)."),
         Var("AGENTLOOP_TRANSCRIPTION_BASE_URL", "empty: voice notes are not transcribed",
             "An OpenAI-compatible server whose `/v1/audio/transcriptions` turns voice notes and "
             "audio into text, once per file (a channel's `agent_config.transcription` may name "

@@ -279,6 +279,8 @@ AGENTLOOP_MEDIA_WAIT = env.float("AGENTLOOP_MEDIA_WAIT", default=30.0)
 AGENTLOOP_MEDIA_POLL = env.float("AGENTLOOP_MEDIA_POLL", default=0.5)
 # Images larger than this many pixels on their longer side are downscaled for the model.
 AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", default=1568)
+# How long a signed link to a file (webhook and pull agents' `media`) works, seconds.
+AGENTLOOP_MEDIA_URL_TTL = env.int("AGENTLOOP_MEDIA_URL_TTL", default=3600)
 # Voice notes and audio as text: an OpenAI-compatible /v1/audio/transcriptions (empty: not
 # transcribed, unless a channel's agent_config["transcription"] names a server).
 AGENTLOOP_TRANSCRIPTION_BASE_URL = env.str("AGENTLOOP_TRANSCRIPTION_BASE_URL", default="")

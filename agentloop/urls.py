@@ -37,6 +37,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("calendars/<str:token>.ics", tools_views.calendar_feed, name="calendar-feed"),
+    path("files/<str:token>", views.media_file, name="media-file"),
     path("healthz", views.healthz, name="healthz"),
 ]
 

@@ -6,7 +6,9 @@ HMAC-SHA256 over "<timestamp>.<body>", key `secret` in the channel's agent_confi
 A 200 answer with `{"reply": "…"}` is the reply; a 202 (or 200 without a reply) hands
 the turn over: the agent answers later through the API (`POST /api/v1/turns/<id>/reply`,
 then `/done`), with an agent key for the channel. agent_config: `url`, `secret`,
-`timeout` (default 30 s, for the whole exchange).
+`timeout` (default 30 s, for the whole exchange). The burst's files come as `media`:
+each file's facts, its transcript or why it was not read, and a signed link to its
+bytes (`url`, relative like `reply_url`, expiring after AGENTLOOP_MEDIA_URL_TTL).
 
 `pull`: the worker never runs these turns; an external agent lists the ready ones,
 claims one, replies and marks it done through the API. A claimed turn not finished
@@ -21,6 +23,7 @@ import httpx
 
 from agentloop.core.tls import shared_tls_context
 from conversations.agents import Agent, AgentUnavailable, HandedOver, TurnContext
+from conversations.media import for_agents
 from delivery import signing
 
 
@@ -33,6 +36,7 @@ class WebhookAgent(Agent):
         body = json.dumps({
             "turn": ctx.turn_id, "conversation": ctx.conversation_id, "channel": ctx.channel_slug,
             "contact": ctx.contact_name, "text": ctx.text, "history": history,
+            "media": [for_agents.for_remote(item) for item in ctx.media],
             "reply_url": f"/api/v1/turns/{ctx.turn_id}/reply", "done_url": f"/api/v1/turns/{ctx.turn_id}/done",
         }, ensure_ascii=False).encode()
         headers = {"Content-Type": "application/json", "X-Agentloop-Turn": str(ctx.turn_id)}

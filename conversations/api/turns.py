@@ -2,7 +2,7 @@
 
 
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,6 +15,7 @@ from agentloop.core.api import (
 )
 from conversations import engine, turns
 from conversations.api.access import Conflict
+from conversations.media import for_agents
 from conversations.models import Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -33,6 +34,14 @@ class TurnSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     history = serializers.ListField(child=serializers.DictField(), required=False,
                                     help_text="The conversation so far (chat messages), on claim.")
+    media = serializers.SerializerMethodField(
+        help_text="The burst's files: kind, state (pending, fetching, stored, skipped, failed), type, name, "
+                  "size, duration, transcript, problem, and `url`, a signed link to the bytes once stored "
+                  "(relative to this server; it expires after AGENTLOOP_MEDIA_URL_TTL seconds).")
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_media(self, turn) -> list[dict]:
+        return [for_agents.for_remote(item) for item in for_agents.of_turn(turn)]
 
 
 class TurnListQuery(serializers.Serializer):

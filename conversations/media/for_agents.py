@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.files.storage import default_storage
 
-from conversations.media import sniff, transcribe
+from conversations.media import links, sniff, transcribe
 from conversations.media.download import mb
 from conversations.models import InboundMessage, MediaFile, MediaState
 
@@ -53,6 +53,20 @@ def attachments(ids) -> list[Attachment]:
                        size=f.size if f.size is not None else f.declared_size, duration=f.duration,
                        problem=f.problem, storage_name=f.storage_name, transcript=f.transcript)
             for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
+
+
+def for_remote(item: Attachment) -> dict:
+    """What an agent in another service gets of a file (a webhook agent's POST, a pull
+    agent's turn): its facts, and a signed, expiring link to its bytes once stored."""
+    return {"id": item.id, "kind": item.kind, "state": item.state, "content_type": item.content_type,
+            "file_name": item.file_name, "size": item.size, "duration": item.duration,
+            "transcript": item.transcript, "problem": item.problem, "description": describe(item),
+            "url": links.path_for(item.id) if item.readable else None}
+
+
+def of_turn(turn) -> list[Attachment]:
+    """The files of a turn, as they stand (none asked for when it carries none)."""
+    return attachments(file_ids_of_turn(turn)) if turn.has_media else []
 
 
 def describe(item: Attachment, why_not: str = "") -> str:

@@ -188,3 +188,44 @@ def test_a_voice_note_is_transcribed_once_and_the_model_reads_its_text(
     assert fake_telegram.downloads == [voice["message"]["voice"]["file_id"]]
     assert MediaFile.objects.get().transcript == "Reserva para el martes a las cinco, por favor."
     assert replies(fake_telegram, 603) == ["Listo, martes 17:00."]
+
+
+def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, make_channel, fake_telegram,
+                                                                    agent_key, tmp_path):
+    """A webhook agent receives the photo's facts and a signed link in its POST; the link
+    gives the stored bytes, and the same link with one character changed is refused. The
+    turn the agent took over lists the same file through the API."""
+    from tests.e2e import TOKEN
+    from tests.end_to_end.test_remote_agents_e2e import SECRET as AGENT_SECRET
+    from tests.end_to_end.test_remote_agents_e2e import AgentService, api
+    from tests.unit.test_media import jpeg
+
+    service = AgentService("later")
+    try:
+        channel = telegram_channel(make_channel, fake_telegram, agent="webhook",
+                                   agent_config={"url": service.url, "secret": AGENT_SECRET})
+        key = agent_key(channel)
+        web = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        processes.worker(AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        photo = jpeg(320, 240)
+        update = photo_update(604, caption="¿qué es esto?")
+        update["message"]["photo"] = [{**fake_telegram.add_file(TOKEN, photo), "width": 320, "height": 240}]
+        post(web, update)
+        [payload] = wait_until(lambda: service.received, timeout=20, message="the agent service called")
+    finally:
+        service.close()
+    assert payload["text"] == "[photo] ¿qué es esto?"
+    [item] = payload["media"]
+    assert {k: item[k] for k in ("kind", "state", "content_type", "size")} == \
+        {"kind": "photo", "state": "stored", "content_type": "image/jpeg", "size": len(photo)}
+    fetched = local_http.get(f"{web.url}{item['url']}", timeout=10)
+    assert fetched.status_code == 200 and fetched.content == photo
+    assert fetched.headers["Content-Type"] == "image/jpeg"
+    assert fetched.headers["Content-Security-Policy"].startswith("sandbox")
+    token = item["url"].rsplit("/", 1)[1]
+    forged = item["url"][:-len(token)] + token[:-1] + ("A" if token[-1] != "A" else "B")
+    refused = local_http.get(f"{web.url}{forged}", timeout=10)
+    assert refused.status_code == 403 and refused.json() == {"error": "this link is not valid"}
+    [listed] = api(web, key, "GET", "/api/v1/turns?state=running").json()
+    assert [m["content_type"] for m in listed["media"]] == ["image/jpeg"]
+    assert local_http.get(f"{web.url}{listed['media'][0]['url']}", timeout=10).content == photo

@@ -280,3 +280,23 @@ def test_only_sound_is_transcribed(make_channel, settings):
         assert asyncio.run(transcribe.transcript_of(voice_file(channel), OGG)) == {
             "transcript": f"({len(OGG)} bytes of voice.ogg)", "problem": ""}
         assert [t.file_name for t in server.transcriptions()] == ["voice.ogg"]
+
+
+# --- signed links ---------------------------------------------------------------------------
+
+def test_a_link_gives_its_file_until_it_expires_and_nothing_for_a_file_not_stored(make_channel, settings, client):
+    from conversations.media import links
+
+    channel = make_channel("tg", kind="telegram")
+    pk = stored(channel, "l1", b"Total: 42 USD\n", kind="document", file_name="boleta.txt")
+    path = links.path_for(pk)
+    answer = client.get(path)
+    assert answer.status_code == 200 and b"".join(answer.streaming_content) == b"Total: 42 USD\n"
+    assert answer["Content-Type"] == "text/plain" and 'filename="boleta.txt"' in answer["Content-Disposition"]
+    assert answer["X-Content-Type-Options"] == "nosniff"
+    pending = claimed(channel, "l2").pk
+    assert client.get(links.path_for(pending)).status_code == 404  # not stored (yet)
+    assert client.get(links.path_for(999_999)).status_code == 404
+    assert client.get("/files/not-a-token").json() == {"error": "this link is not valid"}
+    settings.AGENTLOOP_MEDIA_URL_TTL = -1  # every link is older than that
+    assert client.get(path).json()["error"].startswith("this link expired")
