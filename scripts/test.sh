@@ -4,10 +4,13 @@
 #
 # Most tests wait on processes (web server, workers, fake platforms) more than they
 # compute (a pass alone kept about one of CI's two cores busy), so the two passes run at
-# the same time, in two phases:
+# the same time, in three phases:
 #   1. `-m "not serial"` on SQLite and on PostgreSQL at once: the busy phase.
-#   2. `-m serial` on SQLite, then on PostgreSQL, each alone. These (tests/conftest.py
-#      SERIAL) assert on the wall clock, or drive a browser, network namespaces, PgBouncer.
+#   2. `-m "serial and not alone"` on both at once: tests that assert on the wall clock
+#      or drive a browser (tests/conftest.py SERIAL), with nothing else beside them.
+#   3. `-m alone` on SQLite, then on PostgreSQL: tests that kill or cut what the machine
+#      shares — workers, the database, network namespaces — and time the recovery
+#      (tests/conftest.py ALONE).
 # Each pass of a phase writes its own log, printed whole when both are done (a progress
 # line every minute meanwhile). Each test runs in one pass or both (conftest.py's
 # OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
@@ -62,7 +65,7 @@ postgres_pytest() { DATABASE_URL=$pg_url AGENTLOOP_TEST_PASS=postgres $PY -m pyt
 # pytest's "no tests collected" (5) is not a failure of one phase when the arguments
 # select only serial tests, or none: the pass fails only if both of its phases found nothing.
 passed() { [ "$1" = 0 ] || [ "$1" = 5 ]; }
-pass_status() {  # concurrent phase's status, serial phase's status
+pass_status() {  # two phases' statuses: one for both
   if [ "$1" = 5 ] && [ "$2" = 5 ]; then echo 5
   elif passed "$1" && passed "$2"; then echo 0
   elif passed "$1"; then echo "$2"
@@ -105,20 +108,21 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
 # long (18.5 min against 20.8) with the two cores saturated, and the load tests starved.
 both_passes not-serial "not serial" "$@"
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
-# The serial tests one pass after the other, alone: run side by side (both passes at
-# once) they were 12 min instead of about 20, but a restart test's 3 s bound failed once
-# in two runs beside the other pass's database faults.
-echo "=== test suite on SQLite: serial tests, alone ==="
-serial_started=$SECONDS
-sqlite_pytest -m serial "$@"; sqlite_serial=$?
-echo "=== test suite on PostgreSQL: serial tests, alone ==="
-postgres_pytest -m serial "$@"; postgres_serial=$?
-echo "=== serial: $(( (SECONDS - serial_started) / 60 )) min $(( (SECONDS - serial_started) % 60 )) s ==="
+both_passes serial "serial and not alone" "$@"
+sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
+# One pass after the other: side by side, a restart test's 3 s bound failed once in two
+# runs beside the other pass's database faults.
+echo "=== test suite on SQLite: tests that cut what the machine shares, alone ==="
+alone_started=$SECONDS
+sqlite_pytest -m alone "$@"; sqlite_alone=$?
+echo "=== test suite on PostgreSQL: tests that cut what the machine shares, alone ==="
+postgres_pytest -m alone "$@"; postgres_alone=$?
+echo "=== alone: $(( (SECONDS - alone_started) / 60 )) min $(( (SECONDS - alone_started) % 60 )) s ==="
 
-sqlite_status=$(pass_status "$sqlite_concurrent" "$sqlite_serial")
-postgres_status=$(pass_status "$postgres_concurrent" "$postgres_serial")
-echo "=== SQLite pass: exit $sqlite_concurrent (not serial), $sqlite_serial (serial);" \
-     "PostgreSQL pass: exit $postgres_concurrent (not serial), $postgres_serial (serial) ==="
+sqlite_status=$(pass_status "$sqlite_concurrent" "$(pass_status "$sqlite_timed" "$sqlite_alone")")
+postgres_status=$(pass_status "$postgres_concurrent" "$(pass_status "$postgres_timed" "$postgres_alone")")
+echo "=== SQLite pass: exit $sqlite_concurrent (not serial), $sqlite_timed (serial), $sqlite_alone (alone);" \
+     "PostgreSQL pass: exit $postgres_concurrent (not serial), $postgres_timed (serial), $postgres_alone (alone) ==="
 [ "$sqlite_status" != 0 ] && status=$sqlite_status
 [ "$postgres_status" != 0 ] && status=$postgres_status
 exit $status
