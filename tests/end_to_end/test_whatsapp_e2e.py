@@ -1,7 +1,8 @@
 """WhatsApp end to end: the real web server (daphne) receiving signed notifications as
 Meta sends them, the real worker sending through httpx to the local fake Graph API.
-A burst becomes one turn threaded to its last message, typing is refreshed through a
-30 s turn, a worker killed mid-send resends once labelled, a dead token makes the
+A burst becomes one turn threaded to its last message (two photos and a question among
+them, the photos shown to the model), typing is refreshed through a turn, a worker
+killed mid-send resends once labelled, a dead token makes the
 channel's replies wait, a `failed` receipt brings a reply back, and the incident of the
 demo agent is replayed over WhatsApp."""
 
@@ -234,3 +235,41 @@ def test_the_readme_steps_addchannel_then_the_webhook_handshake_then_a_reply(pro
     [reply] = fake_graph.wait_for("message", timeout=20)
     assert "I can:" in reply.body["text"]["body"] and reply.body["context"] == {"message_id": wamid}
     assert reply.token == TOKEN and reply.phone_number_id == PHONE
+
+
+def test_two_photos_and_their_question_are_one_turn_and_the_model_sees_both(
+        processes, make_channel, fake_graph, tmp_path):
+    """WhatsApp sends each image of a multi-photo message as its own notification: the two
+    and the question after them are one turn, each photo fetched once (media id, then its
+    URL, with the token) though the first notification is delivered again."""
+    import io
+
+    from PIL import Image
+
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    def jpeg(shade):
+        out = io.BytesIO()
+        Image.new("RGB", (40, 30), (shade, 10, 10)).save(out, "JPEG")
+        return out.getvalue()
+
+    with FakeOpenAI() as model:
+        model.script(Reply("Suman 42."))
+        whatsapp_channel(make_channel, fake_graph, agent="openai", agent_config={
+            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        web = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        started_worker(processes, AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        ids = [fake_graph.add_media(jpeg(shade)) for shade in (60, 180)]
+        photos = [graph_api.media_message(USER, "image", "las boletas" if i == 0 else "", media_id=media_id)
+                  for i, media_id in enumerate(ids)]
+        for photo in [*photos, photos[0]]:  # the first delivered again: one file, fetched once
+            deliver(web, graph_api.webhook_body(PHONE, messages=[photo]))
+        send(web, "¿cuánto suman?")
+        [reply] = fake_graph.wait_for("message", timeout=30)
+        [request] = model.requests()
+    content = request.messages[-1]["content"]
+    assert [part["type"] for part in content] == ["text", "image_url", "image_url"]
+    assert content[0]["text"] == "[image] las boletas\n[image]\n¿cuánto suman?"
+    assert reply.body["text"]["body"] == "Suman 42."
+    assert sorted(fake_graph.downloads) == sorted(ids)
+    assert Turn.objects.count() == 1

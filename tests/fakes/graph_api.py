@@ -41,7 +41,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from tests.fakes.server import FakeServer, TrackedHandler
 
@@ -74,6 +74,9 @@ ERRORS: dict[int, tuple[int, str, str, str]] = {
 
 MAX_TEXT = 4096  # a text message's body, characters
 _PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<phone>[^/]+)/messages/?$")
+# A media id's metadata (GET), and the download its `url` names (Meta's lookaside host).
+_MEDIA_PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<media>\d+)/?$")
+_DOWNLOAD_PATH = "/whatsapp_business/attachments/"
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,8 @@ class _State:
     calls: list = field(default_factory=list)
     rules: list = field(default_factory=list)
     delays: dict = field(default_factory=dict)
+    media: dict = field(default_factory=dict)  # media id -> {"data", "mime"}
+    downloads: list = field(default_factory=list)  # media ids downloaded, in order
 
 
 _serial = itertools.count(1)
@@ -225,8 +230,57 @@ class FakeGraphAPI(FakeServer):
 
     # --- serving -----------------------------------------------------------------------
 
+    def add_media(self, data: bytes, mime: str = "image/jpeg") -> str:
+        """A file a user sent: its media id, as a notification carries it."""
+        media_id = str(next(_serial) + 10**15)
+        with self._cond:
+            self._state.media[media_id] = {"data": data, "mime": mime}
+        return media_id
+
+    @property
+    def downloads(self) -> list[str]:
+        with self._cond:
+            return list(self._state.downloads)
+
+    def _serve_media(self, parts, token: str) -> tuple[int, dict | tuple[bytes, str]]:
+        """GET /{version}/{media id}: {url, mime_type, sha256, file_size, id}; GET of that
+        url: the bytes — both with the bearer token, as the Cloud API documents."""
+        metadata = _MEDIA_PATH.match(parts.path)
+        what = "media" if metadata else "download"
+        media_id = metadata["media"] if metadata else dict(parse_qsl(parts.query)).get("mid", "")
+        with self._cond:
+            self._state.calls.append(Call(what, metadata["version"] if metadata else "", media_id, token, {},
+                                          time.monotonic(), time.time()))
+            self._cond.notify_all()
+        if not token:
+            return 400, GraphError(104, message="An access token is required to request this resource.").envelope()
+        if self.tokens and token not in self.tokens:
+            return 401, GraphError(190, message="Invalid OAuth access token - Cannot parse access token").envelope()
+        rule = self._take_rule(what)
+        if rule is not None and rule.error is not None:
+            return rule.error.status, rule.error.envelope()
+        with self._cond:
+            found = self._state.media.get(media_id)
+            if found is not None and not metadata:
+                self._state.downloads.append(media_id)
+        if found is None:
+            if not metadata:
+                return 404, {}
+            return 400, GraphError(100, subcode=33, message=f"Unsupported get request. Object with ID "
+                                                            f"'{media_id}' does not exist").envelope()
+        if not metadata:
+            return 200, (found["data"], found["mime"])
+        return 200, {"messaging_product": "whatsapp", "id": media_id, "mime_type": found["mime"],
+                     "sha256": hashlib.sha256(found["data"]).hexdigest(), "file_size": len(found["data"]),
+                     "url": f"{self.url}{_DOWNLOAD_PATH}?mid={media_id}&ext={int(time.time())}"
+                            f"&hash={secrets.token_urlsafe(12)}"}
+
     def _serve(self, path: str, authorization: str, body: bytes) -> tuple[int, dict] | None:
-        match = _PATH.match(urlsplit(path).path)
+        parts = urlsplit(path)
+        if _MEDIA_PATH.match(parts.path) or parts.path == _DOWNLOAD_PATH:
+            token = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+            return self._serve_media(parts, token)
+        match = _PATH.match(parts.path)
         if match is None:
             return 400, GraphError(100, message="Unsupported post request. Object does not exist, cannot be "
                                                 "loaded due to missing permissions, or does not support this "
@@ -334,10 +388,11 @@ class _Handler(TrackedHandler):
             self.close_connection = True
             return
         status, payload = outcome
-        data = json.dumps(payload).encode()
+        data, kind = payload if isinstance(payload, tuple) else (json.dumps(payload).encode(),
+                                                                 "application/json; charset=UTF-8")
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -361,8 +416,11 @@ def text_message(wa_id: str, text: str, *, wamid: str | None = None, timestamp: 
             "type": "text", "text": {"body": text}}
 
 
-def media_message(wa_id: str, kind: str = "image", caption: str = "", *, wamid: str | None = None) -> dict:
-    media = {"mime_type": "image/jpeg", "sha256": secrets.token_hex(32), "id": str(next(_serial) + 10**15)}
+def media_message(wa_id: str, kind: str = "image", caption: str = "", *, wamid: str | None = None,
+                  media_id: str | None = None, mime: str = "image/jpeg", **fields) -> dict:
+    """`media_id`: one the fake serves (FakeGraphAPI.add_media); `fields`: `voice`, `filename`…"""
+    media = {"mime_type": mime, "sha256": secrets.token_hex(32), "id": media_id or str(next(_serial) + 10**15),
+             **fields}
     if caption:
         media["caption"] = caption
     return {"from": wa_id, "id": wamid or new_wamid(wa_id), "timestamp": str(int(time.time())),

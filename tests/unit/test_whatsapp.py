@@ -575,3 +575,54 @@ def test_an_answer_without_a_usable_error_code_falls_back_on_the_status(wa, answ
     assert result.outcome == outcome and "HTTP 400" in result.error
     assert transport(wa).outcome(429, answer).outcome == Outcome.FLOOD
     assert transport(wa).outcome(503, answer).outcome == Outcome.TEMPORARY
+
+
+# --- files users send --------------------------------------------------------------------
+
+def test_a_media_message_names_its_file_by_its_media_id_and_a_location_names_none():
+    from conversations.platforms.whatsapp.inbound import inbound_from
+
+    photo = graph_api.media_message(USER, "image", "la boleta", media_id="1234567890123456")
+    voice = graph_api.media_message(USER, "audio", media_id="2234567890123456", mime="audio/ogg; codecs=opus",
+                                    voice=True)
+    document = graph_api.media_message(USER, "document", media_id="3234567890123456", mime="application/pdf",
+                                       filename="boleta.pdf")
+    found = [inbound_from(m, {}).media for m in (photo, voice, document)]
+    assert [(m.key, m.ref, m.kind) for m in found] == [
+        ("1234567890123456", "1234567890123456", "image"), ("2234567890123456", "2234567890123456", "voice"),
+        ("3234567890123456", "3234567890123456", "document")]
+    assert (found[2].declared_type, found[2].file_name) == ("application/pdf", "boleta.pdf")
+    location = {"from": USER, "id": "wamid.L", "type": "location", "location": {"latitude": 1, "longitude": 2}}
+    assert inbound_from(location, {}).media is None
+
+
+def fetch(channel, media_id, limit=10_000_000):
+    return run(platforms.of(channel).fetch_media(channel, media_id, limit))
+
+
+def test_a_file_is_fetched_by_its_media_id_then_its_url_both_with_the_token(wa, fake_graph):
+    media_id = fake_graph.add_media(b"\xff\xd8\xff\xe0 a jpeg", "image/jpeg")
+    assert fetch(wa, media_id) == b"\xff\xd8\xff\xe0 a jpeg"
+    lookup, download = fake_graph.calls("media") + fake_graph.calls("download")
+    assert lookup.token == download.token == TOKEN
+    assert fake_graph.downloads == [media_id]
+
+
+def test_a_media_id_meta_does_not_know_or_a_dead_token_fails_for_good_a_5xx_is_tried_again(wa, fake_graph):
+    from conversations.media.download import FileTooLarge, FileUnavailable
+
+    with pytest.raises(FileUnavailable, match="could not be looked up: HTTP 400, code 100") as unknown:
+        fetch(wa, "9999999999999999")
+    assert unknown.value.permanent
+    media_id = fake_graph.add_media(b"x" * 5000)
+    fake_graph.fail_next("media", code=1, status=500, message="An unknown error occurred")
+    with pytest.raises(FileUnavailable, match="HTTP 500") as flaky:
+        fetch(wa, media_id)
+    assert not flaky.value.permanent
+    with pytest.raises(FileTooLarge):  # by the size Meta gives: never downloaded
+        fetch(wa, media_id, limit=1000)
+    assert fake_graph.downloads == []
+    fake_graph.tokens = {"EAAG-another"}
+    with pytest.raises(FileUnavailable, match="access token was refused") as dead:
+        fetch(wa, media_id)
+    assert dead.value.permanent and TOKEN not in str(dead.value)

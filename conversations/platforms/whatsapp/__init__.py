@@ -66,6 +66,11 @@ class WhatsAppPlatform(Platform):
 
         return WhatsAppTransport(channel)
 
+    async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
+        from conversations.platforms.whatsapp.media import fetch_media
+
+        return await fetch_media(channel, ref, limit)
+
     async def close_clients(self) -> None:
         from conversations.platforms.whatsapp.transport import close_clients
 

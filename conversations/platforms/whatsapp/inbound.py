@@ -13,7 +13,7 @@ import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, MediaRef
 
 # Kinds of message that carry something for the agent but are not text: they flush
 # their buffer at once (the caption, if any, is the text).
@@ -120,7 +120,23 @@ def inbound_from(message, names) -> Inbound | None:
         media_type=media,
         reply_target=str(message["id"]),
         sent_at=_when(message.get("timestamp")),
+        media=media_ref(message, media),
     )
+
+
+FETCHED_KINDS = ("image", "audio", "video", "document", "sticker")
+
+
+def media_ref(message, kind) -> MediaRef | None:
+    """The file a media message carries (a location or a contact card carries none). The
+    media id is both its key and what fetching it takes: Meta gives a re-delivered
+    notification the same id. An audio recorded in the app (`voice: true`) is a voice note."""
+    item = message.get(kind) if kind in FETCHED_KINDS else None
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+        return None
+    name = "voice" if kind == "audio" and item.get("voice") else kind
+    return MediaRef(key=item["id"], ref=item["id"], kind=name, declared_type=str(item.get("mime_type") or ""),
+                    file_name=str(item.get("filename") or "")[:255])
 
 
 def receipt_from(status) -> Receipt | None:
