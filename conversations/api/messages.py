@@ -1,9 +1,14 @@
 """Messages into api channels, and their edits."""
 
 
+import json
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers, status
+from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -17,6 +22,7 @@ from agentloop.core.api import (
 from conversations import edits
 from conversations.api.access import Conflict, channel_for_key
 from conversations.ingest import Inbound, Unstorable, admit
+from conversations.media import uploads
 from conversations.models import EditOutcome, InboundMessage
 from conversations.platforms.api import KIND as API_KIND
 
@@ -32,7 +38,8 @@ class InboundMessageSerializer(StrictBody):
     message_id = serializers.CharField(max_length=MESSAGE_ID_CHARS)
     contact = serializers.CharField(max_length=100)
     text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False,
-                                 help_text="Required, and not blank, unless the message has a `media_type`.")
+                                 help_text="Required, and not blank, unless the message has a `media_type` or a "
+                                           "file.")
     chat = serializers.CharField(max_length=100, required=False)
     sender_name = serializers.CharField(max_length=200, required=False, default="")
     media_type = serializers.CharField(max_length=30, required=False, default="")
@@ -42,7 +49,7 @@ class InboundMessageSerializer(StrictBody):
     is_group = serializers.BooleanField(required=False, default=False)
 
     def validate(self, data):
-        if not data["text"].strip() and not data["media_type"]:
+        if not data["text"].strip() and not data["media_type"] and not self.context.get("with_file"):
             raise serializers.ValidationError({"text": "a message needs text or a media_type"})
         return data
 
@@ -59,23 +66,61 @@ class AdmissionSerializer(serializers.Serializer):
                                              "media.")
 
 
+def message_and_file(request):
+    """The message's JSON body and its uploaded file (or None). A multipart body carries
+    the message as JSON in its `message` part (held to the same schema) and the file in
+    `file`."""
+    if not request.content_type.startswith("multipart/form-data"):
+        return request.data, None
+    raw = request.data.get("message")
+    if isinstance(raw, UploadedFile):
+        raw = raw.read(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1).decode("utf-8", "replace")
+    try:
+        body = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise exceptions.ParseError("a multipart message needs a `message` part: the message as a JSON object")
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise exceptions.ParseError("a multipart message needs a `file` part (send JSON for a message without one)")
+    return body, upload
+
+
 class ChannelMessagesView(APIView):
-    @extend_schema(request=InboundMessageSerializer,
+    parser_classes = [JSONParser, MultiPartParser]
+
+    @extend_schema(request={"application/json": InboundMessageSerializer,
+                            "multipart/form-data": {"type": "object", "required": ["message", "file"],
+                                                    "properties": {"message": {"type": "string",
+                                                                               "description": "The message, as JSON"},
+                                                                   "file": {"type": "string", "format": "binary"}}}},
                    responses={202: AdmissionSerializer, 403: ErrorSerializer},
                    summary="Send a user's message into an api channel (buffered into the next turn)",
-                   description="403: the key has no access to the channel. 404: no active channel by that slug. "
-                               "400: an invalid body, or the channel is not an `api` channel.")
+                   description="A file goes with it as multipart/form-data: the message as JSON in the `message` "
+                               "part, the file in `file` (its kind, when `media_type` is not given, read from its "
+                               "bytes). 403: the key has no access to the channel. 404: no active channel by that "
+                               "slug. 400: an invalid body, an empty file, or the channel is not an `api` channel. "
+                               "413: the file is over AGENTLOOP_MEDIA_MAX_BYTES.")
     def post(self, request, slug):
         channel = channel_for_key(request.user, slug, API_KIND)
-        incoming = InboundMessageSerializer(data=request.data)
+        body, upload = message_and_file(request)
+        incoming = InboundMessageSerializer(data=body, context={"with_file": upload is not None})
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
+        media = None
+        if upload is not None:
+            try:
+                media = uploads.stored_upload(channel, upload, data["media_type"])
+            except uploads.UploadRefused as refused:
+                return Response({"error": str(refused)}, status=refused.status)
+            data["media_type"] = media.kind
         try:
             admission = admit(channel, Inbound(
                 platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
                 sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
                 media_type=data["media_type"], album_id=data["album"], is_group=data["is_group"],
-                reply_target=data["message_id"],
+                reply_target=data["message_id"], media=media,
             ))
         except Unstorable as exc:
             raise exceptions.ParseError(f"message refused: {exc}") from None

@@ -22,7 +22,7 @@ from django.utils import timezone
 from agentloop.core.redaction import redact
 from audit.failpoints import failpoint
 from conversations import platforms
-from conversations.media import sniff
+from conversations.media import sniff, uploads
 from conversations.media.download import FileTooLarge, FileUnavailable
 from conversations.models import SETTLED, MediaFile, MediaState
 
@@ -94,7 +94,7 @@ def save(file: MediaFile, data: bytes) -> dict:
     a name of their own digest; the fields that say what was stored."""
     digest = hashlib.sha256(data).hexdigest()
     mime = sniff.content_type(data)
-    name = f"media/{file.channel_id}/{digest[:2]}/{digest}"
+    name = uploads.storage_name(file.channel_id, digest)
     if not default_storage.exists(name):  # a retry after a crash between the save and the mark
         name = default_storage.save(name, ContentFile(data))
     # problem "": an earlier try's failure no longer says anything about the stored file.

@@ -124,3 +124,78 @@ def test_schema_is_public_and_lists_the_endpoint(client):
     response = client.get("/api/schema/")
     assert response.status_code == 200
     assert b"/api/v1/channels/{slug}/messages" in response.content
+
+
+# --- a file with the message (multipart) ---------------------------------------------------
+
+def upload(client, key, message, data=None, name="boleta.jpg", **extra):
+    import json
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    parts = {"message": json.dumps(message) if isinstance(message, dict) else message}
+    if data is not None:
+        parts["file"] = SimpleUploadedFile(name, data, content_type="image/jpeg")
+    return client.post(URL.format("shop"), data=parts, HTTP_AUTHORIZATION=f"Bearer {key}", **extra)
+
+
+def test_a_file_uploaded_with_the_message_is_stored_once_and_its_kind_read_from_its_bytes(
+        client, key, settings, tmp_path):
+    from conversations.media import for_agents, uploads
+    from conversations.models import MediaFile, MediaState
+    from tests.unit.test_media import jpeg
+
+    settings.MEDIA_ROOT = tmp_path / "files"
+    photo = jpeg()
+    first = upload(client, key, {"message_id": "m1", "contact": "ana", "text": "¿qué dice?"}, photo)
+    assert first.status_code == 202, first.content
+    again = upload(client, key, {"message_id": "m1", "contact": "ana", "text": "¿qué dice?"}, photo)
+    assert again.status_code == 202 and again.json()["duplicate"] is True
+    [message] = InboundMessage.objects.all()
+    assert message.media_type == "photo"
+    [file] = MediaFile.objects.all()  # the retry stored nothing new
+    assert (file.kind, file.state, file.file_name, file.declared_size) == ("photo", MediaState.PENDING,
+                                                                            "boleta.jpg", len(photo))
+    assert file.ref == uploads.storage_name(file.channel_id, file.file_key.removeprefix("upload:"))
+    assert sorted(p.name for p in (tmp_path / "files").rglob("*") if p.is_file()) == [file.file_key[7:]]
+
+    import asyncio
+
+    from conversations.media import fetching
+    [claimed] = fetching.claim([file.pk], "w1")
+    fetching.mark_stored(claimed, "w1", fetching.save(claimed, asyncio.run(fetching.fetch(claimed))))
+    [item] = for_agents.attachments([file.pk])
+    assert item.readable and item.content_type == "image/jpeg" and item.read() == photo
+
+
+def test_a_file_upload_that_is_empty_too_large_or_without_its_message_is_refused(client, key, settings, tmp_path):
+    from conversations.models import MediaFile
+
+    settings.MEDIA_ROOT = tmp_path / "files"
+    settings.AGENTLOOP_MEDIA_MAX_BYTES = 10_000
+    message = {"message_id": "m2", "contact": "ana"}
+    too_large = upload(client, key, message, b"\xff\xd8\xff" + b"x" * 19_997)
+    assert too_large.status_code == 413
+    assert too_large.json() == {"error": "the file is 20 KB, over the 10 KB a file may have"}
+    empty = upload(client, key, message, b"")
+    assert empty.status_code == 400 and empty.json() == {"error": "the file is empty"}
+    no_file = upload(client, key, message)
+    assert no_file.status_code == 400 and "needs a `file` part" in no_file.json()["error"]
+    not_json = upload(client, key, "{oops", b"abc")
+    assert not_json.status_code == 400 and "the message as a JSON object" in not_json.json()["error"]
+    bad_field = upload(client, key, {"message_id": "m2", "contact": 7}, b"abc")
+    assert bad_field.status_code == 400 and "contact" in bad_field.json()["fields"]
+    assert not InboundMessage.objects.exists() and not MediaFile.objects.exists()
+    assert not (tmp_path / "files").exists()
+
+
+def test_the_api_channel_reads_back_only_its_own_uploads(make_channel):
+    import asyncio
+
+    from conversations import platforms
+    from conversations.media.download import FileUnavailable
+
+    channel = make_channel("own", kind="api")
+    for ref in ("media/999/ab/abc", f"media/{channel.pk}/../999/ab/abc", "/etc/passwd"):
+        with pytest.raises(FileUnavailable, match="not a file uploaded to this channel"):
+            asyncio.run(platforms.of(channel).fetch_media(channel, ref, 1000))

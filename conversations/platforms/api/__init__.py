@@ -33,6 +33,28 @@ class ApiPlatform(Platform):
             return "the callback URL has no secret to sign with"
         return ""
 
+    async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
+        """An uploaded file is already ours (conversations.media.uploads): read back from
+        the storage, and only from this channel's own files."""
+        import asyncio
+
+        from django.core.files.storage import default_storage
+
+        from conversations.media.download import FileUnavailable
+        from conversations.media.uploads import own_prefix
+
+        if not ref.startswith(own_prefix(channel.pk)) or ".." in ref:
+            raise FileUnavailable("not a file uploaded to this channel", permanent=True)
+
+        def read():
+            with default_storage.open(ref, "rb") as f:
+                return f.read(limit + 1)
+
+        try:
+            return await asyncio.to_thread(read)
+        except FileNotFoundError:
+            raise FileUnavailable("the uploaded file is gone from the storage", permanent=True) from None
+
     # The package's own modules are imported where they are used: each of them imports this
     # package (its __init__) first, and they import models and ingest, which the registry
     # that loads this class from settings must not pull in.

@@ -1,0 +1,56 @@
+"""Files uploaded with a message into an API channel (multipart: the message as JSON in
+`message`, the file in `file`). The bytes are stored on the request path — they are in
+hand — under the name the worker's fetch would give them (their digest), and the
+message carries a MediaRef naming that name: the worker "fetches" it from our own
+storage (ApiPlatform.fetch_media), so an upload is sniffed, stored once, transcribed
+and shown to the agent exactly as a platform's file is."""
+
+import hashlib
+
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+
+from conversations.ingest import MediaRef
+from conversations.media import sniff
+from conversations.media.download import mb
+
+
+class UploadRefused(Exception):
+    def __init__(self, why: str, status: int = 400):
+        super().__init__(why)
+        self.status = status
+
+
+def storage_name(channel_id: int, digest: str) -> str:
+    """Where a file's bytes live (conversations.media.fetching.save uses the same name)."""
+    return f"media/{channel_id}/{digest[:2]}/{digest}"
+
+
+def own_prefix(channel_id: int) -> str:
+    return f"media/{channel_id}/"
+
+
+def stored_upload(channel, upload, kind: str = "") -> MediaRef:
+    """Store an uploaded file (Django's UploadedFile) and name it for the message."""
+    limit = settings.AGENTLOOP_MEDIA_MAX_BYTES
+    if upload.size > limit:
+        raise UploadRefused(f"the file is {mb(upload.size)}, over the {mb(limit)} a file may have", 413)
+    if upload.size == 0:
+        raise UploadRefused("the file is empty")
+    data = upload.read(limit + 1)
+    digest = hashlib.sha256(data).hexdigest()
+    name = storage_name(channel.pk, digest)
+    if not default_storage.exists(name):
+        name = default_storage.save(name, ContentFile(data))
+    mime = sniff.content_type(data)
+    return MediaRef(key=f"upload:{digest}", ref=name, kind=kind or kind_of(mime),
+                    declared_type=(upload.content_type or "")[:100], file_name=(upload.name or "")[:255],
+                    declared_size=len(data))
+
+
+def kind_of(mime: str) -> str:
+    """A message's media kind from what the bytes are."""
+    if sniff.is_image(mime):
+        return "photo"
+    return {"audio": "audio", "video": "video"}.get(mime.partition("/")[0], "document")
