@@ -15,7 +15,6 @@ import io
 import os
 from dataclasses import dataclass
 
-import openai
 from django.conf import settings
 
 from agentloop.core.redaction import redact
@@ -56,6 +55,8 @@ def wanted(file) -> bool:
 
 async def transcribe(transcriber: Transcriber, data: bytes, file_name: str) -> str:
     """The text of this audio (raises on any failure; the caller records why)."""
+    import openai  # here: the web server imports this module and must not pay for the SDK
+
     api_key = os.environ.get(transcriber.api_key_env, "") if not key_env_problem(transcriber.api_key_env) else ""
     client = openai.AsyncOpenAI(base_url=transcriber.base_url, api_key=api_key or "not-needed",
                                 timeout=transcriber.timeout, max_retries=0)

@@ -65,3 +65,22 @@ def test_no_import_cycle_between_modules_of_the_product():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+def test_the_web_server_does_not_import_the_model_providers_sdk():
+    """The openai SDK costs a web server's start about a second of CPU (11 s on a loaded
+    2-core machine, measured with -X importtime), and every test that starts one pays it:
+    only the worker's agents and transcription import it, where they run."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    code = ("import django, sys; django.setup(); import agentloop.urls, agentloop.asgi; "
+            "print(sorted(m for m in ('openai', 'pypdf', 'PIL') if m in sys.modules))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agentloop.settings"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"the web server imports {done.stdout.strip()}"
