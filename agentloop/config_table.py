@@ -164,6 +164,13 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
     ("Files users send", "Photos, albums, voice notes and documents: fetched from the platform after "
      "their message is stored, shown to the agent (docs/media.md).", [
         Var("AGENTLOOP_MEDIA_ROOT", "`var/files`", "Where Django's default storage keeps fetched files."),
+        Var("AGENTLOOP_S3_BUCKET", "empty: the filesystem",
+            "An S3-compatible bucket for the files instead (django-storages), shared by every host."),
+        Var("AGENTLOOP_S3_ENDPOINT_URL", "empty: AWS", "The S3 endpoint (MinIO, Ceph, R2, a local server…)."),
+        Var("AGENTLOOP_S3_REGION", "empty: boto3's default", "The bucket's region."),
+        Var("AGENTLOOP_S3_ACCESS_KEY_ID", "empty: boto3's own chain", "The access key id."),
+        Var("AGENTLOOP_S3_SECRET_ACCESS_KEY", "empty: boto3's own chain", "The secret access key."),
+        Var("AGENTLOOP_S3_PREFIX", "empty", "A folder in the bucket the files go under."),
         Var("AGENTLOOP_MEDIA_MAX_BYTES", "20000000",
             "One file at most, in bytes (Telegram serves bots files up to 20 MB); a larger one is "
             "described to the model, never fetched."),

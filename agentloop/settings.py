@@ -264,8 +264,31 @@ AGENTLOOP_MAX_TURN_CHARS = env.int("AGENTLOOP_MAX_TURN_CHARS", default=16000)
 AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", default=200)
 
 # --- Files users send (conversations/media) ---------------------------------------
-# Stored through Django's default storage: the filesystem under MEDIA_ROOT.
+# Stored through Django's default storage: the filesystem under MEDIA_ROOT, or an
+# S3-compatible bucket (django-storages) when AGENTLOOP_S3_BUCKET names one — so that
+# several hosts share the files their workers fetch and their web servers serve.
 MEDIA_ROOT = env.path("AGENTLOOP_MEDIA_ROOT", default=VAR_DIR / "files")
+AGENTLOOP_S3_BUCKET = env.str("AGENTLOOP_S3_BUCKET", default="")
+if AGENTLOOP_S3_BUCKET:
+    from botocore.config import Config as _BotoConfig
+
+    STORAGES = {
+        "default": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+            "bucket_name": AGENTLOOP_S3_BUCKET,
+            "endpoint_url": env.str("AGENTLOOP_S3_ENDPOINT_URL", default="") or None,
+            "region_name": env.str("AGENTLOOP_S3_REGION", default="") or None,
+            # Empty: boto3's own chain (AWS_ACCESS_KEY_ID…, an instance role).
+            "access_key": env.str("AGENTLOOP_S3_ACCESS_KEY_ID", default="") or None,
+            "secret_key": env.str("AGENTLOOP_S3_SECRET_ACCESS_KEY", default="") or None,
+            "location": env.str("AGENTLOOP_S3_PREFIX", default=""),
+            "default_acl": None,  # the bucket's own (private); files are served through /files/ links
+            "querystring_auth": True,
+            # Every call has a deadline; botocore retries (3 tries, backing off) a dropped one.
+            "client_config": _BotoConfig(connect_timeout=5, read_timeout=30,
+                                         retries={"max_attempts": 3, "mode": "standard"}),
+        }},
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
 # One file at most (Telegram's Bot API serves bots files up to 20 MB); larger ones are
 # described to the model, not fetched. A burst's images shown to a model, in all.
 AGENTLOOP_MEDIA_MAX_BYTES = env.int("AGENTLOOP_MEDIA_MAX_BYTES", default=20_000_000)

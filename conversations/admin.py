@@ -7,6 +7,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from conversations import platforms
+from conversations.media import links
 from conversations.models import (
     AgentKey,
     Channel,
@@ -14,6 +15,8 @@ from conversations.models import (
     ContextNote,
     Conversation,
     InboundMessage,
+    MediaFile,
+    MediaState,
     MessageBuffer,
     Turn,
     WorkerHeartbeat,
@@ -229,6 +232,47 @@ class InboundMessageAdmin(admin.ModelAdmin):
         return link(obj.buffer, f"buffer {obj.buffer_id}") if obj.buffer_id else "—"
 
     def has_add_permission(self, request):
+        return False
+
+
+@admin.register(MediaFile)
+class MediaFileAdmin(admin.ModelAdmin):
+    """Files users sent: what each is, whether it was fetched, and why not (read only:
+    the worker owns their state)."""
+
+    list_display = ["pk", "thumbnail", "kind", "state", "channel", "file_name", "content_type", "size", "created_at"]
+    list_filter = ["state", "kind", "channel"]
+    search_fields = ["file_name", "file_key"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["preview", *[f.name for f in MediaFile._meta.fields]]
+
+    @admin.display(description="")
+    def thumbnail(self, obj):
+        return self._image(obj, 48) if self._shown(obj) else "—"
+
+    @admin.display(description="file")
+    def preview(self, obj):
+        if not self._shown(obj):
+            return "—" if obj.state != MediaState.STORED else format_html(
+                '<a href="{}">open ({})</a>', links.path_for(obj.pk), obj.content_type)
+        return format_html('{}<br><a href="{}">open the whole image</a>', self._image(obj, 160),
+                           links.path_for(obj.pk))
+
+    @staticmethod
+    def _shown(obj):
+        return obj.state == MediaState.STORED and obj.content_type.startswith("image/")
+
+    @staticmethod
+    def _image(obj, height):
+        # A signed link (conversations.media.links) to a small JPEG: this page is staff-only,
+        # and the link lapses like an agent's.
+        return format_html('<img src="{}?thumbnail=1" alt="{}" style="max-height:{}px">',
+                           links.path_for(obj.pk), obj.file_name or obj.kind, height)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False
 
 

@@ -2,9 +2,9 @@
 (conversations/platforms/<kind>/), mounted under /webhooks/<kind>/."""
 
 from django.core.files.storage import default_storage
-from django.http import FileResponse, Http404, JsonResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 
-from conversations.media import for_agents, links
+from conversations.media import for_agents, links, sniff
 from conversations.models import Channel
 
 
@@ -25,10 +25,34 @@ def media_file(request, token):
     item = next(iter(for_agents.attachments([file_id])), None)
     if item is None or not item.readable:
         raise Http404("no stored file for this link")
-    response = FileResponse(default_storage.open(item.storage_name, "rb"), content_type=item.content_type,
-                            filename=item.file_name or None)
+    small = thumbnail(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
+    if small is not None:
+        response = HttpResponse(small, content_type="image/jpeg")
+    else:
+        response = FileResponse(default_storage.open(item.storage_name, "rb"), content_type=item.content_type,
+                                filename=item.file_name or None)
     # Private to whoever holds the link; a file's bytes never run as this site's content.
     response["Cache-Control"] = "private, max-age=300"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"
     response["X-Content-Type-Options"] = "nosniff"
     return response
+
+
+THUMBNAIL_SIDE = 160
+
+
+def thumbnail(item) -> bytes | None:
+    """A small JPEG of a stored image (the admin's list, the story page); None when
+    Pillow cannot read it (the file itself is served instead)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(item.read())) as image:
+            image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+            out = io.BytesIO()
+            image.convert("RGB").save(out, "JPEG", quality=80)
+            return out.getvalue()
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None

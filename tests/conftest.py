@@ -18,7 +18,7 @@ from tests import local_http
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.browser", "tests.redis_server"]
+pytest_plugins = ["tests.browser", "tests.redis_server", "tests.s3_server"]
 
 
 # Tests that run alone (pytest.ini's `serial` marker). scripts/test.sh runs the SQLite pass

@@ -28,6 +28,7 @@ from django.utils.dateparse import parse_datetime
 from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
 from conversations import windows
+from conversations.media import for_agents
 from conversations.models import (
     BufferState,
     ContextNote,
@@ -154,7 +155,7 @@ def _iso(value):
 
 def _messages(story, older, rank):
     rows = story.latest(InboundMessage.objects.filter(conversation=story.conversation)
-                        .select_related("buffer"), "received_at", older)
+                        .select_related("buffer", "media_file"), "received_at", older)
     return [_message_entry(story, m, rank) for m in rows]
 _messages.time_field = "received_at"
 
@@ -175,6 +176,9 @@ def _message_entry(story, m, rank):
     links = [("message", "conversations.inboundmessage", m.pk)]
     if m.buffer_id:
         links.append((f"buffer {m.buffer_id}", "conversations.messagebuffer", m.buffer_id))
+    if m.media_file_id:  # what the agent was shown of it (or why not), and the file in the admin
+        details.append(("File", story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
+        links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
     return Entry(m.received_at, rank, m.pk, "message", f"Message admitted from {m.sender_name or 'the contact'}",
                  story.redact(text), details, links)
@@ -187,9 +191,9 @@ def _window(story, m):
     if buffer.last_message_at == m.received_at and buffer.window_kind:
         return (f"{buffer.window_kind}, {buffer.window_seconds:g} s (stored on buffer {buffer.pk}); "
                 f"planned flush: {buffer.get_planned_reason_display()} at {_iso(buffer.flush_at)}")
-    if m.media_type:
-        return "media: flushes at once"
-    kind = windows.classify(m.text, story.settings)
+    if m.media_type and story.settings.media_at_once:
+        return "media: flushes at once (the channel's choice)"
+    kind = windows.MEDIA if m.media_type and not m.text.strip() else windows.classify(m.text, story.settings)
     return (f"{kind}, {story.settings.seconds(kind):g} s — re-armed by a later message (recomputed from the text "
             f"with the channel's current settings)")
 

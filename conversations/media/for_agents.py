@@ -49,10 +49,13 @@ def file_ids_of_turn(turn) -> list[int]:
 
 def attachments(ids) -> list[Attachment]:
     rows = {f.pk: f for f in MediaFile.objects.filter(pk__in=ids)}
-    return [Attachment(id=f.pk, kind=f.kind, state=f.state, content_type=f.content_type, file_name=f.file_name,
-                       size=f.size if f.size is not None else f.declared_size, duration=f.duration,
-                       problem=f.problem, storage_name=f.storage_name, transcript=f.transcript)
-            for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
+    return [attachment_of(f) for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
+
+
+def attachment_of(f: MediaFile) -> Attachment:
+    return Attachment(id=f.pk, kind=f.kind, state=f.state, content_type=f.content_type, file_name=f.file_name,
+                      size=f.size if f.size is not None else f.declared_size, duration=f.duration,
+                      problem=f.problem, storage_name=f.storage_name, transcript=f.transcript)
 
 
 def for_remote(item: Attachment) -> dict:

@@ -190,11 +190,14 @@ def test_a_voice_note_is_transcribed_once_and_the_model_reads_its_text(
     assert replies(fake_telegram, 603) == ["Listo, martes 17:00."]
 
 
+@pytest.mark.parametrize("storage", ["filesystem", "s3"])
 def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, make_channel, fake_telegram,
-                                                                    agent_key, tmp_path):
+                                                                    agent_key, tmp_path, request, storage):
     """A webhook agent receives the photo's facts and a signed link in its POST; the link
     gives the stored bytes, and the same link with one character changed is refused. The
-    turn the agent took over lists the same file through the API."""
+    turn the agent took over lists the same file through the API. With an S3 bucket the
+    worker stores the file there and the web server serves it from there (nothing on
+    either's disk): what lets several hosts share files."""
     from tests.e2e import TOKEN
     from tests.end_to_end.test_remote_agents_e2e import SECRET as AGENT_SECRET
     from tests.end_to_end.test_remote_agents_e2e import AgentService, api
@@ -205,8 +208,10 @@ def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, m
         channel = telegram_channel(make_channel, fake_telegram, agent="webhook",
                                    agent_config={"url": service.url, "secret": AGENT_SECRET})
         key = agent_key(channel)
-        web = processes.web(wait=False, AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
-        processes.worker(AGENTLOOP_MEDIA_ROOT=tmp_path / "files")
+        s3 = request.getfixturevalue("s3_server") if storage == "s3" else None
+        env = {"AGENTLOOP_MEDIA_ROOT": tmp_path / "files", **(s3.env() if s3 else {})}
+        web = processes.web(wait=False, **env)
+        processes.worker(**env)
         photo = jpeg(320, 240)
         update = photo_update(604, caption="¿qué es esto?")
         update["message"]["photo"] = [{**fake_telegram.add_file(TOKEN, photo), "width": 320, "height": 240}]
@@ -229,3 +234,5 @@ def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, m
     [listed] = api(web, key, "GET", "/api/v1/turns?state=running").json()
     assert [m["content_type"] for m in listed["media"]] == ["image/jpeg"]
     assert local_http.get(f"{web.url}{listed['media'][0]['url']}", timeout=10).content == photo
+    if s3 is not None:
+        assert len(s3.keys()) == 1 and not (tmp_path / "files").exists()

@@ -36,7 +36,8 @@ def png() -> bytes:
 def media_root(settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "files"  # FileSystemStorage follows the setting's change
     yield
-    assert str(tmp_path) in default_storage.path("x")
+    if settings.STORAGES["default"]["BACKEND"].endswith("FileSystemStorage"):  # not a test's S3 bucket
+        assert str(tmp_path) in default_storage.path("x")
 
 
 def ref(key="u1", **kw):
@@ -300,3 +301,50 @@ def test_a_link_gives_its_file_until_it_expires_and_nothing_for_a_file_not_store
     assert client.get("/files/not-a-token").json() == {"error": "this link is not valid"}
     settings.AGENTLOOP_MEDIA_URL_TTL = -1  # every link is older than that
     assert client.get(path).json()["error"].startswith("this link expired")
+
+
+# --- what operators see ----------------------------------------------------------------------
+
+def test_the_admin_shows_a_thumbnail_and_the_story_what_the_agent_was_shown(admin_client, make_channel):
+    import re
+
+    from conversations.ingest import Inbound, admit
+    from conversations.models import InboundMessage
+
+    channel = make_channel("tg", kind="telegram")
+    admit(channel, Inbound(platform_message_id="1", chat_id="5", sender_id="5", text="¿qué es?", media_type="photo",
+                           media=ref("t1")))
+    message = InboundMessage.objects.get()
+    [file] = fetching.claim([message.media_file_id], "w1")
+    fetching.mark_stored(file, "w1", fetching.save(file, jpeg(1200, 800)))
+
+    listing = admin_client.get("/admin/conversations/mediafile/").content.decode()
+    [src] = re.findall(r'<img src="(/files/[^"]+\?thumbnail=1)"', listing)
+    small = admin_client.get(src.replace("&amp;", "&"))
+    assert small["Content-Type"] == "image/jpeg"
+    assert Image.open(io.BytesIO(small.content)).size == (160, 107)
+    assert admin_client.get(f"/admin/conversations/mediafile/{file.pk}/change/").status_code == 200
+
+    story = admin_client.get(f"/console/conversations/{message.conversation_id}/story/").content.decode()
+    assert "[photo: image/jpeg, 1200" not in story  # the size is in KB, not pixels
+    assert re.search(r"<dt>File</dt><dd>\[photo: image/jpeg, \d+ KB\]</dd>", story), story
+    assert f"/admin/conversations/mediafile/{file.pk}/change/" in story
+
+
+# --- an S3-compatible bucket ------------------------------------------------------------------
+
+def test_files_go_to_an_s3_bucket_when_one_is_named_and_are_served_from_it(make_channel, settings, client,
+                                                                          s3_server):
+    from conversations.media import links
+
+    settings.STORAGES = s3_server.storages()
+    channel = make_channel("tg", kind="telegram")
+    photo = jpeg(300, 200)
+    pk = stored(channel, "s1", photo)
+    [key] = s3_server.keys()
+    assert key == MediaFile.objects.get(pk=pk).storage_name and key.startswith(f"media/{channel.pk}/")
+    assert stored(channel, "s2", photo) != pk and s3_server.keys() == [key]  # the same bytes: one object
+    [item] = for_agents.attachments([pk])
+    assert item.read() == photo
+    served = client.get(links.path_for(pk))
+    assert served.status_code == 200 and b"".join(served.streaming_content) == photo
