@@ -20,6 +20,7 @@ from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
 from conversations import console, liveness, sql, turns, windows
+from conversations.media import for_agents
 from conversations.models import (
     Channel,
     FlushReason,
@@ -347,11 +348,15 @@ def recovery_sweep(grace_seconds=5.0):
 def conversation_history(conversation, before_turn, limit=20):
     """The agent's context since the last /reset, oldest first: each finished turn as a
     user message and the assistant's reply, and the notes added meanwhile (a person's
-    decision on a proposal) as system messages (`conversations.sql.history`)."""
+    decision on a proposal) as system messages (`conversations.sql.history`). A turn's
+    files are carried as the lines that describe them (and a voice note's transcript),
+    not their bytes again."""
     turns_before, notes = sql.history(conversation.pk, before_turn.pk, conversation.context_reset_at, limit)
+    seen = for_agents.seen_by_turns([turn for turn in turns_before if turn.has_media])
     entries = []
     for turn in turns_before:
-        entries.append((turn.created_at, 0, {"role": "user", "content": turn.merged_input}))
+        content = f"{turn.merged_input}\n{seen[turn.pk]}" if seen.get(turn.pk) else turn.merged_input
+        entries.append((turn.created_at, 0, {"role": "user", "content": content}))
         if turn.reply_text:
             entries.append((turn.created_at, 1, {"role": "assistant", "content": turn.reply_text}))
     for note in notes:

@@ -293,7 +293,7 @@ def _messages_sql(n):
 
 # --- a turn's history (conversations.engine.conversation_history) ----------------------
 
-HISTORY_TURN_FIELDS = frozenset({"id", "created_at", "merged_input", "reply_text"})
+HISTORY_TURN_FIELDS = frozenset({"id", "created_at", "merged_input", "reply_text", "has_media", "buffer_id"})
 HISTORY_NOTE_FIELDS = frozenset({"id", "created_at", "text"})
 
 

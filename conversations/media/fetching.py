@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agentloop.core.redaction import redact
@@ -60,13 +60,15 @@ def claim(ids, owner, now=None) -> list[MediaFile]:
                 .select_related("channel"))
 
 
-def release_expired(now=None) -> int:
-    """FETCHING files whose lease ran out (their worker died or hung) go back to PENDING."""
+def release_expired(now=None, dead_owners=()) -> int:
+    """FETCHING files whose lease ran out (their worker hung), or whose worker is known
+    dead (conversations.engine.dead_owners: no need to wait out its lease), go back to
+    PENDING."""
     now = now or timezone.now()
-    expired = list(MediaFile.objects.filter(state=MediaState.FETCHING, lease_until__lt=now)
-                   .values_list("pk", flat=True)[:100])
-    return MediaFile.transition(expired, MediaState.FETCHING, MediaState.PENDING, where={"lease_until__lt": now},
-                                owner="", lease_until=None) if expired else 0
+    lapsed = Q(lease_until__lt=now) | Q(owner__in=list(dead_owners)) if dead_owners else Q(lease_until__lt=now)
+    ids = list(MediaFile.objects.filter(lapsed, state=MediaState.FETCHING).values_list("pk", flat=True)[:100])
+    return MediaFile.transition(ids, MediaState.FETCHING, MediaState.PENDING, where=lapsed,
+                                owner="", lease_until=None) if ids else 0
 
 
 def states(ids) -> dict[int, tuple[str, object]]:

@@ -72,6 +72,23 @@ def of_turn(turn) -> list[Attachment]:
     return attachments(file_ids_of_turn(turn)) if turn.has_media else []
 
 
+def seen_by_turns(turns) -> dict[int, str]:
+    """{turn id: the lines describing its files} for earlier turns (history): one query
+    for all of them. A transcript comes with its line; images and documents are not sent
+    again."""
+    by_buffer = {turn.buffer_id: turn.pk for turn in turns if turn.buffer_id}
+    if not by_buffer:
+        return {}
+    lines: dict[int, list[str]] = {}
+    for message in (InboundMessage.objects.filter(buffer_id__in=list(by_buffer), media_file__isnull=False)
+                    .select_related("media_file").order_by("received_at", "pk")):
+        item = attachment_of(message.media_file)
+        line = describe(item)
+        lines.setdefault(by_buffer[message.buffer_id], []).append(
+            f"{line}\n{item.transcript}" if item.transcript else line)
+    return {pk: "\n".join(found) for pk, found in lines.items()}
+
+
 def describe(item: Attachment, why_not: str = "") -> str:
     """One line about a file: what it is, and why the model does not see it, if so."""
     what = {"voice": "voice note", "video_note": "video note"}.get(item.kind, item.kind)

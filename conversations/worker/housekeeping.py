@@ -52,6 +52,7 @@ class Housekeeping:
         db = self.worker.db
         self.worker.dead_owners = dead = await db(engine.dead_owners)
         if dead and self.worker.liveness.holding():  # a worker the others may think dead takes nothing over
+            await db(fetching.release_expired, None, dead)  # files it was fetching: fetched again
             recovered = await db(engine.recover_turns, dead)
             if recovered:
                 log.info("recovered %d turns from dead workers", len(recovered))

@@ -2,7 +2,7 @@
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
+    .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
         [paced]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
@@ -191,6 +191,89 @@ def bench_media(n=3000, rounds=5):
            f"a photo costs {ref / rate:.2f}x a text message (target <= 1.2: {met(ref / rate <= 1.2)}); "
            f"median of {rounds} rounds x {n} requests each, 16 keep-alive clients, 200 conversations; "
            f"{files} file rows, {errors} errors")
+
+
+def noise_jpeg(width=1400, height=1000) -> bytes:
+    """About 1 MB of JPEG that does not compress away (random pixels)."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.frombytes("RGB", (width, height), os.urandom(width * height * 3)).save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
+def rss_kb(pid) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def bench_album(rounds=5, items=10):
+    """An album of 10 ~1 MB photos, admitted as the webhook does (its file rows, nothing
+    fetched yet): seconds from its last item to the model's request carrying the 10 images
+    (fetched from a local Bot API, stored, read back, sent as data URLs), against the same
+    burst of 10 text messages on the same channel, rounds interleaved. Windows are 0.2 s,
+    so what is measured is the files' cost. And the worker's memory before and after."""
+    from django.utils import timezone
+
+    from conversations.ingest import Inbound, MediaRef, admit
+    from conversations.models import Channel, MediaFile, MediaState
+    from tests.fakes.openai_api import FakeOpenAI
+    from tests.fakes.telegram_api import FakeBotAPI
+
+    token = "3:BENCH-ALBUM"
+    windows = {name: 0.2 for name in ("window_closed", "window_greeting", "window_open", "window_neutral",
+                                      "window_media", "window_album")}
+    with FakeBotAPI() as fake, FakeOpenAI() as model:
+        fake.add_token(token)
+        channel = Channel.objects.create(slug="bench-album", kind="telegram", platform_settings={
+            "bot_token": token, "webhook_secret": SECRET, "api_base": fake.url, **UNPACED},
+            agent="openai", agent_config={"base_url": model.url, "model": "fake-model",
+                                          "api_key_env": "BENCH_OPENAI_API_KEY"},
+            typing_mode="never", **windows)
+        base = noise_jpeg()
+        proc = worker(AGENTLOOP_MEDIA_ROOT=VAR / "bench-files", BENCH_OPENAI_API_KEY="sk-bench")
+        chats = iter(range(50_000, 60_000))
+
+        def burst(photos):
+            chat, sent = str(next(chats)), len(model.requests())
+            for n in range(items):
+                media = None
+                if photos:  # distinct bytes each (trailing bytes a JPEG reader ignores): stored, not reused
+                    found = fake.add_file(token, base + os.urandom(16))
+                    media = MediaRef(key=found["file_unique_id"], ref=found["file_id"], kind="photo",
+                                     declared_size=found["file_size"])
+                admit(channel, Inbound(platform_message_id=f"{chat}-{n}", chat_id=chat, sender_id=chat,
+                                       text="" if photos else f"item {n}", media_type="photo" if photos else "",
+                                       album_id=f"album-{chat}" if photos else "", media=media),
+                      now=timezone.now())
+            last = time.time()
+            request = wait_until(lambda: model.requests()[sent:], 60, "the model's request")[0]
+            if photos:
+                shown = [p for p in request.messages[-1]["content"] if p.get("type") == "image_url"]
+                assert len(shown) == items, f"{len(shown)} images reached the model"
+            return request.wall - last
+
+        try:
+            burst(True), burst(False)  # warm: the agent's client, the first images decoded
+            time.sleep(1.0)
+            before = rss_kb(proc.pid)
+            album, text = [], []
+            for _ in range(rounds):
+                album.append(burst(True))
+                text.append(burst(False))
+            time.sleep(2.0)  # the last turn's reply sent, its files' bytes dropped
+            after = rss_kb(proc.pid)
+            stored = MediaFile.objects.filter(channel=channel, state=MediaState.STORED).count()
+        finally:
+            stop(proc)
+    ref, took = statistics.median(text), statistics.median(album)
+    report("album", f"an album of {items} x {len(base) / 1e6:.1f} MB photos reaches the model {took:.2f} s after "
+           f"its last item vs {ref:.2f} s for {items} text messages (same 0.2 s windows): the files add "
+           f"{took - ref:.2f} s (target <= 1.5 s: {met(took <= 1.5)}); median of {rounds} rounds; "
+           f"{stored} files stored; the worker's memory {before / 1024:.0f} MB before, {after / 1024:.0f} MB after "
+           f"({(after - before) / 1024:+.0f} MB)")
 
 
 # --- flush precision ----------------------------------------------------------------------
@@ -528,7 +611,7 @@ def paced():
     bench_paced(report, web_server, worker, stop, wait_until)
 
 
-BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
+BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes

@@ -6,8 +6,9 @@ exactly once.
 One run per point, on its own channel of the local fake Telegram Bot API:
   1. a fresh web server (daphne) and worker (`manage.py runloop`), the process that
      owns the point started with AGENTLOOP_FAILPOINT naming it;
-  2. three chats write (two plain questions, one asking to book — a guarded calendar
-     call); for the approval point the booking is proposed and an operator applies it
+  2. three chats write (two plain questions — one of them the caption of a photo the
+     worker fetches and stores before its turn runs —, one asking to book — a guarded
+     calendar call); for the approval point the booking is proposed and an operator applies it
      in the admin. Webhook deliveries are retried like Telegram does (the same update
      again until a 2xx);
   3. the armed process dies at the point and is started again without it;
@@ -16,7 +17,8 @@ One run per point, on its own channel of the local fake Telegram Bot API:
      again;
   5. counted from what the fake Bot API received and the calendar: lost messages
      (acknowledged, never answered), unlabelled duplicate replies, labelled resends,
-     recovery notices, calendar events (want exactly 1).
+     recovery notices, calendar events (want exactly 1), the photo's file (want one,
+     stored).
 
 Used by `python -m tests.faults` (both databases, prints the table) and by
 tests/end_to_end/test_crash_matrix.py (the suite's database). Django must be set up on the
@@ -41,6 +43,11 @@ QUIET_TIMEOUT = 45.0
 
 def process_for(point):
     return "web" if point in WEB_POINTS else "worker"
+
+
+# A 1×1 PNG: the photo chat B sends with its first question.
+PHOTO = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                      "1f15c4890000000d49444154789c6360000002000100e221bc330000000049454e44ae426082")
 
 
 @dataclass
@@ -118,11 +125,16 @@ class PointRun:
 
     # --- the workload -----------------------------------------------------------------
 
-    def deliver(self, chat, text):
+    def deliver(self, chat, text, photo=False):
         """POST one update to the webhook; on no 2xx send the same update again, like
-        Telegram (a crashed web server is started again meanwhile)."""
+        Telegram (a crashed web server is started again meanwhile). `photo`: the text is
+        the caption of a photo the fake Bot API serves."""
         tag = text[text.rindex("["):]
         message = Message(self.chats[chat], tag, update(self.chats[chat], text))
+        if photo:
+            sent = message.update["message"]
+            sent["caption"] = sent.pop("text")
+            sent["photo"] = [{**self.fake.add_file(self.token, PHOTO), "width": 1, "height": 1}]
         self.messages.append(message)
         for attempt in range(20):
             try:
@@ -142,8 +154,8 @@ class PointRun:
 
     def write(self, phase):
         self.deliver("A", f"How are you today? [{self.point} A{phase}]")
-        if phase == 1:
-            self.deliver("B", f"What time do you open? [{self.point} B{phase}]")
+        if phase == 1:  # with a photo: the worker fetches and stores it before the turn runs
+            self.deliver("B", f"What time do you open? [{self.point} B{phase}]", photo=True)
         self.deliver("C", f"Please book my check-up #book [{self.point} C{phase}]")
 
     def operator(self):
@@ -263,6 +275,11 @@ class PointRun:
             result.lost += max(0, len(unanswered) - notices)
         contact = Contact.objects.get(channel__slug=self.slug, platform_id=str(self.chats["C"]))
         result.effects = CalendarEvent.objects.filter(calendar__scope=f"contact:{contact.pk}").count()
+        from conversations.models import MediaFile, MediaState
+
+        files = list(MediaFile.objects.filter(channel__slug=self.slug).values_list("state", flat=True))
+        if files != [MediaState.STORED]:
+            result.problems.append(f"the photo's file is {files}, not one stored")
 
 
 def prepare():
@@ -298,7 +315,8 @@ class Servers:
         self.clean_ones = {}
 
     def start(self, role, armed=""):
-        env = {ENV: armed, "AGENTLOOP_EXTRA_AGENTS": AGENT, "LOG_LEVEL": "WARNING"}
+        env = {ENV: armed, "AGENTLOOP_EXTRA_AGENTS": AGENT, "LOG_LEVEL": "WARNING",
+               "AGENTLOOP_MEDIA_ROOT": self.processes.log_dir / "files"}
         proc = self.processes.web(**env) if role == "web" else self.processes.worker(**env)
         proc.armed = armed
         return proc

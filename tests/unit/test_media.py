@@ -142,7 +142,7 @@ def test_a_failed_try_is_retried_later_then_given_up_and_a_refusal_settles_at_on
     assert fetching.mark_failed(large, "w1", FileTooLarge(10, 5)) == MediaState.SKIPPED
 
 
-def test_a_claim_is_taken_once_and_an_expired_lease_goes_back_to_pending(make_channel):
+def test_a_claim_is_taken_once_and_an_expired_lease_or_a_dead_owner_gives_it_back(make_channel):
     channel = make_channel("tg", kind="telegram")
     pk = files.file_id_for(channel, ref())
     assert len(fetching.claim([pk], "w1")) == 1
@@ -150,6 +150,9 @@ def test_a_claim_is_taken_once_and_an_expired_lease_goes_back_to_pending(make_ch
     MediaFile.objects.filter(pk=pk).update(lease_until=timezone.now() - timedelta(seconds=1))
     assert fetching.release_expired() == 1
     assert [f.owner for f in fetching.claim([pk], "w2")] == ["w2"]
+    assert fetching.release_expired(dead_owners=["w1"]) == 0  # its lease is w2's, alive
+    assert fetching.release_expired(dead_owners=["w2"]) == 1  # w2 died: not waited out
+    assert MediaFile.objects.get(pk=pk).state == MediaState.PENDING
 
 
 def test_stored_once_under_its_digest_even_when_saved_again_after_a_crash(make_channel):
@@ -348,3 +351,35 @@ def test_files_go_to_an_s3_bucket_when_one_is_named_and_are_served_from_it(make_
     assert item.read() == photo
     served = client.get(links.path_for(pk))
     assert served.status_code == 200 and b"".join(served.streaming_content) == photo
+
+
+def test_the_history_carries_what_an_earlier_turn_was_shown_of_its_files(make_channel):
+    """The next turn's history: the earlier turn's text with the lines describing its
+    files, a voice note's transcript with its line — the bytes are not sent again."""
+    from datetime import timedelta
+
+    from conversations import engine, turns
+    from conversations.ingest import Inbound, admit
+    from conversations.models import TurnState
+
+    channel = make_channel("tg", kind="telegram", window_media=1.0)
+    t0 = timezone.now() - timedelta(minutes=5)
+    admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", media_type="photo",
+                           media=ref("h1")), now=t0)
+    admit(channel, Inbound(platform_message_id="2", chat_id="9", sender_id="9", media_type="voice",
+                           media=ref("h2", kind="voice", duration=3)), now=t0)
+    photo, voice = MediaFile.objects.order_by("pk")
+    for file, data, extra in ((photo, jpeg(), {}), (voice, b"OggS\x00\x02" + b"\x00" * 60,
+                                                     {"transcript": "Llego a las cinco."})):
+        [claimed_file] = fetching.claim([file.pk], "w1")
+        fetching.mark_stored(claimed_file, "w1", {**fetching.save(claimed_file, data), **extra})
+    [first] = engine.flush_due(now=t0 + timedelta(seconds=5))
+    turns.start(first.pk, "w1")
+    turns.finish(first.pk, "w1", state=TurnState.DONE, reply_text="Anotado.")
+    admit(channel, Inbound(platform_message_id="3", chat_id="9", sender_id="9", text="¿y la foto?"),
+          now=t0 + timedelta(seconds=10))
+    [second] = engine.flush_due(now=t0 + timedelta(seconds=20))
+    [user, assistant] = engine.conversation_history(second.conversation, second)
+    assert user == {"role": "user", "content": f"[photo]\n[voice]\n[photo: image/jpeg, {len(jpeg())} bytes]\n"
+                                               "[voice note: audio/ogg, 66 bytes, 3 s; transcribed]\nLlego a las cinco."}
+    assert assistant == {"role": "assistant", "content": "Anotado."}
