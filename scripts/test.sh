@@ -7,10 +7,10 @@
 # the same time, in three phases:
 #   1. `-m "not serial"` on SQLite and on PostgreSQL at once: the busy phase.
 #   2. `-m "serial and not alone"` on both at once: tests that assert on the wall clock
-#      or drive a browser (tests/conftest.py SERIAL), with nothing else beside them.
+#      (tests/conftest.py SERIAL), with nothing else beside them.
 #   3. `-m alone` on SQLite, then on PostgreSQL: tests that kill or cut what the machine
-#      shares — workers, the database, network namespaces — and time the recovery
-#      (tests/conftest.py ALONE).
+#      shares — workers, the database, network namespaces — and time the recovery, and
+#      those that drive a browser (tests/conftest.py ALONE).
 # Each pass of a phase writes its own log, printed whole when both are done (a progress
 # line every minute meanwhile). Each test runs in one pass or both (conftest.py's
 # OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
@@ -112,10 +112,10 @@ both_passes serial "serial and not alone" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # One pass after the other: side by side, a restart test's 3 s bound failed once in two
 # runs beside the other pass's database faults.
-echo "=== test suite on SQLite: tests that cut what the machine shares, alone ==="
+echo "=== test suite on SQLite: tests that cut what the machine shares or drive a browser, alone ==="
 alone_started=$SECONDS
 sqlite_pytest -m alone "$@"; sqlite_alone=$?
-echo "=== test suite on PostgreSQL: tests that cut what the machine shares, alone ==="
+echo "=== test suite on PostgreSQL: tests that cut what the machine shares or drive a browser, alone ==="
 postgres_pytest -m alone "$@"; postgres_alone=$?
 echo "=== alone: $(( (SECONDS - alone_started) / 60 )) min $(( (SECONDS - alone_started) % 60 )) s ==="
 

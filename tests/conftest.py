@@ -76,10 +76,11 @@ SERIAL = {
 
 # Of the SERIAL tests, those that kill or cut something shared by the machine (workers by
 # SIGKILL, a database restarted or made unreachable, network namespaces) or time how fast
-# the product recovers from it: scripts/test.sh runs them alone, one pass after the other.
-# The rest of SERIAL (indicators, windows and long polls timed against the clock, browsers)
-# runs with the other pass's at once — side by side they held their bounds, while a
-# restart's 3 s bound once failed beside the other pass's database faults.
+# the product recovers from it, and those that drive a browser (two Chromiums at once
+# starved a page's 10 s wait on a 2-core machine): scripts/test.sh runs them alone, one
+# pass after the other. The rest of SERIAL (indicators, windows and long polls timed
+# against the clock) runs with the other pass's at once — side by side they held their
+# bounds, while a restart's 3 s bound once failed beside the other pass's database faults.
 ALONE = {
     "tests/end_to_end/test_restart.py": "new messages answered within their 1 s window after a SIGKILL",
     "tests/end_to_end/test_liveness.py": "take-over within seconds; SIGKILL, SIGSTOP, a lost lock",
@@ -169,7 +170,7 @@ def pytest_collection_modifyitems(config, items):
         modules.setdefault(path, getattr(item, "module", None))
         if path in SERIAL or f"{path}::{name}" in SERIAL or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
-        if path in ALONE or f"{path}::{name}" in ALONE:
+        if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
     unlisted = [entry for entry in ALONE if entry not in SERIAL]
     if unlisted:

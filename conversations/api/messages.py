@@ -90,11 +90,10 @@ def message_and_file(request):
 class ChannelMessagesView(APIView):
     parser_classes = [JSONParser, MultiPartParser]
 
-    @extend_schema(request={"application/json": InboundMessageSerializer,
-                            "multipart/form-data": {"type": "object", "required": ["message", "file"],
-                                                    "properties": {"message": {"type": "string",
-                                                                               "description": "The message, as JSON"},
-                                                                   "file": {"type": "string", "format": "binary"}}}},
+    # The schema lists the JSON body only: the multipart form (the same JSON in a part, the
+    # file beside it) is described in words, as its `message` part has no OpenAPI type
+    # that says "this JSON object, as a string".
+    @extend_schema(request={"application/json": InboundMessageSerializer},
                    responses={202: AdmissionSerializer, 403: ErrorSerializer},
                    summary="Send a user's message into an api channel (buffered into the next turn)",
                    description="A file goes with it as multipart/form-data: the message as JSON in the `message` "

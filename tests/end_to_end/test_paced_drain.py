@@ -20,9 +20,25 @@ PREFIX = "♻️"
 
 def post_at_rate(web, slug, chats, rate, threads=4, text="¿me confirmas la cita?"):
     """One message from each of `chats`, POSTed to the webhook at `rate` a second overall
-    (`threads` keep-alive clients, each on a schedule of its own). Returns the statuses."""
+    (`threads` keep-alive clients, each on a schedule of its own), each retried as
+    Telegram retries. Returns the statuses."""
     statuses, lock = [], threading.Lock()
     began = time.monotonic() + 0.2
+
+    def deliver(http, chat):
+        """Telegram's way: an update not answered 2xx (or not answered in time) is sent
+        again, backing off; the dedup makes that safe. The last status, or 0."""
+        body, status = update(chat, text), 0
+        for attempt in range(5):
+            try:
+                status = http.post(f"{web.url}/webhooks/telegram/{slug}/", json=body,
+                                   headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}).status_code
+            except httpx.HTTPError:
+                status = 0
+            if 200 <= status < 300:
+                return status
+            time.sleep(0.5 * 2 ** attempt)
+        return status
 
     def client(mine):
         with httpx.Client(timeout=10) as http:
@@ -30,10 +46,9 @@ def post_at_rate(web, slug, chats, rate, threads=4, text="¿me confirmas la cita
                 pause = began + n / rate - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-                answer = http.post(f"{web.url}/webhooks/telegram/{slug}/", json=update(chat, text),
-                                   headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
+                status = deliver(http, chat)
                 with lock:
-                    statuses.append(answer.status_code)
+                    statuses.append(status)
 
     numbered = list(enumerate(chats))
     workers = [threading.Thread(target=client, args=(numbered[i::threads],)) for i in range(threads)]
