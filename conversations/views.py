@@ -29,8 +29,11 @@ def media_file(request, token):
     if small is not None:
         response = HttpResponse(small, content_type="image/jpeg")
     else:
-        response = FileResponse(default_storage.open(item.storage_name, "rb"), content_type=item.content_type,
-                                filename=item.file_name or None)
+        try:
+            opened = default_storage.open(item.storage_name, "rb")
+        except FileNotFoundError:  # its row says stored, its bytes are gone (erased, another disk)
+            raise Http404("the file's bytes are no longer stored") from None
+        response = FileResponse(opened, content_type=item.content_type, filename=item.file_name or None)
     # Private to whoever holds the link; a file's bytes never run as this site's content.
     response["Cache-Control"] = "private, max-age=300"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"

@@ -304,6 +304,9 @@ def test_a_link_gives_its_file_until_it_expires_and_nothing_for_a_file_not_store
     assert client.get("/files/not-a-token").json() == {"error": "this link is not valid"}
     settings.AGENTLOOP_MEDIA_URL_TTL = -1  # every link is older than that
     assert client.get(path).json()["error"].startswith("this link expired")
+    settings.AGENTLOOP_MEDIA_URL_TTL = 3600
+    default_storage.delete(MediaFile.objects.get(pk=pk).storage_name)
+    assert client.get(path).status_code == 404  # the row says stored, the bytes are gone
 
 
 # --- what operators see ----------------------------------------------------------------------
