@@ -25,10 +25,10 @@ import os
 import openai
 from openai.types.chat import ChatCompletion  # loaded now, not inside the first turn
 
-from agentloop.core.caches import BoundedCache
 from agentloop.core.redaction import agent_secrets, redact
 from conversations.agents import Agent, AgentUnavailable, TurnContext, key_env_problem
 from conversations.media import for_agents
+from conversations.model_clients import client_for
 
 log = logging.getLogger(__name__)
 
@@ -39,23 +39,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "Answer briefly, in the user's language."
 )
 STEP_LIMIT_REPLY = "I could not finish that in one go; please tell me what is still missing."
-
-# Bounded: one per (event loop, server, key, timeout); a client pushed out is left to the
-# garbage collector (it may be mid-request in a turn).
-_clients = BoundedCache(maxsize=64)
-
-
-def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
-    """One client per event loop and server (its connection pool belongs to the loop).
-    The SDK's own retries are off: a retried request after a timeout could repeat a
-    turn's effects, and the turn's outcome must be decided here."""
-    key = (id(asyncio.get_running_loop()), base_url, api_key, timeout)
-    client = _clients.get(key)
-    if client is None:
-        client = _clients.set(key, openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
-                                                      max_retries=0))
-    return client
-
 
 def _client(config):
     env_name = config.get("api_key_env") or "OPENAI_API_KEY"

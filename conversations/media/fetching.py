@@ -9,13 +9,10 @@ mid-download) expires and the file is fetched again: nothing was stored under it
 """
 
 import asyncio
-import hashlib
 import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -94,11 +91,8 @@ async def fetch(file: MediaFile) -> bytes:
 def save(file: MediaFile, data: bytes) -> dict:
     """Store the bytes (Django's default storage: the filesystem under var/, or S3) under
     a name of their own digest; the fields that say what was stored."""
-    digest = hashlib.sha256(data).hexdigest()
+    name, digest = uploads.store(file.channel_id, data)
     mime = sniff.content_type(data)
-    name = uploads.storage_name(file.channel_id, digest)
-    if not default_storage.exists(name):  # a retry after a crash between the save and the mark
-        name = default_storage.save(name, ContentFile(data))
     # problem "": an earlier try's failure no longer says anything about the stored file.
     return {"storage_name": name, "content_type": mime, "size": len(data), "sha256": digest, "problem": ""}
 

@@ -55,20 +55,18 @@ def wanted(file) -> bool:
 
 async def transcribe(transcriber: Transcriber, data: bytes, file_name: str) -> str:
     """The text of this audio (raises on any failure; the caller records why)."""
-    import openai  # here: the web server imports this module and must not pay for the SDK
+    # The agent's bounded client cache (its SDK retries off); imported here: the web server
+    # imports this module and must not pay for the SDK.
+    from conversations.model_clients import client_for
 
     api_key = os.environ.get(transcriber.api_key_env, "") if not key_env_problem(transcriber.api_key_env) else ""
-    client = openai.AsyncOpenAI(base_url=transcriber.base_url, api_key=api_key or "not-needed",
-                                timeout=transcriber.timeout, max_retries=0)
+    client = client_for(transcriber.base_url, api_key or "not-needed", transcriber.timeout)
     upload = io.BytesIO(data)
     upload.name = file_name or "voice.ogg"  # the server reads the format from the name's suffix
     extra = {"language": transcriber.language} if transcriber.language else {}
-    try:
-        # One deadline for the whole exchange (the SDK's timeout is per phase).
-        result = await asyncio.wait_for(
-            client.audio.transcriptions.create(model=transcriber.model, file=upload, **extra), transcriber.timeout)
-    finally:
-        await client.close()
+    # One deadline for the whole exchange (the SDK's timeout is per phase).
+    result = await asyncio.wait_for(
+        client.audio.transcriptions.create(model=transcriber.model, file=upload, **extra), transcriber.timeout)
     return (getattr(result, "text", None) or str(result or "")).strip()[:TRANSCRIPT_CHARS]
 
 

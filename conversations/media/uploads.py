@@ -23,8 +23,18 @@ class UploadRefused(Exception):
 
 
 def storage_name(channel_id: int, digest: str) -> str:
-    """Where a file's bytes live (conversations.media.fetching.save uses the same name)."""
+    """Where a file's bytes live: named by their digest, so the same bytes are one object."""
     return f"media/{channel_id}/{digest[:2]}/{digest}"
+
+
+def store(channel_id: int, data: bytes) -> tuple[str, str]:
+    """(storage name, digest) of these bytes, written to Django's default storage unless
+    they are there already (a retry after a crash, the same file sent again)."""
+    digest = hashlib.sha256(data).hexdigest()
+    name = storage_name(channel_id, digest)
+    if not default_storage.exists(name):
+        name = default_storage.save(name, ContentFile(data))
+    return name, digest
 
 
 def own_prefix(channel_id: int) -> str:
@@ -39,10 +49,7 @@ def stored_upload(channel, upload, kind: str = "") -> MediaRef:
     if upload.size == 0:
         raise UploadRefused("the file is empty")
     data = upload.read(limit + 1)
-    digest = hashlib.sha256(data).hexdigest()
-    name = storage_name(channel.pk, digest)
-    if not default_storage.exists(name):
-        name = default_storage.save(name, ContentFile(data))
+    name, digest = store(channel.pk, data)
     mime = sniff.content_type(data)
     return MediaRef(key=f"upload:{digest}", ref=name, kind=kind or kind_of(mime),
                     declared_type=(upload.content_type or "")[:100], file_name=(upload.name or "")[:255],
