@@ -31,6 +31,7 @@ POINTS = (
     "ledger.after_send",  # the reply sent; the outcome not recorded
     "approval.between_steps",  # an operator's Apply: the claim taken; the effect not run
     "media.after_store",  # a user's file fetched and stored; not marked stored
+    "ledger.after_upload",  # a reply's file uploaded; its outcome not recorded
 )
 
 # Per chunk of a long reply (only replies over the platform's limit cross them, so the

@@ -58,10 +58,36 @@ class TurnContext:
     media: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class File:
+    """A file an agent answers with (an image, a document such as a booking's .ics). Its
+    type is read from its bytes when it is stored, never taken from its name."""
+
+    name: str
+    data: bytes | None  # None: an agent's file whose bytes could not be read (refused when stored)
+    caption: str = ""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A reply with files: the text goes first, then each file (through the ledger, each
+    a chunk of the reply's row: delivery.attachments)."""
+
+    text: str
+    files: tuple[File, ...] = ()
+
+
+def answer_of(reply) -> Answer:
+    """What an agent returned (a str, or an Answer) as an Answer."""
+    if isinstance(reply, Answer):
+        return reply
+    return Answer(str(reply) if reply is not None else "")
+
+
 class Agent(abc.ABC):
     @abc.abstractmethod
-    async def respond(self, ctx: TurnContext) -> str:
-        """The reply text for this turn."""
+    async def respond(self, ctx: TurnContext) -> str | Answer:
+        """The reply for this turn: its text, or an Answer carrying files too."""
 
     async def prepare(self, config: dict) -> None:
         """Called once per channel using this agent when a worker starts, so the first

@@ -3,7 +3,8 @@
 `webhook`: the merged turn is POSTed to the agent's URL, signed as callbacks are (see
 `delivery.signing`: `X-Agentloop-Timestamp`, and `X-Agentloop-Signature: sha256=…` an
 HMAC-SHA256 over "<timestamp>.<body>", key `secret` in the channel's agent_config).
-A 200 answer with `{"reply": "…"}` is the reply; a 202 (or 200 without a reply) hands
+A 200 answer with `{"reply": "…"}` is the reply (with `"files": [{"name", "data"
+(base64), "caption"}]` it carries files, sent after the text through the ledger); a 202 (or 200 without a reply) hands
 the turn over: the agent answers later through the API (`POST /api/v1/turns/<id>/reply`,
 then `/done`), with an agent key for the channel. agent_config: `url`, `secret`,
 `timeout` (default 30 s, for the whole exchange). The burst's files come as `media`:
@@ -16,19 +17,20 @@ within AGENTLOOP_EXTERNAL_TURN_TIMEOUT is released to be claimed again.
 """
 
 import asyncio
+import base64
 import json
 from urllib.parse import urlsplit
 
 import httpx
 
 from agentloop.core.tls import shared_tls_context
-from conversations.agents import Agent, AgentUnavailable, HandedOver, TurnContext
+from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext
 from conversations.media import for_agents
 from delivery import signing
 
 
 class WebhookAgent(Agent):
-    async def respond(self, ctx: TurnContext) -> str:
+    async def respond(self, ctx: TurnContext) -> str | Answer:
         config = ctx.config
         if not config.get("url"):
             raise AgentUnavailable("the channel's webhook agent has no url configured")
@@ -58,18 +60,37 @@ class WebhookAgent(Agent):
         if status >= 300:
             raise AgentUnavailable(f"the agent at {host} answered HTTP {status}")
         try:
-            reply = json.loads(content).get("reply") if content else None
+            answer = json.loads(content) if content else {}
+            reply, files = answer.get("reply"), answer.get("files") or []
         except (ValueError, AttributeError) as exc:
             raise AgentUnavailable(f"the agent at {host} answered something that is not a JSON object") from exc
-        if not reply:
+        if not reply and not files:
             raise HandedOver()
-        return str(reply)
+        if not files:
+            return str(reply)
+        return Answer(str(reply or ""), files_from_json(files))
 
     @staticmethod
     async def _post(url, body, headers, timeout):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             response = await client.post(url, content=body, headers=headers)
             return response.status_code, response.content
+
+
+def files_from_json(values) -> tuple[File, ...]:
+    """An agent's `files` (`[{"name", "data": base64, "caption"}]`) as Files; one whose
+    data is not base64 has none (conversations.media.outbound refuses it, in the reply)."""
+    if not isinstance(values, list):
+        values = [values]
+    found = []
+    for value in values:
+        value = value if isinstance(value, dict) else {}
+        try:
+            data = base64.b64decode(value.get("data") or "", validate=True) or None
+        except (ValueError, TypeError):
+            data = None
+        found.append(File(name=str(value.get("name") or "file"), data=data, caption=str(value.get("caption") or "")))
+    return tuple(found)
 
 
 class PullAgent(Agent):

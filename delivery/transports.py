@@ -63,6 +63,9 @@ class Transport(abc.ABC):
     # indicator never blinks out while it is wanted. Also each call's deadline.
     typing_refresh = 4.0
     max_units = None  # the platform's limit on one message (UTF-16 units); None: no limit
+    # Files: how many images one message may carry (an album), and a caption's length.
+    max_album = 1
+    caption_units = 1024
 
     def __init__(self, channel):
         self.channel = channel
@@ -73,6 +76,13 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def send_text(self, target: Target, text: str) -> SendResult:
         """Send `text`; the outcome says whether it landed and whether to try again."""
+
+    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+        """Send one file chunk (delivery.attachments.OutboundFile, several only up to
+        `max_album`), `caption` (the recovery marker, if any, already in front) under
+        the first. A platform without uploads says what was attached instead."""
+        names = "\n".join(f"📎 {item.name}" for item in files)
+        return await self.send_text(target, f"{caption}\n{names}" if caption.strip() else names)
 
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""

@@ -5,7 +5,7 @@ answers with what each call returned."""
 
 import json
 
-from conversations.agents import Agent, TurnContext
+from conversations.agents import Agent, Answer, File, TurnContext
 
 
 class ScriptedToolAgent(Agent):
@@ -15,3 +15,25 @@ class ScriptedToolAgent(Agent):
             result = await ctx.call_tool(call["name"], call["arguments"])
             lines.append(json.dumps({"tool": call["name"], **result}, ensure_ascii=False, sort_keys=True))
         return "\n".join(lines) or ctx.text
+
+
+class FilesAgent(Agent):
+    """Answers with files (`files=tests.agents_for_tests.FilesAgent`): two photos (an
+    album on Telegram) and a booking's .ics, after its text."""
+
+    async def respond(self, ctx: TurnContext) -> Answer:
+        from tests.faults.agent import ics
+
+        return Answer(f"Agendado: {ctx.text}", (File("uno.jpg", jpeg(1)), File("dos.jpg", jpeg(2)),
+                                                File("cita.ics", ics(), caption="Tu cita")))
+
+
+def jpeg(seed: int, side: int = 64) -> bytes:
+    """A small real JPEG, different per seed."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (seed * 40 % 256, 90, 200)).save(out, "JPEG")
+    return out.getvalue()

@@ -10,8 +10,8 @@ from django.db import transaction
 
 from audit.failpoints import failpoint
 from conversations import console, engine, turns
-from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for
-from conversations.media import for_agents
+from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
+from conversations.media import for_agents, outbound
 from conversations.models import Turn, TurnState
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
@@ -44,6 +44,8 @@ class TurnRunner:
         # The stamp the last completion batch put (or tried to put) on each finishing
         # turn's reply row: after a lost answer, the row is ours to send only if it bears it.
         self.claim_tokens: dict[int, str] = {}
+        # The stored files of each finishing turn's answer (written onto its reply row).
+        self.attached: dict[int, tuple] = {}
         self.tasks: set[asyncio.Task] = set()  # every turn task, until it is over
         self.releases: set[asyncio.Task] = set()  # turns started while stopping, handed back
         self.done = 0
@@ -119,7 +121,8 @@ class TurnRunner:
             context = self.context(turn)
             if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
                 context.media = await self.settled_media(turn)
-            reply = await asyncio.wait_for(agent_for(channel.agent).respond(context), deadline)
+            answer = await asyncio.wait_for(agent_for(channel.agent).respond(context), deadline)
+            reply = await self.stored_answer(turn, answer)
         except (asyncio.CancelledError, TurnCancelled):
             if turn.pk not in self.cancelled_by_user:
                 # Shutdown: hand the turn back unless it already acted.
@@ -156,6 +159,16 @@ class TurnRunner:
         if outbound is not None:
             await self.worker.replies.send(outbound)
 
+    async def stored_answer(self, turn, answer) -> str:
+        """The answer's text; its files stored first (off the event loop), kept for the
+        reply row. A storage that fails is a failed turn: the agent is not run again."""
+        answer = answer_of(answer)
+        if not answer.files:
+            return answer.text
+        text, files = await asyncio.to_thread(outbound.stored_answer, turn.conversation.channel_id, answer)
+        self.attached[turn.pk] = files
+        return text
+
     async def record_completion(self, turn, state, reply, outcome, attempts=3):
         """Write the turn's end down with its reply. While the database is away the
         reply waits here, in memory, and the write is tried again (backing off) until
@@ -183,6 +196,7 @@ class TurnRunner:
         finally:
             self.finishing.discard(turn.pk)
             self.claim_tokens.pop(turn.pk, None)
+            self.attached.pop(turn.pk, None)
 
     def written_before(self, turn_id):
         """After a failed completion: (True, its reply row to send, or None) if this
@@ -215,10 +229,11 @@ class TurnRunner:
             console.turns_finished([item for item in finished if item[0].pk in ours])
             replies = {}
             for turn, state, reply, _ in finished:
-                if turn.pk in ours and reply:
+                if turn.pk in ours and (reply or self.attached.get(turn.pk)):
                     kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
                     replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
-                                                    reply_target=turn.reply_target, thread_id=turn.thread_id)
+                                                    reply_target=turn.reply_target, thread_id=turn.thread_id,
+                                                    files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else ())
             if not ledger.enabled():
                 by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
                 return [by_turn.get(turn.pk) for turn, *_ in finished]

@@ -6,7 +6,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from agentloop.core.rows import create_many
-from delivery import chunks
+from delivery import attachments, chunks
 from delivery.hooks import transport_for
 from delivery.models import OutboundMessage
 
@@ -38,14 +38,26 @@ class Reply:
     turn: object = None
     reply_target: str = ""
     thread_id: str = ""
+    files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
 
 
 def _row(reply: Reply) -> OutboundMessage:
     conversation = reply.conversation
     return OutboundMessage(conversation=conversation, channel=conversation.channel,
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
-                           chunks=split_for(conversation.channel, reply.text),
+                           chunks=chunks_for(conversation.channel, reply.text, reply.files),
                            reply_target=reply.reply_target, thread_id=reply.thread_id)
+
+
+def chunks_for(channel, text, files=()) -> list:
+    """A row's chunks: the text's (split_for), then one per file or album. [] when the
+    text alone fits in one message."""
+    if not files:
+        return split_for(channel, text)
+    transport = transport_for(channel)
+    pieces = (split_for(channel, text) or [text]) if text.strip() else []
+    return pieces + attachments.file_chunks(list(files), transport.max_album,
+                                            transport.caption_units - PREFIX_UNITS)
 
 
 def split_for(channel, text) -> list:
@@ -61,9 +73,9 @@ def parts(row) -> list:
     return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 
-def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id=""):
+def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=()):
     """Write one reply down; call inside the transaction of the work that produced it."""
-    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id)])[0]
+    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files))])[0]
 
 
 def enqueue_many(replies):

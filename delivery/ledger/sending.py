@@ -7,7 +7,7 @@ import time
 from asgiref.sync import sync_to_async
 
 from audit.failpoints import failpoint
-from delivery import faults, pacing
+from delivery import attachments, faults, pacing
 from delivery.hooks import transport_for
 from delivery.ledger.replies import LATE_RESLOTS, RECOVERY_PREFIX, parts
 from delivery.models import OutboundMessage, OutboundState, Outcome
@@ -18,8 +18,19 @@ log = logging.getLogger("delivery.ledger")  # the name it had as one module
 
 def text_to_send(row) -> str:
     """The chunk this attempt resumes at, labelled if its send may have happened before."""
-    text = parts(row)[row.chunks_delivered]
+    piece = parts(row)[row.chunks_delivered]
+    text = attachments.describe(piece) if attachments.is_files(piece) else piece
     return RECOVERY_PREFIX + text if row.needs_marker else text
+
+
+async def send_piece(transport, target, piece, label) -> SendResult:
+    """One chunk: a text, or a file chunk whose marker rides in the first file's caption."""
+    if not attachments.is_files(piece):
+        return await transport.send_text(target, label + piece)
+    files = attachments.files_of(piece)
+    result = await transport.send_files(target, files, (label + files[0].caption).rstrip())
+    failpoint("ledger.after_upload")
+    return result
 
 
 async def send(row, db=None) -> SendResult:
@@ -49,7 +60,7 @@ async def send(row, db=None) -> SendResult:
                         buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
         label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
         sent_at = time.monotonic()
-        result = await transport_for(row.channel).send_text(target, label + pieces[index])
+        result = await send_piece(transport_for(row.channel), target, pieces[index], label)
         failpoint("ledger.after_chunk_send")
         if not result.ok or index == len(pieces) - 1:
             break

@@ -96,6 +96,8 @@ class Limits:
     per_group_minute: int = 20
 
 
+PHOTO_MAX_BYTES = 10 * 1024 * 1024  # sendPhoto's upload limit
+DOCUMENT_MAX_BYTES = 50 * 1024 * 1024  # sendDocument's
 # The methods that put a message into a chat (sendChatAction does not count).
 _PACED_METHODS = frozenset({"sendmessage", "sendphoto", "senddocument", "sendvoice", "sendaudio",
                             "sendvideo", "sendmediagroup", "sendsticker", "sendanimation"})
@@ -236,6 +238,9 @@ class FakeBotAPI(FakeServer):
             "editMessageText": self._api_edit_message_text,
             "editMessageReplyMarkup": self._api_edit_message_reply_markup,
             "getFile": self._api_get_file,
+            "sendPhoto": self._api_send_photo,
+            "sendDocument": self._api_send_document,
+            "sendMediaGroup": self._api_send_media_group,
         }.items():
             self.set_handler(method, handler)
 
@@ -614,6 +619,69 @@ class FakeBotAPI(FakeServer):
             message["reply_markup"] = markup  # Telegram echoes inline keyboards only
         with self._cond:
             self._sent[(token, chat_id, message["message_id"])] = copy.deepcopy(message)
+        return message
+
+    # ------------------------------------------------------------ uploads
+
+    def _api_send_photo(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self._send_upload(token, params, "photo", PHOTO_MAX_BYTES)
+
+    def _api_send_document(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self._send_upload(token, params, "document", DOCUMENT_MAX_BYTES)
+
+    def _send_upload(self, token: str, params: dict[str, Any], field: str, limit: int) -> dict[str, Any]:
+        """sendPhoto / sendDocument with the file uploaded (multipart), as Telegram keeps
+        them: a photo up to 10 MB, a document up to 50 MB, a caption up to 1024 characters."""
+        chat_id = _chat_id(params)
+        upload = _uploaded(params.get(field), field, limit)
+        message = self._new_message(token, chat_id, params)
+        message[field] = _as_shown(field, upload)
+        caption = _caption(params.get("caption"))
+        if caption:
+            message["caption"] = caption
+        with self._cond:
+            self._sent[(token, chat_id, message["message_id"])] = copy.deepcopy(message)
+        return message
+
+    def _api_send_media_group(self, token: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """An album: 2-10 InputMedia, each naming its uploaded part (attach://<name>)."""
+        chat_id = _chat_id(params)
+        media = params.get("media")
+        if isinstance(media, str):
+            try:
+                media = json.loads(media)
+            except ValueError:
+                raise BotAPIError(400, "Bad Request: can't parse media JSON object") from None
+        if not isinstance(media, list) or not 2 <= len(media) <= 10:
+            raise BotAPIError(400, "Bad Request: media must include 2-10 items")
+        sent = []
+        group = f"{int(time.time() * 1000)}{len(self._sent)}"
+        for item in media:
+            if not isinstance(item, dict) or item.get("type") not in ("photo", "document"):
+                raise BotAPIError(400, "Bad Request: unsupported media type in the group")
+            ref = str(item.get("media", ""))
+            part = params.get(ref.removeprefix("attach://")) if ref.startswith("attach://") else None
+            upload = _uploaded(part, item["type"], PHOTO_MAX_BYTES if item["type"] == "photo" else DOCUMENT_MAX_BYTES)
+            message = self._new_message(token, chat_id, params if not sent else {})
+            message[item["type"]], message["media_group_id"] = _as_shown(item["type"], upload), group
+            caption = _caption(item.get("caption"))
+            if caption:
+                message["caption"] = caption
+            sent.append(message)
+        with self._cond:
+            for message in sent:
+                self._sent[(token, chat_id, message["message_id"])] = copy.deepcopy(message)
+        return sent
+
+    def _new_message(self, token: str, chat_id: int, params: dict[str, Any]) -> dict[str, Any]:
+        chat = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+        message: dict[str, Any] = {"message_id": self._take_message_id(token, chat_id), "from": self.bot_user(token),
+                                   "date": int(time.time()), "chat": chat}
+        if params.get("message_thread_id") is not None:
+            message["message_thread_id"] = int(params["message_thread_id"])
+        reply_to = _reply_target(params)
+        if reply_to is not None:
+            message["reply_to_message"] = {"message_id": reply_to, "date": message["date"], "chat": chat}
         return message
 
     # ------------------------------------------------------ buttons and their taps
@@ -1033,6 +1101,7 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
                 "filename": filename,
                 "content_type": part.get_content_type(),
                 "size": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest(),
             }
         else:
             params[name] = _decode_value(name, payload.decode("utf-8", "replace"))
@@ -1041,6 +1110,34 @@ def _parse_multipart(content_type: str, body: bytes) -> dict[str, Any]:
 
 _BUTTON_ACTIONS = ("callback_data", "url", "switch_inline_query", "switch_inline_query_current_chat",
                    "web_app", "login_url", "callback_game", "pay", "copy_text", "switch_inline_query_chosen_chat")
+
+
+def _uploaded(part: Any, field: str, limit: int) -> dict[str, Any]:
+    """An uploaded file's summary (what the chat shows of it), as Telegram refuses a bad one."""
+    if not isinstance(part, dict) or "sha256" not in part:
+        raise BotAPIError(400, f"Bad Request: there is no {field} in the request")
+    if part["size"] == 0:
+        raise BotAPIError(400, "Bad Request: file must be non-empty")
+    if part["size"] > limit:
+        raise BotAPIError(413, "Request Entity Too Large")
+    return {"file_name": part["filename"], "mime_type": part["content_type"], "file_size": part["size"],
+            "sha256": part["sha256"], "file_id": f"BQAC{part['sha256'][:24]}"}
+
+
+def _as_shown(field: str, upload: dict[str, Any]) -> Any:
+    """A Message's field for an uploaded file: a photo is its sizes (PhotoSize, one here),
+    a document a Document. Our own `sha256` rides along (clients ignore unknown fields)."""
+    if field == "photo":
+        return [{"file_id": upload["file_id"], "file_unique_id": upload["file_id"][-16:], "width": 64,
+                 "height": 64, "file_size": upload["file_size"], "sha256": upload["sha256"]}]
+    return {**upload, "file_unique_id": upload["file_id"][-16:]}
+
+
+def _caption(value: Any) -> str:
+    caption = "" if value is None else str(value)
+    if len(caption.encode("utf-16-le")) // 2 > 1024:
+        raise BotAPIError(400, "Bad Request: message caption is too long")
+    return caption
 
 
 def _check_reply_markup(markup: Any) -> Any:

@@ -18,7 +18,8 @@ One run per point, on its own channel of the local fake Telegram Bot API:
   5. counted from what the fake Bot API received and the calendar: lost messages
      (acknowledged, never answered), unlabelled duplicate replies, labelled resends,
      recovery notices, calendar events (want exactly 1), the photo's file (want one,
-     stored).
+     stored). The booking's reply carries its .ics as a file (sendDocument), counted
+     like a text by its caption and bytes.
 
 Used by `python -m tests.faults` (both databases, prints the table) and by
 tests/end_to_end/test_crash_matrix.py (the suite's database). Django must be set up on the
@@ -257,8 +258,12 @@ class PointRun:
         from tools.models import CalendarEvent
 
         sent = collections.defaultdict(list)
-        for call in self.fake.calls("sendMessage", token=self.token):
-            sent[int(call.params["chat_id"])].append(str(call.params["text"]))
+        for call in self.fake.calls(token=self.token):
+            if call.method == "sendMessage":
+                sent[int(call.params["chat_id"])].append(str(call.params["text"]))
+            elif call.method == "sendDocument":  # the booking's .ics, its caption naming the turn
+                upload = call.params["document"]
+                sent[int(call.params["chat_id"])].append(f"{call.params.get('caption', '')} [{upload['sha256']}]")
         result = self.result
         for texts in sent.values():
             plain = collections.Counter(t for t in texts if not t.startswith(RECOVERY_PREFIX))

@@ -23,12 +23,15 @@ from telegram.error import (
 from agentloop.core.caches import BoundedCache
 from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.request import AiohttpRequest, NotSent
-from delivery import chunks
+from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.transports import SendResult, Target, Transport
 
 TELEGRAM_MAX_UNITS = 4096  # a message's length as Telegram counts it: UTF-16 code units
+PHOTO_MAX_BYTES = 10 * 1024 * 1024  # sendPhoto's limit; a larger image goes as a document (50 MB)
+# Seconds an upload's body may take to write (PTB's 5 s default is for a text's few bytes).
+UPLOAD_WRITE_TIMEOUT = 30.0
 
 # Telegram's BadRequest descriptions that mean the chat itself is gone for this bot.
 UNREACHABLE_CHAT = ("chat not found", "bot was kicked", "bot is not a member", "user is deactivated",
@@ -99,28 +102,68 @@ class TelegramTransport(Transport):
     supports_typing = True
     typing_refresh = 4.0  # Telegram shows "typing…" for ~5 s, or until the bot's next message
     max_units = TELEGRAM_MAX_UNITS
+    max_album = 10  # sendMediaGroup takes 2-10 items
+    caption_units = 1024
 
     def _bot(self, purpose="send"):
         return telegram_bot(self.channel.setting("bot_token"), self.channel.setting("api_base"), purpose)
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         bot = self._bot()
-        last_id = ""
-        reply = (
-            telegram.ReplyParameters(int(target.reply_target), allow_sending_without_reply=True)
-            if target.reply_target else None
-        )
-        try:
+
+        async def send():
+            reply, last_id = _reply_to(target), ""
             # The ledger sends a long reply chunk by chunk (delivery.chunks); this split
             # only guards a text that reaches the transport whole.
             pieces = chunks.split(text, TELEGRAM_MAX_UNITS)
             for index, chunk in enumerate(pieces):
                 last_id = await bot.send_message_id(
-                    target.chat_id, chunk, reply_parameters=reply,
-                    message_thread_id=int(target.thread_id) if target.thread_id else None,
+                    target.chat_id, chunk, reply_parameters=reply, message_thread_id=_thread(target),
                     reply_markup=inline_keyboard(target.buttons) if index == len(pieces) - 1 else None,
                 )
                 reply = None  # only the first chunk threads to the user's message
+            return last_id
+
+        return await self.outcome_of(send)
+
+    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+        """An image as sendPhoto (Telegram shows it), anything else as sendDocument (a
+        file to open, e.g. an .ics), several images as one album (sendMediaGroup: the
+        caption under the first). The bytes are read from storage before the request:
+        a storage failure leaves nothing sent."""
+        try:
+            blobs = [await asyncio.to_thread(attachments.read, item.file) for item in files]
+        except OSError as exc:
+            return self.failed(Outcome.TEMPORARY, f"the file could not be read from storage: {type(exc).__name__}")
+        bot = self._bot()
+        common = {"chat_id": target.chat_id, "reply_parameters": _reply_to(target),
+                  "message_thread_id": _thread(target), "write_timeout": UPLOAD_WRITE_TIMEOUT}
+
+        async def send():
+            if len(files) > 1:
+                # Bytes, not an InputFile: PTB then attaches each as its own part
+                # (attach://…), which an album needs.
+                media = [telegram.InputMediaPhoto(data, filename=item.name, caption=(caption or None) if index == 0 else None)
+                         for index, (item, data) in enumerate(zip(files, blobs, strict=True))]
+                sent = await bot.send_media_group(media=media, **common)
+                return sent[-1].message_id
+            item, data = files[0], blobs[0]
+            upload = telegram.InputFile(data, filename=item.name)
+            markup = inline_keyboard(target.buttons)
+            if item.is_image and item.size <= PHOTO_MAX_BYTES:
+                sent = await bot.send_photo(photo=upload, caption=caption or None, reply_markup=markup, **common)
+            else:
+                sent = await bot.send_document(document=upload, caption=caption or None, reply_markup=markup,
+                                               **common)
+            return sent.message_id
+
+        return await self.outcome_of(send)
+
+    async def outcome_of(self, send) -> SendResult:
+        """Run one send (a coroutine function returning the sent message's id) and map
+        what python-telegram-bot raised to the ledger's outcome."""
+        try:
+            last_id = await send()
         except RetryAfter as exc:  # refused, not sent: the bot waits out the penalty
             return self.failed(Outcome.FLOOD, exc, exc.retry_after)
         except InvalidToken as exc:  # 401/404 on the bot's URL: the token was revoked or is wrong
@@ -161,8 +204,19 @@ class TelegramTransport(Transport):
     async def send_typing(self, target: Target) -> None:
         await self._bot("typing").send_chat_action(
             chat_id=target.chat_id, action="typing",
-            message_thread_id=int(target.thread_id) if target.thread_id else None,
+            message_thread_id=_thread(target),
         )
+
+
+def _reply_to(target: Target) -> telegram.ReplyParameters | None:
+    """The user's message a send threads to (sent anyway if it was deleted)."""
+    if not target.reply_target:
+        return None
+    return telegram.ReplyParameters(int(target.reply_target), allow_sending_without_reply=True)
+
+
+def _thread(target: Target) -> int | None:
+    return int(target.thread_id) if target.thread_id else None
 
 
 def bot_key(token: str) -> str:
