@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dtm
+import hashlib
 import signal
 import subprocess
 import sys
@@ -385,10 +386,14 @@ def test_body_encodings_and_unknown_methods(fake):
     assert form.json()["result"]["reply_to_message"]["message_id"] == 3
     assert as_json.json()["result"]["message_thread_id"] == 9
     assert query.json() == {"ok": True, "result": True}
-    assert multipart.status_code == 404
-    assert multipart.json() == {"ok": False, "error_code": 404, "description": "Not Found: method not found"}
+    # An upload is kept as its summary, the bytes' digest among it.
+    assert multipart.json()["result"]["document"]["file_name"] == "a.txt"
     [document] = fake.calls("sendDocument")
-    assert document.params == {"chat_id": 5, "document": {"filename": "a.txt", "content_type": "text/plain", "size": 5}}
+    assert document.params == {"chat_id": 5, "document": {"filename": "a.txt", "content_type": "text/plain", "size": 5,
+                                                          "sha256": hashlib.sha256(b"hello").hexdigest()}}
+    unknown = httpx.post(f"{base}/sendSticker", data={"chat_id": "5"})
+    assert unknown.status_code == 404
+    assert unknown.json() == {"ok": False, "error_code": 404, "description": "Not Found: method not found"}
     assert lowercase.json()["result"]["is_bot"] is True
     assert fake.calls("getMe")  # recorded under the canonical name
     assert no_text.status_code == 400

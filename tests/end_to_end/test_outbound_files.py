@@ -131,3 +131,50 @@ def test_a_refused_upload_is_permanent_and_a_flood_waits_unlabelled(processes, m
                timeout=30, message="the refused upload settled")
     refused.refresh_from_db()
     assert refused.state == OutboundState.UNREACHABLE and "rejected" in refused.last_error
+
+
+# --- WhatsApp: upload, then a message naming the media id ----------------------------------------
+
+
+@pytest.fixture
+def fake_graph():
+    from tests.fakes.graph_api import FakeGraphAPI
+    from tests.whatsapp import PHONE, TOKEN
+
+    with FakeGraphAPI(tokens=[TOKEN], phone_number_ids=[PHONE]) as fake:
+        yield fake
+
+
+@pytest.mark.e2e
+def test_an_agents_files_reach_whatsapp_uploaded_then_sent_once(processes, make_channel, fake_graph):
+    from tests.whatsapp import USER, send as whatsapp_send, whatsapp_channel
+
+    whatsapp_channel(make_channel, fake_graph, agent="files")
+    web, _ = processes.web(wait=False, **AGENT), processes.worker(**AGENT)
+    wamid = whatsapp_send(web, "agenda el lunes")
+    wait_until(delivered(1), timeout=30, message="the reply with its files delivered")
+    assert fake_graph.texts(USER) == ["Agendado: agenda el lunes"]
+    sent = fake_graph.file_messages(USER)
+    assert [(m["type"], m.get("filename"), m.get("caption")) for m in sent] == [
+        ("image", None, None), ("image", None, None), ("document", "cita.ics", "Tu cita")]  # no albums there
+    assert [m["data"] for m in sent] == [jpeg(1), jpeg(2), ics()]
+    assert len(fake_graph.calls("upload")) == 3
+    assert all("context" not in c.body for c in fake_graph.calls("message")[1:])  # only the text threads
+    assert fake_graph.calls("message")[0].body["context"] == {"message_id": wamid}
+
+
+@pytest.mark.e2e
+def test_a_whatsapp_upload_that_never_answers_sends_nothing_and_resends_unlabelled(processes, make_channel,
+                                                                                    fake_graph):
+    from tests.whatsapp import USER, whatsapp_channel
+
+    channel = whatsapp_channel(make_channel, fake_graph)
+    files = stored(channel, File("cita.ics", ics(), caption="Tu cita"))
+    fake_graph.drop_connection_next("upload")
+    row = ledger.enqueue(conversation_for(channel, USER), "", kind=OutboundKind.REPLY, files=files)
+    processes.worker()
+    wait_until(delivered(1), timeout=30, message="the file sent after the lost upload")
+    [sent] = fake_graph.file_messages(USER)
+    assert sent["caption"] == "Tu cita" and sent["data"] == ics()  # never labelled: nothing had left
+    row.refresh_from_db()
+    assert (row.attempts, row.flood_waits, row.needs_marker) == (1, 1, False)

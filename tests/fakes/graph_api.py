@@ -30,6 +30,8 @@ Standard library only (http.server), like tests/fakes/telegram_api.py.
 from __future__ import annotations
 
 import base64
+import email.parser
+import email.policy
 import hashlib
 import hmac
 import itertools
@@ -74,6 +76,10 @@ ERRORS: dict[int, tuple[int, str, str, str]] = {
 
 MAX_TEXT = 4096  # a text message's body, characters
 _PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<phone>[^/]+)/messages/?$")
+_UPLOAD_PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<phone>[^/]+)/media/?$")
+# The Cloud API's upload limits: an image (JPEG or PNG) up to 5 MB, a document up to 100 MB.
+UPLOAD_LIMITS = {"image/jpeg": 5 * 1024 * 1024, "image/png": 5 * 1024 * 1024}
+DOCUMENT_MAX_BYTES = 100 * 1024 * 1024
 # A media id's metadata (GET), and the download its `url` names (Meta's lookaside host).
 _MEDIA_PATH = re.compile(r"^/(?P<version>v\d+\.\d+)/(?P<media>\d+)/?$")
 _DOWNLOAD_PATH = "/whatsapp_business/attachments/"
@@ -275,8 +281,36 @@ class FakeGraphAPI(FakeServer):
                      "url": f"{self.url}{_DOWNLOAD_PATH}?mid={media_id}&ext={int(time.time())}"
                             f"&hash={secrets.token_urlsafe(12)}"}
 
-    def _serve(self, path: str, authorization: str, body: bytes) -> tuple[int, dict] | None:
+    def _serve_upload(self, match, token: str, content_type: str, body: bytes) -> tuple[int, dict] | None:
+        """POST /{version}/{phone number id}/media (multipart: messaging_product, type,
+        file): the uploaded file's media id, which a message then names."""
+        fields = _multipart(content_type, body)
+        upload = fields.get("file")
+        with self._cond:
+            self._state.calls.append(Call("upload", match["version"], match["phone"], token,
+                                          {k: v for k, v in fields.items() if k != "file"}, time.monotonic(),
+                                          time.time()))
+            self._cond.notify_all()
+        if not token:
+            return 400, GraphError(104, message="An access token is required to request this resource.").envelope()
+        if self.tokens and token not in self.tokens:
+            return 401, GraphError(190, message="Invalid OAuth access token - Cannot parse access token").envelope()
+        rule = self._take_rule("upload")
+        if rule is not None:  # an error, or no answer at all (None: the connection dropped)
+            return None if rule.error is None else (rule.error.status, rule.error.envelope())
+        if fields.get("messaging_product") != "whatsapp" or not isinstance(upload, tuple):
+            return 400, GraphError(100, message="(#100) The parameter file is required.").envelope()
+        data, mime = upload
+        if not data or len(data) > UPLOAD_LIMITS.get(mime, DOCUMENT_MAX_BYTES):
+            return 400, GraphError(131053, message="Media upload error").envelope()
+        return 200, {"id": self.add_media(data, mime)}
+
+    def _serve(self, path: str, authorization: str, body: bytes, content_type: str = "") -> tuple[int, dict] | None:
         parts = urlsplit(path)
+        upload = _UPLOAD_PATH.match(parts.path)
+        if upload is not None:
+            return self._serve_upload(upload, authorization[7:].strip() if authorization.lower().startswith("bearer ")
+                                      else "", content_type, body)
         if _MEDIA_PATH.match(parts.path) or parts.path == _DOWNLOAD_PATH:
             token = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
             return self._serve_media(parts, token)
@@ -307,13 +341,32 @@ class FakeGraphAPI(FakeServer):
         rule = self._take_rule(what)
         if rule is not None:
             return None if rule.error is None else (rule.error.status, rule.error.envelope())
-        problem = _invalid(data, what)
+        problem = _invalid(data, what) or self._unknown_media(data)
         if problem:
             return 400, GraphError(100, message=f"(#100) {problem}").envelope()
         if what in ("typing", "read"):
             return 200, {"success": True}
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": data["to"], "wa_id": data["to"]}],
                      "messages": [{"id": new_wamid(data["to"])}]}
+
+    def _unknown_media(self, data) -> str:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind not in ("image", "document"):
+            return ""
+        with self._cond:
+            known = str((data.get(kind) or {}).get("id")) in self._state.media
+        return "" if known else f"Invalid parameter: {kind}['id'] names no uploaded media"
+
+    def file_messages(self, to: str | None = None) -> list[dict]:
+        """The image and document messages sent, each with its media's bytes (`data`)."""
+        found = []
+        for call in self.calls("message"):
+            kind = call.body.get("type")
+            if kind in ("image", "document") and (to is None or call.body.get("to") == to):
+                with self._cond:
+                    media = self._state.media.get(str(call.body[kind].get("id")), {})
+                found.append({"type": kind, **call.body[kind], "data": media.get("data")})
+        return found
 
     def _wait_while_held(self, what):
         with self._cond:
@@ -364,6 +417,8 @@ def _invalid(data, what) -> str:
         return ""
     if not isinstance(data.get("to"), str) or not data["to"]:
         return "The parameter to is required."
+    if data.get("type") in ("image", "document"):
+        return _invalid_media(data)
     if data.get("type", "text") != "text":
         return f"Param type '{data.get('type')}' is not supported by this fake"
     body = (data.get("text") or {}).get("body")
@@ -377,13 +432,40 @@ def _invalid(data, what) -> str:
     return ""
 
 
+def _invalid_media(data) -> str:
+    media = data.get(data["type"])
+    if not isinstance(media, dict) or not media.get("id"):
+        return f"The parameter {data['type']}['id'] is required."
+    if len(str(media.get("caption") or "")) > 1024:
+        return "Param caption must be at most 1024 characters long."
+    return ""
+
+
+def _multipart(content_type: str, body: bytes) -> dict:
+    """A multipart form's fields: text as str, a file as (bytes, its declared type)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    fields = {}
+    if not message.is_multipart():
+        return fields
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        if name and part.get_filename() is not None:
+            fields[name] = (payload, part.get_content_type())
+        elif name:
+            fields[name] = payload.decode("utf-8", "replace")
+    return fields
+
+
 class _Handler(TrackedHandler):
     server: FakeGraphAPI
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
-        outcome = self.server._serve(self.path, self.headers.get("Authorization", ""), body)
+        outcome = self.server._serve(self.path, self.headers.get("Authorization", ""), body,
+                                     self.headers.get("Content-Type", ""))
         if outcome is None:
             self.close_connection = True
             return

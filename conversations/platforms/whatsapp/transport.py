@@ -24,7 +24,7 @@ from django.conf import settings
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
-from delivery import chunks
+from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.transports import SendResult, Target, Transport
@@ -36,6 +36,8 @@ MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never underc
 # a reply the user is waiting for longer than the limit needs. One flood wait is not a
 # resend (the ledger does not count it against the budget).
 FLOOD_BACKOFF = 60.0
+IMAGE_TYPES = ("image/jpeg", "image/png")  # what WhatsApp shows as an image; the rest go as documents
+IMAGE_MAX_BYTES = 5 * 1024 * 1024
 FLOOD_CODES = {4, 80007, 130429, 131056}
 TEMPORARY_CODES = {1, 2, 131000}
 # The token is dead: every send of the channel would fail the same way until an operator
@@ -68,6 +70,7 @@ class WhatsAppTransport(Transport):
     # The indicator shows until our reply or for 25 s: refreshed well before it lapses.
     typing_refresh = 20.0
     max_units = MAX_UNITS
+    caption_units = 1024  # an image's or a document's caption
 
     def setting(self, name):
         return self.channel.setting(name)
@@ -93,6 +96,55 @@ class WhatsAppTransport(Transport):
                 return result
             last_id, context = result, ""  # only the first chunk threads to the user's message
         return SendResult.delivered(last_id)
+
+    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+        """One file: uploaded (POST …/media), then sent as a message naming its media id —
+        an image (JPEG or PNG up to 5 MB) shown as one, anything else as a document. The
+        upload alone shows the user nothing: if it fails or never answers, no message
+        has left (not sent: resent unlabelled); only the message's own send can be
+        ambiguous."""
+        item = files[0]
+        try:
+            data = await asyncio.to_thread(attachments.read, item.file)
+        except OSError as exc:
+            return self.failed(Outcome.TEMPORARY, f"the file could not be read from storage: {type(exc).__name__}")
+        media_id = await self._upload(item, data)
+        if isinstance(media_id, SendResult):
+            return media_id
+        kind = "image" if item.type in IMAGE_TYPES and item.size <= IMAGE_MAX_BYTES else "document"
+        media = {"id": media_id, **({"caption": caption} if caption else {}),
+                 **({"filename": item.name} if kind == "document" else {})}
+        body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": target.chat_id,
+                "type": kind, kind: media}
+        if target.reply_target:
+            body["context"] = {"message_id": target.reply_target}
+        result = await self._post(body)
+        return SendResult.delivered(result) if isinstance(result, str) else result
+
+    async def _upload(self, item, data) -> str | SendResult:
+        """The uploaded file's media id, or the failed SendResult (never ambiguous)."""
+        limit = deadline()
+        url = self.endpoint().rsplit("/", 1)[0] + "/media"
+        upload = ("file", (item.name, data, item.type or "application/octet-stream"))
+
+        async def call(extensions):
+            response = await graph_client().post(
+                url, data={"messaging_product": "whatsapp", "type": item.type}, files=[upload], timeout=limit,
+                extensions=extensions, headers={"Authorization": f"Bearer {self.setting('token')}"})
+            try:
+                return response.status_code, response.json()
+            except ValueError:
+                return response.status_code, None
+
+        exchanged = await self.exchange(call, url.split("/")[2], limit)
+        if isinstance(exchanged, SendResult):
+            return self.failed(Outcome.NOT_SENT, f"the upload failed, no message sent: {exchanged.error}")
+        status, answer = exchanged
+        if 200 <= status < 300 and isinstance(answer, dict) and answer.get("id"):
+            return str(answer["id"])
+        if status < 300:
+            return self.failed(Outcome.NOT_SENT, f"the upload answered HTTP {status} without a media id")
+        return self.outcome(status, answer)
 
     async def _post(self, body) -> str | SendResult:
         """The wamid of a sent message, or the failed SendResult."""
