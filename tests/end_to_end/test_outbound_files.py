@@ -147,7 +147,8 @@ def fake_graph():
 
 @pytest.mark.e2e
 def test_an_agents_files_reach_whatsapp_uploaded_then_sent_once(processes, make_channel, fake_graph):
-    from tests.whatsapp import USER, send as whatsapp_send, whatsapp_channel
+    from tests.whatsapp import USER, whatsapp_channel
+    from tests.whatsapp import send as whatsapp_send
 
     whatsapp_channel(make_channel, fake_graph, agent="files")
     web, _ = processes.web(wait=False, **AGENT), processes.worker(**AGENT)
