@@ -1,6 +1,9 @@
 """Turns for external agents (pull agents, and webhook agents answering later)."""
 
 
+import base64
+
+from django.conf import settings
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
@@ -14,8 +17,9 @@ from agentloop.core.api import (
     row_id,
 )
 from conversations import engine, turns
+from conversations.agents import Answer, File
 from conversations.api.access import Conflict
-from conversations.media import for_agents
+from conversations.media import for_agents, outbound
 from conversations.models import Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -49,8 +53,31 @@ class TurnListQuery(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1, max_value=200, default=50)
 
 
+# Standard base64 of at least one byte, padded (what b64decode(validate=True) takes): in
+# the schema as its pattern, so a client knows before it sends.
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
+
+
+class ReplyFileSerializer(StrictBody):
+    name = serializers.CharField(max_length=200, help_text="The file name the user sees (`cita.ics`).")
+    data = serializers.RegexField(BASE64, help_text="The file's bytes, base64. Its type is read from the bytes.",
+                                  error_messages={"invalid": "not base64"})
+    caption = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+
+    def validate_data(self, value):
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (ValueError, TypeError):
+            raise serializers.ValidationError("not base64") from None
+        if len(data) > settings.AGENTLOOP_MEDIA_MAX_BYTES:
+            raise serializers.ValidationError(f"over the {settings.AGENTLOOP_MEDIA_MAX_BYTES} bytes a file may have")
+        return data
+
+
 class TurnReplySerializer(StrictBody):
     text = serializers.CharField(max_length=20000, trim_whitespace=False)
+    files = serializers.ListField(child=ReplyFileSerializer(), required=False, max_length=outbound.MAX_FILES,
+                                  help_text="Files sent after the text, each through the delivery ledger.")
 
 
 class TurnDoneSerializer(StrictBody):
@@ -104,17 +131,20 @@ class TurnReplyView(APIView):
         found = _turn_for_key(request.user, turn)
         incoming = TurnReplySerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        _reply(request.user, found, incoming.validated_data["text"])
+        _reply(request.user, found, incoming.validated_data["text"], incoming.validated_data.get("files", ()))
         return Response(TurnSerializer(found).data, status=status.HTTP_202_ACCEPTED)
 
 
-def _reply(key, turn, text):
+def _reply(key, turn, text, files=()):
+    files = [File(f["name"], f["data"], f.get("caption", "")) for f in files]
+    if files:  # stored before the row, outside its transaction (conversations.media.outbound)
+        text, files = outbound.stored_answer(turn.conversation.channel_id, Answer(text, tuple(files)))
     with transaction.atomic():
         locked = Turn.objects.select_for_update().select_related("conversation__channel").get(pk=turn.pk)
         if not turns.may_answer(locked, key.pk):
             raise Conflict(f"turn {turn.pk} is {locked.state} and not yours to answer")
         ledger.enqueue(locked.conversation, text, kind=OutboundKind.REPLY, turn=locked,
-                       reply_target=locked.reply_target, thread_id=locked.thread_id)
+                       reply_target=locked.reply_target, thread_id=locked.thread_id, files=files)
         Turn.objects.filter(pk=turn.pk).update(reply_text=(locked.reply_text + "\n" + text).strip())
 
 

@@ -1,6 +1,7 @@
 """Pull and webhook agents complete turns through the API, with the real web server and
 worker processes; the webhook agent is a small local HTTP service checking our signature."""
 
+import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -8,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conversations.models import Turn, TurnState
-from delivery import signing
+from delivery import attachments, signing
 from delivery.models import OutboundMessage, OutboundState
 from tests import local_http
 from tests.conftest import wait_until
@@ -46,7 +47,21 @@ def test_a_pull_agent_claims_replies_and_closes_a_turn(processes, make_channel, 
     assert claimed.status_code == 200 and claimed.json()["state"] == "running"
     assert claimed.json()["history"] == []
     assert api(web, key, "POST", f"/api/v1/turns/{turn['id']}/claim").status_code == 409
-    assert api(web, key, "POST", f"/api/v1/turns/{turn['id']}/reply", {"text": "Sí, a las 10."}).status_code == 202
+    reply_url = f"/api/v1/turns/{turn['id']}/reply"
+    # Files in a reply: base64 bytes, refused with a clear error when they are not.
+    for files, problem in (([{"name": "a.ics", "data": "%%%"}], "not base64"),
+                           ([{"name": "a.ics", "data": ""}], "may not be blank"),
+                           ([{"name": "a.ics", "data": "aG9sYQ=="}] * 11, "no more than 10")):
+        refused = api(web, key, "POST", reply_url, {"text": "Tu cita:", "files": files})
+        assert refused.status_code == 400 and problem in refused.text, refused.text
+    assert api(web, key, "POST", reply_url, {"files": []}).status_code == 400  # a reply has a text
+    assert api(web, key, "POST", reply_url, {"text": "Sí, a las 10.", "files": [
+        {"name": "cita.ics", "data": base64.b64encode(b"BEGIN:VCALENDAR").decode(), "caption": "Tu cita"}]}
+               ).status_code == 202
+    with_file = OutboundMessage.objects.get(text="Sí, a las 10.")
+    [text, document] = with_file.chunks
+    assert text == "Sí, a las 10." and document["files"][0]["name"] == "cita.ics"
+    assert attachments.read(document["files"][0]["file"]) == b"BEGIN:VCALENDAR"
     done = api(web, key, "POST", f"/api/v1/turns/{turn['id']}/done", {"text": "¿Te la reservo?"})
     assert done.status_code == 200 and done.json()["state"] == "done"
     assert api(web, key, "POST", f"/api/v1/turns/{turn['id']}/done").status_code == 200  # retried: harmless
