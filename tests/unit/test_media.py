@@ -437,3 +437,42 @@ def test_a_file_that_would_take_its_burst_over_the_cap_is_not_fetched_and_the_mo
     [file] = fetching.claim(fetching.due_ids(10), "w1")
     fetched_and_stored([file])
     assert fake_telegram.downloads[-1] == other["file_id"]
+
+
+def test_an_interrupted_turns_files_are_shown_to_the_turn_that_carries_it_once(make_channel):
+    """A photo's turn interrupted by the next message (double texting `interrupt`): the
+    next turn carries its text, and its agent is shown its photo too — once, even when a
+    second interrupt carries both forward again, and in the history once it is done."""
+    from conversations import engine, turns
+    from conversations.ingest import Inbound, admit
+    from conversations.models import TurnState
+
+    channel = make_channel("tg", kind="telegram", double_texting="interrupt", window_media=1.0)
+    t0 = timezone.now() - timedelta(minutes=5)
+
+    def message(n, at, **kw):
+        admit(channel, Inbound(platform_message_id=str(n), chat_id="4", sender_id="4", **kw),
+              now=t0 + timedelta(seconds=at))
+
+    message(1, 0, media_type="photo", text="¿qué es?", media=ref("c1"))
+    photo = MediaFile.objects.get()
+    fetching.mark_stored(photo, "w1", fetching.save(*fetching.claim([photo.pk], "w1"), jpeg()))
+    [first] = engine.flush_due(now=t0 + timedelta(seconds=5))
+    assert turns.start(first.pk, "w1")
+    message(2, 6, text="es de ayer.")  # interrupts the first turn: its input is carried
+    [second] = engine.flush_due(now=t0 + timedelta(seconds=10))
+    assert second.merged_input == "[photo] ¿qué es?\nes de ayer."
+    assert second.has_media and for_agents.file_ids_of_turn(second) == [photo.pk]
+    assert turns.start(second.pk, "w1")
+    message(3, 11, text="y la de hoy", media_type="photo", media=ref("c1"))  # the same photo again
+    [third] = engine.flush_due(now=t0 + timedelta(seconds=15))
+    assert [item.id for item in for_agents.of_turn(third)] == [photo.pk]
+    parts = for_agents.parts(for_agents.of_turn(third))
+    assert [p["type"] for p in parts] == ["image_url"]
+
+    assert turns.start(third.pk, "w1")
+    turns.finish(third.pk, "w1", state=TurnState.DONE, reply_text="Una boleta.")
+    message(4, 20, text="gracias")
+    [fourth] = engine.flush_due(now=t0 + timedelta(seconds=25))
+    [user, _] = engine.conversation_history(fourth.conversation, fourth)
+    assert user["content"].count(f"[photo: image/jpeg, {len(jpeg())} bytes]") == 1
