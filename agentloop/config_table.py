@@ -175,7 +175,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "One file at most, in bytes (Telegram serves bots files up to 20 MB); a larger one is "
             "described to the model, never fetched."),
         Var("AGENTLOOP_MEDIA_MAX_TURN_BYTES", "50000000",
-            "Bytes of images one turn shows to a model, in all; those beyond are described."),
+            "Bytes of files one burst may carry, in all: a file that would take its burst beyond "
+            "is described to the model, never fetched; images beyond it in one turn are described."),
         Var("AGENTLOOP_MEDIA_FETCH_DEADLINE", "30", "Seconds one fetch of a file may take, overall."),
         Var("AGENTLOOP_MEDIA_ATTEMPTS", "4",
             "Tries of a fetch that fails (backing off 1, 3, 9 s) before the model is told the file "

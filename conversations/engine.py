@@ -152,7 +152,8 @@ def _turn_for(buffer, messages, now):
     return Turn(
         conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
         merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
-        has_media=any(m.media_file_id for m in messages),
+        # An interrupted turn's files come with its input (for_agents.file_ids_of_turn).
+        has_media=any(m.media_file_id for m in messages) or bool(buffer.carried_turn and buffer.carried_turn.has_media),
         reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
     )
 

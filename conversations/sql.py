@@ -190,7 +190,7 @@ BATCH_SHAPES = 256
 def claim_buffers(ids, now, token) -> list:
     """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
     `token`; then the buffers this call won, each with its conversation, channel, the
-    carried-over turn's input and whether the conversation has a turn ready or running
+    carried-over turn's input (and whether it had files) and whether the conversation has a turn ready or running
     (`conversation_busy`), deadline order."""
     MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
     at = deadline_param(now)
@@ -222,7 +222,7 @@ def claim_buffers(ids, now, token) -> list:
 def _claimed_shape():
     """(columns, first, past-the-last) of each model in a _claimed_sql row."""
     parts = [columns(MessageBuffer, "b"), columns(Conversation, "c"), columns(Channel, "ch"),
-             columns(Turn, "ct", frozenset({"id", "merged_input"}))]
+             columns(Turn, "ct", frozenset({"id", "merged_input", "has_media"}))]
     shape, at = [], 0
     for part in parts:
         shape.append((part, at, at + part.width))

@@ -6,6 +6,9 @@ A try that fails is retried with backoff (`AGENTLOOP_MEDIA_ATTEMPTS` in all, log
 once per file when it gives up, not once per try); a file its platform refuses for good
 (404, over the cap) is settled at once. A lease that outlives its worker (SIGKILL
 mid-download) expires and the file is fetched again: nothing was stored under it.
+
+A file that would take its burst over AGENTLOOP_MEDIA_MAX_TURN_BYTES is not fetched at
+all (`over_their_bursts`): it is settled SKIPPED when claimed, and the model is told.
 """
 
 import asyncio
@@ -20,8 +23,8 @@ from agentloop.core.redaction import redact
 from audit.failpoints import failpoint
 from conversations import platforms
 from conversations.media import sniff, uploads
-from conversations.media.download import FileTooLarge, FileUnavailable
-from conversations.models import SETTLED, MediaFile, MediaState
+from conversations.media.download import FileTooLarge, FileUnavailable, mb
+from conversations.models import SETTLED, InboundMessage, MediaFile, MediaState
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +49,70 @@ def due_ids_among(ids, now=None) -> list[int]:
 
 def claim(ids, owner, now=None) -> list[MediaFile]:
     """The files of `ids` still pending and due (a retry waits out its backoff), now FETCHING under `owner` until its lease
-    ends (those another worker claimed first are not returned)."""
+    ends (those another worker claimed first are not returned). Those that would take
+    their burst over its cap are settled SKIPPED instead, and not returned."""
     if not ids:
         return []
     now = now or timezone.now()
     until = now + timedelta(seconds=lease_seconds())
     MediaFile.transition(list(ids), MediaState.PENDING, MediaState.FETCHING, where={"next_attempt_at__lte": now},
                          owner=owner, lease_until=until, attempts=F("attempts") + 1)
-    return list(MediaFile.objects.filter(pk__in=ids, state=MediaState.FETCHING, owner=owner, lease_until=until)
-                .select_related("channel"))
+    won = list(MediaFile.objects.filter(pk__in=ids, state=MediaState.FETCHING, owner=owner, lease_until=until)
+               .select_related("channel"))
+    over = over_their_bursts([file.pk for file in won])
+    if over:
+        MediaFile.transition(list(over), MediaState.FETCHING, MediaState.SKIPPED, where={"owner": owner},
+                             problem=over_burst_problem(), settled_at=now, lease_until=None)
+    return [file for file in won if file.pk not in over]
+
+
+def over_burst_problem() -> str:
+    return f"over what one burst may carry ({mb(settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES)} in all)"
+
+
+def over_their_bursts(ids) -> set[int]:
+    """Those of `ids` that would take the burst they arrived in (their message's buffer,
+    open or flushed into a turn) over AGENTLOOP_MEDIA_MAX_TURN_BYTES — or every burst,
+    for a file sent in several.
+
+    The rule, the same whichever worker applies it and whenever: a burst's files are
+    taken in order of arrival, each weighing its stored size once stored, else the size
+    its platform declared (a file skipped or failed weighs nothing); a file fits if the
+    files before it that fit, and itself, stay within the cap. A file's answer depends
+    only on the files that arrived before it and on sizes fixed at admission, so two
+    workers fetching two files of one burst at once decide alike, and a file arriving
+    later never changes an earlier one's. A file whose size its platform does not
+    declare (WhatsApp's) weighs nothing until it is stored; what a turn shows stays
+    bounded by the same cap (for_agents.parts)."""
+    if not ids:
+        return set()
+    buffers = set(InboundMessage.objects.filter(media_file_id__in=ids, buffer_id__isnull=False)
+                  .values_list("buffer_id", flat=True))
+    if not buffers:
+        return set()
+    by_buffer: dict[int, list[tuple]] = {}
+    for buffer_id, *file in (InboundMessage.objects.filter(buffer_id__in=buffers, media_file__isnull=False)
+                             .order_by("received_at", "pk")
+                             .values_list("buffer_id", "media_file_id", "media_file__state", "media_file__size",
+                                          "media_file__declared_size")):
+        by_buffer.setdefault(buffer_id, []).append(tuple(file))
+    fitting = set().union(*(_fitting(files) for files in by_buffer.values()))
+    in_a_burst = {pk for files in by_buffer.values() for pk, *_ in files}
+    return {pk for pk in ids if pk in in_a_burst and pk not in fitting}
+
+
+def _fitting(files) -> set[int]:
+    """The ids of a burst's (id, state, size, declared size), in arrival order, that fit its cap."""
+    cap, total, fitting, seen = settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES, 0, set(), set()
+    for pk, state, size, declared in files:
+        if pk in seen or state in (MediaState.SKIPPED, MediaState.FAILED):
+            continue
+        seen.add(pk)
+        weight = (size if state == MediaState.STORED else declared) or 0
+        if total + weight <= cap:
+            total += weight
+            fitting.add(pk)
+    return fitting
 
 
 def release_expired(now=None, dead_owners=()) -> int:

@@ -14,7 +14,7 @@ from django.core.files.storage import default_storage
 
 from conversations.media import links, sniff, transcribe
 from conversations.media.download import mb
-from conversations.models import InboundMessage, MediaFile, MediaState
+from conversations.models import InboundMessage, MediaFile, MediaState, MessageBuffer
 
 DOCUMENT_TEXT_CHARS = 20000
 
@@ -42,9 +42,30 @@ class Attachment:
 
 
 def file_ids_of_turn(turn) -> list[int]:
-    """The files of the messages merged into `turn`, in arrival order."""
-    return list(InboundMessage.objects.filter(buffer_id=turn.buffer_id, media_file__isnull=False)
-                .order_by("received_at", "pk").values_list("media_file_id", flat=True))
+    """The files of the messages merged into `turn` — and of the interrupted turns whose
+    input it carries (conversations.engine.merge) — in arrival order, each once."""
+    ids = (InboundMessage.objects.filter(buffer_id__in=list(input_buffers([turn.buffer_id])), media_file__isnull=False)
+           .order_by("received_at", "pk").values_list("media_file_id", flat=True))
+    return list(dict.fromkeys(ids))
+
+
+def input_buffers(buffer_ids) -> dict[int, int]:
+    """{buffer id: the one of `buffer_ids` whose turn's input it is}: each buffer, and
+    those whose cancelled turn's input it carries (an interrupt: MessageBuffer.
+    carried_turn), and theirs, in turn. One query per interrupt in a row."""
+    found = {pk: pk for pk in buffer_ids if pk}
+    step = list(found)
+    for _ in range(100):  # each step follows one interrupt: a finite chain
+        carried = (MessageBuffer.objects.filter(pk__in=step, carried_turn__isnull=False)
+                   .values_list("pk", "carried_turn__buffer_id")) if step else []
+        step = []
+        for pk, earlier in carried:
+            if earlier is not None and earlier not in found:
+                found[earlier] = found[pk]
+                step.append(earlier)
+        if not step:
+            break
+    return found
 
 
 def attachments(ids) -> list[Attachment]:
@@ -76,16 +97,21 @@ def seen_by_turns(turns) -> dict[int, str]:
     """{turn id: the lines describing its files} for earlier turns (history): one query
     for all of them. A transcript comes with its line; images and documents are not sent
     again."""
-    by_buffer = {turn.buffer_id: turn.pk for turn in turns if turn.buffer_id}
-    if not by_buffer:
+    turn_of = {turn.buffer_id: turn.pk for turn in turns if turn.buffer_id}
+    if not turn_of:
         return {}
+    by_buffer = {pk: turn_of[own] for pk, own in input_buffers(list(turn_of)).items()}  # with carried input
     lines: dict[int, list[str]] = {}
+    shown: set[tuple[int, int]] = set()
     for message in (InboundMessage.objects.filter(buffer_id__in=list(by_buffer), media_file__isnull=False)
                     .select_related("media_file").order_by("received_at", "pk")):
+        turn_id = by_buffer[message.buffer_id]
+        if (turn_id, message.media_file_id) in shown:
+            continue
+        shown.add((turn_id, message.media_file_id))
         item = attachment_of(message.media_file)
         line = describe(item)
-        lines.setdefault(by_buffer[message.buffer_id], []).append(
-            f"{line}\n{item.transcript}" if item.transcript else line)
+        lines.setdefault(turn_id, []).append(f"{line}\n{item.transcript}" if item.transcript else line)
     return {pk: "\n".join(found) for pk, found in lines.items()}
 
 

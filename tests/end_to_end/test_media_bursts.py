@@ -1,6 +1,7 @@
 """Media is part of the burst, through the real web server and worker: an album of three
 photos with its question after it is one turn, and so is a photo followed by its
-question — the two cases that made four and two replies while media flushed at once."""
+question — the two cases that made four and two replies while media flushed at once —
+and an album of ten, delivered out of order, is one model request with ten images."""
 
 import itertools
 import time
@@ -236,3 +237,55 @@ def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, m
     assert local_http.get(f"{web.url}{listed['media'][0]['url']}", timeout=10).content == photo
     if s3 is not None:
         assert len(s3.keys()) == 1 and not (tmp_path / "files").exists()
+
+
+def test_an_album_of_ten_out_of_order_and_its_question_is_one_turn_with_ten_images(
+        processes, make_channel, fake_telegram, tmp_path):
+    """An album of 10 photos (one media_group_id, its updates delivered out of order and
+    one of them twice) and its question 0.5 s later: one turn, one reply, one model
+    request carrying all 10 images — each the bytes of its photo — and each file
+    downloaded once."""
+    import base64
+    import io
+    import random
+
+    from PIL import Image
+
+    from conversations.models import MediaFile, MediaState
+    from tests.e2e import TOKEN
+    from tests.fakes.openai_api import FakeOpenAI
+
+    def jpeg(shade):
+        out = io.BytesIO()
+        Image.new("RGB", (40, 30), (shade, 90, 10)).save(out, "JPEG")
+        return out.getvalue()
+
+    photos = [jpeg(20 + 23 * n) for n in range(10)]
+    with FakeOpenAI() as model:
+        web = answered_by_a_model(model, "Son 10 boletas.", processes, make_channel, fake_telegram, tmp_path)
+        album = []
+        for n, data in enumerate(photos):
+            update = photo_update(605, album="97531", caption="las diez boletas" if n == 0 else "")
+            update["message"]["photo"] = [{**fake_telegram.add_file(TOKEN, data), "width": 40, "height": 30}]
+            album.append(update)
+        delivered = random.Random(605).sample(album, len(album))
+        delivered.insert(4, delivered[1])  # one item delivered twice
+        for item in delivered:
+            post(web, item)
+        time.sleep(0.5)  # the user's pause before the question, not a wait for a result
+        send(web, "tg", 605, "¿cuánto suman?")
+        wait_until(settled(605), timeout=30, message="the album of ten answered")
+        [request] = model.requests()
+
+    content = request.messages[-1]["content"]
+    assert [part["type"] for part in content] == ["text"] + ["image_url"] * 10
+    arrived = list(dict.fromkeys(album.index(item) for item in delivered))  # the album's order as it came
+    assert content[0]["text"] == "\n".join(
+        ["[photo] las diez boletas" if n == 0 else "[photo]" for n in arrived] + ["¿cuánto suman?"])
+    shown = [base64.b64decode(part["image_url"]["url"].split(",", 1)[1]) for part in content[1:]]
+    assert shown == [photos[n] for n in arrived]
+    assert replies(fake_telegram, 605) == ["Son 10 boletas."]
+    [turn] = Turn.objects.filter(conversation__chat_id="605")
+    assert turn.state == TurnState.DONE
+    assert sorted(fake_telegram.downloads) == sorted(u["message"]["photo"][0]["file_id"] for u in album)
+    assert MediaFile.objects.filter(state=MediaState.STORED).count() == 10
