@@ -191,6 +191,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "a model sees them."),
         Var("AGENTLOOP_MEDIA_URL_TTL", "3600",
             "Seconds a signed link to a file works (the `media` of a webhook or pull agent's turn)."),
+        Var("AGENTLOOP_MEDIA_URL_CA_BUNDLE", "empty: the public CAs only",
+            "A PEM file of more CA certificates trusted when fetching a file given by its `https` URL "
+            "(the API's `media_url`): an internal CA. Which hosts may be private: a channel's "
+            "`allowed_media_hosts`."),
         Var("AGENTLOOP_TRANSCRIPTION_BASE_URL", "empty: voice notes are not transcribed",
             "An OpenAI-compatible server whose `/v1/audio/transcriptions` turns voice notes and "
             "audio into text, once per file (a channel's `agent_config.transcription` may name "

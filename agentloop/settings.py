@@ -304,6 +304,9 @@ AGENTLOOP_MEDIA_POLL = env.float("AGENTLOOP_MEDIA_POLL", default=0.5)
 AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", default=1568)
 # How long a signed link to a file (webhook and pull agents' `media`) works, seconds.
 AGENTLOOP_MEDIA_URL_TTL = env.int("AGENTLOOP_MEDIA_URL_TTL", default=3600)
+# Files given by https URL (the API's media_url) are checked against the public CAs and
+# also those in this PEM bundle (an internal CA; the tests' self-signed certificate).
+AGENTLOOP_MEDIA_URL_CA_BUNDLE = env.str("AGENTLOOP_MEDIA_URL_CA_BUNDLE", default="")
 # Voice notes and audio as text: an OpenAI-compatible /v1/audio/transcriptions (empty: not
 # transcribed, unless a channel's agent_config["transcription"] names a server).
 AGENTLOOP_TRANSCRIPTION_BASE_URL = env.str("AGENTLOOP_TRANSCRIPTION_BASE_URL", default="")

@@ -15,3 +15,12 @@ import certifi
 @functools.cache
 def shared_tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
+
+
+@functools.cache
+def tls_context_trusting(cafile: str) -> ssl.SSLContext:
+    """The public CAs and those in `cafile` too (a PEM bundle: an internal CA, a test's
+    self-signed certificate); one context per bundle."""
+    context = ssl.create_default_context(cafile=certifi.where())
+    context.load_verify_locations(cafile=cafile)
+    return context

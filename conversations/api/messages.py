@@ -6,7 +6,7 @@ import json
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
@@ -22,7 +22,7 @@ from agentloop.core.api import (
 from conversations import edits
 from conversations.api.access import Conflict, channel_for_key
 from conversations.ingest import Inbound, Unstorable, admit
-from conversations.media import uploads
+from conversations.media import remote, uploads
 from conversations.models import EditOutcome, InboundMessage
 from conversations.platforms.api import KIND as API_KIND
 
@@ -30,27 +30,50 @@ MESSAGE_ID_CHARS = min(InboundMessage._meta.get_field(name).max_length
                        for name in ("platform_message_id", "reply_target"))
 
 
+@extend_schema_field({"type": "string", "maxLength": remote.MAX_URL_CHARS, "pattern": remote.URL_PATTERN})
+class MediaUrlField(serializers.CharField):
+    """An https URL of a file (conversations.media.remote.check_url: the schema's pattern
+    is the same rule)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            remote.check_url(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
+
+
 class InboundMessageSerializer(StrictBody):
     # The schema's own words for the rule `validate` enforces.
     schema_extra = {"anyOf": [{"required": ["text"], "properties": {"text": {"pattern": NOT_BLANK}}},
-                              {"required": ["media_type"]}]}
+                              {"required": ["media_type"]}, {"required": ["media_url"]}]}
 
     message_id = serializers.CharField(max_length=MESSAGE_ID_CHARS)
     contact = serializers.CharField(max_length=100)
     text = serializers.CharField(allow_blank=True, default="", max_length=20000, trim_whitespace=False,
-                                 help_text="Required, and not blank, unless the message has a `media_type` or a "
-                                           "file.")
+                                 help_text="Required, and not blank, unless the message has a `media_type`, a "
+                                           "`media_url` or a file.")
     chat = serializers.CharField(max_length=100, required=False)
     sender_name = serializers.CharField(max_length=200, required=False, default="")
     media_type = serializers.CharField(max_length=30, required=False, default="")
+    media_url = MediaUrlField(
+        max_length=remote.MAX_URL_CHARS, required=False, default="", trim_whitespace=False,
+        help_text="An `https` URL of the message's file, fetched after the message is accepted (not while the "
+                  "request waits), from public addresses only unless the channel's `allowed_media_hosts` names "
+                  "the host. Not with a multipart file.")
     album = serializers.CharField(max_length=64, required=False, default="",
                                   help_text="Items sent as one album share it: they count as one message "
                                             "and keep the buffer open for the album window.")
     is_group = serializers.BooleanField(required=False, default=False)
 
     def validate(self, data):
-        if not data["text"].strip() and not data["media_type"] and not self.context.get("with_file"):
-            raise serializers.ValidationError({"text": "a message needs text or a media_type"})
+        with_file = self.context.get("with_file")
+        if not data["text"].strip() and not data["media_type"] and not with_file and not data["media_url"]:
+            raise serializers.ValidationError({"text": "a message needs text, a media_type or a media_url"})
+        if with_file and data["media_url"]:
+            raise serializers.ValidationError({"media_url": "a message carries one file: a media_url or an "
+                                                            "uploaded file, not both"})
         return data
 
 
@@ -98,8 +121,11 @@ class ChannelMessagesView(APIView):
                    summary="Send a user's message into an api channel (buffered into the next turn)",
                    description="A file goes with it as multipart/form-data: the message as JSON in the `message` "
                                "part, the file in `file` (its kind, when `media_type` is not given, read from its "
-                               "bytes). 403: the key has no access to the channel. 404: no active channel by that "
-                               "slug. 400: an invalid body, an empty file, or the channel is not an `api` channel. "
+                               "bytes). Or the file's `https` URL in `media_url`: fetched by a worker, never from a private, "
+                               "loopback or link-local address unless the channel allows the host. 403: the key has "
+                               "no access to the channel. 404: no active channel by that slug. 400: an invalid body "
+                               "(a `media_url` not https or malformed), an empty file, or the "
+                               "channel is not an `api` channel. "
                                "413: the file is over AGENTLOOP_MEDIA_MAX_BYTES.")
     def post(self, request, slug):
         channel = channel_for_key(request.user, slug, API_KIND)
@@ -113,6 +139,9 @@ class ChannelMessagesView(APIView):
                 media = uploads.stored_upload(channel, upload, data["media_type"])
             except uploads.UploadRefused as refused:
                 return Response({"error": str(refused)}, status=refused.status)
+            data["media_type"] = media.kind
+        elif data["media_url"]:
+            media = remote.media_ref(data["media_url"], data["media_type"])
             data["media_type"] = media.kind
         try:
             admission = admit(channel, Inbound(

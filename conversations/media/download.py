@@ -44,16 +44,26 @@ async def fetch_bytes(url: str, limit: int, deadline: float, headers: dict | Non
 async def _read(url, limit, deadline, headers) -> bytes:
     async with httpx.AsyncClient(timeout=deadline, follow_redirects=False) as client:
         async with client.stream("GET", url, headers=headers) as response:
-            if response.status_code in (401, 403, 404, 410):
-                raise FileUnavailable(f"the platform answered {response.status_code} for the file", permanent=True)
-            if response.status_code != 200:
-                raise FileUnavailable(f"the platform answered {response.status_code} for the file")
-            announced = int(response.headers.get("content-length") or 0)
-            if announced > limit:
-                raise FileTooLarge(announced, limit)
-            body = bytearray()
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > limit:
-                    raise FileTooLarge(len(body), limit)
-            return bytes(body)
+            return await read_body(response, limit)
+
+
+async def read_body(response: httpx.Response, limit: int, who: str = "the platform") -> bytes:
+    """A streamed response's body, at most `limit` bytes (FileTooLarge past it, whatever
+    Content-Length said); a status other than 200 is FileUnavailable (`permanent` for
+    401, 403, 404, 410)."""
+    if response.status_code in (401, 403, 404, 410):
+        raise FileUnavailable(f"{who} answered {response.status_code} for the file", permanent=True)
+    if response.status_code != 200:
+        raise FileUnavailable(f"{who} answered {response.status_code} for the file")
+    try:
+        announced = int(response.headers.get("content-length") or 0)
+    except ValueError:  # a server's garbage: the cap is checked while reading all the same
+        announced = 0
+    if announced > limit:
+        raise FileTooLarge(announced, limit)
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise FileTooLarge(len(body), limit)
+    return bytes(body)

@@ -289,3 +289,45 @@ def test_an_album_of_ten_out_of_order_and_its_question_is_one_turn_with_ten_imag
     assert turn.state == TurnState.DONE
     assert sorted(fake_telegram.downloads) == sorted(u["message"]["photo"][0]["file_id"] for u in album)
     assert MediaFile.objects.filter(state=MediaState.STORED).count() == 10
+
+
+def test_a_photo_given_by_https_url_to_an_api_channel_reaches_the_model_as_an_image(
+        processes, make_channel, agent_key, tmp_path):
+    """A message into an API channel with the photo's `https` URL on a local TLS file
+    server (its CA trusted by AGENTLOOP_MEDIA_URL_CA_BUNDLE, its host allowed by the
+    channel): accepted at once, fetched by the worker from the address it checked, and
+    the model gets the image as a content part; a second message with a plain-http URL
+    is refused at admission (400)."""
+    from conversations.models import MediaFile, MediaState
+    from tests.fakes.file_server import FileServer
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+    from tests.unit.test_media import jpeg
+
+    photo = jpeg(320, 240)
+    with FakeOpenAI() as model, FileServer(tmp_path) as files:
+        model.script(Reply("Es una boleta."))
+        channel = make_channel("shop", kind="api", agent="openai", platform_settings={
+            "allowed_media_hosts": ["localhost"]}, agent_config={
+            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        key = agent_key(channel)
+        env = {"AGENTLOOP_MEDIA_ROOT": tmp_path / "files", "AGENTLOOP_MEDIA_URL_CA_BUNDLE": files.ca_file}
+        web = processes.web(wait=False, **env)
+        processes.worker(**env)
+        url = files.add("boleta.jpg", photo)
+        headers = {"Authorization": f"Bearer {key}"}
+        accepted = local_http.post(f"{web.url}/api/v1/channels/shop/messages", headers=headers, timeout=10, json={
+            "message_id": "m1", "contact": "ana", "text": "¿qué es esto?", "media_url": url})
+        assert accepted.status_code == 202, accepted.text
+        refused = local_http.post(f"{web.url}/api/v1/channels/shop/messages", headers=headers, timeout=10, json={
+            "message_id": "m2", "contact": "ana", "media_url": url.replace("https:", "http:")})
+        assert refused.status_code == 400
+        assert refused.json()["fields"]["media_url"] == ["only https URLs are fetched (it must begin with https://)"]
+        wait_until(settled("ana"), timeout=30, message="the photo answered")
+        [request] = model.requests()
+        assert files.requests == [("/files/boleta.jpg", f"localhost:{files.server_address[1]}")]
+    content = request.messages[-1]["content"]
+    assert [part["type"] for part in content] == ["text", "image_url"]
+    assert content[0]["text"] == "[photo] ¿qué es esto?"
+    assert content[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    file = MediaFile.objects.get()
+    assert (file.state, file.content_type, file.size) == (MediaState.STORED, "image/jpeg", len(photo))

@@ -2,11 +2,32 @@
 key per channel); replies are stored for the read API, or POSTed signed to the
 channel's callback URL when it has one (transport.py)."""
 
+import ipaddress
+import re
+
 from django.core.exceptions import ValidationError
 
 from conversations.platforms.base import Platform, Setting, check_url
 
 KIND = "api"
+HOST_NAME = re.compile(r"[a-z0-9_-]{1,63}(\.[a-z0-9_-]{1,63})*")
+
+
+def check_hosts(value) -> list[str]:
+    """A list of host names or addresses (or a string of them, separated by commas or
+    spaces), lowercased."""
+    names = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    cleaned = []
+    for name in names:
+        host = str(name).strip().strip("[]").lower()
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not HOST_NAME.fullmatch(host):
+                raise ValidationError(f"not a host name: {name!r} (a name or an address, without scheme or "
+                                      f"port)") from None
+        cleaned.append(host)
+    return cleaned
 
 
 class ApiPlatform(Platform):
@@ -16,6 +37,10 @@ class ApiPlatform(Platform):
         "callback_url": Setting(check=check_url, help="Where replies are POSTed (HMAC-signed); empty: replies "
                                                       "are kept for the read API."),
         "callback_secret": Setting(secret=True, help="HMAC key the callback's requests are signed with."),
+        "allowed_media_hosts": Setting(default=(), check=check_hosts,
+                                       help="Hosts whose `media_url` files are fetched even though they resolve to a "
+                                            "private, loopback or link-local address (an internal file server); "
+                                            "every other host must resolve to public addresses only."),
     }
 
     def clean_settings(self, values):
@@ -34,14 +59,22 @@ class ApiPlatform(Platform):
         return ""
 
     async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
-        """An uploaded file is already ours (conversations.media.uploads): read back from
-        the storage, and only from this channel's own files."""
+        """A file given by URL is fetched under the SSRF policy (conversations.media.remote,
+        this channel's `allowed_media_hosts`). An uploaded file is already ours
+        (conversations.media.uploads): read back from the storage, and only from this
+        channel's own files."""
         import asyncio
 
+        from django.conf import settings
         from django.core.files.storage import default_storage
 
         from conversations.media.download import FileUnavailable
+        from conversations.media.remote import fetch_url
         from conversations.media.uploads import own_prefix
+
+        if ref.startswith("https://"):
+            return await fetch_url(ref, limit, settings.AGENTLOOP_MEDIA_FETCH_DEADLINE,
+                                   (channel.platform_settings or {}).get("allowed_media_hosts") or ())
 
         if not ref.startswith(own_prefix(channel.pk)) or ".." in ref:
             raise FileUnavailable("not a file uploaded to this channel", permanent=True)
