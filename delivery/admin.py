@@ -8,7 +8,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agentloop.core.redaction import hide_secrets
-from delivery import ledger
+from delivery import attachments, ledger
 from delivery.models import OutboundMessage, UnreachableChat
 
 
@@ -40,10 +40,10 @@ class LedgerRowAdmin(admin.ModelAdmin):
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
                                                                         "chunk_progress", "error_shown",
-                                                                        "unreachable_link"]
+                                                                        "unreachable_link", "files_shown"]
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
-                           "turn_link", "text"]}),
+                           "turn_link", "text", "files_shown"]}),
         ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
                                  "last_outcome",
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
@@ -57,6 +57,11 @@ class LedgerRowAdmin(admin.ModelAdmin):
         done = total if row.state == "delivered" else row.chunks_delivered
         started = row.chunks_started > row.chunks_delivered and done < total
         return f"{done} of {total} delivered" + (f"; chunk {done + 1} was started" if started else "")
+
+    @admin.display(description="Files")
+    def files_shown(self, row):
+        """The files the reply carries after its text (delivery.attachments), in order."""
+        return "; ".join(attachments.listed(row.chunks)) or "—"
 
     @admin.display(description="text")
     def short_text(self, row):

@@ -87,6 +87,12 @@ def _cut(caption: str, limit: int) -> str:
     return chunks.split(caption, limit)[0]
 
 
+def listed(pieces) -> list[str]:
+    """A row's files in words, in order (the story page, the admin): `cita.ics (text/plain, 1 KB)`."""
+    return [f"{item.name} ({item.type or '?'}, {max(1, round(item.size / 1024))} KB)"
+            for piece in pieces or () if is_files(piece) for item in files_of(piece)]
+
+
 def describe(piece) -> str:
     """A file chunk in words (the admin, a platform without files)."""
     return ", ".join(f"📎 {item.name}" for item in files_of(piece))

@@ -39,6 +39,7 @@ from conversations.models import (
     MessageEdit,
     Turn,
 )
+from delivery import attachments
 from delivery.models import OutboundMessage
 from tools.models import ActionClaim
 
@@ -305,6 +306,9 @@ def _ledger_entry(story, r, rank):
                ("Platform message id", r.platform_message_id or "—")]
     if r.last_error:
         details.append(("Last error", story.redact(r.last_error, 300)))
+    files = attachments.listed(r.chunks)
+    if files:  # sent after the text, each a chunk of the row
+        details.append(("Files", "; ".join(files)))
     if r.next_attempt_at and r.state in OutboundMessage.OPEN:
         details.append(("Next attempt", _iso(r.next_attempt_at)))
     links = [(f"ledger row {r.pk}", "delivery.outboundmessage", r.pk)]

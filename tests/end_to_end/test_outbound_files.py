@@ -179,3 +179,18 @@ def test_a_whatsapp_upload_that_never_answers_sends_nothing_and_resends_unlabell
     assert sent["caption"] == "Tu cita" and sent["data"] == ics()  # never labelled: nothing had left
     row.refresh_from_db()
     assert (row.attempts, row.flood_waits, row.needs_marker) == (1, 1, False)
+
+
+@pytest.mark.django_db
+def test_operators_see_a_replys_files_on_its_ledger_row_and_the_story(make_channel, admin_client):
+    from agentloop.console import story
+
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:x", "api_base": "http://127.0.0.1:9"})
+    conversation = conversation_for(channel)
+    row = ledger.enqueue(conversation, "Listo.", kind=OutboundKind.REPLY,
+                         files=stored(channel, File("cita.ics", ics()), File("foto.jpg", jpeg(4))))
+    assert attachments.listed(row.chunks) == ["cita.ics (text/plain, 1 KB)", f"foto.jpg (image/jpeg, {round(len(jpeg(4)) / 1024) or 1} KB)"]
+    page = admin_client.get(f"/admin/delivery/outboundmessage/{row.pk}/change/")
+    assert page.status_code == 200 and "cita.ics (text/plain, 1 KB)" in page.content.decode()
+    [entry] = [e for e in story.page(conversation.pk).entries if e.kind == "ledger"]
+    assert dict(entry.details)["Files"].startswith("cita.ics (text/plain, 1 KB); foto.jpg")
