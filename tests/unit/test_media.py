@@ -476,3 +476,27 @@ def test_an_interrupted_turns_files_are_shown_to_the_turn_that_carries_it_once(m
     [fourth] = engine.flush_due(now=t0 + timedelta(seconds=25))
     [user, _] = engine.conversation_history(fourth.conversation, fourth)
     assert user["content"].count(f"[photo: image/jpeg, {len(jpeg())} bytes]") == 1
+
+
+def test_downloads_leave_no_tls_context_of_their_own_behind(bot_channel, fake_telegram):
+    """A download's client uses the process's one TLS context: a closed client's reference
+    cycles (httpx's pool, anyio's stream) then hold no context with its own CA store —
+    ~0.9 MB of OpenSSL's memory each, which tracemalloc does not see and the worker's
+    collector (agentloop.core.collector) reclaims only in its rare full collections."""
+    import gc
+    import ssl
+
+    given = [fake_telegram.add_file(TOKEN, jpeg(64 + i, 48)) for i in range(3)]
+    gc.collect()
+    gc.disable()  # as good as the worker's rare collections, for the length of the test
+    try:
+        for file in given:
+            fetch(bot_channel, file["file_id"])
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, ssl.SSLContext)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
