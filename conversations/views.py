@@ -1,6 +1,8 @@
 """Views every platform shares. A platform's webhooks live in its own package
 (conversations/platforms/<kind>/), mounted under /webhooks/<kind>/."""
 
+from dataclasses import dataclass
+
 from django.core.files.storage import default_storage
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 
@@ -19,10 +21,11 @@ def media_file(request, token):
     is not ours or expired, 404 for a file that is not stored (never fetched, or erased).
     Served with the type sniffed from its bytes, never as a page of this site."""
     try:
-        file_id = links.file_id_of(token)
+        reply_file = links.outbound_of(token)
+        item = ReplyFile(*reply_file) if reply_file else next(iter(for_agents.attachments([links.file_id_of(token)])),
+                                                                None)
     except links.LinkRefused as refused:
         return JsonResponse({"error": str(refused)}, status=403)
-    item = next(iter(for_agents.attachments([file_id])), None)
     if item is None or not item.readable:
         raise Http404("no stored file for this link")
     small = thumbnail(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
@@ -39,6 +42,20 @@ def media_file(request, token):
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"
     response["X-Content-Type-Options"] = "nosniff"
     return response
+
+
+@dataclass(frozen=True)
+class ReplyFile:
+    """A file of a reply, as media_file serves it (a user's file is a for_agents.Attachment)."""
+
+    storage_name: str
+    content_type: str
+    file_name: str
+    readable: bool = True
+
+    def read(self) -> bytes:
+        with default_storage.open(self.storage_name, "rb") as handle:
+            return handle.read()
 
 
 THUMBNAIL_SIDE = 160

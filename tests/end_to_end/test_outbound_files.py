@@ -194,3 +194,41 @@ def test_operators_see_a_replys_files_on_its_ledger_row_and_the_story(make_chann
     assert page.status_code == 200 and "cita.ics (text/plain, 1 KB)" in page.content.decode()
     [entry] = [e for e in story.page(conversation.pk).entries if e.kind == "ledger"]
     assert dict(entry.details)["Files"].startswith("cita.ics (text/plain, 1 KB); foto.jpg")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_chat_shows_a_replys_files_by_signed_links(make_channel, client):
+    """The web chat has no uploads of its own: a file chunk is pushed to the page as a
+    link it shows (a thumbnail for an image), served by /files/ like a user's file."""
+    from asgiref.sync import async_to_sync
+    from django.utils import timezone
+
+    from agentloop.core import live
+    from agentloop.core.models import LiveEvent, LiveListener
+    from delivery.hooks import transport_for
+    from delivery.transports import Target
+
+    channel = make_channel("web", kind="webchat")
+    conversation = conversation_for(channel)
+    LiveListener.objects.create(name="test:1", seen_at=timezone.now())
+    live.forget_listeners()
+    files = list(stored(channel, File("foto.jpg", jpeg(5)), File("cita.ics", ics())))
+    result = async_to_sync(transport_for(channel).send_files)(Target("101", conversation_id=conversation.pk),
+                                                              files, "Tus archivos")
+    assert result.ok
+    [event] = [e.payload for e in LiveEvent.objects.all()]
+    assert event["kind"] == "reply" and event["text"] == "Tus archivos"
+    assert [(f["name"], f["type"]) for f in event["files"]] == [("foto.jpg", "image/jpeg"), ("cita.ics", "text/plain")]
+    photo = client.get(event["files"][0]["url"])
+    assert photo.status_code == 200 and b"".join(photo.streaming_content) == jpeg(5)
+    assert photo["Content-Type"] == "image/jpeg" and photo["X-Content-Type-Options"] == "nosniff"
+    small = client.get(event["files"][0]["url"] + "?thumbnail=1")
+    assert small.status_code == 200 and small.content[:2] == b"\xff\xd8"
+    # A link is signed: another storage name, or one outside replies' files, is refused.
+    from django.core import signing
+
+    from conversations.media.links import SALT
+
+    forged = signing.TimestampSigner(salt=SALT).sign_object({"o": "media/1/aa/secret", "t": "x", "n": "x"})
+    assert client.get(f"/files/{forged}").status_code == 403
+    assert client.get(event["files"][1]["url"][:-3] + "abc").status_code == 403

@@ -1,6 +1,7 @@
 """The web chat's transport: replies and "typing…" pushed to the page's live group."""
 
 from agentloop.core import live
+from conversations.media import links
 from delivery.models import Outcome
 from delivery.transports import SendResult, Target, Transport
 
@@ -20,6 +21,19 @@ class WebchatTransport(Transport):
             if target.buttons:  # the page shows them and sends a tap back over its socket
                 event["buttons"] = [{"label": label, "data": data} for label, data in target.buttons]
             await live.apublish([live.conversation_group(target.conversation_id)], event)
+        except Exception as exc:  # e.g. Redis unreachable
+            return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
+        return SendResult.delivered()
+
+    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+        """A reply's file, pushed as links the page shows (a thumbnail for an image),
+        signed and expiring like every file link (conversations.media.links)."""
+        shown = [{"name": item.name, "type": item.type, "size": item.size,
+                  "url": links.path_for_outbound(item.file, item.type, item.name)} for item in files]
+        try:
+            await live.apublish([live.conversation_group(target.conversation_id)], {
+                "kind": "reply", "conversation": target.conversation_id, "text": caption, "files": shown,
+                "reply_to": target.reply_target})
         except Exception as exc:  # e.g. Redis unreachable
             return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered()
