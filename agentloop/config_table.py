@@ -136,6 +136,12 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_TYPING_INTERVAL", "0",
             "Seconds between typing indicators; `0`: each platform's own (Telegram 4 s, its "
             "indicator lasts about 5 s; WhatsApp 20 s)."),
+        Var("AGENTLOOP_PREVIEW_INTERVAL", "1",
+            "Seconds between two previews of a streamed reply in one chat (a Telegram draft or "
+            "an edit of a group's preview message; docs/streaming.md). The first goes at once."),
+        Var("AGENTLOOP_STREAM_SAVE_INTERVAL", "1",
+            "Seconds between two saves of a streamed reply's text, once its turn fired an "
+            "effect (a crash then sends what was saved, marked as interrupted)."),
         Var("AGENTLOOP_MAX_TYPING", "1000",
             "Typing loops one worker runs at once; beyond it a conversation shows no indicator."),
         Var("AGENTLOOP_MAX_TURN_CHARS", "16000",

@@ -257,6 +257,8 @@ AGENTLOOP_MAX_CONCURRENT_TURNS = env.int("AGENTLOOP_MAX_CONCURRENT_TURNS", defau
 AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=0.0)
 # Typing loops one worker runs at once; beyond it a conversation shows no indicator.
 AGENTLOOP_MAX_TYPING = env.int("AGENTLOOP_MAX_TYPING", default=1000)
+AGENTLOOP_PREVIEW_INTERVAL = env.float("AGENTLOOP_PREVIEW_INTERVAL", default=1.0)
+AGENTLOOP_STREAM_SAVE_INTERVAL = env.float("AGENTLOOP_STREAM_SAVE_INTERVAL", default=1.0)
 # Input without end: a turn's merged text is cut to this many characters (the cut is
 # marked; the stored messages keep everything), and a conversation holds at most this
 # many messages waiting for a turn — later ones are stored and answered with a notice.

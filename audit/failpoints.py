@@ -41,6 +41,13 @@ CHUNK_POINTS = (
     "ledger.after_chunk",  # chunk N's delivery recorded; chunk N+1 not started
 )
 
+# Inside a streamed reply (only streamed turns cross them, so the crash matrix's echo
+# turns do not; tests/end_to_end/test_streaming_crashes.py arms them).
+STREAM_POINTS = (
+    "stream.after_preview",  # preview N shown (`@N`); the agent still writing
+    "ledger.after_preview_removed",  # a group's stale preview deleted; its removal not recorded
+)
+
 
 def parse(value: str) -> dict[str, int]:
     """"a,b@3" → {"a": 1, "b": 3}: which hit of each point kills."""

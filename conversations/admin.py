@@ -149,7 +149,8 @@ class ChannelAdmin(admin.ModelAdmin):
                                  ("window_media", "window_album", "media_at_once")],
                       "description": "Seconds to wait after a message, by how the last message ends. "
                                      "Each new message re-arms the window."}),
-        ("Double texting, typing and edits", {"fields": ["double_texting", "typing_mode", "edits"]}),
+        ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode", "edits",
+                                                                  "streaming"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
         *platform_fieldsets(),
         ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),

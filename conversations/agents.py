@@ -14,7 +14,7 @@ agent must not act.
 import abc
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -85,9 +85,22 @@ def answer_of(reply) -> Answer:
 
 
 class Agent(abc.ABC):
+    def streams_for(self, config: dict) -> bool:
+        """Whether `stream` yields text as the agent writes it with this configuration
+        (False: one Answer at the end, the default `stream` over `respond`): only then
+        does a turn set up previews."""
+        return False
+
     @abc.abstractmethod
     async def respond(self, ctx: TurnContext) -> str | Answer:
         """The reply for this turn: its text, or an Answer carrying files too."""
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
+        """The streaming form: text deltas (str) as the agent writes them, then the
+        Answer, last (its text is the whole reply; it is what the ledger sends). The
+        deltas are best effort, shown as previews (conversations.streaming); an agent
+        that cannot stream answers once, here."""
+        yield answer_of(await self.respond(ctx))
 
     async def prepare(self, config: dict) -> None:
         """Called once per channel using this agent when a worker starts, so the first
@@ -97,7 +110,12 @@ class Agent(abc.ABC):
 class EchoAgent(Agent):
     """Replies with the merged text. `config`: `delay` (seconds, simulates a model's
     latency) and `mark_effect` (declare an external effect before answering) make it
-    useful for demonstrating double texting and for benchmarks."""
+    useful for demonstrating double texting and for benchmarks. Streamed (the
+    playground, tests: `stream_pace` set), it writes the text a word every `stream_pace`
+    seconds; `effect_at_word` declares the effect after that many words, mid-stream."""
+
+    def streams_for(self, config: dict) -> bool:
+        return "stream_pace" in config  # the benchmarks' and tests' echo answers at once
 
     async def respond(self, ctx: TurnContext) -> str:
         if ctx.config.get("mark_effect") and not await ctx.mark_effect():
@@ -106,6 +124,21 @@ class EchoAgent(Agent):
         if delay:
             await asyncio.sleep(delay)
         return ctx.text
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
+        config = ctx.config
+        if config.get("mark_effect") and not await ctx.mark_effect():
+            raise TurnCancelled()
+        await asyncio.sleep(float(config.get("delay", 0) or 0))
+        pace = float(config.get("stream_pace", 0.1) or 0)
+        effect_at = int(config.get("effect_at_word", 0) or 0)
+        for index, word in enumerate(re.findall(r"\S+\s*", ctx.text)):
+            if index and pace:
+                await asyncio.sleep(pace)
+            if effect_at and index == effect_at and not await ctx.mark_effect():
+                raise TurnCancelled()
+            yield word
+        yield Answer(ctx.text)
 
 
 def agent_for(name: str) -> Agent:

@@ -35,6 +35,10 @@ from delivery.models import OutboundKind
 
 log = logging.getLogger(__name__)
 
+# After a streamed reply cut short by a crash of its worker (the turn had acted: it is
+# not run again), below what was saved of it.
+INTERRUPTED_NOTE = ("⚠️ I was interrupted here, and part of what I was doing may already be done. "
+                    "Please check before asking again.")
 RECOVERY_NOTICE = (
     "Sorry — something went wrong while I was working on your last message, and part of "
     "it may already be done. Please check before asking again."
@@ -311,8 +315,13 @@ def give_up_turn(turn, now=None):
             return TurnState.READY
         if Turn.transition(turn.pk, TurnState.RUNNING, TurnState.FAILED, where=mine, finished_at=now,
                            outcome="its worker let go after it fired an effect"):
-            ledger.enqueue(turn.conversation, RECOVERY_NOTICE, kind=OutboundKind.NOTICE, turn=turn,
-                           reply_target=turn.reply_target, thread_id=turn.thread_id)
+            # A streamed reply: what was saved of it, marked as interrupted, replaces its
+            # preview (docs/streaming.md); read now, not from `turn`, which may be older.
+            streamed, preview = Turn.objects.filter(pk=turn.pk).values_list(
+                "streamed_text", "preview_message_id").get()
+            text = f"{streamed.rstrip()}\n\n{INTERRUPTED_NOTE}" if streamed.strip() else RECOVERY_NOTICE
+            ledger.enqueue(turn.conversation, text, kind=OutboundKind.NOTICE, turn=turn,
+                           reply_target=turn.reply_target, thread_id=turn.thread_id, preview_message_id=preview)
             record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
                    actor=turn.owner, summary="its worker let go after an external effect; not re-run")
             return TurnState.FAILED

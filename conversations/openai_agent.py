@@ -11,6 +11,13 @@ A burst's files reach the model as content parts (conversations.media.for_agents
 images as `image_url` data URLs, documents with their text, voice notes with their
 transcript (when configured), the rest described.
 
+Streamed (`conversations.streaming`: the channel shows previews), the request asks for
+`stream=True` and the text is yielded as it arrives; tool-call deltas are assembled as
+the SDK assembles them (`ChatCompletionStreamState`) and a tool call runs only once the
+model's message is complete, never on a partial delta. The streamed reply is every
+step's text, in order (what the user watched appear). `stream: false` in the
+agent_config asks for whole answers.
+
 Every tool call goes through the action guard (`ctx.call_tool`); a duplicate comes back
 as a success with a note, which the model reads like any other result. A provider
 error or timeout ends the turn (AgentUnavailable): the user gets a short apology and the
@@ -18,15 +25,17 @@ turn is never re-run, because a tool may already have acted.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 
 import openai
-from openai.types.chat import ChatCompletion  # loaded now, not inside the first turn
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk  # loaded now, not inside the first turn
 
 from agentloop.core.redaction import agent_secrets, redact
-from conversations.agents import Agent, AgentUnavailable, TurnContext, key_env_problem
+from conversations.agents import Agent, AgentUnavailable, Answer, TurnContext, key_env_problem
 from conversations.media import for_agents
 from conversations.model_clients import client_for
 
@@ -65,7 +74,11 @@ class OpenAIAgent(Agent):
         except AgentUnavailable as exc:
             log.warning("an openai channel cannot run: %s", exc)
 
-    async def respond(self, ctx: TurnContext) -> str:
+    def streams_for(self, config):
+        return config.get("stream", True) is not False
+
+    async def _conversation(self, ctx):
+        """The client, the messages so far and the tools offered."""
         config = ctx.config
         if not config.get("model"):
             raise AgentUnavailable("the channel's openai agent has no model configured")
@@ -75,6 +88,11 @@ class OpenAIAgent(Agent):
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]
         messages.append({"role": "user", "content": await user_content(ctx)})
         tools = await ctx.load_tools() if ctx.load_tools is not None else []
+        return client, messages, tools
+
+    async def respond(self, ctx: TurnContext) -> str:
+        config = ctx.config
+        client, messages, tools = await self._conversation(ctx)
         for _ in range(int(config.get("max_steps", 6))):
             message = await self._complete(client, config, messages, tools)
             if not message.tool_calls:
@@ -88,31 +106,62 @@ class OpenAIAgent(Agent):
                     config.get("max_steps", 6))
         return STEP_LIMIT_REPLY
 
+    async def stream(self, ctx: TurnContext):
+        config = ctx.config
+        client, messages, tools = await self._conversation(ctx)
+        said: list[str] = []
+        for _ in range(int(config.get("max_steps", 6))):
+            state, step = ChatCompletionStreamState(), []
+            with _provider_errors(config):
+                chunks = await client.post("/chat/completions", cast_to=ChatCompletion,
+                                           body={**_request(config, messages, tools), "stream": True},
+                                           stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk])
+                async with chunks:  # closed however the stream ends (a turn cancelled mid-stream)
+                    async for chunk in chunks:
+                        state.handle_chunk(chunk)
+                        text = chunk.choices[0].delta.content if chunk.choices else None
+                        if text:
+                            if said and not step:
+                                yield "\n\n"  # a new step's text starts a new paragraph
+                            step.append(text)
+                            yield text
+                completion = state.get_final_completion()
+            if not completion.choices:
+                raise AgentUnavailable("the model returned no choices")
+            message = completion.choices[0].message
+            if step:
+                said.append("".join(step))
+            if not message.tool_calls:
+                yield Answer("\n\n".join(said).strip() or STEP_LIMIT_REPLY)
+                return
+            # The message is whole now: each call's arguments complete, checked before it runs.
+            messages.append({"role": "assistant", "content": message.content, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}
+                for call in message.tool_calls]})
+            for call in message.tool_calls:
+                result = await self._run_tool(ctx, call)
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": json.dumps(result, ensure_ascii=False, default=str)})
+        yield Answer("\n\n".join([*said, STEP_LIMIT_REPLY]))
+
     async def _complete(self, client, config, messages, tools):
-        kwargs = {"model": config["model"], "messages": messages}
-        if tools:
-            kwargs["tools"] = tools
-        if "temperature" in config:
-            kwargs["temperature"] = float(config["temperature"])
-        try:
-            # The SDK's generic POST, not chat.completions.create: create() first walks
-            # the whole request through the SDK's typed-params transform (aliases, file
-            # inputs, dates), a no-op for these plain-JSON messages that cost ~1.2 ms of
-            # event-loop CPU per model request (measured; a fifth of the loop at 50 turns/s).
-            # Same wire request, same errors, same parsed ChatCompletion.
+        kwargs = _request(config, messages, tools)
+        # The SDK's generic POST, not chat.completions.create: create() first walks
+        # the whole request through the SDK's typed-params transform (aliases, file
+        # inputs, dates), a no-op for these plain-JSON messages that cost ~1.2 ms of
+        # event-loop CPU per model request (measured; a fifth of the loop at 50 turns/s).
+        # Same wire request, same errors, same parsed ChatCompletion. The provider's text
+        # may quote the key ("Incorrect API key provided: …") or a URL with credentials:
+        # masked (_provider_errors), before it becomes a turn's outcome or a log line.
+        with _provider_errors(config):
             response = await client.post("/chat/completions", cast_to=ChatCompletion, body=kwargs)
-        except openai.APITimeoutError as exc:
-            raise AgentUnavailable(f"the model did not answer within {config.get('timeout', 60)} s") from exc
-        except openai.APIError as exc:
-            # The provider's text may quote the key ("Incorrect API key provided: …") or a
-            # URL with credentials: masked here, before it becomes a turn's outcome or a log line.
-            why = redact(f"{type(exc).__name__}: {exc}", agent_secrets({"api_key_env": "OPENAI_API_KEY", **config}))
-            raise AgentUnavailable(f"the model provider failed: {why}") from exc
         if not response.choices:
             raise AgentUnavailable("the model returned no choices")
         return response.choices[0].message
 
-    async def _run_tool(self, ctx, call) -> dict:
+    @staticmethod
+    async def _run_tool(ctx, call) -> dict:
         try:
             arguments = json.loads(call.function.arguments or "{}")
         except ValueError:
@@ -120,3 +169,24 @@ class OpenAIAgent(Agent):
         if not isinstance(arguments, dict):
             return {"status": "failed", "duplicate": False, "error": "the arguments must be a JSON object"}
         return await ctx.call_tool(call.function.name, arguments)
+
+
+def _request(config, messages, tools) -> dict:
+    kwargs = {"model": config["model"], "messages": messages}
+    if tools:
+        kwargs["tools"] = tools
+    if "temperature" in config:
+        kwargs["temperature"] = float(config["temperature"])
+    return kwargs
+
+
+@contextlib.contextmanager
+def _provider_errors(config):
+    """A provider's error or timeout, while a stream opens or mid-stream, as AgentUnavailable."""
+    try:
+        yield
+    except openai.APITimeoutError as exc:
+        raise AgentUnavailable(f"the model did not answer within {config.get('timeout', 60)} s") from exc
+    except openai.APIError as exc:
+        why = redact(f"{type(exc).__name__}: {exc}", agent_secrets({"api_key_env": "OPENAI_API_KEY", **config}))
+        raise AgentUnavailable(f"the model provider failed: {why}") from exc

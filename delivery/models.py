@@ -112,6 +112,10 @@ class OutboundMessage(StateMachine, models.Model):
     last_outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     last_error = models.CharField(max_length=300, blank=True)
     platform_message_id = models.CharField(max_length=100, blank=True)
+    # A streamed reply's preview message in the chat (a Telegram group's): the final's
+    # first chunk is an edit of it; a failed or unknown edit deletes it and sends fresh
+    # (delivery.ledger.previews). Cleared once the preview is gone.
+    preview_message_id = models.CharField(max_length=50, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(

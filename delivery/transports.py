@@ -18,6 +18,7 @@ import httpx
 from agentloop.core.redaction import channel_secrets, redact
 from delivery.models import Outcome
 from delivery.pacing import Pace
+from delivery.previews import Preview
 from delivery.retry_after import clamp_retry_after
 
 
@@ -90,6 +91,23 @@ class Transport(abc.ABC):
     def pace(self, chat_id: str) -> Pace | None:
         """The limits a send into `chat_id` falls under (delivery.pacing); None: unpaced."""
         return None
+
+    # --- streamed replies (delivery.previews, docs/streaming.md) ------------------------
+    def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
+        """How this chat shows a reply while it is written; None: it does not (the
+        whole reply at once, typing meanwhile). `message_id`: a preview message an
+        earlier run of the turn left in the chat (reused)."""
+        return None
+
+    async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
+        """Replace a preview message's text with the final's (only for previews that
+        are messages)."""
+        return self.failed(Outcome.PERMANENT, "this platform has no message to edit")
+
+    async def delete_message(self, target: Target, message_id: str) -> SendResult:
+        """Remove a stale preview message; delivered when it is gone (also when it was
+        gone already)."""
+        return self.failed(Outcome.PERMANENT, "this platform has no message to delete")
 
     def paced(self, bot: str, chat_id: str, chat_interval: float) -> Pace | None:
         """A Pace from the channel's pace settings (conversations.platforms.base.pace_settings)."""

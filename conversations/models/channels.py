@@ -124,6 +124,10 @@ class Channel(models.Model):
     )
     typing_mode = models.CharField(max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
     edits = models.CharField(max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
+    streaming = models.BooleanField(
+        default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
+                                "or an edited preview in groups, web chat); the final reply goes through the "
+                                "ledger either way. Off: the whole reply at once.")
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)

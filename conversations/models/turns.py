@@ -54,6 +54,15 @@ class Turn(StateMachine, models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     effect_fired_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A streamed reply (conversations.streaming): when its first delta arrived, how many
+    # previews went out, the group preview message the final edits (recorded when sent,
+    # so a recovery can reuse or remove it), and its text so far — saved only once the
+    # turn fired an effect, at most every AGENTLOOP_STREAM_SAVE_INTERVAL: a crash then
+    # sends it, marked as interrupted, instead of running the turn again.
+    first_delta_at = models.DateTimeField(null=True, blank=True)
+    previews = models.PositiveIntegerField(default=0)
+    preview_message_id = models.CharField(max_length=50, blank=True)
+    streamed_text = models.TextField(blank=True)
 
     class Meta:
         constraints = [

@@ -13,6 +13,7 @@ from conversations import console, engine, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import Turn, TurnState
+from conversations.worker import streams
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
 from delivery import ledger
@@ -38,6 +39,9 @@ class TurnRunner:
         self.owner = worker.owner
         self.running: dict[int, asyncio.Task] = {}
         self.cancelled_by_user: set[int] = set()
+        self.cancel_reasons: dict[int, str] = {}  # turn -> why it was cancelled (/stop, interrupt…)
+        # Streamed turns (conversations.worker.streams), until their end is written down.
+        self.streams: dict[int, streams.TurnStream] = {}
         # Turns whose answer is in hand and whose end is being written down (while the
         # database is away, for as long as it takes): this worker still holds them.
         self.finishing: set[int] = set()
@@ -117,17 +121,27 @@ class TurnRunner:
         channel = turn.conversation.channel
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(channel.agent_config)
+        stream = None
         try:
             context = self.context(turn)
             if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
                 context.media = await self.settled_media(turn)
-            answer = await asyncio.wait_for(agent_for(channel.agent).respond(context), deadline)
+            agent = agent_for(channel.agent)
+            stream = streams.open_stream(self.worker, turn, agent, context)
+            if stream is None:
+                answer = await asyncio.wait_for(agent.respond(context), deadline)
+            else:
+                self.streams[turn.pk] = stream
+                answer = await asyncio.wait_for(stream.consume(agent.stream(context)), deadline)
             reply = await self.stored_answer(turn, answer)
         except (asyncio.CancelledError, TurnCancelled):
-            if turn.pk not in self.cancelled_by_user:
-                # Shutdown: hand the turn back unless it already acted.
-                await asyncio.shield(self.worker.db.persist(self.release_turn, turn.pk,
-                                                            deadline=self.worker.stop_deadline))
+            if turn.pk in self.cancelled_by_user:
+                await asyncio.shield(self.stream_cancelled(turn, stream))
+            else:
+                # Shutdown: hand the turn back unless it already acted (then what it
+                # streamed is saved first: the recovery sends it).
+                await asyncio.shield(self.hand_back(turn, stream))
+            self.streams.pop(turn.pk, None)
             return
         except HandedOver:
             await self.worker.db.persist(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
@@ -147,6 +161,8 @@ class TurnRunner:
             self.worker.typing.turn_ended(turn, cancelled=turn.pk in self.cancelled_by_user)
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
+        if stream is not None:
+            await stream.close()  # previews stop before the final goes: it is never delayed by them
         failpoint("turn.after_answer")
         outbound = await self.record_completion(turn, state, reply, outcome)
         self.done += 1
@@ -158,6 +174,26 @@ class TurnRunner:
             self.worker.flusher.wakeup.set()
         if outbound is not None:
             await self.worker.replies.send(outbound)
+
+    async def hand_back(self, turn, stream):
+        if stream is not None:
+            await stream.close()
+            await stream.save_now()
+        await self.worker.db.persist(self.release_turn, turn.pk, deadline=self.worker.stop_deadline)
+
+    async def stream_cancelled(self, turn, stream):
+        """A streamed turn cancelled from elsewhere: /stop ends it with what was said so
+        far, marked as stopped (a ledger row: the preview is replaced by it); a new
+        message (interrupt, rollback) or /reset takes the preview away."""
+        reason = self.cancel_reasons.pop(turn.pk, "")
+        if stream is None:
+            return
+        if reason.startswith("/stop") and stream.text.strip():
+            preview = await stream.close()
+            text = f"{stream.text.rstrip()}\n\n{streams.STOPPED_NOTE}"
+            await self.worker.db.persist(streams.write_stopped, turn, text, preview)
+        else:
+            await stream.discard()
 
     async def stored_answer(self, turn, answer) -> str:
         """The answer's text; its files stored first (off the event loop), kept for the
@@ -197,6 +233,7 @@ class TurnRunner:
             self.finishing.discard(turn.pk)
             self.claim_tokens.pop(turn.pk, None)
             self.attached.pop(turn.pk, None)
+            self.streams.pop(turn.pk, None)
 
     def written_before(self, turn_id):
         """After a failed completion: (True, its reply row to send, or None) if this
@@ -227,13 +264,18 @@ class TurnRunner:
             ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
                                       for turn, state, reply, outcome in finished], self.owner)
             console.turns_finished([item for item in finished if item[0].pk in ours])
+            streams.record_streams([(turn.pk, self.streams[turn.pk]) for turn, *_ in finished
+                                    if turn.pk in ours and turn.pk in self.streams])
             replies = {}
             for turn, state, reply, _ in finished:
                 if turn.pk in ours and (reply or self.attached.get(turn.pk)):
                     kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
+                    stream = self.streams.get(turn.pk)
                     replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
                                                     reply_target=turn.reply_target, thread_id=turn.thread_id,
-                                                    files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else ())
+                                                    files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else (),
+                                                    preview_message_id=stream.preview_message_id if stream
+                                                    else turn.preview_message_id)
             if not ledger.enabled():
                 by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
                 return [by_turn.get(turn.pk) for turn, *_ in finished]
@@ -270,21 +312,23 @@ class TurnRunner:
             if not self.running:
                 continue
             try:
-                ids = await self.worker.db(self.cancelled_among, list(self.running))
+                cancelled = await self.worker.db(self.cancelled_among, list(self.running))
             except DATABASE_FAULTS:
                 continue  # reported once by the database thread
             except Exception:
                 log.exception("cancel check failed")
                 continue
-            for turn_id in ids:
+            for turn_id, reason in cancelled:
                 task = self.running.get(turn_id)
                 if task is not None:
                     self.cancelled_by_user.add(turn_id)
+                    self.cancel_reasons[turn_id] = reason
                     task.cancel()
 
     @staticmethod
     def cancelled_among(turn_ids):
-        return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", flat=True))
+        """(turn id, why) of these turns that were cancelled."""
+        return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", "outcome"))
 
     async def release_adopted(self):
         """Once the flusher has stopped: wait for the turns it started meanwhile to be

@@ -39,6 +39,7 @@ class Reply:
     reply_target: str = ""
     thread_id: str = ""
     files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
+    preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
 
 
 def _row(reply: Reply) -> OutboundMessage:
@@ -46,7 +47,8 @@ def _row(reply: Reply) -> OutboundMessage:
     return OutboundMessage(conversation=conversation, channel=conversation.channel,
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
                            chunks=chunks_for(conversation.channel, reply.text, reply.files),
-                           reply_target=reply.reply_target, thread_id=reply.thread_id)
+                           reply_target=reply.reply_target, thread_id=reply.thread_id,
+                           preview_message_id=reply.preview_message_id)
 
 
 def chunks_for(channel, text, files=()) -> list:
@@ -73,9 +75,10 @@ def parts(row) -> list:
     return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 
-def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=()):
+def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=(), preview_message_id=""):
     """Write one reply down; call inside the transaction of the work that produced it."""
-    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files))])[0]
+    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files),
+                               preview_message_id)])[0]
 
 
 def enqueue_many(replies):

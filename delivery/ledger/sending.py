@@ -60,7 +60,10 @@ async def send(row, db=None) -> SendResult:
                         buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
         label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
         sent_at = time.monotonic()
-        result = await send_piece(transport_for(row.channel), target, pieces[index], label)
+        if index == 0 and row.preview_message_id:
+            result = await send_over_preview(db, row, target, pieces[index])
+        else:
+            result = await send_piece(transport_for(row.channel), target, pieces[index], label)
         failpoint("ledger.after_chunk_send")
         if not result.ok or index == len(pieces) - 1:
             break
@@ -74,6 +77,39 @@ async def send(row, db=None) -> SendResult:
     else:
         faults.recovered(row.channel)
     return result
+
+
+# An edit that left nothing changed: the row waits as any send would, the preview stays
+# (edited next time). Any other failure may have landed, or not: the preview goes.
+UNCHANGED = (Outcome.NOT_SENT, Outcome.FLOOD, Outcome.CHANNEL_BLOCKED)
+STALE_PREVIEW = "⤵️"  # a preview that could not be deleted points at the final below it
+
+
+async def send_over_preview(db, row, target, piece) -> SendResult:
+    """A streamed reply's first chunk, over the preview message its stream left in the
+    chat (a Telegram group's; docs/streaming.md). The first try edits the preview into
+    the final: one message, finished. An edit refused or unanswered (it may have landed,
+    or not) or a resend after a crash mid-edit: the preview is deleted — or, if it cannot
+    be, marked stale — and that is recorded (`preview_message_id` cleared) before the
+    final goes fresh, so a crash after the fresh send resends it labelled like any
+    reply. The fresh send is labelled only when the stale preview could be neither
+    deleted nor marked and the edit may have landed: then the chat may show it twice."""
+    transport = transport_for(row.channel)
+    text = not attachments.is_files(piece)
+    maybe_landed = row.needs_marker
+    if text and not row.needs_marker:
+        result = await transport.edit_text(target, row.preview_message_id, piece)
+        if result.ok or result.outcome in UNCHANGED:
+            return result
+        maybe_landed = result.outcome != Outcome.PERMANENT
+    gone = await transport.delete_message(target, row.preview_message_id)
+    if not gone.ok:
+        gone = await transport.edit_text(target, row.preview_message_id, STALE_PREVIEW)
+    failpoint("ledger.after_preview_removed")
+    if not await _note(db, row, preview_message_id=""):
+        return SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
+    row.needs_marker = maybe_landed and not gone.ok
+    return await send_piece(transport, target, piece, RECOVERY_PREFIX if row.needs_marker else "")
 
 
 async def _slot_reached(db, row, pace, sent_at) -> bool:

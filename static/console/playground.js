@@ -15,6 +15,7 @@
   const TYPING_LASTS = 6000; // ms: a typing signal is refreshed every few seconds while a turn runs
   let deadline = null; // {flushAt, window}
   let typingUntil = 0;
+  let preview = null; // the bubble of a reply being streamed
   let conversation = null;
   let editing = null; // {id, item}: the message the input is correcting
   const sendButton = form.querySelector("button[type=submit]");
@@ -79,9 +80,18 @@
       typingUntil = 0;
       typing.hidden = true;
       if (e.state !== "done") system([C.link("turn", e.turn, `Turn #${e.turn}`), ` ${e.state}${e.outcome ? `: ${e.outcome}` : ""}`], "error");
+    } else if (e.kind === "preview") {
+      // A streamed reply as it is written (docs/streaming.md): one bubble, replaced by the final.
+      typingUntil = 0;
+      typing.hidden = true;
+      if (!preview) { preview = bubble("agent", ""); preview.classList.add("bubble-preview"); log.append(preview); }
+      preview.querySelector(".text").textContent = e.text;
+    } else if (e.kind === "preview_end") {
+      if (preview) { preview.remove(); preview = null; }
     } else if (e.kind === "reply") {
       typingUntil = 0;
       typing.hidden = true;
+      if (preview) { preview.remove(); preview = null; }
       log.append(e.buttons ? question(e.text, e.buttons) : bubble("agent", e.text));
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too

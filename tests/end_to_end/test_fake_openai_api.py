@@ -313,12 +313,49 @@ def test_malformed_json_and_unknown_path_are_400_and_404(fake):
     assert fake.requests() == []
 
 
-def test_stream_requests_are_refused(fake):
-    with client(fake) as sdk, pytest.raises(openai.BadRequestError) as caught:
-        ask(sdk, "hi", stream=True)
-    assert caught.value.param == "stream"
-    assert fake.requests() == []
-    assert fake.scripted() == []
+def test_a_streamed_reply_is_server_sent_chunks_at_the_chosen_pace(fake):
+    fake.script(Reply("Hola, ya casi termino.", pace=0.2))
+    with client(fake) as sdk:
+        began = time.monotonic()
+        arrived = []
+        for chunk in ask(sdk, "hi", stream=True):
+            arrived.append((time.monotonic() - began, chunk))
+    deltas = [(at, c.choices[0].delta.content) for at, c in arrived if c.choices[0].delta.content]
+    assert "".join(text for _, text in deltas) == "Hola, ya casi termino."
+    assert [text for _, text in deltas] == ["Hola, ", "ya ", "casi ", "termino."]
+    assert all(c.object == "chat.completion.chunk" for _, c in arrived)
+    assert arrived[-1][1].choices[0].finish_reason == "stop"
+    # Paced: the four pieces 0.2 s apart, the first at once.
+    assert deltas[0][0] < 0.15 and 0.55 <= deltas[-1][0] < 1.2
+    [request] = fake.requests()
+    assert request.body["stream"] is True
+
+
+def test_streamed_tool_calls_assemble_as_the_sdk_assembles_them(fake):
+    fake.script(ToolCalls([("calendar_create_event", {"title": "Dentist", "start": "2026-12-01T10:00"})],
+                          content="Booking it."))
+    async def run():
+        async with async_client(fake) as sdk, sdk.chat.completions.stream(
+                model="fake-model", messages=[{"role": "user", "content": "book"}], tools=[CALENDAR_TOOL]) as stream:
+            partial = [event async for event in stream if event.type == "tool_calls.function.arguments.delta"]
+            return partial, await stream.get_final_completion()
+
+    partial, final = asyncio.run(run())
+    assert len(partial) >= 2  # the arguments arrived in pieces
+    message = final.choices[0].message
+    assert message.content == "Booking it." and final.choices[0].finish_reason == "tool_calls"
+    [call] = message.tool_calls
+    assert call.function.name == "calendar_create_event" and call.id == "call_1"
+    assert json.loads(call.function.arguments) == {"title": "Dentist", "start": "2026-12-01T10:00"}
+
+
+def test_a_client_gone_mid_stream_leaves_the_fake_serving(fake):
+    fake.script(Reply("one two three four five six", pace=0.3))
+    with client(fake) as sdk:
+        stream = ask(sdk, "hi", stream=True)
+        next(iter(stream))
+        stream.close()  # the client hangs up mid-stream
+    assert ask(client(fake), "again").choices[0].message.content == "ok"
 
 
 def test_strict_models_refuses_unknown_model():

@@ -13,6 +13,13 @@ Tests drive it with the official ``openai`` SDK, so the whole HTTP path
         first, second = fake.wait_for(2)
         assert second.messages[-1]["role"] == "tool"
 
+A request with ``stream=True`` gets the same answers as Server-Sent Events, the
+chunks the real API sends (``chat.completion.chunk``: a role, content pieces a word
+each, tool calls as an id and name then their arguments in pieces, the finish reason,
+``data: [DONE]``), ``pace`` seconds apart (the answer's, else ``fake.stream_pace``)::
+
+    fake.script(Reply("Hola, ya casi.", pace=0.5))   # 3 pieces, 1 s of streaming
+
 Each chat completion request takes the next scripted answer when it is
 recorded (so answers go to requests in order of arrival, also when requests
 are held); an empty script falls back to ``fake.default`` (``Reply("ok")``).
@@ -87,6 +94,8 @@ class Reply:
 
     content: str
     finish_reason: str = "stop"  # "length" simulates a truncated answer
+    pace: float | None = None  # streamed: seconds between chunks (None: fake.stream_pace)
+    pieces: tuple[str, ...] = ()  # streamed: the content's pieces (default: a word each)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class ToolCalls:
 
     calls: list[tuple[Any, ...]]
     content: str | None = None
+    pace: float | None = None  # streamed: seconds between chunks (None: fake.stream_pace)
 
 
 @dataclass(frozen=True)
@@ -225,6 +235,9 @@ class FakeOpenAI(FakeServer):
         self.api_keys: set[str] | None = set(api_keys) if api_keys is not None else None
         # When true, a model not in `models` gets 404 model_not_found, like the real API.
         self.strict_models = strict_models
+        # Seconds between streamed chunks when the answer names no pace of its own.
+        self.stream_pace = 0.0
+        self.streamed_chunks = 0  # chunks written to streaming clients (for tests)
 
         self._requests: list[Request] = []
         # /v1/audio/transcriptions: what was sent, and what to answer (`transcript`: a
@@ -421,10 +434,6 @@ class FakeOpenAI(FakeServer):
             return self._reject(
                 400, "Missing required parameter: 'messages'.", param="messages"
             )
-        if body.get("stream"):
-            return self._reject(
-                400, "FakeOpenAI does not stream; send stream=false.", param="stream"
-            )
         if self.strict_models and model not in self.models:
             return self._model_not_found(model)
         tools = body.get("tools")
@@ -471,7 +480,10 @@ class FakeOpenAI(FakeServer):
                 with self._cond:
                     number = next(self._response_ids)
                 headers = {"x-request-id": f"req_fake{number}"}
-                return 200, self._completion(answer, request, number), headers
+                completion = self._completion(answer, request, number)
+                if request.body.get("stream"):
+                    return 200, Streamed(self, completion, answer), headers  # type: ignore[return-value]
+                return 200, completion, headers
             elif callable(answer):
                 try:
                     answer = answer(request)
@@ -568,7 +580,32 @@ class _RequestHandler(TrackedHandler):
         if outcome is None:
             self.close_connection = True  # answer nothing; the socket closes after this
             return
+        if isinstance(outcome[1], Streamed):
+            self._send_events(outcome[0], outcome[1], outcome[2])
+            return
         self._send_json(*outcome)
+
+    def _send_events(self, status: int, streamed: Streamed, headers: dict[str, str]) -> None:
+        """Server-Sent Events in HTTP/1.1 chunks, each event flushed as it is due."""
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            for wait, event in streamed.events():
+                if wait and self.server._stopping.wait(wait):
+                    self.close_connection = True
+                    return
+                data = f"data: {event}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                with self.server._cond:
+                    self.server.streamed_chunks += 1
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True  # the client went away mid-stream (killed, cancelled)
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -603,6 +640,42 @@ class _RequestHandler(TrackedHandler):
 
 
 # ------------------------------------------------------------------- helpers
+
+
+class Streamed:
+    """A completion as the chunks the real API streams (`stream=True`)."""
+
+    def __init__(self, fake: FakeOpenAI, completion: dict[str, Any], answer: Reply | ToolCalls):
+        self.completion = completion
+        self.answer = answer
+        self.pace = answer.pace if answer.pace is not None else fake.stream_pace
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        base = {key: self.completion[key] for key in ("id", "created", "model", "system_fingerprint")}
+        return json.dumps({**base, "object": "chat.completion.chunk",
+                           "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                        "finish_reason": finish_reason}]})
+
+    def events(self) -> Iterable[tuple[float, str]]:
+        """(seconds to wait before it, event): the pace falls between the pieces."""
+        choice = self.completion["choices"][0]
+        message = choice["message"]
+        yield 0.0, self._chunk({"role": "assistant", "content": "", "refusal": None})
+        content = message.get("content") or ""
+        pieces = getattr(self.answer, "pieces", ()) or re.findall(r"\s*\S+\s*", content)
+        deltas = [{"content": piece} for piece in pieces]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            arguments = call["function"]["arguments"]
+            third = max(1, len(arguments) // 3)
+            for start in range(0, len(arguments), third):  # a partial JSON in each piece
+                deltas.append({"tool_calls": [{"index": index,
+                                               "function": {"arguments": arguments[start:start + third]}}]})
+        for number, delta in enumerate(deltas):
+            yield (self.pace if number else 0.0), self._chunk(delta)
+        yield 0.0, self._chunk({}, choice["finish_reason"])
+        yield 0.0, "[DONE]"
 
 
 @dataclass

@@ -225,6 +225,10 @@ class FakeBotAPI(FakeServer):
         self._next_callback_id = 7_000_000
         # Files a bot may download: file_id -> {"token", "data", "unique", "path", "trickle"}.
         self._files: dict[str, dict[str, Any]] = {}
+        # Drafts as each private chat shows them now, by (token, chat, draft_id); and the
+        # messages the bot deleted, as they were, in order.
+        self._drafts: dict[tuple[str, int, int], str] = {}
+        self.deleted: list[dict[str, Any]] = []
         self.downloads: list[str] = []  # file_ids downloaded, in order
         for method, handler in {
             "getMe": self._api_get_me,
@@ -241,6 +245,8 @@ class FakeBotAPI(FakeServer):
             "sendPhoto": self._api_send_photo,
             "sendDocument": self._api_send_document,
             "sendMediaGroup": self._api_send_media_group,
+            "sendMessageDraft": self._api_send_message_draft,
+            "deleteMessage": self._api_delete_message,
         }.items():
             self.set_handler(method, handler)
 
@@ -315,6 +321,8 @@ class FakeBotAPI(FakeServer):
                 self._sent,
                 self._callback_queries,
                 self._windows,
+                self._drafts,
+                self.deleted,
                 self.flood_times,
             ):
                 store.clear()
@@ -793,6 +801,38 @@ class FakeBotAPI(FakeServer):
     def _api_edit_message_reply_markup(self, token: str, params: dict[str, Any]) -> dict[str, Any]:
         key, message = self._edited(token, params)
         return self._store_edit(key, message, message["text"], params.get("reply_markup"))
+
+    # ------------------------------------------------------ streamed replies
+
+    def _api_send_message_draft(self, token: str, params: dict[str, Any]) -> bool:
+        """Bot API 9.3+: an ephemeral draft in a private chat (never a message)."""
+        chat_id = _chat_id(params)
+        if chat_id < 0:
+            raise BotAPIError(400, "Bad Request: drafts can be sent only to private chats")
+        draft_id = _as_int(params.get("draft_id"), 0)
+        if not draft_id:
+            raise BotAPIError(400, "Bad Request: draft_id must be non-zero")
+        text = str(params.get("text") or "")
+        if len(text.encode("utf-16-le")) // 2 > 4096:
+            raise BotAPIError(400, "Bad Request: text is too long")
+        with self._cond:
+            self._drafts[(token, chat_id, draft_id)] = text
+        return True
+
+    def drafts(self, chat_id: int | None = None) -> list[str]:
+        """The drafts' texts as shown now (one per draft id)."""
+        with self._cond:
+            return [text for (_, chat, _), text in self._drafts.items() if chat_id in (None, chat)]
+
+    def _api_delete_message(self, token: str, params: dict[str, Any]) -> bool:
+        chat_id = _chat_id(params)
+        key = (token, chat_id, _as_int(params.get("message_id"), 0))
+        with self._cond:
+            message = self._sent.pop(key, None)
+            if message is None:
+                raise BotAPIError(400, "Bad Request: message to delete not found")
+            self.deleted.append(message)
+        return True
 
     def _api_set_webhook(self, token: str, params: dict[str, Any]) -> bool:
         url = params.get("url") or ""

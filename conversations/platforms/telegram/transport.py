@@ -22,6 +22,7 @@ from telegram.error import (
 
 from agentloop.core.caches import BoundedCache
 from conversations.platforms.telegram.bot import ReplyBot
+from conversations.platforms.telegram.previews import DraftPreview, MessagePreview
 from conversations.platforms.telegram.request import AiohttpRequest, NotSent
 from delivery import attachments, chunks
 from delivery.models import Outcome
@@ -200,6 +201,45 @@ class TelegramTransport(Transport):
         else:
             interval = float(self.channel.setting("chat_interval") or 0)
         return self.paced(bot_key(self.channel.setting("bot_token")), str(chat_id), interval)
+
+    # --- streamed replies (docs/streaming.md) ----------------------------------------
+    def preview_for(self, target: Target, turn_id: int, message_id: str = ""):
+        """Drafts in a private chat; a group (its id is negative) has none: one message,
+        edited. `message_id`: a group preview an earlier run of the turn left."""
+        if str(target.chat_id).startswith("-"):
+            return MessagePreview(self, target, turn_id, message_id)
+        return DraftPreview(self, target, turn_id)
+
+    @staticmethod
+    def reply_parameters(target: Target) -> telegram.ReplyParameters | None:
+        return _reply_to(target)
+
+    async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
+        bot = self._bot()
+
+        async def edit():
+            try:
+                await bot.edit_message_text(text, chat_id=int(target.chat_id), message_id=int(message_id),
+                                            reply_markup=inline_keyboard(target.buttons))
+            except BadRequest as exc:
+                if "message is not modified" not in str(exc).lower():
+                    raise  # (not modified: it already shows the final)
+            return message_id
+
+        return await self.outcome_of(edit)
+
+    async def delete_message(self, target: Target, message_id: str) -> SendResult:
+        bot = self._bot()
+
+        async def delete():
+            try:
+                await bot.delete_message(chat_id=int(target.chat_id), message_id=int(message_id))
+            except BadRequest as exc:
+                if "not found" not in str(exc).lower():
+                    raise  # (not found: gone already, which is what we want)
+            return message_id
+
+        return await self.outcome_of(delete)
 
     async def send_typing(self, target: Target) -> None:
         await self._bot("typing").send_chat_action(

@@ -3,7 +3,32 @@
 from agentloop.core import live
 from conversations.media import links
 from delivery.models import Outcome
+from delivery.previews import Preview, PreviewResult
 from delivery.transports import SendResult, Target, Transport
+
+
+class LivePreview(Preview):
+    """The reply so far, pushed to the page (`preview` events; the page shows it in a
+    bubble the final `reply` replaces)."""
+
+    interval = 0.1  # a page takes pushes far faster than a chat platform
+
+    def __init__(self, target: Target, turn_id: int):
+        self.group = live.conversation_group(target.conversation_id)
+        self.event = {"kind": "preview", "conversation": target.conversation_id, "turn": turn_id}
+
+    async def show(self, text: str) -> PreviewResult:
+        try:
+            await live.apublish([self.group], {**self.event, "text": text})
+        except Exception:  # e.g. Redis unreachable: a preview is best effort
+            return PreviewResult(False)
+        return PreviewResult(True)
+
+    async def discard(self) -> None:
+        try:
+            await live.apublish([self.group], {**self.event, "kind": "preview_end"})
+        except Exception:
+            pass  # best effort
 
 
 class WebchatTransport(Transport):
@@ -37,6 +62,9 @@ class WebchatTransport(Transport):
         except Exception as exc:  # e.g. Redis unreachable
             return self.failed(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")
         return SendResult.delivered()
+
+    def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
+        return LivePreview(target, turn_id)
 
     async def send_typing(self, target: Target) -> None:
         await live.apublish([live.conversation_group(target.conversation_id)], {
