@@ -8,8 +8,11 @@ import time
 import pytest
 
 from conversations.models import Turn, TurnState
+from delivery.models import OutboundMessage, OutboundState
+from tests.conftest import wait_until
 from tests.e2e import UNPACED, send, telegram_channel
-from tests.fakes.openai_api import FakeOpenAI, Reply
+from tests.fakes.openai_api import FakeOpenAI, Reply, ToolCalls
+from tools.models import CalendarEvent
 
 pytestmark = pytest.mark.e2e
 KEY_ENV = {"FAKE_OPENAI_API_KEY": "sk-test-agentloop"}
@@ -72,3 +75,91 @@ def test_a_private_chat_sees_drafts_then_one_final_with_the_whole_text(processes
     turn = Turn.objects.get()
     assert turn.state == TurnState.DONE and turn.previews == len(drafts) and turn.first_delta_at is not None
     assert fake_openai.requests()[0].body["stream"] is True
+
+
+def test_a_group_sees_one_preview_message_edited_into_the_final(processes, make_channel, fake_telegram,
+                                                                fake_openai):
+    streaming_channel(make_channel, fake_telegram, fake_openai)
+    fake_openai.script(Reply(LONG, pace=0.25))
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    send_group(web, "Explícanos algo.")
+    row = wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).first(), timeout=20,
+                     message="the final delivered")
+    [preview] = in_chat(fake_telegram.calls("sendMessage"), GROUP)  # the one message: the preview
+    edits = fake_telegram.calls("editMessageText")
+    assert preview.params["text"].endswith("▍") and len(edits) >= 2
+    assert all(b.at - a.at >= 0.9 for a, b in zip([preview, *edits], edits))
+    [shown] = fake_telegram.sent_messages(chat_id=GROUP)
+    assert shown["text"] == LONG and shown["message_id"] == int(row.platform_message_id)
+    assert edits[-1].params["text"] == LONG  # the final is the last edit, the ledger's
+    assert fake_telegram.calls("sendMessageDraft") == [] and fake_telegram.deleted == []
+    turn = Turn.objects.get()
+    assert turn.preview_message_id == row.platform_message_id and turn.previews == 1 + len(edits) - 1
+
+
+def test_a_429_on_a_preview_stops_previews_and_the_final_goes_once_on_time(processes, make_channel, fake_telegram,
+                                                                          fake_openai):
+    streaming_channel(make_channel, fake_telegram, fake_openai)
+    fake_telegram.fail_next("sendMessageDraft", status=429, description="Too Many Requests: retry after 30",
+                            retry_after=30)
+    fake_openai.script(Reply(LONG, pace=0.25))
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    send(web, "tg", 101, "Explícame algo.")
+    [final] = fake_telegram.wait_for("sendMessage", timeout=20)
+    [request] = fake_openai.requests()
+    assert final.params["text"] == LONG and not final.params["text"].startswith("♻️")
+    assert final.at - request.at < 3.0 + 1.0  # 3 s of writing: not held back by the 429's 30 s
+    assert len(fake_telegram.calls("sendMessageDraft")) == 1  # the refused one; none after it
+    time.sleep(0.3)
+    assert len(fake_telegram.calls("sendMessage")) == 1
+    assert OutboundMessage.objects.get().attempts == 1
+
+
+@pytest.mark.parametrize("failure", ["500", "timeout"])
+def test_a_failed_final_edit_leaves_one_finished_answer_and_no_stale_preview(processes, make_channel,
+                                                                            fake_telegram, fake_openai, failure):
+    streaming_channel(make_channel, fake_telegram, fake_openai)
+    fake_openai.script(Reply("Uno dos tres cuatro.", pace=0.4))
+    env = dict(KEY_ENV)
+    hold = None
+    if failure == "500":
+        fake_telegram.fail_next("editMessageText", status=500, description="Internal Server Error", times=10)
+    else:
+        env["AGENTLOOP_TELEGRAM_READ_TIMEOUT"] = "1"
+        hold = fake_telegram.hold("editMessageText")  # every edit: the previews' and the final's
+    web, _ = processes.web(wait=False), processes.worker(**env)
+    send_group(web, "Cuéntanos.")
+    row = wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).first(), timeout=20,
+                     message="the final delivered")
+    if hold is not None:
+        hold.release()  # the held edits land now, on a message deleted meanwhile
+    time.sleep(0.3)
+    [shown] = fake_telegram.sent_messages(chat_id=GROUP)  # one message in the chat, finished
+    assert shown["text"] == "Uno dos tres cuatro." and str(shown["message_id"]) == row.platform_message_id
+    [stale] = fake_telegram.deleted
+    assert stale["text"].endswith("▍")
+    assert row.preview_message_id == "" and row.attempts == 1
+
+
+def test_a_tool_call_in_the_middle_of_a_stream_runs_once_on_whole_arguments(processes, make_channel, fake_telegram,
+                                                                             fake_openai):
+    import json
+
+    streaming_channel(make_channel, fake_telegram, fake_openai)
+    event = {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}
+    fake_openai.script(ToolCalls([("calendar_create_event", event)], content="Voy a agendarlo ahora.", pace=0.3),
+                       Reply("Listo, quedó agendado.", pace=0.3))
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    send(web, "tg", 101, "Agéndame psicología el 1 de diciembre a las 10.")
+    [final] = fake_telegram.wait_for("sendMessage", timeout=20)
+    assert final.params["text"] == "Voy a agendarlo ahora.\n\nListo, quedó agendado."
+    assert CalendarEvent.objects.count() == 1
+    first, second = fake_openai.requests()
+    [result] = [json.loads(m["content"]) for m in second.messages if m["role"] == "tool"]
+    assert result["status"] == "done"
+    [asked] = [m for m in second.messages if m["role"] == "assistant"]
+    assert json.loads(asked["tool_calls"][0]["function"]["arguments"]) == event
+    drafts = [d.params["text"] for d in fake_telegram.calls("sendMessageDraft")]
+    assert drafts and drafts[0].startswith("Voy")
+    turn = Turn.objects.get()
+    assert turn.fired_effect and turn.streamed_text.startswith("Voy a agendarlo")  # saved before the effect
