@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
@@ -242,6 +242,11 @@ def _turn_entry(story, t, rank):
                 if t.fired_effect else "no")]
     if t.outcome:
         details.append(("Outcome", story.redact(t.outcome, 300)))
+    if t.first_delta_at:  # a streamed reply (docs/streaming.md)
+        details.append(("Streamed", f"first delta at {_iso(t.first_delta_at)} "
+                                    f"({_seconds(t.started_at, t.first_delta_at)} after it started); "
+                                    f"{t.previews} preview{'' if t.previews == 1 else 's'} shown"
+                                    + (f"; preview message {t.preview_message_id}" if t.preview_message_id else "")))
     if t.reply_text:
         details.append(("Reply", story.redact(t.reply_text)))
     links = [(f"turn {t.pk}", "conversations.turn", t.pk)]
@@ -290,7 +295,9 @@ def _json(story, value):
 
 
 def _ledger(story, older, rank):
-    rows = story.latest(OutboundMessage.objects.filter(conversation=story.conversation), "created_at", older)
+    # The turn's stream facts come with the row (one query still): which send was the final.
+    rows = story.latest(OutboundMessage.objects.filter(conversation=story.conversation).annotate(
+        turn_previews=F("turn__previews"), turn_preview=F("turn__preview_message_id")), "created_at", older)
     return [_ledger_entry(story, r, rank) for r in rows]
 _ledger.time_field = "created_at"
 
@@ -306,6 +313,9 @@ def _ledger_entry(story, r, rank):
                ("Platform message id", r.platform_message_id or "—")]
     if r.last_error:
         details.append(("Last error", story.redact(r.last_error, 300)))
+    final = _final_of_stream(r)
+    if final:
+        details.append(("Final of a stream", final))
     files = attachments.listed(r.chunks)
     if files:  # sent after the text, each a chunk of the row
         details.append(("Files", "; ".join(files)))
@@ -316,6 +326,22 @@ def _ledger_entry(story, r, rank):
         links.append((f"turn {r.turn_id}", "conversations.turn", r.turn_id))
     return Entry(r.created_at, rank, r.pk, "ledger", f"Ledger: {r.get_kind_display()} written, "
                  f"{r.get_state_display()}", story.redact(r.text), details, links)
+
+
+def _final_of_stream(r) -> str:
+    """Which send was a streamed reply's final: the ledger's edit of the group's preview
+    message, or a new message (after drafts; or the preview deleted or marked stale)."""
+    previews, preview = getattr(r, "turn_previews", 0) or 0, getattr(r, "turn_preview", "") or ""
+    if not (previews or preview or r.preview_message_id) or r.kind not in ("reply", "notice"):
+        return ""
+    if r.platform_message_id and r.platform_message_id in (r.preview_message_id, preview):
+        return f"the edit of preview message {r.platform_message_id} (after {previews} previews)"
+    if r.preview_message_id:
+        return f"to be the edit of preview message {r.preview_message_id}"
+    if preview:
+        return (f"a new message {r.platform_message_id or '(not yet sent)'}; the stale preview message "
+                f"{preview} was deleted or marked")
+    return f"a new message {r.platform_message_id or '(not yet sent)'}, after {previews} drafts"
 
 
 def _events(story, older, rank):

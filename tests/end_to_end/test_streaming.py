@@ -11,6 +11,7 @@ from conversations.models import Turn, TurnState
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
 from tests.e2e import UNPACED, send, telegram_channel
+from tests.end_to_end.test_story import logged_in, story_url
 from tests.fakes.openai_api import FakeOpenAI, Reply, ToolCalls
 from tools.models import CalendarEvent
 
@@ -78,7 +79,7 @@ def test_a_private_chat_sees_drafts_then_one_final_with_the_whole_text(processes
 
 
 def test_a_group_sees_one_preview_message_edited_into_the_final(processes, make_channel, fake_telegram,
-                                                                fake_openai):
+                                                                fake_openai, client):
     streaming_channel(make_channel, fake_telegram, fake_openai)
     fake_openai.script(Reply(LONG, pace=0.25))
     web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
@@ -95,6 +96,13 @@ def test_a_group_sees_one_preview_message_edited_into_the_final(processes, make_
     assert fake_telegram.calls("sendMessageDraft") == [] and fake_telegram.deleted == []
     turn = Turn.objects.get()
     assert turn.preview_message_id == row.platform_message_id and turn.previews == 1 + len(edits) - 1
+    # The story page: when the first delta came, how many previews, which send was the final.
+    story = logged_in(client, "audrey", "auditor").get(story_url(turn.conversation_id, format="json")).json()
+    details = {d["label"]: d["value"] for e in story["entries"] for d in e["details"]}
+    assert f"{turn.previews} previews shown; preview message {turn.preview_message_id}" in details["Streamed"]
+    assert details["Streamed"].startswith("first delta at ")
+    assert details["Final of a stream"] == f"the edit of preview message {row.platform_message_id} " \
+                                          f"(after {turn.previews} previews)"
 
 
 def test_a_429_on_a_preview_stops_previews_and_the_final_goes_once_on_time(processes, make_channel, fake_telegram,
