@@ -3,7 +3,9 @@
 `webhook`: the merged turn is POSTed to the agent's URL, signed as callbacks are (see
 `delivery.signing`: `X-Agentloop-Timestamp`, and `X-Agentloop-Signature: sha256=…` an
 HMAC-SHA256 over "<timestamp>.<body>", key `secret` in the channel's agent_config).
-A 200 answer with `{"reply": "…"}` is the reply (with `"files": [{"name", "data"
+A 200 answer with `{"reply": "…"}` is the reply (or a stream of `{"delta": "…"}`
+objects ending with that one, as newline-delimited JSON or Server-Sent Events:
+`WebhookAgent.stream`, docs/streaming.md) (with `"files": [{"name", "data"
 (base64), "caption"}]` it carries files, sent after the text through the ledger); a 202 (or 200 without a reply) hands
 the turn over: the agent answers later through the API (`POST /api/v1/turns/<id>/reply`,
 then `/done`), with an agent key for the channel. agent_config: `url`, `secret`,
@@ -24,13 +26,67 @@ from urllib.parse import urlsplit
 import httpx
 
 from agentloop.core.tls import shared_tls_context
-from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext
+from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext, answer_of
 from conversations.media import for_agents
 from delivery import signing
 
+# A streamed answer (the agent's choice, by its Content-Type): newline-delimited JSON, or
+# Server-Sent Events whose `data:` lines carry the same objects.
+NDJSON, SSE = "application/x-ndjson", "text/event-stream"
+STREAM_ACCEPT = f"{NDJSON}, {SSE};q=0.9, application/json;q=0.8"
+
 
 class WebhookAgent(Agent):
+    def streams_for(self, config):
+        return True  # the agent chooses: a stream, or one JSON answer (no previews then)
+
     async def respond(self, ctx: TurnContext) -> str | Answer:
+        url, body, headers = await self._request(ctx)
+        host, timeout = _host(url), float(ctx.config.get("timeout", 30))
+        try:
+            # One deadline for the whole exchange: httpx's timeouts are per phase, and an
+            # agent trickling a byte a second would never trip them.
+            status, content = await asyncio.wait_for(self._post(url, body, headers, timeout), timeout)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc
+        return _answer_of(status, content, host)
+
+    async def stream(self, ctx: TurnContext):
+        """The same request, accepting a stream: `{"delta": "…"}` objects as the agent
+        writes, then `{"reply": "…", "files": […]}` (the whole reply, what the ledger
+        sends), one per line (NDJSON) or per `data:` line (SSE). A JSON answer is taken
+        as `respond` takes it."""
+        url, body, headers = await self._request(ctx)
+        host, timeout = _host(url), float(ctx.config.get("timeout", 30))
+        headers["Accept"] = STREAM_ACCEPT
+        try:
+            async with asyncio.timeout(timeout), httpx.AsyncClient(
+                    timeout=timeout, verify=shared_tls_context()) as client, client.stream(
+                    "POST", url, content=body, headers=headers) as response:
+                kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if response.status_code == 200 and kind in (NDJSON, SSE):
+                    final = None
+                    async for line in response.aiter_lines():
+                        item = _stream_item(line, kind)
+                        if isinstance(item.get("delta"), str):
+                            yield item["delta"]
+                        elif "reply" in item or "files" in item:
+                            final = item
+                    if final is None:
+                        raise AgentUnavailable(f"the agent at {host} ended its stream without a reply")
+                    yield answer_of(_answer_of(200, json.dumps(final).encode(), host))
+                    return
+                status, content = response.status_code, await response.aread()
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc
+        yield answer_of(_answer_of(status, content, host))
+
+    @staticmethod
+    async def _request(ctx):
         config = ctx.config
         if not config.get("url"):
             raise AgentUnavailable("the channel's webhook agent has no url configured")
@@ -44,37 +100,50 @@ class WebhookAgent(Agent):
         headers = {"Content-Type": "application/json", "X-Agentloop-Turn": str(ctx.turn_id)}
         if config.get("secret"):
             headers.update(signing.signed_headers(config["secret"], body))
-        # Errors name the agent's host only: its URL may carry a key (…/hook?key=…).
-        host = urlsplit(config["url"]).netloc.rpartition("@")[2]
-        timeout = float(config.get("timeout", 30))
-        try:
-            # One deadline for the whole exchange: httpx's timeouts are per phase, and an
-            # agent trickling a byte a second would never trip them.
-            status, content = await asyncio.wait_for(self._post(config["url"], body, headers, timeout), timeout)
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
-        except httpx.HTTPError as exc:
-            raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc
-        if status == 202:
-            raise HandedOver()
-        if status >= 300:
-            raise AgentUnavailable(f"the agent at {host} answered HTTP {status}")
-        try:
-            answer = json.loads(content) if content else {}
-            reply, files = answer.get("reply"), answer.get("files") or []
-        except (ValueError, AttributeError) as exc:
-            raise AgentUnavailable(f"the agent at {host} answered something that is not a JSON object") from exc
-        if not reply and not files:
-            raise HandedOver()
-        if not files:
-            return str(reply)
-        return Answer(str(reply or ""), files_from_json(files))
+        return config["url"], body, headers
 
     @staticmethod
     async def _post(url, body, headers, timeout):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             response = await client.post(url, content=body, headers=headers)
             return response.status_code, response.content
+
+
+def _host(url) -> str:
+    """Errors name the agent's host only: its URL may carry a key (…/hook?key=…)."""
+    return urlsplit(url).netloc.rpartition("@")[2]
+
+
+def _stream_item(line: str, kind: str) -> dict:
+    """One line of a stream as an object ({} for anything else: blank lines, SSE comments
+    and event names, `[DONE]`, what does not parse)."""
+    line = line.strip()
+    if kind == SSE:
+        if not line.startswith("data:"):
+            return {}
+        line = line[len("data:"):].strip()
+    try:
+        item = json.loads(line) if line else {}
+    except ValueError:
+        return {}
+    return item if isinstance(item, dict) else {}
+
+
+def _answer_of(status, content, host) -> str | Answer:
+    if status == 202:
+        raise HandedOver()
+    if status >= 300:
+        raise AgentUnavailable(f"the agent at {host} answered HTTP {status}")
+    try:
+        answer = json.loads(content) if content else {}
+        reply, files = answer.get("reply"), answer.get("files") or []
+    except (ValueError, AttributeError) as exc:
+        raise AgentUnavailable(f"the agent at {host} answered something that is not a JSON object") from exc
+    if not reply and not files:
+        raise HandedOver()
+    if not files:
+        return str(reply)
+    return Answer(str(reply or ""), files_from_json(files))
 
 
 def files_from_json(values) -> tuple[File, ...]:

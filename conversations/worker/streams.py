@@ -45,15 +45,18 @@ STOPPED_NOTE = "⏹ Stopped."
 
 
 def open_stream(worker, turn, agent, context):
-    """A TurnStream if this turn streams (the agent can, with this channel's config, and
-    the channel's `streaming` is on); None: the whole reply at once, as ever. The
-    context's effect hooks are wrapped so the stream knows when to start saving."""
+    """A TurnStream if this turn streams (the agent can, with this channel's config, the
+    channel's `streaming` is on, and its platform shows previews in this chat); None: the
+    whole reply at once, as ever (WhatsApp, the API). The context's effect hooks are
+    wrapped so the stream knows when to start saving."""
     channel = turn.conversation.channel
     if not (channel.streaming and agent.streams_for(context.config)):
         return None
     conversation = turn.conversation
     target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
     preview = transport_for(channel).preview_for(target, turn.pk, turn.preview_message_id)
+    if preview is None:
+        return None
     stream = TurnStream(worker, turn, preview)
     stream.wrap(context)
     return stream
@@ -67,7 +70,7 @@ class TurnStream:
         self.previews = 0  # previews shown
         self.preview_message_id = turn.preview_message_id
         self.effect = bool(turn.fired_effect)
-        self.stopped = preview is None  # no more previews
+        self.stopped = False  # no more previews
         self.changed = asyncio.Event()
         self.previewer: asyncio.Task | None = None
         self.showing = False  # a preview request in flight
