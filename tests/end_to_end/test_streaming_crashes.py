@@ -127,3 +127,25 @@ def test_an_interrupting_message_cancels_the_stream_and_its_preview(processes, m
     [shown] = fake_telegram.sent_messages(chat_id=GROUP)
     assert not shown["text"].endswith("▍") and shown["text"].endswith("otra cosa")
     assert [t.state for t in Turn.objects.order_by("pk")] == [TurnState.CANCELLED, TurnState.DONE]
+
+
+def test_killed_after_the_stale_preview_was_deleted_resends_the_final_plain(processes, make_channel,
+                                                                           fake_telegram):
+    """The final edit answered 500, the preview was deleted, the worker died before
+    recording that: the resend finds the preview gone and sends the final fresh, plain —
+    the chat never held the final twice."""
+    echo_channel(make_channel, fake_telegram)
+    fake_telegram.fail_next("editMessageText", status=500, description="Internal Server Error", times=50)
+    web = processes.web(wait=False)
+    send_group(web, WORDS)
+    killed_at(processes, "ledger.after_preview_removed")
+    row = OutboundMessage.objects.get()
+    assert row.state == OutboundState.ATTEMPTING and row.preview_message_id
+    processes.worker()
+    wait_until(delivered(1), timeout=30, message="the final delivered")
+    time.sleep(0.3)
+    [stale] = fake_telegram.deleted
+    [shown] = fake_telegram.sent_messages(chat_id=GROUP)
+    assert stale["text"].endswith("▍") and shown["text"] == Turn.objects.get().merged_input  # plain: no ♻️
+    row.refresh_from_db()
+    assert row.attempts == 2 and row.preview_message_id == "" and row.platform_message_id == str(shown["message_id"])
