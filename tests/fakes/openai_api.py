@@ -238,6 +238,10 @@ class FakeOpenAI(FakeServer):
         # Seconds between streamed chunks when the answer names no pace of its own.
         self.stream_pace = 0.0
         self.streamed_chunks = 0  # chunks written to streaming clients (for tests)
+        # When each streamed answer's first content piece was written (time.monotonic()),
+        # by the text of the request's last message (the benchmarks' first model token).
+        self.first_tokens: dict[str, float] = {}
+        self.last_tokens: dict[str, float] = {}  # and its last one
 
         self._requests: list[Request] = []
         # /v1/audio/transcriptions: what was sent, and what to answer (`transcript`: a
@@ -482,7 +486,9 @@ class FakeOpenAI(FakeServer):
                 headers = {"x-request-id": f"req_fake{number}"}
                 completion = self._completion(answer, request, number)
                 if request.body.get("stream"):
-                    return 200, Streamed(self, completion, answer), headers  # type: ignore[return-value]
+                    streamed = Streamed(self, completion, answer)
+                    streamed.key = str((request.last_message or {}).get("content", ""))
+                    return 200, streamed, headers  # type: ignore[return-value]
                 return 200, completion, headers
             elif callable(answer):
                 try:
@@ -603,6 +609,9 @@ class _RequestHandler(TrackedHandler):
                 self.wfile.flush()
                 with self.server._cond:
                     self.server.streamed_chunks += 1
+                    if '"content": "' in event and '"content": ""' not in event:
+                        self.server.first_tokens.setdefault(streamed.key, time.monotonic())
+                        self.server.last_tokens[streamed.key] = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             self.close_connection = True  # the client went away mid-stream (killed, cancelled)
@@ -648,6 +657,7 @@ class Streamed:
     def __init__(self, fake: FakeOpenAI, completion: dict[str, Any], answer: Reply | ToolCalls):
         self.completion = completion
         self.answer = answer
+        self.key = ""  # the request's last message (FakeOpenAI.first_tokens)
         self.pace = answer.pace if answer.pace is not None else fake.stream_pace
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
