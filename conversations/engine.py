@@ -320,8 +320,9 @@ def give_up_turn(turn, now=None):
             streamed, preview = Turn.objects.filter(pk=turn.pk).values_list(
                 "streamed_text", "preview_message_id").get()
             text = f"{streamed.rstrip()}\n\n{INTERRUPTED_NOTE}" if streamed.strip() else RECOVERY_NOTICE
-            ledger.enqueue(turn.conversation, text, kind=OutboundKind.NOTICE, turn=turn,
-                           reply_target=turn.reply_target, thread_id=turn.thread_id, preview_message_id=preview)
+            ledger.enqueue_many([ledger.Reply(turn.conversation, text, OutboundKind.NOTICE, turn=turn,
+                                              reply_target=turn.reply_target, thread_id=turn.thread_id,
+                                              preview_message_id=preview)])
             record(EventKind.TURN_FAILED, conversation=turn.conversation, target=f"turn {turn.pk}",
                    actor=turn.owner, summary="its worker let go after an external effect; not re-run")
             return TurnState.FAILED

@@ -235,7 +235,8 @@ def write_stopped(turn, text, preview_message_id) -> bool:
     with transaction.atomic():
         if not Turn.objects.filter(pk=turn.pk, state=TurnState.CANCELLED, reply_text="").update(reply_text=text):
             return False
-        ledger.enqueue(turn.conversation, text, kind=OutboundKind.REPLY, turn=turn, reply_target=turn.reply_target,
-                       thread_id=turn.thread_id, preview_message_id=preview_message_id)
+        ledger.enqueue_many([ledger.Reply(turn.conversation, text, OutboundKind.REPLY, turn=turn,
+                                          reply_target=turn.reply_target, thread_id=turn.thread_id,
+                                          preview_message_id=preview_message_id)])
     return True
 

@@ -75,10 +75,9 @@ def parts(row) -> list:
     return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 
-def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=(), preview_message_id=""):
+def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=()):
     """Write one reply down; call inside the transaction of the work that produced it."""
-    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files),
-                               preview_message_id)])[0]
+    return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files))])[0]
 
 
 def enqueue_many(replies):

@@ -615,7 +615,7 @@ def paced():
 def streaming():
     from tests.bench.streaming import bench_streaming
 
-    bench_streaming(report, web_server, worker, stop, wait_until, percentile)
+    bench_streaming(sys.modules[__name__])
 
 
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,

@@ -18,7 +18,9 @@ SECONDS = 3.0
 KEY_ENV = {"BENCH_OPENAI_API_KEY": "sk-bench"}
 
 
-def bench_streaming(report, web_server, worker, stop, wait_until, percentile):
+def bench_streaming(bench):
+    """`bench`: tests.bench's helpers (report, web_server, worker, stop, wait_until, percentile)."""
+    report, percentile = bench.report, bench.percentile
     from conversations.models import Channel
     from tests.fakes.openai_api import Delay, FakeOpenAI, Reply
     from tests.fakes.telegram_api import FakeBotAPI
@@ -29,20 +31,21 @@ def bench_streaming(report, web_server, worker, stop, wait_until, percentile):
         channel = Channel.objects.create(slug="tg", kind="telegram", agent="openai", platform_settings={
             "bot_token": _token(), "webhook_secret": _secret(), "api_base": bot_api.url, **_unpaced()},
             agent_config={"base_url": model.url, "model": "fake-model", "api_key_env": "BENCH_OPENAI_API_KEY"})
-        web, url = web_server()
-        procs = [web, worker(**KEY_ENV)]
+        web, url = bench.web_server()
+        procs = [web, bench.worker(**KEY_ENV)]
+        servers = (url, bot_api, model, bench.wait_until)
         try:
             for name, pieces in rates.items():
                 text = " ".join(f"w{i}" for i in range(pieces))
                 model.default = Reply(text, pace=SECONDS / pieces)
-                figures[name] = _round(url, bot_api, model, wait_until, first_chat=1000 * len(figures) + 10_000)
+                figures[name] = _round(servers, first_chat=1000 * len(figures) + 10_000)
             channel.streaming = False
             channel.save()
             model.default = Delay(SECONDS, then=Reply("w " * 15))  # 3 s of writing, the answer whole at the end
-            figures["off"] = _round(url, bot_api, model, wait_until, first_chat=50_000, streamed=False)
+            figures["off"] = _round(servers, first_chat=50_000, streamed=False)
         finally:
             for proc in procs:
-                stop(proc)
+                bench.stop(proc)
     slow, fast, off = figures["slow"], figures["fast"], figures["off"]
     p50, p99 = percentile(slow["latency"], 50), percentile(slow["latency"], 99)
     report("streaming", f"{STREAMS} concurrent streams of {SECONDS:g} s: model's first token -> user's first "
@@ -59,9 +62,10 @@ def bench_streaming(report, web_server, worker, stop, wait_until, percentile):
                             f"{over:+d} against it: {'met' if over <= 0 else 'NOT MET'})")
 
 
-def _round(url, bot_api, model, wait_until, first_chat, streamed=True):
+def _round(servers, first_chat, streamed=True):
     """STREAMS chats write at once; (first token -> first text seen) per chat, and the
     Bot API calls (drafts and sendMessage) each answer took."""
+    url, bot_api, model, wait_until = servers
     import threading
 
     from tests import local_http
