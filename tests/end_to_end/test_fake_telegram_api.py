@@ -591,3 +591,45 @@ def test_with_limits_it_keeps_telegrams_per_bot_per_chat_and_per_group_limits():
         assert waits[0] == 1 and waits[1] == 1 and 57 <= waits[2] <= 59
         assert server.floods == 3 and len(server.flood_times) == 3
         assert len(server.sent_messages()) == 3 + 1 + 2  # what was refused never landed
+
+
+# ------------------------------------------------------------ streamed replies
+
+
+def test_drafts_in_private_chats_edits_and_deletions_are_recorded(fake):
+    async def scenario():
+        async with make_bot(fake) as bot:
+            assert await bot.send_message_draft(chat_id=42, draft_id=7, text="Hola")
+            assert await bot.send_message_draft(chat_id=42, draft_id=7, text="Hola, ya casi")
+            with pytest.raises(BadRequest, match="(?i)private chats"):
+                await bot.send_message_draft(chat_id=-100, draft_id=7, text="x")
+            with pytest.raises(BadRequest, match="(?i)non-zero"):
+                await bot.send_message_draft(chat_id=42, draft_id=0, text="x")
+            preview = await bot.send_message(chat_id=-100, text="Ho ▍")
+            await bot.edit_message_text("Hola", chat_id=-100, message_id=preview.message_id)
+            assert await bot.delete_message(chat_id=-100, message_id=preview.message_id)
+            with pytest.raises(BadRequest, match="(?i)message to delete not found"):
+                await bot.delete_message(chat_id=-100, message_id=preview.message_id)
+
+    asyncio.run(scenario())
+    assert fake.drafts(42) == ["Hola, ya casi"]  # one draft id: the latest text
+    assert [c.params["text"] for c in fake.calls("sendMessageDraft")][:2] == ["Hola", "Hola, ya casi"]
+    assert [m["text"] for m in fake.deleted] == ["Hola"] and fake.sent_messages(chat_id=-100) == []
+    assert len(fake.calls("deleteMessage")) == 2
+
+
+def test_a_draft_can_be_refused_with_429_and_held(fake):
+    fake.fail_next("sendMessageDraft", status=429, description="Too Many Requests: retry after 3", retry_after=3)
+
+    async def scenario():
+        async with make_bot(fake) as bot:
+            with pytest.raises(RetryAfter):
+                await bot.send_message_draft(chat_id=42, draft_id=1, text="a")
+            with fake.hold("sendMessageDraft") as hold:
+                task = asyncio.create_task(bot.send_message_draft(chat_id=42, draft_id=1, text="b"))
+                await asyncio.to_thread(hold.wait_held)
+                assert not task.done()
+            return await task
+
+    assert asyncio.run(scenario()) is True
+    assert fake.drafts(42) == ["b"]
