@@ -134,8 +134,10 @@ class TurnRunner:
                 self.streams[turn.pk] = stream
                 answer = await asyncio.wait_for(stream.consume(agent.stream(context)), deadline)
             reply = await self.stored_answer(turn, answer)
-        except (asyncio.CancelledError, TurnCancelled):
-            if turn.pk in self.cancelled_by_user:
+        except (asyncio.CancelledError, TurnCancelled) as exc:
+            # TurnCancelled: the agent found its turn cancelled (an effect refused) before
+            # the cancel loop did; it is not ours to hand back either way.
+            if turn.pk in self.cancelled_by_user or isinstance(exc, TurnCancelled):
                 await asyncio.shield(self.stream_cancelled(turn, stream))
             else:
                 # Shutdown: hand the turn back unless it already acted (then what it

@@ -84,3 +84,45 @@ def test_a_webhook_agent_may_answer_with_a_stream(processes, make_channel, fake_
     else:
         assert len(drafts) >= 2 and drafts[0].params["text"].startswith("Hola")
         assert final.at - drafts[0].at >= 1.0
+
+
+def test_the_web_chat_shows_the_reply_as_it_is_written(processes):
+    """The playground's socket on the real web process: `preview` events with the text so
+    far, growing, then the `reply`; typing ends with the first preview."""
+    import asyncio
+
+    import aiohttp
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from conversations.models import Channel
+    from tests.end_to_end.test_typing_modes import started_worker
+
+    text = "uno dos tres cuatro cinco seis siete ocho."
+    Channel.objects.create(slug="playground", kind="webchat", agent="echo", agent_config={"stream_pace": 0.15})
+    user = User.objects.create_superuser("op", "op@example.com", "pw-op-stream-1")
+    client = Client()
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    web, _ = processes.web(), started_worker(processes)
+
+    async def talk():
+        url = web.url.replace("http://", "ws://") + "/ws/console/playground/playground/"
+        events = []
+        async with aiohttp.ClientSession() as session, session.ws_connect(
+                url, headers={"Origin": "http://localhost", "Cookie": cookie}) as ws:
+            assert (await ws.receive_json(timeout=10))["type"] == "hello"
+            await ws.send_json({"text": text})
+            while not events or events[-1].get("kind") != "reply":
+                message = await ws.receive_json(timeout=20)
+                events.append(message.get("event") or {})
+        return events
+
+    events = asyncio.run(talk())
+    previews = [e["text"] for e in events if e.get("kind") == "preview"]
+    assert len(previews) >= 3 and all(p.endswith("▍") for p in previews)
+    shown = [p[:-2] for p in previews]
+    assert all(text.startswith(p) for p in shown) and shown == sorted(shown, key=len)
+    assert events[-1]["text"] == text
+    first = next(i for i, e in enumerate(events) if e.get("kind") == "preview")
+    assert not [e for e in events[first:] if e.get("kind") == "typing"]
