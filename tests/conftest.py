@@ -32,6 +32,9 @@ pytest_plugins = ["tests.browser", "tests.redis_server", "tests.s3_server"]
 # serial without a line.
 SERIAL = {
     "tests/end_to_end/test_typing_modes.py": "typing starts and stops within 0.1-0.8 s of its moment",
+    "tests/end_to_end/test_streaming.py": "drafts a second apart, the first 1 s before a final that comes on time",
+    "tests/end_to_end/test_streaming_crashes.py": "a worker killed at its Nth preview, before a 3.3 s stream ends",
+    "tests/end_to_end/test_streaming_agents.py": "previews of a stream paced at 0.15-0.35 s, 1 s before the final",
     "tests/end_to_end/test_whatsapp_e2e.py::test_typing_is_refreshed_through_the_turn_and_stops_with_the_reply":
         "typing shown within 1 s of the turn's start, refreshed every 1-2.5 s",
     "tests/end_to_end/test_worker_e2e.py::test_burst_becomes_one_turn_after_the_adaptive_window":
