@@ -25,6 +25,9 @@ class PreviewResult:
     # final, a ledger row, is untouched.
     flood: bool = False
     message_id: str = ""  # a preview that is a message: its id in the chat
+    # Previews must end for this turn for another reason (a preview message whose send
+    # may have landed unseen: another would be a second one).
+    stop: bool = False
 
 
 class Preview(abc.ABC):

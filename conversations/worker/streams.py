@@ -145,7 +145,7 @@ class TurnStream:
                 result = await self.preview.show(self.text + CURSOR)
             finally:
                 self.showing = False
-            if result.flood:
+            if result.flood or result.stop:
                 self.stopped = True  # the chat's previews end here; the final is the ledger's
                 return
             if result.shown:

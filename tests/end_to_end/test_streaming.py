@@ -171,3 +171,18 @@ def test_a_tool_call_in_the_middle_of_a_stream_runs_once_on_whole_arguments(proc
     assert drafts and drafts[0].startswith("Voy")
     turn = Turn.objects.get()
     assert turn.fired_effect and turn.streamed_text.startswith("Voy a agendarlo")  # saved before the effect
+
+
+def test_a_group_preview_whose_send_went_unanswered_is_never_followed_by_a_second(processes, make_channel,
+                                                                                 fake_telegram, fake_openai):
+    streaming_channel(make_channel, fake_telegram, fake_openai)
+    fake_openai.script(Reply(LONG, pace=0.25))
+    fake_telegram.drop_connection_next("sendMessage")  # the first preview: sent, no answer
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    send_group(web, "Explícanos algo.")
+    wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).exists(), timeout=20,
+               message="the final delivered")
+    preview, final = in_chat(fake_telegram.calls("sendMessage"), GROUP)
+    assert preview.params["text"].endswith("▍") and final.params["text"] == LONG
+    assert fake_telegram.calls("editMessageText") == []  # previews stopped: it may be in the chat unseen
+    assert Turn.objects.get().previews == 0

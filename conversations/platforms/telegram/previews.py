@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
+from conversations.platforms.telegram.request import NotSent
 from delivery import chunks
 from delivery.previews import Preview, PreviewResult
 
@@ -58,8 +59,15 @@ class TelegramPreview(Preview):
             return PreviewResult(False, flood=True)
         except BadRequest as exc:
             return PreviewResult(NOT_MODIFIED in str(exc).lower())
+        except NotSent:
+            return PreviewResult(False)  # never left: nothing can be in the chat
         except (TelegramError, OSError, ValueError, TypeError, LookupError):
-            return PreviewResult(False)
+            return PreviewResult(False, stop=self.unseen())
+
+    def unseen(self) -> bool:
+        """After a failed preview that went out: whether it may have left a message we
+        do not know of (then previews stop)."""
+        return False
 
     async def _show(self, text: str) -> PreviewResult:
         raise NotImplementedError
@@ -95,6 +103,11 @@ class MessagePreview(TelegramPreview):
             return PreviewResult(True, message_id=self.message_id)
         await self.bot.edit_message_text(text, chat_id=int(self.target.chat_id), message_id=int(self.message_id))
         return PreviewResult(True, message_id=self.message_id)
+
+    def unseen(self) -> bool:
+        # The first send failed after it went out (timed out, 5xx): a preview message may
+        # be in the chat without its id; a second would be two.
+        return not self.message_id
 
     async def discard(self) -> None:
         if self.message_id:
