@@ -118,7 +118,8 @@
     if (!file) return null;
     if (file.kind !== "photo") return el("span", {class: "bubble-file"}, `📎 ${file.name || file.kind}`);
     let tries = 0;
-    const img = el("img", {class: "bubble-thumb", src: file.url, alt: file.name || "the image you sent",
+    const img = el("img", {class: "bubble-thumb loading", src: file.url, alt: file.name || "the image you sent",
+      onload: () => img.classList.remove("loading"),
       onerror: () => { if (++tries <= 20) setTimeout(() => { img.src = `${file.url}?try=${tries}`; }, 500); }});
     return el("a", {href: file.url, target: "_blank", rel: "noopener", class: "bubble-thumb-link"}, img);
   }
