@@ -19,6 +19,7 @@ from agentloop.core import live
 from conversations import console as conversations_console
 from conversations import edits
 from conversations.ingest import Inbound, Unstorable, admit, open_conversation
+from conversations.media import links
 from conversations.models import Channel
 from conversations.platforms.webchat import KIND
 from delivery import console as delivery_console
@@ -270,4 +271,8 @@ def _edit(channel, user, text, message_id):
 
 def _transcript(conversation_id):
     items = conversations_console.messages_of(conversation_id) + delivery_console.replies_of(conversation_id)
+    for item in items:  # a reply's files, as the links its live event carried
+        if "files" in item:
+            item["files"] = [{"name": f.name, "type": f.type, "size": f.size,
+                              "url": links.path_for_outbound(f.file, f.type, f.name)} for f in item["files"]]
     return sorted(items, key=lambda item: item["at"] or "")[-40:]

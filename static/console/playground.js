@@ -38,9 +38,9 @@
       const known = new Set(data.transcript.map(mine).filter(Boolean));
       const sentMeanwhile = [...log.querySelectorAll(".bubble-me[data-message]")]
         .filter((item) => !known.has(item.dataset.message));
-      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply"
-        ? (item.buttons ? question(item.text, item.buttons) : bubble("agent", item.text, item.at))
-        : bubble("me", item.text, item.at, mine(item), {edited: item.edited, file: item.file})), ...sentMeanwhile);
+      log.replaceChildren(...data.transcript.flatMap((item) => item.kind === "reply"
+        ? (item.buttons ? [question(item.text, item.buttons)] : agentBubbles(item.text, item.files, item.at))
+        : [bubble("me", item.text, item.at, mine(item), {edited: item.edited, file: item.file})]), ...sentMeanwhile);
       scroll();
     } else if (data.type === "admitted") {
       admitted(data);
@@ -86,7 +86,8 @@
     } else if (e.kind === "reply") {
       typingUntil = 0;
       typing.hidden = true;
-      log.append(e.buttons ? question(e.text, e.buttons) : bubble("agent", e.text));
+      if (e.buttons) log.append(question(e.text, e.buttons));
+      else log.append(...agentBubbles(e.text, e.files));
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
@@ -110,6 +111,14 @@
         onclick: () => startEditing(id, item)}, "edit"));
     }
     return item;
+  }
+
+  // A reply: its text, then each file it carries in a bubble of its own (a file chunk
+  // of the ledger row arrives as its own reply event, its caption as the text).
+  function agentBubbles(text, files, at) {
+    if (!files || !files.length) return [bubble("agent", text, at)];
+    return files.map((f, index) => bubble("agent", index === 0 ? text : "", at, null, {
+      file: {kind: (f.type || "").startsWith("image/") ? "photo" : "document", name: f.name, url: f.url}}));
   }
 
   // A file in a bubble: an image as a thumbnail (its signed link answers 404 until the
