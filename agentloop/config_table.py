@@ -76,7 +76,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
     ("make run", "Read by `make run` (`manage.py bootstrap` and `manage.py runall`), not by "
      "the running product.", [
         Var("ADMIN_PASSWORD", "generated once into `var/admin_password`",
-            "The `admin` user's password under `make run`.",
+            "The `admin` user's password under `make run`, set when the user is created (a "
+            "later change made in the admin is kept; printed on that first run only).",
             read_by="`manage.py bootstrap` (`make run`)"),
         Var("TELEGRAM_BOT_TOKEN", "empty",
             "Set: `make run` adds a `telegram` channel in polling mode.",

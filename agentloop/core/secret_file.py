@@ -35,6 +35,22 @@ def read_or_create_secret_key(path: Path) -> str:
     return key
 
 
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by its owner only from the first byte: written to a new
+    file created 0600 (whatever the umask), then renamed over the old one. Rewriting the
+    old file in place would hand the new text to anyone who opened it while its mode was
+    wider, and a mode fixed after writing leaves a moment when it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a draft left behind by a crashed run keeps its mode otherwise
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(draft, path)
+
+
 def _owner_only(path: Path) -> None:
     """A key file written by an older version with the umask's mode is tightened."""
     mode = path.stat().st_mode & 0o777

@@ -59,6 +59,16 @@ def debug_warning(host, port):
     ]) + "\n"
 
 
+def admin_password(info) -> str:
+    """The password on the run that created the admin user; afterwards where it is kept
+    (a change made in the admin is never undone, so the first one may be out of date)."""
+    if info.get("admin_password"):
+        return f"{info['admin_password']}   (set now; not shown again)"
+    if info.get("admin_password_from") == "ADMIN_PASSWORD":
+        return "as set (first from ADMIN_PASSWORD when the user was created)"
+    return "as set (the first one generated is in var/admin_password)"
+
+
 class Command(BaseCommand):
     help = "Run the web server, the worker loop and the django-q2 cluster together."
 
@@ -125,7 +135,7 @@ class Command(BaseCommand):
         lines = [
             "",
             "agentloop is running (Ctrl-C stops everything)",
-            f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
+            f"  admin:     {base}/admin/   user: admin   password: {admin_password(info)}",
             f"  dashboard: {base}/console/   (live; staff only)",
             f"  playground: {base}/console/playground/   (chat with the demo agent, watch the layers work)",
             f"  API docs:  {base}/api/docs/   (schema: {base}/api/schema/)",
