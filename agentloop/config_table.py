@@ -94,7 +94,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             read_by="the WhatsApp platform's bootstrap (`make run`)"),
         Var("ACCESS_LOG", "false",
             "daphne writes a line per request to stdout (off by default: a formatted write "
-            "per webhook POST).",
+            "per webhook POST), secrets in its URLs masked (feed and file tokens, "
+            "`hub.verify_token=`…).",
             read_by="`manage.py runall` (`make run`)"),
     ]),
     ("Database", "SQLite by default; PostgreSQL to scale out.", [

@@ -428,7 +428,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"}},
+    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"},
+                "request_path": {"()": "agentloop.core.access_log.MaskRequestPath"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
@@ -436,6 +437,7 @@ LOGGING = {
         "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
         "telegram": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        "django.request": {"filters": ["request_path"]},  # `Forbidden: /files/<token>`, masked
         # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
         # Our tasks log themselves when they find something to do.
         "django-q": {"level": env.str("DJANGO_Q_LOG_LEVEL", default="WARNING")},
