@@ -30,14 +30,22 @@ class Var:
 # Groups in the order of the page; each row in the order a reader looks for it.
 GROUPS: list[tuple[str, str, list[Var]]] = [
     ("Django, HTTP and security", "The web process and Django itself.", [
-        Var("SECRET_KEY", "generated once into `var/secret_key` (mode 0600)",
-            "Django's secret key; set it in production."),
-        Var("AGENTLOOP_REQUIRE_SECRET_KEY", "false",
-            "Refuse to start without `SECRET_KEY` (when `DEBUG` is off)."),
+        Var("SECRET_KEY", "required (`make run`: generated once into `var/secret_key`, mode 0600)",
+            "Django's secret key, the same on every host. Without it, and with `DEBUG` off, "
+            "a process refuses to start (saying so) unless `AGENTLOOP_LOCAL_SECRET_KEY` is set "
+            "or the checkout already has `var/secret_key`."),
+        Var("AGENTLOOP_LOCAL_SECRET_KEY", "false",
+            "Generate `SECRET_KEY` into `var/secret_key` when it is not set: the laptop path, "
+            "set by `make run` (and by `DEBUG=true` and the test suite); never in production."),
         Var("DEBUG", "false",
             "Django debug mode (`make run` too: `DEBUG=true make run` asks for it, and warns "
             "loudly when `HOST` is not a loopback address)."),
         Var("ALLOWED_HOSTS", "loopback names and `HOST`", "Comma-separated host names."),
+        Var("AGENTLOOP_LOGIN_FAILURE_LIMIT", "5",
+            "Failed admin logins in a row after which a username is locked out from that "
+            "address (django-axes; answered 429); a successful login starts the count again."),
+        Var("AGENTLOOP_LOGIN_LOCKOUT_MINUTES", "15",
+            "How long that lockout lasts. `manage.py axes_reset` lifts every lockout at once."),
         Var("HOST", "127.0.0.1",
             "Where `make run` serves (`manage.py runall --host`); a non-loopback `HOST` is "
             "also allowed as a `Host` header."),

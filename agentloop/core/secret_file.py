@@ -10,6 +10,12 @@ from pathlib import Path
 
 _ALPHABET = string.ascii_letters + string.digits + "!@#$%^&*(-_=+)"
 
+MISSING_SECRET_KEY = (
+    "SECRET_KEY is not set. Set it in the environment, the same value on every host (e.g. "
+    "python -c 'import secrets; print(secrets.token_urlsafe(50))'): a key made up per host signs "
+    "sessions the other hosts refuse. On your own machine, `make run` generates one into "
+    "var/secret_key (AGENTLOOP_LOCAL_SECRET_KEY=true), and so does DEBUG=true.")
+
 
 def read_or_create_secret_key(path: Path) -> str:
     """The key in `path`, created (mode 0600) on first use. Several processes may start
