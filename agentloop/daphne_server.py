@@ -16,10 +16,8 @@ from agentloop.core.access_log import masked_url
 
 
 class MaskedAccessLog(AccessLogGenerator):
-    def write_entry(self, host, date, request, status=None, length=None, ident=None, user=None):
-        verb, space, url = request.partition(" ")
-        super().write_entry(host, date, verb + space + masked_url(url) if space else masked_url(request),
-                            status, length, ident, user)
+    def __call__(self, protocol, action, details):
+        super().__call__(protocol, action, {**details, "path": masked_url(str(details.get("path", "")))})
 
 
 class MaskedLogServer(Server):
