@@ -22,6 +22,7 @@ import json
 from urllib.parse import urlsplit
 
 import httpx
+from django.conf import settings
 
 from agentloop.core.tls import shared_tls_context
 from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext
@@ -47,10 +48,15 @@ class WebhookAgent(Agent):
         # Errors name the agent's host only: its URL may carry a key (…/hook?key=…).
         host = urlsplit(config["url"]).netloc.rpartition("@")[2]
         timeout = float(config.get("timeout", 30))
+        limit = settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES
         try:
             # One deadline for the whole exchange: httpx's timeouts are per phase, and an
             # agent trickling a byte a second would never trip them.
-            status, content = await asyncio.wait_for(self._post(config["url"], body, headers, timeout), timeout)
+            status, content = await asyncio.wait_for(
+                self._post(config["url"], body, headers, timeout, limit), timeout)
+        except AnswerTooLarge as exc:
+            raise AgentUnavailable(f"the agent at {host} answered more than {limit} bytes "
+                                   f"(AGENTLOOP_AGENT_MAX_ANSWER_BYTES): not read further") from exc
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:
@@ -71,10 +77,29 @@ class WebhookAgent(Agent):
         return Answer(str(reply or ""), files_from_json(files))
 
     @staticmethod
-    async def _post(url, body, headers, timeout):
+    async def _post(url, body, headers, timeout, limit):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
-            response = await client.post(url, content=body, headers=headers)
-            return response.status_code, response.content
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                return response.status_code, await read_at_most(response, limit)
+
+
+class AnswerTooLarge(Exception):
+    pass
+
+
+async def read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The answer's body, read as it streams in; past `limit` bytes reading stops (the
+    connection is dropped): a service must not make a worker hold its whole answer."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(declared)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def files_from_json(values) -> tuple[File, ...]:
