@@ -230,10 +230,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "Seconds an agent's whole answer may take (every model request and tool call of "
             "one turn), or the turn fails with an apology; a channel's agent config may set "
             "its own `deadline`."),
-        Var("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", "1000000",
-            "Bytes a webhook agent's answer may have (its `files` inline, in base64): past "
-            "them reading stops and the turn fails, naming this setting. Raise it for agents "
-            "that answer with large files."),
+        Var("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", "30000000",
+            "Bytes a webhook agent's answer may have (its `files` inline, in base64: room for "
+            "one file at `AGENTLOOP_MEDIA_MAX_BYTES`): past them reading stops and the turn "
+            "fails, naming this setting."),
         Var("AGENTLOOP_EXTRA_AGENTS", "empty", "`name=dotted.path,…` agents added to the registry."),
         Var("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", "300",
             "A turn handed to a pull or webhook agent and not closed in time is released."),

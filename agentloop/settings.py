@@ -348,7 +348,7 @@ AGENTLOOP_HOSTNAME = env.str("AGENTLOOP_HOSTNAME", default="") or socket.gethost
 # may set its own `deadline`.
 AGENTLOOP_AGENT_DEADLINE = env.float("AGENTLOOP_AGENT_DEADLINE", default=300.0)
 # A webhook agent's answer is read up to this many bytes, then refused (the turn fails).
-AGENTLOOP_AGENT_MAX_ANSWER_BYTES = env.int("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", default=1_000_000)
+AGENTLOOP_AGENT_MAX_ANSWER_BYTES = env.int("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", default=30_000_000)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
 # Connections per bot for replies (typing indicators get as many again, apart).
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
