@@ -11,6 +11,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from tools import approvals, guard, hooks
 from tools.models import (
     ActionClaim,
+    ApprovalMode,
     Calendar,
     CalendarEvent,
     ClaimState,
@@ -43,7 +44,8 @@ class ToolPolicyAdmin(admin.ModelAdmin):
         ("A person in the loop", {"fields": ["approval", "approval_ttl_seconds"],
                                   "description": "operator: an operator applies each call in the admin or the "
                                                  "dashboard. user: the conversation's user is asked in the chat "
-                                                 "(buttons on Telegram and the web chat, a yes/no reply on the API) "
+                                                 "(buttons on Telegram and the web chat, a yes/no reply on WhatsApp; refused on "
+                                                 "api channels, where the asking agent could answer) "
                                                  "and their tap applies it, once."}),
         ("Limits", {"fields": ["max_per_hour"],
                     "description": "Calls a single contact may make of this action per hour (proposals count; "
@@ -61,6 +63,18 @@ class ToolPolicyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         guard.forget_policies()
+        if obj.approval == ApprovalMode.USER:
+            refusing = unconfirmable_channels()
+            if refusing:
+                messages.warning(request, f"{obj.name}: the user's confirmation cannot be trusted on channels whose "
+                                          "messages agent keys post (the asker could answer), so calls in their "
+                                          f"conversations are refused: {', '.join(refusing)}")
+
+
+def unconfirmable_channels() -> list[str]:
+    """The channels on which `approval = user` is refused (tools.guard.refuse_unconfirmable)."""
+    channels = hooks.model("Channel").objects.order_by("slug")
+    return [c.slug for c in channels if not guard.user_can_confirm(c)]
 
 
 @admin.register(ActionClaim)

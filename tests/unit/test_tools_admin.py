@@ -141,3 +141,16 @@ def test_the_local_calendar_in_the_admin_and_as_an_icalendar_feed(operator, clie
     assert str(event["SUMMARY"]) == "Psicología" and str(event["LOCATION"]) == "Consulta 3"
     assert event.decoded("DTSTART") == CalendarEvent.objects.get().start
     assert client.get(reverse("calendar-feed", args=["wrong-token"])).status_code == 404
+
+
+def test_setting_user_approval_warns_about_api_channels(operator, make_channel):
+    """`approval = user` is refused at run time on api channels (anyone holding a key
+    could answer "yes"): saving it says which channels will refuse it."""
+    make_channel("partner-api", kind="api")
+    make_channel("tg", kind="telegram")
+    policy = ToolPolicy.objects.create(name="calendar_create_event")
+    response = operator.post(reverse("admin:tools_toolpolicy_change", args=[policy.pk]), {
+        "name": policy.name, "enabled": "on", "window_seconds": 600, "fingerprint_fields": "[]",
+        "approval": "user", "approval_ttl_seconds": 60, "timeout_seconds": 60, "guarded": "on"}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("partner-api" in m and "refused" in m and "tg" not in m.split(":")[-1] for m in shown), shown
