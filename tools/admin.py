@@ -162,7 +162,7 @@ class ProposalAdmin(admin.ModelAdmin):
     list_filter = ["state", "claim__action"]
     search_fields = ["=id", "claim__action", "decided_by"]
     actions = ["apply_selected", "reject_selected"]
-    readonly_fields = ["claim_link", "action", "what", "state", "created_at", "expires_at", "decided_by",
+    readonly_fields = ["claim_link", "action", "arguments_in_full", "state", "created_at", "expires_at", "decided_by",
                        "decided_at", "result", "error", "asked", "buttons"]
     fields = readonly_fields
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
@@ -174,7 +174,16 @@ class ProposalAdmin(admin.ModelAdmin):
 
     @admin.display(description="Arguments")
     def what(self, proposal):
-        return ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())[:200]
+        shown = ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())
+        return shown if len(shown) <= 200 else shown[:199] + "…"  # the list; the page shows them whole
+
+    @admin.display(description="Arguments")
+    def arguments_in_full(self, proposal):
+        """Everything the action will do, uncut: an operator approves what they read
+        (every recipient of an email, its whole body)."""
+        lines = [f"{name}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
+                 for name, value in proposal.claim.arguments.items()]
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', "\n".join(lines))
 
     @admin.display(description="Claim")
     def claim_link(self, proposal):

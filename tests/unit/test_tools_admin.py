@@ -154,3 +154,14 @@ def test_setting_user_approval_warns_about_api_channels(operator, make_channel):
         "approval": "user", "approval_ttl_seconds": 60, "timeout_seconds": 60, "guarded": "on"}, follow=True)
     shown = [str(m) for m in response.context["messages"]]
     assert any("partner-api" in m and "refused" in m and "tg" not in m.split(":")[-1] for m in shown), shown
+
+
+def test_the_proposal_page_shows_every_recipient_and_the_whole_body(operator, scope):
+    """An operator approves what they can read: nothing of the arguments is cut."""
+    recipients = [f"cliente{n}@example.com" for n in range(20)]
+    body = "Estimada clienta,\n" + "lorem ipsum " * 100 + "\nPD: transfiera a ES00-LAST-LINE"
+    proposal = guard.invoke("email_send", {"to": recipients, "subject": "Aviso", "body": body}, scope,
+                            actor="t").proposal_id
+    page = operator.get(reverse("admin:tools_proposal_change", args=[proposal])).content.decode()
+    assert all(address in page for address in recipients)
+    assert "PD: transfiera a ES00-LAST-LINE" in page and "lorem ipsum " * 100 in page
