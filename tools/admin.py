@@ -8,6 +8,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from audit.listed_lookups import ListedLookupsOnly
 from tools import approvals, guard, hooks
 from tools.models import (
     ActionClaim,
@@ -78,12 +79,13 @@ def unconfirmable_channels() -> list[str]:
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(admin.ModelAdmin):
+class ActionClaimAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
                     "proposal_link", "owner"]
     list_filter = ["state", "action", "live", "channel_slug"]
     search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
     date_hierarchy = "created_at"
+    linked_lookups = ("conversation_id",)  # a conversation's claims
     actions = ["reconcile_claims", "release_claims"]
     readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "turn", "proposal_link",
                                                                     "duplicates"]
@@ -157,7 +159,7 @@ class ActionClaimAdmin(admin.ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(admin.ModelAdmin):
+class ProposalAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "action", "what", "state", "created_at", "expires_at", "decided_by", "buttons"]
     list_filter = ["state", "claim__action"]
     search_fields = ["=id", "claim__action", "decided_by"]
