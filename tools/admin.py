@@ -65,17 +65,11 @@ class ToolPolicyAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         guard.forget_policies()
         if obj.approval == ApprovalMode.USER:
-            refusing = unconfirmable_channels()
+            refusing = guard.unconfirmable_channels()
             if refusing:
                 messages.warning(request, f"{obj.name}: the user's confirmation cannot be trusted on channels whose "
                                           "messages agent keys post (the asker could answer), so calls in their "
                                           f"conversations are refused: {', '.join(refusing)}")
-
-
-def unconfirmable_channels() -> list[str]:
-    """The channels on which `approval = user` is refused (tools.guard.refuse_unconfirmable)."""
-    channels = hooks.model("Channel").objects.order_by("slug")
-    return [c.slug for c in channels if not guard.user_can_confirm(c)]
 
 
 @admin.register(ActionClaim)

@@ -47,6 +47,7 @@ from tools.guard.running import (
     invoke,
     proposed_outcome,
     settle_existing,
+    unconfirmable_channels,
     user_can_confirm,
 )
 from tools.guard.sweep import sweep
@@ -65,6 +66,7 @@ __all__ = [
     "TooManyActions",
     "ToolDisabled",
     "UserConfirmationUnavailable",
+    "unconfirmable_channels",
     "user_can_confirm",
     "claim_action",
     "claim_or_settle",

@@ -161,6 +161,11 @@ def user_can_confirm(channel) -> bool:
         return False
 
 
+def unconfirmable_channels() -> list[str]:
+    """The channels on which `approval = user` is refused (said when an operator sets it)."""
+    return [c.slug for c in hooks.model("Channel").objects.order_by("slug") if not user_can_confirm(c)]
+
+
 def refuse_unconfirmable(name, policy, scope):
     """Refuse, before anything is claimed, a call needing the user's confirmation in a
     conversation where "yes" could be posted by the agent that asked (an api channel)."""
