@@ -63,8 +63,9 @@ PATTERNS = [
     (re.compile(r"(?i)([?&;][a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|sig|signature|auth|credential)"
                 r"[a-z0-9_.-]*=)[^&#\s'\"]+"), r"\1" + MASK),
     # A name like a secret's, "=" or ":" (a JSON key's quotes allowed), a value of 6+
-    # characters: shorter ones ("tokens: 5", "the key: turn") are ordinary words.
-    (re.compile(r"(?i)(\b[a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|signature|credential)[a-z0-9_.-]*"
+    # characters: shorter ones ("tokens: 5", "the key: turn") are ordinary words. The
+    # secret's word ends the name or a separator follows it ("KeyError: 'title'" is not one).
+    (re.compile(r"(?i)(\b[a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|signature|credential)(?:[_.-][a-z0-9_.-]*)?"
                 r"[\"']?\s*[=:]\s*[\"']?)[^\s\"'&,;}<>]{6,}"), r"\1" + MASK),
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
     (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{12,}"), MASK),

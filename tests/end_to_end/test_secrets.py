@@ -253,7 +253,8 @@ def test_a_known_secret_is_found_escaped_or_split():
 
 def test_ordinary_text_is_left_alone():
     for text in ("50% off, 100%3 is odd", "the key: turn left", "path C:\\Users\\ana", "línea uno\nlínea dos",
-                 "tokens: 5 left", "see https://example.com/a%20b"):
+                 "tokens: 5 left", "see https://example.com/a%20b", "KeyError: 'start_datetime'",
+                 "Tokenizer: whitespace_split"):
         assert redact(text) == text
 
 
