@@ -16,6 +16,7 @@ from django.utils import timezone
 from agentloop.console import dashboard as console
 from agentloop.console import relay
 from agentloop.core import live
+from agentloop.core.redaction import redact_payload
 from conversations import console as conversations_console
 from conversations import edits
 from conversations.ingest import Inbound, Unstorable, admit, open_conversation
@@ -270,9 +271,10 @@ def _edit(channel, user, text, message_id):
 
 
 def _transcript(conversation_id):
+    """The conversation so far, redacted like the live events that follow it."""
     items = conversations_console.messages_of(conversation_id) + delivery_console.replies_of(conversation_id)
     for item in items:  # a reply's files, as the links its live event carried
         if "files" in item:
             item["files"] = [{"name": f.name, "type": f.type, "size": f.size,
                               "url": links.path_for_outbound(f.file, f.type, f.name)} for f in item["files"]]
-    return sorted(items, key=lambda item: item["at"] or "")[-40:]
+    return redact_payload(sorted(items, key=lambda item: item["at"] or "")[-40:])

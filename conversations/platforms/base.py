@@ -71,6 +71,11 @@ class Platform(abc.ABC):
     # The chat shows answer buttons under a message (a question asking to confirm an
     # action; tools.confirmations). Without them the user answers yes or no in words.
     has_buttons: bool = False
+    # A user's answer to such a question reaches us only from the platform itself, so
+    # `approval = user` can trust it. False where an agent key posts the channel's
+    # messages as any contact (the api platform): the agent that asked could say "yes";
+    # the guard refuses `approval = user` there (tools.guard.running).
+    user_can_confirm: bool = True
     # Replies go out at all (False: the reply row *is* the delivery, read through the API).
     # An instance attribute may depend on the channel: see transport().
 

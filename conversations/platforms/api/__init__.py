@@ -33,6 +33,7 @@ def check_hosts(value) -> list[str]:
 class ApiPlatform(Platform):
     kind = KIND
     label = "API"
+    user_can_confirm = False  # any key granted the channel posts as any contact, the asker included
     settings = {
         "callback_url": Setting(check=check_url, help="Where replies are POSTed (HMAC-signed); empty: replies "
                                                       "are kept for the read API."),
