@@ -20,8 +20,8 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 ## make run: set everything up and run the product on SQLite (or DATABASE_URL).
 ## Production-shaped: DEBUG only when asked for (DEBUG=true make run).
 run: $(VENV)/.installed
-	$(PY) manage.py bootstrap
-	exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
+	AGENTLOOP_LOCAL_SECRET_KEY=true $(PY) manage.py bootstrap
+	AGENTLOOP_LOCAL_SECRET_KEY=true exec $(PY) manage.py runall --host $(HOST) --port $(PORT)
 
 ## make test: ruff, import-linter, then the whole suite on SQLite and on PostgreSQL (a throwaway
 ## cluster when DATABASE_URL is not given): both passes at once, then the tests that

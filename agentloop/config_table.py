@@ -30,14 +30,22 @@ class Var:
 # Groups in the order of the page; each row in the order a reader looks for it.
 GROUPS: list[tuple[str, str, list[Var]]] = [
     ("Django, HTTP and security", "The web process and Django itself.", [
-        Var("SECRET_KEY", "generated once into `var/secret_key` (mode 0600)",
-            "Django's secret key; set it in production."),
-        Var("AGENTLOOP_REQUIRE_SECRET_KEY", "false",
-            "Refuse to start without `SECRET_KEY` (when `DEBUG` is off)."),
+        Var("SECRET_KEY", "required (`make run`: generated once into `var/secret_key`, mode 0600)",
+            "Django's secret key, the same on every host. Without it, and with `DEBUG` off, "
+            "a process refuses to start (saying so) unless `AGENTLOOP_LOCAL_SECRET_KEY` is set "
+            "or the checkout already has `var/secret_key`."),
+        Var("AGENTLOOP_LOCAL_SECRET_KEY", "false",
+            "Generate `SECRET_KEY` into `var/secret_key` when it is not set: the laptop path, "
+            "set by `make run` (and by `DEBUG=true` and the test suite); never in production."),
         Var("DEBUG", "false",
             "Django debug mode (`make run` too: `DEBUG=true make run` asks for it, and warns "
             "loudly when `HOST` is not a loopback address)."),
         Var("ALLOWED_HOSTS", "loopback names and `HOST`", "Comma-separated host names."),
+        Var("AGENTLOOP_LOGIN_FAILURE_LIMIT", "5",
+            "Failed admin logins in a row after which a username is locked out from that "
+            "address (django-axes; answered 429); a successful login starts the count again."),
+        Var("AGENTLOOP_LOGIN_LOCKOUT_MINUTES", "15",
+            "How long that lockout lasts. `manage.py axes_reset` lifts every lockout at once."),
         Var("HOST", "127.0.0.1",
             "Where `make run` serves (`manage.py runall --host`); a non-loopback `HOST` is "
             "also allowed as a `Host` header."),
@@ -76,7 +84,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
     ("make run", "Read by `make run` (`manage.py bootstrap` and `manage.py runall`), not by "
      "the running product.", [
         Var("ADMIN_PASSWORD", "generated once into `var/admin_password`",
-            "The `admin` user's password under `make run`.",
+            "The `admin` user's password under `make run`, set when the user is created (a "
+            "later change made in the admin is kept; printed on that first run only).",
             read_by="`manage.py bootstrap` (`make run`)"),
         Var("TELEGRAM_BOT_TOKEN", "empty",
             "Set: `make run` adds a `telegram` channel in polling mode.",
@@ -93,7 +102,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             read_by="the WhatsApp platform's bootstrap (`make run`)"),
         Var("ACCESS_LOG", "false",
             "daphne writes a line per request to stdout (off by default: a formatted write "
-            "per webhook POST).",
+            "per webhook POST), secrets in its URLs masked (feed and file tokens, "
+            "`hub.verify_token=`…).",
             read_by="`manage.py runall` (`make run`)"),
     ]),
     ("Database", "SQLite by default; PostgreSQL to scale out.", [
@@ -226,6 +236,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "Seconds an agent's whole answer may take (every model request and tool call of "
             "one turn), or the turn fails with an apology; a channel's agent config may set "
             "its own `deadline`."),
+        Var("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", "30000000",
+            "Bytes a webhook agent's answer may have (its `files` inline, in base64: room for "
+            "one file at `AGENTLOOP_MEDIA_MAX_BYTES`): past them reading stops and the turn "
+            "fails, naming this setting."),
         Var("AGENTLOOP_EXTRA_AGENTS", "empty", "`name=dotted.path,…` agents added to the registry."),
         Var("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", "300",
             "A turn handed to a pull or webhook agent and not closed in time is released."),

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import environ
 
+from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -20,13 +22,14 @@ if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DEBUG", default=False)
+# Required, the same on every host: a key made up per host signs sessions the others refuse.
+# `make run` (AGENTLOOP_LOCAL_SECRET_KEY=true), DEBUG and the test suite generate one into
+# var/secret_key, which that checkout's other commands then use; nothing else makes one up.
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
-    if not DEBUG and env.bool("AGENTLOOP_REQUIRE_SECRET_KEY", default=False):
-        raise environ.ImproperlyConfigured("SECRET_KEY must be set in production")
-    # A stable per-checkout key so sessions survive restarts of `make run`.
-    from agentloop.core.secret_file import read_or_create_secret_key
-
+    if not (DEBUG or env.bool("AGENTLOOP_LOCAL_SECRET_KEY", default=False) or "pytest" in sys.modules
+            or (VAR_DIR / "secret_key").exists()):
+        raise environ.ImproperlyConfigured(MISSING_SECRET_KEY)
     SECRET_KEY = read_or_create_secret_key(VAR_DIR / "secret_key")
 
 # `make run` binds HOST; a non-loopback HOST is allowed as a Host header too. The test
@@ -69,6 +72,7 @@ INSTALLED_APPS = [
     "audit",
     "agentloop.core",  # app label `agentloop` (its tables and migrations kept that name)
     "agentloop.console",
+    "axes",  # admin login throttling (below)
 ]
 
 # daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports
@@ -87,6 +91,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Innermost, so its process_exception sees a view's database outage first: 503.
     "agentloop.core.middleware.DatabaseUnavailableMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out login answers 429
 ]
 
 # Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
@@ -132,9 +137,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
     # A file (not :memory:) so that the worker and server processes that the
     # end-to-end tests start can open the test database too.
-    DATABASES["default"]["TEST"] = {
-        "NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test_agentloop.sqlite3"))
-    }
+    DATABASES["default"]["TEST"] = {"NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test_agentloop.sqlite3"))}
 else:
     # DATABASE_POOL: Django's psycopg pool (a process keeps up to DATABASE_POOL_MAX_SIZE
     # connections open and lends one to each request or thread) instead of a connection
@@ -157,15 +160,10 @@ else:
     # A database host that drops packets (rather than refusing) must not hang a reconnect
     # or a query forever: a connect deadline, and TCP keepalives so a dead peer's socket
     # is noticed in ~20 s instead of the kernel's two hours.
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {
-            "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT", default=5),
-            "keepalives": 1,
-            "keepalives_idle": env.int("DATABASE_KEEPALIVES_IDLE", default=10),
-            "keepalives_interval": 5,
-            "keepalives_count": 2,
-        }
-    )
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT", default=5), "keepalives": 1,
+        "keepalives_idle": env.int("DATABASE_KEEPALIVES_IDLE", default=10), "keepalives_interval": 5,
+        "keepalives_count": 2})
     # DATABASE_TRANSACTION_POOLER: DATABASE_URL goes through a transaction-mode pooler
     # (PgBouncer pool_mode=transaction), where each transaction may run on another server
     # session. A server-side cursor (QuerySet.iterator() outside a transaction, e.g. in a
@@ -179,9 +177,13 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", defa
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
-]
+AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
+    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator")]
+# Admin logins (django-axes): N failures in a row lock a username out from an address; a success resets.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env.int("AGENTLOOP_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AGENTLOOP_LOGIN_LOCKOUT_MINUTES", default=15.0) / 60  # hours
+AXES_LOCKOUT_PARAMETERS, AXES_RESET_ON_SUCCESS = [["username", "ip_address"]], True
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.str("TIME_ZONE", default="UTC")
@@ -347,6 +349,8 @@ AGENTLOOP_HOSTNAME = env.str("AGENTLOOP_HOSTNAME", default="") or socket.gethost
 # within this many seconds, or the turn fails with an apology; a channel's agent config
 # may set its own `deadline`.
 AGENTLOOP_AGENT_DEADLINE = env.float("AGENTLOOP_AGENT_DEADLINE", default=300.0)
+# A webhook agent's answer is read up to this many bytes, then refused (the turn fails).
+AGENTLOOP_AGENT_MAX_ANSWER_BYTES = env.int("AGENTLOOP_AGENT_MAX_ANSWER_BYTES", default=30_000_000)
 AGENTLOOP_TELEGRAM_POLL_TIMEOUT = env.int("AGENTLOOP_TELEGRAM_POLL_TIMEOUT", default=25)
 # Connections per bot for replies (typing indicators get as many again, apart).
 AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", default=8)
@@ -428,14 +432,16 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"}},
+    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"},
+                "request_path": {"()": "agentloop.core.access_log.MaskRequestPath"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
-        "telegram": {"level": "WARNING"},
+        "telegram": {"level": "WARNING"}, "axes": {"level": "WARNING"},  # axes: a start banner per process
         "daphne": {"level": "WARNING"},
+        "django.request": {"filters": ["request_path"]},  # `Forbidden: /files/<token>`, masked
         # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
         # Our tasks log themselves when they find something to do.
         "django-q": {"level": env.str("DJANGO_Q_LOG_LEVEL", default="WARNING")},

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
 from audit import api as audit_api
 from conversations import api, platforms, views
@@ -18,6 +19,7 @@ urlpatterns = [
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
+    path("console/playground/<slug:slug>/files", console_uploads.playground_upload, name="console-playground-upload"),
     *platforms.urlpatterns(),  # each platform's webhooks, under webhooks/<kind>/
     path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
     path("api/v1/channels/<slug:slug>/messages/<str:message_id>", api.MessageEditView.as_view(),

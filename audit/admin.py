@@ -7,6 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from agentloop.core.redaction import hide_secrets
+from audit.listed_lookups import ListedLookupsOnly
 from audit.models import AuditEvent, CaughtDuplicate, EventKind
 
 # An event's target ("claim 12", "ledger row 7"…) → the admin page of that row.
@@ -20,12 +21,13 @@ def change_link(url_name, pk, label):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_shown", "actor"]
     list_filter = ["kind", "channel_slug"]
     # Not the summary: an auditor must not probe an error text character by character.
     search_fields = ["target", "actor"]
     date_hierarchy = "at"
+    linked_lookups = ("conversation_id", "target")  # a conversation's events; a claim's caught duplicates
     fields = ["kind", "at", "actor", "channel_slug", "conversation", "target_link", "summary_shown", "extra"]
     readonly_fields = fields
 

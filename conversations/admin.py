@@ -2,10 +2,12 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from agentloop.core.redaction import SECRET_NAME
 from conversations import platforms
 from conversations.media import links
 from conversations.models import (
@@ -87,6 +89,16 @@ def platform_fieldsets() -> list:
     return sets
 
 
+# An agent_config secret (`secret`, a key named like one) is shown as this; posted back
+# unchanged, the stored value is kept.
+KEPT_SECRET = "•••••• stored (leave as is to keep it)"
+
+
+def _is_agent_secret(name, value) -> bool:
+    # `api_key_env` names a variable; the key itself is read from the environment.
+    return isinstance(value, str) and bool(value) and bool(SECRET_NAME.search(name)) and not name.endswith("_env")
+
+
 class ChannelFormBase(forms.ModelForm):
     """The channel's own fields, and its platform's settings as fields of their own
     (stored in Channel.platform_settings, checked by the platform on save)."""
@@ -108,6 +120,21 @@ class ChannelFormBase(forms.ModelForm):
                     self.fields[key].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
             elif stored.get(name) not in (None, ""):
                 self.initial[key] = stored[name]
+        config = self.instance.agent_config
+        if isinstance(config, dict) and any(_is_agent_secret(k, v) for k, v in config.items()):
+            self.initial["agent_config"] = {k: KEPT_SECRET if _is_agent_secret(k, v) else v for k, v in config.items()}
+
+    def clean_agent_config(self):
+        value = self.cleaned_data.get("agent_config")
+        stored = self.instance.agent_config if isinstance(self.instance.agent_config, dict) else {}
+        if not isinstance(value, dict):
+            return value
+        for name, given in value.items():
+            if given == KEPT_SECRET:
+                if name not in stored:
+                    raise ValidationError(f"{name}: no stored value to keep; enter one")
+                value[name] = stored[name]
+        return value
 
     def clean(self):
         cleaned = super().clean()
@@ -118,13 +145,17 @@ class ChannelFormBase(forms.ModelForm):
             return cleaned  # the kind field reports it
         # The stored values count only while the kind stays the same.
         stored = (self.instance.platform_settings or {}) if kind == self.instance.kind else {}
-        values = {}
+        values, given = {}, set()
         for name, spec in platform.settings.items():
             value = cleaned.get(f"{kind}_{name}")
             if spec.secret:
+                given |= {name} if value else set()
                 value = "" if cleaned.get(f"forget_{kind}_{name}") else (value or stored.get(name, ""))
             if value not in (None, ""):
                 values[name] = value
+        for name in platform.secrets_to_give_again(stored, values, given):
+            self.add_error(f"{kind}_{name}", f"The address it is sent to changed: enter the {_label(name).lower()} "
+                                             f"again (the stored one is never sent to a new host), or forget it.")
         # Checked by the model's clean (the platform's clean_settings), its messages
         # naming each setting.
         self.instance.platform_settings = values

@@ -5,6 +5,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from agentloop.core import live
+from conversations.media import links
 from conversations.models import BufferState, InboundMessage, MessageBuffer, Turn
 
 
@@ -91,7 +92,16 @@ def turn_count(since):
 def messages_of(conversation_id, limit=30):
     """The conversation's latest inbound messages, oldest first (the playground's
     transcript on reconnect)."""
-    rows = (InboundMessage.objects.filter(conversation_id=conversation_id)
+    rows = (InboundMessage.objects.filter(conversation_id=conversation_id).select_related("media_file")
             .order_by("-received_at", "-pk")[:limit])
     return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition,
-             "id": m.platform_message_id, "edited": m.edited_at is not None} for m in reversed(rows)]
+             "id": m.platform_message_id, "edited": m.edited_at is not None, "file": _file(m.media_file)}
+            for m in reversed(rows)]
+
+
+def _file(file) -> dict | None:
+    """A message's file as the playground shows it: a thumbnail of an image, by its signed link."""
+    if file is None:
+        return None
+    return {"id": file.pk, "kind": file.kind, "name": file.file_name, "state": file.state,
+            "content_type": file.content_type, "url": links.path_for(file.pk)}

@@ -24,6 +24,7 @@ import json
 from urllib.parse import urlsplit
 
 import httpx
+from django.conf import settings
 
 from agentloop.core.tls import shared_tls_context
 from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext, answer_of
@@ -43,10 +44,13 @@ class WebhookAgent(Agent):
     async def respond(self, ctx: TurnContext) -> str | Answer:
         url, body, headers = await self._request(ctx)
         host, timeout = _host(url), float(ctx.config.get("timeout", 30))
+        limit = settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES
         try:
             # One deadline for the whole exchange: httpx's timeouts are per phase, and an
             # agent trickling a byte a second would never trip them.
-            status, content = await asyncio.wait_for(self._post(url, body, headers, timeout), timeout)
+            status, content = await asyncio.wait_for(self._post(url, body, headers, timeout, limit), timeout)
+        except AnswerTooLarge as exc:
+            raise _too_large(host, limit) from exc
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:
@@ -57,9 +61,11 @@ class WebhookAgent(Agent):
         """The same request, accepting a stream: `{"delta": "…"}` objects as the agent
         writes, then `{"reply": "…", "files": […]}` (the whole reply, what the ledger
         sends), one per line (NDJSON) or per `data:` line (SSE). A JSON answer is taken
-        as `respond` takes it."""
+        as `respond` takes it. A stream counts against AGENTLOOP_AGENT_MAX_ANSWER_BYTES
+        as a whole answer does."""
         url, body, headers = await self._request(ctx)
         host, timeout = _host(url), float(ctx.config.get("timeout", 30))
+        limit = settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES
         headers["Accept"] = STREAM_ACCEPT
         try:
             async with asyncio.timeout(timeout), httpx.AsyncClient(
@@ -67,8 +73,11 @@ class WebhookAgent(Agent):
                     "POST", url, content=body, headers=headers) as response:
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if response.status_code == 200 and kind in (NDJSON, SSE):
-                    final = None
+                    final, size = None, 0
                     async for line in response.aiter_lines():
+                        size += len(line) + 1
+                        if size > limit:
+                            raise AnswerTooLarge(size)
                         item = _stream_item(line, kind)
                         if isinstance(item.get("delta"), str):
                             yield item["delta"]
@@ -78,7 +87,9 @@ class WebhookAgent(Agent):
                         raise AgentUnavailable(f"the agent at {host} ended its stream without a reply")
                     yield answer_of(_answer_of(200, json.dumps(final).encode(), host))
                     return
-                status, content = response.status_code, await response.aread()
+                status, content = response.status_code, await read_at_most(response, limit)
+        except AnswerTooLarge as exc:
+            raise _too_large(host, limit) from exc
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise AgentUnavailable(f"the agent at {host} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:
@@ -103,10 +114,34 @@ class WebhookAgent(Agent):
         return config["url"], body, headers
 
     @staticmethod
-    async def _post(url, body, headers, timeout):
+    async def _post(url, body, headers, timeout, limit):
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
-            response = await client.post(url, content=body, headers=headers)
-            return response.status_code, response.content
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                return response.status_code, await read_at_most(response, limit)
+
+
+class AnswerTooLarge(Exception):
+    pass
+
+
+async def read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The answer's body, read as it streams in; past `limit` bytes reading stops (the
+    connection is dropped): a service must not make a worker hold its whole answer."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(declared)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(host, limit) -> AgentUnavailable:
+    return AgentUnavailable(f"the agent at {host} answered more than {limit} bytes "
+                            f"(AGENTLOOP_AGENT_MAX_ANSWER_BYTES): not read further")
 
 
 def _host(url) -> str:

@@ -8,6 +8,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from agentloop.core.redaction import hide_secrets
+from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger
 from delivery.models import OutboundMessage, UnreachableChat
 
@@ -31,12 +32,14 @@ class AgeFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboundMessage)
-class LedgerRowAdmin(admin.ModelAdmin):
+class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
                     "short_text", "created_at", "next_attempt_at", "delivered_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
     search_fields = ["=pk", "text", "chat_id"]  # never error texts: they are not for probing
     date_hierarchy = "created_at"
+    # A conversation's, a turn's, an unreachable chat's rows (conversations.admin, below).
+    linked_lookups = ("conversation__id__exact", "turn__id__exact", "chat_id")
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
                                                                         "chunk_progress", "error_shown",
@@ -118,7 +121,7 @@ class LedgerRowAdmin(admin.ModelAdmin):
 
 
 @admin.register(UnreachableChat)
-class UnreachableChatAdmin(admin.ModelAdmin):
+class UnreachableChatAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["chat_id", "channel", "error_shown", "since", "last_failure_at", "failures", "rows"]
     list_filter = ["channel"]
     search_fields = ["chat_id"]

@@ -5,7 +5,7 @@ per channel and how long it takes to drain)."""
 from django.db.models import Count
 
 from agentloop.core import live
-from delivery import pacing
+from delivery import attachments, pacing
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.models import OutboundMessage, OutboundState, Outcome
 
@@ -73,5 +73,11 @@ def replies_of(conversation_id, limit=30):
     buttons = buttons_for_rows([r.pk for r in rows])
     return [{"kind": "reply", "text": r.text, "at": r.created_at.isoformat(), "state": r.state, "row": r.pk,
              **({"buttons": [{"label": label, "data": data} for label, data in buttons[r.pk]]}
-                if r.pk in buttons else {})}
+                if r.pk in buttons else {}),
+             **({"files": files} if (files := _files(r)) else {})}
             for r in reversed(rows)]
+
+
+def _files(row) -> list:
+    """The reply's files (delivery.attachments): the console makes links of them."""
+    return [item for piece in row.chunks or () if attachments.is_files(piece) for item in attachments.files_of(piece)]

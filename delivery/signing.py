@@ -30,8 +30,9 @@ def verify(secret: str, headers, body: bytes, now=None, window=REPLAY_WINDOW) ->
     """A receiver's check: the signature matches and the timestamp is recent."""
     timestamp = headers.get("X-Agentloop-Timestamp", "")
     given = headers.get("X-Agentloop-Signature", "")
-    try:
-        age = abs((time.time() if now is None else now) - int(timestamp))
-    except ValueError:
+    # Headers are whatever the sender chose: compare_digest raises TypeError on a non-ASCII
+    # str (a receiver would answer 500), and int() accepts any script's digits.
+    if not (timestamp.isascii() and timestamp.isdigit() and given.isascii()):
         return False
-    return age <= window and hmac.compare_digest(given, signature(secret, timestamp, body))
+    age = abs((time.time() if now is None else now) - int(timestamp))
+    return age <= window and hmac.compare_digest(given.encode(), signature(secret, timestamp, body).encode())

@@ -351,7 +351,7 @@ class Processes:
         it starts while the next worker does (each takes a second or two to import): the
         wait comes at the end of that `worker()`, or at the first use of its `url`."""
         port = free_port()
-        proc = self.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        proc = self.start("web", [sys.executable, "-m", "agentloop.daphne_server", "-b", "127.0.0.1", "-p", str(port),
                                   "agentloop.asgi:application"], kind=WebProcess, **env)
         proc.base_url = f"http://127.0.0.1:{port}"
         if wait:

@@ -76,3 +76,21 @@ class AmbiguousCreate(Tool):
         from tools.registry import OutcomeUnknown
 
         raise OutcomeUnknown("the connection dropped after sending")
+
+
+class LeakyCreate(Tool):
+    """Fails the way a careless integration does: its error quotes the partner's API key
+    (the value of PARTNER_API_KEY) and a URL with credentials."""
+
+    name = "leaky_create"
+    parameters = {"type": "object", "properties": {"name": {"type": "string"}, "crash": {"type": "boolean"}},
+                  "required": ["name"]}
+    effect = Effect.CREATE
+    fingerprint_fields = ("name",)
+
+    def run(self, call):
+        key = os.environ.get("PARTNER_API_KEY", "")
+        text = f"the partner refused key {key} at https://bot:{key}@partner.example/v1"
+        if call.arguments.get("crash"):
+            raise RuntimeError(text)
+        raise ToolError(text)

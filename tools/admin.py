@@ -8,9 +8,11 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from audit.listed_lookups import ListedLookupsOnly
 from tools import approvals, guard, hooks
 from tools.models import (
     ActionClaim,
+    ApprovalMode,
     Calendar,
     CalendarEvent,
     ClaimState,
@@ -43,7 +45,8 @@ class ToolPolicyAdmin(admin.ModelAdmin):
         ("A person in the loop", {"fields": ["approval", "approval_ttl_seconds"],
                                   "description": "operator: an operator applies each call in the admin or the "
                                                  "dashboard. user: the conversation's user is asked in the chat "
-                                                 "(buttons on Telegram and the web chat, a yes/no reply on the API) "
+                                                 "(buttons on Telegram and the web chat, a yes/no reply on WhatsApp; refused on "
+                                                 "api channels, where the asking agent could answer) "
                                                  "and their tap applies it, once."}),
         ("Limits", {"fields": ["max_per_hour"],
                     "description": "Calls a single contact may make of this action per hour (proposals count; "
@@ -61,15 +64,22 @@ class ToolPolicyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         guard.forget_policies()
+        if obj.approval == ApprovalMode.USER:
+            refusing = guard.unconfirmable_channels()
+            if refusing:
+                messages.warning(request, f"{obj.name}: the user's confirmation cannot be trusted on channels whose "
+                                          "messages agent keys post (the asker could answer), so calls in their "
+                                          f"conversations are refused: {', '.join(refusing)}")
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(admin.ModelAdmin):
+class ActionClaimAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
                     "proposal_link", "owner"]
     list_filter = ["state", "action", "live", "channel_slug"]
     search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
     date_hierarchy = "created_at"
+    linked_lookups = ("conversation_id",)  # a conversation's claims
     actions = ["reconcile_claims", "release_claims"]
     readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "turn", "proposal_link",
                                                                     "duplicates"]
@@ -143,12 +153,12 @@ class ActionClaimAdmin(admin.ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(admin.ModelAdmin):
+class ProposalAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "action", "what", "state", "created_at", "expires_at", "decided_by", "buttons"]
     list_filter = ["state", "claim__action"]
     search_fields = ["=id", "claim__action", "decided_by"]
     actions = ["apply_selected", "reject_selected"]
-    readonly_fields = ["claim_link", "action", "what", "state", "created_at", "expires_at", "decided_by",
+    readonly_fields = ["claim_link", "action", "arguments_in_full", "state", "created_at", "expires_at", "decided_by",
                        "decided_at", "result", "error", "asked", "buttons"]
     fields = readonly_fields
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
@@ -160,7 +170,16 @@ class ProposalAdmin(admin.ModelAdmin):
 
     @admin.display(description="Arguments")
     def what(self, proposal):
-        return ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())[:200]
+        shown = ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())
+        return shown if len(shown) <= 200 else shown[:199] + "…"  # the list; the page shows them whole
+
+    @admin.display(description="Arguments")
+    def arguments_in_full(self, proposal):
+        """Everything the action will do, uncut: an operator approves what they read
+        (every recipient of an email, its whole body)."""
+        lines = [f"{name}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
+                 for name, value in proposal.claim.arguments.items()]
+        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', "\n".join(lines))
 
     @admin.display(description="Claim")
     def claim_link(self, proposal):

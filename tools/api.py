@@ -129,6 +129,8 @@ class ToolInvokeView(APIView):
                                    agent_key_id=request.user.pk)
         except registry.InvalidArguments as exc:
             raise exceptions.ParseError(f"invalid arguments for {name}: {exc}") from None
+        except guard.UserConfirmationUnavailable as exc:  # the tool exists; its policy cannot hold here
+            return Response({"error": str(exc)}, status=status.HTTP_409_CONFLICT)
         except guard.ToolDisabled as exc:
             raise exceptions.NotFound(str(exc)) from None
         code = status.HTTP_202_ACCEPTED if outcome.status == guard.Status.AWAITING_APPROVAL else status.HTTP_200_OK

@@ -12,10 +12,12 @@ proposal's transaction (so it reaches the chat at least once, like a reply):
 - The web chat (the console's playground): the same buttons on the reply bubble; a tap
   goes back over the page's websocket (agentloop.console.consumers), and the outcome is pushed
   to every page watching the conversation.
-- A platform without buttons (an `api` channel): the question ends "Reply yes or no",
+- A platform without buttons (WhatsApp): the question ends "Reply yes or no",
   and the conversation's next inbound message, when its whole text is one of the
   answer words below and a question is open, is consumed as the answer (it is stored,
-  never given to the agent); anything else is an ordinary message.
+  never given to the agent); anything else is an ordinary message. Not on a platform
+  whose messages agent keys post (`api`): the asker could answer, so the guard refuses
+  `approval = user` there and an inbound "yes" never answers (an operator decides).
 
 Every answer goes through `approvals.apply` / `approvals.reject`: one compare-and-swap
 from pending, so a double tap, a callback Telegram re-delivers, a replayed webhook or
@@ -39,7 +41,7 @@ from agentloop.core import live
 from agentloop.core.redaction import redact
 from delivery import ledger
 from delivery.models import OutboundKind
-from tools import approvals, fingerprint, hooks
+from tools import approvals, fingerprint, guard, hooks
 from tools.models import Confirmation, ProposalState
 
 log = logging.getLogger(__name__)
@@ -278,6 +280,8 @@ def answer_from_text(channel, conversation, text) -> PendingAnswer | None:
     in the order they were asked). None: an ordinary message. Cheap for every other
     message: no query unless the text is an answer word."""
     if has_buttons(channel):  # the tap answers there
+        return None
+    if not guard.user_can_confirm(channel):  # the asker could post this "yes": an operator decides
         return None
     yes = answer_word(text)
     if yes is None:

@@ -50,8 +50,9 @@ class ToolPolicy(models.Model):
     )
     max_per_hour = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)],
-        help_text="At most this many calls per scope (one contact) in any hour, proposals included; the next "
-                  "ones fail and the model is told why. Empty: no limit.",
+        help_text="At most this many calls per scope (one contact) in any hour, and as many per agent key whatever "
+                  "scopes it names, proposals included; the next ones fail and the model is told why. Empty: no "
+                  "limit.",
     )
     approval_ttl_seconds = models.PositiveIntegerField(
         default=24 * 3600, validators=[MinValueValidator(1)], help_text="Proposals expire after this time."
@@ -144,6 +145,9 @@ class ActionClaim(StateMachine, models.Model):
         indexes = [
             models.Index(fields=["state", "lease_until"], name="claim_state_lease_idx"),
             models.Index(fields=["scope", "action", "fingerprint"], name="claim_lookup_idx"),
+            # The hourly limit per agent key (tools.guard.claiming._check_rate), one count per new claim.
+            models.Index(fields=["agent_key_id", "action", "created_at"], name="claim_key_rate_idx",
+                         condition=Q(agent_key_id__isnull=False)),
         ]
 
     def __str__(self):

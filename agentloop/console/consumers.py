@@ -4,6 +4,7 @@ database). A socket stays open for hours while roles change: every action looks 
 up again and checks the permission it needs, not only the handshake."""
 
 import asyncio
+import dataclasses
 import json
 import uuid
 
@@ -15,9 +16,11 @@ from django.utils import timezone
 from agentloop.console import dashboard as console
 from agentloop.console import relay
 from agentloop.core import live
+from agentloop.core.redaction import redact_payload
 from conversations import console as conversations_console
 from conversations import edits
 from conversations.ingest import Inbound, Unstorable, admit, open_conversation
+from conversations.media import links
 from conversations.models import Channel
 from conversations.platforms.webchat import KIND
 from delivery import console as delivery_console
@@ -219,7 +222,7 @@ class PlaygroundConsumer(LiveConsumer):
             return
         message_id = str(content.get("id") or uuid.uuid4())[:64]
         try:
-            admission = await database_sync_to_async(_admit)(self.channel, self.scope["user"], text, message_id)
+            admission = await database_sync_to_async(admit_sent)(self.channel, self.scope["user"], text, message_id)
         except Unstorable as exc:  # e.g. a NUL character: refused alone, the socket stays open
             await self.send_json({"type": "error", "error": f"message refused: {exc}"})
             return
@@ -244,8 +247,13 @@ def _open_playground(slug, user):
     return channel, open_conversation(channel, _sender(user)())
 
 
-def _admit(channel, user, text, message_id):
-    admission = admit(channel, _sender(user)(text=text, message_id=f"console:{message_id}"))
+def admit_sent(channel, user, text, message_id, media=None):
+    """Admit what the person sent (a MediaRef: the file they attached, uploaded over HTTP:
+    agentloop.console.uploads); what the page needs to show it."""
+    inbound = _sender(user)(text=text, message_id=f"console:{message_id}")
+    if media is not None:
+        inbound = dataclasses.replace(inbound, media=media, media_type=media.kind)
+    admission = admit(channel, inbound)
     return {"duplicate": admission.duplicate, "disposition": admission.disposition,
             "flush_at": admission.flush_at.isoformat() if admission.flush_at else None,
             "window_seconds": admission.window_seconds, "window_kind": admission.window_kind,
@@ -263,5 +271,10 @@ def _edit(channel, user, text, message_id):
 
 
 def _transcript(conversation_id):
+    """The conversation so far, redacted like the live events that follow it."""
     items = conversations_console.messages_of(conversation_id) + delivery_console.replies_of(conversation_id)
-    return sorted(items, key=lambda item: item["at"] or "")[-40:]
+    for item in items:  # a reply's files, as the links its live event carried
+        if "files" in item:
+            item["files"] = [{"name": f.name, "type": f.type, "size": f.size,
+                              "url": links.path_for_outbound(f.file, f.type, f.name)} for f in item["files"]]
+    return redact_payload(sorted(items, key=lambda item: item["at"] or "")[-40:])

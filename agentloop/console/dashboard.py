@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from agentloop.core.redaction import redact_payload
 from audit import console as audit_console
 from audit.models import EventKind
 from conversations import console as conversations_console
@@ -24,7 +25,11 @@ CHART_DAYS = 14
 
 
 def snapshot(now=None) -> dict:
-    now = now or timezone.now()
+    """The whole picture, redacted like every live event (texts, a proposal's arguments)."""
+    return redact_payload(_picture(now or timezone.now()))
+
+
+def _picture(now) -> dict:
     day = now - timedelta(hours=24)
     return {
         "now": now.isoformat(),

@@ -12,7 +12,14 @@ the API and the console's websockets send. It masks:
   SECRET_KEY, the database's password, and environment variables named like secrets;
 - the shapes a secret takes in error texts even when we do not know it: a Bot API URL
   (`/bot<id>:<token>/`), a bare bot token, a URL's user-info, a URL's query parameters
-  named like secrets, `Bearer …` headers, `sk-…` API keys.
+  named like secrets, a value after a name like a secret's anywhere (`password=…`,
+  `"api_key": "…"`, `client_secret: …`), `Bearer …` headers, `sk-…` API keys.
+
+Texts are also matched decoded: percent-encoding undone (`123%3AAAH…`, twice at most),
+JSON's escapes undone (a backslash before `/`, `u003a`, `n`), a line break between two
+non-blank characters (a token wrapped across lines) removed. When the decoded text shows
+a secret the raw one hid, the decoded text, masked, is returned; otherwise the text keeps
+its form.
 
 The channels' secrets are read from the database at most every REFRESH_SECONDS (and at
 once after a channel is saved in this process), only where a query is safe: never from
@@ -33,7 +40,7 @@ import re
 import threading
 import time
 import traceback
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from django.apps import apps
 from django.conf import settings
@@ -50,21 +57,39 @@ SECRET_ENV = re.compile(r"(?i)(_KEY|_TOKEN|_SECRET|PASSWORD|_PASS)$")
 # (pattern, replacement) for secrets we recognise by their shape.
 PATTERNS = [
     (re.compile(r"/bot\d+:[^/\s'\"?#]+"), "/bot" + MASK),
-    (re.compile(r"\b\d{3,}:[A-Za-z0-9_-]{20,}"), MASK),
+    # Not after a letter or digit (base64 is not a bot id), but after "_" or "%" it is.
+    (re.compile(r"(?<![A-Za-z0-9])\d{3,}:[A-Za-z0-9_-]{20,}"), MASK),
     (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@'\"]+@"), r"\1" + MASK + "@"),
     (re.compile(r"(?i)([?&;][a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|sig|signature|auth|credential)"
                 r"[a-z0-9_.-]*=)[^&#\s'\"]+"), r"\1" + MASK),
+    # A name like a secret's, "=" or ":" (a JSON key's quotes allowed), a value of 6+
+    # characters: shorter ones ("tokens: 5", "the key: turn") are ordinary words. The
+    # secret's word ends the name or a separator follows it ("KeyError: 'title'" is not one).
+    (re.compile(r"(?i)(\b[a-z0-9_.-]*(?:key|token|secret|password|passwd|pwd|signature|credential)(?:[_.-][a-z0-9_.-]*)?"
+                r"[\"']?\s*[=:]\s*[\"']?)[^\s\"'&,;}<>]{6,}"), r"\1" + MASK),
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{12,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{12,}"), MASK),
 ]
+JSON_ESCAPE = re.compile(r"\\(/|u[0-9a-fA-F]{4}|n|r)")
+WRAPPED = re.compile(r"(?<=\S)[ \t]*\r?\n(?=\S)")  # a line break inside a word (a wrapped token)
 
 
 def redact(text, also=()) -> str:
     """`text` with every secret masked; `also`: more secrets the caller knows about."""
     if not text:
         return "" if text is None else str(text)
-    text = str(text)
-    for secret in _variants(also):
+    secrets = list(_variants(also))
+    masked = _mask(str(text), secrets)
+    decoded = _decoded(masked)
+    if decoded != masked:
+        again = _mask(decoded, secrets)
+        if again != decoded:  # decoding showed a secret the raw text hid
+            return again
+    return masked
+
+
+def _mask(text, secrets) -> str:
+    for secret in secrets:
         text = text.replace(secret, MASK)
     known = _known.pattern()
     if known is not None:
@@ -72,6 +97,23 @@ def redact(text, also=()) -> str:
     for pattern, replacement in PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+def _decoded(text) -> str:
+    """The text as a secret in it reads: JSON escapes and percent-encoding undone, a
+    word wrapped across lines joined. Cheap for a text with none of them."""
+    if "\\" in text:
+        text = JSON_ESCAPE.sub(_unescape, text)
+    for _ in range(2):  # encoded twice (a URL inside a URL's query) at most
+        if "%" not in text:
+            break
+        text = unquote(text)
+    return WRAPPED.sub("", text) if "\n" in text else text
+
+
+def _unescape(match) -> str:
+    escape = match[1]
+    return {"/": "/", "n": "\n", "r": "\r"}.get(escape) or chr(int(escape[1:], 16))
 
 
 def redact_payload(value):

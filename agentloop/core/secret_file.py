@@ -10,6 +10,12 @@ from pathlib import Path
 
 _ALPHABET = string.ascii_letters + string.digits + "!@#$%^&*(-_=+)"
 
+MISSING_SECRET_KEY = (
+    "SECRET_KEY is not set. Set it in the environment, the same value on every host (e.g. "
+    "python -c 'import secrets; print(secrets.token_urlsafe(50))'): a key made up per host signs "
+    "sessions the other hosts refuse. On your own machine, `make run` generates one into "
+    "var/secret_key (AGENTLOOP_LOCAL_SECRET_KEY=true), and so does DEBUG=true.")
+
 
 def read_or_create_secret_key(path: Path) -> str:
     """The key in `path`, created (mode 0600) on first use. Several processes may start
@@ -33,6 +39,22 @@ def read_or_create_secret_key(path: Path) -> str:
     finally:
         draft.unlink(missing_ok=True)
     return key
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by its owner only from the first byte: written to a new
+    file created 0600 (whatever the umask), then renamed over the old one. Rewriting the
+    old file in place would hand the new text to anyone who opened it while its mode was
+    wider, and a mode fixed after writing leaves a moment when it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a draft left behind by a crashed run keeps its mode otherwise
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(draft, path)
 
 
 def _owner_only(path: Path) -> None:

@@ -1,10 +1,12 @@
-"""Files uploaded with a message into an API channel (multipart: the message as JSON in
-`message`, the file in `file`). The bytes are stored on the request path — they are in
+"""Files uploaded with a message: into an API channel (multipart: the message as JSON in
+`message`, the file in `file`), or through the playground's web chat
+(agentloop.console.uploads). The bytes are stored on the request path — they are in
 hand — under the name the worker's fetch would give them (their digest), and the
 message carries a MediaRef naming that name: the worker "fetches" it from our own
-storage (ApiPlatform.fetch_media), so an upload is sniffed, stored once, transcribed
+storage (`read_back`, the platform's fetch_media), so an upload is sniffed, stored once, transcribed
 and shown to the agent exactly as a platform's file is."""
 
+import asyncio
 import hashlib
 
 from django.conf import settings
@@ -13,7 +15,7 @@ from django.core.files.storage import default_storage
 
 from conversations.ingest import MediaRef
 from conversations.media import sniff
-from conversations.media.download import mb
+from conversations.media.download import FileUnavailable, mb
 
 
 class UploadRefused(Exception):
@@ -39,6 +41,21 @@ def store(channel_id: int, data: bytes) -> tuple[str, str]:
 
 def own_prefix(channel_id: int) -> str:
     return f"media/{channel_id}/"
+
+
+async def read_back(channel, ref: str, limit: int) -> bytes:
+    """An uploaded file's bytes, from the storage, and only from this channel's own files."""
+    if not ref.startswith(own_prefix(channel.pk)) or ".." in ref:
+        raise FileUnavailable("not a file uploaded to this channel", permanent=True)
+
+    def read():
+        with default_storage.open(ref, "rb") as f:
+            return f.read(limit + 1)
+
+    try:
+        return await asyncio.to_thread(read)
+    except FileNotFoundError:
+        raise FileUnavailable("the uploaded file is gone from the storage", permanent=True) from None
 
 
 def stored_upload(channel, upload, kind: str = "") -> MediaRef:

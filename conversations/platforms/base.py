@@ -37,7 +37,9 @@ class Setting:
 
     `secret`: masked in the admin and in every error text (agentloop.core.redaction).
     `required_to_send`: while empty, the channel's replies wait (Channel.send_blocked).
-    `check`: raises ValidationError (or ValueError) for a bad value; returns it cleaned."""
+    `check`: raises ValidationError (or ValueError) for a bad value; returns it cleaned.
+    `carries`: the secret settings sent to this address (a Bot API root and its token):
+    when it changes, they must be given again, never sent on to the new host unasked."""
 
     default: Any = ""
     help: str = ""
@@ -46,6 +48,7 @@ class Setting:
     choices: tuple[Any, ...] = ()
     check: Callable[[Any], Any] | None = None
     option: str = ""  # the addchannel flag ("--token"); "" = --<name with dashes>
+    carries: tuple[str, ...] = ()
 
     def flag(self, name: str) -> str:
         return self.option or "--" + name.replace("_", "-")
@@ -68,6 +71,11 @@ class Platform(abc.ABC):
     # The chat shows answer buttons under a message (a question asking to confirm an
     # action; tools.confirmations). Without them the user answers yes or no in words.
     has_buttons: bool = False
+    # A user's answer to such a question reaches us only from the platform itself, so
+    # `approval = user` can trust it. False where an agent key posts the channel's
+    # messages as any contact (the api platform): the agent that asked could say "yes";
+    # the guard refuses `approval = user` there (tools.guard.running).
+    user_can_confirm: bool = True
     # Replies go out at all (False: the reply row *is* the delivery, read through the API).
     # An instance attribute may depend on the channel: see transport().
 
@@ -99,6 +107,16 @@ class Platform(abc.ABC):
         missing = [name for name, spec in self.settings.items()
                    if spec.required_to_send and not channel.platform_settings.get(name)]
         return f"no {', '.join(missing)} set" if missing else ""
+
+    def secrets_to_give_again(self, stored: dict[str, Any], values: dict[str, Any], given: set[str]) -> list[str]:
+        """The secret settings `values` keeps from `stored` (not in `given`) although the
+        address they are sent to changed: they must be given again (or forgotten)."""
+        again = []
+        for name, spec in self.settings.items():
+            if spec.carries and _address(values.get(name), spec) != _address(stored.get(name), spec):
+                again += [secret for secret in spec.carries
+                          if secret not in given and stored.get(secret) and values.get(secret) == stored.get(secret)]
+        return again
 
     def secrets(self, channel: Channel | dict[str, Any]) -> list[str]:
         """The values of this channel's secret settings, and the secrets in its URLs
@@ -176,6 +194,10 @@ class Platform(abc.ABC):
         environment names one (e.g. TELEGRAM_BOT_TOKEN). Returns the line `make run`
         prints about it ("" for none)."""
         return ""
+
+
+def _address(value: Any, spec: Setting) -> str:
+    return str(value or spec.default or "").strip().rstrip("/")
 
 
 def check_rate(value: str | float) -> float:

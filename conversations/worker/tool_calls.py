@@ -3,6 +3,7 @@
 
 import time
 
+from agentloop.core.redaction import redact
 from conversations import turns
 from conversations.agents import TurnCancelled
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
@@ -40,14 +41,14 @@ class ToolCalls:
         try:
             tool = registry.get(name)
         except registry.UnknownTool as exc:
-            return {"status": "failed", "duplicate": False, "error": str(exc)}
+            return {"status": "failed", "duplicate": False, "error": redact(str(exc))}
         if tool.guarded and not await self.worker.db(turns.mark_effect, turn.pk):
             raise TurnCancelled()
         try:
             outcome = await self.threads(_invoke_for_conversation, name, arguments, conversation,
                                          f"worker:{self.worker.owner}")
         except (registry.InvalidArguments, guard.ToolDisabled) as exc:
-            return {"status": "failed", "duplicate": False, "error": str(exc)}
+            return {"status": "failed", "duplicate": False, "error": redact(str(exc))}
         return outcome.for_model()
 
     def close(self):

@@ -2,7 +2,9 @@
 // The playground: a web chat with one webchat channel, showing what happens between the
 // messages — the debounce countdown, the merge into a turn, typing, the reply, and any
 // duplicate the guard caught — as it happens. The person's own messages can be edited
-// (the edit counts: conversations/edits.py decides what it changes).
+// (the edit counts: conversations/edits.py decides what it changes). A file is attached
+// over HTTP (agentloop/console/uploads.py), with what is typed as its caption; an image
+// shows as a thumbnail by its signed /files/ link.
 (() => {
   const C = window.AgentloopConsole;
   const {el} = C;
@@ -19,6 +21,8 @@
   let conversation = null;
   let editing = null; // {id, item}: the message the input is correcting
   const sendButton = form.querySelector("button[type=submit]");
+  const fileInput = document.getElementById("chat-file");
+  const csrfToken = form.querySelector("[name=csrfmiddlewaretoken]").value;
 
   const socket = C.connect(root.dataset.socket, {
     status: (text, kind) => C.setStatus(document.getElementById("connection"), text, kind),
@@ -35,9 +39,9 @@
       const known = new Set(data.transcript.map(mine).filter(Boolean));
       const sentMeanwhile = [...log.querySelectorAll(".bubble-me[data-message]")]
         .filter((item) => !known.has(item.dataset.message));
-      log.replaceChildren(...data.transcript.map((item) => item.kind === "reply"
-        ? (item.buttons ? question(item.text, item.buttons) : bubble("agent", item.text, item.at))
-        : bubble("me", item.text, item.at, mine(item), item.edited)), ...sentMeanwhile);
+      log.replaceChildren(...data.transcript.flatMap((item) => item.kind === "reply"
+        ? (item.buttons ? [question(item.text, item.buttons)] : agentBubbles(item.text, item.files, item.at))
+        : [bubble("me", item.text, item.at, mine(item), {edited: item.edited, file: item.file})]), ...sentMeanwhile);
       scroll();
     } else if (data.type === "admitted") {
       admitted(data);
@@ -92,7 +96,8 @@
       typingUntil = 0;
       typing.hidden = true;
       if (preview) { preview.remove(); preview = null; }
-      log.append(e.buttons ? question(e.text, e.buttons) : bubble("agent", e.text));
+      if (e.buttons) log.append(question(e.text, e.buttons));
+      else log.append(...agentBubbles(e.text, e.files));
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
@@ -103,9 +108,10 @@
     scroll();
   }
 
-  function bubble(who, text, at, id, wasEdited) {
+  function bubble(who, text, at, id, {edited: wasEdited = false, file = null} = {}) {
     const item = el("li", {class: `bubble bubble-${who}`},
       el("span", {class: "visually-hidden"}, who === "me" ? "You: " : "Agent: "),
+      attachment(file),
       el("span", {class: "text"}, text),
       el("time", {}, C.clock(at || new Date(C.serverNow()).toISOString())));
     if (who === "me" && id) {
@@ -115,6 +121,51 @@
         onclick: () => startEditing(id, item)}, "edit"));
     }
     return item;
+  }
+
+  // A reply: its text, then each file it carries in a bubble of its own (a file chunk
+  // of the ledger row arrives as its own reply event, its caption as the text).
+  function agentBubbles(text, files, at) {
+    if (!files || !files.length) return [bubble("agent", text, at)];
+    return files.map((f, index) => bubble("agent", index === 0 ? text : "", at, null, {
+      file: {kind: (f.type || "").startsWith("image/") ? "photo" : "document", name: f.name, url: f.url}}));
+  }
+
+  // A file in a bubble: an image as a thumbnail (its signed link answers 404 until the
+  // worker has read the upload back: tried again for a few seconds), anything else by name.
+  function attachment(file) {
+    if (!file) return null;
+    if (file.kind !== "photo") return el("span", {class: "bubble-file"}, `📎 ${file.name || file.kind}`);
+    let tries = 0;
+    const img = el("img", {class: "bubble-thumb loading", src: file.url, alt: file.name || "the image you sent",
+      onload: () => img.classList.remove("loading"),
+      onerror: () => { if (++tries <= 20) setTimeout(() => { img.src = `${file.url}?try=${tries}`; }, 500); }});
+    return el("a", {href: file.url, target: "_blank", rel: "noopener", class: "bubble-thumb-link"}, img);
+  }
+
+  // Attach: the file goes over HTTP with what is typed as its caption; the answer is the
+  // same `admitted` the socket gives a message, and the file's signed link.
+  async function attach(file) {
+    const caption = editing ? "" : input.value.trim();
+    const id = (crypto.randomUUID && crypto.randomUUID()) || `${Date.now()}-${Math.random()}`;
+    const body = new FormData();
+    body.append("file", file);
+    body.append("text", caption);
+    body.append("id", id);
+    let response, answer;
+    try {
+      response = await fetch(form.dataset.upload, {method: "POST", body, credentials: "same-origin",
+        headers: {"X-CSRFToken": csrfToken}});
+      answer = await response.json();
+    } catch (err) {
+      system(`The file could not be sent: ${err}`, "error");
+      return;
+    }
+    if (response.status !== 202) { system(`The file was not sent: ${answer.error || response.status}`, "error"); return; }
+    if (caption) input.value = "";
+    if (!answer.duplicate) log.append(bubble("me", caption, null, id, {file: answer.file}));
+    admitted(answer);
+    scroll();
   }
 
   function markEdited(item) {
@@ -210,6 +261,11 @@
   }
 
   form.addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  fileInput.addEventListener("change", () => {
+    const [file] = fileInput.files;
+    fileInput.value = "";
+    if (file) attach(file);
+  });
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
     if (e.key === "Escape" && editing) { stopEditing(); input.value = ""; }

@@ -242,6 +242,17 @@ def test_closed_port_is_a_tool_error(settings, radicale):
     assert time.monotonic() - started < 5
 
 
+def test_a_caldav_error_never_quotes_the_urls_credentials(settings, radicale):
+    """AGENTLOOP_CALDAV_URL may carry its credentials (`https://user:password@host/`): the
+    error goes to the model, an invoke answer and a note, so it must not quote them."""
+    point_at(settings, radicale, "agentloop")
+    settings.AGENTLOOP_CALDAV_URL = f"http://alice:Dav-Passw0rd-x81@127.0.0.1:{free_port()}/dav/?token=tk-Dav-55x"
+    with pytest.raises(ToolError, match="refused the connection") as refused:
+        create({"title": "Nowhere", "start_datetime": "2030-06-01T10:00"})
+    for secret in ("Dav-Passw0rd-x81", "tk-Dav-55x", "alice"):
+        assert secret not in str(refused.value), str(refused.value)
+
+
 def test_silent_server_times_out_as_a_tool_error(settings, radicale):
     point_at(settings, radicale, "agentloop")
     settings.AGENTLOOP_CALDAV_TIMEOUT = 1

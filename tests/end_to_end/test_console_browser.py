@@ -231,3 +231,41 @@ def test_an_operator_applies_a_proposal_from_the_dashboard_once(processes, brows
     assert Proposal.objects.get(pk=outcome.proposal_id).state == ProposalState.APPLIED
     assert CalendarEvent.objects.filter(title="Kine").count() == 1
     assert_no_console_errors(page)
+
+
+def test_playground_attaches_an_image_shows_its_thumbnail_and_the_model_sees_it(processes, browser):
+    """Attach in a real browser: the file picked goes up with the typed caption, the
+    bubble shows the image by its signed link once the worker has read it back, the
+    model gets it as an image part, and the thumbnail comes back with the transcript."""
+    from tests.unit.test_media import jpeg
+
+    with FakeOpenAI() as fake:
+        fake.script(Reply("Es una boleta."))
+        Channel.objects.create(slug="playground", kind="webchat", agent="openai",
+                               **{f"window_{kind}": 1.0 for kind in ("closed", "greeting", "open", "neutral")},
+                               agent_config={"base_url": fake.url, "model": "fake-model",
+                                             "api_key_env": "FAKE_OPENAI_API_KEY"})
+        web = processes.web(wait=False)
+        processes.worker(FAKE_OPENAI_API_KEY="sk-test")
+        page = page_for(browser, web.url, *operator())
+        page.goto("/console/playground/")
+        live(page)
+        page.locator("#chat-input").fill("¿qué dice?")
+        page.locator("#chat-file").set_input_files(
+            {"name": "boleta.jpg", "mimeType": "image/jpeg", "buffer": jpeg(120, 90)})
+        thumb = page.locator(".bubble-me img.bubble-thumb:not(.loading)")
+        thumb.wait_for(timeout=10000)
+        assert page.evaluate("document.querySelector('.bubble-me img.bubble-thumb').naturalWidth") == 120
+        assert page.locator(".bubble-me .text").inner_text() == "¿qué dice?"
+        assert page.locator("#chat-input").input_value() == ""
+        page.locator(".bubble-agent", has_text="Es una boleta.").wait_for(timeout=10000)
+        screenshot(page, "playground-attach")
+        [model_request] = fake.requests()
+        content = model_request.messages[-1]["content"]
+        assert [part["type"] for part in content] == ["text", "image_url"]
+        assert content[0]["text"] == "[photo] ¿qué dice?"
+        page.reload()  # the transcript brings the thumbnail back
+        live(page)
+        page.locator(".bubble-me img.bubble-thumb:not(.loading)").wait_for()
+        # The signed link answers 404 until the worker has read the upload back: the page tries again.
+        assert_no_console_errors(page, ignore=[r"status of 404.*/files/"])

@@ -331,3 +331,45 @@ def test_a_photo_given_by_https_url_to_an_api_channel_reaches_the_model_as_an_im
     assert content[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
     file = MediaFile.objects.get()
     assert (file.state, file.content_type, file.size) == (MediaState.STORED, "image/jpeg", len(photo))
+
+
+def test_an_image_attached_in_the_playground_reaches_the_model_as_an_image(processes, make_channel, tmp_path):
+    """An operator logged in to the real web server attaches a photo with its caption in
+    the playground (the page's POST, its CSRF token) and then types a question: one turn,
+    whose model request carries the image the worker read back from the storage; the
+    thumbnail's signed link gives the bytes."""
+    import httpx
+    from django.contrib.auth import get_user_model
+
+    from conversations.models import MediaFile, MediaState
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+    from tests.unit.test_media import jpeg
+
+    photo = jpeg(300, 200)
+    user = get_user_model().objects.create_superuser("olga", "olga@example.com", "pw-olga-upload")
+    chat = f"console-{user.pk}"
+    with FakeOpenAI() as model:
+        model.script(Reply("Es una boleta de 42."))
+        make_channel("playground", kind="webchat", agent="openai", agent_config={
+            "base_url": model.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        env = {"AGENTLOOP_MEDIA_ROOT": tmp_path / "files"}
+        web = processes.web(**env)
+        processes.worker(**env)
+        with httpx.Client(base_url=web.url, timeout=30, trust_env=False) as page:
+            page.get("/admin/login/")
+            logged_in = page.post("/admin/login/", data={"username": "olga", "password": "pw-olga-upload",
+                                                        "next": "/admin/",
+                                                        "csrfmiddlewaretoken": page.cookies["csrftoken"]})
+            assert logged_in.status_code == 302, logged_in.text
+            sent = page.post("/console/playground/playground/files", headers={"X-CSRFToken": page.cookies["csrftoken"]},
+                             data={"text": "la de ayer", "id": "a1"}, files={"file": ("boleta.jpg", photo, "image/jpeg")})
+            assert sent.status_code == 202, sent.text
+            wait_until(settled(chat), timeout=30, message="the photo answered")
+            thumbnail = page.get(sent.json()["file"]["url"])
+        [request] = model.requests()
+    content = request.messages[-1]["content"]
+    assert [part["type"] for part in content] == ["text", "image_url"]
+    assert content[0]["text"] == "[photo] la de ayer"
+    assert content[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    assert thumbnail.status_code == 200 and thumbnail.content == photo
+    assert MediaFile.objects.get().state == MediaState.STORED

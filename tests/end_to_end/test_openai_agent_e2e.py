@@ -112,3 +112,19 @@ def test_a_provider_timeout_ends_with_an_apology_and_no_tool_rerun(processes, ma
     turn = wait_until(lambda: Turn.objects.filter(state=TurnState.FAILED).first(), message="the turn failed")
     assert "did not answer within 1" in turn.outcome and turn.fired_effect
     assert CalendarEvent.objects.count() == 1 and len(fake_openai.requests()) == 2
+
+
+def test_a_tools_secret_never_reaches_the_model_provider(processes, make_channel, fake_telegram, fake_openai):
+    """A tool failing with the value of PARTNER_API_KEY in its message (issue 26): the
+    request that carries the tool's result to the provider has it masked."""
+    partner_key = "pk-live-Partner-8812ZZ"
+    openai_channel(make_channel, fake_telegram, fake_openai)
+    fake_openai.script(ToolCalls([("leaky_create", {"name": "x"})]), Reply("No pude hacerlo."))
+    web = processes.web(wait=False)
+    processes.worker(**KEY_ENV, PARTNER_API_KEY=partner_key, AGENTLOOP_EXTRA_TOOLS="tests.tools_for_tests.LeakyCreate")
+    send(web, "tg", 101, "Hazlo.")
+    fake_telegram.wait_for("sendMessage", timeout=20)
+    requests = fake_openai.requests()
+    [result] = tool_results(requests[1])
+    assert result["status"] == "failed" and "the partner refused key" in result["error"]
+    assert partner_key not in json.dumps([r.messages for r in requests])

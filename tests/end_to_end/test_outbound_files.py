@@ -232,3 +232,11 @@ def test_the_web_chat_shows_a_replys_files_by_signed_links(make_channel, client)
     forged = signing.TimestampSigner(salt=SALT).sign_object({"o": "media/1/aa/secret", "t": "x", "n": "x"})
     assert client.get(f"/files/{forged}").status_code == 403
     assert client.get(event["files"][1]["url"][:-3] + "abc").status_code == 403
+    # After a reload, the page's transcript shows the reply's files by the same kind of link.
+    from agentloop.console.consumers import _transcript
+
+    ledger.enqueue(conversation, "Tus archivos", kind=OutboundKind.REPLY, files=files)
+    [reply] = [item for item in _transcript(conversation.pk) if item["kind"] == "reply"]
+    assert [f["name"] for f in reply["files"]] == ["foto.jpg", "cita.ics"]
+    assert b"".join(client.get(reply["files"][1]["url"]).streaming_content) == ics()
+    assert set(reply["files"][0]) == {"name", "type", "size", "url"}  # no storage name reaches the page

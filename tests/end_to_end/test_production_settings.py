@@ -4,6 +4,7 @@ generated secret key readable by its owner only, `testserver` not a default host
 on an address others can reach)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,6 @@ from tests.conftest import BASE_DIR, wait_until
 PRODUCTION_ENV = {
     "DEBUG": "false",
     "SECRET_KEY": "a-long-random-production-key-0123456789-abcdefghijklmnopqrstuvwxyz",
-    "AGENTLOOP_REQUIRE_SECRET_KEY": "true",
     "ALLOWED_HOSTS": "agentloop.example.com",
     "HTTPS": "true",
     "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
@@ -24,7 +24,7 @@ PRODUCTION_ENV = {
 # Whatever the developer's shell or .env says, these start from their defaults.
 SWITCHES = ("DEBUG", "HTTPS", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE",
             "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
-            "SECURE_PROXY_SSL_HEADER", "ALLOWED_HOSTS", "SECRET_KEY", "AGENTLOOP_REQUIRE_SECRET_KEY", "HOST")
+            "SECURE_PROXY_SSL_HEADER", "ALLOWED_HOSTS", "SECRET_KEY", "AGENTLOOP_LOCAL_SECRET_KEY", "HOST")
 
 
 def run(args, **env):
@@ -69,6 +69,39 @@ def test_the_generated_secret_key_file_is_readable_by_its_owner_only(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old_umask)
+
+
+def checkout_copy(tmp_path):
+    """The project's settings in a checkout of their own (its own var/, no secret_key in it
+    yet); the apps still imported from this one."""
+    shutil.copytree(BASE_DIR / "agentloop", tmp_path / "agentloop", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def settle(checkout, **env):
+    """Django set up in `checkout`, with only the given switches."""
+    base = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    return subprocess.run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                           "print(len(settings.SECRET_KEY))"], cwd=checkout, timeout=120, capture_output=True, text=True,
+                          env={**base, "DJANGO_SETTINGS_MODULE": "agentloop.settings", "PYTHONPATH": f"{checkout}:{BASE_DIR}",
+                               "DATABASE_URL": f"sqlite:///{checkout}/db.sqlite3", **env})
+
+
+def test_without_secret_key_a_production_start_fails_loudly_and_make_run_generates_one(tmp_path):
+    checkout = checkout_copy(tmp_path)
+    refused = settle(checkout, DEBUG="false")
+    assert refused.returncode != 0
+    assert "SECRET_KEY" in refused.stderr and "every host" in refused.stderr, refused.stderr
+    assert not (checkout / "var" / "secret_key").exists()  # no per-host key made up on the way
+    # `make run` says it is the laptop path; so does DEBUG.
+    commands = subprocess.run(["make", "-n", "run"], cwd=BASE_DIR, capture_output=True, text=True,
+                              env={**os.environ, "MAKEFLAGS": ""}, timeout=60).stdout
+    assert "AGENTLOOP_LOCAL_SECRET_KEY=true" in commands, commands
+    made = settle(checkout, AGENTLOOP_LOCAL_SECRET_KEY="true")
+    assert made.returncode == 0 and made.stdout.strip() == "50", made.stderr
+    # The commands of that checkout (addchannel, createuser…) use the key `make run` made.
+    assert settle(checkout).returncode == 0
+    assert settle(checkout, SECRET_KEY="k" * 60).stdout.strip() == "60"
 
 
 def test_make_run_does_not_switch_debug_on():

@@ -220,6 +220,44 @@ def test_redaction_knows_the_shapes_of_secrets_it_was_never_told():
     assert "page=2" in text and "h.example" in text
 
 
+TG_SECRET = "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"  # the part after "<bot id>:"
+
+
+@pytest.mark.parametrize("text, secrets", [
+    # percent-encoded, as a URL inside a query string or a form body carries it
+    ("GET /proxy?target=https%3A%2F%2Fapi.telegram.org%2Fbot123456%3A" + TG_SECRET + "%2FgetMe", [TG_SECRET]),
+    ("token=123456%3A" + TG_SECRET, [TG_SECRET]),
+    ("retry id 123456%253A" + TG_SECRET, [TG_SECRET]),  # encoded twice
+    # after an underscore (a word character: no \b before the digits)
+    ("cache_key=tg_123456:" + TG_SECRET, [TG_SECRET]),
+    ("header x_sk-proj0123456789abcdef", ["proj0123456789abcdef"]),
+    # a name like a secret's, outside any query string
+    ("connect failed: user=bob password=hunter2hunter2 host=db", ["hunter2hunter2"]),
+    ('config {"api_key": "abc123def456ghi", "region": "eu"}', ["abc123def456ghi"]),
+    ("client_secret: s3cr3t-Value-99 (from the YAML)", ["s3cr3t-Value-99"]),
+    # JSON's escaped slashes
+    ('{"url": "https:\\/\\/bob:hunter2hunter2@db.example\\/x"}', ["hunter2hunter2"]),
+    # split across lines (a wrapped log line, a terminal)
+    ("bot 7310042:AAF-fullBacklogTok\nen_0123456789abcd failed", ["AAF-fullBacklogTok", "en_0123456789abcd"]),
+])
+def test_redaction_decodes_before_matching(text, secrets):
+    shown = redact(text)
+    assert MASK in shown and leaks(shown, secrets) == [], shown
+
+
+def test_a_known_secret_is_found_escaped_or_split():
+    secret = "Zq/9+xK2/wPartnerKey"  # base64-like: JSON escapes its slashes
+    assert leaks(redact('{"v": "Zq\\/9+xK2\\/wPartnerKey"}', [secret]), ["wPartnerKey", "xK2"]) == []
+    assert leaks(redact("the key Zq/9+xK2/wPart\r\nnerKey was refused", [secret]), ["Zq/9+xK2/wPart"]) == []
+
+
+def test_ordinary_text_is_left_alone():
+    for text in ("50% off, 100%3 is odd", "the key: turn left", "path C:\\Users\\ana", "línea uno\nlínea dos",
+                 "tokens: 5 left", "see https://example.com/a%20b", "KeyError: 'start_datetime'",
+                 "Tokenizer: whitespace_split"):
+        assert redact(text) == text
+
+
 # --- agents under the real worker ----------------------------------------------------------
 
 

@@ -70,12 +70,19 @@ def test_the_guard_follows_the_change_at_once(make_channel, make_conversation):
 
 
 def test_approval_user_asks_the_conversations_user(make_channel, make_conversation):
-    scope = Scope.of_conversation(make_conversation(make_channel("shop"), "ana"))
+    scope = Scope.of_conversation(make_conversation(make_channel("shop", kind="telegram"), "ana"))
     out = run("calendar_create_event", "--approval", "user")
     assert fields(out)["approval"].strip() == "user"
     outcome = guard.invoke("calendar_create_event", EVENT, scope, actor="test")
     assert outcome.status == Status.AWAITING_APPROVAL and "user's confirmation" in outcome.note
     assert not CalendarEvent.objects.exists()
+
+
+def test_approval_user_warns_which_channels_refuse_it(make_channel):
+    make_channel("partner-api", kind="api")
+    err = StringIO()
+    call_command("toolpolicy", "calendar_create_event", "--approval", "user", stdout=StringIO(), stderr=err)
+    assert "refused" in err.getvalue() and "partner-api" in err.getvalue()
 
 
 def test_an_unknown_tool_is_refused_naming_the_registered_ones():

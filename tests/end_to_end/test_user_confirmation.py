@@ -2,8 +2,8 @@
 
 A tool policy with `approval = user` turns each call into a proposal and a question in
 the conversation's chat: Telegram inline buttons (the fake Bot API, driven by
-python-telegram-bot as the product drives it), the web chat's buttons, or a yes/no reply
-on an api channel. Taps arrive as real callback_query updates on the webhook (the full
+python-telegram-bot as the product drives it) or the web chat's buttons; refused on an
+api channel, where the agent that asked could post the "yes". Taps arrive as real callback_query updates on the webhook (the full
 Django view, and the lean ASGI path under daphne) and through long polling; each applies
 the proposal through the operators' compare-and-swap, once.
 """
@@ -24,7 +24,7 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
-from conversations.models import Contact, ContextNote, Conversation, InboundMessage
+from conversations.models import Contact, ContextNote, Conversation
 from delivery import ledger
 from delivery.models import OutboundMessage
 from tests import e2e, local_http
@@ -285,7 +285,7 @@ def test_a_question_decided_before_it_was_sent_goes_without_buttons(make_channel
     assert CalendarEvent.objects.count() == 1
 
 
-# --- the api channel: a yes/no reply -------------------------------------------------------------
+# --- the api channel: refused --------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -303,41 +303,43 @@ def api_post(client, key, message_id, text):
 
 
 @pytest.mark.django_db
-def test_on_an_api_channel_a_yes_reply_confirms_and_other_text_is_a_message(
-        api_setup, client, django_capture_on_commit_callbacks):
+def test_on_an_api_channel_user_confirmation_is_refused(api_setup, client, django_capture_on_commit_callbacks):
+    """An api channel's inbound messages are posted by agent keys, as any contact: the
+    "yes" could come from the very agent that asked. `approval = user` is refused there,
+    clearly, before anything is claimed; an operator must approve instead."""
     channel, key = api_setup
     user_policy()
     api_post(client, key, "m0", "hola")  # opens the conversation
     conversation = Conversation.objects.get()
-    propose(conversation)
-    propose(conversation, {**EVENT, "start_datetime": "2026-12-09T10:00"})
-    first, second = Confirmation.objects.order_by("asked_at", "pk")
-    assert first.text.endswith("\nReply yes or no.") and first.question.text == first.text
+    with pytest.raises(guard.UserConfirmationUnavailable, match="approval = operator"):
+        propose(conversation)
+    response = client.post("/api/v1/tools/calendar_create_event/invoke", content_type="application/json",
+                           data={"arguments": EVENT, "conversation": conversation.pk},
+                           HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert response.status_code == 409 and "approval = operator" in response.json()["error"], response.content
+    assert not ActionClaim.objects.exists() and not Proposal.objects.exists() and not Confirmation.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):  # no question can be open: an ordinary message
+        assert api_post(client, key, "m1", "yes")["disposition"] == "buffered"
+    assert CalendarEvent.objects.count() == 0
 
+
+@pytest.mark.django_db
+def test_a_question_left_open_on_an_api_channel_is_not_answered_by_a_posted_yes(
+        api_setup, client, django_capture_on_commit_callbacks):
+    """A question opened before this refusal existed waits for an operator (or expires):
+    a "yes" posted through the API is an ordinary message."""
+    channel, key = api_setup
+    api_post(client, key, "m0", "hola")
+    conversation = Conversation.objects.get()
+    policy = user_policy()
+    ToolPolicy.objects.filter(pk=policy.pk).update(approval="operator")
+    guard.forget_policies()
+    proposal_id = propose(conversation).proposal_id
+    confirmations.ask(Proposal.objects.get(pk=proposal_id), ActionClaim.objects.get())  # as an older version did
     with django_capture_on_commit_callbacks(execute=True):
-        assert api_post(client, key, "m1", "yes, but tomorrow")["disposition"] == "buffered"  # not an answer
-    assert Proposal.objects.filter(state=ProposalState.PENDING).count() == 2
-
-    with django_capture_on_commit_callbacks(execute=True):
-        answer = api_post(client, key, "m2", " Sí. ")
-    assert answer["disposition"] == "control"
-    first.proposal.refresh_from_db()
-    assert first.proposal.state == ProposalState.APPLIED and first.proposal.decided_by == "user:Ana (api ana)"
-    assert CalendarEvent.objects.count() == 1
-    assert InboundMessage.objects.get(platform_message_id="m2").buffer_id is None  # never given to the agent
-    # The api channel has no buttons to edit: the outcome is a message.
-    assert OutboundMessage.objects.filter(text__startswith="✅ Confirmed and done: Psicología").count() == 1
-
-    with django_capture_on_commit_callbacks(execute=True):  # a re-delivered "yes" is a duplicate: nothing
-        assert api_post(client, key, "m2", " Sí. ")["duplicate"] is True
-    assert Proposal.objects.get(pk=second.proposal_id).state == ProposalState.PENDING
-
-    with django_capture_on_commit_callbacks(execute=True):
-        api_post(client, key, "m3", "no")
-    assert Proposal.objects.get(pk=second.proposal_id).state == ProposalState.REJECTED
-    with django_capture_on_commit_callbacks(execute=True):  # no question open: an ordinary message
-        assert api_post(client, key, "m4", "yes")["disposition"] == "buffered"
-    assert CalendarEvent.objects.count() == 1
+        assert api_post(client, key, "m1", "yes")["disposition"] == "buffered"
+    assert Proposal.objects.get(pk=proposal_id).state == ProposalState.PENDING
+    assert CalendarEvent.objects.count() == 0
 
 
 # --- the web chat ---------------------------------------------------------------------------------

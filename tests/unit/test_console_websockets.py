@@ -378,3 +378,39 @@ def test_a_playground_user_who_lost_the_permission_is_refused_on_the_next_messag
         assert await closed_with(comm) == 4403
     talk("/ws/console/playground/playground/", user, body)
     assert list(InboundMessage.objects.values_list("text", flat=True)) == ["hola."]
+
+
+# --- what the first messages carry: redacted like every live event ----------------------------------
+
+LEAKED_TOKEN = "5550001:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+
+
+def test_the_dashboards_first_snapshot_is_redacted(playground):
+    from tools.models import ActionClaim, ClaimState, Proposal
+
+    now = timezone.now()
+    claim = ActionClaim.objects.create(scope="contact:1", action="email_send", fingerprint="f" * 64,
+                                       state=ClaimState.PROPOSED, expires_at=now + timedelta(hours=1),
+                                       lease_until=now + timedelta(hours=1),
+                                       arguments={"to": ["a@b.c"], "body": f"our bot is {LEAKED_TOKEN}"})
+    Proposal.objects.create(claim=claim, expires_at=now + timedelta(hours=1))
+    admit(playground, Inbound("m1", "ana", "ana", text=f"pegué esto: {LEAKED_TOKEN}"))
+
+    async def body(comm, first):
+        assert first["type"] == "snapshot" and first["proposals"] and first["buffers"]
+        assert LEAKED_TOKEN.split(":")[1] not in json.dumps(first, ensure_ascii=False)
+    talk("/ws/console/dashboard/", make_user("watcher", perms=WATCH), body)
+
+
+def test_the_playgrounds_hello_transcript_is_redacted(playground):
+    user = make_user("op", perms=OPERATE)
+
+    async def paste(comm, hello):
+        await comm.send_json_to({"text": f"my token is {LEAKED_TOKEN}", "id": "t1"})
+        await receive_until(comm, lambda m: m["type"] == "admitted")
+
+    async def reopen(comm, hello):
+        assert hello["type"] == "hello" and len(hello["transcript"]) == 1
+        assert LEAKED_TOKEN.split(":")[1] not in json.dumps(hello, ensure_ascii=False)
+    talk("/ws/console/playground/playground/", user, paste)
+    talk("/ws/console/playground/playground/", user, reopen)

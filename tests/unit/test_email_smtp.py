@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from tests.fakes.smtp_server import FakeSMTP
-from tools import approvals, guard
+from tools import approvals, guard, registry
 from tools.guard import Status
 from tools.models import ActionClaim, ClaimState, Proposal, ProposalState, ToolPolicy
 from tools.registry import Scope
@@ -60,6 +60,35 @@ def test_a_contact_cannot_have_more_than_its_hourly_limit(smtp, trusted):
     assert len(smtp.received) == 3 and ActionClaim.objects.count() == 3  # the refusal wrote no claim
     assert send(mail(3), Scope("contact:2")).status == Status.DONE  # another contact has its own
     assert send(mail(0)).status == Status.DUPLICATE  # an identical call is still answered as one
+
+
+def test_an_agent_key_cannot_escape_the_limit_by_inventing_scopes(smtp, trusted, client, make_channel, agent_key):
+    """A key names its own scopes (`agent:<key>:<name>`): the hourly limit counts per key too."""
+    shop = make_channel("shop")
+    key, other = agent_key(shop, name="shop-agent"), agent_key(shop, name="other-agent")
+
+    def invoke(bearer, n):
+        response = client.post("/api/v1/tools/email_send/invoke", content_type="application/json",
+                               data={"arguments": mail(n), "scope": f"invented-{n}"},
+                               HTTP_AUTHORIZATION=f"Bearer {bearer}")
+        return response.json()
+
+    assert [invoke(key, n)["status"] for n in range(3)] == [Status.DONE] * 3
+    refused = invoke(key, 3)
+    assert refused["status"] == Status.FAILED and "limit of 3 per hour for this agent key" in refused["error"]
+    assert invoke(other, 4)["status"] == Status.DONE  # another key has its own
+    assert len(smtp.received) == 4
+
+
+def test_a_string_of_recipients_is_capped_like_a_list(smtp, trusted):
+    addresses = [f"c{n}@example.com" for n in range(21)]
+    with pytest.raises(registry.InvalidArguments):  # the list form: the schema's maxItems
+        send({"to": addresses, "subject": "Hola", "body": "..."})
+    for to in (", ".join(addresses), "; ".join(addresses), ",".join(addresses + [" "] * 5)):
+        with pytest.raises(registry.InvalidArguments, match="at most 20 addresses"):
+            send({"to": to, "subject": "Hola", "body": "..."})
+    assert send({"to": ", ".join(addresses[:20]), "subject": "Hola", "body": "..."}).status == Status.DONE
+    assert not ActionClaim.objects.filter(state=ClaimState.RELEASED).exists()
 
 
 def test_the_limit_is_a_sliding_hour_and_failed_sends_do_not_count(smtp, trusted):

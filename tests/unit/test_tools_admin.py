@@ -141,3 +141,27 @@ def test_the_local_calendar_in_the_admin_and_as_an_icalendar_feed(operator, clie
     assert str(event["SUMMARY"]) == "Psicología" and str(event["LOCATION"]) == "Consulta 3"
     assert event.decoded("DTSTART") == CalendarEvent.objects.get().start
     assert client.get(reverse("calendar-feed", args=["wrong-token"])).status_code == 404
+
+
+def test_setting_user_approval_warns_about_api_channels(operator, make_channel):
+    """`approval = user` is refused at run time on api channels (anyone holding a key
+    could answer "yes"): saving it says which channels will refuse it."""
+    make_channel("partner-api", kind="api")
+    make_channel("tg", kind="telegram")
+    policy = ToolPolicy.objects.create(name="calendar_create_event")
+    response = operator.post(reverse("admin:tools_toolpolicy_change", args=[policy.pk]), {
+        "name": policy.name, "enabled": "on", "window_seconds": 600, "fingerprint_fields": "[]",
+        "approval": "user", "approval_ttl_seconds": 60, "timeout_seconds": 60, "guarded": "on"}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("partner-api" in m and "refused" in m and "tg" not in m.split(":")[-1] for m in shown), shown
+
+
+def test_the_proposal_page_shows_every_recipient_and_the_whole_body(operator, scope):
+    """An operator approves what they can read: nothing of the arguments is cut."""
+    recipients = [f"cliente{n}@example.com" for n in range(20)]
+    body = "Estimada clienta,\n" + "lorem ipsum " * 100 + "\nPD: transfiera a ES00-LAST-LINE"
+    proposal = guard.invoke("email_send", {"to": recipients, "subject": "Aviso", "body": body}, scope,
+                            actor="t").proposal_id
+    page = operator.get(reverse("admin:tools_proposal_change", args=[proposal])).content.decode()
+    assert all(address in page for address in recipients)
+    assert "PD: transfiera a ES00-LAST-LINE" in page and "lorem ipsum " * 100 in page

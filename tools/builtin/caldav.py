@@ -31,6 +31,7 @@ import re
 import socket
 import threading
 from datetime import UTC, date, datetime, time
+from urllib.parse import urlsplit
 
 import caldav
 import icalendar
@@ -38,6 +39,7 @@ from caldav.lib import error as dav_error
 from caldav.lib.http_sync import requests as http
 from django.conf import settings
 
+from agentloop.core.redaction import redact, url_secrets
 from tools import fingerprint
 from tools.builtin.calendar import CalendarBackend, EventData, event_dict
 from tools.registry import OutcomeUnknown, ToolError
@@ -94,6 +96,18 @@ def _never_sent(exc) -> bool:
     return False
 
 
+def _shown(url) -> str:
+    """The server's URL as errors quote it: without user-info or query (either may carry
+    credentials, and an error goes to the model, an invoke answer and a note)."""
+    parts = urlsplit(str(url))
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
+
+
+def _safe(text, url) -> str:
+    """An error text with the configured credentials masked, wherever the server's answer put them."""
+    return redact(text, [settings.AGENTLOOP_CALDAV_PASSWORD or "", *url_secrets(url)])
+
+
 def _network_problem(exc, url) -> str:
     if isinstance(exc, http.exceptions.Timeout):
         return f"the calendar server at {url} did not answer in time"
@@ -126,7 +140,7 @@ def _call(fn, *, url, mutating=False, expected=()):
         raise
     except http.exceptions.RequestException as exc:
         forget_connections()
-        problem = _network_problem(exc, url)
+        problem = _safe(_network_problem(exc, _shown(url)), url)
         request = getattr(exc, "request", None)
         method = (getattr(request, "method", None) or "").upper()
         # A write that may have reached the server: only a lookup can tell.
@@ -135,7 +149,7 @@ def _call(fn, *, url, mutating=False, expected=()):
         raise ToolError(problem) from exc
     except dav_error.DAVError as exc:
         forget_connections()
-        raise ToolError(_refusal(exc)) from exc
+        raise ToolError(_safe(_refusal(exc), url)) from exc
 
 
 # --- the connection ------------------------------------------------------------------------
@@ -165,7 +179,7 @@ class _Connection:
             return principal.calendar(name=self.name)
         except dav_error.NotFoundError:
             pass
-        log.info("creating the CalDAV calendar %r at %s", self.name, self.url)
+        log.info("creating the CalDAV calendar %r at %s", self.name, _shown(self.url))
         try:
             # A fixed collection id: two processes creating it at once hit the same URL,
             # and the loser finds the winner's calendar below instead of making a twin.
@@ -174,7 +188,7 @@ class _Connection:
             try:
                 return principal.calendar(name=self.name)
             except dav_error.NotFoundError:
-                raise ToolError(f"the calendar {self.name!r} does not exist on {self.url} "
+                raise ToolError(f"the calendar {self.name!r} does not exist on {_shown(self.url)} "
                                 "and could not be created") from None
 
 

@@ -14,6 +14,8 @@ from django.core.validators import validate_email
 from tools import fingerprint
 from tools.registry import Effect, InvalidArguments, OutcomeUnknown, Tool, ToolError
 
+MAX_RECIPIENTS = 20  # the list form's maxItems, and the string form's count of addresses
+
 
 class SendEmail(Tool):
     name = "email_send"
@@ -22,8 +24,8 @@ class SendEmail(Tool):
         "type": "object",
         "properties": {
             "to": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1,
-                                                  "maxItems": 20}],
-                   "description": "One address, or a list of addresses"},
+                                                  "maxItems": MAX_RECIPIENTS}],
+                   "description": f"One address, or a list of addresses (at most {MAX_RECIPIENTS})"},
             "subject": {"type": "string", "minLength": 1, "maxLength": 300},
             "body": {"type": "string", "minLength": 1, "maxLength": 100000},
         },
@@ -40,6 +42,8 @@ class SendEmail(Tool):
 
     def validate(self, arguments):
         arguments = super().validate(arguments)
+        if len(self.recipients(arguments)) > MAX_RECIPIENTS:  # "a@x, b@y, …" as a string, too
+            raise InvalidArguments(f"to: at most {MAX_RECIPIENTS} addresses")
         for address in self.recipients(arguments):
             try:
                 validate_email(address)

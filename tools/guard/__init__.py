@@ -40,12 +40,15 @@ from tools.guard.outcomes import Outcome, Status
 from tools.guard.policies import POLICY_CACHE_SECONDS, ensure_policies, forget_policies, offered_tools, policy_for
 from tools.guard.running import (
     ToolDisabled,
+    UserConfirmationUnavailable,
     claim_or_settle,
     default_wait,
     execute,
     invoke,
     proposed_outcome,
     settle_existing,
+    unconfirmable_channels,
+    user_can_confirm,
 )
 from tools.guard.sweep import sweep
 from tools.guard.uncertainty import mark_uncertain, reconcile, release
@@ -62,6 +65,9 @@ __all__ = [
     "Status",
     "TooManyActions",
     "ToolDisabled",
+    "UserConfirmationUnavailable",
+    "unconfirmable_channels",
+    "user_can_confirm",
     "claim_action",
     "claim_or_settle",
     "default_wait",

@@ -83,11 +83,20 @@ def _check_rate(claim, policy):
     back. Released claims (failed, rejected) did nothing and do not count."""
     if not policy.max_per_hour:
         return
-    used = (ActionClaim.objects.filter(scope=claim.scope, action=claim.action,
-                                       created_at__gt=claim.created_at - timedelta(hours=1))
-            .exclude(pk=claim.pk).exclude(state=ClaimState.RELEASED).count())
-    if used >= policy.max_per_hour:
+    if _used_in_the_hour(claim, scope=claim.scope) >= policy.max_per_hour:
         raise RateLimited(f"{claim.action}: the limit of {policy.max_per_hour} per hour for this contact is reached")
+    # A key names its own scopes (`agent:<key>:<name>`): per scope alone, it could invent a
+    # fresh one for every call. Its calls count together too, whatever scope they name.
+    if claim.agent_key_id is not None and \
+            _used_in_the_hour(claim, agent_key_id=claim.agent_key_id) >= policy.max_per_hour:
+        raise RateLimited(f"{claim.action}: the limit of {policy.max_per_hour} per hour for this agent key "
+                          "is reached")
+
+
+def _used_in_the_hour(claim, **same) -> int:
+    return (ActionClaim.objects.filter(action=claim.action, created_at__gt=claim.created_at - timedelta(hours=1),
+                                       **same)
+            .exclude(pk=claim.pk).exclude(state=ClaimState.RELEASED).count())
 
 
 def rate_limited_outcome(exc) -> Outcome:

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from agentloop.core.redaction import redact
+
 
 class Status:
     DONE = "done"  # it ran now
@@ -23,6 +25,12 @@ class Outcome:
     original: dict | None = None
     # An identical call got here first: this one was not carried out (said to the model).
     duplicate: bool = False
+
+    def __post_init__(self):
+        # Redacted where every outcome is built: a tool's error (or an interrupted call's
+        # note) may quote a key or a URL with credentials, and this text goes to the model
+        # provider, to an agent key's invoke answer and into the conversation's notes.
+        self.error, self.note = redact(self.error), redact(self.note)
 
     def for_model(self) -> dict:
         """What the model gets back as the tool's result: never an error for a duplicate."""

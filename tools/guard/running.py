@@ -21,7 +21,7 @@ from tools.guard.helpers import _call_of, transition
 from tools.guard.outcomes import Outcome, Status
 from tools.guard.policies import policy_for
 from tools.guard.uncertainty import mark_uncertain, reconcile
-from tools.models import ClaimState
+from tools.models import ApprovalMode, ClaimState
 from tools.registry import OutcomeUnknown, Scope, ToolCall, ToolError
 
 log = logging.getLogger("tools.guard")  # the name it had as one module
@@ -105,6 +105,7 @@ def invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None
     if not policy.enabled:
         raise ToolDisabled(f"tool {name!r} is switched off")
     arguments = tool.validate(arguments)
+    refuse_unconfirmable(name, policy, scope)
     if not tool.guarded or not policy.guarded:
         return _run_unguarded(tool, arguments, scope)
     fp = tool.fingerprint(arguments, scope, policy.fingerprint_fields or None)
@@ -146,6 +147,36 @@ def _run_unguarded(tool, arguments, scope) -> Outcome:
 
 class ToolDisabled(Exception):
     pass
+
+
+class UserConfirmationUnavailable(ToolDisabled):
+    """`approval = user` in a conversation whose user's answer could come from the asker."""
+
+
+def user_can_confirm(channel) -> bool:
+    """The channel's user, and only they, can answer a question in the chat (conversations.platforms)."""
+    try:
+        return channel.platform.user_can_confirm
+    except LookupError:  # a kind no longer registered: nobody answers there
+        return False
+
+
+def unconfirmable_channels() -> list[str]:
+    """The channels on which `approval = user` is refused (said when an operator sets it)."""
+    return [c.slug for c in hooks.model("Channel").objects.order_by("slug") if not user_can_confirm(c)]
+
+
+def refuse_unconfirmable(name, policy, scope):
+    """Refuse, before anything is claimed, a call needing the user's confirmation in a
+    conversation where "yes" could be posted by the agent that asked (an api channel)."""
+    if policy.approval != ApprovalMode.USER or not scope.conversation_id:
+        return  # without a conversation the proposal waits for an operator
+    channel = hooks.model("Channel").objects.filter(slug=scope.channel_slug).first()
+    if channel is not None and not user_can_confirm(channel):
+        raise UserConfirmationUnavailable(
+            f"tool {name!r} needs the user's confirmation (approval = user), which channel {channel.slug!r} "
+            f"({channel.kind}) cannot give: its messages are posted with agent keys, so the agent that asked "
+            "could answer itself. An operator must set approval = operator (or none) for this tool.")
 
 
 def _proposer(policy):

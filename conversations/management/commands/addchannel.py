@@ -86,7 +86,9 @@ class Command(BaseCommand):
             channel.typing_mode = TypingMode.INSTANT if options["typing"] else TypingMode.NEVER
         if options["inactive"]:
             channel.is_active = False
+        stored = dict(channel.platform_settings or {})
         notes = platform.apply_options(channel, options) or []
+        refuse_moved_secrets(platform, stored, channel.platform_settings, options)
         try:
             channel.full_clean()
         except ValidationError as exc:
@@ -116,6 +118,17 @@ def add_platform_options(parser):
 
 def _name_of(platform, flag) -> str:
     return platform.options()[flag][0].replace("_", " ")
+
+
+def refuse_moved_secrets(platform, stored, values, options):
+    """A new address for a stored secret (--api-base) needs the secret given again."""
+    given = {name for flag, (name, spec) in platform.options().items()
+             if spec.secret and options.get(_dest(flag)) is not None}
+    again = platform.secrets_to_give_again(stored, values, given)
+    if again:
+        flags = ", ".join(spec.flag(name) for name, spec in platform.settings.items() if name in again)
+        raise CommandError(f"the address the stored {', '.join(again)} is sent to changed: give {flags} again "
+                           f"(a stored secret is never sent to a new host)")
 
 
 def refuse_foreign_options(platform, options):

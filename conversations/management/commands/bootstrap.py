@@ -1,7 +1,12 @@
 """What `make run` does before starting the processes: migrate, an admin user, a demo
 channel with an agent key, the playground's web chat channel, and each platform's
 channel the environment names (Platform.bootstrap: e.g. TELEGRAM_BOT_TOKEN). Idempotent
-and quiet on a second run."""
+and quiet on a second run.
+
+The admin's password is set when the user is created (ADMIN_PASSWORD, or one generated
+and kept in var/admin_password), never again: a change made in the admin stays. It is in
+var/bootstrap.env (and so in `make run`'s banner) only on the run that created the user.
+Every file here is written owner-only from its first byte (write_private)."""
 
 import os
 import secrets
@@ -11,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from agentloop.core.secret_file import write_private
 from conversations import platforms
 from conversations.models import AgentKey, Channel
 from tools.guard import ensure_policies
@@ -22,9 +28,7 @@ def _remembered(name, make):
     if path.exists():
         return path.read_text().strip(), False
     value = make()
-    settings.VAR_DIR.mkdir(exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(value)
+    write_private(path, value)
     return value, True
 
 
@@ -34,27 +38,32 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        password = self.admin_user()
+        admin = self.admin_user()
         key = self.demo_channel()
         self.playground_channel()
         # Each line `make run` prints about a platform's channel (runall reads them back).
         said = [line for platform in platforms.all_platforms() if (line := platform.bootstrap(self.stdout))]
         ensure_policies()  # every tool's policy is in the admin from the start
-        info = {"admin_user": "admin", "admin_password": password, "demo_key": key,
+        info = {"admin_user": "admin", **admin, "demo_key": key,
                 **{f"platform_{n}": line for n, line in enumerate(said)}}
-        (settings.VAR_DIR / "bootstrap.env").write_text("".join(f"{k}={v}\n" for k, v in info.items()))
-        os.chmod(settings.VAR_DIR / "bootstrap.env", 0o600)
+        write_private(settings.VAR_DIR / "bootstrap.env", "".join(f"{k}={v}\n" for k, v in info.items()))
 
-    def admin_user(self):
+    def admin_user(self) -> dict:
+        """The admin user, created with its password if missing. Returns what the banner
+        says of the password: the password itself on the run that set it, else where it
+        came from."""
         User = get_user_model()
+        user = User.objects.filter(username="admin").first()
+        if user is not None:
+            if not (user.is_staff and user.is_superuser):
+                user.is_staff = user.is_superuser = True
+                user.save(update_fields=["is_staff", "is_superuser"])
+            came_from = "ADMIN_PASSWORD" if os.environ.get("ADMIN_PASSWORD") else "var/admin_password"
+            return {"admin_password_from": came_from}
         password = os.environ.get("ADMIN_PASSWORD") or _remembered(
             "admin_password", lambda: secrets.token_urlsafe(12))[0]
-        user, _ = User.objects.get_or_create(username="admin", defaults={"is_staff": True, "is_superuser": True})
-        if not user.check_password(password):
-            user.set_password(password)
-        user.is_staff = user.is_superuser = True
-        user.save()
-        return password
+        User.objects.create_superuser("admin", email="", password=password)
+        return {"admin_password": password}
 
     def demo_channel(self):
         channel, _ = Channel.objects.get_or_create(
@@ -62,7 +71,7 @@ class Command(BaseCommand):
         raw, fresh = _remembered("demo_agent_key", lambda: "")
         if not raw or AgentKey.objects.for_key(raw) is None:
             key, raw = AgentKey.objects.issue("demo", [channel])
-            (settings.VAR_DIR / "demo_agent_key").write_text(raw)
+            write_private(settings.VAR_DIR / "demo_agent_key", raw)
         return raw
 
     def playground_channel(self):

@@ -21,8 +21,9 @@ def processes(host, port):
     return {
         # No access log line per request unless ACCESS_LOG=true: like the routine INFO
         # lines silenced in settings.LOGGING, it cost the web process a formatted write
-        # per webhook POST (daphne's default, --verbosity 1, writes one to stdout).
-        "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "--verbosity", "1" if access_log() else "0",
+        # per webhook POST (daphne's default, --verbosity 1, writes one to stdout; its URLs
+        # masked by agentloop.daphne_server).
+        "web": [python, "-m", "agentloop.daphne_server", "-b", host, "-p", str(port), "--verbosity", "1" if access_log() else "0",
                 "agentloop.asgi:application"],
         "worker": [python, "manage.py", "runloop"],
         "tasks": [python, "manage.py", "qcluster"],
@@ -57,6 +58,16 @@ def debug_warning(host, port):
         "!! SQL and tracebacks. Run without DEBUG (the default), or bind HOST=127.0.0.1.",
         line,
     ]) + "\n"
+
+
+def admin_password(info) -> str:
+    """The password on the run that created the admin user; afterwards where it is kept
+    (a change made in the admin is never undone, so the first one may be out of date)."""
+    if info.get("admin_password"):
+        return f"{info['admin_password']}   (set now; not shown again)"
+    if info.get("admin_password_from") == "ADMIN_PASSWORD":
+        return "as set (first from ADMIN_PASSWORD when the user was created)"
+    return "as set (the first one generated is in var/admin_password)"
 
 
 class Command(BaseCommand):
@@ -125,7 +136,7 @@ class Command(BaseCommand):
         lines = [
             "",
             "agentloop is running (Ctrl-C stops everything)",
-            f"  admin:     {base}/admin/   user: admin   password: {info.get('admin_password', '?')}",
+            f"  admin:     {base}/admin/   user: admin   password: {admin_password(info)}",
             f"  dashboard: {base}/console/   (live; staff only)",
             f"  playground: {base}/console/playground/   (chat with the demo agent, watch the layers work)",
             f"  API docs:  {base}/api/docs/   (schema: {base}/api/schema/)",

@@ -33,6 +33,7 @@ def check_hosts(value) -> list[str]:
 class ApiPlatform(Platform):
     kind = KIND
     label = "API"
+    user_can_confirm = False  # any key granted the channel posts as any contact, the asker included
     settings = {
         "callback_url": Setting(check=check_url, help="Where replies are POSTed (HMAC-signed); empty: replies "
                                                       "are kept for the read API."),
@@ -63,30 +64,15 @@ class ApiPlatform(Platform):
         this channel's `allowed_media_hosts`). An uploaded file is already ours
         (conversations.media.uploads): read back from the storage, and only from this
         channel's own files."""
-        import asyncio
-
         from django.conf import settings
-        from django.core.files.storage import default_storage
 
-        from conversations.media.download import FileUnavailable
         from conversations.media.remote import fetch_url
-        from conversations.media.uploads import own_prefix
+        from conversations.media.uploads import read_back
 
         if ref.startswith("https://"):
             return await fetch_url(ref, limit, settings.AGENTLOOP_MEDIA_FETCH_DEADLINE,
                                    (channel.platform_settings or {}).get("allowed_media_hosts") or ())
-
-        if not ref.startswith(own_prefix(channel.pk)) or ".." in ref:
-            raise FileUnavailable("not a file uploaded to this channel", permanent=True)
-
-        def read():
-            with default_storage.open(ref, "rb") as f:
-                return f.read(limit + 1)
-
-        try:
-            return await asyncio.to_thread(read)
-        except FileNotFoundError:
-            raise FileUnavailable("the uploaded file is gone from the storage", permanent=True) from None
+        return await read_back(channel, ref, limit)
 
     # The package's own modules are imported where they are used: each of them imports this
     # package (its __init__) first, and they import models and ingest, which the registry

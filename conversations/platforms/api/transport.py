@@ -51,6 +51,8 @@ class ApiCallbackTransport(Transport):
         return self.failed(outcome, said, retry_after)
 
     async def _post(self, url, body, headers, timeout, extensions):
+        # Streamed, and the body never read: the status and Retry-After say all we use, and
+        # a receiver answering without end must not hold the send (or the worker's memory).
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
-            response = await client.post(url, content=body, headers=headers, extensions=extensions)
-            return response.status_code, retry_after_header(response.headers.get("Retry-After"))
+            async with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
+                return response.status_code, retry_after_header(response.headers.get("Retry-After"))

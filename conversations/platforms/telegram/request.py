@@ -11,7 +11,7 @@ import json
 from urllib.parse import urlsplit
 
 import aiohttp
-from telegram.error import NetworkError, TimedOut
+from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
 from delivery.retry_after import clamp_retry_after
@@ -26,6 +26,12 @@ class SentUnanswered(NetworkError):
     """The connection broke after the request went out: it may have been delivered."""
 
     ambiguous = True
+
+
+class Redirected(TelegramError):
+    """The Bot API root answered with a redirect. Not followed: the request's URL carries
+    the bot token, which would go to whatever host the redirect names. Nothing was sent to
+    Telegram; the channel's api_base needs an operator's look."""
 
 
 class _Exchange:
@@ -116,8 +122,12 @@ class AiohttpRequest(BaseRequest):
         exchange = _Exchange()
         try:
             async with self._session.request(method, url, data=self._body(request_data), timeout=timeout,
-                                             headers={"User-Agent": self.USER_AGENT},
+                                             headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
                                              trace_request_ctx=exchange) as response:
+                if 300 <= response.status < 400:
+                    raise Redirected(f"the Bot API at {_host(url)} answered HTTP {response.status}, a redirect to "
+                                     f"{_host(response.headers.get('Location', ''))}: not followed (the bot token "
+                                     f"would go there); check the channel's api_base")
                 payload = await response.read()
                 return response.status, sane_flood_answer(payload) if response.status == 429 else payload
         # Errors name the error's type and the host, never the URL: it carries the bot's

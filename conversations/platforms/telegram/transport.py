@@ -23,7 +23,7 @@ from telegram.error import (
 from agentloop.core.caches import BoundedCache
 from conversations.platforms.telegram.bot import ReplyBot
 from conversations.platforms.telegram.previews import DraftPreview, MessagePreview
-from conversations.platforms.telegram.request import AiohttpRequest, NotSent
+from conversations.platforms.telegram.request import AiohttpRequest, NotSent, Redirected
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -167,6 +167,8 @@ class TelegramTransport(Transport):
             last_id = await send()
         except RetryAfter as exc:  # refused, not sent: the bot waits out the penalty
             return self.failed(Outcome.FLOOD, exc, exc.retry_after)
+        except Redirected as exc:  # api_base points elsewhere: its replies wait for an operator
+            return self.failed(Outcome.CHANNEL_BLOCKED, exc)
         except InvalidToken as exc:  # 401/404 on the bot's URL: the token was revoked or is wrong
             return self.failed(Outcome.CHANNEL_BLOCKED, f"the bot token was refused: {exc}")
         except Forbidden as exc:  # blocked by the user, kicked from the group

@@ -23,6 +23,13 @@ class WebchatPlatform(Platform):
 
         return WebchatTransport(channel)
 
+    async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
+        """A file the person attached in the playground is already ours (stored by the
+        upload, agentloop.console.uploads): read back from this channel's own files."""
+        from conversations.media.uploads import read_back
+
+        return await read_back(channel, ref, limit)
+
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
         event = {"kind": "question_decided", "conversation": confirmation.conversation_id,
                  "token": confirmation.token, "text": outcome, "status": status}

@@ -50,8 +50,9 @@ class WhatsAppPlatform(Platform):
                               secret=True),
         "verify_token": Setting(help="Any string you choose; Meta sends it back when you register the webhook.",
                                 secret=True),
-        "api_base": Setting(default="https://graph.facebook.com", check=check_url,
-                            help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages."),
+        "api_base": Setting(default="https://graph.facebook.com", check=check_url, carries=("token",),
+                            help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages. "
+                                 "Changing it asks for the token again."),
         "api_version": Setting(default="v23.0", check=check_version, help="Graph API version."),
         # The Cloud API's default throughput is 80 messages/s per business number; its pair
         # limit (one user, code 131056) allows bursts and is met as a flood when it comes.

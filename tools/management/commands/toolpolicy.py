@@ -63,6 +63,10 @@ class Command(BaseCommand):
         self.stdout.write(f"{verb} tool policy {policy.name}")
         for label, value in describe(policy):
             self.stdout.write(f"  {label + ':':<14} {value}")
+        refusing = guard.unconfirmable_channels() if policy.approval == ApprovalMode.USER else []
+        if refusing:
+            self.stderr.write(f"warning: approval = user is refused on channels whose messages agent keys post (the "
+                              f"asker could answer): {', '.join(refusing)}; their calls of {policy.name} fail")
 
     def policy_named(self, name):
         known = name in registry.all_tools()
