@@ -105,3 +105,22 @@ def test_a_long_preview_shows_its_beginning_within_telegrams_limit():
     long = "palabra " * 1000
     shown = shown_text(long)
     assert shown.endswith(" …") and chunks.units(shown) <= PREVIEW_MAX_UNITS + 2 < 4096
+
+
+@pytest.mark.parametrize("kind", ["ndjson", "json"])
+def test_a_webhook_agents_stream_counts_against_the_answer_cap(settings, kind):
+    from conversations.remote_agents import WebhookAgent
+    from tests.end_to_end.test_streaming_agents import StreamingAgent
+
+    settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES = 40
+    agent = StreamingAgent(kind, pace=0.01)
+    try:
+        ctx = TurnContext(turn_id=1, conversation_id=1, channel_slug="tg", text="hola",
+                          config={"url": agent.url, "timeout": 5})
+        with pytest.raises(AgentUnavailable, match="answered more than 40 bytes"):
+            collect(WebhookAgent(), ctx)
+        settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES = 10_000
+        *deltas, answer = collect(WebhookAgent(), ctx)
+    finally:
+        agent.close()
+    assert answer == Answer("Hola, te respondo por partes.") and len(deltas) == (5 if kind == "ndjson" else 0)
