@@ -11,6 +11,8 @@ A figure counted inside a transaction is counted when it commits (`after_commit`
 rolled-back flush or claim counts nothing. docs/metrics.md lists every metric.
 """
 
+from collections.abc import Callable
+
 from django.db import transaction
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -53,7 +55,7 @@ DATABASE_UNAVAILABLE_ANSWERS = Counter("agentloop_database_unavailable_responses
                                        "because the database was away.")
 
 
-def after_commit(record, *args):
+def after_commit(record: Callable[..., object], *args: object) -> None:
     """Run `record(*args)` once the current transaction commits (at once outside one);
     never if it rolls back."""
     if transaction.get_connection().in_atomic_block:

@@ -23,6 +23,7 @@ import atexit
 import fcntl
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -31,7 +32,7 @@ COMMANDS = {"runloop": "worker", "qcluster": "tasks", "runall": "runall", "runse
 _DB_FILE = re.compile(r"^(?P<kind>[a-z]+(?:_[a-z]+)?)_(?P<pid>\d+)\.db$")
 
 
-def process_kind(argv) -> str:
+def process_kind(argv: Sequence[str]) -> str:
     """`web`, `worker`, `tasks`, `runall`, or "" for anything else."""
     if not argv:
         return ""
@@ -43,17 +44,17 @@ def process_kind(argv) -> str:
     return ""
 
 
-def use(directory) -> Path | None:
+def use(directory: str | os.PathLike[str] | None) -> Path | None:
     """Point prometheus-client at `directory` (prepared), or at none (None: this process
     keeps its metrics in memory)."""
     if directory is None:
         os.environ.pop(ENV, None)
         return None
-    directory = Path(directory)
-    prepare(directory)
-    os.environ[ENV] = str(directory)
-    atexit.register(leave, directory, os.getpid())
-    return directory
+    path = Path(directory)
+    prepare(path)
+    os.environ[ENV] = str(path)
+    atexit.register(leave, path, os.getpid())
+    return path
 
 
 def alive(pid: int) -> bool:
@@ -86,13 +87,13 @@ def prepare(directory: Path, pid: int | None = None) -> bool:
         return not living
 
 
-def remove_live_gauges(directory: Path, pid: int):
+def remove_live_gauges(directory: Path, pid: int) -> None:
     """What prometheus_client.multiprocess.mark_process_dead does, without importing it."""
     for path in directory.glob(f"gauge_live*_{pid}.db"):
         path.unlink(missing_ok=True)
 
 
-def forget_the_dead(directory: Path):
+def forget_the_dead(directory: Path) -> None:
     """Remove the live gauges of every process that died (a SIGKILL leaves them behind);
     run before a scrape reads the directory."""
     for path in directory.glob("gauge_live*.db"):
@@ -101,7 +102,7 @@ def forget_the_dead(directory: Path):
             path.unlink(missing_ok=True)
 
 
-def leave(directory: Path, pid: int):
+def leave(directory: Path, pid: int) -> None:
     """At a clean exit: this process's live gauges go; its counters stay."""
     if os.getpid() != pid:  # a forked child inherits atexit handlers
         return
