@@ -36,9 +36,10 @@ def process_kind(argv: Sequence[str]) -> str:
     """`web`, `worker`, `tasks`, `runall`, or "" for anything else."""
     if not argv:
         return ""
-    program = Path(argv[0]).name
-    if program in ("daphne_server.py", "daphne"):
+    path = Path(argv[0])
+    if path.name in ("daphne_server.py", "daphne") or (path.name == "__main__.py" and path.parent.name == "daphne"):
         return "web"
+    program = path.name
     if program == "manage.py" and len(argv) > 1:
         return COMMANDS.get(argv[1], "")
     return ""

@@ -91,7 +91,6 @@ class FaultLog:
             self.ended(elapsed)
         self.logger.info("%s back after %.1f s (%d failed tries)", self.subject, elapsed, failures)
 
-
     def started(self):
         """A fault began (called under the lock)."""
 

@@ -31,6 +31,9 @@ def finish_many(outcomes, owner, now=None):
     would be resent, labelled). A row that fails stays `attempting` and is recovered as
     an orphan. Only the database going away is raised (the caller retries the batch)."""
     now = now or timezone.now()
+    unrecorded = [result for row, result in outcomes if row.pk is None]
+    if unrecorded:  # the ledger is off: one try each, nothing to write down
+        _count_unrecorded(unrecorded)
     outcomes = [(row, result) for row, result in outcomes if row.pk is not None]
     delivered = [(row, result) for row, result in outcomes if result.ok]
     if delivered:
@@ -93,6 +96,13 @@ def _count_deliveries(deliveries):
         metrics.DELIVERY_SECONDS.observe(max(0.0, seconds))
         if labelled:
             metrics.REPLIES_RECOVERED.inc()
+
+
+def _count_unrecorded(results):
+    for result in results:
+        metrics.REPLY_ATTEMPTS.labels(result.outcome).inc()
+        if not result.ok:
+            metrics.REPLIES_ABANDONED.inc()
 
 
 def resends_used(row) -> int:

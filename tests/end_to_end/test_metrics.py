@@ -159,3 +159,17 @@ def httpx_get(url, headers, cookies):
     """Cookies per request: the shared client (tests.local_http) keeps none."""
     with httpx.Client(timeout=5.0, trust_env=False, cookies=cookies) as client:
         return client.get(url, headers=headers)
+
+
+def test_with_the_ledger_off_a_send_is_still_counted_by_outcome(processes, make_channel, fake_telegram):
+    telegram_channel(make_channel, fake_telegram)
+    web = processes.web(wait=False, AGENTLOOP_METRICS_TOKEN=TOKEN)
+    processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
+    fake_telegram.fail_next("sendMessage", status=400, description="Bad Request: chat not found")
+    send(web, "tg", 101, "¿Hola?")
+    fake_telegram.wait_for("sendMessage", timeout=15)
+    wait_until(lambda: value(scrape(web), "agentloop_replies_abandoned_total") == 1, message="the lost reply counted")
+    samples = scrape(web)
+    assert value(samples, "agentloop_reply_attempts_total", outcome="permanent") == 1
+    assert value(samples, "agentloop_reply_attempts_total", outcome="delivered") == 0
+    assert not OutboundMessage.objects.exists()
