@@ -11,10 +11,13 @@ A figure counted inside a transaction is counted when it commits (`after_commit`
 rolled-back flush or claim counts nothing. docs/metrics.md lists every metric.
 """
 
+import logging
 from collections.abc import Callable
 
 from django.db import transaction
 from prometheus_client import Counter, Gauge, Histogram
+
+log = logging.getLogger(__name__)
 
 # --- a burst is one turn (conversations) ------------------------------------------------
 TURNS_FLUSHED = Counter("agentloop_turns_flushed", "Buffers flushed into a turn, by why the buffer flushed "
@@ -57,8 +60,15 @@ DATABASE_UNAVAILABLE_ANSWERS = Counter("agentloop_database_unavailable_responses
 
 def after_commit(record: Callable[..., object], *args: object) -> None:
     """Run `record(*args)` once the current transaction commits (at once outside one);
-    never if it rolls back."""
+    never if it rolls back. A figure that cannot be written (the directory's disk full)
+    is logged, never raised: counting must not fail the step that did the work."""
+    def safely() -> None:
+        try:
+            record(*args)
+        except Exception:
+            log.exception("a metric could not be recorded")
+
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(lambda: record(*args))
+        transaction.on_commit(safely)
     else:
-        record(*args)
+        safely()
