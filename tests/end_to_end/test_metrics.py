@@ -3,11 +3,15 @@ value is what the test caused (a burst of 3 → one turn of 3 messages; one dupl
 one labelled resend → 1), the worker's counts read through the web process
 (prometheus-client's multiprocess mode), and only staff and the token may read them."""
 
+import sqlite3
+import time
+
 import httpx
 import pytest
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentloop.console.roles import OPERATORS, ensure_roles
@@ -16,7 +20,7 @@ from conversations.models import Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
 from tests import local_http
-from tests.conftest import wait_until
+from tests.conftest import is_postgres, wait_until
 from tests.e2e import send, telegram_channel
 
 pytestmark = pytest.mark.e2e
@@ -173,3 +177,32 @@ def test_with_the_ledger_off_a_send_is_still_counted_by_outcome(processes, make_
     assert value(samples, "agentloop_reply_attempts_total", outcome="permanent") == 1
     assert value(samples, "agentloop_reply_attempts_total", outcome="delivered") == 0
     assert not OutboundMessage.objects.exists()
+
+
+def test_a_database_fault_is_counted_with_its_time(processes, make_channel, fake_telegram):
+    """SQLite's write lock held by another connection past the worker's SQLITE_TIMEOUT: the
+    worker's flush fails, retries, and gets through once the lock is let go."""
+    if is_postgres():
+        pytest.skip("the lock is SQLite's; PostgreSQL's outages are tests/end_to_end/test_faults_database.py's")
+    telegram_channel(make_channel, fake_telegram)
+    web = processes.web(wait=False, AGENTLOOP_METRICS_TOKEN=TOKEN)
+    processes.worker(SQLITE_TIMEOUT="0.3")
+    send(web, "tg", 101, "¿Hola?")  # due in 1.2 s
+    lock = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        # The scrape only reads: WAL lets it, while the worker cannot write.
+        wait_until(lambda: value(scrape(web), "agentloop_database_failing") == 1, timeout=10,
+                   message="the worker failing")
+        time.sleep(1.0)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    fake_telegram.wait_for("sendMessage", timeout=15)
+    wait_until(lambda: value(scrape(web), "agentloop_database_failing") == 0, message="the worker back")
+    samples = scrape(web)
+    assert value(samples, "agentloop_database_faults_total") >= 1
+    # A fault ends at the next step that succeeds (as the worker's log says "back after"): on
+    # SQLite the flusher's reads go on beside the lock, so only the gaps after failed writes count.
+    assert value(samples, "agentloop_database_fault_seconds_total") > 0
+    assert value(samples, "agentloop_database_up") == 1
