@@ -287,6 +287,17 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("DEFAULT_FROM_EMAIL", "agentloop@localhost", "The sender of `email_send`."),
         Var("EMAIL_TIMEOUT", "20", "SMTP socket timeout, seconds."),
     ]),
+    ("Metrics", "`GET /metrics` in Prometheus' text format ([Metrics](metrics.md)).", [
+        Var("AGENTLOOP_METRICS_TOKEN", "empty (no token: staff logins only)",
+            "A scraper's credential: `Authorization: Bearer <this>` reads `/metrics` (compared in "
+            "constant time). Staff with the `view_metrics` permission (operators, auditors) read it "
+            "logged in; anyone else gets 401 or 403."),
+        Var("AGENTLOOP_METRICS_DIR", "`var/metrics`",
+            "Where the web, worker and tasks processes of one host share their figures "
+            "(prometheus-client's multiprocess mode): created at start, and wiped when a process "
+            "starts and finds none of the others alive. One per host (one pid space); never shared "
+            "between hosts or containers."),
+    ]),
     ("Logging", "", [
         Var("LOG_LEVEL", "INFO", "Root log level."),
         Var("DJANGO_Q_LOG_LEVEL", "WARNING",

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import environ
 
+from agentloop.core import metrics_dir
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
+from agentloop.logging_config import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -428,25 +430,13 @@ vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agentloop@localhost")
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=20)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"once_per_kind": {"()": "agentloop.core.pool_log.OncePerKind"},
-                "request_path": {"()": "agentloop.core.access_log.MaskRequestPath"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {
-        "httpx": {"level": "WARNING"},
-        "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
-        "telegram": {"level": "WARNING"}, "axes": {"level": "WARNING"},  # axes: a start banner per process
-        "daphne": {"level": "WARNING"},
-        "django.request": {"filters": ["request_path"]},  # `Forbidden: /files/<token>`, masked
-        # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
-        # Our tasks log themselves when they find something to do.
-        "django-q": {"level": env.str("DJANGO_Q_LOG_LEVEL", default="WARNING")},
-        # DATABASE_POOL: psycopg's pool logs every failed reconnect of an outage (several
-        # a second): the first of a kind is kept (it names the cause), then one in 30 s.
-        "psycopg.pool": {"filters": ["once_per_kind"]},
-    },
-}
+# --- Prometheus metrics (GET /metrics: agentloop/core/metrics.py, docs/metrics.md) -------
+# Read with a staff login (the view_metrics permission) or `Authorization: Bearer <this>`.
+AGENTLOOP_METRICS_TOKEN = env.str("AGENTLOOP_METRICS_TOKEN", default="")
+# The product's processes on this host share their figures through this directory
+# (prometheus-client's multiprocess mode; prepared and cleaned at start: core/metrics_dir.py).
+AGENTLOOP_PROCESS = metrics_dir.process_kind(sys.argv)
+AGENTLOOP_METRICS_DIR = metrics_dir.use(
+    env.path("AGENTLOOP_METRICS_DIR", default=VAR_DIR / "metrics") if AGENTLOOP_PROCESS else None)
+
+LOGGING = logging_config(env.str("LOG_LEVEL", default="INFO"), env.str("DJANGO_Q_LOG_LEVEL", default="WARNING"))

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agentloop.console import metrics as console_metrics
 from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
 from audit import api as audit_api
@@ -41,6 +42,7 @@ urlpatterns = [
     path("calendars/<str:token>.ics", tools_views.calendar_feed, name="calendar-feed"),
     path("files/<str:token>", views.media_file, name="media-file"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", console_metrics.metrics, name="metrics"),
 ]
 
 # A path under /api/ that matches no route answers JSON in the API's error shape.

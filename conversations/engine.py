@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agentloop.core import rows
+from agentloop.core import metrics, rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
@@ -100,8 +100,18 @@ def flush_many(buffer_ids, now, owner="", start=0):
             _born_running(new_turns, owner, now, start)
         created = rows.create_many(Turn, new_turns)
         console.turns_created(created)
+        metrics.after_commit(_count_flushes, [(t.flush_reason, len(by_buffer.get(t.buffer_id, ()))) for t in created])
         after_commit("flush.after_claim")
         return created
+
+
+def _count_flushes(flushes):
+    """(flush reason, messages merged) of each turn made: counted once its flush commits."""
+    for reason, size in flushes:
+        metrics.TURNS_FLUSHED.labels(reason).inc()
+        metrics.MESSAGES_PER_TURN.observe(size)
+        if size > 1:
+            metrics.BURSTS_MERGED.inc()
 
 
 def _born_running(new_turns, owner, now, room):

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
+from agentloop.core import metrics
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import edits, ingest
 from conversations.platforms.telegram import webhook as views
@@ -179,6 +180,7 @@ def _failure(exc) -> views.Answer:
     if database_unavailable(exc):
         _log_fault(type(exc.__cause__ or exc).__name__, _describe(exc))
         close_broken_connection()
+        metrics.DATABASE_UNAVAILABLE_ANSWERS.inc()
         return UNAVAILABLE
     log.error("webhook admission failed", exc_info=exc)
     return SERVER_ERROR

@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.core import metrics
 from agentloop.core.redaction import redact
 from audit.events import record
 from audit.models import EventKind
@@ -63,8 +64,17 @@ def finish_many(results, owner, now=None) -> set:
     results = [(r[0], r[1], r[2], redact(r[3])[:300]) for r in results]  # an agent's error may carry a secret
     sql.finish_turns(results, owner, now)
     ids = [r[0] for r in results]
-    return set(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
-                                   state__in=(TurnState.DONE, TurnState.FAILED)).values_list("pk", flat=True))
+    finished = list(Turn.objects.filter(pk__in=ids, owner=owner, finished_at=now,
+                                        state__in=(TurnState.DONE, TurnState.FAILED))
+                    .values_list("pk", "state", "started_at"))
+    metrics.after_commit(_count_turns, [(state, (now - started).total_seconds())
+                                        for _, state, started in finished if started is not None])
+    return {pk for pk, _, _ in finished}
+
+
+def _count_turns(durations):
+    for state, seconds in durations:
+        metrics.TURN_SECONDS.labels(state).observe(max(0.0, seconds))
 
 
 def start_many(turn_ids, owner, now=None):

@@ -324,6 +324,8 @@ class Processes:
             "AGENTLOOP_TYPING_INTERVAL": "0.5",
             "AGENTLOOP_TELEGRAM_POLL_TIMEOUT": "1",
             "PYTHONUNBUFFERED": "1",
+            # The test's processes share their metrics (GET /metrics), counted from zero.
+            "AGENTLOOP_METRICS_DIR": str(self.log_dir / "metrics"),
         })
         env.update({k: str(v) for k, v in extra.items()})
         return env

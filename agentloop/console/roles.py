@@ -4,7 +4,7 @@
   their group (they are staff, not superusers).
 - **Auditors** read the history and nothing else: the `view_*` permissions of the audit
   trail (with its caught duplicates), the guard's claims and proposals, and the delivery
-  ledger. They never see a channel (bot tokens, webhook and callback secrets, the agent's
+  ledger, and the metrics (`GET /metrics`: counts, no texts). They never see a channel (bot tokens, webhook and callback secrets, the agent's
   settings) or an agent key.
 
 `ensure_roles()` (re)creates both groups with exactly these permissions; it runs after
@@ -16,6 +16,7 @@ from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Q
 
 OPERATORS = "Operators"
 AUDITORS = "Auditors"
@@ -33,10 +34,17 @@ def operator_permissions(using=DEFAULT_DB_ALIAS):
     return Permission.objects.using(using).all()
 
 
+# Besides those: reading the Prometheus metrics (agentloop.console.metrics).
+METRICS_PERMISSION = ("agentloop", "view_metrics")
+
+
 def auditor_permissions(using=DEFAULT_DB_ALIAS):
     models = [global_apps.get_model(label) for label in AUDITED_MODELS]
     types = ContentType.objects.db_manager(using).get_for_models(*models, for_concrete_models=False).values()
-    return Permission.objects.using(using).filter(content_type__in=types, codename__startswith="view_")
+    app_label, codename = METRICS_PERMISSION
+    return Permission.objects.using(using).filter(
+        Q(content_type__in=types, codename__startswith="view_")
+        | Q(content_type__app_label=app_label, codename=codename))
 
 
 def ensure_roles(using=DEFAULT_DB_ALIAS):

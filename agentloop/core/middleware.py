@@ -21,6 +21,8 @@ from django.db import InterfaceError, OperationalError, connections
 from django.http import JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
+from agentloop.core import metrics
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 5
@@ -81,6 +83,7 @@ def _describe(exc):
 
 
 def unavailable_response():
+    metrics.DATABASE_UNAVAILABLE_ANSWERS.inc()
     response = JsonResponse({"ok": False, "error": "database unavailable, retry later"}, status=503)
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     # Logged here, rate-limited; django.request would log every single 503 as an error.

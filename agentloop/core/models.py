@@ -21,3 +21,13 @@ class LiveListener(models.Model):
 
     name = models.CharField(max_length=120, unique=True, help_text="host:pid of the web process.")
     seen_at = models.DateTimeField()
+
+
+class Metrics(models.Model):
+    """No table: the holder of the permission to read `GET /metrics` (`view_metrics`),
+    which a role grants like any other (agentloop.console.roles)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [("view_metrics", "Can read the Prometheus metrics (GET /metrics)")]

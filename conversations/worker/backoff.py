@@ -7,6 +7,8 @@ import logging
 import threading
 import time
 
+from agentloop.core import metrics
+
 log = logging.getLogger("conversations.worker")
 
 FIRST_DELAY = 0.02
@@ -64,6 +66,7 @@ class FaultLog:
         with self._lock:
             if self._since is None:
                 self._since = now
+                self.started()
             self._failures += 1
             last = self._reported.get(kind)
             if last is not None and now - last < self.every:
@@ -85,11 +88,31 @@ class FaultLog:
                 return
             elapsed, failures = self.clock() - self._since, self._failures
             self._since, self._reported, self._failures = None, {}, 0
+            self.ended(elapsed)
         self.logger.info("%s back after %.1f s (%d failed tries)", self.subject, elapsed, failures)
+
+    def started(self):
+        """A fault began (called under the lock)."""
+
+    def ended(self, seconds):
+        """The fault that began `seconds` ago is over (called under the lock)."""
+
+
+class DatabaseFaultLog(FaultLog):
+    """The worker's database faults, counted (agentloop_database_faults_total and
+    _fault_seconds_total) and shown while they last (agentloop_database_failing)."""
+
+    def started(self):
+        metrics.DATABASE_FAULTS.inc()
+        metrics.DATABASE_FAILING.set(1)
+
+    def ended(self, seconds):
+        metrics.DATABASE_FAULT_SECONDS.inc(seconds)
+        metrics.DATABASE_FAILING.set(0)
 
 
 def _first_line(exc):
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
-DATABASE = FaultLog()
+DATABASE = DatabaseFaultLog()

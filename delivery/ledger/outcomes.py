@@ -8,6 +8,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, transacti
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.core import metrics
 from agentloop.core.redaction import redact
 from audit.events import record, record_many
 from audit.models import EventKind
@@ -30,6 +31,9 @@ def finish_many(outcomes, owner, now=None):
     would be resent, labelled). A row that fails stays `attempting` and is recovered as
     an orphan. Only the database going away is raised (the caller retries the batch)."""
     now = now or timezone.now()
+    unrecorded = [result for row, result in outcomes if row.pk is None]
+    if unrecorded:  # the ledger is off: one try each, nothing to write down
+        _count_unrecorded(unrecorded)
     outcomes = [(row, result) for row, result in outcomes if row.pk is not None]
     delivered = [(row, result) for row, result in outcomes if result.ok]
     if delivered:
@@ -72,6 +76,9 @@ def _isolated(write, *args) -> bool:
 
 
 def _after_delivery(rows, now):
+    """The rows whose delivery this worker recorded (its compare-and-swap won)."""
+    metrics.after_commit(_count_deliveries, [((now - row.created_at).total_seconds(), row.needs_marker)
+                                             for row in rows])
     record_many([dict(kind=EventKind.REPLY_RECOVERED, conversation_id=row.conversation_id,
                       channel_slug=row.channel.slug, actor=row.owner, target=f"ledger row {row.pk}",
                       summary=f"resent with the recovery prefix (attempt {row.attempts})",
@@ -81,6 +88,21 @@ def _after_delivery(rows, now):
     if chats and UnreachableChat.objects.filter(channel_id__in={c for c, _ in chats}).exists():
         for channel_id, chat_id in chats:  # it was reached again: not unreachable any more
             UnreachableChat.objects.filter(channel_id=channel_id, chat_id=chat_id).delete()
+
+
+def _count_deliveries(deliveries):
+    for seconds, labelled in deliveries:
+        metrics.REPLY_ATTEMPTS.labels(Outcome.DELIVERED).inc()
+        metrics.DELIVERY_SECONDS.observe(max(0.0, seconds))
+        if labelled:
+            metrics.REPLIES_RECOVERED.inc()
+
+
+def _count_unrecorded(results):
+    for result in results:
+        metrics.REPLY_ATTEMPTS.labels(result.outcome).inc()
+        if not result.ok:
+            metrics.REPLIES_ABANDONED.inc()
 
 
 def resends_used(row) -> int:
@@ -97,10 +119,12 @@ def finish(row, owner, result: SendResult, now=None):
         return OutboundMessage.transition(row.pk, OutboundState.ATTEMPTING, new_state,
                                           where={"owner": owner, "claim_token": row.claim_token}, **fields)
 
+    metrics.after_commit(metrics.REPLY_ATTEMPTS.labels(result.outcome).inc)
     error = redact(result.error)[:300]
     if not enabled():
         # No ledger: one try, then the reply is given up (and said so in the log).
-        mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error, next_attempt_at=None)
+        if mine(OutboundState.ABANDONED, last_outcome=result.outcome, last_error=error, next_attempt_at=None):
+            metrics.after_commit(metrics.REPLIES_ABANDONED.inc)
         return None
     if result.outcome in (Outcome.FLOOD, Outcome.NOT_SENT):
         return _defer(row, owner, result, error, now)
@@ -194,6 +218,7 @@ def mark_unreachable(row, error, now):
 
 
 def _audit_abandoned(row, why):
+    metrics.after_commit(metrics.REPLIES_ABANDONED.inc)
     record(EventKind.REPLY_ABANDONED, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
            actor=row.owner or "ledger", target=f"ledger row {row.pk}", summary=why[:300], ledger_row=row.pk)
 

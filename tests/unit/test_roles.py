@@ -106,10 +106,11 @@ def test_migrate_leaves_both_groups_with_their_permissions():
     codenames = set(auditors.permissions.values_list("content_type__app_label", "codename"))
     assert codenames == {("audit", "view_auditevent"), ("audit", "view_caughtduplicate"),
                          ("tools", "view_actionclaim"), ("tools", "view_proposal"),
-                         ("delivery", "view_outboundmessage"), ("delivery", "view_unreachablechat")}
+                         ("delivery", "view_outboundmessage"), ("delivery", "view_unreachablechat"),
+                         ("agentloop", "view_metrics")}  # GET /metrics: counts, no texts
     roles.ensure_roles()  # idempotent
     assert Group.objects.filter(name__in=["Operators", "Auditors"]).count() == 2
-    assert auditors.permissions.count() == 6
+    assert auditors.permissions.count() == 7
 
 
 @pytest.mark.parametrize("role, group", [("operator", "Operators"), ("auditor", "Auditors")])

@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agentloop.core import metrics
 from audit.events import record
 from audit.models import EventKind
 from tools.fingerprint import Fingerprint
@@ -60,6 +61,7 @@ def take_claim(request: ClaimRequest, *, owner, agent_key_id=None, proposed=Fals
                 _check_rate(claim, policy)
                 if on_created is not None:
                     on_created(claim)
+                metrics.after_commit(metrics.ACTIONS_CLAIMED.labels(action).inc)
             return Attempt(claim, True)
         except IntegrityError:
             existing = ActionClaim.objects.filter(scope=scope.key, action=action, fingerprint=fp.digest,
@@ -116,6 +118,7 @@ def note_duplicate(claim, status, *, actor, scope: Scope, now=None):
                summary=f"{claim.action} not repeated ({status}); original {humanize(age)} old",
                tool=claim.action, fingerprint=claim.fingerprint, original_claim=claim.pk, status=status,
                age_seconds=round(age, 1), scope=scope.key, agent_key=claim.agent_key_id)
+        metrics.after_commit(metrics.DUPLICATES_PREVENTED.labels(claim.action, status).inc)
 
 
 def duplicate_outcome(claim, status, now=None) -> Outcome:
