@@ -265,6 +265,27 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "Seconds after which django-q2's safety sweep stops claiming rows (under the "
             "task timeout)."),
     ]),
+    ("Retention", "How long each kind of data is kept (docs/operations.md, Retention); the sweep runs "
+     "every 10 minutes under django-q2 and deletes in batches.", [
+        Var("AGENTLOOP_RETAIN_MESSAGES_DAYS", "30",
+            "Days a conversation's data is kept: inbound messages and their edits, finished "
+            "buffers and turns, notes for the agent, files users sent (rows and stored bytes). "
+            "Never deleted whatever their age: an open buffer, a ready or running turn, a file "
+            "still being fetched, and the 20 newest finished turns and notes of a conversation "
+            "active within these days (what its agent reads)."),
+        Var("AGENTLOOP_RETAIN_LEDGER_DAYS", "7",
+            "Days a finished ledger row (delivered, abandoned, unreachable) is kept; open "
+            "ones (pending, attempting, failed) never go."),
+        Var("AGENTLOOP_RETAIN_CLAIMS_DAYS", "30",
+            "Days the guard's claims are kept after their window ends (done or released "
+            "only; in flight, uncertain and proposed ones stay), with their proposals once "
+            "decided."),
+        Var("AGENTLOOP_RETAIN_AUDIT_DAYS", "365", "Days audit events are kept (the longest)."),
+        Var("AGENTLOOP_RETENTION_BATCH", "500",
+            "Rows deleted per transaction: each batch holds its locks for milliseconds."),
+        Var("AGENTLOOP_RETENTION_SWEEP_BUDGET", "40",
+            "Seconds one sweep may run (under django-q2's task timeout); the next one goes on."),
+    ]),
     ("The action guard and its tools", "Layer 2: an action asked twice runs once.", [
         Var("AGENTLOOP_GUARD_WAIT", "3.0",
             "Seconds an identical call waits for one in flight before answering \"in progress\"."),

@@ -15,6 +15,7 @@ import environ
 from agentloop.core import metrics_dir
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
+from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -83,38 +84,10 @@ INSTALLED_APPS = [
 if sys.argv[1:2] == ["runserver"]:
     INSTALLED_APPS.insert(0, "daphne")
 
-MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Innermost, so its process_exception sees a view's database outage first: 503.
-    "agentloop.core.middleware.DatabaseUnavailableMiddleware",
-    "axes.middleware.AxesMiddleware",  # a locked-out login answers 429
-]
-
 # Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
 ROOT_URLCONF = env.str("AGENTLOOP_URLCONF", default="agentloop.urls")
 ASGI_APPLICATION = "agentloop.asgi.application"
 WSGI_APPLICATION = "agentloop.wsgi.application"
-
-TEMPLATES = [
-    {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
-        "APP_DIRS": True,
-        "OPTIONS": {
-            "context_processors": [
-                "django.template.context_processors.request",
-                "django.contrib.auth.context_processors.auth",
-                "django.contrib.messages.context_processors.messages",
-            ],
-        },
-    },
-]
 
 # --- Database -------------------------------------------------------------
 DATABASES = {
@@ -225,19 +198,6 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"user": env.str("AGENTLOOP_API_RATE", default="6000/min")},
     "EXCEPTION_HANDLER": "agentloop.core.api.json_exception_handler",
 }
-SPECTACULAR_SETTINGS = {
-    "TITLE": "agentloop API",
-    "DESCRIPTION": "Inbound messages, tools behind the action guard, turns and replies.",
-    "VERSION": "1.0.0",
-    # The docs page's assets come from our own static files, not a CDN.
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
-    # 3.1: JSON Schema's whole vocabulary, e.g. `propertyNames` (what an object's keys may be).
-    "OAS_VERSION": "3.1.0",
-}
-
 # --- django-q2: the safety-net sweeps (the worker loop does the timing) --------
 Q_CLUSTER = {
     "name": "agentloop",
@@ -401,6 +361,17 @@ AGENTLOOP_CALLBACK_TIMEOUT = env.float("AGENTLOOP_CALLBACK_TIMEOUT", default=10.
 AGENTLOOP_MAX_LONG_POLLS = env.int("AGENTLOOP_MAX_LONG_POLLS", default=200)
 # The django-q2 safety sweep stops claiming after this long (seconds; under the task timeout).
 AGENTLOOP_SAFETY_SWEEP_BUDGET = env.float("AGENTLOOP_SAFETY_SWEEP_BUDGET", default=40.0)
+
+# --- retention (conversations/retention.py; docs/operations.md#retention) --------------
+# Days each kind of data is kept; the sweep (django-q2, every 10 minutes) deletes older
+# rows in batches and never what a guarantee still needs (an open buffer, an active turn,
+# an open ledger row, a claim inside its window, a conversation's last 20 turns).
+AGENTLOOP_RETAIN_MESSAGES_DAYS = env.float("AGENTLOOP_RETAIN_MESSAGES_DAYS", default=30.0)
+AGENTLOOP_RETAIN_LEDGER_DAYS = env.float("AGENTLOOP_RETAIN_LEDGER_DAYS", default=7.0)
+AGENTLOOP_RETAIN_CLAIMS_DAYS = env.float("AGENTLOOP_RETAIN_CLAIMS_DAYS", default=30.0)
+AGENTLOOP_RETAIN_AUDIT_DAYS = env.float("AGENTLOOP_RETAIN_AUDIT_DAYS", default=365.0)
+AGENTLOOP_RETENTION_BATCH = env.int("AGENTLOOP_RETENTION_BATCH", default=500)
+AGENTLOOP_RETENTION_SWEEP_BUDGET = env.float("AGENTLOOP_RETENTION_SWEEP_BUDGET", default=40.0)
 
 # --- the action guard and its tools (Layer 2) -------------------------------------------
 AGENTLOOP_TOOLS = [

@@ -7,6 +7,7 @@ from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
 from audit import api as audit_api
 from conversations import api, platforms, views
+from conversations.api.operators import ForgetContactView
 from tools import api as tools_api
 from tools import views as tools_views
 
@@ -36,6 +37,7 @@ urlpatterns = [
     path("api/v1/actions/claim", tools_api.ActionClaimView.as_view(), name="api-action-claim"),
     path("api/v1/actions/<int:claim>/succeed", tools_api.ActionSucceedView.as_view(), name="api-action-succeed"),
     path("api/v1/actions/<int:claim>/fail", tools_api.ActionFailView.as_view(), name="api-action-fail"),
+    path("api/v1/operator/contacts/forget", ForgetContactView.as_view(), name="api-operator-forget-contact"),
     path("api/v1/audit/events", audit_api.AuditEventsView.as_view(), name="api-audit-events"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -1,11 +1,14 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
 import json
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from agentloop.core import pruning
 from agentloop.core.redaction import redact, redact_payload
 from audit import console, sql
 from audit.models import AuditEvent
@@ -62,3 +65,10 @@ def recent(kinds=(), channel_slugs=None, agent_key_id=None, since=None, limit=10
             visible |= Q(extra__agent_key=agent_key_id)
         events = events.filter(visible)
     return list(events.order_by("-at", "-pk")[:limit])
+
+
+def prune(now, budget) -> int:
+    """Events older than AGENTLOOP_RETAIN_AUDIT_DAYS (365), in batches
+    (agentloop.core.pruning); run by the retention sweep."""
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_AUDIT_DAYS)
+    return pruning.delete_old(AuditEvent, "at", cutoff, AuditEvent.objects.filter(at__lt=cutoff), budget)

@@ -32,6 +32,8 @@ class EventKind(models.TextChoices):
     CHAT_UNREACHABLE = "chat_unreachable", "Chat unreachable (never retried)"
     CHANNEL_BLOCKED = "channel_blocked", "Channel blocked (its credentials were refused; replies wait)"
     REPLY_FAILED_AFTER_SEND = "reply_failed_after_send", "Reply not delivered after all (platform receipt)"
+    # Operations
+    CONTACT_ERASED = "contact_erased", "A person's data erased on request"
 
 
 class AuditEvent(models.Model):

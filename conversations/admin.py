@@ -1,14 +1,14 @@
 from urllib.parse import urlencode
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agentloop.core.redaction import SECRET_NAME
-from conversations import platforms
+from conversations import erasure, platforms
 from conversations.media import links
 from conversations.models import (
     AgentKey,
@@ -203,6 +203,17 @@ class ContactAdmin(admin.ModelAdmin):
     list_display = ["__str__", "platform_id", "username", "channel", "created_at"]
     list_filter = ["channel"]
     search_fields = ["platform_id", "display_name", "username"]
+    actions = ["forget"]
+
+    @admin.action(description="Erase these people's data (texts, files, names, ids)", permissions=["delete"])
+    def forget(self, request, queryset):
+        for contact in queryset.select_related("channel"):
+            try:
+                erasure.forget(contact.channel.slug, contact.platform_id, by=f"admin:{request.user.get_username()}")
+            except erasure.Busy as exc:
+                self.message_user(request, f"contact {contact.pk}: {exc}", messages.WARNING)
+            else:
+                self.message_user(request, f"contact {contact.pk}: erased")
 
 
 class TurnInline(admin.TabularInline):
@@ -225,6 +236,12 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
     readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "created_at", "related"]
     inlines = [TurnInline]
+    actions = ["forget"]
+
+    @admin.action(description="Erase the data of these conversations' people", permissions=["delete"])
+    def forget(self, request, queryset):
+        contacts = Contact.objects.filter(pk__in=queryset.values("contact_id"))
+        ContactAdmin.forget(self, request, contacts)
 
     @admin.display(description="last turn")
     def last_turn_state(self, obj):

@@ -11,11 +11,12 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from agentloop.core import pruning
 from delivery import pacing
 from delivery.hooks import close_clients
 from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
 from delivery.ledger.outcomes import _audit_abandoned, finish_many, release, resends_used
-from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, PRUNE_AFTER, attempt_timeout
+from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, attempt_timeout
 from delivery.ledger.sending import send
 from delivery.models import OutboundMessage, OutboundState, UnreachableChat
 
@@ -42,12 +43,17 @@ def abandon_stale(now=None, dead_owners=()) -> int:
     return abandoned
 
 
-def prune(now=None) -> int:
-    """Finished rows are deleted after 7 days (django-q2 schedule, daily)."""
+def prune(now=None, budget=None) -> int:
+    """Finished rows (delivered, abandoned, unreachable) older than
+    AGENTLOOP_RETAIN_LEDGER_DAYS (7) are deleted, in batches (agentloop.core.pruning);
+    open ones never. Run by the retention sweep (conversations.retention)."""
     now = now or timezone.now()
+    budget = budget or pruning.Budget(time.monotonic() + settings.AGENTLOOP_RETENTION_SWEEP_BUDGET,
+                                      settings.AGENTLOOP_RETENTION_BATCH)
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_LEDGER_DAYS)
     finished = [OutboundState.DELIVERED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]
-    deleted, _ = OutboundMessage.objects.filter(state__in=finished, created_at__lte=now - PRUNE_AFTER).delete()
-    return deleted
+    deletable = OutboundMessage.objects.filter(state__in=finished, created_at__lt=cutoff)
+    return pruning.delete_old(OutboundMessage, "created_at", cutoff, deletable, budget)
 
 
 def retry_now(ids, by="operator") -> int:

@@ -10,7 +10,7 @@ from django_q.models import Schedule
 pytestmark = pytest.mark.django_db
 
 MIGRATIONS = ["conversations.migrations.0002_recovery_sweep_schedule", "tools.migrations.0002_guard_sweep_schedule",
-              "delivery.migrations.0003_ledger_schedules"]
+              "delivery.migrations.0003_ledger_schedules", "conversations.migrations.0013_retention_sweep_schedule"]
 
 
 def test_every_safety_net_is_scheduled_and_callable():
@@ -20,9 +20,10 @@ def test_every_safety_net_is_scheduled_and_callable():
         (getattr(migration, "create_schedule", None) or migration.create)(apps, None)
     schedules = {s.func: s for s in Schedule.objects.all()}
     assert set(schedules) == {"conversations.engine.recovery_sweep", "tools.guard.sweep",
-                              "delivery.ledger.safety_sweep", "delivery.ledger.prune"}
+                              "delivery.ledger.safety_sweep", "conversations.retention.sweep"}
     assert all(s.repeats == -1 for s in schedules.values())
-    assert schedules["delivery.ledger.prune"].schedule_type == Schedule.DAILY
+    # The retention sweep prunes the ledger too: the ledger's own daily prune is retired.
+    assert schedules["conversations.retention.sweep"].minutes == 10
     assert schedules["delivery.ledger.safety_sweep"].minutes == 1
     for func in schedules:
         assert callable(import_string(func))

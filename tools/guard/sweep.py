@@ -1,11 +1,15 @@
-"""The sweep: claims past their lease, proposals past their time."""
+"""The sweep: claims past their lease, proposals past their time; and the pruning of old claims."""
 
+from datetime import timedelta
 
+from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
+from agentloop.core import pruning
 from tools import hooks
 from tools.guard.uncertainty import mark_uncertain, reconcile
-from tools.models import ActionClaim, ClaimState
+from tools.models import ActionClaim, ClaimState, ProposalState
 
 
 def sweep(now=None) -> dict:
@@ -23,3 +27,16 @@ def sweep(now=None) -> dict:
     expired = hooks.expire_due(now)
     hooks.settle_applying()
     return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired, "reopened": reopened}
+
+
+def prune(now, budget) -> int:
+    """Claims whose window ended more than AGENTLOOP_RETAIN_CLAIMS_DAYS ago, done or
+    released (never in flight, uncertain or proposed: their outcome is still owed), each
+    with its proposal and confirmation once the proposal is decided; in batches
+    (agentloop.core.pruning). A claim inside its window is never old enough."""
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_CLAIMS_DAYS)
+    open_proposal = ~Q(proposal__state__in=[ProposalState.APPLIED, ProposalState.FAILED, ProposalState.REJECTED,
+                                            ProposalState.EXPIRED])
+    deletable = (ActionClaim.objects.filter(state__in=[ClaimState.DONE, ClaimState.RELEASED], expires_at__lt=cutoff)
+                 .exclude(Q(proposal__isnull=False) & open_proposal))
+    return pruning.delete_old(ActionClaim, "created_at", cutoff, deletable, budget)

@@ -1,0 +1,142 @@
+"""Retention: how long each kind of data is kept, and the sweep that deletes what is older
+(django-q2 runs `conversations.retention.sweep` every 10 minutes; `manage.py
+sweepretention` runs it by hand). docs/operations.md#retention.
+
+Each kind is deleted oldest first in batches of AGENTLOOP_RETENTION_BATCH rows, one short
+transaction each (agentloop.core.pruning), never what a guarantee still needs:
+
+- an open buffer, or the messages of a buffer whose turn still exists (they are the
+  turn's input and its files' descriptions), a ready or running turn;
+- a conversation's 20 newest finished turns and notes while the conversation is active
+  (a turn within the retention): what its agent reads as history;
+- an open ledger row (delivery.ledger.prune), a claim inside its window or whose outcome
+  is still owed (tools.guard.sweep.prune);
+- a file being fetched; a stored file's bytes while any row still names them.
+"""
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from agentloop.core import pruning
+from audit import events as audit_events
+from conversations.models import (
+    SETTLED,
+    BufferState,
+    ContextNote,
+    InboundMessage,
+    MediaFile,
+    MessageBuffer,
+    Turn,
+    TurnState,
+)
+from delivery import ledger
+from tools.guard.sweep import prune as prune_claims
+
+log = logging.getLogger(__name__)
+
+HISTORY_TURNS = 20  # conversations.engine.conversation_history's limit
+FINISHED_TURNS = [TurnState.DONE, TurnState.CANCELLED, TurnState.FAILED]
+
+
+def defaults() -> list[tuple[str, str]]:
+    """(kind of data, how long it is kept) as the admin shows them."""
+    days = {name: getattr(settings, f"AGENTLOOP_RETAIN_{name}_DAYS") for name in ("MESSAGES", "LEDGER", "CLAIMS",
+                                                                                 "AUDIT")}
+    history = f"{days['MESSAGES']:g} days"
+    return [
+        ("Inbound messages, edits, files (rows and bytes)", f"{history} (never while their turn is kept)"),
+        ("Buffers, turns, notes for the agent",
+         f"{history}; open buffers and ready/running turns never; a conversation's {HISTORY_TURNS} newest "
+         "turns and notes while it is active"),
+        ("Delivery ledger", f"{days['LEDGER']:g} days once delivered, abandoned or unreachable; open rows never"),
+        ("Guard claims and proposals", f"{days['CLAIMS']:g} days after their window; in flight, uncertain or "
+                                       "awaiting approval never"),
+        ("Audit events", f"{days['AUDIT']:g} days"),
+    ]
+
+
+def sweep(now=None, budget_seconds=None) -> dict:
+    """One round over every kind, within the time budget; the counts deleted per table."""
+    now = now or timezone.now()
+    seconds = settings.AGENTLOOP_RETENTION_SWEEP_BUDGET if budget_seconds is None else budget_seconds
+    budget = pruning.Budget(time.monotonic() + seconds, settings.AGENTLOOP_RETENTION_BATCH)
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_MESSAGES_DAYS)
+    ledger.prune(now, budget)
+    _prune_turns(cutoff, budget)
+    _prune_messages(cutoff, budget)
+    _prune_buffers(cutoff, budget)
+    _prune_notes(cutoff, budget)
+    _prune_files(cutoff, budget)
+    prune_claims(now, budget)
+    audit_events.prune(now, budget)
+    deleted = {label: n for label, n in budget.deleted.items() if n}
+    if deleted:
+        log.info("retention: deleted %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))
+    return deleted
+
+
+def _in_history(model, cutoff):
+    """Rows the agent still reads: among their conversation's HISTORY_TURNS newest (of that
+    kind), in a conversation with a turn since `cutoff`."""
+    newer = model.objects.filter(conversation_id=OuterRef("conversation_id"), pk__gt=OuterRef("pk"))
+    if model is Turn:
+        newer = newer.filter(state=TurnState.DONE)
+    active = Turn.objects.filter(conversation_id=OuterRef("conversation_id"), created_at__gte=cutoff)
+    return ~Exists(newer.order_by()[HISTORY_TURNS - 1:HISTORY_TURNS]) & Exists(active)
+
+
+def _prune_turns(cutoff, budget):
+    deletable = Turn.objects.filter(state__in=FINISHED_TURNS, created_at__lt=cutoff).exclude(_in_history(Turn, cutoff))
+    pruning.delete_old(Turn, "created_at", cutoff, deletable, budget)
+
+
+def _prune_messages(cutoff, budget):
+    kept_buffer = Q(buffer__state=BufferState.OPEN) | Q(buffer__turn__isnull=False)
+    deletable = InboundMessage.objects.filter(received_at__lt=cutoff).exclude(Q(buffer__isnull=False) & kept_buffer)
+    pruning.delete_old(InboundMessage, "received_at", cutoff, deletable, budget)
+
+
+def _prune_buffers(cutoff, budget):
+    deletable = MessageBuffer.objects.filter(last_message_at__lt=cutoff).exclude(state=BufferState.OPEN).filter(
+        turn__isnull=True, messages__isnull=True)
+    pruning.delete_old(MessageBuffer, "first_message_at", cutoff, deletable, budget)
+
+
+def _prune_notes(cutoff, budget):
+    deletable = ContextNote.objects.filter(created_at__lt=cutoff).exclude(_in_history(ContextNote, cutoff))
+    pruning.delete_old(ContextNote, "created_at", cutoff, deletable, budget)
+
+
+def _prune_files(cutoff, budget):
+    deletable = MediaFile.objects.filter(state__in=SETTLED, created_at__lt=cutoff, messages__isnull=True)
+    pruning.delete_old(MediaFile, "created_at", cutoff, deletable, budget, on_delete=forget_bytes_on_commit)
+
+
+def forget_bytes_on_commit(file_ids):
+    """Called in the transaction that deletes these files' rows: once it commits, their
+    stored bytes are deleted from the default storage unless a row still names them (the
+    same bytes in another file of the channel: names are the bytes' digest)."""
+    names = set(MediaFile.objects.filter(pk__in=list(file_ids)).exclude(storage_name="")
+                .values_list("storage_name", flat=True))
+    if names:
+        transaction.on_commit(lambda: delete_unnamed(names))
+
+
+def delete_unnamed(names) -> int:
+    """Delete the stored objects among `names` that no file row names any more."""
+    named = set(MediaFile.objects.filter(storage_name__in=list(names)).values_list("storage_name", flat=True))
+    gone = 0
+    for name in sorted(set(names) - named):
+        try:
+            default_storage.delete(name)
+            gone += 1
+        except OSError:
+            log.warning("retention: could not delete a stored file (%s); it stays", name.rsplit("/", 1)[-1][:12])
+    return gone

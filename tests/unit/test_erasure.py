@@ -1,0 +1,110 @@
+"""Erasure of one person: after `forgetcontact`, no table's text, no stored file, no log
+line and no API or admin page holds their texts or ids; the audit keeps that it happened;
+their next messages are admitted and deduplicated as anyone's."""
+
+import logging
+
+import pytest
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.core.management import call_command
+from django.db import connection
+
+from audit.events import record
+from audit.models import AuditEvent, EventKind
+from conversations.ingest import Inbound, admit
+from conversations.models import Contact, InboundMessage, MediaFile, MediaState, Turn
+from delivery import ledger
+from delivery.models import OutboundKind
+from tools.models import ActionClaim
+
+pytestmark = pytest.mark.django_db
+SECRETS = ["77123456", "Zebulon Quarkwright", "zquark", "my blood type is AB-", "dentist on Friday"]
+
+
+def dump_texts():
+    """Every text column of every table, as one string."""
+    out = []
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names():
+            cursor.execute(f'SELECT * FROM "{table}"')
+            out.extend(str(value) for row in cursor.fetchall() for value in row if isinstance(value, str))
+    return "\n".join(out)
+
+
+@pytest.fixture
+def person(make_channel, settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+    channel = make_channel("tg", kind="api")
+    for n, text in enumerate(["hola, my blood type is AB-", "dentist on Friday"]):
+        admit(channel, Inbound(platform_message_id=f"77123456:{n}", chat_id="77123456", sender_id="77123456",
+                               text=text, sender_name="Zebulon Quarkwright", username="zquark"))
+    other = admit(channel, Inbound(platform_message_id="555:1", chat_id="555", sender_id="555", text="other person"))
+    conversation = Contact.objects.get(platform_id="77123456").conversations.get()
+    name = default_storage.save("media/1/ab/photo", ContentFile(b"dentist on Friday photo"))
+    photo = MediaFile.objects.create(channel=channel, file_key="77123456-photo", ref="77123456", kind="photo",
+                                     state=MediaState.STORED, storage_name=name)
+    InboundMessage.objects.filter(conversation=conversation).update(media_file=photo)
+    Turn.objects.create(conversation=conversation, merged_input="my blood type is AB-", state="done",
+                        flush_reason="window", reply_text="noted, dentist on Friday", reply_target="77123456:1")
+    ledger.enqueue(conversation, "see you at the dentist on Friday", kind=OutboundKind.REPLY)
+    ActionClaim.objects.create(scope=f"contact:{conversation.contact_id}", action="calendar_create_event",
+                               fingerprint="f" * 64, arguments={"title": "dentist on Friday"},
+                               conversation_id=conversation.pk, expires_at="2099-01-01T00:00:00Z",
+                               lease_until="2099-01-01T00:00:00Z", state="done", live=True)
+    record(EventKind.CONTROL_COMMAND, conversation=conversation, actor="contact 77123456", summary="/reset by zquark")
+    return channel, conversation, other, name
+
+
+def test_forgetcontact_leaves_nothing_of_the_person(person, client, admin_user, agent_key, caplog,
+                                                    django_capture_on_commit_callbacks):
+    channel, conversation, other, name = person
+    assert all(secret in dump_texts() for secret in SECRETS)
+    caplog.set_level(logging.DEBUG)
+    with django_capture_on_commit_callbacks(execute=True):  # the bytes go once the erasure commits
+        call_command("forgetcontact", "--channel", "tg", "--contact", "77123456", "--by", "dpo@example.com")
+    dump = dump_texts()
+    assert [s for s in SECRETS if s in dump] == []
+    assert "other person" in dump and InboundMessage.objects.filter(pk=other.message_id).exists()
+    assert not default_storage.exists(name)
+    assert [s for s in SECRETS if s in caplog.text] == []
+    # The audit keeps that it happened, who asked and the counts, and nothing personal.
+    event = AuditEvent.objects.get(kind=EventKind.CONTACT_ERASED)
+    assert event.actor.endswith("(dpo@example.com)") and event.extra["messages"] == 2
+    # The guard still holds the claim inside its window (its fingerprint), without arguments.
+    assert ActionClaim.objects.get(conversation_id=conversation.pk).arguments == {}
+    # Pages: the admin's and the conversation read API.
+    client.force_login(admin_user)
+    for page in ["/admin/conversations/contact/", "/admin/conversations/inboundmessage/",
+                 "/admin/conversations/turn/", "/admin/audit/auditevent/", "/admin/tools/actionclaim/",
+                 f"/admin/conversations/conversation/{conversation.pk}/change/",
+                 f"/console/conversations/{conversation.pk}/story/"]:
+        body = client.get(page).content.decode()
+        assert [s for s in SECRETS if s in body] == [], page
+    key = agent_key(channel)
+    body = client.get(f"/api/v1/conversations/{conversation.pk}/messages",
+                      HTTP_AUTHORIZATION=f"Bearer {key}").content.decode()
+    assert [s for s in SECRETS if s in body] == []
+
+
+def test_the_person_writes_again_and_is_deduplicated_as_anyone(person):
+    channel, conversation, _, _ = person
+    call_command("forgetcontact", "--channel", "tg", "--contact", "77123456")
+    again = Inbound(platform_message_id="77123456:9", chat_id="77123456", sender_id="77123456", text="back again")
+    first, second = admit(channel, again), admit(channel, again)
+    assert not first.duplicate and second.duplicate
+    assert first.conversation_id != conversation.pk
+
+
+def test_the_api_endpoint_needs_an_operator(person, client, admin_user, django_user_model):
+    url = "/api/v1/operator/contacts/forget"
+    body = {"channel": "tg", "contact": "77123456"}
+    assert client.post(url, body, content_type="application/json").status_code in (401, 403)
+    staff = django_user_model.objects.create_user("viewer", password="x" * 12, is_staff=True)
+    client.force_login(staff)
+    assert client.post(url, body, content_type="application/json").status_code == 403
+    client.force_login(admin_user)
+    answer = client.post(url, body, content_type="application/json")
+    assert answer.status_code == 200 and answer.json()["messages"] == 2
+    assert client.post(url, body, content_type="application/json").status_code == 404
+    assert "/api/v1/operator/contacts/forget" in client.get("/api/schema/?format=json").content.decode()
