@@ -337,3 +337,57 @@ def test_bootstrap_adds_a_slack_channel_from_the_environment(db, monkeypatch):
     assert "/webhooks/slack/slack/" in line and "/webhooks/slack/slack/interactivity/" in line
     channel = Channel.objects.get(slug="slack")
     assert channel.agent == "demo" and channel.setting("bot_token") == TOKEN
+
+
+def test_the_admin_shows_a_slack_channel_with_its_settings_and_no_secret(admin_client, sl):
+    page = admin_client.get(f"/admin/conversations/channel/{sl.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Slack settings" in html and 'name="slack_conversations"' in html
+    assert TOKEN not in html and SIGNING_SECRET not in html
+    assert "Slack" in admin_client.get("/admin/conversations/channel/").content.decode()
+
+
+# --- the outcomes through the ledger -------------------------------------------------------------
+
+
+def through_the_ledger(client, channel, text="¿Me confirmas la hora?"):
+    from delivery import ledger
+    from delivery.models import OutboundKind
+
+    event = slack_api.message_event(USER, "hola", thread_ts="1700000000.000900")
+    signed_post(client, slack_api.envelope(event))
+    message = InboundMessage.objects.get()
+    row = ledger.enqueue(message.conversation, text, kind=OutboundKind.REPLY, reply_target=message.reply_target,
+                         thread_id=message.thread_id)
+    [claimed] = ledger.claim_due("test-owner")
+    ledger.finish(claimed, "test-owner", run(ledger.send(claimed)))
+    row.refresh_from_db()
+    return row
+
+
+@pytest.mark.parametrize("script, state, counted", [
+    ({"status": 429, "retry_after": 3}, "failed", "flood_waits"),
+    ({"error": "ratelimited"}, "failed", "resend"),
+    ({"status": 502}, "failed", "resend"),
+    ({"error": "not_in_channel"}, "unreachable", ""),
+    ({"error": "channel_not_found"}, "unreachable", ""),
+    ({"error": "token_revoked"}, "pending", "blocked"),
+    ({"error": "invalid_auth"}, "pending", "blocked"),
+])
+def test_every_mapped_error_through_the_ledger(client, sl, fake_slack, script, state, counted):
+    from delivery import ledger
+    from delivery.models import UnreachableChat
+
+    fake_slack.fail_next("chat.postMessage", **script)
+    row = through_the_ledger(client, sl)
+    assert row.state == state, (row.state, row.last_error)
+    assert fake_slack.calls("chat.postMessage")[0].body["thread_ts"] == "1700000000.000900"
+    if counted == "flood_waits":
+        assert row.flood_waits == 1 and ledger.resends_used(row) == 0 and row.attempts == 0
+    elif counted == "blocked":
+        assert row.attempts == 0 and Channel.objects.get(pk=sl.pk).send_blocked
+    elif counted == "resend":
+        assert row.flood_waits == 0 and row.next_attempt_at is not None
+    else:
+        assert UnreachableChat.objects.filter(chat_id=DM).exists() and row.next_attempt_at is None
