@@ -69,6 +69,11 @@ class SlackPlatform(Platform):
         return [path("<slug:slug>/", events, name="events"),
                 path("<slug:slug>/interactivity/", interactivity, name="interactivity")]
 
+    def lean_webhook(self):
+        from conversations.platforms.slack import webhook
+
+        return webhook
+
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
         from conversations.platforms.slack.buttons import question_decided
 

@@ -15,10 +15,13 @@ at the dedup. What we do not act on (bots, our own messages, other subtypes, cha
 messages that do not mention the app) is answered 200 too, so Slack stops sending it.
 A failure of ours answers 500 (a database outage 503, the middleware): Slack's retry is
 the recovery.
+
+`prepare`, `admitted` and `edited` are also the lean ASGI path's hooks
+(SlackPlatform.lean_webhook, conversations/lean_ingest.py): under daphne an Events API
+POST skips Django's request stack and is admitted in a batch, with these same answers.
 """
 
 import json
-import logging
 import time
 from urllib.parse import parse_qs
 
@@ -28,28 +31,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from conversations import edits
-from conversations.ingest import Unstorable, admit, record_refusal
+from conversations.ingest import admit, record_refusal, refusal
 from conversations.models import Channel
 from conversations.platforms.slack import inbound as parsing
 from conversations.platforms.slack.buttons import clicked
 from conversations.platforms.webhooks import Answer, error
 
 KIND = "slack"
-log = logging.getLogger(__name__)
-
-
-def _request(request, slug):
-    """(channel, body, answer): the answer is set when the request stops here."""
-    channel = Channel.objects.active(slug, KIND)
-    if channel is None:
-        return None, None, error(404, f"no active Slack channel '{slug}'")
-    try:
-        body = request.body
-    except RequestDataTooBig:
-        body = None  # answered 413, after the checks that come first
-    headers = request.headers
-    answer = check(channel, headers.get(parsing.SIGNATURE_HEADER), headers.get(parsing.TIMESTAMP_HEADER), body)
-    return channel, body, answer
 
 
 def check(channel, signature, timestamp, body, now=None) -> Answer | None:
@@ -69,17 +57,23 @@ def check(channel, signature, timestamp, body, now=None) -> Answer | None:
     return None
 
 
-@csrf_exempt
-@require_POST
-def events(request, slug):
-    channel, body, refused = _request(request, slug)
+def _checked(slug, headers, body):
+    """(channel, refusal): the refusal is None when the request may go on."""
+    channel = Channel.objects.active(slug, KIND)
+    if channel is None:
+        return None, error(404, f"no active Slack channel '{slug}'")
+    signature, timestamp = headers.get(parsing.SIGNATURE_HEADER.lower()), headers.get(parsing.TIMESTAMP_HEADER.lower())
+    return channel, check(channel, signature, timestamp, body)
+
+
+def prepare(slug, headers, body):
+    """Everything before the admission (shared by the view and the lean ASGI path,
+    conversations/lean_ingest.py): the channel, the signature, the envelope parsed.
+    Returns the Answer to give at once, or (channel, Inbound) to admit, or (channel,
+    Edit) to apply. `headers`: lower-case names; `body` None when over the size limit."""
+    channel, refused = _checked(slug, headers, body)
     if refused is not None:
-        return refused.response()
-    return receive(channel, body, request.headers.get("X-Slack-Retry-Num")).response()
-
-
-def receive(channel, body, retry_num=None) -> Answer:
-    """An Events API request that passed the checks."""
+        return refused
     try:
         envelope = json.loads(body)
         if not isinstance(envelope, dict):
@@ -87,34 +81,56 @@ def receive(channel, body, retry_num=None) -> Answer:
         if envelope.get("type") == "url_verification":
             return Answer(200, {"challenge": str(envelope.get("challenge", ""))})
         if envelope.get("type") != "event_callback":
-            return Answer(200, {"ok": True, "ignored": [f"type:{envelope.get('type')}"]})
+            return Answer(200, {"ok": True, "admitted": 0, "ignored": [f"type:{envelope.get('type')}"]})
         parsed = parsing.parse(envelope, conversations=channel.setting("conversations"),
                                channel_messages=channel.setting("channel_messages"))
     except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as exc:
         return error(400, f"not a Slack Events API envelope: {exc}")
-    tally = {"admitted": 0, "duplicates": 0, "refused": 0, "edits": 0, "ignored": parsed.ignored}
-    for message in parsed.messages:
-        try:
-            admission = admit(channel, message)
-        except Unstorable as exc:
-            # Slack would resend it: refused alone and audited, the rest go on.
-            record_refusal(channel, message, str(exc), "slack events")
-            tally["refused"] += 1
-            continue
-        tally["duplicates" if admission.duplicate else "admitted"] += 1
-    for edit in parsed.edits:
-        if edits.apply_or_refuse(channel, edit, "slack events") is not None:
-            tally["edits"] += 1
-    if retry_num is not None:
-        tally["retry"] = str(retry_num)[:8]
-    return Answer(200, {"ok": True, **tally})
+    found = parsed.messages + parsed.edits  # one event: one message, one edit, or nothing
+    if not found:
+        return Answer(200, {"ok": True, "admitted": 0, "ignored": parsed.ignored})
+    problem = edits.refusal(found[0]) if isinstance(found[0], edits.Edit) else refusal(found[0])
+    if problem:
+        # 200 so Slack stops resending what no retry could store; audited.
+        record_refusal(channel, found[0], problem, "slack events")
+        return Answer(200, {"ok": True, "admitted": 0, "refused": problem})
+    return channel, found[0]
+
+
+def admitted(admission) -> Answer:
+    return Answer(200, {"ok": True, "admitted": int(not admission.duplicate), "duplicates": int(admission.duplicate)})
+
+
+def edited(result) -> Answer:
+    """200 whatever the edit did; an edit of a message we never received is audited and ignored."""
+    return Answer(200, {"ok": True, "admitted": 0, "edits": 1, "edit": result.outcome, "duplicate": result.duplicate})
+
+
+@csrf_exempt
+@require_POST
+def events(request, slug):
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        body = None  # answered 413, after the checks that come first
+    prepared = prepare(slug, request.headers, body)
+    if isinstance(prepared, Answer):
+        return prepared.response()
+    channel, item = prepared
+    if isinstance(item, edits.Edit):
+        return edited(edits.apply(channel, item)).response()
+    return admitted(admit(channel, item)).response()
 
 
 @csrf_exempt
 @require_POST
 def interactivity(request, slug):
     """A click on a question's buttons (`block_actions`), form-encoded as `payload=<JSON>`."""
-    channel, body, refused = _request(request, slug)
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        body = None
+    channel, refused = _checked(slug, request.headers, body)
     if refused is not None:
         return refused.response()
     try:
