@@ -23,11 +23,10 @@ import os
 from django.urls import path
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
+from conversations.platforms.slack.names import ALL, MENTIONS, PER_CHANNEL, PER_THREAD
 
-# Kept in step with ENVIRONMENT below: `make run`'s demo channel.
+# `make run`'s demo channel: its settings from these environment variables.
 ENVIRONMENT = {"bot_token": "SLACK_BOT_TOKEN", "signing_secret": "SLACK_SIGNING_SECRET"}
-PER_CHANNEL, PER_THREAD = "channel", "thread"
-MENTIONS, ALL = "mentions", "all"
 
 
 class SlackPlatform(Platform):

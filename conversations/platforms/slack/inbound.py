@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from conversations.edits import Edit
 from conversations.ingest import Inbound
-from conversations.platforms.slack import ALL, PER_THREAD
+from conversations.platforms.slack.names import ALL, PER_THREAD
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
