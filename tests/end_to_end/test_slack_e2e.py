@@ -232,3 +232,21 @@ def test_confirmation_buttons_clicked_twice_apply_once(processes, make_channel, 
     unsigned = httpx.post(f"{web.url}/webhooks/slack/sl/interactivity/", content=click, timeout=10,
                           headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert unsigned.status_code == 401
+
+
+def test_an_agents_files_are_uploaded_into_the_thread_once(processes, make_channel, fake_slack, tmp_path):
+    from tests.agents_for_tests import jpeg
+    from tests.faults.agent import ics
+
+    agent = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.agents_for_tests.FilesAgent",
+             "AGENTLOOP_MEDIA_ROOT": tmp_path / "files"}
+    slack_channel(make_channel, fake_slack, agent="files")
+    web, _ = processes.web(wait=False, **agent), processes.worker(**agent)
+    parent = slack_api.new_ts()
+    send(web, "agenda el lunes", thread_ts=parent)
+    wait_until(delivered(1), timeout=30, message="the reply with its files delivered")
+    assert fake_slack.texts() == ["Agendado: agenda el lunes"]
+    shared = fake_slack.shared_files()
+    assert [(f["title"], f["data"], f["thread_ts"]) for f in shared] == [
+        (shared[0]["title"], jpeg(1), parent), (shared[1]["title"], jpeg(2), parent), ("cita.ics", ics(), parent)]
+    assert shared[2]["comment"] == "Tu cita" and len(fake_slack.calls("upload")) == 3

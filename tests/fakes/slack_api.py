@@ -14,7 +14,11 @@ form-encoded, parameters in the query string too), as the Web API documents it: 
 - auth.test: {"ok", "url", "team", "user", "team_id", "user_id", "bot_id"};
 - chat.postMessage: {"ok", "channel", "ts", "message"} (a new ts per message);
 - chat.update: {"ok", "channel", "ts", "text"};
-- assistant.threads.setStatus: {"ok": true} (`missing_scope` without assistant:write).
+- assistant.threads.setStatus: {"ok": true} (`missing_scope` without assistant:write);
+- files.getUploadURLExternal: {"ok", "upload_url", "file_id"}; the bytes POSTed to that
+  URL (answered "OK - <length>", text/plain, as files.slack.com does); then
+  files.completeUploadExternal: {"ok", "files": [{"id", "title"}]}, the file shared
+  (`shared_files()`: each with its bytes, channel, thread and comment).
 
 Tests script the next answers of a method (`fail_next("chat.postMessage",
 error="not_in_channel")`, `status=429, retry_after=3`, `status=500`), drop the
@@ -97,6 +101,8 @@ class _State:
     delays: dict = field(default_factory=dict)
     revoked: set = field(default_factory=set)
     messages: dict = field(default_factory=dict)  # (channel, ts) -> text, as last posted or updated
+    uploads: dict = field(default_factory=dict)  # file id -> {"name", "length", "data"}
+    shared: list = field(default_factory=list)  # files shared by files.completeUploadExternal
 
 
 _serial = itertools.count(1)
@@ -137,6 +143,10 @@ class FakeSlackAPI(FakeServer):
         """The texts posted (chat.postMessage), in order."""
         return [c.body.get("text", "") for c in self.calls("chat.postMessage")
                 if channel is None or c.body.get("channel") == channel]
+
+    def shared_files(self) -> list[dict]:
+        with self._cond:
+            return list(self._state.shared)
 
     def message(self, channel: str, ts: str) -> str | None:
         with self._cond:
@@ -204,6 +214,8 @@ class FakeSlackAPI(FakeServer):
                 return {"ok": False, "error": "missing_scope", "needed": "assistant:write", "provided": self.scopes}
             return {"ok": True} if body.get("channel_id") and body.get("thread_ts") else \
                 {"ok": False, "error": "invalid_arguments"}
+        if method.startswith("files."):
+            return self._files(method, body)
         if method not in ("chat.postMessage", "chat.update"):
             return {"ok": False, "error": "unknown_method"}
         text, channel = body.get("text"), body.get("channel")
@@ -225,6 +237,38 @@ class FakeSlackAPI(FakeServer):
         message = {"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "text": text, "ts": ts,
                    **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
         return {"ok": True, "channel": channel, "ts": ts, "message": message}
+
+    def _files(self, method: str, body: dict) -> dict:
+        with self._cond:
+            if method == "files.getUploadURLExternal":
+                if not body.get("filename") or not str(body.get("length", "")).isdigit():
+                    return {"ok": False, "error": "invalid_arguments"}
+                file_id = f"F{next(_serial):010d}"
+                self._state.uploads[file_id] = {"name": body["filename"], "length": int(body["length"]), "data": None}
+                return {"ok": True, "upload_url": f"{self.url.removesuffix('/api/')}/upload/v1/{file_id}",
+                        "file_id": file_id}
+            if method != "files.completeUploadExternal":
+                return {"ok": False, "error": "unknown_method"}
+            files = json.loads(body.get("files") or "[]")
+            found = [self._state.uploads.get(f.get("id")) for f in files]
+            if not files or any(f is None or f["data"] is None for f in found):
+                return {"ok": False, "error": "file_not_found"}
+            for item, upload in zip(files, found):
+                self._state.shared.append({"id": item["id"], "title": item.get("title"), "data": upload["data"],
+                                           "channel": body.get("channel_id"), "thread_ts": body.get("thread_ts"),
+                                           "comment": body.get("initial_comment")})
+            return {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+
+    def _receive_upload(self, file_id: str, data: bytes) -> tuple[int, str]:
+        with self._cond:
+            self._state.calls.append(Call("upload", "", {"file_id": file_id, "length": len(data)}, time.monotonic(),
+                                          time.time()))
+            self._cond.notify_all()
+            upload = self._state.uploads.get(file_id)
+            if upload is None or upload["length"] != len(data):
+                return 404, "file_not_found"
+            upload["data"] = data
+        return 200, f"OK - {len(data)}"
 
     def _wait_while_held(self, method):
         with self._cond:
@@ -269,6 +313,10 @@ class _Handler(TrackedHandler):
         raw = self.rfile.read(length) if length > 0 else b""
         parts = urlsplit(self.path)
         method = parts.path.rsplit("/", 1)[-1]
+        if parts.path.startswith("/upload/"):
+            status, text = self.server._receive_upload(method, raw)
+            self._write(status, text.encode(), "text/plain", {})
+            return
         authorization = self.headers.get("Authorization", "")
         token = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
         outcome = self.server._serve(method, token, _body(self.headers.get("Content-Type", ""), raw, parts.query))
@@ -280,6 +328,9 @@ class _Handler(TrackedHandler):
             data, kind = b"<html><body>Internal Server Error</body></html>", "text/html"
         else:
             data, kind = json.dumps(payload).encode(), "application/json; charset=utf-8"
+        self._write(status, data, kind, headers)
+
+    def _write(self, status, data, kind, headers):
         try:
             self.send_response(status)
             self.send_header("Content-Type", kind)

@@ -435,3 +435,52 @@ def test_events_take_the_lean_path_with_the_views_answers_and_clicks_go_to_djang
     assert answers[2].json() == {"challenge": "c-123"}
     assert reached == ["/webhooks/slack/sl/interactivity/"]
     assert InboundMessage.objects.count() == 1
+
+
+# --- files in replies ------------------------------------------------------------------------------
+
+
+def send_files_through_the_ledger(client, channel, *files):
+    from conversations.agents import Answer
+    from conversations.media import outbound
+    from delivery import ledger
+    from delivery.models import OutboundKind
+
+    signed_post(client, slack_api.envelope(slack_api.message_event(USER, "hola", thread_ts="1700000000.000900")))
+    message = InboundMessage.objects.get()
+    stored = outbound.stored_answer(channel.pk, Answer("", tuple(files)))[1]
+    row = ledger.enqueue(message.conversation, "", kind=OutboundKind.REPLY, files=stored,
+                         reply_target=message.reply_target, thread_id=message.thread_id)
+    [claimed] = ledger.claim_due("test-owner")
+    ledger.finish(claimed, "test-owner", run(ledger.send(claimed)))
+    row.refresh_from_db()
+    return row
+
+
+def test_a_file_is_uploaded_then_shared_into_the_thread_with_its_caption(client, sl, fake_slack, settings, tmp_path):
+    from conversations.agents import File
+    from tests.faults.agent import ics
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    row = send_files_through_the_ledger(client, sl, File("cita.ics", ics(), caption="Tu cita <lunes>"))
+    assert row.state == "delivered" and row.platform_message_id.startswith("F")
+    [shared] = fake_slack.shared_files()
+    assert (shared["title"], shared["data"], shared["channel"], shared["thread_ts"], shared["comment"]) == (
+        "cita.ics", ics(), DM, "1700000000.000900", "Tu cita &lt;lunes&gt;")
+    assert not fake_slack.calls("chat.postMessage")
+
+
+@pytest.mark.parametrize("fault", ["drop_upload_url", "refuse_upload_url"])
+def test_an_upload_that_fails_before_sharing_is_not_sent_and_unlabelled(client, sl, fake_slack, settings, tmp_path,
+                                                                       fault):
+    from conversations.agents import File
+    from tests.faults.agent import ics
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    if fault == "drop_upload_url":
+        fake_slack.drop_connection_next("files.getUploadURLExternal")
+    else:
+        fake_slack.fail_next("files.getUploadURLExternal", status=500)
+    row = send_files_through_the_ledger(client, sl, File("cita.ics", ics()))
+    assert row.state == "failed" and row.last_outcome == Outcome.NOT_SENT and not row.needs_marker
+    assert row.attempts == 0 and not fake_slack.shared_files()

@@ -17,6 +17,9 @@ Outcomes (an answer's HTTP status and its `error`):
 No whole answer after the request's headers went out (the deadline, a dropped connection):
 ambiguous, resent labelled. Never went out (no connection could be had or made, as
 aiohttp's tracing reports it): not sent, resent unlabelled, no attempt spent.
+
+Files in replies: uploaded (files.getUploadURLExternal, the bytes, then
+files.completeUploadExternal into the thread); see send_files.
 """
 
 import asyncio
@@ -31,7 +34,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
-from delivery import chunks
+from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.transports import Progress, SendResult, Target, Transport
@@ -153,6 +156,53 @@ class SlackTransport(Transport):
                 return self.failed(Outcome.AMBIGUOUS, "chat.postMessage answered ok without a ts: it may have been sent")
             result = SendResult.delivered(ts)
         return result
+
+    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+        """One file, Slack's way: files.getUploadURLExternal (an upload URL and a file id),
+        the bytes POSTed to that URL, then files.completeUploadExternal shares it into
+        the chat's thread with `caption` as its comment. The first two show the user
+        nothing: if either fails or never answers, nothing has left (not sent, resent
+        unlabelled); only the completion can be ambiguous."""
+        if not self.setting("bot_token"):
+            return self.failed(Outcome.TEMPORARY, "refused: the channel has no bot token")
+        item = files[0]
+        try:
+            data = await asyncio.to_thread(attachments.read, item.file)
+        except OSError as exc:
+            return self.failed(Outcome.TEMPORARY, f"the file could not be read from storage: {type(exc).__name__}")
+        file_id = await self._upload(item, data)
+        if isinstance(file_id, SendResult):
+            return file_id
+        channel_id, thread = place(target.chat_id, target.thread_id)
+        params = {"files": [{"id": file_id, "title": item.name}], "channel_id": channel_id,
+                  **({"thread_ts": thread} if thread else {}),
+                  **({"initial_comment": escape(caption)} if caption.strip() else {})}
+        response = await self.call("files_completeUploadExternal", params)
+        return response if isinstance(response, SendResult) else SendResult.delivered(file_id)
+
+    async def _upload(self, item, data: bytes) -> str | SendResult:
+        """The uploaded file's id, or the failed SendResult (never ambiguous: an upload
+        that is not completed shows nothing to anyone)."""
+        asked = await self.call("files_getUploadURLExternal", {"filename": item.name, "length": len(data)})
+        if isinstance(asked, SendResult):
+            return self._not_shared(asked)
+        url, file_id = asked.get("upload_url"), asked.get("file_id")
+        if not url or not file_id:
+            return self.failed(Outcome.NOT_SENT, "files.getUploadURLExternal answered without an upload URL")
+        try:
+            async with web_session().post(url, data=data, timeout=aiohttp.ClientTimeout(total=deadline())) as answer:
+                if answer.status >= 300:
+                    return self.failed(Outcome.NOT_SENT, f"the upload answered HTTP {answer.status}; nothing shared")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return self.failed(Outcome.NOT_SENT, f"the upload failed ({type(exc).__name__}); nothing shared")
+        return str(file_id)
+
+    def _not_shared(self, result: SendResult) -> SendResult:
+        """A refusal before anything was shared: its own outcome where it says something
+        about the chat or the token, else not sent."""
+        if result.outcome in (Outcome.FLOOD, Outcome.CHANNEL_BLOCKED, Outcome.PERMANENT):
+            return result
+        return self.failed(Outcome.NOT_SENT, f"no upload URL, nothing shared: {result.error}")
 
     def pace(self, chat_id: str) -> Pace | None:
         """The workspace's bot, and about one message a second into one Slack channel."""
