@@ -14,6 +14,7 @@ form-encoded, parameters in the query string too), as the Web API documents it: 
 - auth.test: {"ok", "url", "team", "user", "team_id", "user_id", "bot_id"};
 - chat.postMessage: {"ok", "channel", "ts", "message"} (a new ts per message);
 - chat.update: {"ok", "channel", "ts", "text"};
+- chat.postEphemeral: {"ok", "message_ts"};
 - assistant.threads.setStatus: {"ok": true} (`missing_scope` without assistant:write);
 - files.getUploadURLExternal: {"ok", "upload_url", "file_id"}; the bytes POSTed to that
   URL (answered "OK - <length>", text/plain, as files.slack.com does); then
@@ -216,6 +217,9 @@ class FakeSlackAPI(FakeServer):
                 {"ok": False, "error": "invalid_arguments"}
         if method.startswith("files."):
             return self._files(method, body)
+        if method == "chat.postEphemeral":
+            ok = body.get("channel") and body.get("user") and body.get("text")
+            return {"ok": True, "message_ts": new_ts()} if ok else {"ok": False, "error": "invalid_arguments"}
         if method not in ("chat.postMessage", "chat.update"):
             return {"ok": False, "error": "unknown_method"}
         text, channel = body.get("text"), body.get("channel")

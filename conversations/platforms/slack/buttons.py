@@ -1,7 +1,9 @@
 """Clicks on a question's Block Kit buttons (a `block_actions` payload on the
 interactivity URL): decided by tools.confirmations (one compare-and-swap from pending:
 a double click, two people, a replayed request apply the action once), then the question
-is updated in place with the outcome and without its buttons (chat.update).
+is updated in place with the outcome and without its buttons (chat.update). A click that
+decides nothing (someone else's question, a stale button) is answered to the clicker
+alone (chat.postEphemeral).
 
 Slack wants the interactivity request answered within 3 s: the decision is one
 transaction, and the update is bounded by UPDATE_DEADLINE; if it fails it is logged (the
@@ -38,7 +40,19 @@ def clicked(channel, payload: dict) -> str:
                    sender_name=str(user.get("name") or user.get("username") or ""), chat_id=chat)
     if reply.outcome and ts:
         update(channel, channel_id, ts, reply.outcome)
+    elif reply.toast and user.get("id"):
+        # Not decided by this click (someone else's question, a stale button): told to the
+        # clicker alone, the question left as it is.
+        whisper(channel, {"channel": channel_id, "user": str(user["id"]), "text": escape(reply.toast),
+                          **({"thread_ts": thread_ts} if thread_ts else {})})
     return reply.status
+
+
+def whisper(channel, params: dict) -> None:
+    """chat.postEphemeral: a message only one person sees. Best effort."""
+    result = call_now(channel, "chat_postEphemeral", params, UPDATE_DEADLINE)
+    if isinstance(result, SendResult):
+        log.info("channel %s: chat.postEphemeral failed: %s", channel.slug, redact(result.error)[:200])
 
 
 def question_decided(channel, confirmation, outcome: str) -> None:
