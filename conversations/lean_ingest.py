@@ -210,7 +210,7 @@ class LeanIngest:
             match = PLATFORM_PATH.fullmatch(scope["path"])
             lean = _lean_webhook(match[1]) if match else None
             if lean is not None and self._takes(scope):
-                return await self._platform(lean, match[2], scope, receive, send)
+                return await self._platform((lean, match[2]), scope, receive, send)
         return await self.app(scope, receive, send)
 
     def _takes(self, scope):
@@ -238,7 +238,9 @@ class LeanIngest:
         await _respond(send, answer)
 
 
-    async def _platform(self, lean, slug, scope, receive, send):
+    async def _platform(self, route, scope, receive, send):
+        """`route`: (the platform's lean hooks, the channel's slug)."""
+        lean, slug = route
         body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if body is False:
             return  # the client went away

@@ -23,12 +23,13 @@ def slack_channel(make_channel, fake=None, slug="sl", settings=None, **fields):
     return make_channel(slug, kind="slack", platform_settings=settings or slack_settings(fake), **fields)
 
 
-def signed_post(client, body, *, slug="sl", secret=SIGNING_SECRET, headers=None, path=""):
-    """POST through Django's test client, signed unless `headers` says otherwise."""
+def signed_post(client, body, *, secret=SIGNING_SECRET, headers=None, path="sl/"):
+    """POST through Django's test client to /webhooks/slack/<path>, signed unless
+    `headers` says otherwise."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     sent = slack_api.sign(secret, raw) if headers is None else headers
     kind = "application/x-www-form-urlencoded" if isinstance(body, bytes) else "application/json"
-    return client.post(f"/webhooks/slack/{slug}/{path}", data=raw, content_type=kind,
+    return client.post(f"/webhooks/slack/{path}", data=raw, content_type=kind,
                        headers={k: v for k, v in sent.items()})
 
 
@@ -39,8 +40,8 @@ def deliver(web, body, slug="sl", **options):
     return json.loads(answer)
 
 
-def send(web, text, *, user=USER, channel=DM, slug="sl", **event):
-    """One message event, delivered; returns the event (its ts, channel…)."""
+def send(web, text, *, user=USER, channel=DM, **event):
+    """One message event, delivered to the `sl` channel; returns the event (its ts, channel…)."""
     message = slack_api.message_event(user, text, channel=channel, **event)
-    deliver(web, slack_api.envelope(message), slug)
+    deliver(web, slack_api.envelope(message))
     return message

@@ -156,11 +156,11 @@ class FakeSlackAPI(FakeServer):
     # --- scripted behaviour ----------------------------------------------------------------
 
     def fail_next(self, method: str = "chat.postMessage", *, error: str = "", status: int = 200,
-                  retry_after: float | None = None, times: int = 1) -> None:
-        """The next `times` calls of `method` answer `error` (HTTP `status`; a 429 with
-        Retry-After, a 5xx with an HTML page as Slack's edge sends)."""
+                  retry_after: float | None = None) -> None:
+        """The next call of `method` answers `error` (HTTP `status`; a 429 with Retry-After,
+        a 5xx with an HTML page as Slack's edge sends)."""
         with self._cond:
-            self._state.rules.append(_Rule(method, times, status, error or ("ratelimited" if status == 429 else ""),
+            self._state.rules.append(_Rule(method, 1, status, error or ("ratelimited" if status == 429 else ""),
                                            retry_after))
 
     def drop_connection_next(self, method: str = "chat.postMessage", *, times: int = 1) -> None:
@@ -358,15 +358,16 @@ def sign(secret: str, body: bytes, timestamp: int | None = None) -> dict:
     return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
 
 
-def message_event(user: str, text: str, *, channel: str = "D0USERDM01", channel_type: str = "im",
-                  ts: str | None = None, thread_ts: str | None = None, kind: str = "message", **extra) -> dict:
-    event = {"type": kind, "user": user, "text": text, "ts": ts or new_ts(), "channel": channel,
-             "channel_type": channel_type, "client_msg_id": secrets.token_hex(16), "team": TEAM,
-             "event_ts": ts or new_ts(), **extra}
+def message_event(user: str, text: str, *, kind: str = "message", **fields) -> dict:
+    """A `message` (or `app_mention`) event; `fields`: channel, channel_type, ts, thread_ts,
+    subtype, bot_id… (a DM of the user's by default)."""
+    ts = fields.pop("ts", None) or new_ts()
+    event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": "D0USERDM01", "channel_type": "im",
+             "client_msg_id": secrets.token_hex(16), "team": TEAM, "event_ts": ts, **fields}
     if kind == "app_mention":
         event.pop("channel_type")
-    if thread_ts:
-        event["thread_ts"] = thread_ts
+    if not event.get("thread_ts"):
+        event.pop("thread_ts", None)
     return event
 
 
@@ -405,8 +406,8 @@ def block_actions(user: str, channel: str, message_ts: str, value: str, thread_t
     return urlencode({"payload": json.dumps(payload)}).encode()
 
 
-def post(url: str, body: dict | bytes, secret: str, *, retry_num: int | None = None, timestamp: int | None = None,
-         timeout: float = 10.0) -> tuple[int, bytes]:
+def post(url: str, body: dict | bytes, secret: str, *, retry_num: int | None = None,
+         timestamp: int | None = None) -> tuple[int, bytes]:
     """POST as Slack does: signed, JSON (an envelope) or form-encoded (bytes: a click)."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     kind = "application/x-www-form-urlencoded" if isinstance(body, bytes) else "application/json"
@@ -416,7 +417,7 @@ def post(url: str, body: dict | bytes, secret: str, *, retry_num: int | None = N
         headers.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"})
     request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=10.0) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

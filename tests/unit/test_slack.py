@@ -103,8 +103,8 @@ def test_a_channel_without_a_signing_secret_refuses_everything(client, make_chan
 
 def test_unknown_or_other_kind_channels_are_404(client, sl, make_channel):
     make_channel("api-chan", kind="api")
-    assert signed_post(client, event_body(), slug="nope").status_code == 404
-    assert signed_post(client, event_body(), slug="api-chan").status_code == 404
+    assert signed_post(client, event_body(), path="nope/").status_code == 404
+    assert signed_post(client, event_body(), path="api-chan/").status_code == 404
 
 
 def test_an_oversized_body_is_413_and_nothing_stored(client, sl, settings):

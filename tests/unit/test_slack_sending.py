@@ -157,7 +157,7 @@ def through_the_ledger(client, channel, text="¿Me confirmas la hora?"):
     return row
 
 
-@pytest.mark.parametrize("script, state, counted", [
+@pytest.mark.parametrize("case", [
     ({"status": 429, "retry_after": 3}, "failed", "flood_waits"),
     ({"error": "ratelimited"}, "failed", "resend"),
     ({"status": 502}, "failed", "resend"),
@@ -166,10 +166,11 @@ def through_the_ledger(client, channel, text="¿Me confirmas la hora?"):
     ({"error": "token_revoked"}, "pending", "blocked"),
     ({"error": "invalid_auth"}, "pending", "blocked"),
 ])
-def test_every_mapped_error_through_the_ledger(client, sl, fake_slack, script, state, counted):
+def test_every_mapped_error_through_the_ledger(client, sl, fake_slack, case):
     from delivery import ledger
     from delivery.models import UnreachableChat
 
+    script, state, counted = case
     fake_slack.fail_next("chat.postMessage", **script)
     row = through_the_ledger(client, sl)
     assert row.state == state, (row.state, row.last_error)
@@ -204,11 +205,15 @@ def send_files_through_the_ledger(client, channel, *files):
     return row
 
 
-def test_a_file_is_uploaded_then_shared_into_the_thread_with_its_caption(client, sl, fake_slack, settings, tmp_path):
+@pytest.fixture
+def files_root(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+
+
+def test_a_file_is_uploaded_then_shared_into_the_thread_with_its_caption(client, sl, fake_slack, files_root):
     from conversations.agents import File
     from tests.faults.agent import ics
 
-    settings.MEDIA_ROOT = str(tmp_path)
     row = send_files_through_the_ledger(client, sl, File("cita.ics", ics(), caption="Tu cita <lunes>"))
     assert row.state == "delivered" and row.platform_message_id.startswith("F")
     [shared] = fake_slack.shared_files()
@@ -218,12 +223,10 @@ def test_a_file_is_uploaded_then_shared_into_the_thread_with_its_caption(client,
 
 
 @pytest.mark.parametrize("fault", ["drop_upload_url", "refuse_upload_url"])
-def test_an_upload_that_fails_before_sharing_is_not_sent_and_unlabelled(client, sl, fake_slack, settings, tmp_path,
-                                                                       fault):
+def test_an_upload_that_fails_before_sharing_is_not_sent_and_unlabelled(client, sl, fake_slack, files_root, fault):
     from conversations.agents import File
     from tests.faults.agent import ics
 
-    settings.MEDIA_ROOT = str(tmp_path)
     if fault == "drop_upload_url":
         fake_slack.drop_connection_next("files.getUploadURLExternal")
     else:
@@ -257,7 +260,7 @@ def test_a_click_is_decided_once_only_by_the_asker_and_the_question_updated(clie
     yes = question.body["blocks"][1]["elements"][0]["value"]
 
     def click(user, value=yes):
-        response = signed_post(client, slack_api.block_actions(user, CHANNEL, ts, value), path="interactivity/")
+        response = signed_post(client, slack_api.block_actions(user, CHANNEL, ts, value), path="sl/interactivity/")
         assert response.status_code == 200, response.content
         return response.json()["callback"]
 
@@ -268,5 +271,5 @@ def test_a_click_is_decided_once_only_by_the_asker_and_the_question_updated(clie
     assert [click(USER), click(USER)] == ["confirmed", "already_confirmed"]
     assert CalendarEvent.objects.count() == 1
     assert "✅ Confirmed at" in fake_slack.message(CHANNEL, ts)
-    assert signed_post(client, slack_api.block_actions(USER, CHANNEL, ts, yes), path="interactivity/",
+    assert signed_post(client, slack_api.block_actions(USER, CHANNEL, ts, yes), path="sl/interactivity/",
                        secret="wrong").status_code == 403
