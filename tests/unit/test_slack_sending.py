@@ -86,6 +86,7 @@ def test_buttons_go_as_block_kit_on_the_message(sl, fake_slack):
     ({"error": "invalid_auth"}, Outcome.CHANNEL_BLOCKED, 0),
     ({"error": "token_revoked"}, Outcome.CHANNEL_BLOCKED, 0),
     ({"error": "msg_too_long"}, Outcome.PERMANENT, 0),
+    ({"status": 200}, Outcome.AMBIGUOUS, 0),  # a 200 that is no Slack answer
 ])
 def test_each_web_api_error_maps_to_its_outcome_and_is_never_retried_by_the_sdk(sl, fake_slack, script, outcome,
                                                                                retry_after):

@@ -13,6 +13,7 @@ Outcomes (an answer's HTTP status and its `error`):
 | `channel_not_found`, `not_in_channel`, `is_archived`, `account_inactive`, `user_not_found`, `cannot_dm_bot` | permanent: the chat is marked unreachable |
 | `invalid_auth`, `token_revoked`, `token_expired`, `not_authed` | channel blocked: its replies wait, no attempt spent |
 | any other `ok: false` or 4xx | permanent ("rejected: …": the same request cannot succeed) |
+| HTTP 2xx that is no Slack answer (a proxy's page) | ambiguous |
 
 No whole answer after the request's headers went out (the deadline, a dropped connection):
 ambiguous, resent labelled. Never went out (no connection could be had or made, as
@@ -126,6 +127,10 @@ class SlackTransport(Transport):
             except ValueError:
                 seconds = FLOOD_DEFAULT
             return self.failed(Outcome.FLOOD, f"rate limited, Retry-After {wait}: {said}", seconds)
+        if status < 300 and not code:
+            # Something answered 200 without a Slack answer (a proxy's page): the request
+            # reached a server, and whether Slack acted on it is unknown.
+            return self.failed(Outcome.AMBIGUOUS, f"{said} without a Slack answer: it may have been sent")
         if code in CREDENTIALS_REFUSED:
             return self.failed(Outcome.CHANNEL_BLOCKED, f"the bot token was refused (replace it): {said}")
         if code in UNREACHABLE:
