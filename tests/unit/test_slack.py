@@ -277,3 +277,12 @@ def test_events_take_the_lean_path_with_the_views_answers_and_clicks_go_to_djang
     assert answers[2].json() == {"challenge": "c-123"}
     assert reached == ["/webhooks/slack/sl/interactivity/"]
     assert InboundMessage.objects.count() == 1
+
+
+def test_only_the_apps_own_leading_mention_is_taken_out_of_the_text():
+    from conversations.platforms.slack.inbound import without_mention
+
+    assert without_mention(f"<@{BOT_USER}>: agenda el lunes", BOT_USER) == "agenda el lunes"
+    assert without_mention(f"<@{BOT_USER}|agentbot> hola", BOT_USER) == "hola"
+    assert without_mention("<@U0OTHER001> ¿puedes?", BOT_USER) == "<@U0OTHER001> ¿puedes?"
+    assert without_mention(f"hola <@{BOT_USER}>", BOT_USER) == f"hola <@{BOT_USER}>"

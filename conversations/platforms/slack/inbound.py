@@ -28,7 +28,6 @@ MAX_AGE = 5 * 60  # seconds: an older (or as much newer) request is refused as a
 # (joins, topics, bot_message, …) is acknowledged and ignored; message_changed and
 # message_deleted are handled on their own.
 PLAIN_SUBTYPES = ("", "thread_broadcast", "file_share")
-_LEADING_MENTION = re.compile(r"^\s*<@[A-Z0-9]+(\|[^>]*)?>[\s:,]*")
 
 
 def signature_ok(secret: str, timestamp: str, body: bytes, supplied: str) -> bool:
@@ -106,7 +105,7 @@ def inbound_from(event, conversations: str, bot_user: str) -> Inbound | str:
         return "incomplete"
     if user == bot_user:
         return "own"
-    text = _LEADING_MENTION.sub("", str(event.get("text") or ""), count=1) if bot_user else str(event.get("text") or "")
+    text = without_mention(str(event.get("text") or ""), bot_user)
     if not text.strip():
         return "empty"
     is_dm = event.get("channel_type") == "im" or channel_id.startswith("D")
@@ -139,12 +138,20 @@ def _edit(event, conversations, bot_user, found):
         found.ignored.append("unfurl")
         return
     ts = str(message["ts"])
-    text = _LEADING_MENTION.sub("", str(message.get("text") or ""), count=1) if bot_user else str(message.get("text") or "")
+    text = without_mention(str(message.get("text") or ""), bot_user)
     found.edits.append(Edit(platform_message_id=f"{channel_id}:{ts}", text=text,
                             edited_at=moment(str(edited.get("ts") or "")) or datetime.now(UTC),
                             source="slack",
                             chat_id=chat_of(channel_id, str(message.get("thread_ts") or ""), ts, conversations),
                             sender_id=str(message["user"])))
+
+
+def without_mention(text: str, bot_user: str) -> str:
+    """The text without the app's own mention in front ("<@U…> agenda…" → "agenda…");
+    anyone else's mention is the user's words and stays."""
+    if not bot_user:
+        return text
+    return re.sub(rf"^\s*<@{re.escape(bot_user)}(\|[^>]*)?>[\s:,]*", "", text, count=1)
 
 
 def moment(ts: str) -> datetime | None:
