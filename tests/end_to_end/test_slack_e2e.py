@@ -250,3 +250,17 @@ def test_an_agents_files_are_uploaded_into_the_thread_once(processes, make_chann
     assert [(f["title"], f["data"], f["thread_ts"]) for f in shared] == [
         (shared[0]["title"], jpeg(1), parent), (shared[1]["title"], jpeg(2), parent), ("cita.ics", ics(), parent)]
     assert shared[2]["comment"] == "Tu cita" and len(fake_slack.calls("upload")) == 3
+
+
+def test_an_assistant_app_shows_its_thread_status_while_the_agent_works(processes, make_channel):
+    """An app with assistant:write (read from auth.test's X-OAuth-Scopes) shows "is
+    thinking…" in the user's thread from the window on; Slack clears it with the reply."""
+    with FakeSlackAPI(tokens=[TOKEN], scopes=slack_api.SCOPES + ",assistant:write") as fake:
+        slack_channel(make_channel, fake, typing_mode="turn", agent_config={"delay": 2})
+        web, _ = processes.web(), started_worker(processes)
+        parent = slack_api.new_ts()
+        send(web, "¿Me confirmas la hora?", thread_ts=parent)
+        [reply] = fake.wait_for("chat.postMessage", timeout=30)
+        statuses = fake.calls("assistant.threads.setStatus")
+        assert statuses and all((c.body["channel_id"], c.body["thread_ts"]) == (DM, parent) for c in statuses)
+        assert statuses[0].at < reply.at and len(fake.calls("auth.test")) == 1
