@@ -100,6 +100,12 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             read_by="the WhatsApp platform's bootstrap (`make run`)"),
         Var("WHATSAPP_VERIFY_TOKEN", "empty", "The string Meta sends back when you register the webhook.",
             read_by="the WhatsApp platform's bootstrap (`make run`)"),
+        Var("SLACK_BOT_TOKEN", "empty",
+            "With SLACK_SIGNING_SECRET: `make run` adds a `slack` channel (demo agent) and prints "
+            "its two request URLs. The app's Bot User OAuth Token (`xoxb-…`).",
+            read_by="the Slack platform's bootstrap (`make run`)"),
+        Var("SLACK_SIGNING_SECRET", "empty", "The Slack app's Signing Secret (Basic Information).",
+            read_by="the Slack platform's bootstrap (`make run`)"),
         Var("ACCESS_LOG", "false",
             "daphne writes a line per request to stdout (off by default: a formatted write "
             "per webhook POST), secrets in its URLs masked (feed and file tokens, "

@@ -325,10 +325,10 @@ AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", d
 AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
 # The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
 AGENTLOOP_PLATFORMS = {
-    "api": "conversations.platforms.api.ApiPlatform",
-    "webchat": "conversations.platforms.webchat.WebchatPlatform",
+    "api": "conversations.platforms.api.ApiPlatform", "webchat": "conversations.platforms.webchat.WebchatPlatform",
     "telegram": "conversations.platforms.telegram.TelegramPlatform",
     "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
+    "slack": "conversations.platforms.slack.SlackPlatform",
 }
 AGENTLOOP_AGENTS = {
     "echo": "conversations.agents.EchoAgent",

@@ -3,7 +3,9 @@
 Measured (profile in issue 12): of a webhook POST's time under daphne, Django's full
 request stack — a fresh thread per request, the middleware chain, the URL resolver —
 cost more than the admission itself. This path serves `POST /webhooks/telegram/<slug>/`
-without it, and every other request goes on to Django.
+without it, and so are the POSTs to /webhooks/<kind>/<slug>/ of every platform whose
+`lean_webhook()` gives the same hooks (Slack's Events API); every other request goes on
+to Django.
 
 The answers are the view's own (conversations.platforms.telegram.webhook: prepare and
 admitted, the same channel and secret checks, the same errors, the refusal of
@@ -37,7 +39,7 @@ from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
-from conversations import edits, ingest
+from conversations import edits, ingest, platforms
 from conversations.platforms.telegram import webhook as views
 from conversations.worker.dbthread import close_broken_connection
 
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 # Django's <slug:slug> converter.
 TELEGRAM_PATH = re.compile(r"/webhooks/telegram/([-a-zA-Z0-9_]+)/")
+PLATFORM_PATH = re.compile(r"/webhooks/([a-z0-9_]+)/([-a-zA-Z0-9_]+)/")
 SECRET_HEADER = views.SECRET_HEADER.lower().encode("latin-1")
 MAX_BATCH = 64
 # Two: one batch is built while the other waits for the server. With four, batches were
@@ -68,12 +71,13 @@ class Admitter:
         self.threads = []
         self.started = threading.Lock()
 
-    async def answer(self, slug, secret, body) -> views.Answer:
+    async def answer(self, slug, secret, body, lean=views) -> views.Answer:
+        """`lean`: the platform's hooks (Platform.lean_webhook); `secret` is then its headers."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self.threads:
             self._start()
-        self.requests.put((slug, secret, body, loop, future))
+        self.requests.put((lean, slug, secret, body, loop, future))
         return await future
 
     def _start(self):
@@ -100,7 +104,7 @@ class Admitter:
             while (batch := self._next_batch()) is not None:
                 if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                     close_broken_connection()
-                answers = self._answer_batch([item[:3] for item in batch])
+                answers = self._answer_batch([item[:4] for item in batch])
                 last_used = time.monotonic()
                 by_loop = {}
                 for (*_, loop, future), answer in zip(batch, answers):
@@ -136,9 +140,9 @@ class Admitter:
 
     def _prepare_and_admit(self, batch):
         answers, admissions, edited = [None] * len(batch), [], []
-        for i, (slug, secret, body) in enumerate(batch):
+        for i, (lean, slug, secret, body) in enumerate(batch):
             try:
-                prepared = views.prepare(slug, secret, body)
+                prepared = lean.prepare(slug, secret, body)
             except Exception as exc:
                 if database_unavailable(exc):
                     raise
@@ -150,24 +154,25 @@ class Admitter:
             else:
                 admissions.append((i, prepared))
         if admissions:
-            self._admit(admissions, answers)
+            self._admit(admissions, answers, [batch[i][0] for i, _ in admissions])
         # Edits are rare: each its own transaction, after the batch's messages (an edit
         # may follow its message in the same batch), never in the messages' way.
         for i, (channel, edit) in edited:
             try:
-                answers[i] = views.edited(edits.apply(channel, edit))
+                answers[i] = batch[i][0].edited(edits.apply(channel, edit))
             except Exception as exc:
                 answers[i] = _failure(exc)
         return answers
 
-    def _admit(self, admissions, answers):
+    def _admit(self, admissions, answers, leans):
         # Conversations locked in one order by every batch, so concurrent batches never
         # wait for each other in a cycle (a stable sort: a conversation's own messages
-        # keep their order).
-        admissions.sort(key=lambda item: _conversation_key(*item[1]))
+        # keep their order). `leans`: each admission's platform hooks, in their order.
+        order = sorted(range(len(admissions)), key=lambda n: _conversation_key(*admissions[n][1]))
+        admissions, leans = [admissions[n] for n in order], [leans[n] for n in order]
         results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
-        for (i, _), result in zip(admissions, results):
-            answers[i] = _failure(result) if isinstance(result, Exception) else views.admitted(result)
+        for (i, _), lean, result in zip(admissions, leans, results):
+            answers[i] = _failure(result) if isinstance(result, Exception) else lean.admitted(result)
 
 
 def _conversation_key(channel, inbound):
@@ -204,6 +209,10 @@ class LeanIngest:
             match = TELEGRAM_PATH.fullmatch(scope["path"])
             if match and self._takes(scope):
                 return await self._telegram(match[1], scope, receive, send)
+            match = PLATFORM_PATH.fullmatch(scope["path"])
+            lean = _lean_webhook(match[1]) if match else None
+            if lean is not None and self._takes(scope):
+                return await self._platform((lean, match[2]), scope, receive, send)
         return await self.app(scope, receive, send)
 
     def _takes(self, scope):
@@ -229,6 +238,24 @@ class LeanIngest:
         secret = _header(scope, SECRET_HEADER)
         answer = await self.admitter.answer(slug, secret.decode("latin-1") if secret is not None else None, body)
         await _respond(send, answer)
+
+
+    async def _platform(self, route, scope, receive, send):
+        """`route`: (the platform's lean hooks, the channel's slug)."""
+        lean, slug = route
+        body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        if body is False:
+            return  # the client went away
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        await _respond(send, await self.admitter.answer(slug, headers, body, lean))
+
+
+def _lean_webhook(kind):
+    """The platform's lean hooks, or None (no such platform, or Django serves it)."""
+    try:
+        return platforms.get(kind).lean_webhook()
+    except platforms.UnknownPlatform:
+        return None
 
 
 def _replay(body):

@@ -143,6 +143,14 @@ class Platform(abc.ABC):
     def poller(self) -> Poller | None:
         return None
 
+    def lean_webhook(self) -> Any:
+        """A webhook at /webhooks/<kind>/<slug>/ whose POSTs may skip Django's request
+        stack (conversations/lean_ingest.py: admitted in batches, one commit each): an
+        object with `prepare(slug, headers, body)` (headers by lower-case name; body None
+        when too large) → an Answer, or (channel, Inbound) to admit, or (channel, Edit) to
+        apply; and `admitted(admission)`, `edited(result)` → the Answer. None: Django's view."""
+        return None
+
     async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:
         """The bytes of the file `ref` names (a MediaRef's `ref`), at most `limit` of them
         (conversations.media.download.fetch_bytes enforces it while reading). Raises

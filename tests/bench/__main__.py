@@ -3,12 +3,13 @@ same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
-        [paced] [streaming]
+        [paced] [streaming] [slack]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
 The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram's limits.
 Streamed replies (tests/bench/streaming.py): first model token -> first preview, Bot API calls per answer.
+Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
 """
 
 import gc
@@ -618,9 +619,15 @@ def streaming():
     bench_streaming(sys.modules[__name__])
 
 
+def slack():
+    from tests.bench.slack import bench_slack
+
+    bench_slack(report, web_server, worker, stop, UNPACED)
+
+
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
-              "peer": peer, "paced": paced, "streaming": streaming}
+              "peer": peer, "paced": paced, "streaming": streaming, "slack": slack}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

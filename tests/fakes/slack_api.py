@@ -1,0 +1,424 @@
+"""A local fake of Slack's Web API, speaking real HTTP as slack-sdk's AsyncWebClient
+expects it, and Slack's side of the Events API and of interactivity (signed requests).
+
+    with FakeSlackAPI(tokens=["xoxb-test"]) as fake:
+        ...                                  # the worker sends through {fake.url}/api/
+        [call] = fake.wait_for("chat.postMessage")
+        assert call.body["thread_ts"] == ts
+
+What it answers (POST /api/<method>, `Authorization: Bearer <token>`; the body JSON or
+form-encoded, parameters in the query string too), as the Web API documents it: HTTP
+200 with {"ok": true, …} or {"ok": false, "error": "<code>"}; every answer carries
+`X-OAuth-Scopes` (the token's scopes):
+
+- auth.test: {"ok", "url", "team", "user", "team_id", "user_id", "bot_id"};
+- chat.postMessage: {"ok", "channel", "ts", "message"} (a new ts per message);
+- chat.update: {"ok", "channel", "ts", "text"};
+- chat.postEphemeral: {"ok", "message_ts"};
+- assistant.threads.setStatus: {"ok": true} (`missing_scope` without assistant:write);
+- files.getUploadURLExternal: {"ok", "upload_url", "file_id"}; the bytes POSTed to that
+  URL (answered "OK - <length>", text/plain, as files.slack.com does); then
+  files.completeUploadExternal: {"ok", "files": [{"id", "title"}]}, the file shared
+  (`shared_files()`: each with its bytes, channel, thread and comment).
+
+Tests script the next answers of a method (`fail_next("chat.postMessage",
+error="not_in_channel")`, `status=429, retry_after=3`, `status=500`), drop the
+connection, hold calls (the request is in, no answer until released) or delay them,
+and revoke a token (`token_revoked` from then on).
+
+Standard library only (http.server), like the other fakes here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from tests.fakes.server import FakeServer, TrackedHandler
+
+BOT_USER, BOT_ID, TEAM = "U0AGENTBOT", "B0AGENTBOT", "T0AGENTLOOP"
+SCOPES = "app_mentions:read,channels:history,chat:write,groups:history,im:history,mpim:history"
+MAX_TEXT = 40000
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str  # "chat.postMessage", …
+    token: str
+    body: dict
+    at: float  # time.monotonic()
+    wall: float  # time.time()
+
+
+@dataclass
+class _Rule:
+    method: str
+    times: int
+    status: int = 200
+    error: str = ""
+    retry_after: float | None = None
+    drop: bool = False  # close the connection without an answer
+
+
+@dataclass
+class Hold:
+    fake: FakeSlackAPI
+    method: str
+    released: bool = False
+    held: int = 0
+
+    def release(self) -> None:
+        with self.fake._cond:
+            self.released = True
+            if self in self.fake._holds:
+                self.fake._holds.remove(self)
+            self.fake._cond.notify_all()
+
+    def wait_held(self, count: int = 1, timeout: float = 5.0) -> int:
+        with self.fake._cond:
+            if not self.fake._cond.wait_for(lambda: self.held >= count, timeout):
+                raise AssertionError(f"expected {count} held {self.method} call(s) within {timeout}s")
+            return self.held
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+@dataclass
+class _State:
+    calls: list = field(default_factory=list)
+    rules: list = field(default_factory=list)
+    delays: dict = field(default_factory=dict)
+    revoked: set = field(default_factory=set)
+    messages: dict = field(default_factory=dict)  # (channel, ts) -> text, as last posted or updated
+    uploads: dict = field(default_factory=dict)  # file id -> {"name", "length", "data"}
+    shared: list = field(default_factory=list)  # files shared by files.completeUploadExternal
+
+
+_serial = itertools.count(1)
+
+
+def new_ts() -> str:
+    """A message's ts: seconds since the epoch, a dot, six digits (unique in the fake)."""
+    return f"{int(time.time())}.{next(_serial) % 1_000_000:06d}"
+
+
+class FakeSlackAPI(FakeServer):
+
+    def __init__(self, port: int = 0, *, tokens=(), scopes: str = SCOPES):
+        super().__init__(("127.0.0.1", port), _Handler)
+        self._state = _State()
+        self.tokens = set(tokens)  # empty: any token is accepted
+        self.scopes = scopes
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/api/"
+
+    # --- recording ---------------------------------------------------------------------
+
+    def calls(self, method: str | None = None) -> list[Call]:
+        with self._cond:
+            return [c for c in self._state.calls if method is None or c.method == method]
+
+    def wait_for(self, method: str, count: int = 1, timeout: float = 5.0) -> list[Call]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.calls(method)) >= count, timeout):
+                raise AssertionError(f"expected {count} {method} call(s) within {timeout}s, got "
+                                     f"{len(self.calls(method))}; recorded: {[c.method for c in self._state.calls]}")
+            return self.calls(method)
+
+    def texts(self, channel: str | None = None) -> list[str]:
+        """The texts posted (chat.postMessage), in order."""
+        return [c.body.get("text", "") for c in self.calls("chat.postMessage")
+                if channel is None or c.body.get("channel") == channel]
+
+    def shared_files(self) -> list[dict]:
+        with self._cond:
+            return list(self._state.shared)
+
+    def message(self, channel: str, ts: str) -> str | None:
+        with self._cond:
+            return self._state.messages.get((channel, ts))
+
+    # --- scripted behaviour ----------------------------------------------------------------
+
+    def fail_next(self, method: str = "chat.postMessage", *, error: str = "", status: int = 200,
+                  retry_after: float | None = None) -> None:
+        """The next call of `method` answers `error` (HTTP `status`; a 429 with Retry-After,
+        a 5xx with an HTML page as Slack's edge sends)."""
+        with self._cond:
+            self._state.rules.append(_Rule(method, 1, status, error or ("ratelimited" if status == 429 else ""),
+                                           retry_after))
+
+    def drop_connection_next(self, method: str = "chat.postMessage", *, times: int = 1) -> None:
+        with self._cond:
+            self._state.rules.append(_Rule(method, times, drop=True))
+
+    def hold(self, method: str = "chat.postMessage") -> Hold:
+        hold = Hold(self, method)
+        with self._cond:
+            self._holds.append(hold)
+        return hold
+
+    def delay(self, method: str, seconds: float) -> None:
+        with self._cond:
+            self._state.delays[method] = seconds
+
+    def revoke(self, token: str) -> None:
+        with self._cond:
+            self._state.revoked.add(token)
+
+    # --- serving -----------------------------------------------------------------------
+
+    def _serve(self, method: str, token: str, body: dict) -> tuple[int, dict, dict] | None:
+        with self._cond:
+            self._state.calls.append(Call(method, token, body, time.monotonic(), time.time()))
+            self._cond.notify_all()
+        if not token:
+            return 200, {"ok": False, "error": "not_authed"}, {}
+        if token in self._state.revoked:
+            return 200, {"ok": False, "error": "token_revoked"}, {}
+        if self.tokens and token not in self.tokens:
+            return 200, {"ok": False, "error": "invalid_auth"}, {}
+        self._wait_while_held(method)
+        with self._cond:
+            seconds = self._state.delays.get(method, 0)
+        if seconds:
+            self._stopping.wait(seconds)
+        rule = self._take_rule(method)
+        if rule is not None:
+            if rule.drop:
+                return None
+            headers = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else {}
+            return rule.status, {"ok": False, "error": rule.error}, headers
+        return 200, self._answer(method, body), {}
+
+    def _answer(self, method: str, body: dict) -> dict:
+        if method == "auth.test":
+            return {"ok": True, "url": "https://agentloop.slack.com/", "team": "agentloop", "user": "agentbot",
+                    "team_id": TEAM, "user_id": BOT_USER, "bot_id": BOT_ID, "is_enterprise_install": False}
+        if method == "assistant.threads.setStatus":
+            if "assistant:write" not in self.scopes.split(","):
+                return {"ok": False, "error": "missing_scope", "needed": "assistant:write", "provided": self.scopes}
+            return {"ok": True} if body.get("channel_id") and body.get("thread_ts") else \
+                {"ok": False, "error": "invalid_arguments"}
+        if method.startswith("files."):
+            return self._files(method, body)
+        if method == "chat.postEphemeral":
+            ok = body.get("channel") and body.get("user") and body.get("text")
+            return {"ok": True, "message_ts": new_ts()} if ok else {"ok": False, "error": "invalid_arguments"}
+        if method not in ("chat.postMessage", "chat.update"):
+            return {"ok": False, "error": "unknown_method"}
+        text, channel = body.get("text"), body.get("channel")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        if not text and not body.get("blocks"):
+            return {"ok": False, "error": "no_text"}
+        if len(str(text or "")) > MAX_TEXT:
+            return {"ok": False, "error": "msg_too_long"}
+        if method == "chat.update":
+            with self._cond:
+                if (channel, body.get("ts")) not in self._state.messages:
+                    return {"ok": False, "error": "message_not_found"}
+                self._state.messages[(channel, body["ts"])] = text
+            return {"ok": True, "channel": channel, "ts": body["ts"], "text": text}
+        ts = new_ts()
+        with self._cond:
+            self._state.messages[(channel, ts)] = text
+        message = {"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "text": text, "ts": ts,
+                   **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
+        return {"ok": True, "channel": channel, "ts": ts, "message": message}
+
+    def _files(self, method: str, body: dict) -> dict:
+        with self._cond:
+            if method == "files.getUploadURLExternal":
+                if not body.get("filename") or not str(body.get("length", "")).isdigit():
+                    return {"ok": False, "error": "invalid_arguments"}
+                file_id = f"F{next(_serial):010d}"
+                self._state.uploads[file_id] = {"name": body["filename"], "length": int(body["length"]), "data": None}
+                return {"ok": True, "upload_url": f"{self.url.removesuffix('/api/')}/upload/v1/{file_id}",
+                        "file_id": file_id}
+            if method != "files.completeUploadExternal":
+                return {"ok": False, "error": "unknown_method"}
+            files = json.loads(body.get("files") or "[]")
+            found = [self._state.uploads.get(f.get("id")) for f in files]
+            if not files or any(f is None or f["data"] is None for f in found):
+                return {"ok": False, "error": "file_not_found"}
+            for item, upload in zip(files, found):
+                self._state.shared.append({"id": item["id"], "title": item.get("title"), "data": upload["data"],
+                                           "channel": body.get("channel_id"), "thread_ts": body.get("thread_ts"),
+                                           "comment": body.get("initial_comment")})
+            return {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+
+    def _receive_upload(self, file_id: str, data: bytes) -> tuple[int, str]:
+        with self._cond:
+            self._state.calls.append(Call("upload", "", {"file_id": file_id, "length": len(data)}, time.monotonic(),
+                                          time.time()))
+            self._cond.notify_all()
+            upload = self._state.uploads.get(file_id)
+            if upload is None or upload["length"] != len(data):
+                return 404, "file_not_found"
+            upload["data"] = data
+        return 200, f"OK - {len(data)}"
+
+    def _wait_while_held(self, method):
+        with self._cond:
+            hold = next((h for h in self._holds if h.method == method), None)
+            if hold is None:
+                return
+            hold.held += 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: hold.released or self._stopping.is_set())
+            hold.held -= 1
+
+    def _take_rule(self, method):
+        with self._cond:
+            for rule in self._state.rules:
+                if rule.method == method:
+                    rule.times -= 1
+                    if rule.times <= 0:
+                        self._state.rules.remove(rule)
+                    return rule
+        return None
+
+
+def _body(content_type: str, raw: bytes, query: str) -> dict:
+    values: dict = dict(parse_qsl(query))
+    if raw:
+        if "json" in content_type:
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+            values.update(data if isinstance(data, dict) else {})
+        else:
+            values.update(parse_qsl(raw.decode("utf-8", "replace")))
+    return values
+
+
+class _Handler(TrackedHandler):
+    server: FakeSlackAPI
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        parts = urlsplit(self.path)
+        method = parts.path.rsplit("/", 1)[-1]
+        if parts.path.startswith("/upload/"):
+            status, text = self.server._receive_upload(method, raw)
+            self._write(status, text.encode(), "text/plain", {})
+            return
+        authorization = self.headers.get("Authorization", "")
+        token = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        outcome = self.server._serve(method, token, _body(self.headers.get("Content-Type", ""), raw, parts.query))
+        if outcome is None:
+            self.close_connection = True
+            return
+        status, payload, headers = outcome
+        if status >= 500:
+            data, kind = b"<html><body>Internal Server Error</body></html>", "text/html"
+        else:
+            data, kind = json.dumps(payload).encode(), "application/json; charset=utf-8"
+        self._write(status, data, kind, headers)
+
+    def _write(self, status, data, kind, headers):
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("X-OAuth-Scopes", self.server.scopes)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+
+# --- Slack's side: Events API and interactivity requests ------------------------------------
+
+
+def sign(secret: str, body: bytes, timestamp: int | None = None) -> dict:
+    """The two headers Slack signs a request with."""
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    digest = hmac.new(secret.encode(), b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
+
+
+def message_event(user: str, text: str, *, kind: str = "message", **fields) -> dict:
+    """A `message` (or `app_mention`) event; `fields`: channel, channel_type, ts, thread_ts,
+    subtype, bot_id… (a DM of the user's by default)."""
+    ts = fields.pop("ts", None) or new_ts()
+    event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": "D0USERDM01", "channel_type": "im",
+             "client_msg_id": secrets.token_hex(16), "team": TEAM, "event_ts": ts, **fields}
+    if kind == "app_mention":
+        event.pop("channel_type")
+    if not event.get("thread_ts"):
+        event.pop("thread_ts", None)
+    return event
+
+
+def edited_event(event: dict, text: str) -> dict:
+    """message_changed for `event` (a message of ours to the fake user), its text now `text`."""
+    message = {**{k: v for k, v in event.items() if k not in ("channel", "channel_type", "event_ts")},
+               "text": text, "edited": {"user": event["user"], "ts": new_ts()}}
+    return {"type": "message", "subtype": "message_changed", "channel": event["channel"],
+            "channel_type": event.get("channel_type", "channel"), "message": message, "hidden": True,
+            "previous_message": {k: v for k, v in event.items() if k != "channel"}, "ts": new_ts(),
+            "event_ts": new_ts()}
+
+
+def envelope(event: dict, *, event_id: str | None = None) -> dict:
+    return {"token": "legacy-verification-token", "team_id": TEAM, "api_app_id": "A0AGENTLOOP",
+            "event": event, "type": "event_callback", "event_id": event_id or "Ev" + secrets.token_hex(5).upper(),
+            "event_time": int(time.time()), "event_context": secrets.token_hex(12),
+            "authorizations": [{"enterprise_id": None, "team_id": TEAM, "user_id": BOT_USER, "is_bot": True,
+                                "is_enterprise_install": False}], "is_ext_shared_channel": False}
+
+
+def block_actions(user: str, channel: str, message_ts: str, value: str, thread_ts: str = "") -> bytes:
+    """A click on a button of the message `message_ts`, form-encoded as Slack posts it."""
+    container = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False,
+                 **({"thread_ts": thread_ts} if thread_ts else {})}
+    payload = {"type": "block_actions", "user": {"id": user, "username": "camila", "name": "camila",
+                                                 "team_id": TEAM},
+               "api_app_id": "A0AGENTLOOP", "token": "legacy", "container": container,
+               "trigger_id": secrets.token_hex(8), "team": {"id": TEAM, "domain": "agentloop"},
+               "channel": {"id": channel, "name": "directmessage"},
+               "message": {"type": "message", "ts": message_ts, "bot_id": BOT_ID,
+                           **({"thread_ts": thread_ts} if thread_ts else {})},
+               "response_url": "https://hooks.slack.invalid/actions/x",
+               "actions": [{"action_id": "agentloop_confirm_0", "block_id": "agentloop_confirm", "value": value,
+                            "type": "button", "action_ts": f"{time.time():.6f}"}]}
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def post(url: str, body: dict | bytes, secret: str, *, retry_num: int | None = None,
+         timestamp: int | None = None) -> tuple[int, bytes]:
+    """POST as Slack does: signed, JSON (an envelope) or form-encoded (bytes: a click)."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    kind = "application/x-www-form-urlencoded" if isinstance(body, bytes) else "application/json"
+    headers = {"Content-Type": kind, "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
+               **sign(secret, raw, timestamp)}
+    if retry_num is not None:
+        headers.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"})
+    request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10.0) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
