@@ -75,6 +75,8 @@ class OpenAIAgent(Agent):
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]
         messages.append({"role": "user", "content": await user_content(ctx)})
         tools = await ctx.load_tools() if ctx.load_tools is not None else []
+        if getattr(tools, "notes", None):  # tools left out this turn (an MCP server that does not answer)
+            messages.insert(1, {"role": "system", "content": " ".join(tools.notes)})
         for _ in range(int(config.get("max_steps", 6))):
             message = await self._complete(client, config, messages, tools)
             if not message.tool_calls:

@@ -145,7 +145,25 @@ def all_tools() -> dict:
 
 
 def get(name: str) -> Tool:
+    """A hosted tool, else a registered MCP server's (offered as `<server>__<tool>`)."""
     try:
         return all_tools()[name]
     except KeyError:
-        raise UnknownTool(f"unknown tool {name!r}") from None
+        pass
+    for source in _sources:
+        found = source(name)
+        if found is not None:
+            return found
+    raise UnknownTool(f"unknown tool {name!r}")
+
+
+# Other sources of tools, asked in turn for a name the registry does not have: the MCP
+# servers' tools (tools.mcp.catalog, registered by the app's ready(); it builds Tools, so
+# it imports this module, not the other way round).
+_sources: list = []
+
+
+def add_source(lookup):
+    """`lookup(name)` -> a Tool, or None."""
+    if lookup not in _sources:
+        _sources.append(lookup)
