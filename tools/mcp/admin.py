@@ -9,6 +9,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from agentloop.core.redaction import MASK, forget_secrets, redact
+from tools import guard
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable, hub
 from tools.mcp.models import McpServer, McpTool
@@ -102,6 +103,7 @@ class McpServerAdmin(admin.ModelAdmin):
         super().save_related(request, form, formsets, change)
         server = form.instance
         forget_secrets()
+        guard.forget_policies()  # and the MCP tools cached with them
         hub.forget(server.pk)
         if server.enabled:
             try:

@@ -55,9 +55,7 @@ class RemoteTool(registry.Tool):
         self.read_only = read_only
         self.spec = ServerSpec.of(server)
         self.server_name = server.name
-        self.reconcile_with = row.reconcile_with
         self.max_result_bytes = server.max_result_bytes
-        self.channel_ids = frozenset(server.channels.values_list("pk", flat=True))
 
     def run(self, call: registry.ToolCall) -> dict:
         meta = {IDEMPOTENCY_META: call.idempotency_key} if call.idempotency_key else None
@@ -74,18 +72,20 @@ class RemoteTool(registry.Tool):
 
     def reconcile(self, call: registry.ToolCall) -> dict | None:
         """Look the interrupted action up with the operator's read-only tool."""
-        if not self.reconcile_with:
+        reconcile_with = (McpTool.objects.filter(server_id=self.spec.pk, name=self.remote_name)
+                          .values_list("reconcile_with", flat=True).first())  # as it is now, not as cached
+        if not reconcile_with:
             raise registry.CannotReconcile(self.name)
-        lookup = McpTool.objects.filter(server_id=self.spec.pk, name=self.reconcile_with).first()
+        lookup = McpTool.objects.filter(server_id=self.spec.pk, name=reconcile_with).first()
         accepted = set(((lookup.input_schema if lookup else {}) or {}).get("properties", {}))
         arguments = {k: v for k, v in call.arguments.items() if k in accepted}
         try:
-            result = hub.call(self.spec, self.reconcile_with, arguments)
+            result = hub.call(self.spec, reconcile_with, arguments)
         except (Unreachable, ServerError, AnswerLost) as exc:
             raise registry.CannotReconcile(str(exc)) from None
         body = self._body(result)
         if result.is_error:
-            raise registry.CannotReconcile(f"{self.reconcile_with} failed")
+            raise registry.CannotReconcile(f"{reconcile_with} failed")
         if not body or body.get("found") is False or ("result" in body and body["result"] in ([], None, "")):
             return None
         return body

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from agentloop.core.redaction import forget_secrets, redact
-from tools import hooks
+from tools import guard, hooks
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable, hub
 from tools.mcp.models import McpServer, McpTransport
@@ -62,6 +62,7 @@ class Command(BaseCommand):
         server.save()
         server.channels.add(*channels)
         forget_secrets()
+        guard.forget_policies()  # and the MCP tools cached with them
         hub.forget(server.pk)
         self.stdout.write(f"{'created' if created else 'updated'} MCP server {server.name} "
                           f"({server.transport}; {len(server.headers)} header(s), channels: "
