@@ -178,3 +178,13 @@ def test_a_stdio_server_is_listed_and_called_behind_the_guard(db, make_conversat
     second = guard.invoke("local__create_ticket", {"subject": "Via stdio"}, scope, actor="test")
     assert first.status == "done" and second.status == "duplicate"
     assert len(log.read_text().splitlines()) == 1
+
+
+def test_tools_list_changed_refreshes_the_listing(processes, make_conversation, make_channel, desk):
+    conversation = make_conversation(make_channel("tg"))
+    register(desk, "tg")
+    assert not McpTool.objects.filter(name="escalate_ticket").exists()
+    outcome = guard.invoke("desk__enable_escalation", {}, Scope.of_conversation(conversation), actor="test")
+    assert outcome.status == "done"
+    wait_until(lambda: McpTool.objects.filter(offered_as="desk__escalate_ticket", present=True).exists(),
+               timeout=10, message="the new tool listed after tools/list_changed")

@@ -4,7 +4,8 @@ a ticket desk.
 - `create_ticket(subject, body?, priority?)` creates a ticket and appends every
   execution to the log file (one JSON line each) — what the tests count;
 - `find_ticket(subject)` (readOnlyHint) looks one up: `{"found": false}` or the ticket;
-- `close_all_tickets()` (destructiveHint) closes every ticket.
+- `close_all_tickets()` (destructiveHint) closes every ticket;
+- `enable_escalation()` adds an `escalate_ticket` tool and says so (tools/list_changed).
 
 Its state is the log file, so a restarted server still finds what it created. When the
 file `<log>.hang` exists, `create_ticket` records its execution, then never answers
@@ -19,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
 
@@ -55,6 +56,13 @@ def build(log: Path) -> MCPServer:
         with log.open("a") as out:
             out.write(json.dumps({"closed_all": True, "at": time.time()}) + "\n")
         return {"closed": len(tickets())}
+
+    @server.tool(description="Add the escalate_ticket tool (the list changes: tools/list_changed).")
+    async def enable_escalation(ctx: Context) -> dict:
+        server.add_tool(lambda ticket: {"escalated": ticket}, name="escalate_ticket",
+                        description="Escalate a ticket.")
+        await ctx.notify_tools_changed()
+        return {"enabled": True}
 
     return server
 

@@ -8,6 +8,7 @@ its canonical arguments as the fingerprint; `destructiveHint: true` asks an oper
 approval. Operators change the policy afterwards like any other.
 """
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -29,9 +30,10 @@ IDEMPOTENCY_META = "io.agentloop/idempotency-key"
 CHECK_SECONDS = 3.0
 
 
-def policy_defaults(annotations: dict, trusted: bool) -> dict:
-    """A new policy's fields from the tool's hints (camelCase, as MCP spells them)."""
-    defaults = {}
+def policy_defaults(annotations: dict, trusted: bool, call_seconds: float = 30.0) -> dict:
+    """A new policy's fields from the tool's hints (camelCase, as MCP spells them). Its
+    lease outlasts a call's whole deadline, so the sweep never calls a running call lost."""
+    defaults = {"timeout_seconds": max(60, int(call_seconds) + 15)}
     if trusted and annotations.get("readOnlyHint") is True:
         defaults["guarded"] = False
     elif annotations.get("destructiveHint") is True:
@@ -51,7 +53,7 @@ class RemoteTool(registry.Tool):
         read_only = server.trusted and row.annotations.get("readOnlyHint") is True
         # Never READ: whether it is guarded is its policy's (an untrusted hint cannot exempt it).
         self.effect = registry.Effect.DELETE if row.annotations.get("destructiveHint") else registry.Effect.CREATE
-        self.policy_defaults = policy_defaults(row.annotations, server.trusted)
+        self.policy_defaults = policy_defaults(row.annotations, server.trusted, server.timeout_seconds)
         self.read_only = read_only
         self.spec = ServerSpec.of(server)
         self.server_name = server.name
@@ -147,13 +149,27 @@ def sync(server: McpServer, listed) -> list:
 
 
 def refresh(server: McpServer, deadline: float | None = None) -> list:
-    """List the server's tools now and store them; raises Unreachable (recorded on the row)."""
+    """List the server's tools now and store them; raises Unreachable (recorded on the row).
+    A listing this process stored unchanged within the server's refresh period is not
+    written again (each turn checks its servers with a listing)."""
     try:
         listed = hub.list_tools(ServerSpec.of(server), deadline)
     except Unreachable as exc:
         McpServer.objects.filter(pk=server.pk).update(last_error=redact(str(exc), server.secrets())[:2000])
         raise
-    return sync(server, listed)
+    digest = hashlib.sha256(json.dumps([item.model_dump(mode="json") for item in listed], sort_keys=True,
+                                       default=str).encode()).hexdigest()
+    fresh = server.listed_at is not None and \
+        (timezone.now() - server.listed_at).total_seconds() < server.refresh_seconds / 2
+    if fresh and not server.last_error and _stored.get(server.pk) == (digest, server.updated_at):
+        return [item.name for item in listed]
+    names = sync(server, listed)
+    _stored[server.pk] = (digest, server.updated_at)
+    return names
+
+
+# server pk -> (the digest of the listing this process last stored, the row's updated_at)
+_stored: dict = {}
 
 
 def refresh_by_pk(pk):
