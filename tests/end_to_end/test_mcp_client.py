@@ -172,7 +172,7 @@ def test_a_stdio_server_is_listed_and_called_behind_the_guard(db, make_conversat
     call_command("addmcpserver", "local", command=f"{sys.executable} {BASE_DIR / 'tests/fakes/mcp_tickets.py'} "
                                                   f"--stdio --log {log}", env=[("DESK_TOKEN", "stdio-env-Secret-1")],
                  channel=["tg"])
-    assert McpTool.objects.filter(server__name="local", present=True).count() == 3
+    assert McpTool.objects.filter(server__name="local", present=True).count() == 4
     scope = Scope.of_conversation(conversation)
     first = guard.invoke("local__create_ticket", {"subject": "Via stdio"}, scope, actor="test")
     second = guard.invoke("local__create_ticket", {"subject": "Via stdio"}, scope, actor="test")
