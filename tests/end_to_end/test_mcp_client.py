@@ -141,9 +141,15 @@ def test_a_server_that_is_down_leaves_its_tools_out_with_a_note(processes, make_
     assert any(m["role"] == "system" and "tools of desk are unavailable" in m["content"] for m in request.messages)
 
 
-def test_header_secrets_never_reach_the_dump_logs_or_api(processes, make_channel, fake_telegram, fake_openai, desk,
-                                                         agent_key, admin_client):
+@pytest.fixture
+def openai_tg(make_channel, fake_telegram, fake_openai):
+    """Channel `tg`: Telegram in, the openai agent on the fake: (fake Bot API, fake model)."""
     openai_channel(make_channel, fake_telegram, fake_openai)
+    return fake_telegram, fake_openai
+
+
+def test_header_secrets_never_reach_the_dump_logs_or_api(processes, openai_tg, desk, admin_client):
+    fake_telegram, fake_openai = openai_tg
     register(desk, "tg")
     down = TicketDesk(processes, desk.log.parent)  # its error (stored, logged) is written beside the secret
     register(down, "tg", name="down")

@@ -39,7 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, help="Seconds before a call without answer is uncertain.")
         parser.add_argument("--no-list", action="store_true", help="Do not connect to list its tools now.")
 
-    def handle(self, *args, name, url=None, command=None, header=(), env=(), channel=(), **options):
+    def handle(self, *args, **options):
+        name, url, command, channel = options["name"], options.get("url"), options.get("command"), options["channel"]
+        header, env = options.get("header") or (), options.get("env") or ()
         channel_model = hooks.model("Channel")
         channels = list(channel_model.objects.filter(slug__in=channel))
         missing = sorted(set(channel) - {c.slug for c in channels})
