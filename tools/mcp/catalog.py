@@ -11,6 +11,7 @@ approval. Operators change the policy afterwards like any other.
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -28,6 +29,9 @@ IDEMPOTENCY_META = "io.agentloop/idempotency-key"
 # The per-turn check that a server answers (a listing): short, so a server that is down
 # costs a turn this much at most before its tools are left out.
 CHECK_SECONDS = 3.0
+# A server found down is not asked again by turns for this long (per process).
+DOWN_SECONDS = 5.0
+_down_until: dict = {}
 
 
 def policy_defaults(annotations: dict, trusted: bool, call_seconds: float = 30.0) -> dict:
@@ -220,8 +224,14 @@ def offered_to(channel_id) -> Offer:
     offer = Offer()
     for server in McpServer.objects.filter(enabled=True, channels__pk=channel_id).order_by("name"):
         try:
-            refresh(server, CHECK_SECONDS)
-        except Unreachable:
+            if time.monotonic() < _down_until.get(server.pk, 0.0):
+                raise LookupError(server.name)  # found down a moment ago: not waited on again in every turn
+            try:
+                refresh(server, CHECK_SECONDS)
+            except Unreachable:
+                _down_until[server.pk] = time.monotonic() + DOWN_SECONDS
+                raise
+        except (Unreachable, LookupError):
             offer.notes.append(f"The tools of {server.name} are unavailable right now (the server does not "
                                "answer); do not promise what needs them, tell the user it cannot be done now.")
             continue
