@@ -24,6 +24,7 @@ from django.urls import path  # noqa: E402
 from agentloop.console import consumers  # noqa: E402
 from agentloop.core.twisted_tuning import cache_content_type_parsing  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
+from tools.mcp.endpoint import McpMount  # noqa: E402
 
 cache_content_type_parsing()
 
@@ -38,8 +39,9 @@ websockets = URLRouter([
 ])
 
 application = ProtocolTypeRouter({
-    # The Telegram webhook's POSTs skip Django's request stack (conversations/lean_ingest.py).
-    "http": LeanIngest(django_app),
+    # The Telegram webhook's POSTs skip Django's request stack (conversations/lean_ingest.py);
+    # /mcp is the MCP server (tools/mcp/endpoint.py).
+    "http": McpMount(LeanIngest(django_app)),
     # The session cookie logs the websocket in; another site's page may not open one.
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(websockets)),
 })

@@ -88,6 +88,8 @@ class OpenAIAgent(Agent):
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]
         messages.append({"role": "user", "content": await user_content(ctx)})
         tools = await ctx.load_tools() if ctx.load_tools is not None else []
+        if getattr(tools, "notes", None):  # tools left out this turn (an MCP server that does not answer)
+            messages.insert(1, {"role": "system", "content": " ".join(tools.notes)})
         return client, messages, tools
 
     async def respond(self, ctx: TurnContext) -> str:

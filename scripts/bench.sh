@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: every benchmark on SQLite (or DATABASE_URL), then the guard overhead on
 # PostgreSQL too (a throwaway cluster when DATABASE_URL is not given), since the guard
-# issue asks for both. Arguments pick benchmarks: scripts/bench.sh guard
+# issue asks for both (and the MCP guard's, issue 27). Arguments pick benchmarks: scripts/bench.sh guard mcp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -12,11 +12,15 @@ if command -v node >/dev/null && [ ! -f tests/bench/peer/node_modules/chat/packa
   npm ci --no-audit --no-fund --prefix tests/bench/peer
 fi
 $PY -m tests.bench "${names[@]}"
-if [ -z "${DATABASE_URL:-}" ] && { [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" guard "* ]]; }; then
-  echo; echo "=== guard overhead on PostgreSQL ==="
+pg_names=()
+for name in guard mcp; do
+  if [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" $name "* ]]; then pg_names+=("$name"); fi
+done
+if [ -z "${DATABASE_URL:-}" ] && [ ${#pg_names[@]} -gt 0 ]; then
+  echo; echo "=== guard overhead on PostgreSQL (${pg_names[*]}) ==="
   # Not under the clone: it may sit in a private directory the postgres user cannot enter.
   pgdir=$(mktemp -d /tmp/agentloop-pg-bench-XXXXXX)
   trap 'scripts/pg.sh stop "$pgdir"' EXIT
   url=$(scripts/pg.sh start "$pgdir")
-  DATABASE_URL=$url $PY -m tests.bench guard
+  DATABASE_URL=$url $PY -m tests.bench "${pg_names[@]}"
 fi

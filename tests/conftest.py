@@ -130,6 +130,8 @@ ANY_DATABASE = {
 
 # The same, run in the PostgreSQL pass.
 ONE_PASS = {
+    "tests/end_to_end/test_mcp_concurrency.py": "32 identical MCP calls from two processes on PostgreSQL (SQLite "
+                                                "serialises its writers)",
     "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
                                 "(NUL bytes, integer ranges)",
     "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",

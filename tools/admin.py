@@ -289,3 +289,6 @@ class CalendarEventAdmin(admin.ModelAdmin):
     search_fields = ["title", "uid", "location"]
     date_hierarchy = "start"
     readonly_fields = ["uid", "created_at"]
+
+
+from tools.mcp import admin as mcp_admin  # noqa: E402,F401  (MCP servers and their tools)

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from agentloop.core.api import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
 from tools import guard, hooks, registry
+from tools.mcp import catalog
 from tools.models import ActionClaim
 from tools.registry import Scope
 
@@ -120,10 +121,12 @@ class ToolInvokeView(APIView):
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
         try:
-            registry.get(name)
+            tool = registry.get(name)
         except registry.UnknownTool as exc:
             raise exceptions.NotFound(str(exc)) from None
         scope = _scope(request, data)
+        if not catalog.allowed(tool, scope):  # an MCP server's tool: only for its channels' conversations
+            raise exceptions.NotFound(f"unknown tool {name!r}")
         try:
             outcome = guard.invoke(name, data["arguments"], scope, actor=_actor(request),
                                    agent_key_id=request.user.pk)

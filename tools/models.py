@@ -261,3 +261,6 @@ class CalendarEvent(models.Model):
 
     def __str__(self):
         return f"{self.title} @ {self.start:%Y-%m-%d %H:%M}"
+
+
+from tools.mcp.models import McpServer, McpTool, McpTransport  # noqa: E402,F401  (the app's models)

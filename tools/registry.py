@@ -16,6 +16,7 @@ import jsonschema
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from agentloop.core.caches import BoundedCache
 from tools import fingerprint
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -145,7 +146,34 @@ def all_tools() -> dict:
 
 
 def get(name: str) -> Tool:
+    """A hosted tool, else a registered MCP server's (offered as `<server>__<tool>`)."""
     try:
         return all_tools()[name]
     except KeyError:
-        raise UnknownTool(f"unknown tool {name!r}") from None
+        pass
+    found = _from_sources.get(name)
+    if found is not None:
+        return found
+    for source in _sources:
+        found = source(name)
+        if found is not None:
+            return _from_sources.set(name, found)
+    raise UnknownTool(f"unknown tool {name!r}")
+
+
+# Other sources of tools, asked in turn for a name the registry does not have: the MCP
+# servers' tools (tools.mcp.catalog, registered by the app's ready(); it builds Tools, so
+# it imports this module, not the other way round).
+_sources: list = []
+# Their tools, kept as long as policies are (tools.guard.policies): a change applies within 2 s.
+_from_sources = BoundedCache(maxsize=1024, max_age=2.0)
+
+
+def forget_sources():
+    _from_sources.clear()
+
+
+def add_source(lookup):
+    """`lookup(name)` -> a Tool, or None."""
+    if lookup not in _sources:
+        _sources.append(lookup)

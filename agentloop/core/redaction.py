@@ -9,7 +9,8 @@ the API and the console's websockets send. It masks:
 - the deployment's own secrets, wherever they appear: each channel's bot token, webhook
   secret and callback secret, the secrets inside its callback and agent URLs, its agent's
   secret and API key (the value of the environment variable `api_key_env` names),
-  SECRET_KEY, the database's password, and environment variables named like secrets;
+  each MCP server's header values and stdio environment (tools.mcp), SECRET_KEY, the
+  database's password, and environment variables named like secrets;
 - the shapes a secret takes in error texts even when we do not know it: a Bot API URL
   (`/bot<id>:<token>/`), a bare bot token, a URL's user-info, a URL's query parameters
   named like secrets, a value after a name like a secret's anywhere (`password=…`,
@@ -246,7 +247,7 @@ class _Known:
         with self._lock:
             self._expires = time.monotonic() + REFRESH_SECONDS
             try:
-                secrets = set(_variants(deployment_secrets() + _channels_secrets()))
+                secrets = set(_variants(deployment_secrets() + _channels_secrets() + _mcp_secrets()))
             except Exception:  # the database away: keep the list we had
                 return
             ordered = sorted(secrets, key=len, reverse=True)
@@ -262,6 +263,21 @@ def _channels_secrets() -> list:
     else:
         rows = list(channel.objects.values(*fields))
     return [secret for row in rows for secret in channel_secrets(row)]
+
+
+def _mcp_secrets() -> list:
+    """The registered MCP servers' header values and stdio environments (tools.mcp)."""
+    server = apps.get_model("tools", "McpServer")  # by name: its app is a layer above
+    try:
+        if connection.in_atomic_block:
+            with transaction.atomic():
+                rows = list(server.objects.values_list("headers", "env"))
+        else:
+            rows = list(server.objects.values_list("headers", "env"))
+    except Exception:  # its table not migrated yet: the channels' secrets must still be read
+        return []
+    return [str(value) for maps in rows for values in maps if isinstance(values, dict)
+            for value in values.values() if value and len(str(value)) >= MIN_SECRET]
 
 
 def _may_query() -> bool:

@@ -16,6 +16,7 @@ from conversations.media import fetching
 from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
 from tools import guard
+from tools.mcp import catalog
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Housekeeping:
         db = self.worker.db
         await db(engine.beat, self.owner)
         await db(guard.sweep)
+        await self.worker.tools.threads(catalog.refresh_due)  # MCP servers' tool lists, on their schedule
         await self.take_over_dead()
         await db(ledger.abandon_stale, None, self.worker.dead_owners)
         await db(fetching.release_expired)

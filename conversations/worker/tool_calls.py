@@ -8,11 +8,22 @@ from conversations import turns
 from conversations.agents import TurnCancelled
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
 from tools import guard, registry
+from tools.mcp import catalog
 from tools.registry import Scope
 
 
 def _invoke_for_conversation(name, arguments, conversation, actor):
     return guard.invoke(name, arguments, Scope.of_conversation(conversation), actor=actor)
+
+
+def _allowed_here(tool, conversation):
+    return catalog.allowed(tool, Scope.of_conversation(conversation))
+
+
+class OfferedTools(list):
+    """Function definitions, and notes for the model about tools left out this turn."""
+
+    notes: list = []
 
 
 class ToolCalls:
@@ -35,11 +46,24 @@ class ToolCalls:
             self._offered = (time.monotonic() + guard.POLICY_CACHE_SECONDS, tools)
         return tools
 
+    async def offered_for(self, conversation):
+        """The hosted tools, and the MCP tools of the conversation's channel whose server
+        answers now (checked on a tool thread, bounded): a list, with `notes` for the model
+        about servers that do not answer."""
+        tools = OfferedTools(await self.offered())
+        offer = await self.threads(catalog.offered_to, conversation.channel_id)
+        tools += offer.tools
+        tools.notes = offer.notes
+        return tools
+
     async def call(self, turn, conversation, name, arguments):
         """A tool call from inside a turn, through the action guard; the result is what
         the model gets back (a refusal or failure is a result too, never an exception)."""
         try:
-            tool = registry.get(name)
+            tool = registry.all_tools().get(name) or await self.worker.db(registry.get, name)
+            if isinstance(tool, catalog.RemoteTool) and \
+                    not await self.worker.db(_allowed_here, tool, conversation):
+                raise registry.UnknownTool(f"unknown tool {name!r}")
         except registry.UnknownTool as exc:
             return {"status": "failed", "duplicate": False, "error": redact(str(exc))}
         if tool.guarded and not await self.worker.db(turns.mark_effect, turn.pk):

@@ -108,7 +108,7 @@ class TurnRunner:
                                                           conversation, turn),
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
-                           load_tools=worker.tools.offered)
+                           load_tools=functools.partial(worker.tools.offered_for, conversation))
 
     async def settled_media(self, turn):
         """The turn's files once settled (fetched here if nobody has: conversations.worker.media)."""

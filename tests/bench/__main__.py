@@ -2,7 +2,7 @@
 same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
-    .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [soak [--seconds N]] [peer]
+    .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
         [paced] [streaming] [slack]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
@@ -607,6 +607,12 @@ def peer():
     bench_peer(report)
 
 
+def mcp():
+    from tests.bench.mcp import bench_mcp
+
+    bench_mcp(sys.modules[__name__])
+
+
 def paced():
     from tests.bench.paced import bench_paced
 
@@ -627,7 +633,7 @@ def slack():
 
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
-              "peer": peer, "paced": paced, "streaming": streaming, "slack": slack}
+              "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

@@ -37,6 +37,7 @@ def _policy_defaults(name) -> dict:
 
 def forget_policies():
     _policies.clear()
+    registry.forget_sources()  # MCP servers' tools, cached as long
 
 
 def offered_tools() -> list:

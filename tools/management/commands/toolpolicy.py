@@ -31,7 +31,8 @@ class Command(BaseCommand):
             "given); without a name, list all policies.")
 
     def add_arguments(self, parser):
-        parser.add_argument("name", nargs="?", help="A registered tool, or an existing policy (ext:<key>:<action>).")
+        parser.add_argument("name", nargs="?", help="A registered tool, an MCP server's (<server>__<tool>), or an "
+                                                    "existing policy (ext:<key>:<action>).")
         # Unset options are left out of `options` (SUPPRESS): "--max-per-hour none" sets None, so None cannot
         # mean "not given".
         unset = {"default": argparse.SUPPRESS}
@@ -49,6 +50,9 @@ class Command(BaseCommand):
                             help="Duplicate check for effectful calls on/off.")
         parser.add_argument("--max-per-hour", **unset, type=limit, metavar="N|none",
                             help="Calls one contact may make per hour (proposals count); 'none': no limit.")
+        parser.add_argument("--fingerprint", **unset, type=lambda v: [f.strip() for f in v.split(",") if f.strip()],
+                            metavar="FIELD,…", help="Argument names that make two calls the same action ('' for "
+                                                    "the tool's default: all arguments for MCP tools).")
         parser.add_argument("--timeout", **unset, type=int, metavar="SECONDS",
                             help="A claim in flight longer than this was interrupted (outcome uncertain).")
 
@@ -86,6 +90,9 @@ class Command(BaseCommand):
         if "approval" in options:
             policy.approval = options["approval"]
             changed.append("approval")
+        if "fingerprint" in options:
+            policy.fingerprint_fields = options["fingerprint"]
+            changed.append("fingerprint_fields")
         if not changed:
             return []
         try:

@@ -1,0 +1,130 @@
+"""The admin for MCP servers and their tools. Headers and a stdio command's environment
+are secrets: shown as their names with a mask, never their values; a masked value
+posted back keeps the stored one."""
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from agentloop.core.redaction import MASK, forget_secrets, redact
+from tools import guard
+from tools.mcp import catalog
+from tools.mcp.client import Unreachable, hub
+from tools.mcp.models import McpServer, McpTool
+from tools.models import ToolPolicy
+
+
+def masked(values: dict) -> dict:
+    return {name: MASK for name in (values or {})}
+
+
+class SecretMapField(forms.JSONField):
+    """A JSON object of secrets, shown masked."""
+
+    def prepare_value(self, value):
+        if isinstance(value, str):  # a bound form's raw text
+            return value
+        return json.dumps(masked(value or {}))
+
+
+class McpServerForm(forms.ModelForm):
+    url = forms.URLField(required=False, max_length=500, assume_scheme="https",
+                         help_text="Streamable HTTP: the server's endpoint.")
+    headers = SecretMapField(required=False, help_text="Names and values, e.g. {\"Authorization\": \"Bearer …\"}. "
+                                                       f"Values are shown as {MASK}: leave them so to keep them.")
+    env = SecretMapField(required=False, help_text=f"stdio: environment of the command; {MASK} keeps a value.")
+
+    class Meta:
+        model = McpServer
+        fields = "__all__"
+
+    def _kept(self, name):
+        given = self.cleaned_data.get(name) or {}
+        if not isinstance(given, dict):
+            raise forms.ValidationError("a JSON object of names and values")
+        stored = getattr(self.instance, name) or {} if self.instance.pk else {}
+        return {key: stored.get(key, "") if value == MASK else str(value) for key, value in given.items()}
+
+    def clean_headers(self):
+        return self._kept("headers")
+
+    def clean_env(self):
+        return self._kept("env")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("transport") == "http" and not data.get("url"):
+            self.add_error("url", "a streamable HTTP server needs its URL")
+        if data.get("transport") == "stdio" and not data.get("command"):
+            self.add_error("command", "a stdio server needs its command")
+        return data
+
+
+class McpToolInline(admin.TabularInline):
+    model = McpTool
+    extra = 0
+    can_delete = False
+    fields = ["offered_as", "present", "hints", "reconcile_with", "policy"]
+    readonly_fields = ["offered_as", "present", "hints", "policy"]
+
+    @admin.display(description="Hints from this server")
+    def hints(self, row):
+        return row.hints()
+
+    @admin.display(description="Policy")
+    def policy(self, row):
+        policy = ToolPolicy.objects.filter(name=row.offered_as).first()
+        if policy is None:
+            return "—"
+        return format_html('<a href="../../../toolpolicy/{}/change/">guard {}, approval {}</a>', policy.pk,
+                           "on" if policy.guarded else "off", policy.approval)
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    form = McpServerForm
+    list_display = ["name", "transport", "endpoint", "enabled", "trusted", "listed_at", "problem"]
+    list_filter = ["enabled", "trusted", "transport"]
+    filter_horizontal = ["channels"]
+    readonly_fields = ["listed_at", "last_error"]
+    inlines = [McpToolInline]
+
+    @admin.display(description="URL or command")
+    def endpoint(self, server):
+        return redact(server.url or " ".join(server.command), server.secrets())
+
+    @admin.display(description="Last problem")
+    def problem(self, server):
+        return redact(server.last_error, server.secrets())[:120]
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        server = form.instance
+        forget_secrets()
+        guard.forget_policies()  # and the MCP tools cached with them
+        hub.forget(server.pk)
+        if server.enabled:
+            try:
+                names = catalog.refresh(server)
+                messages.info(request, f"{server.name}: {len(names)} tools listed")
+            except Unreachable as exc:
+                messages.warning(request, str(exc))
+
+
+@admin.register(McpTool)
+class McpToolAdmin(admin.ModelAdmin):
+    list_display = ["offered_as", "server", "present", "hints", "reconcile_with", "listed_at"]
+    list_filter = ["server", "present"]
+    fields = ["server", "name", "offered_as", "description", "input_schema", "annotations", "present",
+              "reconcile_with", "listed_at"]
+    readonly_fields = ["server", "name", "offered_as", "description", "input_schema", "annotations", "present",
+                       "listed_at"]
+
+    @admin.display(description="Hints from its server")
+    def hints(self, row):
+        return row.hints()
+
+    def has_add_permission(self, request):
+        return False

@@ -1,0 +1,82 @@
+"""`/mcp` in the web process's ASGI app: the agent key checked (`Authorization: Bearer
+<key>`, as the REST API), then the SDK's streamable HTTP session manager (stateless,
+JSON answers: any web process can answer any request).
+
+The session manager needs a task group that lives as long as the server; daphne has no
+ASGI lifespan, so it is started by the first `/mcp` request, on the server's loop.
+"""
+
+import asyncio
+import json
+import re
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from django.utils import timezone
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from tools import hooks
+from tools.mcp import server as mcp_server
+
+PATH = re.compile(r"^/mcp(?:/(?P<channel>[-a-zA-Z0-9_]{1,50}))?/?$")
+
+
+def _key_for(raw, channel):
+    """(the key, None) or (None, (status, error)) — on a thread."""
+    close_old_connections()
+    try:
+        key = hooks.model("AgentKey").objects.for_key(raw)
+        if key is None:
+            return None, (401, "Unknown or revoked agent key.")
+        if channel is not None and not key.channels.filter(slug=channel).exists():
+            return None, (403, f"This key has no channel {channel}.")
+        now = timezone.now()
+        if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:
+            type(key).objects.filter(pk=key.pk).update(last_used_at=now)
+        return key, None
+    finally:
+        close_old_connections()
+
+
+class McpMount:
+    """Routes `/mcp` and `/mcp/<channel>` to the MCP server, everything else to `app`."""
+
+    def __init__(self, app):
+        self.app = app
+        self.manager = None
+        self._started = None
+
+    async def __call__(self, scope, receive, send):
+        match = PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None:
+            return await self.app(scope, receive, send)
+        header = dict(scope.get("headers", ())).get(b"authorization", b"").decode(errors="replace").split()
+        if len(header) != 2 or header[0] != "Bearer":
+            return await _refuse(send, 401, "Authorization header must be 'Bearer <agent key>'.")
+        key, refusal = await sync_to_async(_key_for, thread_sensitive=False)(header[1], match["channel"])
+        if refusal is not None:
+            return await _refuse(send, *refusal)
+        await self._ensure_manager()
+        scope = {**scope, mcp_server.KEY_IN_SCOPE: key, mcp_server.CHANNEL_IN_SCOPE: match["channel"]}
+        await self.manager.handle_request(scope, receive, send)
+
+    async def _ensure_manager(self):
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            self.manager = StreamableHTTPSessionManager(mcp_server.build(), stateless=True, json_response=True)
+            asyncio.ensure_future(self._serve())
+        await asyncio.shield(self._started)
+
+    async def _serve(self):
+        async with self.manager.run():
+            self._started.set_result(True)
+            await asyncio.Event().wait()  # as long as the server runs
+
+
+async def _refuse(send, status, error):
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

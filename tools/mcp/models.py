@@ -1,0 +1,84 @@
+"""The MCP servers an operator registered, and the tools each one lists."""
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,29}$"
+# A tool is offered as "<server>__<tool>": server names have no "_", so the split is unambiguous.
+SEPARATOR = "__"
+
+
+class McpTransport(models.TextChoices):
+    HTTP = "http", "Streamable HTTP (a URL)"
+    STDIO = "stdio", "stdio (a local command)"
+
+
+class McpServer(models.Model):
+    """One MCP server whose tools the agents of its channels may call (behind the guard)."""
+
+    name = models.CharField(max_length=30, unique=True, validators=[RegexValidator(SERVER_NAME)],
+                            help_text="Lower-case letters, digits and '-': its tools are offered as <name>__<tool>.")
+    transport = models.CharField(max_length=8, choices=McpTransport.choices, default=McpTransport.HTTP)
+    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP: the server's endpoint.")
+    command = models.JSONField(default=list, blank=True,
+                               help_text='stdio: the command and its arguments, e.g. ["python", "server.py"].')
+    # Secrets, like a channel's: masked in the admin, redacted wherever text is written, never logged.
+    headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent with every request (secret).")
+    env = models.JSONField(default=dict, blank=True, help_text="stdio: environment of the command (secret).")
+    channels = models.ManyToManyField("conversations.Channel", blank=True, related_name="mcp_servers",
+                                      help_text="The channels whose agents are offered this server's tools.")
+    enabled = models.BooleanField(default=True)
+    trusted = models.BooleanField(
+        default=False, help_text="Trust its tool annotations when creating policies: readOnlyHint makes a tool "
+                                 "unguarded. Untrusted, hints are only shown; every tool is guarded.")
+    timeout_seconds = models.FloatField(default=30.0, validators=[MinValueValidator(0.1)],
+                                        help_text="A call with no answer after this long is uncertain.")
+    max_result_bytes = models.PositiveIntegerField(default=65536, validators=[MinValueValidator(256)],
+                                                   help_text="A longer result is cut to this size for the model.")
+    refresh_seconds = models.PositiveIntegerField(default=300, validators=[MinValueValidator(5)],
+                                                  help_text="Its tool list is read again at least this often.")
+    listed_at = models.DateTimeField(null=True, blank=True, help_text="When its tools were last listed.")
+    last_error = models.TextField(blank=True, help_text="Why it was last unreachable (redacted).")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "MCP server"
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def secrets(self) -> list:
+        return [str(v) for v in [*self.headers.values(), *self.env.values()] if v]
+
+
+class McpTool(models.Model):
+    """A tool an MCP server listed (kept while it is listed; `present` off when it goes away)."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=128, help_text="The tool's name on its server.")
+    offered_as = models.CharField(max_length=64, unique=True, help_text="Its name for models and its policy.")
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True, help_text="Hints from that server (not trusted "
+                                                                      "unless the server is).")
+    present = models.BooleanField(default=True, help_text="Off: its server no longer lists it.")
+    reconcile_with = models.CharField(
+        max_length=128, blank=True,
+        help_text="A read-only tool of the same server that looks this action up after an interrupted call: it "
+                  "is called with the call's arguments it accepts; a result with found: false (or empty) means "
+                  "the action did not happen, any other result that it did.")
+    listed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "MCP tool"
+        ordering = ["offered_as"]
+        constraints = [models.UniqueConstraint(fields=["server", "name"], name="mcp_tool_once_per_server")]
+
+    def __str__(self):
+        return self.offered_as
+
+    def hints(self) -> str:
+        shown = [name for name in ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+                 if name in self.annotations]
+        return ", ".join(f"{name}={self.annotations[name]}" for name in shown) or "none"
