@@ -23,12 +23,18 @@ class ForgetContactSerializer(StrictBody):
     contact = serializers.CharField(max_length=100, help_text="The person's platform id in that channel.")
 
 
+class ErasureCountsSerializer(serializers.Serializer):
+    """What was erased: a count per kind of data (messages, files, turns, …)."""
+
+    counts = serializers.DictField(child=serializers.IntegerField(), read_only=True)
+
+
 class ForgetContactView(APIView):
     authentication_classes = [authentication.SessionAuthentication, authentication.BasicAuthentication]
     permission_classes = [CanErase]
 
-    @extend_schema(request=ForgetContactSerializer, responses={200: serializers.DictField(
-        child=serializers.IntegerField()), 404: ErrorSerializer, 409: ErrorSerializer},
+    @extend_schema(request=ForgetContactSerializer, responses={200: ErasureCountsSerializer, 404: ErrorSerializer,
+                                                               409: ErrorSerializer},
         summary="Erase one person's data (operators: a staff login with delete_contact)")
     def post(self, request):
         body = ForgetContactSerializer(data=request.data)
@@ -40,4 +46,4 @@ class ForgetContactView(APIView):
             return Response({"error": "no such contact in that channel"}, status=404)
         except erasure.Busy as exc:
             return Response({"error": str(exc)}, status=409)
-        return Response(counts)
+        return Response({"counts": counts})

@@ -105,6 +105,6 @@ def test_the_api_endpoint_needs_an_operator(person, client, admin_user, django_u
     assert client.post(url, body, content_type="application/json").status_code == 403
     client.force_login(admin_user)
     answer = client.post(url, body, content_type="application/json")
-    assert answer.status_code == 200 and answer.json()["messages"] == 2
+    assert answer.status_code == 200 and answer.json()["counts"]["messages"] == 2
     assert client.post(url, body, content_type="application/json").status_code == 404
     assert "/api/v1/operator/contacts/forget" in client.get("/api/schema/?format=json").content.decode()
