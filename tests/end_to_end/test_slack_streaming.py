@@ -100,3 +100,21 @@ def test_killed_mid_stream_the_recovery_completes_that_message(processes, make_c
     assert update.body["ts"] == ts and "Recovered" not in update.body["text"]
     assert turn.state == (TurnState.FAILED if effect else TurnState.DONE)
     assert OutboundMessage.objects.get().platform_message_id == ts
+
+
+def test_a_final_stop_answered_500_has_the_stream_deleted_then_one_fresh_message(processes, make_channel,
+                                                                                 fake_slack):
+    echo_channel(make_channel, fake_slack)
+    fake_slack.fail_next("chat.stopStream", status=500)
+    web, _ = processes.web(wait=False), processes.worker()
+    parent = in_thread(web)
+    [post] = fake_slack.wait_for("chat.postMessage", timeout=30)
+    wait_until(delivered, message="the final recorded delivered")
+    [stop] = fake_slack.calls("chat.stopStream")
+    # The stop may have landed, or not: the stream is deleted before the final goes fresh,
+    # unlabelled (the deletion worked): one finished answer in the chat.
+    assert fake_slack.deleted() == [stop.body["ts"]]
+    assert post.body["text"] == WORDS and post.body["thread_ts"] == parent
+    assert list(fake_slack.messages(DM).values()) == [WORDS]
+    row = OutboundMessage.objects.get()
+    assert row.preview_message_id == "" and not row.needs_marker
