@@ -80,10 +80,9 @@ class GroupReader:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            rows = await _db(_rows_after, self.floor, self.group)
-            if rows:
-                self.floor = rows[-1][0]
-                return [payload for _, payload in rows]
+            self.floor, events = await _db(_rows_after, self.floor, self.group)
+            if events:
+                return events
             left = deadline - loop.time()
             if left <= 0:
                 return []
@@ -99,10 +98,12 @@ def _last_id() -> int:
     return LiveEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
-def _rows_after(floor: int, group: str) -> list[tuple[int, Event]]:
-    rows = LiveEvent.objects.filter(pk__gt=floor, groups__contains=group).order_by("pk")
-    return [(pk, payload) for pk, groups, payload in rows.values_list("pk", "groups", "payload")[:200]
-            if group in groups.split()]
+def _rows_after(floor: int, group: str) -> tuple[int, list[Event]]:
+    """The new floor (past every row looked at: "api.1" also finds "api.12"'s) and the
+    group's events above the old one."""
+    rows = list(LiveEvent.objects.filter(pk__gt=floor, groups__contains=group).order_by("pk")
+                .values_list("pk", "groups", "payload")[:200])
+    return (rows[-1][0] if rows else floor), [payload for _, groups, payload in rows if group in groups.split()]
 
 
 def _leave(name: str) -> None:

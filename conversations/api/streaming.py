@@ -25,7 +25,7 @@ import asyncio
 import json
 
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
@@ -147,7 +147,7 @@ class ConversationStreamView(APIView):
         except Exception as exc:
             response = self.handle_exception(exc)
         self.response = self.finalize_response(request, response, *args, **kwargs)
-        return self.response if isinstance(self.response, EventStream) else self.response.render()
+        return self.response.render() if hasattr(self.response, "render") else self.response
 
     @extend_schema(
         parameters=[ConversationStreamQuery],
@@ -165,6 +165,8 @@ class ConversationStreamView(APIView):
                     "429 (Retry-After): too many streams open for this key. 503: too many waiting on this server.")
     async def get(self, request, conversation):
         query, found, cursor = await _in_db_thread(self._open, request, conversation)
+        if request.method == "HEAD":  # the headers a stream would have, and no stream
+            return HttpResponse(content_type="text/event-stream", headers={"Cache-Control": "no-store"})
         leave = Streams.enter(request.user.pk)
         _release_request_thread()
         return EventStream(self._events(found.pk, cursor, query["wait"], leave), leave)

@@ -112,6 +112,8 @@ def test_keys_scope_the_cap_per_key_and_the_deadline_with_keep_alives(processes,
     assert local_http.get(url, headers={"Authorization": f"Bearer {other}"}, timeout=10).status_code == 404
     assert local_http.get(url, params={"wait": 0}, headers={"Authorization": f"Bearer {key}"},
                           timeout=10).status_code == 400
+    head = local_http.request("HEAD", url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
     opened, got = threading.Event(), []
 
     def hold_one():
