@@ -75,6 +75,11 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_MAX_LONG_POLLS", "200",
             "Long-polls of the conversation read API waiting at once, per web process; "
             "beyond, 503 with `Retry-After: 2`."),
+        Var("AGENTLOOP_MAX_STREAMS_PER_KEY", "4",
+            "SSE streams of the read API (`…/stream`) open at once per agent key and web "
+            "process; beyond, 429 with `Retry-After: 2`. They count as long-polls too."),
+        Var("AGENTLOOP_SSE_HEARTBEAT", "15",
+            "Seconds between two `: keep-alive` comments on an open SSE stream."),
         Var("AGENTLOOP_URLCONF", "agentloop.urls",
             "The root URL configuration; the benchmarks mount a reference view this way."),
         Var("REDIS_URL", "empty",

@@ -359,6 +359,10 @@ AGENTLOOP_DELIVERY_ATTEMPT_TIMEOUT = env.float("AGENTLOOP_DELIVERY_ATTEMPT_TIMEO
 AGENTLOOP_CALLBACK_TIMEOUT = env.float("AGENTLOOP_CALLBACK_TIMEOUT", default=10.0)
 # Long-polls of the conversation read API waiting at once, per web process (503 beyond).
 AGENTLOOP_MAX_LONG_POLLS = env.int("AGENTLOOP_MAX_LONG_POLLS", default=200)
+# The read API's SSE streams (conversations/api/streaming.py): open at once per agent key
+# and web process (429 beyond), and seconds between two keep-alive comments.
+AGENTLOOP_MAX_STREAMS_PER_KEY = env.int("AGENTLOOP_MAX_STREAMS_PER_KEY", default=4)
+AGENTLOOP_SSE_HEARTBEAT = env.float("AGENTLOOP_SSE_HEARTBEAT", default=15.0)
 # The django-q2 safety sweep stops claiming after this long (seconds; under the task timeout).
 AGENTLOOP_SAFETY_SWEEP_BUDGET = env.float("AGENTLOOP_SAFETY_SWEEP_BUDGET", default=40.0)
 

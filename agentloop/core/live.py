@@ -51,6 +51,12 @@ def conversation_group(conversation_id: int | str) -> str:
     return f"webchat.{conversation_id}"
 
 
+def api_stream_group(conversation_id: int | str) -> str:
+    """The group of an API conversation's SSE readers (conversations.api.streaming): the
+    API channel's previews (a turn's text so far) are published to it."""
+    return f"api.{conversation_id}"
+
+
 def crosses_processes() -> bool:
     """True when the channel layer itself reaches every process (Redis)."""
     layer = get_channel_layer()

@@ -2,7 +2,8 @@
 conversation reads. The tools behind the action guard are in tools/api.py.
 
 The package, by section: `access` (what an agent key may reach), `messages` (in, and
-edits), `turns` (for external agents), `reading` (a conversation, long-polled).
+edits), `turns` (for external agents), `reading` (a conversation, long-polled),
+`streaming` (its replies as they are written: SSE).
 """
 
 from conversations.api.access import Conflict, channel_for_key, conversation_for_key  # noqa: F401
@@ -24,6 +25,7 @@ from conversations.api.reading import (  # noqa: F401
     TimelinePageSerializer,
     TooManyWaiting,
 )
+from conversations.api.streaming import ConversationStreamQuery, ConversationStreamView, Streams  # noqa: F401
 from conversations.api.turns import (  # noqa: F401
     TurnClaimView,
     TurnDoneSerializer,

@@ -33,8 +33,8 @@ class ForgetContactView(APIView):
     authentication_classes = [authentication.SessionAuthentication, authentication.BasicAuthentication]
     permission_classes = [CanErase]
 
-    @extend_schema(request=ForgetContactSerializer, responses={200: ErasureCountsSerializer, 404: ErrorSerializer,
-                                                               409: ErrorSerializer},
+    @extend_schema(request=ForgetContactSerializer, responses={200: ErasureCountsSerializer, 403: ErrorSerializer,
+                                                               404: ErrorSerializer, 409: ErrorSerializer},
         summary="Erase one person's data (operators: a staff login with delete_contact)")
     def post(self, request):
         body = ForgetContactSerializer(data=request.data)

@@ -47,8 +47,8 @@ STOPPED_NOTE = "⏹ Stopped."
 def open_stream(worker, turn, agent, context):
     """A TurnStream if this turn streams (the agent can, with this channel's config, the
     channel's `streaming` is on, and its platform shows previews in this chat); None: the
-    whole reply at once, as ever (WhatsApp, the API). The context's effect hooks are
-    wrapped so the stream knows when to start saving."""
+    whole reply at once, as ever (WhatsApp, an API channel with a callback). The
+    context's effect hooks are wrapped so the stream knows when to start saving."""
     channel = turn.conversation.channel
     if not (channel.streaming and agent.streams_for(context.config)):
         return None

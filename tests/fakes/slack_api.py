@@ -15,6 +15,12 @@ form-encoded, parameters in the query string too), as the Web API documents it: 
 - chat.postMessage: {"ok", "channel", "ts", "message"} (a new ts per message);
 - chat.update: {"ok", "channel", "ts", "text"};
 - chat.postEphemeral: {"ok", "message_ts"};
+- chat.startStream (`channel`, `thread_ts`, `markdown_text`): {"ok", "channel", "ts"}, a
+  message in streaming state; chat.appendStream (`ts`, `markdown_text`) appends to it and
+  chat.stopStream (`ts`, optional `markdown_text`, appended) ends it, both {"ok",
+  "channel", "ts"} or `message_not_in_streaming_state`; chat.update refuses a message
+  still streaming (`cant_update_message`); chat.delete: {"ok", "channel", "ts"} or
+  `message_not_found` (`deleted()`: the ts deleted);
 - assistant.threads.setStatus: {"ok": true} (`missing_scope` without assistant:write);
 - files.getUploadURLExternal: {"ok", "upload_url", "file_id"}; the bytes POSTed to that
   URL (answered "OK - <length>", text/plain, as files.slack.com does); then
@@ -31,20 +37,26 @@ Standard library only (http.server), like the other fakes here.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import itertools
 import json
-import secrets
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from tests.fakes.server import FakeServer, TrackedHandler
+from tests.fakes.slack_events import (  # noqa: F401 (Slack's side: the tests' requests)
+    BOT_ID,
+    BOT_USER,
+    TEAM,
+    _serial,
+    block_actions,
+    edited_event,
+    envelope,
+    message_event,
+    new_ts,
+    post,
+    sign,
+)
 
-BOT_USER, BOT_ID, TEAM = "U0AGENTBOT", "B0AGENTBOT", "T0AGENTLOOP"
 SCOPES = "app_mentions:read,channels:history,chat:write,groups:history,im:history,mpim:history"
 MAX_TEXT = 40000
 
@@ -102,16 +114,10 @@ class _State:
     delays: dict = field(default_factory=dict)
     revoked: set = field(default_factory=set)
     messages: dict = field(default_factory=dict)  # (channel, ts) -> text, as last posted or updated
+    streaming: set = field(default_factory=set)  # (channel, ts) of messages still streaming
+    deleted: list = field(default_factory=list)  # (channel, ts) deleted
     uploads: dict = field(default_factory=dict)  # file id -> {"name", "length", "data"}
     shared: list = field(default_factory=list)  # files shared by files.completeUploadExternal
-
-
-_serial = itertools.count(1)
-
-
-def new_ts() -> str:
-    """A message's ts: seconds since the epoch, a dot, six digits (unique in the fake)."""
-    return f"{int(time.time())}.{next(_serial) % 1_000_000:06d}"
 
 
 class FakeSlackAPI(FakeServer):
@@ -152,6 +158,19 @@ class FakeSlackAPI(FakeServer):
     def message(self, channel: str, ts: str) -> str | None:
         with self._cond:
             return self._state.messages.get((channel, ts))
+
+    def messages(self, channel: str) -> dict:
+        """ts -> text of the messages in `channel` now (posted, streamed, not deleted)."""
+        with self._cond:
+            return {ts: text for (where, ts), text in self._state.messages.items() if where == channel}
+
+    def is_streaming(self, channel: str, ts: str) -> bool:
+        with self._cond:
+            return (channel, ts) in self._state.streaming
+
+    def deleted(self) -> list:
+        with self._cond:
+            return [ts for _, ts in self._state.deleted]
 
     # --- scripted behaviour ----------------------------------------------------------------
 
@@ -220,6 +239,8 @@ class FakeSlackAPI(FakeServer):
         if method == "chat.postEphemeral":
             ok = body.get("channel") and body.get("user") and body.get("text")
             return {"ok": True, "message_ts": new_ts()} if ok else {"ok": False, "error": "invalid_arguments"}
+        if method in ("chat.startStream", "chat.appendStream", "chat.stopStream", "chat.delete"):
+            return self._stream(method, body)
         if method not in ("chat.postMessage", "chat.update"):
             return {"ok": False, "error": "unknown_method"}
         text, channel = body.get("text"), body.get("channel")
@@ -233,6 +254,8 @@ class FakeSlackAPI(FakeServer):
             with self._cond:
                 if (channel, body.get("ts")) not in self._state.messages:
                     return {"ok": False, "error": "message_not_found"}
+                if (channel, body.get("ts")) in self._state.streaming:
+                    return {"ok": False, "error": "cant_update_message"}
                 self._state.messages[(channel, body["ts"])] = text
             return {"ok": True, "channel": channel, "ts": body["ts"], "text": text}
         ts = new_ts()
@@ -241,6 +264,34 @@ class FakeSlackAPI(FakeServer):
         message = {"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "text": text, "ts": ts,
                    **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
         return {"ok": True, "channel": channel, "ts": ts, "message": message}
+
+    def _stream(self, method: str, body: dict) -> dict:
+        channel, ts, text = body.get("channel"), body.get("ts"), body.get("markdown_text") or ""
+        with self._cond:
+            if not channel:
+                return {"ok": False, "error": "channel_not_found"}
+            if method == "chat.startStream":
+                if not body.get("thread_ts"):
+                    return {"ok": False, "error": "invalid_arguments"}
+                ts = new_ts()
+                self._state.messages[(channel, ts)] = text
+                self._state.streaming.add((channel, ts))
+                return {"ok": True, "channel": channel, "ts": ts}
+            if (channel, ts) not in self._state.messages:
+                return {"ok": False, "error": "message_not_found"}
+            if method == "chat.delete":
+                del self._state.messages[(channel, ts)]
+                self._state.streaming.discard((channel, ts))
+                self._state.deleted.append((channel, ts))
+                return {"ok": True, "channel": channel, "ts": ts}
+            if (channel, ts) not in self._state.streaming:
+                return {"ok": False, "error": "message_not_in_streaming_state"}
+            if method == "chat.appendStream" and not text:
+                return {"ok": False, "error": "invalid_arguments"}
+            self._state.messages[(channel, ts)] += text
+            if method == "chat.stopStream":
+                self._state.streaming.discard((channel, ts))
+            return {"ok": True, "channel": channel, "ts": ts}
 
     def _files(self, method: str, body: dict) -> dict:
         with self._cond:
@@ -349,76 +400,3 @@ class _Handler(TrackedHandler):
 
 
 # --- Slack's side: Events API and interactivity requests ------------------------------------
-
-
-def sign(secret: str, body: bytes, timestamp: int | None = None) -> dict:
-    """The two headers Slack signs a request with."""
-    stamp = str(int(time.time()) if timestamp is None else timestamp)
-    digest = hmac.new(secret.encode(), b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
-    return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
-
-
-def message_event(user: str, text: str, *, kind: str = "message", **fields) -> dict:
-    """A `message` (or `app_mention`) event; `fields`: channel, channel_type, ts, thread_ts,
-    subtype, bot_id… (a DM of the user's by default)."""
-    ts = fields.pop("ts", None) or new_ts()
-    event = {"type": kind, "user": user, "text": text, "ts": ts, "channel": "D0USERDM01", "channel_type": "im",
-             "client_msg_id": secrets.token_hex(16), "team": TEAM, "event_ts": ts, **fields}
-    if kind == "app_mention":
-        event.pop("channel_type")
-    if not event.get("thread_ts"):
-        event.pop("thread_ts", None)
-    return event
-
-
-def edited_event(event: dict, text: str) -> dict:
-    """message_changed for `event` (a message of ours to the fake user), its text now `text`."""
-    message = {**{k: v for k, v in event.items() if k not in ("channel", "channel_type", "event_ts")},
-               "text": text, "edited": {"user": event["user"], "ts": new_ts()}}
-    return {"type": "message", "subtype": "message_changed", "channel": event["channel"],
-            "channel_type": event.get("channel_type", "channel"), "message": message, "hidden": True,
-            "previous_message": {k: v for k, v in event.items() if k != "channel"}, "ts": new_ts(),
-            "event_ts": new_ts()}
-
-
-def envelope(event: dict, *, event_id: str | None = None) -> dict:
-    return {"token": "legacy-verification-token", "team_id": TEAM, "api_app_id": "A0AGENTLOOP",
-            "event": event, "type": "event_callback", "event_id": event_id or "Ev" + secrets.token_hex(5).upper(),
-            "event_time": int(time.time()), "event_context": secrets.token_hex(12),
-            "authorizations": [{"enterprise_id": None, "team_id": TEAM, "user_id": BOT_USER, "is_bot": True,
-                                "is_enterprise_install": False}], "is_ext_shared_channel": False}
-
-
-def block_actions(user: str, channel: str, message_ts: str, value: str, thread_ts: str = "") -> bytes:
-    """A click on a button of the message `message_ts`, form-encoded as Slack posts it."""
-    container = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False,
-                 **({"thread_ts": thread_ts} if thread_ts else {})}
-    payload = {"type": "block_actions", "user": {"id": user, "username": "camila", "name": "camila",
-                                                 "team_id": TEAM},
-               "api_app_id": "A0AGENTLOOP", "token": "legacy", "container": container,
-               "trigger_id": secrets.token_hex(8), "team": {"id": TEAM, "domain": "agentloop"},
-               "channel": {"id": channel, "name": "directmessage"},
-               "message": {"type": "message", "ts": message_ts, "bot_id": BOT_ID,
-                           **({"thread_ts": thread_ts} if thread_ts else {})},
-               "response_url": "https://hooks.slack.invalid/actions/x",
-               "actions": [{"action_id": "agentloop_confirm_0", "block_id": "agentloop_confirm", "value": value,
-                            "type": "button", "action_ts": f"{time.time():.6f}"}]}
-    return urlencode({"payload": json.dumps(payload)}).encode()
-
-
-def post(url: str, body: dict | bytes, secret: str, *, retry_num: int | None = None,
-         timestamp: int | None = None) -> tuple[int, bytes]:
-    """POST as Slack does: signed, JSON (an envelope) or form-encoded (bytes: a click)."""
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    kind = "application/x-www-form-urlencoded" if isinstance(body, bytes) else "application/json"
-    headers = {"Content-Type": kind, "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
-               **sign(secret, raw, timestamp)}
-    if retry_num is not None:
-        headers.update({"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"})
-    request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10.0) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-

@@ -7,18 +7,50 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from agentloop.core import live
 from agentloop.core.tls import shared_tls_context
 from delivery import signing
 from delivery.models import Outcome
+from delivery.previews import CURSOR, Preview, PreviewResult
 from delivery.retry_after import retry_after_header
 from delivery.transports import SendResult, Target, Transport, outcome_for_http_status
 
 
+class StreamPreview(Preview):
+    """A turn's text so far, published to the conversation's SSE readers (the read API's
+    stream, conversations.api.streaming: `delta` events). Best effort: nothing is
+    written or sent while no reader listens, and a lost one costs a reader a delta,
+    never the reply row."""
+
+    interval = 0.1  # a reader takes events far faster than a chat platform
+
+    def __init__(self, target: Target, turn_id: int):
+        self.group = live.api_stream_group(target.conversation_id)
+        self.event = {"kind": "delta", "conversation": target.conversation_id, "turn": turn_id}
+
+    async def show(self, text: str) -> PreviewResult:
+        try:
+            await live.apublish([self.group], {**self.event, "text": text.removesuffix(CURSOR)})
+        except Exception:  # e.g. Redis unreachable: a preview is best effort
+            return PreviewResult(False)
+        return PreviewResult(True)
+
+    async def discard(self) -> None:
+        try:
+            await live.apublish([self.group], {**self.event, "kind": "cancelled"})
+        except Exception:
+            pass  # best effort
+
+
 class StoredTransport(Transport):
-    """api channels without a callback: the reply row *is* the delivery; clients read it."""
+    """api channels without a callback: the reply row *is* the delivery; clients read it
+    (and watch it being written over the read API's stream: `preview_for`)."""
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         return SendResult.delivered()
+
+    def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
+        return StreamPreview(target, turn_id)
 
 
 class ApiCallbackTransport(Transport):

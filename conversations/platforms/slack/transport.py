@@ -35,6 +35,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
+from conversations.platforms.slack import streaming
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -213,6 +214,27 @@ class SlackTransport(Transport):
         """The workspace's bot, and about one message a second into one Slack channel."""
         return self.paced(f"slack:{token_key(self.setting('bot_token'))}", place(chat_id, "")[0],
                           float(self.setting("chat_interval") or 0))
+
+    # --- streamed replies (streaming.py, docs/streaming.md) -----------------------------
+
+    def preview_for(self, target: Target, turn_id: int, message_id: str = ""):
+        """A stream (chat.startStream) in a DM's thread, where the workspace offers it;
+        `message_id`: a stream an earlier run of the turn left (its final replaces it)."""
+        if not message_id and not streaming.can_stream(self, target):
+            return None
+        return streaming.SlackStream(self, target, message_id)
+
+    async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
+        """The final over a streamed message: the stream stopped with it (streaming.finish)."""
+        return await streaming.finish(self, target, message_id, text)
+
+    async def delete_message(self, target: Target, message_id: str) -> SendResult:
+        """chat.delete; delivered also when the message is gone already."""
+        streaming.forget(message_id)
+        answer = await self.call("chat_delete", {"channel": place(target.chat_id, "")[0], "ts": message_id})
+        if isinstance(answer, SendResult) and "message_not_found" not in answer.error:
+            return answer
+        return SendResult.delivered(message_id)
 
     # --- typing: the assistant thread's status ------------------------------------------------
 
