@@ -292,8 +292,9 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "only; in flight, uncertain and proposed ones stay), with their proposals once "
             "decided."),
         Var("AGENTLOOP_RETAIN_AUDIT_DAYS", "365", "Days audit events are kept (the longest)."),
-        Var("AGENTLOOP_RETENTION_BATCH", "500",
-            "Rows deleted per transaction: each batch holds its locks for milliseconds."),
+        Var("AGENTLOOP_RETENTION_BATCH", "`500` on PostgreSQL, `100` on SQLite",
+            "Rows deleted per transaction: each batch holds its locks for milliseconds (SQLite's "
+            "one write lock: a smaller batch, so admissions wait less during a sweep)."),
         Var("AGENTLOOP_RETENTION_SWEEP_BUDGET", "40",
             "Seconds one sweep may run (under django-q2's task timeout); the next one goes on."),
     ]),

@@ -96,3 +96,8 @@ def listed(pieces) -> list[str]:
 def describe(piece) -> str:
     """A file chunk in words (the admin, a platform without files)."""
     return ", ".join(f"📎 {item.name}" for item in files_of(piece))
+
+
+def stored_names(pieces) -> set[str]:
+    """The storage names of the files a row's chunks carry."""
+    return {item.file for piece in pieces or () if is_files(piece) for item in files_of(piece)}

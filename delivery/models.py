@@ -166,3 +166,22 @@ class SendBudget(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class RestorePoint(models.Model):
+    """Written into a database restored from a backup (`manage.py backup`: into the
+    SQLite copy; `--mark-restored` after a pg_restore): the newest turn and buffer the
+    copy held. A turn up to `last_turn_id`, or made from a buffer up to
+    `last_buffer_id`, was in flight when the backup was taken and runs again after the
+    restore: its reply may have been delivered after the copy was made, so it is written
+    "its send may have started" and goes out labelled (delivery.ledger.replies)."""
+
+    at = models.DateTimeField(default=timezone.now, help_text="When the backup (SQLite) or the restore was made.")
+    last_turn_id = models.BigIntegerField(default=0)
+    last_buffer_id = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-pk"]
+
+    def __str__(self):
+        return f"restore point of {self.at:%Y-%m-%d %H:%M}"

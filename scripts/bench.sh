@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: every benchmark on SQLite (or DATABASE_URL), then the guard overhead on
 # PostgreSQL too (a throwaway cluster when DATABASE_URL is not given), since the guard
-# issue asks for both (and the MCP guard's, issue 27). Arguments pick benchmarks: scripts/bench.sh guard mcp
+# issue asks for both (and the MCP guard's, issue 27; the retention sweep's, issue 26: 1 million
+# rows on each). Arguments pick benchmarks: scripts/bench.sh guard mcp retention
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -13,11 +14,11 @@ if command -v node >/dev/null && [ ! -f tests/bench/peer/node_modules/chat/packa
 fi
 $PY -m tests.bench "${names[@]}"
 pg_names=()
-for name in guard mcp; do
+for name in guard mcp retention; do
   if [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" $name "* ]]; then pg_names+=("$name"); fi
 done
 if [ -z "${DATABASE_URL:-}" ] && [ ${#pg_names[@]} -gt 0 ]; then
-  echo; echo "=== guard overhead on PostgreSQL (${pg_names[*]}) ==="
+  echo; echo "=== on PostgreSQL (${pg_names[*]}) ==="
   # Not under the clone: it may sit in a private directory the postgres user cannot enter.
   pgdir=$(mktemp -d /tmp/agentloop-pg-bench-XXXXXX)
   trap 'scripts/pg.sh stop "$pgdir"' EXIT

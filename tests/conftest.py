@@ -55,6 +55,7 @@ SERIAL = {
     "tests/end_to_end/test_pgbouncer.py": "ingest and answer times through PgBouncer",
     "tests/end_to_end/test_database_deadline.py": "a silent database host is refused within 5 s",
     "tests/end_to_end/test_bench_peer.py": "npm ci into the peer bot's one node_modules; a burst merged in one window",
+    "tests/end_to_end/test_retention_e2e.py": "p99 admission latency while a sweep runs, beside the same without it",
     "tests/unit/test_api_inbound.py::test_accepted_with_the_flush_deadline": "flush_in within 0.5 s of the 4 s window",
     "tests/end_to_end/test_api_read.py::test_long_poll_gets_the_reply_of_an_api_channel_without_callback":
         "the reply reaches the long poll less than 1.5 s after it is written",

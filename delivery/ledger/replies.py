@@ -8,7 +8,7 @@ from django.conf import settings
 from agentloop.core.rows import create_many
 from delivery import attachments, chunks
 from delivery.hooks import transport_for
-from delivery.models import OutboundMessage
+from delivery.models import OutboundMessage, RestorePoint
 
 RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"
 PREFIX_UNITS = chunks.units(RECOVERY_PREFIX)
@@ -48,7 +48,32 @@ def _row(reply: Reply) -> OutboundMessage:
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
                            chunks=chunks_for(conversation.channel, reply.text, reply.files),
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
-                           preview_message_id=reply.preview_message_id)
+                           preview_message_id=reply.preview_message_id,
+                           chunks_started=1 if began_before_a_restore(reply.turn) else 0)
+
+
+_restore_point: list = []  # [RestorePoint or None], read once per process
+
+
+def began_before_a_restore(turn) -> bool:
+    """Whether `turn` (or the buffer it was made from) was in flight in the backup this
+    database was restored from (delivery.models.RestorePoint): its reply may have gone out
+    after the copy was taken, so it is written as "its send may have started" and sent
+    labelled. Read once per process: a restore happens with every process stopped."""
+    if turn is None:
+        return False
+    if not _restore_point:
+        _restore_point.append(RestorePoint.objects.first())
+    point = _restore_point[0]
+    if point is None:
+        return False
+    buffer_id = getattr(turn, "buffer_id", None)
+    return bool((turn.pk and turn.pk <= point.last_turn_id) or (buffer_id and buffer_id <= point.last_buffer_id))
+
+
+def forget_restore_point():
+    """Read the restore point again at the next reply (tests)."""
+    _restore_point.clear()
 
 
 def chunks_for(channel, text, files=()) -> list:

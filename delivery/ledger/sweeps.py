@@ -2,23 +2,28 @@
 abandon, and django-q2's safety sweep."""
 
 import asyncio
+import logging
 import os
 import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files.storage import default_storage
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agentloop.core import pruning
-from delivery import pacing
+from delivery import attachments, pacing
 from delivery.hooks import close_clients
 from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
 from delivery.ledger.outcomes import _audit_abandoned, finish_many, release, resends_used
 from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, attempt_timeout
 from delivery.ledger.sending import send
 from delivery.models import OutboundMessage, OutboundState, UnreachableChat
+
+log = logging.getLogger(__name__)
 
 
 def abandon_stale(now=None, dead_owners=()) -> int:
@@ -46,14 +51,50 @@ def abandon_stale(now=None, dead_owners=()) -> int:
 def prune(now=None, budget=None) -> int:
     """Finished rows (delivered, abandoned, unreachable) older than
     AGENTLOOP_RETAIN_LEDGER_DAYS (7) are deleted, in batches (agentloop.core.pruning);
-    open ones never. Run by the retention sweep (conversations.retention)."""
+    open ones never; the stored bytes of the files they carried with them, unless a kept
+    row names the same object. Run by the retention sweep (conversations.retention)."""
     now = now or timezone.now()
     budget = budget or pruning.Budget(time.monotonic() + settings.AGENTLOOP_RETENTION_SWEEP_BUDGET,
                                       settings.AGENTLOOP_RETENTION_BATCH)
     cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_LEDGER_DAYS)
     finished = [OutboundState.DELIVERED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]
     deletable = OutboundMessage.objects.filter(state__in=finished, created_at__lt=cutoff)
-    return pruning.delete_old(OutboundMessage, "created_at", cutoff, deletable, budget)
+    return pruning.delete_old(OutboundMessage, "created_at", cutoff, deletable, budget,
+                              on_delete=_forget_files_on_commit)
+
+
+def _with_files():
+    return OutboundMessage.objects.annotate(raw_chunks=Cast("chunks", TextField())).filter(
+        raw_chunks__contains='"files"')
+
+
+def _forget_files_on_commit(ids):
+    """In the transaction deleting these rows: the files they carried, deleted once it commits."""
+    names: set[str] = set()
+    for pieces in _with_files().filter(pk__in=list(ids)).values_list("chunks", flat=True):
+        names |= attachments.stored_names(pieces)
+    if names:
+        transaction.on_commit(lambda: delete_unnamed_files(names))
+
+
+def delete_unnamed_files(names) -> int:
+    """Delete the stored reply files among `names` that no ledger row names any more
+    (names are the bytes' digest per channel: the same file sent twice is one object)."""
+    gone = 0
+    for name in sorted(names):
+        channel = name.split("/")[1] if name.count("/") >= 2 else ""
+        named = _with_files().filter(raw_chunks__contains=f'"{name}"')
+        if channel.isdigit():
+            named = named.filter(channel_id=int(channel))
+        if named.exists():
+            continue
+        try:
+            default_storage.delete(name)
+            gone += 1
+        except OSError:
+            log.warning("retention: could not delete a reply's stored file (%s); it stays",
+                        name.rsplit("/", 1)[-1][:12])
+    return gone
 
 
 def retry_now(ids, by="operator") -> int:

@@ -3,13 +3,14 @@ same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack]
+        [paced] [streaming] [slack] [retention]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
 The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram's limits.
 Streamed replies (tests/bench/streaming.py): first model token -> first preview, Bot API calls per answer.
 Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
+Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
 """
 
 import gc
@@ -625,6 +626,12 @@ def streaming():
     bench_streaming(sys.modules[__name__])
 
 
+def retention():
+    from tests.bench.retention import bench_retention
+
+    bench_retention(sys.modules[__name__])
+
+
 def slack():
     from tests.bench.slack import bench_slack
 
@@ -633,7 +640,8 @@ def slack():
 
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
-              "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack}
+              "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
+              "retention": retention}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

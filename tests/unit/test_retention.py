@@ -172,3 +172,34 @@ def test_the_sweep_goes_in_batches_and_stops_at_its_budget(old, settings):
         message(old, f"n{n}", 40)
     assert retention.sweep(now=NOW, budget_seconds=0) == {}
     assert InboundMessage.objects.count() == 30
+
+
+def test_files_replies_carried_go_with_their_ledger_rows_unless_a_kept_row_names_them(
+        old, settings, tmp_path, django_capture_on_commit_callbacks):
+    from delivery import attachments
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    channel = old.channel.pk
+    alone, shared, kept = (attachments.store(channel, data) for data in (b"alone", b"shared", b"kept"))
+
+    def row(days, state, *names):
+        sent = ledger_row(old, days, state)
+        sent.chunks = ["text first", {"files": [{"file": n, "name": "f.png", "type": "image/png", "size": 5}
+                                                for n in names]}]
+        sent.save(update_fields=["chunks"])
+        return sent
+
+    gone = row(8, OutboundState.DELIVERED, alone, shared)
+    twin = row(9, OutboundState.ABANDONED, shared)
+    recent = row(6, OutboundState.DELIVERED, shared)  # kept: it still names the shared bytes
+    pending = row(30, OutboundState.PENDING, kept)  # open: kept with its file
+    assert all(name.startswith(f"outbound/{channel}/") for name in (alone, shared, kept))
+    with django_capture_on_commit_callbacks(execute=True):
+        retention.sweep(now=NOW)
+    assert set(OutboundMessage.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
+    assert not OutboundMessage.objects.filter(pk__in=[gone.pk, twin.pk]).exists()
+    assert not default_storage.exists(alone)
+    assert default_storage.exists(shared) and default_storage.exists(kept)
+    recent.delete()
+    from delivery.ledger.sweeps import delete_unnamed_files
+    assert delete_unnamed_files({shared}) == 1 and not default_storage.exists(shared)

@@ -5,8 +5,12 @@ its end. PostgreSQL: `pg_dump -Fc` (a custom-format archive for `pg_restore`).
 
 A reply the ledger holds open in the copy may be sent after the copy was taken: in the
 SQLite copy each open row is marked as "its send may have started" (the ledger's own
-rule), so a product restored from it resends it labelled, never silently twice. For
-PostgreSQL, `manage.py backup --mark-restored` runs that step on the restored database.
+rule), so a product restored from it resends it labelled, never silently twice. A buffer
+or turn in flight in the copy runs again after a restore, and its reply may have gone out
+after the copy was taken too: the copy gets a restore point (delivery.models.RestorePoint,
+the newest turn and buffer it holds), and the replies of those turns are written
+labelled. For PostgreSQL, `manage.py backup --mark-restored` runs both steps on the
+restored database.
 """
 
 import shutil
@@ -15,9 +19,11 @@ import subprocess
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
-from delivery.models import OutboundMessage, OutboundState
+from conversations.models import MessageBuffer, Turn
+from delivery.models import OutboundMessage, OutboundState, RestorePoint
 
 OPEN = (OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING)
 
@@ -26,6 +32,13 @@ def mark_sql():
     table = OutboundMessage._meta.db_table
     states = ", ".join(f"'{s}'" for s in OPEN)
     return f"UPDATE {table} SET chunks_started = chunks_delivered + 1 WHERE state IN ({states})"
+
+
+def restore_point_sql():
+    """Parameters: the restore point's time."""
+    turns, buffers = Turn._meta.db_table, MessageBuffer._meta.db_table
+    return (f"INSERT INTO {RestorePoint._meta.db_table} (at, last_turn_id, last_buffer_id) "
+            f"SELECT %s, (SELECT COALESCE(MAX(id), 0) FROM {turns}), (SELECT COALESCE(MAX(id), 0) FROM {buffers})")
 
 
 class Command(BaseCommand):
@@ -38,9 +51,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, path, mark_restored, **options):
         if mark_restored:
-            with connection.cursor() as cursor:
+            with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(mark_sql())
                 self.stdout.write(f"{cursor.rowcount} open ledger rows will be resent labelled")
+                cursor.execute(restore_point_sql(), [timezone.now()])
+            point = RestorePoint.objects.first()
+            self.stdout.write(f"replies of turns up to {point.last_turn_id} and buffers up to "
+                              f"{point.last_buffer_id} will be sent labelled")
             return
         if not path:
             raise CommandError("give the backup's PATH")
@@ -57,9 +74,11 @@ class Command(BaseCommand):
         connection.ensure_connection()
         source = connection.connection
         copy = sqlite3.connect(target)
+        at = timezone.now().replace(tzinfo=None).isoformat(" ")  # as Django's SQLite backend stores it (UTC)
         try:
             source.backup(copy)  # one step: a read snapshot (WAL: writers go on meanwhile)
             copy.execute(mark_sql())
+            copy.execute(restore_point_sql().replace("%s", "?"), [at])
             copy.commit()
         finally:
             copy.close()

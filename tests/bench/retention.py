@@ -1,0 +1,201 @@
+"""The retention sweep measured while messages flow (issue 26): synthetic rows past their
+retention (inbound messages, delivered ledger rows, audit events, claims past their
+window), among them what the guarantees still need (an open buffer and its message, a
+ready turn, a pending ledger row, a claim inside its window); webhook POSTs to a real
+web server at a steady rate, first without a sweep, then while `manage.py
+sweepretention` runs in a process of its own. Figures: p99 admission latency (the POST's
+answer time) during the sweep against without it (target <= 2x), rows deleted per
+second; checked: nothing the guarantees need is gone.
+
+    .venv/bin/python -m tests.bench retention      (1 million rows, 50 messages/s)
+
+tests/end_to_end/test_retention_e2e.py runs the same at 50,000 rows."""
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import httpx
+
+SECRET = "retention-secret"
+KINDS = 4  # seeded in turn: a message, a delivered ledger row, an audit event, a claim past its window
+
+
+@dataclass
+class Seeded:
+    deletable: int = 0
+    kept: dict = field(default_factory=dict)  # what the guarantees need: model label -> ids
+
+
+def seed(rows, batch=5000):
+    """`rows` synthetic rows 40 days old (past every retention but the audit trail's: its
+    events are 400 days old), with what must stay spread through them."""
+    from django.utils import timezone
+
+    from audit.models import AuditEvent, EventKind
+    from conversations.models import Channel, Contact, Conversation, InboundMessage, MessageBuffer, Turn
+    from delivery.models import OutboundMessage, OutboundState
+    from tools.models import ActionClaim, ClaimState
+
+    now = timezone.now()
+    old, ancient = now - timedelta(days=40), now - timedelta(days=400)
+    channel = Channel.objects.create(slug="old", kind="api")
+    contact = Contact.objects.create(channel=channel, platform_id="old")
+    chat = Conversation.objects.create(channel=channel, contact=contact, chat_id="old", sender_id="old")
+    seeded = Seeded()
+
+    def make(kind, i):
+        if kind == 0:
+            return InboundMessage(channel=channel, conversation=chat, platform_message_id=f"old-{i}", text="x" * 80,
+                                  received_at=old)
+        if kind == 1:
+            return OutboundMessage(conversation=chat, channel=channel, chat_id="old", text="y" * 80,
+                                   state=OutboundState.DELIVERED, created_at=old)
+        if kind == 2:
+            return AuditEvent(kind=EventKind.CONTROL_COMMAND, at=ancient, summary="old event")
+        return ActionClaim(scope=f"contact:{i}", action="email_send", fingerprint=f"f{i}", state=ClaimState.DONE,
+                           live=False, created_at=old, expires_at=old, lease_until=old)
+
+    models = [InboundMessage, OutboundMessage, AuditEvent, ActionClaim]
+    per_kind = rows // KINDS
+    for start in range(0, per_kind, batch):
+        count = min(batch, per_kind - start)
+        for kind, model in enumerate(models):
+            model.objects.bulk_create([make(kind, start + i) for i in range(count)])
+        if start == per_kind // 2 - per_kind // 2 % batch:  # halfway: what must stay, amid the rest
+            buffer = MessageBuffer.objects.create(conversation=chat, first_message_at=old, last_message_at=old,
+                                                  flush_at=old)
+            kept = {
+                "conversations.MessageBuffer": [buffer.pk],
+                "conversations.InboundMessage": [InboundMessage.objects.create(
+                    channel=channel, conversation=chat, platform_message_id="open", received_at=old,
+                    buffer=buffer).pk],
+                "conversations.Turn": [Turn.objects.create(conversation=chat, merged_input="ready", created_at=old,
+                                                           flush_reason="window").pk],
+                "delivery.OutboundMessage": [OutboundMessage.objects.create(
+                    conversation=chat, channel=channel, chat_id="old", text="owed", state=OutboundState.PENDING,
+                    created_at=old).pk],
+                "tools.ActionClaim": [ActionClaim.objects.create(
+                    scope="contact:window", action="email_send", fingerprint="window", state=ClaimState.DONE,
+                    live=True, created_at=old, expires_at=now + timedelta(days=1), lease_until=old).pk],
+            }
+            seeded.kept = kept
+    seeded.deletable = per_kind * KINDS
+    return seeded
+
+
+def missing(seeded) -> list[str]:
+    """What the guarantees need that the sweep deleted (empty: nothing)."""
+    from django.apps import apps
+
+    gone = []
+    for label, ids in seeded.kept.items():
+        left = set(apps.get_model(label).objects.filter(pk__in=ids).values_list("pk", flat=True))
+        gone += [f"{label} {pk}" for pk in ids if pk not in left]
+    return gone
+
+
+def telegram_channel(fake_url, slug="tg"):
+    from conversations.models import Channel
+
+    return Channel.objects.create(slug=slug, kind="telegram", platform_settings={
+        "bot_token": "4242:RETENTION", "webhook_secret": SECRET, "api_base": fake_url})
+
+
+class Flow:
+    """New chats' messages POSTed to the webhook at `rate` a second (one keep-alive client
+    on a fixed schedule); each POST's answer time in ms, with its status, tagged by phase."""
+
+    def __init__(self, url, rate=50, slug="tg"):
+        self.url, self.rate, self.slug = f"{url}/webhooks/telegram/{slug}/", rate, slug
+        self.phase, self.times, self.statuses = "without", {}, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        from tests.e2e import update
+
+        began, n = time.monotonic(), 0
+        with httpx.Client(timeout=30) as http:
+            while not self.stop.is_set():
+                pause = began + n / self.rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                phase, sent = self.phase, time.perf_counter()
+                try:
+                    status = http.post(self.url, json=update(3_000_000 + n, f"hola {n}"),
+                                       headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.times.setdefault(phase, []).append((time.perf_counter() - sent) * 1000)
+                self.statuses.append(status)
+                n += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(60)
+
+
+def measure(url, run_sweep, without_seconds, rate=50):
+    """Admission latencies without a sweep for `without_seconds`, then while `run_sweep()`
+    (a started process) runs; returns (flow, the sweep's seconds, its exit code)."""
+    with Flow(url, rate) as flow:
+        time.sleep(without_seconds)
+        flow.phase = "during"
+        began = time.monotonic()
+        sweep = run_sweep()
+        code = sweep.wait(3600)
+        seconds = time.monotonic() - began
+    return flow, seconds, code
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else 0.0
+
+
+def summary(flow, rows, seconds) -> tuple[str, float, float]:
+    """The figures in words, and p99 without and during."""
+    without, during = flow.times.get("without", []), flow.times.get("during", [])
+    p99_without, p99_during = percentile(without, 99), percentile(during, 99)
+    ratio = p99_during / p99_without if p99_without else 0.0
+    line = (f"sweep of {rows:,} rows past their retention in {seconds:.1f} s ({rows / max(seconds, 1e-9):,.0f} rows/s) "
+            f"while {flow.rate} messages/s were admitted: p99 admission {p99_during:.1f} ms during vs "
+            f"{p99_without:.1f} ms without ({len(during)} and {len(without)} POSTs): ratio {ratio:.2f} "
+            f"(target <= 2: {'met' if ratio <= 2 else 'NOT MET'}); p50 {percentile(during, 50):.1f} vs "
+            f"{percentile(without, 50):.1f} ms")
+    return line, p99_without, p99_during
+
+
+def bench_retention(kit, rows=1_000_000, rate=50, without_seconds=20.0):
+    """`kit`: the runner (tests.bench.__main__): report, start, stop, web_server, wait_until."""
+    import os
+    import sys
+
+    from tests.fakes.telegram_api import FakeBotAPI
+
+    began = time.monotonic()
+    seeded = seed(rows)
+    print(f"[retention] seeded {rows:,} rows in {time.monotonic() - began:.0f} s", flush=True)
+    with FakeBotAPI() as fake:
+        telegram_channel(fake.url)
+        web, url = kit.web_server()
+        try:
+            budget = os.environ.get("AGENTLOOP_RETENTION_SWEEP_BUDGET", "3600")
+            flow, seconds, code = measure(url, lambda: kit.start(
+                "sweep", [sys.executable, "manage.py", "sweepretention", "--budget", budget]), without_seconds, rate)
+        finally:
+            kit.stop(web)
+    from django.db import connection
+
+    assert code == 0, "the sweep failed: var/bench-logs/sweep.log"
+    gone = missing(seeded)
+    refused = sum(1 for s in flow.statuses if s != 200)
+    line, _, _ = summary(flow, seeded.deletable, seconds)
+    kit.report("retention", f"{line}; kept what the guarantees need: {'yes' if not gone else f'NO, deleted {gone}'}; "
+                            f"POSTs not answered 200: {refused}; {connection.vendor}")
