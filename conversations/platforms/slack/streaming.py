@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentloop.core.caches import BoundedCache
+from conversations.platforms.slack.blocks import escape, place, question_blocks, token_key
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.previews import CURSOR, Preview, PreviewResult
@@ -54,7 +55,6 @@ def forget(ts: str) -> None:
 
 
 def can_stream(transport: SlackTransport, target: Target) -> bool:
-    from conversations.platforms.slack.transport import place, token_key
 
     channel_id, thread = place(target.chat_id, target.thread_id)
     token = transport.setting("bot_token")
@@ -67,7 +67,6 @@ class SlackStream(Preview):
     is_message = True
 
     def __init__(self, transport: SlackTransport, target: Target, message_id: str = ""):
-        from conversations.platforms.slack.transport import place
 
         self.transport, self.target = transport, target
         self.channel_id, self.thread = place(target.chat_id, target.thread_id)
@@ -104,7 +103,6 @@ class SlackStream(Preview):
         return PreviewResult(True, message_id=self.ts)
 
     async def _start(self, delta: str) -> PreviewResult:
-        from conversations.platforms.slack.transport import token_key
 
         answer = await self._call("chat_startStream", {"channel": self.channel_id, "thread_ts": self.thread,
                                                        "markdown_text": _escape(delta)})
@@ -138,7 +136,6 @@ async def finish(transport: SlackTransport, target: Target, ts: str, text: str) 
     """The ledger's final over stream `ts` (SlackTransport.edit_text): stopped with the
     rest of `text` when what it shows is known to begin it, else stopped and replaced
     by `text` whole."""
-    from conversations.platforms.slack.transport import place, question_blocks
 
     channel_id, _ = place(target.chat_id, target.thread_id)
     known = appended(ts)
@@ -169,7 +166,6 @@ def _already_stopped(result: SendResult) -> bool:
 
 
 def _escape(text: str) -> str:
-    from conversations.platforms.slack.transport import escape
 
     return escape(text)
 

@@ -25,7 +25,6 @@ files.completeUploadExternal into the thread); see send_files.
 
 import asyncio
 import contextvars
-import hashlib
 import math
 
 import aiohttp
@@ -36,6 +35,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
 from conversations.platforms.slack import streaming
+from conversations.platforms.slack.blocks import SECTION_UNITS, escape, place, question_blocks, token_key  # noqa: F401
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -44,7 +44,6 @@ from delivery.transports import Progress, SendResult, Target, Transport
 # chat.postMessage truncates a message over 40,000 characters and Slack asks for at most
 # 4,000; a section block's text (a question with buttons) takes 3,000.
 MAX_UNITS = 4000
-SECTION_UNITS = 3000
 FLOOD_DEFAULT = 30.0  # a 429 without Retry-After
 TEMPORARY_ERRORS = {"ratelimited", "fatal_error", "internal_error", "service_unavailable", "request_timeout"}
 UNREACHABLE = {
@@ -69,17 +68,6 @@ class SlackAnswer(Exception):
 
 def deadline() -> float:
     return settings.AGENTLOOP_CALLBACK_TIMEOUT
-
-
-def escape(text: str) -> str:
-    """Slack reads `&`, `<` and `>` as markup (links, mentions): a reply's own are escaped."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def place(chat_id: str, thread: str) -> tuple[str, str]:
-    """(Slack channel id, thread ts) of a chat (`C…` or `C…:<thread ts>`) and a thread."""
-    channel_id, _, chat_thread = chat_id.partition(":")
-    return channel_id, thread or chat_thread
 
 
 class SlackTransport(Transport):
@@ -261,22 +249,6 @@ class SlackTransport(Transport):
             scopes = {s.strip() for s in str(response.headers.get("X-OAuth-Scopes") or "").split(",")}
             known = _assistants.set(key, ASSISTANT_SCOPE in scopes)
         return known
-
-
-def question_blocks(text: str, buttons) -> list:
-    """A question and its answer buttons (tools.confirmations: (label, data) pairs)."""
-    styles = ("primary", "danger")
-    elements = [{"type": "button", "action_id": f"agentloop_confirm_{i}", "value": data,
-                 "text": {"type": "plain_text", "text": label, "emoji": True},
-                 **({"style": styles[i]} if i < len(styles) else {})} for i, (label, data) in enumerate(buttons)]
-    section = escape(chunks.split(text, SECTION_UNITS)[0])
-    return [{"type": "section", "text": {"type": "mrkdwn", "text": section}},
-            {"type": "actions", "block_id": "agentloop_confirm", "elements": elements}]
-
-
-def token_key(token: str) -> str:
-    """A bot's name in shared keys (the pacing budget, caches): never the token itself."""
-    return hashlib.sha256(str(token).encode()).hexdigest()[:16]
 
 
 _assistants = BoundedCache(maxsize=1024, max_age=600.0)
