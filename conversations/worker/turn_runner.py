@@ -105,7 +105,7 @@ class TurnRunner:
         channel = conversation.channel
         return TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
                            text=turn.merged_input, config=channel.agent_config, channel_kind=channel.kind,
-                           contact_name=conversation.sender_id,
+                           contact_name=conversation.sender_id, language=languages.of(conversation),
                            load_history=functools.partial(worker.read, engine.conversation_history,
                                                           conversation, turn),
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
