@@ -177,3 +177,15 @@ def test_a_row_keeps_the_language_it_was_written_in(make_channel, make_conversat
 
 def test_every_marker_leaves_room_in_every_chunk():
     assert ledger.prefix_units() >= max(len(m.encode("utf-16-le")) // 2 for m in EXPECTED["marker"].values())
+
+
+@pytest.mark.parametrize(("accept", "heading", "crumb"), [
+    ("es-ES,es;q=0.9", "Turnos en curso", "Panel en vivo"),
+    ("pt-BR,pt;q=0.9", "Turnos em andamento", "Painel ao vivo"),
+    ("en-US,en;q=0.9", "Turns in flight", "Live dashboard"),
+])
+def test_the_console_and_the_admin_follow_the_browser_language(admin_client, accept, heading, crumb):
+    page = admin_client.get("/console/", HTTP_ACCEPT_LANGUAGE=accept).content.decode()
+    assert heading in page and crumb in page
+    admin = admin_client.get("/admin/conversations/channel/add/", HTTP_ACCEPT_LANGUAGE=accept)
+    assert f'lang="{accept[:2]}"' in admin.content.decode()
