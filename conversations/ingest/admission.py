@@ -101,6 +101,8 @@ def _admit_in_transaction(channel, inbound, now, created=None):
     conversation = created if created is not None else _conversation_with_state(channel, inbound)
     if conversation is None:
         return None
+    if inbound.language and inbound.language[:16] != conversation.language:
+        _language_changed(conversation, inbound.language[:16])
     arrival = Arrival(channel, conversation, inbound, now)
     running = conversation.running_turn_id
     # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
@@ -232,6 +234,15 @@ def _create_conversation(channel, inbound, savepoint=True):
     conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
     conversation.open_buffer_count, conversation.open_buffer_album = 0, ""
     return conversation
+
+
+def _language_changed(conversation, language):
+    """The person's platform language is new (they changed it, or were first seen before
+    languages were kept): the contact and each of its conversations take it. Two UPDATEs,
+    only when it differs: the row read for every message already carries it."""
+    conversation.language = language
+    Contact.objects.filter(pk=conversation.contact_id).update(language=language)
+    Conversation.objects.filter(contact_id=conversation.contact_id).update(language=language)
 
 
 def _overflowed(conversation, message):

@@ -189,3 +189,12 @@ def test_the_console_and_the_admin_follow_the_browser_language(admin_client, acc
     assert heading in page and crumb in page
     admin = admin_client.get("/admin/conversations/channel/add/", HTTP_ACCEPT_LANGUAGE=accept)
     assert f'lang="{accept[:2]}"' in admin.content.decode()
+
+
+def test_a_contact_who_changes_language_is_answered_in_the_new_one(make_channel):
+    channel = make_channel("chan")
+    admit(channel, msg(1, "/stop", language="en"), now=T0)
+    admit(channel, msg(2, "/stop", language="pt-BR"), now=T0 + timedelta(seconds=1))
+    admit(channel, msg(3, "/stop"), now=T0 + timedelta(seconds=2))  # none given: the last one stands
+    assert Contact.objects.get().language == "pt-BR"
+    assert [row.text for row in notices()] == [EXPECTED["/stop"]["en"], *[EXPECTED["/stop"]["pt"]] * 2]
