@@ -198,3 +198,14 @@ def test_a_contact_who_changes_language_is_answered_in_the_new_one(make_channel)
     admit(channel, msg(3, "/stop"), now=T0 + timedelta(seconds=2))  # none given: the last one stands
     assert Contact.objects.get().language == "pt-BR"
     assert [row.text for row in notices()] == [EXPECTED["/stop"]["en"], *[EXPECTED["/stop"]["pt"]] * 2]
+
+
+def test_the_api_takes_the_senders_language(make_channel, agent_key, client):
+    channel = make_channel("shop", kind="api")
+    key = agent_key(channel)
+    response = client.post("/api/v1/channels/shop/messages", {"message_id": "m1", "contact": "ana", "text": "/stop",
+                                                               "language": "es"},
+                           content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert response.status_code == 202, response.content
+    assert Contact.objects.get().language == "es"
+    assert [row.text for row in notices()] == [EXPECTED["/stop"]["es"]]
