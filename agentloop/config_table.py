@@ -67,6 +67,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "`HTTP_X_FORWARDED_PROTO,https` behind a proxy that sets that header itself "
             "(and drops a client's)."),
         Var("TIME_ZONE", "UTC", "The admin's time zone."),
+        Var("AGENTLOOP_LANGUAGE", "en",
+            "The deployment's language (`en`, `es`, `pt`): what agentloop writes to a user whose "
+            "platform gives no language, on a channel without one of its own "
+            "([languages](languages.md))."),
         Var("AGENTLOOP_SERVE_STATIC", "true",
             "daphne serves `/static/` itself; turn off behind a proxy that does."),
         Var("AGENTLOOP_MAX_BODY_BYTES", "262144 (256 KB)",

@@ -160,7 +160,11 @@ AXES_FAILURE_LIMIT = env.int("AGENTLOOP_LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("AGENTLOOP_LOGIN_LOCKOUT_MINUTES", default=15.0) / 60  # hours
 AXES_LOCKOUT_PARAMETERS, AXES_RESET_ON_SUCCESS = [["username", "ip_address"]], True
 
-LANGUAGE_CODE = "en-us"
+# Texts to users: the contact's platform language, else the channel's, else this one
+# (agentloop.core.languages); the admin and the console: the browser's (LocaleMiddleware).
+LANGUAGE_CODE = env.str("AGENTLOOP_LANGUAGE", default="en")
+LANGUAGES = [("en", "English"), ("es", "Español"), ("pt", "Português")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = env.str("TIME_ZONE", default="UTC")
 USE_I18N = True
 USE_TZ = True

@@ -174,7 +174,7 @@ class ChannelAdmin(admin.ModelAdmin):
     readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "send_blocked", "created_at", "updated_at",
                        "delivery_health"]
     fieldsets = [
-        (None, {"fields": ["slug", "name", "kind", "is_active"]}),
+        (None, {"fields": ["slug", "name", "kind", "is_active", "language"]}),
         ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
                                  "greeting_words", "conjunction_words", ("max_wait", "max_messages"),
                                  ("window_media", "window_album", "media_at_once")],
@@ -200,10 +200,15 @@ class ChannelAdmin(admin.ModelAdmin):
 
 @admin.register(Contact)
 class ContactAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "platform_id", "username", "channel", "created_at"]
-    list_filter = ["channel"]
+    list_display = ["__str__", "platform_id", "username", "language", "channel", "created_at"]
+    list_filter = ["channel", "language"]
     search_fields = ["platform_id", "display_name", "username"]
     actions = ["forget"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "language" in form.changed_data:  # what texts are written in reads the conversations' copy
+            Conversation.objects.filter(contact=obj).update(language=obj.language)
 
     @admin.action(description="Erase these people's data (texts, files, names, ids)", permissions=["delete"])
     def forget(self, request, queryset):

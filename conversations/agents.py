@@ -53,6 +53,7 @@ class TurnContext:
     # Where the turn came from, for agents that speak to other services.
     channel_kind: str = ""
     contact_name: str = ""
+    language: str = ""  # the user's (conversations.languages): what our own texts are written in
     # The files of the burst (conversations.media.for_agents.Attachment), settled: stored,
     # or skipped or failed with the reason. `for_agents.parts` makes model content of them.
     media: list = field(default_factory=list)

@@ -1,6 +1,8 @@
 """Control commands skip the buffer and are answered at once."""
 
 from django.utils import timezone
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
 from audit.models import EventKind
@@ -11,12 +13,17 @@ from delivery.models import OutboundKind
 
 COMMANDS = ("/start", "/stop", "/reset", "/help")
 
-HELP = (
+HELP = _(
     "Send me your message — several in a row are fine, I read them together.\n"
     "/stop — stop what I'm doing and drop what you've sent but I haven't read yet\n"
     "/reset — start a fresh conversation\n"
     "/help — this message"
 )
+GREETING = _("Hi!")
+RESET = _("Conversation reset. What can I do for you?")
+STOPPED = _("Stopped.")
+NOTHING_TO_STOP = _("Nothing to stop.")
+UNSTOPPABLE = _("I had already started an action, so that part will finish and I'll report it.")
 
 
 def parse(text: str) -> str | None:
@@ -29,8 +36,9 @@ def parse(text: str) -> str | None:
 
 def handle(conversation, message, command, now=None):
     now = now or timezone.now()
+    # Lazy texts: the ledger writes them in the conversation's language.
     if command == "/start":
-        reply = "Hi! " + HELP
+        reply = format_lazy("{} {}", GREETING, HELP)
     elif command == "/help":
         reply = HELP
     else:
@@ -39,11 +47,11 @@ def handle(conversation, message, command, now=None):
         if command == "/reset":
             conversation.context_reset_at = now
             conversation.save(update_fields=["context_reset_at"])
-            reply = "Conversation reset. What can I do for you?"
+            reply = RESET
         else:
-            reply = "Stopped." if (dropped or stopped or unstoppable) else "Nothing to stop."
+            reply = STOPPED if (dropped or stopped or unstoppable) else NOTHING_TO_STOP
         if unstoppable:
-            reply += " I had already started an action, so that part will finish and I'll report it."
+            reply = format_lazy("{} {}", reply, UNSTOPPABLE)
     ledger.enqueue(conversation, reply, kind=OutboundKind.CONTROL,
                    reply_target=message.reply_target, thread_id=message.thread_id)
     record(EventKind.CONTROL_COMMAND, conversation=conversation, actor=conversation.sender_id,

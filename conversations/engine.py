@@ -14,6 +14,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core import metrics, rows
 from audit.events import record
@@ -37,9 +39,9 @@ log = logging.getLogger(__name__)
 
 # After a streamed reply cut short by a crash of its worker (the turn had acted: it is
 # not run again), below what was saved of it.
-INTERRUPTED_NOTE = ("⚠️ I was interrupted here, and part of what I was doing may already be done. "
+INTERRUPTED_NOTE = _("⚠️ I was interrupted here, and part of what I was doing may already be done. "
                     "Please check before asking again.")
-RECOVERY_NOTICE = (
+RECOVERY_NOTICE = _(
     "Sorry — something went wrong while I was working on your last message, and part of "
     "it may already be done. Please check before asking again."
 )
@@ -329,7 +331,8 @@ def give_up_turn(turn, now=None):
             # preview (docs/streaming.md); read now, not from `turn`, which may be older.
             streamed, preview = Turn.objects.filter(pk=turn.pk).values_list(
                 "streamed_text", "preview_message_id").get()
-            text = f"{streamed.rstrip()}\n\n{INTERRUPTED_NOTE}" if streamed.strip() else RECOVERY_NOTICE
+            text = (format_lazy("{}\n\n{}", streamed.rstrip(), INTERRUPTED_NOTE) if streamed.strip()
+                    else RECOVERY_NOTICE)
             ledger.enqueue_many([ledger.Reply(turn.conversation, text, OutboundKind.NOTICE, turn=turn,
                                               reply_target=turn.reply_target, thread_id=turn.thread_id,
                                               preview_message_id=preview)])

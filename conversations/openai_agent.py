@@ -31,9 +31,11 @@ import logging
 import os
 
 import openai
+from django.utils.translation import gettext_lazy
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk  # loaded now, not inside the first turn
 
+from agentloop.core import languages
 from agentloop.core.redaction import agent_secrets, redact
 from conversations.agents import Agent, AgentUnavailable, Answer, TurnContext, key_env_problem
 from conversations.media import for_agents
@@ -47,7 +49,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "again. When a tool result says it is a duplicate, do not retry; tell the user it was already done. "
     "Answer briefly, in the user's language."
 )
-STEP_LIMIT_REPLY = "I could not finish that in one go; please tell me what is still missing."
+STEP_LIMIT_REPLY = gettext_lazy("I could not finish that in one go; please tell me what is still missing.")
 
 def _client(config):
     env_name = config.get("api_key_env") or "OPENAI_API_KEY"
@@ -98,7 +100,7 @@ class OpenAIAgent(Agent):
         for _ in range(int(config.get("max_steps", 6))):
             message = await self._complete(client, config, messages, tools)
             if not message.tool_calls:
-                return (message.content or "").strip() or STEP_LIMIT_REPLY
+                return (message.content or "").strip() or languages.text_in(ctx.language, STEP_LIMIT_REPLY)
             messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
             for call in message.tool_calls:
                 result = await self._run_tool(ctx, call)
@@ -106,7 +108,7 @@ class OpenAIAgent(Agent):
                                  "content": json.dumps(result, ensure_ascii=False, default=str)})
         log.warning("turn %s: the model was still calling tools after %s steps", ctx.turn_id,
                     config.get("max_steps", 6))
-        return STEP_LIMIT_REPLY
+        return languages.text_in(ctx.language, STEP_LIMIT_REPLY)
 
     async def stream(self, ctx: TurnContext):
         config = ctx.config
@@ -134,7 +136,7 @@ class OpenAIAgent(Agent):
             if step:
                 said.append("".join(step))
             if not message.tool_calls:
-                yield Answer("\n\n".join(said).strip() or STEP_LIMIT_REPLY)
+                yield Answer("\n\n".join(said).strip() or languages.text_in(ctx.language, STEP_LIMIT_REPLY))
                 return
             # The message is whole now: each call's arguments complete, checked before it runs.
             messages.append({"role": "assistant", "content": message.content, "tool_calls": [
@@ -145,7 +147,7 @@ class OpenAIAgent(Agent):
                 result = await self._run_tool(ctx, call)
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": json.dumps(result, ensure_ascii=False, default=str)})
-        yield Answer("\n\n".join([*said, STEP_LIMIT_REPLY]))
+        yield Answer("\n\n".join([*said, languages.text_in(ctx.language, STEP_LIMIT_REPLY)]))
 
     async def _complete(self, client, config, messages, tools):
         kwargs = _request(config, messages, tools)

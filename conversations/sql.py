@@ -45,7 +45,7 @@ from conversations.models import (
 # --- admission: the conversation and its state ----------------------------------------
 
 # Columns read from the conversation row, in this order, then the state columns.
-CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", "context_reset_at")
+CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", "context_reset_at", "language")
 
 
 @functools.lru_cache(maxsize=2)  # one conversation by its key; a batch's by their ids

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core import metrics
 from agentloop.core.redaction import redact
@@ -22,9 +23,7 @@ from conversations.models import Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
 
-EXTERNAL_GAVE_UP_NOTICE = (
-    "Sorry — I could not answer your last message. Please send it again in a while."
-)
+EXTERNAL_GAVE_UP_NOTICE = _("Sorry — I could not answer your last message. Please send it again in a while.")
 
 
 def cancel(turn_id, reason, now=None) -> bool:

@@ -3,6 +3,8 @@ in by those apps' `AppConfig.ready()` so that delivery imports neither:
 
 - conversations.platforms: the transport that sends a channel's replies, and closing
   every platform's HTTP clients opened on an event loop;
+- conversations.languages: the language a conversation's rows are written in (the
+  recovery marker, added at send time, speaks the row's);
 - tools.confirmations: the answer buttons of the questions among some ledger rows while
   their proposal is open (a question goes out with its buttons, and keeps them on the
   console after a page reload).
@@ -13,8 +15,11 @@ its foreign keys do.
 
 from django.apps import apps
 
+from agentloop.core import languages
+
 _platforms = None
 _buttons_for_rows = None
+_language_of = None
 
 
 def register_platforms(platforms):
@@ -27,6 +32,18 @@ def register_buttons(buttons_for_rows):
     """`buttons_for_rows(row_ids)` → {row id: [(label, data), …]}."""
     global _buttons_for_rows
     _buttons_for_rows = buttons_for_rows
+
+
+def register_languages(language_of):
+    """`language_of(conversation)` → the language a row written to it is in."""
+    global _language_of
+    _language_of = language_of
+
+
+def language_of(conversation) -> str:
+    """The conversation's language (conversations.languages); the deployment's before that
+    app is ready."""
+    return _language_of(conversation) if _language_of is not None else languages.default()
 
 
 def _registered_platforms():

@@ -91,6 +91,9 @@ class OutboundMessage(StateMachine, models.Model):
     )
     kind = models.CharField(max_length=16, choices=OutboundKind.choices, default=OutboundKind.REPLY)
     text = models.TextField()
+    # The conversation's language when the row was written: the recovery marker added at
+    # send time speaks it (delivery cannot ask conversations then).
+    language = models.CharField(max_length=16, blank=True, default="")
     # Platform ids: WhatsApp's wamid.… are 60-80 characters.
     reply_target = models.CharField(max_length=200, blank=True)
     thread_id = models.CharField(max_length=50, blank=True)

@@ -16,9 +16,10 @@ _message_ids = itertools.count(1)
 UNPACED = {"messages_per_second": 0, "chat_interval": 0, "group_messages_per_minute": 0}
 
 
-def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None):
+def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None, language_code=None):
+    """`language_code`: the sender's, as a Telegram client gives it ("es"); None: not given."""
     message_id = message_id or next(_message_ids)
-    return {
+    body = {
         "update_id": next(_update_ids),
         "message": {
             "message_id": message_id, "date": int(time.time()), "text": text,
@@ -26,6 +27,9 @@ def update(chat_id, text, *, message_id=None, first_name="Camila", user_id=None)
             "chat": {"id": chat_id, "type": "private", "first_name": first_name},
         },
     }
+    if language_code:
+        body["message"]["from"]["language_code"] = language_code
+    return body
 
 
 def send(web, slug, chat_id, text, **kw):

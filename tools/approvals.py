@@ -15,6 +15,8 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
 from audit.failpoints import failpoint
@@ -110,13 +112,15 @@ def _finish(proposal, claim, outcome, by, tell_user=True):
     if outcome.status == guard.Status.DONE:
         state = ProposalState.APPLIED
         for_agent = f"{_who(by)} {verb} and applied {_describe(claim)}; result: {outcome.result}"
-        for_user = f"✅ {verb.capitalize()} and done: " + _describe_for_user(claim)
+        for_user = format_lazy(_("✅ Confirmed and done: {what}") if by_user(by) else _("✅ Approved and done: {what}"),
+                               what=_describe_for_user(claim))
     elif outcome.status == guard.Status.UNCERTAIN:
         return  # stays applying until the claim is settled (sweep: settle_applying)
     else:
         state = ProposalState.FAILED
         for_agent = f"{_who(by)} {verb} {_describe(claim)}, but it failed: {outcome.error}"
-        for_user = f"⚠️ {verb.capitalize()}, but it could not be done: " + _describe_for_user(claim)
+        for_user = format_lazy(_("⚠️ Confirmed, but it could not be done: {what}") if by_user(by)
+                               else _("⚠️ Approved, but it could not be done: {what}"), what=_describe_for_user(claim))
     with transaction.atomic():
         moved = Proposal.transition(proposal.pk, ProposalState.APPLYING, state, result=outcome.result,
                                     error=outcome.error[:2000])
@@ -161,7 +165,8 @@ def reject_once(proposal_id, *, by: str, reason: str = "", tell_user: bool = Tru
                 said = "said no to" if by_user(by) else "rejected"
                 hooks.inform(claim.conversation_id,
                              for_agent=f"{_who(by)} {said} {_describe(claim)}{why}; it was not done.",
-                             for_user=("❌ Not approved: " + _describe_for_user(claim) + why) if tell_user else "")
+                             for_user=format_lazy(_("❌ Not approved: {what}"), what=_describe_for_user(claim) + why)
+                             if tell_user else "")
     if not won and proposal.state == ProposalState.PENDING:  # it is past its time
         expire(proposal, tell_user=tell_user)
         proposal.refresh_from_db()
@@ -182,8 +187,8 @@ def expire(proposal, tell_user: bool = True) -> bool:
             if claim.conversation_id:
                 hooks.inform(claim.conversation_id,
                              for_agent=f"Nobody approved {_describe(claim)} in time; it expired and was not done.",
-                             for_user=("⌛ Not approved in time, so not done: " + _describe_for_user(claim))
-                             if tell_user else "")
+                             for_user=format_lazy(_("⌛ Not approved in time, so not done: {what}"),
+                                                  what=_describe_for_user(claim)) if tell_user else "")
             if tell_user:  # expired by the sweep, not by a tap (which shows it itself)
                 transaction.on_commit(lambda: hooks.withdraw_question(proposal.pk))
     return bool(won)

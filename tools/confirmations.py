@@ -35,11 +35,13 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
 
-from agentloop.core import live
+from agentloop.core import languages, live
 from agentloop.core.redaction import redact
 from delivery import ledger
+from delivery.hooks import language_of
 from delivery.models import OutboundKind
 from tools import approvals, fingerprint, guard, hooks
 from tools.models import Confirmation, ProposalState
@@ -48,10 +50,9 @@ log = logging.getLogger(__name__)
 
 # The whole text of a reply, case-insensitive, trailing "." or "!" allowed. Nothing
 # looser: "yes, but tomorrow" is a message for the agent, not an answer.
-YES_WORDS = frozenset({"yes", "sí", "si"})
-NO_WORDS = frozenset({"no"})
+YES_WORDS = frozenset({"yes", "sí", "si", "sim"})  # the words "Reply yes or no" asks for, in each catalog
+NO_WORDS = frozenset({"no", "não", "nao"})
 CALLBACK_DATA = re.compile(r"^c:([A-Za-z0-9_-]{16,40}):([yn])$")
-YES_LABEL, NO_LABEL = "✅ Yes, do it", "❌ No"
 TOAST_LIMIT = 200  # a tap's answer (Telegram's answerCallbackQuery text)
 
 
@@ -64,7 +65,8 @@ def ask(proposal, claim) -> Confirmation | None:
     conversation = hooks.model("Conversation").objects.select_related("channel").filter(pk=claim.conversation_id).first()
     if conversation is None:
         return None  # no chat to ask in: an operator decides, as under `operator`
-    text = question_text(claim, conversation.channel)
+    with translation.override(language_of(conversation)):
+        text = question_text(claim, conversation.channel)
     confirmation = Confirmation.objects.create(proposal=proposal, conversation=conversation, text=text,
                                                asked_at=proposal.created_at)
     row = ledger.enqueue(conversation, text, kind=OutboundKind.NOTICE)
@@ -78,28 +80,30 @@ def has_buttons(channel) -> bool:
 
 
 def question_text(claim, channel) -> str:
-    text = f"Please confirm: {describe(claim.action, claim.arguments)}."
+    text = _("Please confirm: %(action)s.") % {"action": describe(claim.action, claim.arguments)}
     if has_buttons(channel):
         return text
-    return text + "\nReply yes or no."
+    return text + "\n" + _("Reply yes or no.")
 
 
 def describe(action, arguments) -> str:
-    """What the action will do, in plain words (the dashboard shows the same call as JSON)."""
+    """What the action will do, in plain words (the dashboard shows the same call as JSON),
+    in the active language."""
     args = arguments or {}
     if action == "calendar_create_event":
-        text = f"create the calendar event “{args.get('title', '')}” on {_when(args.get('start_datetime'))}"
+        text = _("create the calendar event “%(title)s” on %(when)s") % {
+            "title": args.get("title", ""), "when": _when(args.get("start_datetime"))}
         if args.get("end_datetime"):
-            text += f" until {_when(args['end_datetime'])}"
+            text += " " + _("until %(when)s") % {"when": _when(args["end_datetime"])}
         if args.get("location"):
-            text += f" at {args['location']}"
+            text += " " + _("at %(place)s") % {"place": args["location"]}
         return text
     if action == "calendar_delete_event":
-        return f"delete the calendar event {args.get('event_id', '')}"
+        return _("delete the calendar event %(event)s") % {"event": args.get("event_id", "")}
     if action == "email_send":
         to = args.get("to")
         to = ", ".join(to) if isinstance(to, list) else to
-        return f"send the email “{args.get('subject', '')}” to {to}"
+        return _("send the email “%(subject)s” to %(to)s") % {"subject": args.get("subject", ""), "to": to}
     shown = ", ".join(f"{k}: {v}" for k, v in args.items() if not isinstance(v, (dict, list)))
     return action.replace("_", " ") + (f" ({shown})" if shown else "")
 
@@ -113,7 +117,9 @@ def _when(value) -> str:
 
 
 def buttons(confirmation) -> tuple:
-    return ((YES_LABEL, f"c:{confirmation.token}:y"), (NO_LABEL, f"c:{confirmation.token}:n"))
+    """Yes / No, in the language of the chat they are shown in."""
+    with translation.override(language_of(confirmation.conversation)):
+        return ((_("✅ Yes, do it"), f"c:{confirmation.token}:y"), (_("❌ No"), f"c:{confirmation.token}:n"))
 
 
 def buttons_for_rows(row_ids) -> dict:
@@ -159,51 +165,64 @@ def decide(confirmation, yes: bool, *, by: str) -> Reply:
         proposal, won = approvals.apply_once(confirmation.proposal_id, by=by, tell_user=tell_user)
     else:
         proposal, won = approvals.reject_once(confirmation.proposal_id, by=by, tell_user=tell_user)
-    return _reply(confirmation.text, proposal, won)
+    return _reply(confirmation, proposal, won)
 
 
-def _reply(question, proposal, won) -> Reply:
+def _reply(confirmation, proposal, won) -> Reply:
+    """What a tap is told and the question becomes, in the chat's language."""
+    with translation.override(language_of(confirmation.conversation)):
+        return _outcome(confirmation.text, proposal, won)
+
+
+def _outcome(question, proposal, won) -> Reply:
     at = _local(proposal.decided_at)
     state = proposal.state
     if state == ProposalState.EXPIRED:
         when = _local(proposal.expires_at)
-        return Reply("expired", f"This request expired at {when}; nothing was done.",
-                     f"{question}\n\n⌛ Expired at {when}: not done.")
+        return Reply("expired", _("This request expired at %(time)s; nothing was done.") % {"time": when},
+                     f"{question}\n\n" + _("⌛ Expired at %(time)s: not done.") % {"time": when})
     if state == ProposalState.REJECTED:
         return Reply("rejected" if won else "already_rejected",
-                     "OK, it will not be done." if won else f"Already declined at {at}.",
-                     f"{question}\n\n❌ Declined at {at}: not done.")
+                     _("OK, it will not be done.") if won else _("Already declined at %(time)s.") % {"time": at},
+                     f"{question}\n\n" + _("❌ Declined at %(time)s: not done.") % {"time": at})
     if not won:
-        return Reply("already_confirmed", f"Already confirmed at {at}.", _confirmed_line(question, proposal, at))
-    toast = {ProposalState.APPLIED: "Done ✅", ProposalState.FAILED: "Confirmed, but it could not be done.",
-             ProposalState.APPLYING: "Confirmed; checking whether it went through."}.get(state, "Confirmed.")
+        return Reply("already_confirmed", _("Already confirmed at %(time)s.") % {"time": at},
+                     _confirmed_line(question, proposal, at))
+    toast = {ProposalState.APPLIED: _("Done ✅"), ProposalState.FAILED: _("Confirmed, but it could not be done."),
+             ProposalState.APPLYING: _("Confirmed; checking whether it went through.")}.get(state, _("Confirmed."))
     return Reply("confirmed", toast, _confirmed_line(question, proposal, at))
 
 
 def _confirmed_line(question, proposal, at) -> str:
     if proposal.state == ProposalState.APPLIED:
-        return f"{question}\n\n✅ Confirmed at {at}: done."
-    if proposal.state == ProposalState.FAILED:
-        return f"{question}\n\n⚠️ Confirmed at {at}, but it could not be done."
-    return f"{question}\n\n⏳ Confirmed at {at}; checking whether it was done."
+        line = _("✅ Confirmed at %(time)s: done.")
+    elif proposal.state == ProposalState.FAILED:
+        line = _("⚠️ Confirmed at %(time)s, but it could not be done.")
+    else:
+        line = _("⏳ Confirmed at %(time)s; checking whether it was done.")
+    return f"{question}\n\n" + line % {"time": at}
 
 
-INVALID = Reply("invalid", "This button is no longer valid.")
+def _invalid(channel) -> Reply:
+    with translation.override(languages.choose(channel.language)):
+        return Reply("invalid", _("This button is no longer valid."))
 
 
 def tap(channel, data, *, sender_id: str, sender_name: str = "", chat_id: str = "") -> tuple[Reply, object]:
     """A button's data from a tap: (the reply, the Confirmation or None)."""
     match = CALLBACK_DATA.match(data or "")
     if not match:
-        return INVALID, None
+        return _invalid(channel), None
     confirmation = (Confirmation.objects.select_related("conversation__contact", "conversation__channel")
                     .filter(token=match[1], conversation__channel=channel).first())
     if confirmation is None or (chat_id and chat_id != confirmation.conversation.chat_id):
         log.warning("channel %s: a tap with unknown confirmation data from %s", channel.slug, redact(sender_id)[:50])
-        return INVALID, None
+        return _invalid(channel), None
     conversation = confirmation.conversation
     if str(sender_id) != conversation.sender_id:
-        return Reply("not_yours", f"Only {_name(conversation)} can confirm this."[:TOAST_LIMIT]), confirmation
+        with translation.override(language_of(conversation)):
+            toast = _("Only %(name)s can confirm this.") % {"name": _name(conversation)}
+        return Reply("not_yours", toast[:TOAST_LIMIT]), confirmation
     reply = decide(confirmation, match[2] == "y", by=decided_by(conversation, sender_name))
     return reply, confirmation
 
@@ -216,7 +235,7 @@ def withdraw_question(proposal_id):
     if confirmation is None or confirmation.proposal.state != ProposalState.EXPIRED:
         return
     channel = confirmation.conversation.channel
-    outcome = _reply(confirmation.text, confirmation.proposal, False).outcome
+    outcome = _reply(confirmation, confirmation.proposal, False).outcome
     channel.platform.question_decided(channel, confirmation, outcome, "expired")
 
 

@@ -56,6 +56,11 @@ class InboundMessageSerializer(StrictBody):
                                            "`media_url` or a file.")
     chat = serializers.CharField(max_length=100, required=False)
     sender_name = serializers.CharField(max_length=200, required=False, default="")
+    language = serializers.CharField(
+        max_length=16, required=False, default="",
+        help_text="The sender's language (`es`, `pt-BR`), when your app knows it: what agentloop itself writes to "
+                  "them (apologies, notices, command answers) is in it. Not given: the channel's language, else the "
+                  "deployment's.")
     media_type = serializers.CharField(max_length=30, required=False, default="")
     media_url = MediaUrlField(
         max_length=remote.MAX_URL_CHARS, required=False, default="", trim_whitespace=False,
@@ -148,7 +153,7 @@ class ChannelMessagesView(APIView):
                 platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
                 sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
                 media_type=data["media_type"], album_id=data["album"], is_group=data["is_group"],
-                reply_target=data["message_id"], media=media,
+                reply_target=data["message_id"], media=media, language=data["language"],
             ))
         except Unstorable as exc:
             raise exceptions.ParseError(f"message refused: {exc}") from None

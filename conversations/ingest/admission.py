@@ -9,6 +9,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.rows import aware, insert
 from audit.events import record
@@ -35,8 +36,8 @@ from tools import confirmations
 
 log = logging.getLogger("conversations.ingest")  # the name it had as one module
 
-OVERFLOW_NOTICE = ("You've sent more than I can keep up with. I'll answer what I have so far; "
-                   "please send the rest again once I've replied.")
+OVERFLOW_NOTICE = _("You've sent more than I can keep up with. I'll answer what I have so far; "
+                    "please send the rest again once I've replied.")
 
 
 def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False, known=None) -> Admission:
@@ -100,6 +101,8 @@ def _admit_in_transaction(channel, inbound, now, created=None):
     conversation = created if created is not None else _conversation_with_state(channel, inbound)
     if conversation is None:
         return None
+    if inbound.language and inbound.language[:16] != conversation.language:
+        _language_changed(conversation, inbound.language[:16])
     arrival = Arrival(channel, conversation, inbound, now)
     running = conversation.running_turn_id
     # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
@@ -190,7 +193,7 @@ def _conversation_from_row(channel, row):
                                                     "context_reset_at": aware(fields["context_reset_at"])})
     conversation._state.adding, conversation._state.db = False, connection.alias
     (conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.open_buffer_album,
-     conversation.running_turn_id) = row[6:11]
+     conversation.running_turn_id) = row[len(sql.CONVERSATION_COLUMNS):len(sql.CONVERSATION_COLUMNS) + 5]
     conversation.open_buffer_first_at = aware(first_at)
     return conversation
 
@@ -219,17 +222,27 @@ def _create_conversation(channel, inbound, savepoint=True):
     `savepoint=False`: inside a batch's transaction (admit_many)."""
     with transaction.atomic(savepoint=savepoint):
         contact = Contact(channel=channel, platform_id=inbound.sender_id,
-                          display_name=inbound.sender_name[:200], username=inbound.username[:100])
+                          display_name=inbound.sender_name[:200], username=inbound.username[:100],
+                          language=inbound.language[:16])
         if not insert(contact, ("channel_id", "platform_id")):
             contact.pk = Contact.objects.filter(channel=channel, platform_id=inbound.sender_id).values_list(
                 "pk", flat=True).get()
         conversation = Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
-                                    contact_id=contact.pk, is_group=inbound.is_group)
+                                    contact_id=contact.pk, is_group=inbound.is_group, language=inbound.language[:16])
         if not insert(conversation, ("channel_id", "chat_id", "sender_id")):
             return None  # created meanwhile by another admission: read as it stands
     conversation.open_buffer_id = conversation.open_buffer_first_at = conversation.running_turn_id = None
     conversation.open_buffer_count, conversation.open_buffer_album = 0, ""
     return conversation
+
+
+def _language_changed(conversation, language):
+    """The person's platform language is new (they changed it, or were first seen before
+    languages were kept): the contact and each of its conversations take it. Two UPDATEs,
+    only when it differs: the row read for every message already carries it."""
+    conversation.language = language
+    Contact.objects.filter(pk=conversation.contact_id).update(language=language)
+    Conversation.objects.filter(contact_id=conversation.contact_id).update(language=language)
 
 
 def _overflowed(conversation, message):

@@ -126,7 +126,7 @@ def _create_conversations(requests, indexes) -> dict:
         channel, inbound = requests[i]
         contacts.setdefault((channel.pk, inbound.sender_id), Contact(
             channel=channel, platform_id=inbound.sender_id, display_name=inbound.sender_name[:200],
-            username=inbound.username[:100]))
+            username=inbound.username[:100], language=inbound.language[:16]))
     # In key order, as every batch inserts them: two batches inserting the same new
     # contacts wait for each other's (unique index) in one order, never in a cycle.
     contact_ids = {(channel_id, platform_id): pk for pk, channel_id, platform_id in insert_many(
@@ -140,7 +140,7 @@ def _create_conversations(requests, indexes) -> dict:
         channel, inbound = requests[i]
         conversations[i] = Conversation(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id,
                                         contact_id=contact_ids[(channel.pk, inbound.sender_id)],
-                                        is_group=inbound.is_group)
+                                        is_group=inbound.is_group, language=inbound.language[:16])
     inserted = {tuple(key): pk for pk, *key in insert_many(
         Conversation, conversations.values(), ("channel_id", "chat_id", "sender_id"),
         ("id", "channel_id", "chat_id", "sender_id"))}

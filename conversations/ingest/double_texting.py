@@ -1,6 +1,8 @@
 """Double texting: the channel's strategy for a message that arrives while a turn of
 its conversation runs (reject, interrupt, roll back, or enqueue)."""
 
+from django.utils.translation import gettext_lazy as _
+
 from audit.events import record
 from audit.models import EventKind
 from conversations import turns
@@ -11,7 +13,7 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind
 
-REJECT_NOTICE = "I'm still working on your previous message. Please send this again once I've answered."
+REJECT_NOTICE = _("I'm still working on your previous message. Please send this again once I've answered.")
 
 
 def double_text(channel, conversation, running, message, now):

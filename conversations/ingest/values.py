@@ -43,6 +43,7 @@ class Inbound:
     reply_target: str = ""  # the platform id our reply threads to
     sent_at: datetime | None = None
     media: MediaRef | None = None  # the file it carries, if the platform gave one
+    language: str = ""  # the sender's language as the platform gives it (Telegram's language_code)
 
 
 @dataclass

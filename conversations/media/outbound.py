@@ -10,7 +10,10 @@ so in a line of its own, and the log says why once per turn."""
 import logging
 
 from django.conf import settings
+from django.utils import translation
+from django.utils.translation import gettext as _
 
+from agentloop.core import languages
 from conversations.agents import Answer
 from conversations.media import sniff
 from conversations.media.download import mb
@@ -22,12 +25,13 @@ MAX_FILES = 10  # one reply's files (a Telegram album's most)
 NAME_CHARS = 200
 
 
-def stored_answer(channel_id: int, answer: Answer) -> tuple[str, tuple[OutboundFile, ...]]:
-    """The reply's text (with a line for each file refused) and its stored files.
-    Blocking (storage): called from a thread."""
+def stored_answer(channel_id: int, answer: Answer, language: str = "") -> tuple[str, tuple[OutboundFile, ...]]:
+    """The reply's text (with a line for each file refused, in the user's `language`) and
+    its stored files. Blocking (storage): called from a thread."""
     stored, refused = [], []
     for index, item in enumerate(answer.files):
-        problem = _problem(item, index)
+        with translation.override(language or languages.default()):
+            problem = _problem(item, index)
         if problem:
             refused.append(problem)
             continue
@@ -45,13 +49,14 @@ def _problem(item, index) -> str:
     name = _name(getattr(item, "name", ""))
     data = getattr(item, "data", None)
     if not isinstance(data, bytes | bytearray):
-        return f"{name} could not be attached: it has no bytes"
+        return _("%(name)s could not be attached: it has no bytes") % {"name": name}
     if index >= MAX_FILES:
-        return f"{name} was not attached: a reply carries at most {MAX_FILES} files"
+        return _("%(name)s was not attached: a reply carries at most %(count)d files") % {"name": name, "count": MAX_FILES}
     if not data:
-        return f"{name} could not be attached: it is empty"
+        return _("%(name)s could not be attached: it is empty") % {"name": name}
     if len(data) > settings.AGENTLOOP_MEDIA_MAX_BYTES:
-        return f"{name} was not attached: {mb(len(data))} is over the {mb(settings.AGENTLOOP_MEDIA_MAX_BYTES)} a file may have"
+        return _("%(name)s was not attached: %(size)s is over the %(limit)s a file may have") % {
+            "name": name, "size": mb(len(data)), "limit": mb(settings.AGENTLOOP_MEDIA_MAX_BYTES)}
     return ""
 
 

@@ -1,5 +1,6 @@
 """Channels (a bot, a WhatsApp number, a web chat, an API channel) and their settings."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -10,6 +11,10 @@ from conversations import platforms, windows
 
 def _platform_choices():
     return platforms.choices()
+
+
+def _language_choices():
+    return [("", "The deployment's (AGENTLOOP_LANGUAGE)"), *settings.LANGUAGES]
 
 
 class DoubleTexting(models.TextChoices):
@@ -128,6 +133,11 @@ class Channel(models.Model):
         default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
                                 "or an edited preview in groups, web chat); the final reply goes through the "
                                 "ledger either way. Off: the whole reply at once.")
+
+    language = models.CharField(
+        max_length=16, blank=True, default="", choices=_language_choices,
+        help_text="What agentloop writes to a user whose platform gives no language (apologies, notices, "
+                  "command answers); empty: the deployment's.")
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)

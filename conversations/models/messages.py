@@ -11,6 +11,9 @@ class Contact(models.Model):
     platform_id = models.CharField(max_length=100)
     display_name = models.CharField(max_length=200, blank=True)
     username = models.CharField(max_length=100, blank=True)
+    # The platform's language for this person (Telegram's from.language_code), as given:
+    # agentloop.core.languages narrows it to a catalog's when it writes to them.
+    language = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -31,6 +34,9 @@ class Conversation(models.Model):
     # Denormalised from contact so ingest finds the conversation in one indexed lookup.
     sender_id = models.CharField(max_length=100)
     is_group = models.BooleanField(default=False)
+    # Denormalised from contact too: every text written to the conversation reads it
+    # (conversations.languages) with no query for the contact.
+    language = models.CharField(max_length=16, blank=True, default="")
     # History before this instant is not given to the agent (/reset).
     context_reset_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -26,8 +26,10 @@ import time
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
+from conversations import languages
 from conversations.agents import Answer, answer_of
 from conversations.models import Turn, TurnState
 from conversations.platforms import transport_for
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 
 # How long a group preview's edit in flight may hold the final back (it must land first).
 MESSAGE_SETTLE = 2.0
-STOPPED_NOTE = "⏹ Stopped."
+STOPPED_NOTE = _("⏹ Stopped.")
 
 
 def open_stream(worker, turn, agent, context):
@@ -229,9 +231,10 @@ def record_streams(streams) -> None:
                                                preview_message_id=stream.preview_message_id)
 
 
-def write_stopped(turn, text, preview_message_id) -> bool:
-    """/stop mid-stream: what was said so far, marked as stopped, through the ledger
-    (once: the turn's reply_text is its claim)."""
+def write_stopped(turn, said, preview_message_id) -> bool:
+    """/stop mid-stream: what was said so far, marked as stopped (in the user's language),
+    through the ledger (once: the turn's reply_text is its claim)."""
+    text = f"{said.rstrip()}\n\n{languages.text_for(turn.conversation, STOPPED_NOTE)}"
     with transaction.atomic():
         if not Turn.objects.filter(pk=turn.pk, state=TurnState.CANCELLED, reply_text="").update(reply_text=text):
             return False

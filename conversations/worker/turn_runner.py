@@ -7,9 +7,11 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
-from conversations import console, engine, turns
+from conversations import console, engine, languages, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import Turn, TurnState
@@ -21,7 +23,7 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState
 
 log = logging.getLogger(__name__)
 
-APOLOGY = "Sorry — I couldn't finish that just now. Please try again in a moment."
+APOLOGY = _("Sorry — I couldn't finish that just now. Please try again in a moment.")
 CANCEL_CHECK_EVERY = 0.2
 # A RUNNING turn of ours that we do not run is given back only when older than this:
 # one the flusher has just started is on its way to the event loop.
@@ -103,7 +105,7 @@ class TurnRunner:
         channel = conversation.channel
         return TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
                            text=turn.merged_input, config=channel.agent_config, channel_kind=channel.kind,
-                           contact_name=conversation.sender_id,
+                           contact_name=conversation.sender_id, language=languages.of(conversation),
                            load_history=functools.partial(worker.read, engine.conversation_history,
                                                           conversation, turn),
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
@@ -192,8 +194,7 @@ class TurnRunner:
             return
         if reason.startswith("/stop") and stream.text.strip():
             preview = await stream.close()
-            text = f"{stream.text.rstrip()}\n\n{streams.STOPPED_NOTE}"
-            await self.worker.db.persist(streams.write_stopped, turn, text, preview)
+            await self.worker.db.persist(streams.write_stopped, turn, stream.text, preview)
         else:
             await stream.discard()
 
@@ -203,7 +204,8 @@ class TurnRunner:
         answer = answer_of(answer)
         if not answer.files:
             return answer.text
-        text, files = await asyncio.to_thread(outbound.stored_answer, turn.conversation.channel_id, answer)
+        text, files = await asyncio.to_thread(outbound.stored_answer, turn.conversation.channel_id, answer,
+                                              languages.of(turn.conversation))
         self.attached[turn.pk] = files
         return text
 
@@ -262,6 +264,9 @@ class TurnRunner:
         turn that was cancelled meanwhile gets None: its reply must not go out. The
         replies are written pending — a crash now leaves them unsent, and they will go
         out plain — then claimed by this worker, which sends them right away."""
+        # Our own texts (the apology) in each user's language, as the turn keeps them too.
+        finished = [(turn, state, languages.text_for(turn.conversation, reply) if isinstance(reply, Promise) else reply,
+                     outcome) for turn, state, reply, outcome in finished]
         with transaction.atomic():
             ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
                                       for turn, state, reply, outcome in finished], self.owner)

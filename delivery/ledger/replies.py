@@ -2,16 +2,33 @@
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 
 from django.conf import settings
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
 
+from agentloop.core import languages
 from agentloop.core.rows import create_many
 from delivery import attachments, chunks
-from delivery.hooks import transport_for
+from delivery.hooks import language_of, transport_for
 from delivery.models import OutboundMessage, RestorePoint
 
-RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"
-PREFIX_UNITS = chunks.units(RECOVERY_PREFIX)
+# The sign first in every language, so people and tools can spot a recovered reply.
+RECOVERY_SIGN = "♻️"
+RECOVERY_MARKER = _("♻️ Recovered reply — this may repeat a message you already received.")
+RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"  # English's
+
+
+def recovery_prefix(language) -> str:
+    """The marker a recovered reply starts with, in the language its row was written in."""
+    return languages.text_in(language, RECOVERY_MARKER) + "\n\n"
+
+
+@cache
+def prefix_units() -> int:
+    """Room left in every chunk for the longest marker of any language."""
+    return max(chunks.units(recovery_prefix(code)) for code, _name in settings.LANGUAGES)
 MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)
@@ -43,10 +60,14 @@ class Reply:
 
 
 def _row(reply: Reply) -> OutboundMessage:
+    """A text of our own (gettext_lazy) is written in the conversation's language, and the
+    row keeps that language for its marker."""
     conversation = reply.conversation
-    return OutboundMessage(conversation=conversation, channel=conversation.channel,
-                           chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
-                           chunks=chunks_for(conversation.channel, reply.text, reply.files),
+    language = language_of(conversation)
+    text = languages.text_in(language, reply.text) if isinstance(reply.text, Promise) else reply.text
+    return OutboundMessage(conversation=conversation, channel=conversation.channel, language=language,
+                           chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=text,
+                           chunks=chunks_for(conversation.channel, text, reply.files),
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
                            preview_message_id=reply.preview_message_id,
                            chunks_started=1 if began_before_a_restore(reply.turn) else 0)
@@ -84,16 +105,16 @@ def chunks_for(channel, text, files=()) -> list:
     transport = transport_for(channel)
     pieces = (split_for(channel, text) or [text]) if text.strip() else []
     return pieces + attachments.file_chunks(list(files), transport.max_album,
-                                            transport.caption_units - PREFIX_UNITS)
+                                            transport.caption_units - prefix_units())
 
 
 def split_for(channel, text) -> list:
     """The chunks a reply is sent in on this channel's platform, [] when it fits in one.
     Each leaves room for the recovery prefix, which any chunk may have to carry."""
     limit = transport_for(channel).max_units
-    if limit is None or chunks.units(text) <= limit - PREFIX_UNITS:
+    if limit is None or chunks.units(text) <= limit - prefix_units():
         return []
-    return chunks.split(text, limit - PREFIX_UNITS)
+    return chunks.split(text, limit - prefix_units())
 
 
 def parts(row) -> list:

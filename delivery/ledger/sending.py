@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from audit.failpoints import failpoint
 from delivery import attachments, faults, pacing
 from delivery.hooks import transport_for
-from delivery.ledger.replies import LATE_RESLOTS, RECOVERY_PREFIX, parts
+from delivery.ledger.replies import LATE_RESLOTS, parts, recovery_prefix
 from delivery.models import OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 
@@ -20,7 +20,7 @@ def text_to_send(row) -> str:
     """The chunk this attempt resumes at, labelled if its send may have happened before."""
     piece = parts(row)[row.chunks_delivered]
     text = attachments.describe(piece) if attachments.is_files(piece) else piece
-    return RECOVERY_PREFIX + text if row.needs_marker else text
+    return recovery_prefix(row.language) + text if row.needs_marker else text
 
 
 async def send_piece(transport, target, piece, label) -> SendResult:
@@ -58,7 +58,7 @@ async def send(row, db=None) -> SendResult:
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
                         conversation_id=row.conversation_id,
                         buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
-        label = RECOVERY_PREFIX if index == first and row.needs_marker else ""
+        label = recovery_prefix(row.language) if index == first and row.needs_marker else ""
         sent_at = time.monotonic()
         if index == 0 and row.preview_message_id:
             result = await send_over_preview(db, row, target, pieces[index])
@@ -109,7 +109,7 @@ async def send_over_preview(db, row, target, piece) -> SendResult:
     if not await _note(db, row, preview_message_id=""):
         return SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
     row.needs_marker = maybe_landed and not gone.ok
-    return await send_piece(transport, target, piece, RECOVERY_PREFIX if row.needs_marker else "")
+    return await send_piece(transport, target, piece, recovery_prefix(row.language) if row.needs_marker else "")
 
 
 async def _slot_reached(db, row, pace, sent_at) -> bool:

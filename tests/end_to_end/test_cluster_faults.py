@@ -202,7 +202,7 @@ def measure(db, bot_api, messages, takeover, started, settled):
         texts = by_chat[m.chat]
         if state == "done" and any(m.text in t for t in texts):
             continue
-        if state == "failed" and any(RECOVERY_NOTICE in t for t in texts):
+        if state == "failed" and any(str(RECOVERY_NOTICE) in t for t in texts):
             notices += 1
             continue
         unanswered.append((m.platform_id, state))

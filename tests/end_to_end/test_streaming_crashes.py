@@ -18,6 +18,7 @@ from tests.end_to_end.test_streaming import GROUP, send_group
 
 pytestmark = pytest.mark.e2e
 WORDS = " ".join(f"w{i}" for i in range(12))  # 12 words, 0.3 s apart: 3.3 s of writing
+STOPPED_NOTE_EN = str(STOPPED_NOTE)  # the users here give no language: the deployment's, English
 
 
 def echo_channel(make_channel, fake, **config):
@@ -105,8 +106,8 @@ def test_stop_mid_stream_ends_it_with_what_was_said_marked_stopped(processes, ma
     wait_until(delivered(2), timeout=20, message="the stopped reply and the command's answer")
     time.sleep(0.5)
     texts = [c.params["text"] for c in fake_telegram.calls("sendMessage")]
-    [stopped] = [t for t in texts if t.endswith(STOPPED_NOTE)]
-    said = stopped[:-len(STOPPED_NOTE)].rstrip()
+    [stopped] = [t for t in texts if t.endswith(STOPPED_NOTE_EN)]
+    said = stopped[:-len(STOPPED_NOTE_EN)].rstrip()
     assert said and WORDS.startswith(said) and said != WORDS
     assert "Stopped." in texts and len(texts) == 2
     assert Turn.objects.get().state == TurnState.CANCELLED

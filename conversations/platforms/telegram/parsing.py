@@ -67,6 +67,7 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
         reply_target=str(message.message_id),
         sent_at=message.date,
         media=media_ref(message, media),
+        language=sender.language_code or "",
     )
 
 
