@@ -228,6 +228,10 @@ AGENTLOOP_STREAM_SAVE_INTERVAL = env.float("AGENTLOOP_STREAM_SAVE_INTERVAL", def
 # many messages waiting for a turn — later ones are stored and answered with a notice.
 AGENTLOOP_MAX_TURN_CHARS = env.int("AGENTLOOP_MAX_TURN_CHARS", default=16000)
 AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", default=200)
+# Groups: what the group said, not addressed to the agent, given to the next turn that is.
+AGENTLOOP_GROUP_CONTEXT_MESSAGES = env.int("AGENTLOOP_GROUP_CONTEXT_MESSAGES", default=20)
+# Scheduled messages (conversations.schedules): how many due ones a worker sends per round.
+AGENTLOOP_SCHEDULE_BATCH = env.int("AGENTLOOP_SCHEDULE_BATCH", default=200)
 
 # --- Files users send (conversations/media) ---------------------------------------
 # Stored through Django's default storage: the filesystem under MEDIA_ROOT, or an

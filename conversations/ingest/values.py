@@ -43,6 +43,9 @@ class Inbound:
     reply_target: str = ""  # the platform id our reply threads to
     sent_at: datetime | None = None
     media: MediaRef | None = None  # the file it carries, if the platform gave one
+    # In a group: addressed to the agent (a mention, a reply to it)? None: the platform
+    # does not say, and the message counts as addressed.
+    mentioned: bool | None = None
 
 
 @dataclass

@@ -36,6 +36,14 @@ class EditsPolicy(models.TextChoices):
     IGNORE = "ignore", "Ignore edits"
 
 
+class GroupReplies(models.TextChoices):
+    """Which messages in a group chat the agent answers (the rest are kept as context)."""
+
+    ALWAYS = "always", "Always: every message in a group"
+    MENTION = "mention", "Mention: only messages that mention the bot or reply to it"
+    NEVER = "never", "Never: groups are read, never answered"
+
+
 def _default_greetings():
     return ", ".join(windows.DEFAULT_GREETINGS)
 
@@ -128,6 +136,11 @@ class Channel(models.Model):
         default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
                                 "or an edited preview in groups, web chat); the final reply goes through the "
                                 "ledger either way. Off: the whole reply at once.")
+
+    group_replies = models.CharField(
+        max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
+        help_text="In group chats: which messages the agent answers. The others are stored and given to the next "
+                  "turn addressed to it as context, never answered (docs/buffer.md#groups).")
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)
