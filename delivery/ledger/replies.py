@@ -40,6 +40,7 @@ class Reply:
     thread_id: str = ""
     files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
     preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
+    dedup_key: str | None = None  # a scheduled message's tick: unique in the ledger
 
 
 def _row(reply: Reply) -> OutboundMessage:
@@ -48,7 +49,7 @@ def _row(reply: Reply) -> OutboundMessage:
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=reply.text,
                            chunks=chunks_for(conversation.channel, reply.text, reply.files),
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
-                           preview_message_id=reply.preview_message_id)
+                           preview_message_id=reply.preview_message_id, dedup_key=reply.dedup_key)
 
 
 def chunks_for(channel, text, files=()) -> list:
