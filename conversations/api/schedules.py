@@ -3,7 +3,6 @@ itself into a conversation of the key's channels (conversations.schedules)."""
 
 from datetime import timedelta
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -14,22 +13,15 @@ from conversations import schedules
 from conversations.api.access import conversation_for_key
 from delivery.models import ScheduleSource
 
-MAX_AHEAD = timedelta(days=366)
-
 
 class ScheduleRequestSerializer(StrictBody):
     text = serializers.CharField(max_length=4000)
-    due_at = UtcDateTimeField(help_text="When it goes out (RFC 3339). In the past: at once. At most a year ahead.")
+    due_at = UtcDateTimeField(help_text="When it goes out (RFC 3339). In the past: at once.")
     repeat_every_seconds = serializers.IntegerField(
         min_value=60, max_value=366 * 86400, required=False, allow_null=True, default=None,
         help_text="Sent again this many seconds after each tick; empty: once.")
     cancel_on_reply = serializers.BooleanField(
         default=False, help_text="Not sent if the user writes after it was scheduled (a follow-up).")
-
-    def validate_due_at(self, value):
-        if value > timezone.now() + MAX_AHEAD:
-            raise serializers.ValidationError("at most a year ahead")
-        return value
 
 
 class ScheduleSerializer(serializers.Serializer):
