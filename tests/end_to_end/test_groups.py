@@ -80,3 +80,16 @@ def test_never_keeps_a_group_as_context_and_answers_nothing(processes, make_chan
                message="the message kept as context")
     time.sleep(0.5)
     assert not Turn.objects.exists() and fake_telegram.calls("sendMessage") == []
+    assert fake_telegram.calls("sendChatAction") == []  # no "typing…" for what will not be answered
+
+
+def test_an_unaddressed_burst_shows_no_typing_and_an_addressed_one_does(processes, make_channel, fake_telegram):
+    telegram_channel(make_channel, fake_telegram, extra=UNPACED, group_replies="mention")
+    web, _ = processes.web(wait=False), processes.worker()
+    post(web, group_message(501, "Ana", "hola a todos"))  # a greeting: a 4 s window
+    wait_until(lambda: InboundMessage.objects.filter(disposition=Disposition.CONTEXT).exists(), timeout=15,
+               message="the greeting kept as context")
+    assert fake_telegram.calls("sendChatAction") == []
+    post(web, group_message(502, "Beto", f"{MENTION} hola,"))
+    fake_telegram.wait_for("sendChatAction", timeout=5)
+    fake_telegram.wait_for("sendMessage", timeout=15)
