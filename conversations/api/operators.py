@@ -28,7 +28,7 @@ class ForgetContactView(APIView):
     permission_classes = [CanErase]
 
     @extend_schema(request=ForgetContactSerializer, responses={200: serializers.DictField(
-        child=serializers.IntegerField()), 404: ErrorSerializer, 409: ErrorSerializer},
+        child=serializers.IntegerField()), 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
         summary="Erase one person's data (operators: a staff login with delete_contact)")
     def post(self, request):
         body = ForgetContactSerializer(data=request.data)
