@@ -27,8 +27,8 @@ class ForgetContactView(APIView):
     authentication_classes = [authentication.SessionAuthentication, authentication.BasicAuthentication]
     permission_classes = [CanErase]
 
-    @extend_schema(request=ForgetContactSerializer, responses={200: serializers.DictField(
-        child=serializers.IntegerField()), 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+    @extend_schema(request=ForgetContactSerializer, responses={
+        200: {"type": "object", "additionalProperties": {"type": "integer"}}, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
         summary="Erase one person's data (operators: a staff login with delete_contact)")
     def post(self, request):
         body = ForgetContactSerializer(data=request.data)
