@@ -26,10 +26,10 @@ WAIT_RECHECK = timedelta(minutes=5)
 REPLIED = "cancelled: the user wrote after it was scheduled"
 
 
-def schedule(conversation, text, due_at, *, repeat_every=None, cancel_on_reply=False,
-             source=ScheduleSource.OPERATOR) -> ScheduledMessage:
-    return ScheduledMessage.objects.create(conversation=conversation, text=text, due_at=due_at,
-                                           repeat_every=repeat_every, cancel_on_reply=cancel_on_reply, source=source)
+def schedule(conversation, text, due_at, source=ScheduleSource.OPERATOR, **options) -> ScheduledMessage:
+    """`options`: `repeat_every` (a timedelta), `cancel_on_reply`."""
+    return ScheduledMessage.objects.create(conversation=conversation, text=text, due_at=due_at, source=source,
+                                           **options)
 
 
 def dedup_key(schedule_id, due_at) -> str:
