@@ -19,7 +19,7 @@ from agentloop.core import metrics, rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, groups, liveness, sql, turns, windows
+from conversations import console, groups, liveness, schedules, sql, turns, windows
 from conversations.media import for_agents
 from conversations.models import (
     Channel,
@@ -360,16 +360,19 @@ def agents_in_use():
 
 def recovery_sweep(grace_seconds=5.0):
     """django-q2's safety net: if no worker loop is alive, overdue buffers still become
-    turns and dead workers' turns are released. Scheduled every minute."""
+    turns, dead workers' turns are released and due scheduled messages are written to the
+    ledger (whose own safety sweep sends them). Scheduled every minute."""
     now = timezone.now()
     owners = dead_owners(now)
     recovered = recover_turns(owners, now)
     recovered += turns.release_external(now)
     flushed = flush_due(now - timedelta(seconds=grace_seconds))
+    scheduled = schedules.send_due(now)  # a tick races a live worker harmlessly (one key per tick)
     forget_workers(owners)
-    if recovered or flushed:
-        log.info("recovery sweep: %d turns recovered, %d buffers flushed", len(recovered), len(flushed))
-    return {"recovered": len(recovered), "flushed": len(flushed)}
+    if recovered or flushed or scheduled:
+        log.info("recovery sweep: %d turns recovered, %d buffers flushed, %d scheduled messages written",
+                 len(recovered), len(flushed), scheduled)
+    return {"recovered": len(recovered), "flushed": len(flushed), "scheduled": scheduled}
 
 
 def conversation_history(conversation, before_turn, limit=20):
