@@ -172,6 +172,11 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_MAX_TURN_CHARS", "16000",
             "A turn's merged input is cut to this many characters, marked `[… N characters cut]` "
             "(the messages keep all of it)."),
+        Var("AGENTLOOP_GROUP_CONTEXT_MESSAGES", "20",
+            "In a group: how many of the messages not addressed to the agent (since the chat's last "
+            "turn) are given to the next turn that is, the newest kept."),
+        Var("AGENTLOOP_SCHEDULE_BATCH", "200",
+            "Scheduled messages a worker sends per round (about every 5 s); more due wait for the next."),
         Var("AGENTLOOP_MAX_PENDING_MESSAGES", "200",
             "Messages a conversation may have waiting for a turn; later ones are stored, "
             "audited and answered with one notice."),

@@ -232,6 +232,10 @@ AGENTLOOP_STREAM_SAVE_INTERVAL = env.float("AGENTLOOP_STREAM_SAVE_INTERVAL", def
 # many messages waiting for a turn — later ones are stored and answered with a notice.
 AGENTLOOP_MAX_TURN_CHARS = env.int("AGENTLOOP_MAX_TURN_CHARS", default=16000)
 AGENTLOOP_MAX_PENDING_MESSAGES = env.int("AGENTLOOP_MAX_PENDING_MESSAGES", default=200)
+# Groups: what the group said, not addressed to the agent, given to the next turn that is.
+AGENTLOOP_GROUP_CONTEXT_MESSAGES = env.int("AGENTLOOP_GROUP_CONTEXT_MESSAGES", default=20)
+# Scheduled messages (conversations.schedules): how many due ones a worker sends per round.
+AGENTLOOP_SCHEDULE_BATCH = env.int("AGENTLOOP_SCHEDULE_BATCH", default=200)
 
 # --- Files users send (conversations/media) ---------------------------------------
 # Stored through Django's default storage: the filesystem under MEDIA_ROOT, or an
@@ -391,6 +395,7 @@ AGENTLOOP_TOOLS = [
     "tools.builtin.calendar.ListEvents",
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
+    "tools.builtin.reminders.CreateReminder",
     *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
 ]
 # How long an identical call waits for one in flight before answering "in progress".

@@ -30,6 +30,8 @@ urlpatterns = [
          name="api-conversation-messages"),
     path("api/v1/conversations/<int:conversation>/stream", api.ConversationStreamView.as_view(),
          name="api-conversation-stream"),
+    path("api/v1/conversations/<int:conversation>/schedules", api.ConversationSchedulesView.as_view(),
+         name="api-conversation-schedules"),
     path("api/v1/turns", api.TurnListView.as_view(), name="api-turns"),
     path("api/v1/turns/<int:turn>/claim", api.TurnClaimView.as_view(), name="api-turn-claim"),
     path("api/v1/turns/<int:turn>/reply", api.TurnReplyView.as_view(), name="api-turn-reply"),

@@ -182,6 +182,7 @@ class ChannelAdmin(admin.ModelAdmin):
                                      "Each new message re-arms the window."}),
         ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode", "edits",
                                                                   "streaming"]}),
+        ("Groups", {"fields": ["group_replies"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
         *platform_fieldsets(),
         ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),

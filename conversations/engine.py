@@ -21,7 +21,7 @@ from agentloop.core import metrics, rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, liveness, sql, turns, windows
+from conversations import console, groups, liveness, schedules, sql, turns, windows
 from conversations.media import for_agents
 from conversations.models import (
     Channel,
@@ -96,6 +96,10 @@ def flush_many(buffer_ids, now, owner="", start=0):
         if not buffers:
             return []
         by_buffer = sql.messages_of(b.pk for b in buffers)
+        buffers, unaddressed = groups.split(buffers, by_buffer)
+        groups.keep_as_context(unaddressed)
+        if not buffers:
+            return []
         _keep_the_rest_waiting(buffers, by_buffer, now)
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
@@ -167,7 +171,9 @@ def _turn_for(buffer, messages, now):
     last = messages[-1] if messages else None
     return Turn(
         conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
-        merged_input=merge(messages, buffer.conversation.is_group, buffer.carried_turn),
+        merged_input=clip(groups.with_context(buffer, merge(messages, buffer.conversation.is_group,
+                                                            buffer.carried_turn), now),
+                          settings.AGENTLOOP_MAX_TURN_CHARS),
         # An interrupted turn's files come with its input (for_agents.file_ids_of_turn).
         has_media=any(m.media_file_id for m in messages) or bool(buffer.carried_turn and buffer.carried_turn.has_media),
         reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
@@ -357,16 +363,19 @@ def agents_in_use():
 
 def recovery_sweep(grace_seconds=5.0):
     """django-q2's safety net: if no worker loop is alive, overdue buffers still become
-    turns and dead workers' turns are released. Scheduled every minute."""
+    turns, dead workers' turns are released and due scheduled messages are written to the
+    ledger (whose own safety sweep sends them). Scheduled every minute."""
     now = timezone.now()
     owners = dead_owners(now)
     recovered = recover_turns(owners, now)
     recovered += turns.release_external(now)
     flushed = flush_due(now - timedelta(seconds=grace_seconds))
+    scheduled = schedules.send_due(now)  # a tick races a live worker harmlessly (one key per tick)
     forget_workers(owners)
-    if recovered or flushed:
-        log.info("recovery sweep: %d turns recovered, %d buffers flushed", len(recovered), len(flushed))
-    return {"recovered": len(recovered), "flushed": len(flushed)}
+    if recovered or flushed or scheduled:
+        log.info("recovery sweep: %d turns recovered, %d buffers flushed, %d scheduled messages written",
+                 len(recovered), len(flushed), scheduled)
+    return {"recovered": len(recovered), "flushed": len(flushed), "scheduled": scheduled}
 
 
 def conversation_history(conversation, before_turn, limit=20):

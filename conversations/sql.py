@@ -268,7 +268,7 @@ def _claimed_joins():
 
 
 MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "album_id", "sender_name", "reply_target",
-                           "thread_id", "received_at", "media_file_id"})
+                           "thread_id", "received_at", "media_file_id", "mentioned"})
 
 
 def messages_of(buffer_ids) -> dict:
@@ -399,7 +399,8 @@ def _ready_sql():
 
 def open_windows(channel_ids, part, parts, limit) -> list:
     """(conversation id, buffer id, chat id, thread id, reply target, channel id, flush
-    at) of the open buffers of these channels' conversations whose id falls in `part` of
+    at, addressed: in a group 1 if a message of the burst is addressed to the agent, else 0;
+    NULL outside groups) of the open buffers of these channels' conversations whose id falls in `part` of
     `parts`, oldest buffer first, at most `limit`: the thread and reply target are the
     buffer's last message's. Driven from the open buffers (the partial index of open
     buffers; SQLite's CROSS JOIN keeps that order), so it costs in proportion to the
@@ -419,9 +420,13 @@ def _open_windows_sql(channels, partitioned):
     # (SELECT MAX(...))) as a hash join over the whole message table, 7-16 ms a look at a
     # few thousand messages and growing with every message ever stored.
     last = f"FROM {table(InboundMessage)} l WHERE l.buffer_id = b.id ORDER BY l.id DESC LIMIT 1"
+    # In a group, whether the burst is addressed to the agent so far (a message
+    # mentioning it, or one whose platform does not say): probed only for groups' rows.
+    addressed = (f"CASE WHEN c.is_group THEN (SELECT MAX(CASE WHEN m.mentioned IS NULL OR m.mentioned THEN 1 "
+                 f"ELSE 0 END) FROM {table(InboundMessage)} m WHERE m.buffer_id = b.id) END")
     return (
         f"SELECT b.conversation_id, b.id, c.chat_id, (SELECT l.thread_id {last}), "
-        f"(SELECT l.reply_target {last}), c.channel_id, b.flush_at "
+        f"(SELECT l.reply_target {last}), c.channel_id, b.flush_at, {addressed} "
         f"FROM {table(MessageBuffer)} b CROSS JOIN {table(Conversation)} c "
         f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
         f"AND c.channel_id IN ({placeholders(channels)}) "

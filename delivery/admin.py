@@ -10,7 +10,7 @@ from django.utils.safestring import mark_safe
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger
-from delivery.models import OutboundMessage, UnreachableChat
+from delivery.models import OutboundMessage, ScheduledMessage, ScheduleState, UnreachableChat
 
 
 class AgeFilter(admin.SimpleListFilter):
@@ -143,6 +143,31 @@ class UnreachableChatAdmin(ListedLookupsOnly, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # the ledger keeps it; a reply that reaches the chat again clears it
+
+
+@admin.register(ScheduledMessage)
+class ScheduledMessageAdmin(ListedLookupsOnly, admin.ModelAdmin):
+    """Messages that go out by themselves (docs/schedules.md). An operator schedules one
+    into a conversation here; a worker sends each tick once, through the ledger."""
+
+    list_display = ["id", "conversation", "due_at", "state", "source", "cancel_on_reply", "ticks_sent", "reason"]
+    list_filter = ["state", "source"]
+    raw_id_fields = ["conversation"]
+    fields = ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source", "reason",
+              "ticks_sent", "last_sent_at", "created_at"]
+    readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "created_at"]
+    actions = ["cancel"]
+
+    def has_change_permission(self, request, obj=None):
+        # Only a waiting one changes; a sent tick is the ledger's (its row is there).
+        return super().has_change_permission(request, obj) and (obj is None or obj.state == ScheduleState.SCHEDULED)
+
+    @admin.action(description="Cancel the selected scheduled messages")
+    def cancel(self, request, queryset):
+        ids = list(queryset.filter(state=ScheduleState.SCHEDULED).values_list("pk", flat=True))
+        cancelled = ScheduledMessage.transition(ids, ScheduleState.SCHEDULED, ScheduleState.CANCELLED,
+                                                reason=f"cancelled by {request.user}")
+        self.message_user(request, f"{cancelled} scheduled message(s) cancelled.")
 
 
 def delivery_health_html(channel) -> str:

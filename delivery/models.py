@@ -24,6 +24,7 @@ class OutboundKind(models.TextChoices):
     REPLY = "reply", "Agent reply"
     CONTROL = "control", "Control command answer"
     NOTICE = "notice", "Notice (reject, failure)"
+    SCHEDULED = "scheduled", "Scheduled message (reminder, follow-up, broadcast)"
 
 
 class OutboundState(models.TextChoices):
@@ -126,6 +127,9 @@ class OutboundMessage(StateMachine, models.Model):
         help_text="Empty: the last budgeted attempt, kept for the next worker start.")
     delivered_at = models.DateTimeField(null=True, blank=True)
     retried_at = models.DateTimeField(null=True, blank=True, help_text="An operator's retry (freshness restarts).")
+    # A scheduled message's tick ("schedule:<id>:<due at>"): unique, so a tick is written
+    # down once whatever races it (two workers, a restart mid-round). Empty for replies.
+    dedup_key = models.CharField(max_length=120, null=True, blank=True, unique=True)
 
     class Meta:
         verbose_name = "ledger row"
@@ -188,3 +192,52 @@ class RestorePoint(models.Model):
 
     def __str__(self):
         return f"restore point of {self.at:%Y-%m-%d %H:%M}"
+
+
+class ScheduleState(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled (waits for its time)"
+    SENT = "sent", "Sent (written to the ledger)"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class ScheduleSource(models.TextChoices):
+    AGENT = "agent", "The agent (reminder_create)"
+    OPERATOR = "operator", "An operator (the admin)"
+    API = "api", "The API"
+
+
+class ScheduledMessage(StateMachine, models.Model):
+    """A message that goes out by itself at `due_at` (a reminder, a follow-up, a
+    broadcast), once or every `repeat_every`. A worker sends a due tick by one
+    compare-and-swap on (state, due_at) in the transaction that writes its ledger row,
+    whose `dedup_key` names the tick (conversations.schedules)."""
+
+    TRANSITIONS = {
+        # SCHEDULED -> SCHEDULED: a repeating schedule's tick sent, the next one set.
+        ScheduleState.SCHEDULED: {ScheduleState.SCHEDULED, ScheduleState.SENT, ScheduleState.CANCELLED},
+        ScheduleState.SENT: set(),
+        ScheduleState.CANCELLED: set(),
+    }
+
+    conversation = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE,
+                                      related_name="schedules")
+    text = models.TextField()
+    due_at = models.DateTimeField(help_text="When the next tick goes out.")
+    repeat_every = models.DurationField(null=True, blank=True,
+                                        help_text="Empty: once. Else sent again this long after each tick.")
+    cancel_on_reply = models.BooleanField(
+        default=False, help_text="Cancelled if the user writes after it was scheduled (a follow-up that a reply "
+                                 "makes pointless).")
+    state = models.CharField(max_length=16, choices=ScheduleState.choices, default=ScheduleState.SCHEDULED)
+    source = models.CharField(max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.OPERATOR)
+    # Why a due tick waits (WhatsApp's 24-hour window), or why it was cancelled.
+    reason = models.CharField(max_length=300, blank=True)
+    ticks_sent = models.PositiveIntegerField(default=0)
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "due_at"], name="schedule_due_idx")]
+
+    def __str__(self):
+        return f"schedule {self.pk} ({self.state}, {self.due_at:%Y-%m-%d %H:%M})"

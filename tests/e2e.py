@@ -42,6 +42,8 @@ def send(web, slug, chat_id, text, **kw):
 
 
 def telegram_channel(make_channel, fake, slug="tg", mode="webhook", extra=None, **fields):
-    """`extra`: more platform settings (UNPACED, say)."""
+    """`extra`: more platform settings (UNPACED, say). Its groups answer every message
+    (`group_replies`): tests of something else send group messages without a mention."""
+    fields.setdefault("group_replies", "always")
     return make_channel(slug, kind="telegram", platform_settings={
         "bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url, "mode": mode, **(extra or {})}, **fields)

@@ -3,7 +3,7 @@ conversation reads. The tools behind the action guard are in tools/api.py.
 
 The package, by section: `access` (what an agent key may reach), `messages` (in, and
 edits), `turns` (for external agents), `reading` (a conversation, long-polled),
-`streaming` (its replies as they are written: SSE).
+`streaming` (its replies as they are written: SSE), `schedules` (messages that go out by themselves).
 """
 
 from conversations.api.access import Conflict, channel_for_key, conversation_for_key  # noqa: F401
@@ -24,6 +24,11 @@ from conversations.api.reading import (  # noqa: F401
     TimelineItemSerializer,
     TimelinePageSerializer,
     TooManyWaiting,
+)
+from conversations.api.schedules import (  # noqa: F401
+    ConversationSchedulesView,
+    ScheduleRequestSerializer,
+    ScheduleSerializer,
 )
 from conversations.api.streaming import ConversationStreamQuery, ConversationStreamView, Streams  # noqa: F401
 from conversations.api.turns import (  # noqa: F401

@@ -274,7 +274,7 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
         channel=arrival.channel, conversation=arrival.conversation, buffer=buffer, disposition=disposition,
         platform_message_id=inbound.platform_message_id, kind=kind,
         text=inbound.text, media_type=inbound.media_type, album_id=inbound.album_id,
-        sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target,
+        sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target, mentioned=inbound.mentioned,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
         # Its file's row, written now (in this transaction); fetched later by a worker.
         media_file_id=media_files.file_id_for(arrival.channel, inbound.media, arrival.now) if inbound.media else None,

@@ -44,6 +44,9 @@ class Inbound:
     sent_at: datetime | None = None
     media: MediaRef | None = None  # the file it carries, if the platform gave one
     language: str = ""  # the sender's language as the platform gives it (Telegram's language_code)
+    # In a group: addressed to the agent (a mention, a reply to it)? None: the platform
+    # does not say, and the message counts as addressed.
+    mentioned: bool | None = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from conversations.models.channels import (  # noqa: F401
     ChannelManager,
     DoubleTexting,
     EditsPolicy,
+    GroupReplies,
     TypingMode,
     _default_conjunctions,
     _default_greetings,

@@ -16,6 +16,7 @@ class FlushReason(models.TextChoices):
     ALBUM = "album", "An album's items kept the window open"
     CONTROL = "control", "Control command"
     EDIT = "edit", "An edit re-runs a cancelled turn"
+    UNADDRESSED = "unaddressed", "Not addressed to the agent (a group): kept as context, no turn"
 
 
 class BufferState(models.TextChoices):

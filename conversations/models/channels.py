@@ -41,6 +41,14 @@ class EditsPolicy(models.TextChoices):
     IGNORE = "ignore", "Ignore edits"
 
 
+class GroupReplies(models.TextChoices):
+    """Which messages in a group chat the agent answers (the rest are kept as context)."""
+
+    ALWAYS = "always", "Always: every message in a group"
+    MENTION = "mention", "Mention: only messages that mention the bot or reply to it"
+    NEVER = "never", "Never: groups are read, never answered"
+
+
 def _default_greetings():
     return ", ".join(windows.DEFAULT_GREETINGS)
 
@@ -138,6 +146,10 @@ class Channel(models.Model):
         max_length=16, blank=True, default="", choices=_language_choices,
         help_text="What agentloop writes to a user whose platform gives no language (apologies, notices, "
                   "command answers); empty: the deployment's.")
+    group_replies = models.CharField(
+        max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
+        help_text="In group chats: which messages the agent answers. The others are stored and given to the next "
+                  "turn addressed to it as context, never answered (docs/buffer.md#groups).")
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)

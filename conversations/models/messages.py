@@ -68,6 +68,7 @@ class Disposition(models.TextChoices):
     REJECTED = "rejected", "Rejected (a turn was running)"
     DROPPED = "dropped", "Dropped (/stop or /reset)"
     OVERFLOW = "overflow", "Not buffered (too many pending; the sender was told)"
+    CONTEXT = "context", "Group context (not addressed to the agent; not answered)"
 
 
 class InboundMessage(models.Model):
@@ -89,6 +90,9 @@ class InboundMessage(models.Model):
     media_file = models.ForeignKey("MediaFile", null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="messages")
     sender_name = models.CharField(max_length=200, blank=True)
+    # In a group: whether it was addressed to the agent (a mention of the bot, a reply to
+    # it). None: the platform does not say (the message counts as addressed).
+    mentioned = models.BooleanField(null=True, blank=True)
     reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
     thread_id = models.CharField(max_length=50, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -76,6 +77,9 @@ class Platform(abc.ABC):
     # messages as any contact (the api platform): the agent that asked could say "yes";
     # the guard refuses `approval = user` there (tools.guard.running).
     user_can_confirm: bool = True
+    # How long after the user's last message the platform takes a message we start (a
+    # scheduled one); None: any time. WhatsApp: 24 hours, then only approved templates.
+    reply_window: timedelta | None = None
     # Replies go out at all (False: the reply row *is* the delivery, read through the API).
     # An instance attribute may depend on the channel: see transport().
 

@@ -1,4 +1,4 @@
-"""Housekeeping: the heartbeat, the guard's sweep, what dead workers left behind
+"""Housekeeping: the heartbeat, the guard's sweep, scheduled messages now due, what dead workers left behind
 (their turns, their rows mid-send, files they were fetching, external turns past
 their time), and the turns
 stamped with this worker that it no longer holds.
@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 
-from conversations import engine, liveness, turns
+from conversations import engine, liveness, schedules, turns
 from conversations.media import fetching
 from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
@@ -40,6 +40,7 @@ class Housekeeping:
         await self.take_over_dead()
         await db(ledger.abandon_stale, None, self.worker.dead_owners)
         await db(fetching.release_expired)
+        await db(schedules.send_due)  # written to the ledger: the replies' sweep sends them
         if await db(turns.release_external):
             self.worker.wake_turns()
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())

@@ -39,6 +39,7 @@ from agentloop.core.rows import epoch
 from conversations import sql
 from conversations.models import (
     Channel,
+    GroupReplies,
     TypingMode,
     WorkerHeartbeat,
 )
@@ -147,9 +148,20 @@ def open_windows(channel_ids, part, parts, limit) -> list[Window]:
     nearly all of them quiet)."""
     if not channel_ids:
         return []
+    rows = sql.open_windows(channel_ids, part, parts, limit)
+    # A group's burst shows "typing…" only if it will be answered (conversations.groups).
+    modes = _group_replies({row[5] for row in rows if row[7] is not None})
     return [Window(conversation, buffer, chat, thread or "", channel, epoch(flush_at), reply_target or "")
-            for conversation, buffer, chat, thread, reply_target, channel, flush_at
-            in sql.open_windows(channel_ids, part, parts, limit)]
+            for conversation, buffer, chat, thread, reply_target, channel, flush_at, addressed in rows
+            if addressed is None or modes.get(channel) == GroupReplies.ALWAYS
+            or (addressed and modes.get(channel) == GroupReplies.MENTION)]
+
+
+def _group_replies(channel_ids) -> dict:
+    """{channel id: its group_replies}: asked only when a look found a group's window."""
+    if not channel_ids:
+        return {}
+    return dict(Channel.objects.filter(pk__in=channel_ids).values_list("pk", "group_replies"))
 
 
 # --- the worker side (on its event loop) ----------------------------------------------

@@ -57,6 +57,7 @@ class Reply:
     thread_id: str = ""
     files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
     preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
+    dedup_key: str | None = None  # a scheduled message's tick: unique in the ledger
 
 
 def _row(reply: Reply) -> OutboundMessage:
@@ -69,7 +70,7 @@ def _row(reply: Reply) -> OutboundMessage:
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=text,
                            chunks=chunks_for(conversation.channel, text, reply.files),
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
-                           preview_message_id=reply.preview_message_id,
+                           preview_message_id=reply.preview_message_id, dedup_key=reply.dedup_key,
                            chunks_started=1 if began_before_a_restore(reply.turn) else 0)
 
 

@@ -23,7 +23,8 @@ def fixture(name):
 
 @pytest.fixture
 def tg(make_channel):
-    return make_channel("tg", kind="telegram", platform_settings={"bot_token": "123:ABC", "webhook_secret": SECRET})
+    return make_channel("tg", kind="telegram", group_replies="always",
+                        platform_settings={"bot_token": "123:ABC", "webhook_secret": SECRET})
 
 
 def post(client, body, *, slug="tg", secret=SECRET, raw=False):

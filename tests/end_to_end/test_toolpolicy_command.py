@@ -120,8 +120,9 @@ def test_without_a_name_lists_every_policy():
     ToolPolicy.objects.create(name="ext:7:refund", approval="operator", max_per_hour=2)
     lines = run().splitlines()
     assert [line.split()[0] for line in lines] == ["calendar_create_event", "calendar_delete_event",
-                                                   "calendar_list_events", "email_send", "ext:7:refund"]
-    assert "approval operator" in lines[-1] and "max/hour 2 " in lines[-1]
+                                                   "calendar_list_events", "email_send", "ext:7:refund",
+                                                   "reminder_create"]
+    assert "approval operator" in lines[4] and "max/hour 2 " in lines[4]
     assert "approval none" in lines[0] and "max/hour no limit" in lines[0] and " enabled " in lines[0]
 
 

@@ -41,7 +41,7 @@ def test_the_registry_names_every_platform_and_picks_each_transport(make_channel
 
 def test_settings_are_checked_on_save_with_defaults_filled(make_channel):
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "1:A"})
-    assert channel.platform_settings == {"bot_token": "1:A", "webhook_secret": "", "mode": "webhook",
+    assert channel.platform_settings == {"bot_token": "1:A", "webhook_secret": "", "mode": "webhook", "bot_username": "",
                                          "api_base": "https://api.telegram.org", "messages_per_second": 29.0,
                                          "chat_interval": 1.0, "group_messages_per_minute": 20.0}
     for wrong in ({"bot_tokn": "1:A"}, {"mode": "carrier"}, {"api_base": "not a url"},

@@ -33,6 +33,8 @@ class TelegramPlatform(Platform):
                             help="Bot API root; requests go to {api_base}/bot{token}/{method}. Changing it "
                                  "asks for the bot token again."),
         "mode": Setting(default=WEBHOOK, choices=(WEBHOOK, POLLING), help="Webhook or long polling."),
+        "bot_username": Setting(help="The bot's @username, what a mention in a group is checked against; "
+                                     "empty: learned from getMe."),
         # Telegram's documented limits: ~30 messages/s per bot, 1/s per chat, 20/min per group.
         **pace_settings(per_second=29, chat_interval=1.0, group_per_minute=20),
     }

@@ -17,10 +17,11 @@ GROUP_TYPES = ("group", "supergroup")
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 
 
-def item_from_update(update: telegram.Update) -> Inbound | edits.Edit | None:
-    """A new message, an edit of one, or None for updates we do not act on."""
+def item_from_update(update: telegram.Update, bot=None) -> Inbound | edits.Edit | None:
+    """A new message, an edit of one, or None for updates we do not act on. `bot`: a
+    callable giving the bot's identity.BotIdentity, asked only for a group's message."""
     if update.message is not None:
-        return inbound_from_update(update)
+        return inbound_from_update(update, bot)
     if update.edited_message is not None:
         return edit_from_update(update)
     return None
@@ -42,7 +43,7 @@ def edit_from_update(update: telegram.Update) -> edits.Edit | None:
     )
 
 
-def inbound_from_update(update: telegram.Update) -> Inbound | None:
+def inbound_from_update(update: telegram.Update, bot=None) -> Inbound | None:
     """The message we act on, or None for updates we ignore (service messages…)."""
     message = update.message
     if message is None or message.from_user is None:
@@ -53,6 +54,7 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
         return None
     sender = message.from_user
     thread = message.message_thread_id if message.is_topic_message else None
+    is_group = message.chat.type in GROUP_TYPES
     return Inbound(
         platform_message_id=f"{message.chat.id}:{message.message_id}",
         chat_id=str(message.chat.id),
@@ -62,13 +64,30 @@ def inbound_from_update(update: telegram.Update) -> Inbound | None:
         username=sender.username or "",
         media_type=media,
         album_id=message.media_group_id or "",
-        is_group=message.chat.type in GROUP_TYPES,
+        is_group=is_group,
+        mentioned=mentions(message, bot()) if is_group and bot is not None else None,
         thread_id=str(thread) if thread else "",
         reply_target=str(message.message_id),
         sent_at=message.date,
         media=media_ref(message, media),
         language=sender.language_code or "",
     )
+
+
+def mentions(message: telegram.Message, bot) -> bool:
+    """Addressed to the bot: a reply to one of its messages, a text mention of it (a
+    user without a username), or an @mention of its username, in the text or a caption."""
+    reply = message.reply_to_message
+    if bot.id is not None and reply is not None and reply.from_user is not None and reply.from_user.id == bot.id:
+        return True
+    found = {**message.parse_entities(["mention", "text_mention"]),
+             **message.parse_caption_entities(["mention", "text_mention"])}
+    for entity, text in found.items():
+        if entity.type == "text_mention" and entity.user is not None and entity.user.id == bot.id:
+            return True
+        if entity.type == "mention" and bot.username and text[1:].lower() == bot.username.lower():
+            return True
+    return False
 
 
 def media_ref(message: telegram.Message, kind: str) -> MediaRef | None:

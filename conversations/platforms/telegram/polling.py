@@ -18,7 +18,7 @@ from conversations import edits
 from conversations.engine import owner_gone
 from conversations.ingest import Unstorable, admit, record_refusal
 from conversations.models import Channel
-from conversations.platforms.telegram import callbacks, parsing
+from conversations.platforms.telegram import callbacks, identity, parsing
 from conversations.platforms.telegram.transport import bot_url
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS
@@ -74,7 +74,7 @@ def admit_polled(channel_id, owner, updates: list[dict]) -> int:
             callbacks.handle_callback(channel, data)
             continue
         try:
-            inbound = parsing.item_from_update(parsing.parse_update(data))
+            inbound = parsing.item_from_update(parsing.parse_update(data), identity.asker(channel))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("channel %s: skipping malformed update %s: %s", channel.slug, data.get("update_id"), exc)
             continue

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 from conversations import edits
 from conversations.ingest import admit, record_refusal, refusal
 from conversations.models import Channel
-from conversations.platforms.telegram import callbacks, parsing
+from conversations.platforms.telegram import callbacks, identity, parsing
 from conversations.platforms.webhooks import Answer, error
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -62,7 +62,7 @@ def prepare(slug, supplied_secret, body):
     if callbacks.is_callback(data):  # a tap on a question's button
         return Answer(200, callbacks.handle_callback(channel, data))
     try:
-        inbound = parsing.item_from_update(parsing.parse_update(data))
+        inbound = parsing.item_from_update(parsing.parse_update(data), identity.asker(channel))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return error(400, f"not a valid Telegram update: {exc}")
     if inbound is None:

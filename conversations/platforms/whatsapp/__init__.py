@@ -13,6 +13,7 @@ yes or no in words (tools.confirmations).
 
 import os
 import re
+from datetime import timedelta
 
 from django.core.exceptions import ValidationError
 from django.urls import path
@@ -41,6 +42,7 @@ class WhatsAppPlatform(Platform):
     kind = "whatsapp"
     label = "WhatsApp"
     has_buttons = False
+    reply_window = timedelta(hours=24)  # the customer-service window; outside it, templates only
     settings = {
         "phone_number_id": Setting(help="The business phone number's id (WhatsApp > API Setup).",
                                    required_to_send=True, check=check_phone_number_id),

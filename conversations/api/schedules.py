@@ -1,0 +1,59 @@
+"""Scheduled messages from the API (a helpdesk, a booking system): one goes out by
+itself into a conversation of the key's channels (conversations.schedules)."""
+
+from datetime import timedelta
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentloop.core.api import ErrorSerializer, StrictBody, UtcDateTimeField
+from conversations import schedules
+from conversations.api.access import conversation_for_key
+from delivery.models import ScheduleSource
+
+
+class ScheduleRequestSerializer(StrictBody):
+    text = serializers.CharField(max_length=4000)
+    due_at = UtcDateTimeField(help_text="When it goes out (RFC 3339). In the past: at once.")
+    repeat_every_seconds = serializers.IntegerField(
+        min_value=60, max_value=366 * 86400, required=False, allow_null=True, default=None,
+        help_text="Sent again this many seconds after each tick; empty: once.")
+    cancel_on_reply = serializers.BooleanField(
+        default=False, help_text="Not sent if the user writes after it was scheduled (a follow-up).")
+
+
+class ScheduleSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="pk")
+    conversation = serializers.IntegerField(source="conversation_id")
+    text = serializers.CharField()
+    due_at = serializers.DateTimeField()
+    repeat_every_seconds = serializers.SerializerMethodField()
+    cancel_on_reply = serializers.BooleanField()
+    state = serializers.CharField(help_text="scheduled, sent or cancelled.")
+    reason = serializers.CharField(help_text="Why a due message waits, or why it was cancelled.")
+    ticks_sent = serializers.IntegerField()
+
+    def get_repeat_every_seconds(self, row) -> int | None:
+        return int(row.repeat_every.total_seconds()) if row.repeat_every else None
+
+
+class ConversationSchedulesView(APIView):
+    @extend_schema(
+        request=ScheduleRequestSerializer,
+        responses={201: ScheduleSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 404: ErrorSerializer},
+        summary="Schedule a message into a conversation: it goes out by itself through the delivery ledger",
+        description="Sent once per tick however many workers run (docs/schedules.md). On WhatsApp, a tick "
+                    "outside the 24-hour window waits for the user to write, and says so in `reason`. "
+                    "404: no such conversation in the key's channels.")
+    def post(self, request, conversation):
+        found = conversation_for_key(request.user, conversation)
+        incoming = ScheduleRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        seconds = data.get("repeat_every_seconds")
+        row = schedules.schedule(found, data["text"], data["due_at"], cancel_on_reply=data["cancel_on_reply"],
+                                 repeat_every=timedelta(seconds=seconds) if seconds else None,
+                                 source=ScheduleSource.API)
+        return Response(ScheduleSerializer(row).data, status=status.HTTP_201_CREATED)
