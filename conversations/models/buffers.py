@@ -16,6 +16,7 @@ class FlushReason(models.TextChoices):
     ALBUM = "album", "An album's items kept the window open"
     CONTROL = "control", "Control command"
     EDIT = "edit", "An edit re-runs a cancelled turn"
+    PERSON = "person", "A person answered (the conversation was taken over)"
 
 
 class BufferState(models.TextChoices):
