@@ -379,6 +379,7 @@ AGENTLOOP_TOOLS = [
     "tools.builtin.calendar.ListEvents",
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
+    "tools.builtin.handoff.Handoff",
     *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
 ]
 # How long an identical call waits for one in flight before answering "in progress".

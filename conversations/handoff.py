@@ -45,7 +45,7 @@ class NotHeld(Exception):
     """A person's reply in a conversation that no person holds."""
 
 
-def take_over(conversation_id, by, now=None) -> bool:
+def take_over(conversation_id, by, now=None, reason="") -> bool:
     """Hand the conversation to a person, in one transaction: AGENT → PERSON, its open
     buffer closed without a turn, a running turn that fired no effect cancelled (one that
     did finishes: its effect happened, its answer is owed). True if this call took it;
@@ -66,7 +66,7 @@ def take_over(conversation_id, by, now=None) -> bool:
         cancelled = [pk for pk in running if turns.cancel(pk, f"a person took the conversation over ({by})", now)]
         conversation = Conversation.objects.select_related("channel").get(pk=conversation_id)
         record(EventKind.CONVERSATION_TAKEN_OVER, conversation=conversation, actor=by,
-               target=f"conversation {conversation_id}", buffers_closed=open_ids, turns_cancelled=cancelled)
+               target=f"conversation {conversation_id}", summary=reason, buffers_closed=open_ids, turns_cancelled=cancelled)
     return True
 
 
