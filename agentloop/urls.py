@@ -20,6 +20,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", console_views.dashboard, name="console-dashboard"),
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
+    path("console/conversations/<int:conversation_id>/hold/", console_views.hold, name="console-hold"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     path("console/playground/<slug:slug>/files", console_uploads.playground_upload, name="console-playground-upload"),
