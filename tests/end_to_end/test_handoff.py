@@ -167,3 +167,24 @@ def test_a_quiet_person_gives_the_conversation_back_after_the_idle_time(
     send(web, "tg", 101, "¿Hay alguien?")
     fake_telegram.wait_for("sendMessage", count=2, timeout=15)
     assert AuditEvent.objects.filter(kind=EventKind.CONVERSATION_GIVEN_BACK, actor="idle").exists()
+
+
+def test_the_agent_hands_the_chat_to_a_person_with_the_handoff_tool(processes, make_channel, fake_telegram):
+    from tests.fakes.openai_api import FakeOpenAI, Reply, ToolCalls
+
+    with FakeOpenAI() as fake_openai:
+        fake_openai.script(ToolCalls([("handoff", {"reason": "asks for a person"})]),
+                           Reply("Te paso con una persona, te escribirá en breve."))
+        telegram_channel(make_channel, fake_telegram, extra=UNPACED, agent="openai", agent_config={
+            "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"})
+        web, _ = processes.web(wait=False), processes.worker(FAKE_OPENAI_API_KEY="sk-test")
+        send(web, "tg", 101, "Quiero hablar con una persona.")
+        fake_telegram.wait_for("sendMessage", timeout=15)
+        chat = conversation()
+        assert chat.state == ConversationState.PERSON and chat.held_by == "agent"
+        for n in range(5):
+            send(web, "tg", 101, f"¿hola? {n}")
+        time.sleep(3.0)
+        assert texts(fake_telegram) == ["Te paso con una persona, te escribirá en breve."]
+        assert len(fake_openai.requests()) == 2  # the model was not asked again
+        assert AuditEvent.objects.filter(kind=EventKind.CONVERSATION_TAKEN_OVER, actor="agent").exists()
