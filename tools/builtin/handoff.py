@@ -7,7 +7,7 @@ an effect, so it finishes and its answer ("a person will reply") goes out; from 
 the agent is silent until the person gives the conversation back."""
 
 from tools import hooks
-from tools.registry import Effect, InvalidArguments, Tool
+from tools.registry import Effect, Tool, ToolError
 
 
 class Handoff(Tool):
@@ -29,7 +29,7 @@ class Handoff(Tool):
 
     def run(self, call):
         if call.scope.conversation_id is None:
-            raise InvalidArguments("handoff needs a conversation: it is for agents answering a chat")
+            raise ToolError("handoff needs a conversation: it is for agents answering a chat")
         taken = hooks.take_over(call.scope.conversation_id, by="agent", reason=call.arguments["reason"])
         return {"handed_to_a_person": True, "already_held": not taken,
                 "note": "A person now holds this conversation; tell the user a person will reply shortly."}
