@@ -54,12 +54,16 @@ def test_takeover_with_a_buffer_open_then_twenty_messages_then_give_back(
     assert taken.status_code == 200 and taken.json()["state"] == "person" and taken.json()["changed"] is True
     assert call(web, key, chat.pk, "takeover").json()["changed"] is False  # idempotent
     assert MessageBuffer.objects.get().state == BufferState.DROPPED
+    taken_at = time.time()
 
     for n in range(20):
         send(web, "tg", 101, f"¿hola? {n}")
     send(web, "tg", 101, "/stop")  # no command's answer either: the person holds the chat
     time.sleep(5.5)  # past every window the agent would have used
     assert texts(fake_telegram) == []
+    # Nothing strange on the user's side either: no typing while a person holds the chat
+    # (a refresh already on its way at the takeover may land within the first second).
+    assert not [c for c in fake_telegram.calls("sendChatAction") if c.wall > taken_at + 1.0]
     assert not Turn.objects.exists()
     assert InboundMessage.objects.filter(disposition=Disposition.HELD).count() == 22
 
