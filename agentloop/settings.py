@@ -396,6 +396,7 @@ AGENTLOOP_TOOLS = [
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
     "tools.builtin.reminders.CreateReminder",
+    "tools.builtin.handoff.Handoff",
     *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
 ]
 # How long an identical call waits for one in flight before answering "in progress".

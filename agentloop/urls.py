@@ -7,6 +7,7 @@ from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
 from audit import api as audit_api
 from conversations import api, platforms, views
+from conversations.api import handoff as handoff_api
 from conversations.api.operators import ForgetContactView
 from tools import api as tools_api
 from tools import views as tools_views
@@ -19,6 +20,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", console_views.dashboard, name="console-dashboard"),
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
+    path("console/conversations/<int:conversation_id>/hold/", console_views.hold, name="console-hold"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     path("console/playground/<slug:slug>/files", console_uploads.playground_upload, name="console-playground-upload"),
@@ -32,6 +34,12 @@ urlpatterns = [
          name="api-conversation-stream"),
     path("api/v1/conversations/<int:conversation>/schedules", api.ConversationSchedulesView.as_view(),
          name="api-conversation-schedules"),
+    path("api/v1/conversations/<int:conversation>/takeover", handoff_api.TakeoverView.as_view(),
+         name="api-conversation-takeover"),
+    path("api/v1/conversations/<int:conversation>/reply", handoff_api.PersonReplyView.as_view(),
+         name="api-conversation-reply"),
+    path("api/v1/conversations/<int:conversation>/release", handoff_api.ReleaseView.as_view(),
+         name="api-conversation-release"),
     path("api/v1/turns", api.TurnListView.as_view(), name="api-turns"),
     path("api/v1/turns/<int:turn>/claim", api.TurnClaimView.as_view(), name="api-turn-claim"),
     path("api/v1/turns/<int:turn>/reply", api.TurnReplyView.as_view(), name="api-turn-reply"),

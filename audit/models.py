@@ -17,6 +17,11 @@ class EventKind(models.TextChoices):
     MESSAGE_REFUSED = "message_refused", "Message refused (cannot be stored)"
     MESSAGE_EDITED = "message_edited", "Message edited by the user"
     EDIT_IGNORED = "edit_ignored", "Edit ignored (changed nothing)"
+    CONVERSATION_TAKEN_OVER = "conversation_taken_over", "A person took the conversation over"
+    CONVERSATION_GIVEN_BACK = "conversation_given_back", "The conversation went back to the agent"
+    PERSON_REPLIED = "person_replied", "A person replied in a held conversation"
+    LIMIT_REACHED = "limit_reached", "A person reached a limit (messages stored, not answered)"
+    LIMIT_LIFTED = "limit_lifted", "An operator lifted a person's limit"
     # Layer 2
     DUPLICATE_PREVENTED = "duplicate_prevented", "Duplicate prevented"
     ACTION_UNCERTAIN = "action_uncertain", "Action interrupted (outcome uncertain)"

@@ -9,6 +9,7 @@ from django.utils.html import format_html, format_html_join
 
 from agentloop.core.redaction import SECRET_NAME
 from conversations import erasure, platforms
+from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
 from conversations.media import links
 from conversations.models import (
     AgentKey,
@@ -183,6 +184,8 @@ class ChannelAdmin(admin.ModelAdmin):
         ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode", "edits",
                                                                   "streaming"]}),
         ("Groups", {"fields": ["group_replies"]}),
+        ("People in control", {"fields": ["handoff_idle_minutes", "turns_per_contact_per_hour",
+                                          "tokens_per_contact_per_day"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),
         *platform_fieldsets(),
         ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
@@ -200,11 +203,11 @@ class ChannelAdmin(admin.ModelAdmin):
 
 
 @admin.register(Contact)
-class ContactAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "platform_id", "username", "language", "channel", "created_at"]
-    list_filter = ["channel", "language"]
+class ContactAdmin(LimitActions, admin.ModelAdmin):
+    list_display = ["__str__", "platform_id", "username", "language", "channel", "limited", "created_at"]
+    list_filter = ["channel", "language", LimitedFilter]
     search_fields = ["platform_id", "display_name", "username"]
-    actions = ["forget"]
+    actions = ["forget", "lift_limits"]
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -236,13 +239,14 @@ class TurnInline(admin.TabularInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "channel", "chat_id", "is_group", "last_turn_state", "created_at"]
-    list_filter = ["channel", "is_group"]
+class ConversationAdmin(HoldActions, admin.ModelAdmin):
+    list_display = ["__str__", "channel", "chat_id", "is_group", "state", "last_turn_state", "created_at"]
+    list_filter = ["channel", "is_group", "state"]
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
-    readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "created_at", "related"]
+    readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "state", "held_by", "held_at",
+                       "person_active_at", "created_at", "related"]
     inlines = [TurnInline]
-    actions = ["forget"]
+    actions = ["forget", "take_over", "give_back"]
 
     @admin.action(description="Erase the data of these conversations' people", permissions=["delete"])
     def forget(self, request, queryset):

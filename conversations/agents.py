@@ -57,6 +57,9 @@ class TurnContext:
     # The files of the burst (conversations.media.for_agents.Attachment), settled: stored,
     # or skipped or failed with the reason. `for_agents.parts` makes model content of them.
     media: list = field(default_factory=list)
+    # Report the tokens a model request used (the provider's `usage`): the turn records
+    # them for the contact's daily budget (conversations.limits).
+    record_usage: Callable[[int], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)

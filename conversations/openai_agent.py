@@ -98,7 +98,7 @@ class OpenAIAgent(Agent):
         config = ctx.config
         client, messages, tools = await self._conversation(ctx)
         for _ in range(int(config.get("max_steps", 6))):
-            message = await self._complete(client, config, messages, tools)
+            message = await self._complete(client, config, messages, tools, ctx)
             if not message.tool_calls:
                 return (message.content or "").strip() or languages.text_in(ctx.language, STEP_LIMIT_REPLY)
             messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
@@ -130,6 +130,7 @@ class OpenAIAgent(Agent):
                             step.append(text)
                             yield text
                 completion = state.get_final_completion()
+            await _record_usage(ctx, completion)
             if not completion.choices:
                 raise AgentUnavailable("the model returned no choices")
             message = completion.choices[0].message
@@ -149,7 +150,7 @@ class OpenAIAgent(Agent):
                                  "content": json.dumps(result, ensure_ascii=False, default=str)})
         yield Answer("\n\n".join([*said, languages.text_in(ctx.language, STEP_LIMIT_REPLY)]))
 
-    async def _complete(self, client, config, messages, tools):
+    async def _complete(self, client, config, messages, tools, ctx=None):
         kwargs = _request(config, messages, tools)
         # The SDK's generic POST, not chat.completions.create: create() first walks
         # the whole request through the SDK's typed-params transform (aliases, file
@@ -160,6 +161,7 @@ class OpenAIAgent(Agent):
         # masked (_provider_errors), before it becomes a turn's outcome or a log line.
         with _provider_errors(config):
             response = await client.post("/chat/completions", cast_to=ChatCompletion, body=kwargs)
+        await _record_usage(ctx, response)
         if not response.choices:
             raise AgentUnavailable("the model returned no choices")
         return response.choices[0].message
@@ -173,6 +175,13 @@ class OpenAIAgent(Agent):
         if not isinstance(arguments, dict):
             return {"status": "failed", "duplicate": False, "error": "the arguments must be a JSON object"}
         return await ctx.call_tool(call.function.name, arguments)
+
+
+async def _record_usage(ctx, completion):
+    """The tokens the provider says this request used, on the turn (conversations.limits)."""
+    usage = getattr(completion, "usage", None)
+    if ctx is not None and ctx.record_usage is not None and usage is not None and usage.total_tokens:
+        await ctx.record_usage(usage.total_tokens)
 
 
 def _request(config, messages, tools) -> dict:

@@ -36,6 +36,7 @@ from conversations.models import (
     Contact,
     ContextNote,
     Conversation,
+    ConversationState,
     InboundMessage,
     MessageBuffer,
     Turn,
@@ -45,7 +46,8 @@ from conversations.models import (
 # --- admission: the conversation and its state ----------------------------------------
 
 # Columns read from the conversation row, in this order, then the state columns.
-CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", "context_reset_at", "language")
+CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", "context_reset_at", "language",
+                        "state")
 
 
 @functools.lru_cache(maxsize=2)  # one conversation by its key; a batch's by their ids
@@ -380,7 +382,9 @@ def ready_turns(limit, pull_agent) -> list:
     most `limit`. In SQL written once: every worker asks this many times a second
     (AGENTLOOP_POLL_INTERVAL), and compiling the query was most of its cost."""
     with connection.cursor() as cursor:
-        cursor.execute(_ready_sql(), [TurnState.READY.value, pull_agent, TurnState.RUNNING.value, limit])
+        # A conversation a person holds (conversations.handoff): its ready turns wait.
+        cursor.execute(_ready_sql(), [TurnState.READY.value, pull_agent, ConversationState.AGENT.value,
+                                      TurnState.RUNNING.value, limit])
         return cursor.fetchall()
 
 
@@ -389,7 +393,7 @@ def _ready_sql():
     return (f"SELECT t.id, t.conversation_id FROM {table(Turn)} t "
             f"JOIN {table(Conversation)} c ON c.id = t.conversation_id "
             f"JOIN {table(Channel)} ch ON ch.id = c.channel_id "
-            f"WHERE t.state = %s AND ch.agent <> %s AND NOT EXISTS ("
+            f"WHERE t.state = %s AND ch.agent <> %s AND c.state = %s AND NOT EXISTS ("
             f"SELECT 1 FROM {table(Turn)} r WHERE r.conversation_id = t.conversation_id "
             f"AND r.state = %s) ORDER BY t.created_at, t.id LIMIT %s")
 

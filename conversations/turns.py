@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -19,7 +19,7 @@ from agentloop.core.redaction import redact
 from audit.events import record
 from audit.models import EventKind
 from conversations import sql
-from conversations.models import Turn, TurnState
+from conversations.models import ConversationState, Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
 
@@ -39,9 +39,15 @@ def mark_effect(turn_id, now=None) -> bool:
     ) == 1
 
 
+# A turn starts only while the agent holds its conversation (conversations.handoff): a
+# takeover between the pick and the start leaves it waiting.
+AGENT_HOLDS = Q(conversation__state=ConversationState.AGENT)
+
+
 def start(turn_id, owner, now=None, where=None) -> bool:
     """READY -> RUNNING for `owner`. The partial unique index refuses a second
     running turn in the same conversation, so this is safe across processes."""
+    where = AGENT_HOLDS & (Q(**where) if where else Q())
     try:
         with transaction.atomic():
             return Turn.transition(turn_id, TurnState.READY, TurnState.RUNNING, where=where, owner=owner,
@@ -85,8 +91,8 @@ def start_many(turn_ids, owner, now=None):
     now = now or timezone.now()
     try:
         with transaction.atomic():
-            Turn.transition(list(turn_ids), TurnState.READY, TurnState.RUNNING, owner=owner, started_at=now,
-                            attempts=F("attempts") + 1)
+            Turn.transition(list(turn_ids), TurnState.READY, TurnState.RUNNING, where=AGENT_HOLDS, owner=owner,
+                            started_at=now, attempts=F("attempts") + 1)
     except IntegrityError:
         for turn_id in turn_ids:
             start(turn_id, owner, now)

@@ -4,7 +4,8 @@
   decision on a proposal reaches its conversation (a note for the agent, optionally a
   message to the user: conversations.notes); `conversation_for_key` — the conversation
   an agent key names in an API request, if it is in one of the key's channels
-  (conversations.api);
+  (conversations.api); `take_over` — the `handoff` tool hands the conversation to a
+  person (conversations.handoff);
 - inside tools, whose modules stand confirmations → approvals → guard (tools'
   `AppConfig.ready()`): the guard opens, expires and sweeps proposals (tools.approvals,
   which runs an approved proposal through the guard); approvals asks the user in the
@@ -45,6 +46,10 @@ def inform(conversation_id, *, for_agent: str, for_user: str = "") -> bool:
 
 def conversation_for_key(key, conversation_id):
     return _of("conversations").conversation_for_key(key, conversation_id)
+
+
+def take_over(conversation_id, *, by: str, reason: str = "") -> bool:
+    return _of("conversations").take_over(conversation_id, by=by, reason=reason)
 
 
 # --- approvals (for the guard) -----------------------------------------------------------------

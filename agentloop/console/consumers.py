@@ -18,7 +18,7 @@ from agentloop.console import relay
 from agentloop.core import live
 from agentloop.core.redaction import redact_payload
 from conversations import console as conversations_console
-from conversations import edits
+from conversations import edits, handoff
 from conversations.ingest import Inbound, Unstorable, admit, open_conversation
 from conversations.media import links
 from conversations.models import Channel
@@ -155,6 +155,9 @@ class DashboardConsumer(LiveConsumer):
 
     async def receive_json(self, content, **kwargs):
         action, proposal = content.get("action"), content.get("proposal")
+        if action in ("take_over", "give_back"):
+            await self.hold(action, content.get("conversation"))
+            return
         if action not in ("apply", "reject") or not isinstance(proposal, int):
             await self.send_json({"type": "error", "error": "expected {action: apply|reject, proposal: <id>}"})
             return
@@ -166,6 +169,20 @@ class DashboardConsumer(LiveConsumer):
         state = await database_sync_to_async(_decide)(action, proposal, self.user.get_username())
         await self.send_json({"type": "decided", "proposal": proposal, "state": state})
         await self.send_snapshot()
+
+
+    async def hold(self, action, conversation_id):
+        """Take a conversation over, or give it back (conversations.handoff): operators
+        (change_conversation), checked at each action as the role may have changed."""
+        if not isinstance(conversation_id, int):
+            await self.send_json({"type": "error", "error": "expected {action: take_over|give_back, conversation: <id>}"})
+            return
+        if not await self.still_allowed("conversations.change_conversation"):
+            await self.send_json({"type": "error", "error": "your role cannot take conversations over"})
+            return
+        move = handoff.take_over if action == "take_over" else handoff.give_back
+        changed = await database_sync_to_async(move)(conversation_id, f"console:{self.user.get_username()}")
+        await self.send_json({"type": "held", "conversation": conversation_id, "action": action, "changed": changed})
 
 
 def _decide(action, proposal_id, username):

@@ -415,7 +415,8 @@ def as_json(page_, can_view=lambda label: True) -> dict:
     c = page_.conversation
     return {
         "conversation": {"id": c.pk, "channel": c.channel.slug, "contact": redact(str(c.contact), channel_secrets(
-            c.channel)), "chat_id": c.chat_id, "double_texting": c.channel.double_texting},
+            c.channel)), "chat_id": c.chat_id, "double_texting": c.channel.double_texting,
+            "state": c.state, "held_by": c.held_by},
         "entries": [as_dict(e, can_view) for e in page_.entries],
         "earlier": page_.earlier,
         "not_recorded": NOT_RECORDED,

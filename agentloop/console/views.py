@@ -1,14 +1,18 @@
 """The console's pages: thin; the data arrives over the websockets."""
 
+import uuid
+
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.http import require_POST
 
 from agentloop.console import story as conversation_story
 from agentloop.console.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISSION, allowed
+from conversations import handoff
 from conversations.models import Channel, Conversation
 from conversations.platforms import webchat
 
@@ -75,7 +79,31 @@ def story(request, conversation_id):
         **admin.site.each_context(request), "title": f"Story of {data['conversation']['contact']} @ "
         f"{page.conversation.channel.slug}", "story": data, "page": page, "links": _admin_links(),
         "conversation_url": reverse("admin:conversations_conversation_change", args=[conversation_id])
-        if request.user.has_perm("conversations.view_conversation") else None})
+        if request.user.has_perm("conversations.view_conversation") else None,
+        "can_hold": request.user.has_perm("conversations.change_conversation"), "reply_key": uuid.uuid4().hex})
+
+
+@require_POST
+@staff_member_required
+def hold(request, conversation_id):
+    """The story page's controls (conversations.handoff): take over, reply as the
+    person, give back. Operators only (change_conversation); each is idempotent."""
+    if not request.user.has_perm("conversations.change_conversation"):
+        raise PermissionDenied("taking a conversation over needs conversations.change_conversation")
+    if not Conversation.objects.filter(pk=conversation_id).exists():
+        raise Http404(f"no conversation {conversation_id}")
+    who, action = f"console:{request.user.get_username()}", request.POST.get("action")
+    if action == "take_over":
+        handoff.take_over(conversation_id, who)
+    elif action == "give_back":
+        handoff.give_back(conversation_id, who)
+    elif action == "reply" and request.POST.get("text", "").strip():
+        try:  # the form's one-time key: a double submit sends the reply once
+            handoff.reply(conversation_id, request.POST["text"].strip()[:4000], who,
+                          key=request.POST.get("key", "")[:100])
+        except handoff.NotHeld:
+            pass  # given back meanwhile: the page shows it
+    return redirect(reverse("console-story", args=[conversation_id]) + "#hold")
 
 
 def _view_permission(model_label):

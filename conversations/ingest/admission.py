@@ -24,6 +24,7 @@ from conversations.models import (
     BufferState,
     Contact,
     Conversation,
+    ConversationState,
     Disposition,
     InboundMessage,
     MessageBuffer,
@@ -97,12 +98,16 @@ def _admit(channel, inbound, now, created=None, savepoint=True):
 def _admit_in_transaction(channel, inbound, now, created=None):
     """`_admit`'s work, inside its transaction. `created`: the conversation, when this
     transaction has just created it (nothing else can have touched it)."""
-    command = control.parse(inbound.text) if not inbound.media_type else None
     conversation = created if created is not None else _conversation_with_state(channel, inbound)
     if conversation is None:
         return None
     if inbound.language and inbound.language[:16] != conversation.language:
         _language_changed(conversation, inbound.language[:16])
+    if conversation.state == ConversationState.PERSON:
+        # A person holds it (conversations.handoff): stored and shown, never a turn, a
+        # command's answer or any other text from us — whatever arrives.
+        return _held(Arrival(channel, conversation, inbound, now))
+    command = control.parse(inbound.text) if not inbound.media_type else None
     arrival = Arrival(channel, conversation, inbound, now)
     running = conversation.running_turn_id
     # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
@@ -154,6 +159,15 @@ def _admit_in_transaction(channel, inbound, now, created=None):
     return _buffered(admission, buffer)
 
 
+def _held(arrival):
+    message = _store_once(arrival, None, None, Disposition.HELD)
+    if message is None:
+        return Admission(duplicate=True, conversation_id=arrival.conversation.pk)
+    admission = Admission(duplicate=False, conversation_id=arrival.conversation.pk, message_id=message.pk)
+    admission.disposition = Disposition.HELD
+    return admission
+
+
 def _buffered(admission, buffer):
     admission.disposition = Disposition.BUFFERED
     admission.buffer_id = buffer.pk
@@ -193,7 +207,7 @@ def _conversation_from_row(channel, row):
                                                     "context_reset_at": aware(fields["context_reset_at"])})
     conversation._state.adding, conversation._state.db = False, connection.alias
     (conversation.open_buffer_id, first_at, conversation.open_buffer_count, conversation.open_buffer_album,
-     conversation.running_turn_id) = row[len(sql.CONVERSATION_COLUMNS):len(sql.CONVERSATION_COLUMNS) + 5]
+     conversation.running_turn_id) = row[len(fields):len(fields) + 5]
     conversation.open_buffer_first_at = aware(first_at)
     return conversation
 

@@ -27,5 +27,12 @@ from conversations.models.channels import (  # noqa: F401
 from conversations.models.edits import EditOutcome, MessageEdit  # noqa: F401
 from conversations.models.keys import AgentKey, AgentKeyManager  # noqa: F401
 from conversations.models.media import SETTLED, MediaFile, MediaState  # noqa: F401
-from conversations.models.messages import Contact, Conversation, Disposition, InboundMessage, MessageKind  # noqa: F401
+from conversations.models.messages import (  # noqa: F401
+    Contact,
+    Conversation,
+    ConversationState,
+    Disposition,
+    InboundMessage,
+    MessageKind,
+)
 from conversations.models.turns import ContextNote, Turn, TurnState, WorkerHeartbeat  # noqa: F401

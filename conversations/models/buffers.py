@@ -17,6 +17,7 @@ class FlushReason(models.TextChoices):
     CONTROL = "control", "Control command"
     EDIT = "edit", "An edit re-runs a cancelled turn"
     UNADDRESSED = "unaddressed", "Not addressed to the agent (a group): kept as context, no turn"
+    PERSON = "person", "A person answered (the conversation was taken over)"
 
 
 class BufferState(models.TextChoices):

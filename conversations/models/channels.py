@@ -150,6 +150,15 @@ class Channel(models.Model):
         max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
         help_text="In group chats: which messages the agent answers. The others are stored and given to the next "
                   "turn addressed to it as context, never answered (docs/buffer.md#groups).")
+    handoff_idle_minutes = models.PositiveIntegerField(
+        default=30, help_text="A conversation a person took over goes back to the agent after this long without "
+                              "a reply from the person (0: only when given back).")
+    turns_per_contact_per_hour = models.PositiveIntegerField(
+        default=0, help_text="Turns one person may cause in an hour; beyond, one notice and no answer until the "
+                             "hour has passed (0: no limit).")
+    tokens_per_contact_per_day = models.PositiveIntegerField(
+        default=0, help_text="Model tokens (as the provider reports them) one person may use in a day; beyond, "
+                             "one notice and no answer until the next day (0: no limit).")
 
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)

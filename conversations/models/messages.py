@@ -3,6 +3,7 @@
 from django.db import models
 from django.utils import timezone
 
+from agentloop.core.states import StateMachine
 from conversations.models.channels import Channel
 
 
@@ -15,6 +16,13 @@ class Contact(models.Model):
     # agentloop.core.languages narrows it to a catalog's when it writes to them.
     language = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Limits per person (conversations.limits): while `limited_until` is ahead, this
+    # person's turns are not run (their messages are stored and audited); the notice
+    # went out once per episode. Usage counts only after `limits_counted_from` (an
+    # operator lifting a limit moves it to now).
+    limited_until = models.DateTimeField(null=True, blank=True)
+    limit_reason = models.CharField(max_length=120, blank=True)
+    limits_counted_from = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -25,8 +33,21 @@ class Contact(models.Model):
         return self.display_name or self.username or self.platform_id
 
 
-class Conversation(models.Model):
+class ConversationState(models.TextChoices):
+    """Who answers: the agent, or a person who took the conversation over
+    (conversations.handoff)."""
+
+    AGENT = "agent", "The agent answers"
+    PERSON = "person", "A person holds it"
+
+
+class Conversation(StateMachine, models.Model):
     """One (channel, contact) pair; in a group, one (chat, sender) pair."""
+
+    TRANSITIONS = {
+        ConversationState.AGENT: {ConversationState.PERSON},
+        ConversationState.PERSON: {ConversationState.AGENT},
+    }
 
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="conversations")
     contact = models.ForeignKey(Contact, on_delete=models.CASCADE, related_name="conversations")
@@ -41,6 +62,12 @@ class Conversation(models.Model):
     context_reset_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_message_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=ConversationState.choices, default=ConversationState.AGENT)
+    held_by = models.CharField(max_length=150, blank=True, help_text="The person holding it (or who last did).")
+    held_at = models.DateTimeField(null=True, blank=True)
+    # The person's last sign of life (the takeover, a reply): the channel's idle time
+    # counts from here before the agent takes the conversation back by itself.
+    person_active_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -69,6 +96,8 @@ class Disposition(models.TextChoices):
     DROPPED = "dropped", "Dropped (/stop or /reset)"
     OVERFLOW = "overflow", "Not buffered (too many pending; the sender was told)"
     CONTEXT = "context", "Group context (not addressed to the agent; not answered)"
+    HELD = "held", "Stored while a person held the conversation"
+    LIMITED = "limited", "Stored, not answered (the sender was over a limit)"
 
 
 class InboundMessage(models.Model):

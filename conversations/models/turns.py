@@ -63,9 +63,17 @@ class Turn(StateMachine, models.Model):
     previews = models.PositiveIntegerField(default=0)
     preview_message_id = models.CharField(max_length=50, blank=True)
     streamed_text = models.TextField(blank=True)
+    # Model tokens the provider reported for this turn (conversations.limits).
+    tokens_used = models.PositiveIntegerField(default=0)
+    # A person's reply (owner "person:<who>"): the caller's idempotency key, if any.
+    request_key = models.CharField(max_length=100, blank=True)
 
     class Meta:
         constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "request_key"], condition=~Q(request_key=""),
+                name="turn_request_key_once"
+            ),
             # One turn at a time per conversation, guaranteed by the database itself.
             models.UniqueConstraint(
                 fields=["conversation"], condition=Q(state="running"), name="one_running_turn_per_conversation"

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 
-from conversations import engine, liveness, schedules, turns
+from conversations import engine, handoff, liveness, schedules, turns
 from conversations.media import fetching
 from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
@@ -42,6 +42,8 @@ class Housekeeping:
         await db(fetching.release_expired)
         await db(schedules.send_due)  # written to the ledger: the replies' sweep sends them
         if await db(turns.release_external):
+            self.worker.wake_turns()
+        if await db(handoff.give_back_idle):  # a person quiet for the channel's idle time
             self.worker.wake_turns()
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())
         if orphans:

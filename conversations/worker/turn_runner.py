@@ -11,10 +11,10 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
-from conversations import console, engine, languages, turns
+from conversations import console, engine, languages, limits, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
-from conversations.models import Turn, TurnState
+from conversations.models import ConversationState, Turn, TurnState
 from conversations.worker import streams
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
@@ -110,7 +110,8 @@ class TurnRunner:
                                                           conversation, turn),
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
-                           load_tools=functools.partial(worker.tools.offered_for, conversation))
+                           load_tools=functools.partial(worker.tools.offered_for, conversation),
+                           record_usage=functools.partial(worker.db, limits.add_tokens, turn.pk))
 
     async def settled_media(self, turn):
         """The turn's files once settled (fetched here if nobody has: conversations.worker.media)."""
@@ -125,6 +126,8 @@ class TurnRunner:
         deadline = deadline_for(channel.agent_config)
         stream = None
         try:
+            if limits.applies(channel) and await self.worker.db(limits.hold_if_over, turn):
+                raise TurnCancelled("its contact is over a limit")  # stored, audited, noticed once
             context = self.context(turn)
             if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
                 context.media = await self.settled_media(turn)
@@ -334,7 +337,12 @@ class TurnRunner:
 
     @staticmethod
     def cancelled_among(turn_ids):
-        """(turn id, why) of these turns that were cancelled."""
+        """(turn id, why) of these turns that were cancelled. A turn that started as a
+        person took its conversation over (the takeover did not see it yet) and has
+        fired no effect is cancelled here first (conversations.handoff)."""
+        for turn_id in Turn.objects.filter(pk__in=turn_ids, state=TurnState.RUNNING, fired_effect=False,
+                                           conversation__state=ConversationState.PERSON).values_list("pk", flat=True):
+            turns.cancel(turn_id, "a person took the conversation over")
         return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", "outcome"))
 
     async def release_adopted(self):

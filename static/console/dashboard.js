@@ -22,6 +22,7 @@
       if (data.type === "snapshot") render(data);
       else if (data.type === "event") feed(data.event);
       else if (data.type === "decided") note(`Proposal ${data.proposal}: ${data.state}`);
+      else if (data.type === "held") note(`Conversation ${data.conversation}: ${data.action === "take_over" ? "a person holds it" : "the agent answers"}${data.changed ? "" : " (already)"}`);
       else if (data.type === "error") note(data.error);
     },
   });
@@ -100,8 +101,12 @@
 
   function describe(e) {
     if (e.kind === "message") {
-      const wait = e.disposition === "buffered" ? `buffered, window ${e.window_seconds} s` : e.disposition;
-      return [C.link("conversation", e.conversation, `${e.contact} @ ${e.channel}`), `: “${e.text}” (${wait}) `, story(e.conversation)];
+      const wait = e.disposition === "buffered" ? `buffered, window ${e.window_seconds} s`
+        : e.disposition === "held" ? "held: a person holds this chat, reply from its story" : e.disposition;
+      const hold = e.disposition === "held" ? "give_back" : "take_over";
+      return [C.link("conversation", e.conversation, `${e.contact} @ ${e.channel}`), `: “${e.text}” (${wait}) `, story(e.conversation),
+        " ", el("button", {type: "button", class: "button", onclick: () => holdChat(hold, e.conversation)},
+          hold === "give_back" ? "give back" : "take over")];
     }
     if (e.kind === "turn") {
       const what = e.reply !== undefined ? `${e.state}${e.reply ? `: “${e.reply.slice(0, 80)}”` : ""}` : `${e.state} (${REASONS[e.reason] || e.reason})`;
@@ -117,6 +122,10 @@
   function note(text) {
     feed({kind: "note", at: new Date(C.serverNow()).toISOString()});
     document.getElementById("feed").firstChild.append(text);
+  }
+
+  function holdChat(action, conversation) {
+    if (!socket.send({action, conversation: Number(conversation)})) note("not connected; try again in a moment");
   }
 
   function decide(action, proposal) {

@@ -87,7 +87,7 @@ def test_approval_user_warns_which_channels_refuse_it(make_channel):
 
 def test_an_unknown_tool_is_refused_naming_the_registered_ones():
     with pytest.raises(CommandError, match="unknown tool 'launch_rockets'; registered tools: calendar_create_event, "
-                                           "calendar_delete_event, calendar_list_events, email_send"):
+                                           "calendar_delete_event, calendar_list_events, email_send, handoff"):
         run("launch_rockets", "--approval", "none")
     assert not ToolPolicy.objects.exists()
 
@@ -120,9 +120,10 @@ def test_without_a_name_lists_every_policy():
     ToolPolicy.objects.create(name="ext:7:refund", approval="operator", max_per_hour=2)
     lines = run().splitlines()
     assert [line.split()[0] for line in lines] == ["calendar_create_event", "calendar_delete_event",
-                                                   "calendar_list_events", "email_send", "ext:7:refund",
+                                                   "calendar_list_events", "email_send", "ext:7:refund", "handoff",
                                                    "reminder_create"]
-    assert "approval operator" in lines[4] and "max/hour 2 " in lines[4]
+    ext = lines[-2]
+    assert "approval operator" in ext and "max/hour 2 " in ext
     assert "approval none" in lines[0] and "max/hour no limit" in lines[0] and " enabled " in lines[0]
 
 

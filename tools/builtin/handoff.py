@@ -1,0 +1,35 @@
+"""handoff: the agent hands its conversation to a person when it is out of its depth.
+
+Behind the guard like any effect (claimed before, confirmed after; asked twice in the
+window, done once). The takeover itself is conversations.handoff.take_over, reached
+through tools.hooks (conversations sits above tools): the turn that calls it has fired
+an effect, so it finishes and its answer ("a person will reply") goes out; from then on
+the agent is silent until the person gives the conversation back."""
+
+from tools import hooks
+from tools.registry import Effect, Tool, ToolError
+
+
+class Handoff(Tool):
+    name = "handoff"
+    description = ("Hand this conversation to a person (a human operator) when you cannot help: the user asks "
+                   "for a person, or the request is beyond what you may do. After it, you stop answering until "
+                   "the person gives the conversation back. Tell the user a person will reply.")
+    parameters = {
+        "type": "object",
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 300,
+                                  "description": "Why a person is needed, for the operator."}},
+        "required": ["reason"],
+        "additionalProperties": False,
+    }
+    effect = Effect.UPDATE
+    # No argument is the action's identity (a field no call carries): one handoff per
+    # contact (the guard's scope) in the window, whatever the reason's wording.
+    fingerprint_fields = ("conversation",)
+
+    def run(self, call):
+        if call.scope.conversation_id is None:
+            raise ToolError("handoff needs a conversation: it is for agents answering a chat")
+        taken = hooks.take_over(call.scope.conversation_id, by="agent", reason=call.arguments["reason"])
+        return {"handed_to_a_person": True, "already_held": not taken,
+                "note": "A person now holds this conversation; tell the user a person will reply shortly."}
