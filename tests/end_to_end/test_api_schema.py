@@ -114,6 +114,6 @@ def test_every_operation_is_true_to_the_schema_with_all_checks(key, in_process_t
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(dict.fromkeys(failures))
     operations = {label for label in tested if " /api/v1/" in label}
     # Every operation of the schema but the SSE stream (left out above).
-    assert len(operations) == 15 and "stateful" in tested, tested
+    assert len(operations) == 18 and "stateful" in tested, tested
     assert not [label for label in operations if label.endswith("/stream")]
     print(f"schemathesis: {len(operations)} operations and stateful, 0 failures, {time.monotonic() - started:.1f}s")
