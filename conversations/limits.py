@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import F, Q, Sum
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
 from audit.models import EventKind
@@ -23,7 +24,7 @@ from conversations.models import Contact, Disposition, InboundMessage, Turn, Tur
 from delivery import ledger
 from delivery.models import OutboundKind
 
-LIMIT_NOTICE = "You've reached the limit of messages I can answer for now. I'll be able to answer again later."
+LIMIT_NOTICE = _("You've reached the limit of messages I can answer for now. I'll be able to answer again later.")
 # Turns that cost the agent something: a person's replies (conversations.handoff) do not count.
 COUNTED = (TurnState.RUNNING, TurnState.DONE, TurnState.FAILED)
 HOUR = timedelta(hours=1)

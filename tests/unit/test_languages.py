@@ -209,3 +209,17 @@ def test_the_api_takes_the_senders_language(make_channel, agent_key, client):
     assert response.status_code == 202, response.content
     assert Contact.objects.get().language == "es"
     assert [row.text for row in notices()] == [EXPECTED["/stop"]["es"]]
+
+
+LIMIT_TEXTS = {
+    "en": "You've reached the limit of messages I can answer for now.",
+    "es": "Has alcanzado el límite de mensajes que puedo responder por ahora.",
+    "pt": "Você atingiu o limite de mensagens que posso responder por agora.",
+}
+
+
+@pytest.mark.parametrize("language", sorted(LIMIT_TEXTS))
+def test_the_limit_notice(language):
+    from conversations.limits import LIMIT_NOTICE
+
+    assert languages.text_in(language, LIMIT_NOTICE).startswith(LIMIT_TEXTS[language])
