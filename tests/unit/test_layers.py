@@ -78,7 +78,7 @@ def test_the_web_server_does_not_import_the_model_providers_sdk():
     from django.conf import settings
 
     code = ("import django, sys; django.setup(); import agentloop.urls, agentloop.asgi; "
-            "print(sorted(m for m in ('openai', 'pypdf', 'PIL') if m in sys.modules))")
+            "print(sorted(m for m in ('openai', 'pypdf', 'PIL', 'mcp', 'mcp_types') if m in sys.modules))")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agentloop.settings"}
     done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
                           text=True, timeout=120)
