@@ -11,6 +11,7 @@ second; checked: nothing the guarantees need is gone.
 
 tests/end_to_end/test_retention_e2e.py runs the same at 50,000 rows."""
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ class Seeded:
     kept: dict = field(default_factory=dict)  # what the guarantees need: model label -> ids
 
 
-def seed(rows, batch=5000):
+def seed(rows):
     """`rows` synthetic rows 40 days old (past every retention but the audit trail's: its
-    events are 400 days old), with what must stay spread through them."""
+    events are 400 days old), with what must stay in the middle of them. Set-based
+    (INSERT … SELECT over a generated series): 1 million rows in seconds, not minutes."""
     from django.utils import timezone
 
     from audit.models import AuditEvent, EventKind
@@ -43,46 +45,66 @@ def seed(rows, batch=5000):
     channel = Channel.objects.create(slug="old", kind="api")
     contact = Contact.objects.create(channel=channel, platform_id="old")
     chat = Conversation.objects.create(channel=channel, contact=contact, chat_id="old", sender_id="old")
-    seeded = Seeded()
-
-    def make(kind, i):
-        if kind == 0:
-            return InboundMessage(channel=channel, conversation=chat, platform_message_id=f"old-{i}", text="x" * 80,
-                                  received_at=old)
-        if kind == 1:
-            return OutboundMessage(conversation=chat, channel=channel, chat_id="old", text="y" * 80,
-                                   state=OutboundState.DELIVERED, created_at=old)
-        if kind == 2:
-            return AuditEvent(kind=EventKind.CONTROL_COMMAND, at=ancient, summary="old event")
-        return ActionClaim(scope=f"contact:{i}", action="email_send", fingerprint=f"f{i}", state=ClaimState.DONE,
-                           live=False, created_at=old, expires_at=old, lease_until=old)
-
-    models = [InboundMessage, OutboundMessage, AuditEvent, ActionClaim]
+    # Each kind: a template row and the fields that differ per copy (a prefix and the copy's number).
+    kinds = [
+        (InboundMessage(channel=channel, conversation=chat, text="x" * 80, received_at=old),
+         {"platform_message_id": "old-"}),
+        (OutboundMessage(conversation=chat, channel=channel, chat_id="old", text="y" * 80,
+                         state=OutboundState.DELIVERED, created_at=old), {}),
+        (AuditEvent(kind=EventKind.CONTROL_COMMAND, at=ancient, summary="old event"), {}),
+        (ActionClaim(action="email_send", state=ClaimState.DONE, live=False, created_at=old, expires_at=old,
+                     lease_until=old), {"scope": "contact:", "fingerprint": "f"}),
+    ]
     per_kind = rows // KINDS
-    for start in range(0, per_kind, batch):
-        count = min(batch, per_kind - start)
-        for kind, model in enumerate(models):
-            model.objects.bulk_create([make(kind, start + i) for i in range(count)])
-        if start == per_kind // 2 - per_kind // 2 % batch:  # halfway: what must stay, amid the rest
-            buffer = MessageBuffer.objects.create(conversation=chat, first_message_at=old, last_message_at=old,
-                                                  flush_at=old)
-            kept = {
-                "conversations.MessageBuffer": [buffer.pk],
-                "conversations.InboundMessage": [InboundMessage.objects.create(
-                    channel=channel, conversation=chat, platform_message_id="open", received_at=old,
-                    buffer=buffer).pk],
-                "conversations.Turn": [Turn.objects.create(conversation=chat, merged_input="ready", created_at=old,
-                                                           flush_reason="window").pk],
-                "delivery.OutboundMessage": [OutboundMessage.objects.create(
-                    conversation=chat, channel=channel, chat_id="old", text="owed", state=OutboundState.PENDING,
-                    created_at=old).pk],
-                "tools.ActionClaim": [ActionClaim.objects.create(
-                    scope="contact:window", action="email_send", fingerprint="window", state=ClaimState.DONE,
-                    live=True, created_at=old, expires_at=now + timedelta(days=1), lease_until=old).pk],
-            }
-            seeded.kept = kept
-    seeded.deletable = per_kind * KINDS
+    half = per_kind // 2
+    for template, varying in kinds:
+        insert_copies(template, range(0, half), varying)
+    buffer = MessageBuffer.objects.create(conversation=chat, first_message_at=old, last_message_at=old,
+                                          flush_at=old)
+    seeded = Seeded(deletable=per_kind * KINDS, kept={
+        "conversations.MessageBuffer": [buffer.pk],
+        "conversations.InboundMessage": [InboundMessage.objects.create(
+            channel=channel, conversation=chat, platform_message_id="open", received_at=old, buffer=buffer).pk],
+        "conversations.Turn": [Turn.objects.create(conversation=chat, merged_input="ready", created_at=old,
+                                                   flush_reason="window").pk],
+        "delivery.OutboundMessage": [OutboundMessage.objects.create(
+            conversation=chat, channel=channel, chat_id="old", text="owed", state=OutboundState.PENDING,
+            created_at=old).pk],
+        "tools.ActionClaim": [ActionClaim.objects.create(
+            scope="contact:window", action="email_send", fingerprint="window", state=ClaimState.DONE,
+            live=True, created_at=old, expires_at=now + timedelta(days=1), lease_until=old).pk],
+    })
+    for template, varying in kinds:
+        insert_copies(template, range(half, per_kind), varying)
     return seeded
+
+
+def insert_copies(template, numbers, varying):
+    """One INSERT … SELECT: a copy of the unsaved `template` per number in `numbers`,
+    each field named in `varying` set to its prefix followed by the number."""
+    from django.db import connection
+
+    if not numbers:
+        return
+    model, quote = type(template), connection.ops.quote_name
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    values, params = [], []
+    for f in fields:
+        if f.name in varying:
+            values.append("%s || CAST(i AS TEXT)")
+            params.append(varying[f.name])
+        else:
+            values.append("%s")
+            params.append(f.get_db_prep_save(f.pre_save(template, add=True), connection))
+    if connection.vendor == "postgresql":
+        series = "generate_series(%s, %s) AS series(i)"
+    else:
+        series = "(WITH RECURSIVE series(i) AS (SELECT %s UNION ALL SELECT i + 1 FROM series WHERE i < %s) " \
+                 "SELECT i FROM series)"
+    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+           f"SELECT {', '.join(values)} FROM {series}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, numbers.start, numbers.stop - 1])
 
 
 def missing(seeded) -> list[str]:
@@ -110,6 +132,7 @@ class Flow:
     def __init__(self, url, rate=50, slug="tg"):
         self.url, self.rate, self.slug = f"{url}/webhooks/telegram/{slug}/", rate, slug
         self.phase, self.times, self.statuses = "without", {}, []
+        self.log = []  # (phase, seconds since the flow began, ms): var/bench-logs/retention-latencies.json
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -128,7 +151,9 @@ class Flow:
                                        headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}).status_code
                 except httpx.HTTPError:
                     status = 0
-                self.times.setdefault(phase, []).append((time.perf_counter() - sent) * 1000)
+                ms = (time.perf_counter() - sent) * 1000
+                self.times.setdefault(phase, []).append(ms)
+                self.log.append((phase, round(time.monotonic() - began, 3), round(ms, 2)))
                 self.statuses.append(status)
                 n += 1
 
@@ -197,5 +222,6 @@ def bench_retention(kit, rows=1_000_000, rate=50, without_seconds=20.0):
     gone = missing(seeded)
     refused = sum(1 for s in flow.statuses if s != 200)
     line, _, _ = summary(flow, seeded.deletable, seconds)
+    (kit.LOGS / "retention-latencies.json").write_text(json.dumps(flow.log))
     kit.report("retention", f"{line}; kept what the guarantees need: {'yes' if not gone else f'NO, deleted {gone}'}; "
                             f"POSTs not answered 200: {refused}; {connection.vendor}")
