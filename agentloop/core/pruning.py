@@ -16,7 +16,9 @@ hot path's writers get the lock in between.
 import time
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import CASCADE, DO_NOTHING, SET_NULL, signals
+from django.db.models.deletion import get_candidate_relations_to_delete
 
 
 @dataclass
@@ -44,15 +46,90 @@ def delete_old(model, stamp, cutoff, deletable, budget, on_delete=None) -> int:
         if not window or window[0][1] >= cutoff:
             break
         last = window[-1][0]
-        old = [pk for pk, at in window if at < cutoff]
+        check = _check(deletable, [pk for pk, at in window if at < cutoff])
         with transaction.atomic():
-            ids = list(deletable.filter(pk__in=old).select_for_update(skip_locked=True, of=("self",))
-                       .order_by().values_list("pk", flat=True))
+            ids = check()
             if ids:
                 if on_delete:
                     on_delete(ids)
-                model.objects.filter(pk__in=ids).delete()
+                delete_rows(model, ids)
         total += len(ids)
         time.sleep(budget.pause)
     budget.deleted[model._meta.label] = budget.deleted.get(model._meta.label, 0) + total
     return total
+
+
+def _check(deletable, ids):
+    """A callable, run in the batch's transaction: the rows among `ids` that `deletable`
+    holds (locked on PostgreSQL, skipping those another transaction holds). On SQLite its
+    SQL is built before the write lock is taken, and reads the table by primary key only
+    (NOT INDEXED): without statistics its planner preferred an index on a condition
+    column (the ledger's state), reading every delivered row for each batch — 6 ms per
+    batch at 50,000 rows, growing with the table — inside the write lock."""
+    query = (deletable.filter(pk__in=ids).select_for_update(skip_locked=True, of=("self",)).order_by()
+             .values_list("pk", flat=True))
+    if connection.vendor != "sqlite":
+        return lambda: list(query)
+    sql, params = by_primary_key(query)
+
+    def run():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [pk for (pk,) in cursor.fetchall()]
+    return run
+
+
+def by_primary_key(query) -> tuple[str, tuple]:
+    """`query`'s SQLite statement with its table read by primary key alone (NOT INDEXED
+    on the outer FROM, the first in the statement: the select list is the key alone);
+    the indexes of joined and sub-queried tables stay usable."""
+    sql, params = query.query.sql_with_params()
+    table = connection.ops.quote_name(query.model._meta.db_table)
+    head, outer, tail = sql.partition(f" FROM {table} ")
+    if not outer or " FROM " in head:
+        raise ValueError(f"not a plain query of {table}: {sql[:200]}")
+    return f"{head}{outer}NOT INDEXED {tail}", params
+
+
+def delete_rows(model, ids) -> None:
+    """Delete these rows by primary key, doing first what each foreign key to them asks
+    (CASCADE: the rows referring to them, the same way; SET_NULL: the reference cleared)
+    without loading a model instance. Django's own delete() loads every row of a model
+    that others refer to, and ran 4x longer than the SQL inside each batch's transaction
+    (SQLite's one write lock: the admissions waited). What this does not know (signals,
+    PROTECT, a foreign key to another field, generic relations, inherited models) goes
+    through Django's delete()."""
+    if not _plain(model):
+        model._base_manager.filter(pk__in=ids).delete()
+        return
+    for relation in get_candidate_relations_to_delete(model._meta):
+        field = relation.field
+        referring = relation.related_model._base_manager.filter(**{f"{field.name}__in": ids})
+        if field.remote_field.on_delete is CASCADE:
+            children = list(referring.values_list("pk", flat=True))
+            if children:
+                delete_rows(relation.related_model, children)
+        elif field.remote_field.on_delete is SET_NULL:
+            referring.update(**{field.name: None})
+    table, pk = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(model._meta.pk.column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(ids))})", list(ids))
+
+
+def _plain(model, seen=frozenset()) -> bool:
+    """Whether delete_rows may delete `model`'s rows itself: no delete signal listens, no
+    parent table, no generic relation, and every foreign key to it points at its primary
+    key and cascades (to a model of which the same holds), sets null or does nothing."""
+    opts = model._meta
+    if opts.parents or any(hasattr(f, "bulk_related_objects") for f in opts.private_fields):
+        return False
+    if signals.pre_delete.has_listeners(model) or signals.post_delete.has_listeners(model):
+        return False
+    for relation in get_candidate_relations_to_delete(opts):
+        on_delete = relation.field.remote_field.on_delete
+        if on_delete not in (CASCADE, SET_NULL, DO_NOTHING) or not relation.field.target_field.primary_key:
+            return False
+        child = relation.related_model
+        if on_delete is CASCADE and child not in seen and not _plain(child, seen | {model}):
+            return False
+    return True
