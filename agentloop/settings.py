@@ -383,8 +383,9 @@ AGENTLOOP_RETAIN_LEDGER_DAYS = env.float("AGENTLOOP_RETAIN_LEDGER_DAYS", default
 AGENTLOOP_RETAIN_CLAIMS_DAYS = env.float("AGENTLOOP_RETAIN_CLAIMS_DAYS", default=30.0)
 AGENTLOOP_RETAIN_AUDIT_DAYS = env.float("AGENTLOOP_RETAIN_AUDIT_DAYS", default=365.0)
 # Rows per delete transaction. SQLite has one writer: a batch of 500 held the write lock
-# ~0.15 s and raised the p99 admission latency 6x during a sweep; 100 kept it under 2x at
-# the same rows per second (tests/bench/retention.py). PostgreSQL locks only the rows.
+# ~0.15 s (when rows were loaded to be deleted) and raised the p99 admission latency 6x
+# during a sweep; 100 rows now hold it ~1 ms (tests/bench/retention.py). PostgreSQL
+# locks only the rows.
 AGENTLOOP_RETENTION_BATCH = env.int("AGENTLOOP_RETENTION_BATCH", default=100 if DATABASES["default"][
     "ENGINE"] == "agentloop.core.sqlite" else 500)
 AGENTLOOP_RETENTION_SWEEP_BUDGET = env.float("AGENTLOOP_RETENTION_SWEEP_BUDGET", default=40.0)
