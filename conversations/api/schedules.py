@@ -23,12 +23,13 @@ class ScheduleRequestSerializer(StrictBody):
         help_text="Sent again this many seconds after each tick; empty: once.")
     cancel_on_reply = serializers.BooleanField(
         default=False, help_text="Not sent if the user writes after it was scheduled (a follow-up).")
-    template_name = serializers.CharField(
-        max_length=512, required=False, default="", allow_blank=True, validators=[templates.check_name],
+    # Patterns, so that the schema says what a valid value is (delivery.templates checks the same).
+    template_name = serializers.RegexField(
+        r"^[a-z0-9_]{0,512}$", max_length=512, required=False, default="", allow_blank=True,
         help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the "
                   "channel's (none: it waits for the user to write).")
-    template_language = serializers.CharField(
-        max_length=16, required=False, default="", allow_blank=True, validators=[templates.check_language],
+    template_language = serializers.RegexField(
+        r"^([a-z]{2,3}(_[A-Z]{2})?)?$", max_length=16, required=False, default="", allow_blank=True,
         help_text="Its language code (es, en_US, pt_BR). Empty: the channel's.")
     template_fill = serializers.ChoiceField(
         choices=templates.FILLS, required=False, default="", allow_blank=True,

@@ -540,6 +540,8 @@ def test_the_admin_shows_a_whatsapp_channel_with_its_settings_and_no_secret(admi
     assert page.status_code == 200
     html = page.content.decode()
     assert "WhatsApp settings" in html and 'name="whatsapp_phone_number_id"' in html and PHONE in html
+    for name in ("template_name", "template_language", "template_fill"):  # outside the 24-hour window
+        assert f'name="whatsapp_{name}"' in html
     for secret in (TOKEN, APP_SECRET, VERIFY):
         assert secret not in html
     listing = admin_client.get("/admin/conversations/channel/").content.decode()
