@@ -9,7 +9,7 @@ from django.utils.safestring import mark_safe
 
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
-from delivery import attachments, ledger
+from delivery import attachments, ledger, templates
 from delivery.models import OutboundMessage, ScheduledMessage, ScheduleState, UnreachableChat
 
 
@@ -43,10 +43,11 @@ class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
                                                                         "chunk_progress", "error_shown",
-                                                                        "unreachable_link", "files_shown"]
+                                                                        "unreachable_link", "files_shown",
+                                                                        "template_shown"]
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
-                           "turn_link", "text", "files_shown"]}),
+                           "turn_link", "text", "files_shown", "template_shown", "dedup_key"]}),
         ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
                                  "last_outcome",
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
@@ -65,6 +66,11 @@ class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
     def files_shown(self, row):
         """The files the reply carries after its text (delivery.attachments), in order."""
         return "; ".join(attachments.listed(row.chunks)) or "—"
+
+    @admin.display(description="Sent as template")
+    def template_shown(self, row):
+        """An approved template the row goes out as (outside WhatsApp's window), filled."""
+        return templates.shown(row.template) or "—"
 
     @admin.display(description="text")
     def short_text(self, row):
@@ -153,10 +159,30 @@ class ScheduledMessageAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "conversation", "due_at", "state", "source", "cancel_on_reply", "ticks_sent", "reason"]
     list_filter = ["state", "source"]
     raw_id_fields = ["conversation"]
-    fields = ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source", "reason",
-              "ticks_sent", "last_sent_at", "created_at"]
-    readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source",
+                           "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]}),
+        ("Outside WhatsApp's 24-hour window", {
+            "fields": ["template_name", "template_language", "template_fill"],
+            "description": "Outside the window a tick goes out as an approved template, filled with the text: "
+                           "this one, or (each field left empty) the one the channel's WhatsApp settings name. "
+                           "With none it waits until the user writes."}),
+    ]
+    readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]
     actions = ["cancel"]
+
+    @admin.display(description="Last tick's delivery")
+    def last_tick(self, schedule):
+        """Its newest tick's ledger row: delivered, waiting, or refused and why (a template
+        WhatsApp refused is a permanent failure, its reason on the row). On the change page
+        only: the prefix match is no indexed lookup, fine once, not once per listed row."""
+        row = (OutboundMessage.objects.filter(dedup_key__startswith=f"schedule:{schedule.pk}:")
+               .order_by("-created_at").values("pk", "state", "last_error").first())
+        if row is None:
+            return "—"
+        url = reverse("admin:delivery_outboundmessage_change", args=[row["pk"]])
+        error = f": {hide_secrets(row['last_error'])}" if row["state"] != "delivered" and row["last_error"] else ""
+        return format_html('<a href="{}">{}</a>{}', url, row["state"], error)
 
     def has_change_permission(self, request, obj=None):
         # Only a waiting one changes; a sent tick is the ledger's (its row is there).

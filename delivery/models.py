@@ -18,6 +18,7 @@ from django.db import models
 from django.utils import timezone
 
 from agentloop.core.states import StateMachine
+from delivery import templates
 
 
 class OutboundKind(models.TextChoices):
@@ -130,6 +131,10 @@ class OutboundMessage(StateMachine, models.Model):
     # A scheduled message's tick ("schedule:<id>:<due at>"): unique, so a tick is written
     # down once whatever races it (two workers, a restart mid-round). Empty for replies.
     dedup_key = models.CharField(max_length=120, null=True, blank=True, unique=True)
+    # An approved template this row goes out as instead of free text ({"name", "language",
+    # "parameters"}, delivery.templates): a scheduled message outside WhatsApp's 24-hour
+    # window. Empty for everything else.
+    template = models.JSONField(default=dict, blank=True)
 
     class Meta:
         verbose_name = "ledger row"
@@ -232,6 +237,19 @@ class ScheduledMessage(StateMachine, models.Model):
     source = models.CharField(max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.OPERATOR)
     # Why a due tick waits (WhatsApp's 24-hour window), or why it was cancelled.
     reason = models.CharField(max_length=300, blank=True)
+    # Outside a platform's reply window (WhatsApp's 24 hours) a tick goes out as an approved
+    # template: this schedule's own, or (each field left empty) the channel's.
+    template_name = models.CharField(
+        max_length=512, blank=True, validators=[templates.check_name],
+        help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the "
+                  "channel's.")
+    template_language = models.CharField(
+        max_length=16, blank=True, validators=[templates.check_language],
+        help_text="Its language code as Meta writes it (es, en_US, pt_BR). Empty: the channel's.")
+    template_fill = models.CharField(
+        max_length=8, blank=True, choices=[(templates.FILL_TEXT, "The text is {{1}}"),
+                                           (templates.FILL_LINES, "Each line is one parameter: {{1}}, {{2}}, …")],
+        help_text="How the text fills the template's body. Empty: the channel's.")
     ticks_sent = models.PositiveIntegerField(default=0)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -241,3 +259,8 @@ class ScheduledMessage(StateMachine, models.Model):
 
     def __str__(self):
         return f"schedule {self.pk} ({self.state}, {self.due_at:%Y-%m-%d %H:%M})"
+
+    def chosen_template(self) -> dict:
+        """This schedule's own template fields that are set ({"name", "language", "fill"})."""
+        chosen = {"name": self.template_name, "language": self.template_language, "fill": self.template_fill}
+        return {key: value for key, value in chosen.items() if value}

@@ -7,7 +7,7 @@ import time
 from asgiref.sync import sync_to_async
 
 from audit.failpoints import failpoint
-from delivery import attachments, faults, pacing
+from delivery import attachments, faults, pacing, templates
 from delivery.hooks import transport_for
 from delivery.ledger.replies import LATE_RESLOTS, parts, recovery_prefix
 from delivery.models import OutboundMessage, OutboundState, Outcome
@@ -62,6 +62,8 @@ async def send(row, db=None) -> SendResult:
         sent_at = time.monotonic()
         if index == 0 and row.preview_message_id:
             result = await send_over_preview(db, row, target, pieces[index])
+        elif row.template:
+            result = await transport_for(row.channel).send_template(target, templates.labelled(row.template, label))
         else:
             result = await send_piece(transport_for(row.channel), target, pieces[index], label)
         failpoint("ledger.after_chunk_send")
