@@ -130,6 +130,9 @@ class OutboundMessage(StateMachine, models.Model):
     # A scheduled message's tick ("schedule:<id>:<due at>"): unique, so a tick is written
     # down once whatever races it (two workers, a restart mid-round). Empty for replies.
     dedup_key = models.CharField(max_length=120, null=True, blank=True, unique=True)
+    # Tracing (agentloop.core.tracing): the traceparent of the turn that wrote it, the
+    # parent of each of its send attempts' spans, whichever worker sends (or resends) it.
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = "ledger row"
