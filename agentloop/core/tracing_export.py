@@ -189,7 +189,7 @@ class FaultReporting(SpanExporter):
         logging.getLogger(PROCESSOR_LOGGER).addFilter(self._once_when_full)
 
     def _keep_reason(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if record.levelno >= logging.WARNING and not self.reason:  # the first says most ("Read timed out")
             self.reason = redact(record.getMessage())[:300]
         return False
 
@@ -210,7 +210,7 @@ class FaultReporting(SpanExporter):
             if self.failing:
                 log.warning("tracing: the collector at %s takes spans again (%d lost meanwhile)", self.where,
                             self.lost)
-            self.failing, self.queue_full, self.lost = False, False, 0
+            self.failing, self.queue_full, self.lost, self.reason = False, False, 0, ""
             return result
         self.lost += len(spans)
         if not self.failing:
