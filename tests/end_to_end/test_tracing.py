@@ -5,7 +5,6 @@ webhook's admission span to the send span, the flush linking both admissions; th
 crosses processes through the traceparents stored on the rows; a resend after a crash
 stays in it. A collector that never answers slows no message, and is logged once."""
 
-import socket
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
 from tests.e2e import send, telegram_channel
-from tests.fakes.otlp_collector import OtlpCollector
+from tests.fakes.otlp_collector import OtlpCollector, silent_endpoint
 
 pytestmark = pytest.mark.e2e
 AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
@@ -143,11 +142,8 @@ def test_a_resend_after_a_crash_stays_in_the_trace_and_says_it_is_labelled(proce
 
 @pytest.fixture
 def silent_collector():
-    """A socket that takes connections and never answers (the kernel's backlog accepts them)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with silent_endpoint() as url:
+        yield url
 
 
 def test_a_collector_that_never_answers_slows_no_message_and_is_said_once(processes, make_channel, fake_telegram,

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import socket
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -127,3 +129,13 @@ class OtlpCollector(FakeServer):
                     raise AssertionError(f"the collector did not receive the spans awaited in {timeout}s: {names}")
                 self._cond.wait(left)
             return list(self.received)
+
+
+@contextlib.contextmanager
+def silent_endpoint():
+    """The URL of a collector that takes connections and never answers: a listening
+    socket nobody accepts from (the kernel's backlog completes the handshakes)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"

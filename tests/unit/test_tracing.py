@@ -6,7 +6,6 @@ configuration the SDK refuses turns tracing off for the process, said once, and 
 AGENTLOOP_TRACING stops the process at start, saying why."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from django.conf import settings
 
 from agentloop.core import traceparent, tracing
 from tests.conftest import free_port, wait_until
-from tests.fakes.otlp_collector import OtlpCollector
+from tests.fakes.otlp_collector import OtlpCollector, silent_endpoint
 
 QUIET = ("AGENTLOOP_TRACING", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
          "OTEL_TRACES_EXPORTER")
@@ -92,11 +91,8 @@ def test_off_it_records_nothing_and_costs_a_function_call():
 
 @pytest.fixture
 def silent_collector():
-    """A socket that takes connections and never answers (the kernel's backlog accepts them)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with silent_endpoint() as url:
+        yield url
 
 
 COST = ("tracing.on()\n"
@@ -136,18 +132,18 @@ def test_an_error_goes_out_redacted():
     assert token not in span.status_message and "s3cr3t-v4lue" not in span.status_message
 
 
-def test_a_collector_away_is_said_once_and_its_return_once():
+def test_a_collector_away_is_said_once_and_its_return_once(tmp_path):
     """Spans posted to a port where nothing listens (refused at once), then the collector
     starts there: one line for the fault, one for its end, none of the exporter's own."""
     port = free_port()
     code = ("for i in range(400):\n"
             "    tracing.span('agentloop.flush', attributes={'agentloop.turn.id': i}).end()\n"
             "    time.sleep(0.05)\n")
-    log = open(settings.BASE_DIR / "var" / f"tracing-test-{port}.log", "w+")
+    log = open(tmp_path / "process.log", "w+")
     process = subprocess.Popen([sys.executable, "-c", SETUP + code], cwd=settings.BASE_DIR, stdout=log,
                                stderr=subprocess.STDOUT, env=environment(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}"))
     try:
-        output = lambda: open(log.name).read()  # noqa: E731
+        output = (tmp_path / "process.log").read_text
         wait_until(lambda: "could not be sent to the collector" in output(), timeout=20, message="the fault said")
         time.sleep(1)  # more batches lost meanwhile
         with OtlpCollector(port) as collector:
@@ -157,8 +153,7 @@ def test_a_collector_away_is_said_once_and_its_return_once():
         process.kill()
         process.wait()
         log.close()
-        text = open(log.name).read()
-        os.unlink(log.name)
+        text = (tmp_path / "process.log").read_text()
     assert text.count("could not be sent to the collector") == 1, text
     assert text.count("takes spans again") == 1, text
     assert " opentelemetry." not in text, text
