@@ -429,4 +429,12 @@ AGENTLOOP_PROCESS = metrics_dir.process_kind(sys.argv)
 AGENTLOOP_METRICS_DIR = metrics_dir.use(
     env.path("AGENTLOOP_METRICS_DIR", default=VAR_DIR / "metrics") if AGENTLOOP_PROCESS else None)
 
+# --- OpenTelemetry traces (agentloop/core/tracing.py, docs/metrics.md#traces) ----------
+# auto: on when OTEL_EXPORTER_OTLP_ENDPOINT (or …_TRACES_ENDPOINT) names a collector;
+# true: on (OTLP/HTTP's default endpoint if none is named); false: off. The OTEL_*
+# variables themselves are read by OpenTelemetry's SDK and exporter.
+AGENTLOOP_TRACING = env.str("AGENTLOOP_TRACING", default="auto").strip().lower()
+if AGENTLOOP_TRACING not in ("auto", "true", "false"):
+    raise environ.ImproperlyConfigured(f"AGENTLOOP_TRACING must be auto, true or false, not {AGENTLOOP_TRACING!r}")
+
 LOGGING = logging_config(env.str("LOG_LEVEL", default="INFO"), env.str("DJANGO_Q_LOG_LEVEL", default="WARNING"))

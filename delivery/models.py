@@ -135,6 +135,9 @@ class OutboundMessage(StateMachine, models.Model):
     # "parameters"}, delivery.templates): a scheduled message outside WhatsApp's 24-hour
     # window. Empty for everything else.
     template = models.JSONField(default=dict, blank=True)
+    # Tracing (agentloop.core.tracing): the traceparent of the turn that wrote it, the
+    # parent of each of its send attempts' spans, whichever worker sends (or resends) it.
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = "ledger row"

@@ -129,6 +129,10 @@ class InboundMessage(models.Model):
     # The user corrected this message (its text is the corrected one; each edit, with the
     # text before it, is a MessageEdit row).
     edited_at = models.DateTimeField(null=True, blank=True)
+    # Tracing (agentloop.core.tracing): its admission span's W3C traceparent, which the
+    # flush of its buffer — in a worker, later — links to. NULL while tracing is off
+    # (nullable: the column is added without rewriting the table).
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [

@@ -67,6 +67,9 @@ class Turn(StateMachine, models.Model):
     tokens_used = models.PositiveIntegerField(default=0)
     # A person's reply (owner "person:<who>"): the caller's idempotency key, if any.
     request_key = models.CharField(max_length=100, blank=True)
+    # Tracing (agentloop.core.tracing): the traceparent of the flush that made it, the
+    # parent of its run's span in whichever worker runs it. NULL while tracing is off.
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [

@@ -59,6 +59,9 @@ class Reply:
     preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
     dedup_key: str | None = None  # a scheduled message's tick: unique in the ledger
     template: dict | None = None  # sent as this approved template (delivery.templates), not as free text
+    # The span its sends are the children of (agentloop.core.tracing): the run of its
+    # turn; None: its turn's flush, if it has a turn (a notice of a recovery).
+    traceparent: str | None = None
 
 
 def _row(reply: Reply) -> OutboundMessage:
@@ -73,6 +76,8 @@ def _row(reply: Reply) -> OutboundMessage:
                            template=reply.template or {},
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
                            preview_message_id=reply.preview_message_id, dedup_key=reply.dedup_key,
+                           # Only as loaded: a turn read without it is not read again for it.
+                           traceparent=reply.traceparent or (reply.turn.__dict__.get("traceparent") if reply.turn else None),
                            chunks_started=1 if began_before_a_restore(reply.turn) else 0)
 
 
