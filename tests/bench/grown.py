@@ -23,7 +23,7 @@ import json
 import statistics
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 
@@ -122,4 +122,4 @@ def report(kit, flush, ingest, pages, databases):
     slow = [p.label for p in pages if p.grown_ms > p.target]
     kit.report("grown", f"{len(pages) - len(slow)} of {len(pages)} pages within their targets"
                         + (f"; over: {', '.join(slow)}" if slow else "") + f"; {databases.note}; "
-                        f"measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+                        f"measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")

@@ -7,7 +7,7 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import httpx
@@ -28,7 +28,7 @@ class Page:
 
 def changelists():
     """(label, path): each big table's changelist, its filters and its search."""
-    day = datetime.now(timezone.utc) - timedelta(days=2)
+    day = datetime.now(UTC) - timedelta(days=2)
     ymd = f"__year={day.year}&{{f}}__month={day.month}&{{f}}__day={day.day}"
     return [
         ("conversations", "/admin/conversations/conversation/"),
@@ -96,7 +96,7 @@ async def _snapshot(base, cookies) -> float:
         began = time.perf_counter()
         async with session.ws_connect(base.replace("http", "ws", 1) + "/ws/console/dashboard/",
                                       origin=base, timeout=aiohttp.ClientWSTimeout(ws_close=10)) as socket:
-            while (message := await socket.receive_json(timeout=60)).get("type") != "snapshot":
+            while (await socket.receive_json(timeout=60)).get("type") != "snapshot":
                 pass
             return (time.perf_counter() - began) * 1000
 
