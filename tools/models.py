@@ -150,6 +150,8 @@ class ActionClaim(StateMachine, models.Model):
                          condition=Q(agent_key_id__isnull=False)),
             # The changelist's order and date drill-down, the guard's telemetry per tool.
             models.Index(fields=["created_at"], name="claim_created_idx"),
+            # The live ones (few: those inside their window), newest first: the admin's filter.
+            models.Index(fields=["created_at"], condition=Q(live=True), name="claim_live_idx"),
             # A conversation's claims in time order (the story page, the admin's link).
             models.Index(fields=["conversation_id", "created_at"], name="claim_conversation_idx"),
         ]

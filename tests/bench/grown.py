@@ -55,6 +55,9 @@ def bench_grown(kit):
         for proc, _ in servers.values():
             kit.stop(proc)
     report(kit, flush, ingest, pages, databases)
+    plans = subprocess.run([sys.executable, "-m", "tests.bench.grown_plans"], cwd=kit.BASE_DIR, capture_output=True,
+                           text=True, env={**kit.os.environ, "DATABASE_URL": grown})
+    print(f"[grown] the plans behind these figures, on the grown database:\n{plans.stdout}{plans.stderr[-2000:]}")
 
 
 def web_server(kit, name, database_url):

@@ -168,3 +168,20 @@ def test_the_guard_telemetry_window_holds_the_latest_claims(db, monkeypatch):
     monkeypatch.setattr(dashboard, "TELEMETRY_CLAIMS", 3)
     [row] = [r for r in dashboard.guard_telemetry(now) if r["tool"] == "email_send"]
     assert row["claims"] == 3
+
+
+def test_a_page_is_its_ids_then_their_rows_in_the_same_order(operator):
+    made = events(150)  # newest first, one second apart
+    url = reverse("admin:audit_auditevent_changelist")
+    first = list(operator.get(url).context["cl"].result_list)
+    second = list(operator.get(url + "?p=2").context["cl"].result_list)
+    assert [e.pk for e in first + second] == [e.pk for e in made]
+
+
+def test_a_page_keeps_the_changelists_annotations(operator, make_channel, make_conversation):
+    from conversations.models import Turn
+
+    conversation = make_conversation(make_channel("tg"), "101")
+    Turn.objects.create(conversation=conversation, merged_input="hola", flush_reason="window", state="done")
+    [row] = operator.get(reverse("admin:conversations_conversation_changelist")).context["cl"].result_list
+    assert row.last_turn == "done"
