@@ -59,7 +59,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of a
     def page(self, number: Any) -> Any:
         """The page's ids first, sorted and sliced as narrow rows, then their rows: a
         filter that leaves 200,000 rows to sort no longer sorts them whole (the turns of a
-        channel: 0.84 s -> see docs/scaling.md)."""
+        channel on SQLite: 0.84 s sorting whole rows, 0.11 s sorting their ids)."""
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
