@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -73,15 +74,16 @@ class Databases:
         for name, empty in NAMES:
             kept = CACHE / f"{name}-{key}.sqlite3"
             if not kept.exists():
-                for old in CACHE.glob(f"{name}-*.sqlite3"):  # another migrations' state
-                    remove_sqlite(old)
+                for old in CACHE.glob(f"{name}-*"):  # another migrations' state (a dump is PostgreSQL's)
+                    if key not in old.name and old.suffix != ".pgdump":
+                        old.unlink()
                 building = CACHE / f"{name}-{key}.building"
                 remove_sqlite(building)
                 run_prefill(f"sqlite:///{building}", empty)
-                with sqlite3.connect(building) as db:  # everything in the one file
+                with closing(sqlite3.connect(building)) as db:  # everything in the one file
                     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                remove_sqlite(Path(f"{building}-wal"))
                 building.rename(kept)
+                remove_sqlite(building)  # its -wal, -shm and lock files
                 how = "built (set-based INSERTs) and kept"
             work = BASE_DIR / "var" / f"bench-{name}.sqlite3"
             remove_sqlite(work)
