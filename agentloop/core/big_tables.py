@@ -65,7 +65,8 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of a
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
         ids = list(rows.values_list("pk", flat=True)[bottom:bottom + self.per_page])
         found = {row.pk: row for row in rows.order_by().filter(pk__in=ids)}
-        return self._get_page([found[pk] for pk in ids if pk in found], number, self)
+        page = [found[pk] for pk in ids if pk in found]
+        return self._get_page(page, number, self)  # type: ignore[attr-defined]  # Django's own hook, not in the stubs
 
 
 def planner_estimate(rows: QuerySet[Any]) -> int | None:
