@@ -7,6 +7,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from agentloop.core.big_tables import BigTableAdmin
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger, templates
@@ -32,12 +33,13 @@ class AgeFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboundMessage)
-class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
                     "short_text", "created_at", "next_attempt_at", "delivered_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
     search_fields = ["=pk", "text", "chat_id"]  # never error texts: they are not for probing
     date_hierarchy = "created_at"
+    ordering = ["-created_at", "-pk"]  # along outbound_created_idx, as the drill-down's days
     # A conversation's, a turn's, an unreachable chat's rows (conversations.admin, below).
     linked_lookups = ("conversation__id__exact", "turn__id__exact", "chat_id")
     actions = ["retry_now", "abandon"]

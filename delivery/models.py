@@ -82,11 +82,13 @@ class OutboundMessage(StateMachine, models.Model):
     }
     OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
 
+    # Their indexes are outbound_story_idx and outbound_chat_idx below (issue 30).
     conversation = models.ForeignKey(
-        "conversations.Conversation", on_delete=models.CASCADE, related_name="outbound"
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="outbound", db_index=False
     )
     # Retries keep the bot (channel), the chat and the thread the reply was meant for.
-    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="outbound")
+    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="outbound",
+                                db_index=False)
     chat_id = models.CharField(max_length=100)
     turn = models.ForeignKey(
         "conversations.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="outbound"
@@ -146,6 +148,12 @@ class OutboundMessage(StateMachine, models.Model):
             models.Index(fields=["state", "owner"], name="outbound_owner_idx"),
             models.Index(fields=["state", "claimed_at"], name="outbound_claimed_idx"),
             models.Index(fields=["claim_token"], name="outbound_claim_idx"),
+            # A conversation's rows in time order (the story page); a chat's (unreachable chats).
+            models.Index(fields=["conversation", "created_at"], name="outbound_story_idx"),
+            models.Index(fields=["channel", "chat_id"], name="outbound_chat_idx"),
+            # The admin's order, date drill-down and age filter; the dashboard's outcomes of
+            # the day. Only the date, as turn_created_idx.
+            models.Index(fields=["created_at"], name="outbound_created_idx"),
         ]
 
     def __str__(self):
