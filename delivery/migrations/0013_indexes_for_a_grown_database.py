@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0018_indexes_for_a_grown_database'),
-        ('delivery', '0010_schedules'),
+        ('conversations', '0020_indexes_for_a_grown_database'),
+        ('delivery', '0012_ledger_row_traceparent'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0017_choices_of_groups_and_handoff'),
+        ('conversations', '0019_message_and_turn_traceparent'),
     ]
 
     operations = [
