@@ -128,7 +128,29 @@ def _release_request_thread():
         executor.shutdown(wait=False)
 
 
-class ConversationMessagesView(APIView):
+class AsyncGetView(APIView):
+    """APIView.dispatch for an async `get`: DRF's request handling is synchronous, so the
+    view's `get` runs its database parts (authentication) in a thread itself; other
+    methods go through DRF as usual, in the thread pool. Shared by the long poll and the
+    event stream."""
+
+    async def dispatch(self, request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            response = await _in_db_thread(super().dispatch, request, *args, **kwargs)
+            return response.render()
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request, self.headers = request, self.default_response_headers
+        try:
+            response = await self.get(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        self.response = self.finalize_response(request, response, *args, **kwargs)
+        # Rendered here, not in a thread Django would take for it; a stream is iterated by Django.
+        return self.response.render() if hasattr(self.response, "render") else self.response
+
+
+class ConversationMessagesView(AsyncGetView):
     """An async view under Daphne: the long-poll sleeps on the event loop between cheap
     checks (two indexed queries each, 50 ms doubling to 500 ms: about 65 checks in a
     30 s wait), each check a short step in the shared thread pool."""
@@ -181,22 +203,6 @@ class ConversationMessagesView(APIView):
         finally:
             LongPolls.leave()
 
-    async def dispatch(self, request, *args, **kwargs):
-        """APIView.dispatch for an async `get`: DRF's request handling is synchronous, so
-        its database parts (authentication) run inside `_first_read`; other methods go
-        through DRF as usual, in the thread pool."""
-        if request.method not in ("GET", "HEAD"):
-            response = await _in_db_thread(super().dispatch, request, *args, **kwargs)
-            return response.render()
-        self.args, self.kwargs = args, kwargs
-        request = self.initialize_request(request, *args, **kwargs)
-        self.request, self.headers = request, self.default_response_headers
-        try:
-            response = await self.get(request, *args, **kwargs)
-        except Exception as exc:
-            response = self.handle_exception(exc)
-        self.response = self.finalize_response(request, response, *args, **kwargs)
-        return self.response.render()  # here, not in a thread Django would take for it
 
 
 def _item(item):

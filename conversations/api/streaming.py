@@ -30,7 +30,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.renderers import JSONRenderer
-from rest_framework.views import APIView
 
 from agentloop.core import live
 from agentloop.core.api import ErrorSerializer, query_of
@@ -38,6 +37,7 @@ from agentloop.core.live_reader import GroupReader
 from conversations import timeline
 from conversations.api.access import conversation_for_key
 from conversations.api.reading import (
+    AsyncGetView,
     CursorField,
     LongPolls,
     TimelineItemSerializer,
@@ -125,29 +125,13 @@ class Deltas:
         return [event("delta", {"turn": turn, "offset": offset, "text": text[offset:]})] if text[offset:] else []
 
 
-class ConversationStreamView(APIView):
+class ConversationStreamView(AsyncGetView):
     """An async view under Daphne (as the long-poll, ConversationMessagesView)."""
 
     def perform_content_negotiation(self, request, force=False):
         """The events are not DRF's to render; an error answer is JSON, whatever the
         client accepts (`text/event-stream`, usually)."""
         return JSONRenderer(), JSONRenderer.media_type
-
-    async def dispatch(self, request, *args, **kwargs):
-        """As ConversationMessagesView.dispatch (DRF's synchronous parts in `_open`); a
-        stream is iterated by Django, an error answer rendered here."""
-        if request.method not in ("GET", "HEAD"):
-            response = await _in_db_thread(super().dispatch, request, *args, **kwargs)
-            return response.render()
-        self.args, self.kwargs = args, kwargs
-        request = self.initialize_request(request, *args, **kwargs)
-        self.request, self.headers = request, self.default_response_headers
-        try:
-            response = await self.get(request, *args, **kwargs)
-        except Exception as exc:
-            response = self.handle_exception(exc)
-        self.response = self.finalize_response(request, response, *args, **kwargs)
-        return self.response.render() if hasattr(self.response, "render") else self.response
 
     @extend_schema(
         parameters=[ConversationStreamQuery],
