@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SETTINGS = "settings"
+OTEL = "OpenTelemetry's SDK and OTLP exporter, when tracing is on"
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,34 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "(prometheus-client's multiprocess mode): created at start, and wiped when a process "
             "starts and finds none of the others alive. One per host (one pid space); never shared "
             "between hosts or containers."),
+    ]),
+    ("Traces", "Optional OpenTelemetry traces of a message's path, sent to an OTLP/HTTP collector "
+               "([Metrics](metrics.md#traces)). Off unless configured: then OpenTelemetry is not even loaded.", [
+        Var("AGENTLOOP_TRACING", "auto",
+            "`auto`: trace when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` "
+            "names a collector; `true`: trace (to OTLP/HTTP's default `http://localhost:4318` if none is "
+            "named); `false`: never. `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it off too. "
+            "Any other value: the process refuses to start, saying so."),
+        Var("OTEL_EXPORTER_OTLP_ENDPOINT", "empty",
+            "The collector's OTLP/HTTP base URL (`http://tempo:4318`); spans are posted to `/v1/traces` "
+            "below it.", read_by=OTEL),
+        Var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "empty",
+            "The whole URL spans are posted to, instead (`http://jaeger:4318/v1/traces`).", read_by=OTEL),
+        Var("OTEL_EXPORTER_OTLP_HEADERS", "empty",
+            "Headers sent with each export (`authorization=Bearer …`), comma-separated `key=value`.",
+            read_by=OTEL),
+        Var("OTEL_EXPORTER_OTLP_TIMEOUT", "5",
+            "Seconds one export may take, retries included (the Python exporter reads seconds); a batch "
+            "not taken by then is dropped.", read_by=OTEL),
+        Var("OTEL_SERVICE_NAME", "agentloop", "The traces' `service.name`.", read_by=OTEL),
+        Var("OTEL_TRACES_SAMPLER", "parentbased_always_on",
+            "Which traces are kept, decided at a message's admission and followed by every later span "
+            "of its path (`parentbased_traceidratio` with `OTEL_TRACES_SAMPLER_ARG=0.1`: one in ten).",
+            read_by=OTEL),
+        Var("OTEL_BSP_MAX_QUEUE_SIZE", "2048",
+            "Spans waiting to be exported in a process; a span that finds the queue full is dropped "
+            "(said once in the log), never waited for.", read_by=OTEL),
+        Var("OTEL_BSP_SCHEDULE_DELAY", "5000", "Milliseconds between two exports of the queue.", read_by=OTEL),
     ]),
     ("Logging", "", [
         Var("LOG_LEVEL", "INFO", "Root log level."),

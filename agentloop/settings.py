@@ -383,8 +383,9 @@ AGENTLOOP_RETAIN_LEDGER_DAYS = env.float("AGENTLOOP_RETAIN_LEDGER_DAYS", default
 AGENTLOOP_RETAIN_CLAIMS_DAYS = env.float("AGENTLOOP_RETAIN_CLAIMS_DAYS", default=30.0)
 AGENTLOOP_RETAIN_AUDIT_DAYS = env.float("AGENTLOOP_RETAIN_AUDIT_DAYS", default=365.0)
 # Rows per delete transaction. SQLite has one writer: a batch of 500 held the write lock
-# ~0.15 s and raised the p99 admission latency 6x during a sweep; 100 kept it under 2x at
-# the same rows per second (tests/bench/retention.py). PostgreSQL locks only the rows.
+# ~0.15 s (when rows were loaded to be deleted) and raised the p99 admission latency 6x
+# during a sweep; 100 rows now hold it ~1 ms (tests/bench/retention.py). PostgreSQL
+# locks only the rows.
 AGENTLOOP_RETENTION_BATCH = env.int("AGENTLOOP_RETENTION_BATCH", default=100 if DATABASES["default"][
     "ENGINE"] == "agentloop.core.sqlite" else 500)
 AGENTLOOP_RETENTION_SWEEP_BUDGET = env.float("AGENTLOOP_RETENTION_SWEEP_BUDGET", default=40.0)
@@ -427,5 +428,13 @@ AGENTLOOP_METRICS_TOKEN = env.str("AGENTLOOP_METRICS_TOKEN", default="")
 AGENTLOOP_PROCESS = metrics_dir.process_kind(sys.argv)
 AGENTLOOP_METRICS_DIR = metrics_dir.use(
     env.path("AGENTLOOP_METRICS_DIR", default=VAR_DIR / "metrics") if AGENTLOOP_PROCESS else None)
+
+# --- OpenTelemetry traces (agentloop/core/tracing.py, docs/metrics.md#traces) ----------
+# auto: on when OTEL_EXPORTER_OTLP_ENDPOINT (or …_TRACES_ENDPOINT) names a collector;
+# true: on (OTLP/HTTP's default endpoint if none is named); false: off. The OTEL_*
+# variables themselves are read by OpenTelemetry's SDK and exporter.
+AGENTLOOP_TRACING = env.str("AGENTLOOP_TRACING", default="auto").strip().lower()
+if AGENTLOOP_TRACING not in ("auto", "true", "false"):
+    raise environ.ImproperlyConfigured(f"AGENTLOOP_TRACING must be auto, true or false, not {AGENTLOOP_TRACING!r}")
 
 LOGGING = logging_config(env.str("LOG_LEVEL", default="INFO"), env.str("DJANGO_Q_LOG_LEVEL", default="WARNING"))

@@ -1,12 +1,14 @@
 import re
+from datetime import timedelta
 
 from django.contrib import admin
-from django.db.models import Count
-from django.db.models.functions import TruncDate
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
+from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter
 from agentloop.core.redaction import hide_secrets
+from audit import console
 from audit.listed_lookups import ListedLookupsOnly
 from audit.models import AuditEvent, CaughtDuplicate, EventKind
 
@@ -21,9 +23,9 @@ def change_link(url_name, pk, label):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_shown", "actor"]
-    list_filter = ["kind", "channel_slug"]
+    list_filter = ["kind", ("channel_slug", RecentValuesFilter)]
     # Not the summary: an auditor must not probe an error text character by character.
     search_fields = ["target", "actor"]
     date_hierarchy = "at"
@@ -63,7 +65,7 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
     idle; one that fires a lot points at a prompt problem upstream)."""
 
     list_display = ["at", "tool", "status", "channel_slug", "conversation", "original", "age", "actor"]
-    list_filter = ["channel_slug"]
+    list_filter = [("channel_slug", RecentValuesFilter)]
     fields = ["at", "tool", "status", "channel_slug", "conversation", "original", "age", "actor", "summary_shown",
               "extra"]
     readonly_fields = fields
@@ -93,10 +95,10 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
         return change_link("tools_actionclaim", claim, f"claim {claim}")
 
     def changelist_view(self, request, extra_context=None):
-        events = self.get_queryset(request)
-        by_tool = events.values("extra__tool").annotate(n=Count("id")).order_by("-n")
-        by_day = events.annotate(day=TruncDate("at")).values("day").annotate(n=Count("id")).order_by("-day")[:14]
-        extra_context = {**(extra_context or {}),
-                         "by_tool": [(row["extra__tool"], row["n"]) for row in by_tool],
-                         "by_day": [(row["day"], row["n"]) for row in by_day]}
+        # Bounded whatever the trail's size (issue 30): the latest TOOL_SAMPLE catches by
+        # tool, one range count per day for the last 14 days.
+        by_tool = sorted(console.duplicates_by_tool().items(), key=lambda item: -item[1])
+        by_day = sorted(console.duplicates_by_day(timezone.now() - timedelta(days=13)).items(), reverse=True)
+        extra_context = {**(extra_context or {}), "by_tool": by_tool, "by_day": by_day,
+                         "tool_sample": console.TOOL_SAMPLE}
         return super().changelist_view(request, extra_context)

@@ -53,7 +53,13 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-at"]
-        indexes = [models.Index(fields=["kind", "at"], name="audit_kind_at_idx")]
+        indexes = [
+            models.Index(fields=["kind", "at"], name="audit_kind_at_idx"),
+            # The changelist's order and date drill-down, the dashboard's latest events.
+            models.Index(fields=["at"], name="audit_at_idx"),
+            # A conversation's events in time order (the story page, the admin's link).
+            models.Index(fields=["conversation_id", "at"], name="audit_conversation_idx"),
+        ]
 
     def __str__(self):
         return f"{self.get_kind_display()} {self.target}"

@@ -3,10 +3,12 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from agentloop.core.big_tables import BigTableAdmin
 from agentloop.core.redaction import SECRET_NAME
 from conversations import erasure, platforms
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
@@ -239,7 +241,7 @@ class TurnInline(admin.TabularInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(HoldActions, admin.ModelAdmin):
+class ConversationAdmin(BigTableAdmin, HoldActions, admin.ModelAdmin):
     list_display = ["__str__", "channel", "chat_id", "is_group", "state", "last_turn_state", "created_at"]
     list_filter = ["channel", "is_group", "state"]
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
@@ -248,6 +250,11 @@ class ConversationAdmin(HoldActions, admin.ModelAdmin):
     inlines = [TurnInline]
     actions = ["forget", "take_over", "give_back"]
 
+    def get_queryset(self, request):
+        # The last turn's state in the page's one query, not one query per row.
+        last = Turn.objects.filter(conversation=OuterRef("pk")).order_by("-pk").values("state")[:1]
+        return super().get_queryset(request).select_related("channel", "contact").annotate(last_turn=Subquery(last))
+
     @admin.action(description="Erase the data of these conversations' people", permissions=["delete"])
     def forget(self, request, queryset):
         contacts = Contact.objects.filter(pk__in=queryset.values("contact_id"))
@@ -255,8 +262,7 @@ class ConversationAdmin(HoldActions, admin.ModelAdmin):
 
     @admin.display(description="last turn")
     def last_turn_state(self, obj):
-        turn = obj.turns.order_by("-pk").first()
-        return turn.state if turn else "—"
+        return getattr(obj, "last_turn", None) or "—"
 
     @admin.display(description="Related")
     def related(self, obj):
@@ -274,12 +280,16 @@ class ConversationAdmin(HoldActions, admin.ModelAdmin):
 
 
 @admin.register(InboundMessage)
-class InboundMessageAdmin(admin.ModelAdmin):
+class InboundMessageAdmin(BigTableAdmin, admin.ModelAdmin):
     list_display = ["platform_message_id", "channel", "kind", "disposition", "short_text", "buffer_link",
                     "received_at"]
     list_filter = ["channel", "kind", "disposition"]
     search_fields = ["platform_message_id", "text", "sender_name"]
     date_hierarchy = "received_at"
+    # Newest first along the date's index (a day of the drill-down is a range of it), and
+    # each row's channel and buffer in the page's query.
+    ordering = ["-received_at", "-pk"]
+    list_select_related = ["channel", "buffer"]
     readonly_fields = [f.name for f in InboundMessage._meta.fields]
 
     @admin.display(description="text")
@@ -356,12 +366,14 @@ class MessageBufferAdmin(admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(admin.ModelAdmin):
+class TurnAdmin(BigTableAdmin, admin.ModelAdmin):
     list_display = ["pk", "conversation", "state", "flush_reason", "short_input", "fired_effect", "created_at",
                     "finished_at"]
     list_filter = ["state", "flush_reason", "fired_effect", "conversation__channel"]
     search_fields = ["merged_input", "reply_text"]
     date_hierarchy = "created_at"
+    ordering = ["-created_at", "-pk"]  # along turn_created_idx, as the drill-down's days
+    list_select_related = ["conversation__channel", "conversation__contact"]
     readonly_fields = [f.name for f in Turn._meta.fields] + ["ledger_rows"]
 
     @admin.display(description="Replies")

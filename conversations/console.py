@@ -71,8 +71,11 @@ def open_buffers(limit=50):
 
 
 def turns_in_flight(limit=50):
-    rows = (Turn.objects.filter(state__in=Turn.ACTIVE).select_related("conversation__channel")
-            .order_by("created_at")[:limit])
+    # One equality per state, each the queue index's range: with `state IN (…)` SQLite
+    # walked every turn along the date's index to find the few active ones (issue 30).
+    rows = sorted((t for state in Turn.ACTIVE for t in Turn.objects.filter(state=state)
+                   .select_related("conversation__channel").order_by("created_at")[:limit]),
+                  key=lambda t: (t.created_at, t.pk))[:limit]
     return [{
         "turn": t.pk, "conversation": t.conversation_id, "channel": t.conversation.channel.slug,
         "agent": t.conversation.channel.agent, "state": t.state, "fired_effect": t.fired_effect,

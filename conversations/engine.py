@@ -21,7 +21,7 @@ from agentloop.core import metrics, rows
 from audit.events import record
 from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, groups, liveness, schedules, sql, turns, windows
+from conversations import console, groups, liveness, schedules, spans, sql, turns, windows
 from conversations.media import for_agents
 from conversations.models import (
     Channel,
@@ -104,7 +104,9 @@ def flush_many(buffer_ids, now, owner="", start=0):
         new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
         if start > 0:
             _born_running(new_turns, owner, now, start)
+        started = spans.flushes(new_turns, by_buffer)
         created = rows.create_many(Turn, new_turns)
+        spans.flushed(started, created)
         console.turns_created(created)
         metrics.after_commit(_count_flushes, [(t.flush_reason, len(by_buffer.get(t.buffer_id, ()))) for t in created])
         after_commit("flush.after_claim")

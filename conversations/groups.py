@@ -3,8 +3,9 @@
 A group's conversation is one (chat, sender) pair, so a burst is one person's. At its
 flush the channel's `group_replies` decides: `always` answers it, `never` does not, and
 `mention` (the default) answers it only if one of its messages is addressed to the agent
-(a mention of the bot or a reply to it; a mention in the first message of a burst
-counts for the whole burst). A burst not answered becomes group *context*: its messages
+(a mention of the bot or a reply to it — on Slack, a reply in a thread the app is in;
+a mention in the first message of a burst counts for the whole burst). Telegram groups
+and Slack channels alike. A burst not answered becomes group *context*: its messages
 are kept (disposition `context`) and given, with everything else the group said since
 the chat's last turn, to the next turn that is addressed to the agent.
 """
@@ -36,7 +37,7 @@ def addressed(buffer, messages) -> bool:
         return True
     if mode == GroupReplies.NEVER:
         return False
-    # None: the platform does not say (an API or Slack message): it counts as addressed.
+    # None: the platform does not say (an API message): it counts as addressed.
     return any(message.mentioned is not False for message in messages)
 
 

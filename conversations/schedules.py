@@ -7,11 +7,14 @@ with `dedup_key` "schedule:<id>:<due at>", unique in the database. Two workers r
 for a tick, or a worker killed mid-round and restarted, can only ever write it once;
 the ledger then delivers it at least once, labelled if it may repeat. The message is
 written to the conversation's history as a note, so the agent knows it was said.
+Outside a platform's reply window (WhatsApp's 24 hours) the tick goes as an approved
+template if the schedule or its channel names one (`how_to_send`), else it waits.
 """
 
 from datetime import UTC, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -56,7 +59,7 @@ def send_tick(pk, due_at, now) -> bool:
             ScheduledMessage.transition(pk, ScheduleState.SCHEDULED, ScheduleState.CANCELLED,
                                         where={"due_at": due_at}, reason=REPLIED)
             return False
-        waiting = why_wait(found, now)
+        template, waiting = how_to_send(found, now)
         if waiting:
             ScheduledMessage.transition(pk, ScheduleState.SCHEDULED, ScheduleState.SCHEDULED,
                                         where={"due_at": due_at}, due_at=now + WAIT_RECHECK, reason=waiting)
@@ -67,14 +70,15 @@ def send_tick(pk, due_at, now) -> bool:
                 where={"due_at": due_at}, due_at=following or due_at, ticks_sent=F("ticks_sent") + 1,
                 last_sent_at=now, reason=""):
             return False
-        write(found, due_at, now)
+        write(found, due_at, now, template)
     return True
 
 
-def write(found, due_at, now) -> None:
+def write(found, due_at, now, template=None) -> None:
+    """The tick's ledger row (as an approved template when `template`) and its note."""
     conversation = found.conversation
     ledger.enqueue_many([ledger.Reply(conversation, found.text, OutboundKind.SCHEDULED,
-                                      dedup_key=dedup_key(found.pk, due_at))])
+                                      dedup_key=dedup_key(found.pk, due_at), template=template)])
     ContextNote.objects.create(conversation=conversation, created_at=now,
                                text=f"A scheduled message was sent to the user: {found.text}")
 
@@ -84,20 +88,30 @@ def user_wrote_since(found) -> bool:
             .exclude(kind=MessageKind.CONTROL).exists())
 
 
-def why_wait(found, now) -> str:
-    """Why the platform would refuse this message now ("" = it may go): WhatsApp's
-    24-hour window since the user's last message (outside it only approved templates
-    go, which agentloop does not send: the Graph API would answer 131047)."""
-    window = found.conversation.channel.platform.reply_window
+def how_to_send(found, now) -> tuple[dict | None, str]:
+    """(template, why it waits). Inside the platform's reply window (or on a platform
+    without one) the text goes as it is: (None, ""). Outside it (WhatsApp: 24 hours since
+    the user's last message; free text would be refused with 131047) it goes as the
+    approved template the schedule or its channel names, filled with the text; without
+    one it waits, and says why."""
+    channel = found.conversation.channel
+    window = channel.platform.reply_window
     if window is None:
-        return ""
+        return None, ""
     last = (InboundMessage.objects.filter(conversation_id=found.conversation_id)
             .order_by("-received_at").values_list("received_at", flat=True).first())
     if last is not None and now - last < window:
-        return ""
+        return None, ""
+    try:
+        template = channel.platform.template_for(channel, found.text, found.chosen_template())
+    except ValidationError as exc:  # a template setting stored before its check existed, say
+        return None, f"waiting: its template is not valid ({'; '.join(exc.messages)}); fix it in the admin"[:300]
+    if template is not None:
+        return template, ""
     hours = int(window.total_seconds() // 3600)
-    return (f"waiting: the user has not written in the last {hours} hours, and outside that window the platform "
-            f"takes only approved templates (error 131047), which are not supported; it goes once the user writes")
+    return None, (f"waiting: the user has not written in the last {hours} hours, and outside that window the "
+                  f"platform takes only approved templates (error 131047); neither the schedule nor its channel "
+                  f"names one, so it goes once the user writes")
 
 
 def next_tick(found, now):

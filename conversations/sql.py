@@ -270,7 +270,7 @@ def _claimed_joins():
 
 
 MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "album_id", "sender_name", "reply_target",
-                           "thread_id", "received_at", "media_file_id", "mentioned"})
+                           "thread_id", "received_at", "media_file_id", "mentioned", "traceparent"})
 
 
 def messages_of(buffer_ids) -> dict:

@@ -7,9 +7,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from agentloop.core.big_tables import BigTableAdmin
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
-from delivery import attachments, ledger
+from delivery import attachments, ledger, templates
 from delivery.models import OutboundMessage, ScheduledMessage, ScheduleState, UnreachableChat
 
 
@@ -32,21 +33,23 @@ class AgeFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboundMessage)
-class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
                     "short_text", "created_at", "next_attempt_at", "delivered_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
     search_fields = ["=pk", "text", "chat_id"]  # never error texts: they are not for probing
     date_hierarchy = "created_at"
+    ordering = ["-created_at", "-pk"]  # along outbound_created_idx, as the drill-down's days
     # A conversation's, a turn's, an unreachable chat's rows (conversations.admin, below).
     linked_lookups = ("conversation__id__exact", "turn__id__exact", "chat_id")
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
                                                                         "chunk_progress", "error_shown",
-                                                                        "unreachable_link", "files_shown"]
+                                                                        "unreachable_link", "files_shown",
+                                                                        "template_shown"]
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
-                           "turn_link", "text", "files_shown"]}),
+                           "turn_link", "text", "files_shown", "template_shown", "dedup_key"]}),
         ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
                                  "last_outcome",
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
@@ -65,6 +68,11 @@ class LedgerRowAdmin(ListedLookupsOnly, admin.ModelAdmin):
     def files_shown(self, row):
         """The files the reply carries after its text (delivery.attachments), in order."""
         return "; ".join(attachments.listed(row.chunks)) or "—"
+
+    @admin.display(description="Sent as template")
+    def template_shown(self, row):
+        """An approved template the row goes out as (outside WhatsApp's window), filled."""
+        return templates.shown(row.template) or "—"
 
     @admin.display(description="text")
     def short_text(self, row):
@@ -153,10 +161,30 @@ class ScheduledMessageAdmin(ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "conversation", "due_at", "state", "source", "cancel_on_reply", "ticks_sent", "reason"]
     list_filter = ["state", "source"]
     raw_id_fields = ["conversation"]
-    fields = ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source", "reason",
-              "ticks_sent", "last_sent_at", "created_at"]
-    readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source",
+                           "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]}),
+        ("Outside WhatsApp's 24-hour window", {
+            "fields": ["template_name", "template_language", "template_fill"],
+            "description": "Outside the window a tick goes out as an approved template, filled with the text: "
+                           "this one, or (each field left empty) the one the channel's WhatsApp settings name. "
+                           "With none it waits until the user writes."}),
+    ]
+    readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]
     actions = ["cancel"]
+
+    @admin.display(description="Last tick's delivery")
+    def last_tick(self, schedule):
+        """Its newest tick's ledger row: delivered, waiting, or refused and why (a template
+        WhatsApp refused is a permanent failure, its reason on the row). On the change page
+        only: the prefix match is no indexed lookup, fine once, not once per listed row."""
+        row = (OutboundMessage.objects.filter(dedup_key__startswith=f"schedule:{schedule.pk}:")
+               .order_by("-created_at").values("pk", "state", "last_error").first())
+        if row is None:
+            return "—"
+        url = reverse("admin:delivery_outboundmessage_change", args=[row["pk"]])
+        error = f": {hide_secrets(row['last_error'])}" if row["state"] != "delivered" and row["last_error"] else ""
+        return format_html('<a href="{}">{}</a>{}', url, row["state"], error)
 
     def has_change_permission(self, request, obj=None):
         # Only a waiting one changes; a sent tick is the ledger's (its row is there).

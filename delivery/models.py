@@ -18,6 +18,7 @@ from django.db import models
 from django.utils import timezone
 
 from agentloop.core.states import StateMachine
+from delivery import templates
 
 
 class OutboundKind(models.TextChoices):
@@ -81,11 +82,13 @@ class OutboundMessage(StateMachine, models.Model):
     }
     OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
 
+    # Their indexes are outbound_story_idx and outbound_chat_idx below (issue 30).
     conversation = models.ForeignKey(
-        "conversations.Conversation", on_delete=models.CASCADE, related_name="outbound"
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="outbound", db_index=False
     )
     # Retries keep the bot (channel), the chat and the thread the reply was meant for.
-    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="outbound")
+    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="outbound",
+                                db_index=False)
     chat_id = models.CharField(max_length=100)
     turn = models.ForeignKey(
         "conversations.Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="outbound"
@@ -130,6 +133,13 @@ class OutboundMessage(StateMachine, models.Model):
     # A scheduled message's tick ("schedule:<id>:<due at>"): unique, so a tick is written
     # down once whatever races it (two workers, a restart mid-round). Empty for replies.
     dedup_key = models.CharField(max_length=120, null=True, blank=True, unique=True)
+    # An approved template this row goes out as instead of free text ({"name", "language",
+    # "parameters"}, delivery.templates): a scheduled message outside WhatsApp's 24-hour
+    # window. Empty for everything else.
+    template = models.JSONField(default=dict, blank=True)
+    # Tracing (agentloop.core.tracing): the traceparent of the turn that wrote it, the
+    # parent of each of its send attempts' spans, whichever worker sends (or resends) it.
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = "ledger row"
@@ -138,6 +148,12 @@ class OutboundMessage(StateMachine, models.Model):
             models.Index(fields=["state", "owner"], name="outbound_owner_idx"),
             models.Index(fields=["state", "claimed_at"], name="outbound_claimed_idx"),
             models.Index(fields=["claim_token"], name="outbound_claim_idx"),
+            # A conversation's rows in time order (the story page); a chat's (unreachable chats).
+            models.Index(fields=["conversation", "created_at"], name="outbound_story_idx"),
+            models.Index(fields=["channel", "chat_id"], name="outbound_chat_idx"),
+            # The admin's order, date drill-down and age filter; the dashboard's outcomes of
+            # the day. Only the date, as turn_created_idx.
+            models.Index(fields=["created_at"], name="outbound_created_idx"),
         ]
 
     def __str__(self):
@@ -232,6 +248,19 @@ class ScheduledMessage(StateMachine, models.Model):
     source = models.CharField(max_length=16, choices=ScheduleSource.choices, default=ScheduleSource.OPERATOR)
     # Why a due tick waits (WhatsApp's 24-hour window), or why it was cancelled.
     reason = models.CharField(max_length=300, blank=True)
+    # Outside a platform's reply window (WhatsApp's 24 hours) a tick goes out as an approved
+    # template: this schedule's own, or (each field left empty) the channel's.
+    template_name = models.CharField(
+        max_length=512, blank=True, validators=[templates.check_name],
+        help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the "
+                  "channel's.")
+    template_language = models.CharField(
+        max_length=16, blank=True, validators=[templates.check_language],
+        help_text="Its language code as Meta writes it (es, en_US, pt_BR). Empty: the channel's.")
+    template_fill = models.CharField(
+        max_length=8, blank=True, choices=[(templates.FILL_TEXT, "The text is {{1}}"),
+                                           (templates.FILL_LINES, "Each line is one parameter: {{1}}, {{2}}, …")],
+        help_text="How the text fills the template's body. Empty: the channel's.")
     ticks_sent = models.PositiveIntegerField(default=0)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -241,3 +270,8 @@ class ScheduledMessage(StateMachine, models.Model):
 
     def __str__(self):
         return f"schedule {self.pk} ({self.state}, {self.due_at:%Y-%m-%d %H:%M})"
+
+    def chosen_template(self) -> dict:
+        """This schedule's own template fields that are set ({"name", "language", "fill"})."""
+        chosen = {"name": self.template_name, "language": self.template_language, "fill": self.template_fill}
+        return {key: value for key, value in chosen.items() if value}

@@ -28,6 +28,9 @@ class SendResult:
     platform_message_id: str = ""
     error: str = ""
     retry_after: float = 0.0  # flood: seconds the platform asked us to wait
+    # A permanent failure that says nothing of the chat (a template the platform refused):
+    # the row is never retried, but the chat is not marked unreachable.
+    chat_unreachable: bool = True
 
     @property
     def ok(self):
@@ -38,11 +41,12 @@ class SendResult:
         return cls(Outcome.DELIVERED, platform_message_id=str(platform_message_id or ""))
 
     @classmethod
-    def failed(cls, outcome, error, retry_after=None, secrets=()):
+    def failed(cls, outcome, error, retry_after=None, secrets=(), chat_unreachable=True):
         """`secrets`: what the transport holds (its channel's), masked in the error text
         besides everything `redact` knows."""
         wait = clamp_retry_after(retry_after) if outcome == Outcome.FLOOD else 0.0
-        return cls(outcome, error=redact(str(error), secrets)[:300], retry_after=wait)
+        return cls(outcome, error=redact(str(error), secrets)[:300], retry_after=wait,
+                   chat_unreachable=chat_unreachable)
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,9 @@ class Transport(abc.ABC):
     def __init__(self, channel):
         self.channel = channel
 
-    def failed(self, outcome, error, retry_after=None) -> SendResult:
-        return SendResult.failed(outcome, error, retry_after, secrets=channel_secrets(self.channel))
+    def failed(self, outcome, error, retry_after=None, chat_unreachable=True) -> SendResult:
+        return SendResult.failed(outcome, error, retry_after, secrets=channel_secrets(self.channel),
+                                 chat_unreachable=chat_unreachable)
 
     @abc.abstractmethod
     async def send_text(self, target: Target, text: str) -> SendResult:
@@ -84,6 +89,12 @@ class Transport(abc.ABC):
         the first. A platform without uploads says what was attached instead."""
         names = "\n".join(f"📎 {item.name}" for item in files)
         return await self.send_text(target, f"{caption}\n{names}" if caption.strip() else names)
+
+    async def send_template(self, target: Target, template: dict) -> SendResult:
+        """Send an approved template ({"name", "language", "parameters"}: delivery.templates,
+        the recovery marker, if any, already in its first parameter): what a platform with
+        a reply window takes outside it. A platform without templates never gets one."""
+        return self.failed(Outcome.PERMANENT, "this platform sends no templates", chat_unreachable=False)
 
     async def send_typing(self, target: Target) -> None:
         """Show "typing…"; only called when supports_typing."""

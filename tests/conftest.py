@@ -75,6 +75,11 @@ SERIAL = {
         "the kill lands within a few 0.3 s sends",
     "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "gives up between 1.4 and 3 s",
     "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "gives up between 1.4 and 3 s",
+    "tests/end_to_end/test_tracing.py::test_a_collector_that_never_answers_slows_no_message_and_is_said_once":
+        "admissions under 0.5 s and replies under 2 s while the collector never answers; stopped within 8 s",
+    "tests/unit/test_tracing.py::test_on_a_span_costs_microseconds_whether_the_collector_answers_or_not":
+        "µs per span, with and without a collector",
+    "tests/unit/test_tracing.py::test_off_it_records_nothing_and_costs_a_function_call": "µs per span, off",
 }
 
 
@@ -127,6 +132,9 @@ ANY_DATABASE = {
     "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
+    "tests/end_to_end/test_tracing.py::test_a_collector_that_never_answers_slows_no_message_and_is_said_once":
+        "an exporter's deadline (the traces' path through the rows is tested on both databases)",
+    "tests/unit/test_tracing.py": "the tracing module in processes of their own, without the database",
 }
 
 # The same, run in the PostgreSQL pass.

@@ -8,6 +8,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter
 from audit.listed_lookups import ListedLookupsOnly
 from tools import approvals, guard, hooks
 from tools.models import (
@@ -73,10 +74,10 @@ class ToolPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
                     "proposal_link", "owner"]
-    list_filter = ["state", "action", "live", "channel_slug"]
+    list_filter = ["state", ("action", RecentValuesFilter), "live", ("channel_slug", RecentValuesFilter)]
     search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
     date_hierarchy = "created_at"
     linked_lookups = ("conversation_id",)  # a conversation's claims

@@ -19,3 +19,11 @@ def claims_by_tool(since):
     """Guarded calls that went through (one claim each) per tool."""
     return dict(ActionClaim.objects.filter(created_at__gte=since).values_list("action")
                 .annotate(n=Count("pk")).values_list("action", "n"))
+
+
+def window_of_latest(since, claims):
+    """When the window holding at most the latest `claims` claims since `since` starts:
+    `since` itself when fewer were taken, else the oldest of those (one index seek)."""
+    oldest = (ActionClaim.objects.filter(created_at__gte=since).order_by("-created_at")
+              .values_list("created_at", flat=True)[claims - 1:claims].first())
+    return max(since, oldest) if oldest else since

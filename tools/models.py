@@ -148,6 +148,12 @@ class ActionClaim(StateMachine, models.Model):
             # The hourly limit per agent key (tools.guard.claiming._check_rate), one count per new claim.
             models.Index(fields=["agent_key_id", "action", "created_at"], name="claim_key_rate_idx",
                          condition=Q(agent_key_id__isnull=False)),
+            # The changelist's order and date drill-down, the guard's telemetry per tool.
+            models.Index(fields=["created_at"], name="claim_created_idx"),
+            # The live ones (few: those inside their window), newest first: the admin's filter.
+            models.Index(fields=["created_at"], condition=Q(live=True), name="claim_live_idx"),
+            # A conversation's claims in time order (the story page, the admin's link).
+            models.Index(fields=["conversation_id", "created_at"], name="claim_conversation_idx"),
         ]
 
     def __str__(self):

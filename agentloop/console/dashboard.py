@@ -21,6 +21,10 @@ TELEMETRY_DAYS = 7
 HIGH_PER_100 = 5.0
 MIN_TURNS = 20  # fewer turns than this say nothing about a rate
 QUIET_AFTER = 20
+# The telemetry's window shrinks to the latest this many claims when a week holds more:
+# its counts (turns, claims and duplicates per tool) stay bounded, and stay ratios of
+# the same window (issue 30: a week of 500,000 claims was most of a 2.7 s snapshot).
+TELEMETRY_CLAIMS = 10_000
 CHART_DAYS = 14
 
 
@@ -58,7 +62,7 @@ def _days(counts, now):
 
 def guard_telemetry(now=None) -> list:
     now = now or timezone.now()
-    since = now - timedelta(days=TELEMETRY_DAYS)
+    since = tools_console.window_of_latest(now - timedelta(days=TELEMETRY_DAYS), TELEMETRY_CLAIMS)
     turns = conversations_console.turn_count(since)
     duplicates = audit_console.duplicates_by_tool(since)
     claims = tools_console.claims_by_tool(since)

@@ -14,11 +14,17 @@ class CoreConfig(AppConfig):
 
     def ready(self):
         # Imported here, as Django asks of ready(): not while the app registry loads.
-        from agentloop.core import redaction
+        from django.conf import settings
+
+        from agentloop.core import redaction, tracing
         from agentloop.core.rows import register_lookups
 
         register_lookups()
         redaction.install_log_redaction()
+        if settings.AGENTLOOP_PROCESS:
+            # A product process that traces loads OpenTelemetry and starts its exporter now
+            # (about 0.15 s), not while its first message waits (agentloop.core.tracing).
+            tracing.on()
         # A lazy model reference: the channel model belongs to an app above this one.
         for signal in (post_save, post_delete):
             signal.connect(redaction.forget_secrets, sender="conversations.Channel",

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from agentloop.core.api import ErrorSerializer, StrictBody, UtcDateTimeField
 from conversations import schedules
 from conversations.api.access import conversation_for_key
+from delivery import templates
 from delivery.models import ScheduleSource
 
 
@@ -22,6 +23,18 @@ class ScheduleRequestSerializer(StrictBody):
         help_text="Sent again this many seconds after each tick; empty: once.")
     cancel_on_reply = serializers.BooleanField(
         default=False, help_text="Not sent if the user writes after it was scheduled (a follow-up).")
+    # Patterns, so that the schema says what a valid value is (delivery.templates checks the same).
+    template_name = serializers.RegexField(
+        r"^[a-z0-9_]{0,512}$", max_length=512, required=False, default="", allow_blank=True,
+        help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the "
+                  "channel's (none: it waits for the user to write).")
+    template_language = serializers.RegexField(
+        r"^([a-z]{2,3}(_[A-Z]{2})?)?$", max_length=16, required=False, default="", allow_blank=True,
+        help_text="Its language code (es, en_US, pt_BR). Empty: the channel's.")
+    template_fill = serializers.ChoiceField(
+        choices=templates.FILLS, required=False, default="", allow_blank=True,
+        help_text="How the text fills its body: text (the text is {{1}}) or lines (one parameter per line). "
+                  "Empty: the channel's.")
 
 
 class ScheduleSerializer(serializers.Serializer):
@@ -34,6 +47,9 @@ class ScheduleSerializer(serializers.Serializer):
     state = serializers.CharField(help_text="scheduled, sent or cancelled.")
     reason = serializers.CharField(help_text="Why a due message waits, or why it was cancelled.")
     ticks_sent = serializers.IntegerField()
+    template_name = serializers.CharField()
+    template_language = serializers.CharField()
+    template_fill = serializers.CharField()
 
     def get_repeat_every_seconds(self, row) -> int | None:
         return int(row.repeat_every.total_seconds()) if row.repeat_every else None
@@ -45,7 +61,9 @@ class ConversationSchedulesView(APIView):
         responses={201: ScheduleSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 404: ErrorSerializer},
         summary="Schedule a message into a conversation: it goes out by itself through the delivery ledger",
         description="Sent once per tick however many workers run (docs/schedules.md). On WhatsApp, a tick "
-                    "outside the 24-hour window waits for the user to write, and says so in `reason`. "
+                    "outside the 24-hour window goes out as the approved template this schedule or its "
+                    "channel names, filled with the text; without one it waits for the user to write, and "
+                    "says so in `reason`. "
                     "404: no such conversation in the key's channels.")
     def post(self, request, conversation):
         found = conversation_for_key(request.user, conversation)
@@ -55,5 +73,6 @@ class ConversationSchedulesView(APIView):
         seconds = data.get("repeat_every_seconds")
         row = schedules.schedule(found, data["text"], data["due_at"], cancel_on_reply=data["cancel_on_reply"],
                                  repeat_every=timedelta(seconds=seconds) if seconds else None,
-                                 source=ScheduleSource.API)
+                                 source=ScheduleSource.API, template_name=data["template_name"],
+                                 template_language=data["template_language"], template_fill=data["template_fill"])
         return Response(ScheduleSerializer(row).data, status=status.HTTP_201_CREATED)

@@ -11,11 +11,13 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from agentloop.core import tracing
 from agentloop.core.rows import aware, insert
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
 from conversations import console, control, sql, windows
+from conversations.ingest import spans
 from conversations.ingest.double_texting import double_text
 from conversations.ingest.refusal import refusal
 from conversations.ingest.values import Admission, Arrival, Inbound, Unstorable
@@ -48,7 +50,23 @@ def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=Fal
 
     `batched`: inside admit_many's shared transaction, without savepoints of its own
     (see there); an error is then not retried here but fails the batch. `known`: its
-    conversation, already locked and read (or created) by this transaction."""
+    conversation, already locked and read (or created) by this transaction.
+
+    Traced (agentloop.core.tracing), its span is started here, unless the caller's
+    (admit_many's) already is: the inbound then carries its traceparent."""
+    if inbound.traceparent is not None or not tracing.on():
+        return _admit_once(channel, inbound, now, batched=batched, known=known)
+    span, inbound = spans.start(channel, inbound)
+    try:
+        admission = _admit_once(channel, inbound, now, batched=batched, known=known)
+    except Exception as exc:
+        spans.end(span, exc)
+        raise
+    spans.end(span, admission)
+    return admission
+
+
+def _admit_once(channel, inbound, now, *, batched, known) -> Admission:
     problem = refusal(inbound)
     if problem:
         raise Unstorable(problem)
@@ -290,6 +308,7 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
         text=inbound.text, media_type=inbound.media_type, album_id=inbound.album_id,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target, mentioned=inbound.mentioned,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
+        traceparent=inbound.traceparent,
         # Its file's row, written now (in this transaction); fetched later by a worker.
         media_file_id=media_files.file_id_for(arrival.channel, inbound.media, arrival.now) if inbound.media else None,
     )

@@ -4,9 +4,11 @@ PostgreSQL the statements they have in common run once for the batch (`_admit_ah
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentloop.core import tracing
 from agentloop.core.rows import insert_many, postgresql
 from audit.failpoints import failpoint
 from conversations import console, control, sql
+from conversations.ingest import spans
 from conversations.ingest.admission import _buffered, _conversation_from_row, _message, _planned, _retryable, admit
 from conversations.ingest.refusal import refusal
 from conversations.ingest.values import Admission, Arrival
@@ -40,7 +42,26 @@ def admit_many(requests, is_fault) -> list:
     An error for which `is_fault(exc)` is true (the database went away, SQLite's lock
     timed out) fails the whole batch: it is raised. A deadlock is not raised (only this
     transaction lost): the batch is admitted again one by one, as above. So is a commit
-    refused (a deferred foreign key: a channel deleted since it was cached)."""
+    refused (a deferred foreign key: a channel deleted since it was cached).
+
+    Traced (agentloop.core.tracing), each message's admission span starts here and ends
+    once the batch has committed (or failed)."""
+    if not tracing.on():
+        return _admit_many(requests, is_fault)
+    started = [spans.start(channel, inbound, len(requests)) for channel, inbound in requests]
+    try:
+        results = _admit_many([(channel, inbound) for (channel, _), (_, inbound) in zip(requests, started)],
+                              is_fault)
+    except Exception as exc:
+        for span, _ in started:
+            spans.end(span, exc)
+        raise
+    for (span, _), result in zip(started, results):
+        spans.end(span, result)
+    return results
+
+
+def _admit_many(requests, is_fault) -> list:
     results = []
     try:
         with transaction.atomic():

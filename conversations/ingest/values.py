@@ -47,6 +47,9 @@ class Inbound:
     # In a group: addressed to the agent (a mention, a reply to it)? None: the platform
     # does not say, and the message counts as addressed.
     mentioned: bool | None = None
+    # Its admission span's traceparent (agentloop.core.tracing), stored with it; None
+    # while tracing is off. Set by the admission, never by a platform.
+    traceparent: str | None = None
 
 
 @dataclass

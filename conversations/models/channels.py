@@ -148,7 +148,7 @@ class Channel(models.Model):
                   "command answers); empty: the deployment's.")
     group_replies = models.CharField(
         max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
-        help_text="In group chats: which messages the agent answers. The others are stored and given to the next "
+        help_text="In group chats (Telegram groups, Slack channels): which messages the agent answers. The others are stored and given to the next "
                   "turn addressed to it as context, never answered (docs/buffer.md#groups).")
     handoff_idle_minutes = models.PositiveIntegerField(
         default=30, help_text="A conversation a person took over goes back to the agent after this long without "

@@ -101,8 +101,12 @@ class Disposition(models.TextChoices):
 
 
 class InboundMessage(models.Model):
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages")
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # Neither foreign key has an index of its own: the unique constraint below starts with
+    # the channel, and the story index with the conversation (an index less to write per
+    # message than one each, issue 30).
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages", db_index=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages",
+                                     db_index=False)
     # Platform id, unique per channel (Telegram: "<chat id>:<message id>", as message
     # ids are only unique within a chat). The constraint *is* the durable dedup.
     platform_message_id = models.CharField(max_length=120)
@@ -129,12 +133,22 @@ class InboundMessage(models.Model):
     # The user corrected this message (its text is the corrected one; each edit, with the
     # text before it, is a MessageEdit row).
     edited_at = models.DateTimeField(null=True, blank=True)
+    # Tracing (agentloop.core.tracing): its admission span's W3C traceparent, which the
+    # flush of its buffer — in a worker, later — links to. NULL while tracing is off
+    # (nullable: the column is added without rewriting the table).
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["channel", "platform_message_id"], name="inbound_message_admitted_once"
             )
+        ]
+        indexes = [
+            # A conversation's messages in time order: the story page, the agent's history.
+            models.Index(fields=["conversation", "received_at"], name="inbound_story_idx"),
+            # The admin's date drill-down and its days (agentloop.core.big_tables).
+            models.Index(fields=["received_at"], name="inbound_received_idx"),
         ]
 
     def __str__(self):

@@ -67,6 +67,9 @@ class Turn(StateMachine, models.Model):
     tokens_used = models.PositiveIntegerField(default=0)
     # A person's reply (owner "person:<who>"): the caller's idempotency key, if any.
     request_key = models.CharField(max_length=100, blank=True)
+    # Tracing (agentloop.core.tracing): the traceparent of the flush that made it, the
+    # parent of its run's span in whichever worker runs it. NULL while tracing is off.
+    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
@@ -82,6 +85,10 @@ class Turn(StateMachine, models.Model):
         indexes = [
             models.Index(fields=["state", "created_at"], name="turn_queue_idx"),
             models.Index(fields=["conversation", "state"], name="turn_conversation_state_idx"),
+            # The admin's order and date drill-down, the dashboard's turns of the day. Only
+            # the date: SQLite's index ends with the rowid, so it also gives (created_at, id),
+            # the changelist's order.
+            models.Index(fields=["created_at"], name="turn_created_idx"),
         ]
 
     def __str__(self):

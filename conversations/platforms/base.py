@@ -139,6 +139,13 @@ class Platform(abc.ABC):
         """The delivery.transports.Transport that sends this channel's replies (the one
         hook every platform must give: the ledger sends through it)."""
 
+    def template_for(self, channel: Channel, text: str, chosen: dict[str, str]) -> dict[str, Any] | None:
+        """The approved template a message we start outside `reply_window` goes out as,
+        filled with `text` ({"name", "language", "parameters"}: delivery.templates), or
+        None: the platform has none set, so the message waits for the window. `chosen`:
+        the message's own choice ("name", "language", "fill"; each left out: the channel's)."""
+        return None
+
     # --- inbound ----------------------------------------------------------------------
     def urls(self) -> list[URLPattern | URLResolver]:
         """URL patterns, mounted under /webhooks/<kind>/ (e.g. path("<slug:slug>/", view))."""

@@ -3,6 +3,7 @@
 
 import time
 
+from agentloop.core import tracing
 from agentloop.core.redaction import redact
 from conversations import turns
 from conversations.agents import TurnCancelled
@@ -69,7 +70,8 @@ class ToolCalls:
         if tool.guarded and not await self.worker.db(turns.mark_effect, turn.pk):
             raise TurnCancelled()
         try:
-            outcome = await self.threads(_invoke_for_conversation, name, arguments, conversation,
+            # On a tool thread, under the agent call's span (traced: the guard's span is its child).
+            outcome = await self.threads(tracing.carry(_invoke_for_conversation), name, arguments, conversation,
                                          f"worker:{self.worker.owner}")
         except (registry.InvalidArguments, guard.ToolDisabled) as exc:
             return {"status": "failed", "duplicate": False, "error": redact(str(exc))}

@@ -11,7 +11,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
-from conversations import console, engine, languages, limits, turns
+from conversations import console, engine, languages, limits, spans, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import ConversationState, Turn, TurnState
@@ -52,6 +52,8 @@ class TurnRunner:
         self.claim_tokens: dict[int, str] = {}
         # The stored files of each finishing turn's answer (written onto its reply row).
         self.attached: dict[int, tuple] = {}
+        # Each running turn's span (agentloop.core.tracing), the parent of its reply's sends.
+        self.traceparents: dict[int, str | None] = {}
         self.tasks: set[asyncio.Task] = set()  # every turn task, until it is over
         self.releases: set[asyncio.Task] = set()  # turns started while stopping, handed back
         self.done = 0
@@ -121,6 +123,17 @@ class TurnRunner:
         return await until_answered(functools.partial(read, for_agents.attachments, ids))
 
     async def run_turn(self, turn):
+        """Run a turn under its span (agentloop.core.tracing: the child of its flush's);
+        its reply, written down, is sent after the span ends — each send its own span,
+        the child of this one through the ledger row."""
+        with spans.turn(turn, turn.conversation.channel.agent) as span:
+            self.traceparents[turn.pk] = span.traceparent
+            outbound = await self.ran(turn, span)
+        if outbound is not None:
+            await self.worker.replies.send(outbound)
+
+    async def ran(self, turn, span):
+        """The turn run and its end written down: its reply row to send, or None."""
         channel = turn.conversation.channel
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(channel.agent_config)
@@ -133,11 +146,12 @@ class TurnRunner:
                 context.media = await self.settled_media(turn)
             agent = agent_for(channel.agent)
             stream = streams.open_stream(self.worker, turn, agent, context)
-            if stream is None:
-                answer = await asyncio.wait_for(agent.respond(context), deadline)
-            else:
-                self.streams[turn.pk] = stream
-                answer = await asyncio.wait_for(stream.consume(agent.stream(context)), deadline)
+            with spans.agent_call(channel.agent, channel.agent_config, stream is not None):
+                if stream is None:
+                    answer = await asyncio.wait_for(agent.respond(context), deadline)
+                else:
+                    self.streams[turn.pk] = stream
+                    answer = await asyncio.wait_for(stream.consume(agent.stream(context)), deadline)
             reply = await self.stored_answer(turn, answer)
         except (asyncio.CancelledError, TurnCancelled) as exc:
             # TurnCancelled: the agent found its turn cancelled (an effect refused) before
@@ -149,10 +163,14 @@ class TurnRunner:
                 # streamed is saved first: the recovery sends it).
                 await asyncio.shield(self.hand_back(turn, stream))
             self.streams.pop(turn.pk, None)
-            return
+            self.traceparents.pop(turn.pk, None)
+            span.set({"agentloop.turn.state": "cancelled" if turn.pk in self.cancelled_by_user else "handed_back"})
+            return None
         except HandedOver:
             await self.worker.db.persist(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
-            return
+            self.traceparents.pop(turn.pk, None)
+            span.set({"agentloop.turn.state": "handed_over"})
+            return None
         except TimeoutError:
             # Never re-run: it may have acted before it went quiet.
             log.warning("turn %s: agent %s gave no answer within %g s", turn.pk, channel.agent, deadline)
@@ -172,6 +190,9 @@ class TurnRunner:
             await stream.close()  # previews stop before the final goes: it is never delayed by them
         failpoint("turn.after_answer")
         outbound = await self.record_completion(turn, state, reply, outcome)
+        span.set({"agentloop.turn.state": str(state), "agentloop.turn.replied": outbound is not None})
+        if state == TurnState.FAILED:
+            span.fail(outcome)
         self.done += 1
         if self.worker.flusher.saw_open_buffers:
             # A buffer may have been waiting for this turn. With none open at the last
@@ -179,8 +200,7 @@ class TurnRunner:
             # process) is found at the next look anyway, and 500 turns ending together
             # woke the flusher's queries hundreds of times, for nothing.
             self.worker.flusher.wakeup.set()
-        if outbound is not None:
-            await self.worker.replies.send(outbound)
+        return outbound
 
     async def hand_back(self, turn, stream):
         if stream is not None:
@@ -241,6 +261,7 @@ class TurnRunner:
             self.claim_tokens.pop(turn.pk, None)
             self.attached.pop(turn.pk, None)
             self.streams.pop(turn.pk, None)
+            self.traceparents.pop(turn.pk, None)
 
     def written_before(self, turn_id):
         """After a failed completion: (True, its reply row to send, or None) if this
@@ -285,7 +306,8 @@ class TurnRunner:
                                                     reply_target=turn.reply_target, thread_id=turn.thread_id,
                                                     files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else (),
                                                     preview_message_id=stream.preview_message_id if stream
-                                                    else turn.preview_message_id)
+                                                    else turn.preview_message_id,
+                                                    traceparent=self.traceparents.get(turn.pk))
             if not ledger.enabled():
                 by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
                 return [by_turn.get(turn.pk) for turn, *_ in finished]

@@ -134,7 +134,10 @@ def finish(row, owner, result: SendResult, now=None):
         with transaction.atomic():
             if mine(OutboundState.UNREACHABLE, last_outcome=result.outcome, last_error=error,
                     next_attempt_at=None):
-                mark_unreachable(row, error, now)
+                if result.chat_unreachable:
+                    mark_unreachable(row, error, now)
+                else:  # the message was refused, not the chat (a template): the chat stays reachable
+                    _audit_abandoned(row, f"never retried: {error}")
         return OutboundState.UNREACHABLE
     # Temporary or ambiguous: a resend, on the budget.
     next_resend = resends_used(row) + 1

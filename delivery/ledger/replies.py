@@ -58,6 +58,10 @@ class Reply:
     files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
     preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
     dedup_key: str | None = None  # a scheduled message's tick: unique in the ledger
+    template: dict | None = None  # sent as this approved template (delivery.templates), not as free text
+    # The span its sends are the children of (agentloop.core.tracing): the run of its
+    # turn; None: its turn's flush, if it has a turn (a notice of a recovery).
+    traceparent: str | None = None
 
 
 def _row(reply: Reply) -> OutboundMessage:
@@ -68,9 +72,12 @@ def _row(reply: Reply) -> OutboundMessage:
     text = languages.text_in(language, reply.text) if isinstance(reply.text, Promise) else reply.text
     return OutboundMessage(conversation=conversation, channel=conversation.channel, language=language,
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=text,
-                           chunks=chunks_for(conversation.channel, text, reply.files),
+                           chunks=[] if reply.template else chunks_for(conversation.channel, text, reply.files),
+                           template=reply.template or {},
                            reply_target=reply.reply_target, thread_id=reply.thread_id,
                            preview_message_id=reply.preview_message_id, dedup_key=reply.dedup_key,
+                           # Only as loaded: a turn read without it is not read again for it.
+                           traceparent=reply.traceparent or (reply.turn.__dict__.get("traceparent") if reply.turn else None),
                            chunks_started=1 if began_before_a_restore(reply.turn) else 0)
 
 
@@ -119,6 +126,8 @@ def split_for(channel, text) -> list:
 
 
 def parts(row) -> list:
+    if row.template:
+        return [row.text]  # one template message, whatever the text's length
     return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 

@@ -6,14 +6,16 @@ import time
 
 from asgiref.sync import sync_to_async
 
+from agentloop.core import tracing
 from audit.failpoints import failpoint
-from delivery import attachments, faults, pacing
+from delivery import attachments, faults, pacing, templates
 from delivery.hooks import transport_for
 from delivery.ledger.replies import LATE_RESLOTS, parts, recovery_prefix
 from delivery.models import OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 
 log = logging.getLogger("delivery.ledger")  # the name it had as one module
+SEND = "agentloop.send"
 
 
 def text_to_send(row) -> str:
@@ -34,6 +36,30 @@ async def send_piece(transport, target, piece, label) -> SendResult:
 
 
 async def send(row, db=None) -> SendResult:
+    """Send a claimed row (`_send`) under a span of its own (agentloop.core.tracing): the
+    child of the turn that wrote it, however late the attempt and whichever worker makes
+    it; ids, counts and the outcome only."""
+    if not tracing.on():
+        return await _send(row, db)
+    span = tracing.span(SEND, row.traceparent, kind="client", attributes={
+        "agentloop.ledger.row": row.pk, "agentloop.conversation.id": row.conversation_id,
+        "agentloop.reply.kind": row.kind, "agentloop.send.attempt": row.attempts,
+        "agentloop.send.resumed_at_chunk": row.chunks_delivered or None})
+    try:
+        result = await _send(row, db)
+    except Exception as exc:
+        span.fail(exc)
+        span.end()
+        raise
+    span.set({"agentloop.send.outcome": result.outcome, "agentloop.send.labelled": bool(row.needs_marker),
+              "agentloop.send.chunks": len(parts(row))})
+    if not result.ok:
+        span.fail(f"{result.outcome}: {result.error}")
+    span.end()
+    return result
+
+
+async def _send(row, db=None) -> SendResult:
     """Send a claimed row's chunks in order, from the first not known delivered. Around
     each chunk but the attempt's first (started by the claim) and the last (recorded by
     `finish_many`), its start and its delivery are written down (through `db`, an async
@@ -62,6 +88,8 @@ async def send(row, db=None) -> SendResult:
         sent_at = time.monotonic()
         if index == 0 and row.preview_message_id:
             result = await send_over_preview(db, row, target, pieces[index])
+        elif row.template:
+            result = await transport_for(row.channel).send_template(target, templates.labelled(row.template, label))
         else:
             result = await send_piece(transport_for(row.channel), target, pieces[index], label)
         failpoint("ledger.after_chunk_send")

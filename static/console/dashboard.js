@@ -59,7 +59,7 @@
         el("button", {type: "button", class: "button default", onclick: () => decide("apply", p.proposal)}, "Apply"),
         el("button", {type: "button", class: "button", onclick: () => decide("reject", p.proposal)}, "Reject")) : null)));
     section("ledger", data.ledger).replaceChildren(...data.ledger.map((s) => el("li", {class: `stat stat-${s.state}`},
-      el("a", {href: C.adminList("ledger", `state__exact=${s.state}`)}, el("strong", {}, String(s.count)), " ", s.state))));
+      el("a", {href: C.adminList("ledger", `state__exact=${s.state}`)}, el("strong", {}, String(s.count) + (s.more ? "+" : "")), " ", s.state))));
     section("backlog", data.backlog).replaceChildren(...data.backlog.map((b) => el("tr", {},
       el("td", {}, b.channel),
       el("td", {}, String(b.queued)), el("td", {}, String(b.sending)),

@@ -3,7 +3,7 @@ same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack] [retention]
+        [paced] [streaming] [slack] [retention] [grown]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
@@ -11,6 +11,8 @@ The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram'
 Streamed replies (tests/bench/streaming.py): first model token -> first preview, Bot API calls per answer.
 Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
 Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
+Grown (tests/bench/grown.py): ingest, flush, the story page, the admin and the dashboard on a database
+pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one.
 """
 
 import gc
@@ -294,40 +296,47 @@ def timer_floor(count=300, spread=3.0):
 
 
 def bench_flush(conversations=1000, seconds=10.0):
-
-    from conversations.ingest import Inbound, admit
-    from conversations.models import Channel, MessageBuffer, Turn
+    from conversations.models import Channel
 
     channel = Channel.objects.create(slug="bench-api", kind="api", window_closed=1.2)
     proc = worker()
     try:
-        # Bursts of three messages 0.2 s apart, their starts spread evenly over `seconds`.
-        t0 = time.time() + 0.5
-        schedule = sorted(
-            (t0 + seconds * c / conversations + 0.2 * k, c, k)
-            for c in range(conversations) for k in range(3)
-        )
-        texts = ["hola y", "quiero agendar una hora y", "¿puedes mañana?"]
-        for at, c, k in schedule:
-            time.sleep(max(0.0, at - time.time()))
-            admit(channel, Inbound(platform_message_id=f"f{c}-{k}", chat_id=f"f{c}", sender_id=f"f{c}",
-                                   text=texts[k]))
-        wait_until(lambda: not MessageBuffer.objects.filter(state="open").exists(), 60, "all buffers flushed")
-        buffers = list(MessageBuffer.objects.filter(conversation__channel=channel).values_list(
-            "pk", "flush_at", "flushed_at", "state"))
-        turns = Turn.objects.filter(conversation__channel=channel).count()
-        late_ms = [(flushed - due).total_seconds() * 1000 for _, due, flushed, _ in buffers if flushed]
-        lost = sum(1 for *_, state in buffers if state != "flushed")
-        double = turns - (len(buffers) - lost)
+        late_ms, count, lost, double = flush_lateness(channel, conversations, seconds)
         floor_ms = [x * 1000 for x in timer_floor()]
         report("flush", f"lateness p50 {percentile(late_ms, 50):.1f} ms, p99 {percentile(late_ms, 99):.1f} ms, "
-               f"max {max(late_ms):.1f} ms over {len(buffers)} bursts arriving in {seconds:.0f} s "
+               f"max {max(late_ms):.1f} ms over {count} bursts arriving in {seconds:.0f} s "
                f"(target p99 <= 10 ms: {met(percentile(late_ms, 99) <= 10)}); {lost} lost, {double} double-flushed; "
                f"reference: a bare thread "
                f"sleeping to known deadlines wakes p99 {percentile(floor_ms, 99):.2f} ms late")
         bench_flush_instant(channel, proc)
     finally:
         stop(proc)
+
+
+def flush_lateness(channel, conversations=1000, seconds=10.0, tag="f"):
+    """Bursts of three messages 0.2 s apart into `channel`, their starts spread evenly over
+    `seconds`, a worker running: (each buffer's lateness in ms, buffers, lost, double-flushed).
+    `tag` keeps the chats apart from other runs' on the same database (tests.bench.grown)."""
+    from conversations.ingest import Inbound, admit
+    from conversations.models import MessageBuffer, Turn
+
+    t0 = time.time() + 0.5
+    schedule = sorted(
+        (t0 + seconds * c / conversations + 0.2 * k, c, k)
+        for c in range(conversations) for k in range(3)
+    )
+    texts = ["hola y", "quiero agendar una hora y", "¿puedes mañana?"]
+    for at, c, k in schedule:
+        time.sleep(max(0.0, at - time.time()))
+        admit(channel, Inbound(platform_message_id=f"{tag}{c}-{k}", chat_id=f"{tag}{c}", sender_id=f"{tag}{c}",
+                               text=texts[k]))
+    wait_until(lambda: not MessageBuffer.objects.filter(state="open").exists(), 60, "all buffers flushed")
+    mine = {"conversation__channel": channel, "conversation__chat_id__startswith": tag}
+    buffers = list(MessageBuffer.objects.filter(**mine).values_list("pk", "flush_at", "flushed_at", "state"))
+    turns = Turn.objects.filter(**mine).count()
+    late_ms = [(flushed - due).total_seconds() * 1000 for _, due, flushed, _ in buffers if flushed]
+    lost = sum(1 for *_, state in buffers if state != "flushed")
+    return late_ms, len(buffers), lost, turns - (len(buffers) - lost)
 
 
 def bench_flush_instant(channel, proc, count=1000):
@@ -632,6 +641,12 @@ def retention():
     bench_retention(sys.modules[__name__])
 
 
+def grown():
+    from tests.bench.grown import bench_grown
+
+    bench_grown(sys.modules[__name__])
+
+
 def slack():
     from tests.bench.slack import bench_slack
 
@@ -641,7 +656,7 @@ def slack():
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
-              "retention": retention}
+              "retention": retention, "grown": grown}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 
 

@@ -17,6 +17,16 @@ with `Authorization: Bearer <token>`):
 - an error: the Graph envelope {"error": {"message", "type", "code", "error_subcode",
   "error_data", "fbtrace_id"}} with the HTTP status the platform uses for that code.
 
+It keeps the platform's 24-hour rule: a free-form message (text, image, document) to a
+user whose last message is more than 24 hours old fails with 131047; a `type: template`
+message goes at any time, but only for a template registered here (`add_template`: its
+name, language and body parameter count) — 132001 for an unknown name or language,
+132000 for another parameter count, 132018 for a parameter with a new line, a tab or
+more than 4 spaces in a row. The fake learns when a user last wrote from the
+notifications it delivers itself (`FakeGraphAPI.deliver`) or from `user_wrote`; a user
+it never heard from is taken to have written just now (tests that post notifications
+another way keep working), unless `strict_window=True`.
+
 Calls are recorded by what they are ("message", "typing", "read"); tests script the next
 answers of one of them (`fail_next(code=…)`), hold them (the request is in, no answer
 comes until released: a send that never answers), delay them, or drop the connection.
@@ -69,6 +79,13 @@ ERRORS: dict[int, tuple[int, str, str, str]] = {
                                                              "hours have passed since the customer last "
                                                              "replied to this number."),
     131051: (400, "OAuthException", "Unsupported message type", "Message type is not currently supported."),
+    132000: (400, "OAuthException", "Number of parameters does not match the expected number of params",
+             "body: number of localizable_params ({sent}) does not match the expected number of params "
+             "({expected})"),
+    132001: (404, "OAuthException", "Template name does not exist in the translation",
+             "template name ({name}) does not exist in {language}"),
+    132018: (400, "OAuthException", "There was an issue with the parameters in your template.",
+             "Param text cannot have new-line/tab characters or more than 4 consecutive spaces"),
     131056: (400, "OAuthException", "(Business Account, Consumer Account) pair rate limit hit",
              "Too many messages sent from the sender phone number to the same recipient phone number in a "
              "short period of time."),
@@ -163,6 +180,9 @@ class _State:
     rules: list = field(default_factory=list)
     delays: dict = field(default_factory=dict)
     media: dict = field(default_factory=dict)  # media id -> {"data", "mime"}
+    templates: dict = field(default_factory=dict)  # (name, language code) -> body parameter count
+    last_wrote: dict = field(default_factory=dict)  # wa_id -> time.time() of the user's last message
+    accepted: list = field(default_factory=list)  # the message bodies answered 200, in order
     downloads: list = field(default_factory=list)  # media ids downloaded, in order
 
 
@@ -178,12 +198,68 @@ def new_wamid(wa_id: str) -> str:
 
 class FakeGraphAPI(FakeServer):
 
-    def __init__(self, port: int = 0, *, host: str = "127.0.0.1", tokens=(), phone_number_ids=()):
+    WINDOW = 24 * 3600.0  # seconds: the customer-service window
+
+    def __init__(self, port: int = 0, *, host: str = "127.0.0.1", tokens=(), phone_number_ids=(),
+                 strict_window: bool = False):
         super().__init__((host, port), _Handler)
         self._state = _State()
         # Empty: any token / number is accepted.
         self.tokens = set(tokens)
         self.phone_number_ids = set(phone_number_ids)
+        self.strict_window = strict_window  # a user never heard from is outside the window
+
+    # --- the platform's rules ------------------------------------------------------------
+
+    def add_template(self, name: str, language: str, parameters: int = 1) -> None:
+        """An approved template: its name, language code and body parameter count."""
+        with self._cond:
+            self._state.templates[(name, language)] = parameters
+
+    def user_wrote(self, wa_id: str, at: float | None = None) -> None:
+        """The user's last message was at `at` (time.time(); default now)."""
+        with self._cond:
+            self._state.last_wrote[wa_id] = time.time() if at is None else at
+
+    def deliver(self, url: str, body: dict, app_secret: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        """`deliver` (Meta's side), noting each user's message time (its `timestamp`) first."""
+        for entry in body.get("entry") or []:
+            for change in entry.get("changes") or []:
+                for message in (change.get("value") or {}).get("messages") or []:
+                    self.user_wrote(message["from"], float(message.get("timestamp") or time.time()))
+        return deliver(url, body, app_secret, timeout)
+
+    def templates_sent(self, to: str | None = None) -> list[dict]:
+        """The template messages accepted (to one recipient): each its `template` object."""
+        with self._cond:
+            return [body["template"] for body in self._state.accepted
+                    if body.get("type") == "template" and (to is None or body.get("to") == to)]
+
+    def _window_or_template_error(self, data) -> GraphError | None:
+        """The platform's refusal of a message that is well formed, or None."""
+        if data.get("type") == "template":
+            return self._template_error(data["template"])
+        with self._cond:
+            last = self._state.last_wrote.get(data["to"])
+        if last is None and not self.strict_window:
+            return None
+        if last is None or time.time() - last > self.WINDOW:
+            return GraphError(131047)
+        return None
+
+    def _template_error(self, template) -> GraphError | None:
+        name, language = template["name"], template["language"]["code"]
+        with self._cond:
+            expected = self._state.templates.get((name, language))
+        if expected is None:
+            return GraphError(132001, details=ERRORS[132001][3].format(name=name, language=language))
+        values = [p for c in template.get("components") or [] if c.get("type") == "body"
+                  for p in c.get("parameters") or []]
+        if len(values) != expected:
+            return GraphError(132000, details=ERRORS[132000][3].format(sent=len(values), expected=expected))
+        if any(re.search(r"[\n\t]| {5,}", str(p.get("text") or "")) for p in values):
+            return GraphError(132018)
+        return None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -346,6 +422,11 @@ class FakeGraphAPI(FakeServer):
             return 400, GraphError(100, message=f"(#100) {problem}").envelope()
         if what in ("typing", "read"):
             return 200, {"success": True}
+        refused = self._window_or_template_error(data)
+        if refused is not None:
+            return refused.status, refused.envelope()
+        with self._cond:
+            self._state.accepted.append(data)
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": data["to"], "wa_id": data["to"]}],
                      "messages": [{"id": new_wamid(data["to"])}]}
 
@@ -419,6 +500,8 @@ def _invalid(data, what) -> str:
         return "The parameter to is required."
     if data.get("type") in ("image", "document"):
         return _invalid_media(data)
+    if data.get("type") == "template":
+        return _invalid_template(data.get("template"))
     if data.get("type", "text") != "text":
         return f"Param type '{data.get('type')}' is not supported by this fake"
     body = (data.get("text") or {}).get("body")
@@ -429,6 +512,26 @@ def _invalid(data, what) -> str:
     context = data.get("context")
     if context is not None and not (isinstance(context, dict) and isinstance(context.get("message_id"), str)):
         return "Invalid parameter: context"
+    return ""
+
+
+def _invalid_template(template) -> str:
+    """The shape of a template message's `template` (its name and language known or not
+    is the platform's rule: FakeGraphAPI._template_error)."""
+    if not isinstance(template, dict) or not isinstance(template.get("name"), str) or not template["name"]:
+        return "The parameter template['name'] is required."
+    language = template.get("language")
+    if not isinstance(language, dict) or not isinstance(language.get("code"), str) or not language["code"]:
+        return "The parameter template['language']['code'] is required."
+    components = template.get("components", [])
+    if not isinstance(components, list) or not all(isinstance(c, dict) and c.get("type") for c in components):
+        return "Invalid parameter: template['components']"
+    for component in components:
+        for value in component.get("parameters") or []:
+            if not isinstance(value, dict) or value.get("type") != "text" or not isinstance(value.get("text"), str):
+                return "Invalid parameter: a text parameter needs type 'text' and its text"
+            if not value["text"]:
+                return "Param text cannot be empty"
     return ""
 
 

@@ -175,3 +175,49 @@ def test_webhook_bodies_have_the_documented_shape_and_signature():
     import hashlib
     import hmac
     assert graph_api.signature("s3cr3t", raw) == "sha256=" + hmac.new(b"s3cr3t", raw, hashlib.sha256).hexdigest()
+
+
+# --- the 24-hour window and templates ---------------------------------------------------------
+
+
+def template(to="16505551234", name="appointment_reminder", code="es", values=("mañana a las 10",)):
+    content = {"name": name, "language": {"code": code}}
+    if values is not None:
+        content["components"] = [{"type": "body", "parameters": [{"type": "text", "text": v} for v in values]}]
+    return {"messaging_product": "whatsapp", "recipient_type": "individual", "to": to, "type": "template",
+            "template": content}
+
+
+def test_free_text_outside_the_window_is_131047_and_a_registered_template_goes(fake):
+    fake.add_template("appointment_reminder", "es", parameters=1)
+    fake.user_wrote("16505551234", at=time.time() - 25 * 3600)
+    fake.user_wrote("16505559999")  # wrote just now
+    assert_error_shape(post(fake, text()), 131047)
+    assert post(fake, text(to="16505559999")).status_code == 200
+    assert post(fake, template()).status_code == 200
+    assert fake.templates_sent("16505551234") == [template()["template"]]
+    strict = FakeGraphAPI(strict_window=True)
+    with strict:
+        assert_error_shape(post(strict, text(to="1")), 131047)  # never heard from: outside
+
+
+def test_a_template_is_refused_for_an_unknown_name_or_language_or_another_parameter_count(fake):
+    fake.add_template("appointment_reminder", "es", parameters=1)
+    unknown = post(fake, template(name="no_such_template"))
+    assert unknown.status_code == 404 and "no_such_template" in assert_error_shape(unknown, 132001)["error_data"][
+        "details"]
+    assert_error_shape(post(fake, template(code="en_US")), 132001)
+    count = post(fake, template(values=("uno", "dos")))
+    assert count.status_code == 400 and "(2)" in assert_error_shape(count, 132000)["error_data"]["details"]
+    assert_error_shape(post(fake, template(values=None)), 132000)
+    assert_error_shape(post(fake, template(values=("dos\nlíneas",))), 132018)
+    assert post(fake, template(values=("",))).json()["error"]["code"] == 100
+    assert fake.templates_sent() == []
+
+
+def test_deliver_notes_when_the_user_wrote(fake):
+    fake.user_wrote("5491100000000", at=time.time() - 30 * 3600)
+    message = graph_api.text_message("5491100000000", "hola")
+    with FakeGraphAPI() as webhook_sink:  # any server answering a POST: here, a second fake
+        fake.deliver(f"{webhook_sink.url}/hook", graph_api.webhook_body(PHONE, messages=[message]), "secret")
+    assert post(fake, text(to="5491100000000")).status_code == 200

@@ -67,20 +67,54 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
 
 
-def test_the_web_server_does_not_import_the_model_providers_sdk():
-    """The openai SDK costs a web server's start about a second of CPU (11 s on a loaded
-    2-core machine, measured with -X importtime), and every test that starts one pays it:
-    only the worker's agents and transcription import it, where they run."""
+# OpenTelemetry's SDK, its OTLP exporter and protobuf: loaded only by a process that
+# traces (agentloop.core.tracing). Its API alone is imported by the MCP SDK
+# (mcp.shared._otel), which a process loads only when it first talks MCP (tools/mcp/client.py).
+TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto", "google.protobuf")
+UNTRACED = ("AGENTLOOP_TRACING", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def _loaded_in(argv, modules, tmp_path, **env):
+    """Which of `modules` a product process started as `argv` has loaded once Django is
+    set up and everything it serves is imported, a span asked for on the way (its kind
+    comes from argv, as settings.py reads it: the product's start-up work runs)."""
     import os
     import subprocess
     import sys
 
     from django.conf import settings
 
-    code = ("import django, sys; django.setup(); import agentloop.urls, agentloop.asgi; "
-            "print(sorted(m for m in ('openai', 'pypdf', 'PIL') if m in sys.modules))")
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agentloop.settings"}
+    code = (f"import sys; sys.argv = {argv!r}; import django; django.setup(); "
+            "import agentloop.urls, agentloop.asgi, conversations.worker, conversations.management.commands.runloop; "
+            "from agentloop.core import tracing; tracing.span('agentloop.admit').end(); "
+            f"print(sorted({{p for p in {modules!r} for m in sys.modules if m == p or m.startswith(p + '.')}}))")
+    env = {**{k: v for k, v in os.environ.items() if k not in UNTRACED}, "DJANGO_SETTINGS_MODULE": "agentloop.settings",
+           "AGENTLOOP_METRICS_DIR": str(tmp_path / "metrics"), **env}
     done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"the web server imports {done.stdout.strip()}"
+    return done.stdout.strip()
+
+
+def test_the_web_server_does_not_import_the_model_providers_sdk(tmp_path):
+    """The openai SDK costs a web server's start about a second of CPU (11 s on a loaded
+    2-core machine, measured with -X importtime), and every test that starts one pays it:
+    only the worker's agents and transcription import it, where they run. Nor does it
+    load OpenTelemetry's SDK while it does not trace."""
+    loaded = _loaded_in(["agentloop/daphne_server.py"], ("openai", "pypdf", "PIL", "mcp", "mcp_types", *TRACING_MODULES),
+                        tmp_path)
+    assert loaded == "[]", f"the web server imports {loaded}"
+
+
+def test_a_worker_that_does_not_trace_never_loads_opentelemetry(tmp_path):
+    """Nor the MCP SDK, until a tool call or a listing needs it (tools/mcp/client.py)."""
+    loaded = _loaded_in(["manage.py", "runloop"], ("mcp", "mcp_types", *TRACING_MODULES), tmp_path)
+    assert loaded == "[]", f"the worker imports {loaded}"
+
+
+def test_a_worker_that_traces_loads_it_at_start(tmp_path):
+    """The check above can see them: a process told to trace loads them (at start, not
+    at its first message)."""
+    loaded = _loaded_in(["manage.py", "runloop"], TRACING_MODULES, tmp_path,
+                        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="0.2")
+    assert loaded == repr(sorted(TRACING_MODULES))

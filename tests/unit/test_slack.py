@@ -8,13 +8,18 @@ end-to-end runs with the real web server and worker in test_slack_e2e.py."""
 import asyncio
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
+from conversations import engine
 from conversations.models import Channel, InboundMessage, MessageBuffer, MessageEdit
 from conversations.platforms.slack import SlackPlatform
 from conversations.platforms.slack.webhook import check
+from delivery import ledger
+from delivery.models import OutboundKind
 from tests.fakes import slack_api
 from tests.fakes.slack_api import BOT_USER, FakeSlackAPI
 from tests.slack import CHANNEL, DM, SIGNING_SECRET, TOKEN, USER, signed_post, slack_channel, slack_settings
@@ -134,24 +139,59 @@ def test_a_retry_of_the_same_event_is_a_duplicate(client, sl):
     assert InboundMessage.objects.count() == 1
 
 
-def test_a_channel_message_counts_when_it_mentions_the_app_and_once_for_both_events(client, sl):
+def test_a_channel_message_is_stored_with_its_mention_flag_once_for_both_events(client, sl):
     plain = slack_api.message_event(USER, "hola a todos", channel=CHANNEL, channel_type="channel")
     answer = signed_post(client, slack_api.envelope(plain)).json()
-    assert answer["admitted"] == 0 and answer["ignored"] == ["not_mentioned"]
+    assert answer["admitted"] == 1  # stored: the channel's group_replies decides at the flush
     text = f"<@{BOT_USER}> ¿me agendas el lunes?"
     message = slack_api.message_event(USER, text, channel=CHANNEL, channel_type="channel")
     mention = {**message, "type": "app_mention"}
     assert signed_post(client, slack_api.envelope(mention)).json()["admitted"] == 1
     assert signed_post(client, slack_api.envelope(message)).json()["duplicates"] == 1  # the same message
-    stored = InboundMessage.objects.get()
-    assert stored.text == "¿me agendas el lunes?"  # the mention is not the user's words
+    stored = InboundMessage.objects.get(platform_message_id=f"{CHANNEL}:{message['ts']}")
+    assert stored.text == "¿me agendas el lunes?" and stored.mentioned is True  # the mention is not the user's words
     assert stored.thread_id == message["ts"] and stored.conversation.is_group  # answered in a thread under it
+    assert InboundMessage.objects.get(text="hola a todos").mentioned is False
+    assert stored.sender_name == f"<@{USER}>"  # no profile in the event: Slack's own reference
 
 
-def test_every_channel_message_counts_when_the_channel_says_so(client, make_channel, fake_slack):
-    slack_channel(make_channel, fake_slack, settings=slack_settings(fake_slack, channel_messages="all"))
-    event = slack_api.message_event(USER, "hola", channel=CHANNEL, channel_type="channel")
+def test_a_dm_carries_no_mention_flag_and_a_profile_names_the_sender(client, sl):
+    event = slack_api.message_event(USER, "hola", user_profile={"display_name": "camila", "real_name": "Camila R"})
     assert signed_post(client, slack_api.envelope(event)).json()["admitted"] == 1
+    stored = InboundMessage.objects.get()
+    assert (stored.mentioned, stored.sender_name) == (None, "camila")
+
+
+def test_a_reply_in_a_thread_the_app_is_in_counts_as_addressed(client, sl):
+    """Under the app's own message (parent_user_id), or in a thread it has posted in
+    (a ledger row went there); another thread, without a mention, does not."""
+    def thread_reply(text, thread_ts, **fields):
+        event = slack_api.message_event(USER, text, channel=CHANNEL, channel_type="channel", thread_ts=thread_ts,
+                                        **fields)
+        assert signed_post(client, slack_api.envelope(event)).json()["admitted"] == 1
+        return InboundMessage.objects.get(text=text).mentioned
+
+    assert thread_reply("bajo el mensaje del bot", "1700000000.000001", parent_user_id=BOT_USER) is True
+    assert thread_reply("en un hilo ajeno", "1700000000.000002", parent_user_id="U0SOMEONE") is False
+    top = slack_api.message_event(USER, "pregunta", channel=CHANNEL, channel_type="channel")
+    signed_post(client, slack_api.envelope(top))
+    conversation = InboundMessage.objects.get(text="pregunta").conversation
+    assert thread_reply("antes de que respondamos", top["ts"], parent_user_id=USER) is False
+    ledger.enqueue(conversation, "respuesta", kind=OutboundKind.REPLY, thread_id=top["ts"])  # we answered there
+    assert thread_reply("gracias, y otra cosa", top["ts"], parent_user_id=USER) is True
+
+
+def test_slack_channels_follow_group_replies(client, make_channel, fake_slack):
+    """`never`: stored as context, no turn; `always`: the unmentioned burst is a turn
+    (conversations.groups, the rule of Telegram groups)."""
+    for mode, turns in (("never", 0), ("always", 1)):
+        Channel.objects.all().delete()
+        Channel.objects.forget_cached()
+        slack_channel(make_channel, fake_slack, group_replies=mode)
+        event = slack_api.message_event(USER, f"hola {mode}", channel=CHANNEL, channel_type="channel")
+        assert signed_post(client, slack_api.envelope(event)).json()["admitted"] == 1
+        assert len(engine.flush_due(now=timezone.now() + timedelta(minutes=5))) == turns
+        assert InboundMessage.objects.get().disposition == ("context" if mode == "never" else "buffered")
 
 
 def test_a_thread_is_a_conversation_of_its_own_when_the_channel_says_so(client, make_channel, fake_slack):
@@ -201,7 +241,7 @@ def test_addchannel_creates_a_slack_channel(db):
     channel = Channel.objects.get(slug="sl-cli")
     assert channel.kind == "slack" and channel.platform_settings == {
         "bot_token": TOKEN, "signing_secret": SIGNING_SECRET, "api_base": "http://127.0.0.1:9/api/",
-        "conversations": "channel", "channel_messages": "mentions", "messages_per_second": 4.0,
+        "conversations": "channel", "messages_per_second": 4.0,
         "chat_interval": 1.0}
     assert channel.send_blocked == ""
     assert TOKEN in channel.platform.secrets(channel) and SIGNING_SECRET in channel.platform.secrets(channel)
@@ -286,3 +326,31 @@ def test_only_the_apps_own_leading_mention_is_taken_out_of_the_text():
     assert without_mention(f"<@{BOT_USER}|agentbot> hola", BOT_USER) == "hola"
     assert without_mention("<@U0OTHER001> ¿puedes?", BOT_USER) == "<@U0OTHER001> ¿puedes?"
     assert without_mention(f"hola <@{BOT_USER}>", BOT_USER) == f"hola <@{BOT_USER}>"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_moves_channel_messages_onto_group_replies_both_ways():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [("conversations", "0017_choices_of_groups_and_handoff")]
+    after = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    try:
+        MigrationExecutor(connection).migrate(before)
+        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
+        for slug, value in (("all", "all"), ("mentions", "mentions"), ("unset", None)):
+            values = slack_settings() | ({"channel_messages": value} if value else {})
+            old.objects.create(slug=slug, kind="slack", platform_settings=values)
+        old.objects.create(slug="tg", kind="telegram", group_replies="never")
+        MigrationExecutor(connection).migrate(after)
+        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in Channel.objects.all()}
+        assert moved == {"all": ("always", False), "mentions": ("mention", False), "unset": ("mention", False),
+                         "tg": ("never", False)}
+        for channel in Channel.objects.filter(kind="slack"):
+            channel.full_clean()  # no unknown setting left behind
+        MigrationExecutor(connection).migrate(before)
+        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
+        back = {c.slug: c.platform_settings.get("channel_messages") for c in old.objects.filter(kind="slack")}
+        assert back == {"all": "all", "mentions": "mentions", "unset": "mentions"}
+    finally:
+        MigrationExecutor(connection).migrate(after)

@@ -499,11 +499,13 @@ def test_defaults_secrets_and_a_channel_without_token_waits(make_channel):
 def test_addchannel_creates_a_whatsapp_channel(db, capsys):
     call_command("addchannel", "wa-cli", "--kind", "whatsapp", "--phone-number-id", PHONE, "--token", TOKEN,
                  "--app-secret", APP_SECRET, "--verify-token", VERIFY, "--api-version", "v22.0",
-                 "--api-base", "http://127.0.0.1:9")
+                 "--api-base", "http://127.0.0.1:9", "--template-name", "appointment_reminder",
+                 "--template-language", "es")
     channel = Channel.objects.get(slug="wa-cli")
     assert channel.kind == "whatsapp" and channel.platform_settings == {
         "phone_number_id": PHONE, "token": TOKEN, "app_secret": APP_SECRET, "verify_token": VERIFY,
-        "api_base": "http://127.0.0.1:9", "api_version": "v22.0", "messages_per_second": 78.0, "chat_interval": 0.0}
+        "api_base": "http://127.0.0.1:9", "api_version": "v22.0", "messages_per_second": 78.0, "chat_interval": 0.0,
+        "template_name": "appointment_reminder", "template_language": "es", "template_fill": "text"}
 
 
 def test_bootstrap_adds_a_whatsapp_channel_from_the_environment(db, monkeypatch):
@@ -538,6 +540,8 @@ def test_the_admin_shows_a_whatsapp_channel_with_its_settings_and_no_secret(admi
     assert page.status_code == 200
     html = page.content.decode()
     assert "WhatsApp settings" in html and 'name="whatsapp_phone_number_id"' in html and PHONE in html
+    for name in ("template_name", "template_language", "template_fill"):  # outside the 24-hour window
+        assert f'name="whatsapp_{name}"' in html
     for secret in (TOKEN, APP_SECRET, VERIFY):
         assert secret not in html
     listing = admin_client.get("/admin/conversations/channel/").content.decode()
@@ -626,3 +630,55 @@ def test_a_media_id_meta_does_not_know_or_a_dead_token_fails_for_good_a_5xx_is_t
     with pytest.raises(FileUnavailable, match="access token was refused") as dead:
         fetch(wa, media_id)
     assert dead.value.permanent and TOKEN not in str(dead.value)
+
+
+# --- templates (outside the 24-hour window) -------------------------------------------------------
+
+REMINDER = {"name": "appointment_reminder", "language": "es", "parameters": ["mañana a las 10"]}
+
+
+def test_a_template_goes_as_the_cloud_apis_template_message(wa, fake_graph):
+    fake_graph.add_template("appointment_reminder", "es", parameters=1)
+    result = run(transport(wa).send_template(Target(USER), REMINDER))
+    assert result.ok and result.platform_message_id.startswith("wamid.")
+    [call] = fake_graph.calls("message")
+    assert call.body == {"messaging_product": "whatsapp", "recipient_type": "individual", "to": USER,
+                         "type": "template", "template": {
+                             "name": "appointment_reminder", "language": {"code": "es"},
+                             "components": [{"type": "body", "parameters": [{"type": "text",
+                                                                             "text": "mañana a las 10"}]}]}}
+
+
+@pytest.mark.parametrize("template, code, phrase", [
+    ({**REMINDER, "name": "no_such_template"}, 132001, "no such approved template in that language"),
+    ({**REMINDER, "parameters": ["uno", "dos"]}, 132000, "parameter count differs"),
+])
+def test_a_refused_template_is_permanent_with_its_reason_and_the_chat_stays_reachable(wa, fake_graph, template,
+                                                                                       code, phrase):
+    fake_graph.add_template("appointment_reminder", "es", parameters=1)
+    result = run(transport(wa).send_template(Target(USER), template))
+    assert result.outcome == Outcome.PERMANENT and phrase in result.error and f"code {code}" in result.error
+    assert not result.chat_unreachable
+    row = ledger.enqueue(_conversation(wa), "Tu hora.", kind=OutboundKind.SCHEDULED)
+    [claimed] = ledger.claim_many([row.pk], "w1")
+    ledger.finish(claimed, "w1", result)
+    row.refresh_from_db()
+    assert row.state == OutboundState.UNREACHABLE and phrase in row.last_error
+    assert not UnreachableChat.objects.exists()  # the message was refused, not the user
+    assert AuditEvent.objects.get(kind=EventKind.REPLY_ABANDONED).summary.startswith("never retried: template")
+
+
+def test_a_labelled_template_resend_carries_the_marker_in_its_first_parameter(wa, fake_graph):
+    fake_graph.add_template("appointment_reminder", "es", parameters=1)
+    row = ledger.enqueue_many([ledger.Reply(_conversation(wa), "mañana a las 10", OutboundKind.SCHEDULED,
+                                            template=REMINDER)])[0]
+    OutboundMessage.objects.filter(pk=row.pk).update(attempts=1, chunks_started=1)  # it may have gone once
+    [claimed] = ledger.claim_many([row.pk], "w1")
+    assert claimed.needs_marker
+    result = run(ledger.send(claimed))  # one template message: nothing to record between chunks
+    assert result.ok
+    [sent] = fake_graph.templates_sent(USER)
+    [value] = sent["components"][0]["parameters"]
+    assert value["text"].startswith("♻️ Recovered reply") and value["text"].endswith(" mañana a las 10")
+    assert "\n" not in value["text"]  # one line: WhatsApp refuses new lines in a parameter
+

@@ -7,6 +7,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
+from agentloop.core import tracing
 from audit.failpoints import failpoint
 from tools import hooks, registry
 from tools.guard.claiming import (
@@ -99,7 +100,38 @@ def default_wait():
 
 def invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None) -> Outcome:
     """Run a hosted tool behind the guard. Raises UnknownTool, InvalidArguments or
-    ToolDisabled before anything is written."""
+    ToolDisabled before anything is written.
+
+    Traced (agentloop.core.tracing), under the span current here (a turn's agent call
+    in a worker): the tool, what the guard made of the call, the claim; never its
+    arguments."""
+    if not tracing.on():
+        return _invoke(name, arguments, scope, actor=actor, agent_key_id=agent_key_id, wait=wait)
+    with tracing.span(TOOL_SPAN, attributes={"agentloop.tool": name,
+                                             "agentloop.conversation.id": scope.conversation_id}) as span:
+        outcome = _invoke(name, arguments, scope, actor=actor, agent_key_id=agent_key_id, wait=wait)
+        span.set({"agentloop.guard.outcome": guard_outcome(outcome), "agentloop.tool.status": outcome.status,
+                  "agentloop.claim.id": outcome.claim_id, "agentloop.proposal.id": outcome.proposal_id})
+        if outcome.status == Status.FAILED:
+            span.fail(outcome.error)
+        return outcome
+
+
+TOOL_SPAN = "agentloop.tool"
+GUARD_OUTCOMES = {Status.DONE: "executed", Status.UNCERTAIN: "uncertain", Status.AWAITING_APPROVAL: "proposed",
+                  Status.FAILED: "failed"}
+
+
+def guard_outcome(outcome: Outcome) -> str:
+    """What the guard made of a call, for its span: executed, duplicate_prevented (an
+    identical call got there first: done, in progress, uncertain or awaiting approval),
+    uncertain (run, its outcome unknown), proposed (awaiting a person), failed."""
+    if outcome.duplicate:
+        return "duplicate_prevented"
+    return GUARD_OUTCOMES.get(outcome.status, outcome.status)
+
+
+def _invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None) -> Outcome:
     tool = registry.get(name)
     policy = policy_for(name)
     if not policy.enabled:

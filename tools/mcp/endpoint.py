@@ -3,7 +3,9 @@
 JSON answers: any web process can answer any request).
 
 The session manager needs a task group that lives as long as the server; daphne has no
-ASGI lifespan, so it is started by the first `/mcp` request, on the server's loop.
+ASGI lifespan, so it is started by the first `/mcp` request, on the server's loop. The SDK
+is imported then too, not when the web server starts: it costs every start about a third of
+a second of CPU (tools/mcp/client.py), and most web servers never answer `/mcp`.
 """
 
 import asyncio
@@ -13,10 +15,8 @@ import re
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.utils import timezone
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from tools import hooks
-from tools.mcp import server as mcp_server
 
 PATH = re.compile(r"^/mcp(?:/(?P<channel>[-a-zA-Z0-9_]{1,50}))?/?$")
 
@@ -56,16 +56,23 @@ class McpMount:
         key, refusal = await sync_to_async(_key_for, thread_sensitive=False)(header[1], match["channel"])
         if refusal is not None:
             return await _refuse(send, *refusal)
-        await self._ensure_manager()
+        mcp_server = await self._ensure_manager()
         scope = {**scope, mcp_server.KEY_IN_SCOPE: key, mcp_server.CHANNEL_IN_SCOPE: match["channel"]}
         await self.manager.handle_request(scope, receive, send)
 
     async def _ensure_manager(self):
+        """The MCP server module, its session manager running."""
+        # The SDK's import cost is paid here, by the first /mcp request (module docstring).
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        from tools.mcp import server as mcp_server
+
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
             self.manager = StreamableHTTPSessionManager(mcp_server.build(), stateless=True, json_response=True)
             asyncio.ensure_future(self._serve())
         await asyncio.shield(self._started)
+        return mcp_server
 
     async def _serve(self):
         async with self.manager.run():

@@ -16,6 +16,10 @@ channel, and the `message` and `app_mention` events of one message, and every re
 either, carry the same one). A conversation's chat is the Slack channel id, or
 `<channel id>:<thread ts>` when the channel keeps a conversation per thread; replies go
 into the user's thread (in a channel, a thread under the user's message).
+
+Channels (not DMs) are groups: which messages are answered is the channel's
+`group_replies` (always / mention / never), as in Telegram groups (conversations.groups);
+a message's mention flag is set here (inbound.addressed).
 """
 
 import os
@@ -23,7 +27,7 @@ import os
 from django.urls import path
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
-from conversations.platforms.slack.names import ALL, MENTIONS, PER_CHANNEL, PER_THREAD
+from conversations.platforms.slack.names import PER_CHANNEL, PER_THREAD
 
 # `make run`'s demo channel: its settings from these environment variables.
 ENVIRONMENT = {"bot_token": "SLACK_BOT_TOKEN", "signing_secret": "SLACK_SIGNING_SECRET"}
@@ -43,8 +47,6 @@ class SlackPlatform(Platform):
                                  "bot token again."),
         "conversations": Setting(default=PER_CHANNEL, choices=(PER_CHANNEL, PER_THREAD),
                                  help="One conversation per Slack channel (or DM) and person, or one per thread."),
-        "channel_messages": Setting(default=MENTIONS, choices=(MENTIONS, ALL),
-                                    help="In channels (not DMs): answer only messages that mention the app, or all."),
         # chat.postMessage: about 1 message per second per channel (short bursts allowed);
         # a workspace allows "several hundred messages per minute" in all.
         **pace_settings(per_second=4.0, chat_interval=1.0),

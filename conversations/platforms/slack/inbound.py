@@ -13,12 +13,12 @@ the same every time, so the durable inbound dedup drops the copy whenever it com
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from conversations.edits import Edit
 from conversations.ingest import Inbound
-from conversations.platforms.slack.names import ALL, PER_THREAD
+from conversations.platforms.slack.names import PER_THREAD
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
@@ -55,9 +55,11 @@ class Parsed:
     ignored: list = field(default_factory=list)  # why, one word each ("bot", "subtype:channel_join", …)
 
 
-def parse(envelope, *, conversations: str, channel_messages: str) -> Parsed:
+def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
     """The event of an `event_callback` envelope; raises ValueError for a body that is
-    not one. `conversations`, `channel_messages`: the channel's settings."""
+    not one. `conversations`: the channel's setting. `bot_in_thread(channel id, thread
+    ts)`: whether the app has posted in that thread (asked only of a channel message in a
+    thread that does not mention the app; None: never)."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("event"), dict):
         raise ValueError("no 'event' in the envelope")
     event = envelope["event"]
@@ -74,14 +76,31 @@ def parse(envelope, *, conversations: str, channel_messages: str) -> Parsed:
         found.ignored.append(f"subtype:{subtype}")
     else:
         inbound = inbound_from(event, conversations, bot_user)
-        mentioned = kind == "app_mention" or (bot_user and f"<@{bot_user}>" in str(event.get("text") or ""))
         if isinstance(inbound, str):
             found.ignored.append(inbound)
-        elif inbound.is_group and channel_messages != ALL and not mentioned:
-            found.ignored.append("not_mentioned")
         else:
+            # Every channel message is stored; the channel's group_replies decides at the
+            # flush which bursts are answered (conversations.groups), by this flag.
+            if inbound.is_group:
+                inbound = replace(inbound, mentioned=addressed(event, kind, bot_user, bot_in_thread))
             found.messages.append(inbound)
     return found
+
+
+def addressed(event, kind, bot_user, bot_in_thread) -> bool:
+    """A channel message is addressed to the app when it mentions it (an `app_mention`,
+    or `<@app>` in its text: the `message` event of the same message says so too), or
+    when it is a reply in a thread the app is in — the thread under the app's own message
+    (`parent_user_id`), or one the app has posted in (it answered someone there): Slack's
+    counterpart of a reply to the bot in a Telegram group."""
+    if kind == "app_mention" or (bot_user and f"<@{bot_user}" in str(event.get("text") or "")):
+        return True
+    thread_ts, ts = str(event.get("thread_ts") or ""), str(event.get("ts") or "")
+    if not thread_ts or thread_ts == ts:
+        return False  # not a reply in a thread
+    if bot_user and str(event.get("parent_user_id") or "") == bot_user:
+        return True
+    return bool(bot_in_thread and bot_in_thread(str(event.get("channel") or ""), thread_ts))
 
 
 def _bot_user(envelope) -> str:
@@ -117,12 +136,23 @@ def inbound_from(event, conversations: str, bot_user: str) -> Inbound | str:
         platform_message_id=f"{channel_id}:{ts}",
         chat_id=chat_of(channel_id, thread_ts, ts, conversations),
         sender_id=user,
+        sender_name=name_of(event, user),
         text=text,
         is_group=not is_dm,
         thread_id=reply_thread,
         reply_target=ts,
         sent_at=moment(ts),
     )
+
+
+def name_of(event, user: str) -> str:
+    """Who wrote, as a group's context lines name them: the profile's name when the event
+    carries one, else Slack's own reference to the user (`<@U…>`, which the model reads as
+    a person and Slack shows as their name): several people in a channel must not all be
+    "Someone"."""
+    profile = event.get("user_profile") if isinstance(event.get("user_profile"), dict) else {}
+    name = str(profile.get("display_name") or profile.get("real_name") or "").strip()
+    return name or f"<@{user}>"
 
 
 def _edit(event, conversations, bot_user, found):

@@ -11,8 +11,10 @@ The Events API's `url_verification` is answered with its challenge; an `event_ca
 is admitted through the same ingest as any platform's (dedup, windows, double texting,
 control commands) and answered 200 once its transaction committed — Slack redelivers
 anything it got no 2xx for within 3 s, and the redelivery (`X-Slack-Retry-Num`) stops
-at the dedup. What we do not act on (bots, our own messages, other subtypes, channel
-messages that do not mention the app) is answered 200 too, so Slack stops sending it.
+at the dedup. What we do not act on (bots, our own messages, other subtypes) is
+answered 200 too, so Slack stops sending it.
+Channel messages that do not mention the app are stored like any other (the channel's
+`group_replies` decides at the flush whether they are answered or kept as context).
 A failure of ours answers 500 (a database outage 503, the middleware): Slack's retry is
 the recovery.
 
@@ -32,10 +34,12 @@ from django.views.decorators.http import require_POST
 
 from conversations import edits
 from conversations.ingest import admit, record_refusal, refusal
-from conversations.models import Channel
+from conversations.models import Channel, Conversation
 from conversations.platforms.slack import inbound as parsing
 from conversations.platforms.slack.buttons import clicked
+from conversations.platforms.slack.names import PER_THREAD
 from conversations.platforms.webhooks import Answer, error
+from delivery.models import OutboundMessage
 
 KIND = "slack"
 
@@ -83,7 +87,8 @@ def prepare(slug, headers, body):
         if envelope.get("type") != "event_callback":
             return Answer(200, {"ok": True, "admitted": 0, "ignored": [f"type:{envelope.get('type')}"]})
         parsed = parsing.parse(envelope, conversations=channel.setting("conversations"),
-                               channel_messages=channel.setting("channel_messages"))
+                               bot_in_thread=lambda slack_channel, thread_ts: bot_in_thread(
+                                   channel, slack_channel, thread_ts))
     except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as exc:
         return error(400, f"not a Slack Events API envelope: {exc}")
     found = parsed.messages + parsed.edits  # one event: one message, one edit, or nothing
@@ -95,6 +100,15 @@ def prepare(slug, headers, body):
         record_refusal(channel, found[0], problem, "slack events")
         return Answer(200, {"ok": True, "admitted": 0, "refused": problem})
     return channel, found[0]
+
+
+def bot_in_thread(channel, slack_channel, thread_ts) -> bool:
+    """Whether the app has posted in this thread: a ledger row of this channel's
+    conversations in that Slack channel went (or goes) into it. Through the
+    conversations (their index on the chat) so only their few rows are read."""
+    chats = [slack_channel, parsing.chat_of(slack_channel, thread_ts, thread_ts, PER_THREAD)]
+    talks = Conversation.objects.filter(channel=channel, chat_id__in=chats).values("pk")
+    return OutboundMessage.objects.filter(conversation_id__in=talks, thread_id=thread_ts).exists()
 
 
 def admitted(admission) -> Answer:

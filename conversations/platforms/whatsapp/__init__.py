@@ -3,8 +3,8 @@
 - inbound.py: a webhook notification (entries × changes × messages and statuses) into
   our Inbound messages and delivery receipts; the X-Hub-Signature-256 check
 - webhook.py: GET (Meta's verification handshake) and POST (notifications)
-- transport.py: sending (threaded, split at 4,096), typing, Graph error codes mapped to
-  the ledger's outcomes
+- transport.py: sending (threaded, split at 4,096; an approved template outside the
+  24-hour window), typing, Graph error codes mapped to the ledger's outcomes
 
 Replies go to {api_base}/{api_version}/{phone_number_id}/messages with the channel's
 token. WhatsApp has no buttons here: a question asking to confirm an action is answered
@@ -19,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.urls import path
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
+from delivery import templates
 
 ENVIRONMENT = {"token": "WHATSAPP_TOKEN", "phone_number_id": "WHATSAPP_PHONE_NUMBER_ID",
                "app_secret": "WHATSAPP_APP_SECRET", "verify_token": "WHATSAPP_VERIFY_TOKEN"}
@@ -56,10 +57,29 @@ class WhatsAppPlatform(Platform):
                             help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages. "
                                  "Changing it asks for the token again."),
         "api_version": Setting(default="v23.0", check=check_version, help="Graph API version."),
+        # Outside the 24-hour window only approved templates go: a message that goes out by
+        # itself (a scheduled one) is sent as this template, or waits for the user to write.
+        "template_name": Setting(check=templates.check_name,
+                                 help="An approved template (WhatsApp Manager) for scheduled messages due outside "
+                                      "the 24-hour window, e.g. appointment_reminder. Empty: they wait until the "
+                                      "user writes."),
+        "template_language": Setting(default="en_US", check=templates.check_language,
+                                     help="The template's language code as Meta writes it (es, en_US, pt_BR)."),
+        "template_fill": Setting(default=templates.FILL_TEXT, choices=templates.FILLS,
+                                 help="How the scheduled text fills the template's body: 'text' — the text is "
+                                      "{{1}}; 'lines' — each line is one parameter ({{1}}, {{2}}, …)."),
         # The Cloud API's default throughput is 80 messages/s per business number; its pair
         # limit (one user, code 131056) allows bursts and is met as a flood when it comes.
         **pace_settings(per_second=78, chat_interval=0.0),
     }
+
+    def template_for(self, channel, text: str, chosen: dict) -> dict | None:
+        """The schedule's own template fields over the channel's; None without a name."""
+        name = chosen.get("name") or channel.setting("template_name")
+        if not name:
+            return None
+        return templates.filled(name, chosen.get("language") or channel.setting("template_language"), text,
+                                chosen.get("fill") or channel.setting("template_fill"))
 
     # The package's own modules are imported where they are used: each of them imports this
     # package (its __init__) first, and they import models and ingest, which the registry

@@ -7,6 +7,7 @@ Outcomes, from the Graph error `code` (the HTTP status only where the code says 
 |---|---|---|
 | 4, 80007, 130429, 131056 | throughput / rate limits | flood: resent after FLOOD_BACKOFF |
 | 131047 | outside the 24-hour customer service window | permanent: the user must write first |
+| 132000, 132001, 132005, 132007, 132012, 132015, 132016, 132018 | a template refused (parameters, name, language, paused…) | permanent; the chat is not marked unreachable |
 | 131026, 131051, 131021 | undeliverable, unsupported, recipient is the sender | permanent |
 | 190, 0 | the access token expired or is invalid | channel blocked: its replies wait, no attempt spent |
 | 1, 2, 131000, any 5xx | Meta's side | temporary |
@@ -45,10 +46,26 @@ TEMPORARY_CODES = {1, 2, 131000}
 TOKEN_DEAD_CODES = {0, 190}
 UNREACHABLE = {
     131047: "outside WhatsApp's 24-hour customer service window: the user must write first "
-            "(message templates are not supported yet)",
+            "(only an approved template reaches them; scheduled messages use the channel's)",
     131026: "message undeliverable (the number is not on WhatsApp, or cannot receive it)",
     131051: "unsupported message type",
     131021: "the recipient is the sender's own number",
+}
+
+
+# A template the Graph API refused: what to fix, said in the operator's terms. Never
+# retried (the same request fails the same way), and the chat is not marked unreachable:
+# the message was refused, not the user.
+TEMPLATE_ERRORS = {
+    132000: "the template's parameter count differs from what was sent (its body's {{n}} against the fill: "
+            "'text' sends one, 'lines' one per line)",
+    132001: "no such approved template in that language (check its name and language code in WhatsApp Manager)",
+    132005: "the template filled with this text is too long",
+    132007: "the template's text breaks WhatsApp's format rules",
+    132012: "a template parameter is not in the format the template expects",
+    132015: "the template is paused (low quality)",
+    132016: "the template is disabled",
+    132018: "a template parameter was refused (new lines, tabs or more than 4 spaces in a row)",
 }
 
 
@@ -96,6 +113,21 @@ class WhatsAppTransport(Transport):
                 return result
             last_id, context = result, ""  # only the first chunk threads to the user's message
         return SendResult.delivered(last_id)
+
+    async def send_template(self, target: Target, template: dict) -> SendResult:
+        """An approved template (delivery.templates: name, language, the body's text
+        parameters), the only message WhatsApp takes outside the 24-hour window."""
+        if not self.setting("token") or not self.setting("phone_number_id"):
+            return self.failed(Outcome.TEMPORARY, "refused: the channel has no token or phone number id")
+        content = {"name": template["name"], "language": {"code": template["language"]}}
+        values = template.get("parameters") or []
+        if values:
+            content["components"] = [{"type": "body",
+                                      "parameters": [{"type": "text", "text": value} for value in values]}]
+        body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": target.chat_id,
+                "type": "template", "template": content}
+        result = await self._post(body)
+        return SendResult.delivered(result) if isinstance(result, str) else result
 
     async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
         """One file: uploaded (POST …/media), then sent as a message naming its media id —
@@ -174,6 +206,9 @@ class WhatsAppTransport(Transport):
                                FLOOD_BACKOFF)
         if code in UNREACHABLE:
             return self.failed(Outcome.PERMANENT, f"{UNREACHABLE[code]} — {said}")
+        if code in TEMPLATE_ERRORS:
+            return self.failed(Outcome.PERMANENT, f"template refused: {TEMPLATE_ERRORS[code]} — {said}",
+                               chat_unreachable=False)
         if code in TOKEN_DEAD_CODES:
             return self.failed(Outcome.CHANNEL_BLOCKED, f"the access token was refused (replace it): {said}")
         if code in TEMPORARY_CODES or status >= 500 or status == 408:

@@ -1,0 +1,187 @@
+"""The admin and the dashboard on tables that grow by the million (issue 30;
+agentloop.core.big_tables): counts bounded, the date drill-down probed, the indexes the
+story page and the changelists need present and usable, the dashboard's figures
+bounded. What they cost at 1 million rows is `python -m tests.bench grown`'s."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from agentloop.console import dashboard
+from agentloop.core import big_tables
+from audit import console as audit_console
+from audit.models import AuditEvent, EventKind
+from conversations.models import InboundMessage
+from delivery import console as delivery_console
+from delivery import ledger
+from delivery.models import OutboundKind, OutboundMessage, OutboundState
+from tools import console as tools_console
+from tools.models import ActionClaim
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client):
+    client.force_login(User.objects.create_superuser("olga", "olga@example.com", "pw-olga-1"))
+    return client
+
+
+def events(count, at=None, **fields):
+    at = at or timezone.now()
+    return AuditEvent.objects.bulk_create([AuditEvent(kind=EventKind.CONTROL_COMMAND, at=at - timedelta(seconds=i),
+                                                      **fields) for i in range(count)])
+
+
+def test_a_changelist_counts_exactly_up_to_the_cap(operator, monkeypatch):
+    monkeypatch.setattr(big_tables, "COUNT_CAP", 5)
+    events(4)
+    response = operator.get(reverse("admin:audit_auditevent_changelist"))
+    cl = response.context["cl"]
+    assert (cl.result_count, cl.paginator.capped, cl.full_result_count) == (4, False, None)  # no whole-table count
+    assert "4 audit events" in response.content.decode()
+
+
+def test_past_the_cap_the_count_says_so(operator, monkeypatch):
+    monkeypatch.setattr(big_tables, "COUNT_CAP", 5)
+    events(7)
+    response = operator.get(reverse("admin:audit_auditevent_changelist"))
+    paginator, page = response.context["cl"].paginator, response.content.decode()
+    assert paginator.capped
+    if connection.vendor == "postgresql":  # the planner's estimate when it is past the cap, else the cap
+        assert ("about " in page) == paginator.estimated
+        assert paginator.count == (big_tables.planner_estimate(AuditEvent.objects.all()) if paginator.estimated
+                                   else 5)
+    else:
+        assert (paginator.count, paginator.estimated) == (5, False)
+        assert "more than 5 audit events" in page
+
+
+def test_the_estimate_is_postgresqls_own(db):
+    events(3)
+    estimate = big_tables.planner_estimate(AuditEvent.objects.filter(kind=EventKind.CONTROL_COMMAND))
+    if connection.vendor == "postgresql":
+        assert isinstance(estimate, int) and estimate >= 0
+    else:
+        assert estimate is None
+
+
+@pytest.mark.parametrize("kind", ["year", "month", "day"])
+def test_the_probed_date_drill_down_finds_what_djangos_distinct_finds(db, kind):
+    now = timezone.now()
+    for days in (0, 1, 3, 40, 400):
+        events(2, at=now - timedelta(days=days))
+    probed = big_tables._probed(type(AuditEvent.objects.all()))
+    rows = AuditEvent.objects.all()
+    rows.__class__ = probed
+    assert rows.datetimes("at", kind) == list(AuditEvent.objects.datetimes("at", kind))
+    assert rows.datetimes("at", kind, order="DESC") == list(AuditEvent.objects.datetimes("at", kind, order="DESC"))
+    assert rows.filter(pk=0).datetimes("at", kind) == []
+
+
+def test_the_drill_down_pages_answer(operator):
+    now = timezone.now()
+    events(2, at=now)
+    url = reverse("admin:audit_auditevent_changelist")
+    for query in ("", f"?at__year={now.year}", f"?at__year={now.year}&at__month={now.month}",
+                  f"?at__year={now.year}&at__month={now.month}&at__day={now.day}"):
+        response = operator.get(url + query)
+        assert response.status_code == 200 and response.context["cl"].result_count == 2, query
+
+
+def test_periods_refuses_what_it_cannot_probe():
+    with pytest.raises(ValueError, match="hour"):
+        big_tables.periods(timezone.now(), timezone.now(), "hour")
+    first = datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
+    assert [s.month for s, _ in big_tables.periods(first, first + timedelta(days=40), "month")] == [11, 12, 1]
+
+
+def plan(queryset) -> str:
+    """The plan of a queryset, with the table scan ruled out on PostgreSQL (these tables
+    are tiny here: what is checked is that the index can serve the query)."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {sql}", params)
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        return " ".join(str(row) for row in cursor.fetchall())
+
+
+@pytest.mark.parametrize("index, query", [
+    ("inbound_story_idx", lambda: InboundMessage.objects.filter(conversation_id=1).order_by("-received_at")[:200]),
+    ("outbound_story_idx", lambda: OutboundMessage.objects.filter(conversation_id=1).order_by("-created_at")[:200]),
+    ("outbound_chat_idx", lambda: OutboundMessage.objects.filter(channel_id=1, chat_id="101").order_by("-pk")[:100]),
+    ("audit_conversation_idx", lambda: AuditEvent.objects.filter(conversation_id=1).order_by("-at")[:200]),
+    ("audit_at_idx", lambda: AuditEvent.objects.order_by("-at")[:15]),
+    ("claim_conversation_idx", lambda: ActionClaim.objects.filter(conversation_id=1).order_by("-created_at")[:200]),
+    ("claim_created_idx", lambda: ActionClaim.objects.order_by("-created_at")[:100]),
+])
+def test_the_story_and_changelist_queries_have_their_index(db, index, query):
+    assert index in plan(query())
+
+
+def test_the_dashboard_counts_ledger_states_up_to_a_cap(make_channel, make_conversation, monkeypatch):
+    monkeypatch.setattr(delivery_console, "STATE_COUNT_CAP", 2)
+    conversation = make_conversation(make_channel("tg"), "101")
+    for text in ("a", "b", "c"):
+        ledger.enqueue(conversation, text, kind=OutboundKind.REPLY)
+    states = {s["state"]: s for s in delivery_console.replies_by_state()}
+    assert (states[OutboundState.PENDING]["count"], states[OutboundState.PENDING]["more"]) == (2, True)
+    assert (states[OutboundState.DELIVERED]["count"], states[OutboundState.DELIVERED]["more"]) == (0, False)
+
+
+def test_duplicates_per_day_are_counted_day_by_day(db):
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    for days, count in ((0, 2), (1, 1), (5, 3)):
+        AuditEvent.objects.bulk_create([AuditEvent(kind=EventKind.DUPLICATE_PREVENTED, at=now - timedelta(days=days),
+                                                   extra={"tool": "email_send"}) for _ in range(count)])
+    events(4, at=now)  # other kinds do not count
+    assert audit_console.duplicates_by_day(now - timedelta(days=13), now) == {
+        "2026-12-03": 2, "2026-12-02": 1, "2026-11-28": 3}
+    assert audit_console.duplicates_by_day(now - timedelta(hours=30), now) == {"2026-12-03": 2, "2026-12-02": 1}
+
+
+def test_duplicates_per_tool_read_the_latest_sample(db, monkeypatch):
+    now = timezone.now()
+    AuditEvent.objects.bulk_create([AuditEvent(kind=EventKind.DUPLICATE_PREVENTED, at=now - timedelta(minutes=i),
+                                               extra={"tool": "email_send" if i < 3 else "calendar_create_event"})
+                                    for i in range(5)])
+    assert audit_console.duplicates_by_tool(now - timedelta(days=1)) == {"email_send": 3, "calendar_create_event": 2}
+    monkeypatch.setattr(audit_console, "TOOL_SAMPLE", 3)
+    assert audit_console.duplicates_by_tool() == {"email_send": 3}
+
+
+def test_the_guard_telemetry_window_holds_the_latest_claims(db, monkeypatch):
+    now = timezone.now()
+    week = now - timedelta(days=7)
+    ActionClaim.objects.bulk_create([ActionClaim(scope="contact:1", action="email_send", fingerprint=f"f{i}",
+                                                 live=False, created_at=now - timedelta(hours=i), expires_at=now,
+                                                 lease_until=now) for i in range(5)])
+    assert tools_console.window_of_latest(week, 10) == week
+    assert tools_console.window_of_latest(week, 3) == now - timedelta(hours=2)
+    monkeypatch.setattr(dashboard, "TELEMETRY_CLAIMS", 3)
+    [row] = [r for r in dashboard.guard_telemetry(now) if r["tool"] == "email_send"]
+    assert row["claims"] == 3
+
+
+def test_a_page_is_its_ids_then_their_rows_in_the_same_order(operator):
+    made = events(150)  # newest first, one second apart
+    url = reverse("admin:audit_auditevent_changelist")
+    first = list(operator.get(url).context["cl"].result_list)
+    second = list(operator.get(url + "?p=2").context["cl"].result_list)
+    assert [e.pk for e in first + second] == [e.pk for e in made]
+
+
+def test_a_page_keeps_the_changelists_annotations(operator, make_channel, make_conversation):
+    from conversations.models import Turn
+
+    conversation = make_conversation(make_channel("tg"), "101")
+    Turn.objects.create(conversation=conversation, merged_input="hola", flush_reason="window", state="done")
+    [row] = operator.get(reverse("admin:conversations_conversation_changelist")).context["cl"].result_list
+    assert row.last_turn == "done"

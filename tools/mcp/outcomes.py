@@ -1,0 +1,43 @@
+"""What an MCP call can end in, and what a connection is opened with: shared by the light
+side (client.py, imported everywhere) and the SDK side (sdk_client.py, imported on first use)."""
+
+from dataclasses import dataclass
+
+CONNECT_SECONDS = 5.0
+
+
+class Unreachable(Exception):
+    """The server could not be reached: the request was not sent."""
+
+
+class AnswerLost(Exception):
+    """The request was sent and its answer never came back: it may have run."""
+
+
+class ServerError(Exception):
+    """The server refused the request with a protocol error: it did not run."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What a connection is opened with (a snapshot of an McpServer row)."""
+
+    pk: int
+    name: str
+    transport: str
+    url: str = ""
+    command: tuple = ()
+    headers: tuple = ()  # (name, value) pairs
+    env: tuple = ()
+    timeout: float = 30.0
+    version: str = ""  # the row's updated_at: a changed server is connected anew
+
+    @classmethod
+    def of(cls, server):
+        return cls(pk=server.pk, name=server.name, transport=server.transport, url=server.url,
+                   command=tuple(server.command or ()), headers=tuple(sorted((server.headers or {}).items())),
+                   env=tuple(sorted((server.env or {}).items())), timeout=float(server.timeout_seconds),
+                   version=server.updated_at.isoformat() if server.updated_at else "")
+
+    def secrets(self) -> list:
+        return [str(v) for _, v in (*self.headers, *self.env) if v]

@@ -1,0 +1,250 @@
+"""The SDK side of tools/mcp/client.py: one connection per registered server per process,
+kept open on an event loop of its own (a daemon thread). Imported on first use only
+(client.LazyHub); the rest of the product imports client.py."""
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import httpx2
+import mcp_types
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from agentloop.core.redaction import redact
+from tools.mcp.outcomes import CONNECT_SECONDS, AnswerLost, ServerError, ServerSpec, Unreachable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Attempt:
+    refused: bool = False
+
+
+_attempt: contextvars.ContextVar = contextvars.ContextVar("mcp_attempt", default=None)
+
+
+class _RecordingTransport(httpx2.AsyncHTTPTransport):
+    """Records on the current call's attempt that its connection was refused."""
+
+    async def handle_async_request(self, request):
+        try:
+            return await super().handle_async_request(request)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout):
+            attempt = _attempt.get()
+            if attempt is not None:
+                attempt.refused = True
+            raise
+
+
+@dataclass
+class _Connection:
+    """An open client, owned by a task of its own (an anyio task group must be left by the
+    task that entered it): `closing` set, the owner leaves the client and ends."""
+
+    spec: ServerSpec
+    client: Client
+    owner: asyncio.Task
+    closing: asyncio.Event
+    tasks: list = field(default_factory=list)
+
+    @property
+    def alive(self):
+        return not self.owner.done()
+
+
+def _transport(spec: ServerSpec):
+    if spec.transport == "stdio":
+        command = list(spec.command)
+        if not command:
+            raise Unreachable(f"MCP server {spec.name}: no command")
+        return StdioServerParameters(command=command[0], args=command[1:], env=dict(spec.env) or None)
+    http = httpx2.AsyncClient(headers=dict(spec.headers), transport=_RecordingTransport(),
+                              timeout=httpx2.Timeout(CONNECT_SECONDS, read=max(spec.timeout, 1.0) + 5))
+    return streamable_http_client(spec.url, http_client=http)
+
+
+class Hub:
+    """The process's MCP connections, on their own event loop."""
+
+    def __init__(self, on_list_changed=None):
+        self._lock = threading.Lock()
+        self._loop = None
+        self._connections: dict[int, _Connection] = {}
+        self._opening: dict[int, asyncio.Lock] = {}
+        self.on_list_changed = on_list_changed  # callable(server pk), run on a thread
+
+    def _ensure_loop(self):
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="mcp-client", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, coro, deadline: float):
+        """Run `coro` on the hub's loop; wait at most `deadline` seconds for it."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+        try:
+            return future.result(deadline)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    # --- on the hub's loop ------------------------------------------------------------------
+
+    async def _connection(self, spec: ServerSpec) -> _Connection:
+        current = self._connections.get(spec.pk)
+        if current is not None and current.spec == spec and current.alive:
+            return current
+        lock = self._opening.setdefault(spec.pk, asyncio.Lock())
+        async with lock:
+            current = self._connections.get(spec.pk)
+            if current is not None and current.spec == spec and current.alive:
+                return current
+            if current is not None:
+                await self._drop(spec.pk)
+            return await self._open(spec)
+
+    async def _open(self, spec: ServerSpec) -> _Connection:
+        ready = asyncio.get_running_loop().create_future()
+        closing = asyncio.Event()
+        owner = asyncio.ensure_future(self._own(spec, ready, closing))
+        try:
+            client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_SECONDS)
+        except BaseException as exc:
+            closing.set()
+            owner.cancel()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise Unreachable(redact(f"MCP server {spec.name} is unreachable: {_describe(exc)}",
+                                     spec.secrets())) from None
+        connection = _Connection(spec, client, owner, closing)
+        self._connections[spec.pk] = connection
+        if client.protocol_version in mcp_types.version.MODERN_PROTOCOL_VERSIONS:
+            connection.tasks.append(asyncio.ensure_future(self._listen(connection)))
+        return connection
+
+    async def _own(self, spec, ready, closing):
+        try:
+            async with Client(_transport(spec), read_timeout_seconds=spec.timeout, cache=None,
+                              message_handler=self._message_handler(spec.pk)) as client:
+                ready.set_result(client)
+                await closing.wait()
+        except BaseException as exc:  # the transport died: the connection is gone
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(type(exc).__name__))
+            elif not isinstance(exc, asyncio.CancelledError):
+                log.info("MCP server %s: connection closed (%s)", spec.name, type(exc).__name__)
+
+    def _message_handler(self, pk):
+        async def handle(message):  # a 2025-era server's notifications
+            if isinstance(message, mcp_types.ServerNotification) and \
+                    isinstance(message.root if hasattr(message, "root") else message,
+                               mcp_types.ToolListChangedNotification):
+                self._changed(pk)
+        return handle
+
+    async def _listen(self, connection: _Connection):
+        """A 2026-era server's `subscriptions/listen` stream of tools/list_changed."""
+        try:
+            async with connection.client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    self._changed(connection.spec.pk)
+        except Exception as exc:  # not offered, or the stream dropped: the schedule still refreshes
+            log.debug("MCP server %s: no list_changed stream (%s)", connection.spec.name, type(exc).__name__)
+
+    def _changed(self, pk):
+        if self.on_list_changed is not None:
+            asyncio.get_running_loop().run_in_executor(None, self.on_list_changed, pk)
+
+    async def _drop(self, pk):
+        connection = self._connections.pop(pk, None)
+        if connection is not None:
+            for task in connection.tasks:
+                task.cancel()
+            connection.closing.set()
+            try:
+                await asyncio.wait_for(connection.owner, 2)
+            except BaseException as exc:  # a transport that died mid-way may fail its own cleanup
+                if isinstance(exc, asyncio.CancelledError) and not connection.owner.cancelled():
+                    raise
+                log.debug("closing MCP connection %s: %s", connection.spec.name, type(exc).__name__)
+
+    async def _list(self, spec: ServerSpec) -> list:
+        connection = await self._connection(spec)
+        try:
+            tools, cursor = [], None
+            for _ in range(20):
+                page = await connection.client.list_tools(cursor=cursor)
+                tools += page.tools
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            return tools
+        except Exception as exc:
+            await self._drop(spec.pk)
+            raise Unreachable(redact(f"MCP server {spec.name} did not list its tools: {_describe(exc)}",
+                                     spec.secrets())) from None
+
+    async def _call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None):
+        connection = await self._connection(spec)
+        attempt = _Attempt()
+        _attempt.set(attempt)
+        try:
+            with anyio.fail_after(spec.timeout):
+                return await connection.client.call_tool(name, arguments, meta=meta)
+        except MCPError as exc:
+            if exc.code not in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT):
+                raise ServerError(redact(f"{spec.name}: {exc}", spec.secrets())) from None
+            await self._drop(spec.pk)
+            failure = exc
+        except TimeoutError:
+            await self._drop(spec.pk)
+            raise AnswerLost(f"no answer from MCP server {spec.name} within {spec.timeout:g} s") from None
+        except Exception as exc:  # the transport failed under the call
+            await self._drop(spec.pk)
+            failure = exc
+        why = redact(_describe(failure), spec.secrets())
+        if attempt.refused:
+            raise Unreachable(f"MCP server {spec.name} refused the connection: {why}")
+        raise AnswerLost(f"the connection to MCP server {spec.name} was lost during the call: {why}")
+
+    # --- from any thread ---------------------------------------------------------------------
+
+    def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list:
+        deadline = deadline or CONNECT_SECONDS + spec.timeout
+        try:
+            return self.run(self._list(spec), deadline)
+        except TimeoutError:
+            self.forget(spec.pk)
+            raise Unreachable(f"MCP server {spec.name} did not list its tools within {deadline:g} s") from None
+
+    def call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None = None):
+        """The server's CallToolResult; raises Unreachable, AnswerLost or ServerError."""
+        started = time.monotonic()
+        try:
+            # The hub's own deadline (fail_after) ends the call; this one is the overall bound
+            # (connecting included), a little later so the hub's verdict comes first.
+            return self.run(self._call(spec, name, arguments, meta), CONNECT_SECONDS + spec.timeout + 2)
+        except TimeoutError:
+            self.forget(spec.pk)
+            raise AnswerLost(f"no answer from MCP server {spec.name} within "
+                             f"{time.monotonic() - started:.0f} s") from None
+
+    def forget(self, pk):
+        """Close a server's connection (its row changed or was deleted)."""
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._drop(pk), self._loop)
+
+
+def _describe(exc) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
