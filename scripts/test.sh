@@ -114,7 +114,13 @@ busy_args=()
 [ "$busy_workers" != 0 ] && busy_args=(-n "$busy_workers" --dist worksteal)
 both_passes not-serial "not serial" "${busy_args[@]}" "$@"
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
-both_passes serial "serial and not alone" "$@"
+# The serial tests two at a time per pass as well, a file's tests together (a file may
+# share one thing across its tests: the peer bot's node_modules). They wait on windows,
+# paces and streams far more than they compute: two passes of one at a time kept 0.3-1.1
+# cores busy, and their bounds were set beside the other pass's.
+serial_args=()
+[ "$busy_workers" != 0 ] && serial_args=(-n "$busy_workers" --dist loadfile)
+both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # One pass after the other: side by side, a restart test's 3 s bound failed once in two
 # runs beside the other pass's database faults.
