@@ -34,13 +34,18 @@ import sys
 import threading
 import traceback
 
-# Each imported, nothing else done: no settings read, no reactor installed, no thread.
+# Each imported, nothing else done: no settings read, no reactor installed, no thread,
+# and no variable a test sets read at import time. prometheus_client is not here: it
+# chooses its multiprocess mode from PROMETHEUS_MULTIPROC_DIR when imported, which the
+# settings set per test (AGENTLOOP_METRICS_DIR); nor is OpenTelemetry (OTEL_*), nor the
+# MCP SDK (kept out of web servers and workers, tests/unit/test_layers.py).
 PRELOAD = (
     "django.db.models", "django.http", "django.urls", "django.core.management", "django.core.handlers.asgi",
     "django.template.backends.django", "django.forms", "django.contrib.admin.options",
-    "psycopg", "psycopg_pool", "httpx", "jsonschema", "prometheus_client", "openai", "telegram",
+    "psycopg", "psycopg_pool", "httpx", "jsonschema", "openai", "telegram",
     "twisted.web.http", "autobahn.twisted.websocket", "asgiref.sync", "sqlparse", "environ", "yaml",
 )
+NEVER_PRELOADED = ("prometheus_client", "opentelemetry", "mcp", "twisted.internet.reactor")
 
 
 def preload():
@@ -49,7 +54,8 @@ def preload():
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 -- a module that cannot preload is imported by the child itself
             pass
-    assert "twisted.internet.reactor" not in sys.modules, "a preloaded module installed Twisted's reactor"
+    preloaded = [name for name in NEVER_PRELOADED if name in sys.modules]
+    assert not preloaded, f"imported by a preloaded module, and must not be: {preloaded}"
 
 
 def main():
@@ -184,6 +190,7 @@ class Zygote:
             self.changed.notify_all()
 
     def stop(self):
+        self.channel.shutdown(socket.SHUT_RDWR)  # the zygote reads its end: it kills what is left and exits
         self.channel.close()
         try:
             self.process.wait(10)
