@@ -136,6 +136,7 @@ ANY_DATABASE = {
     "tests/end_to_end/test_tracing.py::test_a_collector_that_never_answers_slows_no_message_and_is_said_once":
         "an exporter's deadline (the traces' path through the rows is tested on both databases)",
     "tests/unit/test_tracing.py": "the tracing module in processes of their own, without the database",
+    "tests/unit/test_zygote.py": "the tests' own process starter, without the database",
 }
 
 # The same, run in the PostgreSQL pass.
