@@ -104,11 +104,23 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
   echo "=== $phase: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ==="
 }
 
-# Not two tests at a time per pass (pytest-xdist -n 2): measured, the busy phase took as
-# long (18.5 min against 20.8) with the two cores saturated, and the load tests starved.
-both_passes not-serial "not serial" "$@"
+# Two tests at a time per pass (pytest-xdist), four in all: one at a time per pass kept
+# only about one of the two cores busy (sampled every 30 s through a whole busy phase:
+# 0.8-1.25 cores), the rest of the time each test waits on its processes and windows.
+# `worksteal` hands a long test's neighbours to the idle worker. AGENTLOOP_TEST_WORKERS=0
+# runs one test at a time.
+busy_workers=${AGENTLOOP_TEST_WORKERS:-2}
+busy_args=()
+[ "$busy_workers" != 0 ] && busy_args=(-n "$busy_workers" --dist worksteal)
+both_passes not-serial "not serial" "${busy_args[@]}" "$@"
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
-both_passes serial "serial and not alone" "$@"
+# The serial tests two at a time per pass as well, a file's tests together (a file may
+# share one thing across its tests: the peer bot's node_modules). They wait on windows,
+# paces and streams far more than they compute: two passes of one at a time kept 0.3-1.1
+# cores busy, and their bounds were set beside the other pass's.
+serial_args=()
+[ "$busy_workers" != 0 ] && serial_args=(-n "$busy_workers" --dist loadfile)
+both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # One pass after the other: side by side, a restart test's 3 s bound failed once in two
 # runs beside the other pass's database faults.

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,6 +136,7 @@ ANY_DATABASE = {
     "tests/end_to_end/test_tracing.py::test_a_collector_that_never_answers_slows_no_message_and_is_said_once":
         "an exporter's deadline (the traces' path through the rows is tested on both databases)",
     "tests/unit/test_tracing.py": "the tracing module in processes of their own, without the database",
+    "tests/unit/test_zygote.py": "the tests' own process starter, without the database",
 }
 
 # The same, run in the PostgreSQL pass.
@@ -259,12 +261,34 @@ def is_postgres():
     return connection.vendor == "postgresql"
 
 
+_zygote = None
+
+
+def start_process(args, env, log_path, log):
+    """`python manage.py …` and `python -m …` forked from the preloaded zygote
+    (tests/zygote.py); anything else, or with AGENTLOOP_TEST_FORK=0, a plain Popen."""
+    global _zygote
+    forkable = args[0] == sys.executable and len(args) > 1 and (args[1] == "-m" or args[1].endswith(".py"))
+    if not forkable or os.environ.get("AGENTLOOP_TEST_FORK", "1") == "0":
+        return subprocess.Popen(args, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if _zygote is None:
+        from tests.zygote import Zygote
+
+        _zygote = Zygote(BASE_DIR, Path(tempfile.gettempdir()) / f"agentloop-zygote-{os.getpid()}.log")
+    return _zygote.spawn(list(args), env, BASE_DIR, log_path)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _zygote is not None:
+        _zygote.stop()
+
+
 class Process:
     def __init__(self, name, args, env, log_dir):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.log = open(self.log_path, "wb")
-        self.popen = subprocess.Popen(args, cwd=BASE_DIR, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.popen = start_process(args, env, self.log_path, self.log)
 
     @property
     def pid(self):

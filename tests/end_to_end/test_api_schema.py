@@ -20,10 +20,12 @@ from schemathesis.engine import Status, events, from_schema
 from schemathesis.transport.wsgi import WSGITransport
 
 from conversations import engine, timeline
+from conversations.api.reading import ConversationMessagesQuery
 from conversations.ingest import Inbound, admit
 
 SEED = 1
 EXAMPLES = 60
+LONGEST_WAIT = ConversationMessagesQuery().fields["wait"].max_value  # a long poll's, in seconds
 SLUG = "shop"
 EDITED = "m0"  # a message the key's agent may edit
 
@@ -73,6 +75,11 @@ def run_schemathesis(key):
         "suppress-health-check": ["all"],  # slow generation is not a fault of the API
         "headers": {"Authorization": f"Bearer {key}"},
         "generation": {"max-examples": EXAMPLES, "deterministic": True, "database": "none"},
+        # `all` checks include a response-time limit, 10 s unless set; a long poll on an empty
+        # conversation answers when its `wait` ends (up to 30 s, as the schema says), so the
+        # limit is that plus a margin. (A fuzzed wait of 12.9 s on an empty conversation
+        # failed the default once the suite ran two tests at a time per pass.)
+        "checks": {"max_response_time": LONGEST_WAIT + 5.0},
         # Real rows most of the time: the channel the key may use (and one it may not), the
         # message it may edit. Ids of turns, conversations and claims come from the API's
         # own answers (the stateful phase follows them).

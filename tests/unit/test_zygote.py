@@ -1,0 +1,79 @@
+"""The tests' zygote (tests/zygote.py): a forked child is what `python <args>` would be —
+its arguments, environment, working directory, streams and exit status — and nothing a
+test sets is read before the child has it."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import BASE_DIR
+from tests.zygote import Zygote
+
+PROBE = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "marker": os.environ.get("MARKER"),
+                  "settings": os.environ.get("DJANGO_SETTINGS_MODULE"), "name": __name__,
+                  "prometheus": "prometheus_client" in sys.modules}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    zygote = Zygote(BASE_DIR, tmp_path / "zygote.log")
+    yield zygote
+    zygote.stop()
+
+
+def spawn(zygote, tmp_path, args, **env):
+    log = tmp_path / f"child-{time.monotonic_ns()}.log"
+    log.touch()
+    return zygote.spawn([sys.executable, *args], {"PATH": "/usr/bin:/bin", **env}, tmp_path, log), log
+
+
+def test_a_script_runs_as_main_with_its_arguments_environment_streams_and_exit_status(zygote, tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    child, log = spawn(zygote, tmp_path, [str(script), "one", "two"], MARKER="m-1", EXIT="3",
+                       DJANGO_SETTINGS_MODULE="agentloop.settings")
+    assert child.wait(30) == 3 and child.poll() == 3
+    seen, stderr = log.read_text().splitlines()
+    assert json.loads(seen) == {"argv": [str(script), "one", "two"], "cwd": str(tmp_path), "path0": str(tmp_path),
+                                "marker": "m-1", "settings": "agentloop.settings", "name": "__main__",
+                                "prometheus": False}
+    assert stderr == "to stderr"
+
+
+def test_a_module_runs_with_python_dash_m(zygote, tmp_path):
+    (tmp_path / "data.json").write_text('{"b": 1, "a": [2]}')
+    child, log = spawn(zygote, tmp_path, ["-m", "json.tool", "--sort-keys", "data.json"])
+    assert child.wait(30) == 0
+    assert json.loads(log.read_text()) == {"a": [2], "b": 1}
+
+
+def test_a_killed_child_reports_the_signal_as_popen_does(zygote, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    child, log = spawn(zygote, tmp_path, [str(script)])
+    deadline = time.monotonic() + 30
+    while "up" not in log.read_text():
+        assert time.monotonic() < deadline and child.poll() is None, log.read_text()
+        time.sleep(0.02)
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(0.2)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(10) == -signal.SIGKILL
+    child.kill()  # ended: a no-op, as with Popen
+
+
+def test_children_are_independent(zygote, tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    (first, first_log), (second, second_log) = (spawn(zygote, tmp_path, [str(script)], MARKER=m) for m in "ab")
+    assert first.wait(30) == second.wait(30) == 0 and first.pid != second.pid
+    assert [json.loads(log.read_text().splitlines()[0])["marker"] for log in (first_log, second_log)] == ["a", "b"]
