@@ -104,12 +104,12 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
   echo "=== $phase: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s ==="
 }
 
-# Two tests at a time per pass (pytest-xdist), four in all: one at a time per pass kept
+# Three tests at a time per pass (pytest-xdist), six in all: one at a time per pass kept
 # only about one of the two cores busy (sampled every 30 s through a whole busy phase:
-# 0.8-1.25 cores), the rest of the time each test waits on its processes and windows.
-# `worksteal` hands a long test's neighbours to the idle worker. AGENTLOOP_TEST_WORKERS=0
-# runs one test at a time.
-busy_workers=${AGENTLOOP_TEST_WORKERS:-2}
+# 0.8-1.25 cores), the rest of the time each test waits on its processes and windows;
+# two at a time, 1.4-2.0. `worksteal` hands a long test's neighbours to an idle worker.
+# AGENTLOOP_TEST_WORKERS=0 runs one test at a time (and the serial phase too).
+busy_workers=${AGENTLOOP_TEST_WORKERS:-3}
 busy_args=()
 [ "$busy_workers" != 0 ] && busy_args=(-n "$busy_workers" --dist worksteal)
 both_passes not-serial "not serial" "${busy_args[@]}" "$@"
@@ -119,7 +119,7 @@ sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
 # paces and streams far more than they compute: two passes of one at a time kept 0.3-1.1
 # cores busy, and their bounds were set beside the other pass's.
 serial_args=()
-[ "$busy_workers" != 0 ] && serial_args=(-n "$busy_workers" --dist loadfile)
+[ "$busy_workers" != 0 ] && serial_args=(-n "$(( busy_workers < 2 ? busy_workers : 2 ))" --dist loadfile)
 both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # One pass after the other: side by side, a restart test's 3 s bound failed once in two

@@ -165,6 +165,21 @@ ONE_PASS = {
         "test_a_typing_call_that_hangs_holds_nothing_up")},
 }
 
+# The longest tests of the busy phase (seconds there, two at a time per pass), started
+# first: a pass whose workers meet one of these near the end waits for it alone.
+LONGEST = {
+    "tests/end_to_end/test_api_schema.py::test_every_operation_is_true_to_the_schema_with_all_checks": "76 s",
+    "tests/end_to_end/test_crash_matrix.py::test_a_crash_at_every_fault_point_is_recovered": "48 s",
+    "tests/end_to_end/test_paced_drain.py::test_sustained_intake_against_an_unlimited_platform_labels_nothing": "43 s",
+    "tests/end_to_end/test_paced_drain.py::test_a_burst_of_1000_new_chats_drains_paced_every_reply_once_none_labelled":
+        "41 s",
+    "tests/end_to_end/test_restore_e2e.py::test_backup_under_load_restored_answers_what_was_owed_and_labels_every_repeat":
+        "13 s",
+    "tests/end_to_end/test_schedules.py::test_two_workers_send_two_hundred_reminders_due_at_once_each_once": "12 s",
+    "tests/end_to_end/test_input_bounds.py::test_unknown_slugs_do_not_grow_the_web_process": "12 s",
+    "tests/end_to_end/test_limits.py::test_over_the_hours_turns_one_notice_no_turns_until_the_reset": "12 s",
+}
+
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
@@ -190,10 +205,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
+    items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
+               not in LONGEST)  # stable: the rest keep their order
     unlisted = [entry for entry in ALONE if entry not in SERIAL]
     if unlisted:
         raise pytest.UsageError(f"tests/conftest.py ALONE names tests SERIAL does not: {unlisted}")
-    for entry in [*SERIAL, *OWN_DATABASE, *ANY_DATABASE, *ONE_PASS, *ALONE]:
+    for entry in [*SERIAL, *OWN_DATABASE, *ANY_DATABASE, *ONE_PASS, *ALONE, *LONGEST]:
         path, _, name = entry.partition("::")
         if not (BASE_DIR / path).is_file():
             raise pytest.UsageError(f"tests/conftest.py names {path}, which does not exist")
