@@ -4,7 +4,7 @@ per channel and how long it takes to drain)."""
 
 from django.db.models import Count
 
-from agentloop.core import live
+from agentloop.core import big_tables, live
 from delivery import attachments, pacing
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.models import OutboundMessage, OutboundState, Outcome
@@ -23,13 +23,13 @@ def sends_recorded(outcomes):
 
 # The dashboard counts each state's rows up to this many ("10000+" past it): a count of
 # a million delivered rows read the whole index on every refresh (issue 30).
-STATE_COUNT_CAP = 10_000
+STATE_COUNT_CAP = big_tables.COUNT_CAP
 
 
 def replies_by_state():
     """Every ledger row still kept, by state (all states listed, zeros included), each
     count exact up to STATE_COUNT_CAP (`more`: there are more than that)."""
-    counts = {state: OutboundMessage.objects.filter(state=state)[:STATE_COUNT_CAP + 1].count()
+    counts = {state: big_tables.count_up_to(OutboundMessage.objects.filter(state=state), STATE_COUNT_CAP)
               for state in OutboundState.values}
     return [{"state": state.value, "label": state.label, "count": min(counts[state.value], STATE_COUNT_CAP),
              "more": counts[state.value] > STATE_COUNT_CAP} for state in OutboundState]

@@ -39,6 +39,12 @@ COUNT_CAP = 10_000
 FILTER_SAMPLE = 10_000
 
 
+def count_up_to(rows: QuerySet[Any], cap: int = COUNT_CAP) -> int:
+    """The rows counted, stopping at cap + 1 (more than `cap`): a count that reads as many
+    index entries as it needs, never a whole big table's."""
+    return rows.order_by()[: cap + 1].count()
+
+
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of any model
     """Exact up to COUNT_CAP rows; past it, the planner's estimate (PostgreSQL) or the cap."""
 
@@ -48,7 +54,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of a
     @cached_property
     def count(self) -> int:
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
-        exact = rows.order_by()[: COUNT_CAP + 1].count()
+        exact = count_up_to(rows)
         if exact <= COUNT_CAP:
             return exact
         self.capped = True
