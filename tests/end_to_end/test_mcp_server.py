@@ -6,6 +6,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from tools.models import ActionClaim, CalendarEvent
 
@@ -15,7 +16,10 @@ EVENT = {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}
 
 def client(web, key, path="/mcp"):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return Client(streamable_http_client(f"{web.url}{path}", http_client=httpx2.AsyncClient(headers=headers)))
+    # The SDK's own client defaults, with a 30 s read bound: the first /mcp request loads the
+    # SDK in the web process, which on a busy 2-core machine is more than httpx's 5 s.
+    http = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(30))
+    return Client(streamable_http_client(f"{web.url}{path}", http_client=http))
 
 
 def run(coro_fn):

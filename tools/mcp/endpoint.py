@@ -44,6 +44,7 @@ class McpMount:
     def __init__(self, app):
         self.app = app
         self.manager = None
+        self._server_module = None
         self._started = None
 
     async def __call__(self, scope, receive, send):
@@ -62,22 +63,33 @@ class McpMount:
 
     async def _ensure_manager(self):
         """The MCP server module, its session manager running."""
-        # The SDK's import cost is paid here, by the first /mcp request (module docstring).
-        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-
-        from tools.mcp import server as mcp_server
-
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
-            self.manager = StreamableHTTPSessionManager(mcp_server.build(), stateless=True, json_response=True)
             asyncio.ensure_future(self._serve())
         await asyncio.shield(self._started)
-        return mcp_server
+        return self._server_module
 
     async def _serve(self):
+        try:
+            # The SDK's import cost is paid by the first /mcp request (module docstring), on a
+            # thread: the loop goes on answering everything else while the SDK loads.
+            self._server_module, manager_class = await asyncio.to_thread(_import_sdk)
+            self.manager = manager_class(self._server_module.build(), stateless=True, json_response=True)
+        except Exception as error:
+            self._started.set_exception(error)
+            self._started = None  # the next /mcp request tries again
+            return
         async with self.manager.run():
             self._started.set_result(True)
             await asyncio.Event().wait()  # as long as the server runs
+
+
+def _import_sdk():
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    from tools.mcp import server as mcp_server
+
+    return mcp_server, StreamableHTTPSessionManager
 
 
 async def _refuse(send, status, error):
