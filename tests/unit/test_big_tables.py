@@ -100,12 +100,20 @@ def test_periods_refuses_what_it_cannot_probe():
     assert [s.month for s, _ in big_tables.periods(first, first + timedelta(days=40), "month")] == [11, 12, 1]
 
 
-def plan(queryset) -> str:
+def plan(queryset, put_aside=()) -> str:
     """The plan of a queryset, with the table scan ruled out on PostgreSQL (these tables
-    are tiny here: what is checked is that the index can serve the query)."""
+    are tiny here: what is checked is that the index can serve the query).
+
+    `put_aside`: indexes dropped in the test's transaction (rolled back after it) first. On
+    a tiny table, walking an index on the order alone and filtering costs what the index
+    on filter and order costs, and which one the planner takes then turns on the table's
+    statistics of the moment (they change as autovacuum visits the tables other tests of
+    the same database filled): a coin toss, not what is checked."""
     sql, params = queryset.query.sql_with_params()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            for index in put_aside:
+                cursor.execute(f"DROP INDEX {index}")
             cursor.execute("SET LOCAL enable_seqscan = off")
             cursor.execute(f"EXPLAIN {sql}", params)
         else:
@@ -113,17 +121,22 @@ def plan(queryset) -> str:
         return " ".join(str(row) for row in cursor.fetchall())
 
 
-@pytest.mark.parametrize("index, query", [
-    ("inbound_story_idx", lambda: InboundMessage.objects.filter(conversation_id=1).order_by("-received_at")[:200]),
-    ("outbound_story_idx", lambda: OutboundMessage.objects.filter(conversation_id=1).order_by("-created_at")[:200]),
-    ("outbound_chat_idx", lambda: OutboundMessage.objects.filter(channel_id=1, chat_id="101").order_by("-pk")[:100]),
-    ("audit_conversation_idx", lambda: AuditEvent.objects.filter(conversation_id=1).order_by("-at")[:200]),
-    ("audit_at_idx", lambda: AuditEvent.objects.order_by("-at")[:15]),
-    ("claim_conversation_idx", lambda: ActionClaim.objects.filter(conversation_id=1).order_by("-created_at")[:200]),
-    ("claim_created_idx", lambda: ActionClaim.objects.order_by("-created_at")[:100]),
+@pytest.mark.parametrize("index, query, put_aside", [
+    ("inbound_story_idx", lambda: InboundMessage.objects.filter(conversation_id=1).order_by("-received_at")[:200],
+     ["inbound_received_idx"]),
+    ("outbound_story_idx", lambda: OutboundMessage.objects.filter(conversation_id=1).order_by("-created_at")[:200],
+     ["outbound_created_idx"]),
+    ("outbound_chat_idx", lambda: OutboundMessage.objects.filter(channel_id=1, chat_id="101").order_by("-pk")[:100],
+     []),
+    ("audit_conversation_idx", lambda: AuditEvent.objects.filter(conversation_id=1).order_by("-at")[:200],
+     ["audit_at_idx"]),
+    ("audit_at_idx", lambda: AuditEvent.objects.order_by("-at")[:15], []),
+    ("claim_conversation_idx", lambda: ActionClaim.objects.filter(conversation_id=1).order_by("-created_at")[:200],
+     ["claim_created_idx"]),
+    ("claim_created_idx", lambda: ActionClaim.objects.order_by("-created_at")[:100], []),
 ])
-def test_the_story_and_changelist_queries_have_their_index(db, index, query):
-    assert index in plan(query())
+def test_the_story_and_changelist_queries_have_their_index(db, index, query, put_aside):
+    assert index in plan(query(), put_aside)
 
 
 def test_the_dashboard_counts_ledger_states_up_to_a_cap(make_channel, make_conversation, monkeypatch):
