@@ -8,9 +8,9 @@
 #   1. `-m "not serial"` on SQLite and on PostgreSQL at once: the busy phase.
 #   2. `-m "serial and not alone"` on both at once: tests that assert on the wall clock
 #      (tests/conftest.py SERIAL), with nothing else beside them.
-#   3. `-m alone` on SQLite, then on PostgreSQL: tests that kill or cut what the machine
-#      shares — workers, the database, network namespaces — and time the recovery, and
-#      those that drive a browser (tests/conftest.py ALONE).
+#   3. `-m alone` on both at once: tests that kill or cut what the machine shares —
+#      workers, the database, network namespaces — and time the recovery, and those that
+#      drive a browser (tests/conftest.py ALONE), never two of a kind at the same moment.
 # Each pass of a phase writes its own log, printed whole when both are done (a progress
 # line every minute meanwhile). Each test runs in one pass or both (conftest.py's
 # OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
@@ -22,6 +22,19 @@ status=0
 
 # Chromium and redis-server (apt-installed when missing and we are root).
 scripts/system-deps.sh || { echo "could not install the system packages the tests need"; exit 1; }
+
+# Bytecode is written here even where the environment says not to (PYTHONDONTWRITEBYTECODE):
+# without it, every pytest process rewrote the asserts of all 400 test modules again, 8.6 s
+# of CPU where reading them back costs 3.9 s (a dozen pytest processes per run).
+unset PYTHONDONTWRITEBYTECODE
+
+# Compiled once here, not by each of the few hundred web servers and workers the tests
+# start (a fresh clone has no __pycache__: 0.3 s of CPU per process start, measured), and
+# the test modules collected once so that pytest's rewritten modules are cached for every
+# pytest process after it. Beside the checks below: two cores, two jobs.
+{ $PY -m compileall -q -j 0 -x node_modules agentloop conversations delivery tools audit tests manage.py >/dev/null \
+    && $PY -m pytest --collect-only -q -p no:cacheprovider >/dev/null; } &
+warm_up=$!
 
 echo "=== ruff (lint + import order; ruff.toml) ==="
 $PY -m ruff check . || status=1
@@ -35,9 +48,7 @@ scripts/types.sh || status=1
 echo "=== docs (mkdocs build --strict) ==="
 scripts/docs.sh || status=1
 
-# Compiled once here, not by each of the few hundred web servers and workers the tests
-# start (a fresh clone has no __pycache__: 0.3 s of CPU per process start, measured).
-$PY -m compileall -q -j 0 -x node_modules agentloop conversations delivery tools audit tests manage.py >/dev/null || status=1
+wait "$warm_up" || { echo "compiling or collecting the tests failed:"; $PY -m pytest --collect-only -q | tail -20; status=1; }
 
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
 pgdir=""
@@ -122,14 +133,14 @@ serial_args=()
 [ "$busy_workers" != 0 ] && serial_args=(-n "$(( busy_workers < 2 ? busy_workers : 2 ))" --dist loadfile)
 both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
-# One pass after the other: side by side, a restart test's 3 s bound failed once in two
-# runs beside the other pass's database faults.
-echo "=== test suite on SQLite: tests that cut what the machine shares or drive a browser, alone ==="
-alone_started=$SECONDS
-sqlite_pytest -m alone "$@"; sqlite_alone=$?
-echo "=== test suite on PostgreSQL: tests that cut what the machine shares or drive a browser, alone ==="
-postgres_pytest -m alone "$@"; postgres_alone=$?
-echo "=== alone: $(( (SECONDS - alone_started) / 60 )) min $(( (SECONDS - alone_started) % 60 )) s ==="
+# Both passes at once, but never two tests of a kind at the same moment: each test holds
+# the machine-wide lock of its kind while it runs (tests/conftest.py ALONE_LOCKS), so a
+# test that kills or cuts something runs beside at most a browser test, never beside
+# another such test (side by side, a restart test's 3 s bound failed once in two runs
+# beside the other pass's database faults).
+export AGENTLOOP_ALONE_LOCKS=$logs
+both_passes alone "alone" "$@"
+sqlite_alone=$sqlite_rc postgres_alone=$postgres_rc
 
 sqlite_status=$(pass_status "$sqlite_concurrent" "$(pass_status "$sqlite_timed" "$sqlite_alone")")
 postgres_status=$(pass_status "$postgres_concurrent" "$(pass_status "$postgres_timed" "$postgres_alone")")

@@ -51,7 +51,6 @@ SERIAL = {
     "tests/end_to_end/test_liveness.py": "a dead worker's turns are taken over within seconds, a live one's never",
     "tests/end_to_end/test_faults_database.py": "log lines per second and seconds to recover during database faults",
     "tests/end_to_end/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
-    "tests/end_to_end/test_quiet_idle.py": "no routine log line through a round of sweeps",
     "tests/end_to_end/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
     "tests/end_to_end/test_pgbouncer.py": "ingest and answer times through PgBouncer",
     "tests/end_to_end/test_database_deadline.py": "a silent database host is refused within 5 s",
@@ -122,12 +121,28 @@ OWN_DATABASE = {
 ANY_DATABASE = {
     "tests/end_to_end/test_whatsapp_e2e.py": "WhatsApp's Cloud API: webhooks, sends, typing, errors (the ledger "
                                              "behind them is tested on both databases over Telegram)",
+    "tests/end_to_end/test_slack_e2e.py": "Slack's Web API and Events API: signatures, retries, errors, buttons, "
+                                          "files (the ledger behind them is tested on both databases over Telegram)",
+    "tests/end_to_end/test_slack_streaming.py": "Slack's streaming methods (the ledger's streams are tested on both "
+                                                "databases over Telegram, test_streaming*.py)",
+    "tests/end_to_end/test_slack_groups.py": "Slack channels under the group rule (test_groups.py runs on both)",
     "tests/end_to_end/test_openai_agent_e2e.py": "the OpenAI-compatible protocol through the openai SDK",
     "tests/end_to_end/test_production_settings.py": "settings and `check --deploy`",
     "tests/end_to_end/test_browser_smoke.py": "a browser logs in, console errors are caught",
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
     "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
     "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
+    **{f"tests/end_to_end/test_input_bounds.py::{name}": "a process's memory and its bounded caches" for name in (
+        "test_thousands_of_unknown_slugs_do_not_grow_the_channel_cache", "test_unknown_slugs_do_not_grow_the_web_process",
+        "test_the_policy_cache_is_bounded", "test_the_bot_cache_is_bounded_and_closes_what_it_lets_go")},
+    "tests/end_to_end/test_metrics.py::test_only_staff_with_the_permission_and_the_token_may_read": "who may read /metrics",
+    "tests/end_to_end/test_metrics.py::test_without_a_token_configured_no_bearer_is_accepted": "who may read /metrics",
+    **{f"tests/end_to_end/test_typing_modes.py::{name}": "a platform's indicator over time (the rest run in the "
+                                                          "PostgreSQL pass, ONE_PASS)" for name in (
+        "test_instant_shows_typing_from_the_first_message_through_the_turn_until_the_reply",
+        "test_never_shows_no_typing", "test_a_dropped_buffer_stops_typing",
+        "test_a_rollback_keeps_one_loop_into_the_new_turn_and_stops_after_its_reply",
+        "test_typing_failures_are_logged_once_and_never_delay_a_reply")},
     "tests/end_to_end/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
@@ -153,15 +168,13 @@ ONE_PASS = {
     "tests/end_to_end/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
     "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
     # The typing loop over time, on a platform's fake: its look's SQL (one statement) and
-    # the split of windows between two workers run on both databases, these here.
+    # the split of windows between two workers run on both databases, these here and the
+    # rest in the SQLite pass (ANY_DATABASE), half the serial phase's longest file each.
     **{f"tests/end_to_end/test_typing_modes.py::{name}": "a platform's indicator over time" for name in (
-        "test_instant_shows_typing_from_the_first_message_through_the_turn_until_the_reply",
-        "test_turn_mode_types_only_while_the_agent_runs", "test_never_shows_no_typing",
-        "test_a_dropped_buffer_stops_typing", "test_a_rollback_keeps_one_loop_into_the_new_turn_and_stops_after_its_reply",
+        "test_turn_mode_types_only_while_the_agent_runs",
         "test_fifty_messages_into_one_conversation_make_one_typing_loop",
         "test_the_cap_on_typing_loops_leaves_the_rest_without_typing_and_delays_nothing",
         "test_webchat_typing_from_the_first_message_until_the_reply",
-        "test_typing_failures_are_logged_once_and_never_delay_a_reply",
         "test_a_typing_call_that_hangs_holds_nothing_up")},
 }
 
@@ -178,6 +191,8 @@ LONGEST = {
     "tests/end_to_end/test_schedules.py::test_two_workers_send_two_hundred_reminders_due_at_once_each_once": "12 s",
     "tests/end_to_end/test_input_bounds.py::test_unknown_slugs_do_not_grow_the_web_process": "12 s",
     "tests/end_to_end/test_limits.py::test_over_the_hours_turns_one_notice_no_turns_until_the_reset": "12 s",
+    "tests/end_to_end/test_quiet_idle.py::test_idle_product_runs_its_sweeps_without_a_log_line":
+        "41 s, most of it waiting on django-q2's first scheduler round",
 }
 
 
@@ -207,6 +222,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.alone)
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
+    if os.environ.get(ALONE_LOCKS):
+        # Each pass starts with the kind the other ends with: SQLite's browser tests beside
+        # PostgreSQL's fault tests, then the other way round, not both waiting on one lock.
+        browser_first = os.environ.get("AGENTLOOP_TEST_PASS") != "postgres"
+        items.sort(key=lambda item: ("browser" in getattr(item, "fixturenames", ())) != browser_first)
     unlisted = [entry for entry in ALONE if entry not in SERIAL]
     if unlisted:
         raise pytest.UsageError(f"tests/conftest.py ALONE names tests SERIAL does not: {unlisted}")
@@ -216,6 +236,29 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/conftest.py names {path}, which does not exist")
         if name and modules.get(path) is not None and not hasattr(modules[path], name):
             raise pytest.UsageError(f"tests/conftest.py SERIAL names {entry}, which is no longer a test")
+
+
+# scripts/test.sh runs the two passes' `alone` tests at the same time, each holding one of
+# two machine-wide locks while it runs (setup and teardown included): `browser` for those
+# that drive a Chromium (two at once starved a page's waits), `machine` for the rest (they
+# kill, cut or time what the machine shares: two at once broke a restart's 3 s bound). So
+# at most one of each kind runs at any moment, never two of a kind: together they kept
+# about 0.7 of two cores busy, one pass after the other.
+ALONE_LOCKS = "AGENTLOOP_ALONE_LOCKS"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    folder = os.environ.get(ALONE_LOCKS)
+    if not folder or item.get_closest_marker("alone") is None:
+        yield
+        return
+    import fcntl
+
+    kind = "browser" if "browser" in getattr(item, "fixturenames", ()) else "machine"
+    with open(Path(folder) / f"alone-{kind}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go when the file is closed
+        yield
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):

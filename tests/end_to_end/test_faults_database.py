@@ -33,7 +33,7 @@ def assert_next_message_answered_in_time(figures):
 def test_postgres_restarted_mid_traffic(cluster):
     """`pg_ctl restart -m fast` while 30 chats write: each answered once, the next message
     on time, and the worker's log quiet while the database is away."""
-    figures = outage.run_on_cluster(cluster, ["restart"], restart={"chats": 30, "over": 10.0, "down_at": 4.0,
+    figures = outage.run_on_cluster(cluster, ["restart"], restart={"chats": 24, "over": 6.0, "down_at": 2.5,
                                                                    "down_for": 0.0})["restart"]
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
@@ -45,7 +45,7 @@ def test_postgres_restarted_mid_traffic(cluster):
 
 
 def test_postgres_down_for_seconds_mid_traffic(cluster):
-    figures = outage.run_on_cluster(cluster, ["restart"], restart={"chats": 20, "over": 8.0, "down_at": 3.0,
+    figures = outage.run_on_cluster(cluster, ["restart"], restart={"chats": 20, "over": 6.0, "down_at": 2.0,
                                                                    "down_for": 3.0})["restart"]
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
@@ -53,7 +53,8 @@ def test_postgres_down_for_seconds_mid_traffic(cluster):
 
 
 def test_postgres_backends_terminated_mid_traffic(cluster):
-    figures = outage.run_on_cluster(cluster, ["terminate"])["terminate"]
+    figures = outage.run_on_cluster(cluster, ["terminate"], terminate={"chats": 16, "over": 4.0, "kill_at": 1.5}
+                                    )["terminate"]
     assert sum(figures["backends_killed"]) > 0, figures
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
@@ -61,10 +62,11 @@ def test_postgres_backends_terminated_mid_traffic(cluster):
 
 
 def test_a_turn_running_while_postgres_is_away_answers_once(cluster):
-    """A 6 s agent; the database away 8 s from just after the turn started: the reply
+    """A 3 s agent; the database away 4.5 s from just after the turn started: the reply
     waits in memory, is written down when the database is back, and goes out once; the
     conversation's next message is answered."""
-    figures = outage.run_on_cluster(cluster, ["slow-turn"])["slow-turn"]
+    figures = outage.run_on_cluster(cluster, ["slow-turn"], slow_turn={"agent_delay": 3.0, "down_for": 4.5}
+                                    )["slow-turn"]
     assert figures["answered"] and figures["reply_count"] == 1, figures
     assert figures["next_message_answered"] and figures["follow_up_count"] == 1, figures
     assert figures["missing"] == 0 and figures["unlabelled_duplicates"] == 0, figures
@@ -72,10 +74,10 @@ def test_a_turn_running_while_postgres_is_away_answers_once(cluster):
 
 
 def test_sqlite_locked_past_its_timeout():
-    """Another connection holds SQLite's write lock (BEGIN IMMEDIATE) for 5 s, with
+    """Another connection holds SQLite's write lock (BEGIN IMMEDIATE) for 3 s, with
     SQLITE_TIMEOUT=1: the worker backs off quietly and catches up once it is let go."""
     with outage.sqlite_url() as url:
-        figures = outage.run_scenarios(url, ["sqlite-lock"])["sqlite-lock"]
+        figures = outage.run_scenarios(url, ["sqlite-lock"], sqlite_lock={"hold": 3.0})["sqlite-lock"]
     assert_nothing_lost_or_doubled(figures)
     assert_next_message_answered_in_time(figures)
     assert figures["worker_log_lines_per_second"] < 20, "\n".join(figures["worker_log_during_outage"])

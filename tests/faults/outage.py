@@ -313,12 +313,12 @@ class Scenario:
         })
         return figures
 
-    def slow_turn(self, down_for=8.0):
+    def slow_turn(self, agent_delay=6.0, down_for=8.0):
         from django.db import connection
 
         from conversations.models import Turn, TurnState
 
-        self.channel(agent_config={"delay": 6.0})
+        self.channel(agent_config={"delay": agent_delay})
         self.start()
         chat_id, question = self.chat_base, "Please look this up for me (slowly)."
         self.deliver(chat_id, question)
