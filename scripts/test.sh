@@ -133,10 +133,10 @@ serial_args=()
 [ "$busy_workers" != 0 ] && serial_args=(-n "$(( busy_workers < 2 ? busy_workers : 2 ))" --dist loadfile)
 both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
-# Both passes at once, but never two tests of a kind at the same moment: each test holds
-# the machine-wide lock of its kind while it runs (tests/conftest.py ALONE_LOCKS), so a
-# test that kills or cuts something runs beside at most a browser test, never beside
-# another such test (side by side, a restart test's 3 s bound failed once in two runs
+# Both passes at once, but never two tests of a kind at the same moment: a pass holds the
+# machine-wide lock of a kind through its tests of that kind (tests/conftest.py
+# ALONE_LOCKS), so a test that kills or cuts something runs beside at most a browser
+# test, never beside another such test (side by side, a restart test's 3 s bound failed once in two runs
 # beside the other pass's database faults).
 export AGENTLOOP_ALONE_LOCKS=$logs
 both_passes alone "alone" "$@"

@@ -222,11 +222,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.alone)
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
-    if os.environ.get(ALONE_LOCKS):
-        # Each pass starts with the kind the other ends with: SQLite's browser tests beside
-        # PostgreSQL's fault tests, then the other way round, not both waiting on one lock.
-        browser_first = os.environ.get("AGENTLOOP_TEST_PASS") != "postgres"
-        items.sort(key=lambda item: ("browser" in getattr(item, "fixturenames", ())) != browser_first)
     unlisted = [entry for entry in ALONE if entry not in SERIAL]
     if unlisted:
         raise pytest.UsageError(f"tests/conftest.py ALONE names tests SERIAL does not: {unlisted}")
@@ -238,27 +233,61 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/conftest.py SERIAL names {entry}, which is no longer a test")
 
 
-# scripts/test.sh runs the two passes' `alone` tests at the same time, each holding one of
-# two machine-wide locks while it runs (setup and teardown included): `browser` for those
-# that drive a Chromium (two at once starved a page's waits), `machine` for the rest (they
-# kill, cut or time what the machine shares: two at once broke a restart's 3 s bound). So
-# at most one of each kind runs at any moment, never two of a kind: together they kept
-# about 0.7 of two cores busy, one pass after the other.
+# scripts/test.sh runs the two passes' `alone` tests at the same time, each pass holding
+# one of two machine-wide locks through all its tests of that kind (setup and teardown
+# included): `browser` for those that drive a Chromium (two at once starved a page's
+# waits), `machine` for the rest (they kill, cut or time what the machine shares: two at
+# once broke a restart's 3 s bound). So at most one test of each kind runs at any moment.
+# A pass holds a lock through its whole run of that kind, not test by test: taken and let
+# go per test, the other pass slipped in between two of them and left both passes' other
+# kind waiting (an alone phase of 4 min 55 s against 3 min 34 s). One pass after the
+# other, these tests kept about 0.7 of two cores busy.
 ALONE_LOCKS = "AGENTLOOP_ALONE_LOCKS"
+_held_lock = {}  # {"kind": …, "file": …} while this pass holds one
+
+
+def _alone_kind(item):
+    if item is None or item.get_closest_marker("alone") is None:
+        return None
+    return "browser" if "browser" in getattr(item, "fixturenames", ()) else "machine"
+
+
+def _let_go_of_the_alone_lock():
+    if _held_lock:
+        _held_lock.pop("file").close()  # closing the file lets go of its flock
+        _held_lock.clear()
+
+
+class AloneOrder:
+    """Each pass starts with the kind the other ends with: SQLite's browser tests beside
+    PostgreSQL's fault tests, then the other way round, not both waiting on one lock.
+    Sorted last, after pytest-django's own order (tests on the database first), which
+    would mix the kinds again; stable, so that order holds within each kind."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        browser_first = os.environ.get("AGENTLOOP_TEST_PASS") != "postgres"
+        items.sort(key=lambda item: (_alone_kind(item) == "browser") != browser_first)
+
+
+def pytest_configure(config):
+    if os.environ.get(ALONE_LOCKS):
+        config.pluginmanager.register(AloneOrder(), "agentloop-alone-order")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    folder = os.environ.get(ALONE_LOCKS)
-    if not folder or item.get_closest_marker("alone") is None:
-        yield
-        return
-    import fcntl
+    folder, kind = os.environ.get(ALONE_LOCKS), _alone_kind(item)
+    if folder and kind and _held_lock.get("kind") != kind:
+        import fcntl
 
-    kind = "browser" if "browser" in getattr(item, "fixturenames", ()) else "machine"
-    with open(Path(folder) / f"alone-{kind}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # let go when the file is closed
-        yield
+        _let_go_of_the_alone_lock()
+        lock = open(Path(folder) / f"alone-{kind}.lock", "w")  # noqa: SIM115 -- held across tests
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held_lock.update(kind=kind, file=lock)
+    yield
+    if _held_lock and _alone_kind(nextitem) != _held_lock["kind"]:
+        _let_go_of_the_alone_lock()
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02, message="condition"):
