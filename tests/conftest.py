@@ -127,6 +127,10 @@ ANY_DATABASE = {
                                                 "databases over Telegram, test_streaming*.py)",
     "tests/end_to_end/test_slack_groups.py": "Slack channels under the group rule (test_groups.py runs on both)",
     "tests/end_to_end/test_openai_agent_e2e.py": "the OpenAI-compatible protocol through the openai SDK",
+    "tests/end_to_end/test_mcp_client.py": "MCP servers' protocol through the SDK (the guard's states behind a tool "
+                                           "run on both databases: test_guard_e2e.py, the crash matrix)",
+    "tests/end_to_end/test_caldav.py": "a CalDAV server through the caldav library (the guard behind it runs on both "
+                                       "databases: test_guard_e2e.py)",
     "tests/end_to_end/test_production_settings.py": "settings and `check --deploy`",
     "tests/end_to_end/test_browser_smoke.py": "a browser logs in, console errors are caught",
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
@@ -143,9 +147,6 @@ ANY_DATABASE = {
         "test_never_shows_no_typing", "test_a_dropped_buffer_stops_typing",
         "test_a_rollback_keeps_one_loop_into_the_new_turn_and_stops_after_its_reply",
         "test_typing_failures_are_logged_once_and_never_delay_a_reply")},
-    "tests/end_to_end/test_caldav.py::test_server_down_is_a_tool_error": "an HTTP client's deadline",
-    "tests/end_to_end/test_caldav.py::test_closed_port_is_a_tool_error": "an HTTP client's deadline",
-    "tests/end_to_end/test_caldav.py::test_silent_server_times_out_as_a_tool_error": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_callback_that_trickles_bytes_meets_the_deadline": "an HTTP client's deadline",
     "tests/end_to_end/test_peers.py::test_a_webhook_agent_that_trickles_bytes_meets_its_timeout": "an HTTP client's deadline",
     "tests/end_to_end/test_tracing.py::test_a_collector_that_never_answers_slows_no_message_and_is_said_once":
