@@ -48,7 +48,7 @@ scripts/types.sh || status=1
 echo "=== docs (mkdocs build --strict) ==="
 scripts/docs.sh || status=1
 
-wait "$warm_up" || { echo "compiling or collecting the tests failed:"; $PY -m pytest --collect-only -q | tail -20; status=1; }
+wait "$warm_up" || { echo "compiling or collecting the tests failed (the passes below say where)"; status=1; }
 
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
 pgdir=""
@@ -136,8 +136,8 @@ sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # Both passes at once, but never two tests of a kind at the same moment: a pass holds the
 # machine-wide lock of a kind through its tests of that kind (tests/conftest.py
 # ALONE_LOCKS), so a test that kills or cuts something runs beside at most a browser
-# test, never beside another such test (side by side, a restart test's 3 s bound failed once in two runs
-# beside the other pass's database faults).
+# test, never beside another such test (side by side, a restart test's 3 s bound failed
+# once in two runs beside the other pass's database faults).
 export AGENTLOOP_ALONE_LOCKS=$logs
 both_passes alone "alone" "$@"
 sqlite_alone=$sqlite_rc postgres_alone=$postgres_rc
