@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 names=("$@")
+# The venv's bytecode (the Makefile installs without it), once: every benchmark starts processes.
+$PY -m compileall -q -j 0 .venv/lib >/dev/null
 # The peer benchmark's Chat SDK bot (tests/bench/peer/): its packages from the lockfile,
 # when node is here and they are not installed yet (without node the benchmark says so).
 if command -v node >/dev/null && [ ! -f tests/bench/peer/node_modules/chat/package.json ]; then

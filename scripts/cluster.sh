@@ -252,7 +252,7 @@ up() {
   if exists db || ip link show "$BRIDGE" >/dev/null 2>&1; then
     die "a cluster with prefix '$P' is up already (CLUSTER_PREFIX=$P scripts/cluster.sh status, or … down)"
   fi
-  [ -x "$PY" ] || make .venv/.installed-dev
+  [ -x "$PY" ] || { make .venv/.installed-dev && "$PY" -m compileall -q -j 0 .venv/lib >/dev/null; }
   command -v redis-server >/dev/null 2>&1 || die "redis-server is missing (scripts/system-deps.sh installs it)"
   rm -rf "$STATE"
   mkdir -p "$STATE"

@@ -114,18 +114,15 @@ OWN_DATABASE = {
 
 # Tests whose subject is not the database — a platform's or a provider's protocol, an HTTP
 # client's deadline, a fake server, the settings — using it as any test does, or not at
-# all: one pass runs them. Those below run in the SQLite pass, whose busy phase is the
-# shorter one (the PostgreSQL pass has the schema fuzzing); what the ledger, the guard
-# and the buffers do on each database is tested on both by the tests of those subjects.
-# A file name means all its tests.
+# all: one pass runs them. Those below run in the SQLite pass, those in ONE_PASS in the
+# PostgreSQL pass, so that both passes' busy phases take about as long (the PostgreSQL
+# pass has the schema fuzzing); what the ledger, the guard and the buffers do on each
+# database is tested on both by the tests of those subjects. A file name means all its tests.
 ANY_DATABASE = {
     "tests/end_to_end/test_whatsapp_e2e.py": "WhatsApp's Cloud API: webhooks, sends, typing, errors (the ledger "
                                              "behind them is tested on both databases over Telegram)",
     "tests/end_to_end/test_slack_e2e.py": "Slack's Web API and Events API: signatures, retries, errors, buttons, "
                                           "files (the ledger behind them is tested on both databases over Telegram)",
-    "tests/end_to_end/test_slack_streaming.py": "Slack's streaming methods (the ledger's streams are tested on both "
-                                                "databases over Telegram, test_streaming*.py)",
-    "tests/end_to_end/test_slack_groups.py": "Slack channels under the group rule (test_groups.py runs on both)",
     "tests/end_to_end/test_openai_agent_e2e.py": "the OpenAI-compatible protocol through the openai SDK",
     "tests/end_to_end/test_mcp_client.py": "MCP servers' protocol through the SDK (the guard's states behind a tool "
                                            "run on both databases: test_guard_e2e.py, the crash matrix)",
@@ -157,6 +154,9 @@ ANY_DATABASE = {
 
 # The same, run in the PostgreSQL pass.
 ONE_PASS = {
+    "tests/end_to_end/test_slack_streaming.py": "Slack's streaming methods (the ledger's streams are tested on both "
+                                                "databases over Telegram, test_streaming*.py)",
+    "tests/end_to_end/test_slack_groups.py": "Slack channels under the group rule (test_groups.py runs on both)",
     "tests/end_to_end/test_mcp_concurrency.py": "32 identical MCP calls from two processes on PostgreSQL (SQLite "
                                                 "serialises its writers)",
     "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "

@@ -74,7 +74,10 @@ def test_a_private_chat_sees_drafts_then_one_final_with_the_whole_text(processes
     time.sleep(0.3)
     assert len(fake_telegram.calls("sendMessage")) == 1 and fake_telegram.calls("editMessageText") == []
     turn = Turn.objects.get()
-    assert turn.state == TurnState.DONE and turn.previews == len(drafts) and turn.first_delta_at is not None
+    # A draft still in flight when the answer came is abandoned (docs/streaming.md): the
+    # platform got it, but the turn counts only the drafts it saw answered.
+    assert turn.state == TurnState.DONE and turn.previews in (len(drafts), len(drafts) - 1)
+    assert turn.first_delta_at is not None
     assert fake_openai.requests()[0].body["stream"] is True
 
 
