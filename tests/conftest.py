@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from conversations.models import AgentKey, Channel, WorkerHeartbeat
-from tests import local_http
+from tests import flush, local_http
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -272,6 +272,7 @@ class AloneOrder:
 
 
 def pytest_configure(config):
+    flush.install()  # a cheaper flush between transactional tests (tests/flush.py)
     if os.environ.get(ALONE_LOCKS):
         config.pluginmanager.register(AloneOrder(), "agentloop-alone-order")
 
