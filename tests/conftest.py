@@ -86,10 +86,11 @@ SERIAL = {
 # Of the SERIAL tests, those that kill or cut something shared by the machine (workers by
 # SIGKILL, a database restarted or made unreachable, network namespaces) or time how fast
 # the product recovers from it, and those that drive a browser (two Chromiums at once
-# starved a page's 10 s wait on a 2-core machine): scripts/test.sh runs them alone, one
-# pass after the other. The rest of SERIAL (indicators, windows and long polls timed
-# against the clock) runs with the other pass's at once — side by side they held their
-# bounds, while a restart's 3 s bound once failed beside the other pass's database faults.
+# starved a page's 10 s wait on a 2-core machine): scripts/test.sh runs them last, both
+# passes at once but never two of a kind at the same moment (ALONE_LOCKS below). The rest
+# of SERIAL (indicators, windows and long polls timed against the clock) runs with the
+# other pass's at once — side by side they held their bounds, while a restart's 3 s bound
+# once failed beside the other pass's database faults.
 ALONE = {
     "tests/end_to_end/test_restart.py": "new messages answered within their 1 s window after a SIGKILL",
     # Not the two that kill nothing shared and time no take-over (a live worker left alone
