@@ -20,6 +20,7 @@ answered {"spawned": n, "pid"}; each child's end is reported {"exited": pid, "co
 with subprocess's sign (-N: killed by signal N).
 """
 
+import gc
 import importlib
 import io
 import itertools
@@ -68,6 +69,12 @@ def preload():
 def main():
     channel = socket.socket(fileno=int(sys.argv[1]))
     preload()
+    # The preloaded heap (about 200,000 objects) out of the collector's sight, in every
+    # child: otherwise each child's first full collection walked all of it during its own
+    # django.setup(), 0.12 s of a 0.28 s setup (measured), and every later one again.
+    # Python's documented recipe for fork without exec (gc.freeze).
+    gc.collect()
+    gc.freeze()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
