@@ -59,10 +59,16 @@ ANSWER_TIMEOUT = 300.0
 # --- the peer ----------------------------------------------------------------------------
 
 def ensure_node_modules():
-    """`npm ci` from the lockfile when the packages are not installed yet."""
-    if not (PEER_DIR / "node_modules" / "chat" / "package.json").exists():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(PEER_DIR)], check=True,
-                       capture_output=True, timeout=300)
+    """`npm ci` from the lockfile when the packages are not installed yet, by one process
+    at a time (the suite may run two peer-bot tests at once: `npm ci` first deletes
+    node_modules, so a second one would pull it from under the first)."""
+    import fcntl
+
+    with open(PEER_DIR / ".npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (PEER_DIR / "node_modules" / "chat" / "package.json").exists():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(PEER_DIR)], check=True,
+                           capture_output=True, timeout=300)
 
 
 def free_port():
