@@ -510,6 +510,29 @@ class Processes:
             proc.stop()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(request, django_test_environment, django_db_blocker, django_db_modify_db_settings):
+    """pytest-django's own, but the test database is a copy of a migrated template
+    (tests/template_db.py; pytest-django's --reuse-db and --create-db have no say here)."""
+    from django.test.utils import setup_databases, teardown_databases
+    from pytest_django.fixtures import _get_databases_for_setup
+
+    from tests import template_db
+
+    aliases, serialized_aliases = _get_databases_for_setup(request.session.items)
+    verbosity = request.config.option.verbose
+
+    def setup(keepdb):
+        return setup_databases(verbosity=verbosity, interactive=False, aliases=aliases,
+                               serialized_aliases=serialized_aliases, keepdb=keepdb)
+
+    with django_db_blocker.unblock():
+        databases = template_db.prepare(setup)
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(databases, verbosity=verbosity)
+
+
 @pytest.fixture(autouse=True)
 def fresh_channel_cache():
     """Each test's channels, tool policies and live listeners are new rows (rolled back
