@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.conf import settings
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
 from conversations.models import AgentKey, Channel, WorkerHeartbeat
@@ -284,8 +286,20 @@ class AloneOrder:
         items.sort(key=lambda item: (_alone_kind(item) == "browser") != browser_first)
 
 
+class QuickPasswordHasher(PBKDF2PasswordHasher):
+    """Django's PBKDF2 with one round, for passwords set in this process: the product's
+    1,000,000 rounds took 0.25 s of CPU per password (two thirds of test_roles.py's CPU:
+    a user made, then signed in). The rounds are written into the hash, so the product's
+    own processes (a web server a test signs in to) verify it as they verify any hash of
+    theirs, and upgrade it on that sign-in as they would an old one."""
+
+    iterations = 1
+
+
 def pytest_configure(config):
     flush.install()  # a cheaper flush between transactional tests (tests/flush.py)
+    # Django reads the hashers when it first hashes (get_hashers), after this.
+    settings.PASSWORD_HASHERS = [f"{__name__}.QuickPasswordHasher", *settings.PASSWORD_HASHERS]
     if os.environ.get(ALONE_LOCKS):
         config.pluginmanager.register(AloneOrder(), "agentloop-alone-order")
 
