@@ -19,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 status=0
+user_args=$#
 
 # Chromium and redis-server (apt-installed when missing and we are root).
 scripts/system-deps.sh || { echo "could not install the system packages the tests need"; exit 1; }
@@ -91,12 +92,22 @@ progress() {  # pytest -q's last "[ NN%]" in a log
   grep -o '\[ *[0-9]*%\]' "$1" 2>/dev/null | tail -1 | tr -d '[] '
 }
 
+# The files a later phase's tests are in, as the busy phase's collection wrote them down
+# (tests/conftest.py PHASE_FILES): that phase collects only those. None when the run was
+# given arguments of its own (they say what to collect) or the list is missing or empty.
+export AGENTLOOP_PHASE_FILES=$logs
+phase_files() {  # a pass, a phase
+  [ "$user_args" = 0 ] && [ -s "$logs/$2-$1.txt" ] && cat "$logs/$2-$1.txt"
+}
+
 both_passes() {  # a phase's name, its -m expression, then pytest's arguments; sets $sqlite_rc $postgres_rc
   local phase=$1 marks=$2; shift 2
   echo "=== SQLite and PostgreSQL passes at once: $phase ==="
-  sqlite_pytest -m "$marks" "$@" >"$logs/sqlite-$phase.log" 2>&1 &
+  # shellcheck disable=SC2046  # one file per word
+  sqlite_pytest -m "$marks" "$@" $(phase_files sqlite "$phase") >"$logs/sqlite-$phase.log" 2>&1 &
   local sqlite_pid=$!
-  postgres_pytest -m "$marks" "$@" >"$logs/postgres-$phase.log" 2>&1 &
+  # shellcheck disable=SC2046
+  postgres_pytest -m "$marks" "$@" $(phase_files postgres "$phase") >"$logs/postgres-$phase.log" 2>&1 &
   local postgres_pid=$!
   children=("$sqlite_pid" "$postgres_pid")
   local started=$SECONDS next_report=$((SECONDS + 60))

@@ -160,7 +160,7 @@ ANY_DATABASE = {
         "test_never_shows_no_typing", "test_a_dropped_buffer_stops_typing",
         "test_a_rollback_keeps_one_loop_into_the_new_turn_and_stops_after_its_reply",
         "test_typing_failures_are_logged_once_and_never_delay_a_reply")},
-    # A stream's preview on a platform's fake (best effort, nothing of it in a row): the
+    # A stream's preview on a platform's fake (best effort: no ledger row holds one): the
     # final's ledger row, a failed final edit, an unanswered preview send and a tool call
     # mid-stream run on both databases; the 429 on a preview in the PostgreSQL pass.
     **{f"tests/end_to_end/test_streaming.py::{name}": "a platform's stream preview" for name in (
@@ -247,6 +247,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.alone)
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
+    _write_phase_files(items)
     unlisted = [entry for entry in ALONE if entry not in SERIAL and entry.partition("::")[0] not in SERIAL]
     if unlisted:
         raise pytest.UsageError(f"tests/conftest.py ALONE names tests SERIAL does not: {unlisted}")
@@ -256,6 +257,28 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/conftest.py names {path}, which does not exist")
         if name and modules.get(path) is not None and not hasattr(modules[path], name):
             raise pytest.UsageError(f"tests/conftest.py SERIAL names {entry}, which is no longer a test")
+
+
+# scripts/test.sh's busy phase collects every test; the phases after it run a few dozen
+# from about twenty files, and a pytest process that collects all 400 files spends 5 s of
+# CPU on it (six of them start the serial phase at once). So the busy phase writes down,
+# per pass, the files that hold a serial test and those that hold an alone one, and the
+# later phases collect only those (PHASE_FILES: the folder to write them to).
+PHASE_FILES = "AGENTLOOP_PHASE_FILES"
+
+
+def _write_phase_files(items):
+    folder, this_pass = os.environ.get(PHASE_FILES), os.environ.get("AGENTLOOP_TEST_PASS")
+    if not folder or not this_pass:
+        return
+    for phase, holds in (("serial", lambda item: item.get_closest_marker("alone") is None),
+                         ("alone", lambda item: item.get_closest_marker("alone") is not None)):
+        files = sorted({item.nodeid.partition("::")[0] for item in items
+                        if item.get_closest_marker("serial") is not None and holds(item)})
+        target = Path(folder) / f"{phase}-{this_pass}.txt"
+        partial = target.with_name(f"{target.name}.{os.getpid()}")  # every xdist worker writes the same list
+        partial.write_text("".join(f"{path}\n" for path in files))
+        os.replace(partial, target)
 
 
 # scripts/test.sh runs the two passes' `alone` tests at the same time, each pass holding
