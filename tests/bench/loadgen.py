@@ -2,8 +2,11 @@
 process so the client never competes with the server for the GIL.
 
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --kind telegram --n 3000
-Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses", "p50_ms", "p99_ms"}
-(the latencies: request written to response read, per request).
+    python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
+Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses", "p50_ms", "p99_ms",
+"began", "ended", "per_client"} (the latencies: request written to response read, per
+request; began and ended: time.monotonic(), which every process of the machine reads
+alike; per_client: how many each connection sent, which says which messages went).
 """
 
 import argparse
@@ -31,7 +34,10 @@ def telegram_body(i, conversations, photo=False):
 
 
 async def client(host, port, path, headers, bodies, statuses, latencies):
+    """One keep-alive connection POSTing `bodies` (any iterable) one after the other; how
+    many it sent."""
     reader, writer = await asyncio.open_connection(host, port)
+    sent = 0
     for body in bodies:
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n{headers}\r\n").encode()
@@ -46,7 +52,9 @@ async def client(host, port, path, headers, bodies, statuses, latencies):
         await reader.readexactly(length)
         latencies.append(time.perf_counter() - began)
         statuses[int(status_line.split()[1])] += 1
+        sent += 1
     writer.close()
+    return sent
 
 
 def percentile_ms(seconds, p):
@@ -54,26 +62,40 @@ def percentile_ms(seconds, p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000 if ordered else None
 
 
+def timed_bodies(args, c, until):
+    """Client c's bodies until the clock says `until`: messages offset + c, + c + concurrency, …"""
+    k = 0
+    while time.monotonic() < until:
+        yield telegram_body(args.offset + c + k * args.concurrency, args.conversations, args.photo)
+        k += 1
+
+
 async def main(args):
     url = urlsplit(args.url)
     headers = "".join(f"{h}\r\n" for h in args.header)
-    bodies = [telegram_body(args.offset + i, args.conversations, args.photo) for i in range(args.n)]
     statuses, latencies = Counter(), []
-    slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
-    started = time.perf_counter()
-    await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies)
-                           for s in slices))
-    seconds = time.perf_counter() - started
+    began, started = time.monotonic(), time.perf_counter()
+    if args.seconds:
+        slices = [timed_bodies(args, c, began + args.seconds) for c in range(args.concurrency)]
+    else:
+        bodies = [telegram_body(args.offset + i, args.conversations, args.photo) for i in range(args.n)]
+        slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
+    per_client = await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies)
+                                        for s in slices))
+    seconds, sent = time.perf_counter() - started, sum(statuses.values())
     ok = sum(v for k, v in statuses.items() if k < 300)
-    print(json.dumps({"n": args.n, "seconds": seconds, "rate": ok / seconds, "errors": args.n - ok,
+    print(json.dumps({"n": sent, "seconds": seconds, "rate": ok / seconds, "errors": sent - ok,
                       "statuses": dict(statuses), "p50_ms": percentile_ms(latencies, 50),
-                      "p99_ms": percentile_ms(latencies, 99)}))
+                      "p99_ms": percentile_ms(latencies, 99), "began": began, "ended": time.monotonic(),
+                      "per_client": per_client}))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=0.0,
+                        help="POST for this long instead of --n messages (message k of client c: offset + c + k * concurrency)")
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=200)

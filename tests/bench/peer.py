@@ -47,8 +47,10 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 PEER_DIR = Path(__file__).resolve().parent / "peer"
 LOGS = BASE_DIR / "var" / "bench-logs"
 SECRET = "peer-bench-secret"
-MESSAGES = 2000  # measured per system (BENCH_PEER_MESSAGES overrides)
+MESSAGES = 2000  # the burst, per system (BENCH_PEER_MESSAGES overrides)
+SUSTAINED = 10.0  # seconds of load for the steady state, per system (BENCH_PEER_SECONDS overrides)
 WARMUP = 200
+SPAN = 100_000  # message numbers per system: warm-up, burst and steady state from its start, the kill at its end
 KILL_BURST = 20
 CONCURRENCY = 16
 ONE_CHAT_EACH = 10 ** 9  # loadgen's --conversations: chat = 1_000_000 + i, never reused
@@ -257,6 +259,20 @@ def post_updates(system, n, offset):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def post_for(system, seconds, offset):
+    """As many updates as the system takes in `seconds`, a new chat each."""
+    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--seconds", str(seconds),
+            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
+            "--header", f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
+    out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def sent_chats(run, offset):
+    """The chats of a timed run's messages (connection c's k-th is number offset + c + k * CONCURRENCY)."""
+    return {str(1_000_000 + offset + c + k * CONCURRENCY) for c, n in enumerate(run["per_client"]) for k in range(n)}
+
+
 def chats(n, offset):
     """The chat ids loadgen gives updates offset .. offset + n - 1, as the Bot API sees them."""
     return {str(1_000_000 + i) for i in range(offset, offset + n)}
@@ -293,6 +309,27 @@ def measure(system, fake, messages, offset):
             "doubled": sum(1 for c in answered.values() if c > 1)}
 
 
+def sustained(system, fake, offset, seconds):
+    """The steady state: `seconds` of load, its replies competing with the intake for the
+    same cores. Accepted POSTs/s and their latencies over the window, the replies that
+    reached the Bot API within it (and how many were still owed when it ended), then every
+    message answered exactly once however long the rest takes."""
+    run = post_for(system, seconds, offset)
+    wanted = sent_chats(run, offset)
+    window = run["ended"] - run["began"]
+    in_window = sum(1 for call in fake.calls("sendMessage", token=system.token)
+                    if run["began"] <= call.at <= run["ended"] and str(call.params.get("chat_id")) in wanted)
+    wait_answered(fake, system.token, wanted, ANSWER_TIMEOUT)
+    drained = time.monotonic() - run["ended"]
+    time.sleep(2)  # a late second copy of a reply would arrive now
+    answered = replies(fake, system.token, wanted)
+    return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"], "errors": run["errors"],
+            "seconds": window, "replies_rate": in_window / window, "owed_at_end": len(wanted) - in_window,
+            "drained": drained, "once": sum(1 for c in answered.values() if c == 1),
+            "missing": sum(1 for c in answered.values() if c == 0),
+            "doubled": sum(1 for c in answered.values() if c > 1)}
+
+
 def survives_sigkill(system, fake, offset):
     """KILL_BURST messages accepted while their windows are open, every process of the
     system SIGKILLed, the system restarted: how many of them get answered (once)."""
@@ -306,15 +343,25 @@ def survives_sigkill(system, fake, offset):
             "answered": sum(1 for c in answered.values() if c), "doubled": sum(1 for c in answered.values() if c > 1)}
 
 
-def run_system(system, fake, messages, offset):
+def run_system(system, fake, messages, seconds, offset):
     system.start()
     try:
         figures = measure(system, fake, messages, offset)
-        figures["kill"] = survives_sigkill(system, fake, offset + WARMUP + messages)
+        figures["steady"] = sustained(system, fake, offset + WARMUP + messages, seconds)
+        figures["kill"] = survives_sigkill(system, fake, offset + SPAN - KILL_BURST)
     finally:
         system.stop()
     figures["name"] = system.name
     return figures
+
+
+def steady_line(f):
+    t = f["steady"]
+    return (f"steady state, {t['seconds']:.1f} s of load: {t['rate']:.0f} accepted webhook POSTs/s, POST p50 "
+            f"{t['p50']:.1f} ms, p99 {t['p99']:.1f} ms, {t['errors']} errors; replies delivered within the window "
+            f"{t['replies_rate']:.0f}/s ({t['owed_at_end']} still owed when it ended, all out {t['drained']:.1f} s "
+            f"later); answered exactly once {t['once']}/{t['once'] + t['missing'] + t['doubled']} "
+            f"({t['missing']} missing, {t['doubled']} doubled)")
 
 
 def line(f):
@@ -352,25 +399,35 @@ def bench_peer(report=print):
         return
     ensure_node_modules()
     messages = int(os.environ.get("BENCH_PEER_MESSAGES") or MESSAGES)
+    seconds = float(os.environ.get("BENCH_PEER_SECONDS") or SUSTAINED)
     results, offset = [], 0
     with FakeBotAPI() as fake, closing(agentloop_databases()) as databases:
         for label, url in databases:
             results.append(run_system(Agentloop(f"7{len(results)}:AGENTLOOP", fake.url, url, label),
-                                      fake, messages, offset))
+                                      fake, messages, seconds, offset))
             report("peer", f"{results[-1]['name']}: {line(results[-1])}")
-            offset += 10 * messages
+            report("peer", f"{results[-1]['name']}: {steady_line(results[-1])}")
+            offset += SPAN
         peers = []
         for state in ("memory", "redis"):
             with (redis_server() if state == "redis" else no_redis()) as redis_url:
                 peers.append(run_system(Peer(f"8{len(peers)}:PEER", fake.url, state, redis_url), fake,
-                                        messages, offset))
+                                        messages, seconds, offset))
             report("peer", f"{peers[-1]['name']}: {line(peers[-1])}")
-            offset += 10 * messages
+            report("peer", f"{peers[-1]['name']}: {steady_line(peers[-1])}")
+            offset += SPAN
     best = max(peers, key=lambda f: f["rate"])
+    steady_best = max(peers, key=lambda f: f["steady"]["rate"])
     for ours in results:
-        report("peer", f"{ours['name']} / {best['name']} (the peer's best): POSTs/s {ours['rate'] / best['rate']:.2f}x "
-                       f"(target >= 1.0), POST p99 {ours['p99'] / best['p99']:.2f}x (target <= 1.0), "
-                       f"{ours['errors']} errors, {ours['missing'] + ours['doubled']} not answered exactly once "
-                       f"(target 0 and 0)")
-    report("peer", f"{messages} messages per system after {WARMUP} warm-up, {CONCURRENCY} keep-alive clients, a new "
-                   f"chat each; reproduce with: .venv/bin/python -m tests.bench peer")
+        report("peer", f"{ours['name']} / {best['name']} (the peer's best), the {messages}-message burst: POSTs/s "
+                       f"{ours['rate'] / best['rate']:.2f}x, POST p99 {ours['p99'] / best['p99']:.2f}x, "
+                       f"{ours['errors']} errors, {ours['missing'] + ours['doubled']} not answered exactly once")
+        t, b = ours["steady"], steady_best["steady"]
+        report("peer", f"{ours['name']} / {steady_best['name']} (the peer's best), steady state: POSTs/s "
+                       f"{t['rate'] / b['rate']:.2f}x (target >= 1.3), POST p99 {t['p99'] / b['p99']:.2f}x "
+                       f"(target <= 1.0), replies delivered within the window {t['replies_rate'] / b['replies_rate']:.2f}x, "
+                       f"{t['errors']} errors, {t['missing'] + t['doubled']} not answered exactly once (target 0 and 0), "
+                       f"SIGKILL mid-burst {ours['kill']['answered']}/{KILL_BURST} answered (target {KILL_BURST})")
+    report("peer", f"per system: {messages} messages as a burst after {WARMUP} warm-up, then {seconds:g} s of steady "
+                   f"load; {CONCURRENCY} keep-alive clients, a new chat each; reproduce with: "
+                   f".venv/bin/python -m tests.bench peer")

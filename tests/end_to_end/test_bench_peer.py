@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests import local_http
-from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_updates, wait_answered
+from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_for, post_updates, sent_chats, wait_answered
 
 TOKEN = "9:PEERTEST"
 
@@ -63,3 +63,14 @@ def test_the_benchmark_load_client_and_counting_work_against_it(peer_bot, fake_t
     assert 0 < run["p50_ms"] <= run["p99_ms"]
     answered = wait_answered(fake_telegram, TOKEN, chats(5, 0), timeout=15)
     assert answered == {chat: 1 for chat in chats(5, 0)}
+
+
+def test_a_timed_run_says_which_messages_it_sent(peer_bot, fake_telegram):
+    """The steady state's load: POSTs for a while, not a count; what it sent is read back
+    from how many each connection sent, and each of those is answered once."""
+    run = post_for(peer_bot, 0.3, 1000)
+    sent = sent_chats(run, 1000)
+    assert run["errors"] == 0 and len(sent) == run["n"] == sum(run["per_client"]) > 0
+    assert run["ended"] - run["began"] >= 0.3
+    answered = wait_answered(fake_telegram, TOKEN, sent, timeout=30)
+    assert set(answered.values()) == {1}, answered
