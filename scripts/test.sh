@@ -93,9 +93,9 @@ progress() {  # pytest -q's last "[ NN%]" in a log
 }
 
 # The files a later phase's tests are in, as the busy phase's collection wrote them down
-# (tests/conftest.py PHASE_FILES): that phase collects only those. None when the run was
-# given arguments of its own (they say what to collect) or the list is missing or empty.
-export AGENTLOOP_PHASE_FILES=$logs
+# (tests/conftest.py PHASE_FILES; only the busy phase is asked to: a later phase collects
+# fewer files and would write shorter lists): that phase collects only those. None when
+# the run was given arguments of its own (they say what to collect) or a list is missing.
 phase_files() {  # a pass, a phase
   [ "$user_args" = 0 ] && [ -s "$logs/$2-$1.txt" ] && cat "$logs/$2-$1.txt"
 }
@@ -138,7 +138,9 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
 busy_workers=${AGENTLOOP_TEST_WORKERS:-3}
 busy_args=()
 [ "$busy_workers" != 0 ] && busy_args=(-n "$busy_workers" --dist worksteal)
+export AGENTLOOP_PHASE_FILES=$logs
 both_passes not-serial "not serial" "${busy_args[@]}" "$@"
+unset AGENTLOOP_PHASE_FILES
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
 # The serial tests two at a time per pass as well, a file's tests together (a file may
 # share one thing across its tests: the peer bot's node_modules). They wait on windows,
