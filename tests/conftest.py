@@ -148,6 +148,13 @@ ANY_DATABASE = {
                                        "databases: test_guard_e2e.py)",
     "tests/end_to_end/test_production_settings.py": "settings and `check --deploy`",
     "tests/end_to_end/test_browser_smoke.py": "a browser logs in, console errors are caught",
+    # Pages in a browser, in this pass: the PostgreSQL pass's alone phase is its fault tests
+    # (the cluster's among them) and then its browser tests, one after the other, the
+    # longest chain of that phase; these were 19 s of it.
+    **{f"tests/end_to_end/test_console_browser.py::{name}": "a page in a browser" for name in (
+        "test_playground_round_trip_countdown_merge_typing_reply",
+        "test_console_pages_fit_a_phone_and_work_from_the_keyboard", "test_console_pages_need_a_staff_login")},
+    "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
     "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
     "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
@@ -188,10 +195,6 @@ ONE_PASS = {
     "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
     "tests/end_to_end/test_schedules.py::test_two_workers_send_two_hundred_reminders_due_at_once_each_once":
         "two workers racing for the same ticks: PostgreSQL's row locks (SQLite serialises its writers)",
-    "tests/end_to_end/test_console_browser.py::test_playground_round_trip_countdown_merge_typing_reply": "a page in a browser",
-    "tests/end_to_end/test_console_browser.py::test_console_pages_fit_a_phone_and_work_from_the_keyboard": "a page in a browser",
-    "tests/end_to_end/test_console_browser.py::test_console_pages_need_a_staff_login": "the login redirect",
-    "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
     "tests/end_to_end/test_streaming.py::test_a_429_on_a_preview_stops_previews_and_the_final_goes_once_on_time":
         "a platform's stream preview (the rest of its kind run in the SQLite pass, ANY_DATABASE)",
     # The typing loop over time, on a platform's fake: its look's SQL (one statement) and
