@@ -191,9 +191,13 @@ def test_a_database_fault_is_counted_with_its_time(processes, make_channel, fake
     lock = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     try:
-        # The scrape only reads: WAL lets it, while the worker cannot write.
-        wait_until(lambda: value(scrape(web), "agentloop_database_failing") == 1, timeout=10,
-                   message="the worker failing")
+        # The scrape only reads: WAL lets it, while the worker cannot write. Waited for on the
+        # fault counter, not on the failing gauge: on SQLite the worker's reads succeed
+        # beside the lock and end each fault until its next write fails, so the gauge flips
+        # between 1 and 0 and a scrape on a saturated machine can miss every 1 (the gauge's
+        # transitions: tests/unit/test_metrics_dir.py).
+        wait_until(lambda: value(scrape(web), "agentloop_database_faults_total") >= 1, timeout=20,
+                   message="the worker's first database fault")
         time.sleep(1.0)
     finally:
         lock.execute("ROLLBACK")
