@@ -250,22 +250,23 @@ def throwaway_postgres():
 
 # --- the workload ------------------------------------------------------------------------
 
-def post_updates(system, n, offset):
-    """n updates, a new chat each, through the shared load client."""
-    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--n", str(n),
-            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
+def load(system, offset, *how):
+    """Updates through the shared load client, a new chat each; `how`: --n N or --seconds S."""
+    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, *how, "--offset", str(offset),
+            "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
             "--header", f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
     out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def post_updates(system, n, offset):
+    """n updates."""
+    return load(system, offset, "--n", str(n))
 
 
 def post_for(system, seconds, offset):
-    """As many updates as the system takes in `seconds`, a new chat each."""
-    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--seconds", str(seconds),
-            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
-            "--header", f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
-    out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """As many updates as the system takes in `seconds`."""
+    return load(system, offset, "--seconds", str(seconds))
 
 
 def sent_chats(run, offset):
