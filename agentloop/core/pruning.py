@@ -44,7 +44,7 @@ class Budget:
         return time.monotonic() < self.deadline
 
 
-def delete_old(model, stamp, cutoff, deletable, budget, on_delete=None) -> int:
+def delete_old(model, stamp, cutoff, deletable, budget, *, on_delete=None) -> int:
     """Delete the rows of `model` whose `stamp` is before `cutoff` and that `deletable`
     (a queryset of the model) holds, oldest first, `budget.batch` at a time, until none is
     left or the budget is spent. `on_delete(ids)` runs in each batch's transaction just
