@@ -7,8 +7,8 @@ more on PostgreSQL, while a phase that has just started waits for it. Here the f
 process of a kind migrates as before and keeps a copy of the result, the template; every
 later one copies the template (a file copy on SQLite, `CREATE DATABASE … TEMPLATE` on
 PostgreSQL), then lets Django's `migrate` check it (nothing left to apply) as with
-`--reuse-db`. The template is named by a digest of every migration on disk and of the
-requirements (a package's migrations), so a changed migration builds a new one; a file
+`--reuse-db`. The template is named by a digest of every app's migrations on disk (the
+packages' too), so a changed migration builds a new one; a file
 lock keeps two processes from building it at once. The database a test sees is what a
 fresh `migrate` makes, row for row (content types and permissions included).
 """
@@ -16,6 +16,7 @@ fresh `migrate` makes, row for row (content types and permissions included).
 import fcntl
 import hashlib
 import sqlite3
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,12 +27,22 @@ LOCK = BASE_DIR / "var" / "test-template.lock"
 TEMPLATE_PREFIX = "test_template_"
 
 
-def digest():
-    parts = sorted(BASE_DIR.glob("*/migrations/*.py")) + [BASE_DIR / "requirements.txt"]
-    sha = hashlib.sha256()
-    for path in parts:
-        sha.update(str(path.relative_to(BASE_DIR)).encode() + b"\0" + path.read_bytes())
-    return sha.hexdigest()[:16]
+def migrations_digest(sha):
+    """`sha` fed every app's migrations on disk (ours and the packages', by name and text):
+    what a migrated database is made of (tests.bench.grown_db keys its copies by it too)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    for key in sorted(loader.disk_migrations):
+        sha.update(repr(key).encode())
+        sha.update(Path(sys.modules[loader.disk_migrations[key].__module__].__file__).read_bytes())
+    return sha
+
+
+def remove_sqlite(path):
+    """A SQLite file and what lies beside it: its log, its shared memory, its writers' lock."""
+    for suffix in ("", "-wal", "-shm", "-writelock"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 @contextmanager
@@ -53,7 +64,7 @@ def prepare(setup):
     if vendor not in ("sqlite", "postgresql") or test_name == ":memory:" or "mode=memory" in test_name:
         return setup(False)
     sqlite = vendor == "sqlite"
-    name = f"{TEMPLATE_PREFIX}{digest()}"
+    name = f"{TEMPLATE_PREFIX}{migrations_digest(hashlib.sha256()).hexdigest()[:16]}"
     with held():
         if (_copy_sqlite if sqlite else _copy_postgres)(connection, test_name, name):
             return setup(True)
@@ -72,8 +83,7 @@ def _copy_sqlite(connection, test_name, name):
     template = _sqlite_template(test_name, name)
     if not template.exists():
         return False
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{test_name}{suffix}").unlink(missing_ok=True)
+    remove_sqlite(test_name)
     _backup(template, test_name)
     return True
 

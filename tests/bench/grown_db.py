@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.bench import prefill
+from tests.template_db import migrations_digest, remove_sqlite
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 CACHE = BASE_DIR / "var" / "bench-cache"
@@ -28,13 +29,7 @@ NAMES = (("empty", True), ("grown", False))
 
 def cache_key() -> str:
     """The migrations on disk (every app's, by name and text) and the prefill's own text."""
-    from django.db.migrations.loader import MigrationLoader
-
-    loader = MigrationLoader(None, ignore_no_migrations=True)
-    digest = hashlib.sha256()
-    for key in sorted(loader.disk_migrations):
-        digest.update(repr(key).encode())
-        digest.update(Path(sys.modules[loader.disk_migrations[key].__module__].__file__).read_bytes())
+    digest = migrations_digest(hashlib.sha256())
     digest.update(Path(prefill.__file__).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -42,11 +37,6 @@ def cache_key() -> str:
 def run_prefill(database_url, empty):
     args = [sys.executable, "-m", "tests.bench.prefill", *(["--empty"] if empty else [])]
     subprocess.run(args, cwd=BASE_DIR, env={**os.environ, "DATABASE_URL": database_url}, check=True)
-
-
-def remove_sqlite(path: Path):
-    for suffix in ("", "-wal", "-shm", "-writelock"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def with_database(url, name):
