@@ -304,8 +304,12 @@ def measure(system, fake, messages, offset):
     time.sleep(2)  # a late second copy of a reply would arrive now
     answered = replies(fake, system.token, chats(messages, offset))
     return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"],
-            "errors": run["errors"] + warm["errors"], "statuses": run["statuses"],
-            "once": sum(1 for c in answered.values() if c == 1),
+            "errors": run["errors"] + warm["errors"], "statuses": run["statuses"], **exactly_once(answered)}
+
+
+def exactly_once(answered):
+    """{chat: replies} as the messages answered once, not at all, and more than once."""
+    return {"once": sum(1 for c in answered.values() if c == 1),
             "missing": sum(1 for c in answered.values() if c == 0),
             "doubled": sum(1 for c in answered.values() if c > 1)}
 
@@ -326,9 +330,7 @@ def sustained(system, fake, offset, seconds):
     answered = replies(fake, system.token, wanted)
     return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"], "errors": run["errors"],
             "seconds": window, "replies_rate": in_window / window, "owed_at_end": len(wanted) - in_window,
-            "drained": drained, "once": sum(1 for c in answered.values() if c == 1),
-            "missing": sum(1 for c in answered.values() if c == 0),
-            "doubled": sum(1 for c in answered.values() if c > 1)}
+            "drained": drained, **exactly_once(answered)}
 
 
 def survives_sigkill(system, fake, offset):
