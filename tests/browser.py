@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import host_network
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium tries to reach Google's services, and on a
@@ -59,7 +61,7 @@ def browser(monkeypatch):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/system-deps.sh as root (apt-get install chromium)",
                     pytrace=False)
-    with _playwright_beside_django(monkeypatch) as pw:
+    with host_network.browsing(), _playwright_beside_django(monkeypatch) as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             yield chromium

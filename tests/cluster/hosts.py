@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests import host_network
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 SCRIPT = BASE_DIR / "scripts" / "cluster.sh"
 WEB_PORT = 8000
@@ -52,14 +54,16 @@ class Cluster:
 
     def unavailable(self):
         """Why the cluster cannot be built here (not root, no network namespaces), or ''."""
-        done = subprocess.run([str(SCRIPT), "check"], env=self.env, capture_output=True, text=True, timeout=30)
+        with host_network.changing():  # the check adds and removes a probe bridge
+            done = subprocess.run([str(SCRIPT), "check"], env=self.env, capture_output=True, text=True, timeout=30)
         return "" if done.returncode == 0 else (done.stderr.strip() or done.stdout.strip())
 
     def up(self):
         self.dir = tempfile.mkdtemp(prefix="agentloop-cluster-test-", dir="/tmp")
         self.env["CLUSTER_DIR"] = self.dir
         try:
-            output = self.script("up", timeout=180)
+            with host_network.changing():  # the bridge's address appears in the root namespace
+                output = self.script("up", timeout=180)
         except ClusterError as error:
             # A cluster with this prefix up already (another run, or one killed before its
             # `down`) is refused, and never taken down from under its owner.
@@ -71,7 +75,8 @@ class Cluster:
     def down(self):
         try:
             if self.ours:
-                return self.script("down", timeout=60)
+                with host_network.changing():  # the bridge's address goes
+                    return self.script("down", timeout=60)
         finally:
             if self.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)

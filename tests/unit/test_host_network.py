@@ -1,0 +1,85 @@
+"""The lock that keeps Chromium and a change of the host's network apart (tests/host_network.py)."""
+
+import fcntl
+import threading
+
+import pytest
+
+from tests import host_network
+from tests.conftest import wait_until
+
+
+@pytest.fixture(autouse=True)
+def locks_of_this_test(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_network, "VAR", tmp_path)
+    monkeypatch.setattr(host_network, "LOCK", tmp_path / "host-network.lock")
+    monkeypatch.setattr(host_network, "TURNSTILE", tmp_path / "host-network.turnstile")
+
+
+def turnstile_is_held():
+    with open(host_network.TURNSTILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def in_thread(context, events, name, release=None):
+    """Enter `context` in a thread, note when it is in, then leave once `release` is set."""
+    entered = threading.Event()
+
+    def hold():
+        with context():
+            events.append(name)
+            entered.set()
+            if release is not None:
+                release.wait(10)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    return thread, entered
+
+
+def test_browsers_share_and_a_change_waits_for_them():
+    events, release = [], threading.Event()
+    first, first_in = in_thread(host_network.browsing, events, "browser 1", release)
+    second, second_in = in_thread(host_network.browsing, events, "browser 2", release)
+    assert first_in.wait(5) and second_in.wait(5), "two browsers live at once"
+    change, change_in = in_thread(host_network.changing, events, "change")
+    assert not change_in.wait(0.3), "the network changed under a live browser"
+    release.set()
+    assert change_in.wait(5)
+    for thread in (first, second, change):
+        thread.join(5)
+    assert events[-1] == "change"
+
+
+def test_a_waiting_change_goes_before_a_browser_that_comes_after_it():
+    events, release_first, release_change = [], threading.Event(), threading.Event()
+    first, first_in = in_thread(host_network.browsing, events, "browser 1", release_first)
+    assert first_in.wait(5)
+    change, change_in = in_thread(host_network.changing, events, "change", release_change)
+    wait_until(turnstile_is_held, timeout=5, message="the change waiting at the turnstile")
+    later, later_in = in_thread(host_network.browsing, events, "browser 2")
+    assert not later_in.wait(0.3), "a later browser overtook the waiting change"
+    release_first.set()
+    assert change_in.wait(5)
+    assert not later_in.wait(0.2), "a browser started while the network changed"
+    release_change.set()
+    assert later_in.wait(5)
+    for thread in (first, change, later):
+        thread.join(5)
+    assert events == ["browser 1", "change", "browser 2"]
+
+
+def test_a_lock_held_too_long_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(host_network, "WAIT_SECONDS", 0.2)
+    release = threading.Event()
+    holder, held = in_thread(host_network.changing, [], "change", release)
+    assert held.wait(5)
+    with pytest.raises(TimeoutError, match="held for more than"):
+        with host_network.browsing():
+            pass
+    release.set()
+    holder.join(5)
