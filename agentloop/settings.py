@@ -146,6 +146,13 @@ else:
     # Django's are turned off: such querysets are read whole instead.
     if DATABASE_TRANSACTION_POOLER:
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    # DATABASE_PREPARED_STATEMENTS: parameters bound on the server and a statement run a
+    # fifth time on a connection prepared there (psycopg's prepare_threshold), so the
+    # server stops parsing and planning the same few statements thousands of times a
+    # second. Off by default behind a transaction pooler, whose server sessions change
+    # under a connection (PgBouncer 1.21+ with max_prepared_statements copes: set it on).
+    if env.bool("DATABASE_PREPARED_STATEMENTS", default=not DATABASE_TRANSACTION_POOLER):
+        DATABASES["default"]["OPTIONS"].update({"server_side_binding": True, "prepare_threshold": 5})
 # A reused connection is checked before a request or task uses it: after a database
 # restart the dead one is replaced instead of failing the first query.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
