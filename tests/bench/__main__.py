@@ -3,10 +3,12 @@ same run. Real processes (daphne, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack] [retention] [grown]
+        [paced] [streaming] [slack] [retention] [grown] [sustained [--seconds N]]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
+The sustained run (tests/bench/sustained.py): 80 % of the measured peak for 10 minutes per database
+when named, 2 minutes in the full run.
 The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram's limits.
 Streamed replies (tests/bench/streaming.py): first model token -> first preview, Bot API calls per answer.
 Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
@@ -611,6 +613,15 @@ def soak(seconds):
     return run
 
 
+def sustained(seconds):
+    def run():
+        from tests.bench.sustained import bench_sustained
+
+        bench_sustained(seconds, report)
+
+    return run
+
+
 def peer():
     from tests.bench.peer import bench_peer
 
@@ -656,8 +667,9 @@ def slack():
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
-              "retention": retention, "grown": grown}
+              "retention": retention, "grown": grown, "sustained": sustained(None)}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
+SUSTAINED_SECONDS_IN_FULL_RUN = 120  # per database; 10 minutes when named
 
 
 def main(args):
@@ -666,7 +678,8 @@ def main(args):
         at = args.index("--seconds")
         seconds, args = int(args[at + 1]), args[:at] + args[at + 2:]
     names = args
-    benchmarks = {**BENCHMARKS, "soak": soak(seconds or (None if "soak" in names else SOAK_SECONDS_IN_FULL_RUN))}
+    benchmarks = {**BENCHMARKS, "soak": soak(seconds or (None if "soak" in names else SOAK_SECONDS_IN_FULL_RUN)),
+                  "sustained": sustained(seconds or (None if "sustained" in names else SUSTAINED_SECONDS_IN_FULL_RUN))}
     setup_django()
     for name in names or benchmarks:
         # The local servers the figures are read from (Bot API, OpenAI) run in this

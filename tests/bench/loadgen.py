@@ -3,10 +3,16 @@ process so the client never competes with the server for the GIL.
 
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --kind telegram --n 3000
     python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
+    python -m tests.bench.loadgen --url … --seconds 600 --rate 300 --returning-after 9000
+        # paced (open loop): message i is due at began + i / rate; odd messages numbered
+        # above 9,000 come back to the chat of an earlier even one (chat_index)
 Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses", "p50_ms", "p99_ms",
 "began", "ended", "per_client"} (the latencies: request written to response read, per
 request; began and ended: time.monotonic(), which every process of the machine reads
-alike; per_client: how many each connection sent, which says which messages went).
+alike; per_client: how many each connection sent, which says which messages went), and
+when paced "per_bucket": per --bucket seconds of schedule, the messages due then, how many
+were accepted, their POST p50/p99 and how late the latest of them was sent ("lag_max_ms"),
+and "paced": the --rate and --returning-after it kept.
 """
 
 import argparse
@@ -17,10 +23,20 @@ from collections import Counter
 from urllib.parse import urlsplit
 
 
-def telegram_body(i, conversations, photo=False):
-    """A text message, or (`photo`) a photo with a caption as Telegram sends it: three
-    sizes, each with its file ids (a file of its own per message)."""
-    chat = 1_000_000 + i % conversations
+def chat_index(i, returning_after=0):
+    """Which chat message i of a paced run (counted from --offset) belongs to: its own, or with
+    `returning_after` G (even), every odd message i > G comes back to the chat of message
+    i - G - 1, an even one: each even message's chat writes once more, G + 1 messages later."""
+    if returning_after and i % 2 == 1 and i > returning_after:
+        return i - returning_after - 1
+    return i
+
+
+def telegram_body(i, conversations, photo=False, chat_number=None):
+    """Message number i: a text message, or (`photo`) a photo with a caption as Telegram
+    sends it: three sizes, each with its file ids (a file of its own per message). Its
+    chat: 1,000,000 + (`chat_number`, by default i) % conversations."""
+    chat = 1_000_000 + (i if chat_number is None else chat_number) % conversations
     message = {"message_id": i + 1, "date": int(time.time()),
                "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
                "chat": {"id": chat, "type": "private", "first_name": "Bench"}}
@@ -33,12 +49,16 @@ def telegram_body(i, conversations, photo=False):
     return json.dumps({"update_id": 10_000_000 + i, "message": message}).encode()
 
 
-async def client(host, port, path, headers, bodies, statuses, latencies):
+async def client(host, port, path, headers, bodies, statuses, latencies, paced=None):
     """One keep-alive connection POSTing `bodies` (any iterable) one after the other; how
-    many it sent."""
+    many it sent. `paced`: {"due": [monotonic time per body], "records": list} to send each
+    body no earlier than its time and note (due, lag, latency, status) for each."""
     reader, writer = await asyncio.open_connection(host, port)
     sent = 0
-    for body in bodies:
+    for k, body in enumerate(bodies):
+        if paced is not None:
+            await asyncio.sleep(max(0.0, paced["due"][k] - time.monotonic()))
+            lag = time.monotonic() - paced["due"][k]
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n{headers}\r\n").encode()
         began = time.perf_counter()
@@ -52,6 +72,8 @@ async def client(host, port, path, headers, bodies, statuses, latencies):
         await reader.readexactly(length)
         latencies.append(time.perf_counter() - began)
         statuses[int(status_line.split()[1])] += 1
+        if paced is not None:
+            paced["records"].append((paced["due"][k], lag, latencies[-1], int(status_line.split()[1])))
         sent += 1
     writer.close()
     return sent
@@ -70,24 +92,48 @@ def timed_bodies(args, c, until):
         k += 1
 
 
+def per_bucket(records, began, bucket):
+    """Paced records grouped by when they were due: [{"due", "accepted", "p50_ms", "p99_ms", "lag_max_ms"}]."""
+    groups = {}
+    for due, lag, latency, status in records:
+        groups.setdefault(int((due - began) // bucket), []).append((lag, latency, status))
+    return [{"due": len(group), "accepted": sum(1 for *_, status in group if status < 300),
+             "p50_ms": percentile_ms([latency for _, latency, _ in group], 50),
+             "p99_ms": percentile_ms([latency for _, latency, _ in group], 99),
+             "lag_max_ms": max(lag for lag, _, _ in group) * 1000}
+            for _, group in sorted(groups.items())]
+
+
 async def main(args):
     url = urlsplit(args.url)
     headers = "".join(f"{h}\r\n" for h in args.header)
     statuses, latencies = Counter(), []
     began, started = time.monotonic(), time.perf_counter()
-    if args.seconds:
+    paced = [None] * args.concurrency
+    if args.rate:
+        total = int(args.rate * args.seconds)
+        numbers = [range(c, total, args.concurrency) for c in range(args.concurrency)]
+        records = []
+        paced = [{"due": [began + i / args.rate for i in numbers[c]], "records": records}
+                 for c in range(args.concurrency)]
+        slices = [(telegram_body(args.offset + i, args.conversations, args.photo,
+                                 args.offset + chat_index(i, args.returning_after))
+                   for i in numbers[c]) for c in range(args.concurrency)]
+    elif args.seconds:
         slices = [timed_bodies(args, c, began + args.seconds) for c in range(args.concurrency)]
     else:
         bodies = [telegram_body(args.offset + i, args.conversations, args.photo) for i in range(args.n)]
         slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
-    per_client = await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies)
-                                        for s in slices))
+    per_client = await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies,
+                                               paced[c]) for c, s in enumerate(slices)))
     seconds, sent = time.perf_counter() - started, sum(statuses.values())
     ok = sum(v for k, v in statuses.items() if k < 300)
     print(json.dumps({"n": sent, "seconds": seconds, "rate": ok / seconds, "errors": sent - ok,
                       "statuses": dict(statuses), "p50_ms": percentile_ms(latencies, 50),
                       "p99_ms": percentile_ms(latencies, 99), "began": began, "ended": time.monotonic(),
-                      "per_client": per_client}))
+                      "per_client": per_client,
+                      **({"per_bucket": per_bucket(records, began, args.bucket),
+                          "paced": {"rate": args.rate, "returning_after": args.returning_after}} if args.rate else {})}))
 
 
 if __name__ == "__main__":
@@ -96,6 +142,11 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--seconds", type=float, default=0.0,
                         help="POST for this long instead of --n messages (message k of client c: offset + c + k * concurrency)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="with --seconds: send at this many messages/s (open loop), message i due at start + i / rate")
+    parser.add_argument("--returning-after", type=int, default=0,
+                        help="even G: odd messages after the G-th come back to the chat of message i - G - 1")
+    parser.add_argument("--bucket", type=float, default=60.0, help="paced: seconds of schedule per figure")
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=200)

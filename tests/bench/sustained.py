@@ -1,0 +1,249 @@
+"""The sustained run: agentloop as `make run` starts it (manage.py runall), on SQLite and on
+PostgreSQL, for 10 minutes at 80 % of the rate it sustains whole, replies included; new
+chats and returning ones mixed. The peer benchmark's workload otherwise (Telegram webhook
+updates from tests/bench/loadgen.py, the echo agent, the local Bot API).
+
+1. The peak, measured in the same run: the highest rate it keeps *whole*, replies
+   included. A first guess from 10 s of closed-loop load after a warm-up (the peer
+   benchmark's steady state): messages answered / (the load's seconds + the seconds until
+   the last reply). Then paced steps of STEP_SECONDS from that guess down by 10 % each,
+   until one is kept: its replies' p99 latency at most KEPT_SPREAD above the quickest
+   reply's (the window every message of this workload gets), so no backlog grew.
+   Accepting fast and answering later is not a rate a user gets: on PostgreSQL the
+   closed-loop guess was ~460/s, and paced at 371/s the replies fell 10-20 s behind.
+2. The run: paced (open loop) at 80 % of that, message i due at start + i / rate; half the
+   messages open a chat, the other half come back to a chat first seen 30 s before (a turn
+   of its own: its first turn has long been answered).
+3. Per minute of schedule: the accepted POSTs/s and the reply latency (the Bot API's
+   sendMessage for the message's chat, minus the time the message was due: a client
+   falling behind counts against the product); the first minute against the last (want
+   <= 10 % apart). Every message answered exactly once. Each process's resident memory
+   in the second half against the first (want < 10 MB more, as the soak).
+
+    .venv/bin/python -m tests.bench sustained                 # 10 minutes per database
+    .venv/bin/python -m tests.bench sustained --seconds 120   # a quick look
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import closing
+
+from tests.bench import peer
+from tests.bench.loadgen import chat_index
+from tests.bench.soak import label, rss_kb
+
+FULL_SECONDS = 600
+SHARE = 0.8  # of the measured peak
+CALIBRATION_SECONDS = 10.0
+STEP_SECONDS = 20.0
+STEP_DOWN = 0.9
+MAX_STEPS = 8
+KEPT_SPREAD = 1.0  # seconds: reply p99 above the quickest reply, for a step to count as kept
+RETURN_AFTER_SECONDS = 30
+BUCKET = 60.0
+CONCURRENCY = 32  # paced clients: a slow answer delays the next message of one client only
+FLAT = 0.10  # first and last minute at most this far apart
+RSS_GROWTH_MB = 10
+
+
+def whole_rate(steady):
+    """Messages answered per second, from the first POST of the window to the last reply."""
+    return steady["once"] / (steady["seconds"] + steady["drained"])
+
+
+def paced(system, offset, rate, seconds, bucket, return_after=RETURN_AFTER_SECONDS):
+    """loadgen, paced at `rate` for `seconds`; a returning message comes back to its chat
+    `return_after` seconds after the chat's first."""
+    returning_after = int(rate * return_after) // 2 * 2  # loadgen's G: even
+    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--seconds", str(seconds),
+            "--rate", f"{rate:.3f}", "--returning-after", str(returning_after), "--bucket", str(bucket),
+            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(peer.ONE_CHAT_EACH),
+            "--header", f"X-Telegram-Bot-Api-Secret-Token: {peer.SECRET}"]
+    out = subprocess.run(args, cwd=peer.BASE_DIR, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def messages_by_chat(run, offset):
+    """{chat id as the Bot API sees it: [message number, …] in order} for a paced run."""
+    G, chats = run["paced"]["returning_after"], defaultdict(list)
+    for i in range(sum(run["per_client"])):
+        chats[str(1_000_000 + offset + chat_index(i, G))].append(i)
+    return chats
+
+
+def reply_latencies(fake, token, run, offset):
+    """(seconds from each message's due time to its reply, per message number; missing,
+    doubled): a chat's k-th reply answers its k-th message."""
+    chats, rate = messages_by_chat(run, offset), run["paced"]["rate"]
+    replies = defaultdict(list)
+    for call in fake.calls("sendMessage", token=token):
+        chat = str(call.params.get("chat_id"))
+        if chat in chats:
+            replies[chat].append(call.at)
+    latency, missing, doubled = {}, 0, 0
+    for chat, numbers in chats.items():
+        times = sorted(replies[chat])
+        missing += max(0, len(numbers) - len(times))
+        doubled += max(0, len(times) - len(numbers))
+        for i, at in zip(numbers, times):
+            latency[i] = at - (run["began"] + i / rate)
+    return latency, missing, doubled
+
+
+def all_answered(fake, token, run, offset, timeout):
+    wanted = sum(run["per_client"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(reply_latencies(fake, token, run, offset)[0]) >= wanted:
+            return
+        time.sleep(1)
+
+
+class Memory:
+    """Each process's VmRSS when the run starts, halfway through and when it ends."""
+
+    def __init__(self, root_pid, seconds):
+        self.labels = label(processes(root_pid))
+        self.samples = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._halfway, args=(seconds / 2,), daemon=True)
+
+    def sample(self):
+        self.samples.append({name: rss_kb(pid) for pid, name in self.labels.items()})
+
+    def __enter__(self):
+        self.sample()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.thread.join(10)
+        self.sample()
+
+    def _halfway(self, seconds):
+        if not self.stopping.wait(seconds):
+            self.sample()
+
+
+def processes(root_pid):
+    """runall and everything under it, once django-q2 has forked its workers."""
+    from tests.bench.soak import cluster_up
+
+    return cluster_up(root_pid)
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def minutes(run, latency, rate, bucket):
+    """Per bucket of schedule: accepted POSTs/s, POST p99 ms, reply latency p50/p99 s, lag max ms."""
+    rows = []
+    for b, figures in enumerate(run["per_bucket"]):
+        first, last = int(b * bucket * rate), int((b + 1) * bucket * rate)
+        waits = [latency[i] for i in range(first, last) if i in latency]
+        rows.append({"accepted_rate": figures["accepted"] / bucket, "post_p99_ms": figures["p99_ms"],
+                     "reply_p50": percentile(waits, 50), "reply_p99": percentile(waits, 99),
+                     "lag_max_ms": figures["lag_max_ms"], "due": figures["due"]})
+    return rows
+
+
+def peak_kept(system, fake, offset, guess, report, name):
+    """The highest paced rate, from `guess` down by STEP_DOWN, whose replies kept pace
+    (p99 within KEPT_SPREAD of the quickest); (rate, the steps tried as (rate, p99 -
+    quickest)). Each step's message numbers start at its own offset."""
+    rate, steps = guess, []
+    for step in range(MAX_STEPS):
+        start = offset + step * peer.SPAN
+        run = paced(system, start, rate, STEP_SECONDS, STEP_SECONDS)
+        all_answered(fake, system.token, run, start, peer.ANSWER_TIMEOUT)
+        latency = list(reply_latencies(fake, system.token, run, start)[0].values())
+        spread = percentile(latency, 99) - min(latency, default=float("nan"))
+        steps.append((rate, spread))
+        report("sustained", f"  {name}: a step at {rate:.0f}/s for {STEP_SECONDS:g} s: reply p99 {spread:.2f} s "
+                            f"above the quickest ({'kept' if spread <= KEPT_SPREAD else 'fell behind'})")
+        if spread <= KEPT_SPREAD:
+            return rate, steps
+        rate *= STEP_DOWN
+    return rate, steps
+
+
+def apart(first, last):
+    return abs(last - first) / first if first else float("inf")
+
+
+def bench_sustained(seconds=None, report=print):
+    from tests.fakes.telegram_api import FakeBotAPI
+
+    seconds = float(seconds or os.environ.get("BENCH_SUSTAINED_SECONDS") or FULL_SECONDS)
+    bucket = min(BUCKET, seconds / 2)
+    offset = 0
+    with FakeBotAPI() as fake, closing(peer.agentloop_databases()) as databases:
+        for n, (db_label, url) in enumerate(databases):
+            system = peer.Agentloop(f"9{n}:SUSTAINED", fake.url, url, db_label)
+            system.start()
+            try:
+                peer.post_updates(system, peer.WARMUP, offset)
+                peer.wait_answered(fake, system.token, peer.chats(peer.WARMUP, offset), peer.ANSWER_TIMEOUT)
+                steady = peer.sustained(system, fake, offset + peer.WARMUP, CALIBRATION_SECONDS)
+                offset += peer.SPAN
+                peak, steps = peak_kept(system, fake, offset, whole_rate(steady), report, system.name)
+                rate = SHARE * peak
+                offset += MAX_STEPS * peer.SPAN
+                with Memory(system.proc.pid, seconds) as memory:
+                    run = paced(system, offset, rate, seconds, bucket)
+                all_answered(fake, system.token, run, offset, peer.ANSWER_TIMEOUT)
+                time.sleep(2)  # a late second copy of a reply would arrive now
+                latency, missing, doubled = reply_latencies(fake, system.token, run, offset)
+            finally:
+                system.stop()
+            offset += 10 * peer.SPAN  # a paced run's numbers: rate * seconds, under a million
+            report_system(report, system.name, {
+                "steady": steady, "peak": peak, "steps": steps, "rate": rate, "seconds": seconds, "bucket": bucket,
+                "run": run, "latency": latency, "missing": missing, "doubled": doubled, "memory": memory.samples})
+    report("sustained", f"reproduce with: .venv/bin/python -m tests.bench sustained --seconds {seconds:g}")
+
+
+def report_system(report, name, figures):
+    tag = "sustained"
+    steady, peak, steps, rate = figures["steady"], figures["peak"], figures["steps"], figures["rate"]
+    seconds, bucket, run, latency = figures["seconds"], figures["bucket"], figures["run"], figures["latency"]
+    missing, doubled, samples = figures["missing"], figures["doubled"], figures["memory"]
+    report(tag, f"{name}: peak {peak:.0f} messages/s kept whole, replies included (after {len(steps)} paced "
+                f"step(s) from the closed-loop guess of {whole_rate(steady):.0f}/s: {steady['rate']:.0f} POSTs/s "
+                f"accepted over {steady['seconds']:.0f} s, all answered {steady['drained']:.1f} s after); paced at {SHARE:.0%} "
+                f"of it, {rate:.0f}/s for {seconds:g} s, half of them returning chats: {run['n']} messages, "
+                f"{run['errors']} errors, answered exactly once {run['n'] - missing}/{run['n']} "
+                f"({missing} missing, {doubled} doubled)")
+    rows = minutes(run, latency, rate, bucket)
+    for b, row in enumerate(rows):
+        report(tag, f"  {name} {b * bucket:4.0f}-{(b + 1) * bucket:.0f} s: {row['accepted_rate']:.0f} accepted/s "
+                    f"of {row['due'] / bucket:.0f} due, POST p99 {row['post_p99_ms']:.1f} ms, sent at most "
+                    f"{row['lag_max_ms']:.0f} ms late; reply after {row['reply_p50']:.2f} s p50, "
+                    f"{row['reply_p99']:.2f} s p99")
+    first, last = rows[0], rows[-1]
+    verdicts = {key: apart(first[key], last[key]) for key in ("accepted_rate", "reply_p50", "reply_p99")}
+    report(tag, f"{name}: first against last {bucket:g} s: accepted rate {verdicts['accepted_rate']:.1%} apart, "
+                f"reply latency p50 {verdicts['reply_p50']:.1%}, p99 {verdicts['reply_p99']:.1%} apart (target "
+                f"<= {FLAT:.0%} each: {'met' if max(verdicts.values()) <= FLAT else 'NOT met'}); reply latency over "
+                f"the run p50 {statistics.median(latency.values()) if latency else float('nan'):.2f} s")
+    if len(samples) < 3:
+        report(tag, f"{name}: memory not sampled through the run ({len(samples)} samples)")
+        return
+    start, half, end = samples
+    for process in sorted(start):
+        if None in (start[process], half[process], end[process]):
+            report(tag, f"  {name} {process:10} exited during the run")
+            continue
+        first_half, second_half = (half[process] - start[process]) / 1024, (end[process] - half[process]) / 1024
+        report(tag, f"  {name} {process:10} RSS {start[process] / 1024:6.1f} MB at start: second half "
+                    f"{second_half:+6.1f} MB (want < {RSS_GROWTH_MB} MB: "
+                    f"{'ok' if second_half < RSS_GROWTH_MB else 'GROWS'}) vs first half {first_half:+6.1f} MB")
