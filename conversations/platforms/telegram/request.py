@@ -8,13 +8,15 @@ go through this class; PTB still builds every request and maps every error.
 """
 
 import json
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
 from delivery.retry_after import clamp_retry_after
+
+FORM = "application/x-www-form-urlencoded"
 
 
 class NotSent(NetworkError):
@@ -99,7 +101,10 @@ class AiohttpRequest(BaseRequest):
             return None
         files = request_data.multipart_data
         if not files:
-            return request_data.json_parameters  # form-encoded, as PTB's own HTTPX layer sends
+            # Form-encoded, as PTB's own HTTPX layer sends; encoded here, where a dict
+            # made aiohttp build a FormData, and with it a multipart writer whose boundary
+            # is a uuid4 (a getrandom call, on the event loop) for every reply and typing.
+            return urlencode(request_data.json_parameters).encode()
         form = aiohttp.FormData()
         for name, value in request_data.json_parameters.items():
             form.add_field(name, value)
@@ -121,8 +126,12 @@ class AiohttpRequest(BaseRequest):
         timeout = self._timeout(read_timeout, write_timeout, connect_timeout, pool_timeout)
         exchange = _Exchange()
         try:
-            async with self._session.request(method, url, data=self._body(request_data), timeout=timeout,
-                                             headers={"User-Agent": self.USER_AGENT}, allow_redirects=False,
+            body = self._body(request_data)
+            headers = {"User-Agent": self.USER_AGENT}
+            if isinstance(body, bytes):
+                headers["Content-Type"] = FORM
+            async with self._session.request(method, url, data=body, timeout=timeout,
+                                             headers=headers, allow_redirects=False,
                                              trace_request_ctx=exchange) as response:
                 if 300 <= response.status < 400:
                     raise Redirected(f"the Bot API at {_host(url)} answered HTTP {response.status}, a redirect to "
