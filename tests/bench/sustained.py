@@ -158,8 +158,9 @@ def minutes(run, latency, rate, bucket):
 
 def peak_kept(system, fake, offset, guess, report, name):
     """The highest paced rate, from `guess` down by STEP_DOWN, whose replies kept pace
-    (p99 within KEPT_SPREAD of the quickest); (rate, the steps tried as (rate, p99 -
-    quickest)). Each step's message numbers start at its own offset."""
+    (p99 within KEPT_SPREAD of the quickest), or the lowest tried after MAX_STEPS; (that
+    rate, the steps tried as (rate, p99 - quickest)). Each step's message numbers start
+    at its own offset."""
     rate, steps = guess, []
     for step in range(MAX_STEPS):
         start = offset + step * peer.SPAN
@@ -171,9 +172,9 @@ def peak_kept(system, fake, offset, guess, report, name):
         report("sustained", f"  {name}: a step at {rate:.0f}/s for {STEP_SECONDS:g} s: reply p99 {spread:.2f} s "
                             f"above the quickest ({'kept' if spread <= KEPT_SPREAD else 'fell behind'})")
         if spread <= KEPT_SPREAD:
-            return rate, steps
+            break
         rate *= STEP_DOWN
-    return rate, steps
+    return steps[-1][0], steps
 
 
 def apart(first, last):
@@ -217,7 +218,8 @@ def report_system(report, name, figures):
     steady, peak, steps, rate = figures["steady"], figures["peak"], figures["steps"], figures["rate"]
     seconds, bucket, run, latency = figures["seconds"], figures["bucket"], figures["run"], figures["latency"]
     missing, doubled, samples = figures["missing"], figures["doubled"], figures["memory"]
-    report(tag, f"{name}: peak {peak:.0f} messages/s kept whole, replies included (after {len(steps)} paced "
+    kept = "kept whole, replies included" if steps[-1][1] <= KEPT_SPREAD else "NOT kept (the lowest step tried)"
+    report(tag, f"{name}: peak {peak:.0f} messages/s {kept} (after {len(steps)} paced "
                 f"step(s) from the closed-loop guess of {whole_rate(steady):.0f}/s: {steady['rate']:.0f} POSTs/s "
                 f"accepted over {steady['seconds']:.0f} s, all answered {steady['drained']:.1f} s after); paced at {SHARE:.0%} "
                 f"of it, {rate:.0f}/s for {seconds:g} s, half of them returning chats: {run['n']} messages, "
