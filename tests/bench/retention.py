@@ -109,7 +109,7 @@ def insert_copies(template, numbers, varying):
             values.append("%s")
             params.append(f.get_db_prep_save(f.pre_save(template, add=True), connection))
     if connection.vendor == "postgresql":
-        series = "generate_series(%s, %s) AS series(i)"
+        series = "generate_series(%s::int, %s::int) AS series(i)"  # typed: parameters are bound on the server
     else:
         series = "(WITH RECURSIVE series(i) AS (SELECT %s UNION ALL SELECT i + 1 FROM series WHERE i < %s) " \
                  "SELECT i FROM series)"
