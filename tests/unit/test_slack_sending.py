@@ -147,6 +147,12 @@ def through_the_ledger(client, channel, text="¿Me confirmas la hora?"):
     from delivery import ledger
     from delivery.models import OutboundKind
 
+    # Unpaced: these tests map errors, not pacing. A paced send that wakes past its slot
+    # (a loaded machine) reserves a fresh one from another thread, whose write then waits
+    # on this test's open transaction on SQLite until it gives up ("no send slot").
+    channel.refresh_from_db()
+    channel.platform_settings.update(messages_per_second=0, chat_interval=0)
+    channel.save(update_fields=["platform_settings"])
     event = slack_api.message_event(USER, "hola", thread_ts="1700000000.000900")
     signed_post(client, slack_api.envelope(event))
     message = InboundMessage.objects.get()
