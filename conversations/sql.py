@@ -95,6 +95,7 @@ def lock_and_read_conversations(keys) -> list:
     lock would otherwise see the buffers as they were before the holder committed."""
     source = recordset("k", [("channel_id", "bigint"), ("chat_id", "text"), ("sender_id", "text"), ("n", "int")])
     with connection.cursor() as cursor:
+        # The LATERAL probe locks each row as the keys are read, in their array order (n).
         cursor.execute(
             f"SELECT c.id FROM {source} CROSS JOIN LATERAL ({_one_by_key(Conversation, 'chat_id', 'sender_id')} "
             f"FOR NO KEY UPDATE) c ORDER BY k.n",
