@@ -79,9 +79,15 @@ async def client(host, port, path, headers, bodies, statuses, latencies, paced=N
     return sent
 
 
+def percentile(values, p, empty=None):
+    """The p-th percentile of `values` (nearest rank), `empty` when there are none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else empty
+
+
 def percentile_ms(seconds, p):
-    ordered = sorted(seconds)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] * 1000 if ordered else None
+    value = percentile(seconds, p)
+    return None if value is None else value * 1000
 
 
 def timed_bodies(args, c, until):

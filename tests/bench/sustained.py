@@ -35,8 +35,8 @@ from collections import defaultdict
 from contextlib import closing
 
 from tests.bench import peer
-from tests.bench.loadgen import chat_index
-from tests.bench.soak import label, rss_kb
+from tests.bench.loadgen import chat_index, percentile
+from tests.bench.soak import cluster_up, label, rss_kb
 
 FULL_SECONDS = 600
 SHARE = 0.8  # of the measured peak
@@ -50,6 +50,7 @@ BUCKET = 60.0
 CONCURRENCY = 32  # paced clients: a slow answer delays the next message of one client only
 FLAT = 0.10  # first and last minute at most this far apart
 RSS_GROWTH_MB = 10
+NAN = float("nan")
 
 
 def whole_rate(steady):
@@ -109,7 +110,7 @@ class Memory:
     """Each process's VmRSS when the run starts, halfway through and when it ends."""
 
     def __init__(self, root_pid, seconds):
-        self.labels = label(processes(root_pid))
+        self.labels = label(cluster_up(root_pid))  # once django-q2 has forked its workers
         self.samples = []
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._halfway, args=(seconds / 2,), daemon=True)
@@ -132,18 +133,6 @@ class Memory:
             self.sample()
 
 
-def processes(root_pid):
-    """runall and everything under it, once django-q2 has forked its workers."""
-    from tests.bench.soak import cluster_up
-
-    return cluster_up(root_pid)
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else float("nan")
-
-
 def minutes(run, latency, rate, bucket):
     """Per bucket of schedule: accepted POSTs/s, POST p99 ms, reply latency p50/p99 s, lag max ms."""
     rows = []
@@ -151,7 +140,7 @@ def minutes(run, latency, rate, bucket):
         first, last = int(b * bucket * rate), int((b + 1) * bucket * rate)
         waits = [latency[i] for i in range(first, last) if i in latency]
         rows.append({"accepted_rate": figures["accepted"] / bucket, "post_p99_ms": figures["p99_ms"],
-                     "reply_p50": percentile(waits, 50), "reply_p99": percentile(waits, 99),
+                     "reply_p50": percentile(waits, 50, NAN), "reply_p99": percentile(waits, 99, NAN),
                      "lag_max_ms": figures["lag_max_ms"], "due": figures["due"]})
     return rows
 
@@ -167,7 +156,7 @@ def peak_kept(system, fake, offset, guess, report, name):
         run = paced(system, start, rate, STEP_SECONDS, STEP_SECONDS)
         all_answered(fake, system.token, run, start, peer.ANSWER_TIMEOUT)
         latency = list(reply_latencies(fake, system.token, run, start)[0].values())
-        spread = percentile(latency, 99) - min(latency, default=float("nan"))
+        spread = percentile(latency, 99, NAN) - min(latency, default=NAN)
         steps.append((rate, spread))
         report("sustained", f"  {name}: a step at {rate:.0f}/s for {STEP_SECONDS:g} s: reply p99 {spread:.2f} s "
                             f"above the quickest ({'kept' if spread <= KEPT_SPREAD else 'fell behind'})")
