@@ -250,10 +250,11 @@ def throwaway_postgres():
 
 # --- the workload ------------------------------------------------------------------------
 
-def load(system, offset, *how):
-    """Updates through the shared load client, a new chat each; `how`: --n N or --seconds S."""
+def load(system, offset, *how, concurrency=CONCURRENCY):
+    """Updates through the shared load client, a new chat each; `how`: --n N or --seconds S
+    (and loadgen's other options)."""
     args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, *how, "--offset", str(offset),
-            "--concurrency", str(CONCURRENCY), "--conversations", str(ONE_CHAT_EACH),
+            "--concurrency", str(concurrency), "--conversations", str(ONE_CHAT_EACH),
             "--header", f"X-Telegram-Bot-Api-Secret-Token: {SECRET}"]
     out = subprocess.run(args, cwd=BASE_DIR, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])

@@ -24,11 +24,8 @@ updates from tests/bench/loadgen.py, the echo agent, the local Bot API).
     .venv/bin/python -m tests.bench sustained --seconds 120   # a quick look
 """
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -62,12 +59,8 @@ def paced(system, offset, rate, seconds, bucket, return_after=RETURN_AFTER_SECON
     """loadgen, paced at `rate` for `seconds`; a returning message comes back to its chat
     `return_after` seconds after the chat's first."""
     returning_after = int(rate * return_after) // 2 * 2  # loadgen's G: even
-    args = [sys.executable, "-m", "tests.bench.loadgen", "--url", system.hook, "--seconds", str(seconds),
-            "--rate", f"{rate:.3f}", "--returning-after", str(returning_after), "--bucket", str(bucket),
-            "--offset", str(offset), "--concurrency", str(CONCURRENCY), "--conversations", str(peer.ONE_CHAT_EACH),
-            "--header", f"X-Telegram-Bot-Api-Secret-Token: {peer.SECRET}"]
-    out = subprocess.run(args, cwd=peer.BASE_DIR, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return peer.load(system, offset, "--seconds", str(seconds), "--rate", f"{rate:.3f}",
+                     "--returning-after", str(returning_after), "--bucket", str(bucket), concurrency=CONCURRENCY)
 
 
 def messages_by_chat(run, offset):
