@@ -22,11 +22,8 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path  # noqa: E402
 
 from agentloop.console import consumers  # noqa: E402
-from agentloop.core.twisted_tuning import cache_content_type_parsing  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
 from tools.mcp.endpoint import McpMount  # noqa: E402
-
-cache_content_type_parsing()
 
 if settings.AGENTLOOP_SERVE_STATIC:
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler

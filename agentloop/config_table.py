@@ -73,7 +73,7 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "platform gives no language, on a channel without one of its own "
             "([languages](languages.md))."),
         Var("AGENTLOOP_SERVE_STATIC", "true",
-            "daphne serves `/static/` itself; turn off behind a proxy that does."),
+            "The web server serves `/static/` itself; turn off behind a proxy that does."),
         Var("AGENTLOOP_MAX_BODY_BYTES", "262144 (256 KB)",
             "Larger webhook and API bodies get 413."),
         Var("AGENTLOOP_API_RATE", "6000/min", "Per-agent-key API throttle."),
@@ -117,7 +117,7 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("SLACK_SIGNING_SECRET", "empty", "The Slack app's Signing Secret (Basic Information).",
             read_by="the Slack platform's bootstrap (`make run`)"),
         Var("ACCESS_LOG", "false",
-            "daphne writes a line per request to stdout (off by default: a formatted write "
+            "The web server writes a line per request (off by default: a formatted write "
             "per webhook POST), secrets in its URLs masked (feed and file tokens, "
             "`hub.verify_token=`…).",
             read_by="`manage.py runall` (`make run`)"),

@@ -17,7 +17,10 @@ def logging_config(level: str, django_q_level: str) -> dict:
             "httpx": {"level": "WARNING"},
             "httpx2": {"level": "WARNING"},  # the openai SDK's HTTP client logs every request at INFO
             "telegram": {"level": "WARNING"}, "axes": {"level": "WARNING"},  # axes: a start banner per process
-            "daphne": {"level": "WARNING"},
+            "daphne": {"level": "WARNING"},  # `manage.py runserver` under DEBUG
+            # The web process (agentloop.web_server): its start-up lines quiet, its access
+            # log (--access-log) at INFO, masked.
+            "uvicorn": {"level": "WARNING"}, "uvicorn.access": {"level": "INFO"},
             "django.request": {"filters": ["request_path"]},  # `Forbidden: /files/<token>`, masked
             # django-q2 logs as "django-q": eight INFO lines per routine sweep every 30 s.
             # Our tasks log themselves when they find something to do.

@@ -80,7 +80,7 @@ INSTALLED_APPS = [
 
 # daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports
 # Twisted's reactor at setup to do it: a third of a worker's start-up, which needs neither.
-# The product serves through `daphne` itself (runall, Procfile); the app is only for runserver.
+# The product serves through uvicorn (agentloop/web_server.py); the app is only for runserver.
 if sys.argv[1:2] == ["runserver"]:
     INSTALLED_APPS.insert(0, "daphne")
 

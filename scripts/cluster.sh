@@ -218,7 +218,7 @@ app_start() {
   (
     app_env "$host"
     cd "$CLONE"
-    daemon "$host" web "$PY" -m agentloop.daphne_server -b "$addr" -p "$WEB_PORT" --verbosity 0 agentloop.asgi:application
+    daemon "$host" web "$PY" -m agentloop.web_server --host "$addr" --port "$WEB_PORT"
     daemon "$host" worker "$PY" manage.py runloop
     if [ "$host" = "$TASKS_HOST" ]; then daemon "$host" tasks "$PY" manage.py qcluster; fi
   )

@@ -541,12 +541,11 @@ class Processes:
         return proc
 
     def web(self, wait=True, **env):
-        """A web server (daphne), waited for until it answers /healthz. With `wait=False`
+        """A web server (agentloop.web_server), waited for until it answers /healthz. With `wait=False`
         it starts while the next worker does (each takes a second or two to import): the
         wait comes at the end of that `worker()`, or at the first use of its `url`."""
         port = free_port()
-        proc = self.start("web", [sys.executable, "-m", "agentloop.daphne_server", "-b", "127.0.0.1", "-p", str(port),
-                                  "agentloop.asgi:application"], kind=WebProcess, **env)
+        proc = self.start("web", [sys.executable, "-m", "agentloop.web_server", "--port", str(port)], kind=WebProcess, **env)
         proc.base_url = f"http://127.0.0.1:{port}"
         if wait:
             proc.wait_healthy()

@@ -2,7 +2,7 @@
 libraries they all import (tests only).
 
 A test starts a few hundred web servers and workers per pass; each fresh interpreter spent
-about a second of CPU importing Django, psycopg, httpx, Twisted and the rest before it ran
+about a second of CPU importing Django, psycopg, httpx, uvicorn and the rest before it ran
 a line of ours: four tenths of the busy phase's CPU. Here one process per pytest process
 (the zygote) imports those libraries once, then forks a child per start; the child takes
 the test's environment, working directory, log file and arguments and runs
@@ -44,16 +44,16 @@ PRELOAD = (
     "django.db.models", "django.http", "django.urls", "django.core.management", "django.core.handlers.asgi",
     "django.template.backends.django", "django.forms", "django.contrib.admin.options",
     "psycopg", "psycopg_pool", "httpx", "jsonschema", "openai", "telegram",
-    "twisted.web.http", "autobahn.twisted.websocket", "asgiref.sync", "sqlparse", "environ", "yaml",
+    "uvicorn.main", "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.websockets.websockets_impl",
+    "uvloop", "asgiref.sync", "sqlparse", "environ", "yaml",
     # What the children imported next (sampled: a third of their CPU went to module bodies):
     # django.test and requests under the URLconf (DRF's and drf-spectacular's test helpers),
     # Slack's SDK, icalendar, markdown (DRF's browsable API), channels, filetype, dateutil.
-    # Not DRF, drf-spectacular, django-q2 or axes themselves: they read settings when imported;
-    # nor daphne, which installs Twisted's reactor.
+    # Not DRF, drf-spectacular, django-q2 or axes themselves: they read settings when imported.
     "django.test", "requests", "slack_sdk.web.async_client", "slack_sdk.signature", "icalendar", "markdown",
     "channels.layers", "channels.generic.websocket", "filetype", "dateutil.parser", "uritemplate",
 )
-NEVER_PRELOADED = ("prometheus_client", "opentelemetry", "mcp", "twisted.internet.reactor")
+NEVER_PRELOADED = ("prometheus_client", "opentelemetry", "mcp")
 
 
 def preload():

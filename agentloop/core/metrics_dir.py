@@ -37,7 +37,7 @@ def process_kind(argv: Sequence[str]) -> str:
     if not argv:
         return ""
     path = Path(argv[0])
-    if path.name in ("daphne_server.py", "daphne") or (path.name == "__main__.py" and path.parent.name == "daphne"):
+    if path.name in ("web_server.py", "uvicorn") or (path.name == "__main__.py" and path.parent.name == "uvicorn"):
         return "web"
     program = path.name
     if program == "manage.py" and len(argv) > 1:

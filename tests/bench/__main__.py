@@ -1,5 +1,5 @@
 """`make bench`: the benchmarks, each figure beside a reference measured in the
-same run. Real processes (daphne, the worker loop), a real database (SQLite at
+same run. Real processes (the web server, the worker loop), a real database (SQLite at
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
@@ -95,8 +95,7 @@ def web_server():
     import httpx
 
     port = free_port()
-    proc = start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                         "agentloop.asgi:application"])
+    proc = start("web", [sys.executable, "-m", "agentloop.web_server", "--port", str(port)])
 
     def up():
         try:

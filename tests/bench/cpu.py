@@ -1,5 +1,5 @@
 """Where a message's CPU goes under the peer workload (tests/bench/peer.py): the CPU time
-each process of `make run` (daphne, the worker loop, the django-q2 cluster) and the
+each process of `make run` (the web server, the worker loop, the django-q2 cluster) and the
 database server spent while `--messages` webhook POSTs were admitted, divided by the
 messages. docs/scaling.md's "what saturates first" reads these figures.
 
@@ -25,7 +25,7 @@ from tests.fakes.telegram_api import FakeBotAPI
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 TICKS = os.sysconf("SC_CLK_TCK")
-GROUPS = ("daphne", "runloop", "qcluster", "postgres", "redis", "node")
+GROUPS = ("web_server", "runloop", "qcluster", "postgres", "redis", "node")
 
 
 def cpu_seconds_by_process() -> dict:

@@ -3,7 +3,7 @@ on one pre-filled with a week of traffic (tests/bench/prefill.py: 1 million mess
 200,000 conversations, 1 million ledger rows, 500,000 claims, 2 million audit events),
 in one run, each figure beside its empty-database reference:
 
-- ingest: webhook POSTs/s through a real daphne on each database, rounds interleaved
+- ingest: webhook POSTs/s through the real web server on each database, rounds interleaved
   (tests.bench.loadgen, 16 keep-alive clients), target >= 0.9x the empty one's;
 - flush lateness p99 of 1,000 bursts with a worker running (the flush benchmark's own
   code, in a process set on each database), target <= 1.2x;
@@ -62,8 +62,7 @@ def bench_grown(kit):
 
 def web_server(kit, name, database_url):
     port = kit.free_port()
-    proc = kit.start(f"grown-web-{name}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                           "agentloop.asgi:application"], DATABASE_URL=database_url)
+    proc = kit.start(f"grown-web-{name}", [sys.executable, "-m", "agentloop.web_server", "--port", str(port)], DATABASE_URL=database_url)
     base = f"http://127.0.0.1:{port}"
 
     def up():

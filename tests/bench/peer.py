@@ -5,7 +5,7 @@ Bot API server (tests/fakes/telegram_api.py) for both.
 Workload: 16 keep-alive clients POST Telegram webhook updates, a new chat each message;
 every message is flushed when its window closes and answered by an echo handler, whose
 reply goes to the local Bot API server. agentloop runs as `make run` runs it (manage.py
-runall: daphne, the worker loop, the django-q2 cluster; DEBUG off, INFO logging), on
+runall: uvicorn, the worker loop, the django-q2 cluster; DEBUG off, INFO logging), on
 SQLite and on PostgreSQL (DATABASE_URL when it names one, else a throwaway cluster from
 scripts/pg.sh); its channel's agent is `echo`. The peer is tests/bench/peer/bot.mjs on
 in-memory state and on a throwaway redis-server; its handler posts the merged burst.

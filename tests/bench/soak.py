@@ -1,4 +1,4 @@
-"""The soak: the product as `make run` starts it (manage.py runall: daphne, the worker
+"""The soak: the product as `make run` starts it (manage.py runall: uvicorn, the worker
 loop, the django-q2 cluster; DEBUG off, INFO logging), 20 messages a second through the
 inbound API for 10 minutes, every reply POSTed to a local callback server.
 
@@ -123,7 +123,7 @@ def process_name(pid, root):
     text = " ".join(part.decode(errors="replace") for part in cmdline)
     if pid == root:
         return "runall"
-    for needle, name in (("daphne", "web"), ("runloop", "worker"), ("qcluster", "tasks")):
+    for needle, name in (("web_server", "web"), ("runloop", "worker"), ("qcluster", "tasks")):
         if needle in text:
             return name
     return text[:40]

@@ -101,7 +101,7 @@ def test_the_web_server_does_not_import_the_model_providers_sdk(tmp_path):
     2-core machine, measured with -X importtime), and every test that starts one pays it:
     only the worker's agents and transcription import it, where they run. Nor does it
     load OpenTelemetry's SDK while it does not trace."""
-    loaded = _loaded_in(["agentloop/daphne_server.py"], ("openai", "pypdf", "PIL", "mcp", "mcp_types", *TRACING_MODULES),
+    loaded = _loaded_in(["agentloop/web_server.py"], ("openai", "pypdf", "PIL", "mcp", "mcp_types", *TRACING_MODULES),
                         tmp_path)
     assert loaded == "[]", f"the web server imports {loaded}"
 

@@ -19,8 +19,9 @@ def dead_pid():
 
 
 def test_only_the_products_processes_take_part():
-    assert metrics_dir.process_kind(["/srv/agentloop/agentloop/daphne_server.py", "-p", "8000"]) == "web"
-    assert metrics_dir.process_kind(["/venv/lib/python3.11/site-packages/daphne/__main__.py", "app"]) == "web"
+    assert metrics_dir.process_kind(["/srv/agentloop/agentloop/web_server.py", "--port", "8000"]) == "web"
+    assert metrics_dir.process_kind(["/venv/bin/uvicorn", "agentloop.asgi:application"]) == "web"
+    assert metrics_dir.process_kind(["/venv/lib/python3.11/site-packages/uvicorn/__main__.py", "app"]) == "web"
     assert metrics_dir.process_kind(["manage.py", "runloop"]) == "worker"
     assert metrics_dir.process_kind(["manage.py", "qcluster"]) == "tasks"
     assert metrics_dir.process_kind(["manage.py", "migrate"]) == ""

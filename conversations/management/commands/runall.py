@@ -21,10 +21,9 @@ def processes(host, port):
     return {
         # No access log line per request unless ACCESS_LOG=true: like the routine INFO
         # lines silenced in settings.LOGGING, it cost the web process a formatted write
-        # per webhook POST (daphne's default, --verbosity 1, writes one to stdout; its URLs
-        # masked by agentloop.daphne_server).
-        "web": [python, "-m", "agentloop.daphne_server", "-b", host, "-p", str(port), "--verbosity", "1" if access_log() else "0",
-                "agentloop.asgi:application"],
+        # per webhook POST (its URLs masked by agentloop.web_server).
+        "web": [python, "-m", "agentloop.web_server", "--host", host, "--port", str(port),
+                *(["--access-log"] if access_log() else [])],
         "worker": [python, "manage.py", "runloop"],
         "tasks": [python, "manage.py", "qcluster"],
     }
