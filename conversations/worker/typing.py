@@ -319,7 +319,13 @@ class Typing:
 
     def _release(self, indicator):
         if not indicator.held:
-            indicator.task.cancel()  # an indicator in flight is abandoned
+            # The task lets go of it first: a cancelled task keeps its CancelledError, whose
+            # traceback holds the loop's frame, which holds the indicator. Left pointing
+            # back at the task, that cycle outlived the young collections and piled up
+            # until a full one (a third of a million objects a few minutes into a steady
+            # 150 messages/s: most of the worker's growth).
+            task, indicator.task = indicator.task, None
+            task.cancel()  # an indicator in flight is abandoned
             self.indicators.pop(indicator.conversation_id, None)
 
     async def _run(self, indicator):
