@@ -44,7 +44,7 @@ PRELOAD = (
     "django.db.models", "django.http", "django.urls", "django.core.management", "django.core.handlers.asgi",
     "django.template.backends.django", "django.forms", "django.contrib.admin.options",
     "psycopg", "psycopg_pool", "httpx", "jsonschema", "openai", "telegram",
-    "uvicorn.main", "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.websockets.websockets_impl",
+    "uvicorn.main", "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.websockets.websockets_sansio_impl",
     "uvloop", "asgiref.sync", "sqlparse", "environ", "yaml",
     # What the children imported next (sampled: a third of their CPU went to module bodies):
     # django.test and requests under the URLconf (DRF's and drf-spectacular's test helpers),
