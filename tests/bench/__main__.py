@@ -29,6 +29,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+# The one nearest-rank percentile; the benchmarks reach it as kit.percentile too.
+from tests.bench.loadgen import percentile
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 VAR = BASE_DIR / "var"
 LOGS = VAR / "bench-logs"
@@ -122,11 +125,6 @@ def report(name, line):
 
 def met(ok):
     return "met" if ok else "NOT MET"
-
-
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 # --- ingest ----------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from datetime import timedelta
 
 import httpx
 
+from tests.bench.loadgen import percentile
+
 SECRET = "retention-secret"
 KINDS = 4  # seeded in turn: a message, a delivered ledger row, an audit event, a claim past its window
 
@@ -200,21 +202,16 @@ def measure(url, run_sweep, left, slice_seconds=10.0, rate=50):
                 return flow, seconds, slices, code
 
 
-def percentile(values, p):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else 0.0
-
-
 def summary(flow, rows, seconds, slices=1) -> tuple[str, float, float]:
     """The figures in words, and p99 without and during."""
     without, during = flow.times.get("without", []), flow.times.get("during", [])
-    p99_without, p99_during = percentile(without, 99), percentile(during, 99)
+    p99_without, p99_during = percentile(without, 99, 0.0), percentile(during, 99, 0.0)
     ratio = p99_during / p99_without if p99_without else 0.0
     line = (f"sweep of {rows:,} rows past their retention in {seconds:.1f} s ({rows / max(seconds, 1e-9):,.0f} rows/s"
             f", {slices} slices) while {flow.rate} messages/s were admitted: p99 admission {p99_during:.1f} ms during vs "
             f"{p99_without:.1f} ms without ({len(during)} and {len(without)} POSTs): ratio {ratio:.2f} "
-            f"(target <= 2: {'met' if ratio <= 2 else 'NOT MET'}); p50 {percentile(during, 50):.1f} vs "
-            f"{percentile(without, 50):.1f} ms")
+            f"(target <= 2: {'met' if ratio <= 2 else 'NOT MET'}); p50 {percentile(during, 50, 0.0):.1f} vs "
+            f"{percentile(without, 50, 0.0):.1f} ms")
     return line, p99_without, p99_during
 
 
