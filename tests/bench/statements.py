@@ -173,10 +173,13 @@ def measure():
     with Count(f"record {BATCH} deliveries in one batch", per=BATCH):
         with transaction.atomic():
             ledger.finish_many([(r, SendResult.delivered("7")) for r in rows if r is not None], owner)
-    enqueued = ledger.enqueue_many([ledger.Reply(conversation, "hola", kind="reply") for _ in range(BATCH)])
-    with Count(f"sweep: claim {BATCH} pending rows written elsewhere (claim_due)", per=BATCH):
-        swept = ledger.claim_due(owner, limit=BATCH)
-    assert len(swept) == len(enqueued)
+    # One row per chat, a minute on, 30 of them: a chat's rows are paced (one send a
+    # second on Telegram) and so is the bot (30 a second), whose budget the deliveries
+    # above spent.
+    enqueued = ledger.enqueue_many([ledger.Reply(turn.conversation, "hola", kind="reply") for turn in started[:30]])
+    with Count("sweep: claim 30 pending rows written elsewhere (claim_due)", per=30):
+        swept = ledger.claim_due(owner, limit=BATCH, now=later + timedelta(minutes=1))
+    assert len(swept) == len(enqueued), (len(swept), len(enqueued))
 
     print(" per worker, whatever the load")
     engine.beat(owner)
