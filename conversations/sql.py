@@ -77,29 +77,44 @@ def conversation_with_state(channel_id, chat_id, sender_id):
         return cursor.fetchone()
 
 
+def _key_matches(*columns):
+    """`c`'s channel and `columns` equal to the key row `k`'s (SQLite: a plain join from
+    the keys, each probing the table's unique index)."""
+    return " AND ".join(f"c.{column} = k.{column}" for column in ("channel_id", *columns))
+
+
 def _one_by_key(model, *columns, select="c.id"):
     """The row of `model` (as `c`) whose channel and `columns` are k's, for a LATERAL join
     from a batch's keys: one probe of the table's unique index per key. A plain join
     with json_to_recordset, which the planner guesses at 100 rows, scanned the whole
     table and hashed it (2 ms at 13,000 conversations, growing with the table)."""
-    matches = " AND ".join(f"c.{column} = k.{column}" for column in ("channel_id", *columns))
-    return f"SELECT {select} FROM {table(model)} c WHERE {matches}"
+    return f"SELECT {select} FROM {table(model)} c WHERE {_key_matches(*columns)}"
 
 
 def lock_and_read_conversations(keys) -> list:
-    """PostgreSQL, a batch's admission: the conversations of these (channel id, chat,
-    sender) keys, locked in the keys' order (FOR NO KEY UPDATE, as one admission locks
-    its own: see ingest's `_conversation_with_state`) by one statement with the keys as
-    one JSON parameter, then read with their state by one more (rows as
-    `conversation_with_state`'s). Locked first, read after: a read that waited for the
-    lock would otherwise see the buffers as they were before the holder committed."""
+    """A batch's admission: the conversations of these (channel id, chat, sender) keys,
+    read with their state (rows as `conversation_with_state`'s), the keys as one JSON
+    parameter.
+
+    PostgreSQL: locked in the keys' order (FOR NO KEY UPDATE, as one admission locks
+    its own: see ingest's `_conversation_with_state`) by one statement, then read by one
+    more. Locked first, read after: a read that waited for the lock would otherwise see
+    the buffers as they were before the holder committed. SQLite: read by one statement,
+    as the transaction holds the database's one write lock from its BEGIN."""
     source = recordset("k", [("channel_id", "bigint"), ("chat_id", "text"), ("sender_id", "text"), ("n", "int")])
+    keyed = records(("channel_id", "chat_id", "sender_id", "n"), [(*key, n) for n, key in enumerate(keys)])
+    if not postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(_conversation_with_state_sql(f"c.id IN (SELECT c.id FROM {source} JOIN {table(Conversation)} c "
+                                                        f"ON {_key_matches('chat_id', 'sender_id')})"),
+                           [TurnState.RUNNING, BufferState.OPEN, keyed])
+            return cursor.fetchall()
     with connection.cursor() as cursor:
         # The LATERAL probe locks each row as the keys are read, in their array order (n).
         cursor.execute(
             f"SELECT c.id FROM {source} CROSS JOIN LATERAL ({_one_by_key(Conversation, 'chat_id', 'sender_id')} "
             f"FOR NO KEY UPDATE) c ORDER BY k.n",
-            [records(("channel_id", "chat_id", "sender_id", "n"), [(*key, n) for n, key in enumerate(keys)])])
+            [keyed])
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []
@@ -109,8 +124,16 @@ def lock_and_read_conversations(keys) -> list:
 
 
 def contact_ids(keys) -> list:
-    """PostgreSQL: (id, channel id, platform id) of the contacts with these (channel id,
-    platform id) keys, the keys as one JSON parameter (a batch's senders seen before)."""
+    """(id, channel id, platform id) of the contacts with these (channel id, platform id)
+    keys, the keys as one JSON parameter (a batch's senders seen before)."""
+    if not postgresql():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT c.id, c.channel_id, c.platform_id FROM "
+                f"{recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
+                f"JOIN {table(Contact)} c ON {_key_matches('platform_id')}",
+                [records(("channel_id", "platform_id"), keys)])
+            return cursor.fetchall()
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT c.id, c.channel_id, c.platform_id FROM "

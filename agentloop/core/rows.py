@@ -158,11 +158,18 @@ def register_lookups() -> None:
 
 
 def recordset(alias: str, columns: Iterable[tuple[str, str | None]]) -> str:
-    """`json_to_recordset(%s::json) AS alias(name type, …)` for `columns`, (name, type)
-    pairs: a batch's rows as one JSON parameter (with `records`), in a statement that
-    reads the same for any number of rows (see in_sql for why that matters). psycopg
-    quotes an array parameter element by element in Python, which made up a fifth of
-    the web process's admissions (py-spy); json.dumps is one call in C."""
+    """A batch's rows as one JSON parameter (with `records`), a row source named `alias`
+    with `columns`, (name, type) pairs, in a statement that reads the same for any
+    number of rows (see in_sql for why that matters). PostgreSQL:
+    `json_to_recordset(%s::json) AS alias(name type, …)` (psycopg quotes an array
+    parameter element by element in Python, which made up a fifth of the web process's
+    admissions, py-spy; json.dumps is one call in C). SQLite: a subquery over
+    `json_each(%s)`, each column extracted from its object (types left to the columns
+    the values meet: SQLite's affinity)."""
+    columns = list(columns)
+    if not postgresql():
+        extracted = ", ".join(f"json_extract(value, '$.{name.strip(chr(34))}') AS {name}" for name, _ in columns)
+        return f"(SELECT {extracted} FROM json_each(%s)) AS {alias}"
     return f"json_to_recordset(%s::json) AS {alias}({', '.join(f'{name} {kind}' for name, kind in columns)})"
 
 
@@ -191,6 +198,8 @@ def _insert_sql(model: type[Model], conflict: tuple[str, ...], returning: tuple[
     names = ", ".join(quote(_db_column(f)) for f in fields)
     if many:
         rows = f"SELECT {names} FROM {recordset('r', [(quote(_db_column(f)), f.db_type(connection)) for f in fields])}"
+        if conflict and not postgresql():
+            rows += " WHERE true"  # SQLite: an upsert after a SELECT needs a WHERE, or ON reads as a join's
     else:
         rows = f"VALUES ({placeholders(len(fields))})"
     on_conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict)}) DO NOTHING" if conflict else ""
@@ -241,12 +250,13 @@ def _update_in_state_sql(model: type[Model], names: tuple[str, ...]) -> tuple[st
 
 def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterable[str] = (),
                 returning: Iterable[str] = ("id",)) -> list[tuple[Any, ...]]:
-    """PostgreSQL: the instances' rows in one statement (`INSERT … SELECT … FROM
-    json_to_recordset(%s) [ON CONFLICT (conflict) DO NOTHING] RETURNING …`). Returns
-    the `returning` columns of the rows inserted; a conflicting row returns nothing, so
-    with `conflict` callers match the rows to their instances by a key they returned.
-    Without, the rows come back in the instances' order, which Django's bulk_create
-    relies on too (its INSERT … SELECT * FROM UNNEST form)."""
+    """The instances' rows in one statement (`INSERT … SELECT … FROM` their `recordset`
+    `[ON CONFLICT (conflict) DO NOTHING] RETURNING …`). Returns the `returning` columns
+    of the rows inserted; a conflicting row returns nothing, so with `conflict` callers
+    match the rows to their instances by a key they returned. Without, on PostgreSQL
+    the rows come back in the instances' order, which Django's bulk_create relies on
+    too (its INSERT … SELECT * FROM UNNEST form); SQLite documents RETURNING's order as
+    arbitrary, so there too callers match by a key (create_many uses bulk_create)."""
     sql, fields = _insert_sql(model, tuple(conflict), tuple(returning), True)
     values = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
     with connection.cursor() as cursor:
@@ -256,12 +266,19 @@ def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterab
 
 
 def create_many(model: type[M], instances: Iterable[M]) -> list[M]:
-    """`bulk_create` (the instances, saved, with their ids), as one JSON parameter on
-    PostgreSQL (insert_many) rather than Django's array per column."""
+    """`bulk_create` (the instances, saved, with their ids), as one JSON parameter
+    (insert_many) rather than Django's array per column (PostgreSQL) or its VALUES row
+    per instance (SQLite, whose compile and binding were a quarter of the flusher's hold
+    on the write lock, py-spy). On SQLite the ids are matched to the instances by their
+    order: the statement holds the database's one write lock and inserts the rows in
+    the JSON array's order, each taking the next rowid, while RETURNING's own order is
+    documented as arbitrary."""
     instances = list(instances)
-    if not postgresql() or not instances:
-        return model._default_manager.bulk_create(instances)  # `objects`, for the models given here
-    for instance, (pk,) in zip(instances, insert_many(model, instances), strict=True):
+    if not instances:
+        return instances
+    inserted = insert_many(model, instances)
+    ids = inserted if postgresql() else sorted(inserted)
+    for instance, (pk,) in zip(instances, ids, strict=True):
         instance.pk = pk
         instance._state.adding, instance._state.db = False, connection.alias
     return instances

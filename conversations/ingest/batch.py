@@ -1,11 +1,11 @@
-"""Admitting a batch (group commit): one transaction for all its messages, and on
-PostgreSQL the statements they have in common run once for the batch (`_admit_ahead`)."""
+"""Admitting a batch (group commit): one transaction for all its messages, and the
+statements they have in common run once for the batch (`_admit_ahead`)."""
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from agentloop.core import tracing
-from agentloop.core.rows import insert_many, postgresql
+from agentloop.core.rows import insert_many
 from audit.failpoints import failpoint
 from conversations import console, control, sql
 from conversations.ingest import spans
@@ -65,7 +65,7 @@ def _admit_many(requests, is_fault) -> list:
     results = []
     try:
         with transaction.atomic():
-            ahead = _admit_ahead(requests, timezone.now()) if postgresql() and len(requests) > 1 else {}
+            ahead = _admit_ahead(requests, timezone.now()) if len(requests) > 1 else {}
             for i, (channel, inbound) in enumerate(requests):
                 done = ahead.get(i)
                 if isinstance(done, Admission):
@@ -96,14 +96,16 @@ def _admit_alone(channel, inbound, is_fault):
 
 
 def _admit_ahead(requests, now) -> dict:
-    """PostgreSQL, inside admit_many's transaction, before its admissions one by one: the
-    statements the batch's messages have in common, run once for the batch, its rows as
-    one JSON parameter (tests.bench.statements: a batch of 32 new chats was 5 statements
-    a message, and is 7 in all). Returns {index in requests: what was done for it}:
+    """Inside admit_many's transaction, before its admissions one by one: the statements
+    the batch's messages have in common, run once for the batch, its rows as one JSON
+    parameter (tests.bench.statements: a batch of 32 new chats was 5 statements a
+    message, and is 7 in all on PostgreSQL, 6 on SQLite). Returns {index in requests:
+    what was done for it}:
 
-    - its conversation exists: locked (all of them in one statement, in the batch's
-      order, which is every batch's: lean_ingest sorts them), then read with its open
-      buffer and running turn (one more); that admission goes on from there.
+    - its conversation exists: on PostgreSQL locked (all of them in one statement, in
+      the batch's order, which is every batch's: lean_ingest sorts them), then read with
+      its open buffer and running turn (one more; SQLite's transaction holds the write
+      lock already: the read alone); that admission goes on from there.
     - it does not: created (contacts, then conversations: a statement each), and, for a
       plain message, its buffer and the message inserted (a statement each): that
       Admission is complete. A conversation another admission created meanwhile is not

@@ -176,10 +176,11 @@ def test_an_id_list_is_one_array_parameter_on_postgresql_and_selects_the_same_ro
 
 
 def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_channel, make_conversation):
-    """rows.create_many (PostgreSQL: one JSON parameter read by json_to_recordset; SQLite:
-    Django's bulk_create) gives every instance its id, in order, and stores each value as
-    the ORM would: text with quotes and accents, NULLs, aware datetimes, booleans, a JSON
-    field. With a conflict target, rows already there return nothing (insert_many)."""
+    """rows.create_many (one JSON parameter, read by json_to_recordset on PostgreSQL and
+    json_each on SQLite) gives every instance its id, in order, and stores each value as
+    the ORM would: text with quotes and accents, text that reads as a number, NULLs, aware
+    datetimes, booleans, a JSON field. With a conflict target, rows already there return
+    nothing (insert_many)."""
     from django.db import connection
 
     from agentloop.core import rows
@@ -188,7 +189,8 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
     channel = make_channel("many")
     conversation = make_conversation(channel, "ana")
     made = rows.create_many(OutboundMessage, [
-        OutboundMessage(channel=channel, conversation=conversation, chat_id="1", kind=OutboundKind.REPLY,
+        OutboundMessage(channel=channel, conversation=conversation, chat_id=f"00{i}", kind=OutboundKind.REPLY,
+                        needs_marker=bool(i % 2),
                         text=f'«{i}» "quoted" \\ {i}', chunks=["a", {"b": i}] if i % 2 else [],
                         next_attempt_at=T0 + timedelta(seconds=i) if i % 3 else None)
         for i in range(7)])
@@ -196,19 +198,20 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
     for i, mine in enumerate(made):
         stored = OutboundMessage.objects.get(pk=mine.pk)
         assert stored.text == f'«{i}» "quoted" \\ {i}'
+        assert stored.chat_id == f"00{i}" and stored.needs_marker is bool(i % 2)
         assert stored.chunks == (["a", {"b": i}] if i % 2 else [])
         assert stored.next_attempt_at == (T0 + timedelta(seconds=i) if i % 3 else None)
         assert stored.created_at == mine.created_at and stored.created_at.tzinfo is not None
-    if connection.vendor == "postgresql":
-        from conversations.models import Contact
+    from conversations.models import Contact
 
-        first = rows.insert_many(Contact, [Contact(channel=channel, platform_id="p1", display_name="Ana")],
-                                 ("channel_id", "platform_id"), ("id", "platform_id"))
-        again = rows.insert_many(Contact, [Contact(channel=channel, platform_id="p1", display_name="Otra"),
-                                           Contact(channel=channel, platform_id="p2", display_name="Eva")],
-                                 ("channel_id", "platform_id"), ("id", "platform_id"))
-        assert [platform_id for _, platform_id in first] == ["p1"] and [p for _, p in again] == ["p2"]
-        assert Contact.objects.get(platform_id="p1").display_name == "Ana"
+    first = rows.insert_many(Contact, [Contact(channel=channel, platform_id="p1", display_name="Ana")],
+                             ("channel_id", "platform_id"), ("id", "platform_id"))
+    again = rows.insert_many(Contact, [Contact(channel=channel, platform_id="p1", display_name="Otra"),
+                                       Contact(channel=channel, platform_id="p2", display_name="Eva")],
+                             ("channel_id", "platform_id"), ("id", "platform_id"))
+    assert [platform_id for _, platform_id in first] == ["p1"] and [p for _, p in again] == ["p2"]
+    assert Contact.objects.get(platform_id="p1").display_name == "Ana"
+    if connection.vendor == "postgresql":
         assert rows.in_params([3, 1, 2]) == ["{3,1,2}"]
 
 
