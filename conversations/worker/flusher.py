@@ -10,7 +10,7 @@ from django.utils import timezone
 from conversations import engine
 from conversations.models import TurnState
 from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS, run_step
+from conversations.worker.dbthread import DATABASE_FAULTS, run_step, write_batch
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Flusher(threading.Thread):
     def step(self) -> float:
         """Flush what is due; return how long to sleep before the next look."""
         now = timezone.now()
-        due, deadline = engine.look(now)
+        due, deadline = engine.look(now, write_batch())
         if due:
             room = self.capacity() if self.adopt is not None else 0
             try:
