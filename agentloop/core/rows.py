@@ -256,7 +256,7 @@ def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterab
     match the rows to their instances by a key they returned. Without, on PostgreSQL
     the rows come back in the instances' order, which Django's bulk_create relies on
     too (its INSERT … SELECT * FROM UNNEST form); SQLite documents RETURNING's order as
-    arbitrary, so there too callers match by a key (create_many uses bulk_create)."""
+    arbitrary (create_many matches its rows by their rowids' order)."""
     sql, fields = _insert_sql(model, tuple(conflict), tuple(returning), True)
     values = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
     with connection.cursor() as cursor:

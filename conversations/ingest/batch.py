@@ -99,7 +99,7 @@ def _admit_ahead(requests, now) -> dict:
     """Inside admit_many's transaction, before its admissions one by one: the statements
     the batch's messages have in common, run once for the batch, its rows as one JSON
     parameter (tests.bench.statements: a batch of 32 new chats was 5 statements a
-    message, and is 7 in all on PostgreSQL, 6 on SQLite). Returns {index in requests:
+    message, and is 7 in all, on either database). Returns {index in requests:
     what was done for it}:
 
     - its conversation exists: on PostgreSQL locked (all of them in one statement, in

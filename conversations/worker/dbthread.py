@@ -97,10 +97,11 @@ def write_batch() -> int:
     """How many items one of the worker's write transactions takes at most (a flush's
     buffers, a batch of finished turns or of delivery outcomes). SQLite has one write
     lock for the whole database, held from BEGIN to COMMIT, and the web process waits
-    for it to admit a message: a flush of 200 due buffers held it for 350-560 ms under
-    the peer benchmark's steady load (its Python shares the worker's GIL with the event
-    loop's sends), and the webhook POSTs' p99 was those waits. Smaller transactions, the
-    web's admissions in between. PostgreSQL locks rows: bigger batches, fewer round trips."""
+    for it to admit a message: under the peer benchmark's steady load a flush of up to
+    200 due buffers held it for up to 390 ms and a batch of finished turns up to 560 ms
+    (their Python shares the worker's GIL with the event loop's sends), and the webhook
+    POSTs' p99 was those waits. Smaller transactions, the web's admissions in between
+    (docs/scaling.md). PostgreSQL locks rows: bigger batches, fewer round trips."""
     return SQLITE_WRITE_BATCH if connection.vendor == "sqlite" else 200
 
 
