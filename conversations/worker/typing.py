@@ -336,6 +336,12 @@ class Typing:
             if await self._flush_first(indicator):
                 continue
             pause = await self._send(indicator)
+            if indicator.task is None:
+                # Released while the call was being answered: Python 3.11's wait_for
+                # returns the answer and drops a cancel that lands in the same turn of
+                # the event loop (gh-86296). Left running, the loop would wait for a
+                # confirmation nothing gives any more: one task kept per such chat.
+                raise asyncio.CancelledError
             indicator.shown_at = time.monotonic()
             # Ask a look for its word a little early: the next refresh goes out within
             # [pause - LOOK_EVERY, pause], not a look's interval late.

@@ -31,8 +31,8 @@ def test_a_released_typing_loop_leaves_no_cycle_behind(make_channel, fake_telegr
         typing = Typing(worker=None, interval=30)
         typing.turn_started(turn)
         indicator = typing.indicators[turn.conversation_id]
-        while not fake_telegram.calls("sendChatAction", token="77:TYPING"):
-            await asyncio.sleep(0.01)  # shown: the loop now sleeps until its next refresh
+        while indicator.shown_at is None:
+            await asyncio.sleep(0.01)  # shown and answered: the loop now sleeps until its next refresh
         task, gone = indicator.task, weakref.ref(indicator)
         typing.turn_ended(turn)
         del indicator
@@ -49,3 +49,38 @@ def test_a_released_typing_loop_leaves_no_cycle_behind(make_channel, fake_telegr
         assert gone() is None, gc.get_referrers(gone())
     finally:
         gc.enable()
+
+
+def test_a_release_that_meets_the_answer_still_ends_the_loop(make_channel, fake_telegram, transactional_db):
+    """The turn ends in the very turn of the event loop in which the Bot API's answer to
+    the typing call completes it. Python 3.11's wait_for then returns the answer and
+    drops the cancel (gh-86296): the loop used to carry on and wait for ever for a
+    confirmation nothing would give (a task kept per such chat; in the suite, a test
+    that hung CI's busy phase). Here the release is made to land exactly there: from the
+    typing call's own done callback, queued right after wait_for's."""
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "77:RACE",
+                                                                     "api_base": fake_telegram.url})
+    admit(channel, Inbound(platform_message_id="1", chat_id="502", sender_id="502", text="hola", reply_target="1"))
+    engine.flush_due(timezone.now() + timedelta(minutes=1))
+    turn = Turn.objects.select_related("conversation__channel").get()
+
+    async def release_as_answered():
+        typing = Typing(worker=None, interval=30)
+        typing.turn_started(turn)
+        task = typing.indicators[turn.conversation_id].task
+        call = None
+        while call is None:  # the typing call wait_for runs as a task of its own
+            await asyncio.sleep(0)
+            call = next((t for t in asyncio.all_tasks() if "send_typing" in t.get_coro().__qualname__), None)
+        assert not call.done()
+        call.add_done_callback(lambda _: typing.turn_ended(turn))
+        try:
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+            return task.cancelled(), dict(typing.indicators)
+        finally:
+            typing.close()
+            await platforms.close_clients()
+
+    cancelled, indicators = asyncio.run(release_as_answered())
+    assert cancelled and indicators == {}
+    assert len(fake_telegram.calls("sendChatAction", token="77:RACE")) == 1
