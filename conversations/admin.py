@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from agentloop.core.big_tables import BigTableAdmin
+from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import SECRET_NAME
 from conversations import erasure, platforms
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
@@ -292,6 +292,9 @@ class InboundMessageAdmin(BigTableAdmin, admin.ModelAdmin):
     list_select_related = ["channel", "buffer"]
     readonly_fields = [f.name for f in InboundMessage._meta.fields]
 
+    def exact_matches(self, term):
+        return per_channel(InboundMessage, platform_message_id=term)
+
     @admin.display(description="text")
     def short_text(self, obj):
         return obj.text[:60]
@@ -375,6 +378,9 @@ class TurnAdmin(BigTableAdmin, admin.ModelAdmin):
     ordering = ["-created_at", "-pk"]  # along turn_created_idx, as the drill-down's days
     list_select_related = ["conversation__channel", "conversation__contact"]
     readonly_fields = [f.name for f in Turn._meta.fields] + ["ledger_rows"]
+
+    def exact_matches(self, term):
+        return numeric_id(term)  # "turn 12", as the audit log and the story name it
 
     @admin.display(description="Replies")
     def ledger_rows(self, obj):

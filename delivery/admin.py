@@ -7,7 +7,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from agentloop.core.big_tables import BigTableAdmin
+from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger, templates
@@ -55,6 +55,11 @@ class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
         ("Timing", {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
     ]
+
+    def exact_matches(self, term):
+        by_chat = per_channel(OutboundMessage, chat_id=term)
+        row = numeric_id(term)
+        return by_chat | row if row is not None else by_chat
 
     @admin.display(description="Chunks")
     def chunk_progress(self, row):

@@ -8,7 +8,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter
+from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter, numeric_id
 from audit.listed_lookups import ListedLookupsOnly
 from tools import approvals, guard, hooks
 from tools.models import (
@@ -91,6 +91,11 @@ class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
         ("Timing", {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
         ("Outcome", {"fields": ["result", "error", "duplicates"]}),
     ]
+
+    def exact_matches(self, term):
+        scope = Q(scope=term)  # claim_lookup_idx leads with it
+        row = numeric_id(term)
+        return scope | row if row is not None else scope
 
     @admin.display(description="Conversation")
     def conversation(self, claim):

@@ -212,3 +212,101 @@ def test_a_page_keeps_the_changelists_annotations(operator, make_channel, make_c
     Turn.objects.create(conversation=conversation, merged_input="hola", flush_reason="window", state="done")
     [row] = operator.get(reverse("admin:conversations_conversation_changelist")).context["cl"].result_list
     assert row.last_turn == "done"
+
+
+def messages_by_the_hour(channel, conversation, texts):
+    """One message an hour back from now, the newest first: m0, m1, …"""
+    now = timezone.now()
+    return InboundMessage.objects.bulk_create(
+        InboundMessage(channel=channel, conversation=conversation, platform_message_id=f"m{i}", text=text,
+                       received_at=now - timedelta(hours=i)) for i, text in enumerate(texts))
+
+
+def listed(response):
+    return [row.platform_message_id for row in response.context["cl"].result_list]
+
+
+def notes(response):
+    return [str(note) for note in response.context["messages"]]
+
+
+def test_text_is_searched_in_the_newest_rows_and_an_identifier_in_all(operator, make_channel, make_conversation,
+                                                                      monkeypatch):
+    monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 5)
+    channel = make_channel("tg", kind="telegram")
+    messages_by_the_hour(channel, make_conversation(channel, "101"),
+                         ["hola", "mango", "hola", "hola", "hola", "hola", "mango", "hola"])
+    changelist = reverse("admin:conversations_inboundmessage_changelist")
+
+    word = operator.get(changelist, {"q": "mango"})
+    assert listed(word) == ["m1"]  # m6 is older than the five newest
+    assert any("newest 5 rows" in note and "Pick a date" in note for note in notes(word))
+    assert listed(operator.get(changelist, {"q": "m6"})) == ["m6"]  # its platform id, through the index
+    # No row of the window has both words (Django's search: every word, in any field); one word names m6.
+    assert listed(operator.get(changelist, {"q": "mango m6"})) == ["m6"]
+
+    monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 50)  # a list all recent: the whole of it, no note
+    whole = operator.get(changelist, {"q": "mango"})
+    assert listed(whole) == ["m1", "m6"] and notes(whole) == []
+
+
+def test_a_filtered_list_is_searched_in_its_own_newest_rows(operator, make_channel, make_conversation, monkeypatch):
+    monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 3)
+    busy, quiet = make_channel("busy", kind="telegram"), make_channel("quiet", kind="telegram")
+    messages_by_the_hour(busy, make_conversation(busy, "101"), ["hola"] * 6)
+    InboundMessage.objects.filter(platform_message_id__in=["m1", "m4"]).update(channel=quiet, text="mango")
+    changelist = reverse("admin:conversations_inboundmessage_changelist")
+    assert listed(operator.get(changelist, {"q": "mango"})) == ["m1"]  # m4 is not among the 3 newest
+    # The quiet channel has two rows: its list is all recent, m4 with it.
+    assert listed(operator.get(changelist, {"q": "mango", "channel__id__exact": quiet.pk})) == ["m1", "m4"]
+
+
+def test_ledger_rows_and_claims_are_named_by_id_chat_and_scope(operator, make_channel, make_conversation,
+                                                               monkeypatch):
+    monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 2)
+    channel = make_channel("tg", kind="telegram")
+    conversation = make_conversation(channel, "101")
+    now = timezone.now()
+    rows = OutboundMessage.objects.bulk_create(
+        OutboundMessage(conversation=conversation, channel=channel, chat_id=str(500 + i), text="hola",
+                        created_at=now - timedelta(hours=i)) for i in range(5))
+    ledger_list = reverse("admin:delivery_outboundmessage_changelist")
+    by_chat = operator.get(ledger_list, {"q": "504"})
+    assert [row.pk for row in by_chat.context["cl"].result_list] == [rows[4].pk]
+    by_id = operator.get(ledger_list, {"q": str(rows[3].pk)})
+    assert rows[3].pk in [row.pk for row in by_id.context["cl"].result_list]
+
+    claims = ActionClaim.objects.bulk_create(
+        ActionClaim(action="email_send", scope=f"contact:{i}", fingerprint=f"f{i}", created_at=now - timedelta(hours=i),
+                    live=False, expires_at=now, lease_until=now) for i in range(5))
+    found = operator.get(reverse("admin:tools_actionclaim_changelist"), {"q": "contact:4"})
+    assert [claim.pk for claim in found.context["cl"].result_list] == [claims[4].pk]
+
+
+@pytest.mark.parametrize("index, query", [
+    # The unique constraint's index (SQLite names the one it builds inside CREATE TABLE its own way).
+    ("inbound_message_admitted_once" if connection.vendor == "postgresql" else "sqlite_autoindex_conversations_inbound",
+     lambda: InboundMessage.objects.filter(big_tables.per_channel(InboundMessage, platform_message_id="m6"))),
+    ("outbound_chat_idx", lambda: OutboundMessage.objects.filter(big_tables.per_channel(OutboundMessage, chat_id="5"))),
+    ("claim_lookup_idx", lambda: ActionClaim.objects.filter(scope="contact:4")),
+    ("inbound_received_idx",
+     lambda: InboundMessage.objects.order_by("-received_at").values_list("received_at", flat=True)[99_999:100_000]),
+])
+def test_a_search_reads_the_tables_through_their_indexes(make_channel, index, query):
+    make_channel("tg", kind="telegram")  # the channels `per_channel` seeks by
+    assert index in plan(query())
+
+
+@pytest.mark.parametrize("read", [1000, 0])
+def test_the_matches_read_as_ids_or_kept_as_a_condition_list_the_same_rows(operator, make_channel,
+                                                                           make_conversation, monkeypatch, read):
+    """A rare term's matches are read once as ids (MATCHES_READ); a common one's stay a
+    condition, joined to the rows an identifier names: the same list either way."""
+    monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 4)
+    monkeypatch.setattr(big_tables, "MATCHES_READ", read)
+    channel = make_channel("tg", kind="telegram")
+    messages_by_the_hour(channel, make_conversation(channel, "101"),
+                         ["see m6", "hola", "see m6 too", "hola", "hola", "hola", "hola"])
+    changelist = reverse("admin:conversations_inboundmessage_changelist")
+    response = operator.get(changelist, {"q": "m6"})
+    assert listed(response) == ["m0", "m2", "m6"] and response.context["cl"].result_count == 3
