@@ -3,7 +3,7 @@ same run. Real processes (the web server, the worker loop), a real database (SQL
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack] [retention] [grown] [sustained [--seconds N]]
+        [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
@@ -14,7 +14,7 @@ Streamed replies (tests/bench/streaming.py): first model token -> first preview,
 Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
 Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
 Grown (tests/bench/grown.py): ingest, flush, the story page, the admin and the dashboard on a database
-pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one.
+pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one; `grown-pages`: its pages alone.
 """
 
 import gc
@@ -655,6 +655,12 @@ def grown():
     bench_grown(sys.modules[__name__])
 
 
+def grown_pages():
+    from tests.bench.grown import bench_grown_pages
+
+    bench_grown_pages(sys.modules[__name__])
+
+
 def slack():
     from tests.bench.slack import bench_slack
 
@@ -677,6 +683,8 @@ def main(args):
     names = args
     benchmarks = {**BENCHMARKS, "soak": soak(seconds or (None if "soak" in names else SOAK_SECONDS_IN_FULL_RUN)),
                   "sustained": sustained(seconds or (None if "sustained" in names else SUSTAINED_SECONDS_IN_FULL_RUN))}
+    if "grown-pages" in names:  # part of `grown`: named only
+        benchmarks["grown-pages"] = grown_pages
     setup_django()
     for name in names or benchmarks:
         # The local servers the figures are read from (Bot API, OpenAI) run in this

@@ -60,6 +60,26 @@ def bench_grown(kit):
     print(f"[grown] the plans behind these figures, on the grown database:\n{plans.stdout}{plans.stderr[-2000:]}")
 
 
+def bench_grown_pages(kit):
+    """The pages alone (`python -m tests.bench grown-pages`): the same databases, servers
+    and probes as bench_grown, without its ingest and flush rounds (a few minutes less),
+    each database's webhook warmed by 500 messages first as there."""
+    databases = Databases(kit)
+    empty, grown = databases.prepare()
+    servers = {}
+    try:
+        for name, url in (("empty", empty), ("grown", grown)):
+            servers[name] = web_server(kit, name, url)
+        secret = [f"X-Telegram-Bot-Api-Secret-Token: {prefill.SECRET}"]
+        for _, base in servers.values():
+            kit.loadgen(f"{base}/webhooks/telegram/bench-tg/", 500, 0, headers=secret)
+        pages = grown_pages.measure({name: base for name, (_, base) in servers.items()}, PAGE_ROUNDS)
+    finally:
+        for proc, _ in servers.values():
+            kit.stop(proc)
+    report_pages(kit, pages, databases)
+
+
 def web_server(kit, name, database_url):
     port = kit.free_port()
     proc = kit.start(f"grown-web-{name}", [sys.executable, "-m", "agentloop.web_server", "--port", str(port)], DATABASE_URL=database_url)
@@ -117,6 +137,10 @@ def report(kit, flush, ingest, pages, databases):
                               f"{FLUSH_ROUNDS} runs x 1,000 bursts each (p99s: grown "
                               f"{[round(r['p99'], 1) for r in flush['grown']]}, empty "
                               f"{[round(r['p99'], 1) for r in flush['empty']]}); lost or double-flushed: {lost}")
+    report_pages(kit, pages, databases)
+
+
+def report_pages(kit, pages, databases):
     for page in pages:
         kit.report("grown-page", f"{page.label}: {page.grown_ms:.0f} ms on the grown database vs {page.empty_ms:.0f} "
                                  f"ms on the empty one (target <= {page.target} ms: "

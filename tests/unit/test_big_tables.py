@@ -71,16 +71,44 @@ def test_the_estimate_is_postgresqls_own(db):
 
 
 @pytest.mark.parametrize("kind", ["year", "month", "day"])
-def test_the_probed_date_drill_down_finds_what_djangos_distinct_finds(db, kind):
+@pytest.mark.parametrize("sample", [1000, 1])  # the bounds found among the table's edge rows, or past them
+def test_the_probed_date_drill_down_finds_what_djangos_distinct_finds(db, kind, sample, monkeypatch):
+    monkeypatch.setattr(big_tables, "BOUND_SAMPLE", sample)
     now = timezone.now()
     for days in (0, 1, 3, 40, 400):
-        events(2, at=now - timedelta(days=days))
+        events(2, at=now - timedelta(days=days), actor="old" if days >= 40 else "new")
     probed = big_tables._probed(type(AuditEvent.objects.all()))
-    rows = AuditEvent.objects.all()
+    for rows in (AuditEvent.objects.all(), AuditEvent.objects.filter(actor="old"),
+                 AuditEvent.objects.filter(actor="new")):
+        plain = AuditEvent.objects.filter(pk__in=rows.values("pk"))
+        rows.__class__ = probed
+        assert rows.datetimes("at", kind) == list(plain.datetimes("at", kind))
+        assert rows.datetimes("at", kind, order="DESC") == list(plain.datetimes("at", kind, order="DESC"))
+    rows = AuditEvent.objects.filter(pk=0)
     rows.__class__ = probed
-    assert rows.datetimes("at", kind) == list(AuditEvent.objects.datetimes("at", kind))
-    assert rows.datetimes("at", kind, order="DESC") == list(AuditEvent.objects.datetimes("at", kind, order="DESC"))
-    assert rows.filter(pk=0).datetimes("at", kind) == []
+    assert rows.datetimes("at", kind) == []
+
+
+@pytest.mark.parametrize("edge", [1000, 4])
+def test_a_page_found_near_the_tables_edge_is_the_page_the_whole_list_has(db, edge, monkeypatch):
+    """Pages of lists sorted by their date, looked for among the table's first `edge`
+    rows in their order: the same ids as the plain query, whether those rows hold the
+    page (most rows match), do not (few match: the plain query), or the order is
+    another one."""
+    monkeypatch.setattr(big_tables, "PAGE_EDGE", edge)
+    now = timezone.now()
+    for i in range(12):
+        AuditEvent.objects.create(kind=EventKind.CONTROL_COMMAND, at=now - timedelta(minutes=i // 2),
+                                  actor="rare" if i in (3, 10) else "common")  # pairs of equal times
+    for rows in (AuditEvent.objects.order_by("-at", "-pk"), AuditEvent.objects.filter(actor="common").order_by("-at", "-pk"),
+                 AuditEvent.objects.filter(actor="rare").order_by("-at", "-pk"),
+                 AuditEvent.objects.filter(actor="common").order_by("at", "pk"),
+                 AuditEvent.objects.filter(actor="common").order_by("actor", "-pk")):
+        paginator = big_tables.EstimatedCountPaginator(rows, 3)
+        paginator.edge_field = "at"
+        for number in range(1, min(paginator.num_pages, 2) + 1):
+            expected = list(rows.values_list("pk", flat=True)[(number - 1) * 3:number * 3])
+            assert [event.pk for event in paginator.page(number)] == expected, (rows.query, number)
 
 
 def test_the_drill_down_pages_answer(operator):
