@@ -34,6 +34,18 @@ def queries():
         ("admin: turns, first page", Turn.objects.order_by("-created_at", "-pk")[:100]),
         ("admin: audit events of a kind", AuditEvent.objects.filter(
             kind=EventKind.DUPLICATE_PREVENTED).order_by("-at", "-pk")[:100]),
+        ("admin: where a search's window begins (its 100,000th newest row)",
+         OutboundMessage.objects.order_by("-created_at").values_list("created_at", flat=True)[99_999:100_000]),
+        ("admin: a search's matches in that window, read once as ids", OutboundMessage.objects.filter(
+            created_at__gte=day, text__icontains="5012345").order_by().values_list("pk", flat=True)[:1_001]),
+        ("admin: a search's identifier, through the (channel, chat) index", OutboundMessage.objects.filter(
+            channel_id__in=[1, 2, 3], chat_id="5012345").order_by().values_list("pk", flat=True)[:100]),
+        ("admin: turns of a channel, the page among the table's newest 1,000 turns", Turn.objects.filter(
+            conversation__channel_id=1, pk__in=Turn.objects.order_by("-created_at", "-pk").values("pk")[:1_000])
+         .order_by("-created_at", "-pk").values_list("pk", flat=True)[:100]),
+        ("admin: ledger rows of a channel, its last date among the table's newest 1,000 rows",
+         OutboundMessage.objects.filter(channel_id=1, created_at__isnull=False, pk__in=OutboundMessage.objects.order_by(
+             "-created_at").values("pk")[:1_000]).order_by("-created_at").values_list("created_at", flat=True)[:1]),
         ("dashboard: the latest events", AuditEvent.objects.order_by("-at", "-pk")[:15]),
         ("dashboard: one day's caught duplicates (counted)", AuditEvent.objects.filter(
             kind=EventKind.DUPLICATE_PREVENTED, at__gte=day, at__lt=day + timedelta(days=1)).values("pk")),
