@@ -13,6 +13,7 @@ from datetime import timedelta
 def queries():
     from django.utils import timezone
 
+    from agentloop.core.big_tables import search_window_floor
     from audit.models import AuditEvent, EventKind
     from conversations.models import InboundMessage, Turn
     from delivery.models import OutboundMessage
@@ -20,6 +21,7 @@ def queries():
 
     now = timezone.now()
     day = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
+    window = search_window_floor(OutboundMessage.objects.all(), "created_at") or day
     return [
         ("story: a conversation's messages, newest 200",
          InboundMessage.objects.filter(conversation_id=1).order_by("-received_at", "-pk")[:200]),
@@ -37,13 +39,13 @@ def queries():
         ("admin: where a search's window begins (its 100,000th newest row)",
          OutboundMessage.objects.order_by("-created_at").values_list("created_at", flat=True)[99_999:100_000]),
         ("admin: a search's matches in that window, read once as ids", OutboundMessage.objects.filter(
-            created_at__gte=day, text__icontains="5012345").order_by().values_list("pk", flat=True)[:1_001]),
+            created_at__gte=window, text__icontains="5012345").order_by().values_list("pk", flat=True)[:1_001]),
         ("admin: a search's identifier, through the (channel, chat) index", OutboundMessage.objects.filter(
             channel_id__in=[1, 2, 3], chat_id="5012345").order_by().values_list("pk", flat=True)[:100]),
-        ("admin: turns of a channel, the page among the table's newest 1,000 turns", Turn.objects.filter(
+        ("admin: turns of a channel, the page among the table's newest 1,000 turns (SQLite only)", Turn.objects.filter(
             conversation__channel_id=1, pk__in=Turn.objects.order_by("-created_at", "-pk").values("pk")[:1_000])
          .order_by("-created_at", "-pk").values_list("pk", flat=True)[:100]),
-        ("admin: ledger rows of a channel, its last date among the table's newest 1,000 rows",
+        ("admin: ledger rows of a channel, its last date among the newest 1,000 rows (SQLite only)",
          OutboundMessage.objects.filter(channel_id=1, created_at__isnull=False, pk__in=OutboundMessage.objects.order_by(
              "-created_at").values("pk")[:1_000]).order_by("-created_at").values_list("created_at", flat=True)[:1]),
         ("dashboard: the latest events", AuditEvent.objects.order_by("-at", "-pk")[:15]),
