@@ -2,6 +2,7 @@ import re
 from datetime import timedelta
 
 from django.contrib import admin
+from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -32,6 +33,9 @@ class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     linked_lookups = ("conversation_id", "target")  # a conversation's events; a claim's caught duplicates
     fields = ["kind", "at", "actor", "channel_slug", "conversation", "target_link", "summary_shown", "extra"]
     readonly_fields = fields
+
+    def exact_matches(self, term):
+        return Q(target=term)  # "turn 12", "claim 7": audit_target_idx
 
     @admin.display(description="Conversation", ordering="conversation_id")
     def conversation(self, event):

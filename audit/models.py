@@ -59,6 +59,12 @@ class AuditEvent(models.Model):
             models.Index(fields=["at"], name="audit_at_idx"),
             # A conversation's events in time order (the story page, the admin's link).
             models.Index(fields=["conversation_id", "at"], name="audit_conversation_idx"),
+            # A channel's events (the changelist's filter and each period its drill-down
+            # probes) and a target's ("turn 12": the search's exact match, the links of a
+            # claim's page). Events are the exceptions, not one per message: two indexes
+            # nothing on a message's way writes.
+            models.Index(fields=["channel_slug", "at"], name="audit_channel_at_idx"),
+            models.Index(fields=["target", "at"], name="audit_target_idx"),
         ]
 
     def __str__(self):

@@ -157,6 +157,9 @@ def plan(queryset, put_aside=()) -> str:
     ("audit_conversation_idx", lambda: AuditEvent.objects.filter(conversation_id=1).order_by("-at")[:200],
      ["audit_at_idx"]),
     ("audit_at_idx", lambda: AuditEvent.objects.order_by("-at")[:15], []),
+    ("audit_channel_at_idx", lambda: AuditEvent.objects.filter(channel_slug="tg").order_by("-at")[:100],
+     ["audit_at_idx"]),
+    ("audit_target_idx", lambda: AuditEvent.objects.filter(target="turn 12").values("pk")[:100], []),
     ("claim_conversation_idx", lambda: ActionClaim.objects.filter(conversation_id=1).order_by("-created_at")[:200],
      ["claim_created_idx"]),
     ("claim_created_idx", lambda: ActionClaim.objects.order_by("-created_at")[:100], []),
@@ -289,7 +292,7 @@ def test_a_filtered_list_is_searched_in_its_own_newest_rows(operator, make_chann
     assert listed(operator.get(changelist, {"q": "mango", "channel__id__exact": quiet.pk})) == ["m1", "m4"]
 
 
-def test_ledger_rows_and_claims_are_named_by_id_chat_and_scope(operator, make_channel, make_conversation,
+def test_ledger_rows_events_and_claims_are_named_by_id_chat_target_and_scope(operator, make_channel, make_conversation,
                                                                monkeypatch):
     monkeypatch.setattr(big_tables, "SEARCH_WINDOW", 2)
     channel = make_channel("tg", kind="telegram")
@@ -303,6 +306,11 @@ def test_ledger_rows_and_claims_are_named_by_id_chat_and_scope(operator, make_ch
     assert [row.pk for row in by_chat.context["cl"].result_list] == [rows[4].pk]
     by_id = operator.get(ledger_list, {"q": str(rows[3].pk)})
     assert rows[3].pk in [row.pk for row in by_id.context["cl"].result_list]
+
+    made = events(5, target="turn 7")
+    AuditEvent.objects.filter(pk=made[-1].pk).update(target="turn 12")  # the oldest
+    found = operator.get(reverse("admin:audit_auditevent_changelist"), {"q": "turn 12"})
+    assert [event.pk for event in found.context["cl"].result_list] == [made[-1].pk]
 
     claims = ActionClaim.objects.bulk_create(
         ActionClaim(action="email_send", scope=f"contact:{i}", fingerprint=f"f{i}", created_at=now - timedelta(hours=i),
