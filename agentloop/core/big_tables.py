@@ -163,8 +163,18 @@ class ProbedDates:
             return []
         found = [start for start, end in periods(timezone.localtime(bounds["first"]),
                                                  timezone.localtime(bounds["last"]), kind)
-                 if rows.filter(**{f"{field_name}__gte": start, f"{field_name}__lt": end}).exists()]
+                 if _holds_any(rows.filter(**{f"{field_name}__gte": start, f"{field_name}__lt": end}), field_name)]
         return found if order == "ASC" else found[::-1]
+
+
+def _holds_any(rows: QuerySet[Any], field_name: str) -> bool:
+    """Whether a period of the list holds a row. On PostgreSQL asked along the date's
+    order: a bare EXISTS of a day at the end of a table written in time order was a
+    sequential scan from its start (the planner counts on rows spread evenly: 80 ms on
+    2 million audit events, twice per page), where the date's index finds it at once."""
+    if connections[rows.db].vendor != "postgresql":
+        return rows.exists()
+    return rows.order_by(field_name).values_list(field_name, flat=True).first() is not None
 
 
 def _bound(rows: QuerySet[Any], column: str, direction: str) -> Any:
