@@ -1,0 +1,54 @@
+"""conversations' hand-written SQL, in one place: the statements on the timed paths
+where the ORM's compile cost more than the database did (an inbound message's
+admission, the flusher's look and claim, a batch of turns finished, the ready turns,
+a turn's history, the typing windows), and the batch statements only SQL can say (a
+JSON recordset joined, a lock in the batch's order). Each says beside it why it is
+hand-written.
+
+In three modules, by the path they serve: `admission`, `flushing`, `turns` (a turn's
+history, a batch finished, the ready turns, the typing windows); their names are
+re-exported here, where the callers take them (`from conversations import sql`).
+
+One style: tables through `table(Model)` (quoted as the backend quotes), columns by
+their bare names (lower-case, needing no quotes on either database), every value a
+parameter; a SELECT list of a whole model from `agentloop.core.rows.columns`. The generic
+statements (one row inserted, a compare-and-swap on one row's state) are
+`agentloop.core.rows.insert` and `update_in_state`. The service modules (`ingest`, `edits`,
+`engine`, `turns`, `worker.typing`) keep the rules; here are only the statements.
+(`liveness` keeps its own: they read PostgreSQL's catalogs, not our tables.)
+"""
+
+from conversations.sql.admission import (
+    CONVERSATION_COLUMNS,
+    contact_ids,
+    conversation_with_state,
+    lock_and_read_conversations,
+    set_buffer,
+    update_open_buffer,
+)
+from conversations.sql.flushing import (
+    BATCH_SHAPES,
+    MERGED_FIELDS,
+    claim_buffers,
+    deadline_param,
+    due_buffer_ids,
+    look,
+    messages_of,
+    next_deadline,
+)
+from conversations.sql.turns import (
+    FINISH_CHUNK,
+    HISTORY_NOTE_FIELDS,
+    HISTORY_TURN_FIELDS,
+    finish_turns,
+    history,
+    open_windows,
+    ready_turns,
+)
+
+__all__ = [
+    "BATCH_SHAPES", "CONVERSATION_COLUMNS", "FINISH_CHUNK", "HISTORY_NOTE_FIELDS", "HISTORY_TURN_FIELDS",
+    "MERGED_FIELDS", "claim_buffers", "contact_ids", "conversation_with_state", "deadline_param",
+    "due_buffer_ids", "finish_turns", "history", "lock_and_read_conversations", "look", "messages_of",
+    "next_deadline", "open_windows", "ready_turns", "set_buffer", "update_open_buffer",
+]

@@ -1,0 +1,191 @@
+"""The flusher's statements (conversations.engine): its look (the due buffers and the
+next deadline in one statement) and its claim (a batch of buffers taken, their turns
+made, their messages read)."""
+
+import functools
+
+from django.db import connection
+
+from agentloop.core.rows import (
+    aware,
+    columns,
+    in_params,
+    in_sql,
+    postgresql,
+    table,
+)
+from conversations.models import (
+    BufferState,
+    Channel,
+    Conversation,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+)
+
+# --- flushing: the flusher's look and claim (conversations.engine) ---------------------
+
+
+def deadline_param(now):
+    """`now` as the buffers' deadlines are stored (the database's datetime form)."""
+    return MessageBuffer._meta.get_field("flush_at").get_db_prep_value(now, connection)
+
+
+# The flusher asks these on every wake-up (tens a second while buffers are open):
+# plain SQL, built once, where the ORM compiled each query anew every time (most of a
+# wake-up's cost). The state as a literal, as the partial indexes are written.
+@functools.cache
+def _due_sql():
+    return (f"SELECT b.id FROM {table(MessageBuffer)} b WHERE b.state = '{BufferState.OPEN.value}' "
+            f"AND b.flush_at <= %s "
+            f"AND NOT EXISTS (SELECT 1 FROM {table(Turn)} t WHERE t.conversation_id = b.conversation_id "
+            f"AND t.state IN (%s, %s)) ORDER BY b.flush_at LIMIT %s")
+
+
+@functools.cache
+def _next_deadline_sql():
+    return (f"SELECT MIN(flush_at) FROM {table(MessageBuffer)} WHERE state = '{BufferState.OPEN.value}' "
+            f"AND flush_at > %s")
+
+
+@functools.cache
+def _look_sql():
+    """`due_buffer_ids` and `next_deadline` in one statement: one wait for the database
+    per wake-up instead of two (the idle floor every worker costs, 20 looks a second)."""
+    return (f"SELECT d.id, NULL FROM ({_due_sql()}) d UNION ALL "
+            f"SELECT NULL, ({_next_deadline_sql()})")
+
+
+def due_buffer_ids(now, limit) -> list:
+    """Open buffers due at `now` whose conversation has no turn ready or running, oldest
+    deadline first."""
+    with connection.cursor() as cursor:
+        cursor.execute(_due_sql(), [deadline_param(now), *Turn.ACTIVE, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def next_deadline(now):
+    """The nearest open buffer's deadline after `now` (aware), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(_next_deadline_sql(), [deadline_param(now)])
+        return aware(cursor.fetchone()[0])
+
+
+def look(now, limit):
+    """(due_buffer_ids, next_deadline) in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_look_sql(), [deadline_param(now), *Turn.ACTIVE, limit, deadline_param(now)])
+        found = cursor.fetchall()
+    due = [buffer_id for buffer_id, _ in found if buffer_id is not None]
+    deadline = next((value for buffer_id, value in found if buffer_id is None), None)
+    return due, aware(deadline)
+
+
+# The claim's statements, in SQL written once per batch size (agentloop/core/rows.py says
+# why): the flusher runs them on every deadline, timed to the millisecond. Bounded: a
+# caller may pass any number of ids, the flusher at most its batch (200).
+BATCH_SHAPES = 256
+
+
+def claim_buffers(ids, now, token) -> list:
+    """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
+    `token`; then the buffers this call won, each with its conversation, channel, the
+    carried-over turn's input (and whether it had files) and whether the conversation has a turn ready or running
+    (`conversation_busy`), deadline order."""
+    MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
+    at = deadline_param(now)
+    claim = [BufferState.FLUSHED.value, at, token, *in_params(ids), BufferState.OPEN.value, at]
+    with connection.cursor() as cursor:
+        if postgresql():
+            # One round trip for the claim and what it won: the flusher's timed step was
+            # six waits for the server, each one more chance to queue behind other work.
+            cursor.execute(_claim_and_read_sql_postgresql(), [*claim, *Turn.ACTIVE])
+        else:
+            cursor.execute(_claim_sql(len(ids)), claim)
+            if not cursor.rowcount:
+                return []
+            cursor.execute(_claimed_sql(len(ids)), [*Turn.ACTIVE, *in_params(ids), token])
+        found = cursor.fetchall()
+    shape = _claimed_shape()
+    buffers = []
+    for row in found:
+        buffer, conversation, channel, carried = (part.build(row[a:b]) for part, a, b in shape)
+        conversation.channel = channel
+        buffer.conversation = conversation
+        buffer.carried_turn = carried if buffer.carried_turn_id else None
+        buffer.conversation_busy = bool(row[-1])  # a turn ready or running there (engine._born_running)
+        buffers.append(buffer)
+    return buffers
+
+
+@functools.cache
+def _claimed_shape():
+    """(columns, first, past-the-last) of each model in a _claimed_sql row."""
+    parts = [columns(MessageBuffer, "b"), columns(Conversation, "c"), columns(Channel, "ch"),
+             columns(Turn, "ct", frozenset({"id", "merged_input", "has_media"}))]
+    shape, at = [], 0
+    for part in parts:
+        shape.append((part, at, at + part.width))
+        at += part.width
+    return shape
+
+
+@functools.lru_cache(maxsize=BATCH_SHAPES)
+def _claim_sql(n):
+    return (f"UPDATE {table(MessageBuffer)} SET state = %s, flushed_at = %s, flushed_by = %s, "
+            f"flush_reason = planned_reason "
+            f"WHERE {in_sql('id', n)} AND state = %s AND flush_at <= %s")
+
+
+@functools.lru_cache(maxsize=BATCH_SHAPES)
+def _claimed_sql(n):
+    return (f"SELECT {_claimed_select()}, {_busy_sql()} FROM {table(MessageBuffer)} b {_claimed_joins()} "
+            f"WHERE {in_sql('b.id', n)} AND b.flushed_by = %s "
+            f"ORDER BY b.flush_at, b.id")
+
+
+@functools.cache
+def _claim_and_read_sql_postgresql():
+    """_claim_sql and _claimed_sql in one statement (the UPDATE's RETURNING as `b`)."""
+    return (f"WITH b AS ({_claim_sql(0)} RETURNING *) SELECT {_claimed_select()}, {_busy_sql()} FROM b "
+            f"{_claimed_joins()} ORDER BY b.flush_at, b.id")
+
+
+def _busy_sql():
+    """Whether the claimed buffer's conversation has a turn ready or running, per row."""
+    return (f"EXISTS (SELECT 1 FROM {table(Turn)} t WHERE t.conversation_id = b.conversation_id "
+            f"AND t.state IN (%s, %s))")
+
+
+def _claimed_select():
+    return ", ".join(part.sql for part, *_ in _claimed_shape())
+
+
+def _claimed_joins():
+    return (f"JOIN {table(Conversation)} c ON c.id = b.conversation_id "
+            f"JOIN {table(Channel)} ch ON ch.id = c.channel_id "
+            f"LEFT JOIN {table(Turn)} ct ON ct.id = b.carried_turn_id")
+
+
+MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "album_id", "sender_name", "reply_target",
+                           "thread_id", "received_at", "media_file_id", "mentioned", "traceparent"})
+
+
+def messages_of(buffer_ids) -> dict:
+    """{buffer id: its messages, oldest first}, with the fields a merge reads (MERGED_FIELDS)."""
+    ids = list(buffer_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(_messages_sql(len(ids)), in_params(ids))
+        found = cursor.fetchall()
+    shape = columns(InboundMessage, "m", MERGED_FIELDS)
+    by_buffer = {}
+    for row in found:
+        message = shape.build(row)
+        by_buffer.setdefault(message.buffer_id, []).append(message)
+    return by_buffer
+
+
+@functools.lru_cache(maxsize=BATCH_SHAPES)
+def _messages_sql(n):
+    return (f"SELECT {columns(InboundMessage, 'm', MERGED_FIELDS).sql} FROM {table(InboundMessage)} m "
+            f"WHERE {in_sql('m.buffer_id', n)} ORDER BY m.received_at, m.id")
