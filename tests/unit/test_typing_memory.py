@@ -20,12 +20,16 @@ from conversations.models import Turn
 from conversations.worker.typing import Typing
 
 
-def test_a_released_typing_loop_leaves_no_cycle_behind(make_channel, fake_telegram, transactional_db):
-    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "77:TYPING",
-                                                                     "api_base": fake_telegram.url})
-    admit(channel, Inbound(platform_message_id="1", chat_id="501", sender_id="501", text="hola", reply_target="1"))
+def a_turn(make_channel, fake_telegram, token, chat):
+    """One message's turn on a Telegram channel whose Bot API is the local fake."""
+    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": token, "api_base": fake_telegram.url})
+    admit(channel, Inbound(platform_message_id="1", chat_id=chat, sender_id=chat, text="hola", reply_target="1"))
     engine.flush_due(timezone.now() + timedelta(minutes=1))
-    turn = Turn.objects.select_related("conversation__channel").get()
+    return Turn.objects.select_related("conversation__channel").get()
+
+
+def test_a_released_typing_loop_leaves_no_cycle_behind(make_channel, fake_telegram, transactional_db):
+    turn = a_turn(make_channel, fake_telegram, "77:TYPING", "501")
 
     async def show_then_release():
         typing = Typing(worker=None, interval=30)
@@ -58,11 +62,7 @@ def test_a_release_that_meets_the_answer_still_ends_the_loop(make_channel, fake_
     confirmation nothing would give (a task kept per such chat; in the suite, a test
     that hung CI's busy phase). Here the release is made to land exactly there: from the
     typing call's own done callback, queued right after wait_for's."""
-    channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "77:RACE",
-                                                                     "api_base": fake_telegram.url})
-    admit(channel, Inbound(platform_message_id="1", chat_id="502", sender_id="502", text="hola", reply_target="1"))
-    engine.flush_due(timezone.now() + timedelta(minutes=1))
-    turn = Turn.objects.select_related("conversation__channel").get()
+    turn = a_turn(make_channel, fake_telegram, "77:RACE", "502")
 
     async def release_as_answered():
         typing = Typing(worker=None, interval=30)
