@@ -112,8 +112,7 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of a
         if (not self.edge_field or leading.lstrip("-") != self.edge_field or top > PAGE_EDGE
                 or connections[rows.db].vendor != "sqlite"):  # PostgreSQL's planner needs no help here (see _bound)
             return None
-        edge = rows.model._default_manager.order_by(*order).values("pk")[:PAGE_EDGE]
-        near = list(rows.filter(pk__in=edge).values_list("pk", flat=True)[:top])
+        near = list(rows.filter(pk__in=table_edge(rows, order, PAGE_EDGE)).values_list("pk", flat=True)[:top])
         return near[bottom:] if len(near) == top else None
 
 
@@ -167,6 +166,13 @@ class ProbedDates:
         return found if order == "ASC" else found[::-1]
 
 
+def table_edge(rows: QuerySet[Any], order: list[Any], size: int) -> QuerySet[Any]:
+    """The ids of the first `size` rows of the whole table (no filter) in `order`, as a
+    subquery: where a list's first rows are looked for on SQLite (`_bound`, the page)."""
+    edge: QuerySet[Any] = rows.model._default_manager.order_by(*order).values("pk")[:size]
+    return edge
+
+
 def _holds_any(rows: QuerySet[Any], field_name: str) -> bool:
     """Whether a period of the list holds a row. On PostgreSQL asked along the date's
     order: a bare EXISTS of a day at the end of a table written in time order was a
@@ -187,7 +193,7 @@ def _bound(rows: QuerySet[Any], column: str, direction: str) -> Any:
     ordered = rows.filter(**{f"{column}__isnull": False}).order_by(f"{direction}{column}")
     if connections[rows.db].vendor != "sqlite":  # PostgreSQL's planner walks the date's index itself (1 ms),
         return ordered.values_list(column, flat=True).first()  # and hashed the whole list against the sample (70 ms)
-    edge = rows.model._default_manager.order_by(f"{direction}{column}").values("pk")[:BOUND_SAMPLE]
+    edge = table_edge(rows, [f"{direction}{column}"], BOUND_SAMPLE)
     value = ordered.filter(pk__in=edge).values_list(column, flat=True).first()
     return value if value is not None else ordered.values_list(column, flat=True).first()
 
