@@ -5,12 +5,15 @@ import itertools
 import os
 import secrets
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
+from agentloop.core.rows import postgresql
 from delivery import pacing, sql
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.ledger.outcomes import release
@@ -225,7 +228,12 @@ def claim_written(rows, owner, now=None, token=""):
     now = now or timezone.now()
     token = token or new_token()
     ids = [row.pk for row in rows]
-    won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
+    # On SQLite in a transaction of its own: a transaction queues for the one write lock
+    # (agentloop.core.sqlite), an autocommitted statement polls for it, and lost it to a
+    # web process committing back to back (12 % of the worker's samples, its completions
+    # waiting). PostgreSQL's UPDATE queues on the rows alone.
+    with nullcontext() if postgresql() else transaction.atomic():
+        won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them
         row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now
