@@ -215,6 +215,43 @@ def test_rows_created_many_at_once_are_the_rows_the_orm_would_have_written(make_
         assert rows.in_params([3, 1, 2]) == ["{3,1,2}"]
 
 
+def test_the_values_a_batch_inserts_are_djangos_with_and_without_the_shortcut(make_channel, make_conversation):
+    """insert_many hands a plain value of a plain field to the database as it is, skipping
+    Django's get_db_prep_save; every other value takes Django's way. Both give what
+    Django's own chain gives, field by field and as the batch's JSON: a str of a text field, an int of an integer
+    field and of a row's key, a bool, a float, None, and values that must be converted
+    (a str-valued choice, a bool given to an integer field, a datetime, JSON)."""
+    from django.db import connection
+
+    from agentloop.core import rows
+    from conversations.models import FlushReason
+    from delivery.models import OutboundKind, OutboundMessage
+
+    channel = make_channel("plain")
+    conversation = make_conversation(channel, "ana")
+    instances = [
+        OutboundMessage(channel=channel, conversation=conversation, chat_id="5", kind=OutboundKind.REPLY,
+                        needs_marker=True, text="hola", chunks=["a", {"b": 1}], attempts=2,
+                        next_attempt_at=T0, created_at=T0),
+        OutboundMessage(channel_id=channel.pk, conversation_id=conversation.pk, turn_id=None, chat_id="6", kind="notice",
+                        needs_marker=False, text="", chunks=[], attempts=True, next_attempt_at=None, created_at=T0),
+        Turn(conversation=conversation, created_at=T0, flush_reason=FlushReason.WINDOW, merged_input="x",
+             has_media=False, attempts=0),
+    ]
+    for instance in instances:
+        _, fields = rows._insert_sql(type(instance), (), ("id",), True)
+        shortcut = [prepare(instance) for prepare in rows._preparers(tuple(fields))]
+        django = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+        for field, mine, theirs in zip(fields, shortcut, django, strict=True):
+            # As the batch's JSON carries them (PostgreSQL's Django wraps an int: Int4(2) == 2).
+            assert rows._json_value(mine) == rows._json_value(theirs), field.name
+        names = [field.column for field in fields]
+        assert rows.records(names, [shortcut]) == rows.records(names, [django])  # the JSON the statement reads
+    assert rows._preparers(tuple(fields)) is rows._preparers(tuple(fields))  # made once per field list
+    made = rows.create_many(OutboundMessage, instances[:2])
+    assert OutboundMessage.objects.get(pk=made[1].pk).attempts == 1  # the bool, converted by Django
+
+
 def test_aware_gives_the_orms_datetime_and_refuses_text_that_is_no_date_time():
     from agentloop.core import rows
 
