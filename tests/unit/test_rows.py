@@ -2,7 +2,7 @@
 what they build must be what the ORM would have loaded — aware datetimes, decoded JSON,
 booleans — on SQLite and on PostgreSQL alike. Time is injected."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -234,7 +234,8 @@ def test_the_values_a_batch_inserts_are_djangos_with_and_without_the_shortcut(ma
                         needs_marker=True, text="hola", chunks=["a", {"b": 1}], attempts=2,
                         next_attempt_at=T0, created_at=T0),
         OutboundMessage(channel_id=channel.pk, conversation_id=conversation.pk, turn_id=None, chat_id="6", kind="notice",
-                        needs_marker=False, text="", chunks=[], attempts=True, next_attempt_at=None, created_at=T0),
+                        needs_marker=False, text="", chunks=[], attempts=True, next_attempt_at=None,
+                        created_at=T0.astimezone(timezone(timedelta(hours=-3)))),
         Turn(conversation=conversation, created_at=T0, flush_reason=FlushReason.WINDOW, merged_input="x",
              has_media=False, attempts=0),
     ]
