@@ -12,31 +12,14 @@ Also prints each whole `insert_many` (values, JSON, the statement) in a transact
 for the values' share of it. The database's tables are written to: give it one of its own.
 """
 
-import os
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parents[2]
+from tests.bench import statements
+
 BATCH = 16
 ROUNDS = 300
-
-
-def setup():
-    if not os.environ.get("DATABASE_URL"):
-        db = BASE_DIR / "var" / "bench-batch-values.sqlite3"
-        db.parent.mkdir(exist_ok=True)
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
-        os.environ["DATABASE_URL"] = f"sqlite:///{db}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentloop.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
 
 
 def batches():
@@ -86,7 +69,7 @@ def per_batch(work, rounds=ROUNDS):
 
 
 def main():
-    setup()
+    statements.setup("bench-batch-values")
     from django.db import connection, transaction
 
     from agentloop.core import rows

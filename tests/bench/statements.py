@@ -23,9 +23,11 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 BATCH = 32
 
 
-def setup():
+def setup(scratch="statements"):
+    """Django on DATABASE_URL, else on a fresh SQLite file var/<scratch>.sqlite3; migrated
+    and emptied (tests.bench.batch_values uses it too)."""
     if not os.environ.get("DATABASE_URL"):
-        db = BASE_DIR / "var" / "statements.sqlite3"
+        db = BASE_DIR / "var" / f"{scratch}.sqlite3"
         db.parent.mkdir(exist_ok=True)
         for suffix in ("", "-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
