@@ -108,20 +108,14 @@ def lock_and_read_conversations(keys) -> list:
 def contact_ids(keys) -> list:
     """(id, channel id, platform id) of the contacts with these (channel id, platform id)
     keys, the keys as one JSON parameter (a batch's senders seen before)."""
-    if not postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT c.id, c.channel_id, c.platform_id FROM "
-                f"{recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
-                f"JOIN {table(Contact)} c ON {_key_matches('platform_id')}",
-                [records(("channel_id", "platform_id"), keys)])
-            return cursor.fetchall()
+    select = "c.id, c.channel_id, c.platform_id"
+    if postgresql():
+        join = f"CROSS JOIN LATERAL ({_one_by_key(Contact, 'platform_id', select=select)}) c"
+    else:
+        join = f"JOIN {table(Contact)} c ON {_key_matches('platform_id')}"
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT c.id, c.channel_id, c.platform_id FROM "
-            f"{recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
-            f"CROSS JOIN LATERAL ({_one_by_key(Contact, 'platform_id', select='c.id, c.channel_id, c.platform_id')}) c",
-            [records(("channel_id", "platform_id"), keys)])
+        cursor.execute(f"SELECT {select} FROM {recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
+                       f"{join}", [records(("channel_id", "platform_id"), keys)])
         return cursor.fetchall()
 
 
