@@ -1,5 +1,5 @@
 """The REST API is true to its OpenAPI schema (/api/schema/): schemathesis runs what
-`schemathesis run --checks all --max-examples 60 --seed 1` runs (its examples, coverage,
+`schemathesis run --checks all --max-examples 25 --seed 1` runs (its examples, coverage,
 fuzzing and stateful phases, every check) against the app in-process, on data that
 exists: an api channel of a pull agent with messages and ready turns, an agent key.
 The phases run as three tests (examples with coverage, fuzzing, stateful), so that the
@@ -26,7 +26,7 @@ from conversations.api.reading import ConversationMessagesQuery
 from conversations.ingest import Inbound, admit
 
 SEED = 1
-EXAMPLES = 60
+EXAMPLES = 25
 LONGEST_WAIT = ConversationMessagesQuery().fields["wait"].max_value  # a long poll's, in seconds
 SLUG = "shop"
 EDITED = "m0"  # a message the key's agent may edit

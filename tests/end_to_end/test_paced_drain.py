@@ -101,12 +101,12 @@ def test_a_burst_of_1000_new_chats_drains_paced_every_reply_once_none_labelled(p
 
 
 def test_sustained_intake_against_an_unlimited_platform_labels_nothing(processes, make_channel, fake_telegram):
-    """New chats as fast as the web process takes them, unpaced, for 30 s: sends queue for
+    """New chats as fast as the web process takes them, unpaced, for 15 s: sends queue for
     the bot's connections and go out plain whenever they get one."""
     telegram_channel(make_channel, fake_telegram, extra=UNPACED)
     web = processes.web(wait=False)
     processes.worker()
-    seconds, rate = 30, 150
+    seconds, rate = 15, 150
     chats = [8_000_000 + i for i in range(seconds * rate)]
     statuses = post_at_rate(web, "tg", chats, rate=rate)
     accepted = statuses.count(200)
