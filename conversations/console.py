@@ -4,7 +4,7 @@ publishes, and the dashboard's figures (open buffers, turns in flight, flush rea
 from django.db.models import Count
 from django.utils import timezone
 
-from agentloop.core import live
+from agentloop.core import big_tables, live
 from conversations.media import links
 from conversations.models import BufferState, InboundMessage, MessageBuffer, Turn
 
@@ -81,6 +81,11 @@ def turns_in_flight(limit=50):
         "agent": t.conversation.channel.agent, "state": t.state, "fired_effect": t.fired_effect,
         "created_at": _iso(t.created_at), "started_at": _iso(t.started_at), "text": t.merged_input[:200],
     } for t in rows]
+
+
+def turns_window(since, turns):
+    """When the window holding at most the latest `turns` turns since `since` starts."""
+    return big_tables.window_of_latest(Turn.objects.all(), "created_at", since, turns)
 
 
 def flush_reasons(since):

@@ -73,6 +73,11 @@ def _open_rows():
         yield from ((state, channel_id, outcome) for channel_id, outcome in rows[:STATE_COUNT_CAP])
 
 
+def replies_window(since, rows):
+    """When the window holding at most the latest `rows` ledger rows since `since` starts."""
+    return big_tables.window_of_latest(OutboundMessage.objects.all(), "created_at", since, rows)
+
+
 def outcomes_since(since):
     """The last outcome of rows created since then (delivered, flood, temporary…)."""
     return dict(OutboundMessage.objects.filter(created_at__gte=since).exclude(last_outcome="")

@@ -4,6 +4,7 @@ and the claims per tool behind the guard's telemetry."""
 from django.db.models import Count
 from django.utils import timezone
 
+from agentloop.core import big_tables
 from tools.models import ActionClaim, Proposal, ProposalState
 
 
@@ -22,8 +23,5 @@ def claims_by_tool(since):
 
 
 def window_of_latest(since, claims):
-    """When the window holding at most the latest `claims` claims since `since` starts:
-    `since` itself when fewer were taken, else the oldest of those (one index seek)."""
-    oldest = (ActionClaim.objects.filter(created_at__gte=since).order_by("-created_at")
-              .values_list("created_at", flat=True)[claims - 1:claims].first())
-    return max(since, oldest) if oldest else since
+    """When the window holding at most the latest `claims` claims since `since` starts."""
+    return big_tables.window_of_latest(ActionClaim.objects.all(), "created_at", since, claims)

@@ -26,6 +26,10 @@ QUIET_AFTER = 20
 # the same window (issue 30: a week of 500,000 claims was most of a 2.7 s snapshot).
 TELEMETRY_CLAIMS = 10_000
 CHART_DAYS = 14
+# The 24-hour charts (flush reasons, delivery outcomes) shrink to the latest this many
+# turns or ledger rows when a day holds more: a busy day's 150,000 rows were most of the
+# grown database's snapshot on PostgreSQL (issue 30). Their shares are what the charts show.
+CHART_ROWS = 10_000
 
 
 def snapshot(now=None) -> dict:
@@ -35,6 +39,8 @@ def snapshot(now=None) -> dict:
 
 def _picture(now) -> dict:
     day = now - timedelta(hours=24)
+    turns_since = conversations_console.turns_window(day, CHART_ROWS)
+    replies_since = delivery_console.replies_window(day, CHART_ROWS)
     return {
         "now": now.isoformat(),
         "buffers": conversations_console.open_buffers(),
@@ -47,8 +53,11 @@ def _picture(now) -> dict:
         "charts": {
             "duplicates_per_day": _days(audit_console.duplicates_by_day(now - timedelta(days=CHART_DAYS - 1)), now),
             "duplicates_per_tool": audit_console.duplicates_by_tool(now - timedelta(days=CHART_DAYS)),
-            "flush_reasons": conversations_console.flush_reasons(day),
-            "delivery_outcomes": delivery_console.outcomes_since(day),
+            "flush_reasons": conversations_console.flush_reasons(turns_since),
+            "delivery_outcomes": delivery_console.outcomes_since(replies_since),
+            # When each 24-hour chart starts: later than 24 hours ago when it was shrunk.
+            "since": {"flush_reasons": turns_since.isoformat(), "delivery_outcomes": replies_since.isoformat(),
+                      "day": day.isoformat(), "latest": CHART_ROWS},
         },
         "telemetry": guard_telemetry(now),
     }

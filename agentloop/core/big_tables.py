@@ -67,6 +67,16 @@ def count_up_to(rows: QuerySet[Any], cap: int = COUNT_CAP) -> int:
     return rows.order_by()[: cap + 1].count()
 
 
+def window_of_latest(rows: QuerySet[Any], field: str, since: Any, latest: int) -> Any:
+    """When the window holding at most the `latest` newest of `rows` since `since` starts:
+    `since` itself when fewer are that recent, else the `field` of the oldest of those
+    (one walk of `latest` entries of the field's index). A chart or a rate over the window
+    then reads a bounded number of rows however busy the day was."""
+    oldest = (rows.filter(**{f"{field}__gte": since}).order_by(f"-{field}")
+              .values_list(field, flat=True)[latest - 1:latest].first())
+    return max(since, oldest) if oldest else since
+
+
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]  # rows of any model
     """Exact up to COUNT_CAP rows; past it, the planner's estimate (PostgreSQL) or the cap."""
 

@@ -75,11 +75,19 @@
     C.hbars(document.getElementById("chart-per-tool"), data.charts.duplicates_per_tool);
     C.hbars(document.getElementById("chart-reasons"), data.charts.flush_reasons, REASONS);
     C.hbars(document.getElementById("chart-outcomes"), data.charts.delivery_outcomes);
+    span("span-reasons", data.charts.since, "flush_reasons", "turns");
+    span("span-outcomes", data.charts.since, "delivery_outcomes", "replies");
     section("telemetry", data.telemetry).replaceChildren(...data.telemetry.map((t) => el("tr", {class: t.flag ? "flagged" : ""},
       el("td", {}, el("code", {}, t.tool)), el("td", {}, String(t.claims)), el("td", {}, String(t.duplicates)),
       el("td", {}, String(t.per_100_turns)),
       el("td", {}, t.flag ? el("span", {class: `pill pill-${t.flag === "high" ? "bad" : "wait"}`}, t.flag) : "—"))));
     tick();
+  }
+
+  // A 24-hour chart shrunk to the latest rows of a busy day says from when it counts.
+  function span(id, since, chart, rows) {
+    const shrunk = since && since[chart] !== since.day;
+    document.getElementById(id).textContent = shrunk ? `(latest ${since.latest.toLocaleString()} ${rows}: since ${C.clock(since[chart])})` : "(24 h)";
   }
 
   function perDay(days) {

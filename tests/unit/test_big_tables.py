@@ -236,6 +236,37 @@ def test_a_page_is_its_ids_then_their_rows_in_the_same_order(operator):
     assert [e.pk for e in first + second] == [e.pk for e in made]
 
 
+def test_the_24_hour_charts_shrink_to_the_latest_rows_of_a_busy_day(make_channel, make_conversation, monkeypatch):
+    from conversations.models import Turn
+
+    channel = make_channel("tg")
+    conversation = make_conversation(channel, "101")
+    now = timezone.now()
+    # The newest first: two turns flushed by their window, then two by max wait; the
+    # replies likewise, two delivered then two ambiguous; and one of each a day old.
+    for i, reason in enumerate(["window", "window", "max_wait", "max_wait"]):
+        Turn.objects.create(conversation=conversation, merged_input="x", flush_reason=reason,
+                            created_at=now - timedelta(hours=i + 1))
+    Turn.objects.create(conversation=conversation, merged_input="x", flush_reason="media",
+                        created_at=now - timedelta(hours=30))
+    OutboundMessage.objects.bulk_create([
+        OutboundMessage(conversation=conversation, channel=channel, chat_id="101", text="…", last_outcome=outcome,
+                        created_at=now - timedelta(hours=i + 1))
+        for i, outcome in enumerate(["delivered", "delivered", "ambiguous", "ambiguous"])])
+    charts = dashboard.snapshot(now)["charts"]
+    assert charts["flush_reasons"] == {"window": 2, "max_wait": 2}
+    assert charts["delivery_outcomes"] == {"delivered": 2, "ambiguous": 2}
+    assert charts["since"]["flush_reasons"] == charts["since"]["day"] == (now - timedelta(hours=24)).isoformat()
+
+    monkeypatch.setattr(dashboard, "CHART_ROWS", 3)
+    charts = dashboard.snapshot(now)["charts"]
+    assert charts["flush_reasons"] == {"window": 2, "max_wait": 1}
+    assert charts["delivery_outcomes"] == {"delivered": 2, "ambiguous": 1}
+    assert charts["since"]["flush_reasons"] == (now - timedelta(hours=3)).isoformat()
+    assert charts["since"]["delivery_outcomes"] == (now - timedelta(hours=3)).isoformat()
+    assert charts["since"]["latest"] == 3
+
+
 def test_a_page_keeps_the_changelists_annotations(operator, make_channel, make_conversation):
     from conversations.models import Turn
 
