@@ -100,6 +100,19 @@ def test_turn_mode_types_only_while_the_agent_runs(processes, make_channel, fake
     assert_none_after(typing, reply)
 
 
+def test_turn_mode_shows_nothing_for_an_agent_that_answers_at_once(processes, make_channel, fake_telegram):
+    """A turn's own indicator waits typing.TURN_GRACE (0.3 s at Telegram's 4 s refresh):
+    an answer sooner needs none, and no call is begun and abandoned for it."""
+    telegram_channel(make_channel, fake_telegram, typing_mode="turn", window_open=0.5, agent_config={"delay": 0})
+    web, _ = processes.web(), started_worker(processes, AGENTLOOP_TYPING_INTERVAL="0")
+    for chat in (101, 102, 103):
+        send(web, "tg", chat, "¿Abren mañana?")
+    wait_until(lambda: {101, 102, 103} <= {int(c.params["chat_id"]) for c in fake_telegram.calls("sendMessage")},
+               timeout=15, message="the three replies")
+    settle(1.0)
+    assert fake_telegram.calls("sendChatAction") == []
+
+
 def test_never_shows_no_typing(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram, typing_mode="never", window_open=1.5, agent_config={"delay": 1.0})
     web, _ = processes.web(), started_worker(processes)
