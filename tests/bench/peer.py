@@ -184,8 +184,12 @@ class Agentloop(System):
                     # Unpaced: the local Bot API keeps no limits and the Chat SDK paces nothing;
                     # this compares intake, not Telegram's 30 messages/s (bench `paced` does).
                     "--messages-per-second", "0", "--chat-interval", "0", "--group-messages-per-minute", "0",
-                    # BENCH_PEER_TYPING=turn|never: what instant typing (the default) costs here.
-                    *(["--typing-mode", os.environ["BENCH_PEER_TYPING"]] if os.environ.get("BENCH_PEER_TYPING") else []))
+                    # Typing as the peer's handler does it: the peer starts no indicator (its
+                    # handler posts the reply at once), and agentloop's `turn` mode shows one
+                    # only while an agent runs longer than typing.TURN_GRACE, which the echo
+                    # never does. `instant` (a new channel's default) also types through every
+                    # open window: BENCH_PEER_TYPING=instant measures what that costs here.
+                    "--typing-mode", os.environ.get("BENCH_PEER_TYPING", "turn"))
 
     def env(self, port=None):
         # `make run`'s defaults: no DEBUG, INFO logging, the product's own URLs and poll interval.
