@@ -367,7 +367,7 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
         phone, laptop = (WebsocketCommunicator(application, "/ws/console/playground/playground/", headers=headers)
                          for _ in range(2))
         for page in (phone, laptop):
-            assert (await page.connect())[0]
+            assert (await page.connect(10))[0]
             hello = await page.receive_json_from(timeout=5)
         conversation = await sync_to_async(Conversation.objects.get)(pk=hello["conversation"])
         await sync_to_async(propose)(conversation)
@@ -393,7 +393,7 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
 
     async def transcript_buttons():
         page = WebsocketCommunicator(application, "/ws/console/playground/playground/", headers=headers)
-        assert (await page.connect())[0]
+        assert (await page.connect(10))[0]
         hello = await page.receive_json_from(timeout=5)
         await page.disconnect()
         return [item["buttons"] for item in hello["transcript"] if item.get("buttons")]

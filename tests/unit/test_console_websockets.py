@@ -47,6 +47,11 @@ def headers_for(user=None, origin=ORIGIN):
     return [h for h in (origin, session_cookie(user) if user else None) if h]
 
 
+# The handshake runs the consumer's checks and the live relay's start, a few database
+# steps: channels' default of 1 s timed out once in CI's busy phase (six tests on two cores).
+CONNECT_TIMEOUT = 10
+
+
 def communicator(path, headers):
     return WebsocketCommunicator(application, path, headers=headers)
 
@@ -57,7 +62,7 @@ def talk(path, user, body):
 
     async def run():
         comm = communicator(path, headers)
-        connected, _ = await comm.connect()
+        connected, _ = await comm.connect(CONNECT_TIMEOUT)
         assert connected
         await body(comm, await comm.receive_json_from(timeout=5))
         await comm.disconnect()
@@ -89,7 +94,7 @@ def test_anonymous_is_refused(playground, path):
 
     async def run():
         comm = communicator(path, headers)
-        connected, _ = await comm.connect()
+        connected, _ = await comm.connect(CONNECT_TIMEOUT)
         assert not connected
     asyncio.run(run())
 
@@ -101,7 +106,7 @@ def test_a_user_who_is_not_staff_is_refused(playground, path):
 
     async def run():
         comm = communicator(path, headers)
-        connected, code = await comm.connect()
+        connected, code = await comm.connect(CONNECT_TIMEOUT)
         assert not connected and code == 4403
     asyncio.run(run())
 
@@ -117,7 +122,7 @@ def test_each_page_needs_its_permission(playground):
     async def run():
         for headers, path, expected in cases:
             comm = communicator(path, headers)
-            connected, code = await comm.connect()
+            connected, code = await comm.connect(CONNECT_TIMEOUT)
             assert connected is expected, path
             if connected:
                 await comm.disconnect()
@@ -131,7 +136,7 @@ def test_another_sites_page_cannot_open_the_socket(playground):
 
     async def run():
         comm = communicator("/ws/console/dashboard/", headers)
-        connected, _ = await comm.connect()
+        connected, _ = await comm.connect(CONNECT_TIMEOUT)
         assert not connected
     asyncio.run(run())
 
@@ -144,7 +149,7 @@ def test_playground_of_an_unknown_or_non_webchat_channel_is_refused(playground):
     async def run():
         for slug in ("nope", "api-chan"):
             comm = communicator(f"/ws/console/playground/{slug}/", headers)
-            connected, code = await comm.connect()
+            connected, code = await comm.connect(CONNECT_TIMEOUT)
             assert not connected and code == 4404
     asyncio.run(run())
 
