@@ -35,6 +35,9 @@ class Flusher(threading.Thread):
         # Whether the last look saw any open buffer (due, or with a deadline ahead): the
         # typing look (worker.typing) asks the database nothing while none is open.
         self.saw_open_buffers = False
+        # The last look found a whole batch due: more were waiting, so the flushes are
+        # late and the next batch may be bigger (dbthread.write_batch).
+        self.behind = False
 
     def run(self):
         backoff = Backoff()
@@ -61,7 +64,9 @@ class Flusher(threading.Thread):
     def step(self) -> float:
         """Flush what is due; return how long to sleep before the next look."""
         now = timezone.now()
-        due, deadline = engine.look(now, write_batch())
+        most = write_batch(behind=self.behind)
+        due, deadline = engine.look(now, most)
+        self.behind = len(due) >= most
         if due:
             room = self.capacity() if self.adopt is not None else 0
             try:
