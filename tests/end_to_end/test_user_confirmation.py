@@ -347,10 +347,8 @@ def test_a_question_left_open_on_an_api_channel_is_not_answered_by_a_posted_yes(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
-    from channels.testing import WebsocketCommunicator
-
-    from agentloop.asgi import application
     from conversations.models import Channel
+    from tests.console_socket import ConsoleSocket
 
     Channel.objects.create(slug="playground", kind="webchat", agent="demo")
     user_policy()
@@ -364,10 +362,10 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
     async def run():
         from asgiref.sync import sync_to_async
 
-        phone, laptop = (WebsocketCommunicator(application, "/ws/console/playground/playground/", headers=headers)
+        phone, laptop = (ConsoleSocket("/ws/console/playground/playground/", headers)
                          for _ in range(2))
         for page in (phone, laptop):
-            assert (await page.connect(10))[0]
+            assert (await page.connect())[0]
             hello = await page.receive_json_from(timeout=5)
         conversation = await sync_to_async(Conversation.objects.get)(pk=hello["conversation"])
         await sync_to_async(propose)(conversation)
@@ -392,8 +390,8 @@ def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
             await page.disconnect()
 
     async def transcript_buttons():
-        page = WebsocketCommunicator(application, "/ws/console/playground/playground/", headers=headers)
-        assert (await page.connect(10))[0]
+        page = ConsoleSocket("/ws/console/playground/playground/", headers)
+        assert (await page.connect())[0]
         hello = await page.receive_json_from(timeout=5)
         await page.disconnect()
         return [item["buttons"] for item in hello["transcript"] if item.get("buttons")]

@@ -8,15 +8,14 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
-from agentloop.asgi import application
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel
+from tests.console_socket import ConsoleSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,13 +46,8 @@ def headers_for(user=None, origin=ORIGIN):
     return [h for h in (origin, session_cookie(user) if user else None) if h]
 
 
-# The handshake runs the consumer's checks and the live relay's start, a few database
-# steps: channels' default of 1 s timed out once in CI's busy phase (six tests on two cores).
-CONNECT_TIMEOUT = 10
-
-
 def communicator(path, headers):
-    return WebsocketCommunicator(application, path, headers=headers)
+    return ConsoleSocket(path, headers)
 
 
 def talk(path, user, body):
@@ -62,7 +56,7 @@ def talk(path, user, body):
 
     async def run():
         comm = communicator(path, headers)
-        connected, _ = await comm.connect(CONNECT_TIMEOUT)
+        connected, _ = await comm.connect()
         assert connected
         await body(comm, await comm.receive_json_from(timeout=5))
         await comm.disconnect()
@@ -94,7 +88,7 @@ def test_anonymous_is_refused(playground, path):
 
     async def run():
         comm = communicator(path, headers)
-        connected, _ = await comm.connect(CONNECT_TIMEOUT)
+        connected, _ = await comm.connect()
         assert not connected
     asyncio.run(run())
 
@@ -106,7 +100,7 @@ def test_a_user_who_is_not_staff_is_refused(playground, path):
 
     async def run():
         comm = communicator(path, headers)
-        connected, code = await comm.connect(CONNECT_TIMEOUT)
+        connected, code = await comm.connect()
         assert not connected and code == 4403
     asyncio.run(run())
 
@@ -122,7 +116,7 @@ def test_each_page_needs_its_permission(playground):
     async def run():
         for headers, path, expected in cases:
             comm = communicator(path, headers)
-            connected, code = await comm.connect(CONNECT_TIMEOUT)
+            connected, code = await comm.connect()
             assert connected is expected, path
             if connected:
                 await comm.disconnect()
@@ -136,7 +130,7 @@ def test_another_sites_page_cannot_open_the_socket(playground):
 
     async def run():
         comm = communicator("/ws/console/dashboard/", headers)
-        connected, _ = await comm.connect(CONNECT_TIMEOUT)
+        connected, _ = await comm.connect()
         assert not connected
     asyncio.run(run())
 
@@ -149,7 +143,7 @@ def test_playground_of_an_unknown_or_non_webchat_channel_is_refused(playground):
     async def run():
         for slug in ("nope", "api-chan"):
             comm = communicator(f"/ws/console/playground/{slug}/", headers)
-            connected, code = await comm.connect(CONNECT_TIMEOUT)
+            connected, code = await comm.connect()
             assert not connected and code == 4404
     asyncio.run(run())
 
