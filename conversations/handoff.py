@@ -115,12 +115,19 @@ def give_back_idle(now=None) -> list:
     to the agent (the worker's housekeeping). Returns their ids."""
     now = now or timezone.now()
     given = []
-    held = Conversation.objects.filter(state=ConversationState.PERSON, channel__handoff_idle_minutes__gt=0)
-    for pk, minutes, active in held.values_list("pk", "channel__handoff_idle_minutes", "person_active_at"):
+    for pk, minutes, active in held_with_idle_time():
         if active is None or active + timedelta(minutes=minutes) <= now:
             if give_back(pk, "idle", now):
                 given.append(pk)
     return given
+
+
+def held_with_idle_time():
+    """(id, the channel's idle minutes, the person's last sign of life) of each held
+    conversation whose channel gives it back when idle: read through the partial index of
+    held conversations (`conversation_held_idx`), whatever the number of the others."""
+    held = Conversation.objects.filter(state=ConversationState.PERSON, channel__handoff_idle_minutes__gt=0)
+    return held.values_list("pk", "channel__handoff_idle_minutes", "person_active_at")
 
 
 def _since(conversation):

@@ -15,6 +15,7 @@ from agentloop.console import dashboard
 from agentloop.core import big_tables
 from audit import console as audit_console
 from audit.models import AuditEvent, EventKind
+from conversations import handoff
 from conversations.models import InboundMessage
 from delivery import console as delivery_console
 from delivery import ledger
@@ -163,6 +164,8 @@ def plan(queryset, put_aside=()) -> str:
     ("claim_conversation_idx", lambda: ActionClaim.objects.filter(conversation_id=1).order_by("-created_at")[:200],
      ["claim_created_idx"]),
     ("claim_created_idx", lambda: ActionClaim.objects.order_by("-created_at")[:100], []),
+    # The worker's housekeeping, every few seconds: held conversations only, not every one.
+    ("conversation_held_idx", handoff.held_with_idle_time, []),
 ])
 def test_the_story_and_changelist_queries_have_their_index(db, index, query, put_aside):
     assert index in plan(query(), put_aside)
