@@ -365,7 +365,11 @@ class TurnRunner:
         for turn_id in Turn.objects.filter(pk__in=turn_ids, state=TurnState.RUNNING, fired_effect=False,
                                            conversation__state=ConversationState.PERSON).values_list("pk", flat=True):
             turns.cancel(turn_id, "a person took the conversation over")
-        return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.CANCELLED).values_list("pk", "outcome"))
+        # By id only (see turns.finish_many): cancelled turns pile up with double texting,
+        # and SQLite would walk them all through the state index.
+        return [(pk, outcome) for pk, state, outcome in
+                Turn.objects.filter(pk__in=turn_ids).values_list("pk", "state", "outcome")
+                if state == TurnState.CANCELLED]
 
     async def release_adopted(self):
         """Once the flusher has stopped: wait for the turns it started meanwhile to be

@@ -102,8 +102,10 @@ def retry_now(ids, by="operator") -> int:
     resend, due at once (they will carry the recovery prefix)."""
     now = timezone.now()
     moved = 0
-    for row in OutboundMessage.objects.filter(pk__in=list(ids), state__in=[
-            OutboundState.FAILED, OutboundState.ABANDONED, OutboundState.UNREACHABLE]):
+    retriable = (OutboundState.FAILED, OutboundState.ABANDONED, OutboundState.UNREACHABLE)
+    # By id only, the state checked here: SQLite would walk every abandoned row through
+    # the state index instead (see conversations.turns.finish_many).
+    for row in [row for row in OutboundMessage.objects.filter(pk__in=list(ids)) if row.state in retriable]:
         grant = max(0, resends_used(row) + 1 - MAX_RESENDS - row.extra_resends)
         moved += OutboundMessage.transition(
             row.pk, row.state, OutboundState.FAILED, next_attempt_at=now, extra_resends=F("extra_resends") + grant,
