@@ -4,15 +4,16 @@ the ORM's compile cost more than the database did, or where it has no way to say
 
 One style: tables through `table(Model)` (quoted as the backend quotes), columns by
 their bare names (lower-case, needing no quotes on either database), every value a
-parameter. Callers (`delivery.ledger`, `delivery.pacing`) keep the rules; here are
-only the statements.
+parameter but a state that is a statement's one selective condition (`rows.state_literal`).
+Callers (`delivery.ledger`, `delivery.pacing`) keep the rules; here are only the
+statements.
 """
 
 import time
 
 from django.db import connection
 
-from agentloop.core.rows import in_params, in_sql, placeholders, postgresql, records, recordset, table
+from agentloop.core.rows import in_params, in_sql, placeholders, postgresql, records, recordset, state_literal, table
 from delivery.hooks import channel_model
 from delivery.models import OutboundMessage, OutboundState, Outcome, SendBudget
 
@@ -61,18 +62,22 @@ def maybe_due(now, *, timers, orphaned_before, dead_owners=()) -> bool:
     from the web process on the same cores."""
     outbound = table(OutboundMessage)
     timestamp = OutboundMessage._meta.get_field("claimed_at")
-    probes = [(f"SELECT 1 FROM {outbound} WHERE state = %s", [OutboundState.PENDING])]
+    # Each probe's state in the text, not a parameter (rows.state_literal says why): the
+    # state is each probe's selective condition, and nearly every row is delivered.
+    pending, failed, attempting = (state_literal(state) for state in (
+        OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING))
+    probes = [(f"SELECT 1 FROM {outbound} WHERE state = {pending}", [])]
     if timers:
         probes += [
-            (f"SELECT 1 FROM {outbound} WHERE state = %s AND next_attempt_at <= %s",
-             [OutboundState.FAILED, timestamp.get_db_prep_value(now, connection)]),
-            (f"SELECT 1 FROM {outbound} WHERE state = %s AND claimed_at < %s",
-             [OutboundState.ATTEMPTING, timestamp.get_db_prep_value(orphaned_before, connection)]),
+            (f"SELECT 1 FROM {outbound} WHERE state = {failed} AND next_attempt_at <= %s",
+             [timestamp.get_db_prep_value(now, connection)]),
+            (f"SELECT 1 FROM {outbound} WHERE state = {attempting} AND claimed_at < %s",
+             [timestamp.get_db_prep_value(orphaned_before, connection)]),
         ]
         if dead_owners:
             owners = list(dead_owners)
-            probes.append((f"SELECT 1 FROM {outbound} WHERE state = %s AND {in_sql('owner', len(owners), None)}",
-                           [OutboundState.ATTEMPTING, *in_params(owners)]))
+            probes.append((f"SELECT 1 FROM {outbound} WHERE state = {attempting} AND "
+                           f"{in_sql('owner', len(owners), None)}", in_params(owners)))
     with connection.cursor() as cursor:
         for sql, params in probes:  # one at a time: each its own index, and the first found ends it
             cursor.execute(f"{sql} LIMIT 1", params)

@@ -12,6 +12,7 @@ from agentloop.core.rows import (
     postgresql,
     records,
     recordset,
+    state_literal,
     table,
 )
 from conversations.models import (
@@ -116,19 +117,23 @@ def ready_turns(limit, pull_agent) -> list:
     (AGENTLOOP_POLL_INTERVAL), and compiling the query was most of its cost."""
     with connection.cursor() as cursor:
         # A conversation a person holds (conversations.handoff): its ready turns wait.
-        cursor.execute(_ready_sql(), [TurnState.READY.value, pull_agent, ConversationState.AGENT.value,
-                                      TurnState.RUNNING.value, limit])
+        cursor.execute(_ready_sql(), [pull_agent, limit])
         return cursor.fetchall()
 
 
 @functools.cache
 def _ready_sql():
+    # The states in the text (rows.state_literal says why): planned once for any state,
+    # PostgreSQL walked every turn in creation order (turn_created_idx) looking for
+    # ready ones, 35 ms at 80,000 turns, where the ready ones are a probe of turn_queue_idx.
+    ready, running, agent = (state_literal(state) for state in (
+        TurnState.READY, TurnState.RUNNING, ConversationState.AGENT))
     return (f"SELECT t.id, t.conversation_id FROM {table(Turn)} t "
             f"JOIN {table(Conversation)} c ON c.id = t.conversation_id "
             f"JOIN {table(Channel)} ch ON ch.id = c.channel_id "
-            f"WHERE t.state = %s AND ch.agent <> %s AND c.state = %s AND NOT EXISTS ("
+            f"WHERE t.state = {ready} AND ch.agent <> %s AND c.state = {agent} AND NOT EXISTS ("
             f"SELECT 1 FROM {table(Turn)} r WHERE r.conversation_id = t.conversation_id "
-            f"AND r.state = %s) ORDER BY t.created_at, t.id LIMIT %s")
+            f"AND r.state = {running}) ORDER BY t.created_at, t.id LIMIT %s")
 
 
 # --- typing: the windows being typed (conversations.worker.typing) ---------------------
