@@ -138,7 +138,8 @@ def state_literal(state: str) -> str:
     the states, and for a state no row is in it reads the whole table. The ledger's
     look for pending rows, twenty times a second per worker, took 45-80 ms three minutes
     into a run (log_min_duration_statement), growing with the ledger. With the value in
-    the text the plan is the state's own: an index probe."""
+    the text the plan is the state's own: an index probe. It is also how a query reaches
+    a partial index (`WHERE state = 'open'`): its own WHERE must say the same words."""
     if not STATE_NAME.fullmatch(state):
         raise ValueError(f"not a state name: {state!r}")
     return f"'{state}'"

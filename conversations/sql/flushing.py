@@ -12,6 +12,7 @@ from agentloop.core.rows import (
     in_params,
     in_sql,
     postgresql,
+    state_literal,
     table,
 )
 from conversations.models import (
@@ -33,10 +34,10 @@ def deadline_param(now):
 
 # The flusher asks these on every wake-up (tens a second while buffers are open):
 # plain SQL, built once, where the ORM compiled each query anew every time (most of a
-# wake-up's cost). The state as a literal, as the partial indexes are written.
+# wake-up's cost). The state as a literal (rows.state_literal), as the partial indexes are written.
 @functools.cache
 def _due_sql():
-    return (f"SELECT b.id FROM {table(MessageBuffer)} b WHERE b.state = '{BufferState.OPEN.value}' "
+    return (f"SELECT b.id FROM {table(MessageBuffer)} b WHERE b.state = {state_literal(BufferState.OPEN)} "
             f"AND b.flush_at <= %s "
             f"AND NOT EXISTS (SELECT 1 FROM {table(Turn)} t WHERE t.conversation_id = b.conversation_id "
             f"AND t.state IN (%s, %s)) ORDER BY b.flush_at LIMIT %s")
@@ -44,7 +45,7 @@ def _due_sql():
 
 @functools.cache
 def _next_deadline_sql():
-    return (f"SELECT MIN(flush_at) FROM {table(MessageBuffer)} WHERE state = '{BufferState.OPEN.value}' "
+    return (f"SELECT MIN(flush_at) FROM {table(MessageBuffer)} WHERE state = {state_literal(BufferState.OPEN)} "
             f"AND flush_at > %s")
 
 

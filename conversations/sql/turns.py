@@ -170,7 +170,7 @@ def _open_windows_sql(channels, partitioned):
         f"SELECT b.conversation_id, b.id, c.chat_id, (SELECT l.thread_id {last}), "
         f"(SELECT l.reply_target {last}), c.channel_id, b.flush_at, {addressed} "
         f"FROM {table(MessageBuffer)} b CROSS JOIN {table(Conversation)} c "
-        f"WHERE b.state = '{BufferState.OPEN.value}' AND c.id = b.conversation_id "
+        f"WHERE b.state = {state_literal(BufferState.OPEN)} AND c.id = b.conversation_id "
         f"AND c.channel_id IN ({placeholders(channels)}) "
         + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
         + "ORDER BY b.id LIMIT %s"
