@@ -10,6 +10,7 @@ from agentloop.core.rows import (
     columns,
     placeholders,
     postgresql,
+    rare,
     records,
     recordset,
     state_literal,
@@ -155,8 +156,8 @@ def open_windows(channel_ids, part, parts, limit) -> list:
 
 @functools.lru_cache(maxsize=64)  # one entry per (number of channels, partitioned)
 def _open_windows_sql(channels, partitioned):
-    # The state as a literal: SQLite uses the partial index (WHERE state = 'open') only
-    # for a query whose own WHERE says so in the same words.
+    # The state as a literal, and rare (rows.rare): with statistics on the file SQLite
+    # walked every buffer in id order for the sake of the ORDER BY.
     # The last message's two fields as subqueries of the output rows, each an index probe
     # of the buffer's messages: PostgreSQL planned the join written before (ON m.id =
     # (SELECT MAX(...))) as a hash join over the whole message table, 7-16 ms a look at a
@@ -170,7 +171,7 @@ def _open_windows_sql(channels, partitioned):
         f"SELECT b.conversation_id, b.id, c.chat_id, (SELECT l.thread_id {last}), "
         f"(SELECT l.reply_target {last}), c.channel_id, b.flush_at, {addressed} "
         f"FROM {table(MessageBuffer)} b CROSS JOIN {table(Conversation)} c "
-        f"WHERE b.state = {state_literal(BufferState.OPEN)} AND c.id = b.conversation_id "
+        f"WHERE {rare(f'b.state = {state_literal(BufferState.OPEN)}')} AND c.id = b.conversation_id "
         f"AND c.channel_id IN ({placeholders(channels)}) "
         + ("AND MOD(b.conversation_id, %s) = %s " if partitioned else "")
         + "ORDER BY b.id LIMIT %s"

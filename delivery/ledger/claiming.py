@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from agentloop.core.rows import postgresql
+from agentloop.core.rows import Rare, postgresql
 from delivery import pacing, sql
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.ledger.outcomes import release
@@ -82,8 +82,10 @@ def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=No
 
 
 def _candidates(dead_owners, limit, now, boot, older_than=None):
-    """Claimable rows, oldest first, as (id, channel id, chat id, chunks left to send)."""
-    rows = OutboundMessage.objects.filter(_claimable(now, dead_owners, boot))
+    """Claimable rows, oldest first, as (id, channel id, chat id, chunks left to send).
+    Open rows are few among the ledger's millions: said so (rows.Rare), or SQLite, with
+    statistics on the file, walked the whole ledger in creation order (340 ms a look)."""
+    rows = OutboundMessage.objects.filter(Rare(Q(state__in=OutboundMessage.OPEN)), _claimable(now, dead_owners, boot))
     if older_than is not None:
         rows = rows.filter(created_at__lte=older_than)
     return _as_candidates(rows.order_by("created_at", "pk")[:limit])

@@ -15,6 +15,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agentloop.core import pruning
+from agentloop.core.rows import Rare
 from delivery import attachments, pacing
 from delivery.hooks import close_clients
 from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
@@ -37,7 +38,10 @@ def abandon_stale(now=None, dead_owners=()) -> int:
     stale = Q(state__in=OutboundMessage.OPEN) & ~_fresh(now)
     spent = ~_within_budget()
     abandoned = 0
-    for row in OutboundMessage.objects.select_related("channel").filter(idle & (stale | spent))[:500]:
+    # Open rows are few among the ledger's millions: said so (rows.Rare), or SQLite, with
+    # statistics on the file, walked the whole ledger by channel (420 ms a sweep).
+    rows = OutboundMessage.objects.select_related("channel").filter(Rare(Q(state__in=OutboundMessage.OPEN)))
+    for row in rows.filter(idle & (stale | spent))[:500]:
         with transaction.atomic():
             if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED,
                                           where={"attempts": row.attempts}, next_attempt_at=None):
