@@ -21,7 +21,10 @@ pytestmark = pytest.mark.e2e
 AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
 CALLS = [{"name": "calendar_create_event", "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}}]
 TEXTS = ["Agéndame la hora de psicología", "la del martes a las diez"]
-PRIVATE = [*TEXTS, "Camila", "101", "Psicología", "E2E-TOKEN"]  # never on a span
+# The chat, big as Telegram's are: a whole attribute value equal to it is the chat, never
+# a row id (PostgreSQL's sequences are not reset between tests: a row of id 101 was).
+CHAT = 7_310_101
+PRIVATE = [*TEXTS, "Camila", str(CHAT), "Psicología", "E2E-TOKEN"]  # never on a span
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def test_a_burst_is_one_trace_from_the_webhook_to_the_send(processes, make_chann
     web = processes.web(wait=False, **traced(collector.url))
     processes.worker(**AGENT, **traced(collector.url))
     for text in TEXTS:
-        send(web, "tg", 101, text)
+        send(web, "tg", CHAT, text)
     fake_telegram.wait_for("sendMessage", timeout=15)
     spans = collector.wait_for(names(("agentloop.admit", 2), ("agentloop.flush", 1), ("agentloop.turn", 1),
                                      ("agentloop.agent", 1), ("agentloop.tool", 1), ("agentloop.send", 1)))
@@ -102,14 +105,13 @@ def test_a_burst_is_one_trace_from_the_webhook_to_the_send(processes, make_chann
     assert [ids_of(m.traceparent) for m in messages] == [(a.trace_id, a.span_id) for a in admits]
     assert ids_of(the_turn.traceparent) == (flush.trace_id, flush.span_id)
     assert ids_of(row.traceparent) == (turn.trace_id, turn.span_id)
-    # Inside any text an attribute holds, or as a whole value (a row id such as 1012 on
-    # PostgreSQL, whose sequences the tests do not reset, is not the chat 101).
+    # Inside any text an attribute holds, or as a whole value.
     said = [value for s in spans for value in s.attributes.values()]
     assert not [private for private in PRIVATE
                 if any(private in value for value in said if isinstance(value, str)) or private in map(str, said)]
 
     # The same call again, in a new message's turn: the guard prevents it, and says so.
-    send(web, "tg", 101, "¿quedó agendada?")
+    send(web, "tg", CHAT, "¿quedó agendada?")
     fake_telegram.wait_for("sendMessage", count=2, timeout=15)
     spans = collector.wait_for(names(("agentloop.tool", 2), ("agentloop.send", 2)))
     again = [s for s in spans if s.name == "agentloop.tool" and s.span_id != tool.span_id][0]
