@@ -164,7 +164,9 @@ class UnreachableChat(models.Model):
     """A chat the platform refused permanently (bot blocked, chat deleted, bot kicked).
     Shown per channel in the admin; cleared when a reply reaches it again."""
 
-    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="unreachable_chats")
+    # No index of its own: the unique (channel, chat) starts with it.
+    channel = models.ForeignKey("conversations.Channel", on_delete=models.CASCADE, related_name="unreachable_chats",
+                                db_index=False)
     chat_id = models.CharField(max_length=100)
     error = models.CharField(max_length=300)
     since = models.DateTimeField(default=timezone.now)

@@ -251,7 +251,8 @@ class Calendar(models.Model):
 
 
 class CalendarEvent(models.Model):
-    calendar = models.ForeignKey(Calendar, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_calendar_start_idx starts with it.
+    calendar = models.ForeignKey(Calendar, on_delete=models.CASCADE, related_name="events", db_index=False)
     uid = models.CharField(max_length=200, unique=True, help_text="iCalendar UID (derived from the guard's claim).")
     title = models.CharField(max_length=300)
     start = models.DateTimeField()

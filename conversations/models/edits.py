@@ -21,8 +21,10 @@ class MessageEdit(models.Model):
     """One edit of an admitted message. The unique (message, edited_at) *is* the edit's
     dedup: a redelivered `edited_message` stops at its INSERT, as a message does."""
 
-    message = models.ForeignKey(InboundMessage, on_delete=models.CASCADE, related_name="edits")
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="edits")
+    # Neither has an index of its own: the unique (message, edited_at) and edit_conversation_idx
+    # start with them.
+    message = models.ForeignKey(InboundMessage, on_delete=models.CASCADE, related_name="edits", db_index=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="edits", db_index=False)
     edited_at = models.DateTimeField(help_text="When the user edited it (Telegram's edit_date).")
     received_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, help_text="telegram, api or webchat.")

@@ -33,7 +33,8 @@ class MediaFile(StateMachine, models.Model):
         MediaState.FAILED: set(),
     }
 
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="media_files")
+    # No index of its own: the unique (channel, file key) starts with it.
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="media_files", db_index=False)
     file_key = models.CharField(max_length=200, help_text="The platform's stable id of the file.")
     ref = models.CharField(max_length=500, help_text="What fetching it takes (Telegram's file_id).")
     kind = models.CharField(max_length=30, help_text="photo, voice, document, …")

@@ -32,7 +32,8 @@ class Turn(StateMachine, models.Model):
     }
     ACTIVE = (TurnState.READY, TurnState.RUNNING)
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    # No index of its own: turn_conversation_state_idx starts with it (see Conversation.channel).
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns", db_index=False)
     buffer = models.OneToOneField(
         MessageBuffer, null=True, blank=True, on_delete=models.SET_NULL, related_name="turn"
     )

@@ -55,7 +55,8 @@ class McpServer(models.Model):
 class McpTool(models.Model):
     """A tool an MCP server listed (kept while it is listed; `present` off when it goes away)."""
 
-    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools")
+    # No index of its own: the unique (server, name) starts with it.
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools", db_index=False)
     name = models.CharField(max_length=128, help_text="The tool's name on its server.")
     offered_as = models.CharField(max_length=64, unique=True, help_text="Its name for models and its policy.")
     description = models.TextField(blank=True)
