@@ -127,9 +127,6 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "Any URL django-environ understands; `postgres://user:pass@host:5432/db` to scale out."),
         Var("SQLITE_TIMEOUT", "30",
             "Seconds a SQLite writer waits for the write lock (then the web answers 503)."),
-        Var("SQLITE_INTAKE_GRACE", "0.02",
-            "Seconds a worker's SQLite write lets the web's admissions go first, at most "
-            "(`0`: first come, first served). See [scaling](scaling.md)."),
         Var("SQLITE_TEST_NAME", "`var/test_agentloop.sqlite3`",
             "The tests' SQLite file (shared with the processes they start)."),
         Var("CONN_MAX_AGE", "0",

@@ -113,9 +113,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file (not :memory:) so that the worker and server processes that the
     # end-to-end tests start can open the test database too.
     DATABASES["default"]["TEST"] = {"NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test_agentloop.sqlite3"))}
-    # Seconds a worker's write transaction lets the web's admissions go first, at most
-    # (agentloop.core.sqlite.base; 0: no such order).
-    SQLITE_INTAKE_GRACE = env.float("SQLITE_INTAKE_GRACE", default=0.02)
 else:
     # DATABASE_POOL: Django's psycopg pool (a process keeps up to DATABASE_POOL_MAX_SIZE
     # connections open and lends one to each request or thread) instead of a connection

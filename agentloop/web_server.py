@@ -22,7 +22,6 @@ import re
 import uvicorn
 
 from agentloop.core.access_log import masked_url
-from agentloop.core.sqlite import base as sqlite_writes
 
 APPLICATION = "agentloop.asgi:application"
 # Seconds a stopping web process gives its open requests (a long poll, a stream) before it
@@ -54,7 +53,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     options = arguments(argv)
-    sqlite_writes.intake()  # on SQLite, the admissions' transactions go first (agentloop.core.sqlite.base)
     logging.getLogger("uvicorn.access").addFilter(MaskedAccessLine())
     uvicorn.run(
         APPLICATION, host=options.host, port=options.port,

@@ -17,14 +17,6 @@
    database closes — a full checkpoint. A closed connection that is idle now goes
    back to a small pool for the next thread (Django already opens SQLite
    connections with check_same_thread=False and checks thread use itself).
-4. The intake goes first. A process that admits messages (the web server: `intake()`)
-   holds a shared lock on a second file beside the database from the moment one of its
-   transactions asks for the write lock until it ends; a process whose writes can wait
-   (the worker: `yield_to_intake()`) looks at that file before it queues and lets such
-   a transaction go first, for at most INTAKE_GRACE. Under more load than the one lock
-   serves, a webhook is then answered at the intake's pace and the replies follow in
-   bigger batches, as on PostgreSQL (docs/scaling.md); with no intake waiting, nothing
-   waits.
 """
 
 from __future__ import annotations
@@ -100,75 +92,6 @@ class _ProcessLock:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
-class _Intake:
-    """The intake file: shared by the intake's transactions wanting or holding the write
-    lock (counted per process: flock is one lock per open file, not per thread), looked
-    at by the processes that yield to them."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self.counting = threading.Lock()
-        self.wanting = 0
-
-    def want(self) -> None:
-        with self.counting:
-            self.wanting += 1
-            if self.wanting == 1:
-                fcntl.flock(self.fd, fcntl.LOCK_SH)  # waits only for a yielder's instant look
-
-    def done(self) -> None:
-        with self.counting:
-            self.wanting -= 1
-            if not self.wanting:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-
-    def let_go_first(self, grace: float) -> None:
-        """Wait while an intake transaction wants or holds the write lock, at most `grace`."""
-        deadline = time.monotonic() + grace
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return
-                time.sleep(INTAKE_LOOK)
-                continue
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            return
-
-
-# This process's part (`intake()`, `yield_to_intake()`); None: neither (commands, tests).
-_role: str | None = None
-# Seconds a yielding transaction waits, at most (settings.SQLITE_INTAKE_GRACE), and how often
-# it looks meanwhile. Measured in the peer benchmark's steady state (docs/scaling.md): 0.02
-# gave the most accepted POSTs/s of 0, 0.01, 0.02 and 0.05, with as many replies.
-INTAKE_GRACE = 0.02
-INTAKE_LOOK = 0.0005
-_intakes: dict[str, _Intake] = {}
-
-
-def intake() -> None:
-    """This process admits messages: its write transactions go first."""
-    global _role
-    _role = "intake"
-
-
-def yield_to_intake() -> None:
-    """This process's writes can wait: each lets the intake's go first (INTAKE_GRACE at most)."""
-    global _role, INTAKE_GRACE
-    from django.conf import settings
-
-    _role = "yields"
-    INTAKE_GRACE = getattr(settings, "SQLITE_INTAKE_GRACE", INTAKE_GRACE)
-
-
-def _intake_for(name: DatabaseName) -> _Intake:
-    with _registry_lock:
-        if str(name) not in _intakes:
-            _intakes[str(name)] = _Intake(f"{name}-intake")
-        return _intakes[str(name)]
-
-
 def _process_lock_for(name: DatabaseName) -> _ProcessLock:
     with _registry_lock:
         if str(name) not in _process_locks:
@@ -228,7 +151,6 @@ class RetryingCursor(base.SQLiteCursorWrapper):
 
 class DatabaseWrapper(base.DatabaseWrapper):
     _holds_write_lock = False
-    _wants_first = False  # this transaction holds the intake file (shared)
 
     def get_new_connection(self, conn_params: Any) -> sqlite3.Connection:
         if not self.is_in_memory_db():
@@ -250,17 +172,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if not self.is_in_memory_db():
             timeout = self.settings_dict["OPTIONS"].get("timeout", 30)
             deadline = time.monotonic() + timeout
-            if _role == "intake":
-                _intake_for(name).want()
-                self._wants_first = True
-            elif _role == "yields" and INTAKE_GRACE > 0:
-                _intake_for(name).let_go_first(INTAKE_GRACE)
             # Bounded: a stuck holder in this process degrades to SQLite's own locking.
             self._holds_write_lock = _lock_for(name).acquire(timeout=timeout)
             if self._holds_write_lock and not _process_lock_for(name).acquire(deadline - time.monotonic()):
                 self._holds_write_lock = False
                 _lock_for(name).release()
-                self._done_first()
                 raise _locked_error(timeout)
         try:
             super()._start_transaction_under_autocommit()  # type: ignore[misc]  # private in Django, absent from django-stubs
@@ -274,12 +190,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
             name = self.settings_dict["NAME"]
             _process_lock_for(name).release()
             _lock_for(name).release()
-        self._done_first()
-
-    def _done_first(self) -> None:
-        if self._wants_first:
-            self._wants_first = False
-            _intake_for(self.settings_dict["NAME"]).done()
 
     def _commit(self) -> None:
         try:

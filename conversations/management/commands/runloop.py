@@ -5,7 +5,6 @@ import sys
 from django.core.management.base import BaseCommand
 
 from agentloop.core import collector
-from agentloop.core.sqlite import base as sqlite_writes
 from conversations.worker import Worker
 
 SWITCH_INTERVAL = 0.0005  # seconds
@@ -27,7 +26,6 @@ class Command(BaseCommand):
         # A thread that wakes (the flusher at a deadline) waits for the GIL until the
         # running thread gives it up: at most the switch interval, 5 ms by default.
         sys.setswitchinterval(SWITCH_INTERVAL)
-        sqlite_writes.yield_to_intake()  # on SQLite, the web's admissions go first (agentloop.core.sqlite.base)
         worker = Worker(poll=not options["no_polling"])
         collector.tune_for_bursts()
 
