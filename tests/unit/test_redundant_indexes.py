@@ -6,7 +6,7 @@ alike for admission's lookup by (channel, chat, sender) and took the channel's i
 reading every conversation of the channel for each new chat — 3.7 ms and 378 buffers a
 batch at 8,000 conversations (`tests.bench.cpu` with pg_stat_statements and auto_explain).
 
-Read from the models, so the rule holds for a table before it exists; the second test
+Read from the models, so the rule holds for a table before it exists; the last test
 reads the migrated schema itself."""
 
 import pytest
