@@ -9,11 +9,19 @@ batch at 8,000 conversations (`tests.bench.cpu` with pg_stat_statements and auto
 Read from the models, so the rule holds for a table before it exists; the last test
 reads the migrated schema itself."""
 
+from pathlib import Path
+
 import pytest
 from django.apps import apps
+from django.conf import settings
 from django.db import connection, models
 
-OURS = ("conversations", "delivery", "tools", "audit", "agentloop")
+
+def our_apps():
+    """The installed apps whose code is this project's (not Django's, not a library's)."""
+    base = Path(settings.BASE_DIR)
+    return [config for config in apps.get_app_configs()
+            if Path(config.path).is_relative_to(base) and ".venv" not in Path(config.path).parts]
 
 
 def leading_columns(model) -> list[tuple[str, ...]]:
@@ -33,8 +41,8 @@ def leading_columns(model) -> list[tuple[str, ...]]:
 
 def redundant_foreign_key_indexes() -> list[str]:
     redundant = []
-    for app in OURS:
-        for model in apps.get_app_config(app).get_models():
+    for app in our_apps():
+        for model in app.get_models():
             wider = [columns for columns in leading_columns(model) if len(columns) > 1]
             for field in model._meta.local_fields:
                 if isinstance(field, models.ForeignKey) and field.db_index and not field.unique:
