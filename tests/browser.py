@@ -55,18 +55,54 @@ ALWAYS_IGNORED = [r"Failed to load resource: .*\(\S+/favicon\.ico:\d+\)$"]
 DEFAULT_TIMEOUT_MS = 10_000
 
 
+# What a test does when Chromium itself goes away under it (the browser process ended, or
+# a page's renderer crashed): the error a test then meets, whatever it was doing. Such a
+# test is run once more, from the start (pytest-rerunfailures; tests/conftest.py marks
+# every test that uses the `browser` fixture). Seen once in CI, at a test's first page, at
+# the log-in form, before any page of ours had loaded: a crash of the browser, not of the
+# product. A test that fails twice fails; why the browser process ended is printed at the
+# end of the run (_report_browser_gone).
+BROWSER_GONE = [r"TargetClosedError", r"Target crashed", r"[Pp]age crashed"]
+
+
 @pytest.fixture
-def browser(monkeypatch):
+def browser(monkeypatch, tmp_path):
     """A headless Chromium (playwright.sync_api.Browser), closed after the test."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/system-deps.sh as root (apt-get install chromium)",
                     pytrace=False)
+    # Playwright's driver writes what it sees of the browser process (its launch line, its
+    # stderr, how it ended) to this file: read back only if Chromium went away by itself.
+    log = tmp_path / "chromium.log"
+    monkeypatch.setenv("DEBUG", "pw:browser")
+    monkeypatch.setenv("DEBUG_FILE", str(log))
     with host_network.browsing(), _playwright_beside_django(monkeypatch) as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        gone = []
+        chromium.on("disconnected", lambda _: gone.append(True))
         try:
             yield chromium
         finally:
+            closing = not gone
             chromium.close()
+    if not closing:
+        _report_browser_gone(log)
+
+
+class ChromiumWentAway(UserWarning):
+    pass
+
+
+def _report_browser_gone(log):
+    """A warning (pytest prints them at the end of the run, a rerun's included) with the
+    end of the driver's log of the browser: its exit code or signal, a crash's stack."""
+    import warnings
+
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log written)"]
+    # Without a system bus (none in a container) Chromium logs a dbus error several times a second.
+    tail = "\n".join([line for line in lines if "ERROR:dbus/" not in line][-40:])
+    warnings.warn(ChromiumWentAway(f"Chromium went away during the test, not closed by it; the end of its "
+                                   f"log:\n{tail}"), stacklevel=1)
 
 
 @contextlib.contextmanager

@@ -255,6 +255,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
+        if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/browser.py)
+            from tests.browser import BROWSER_GONE  # a plugin of this conftest's, imported by now
+
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=BROWSER_GONE))
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
     _write_phase_files(items)

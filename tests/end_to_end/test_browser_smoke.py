@@ -2,6 +2,10 @@
 throwaway redis-server carries a channels-redis group message."""
 
 import asyncio
+import os
+import re
+import signal
+from pathlib import Path
 
 import pytest
 from django.contrib import admin
@@ -27,6 +31,27 @@ def test_admin_login_in_a_real_browser(processes, browser):
     assert_no_console_errors(page)
     path = screenshot(page, "smoke-admin-index")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+_attempts = []  # kept across the rerun: pytest-rerunfailures runs the item again in this process
+
+
+@pytest.mark.e2e
+def test_a_test_whose_chromium_dies_is_run_once_more(browser):
+    """The first attempt kills its own Chromium (SIGKILL, its pid from the driver's log)
+    and then needs it, as a test under a crashed browser would; the second attempt is the
+    rerun tests/browser.py BROWSER_GONE allows, and passes. Without the rerun (or with
+    patterns that miss the error a dead browser raises) this test fails."""
+    _attempts.append(1)
+    page = browser.new_context().new_page()
+    if len(_attempts) == 1:
+        pid = int(re.search(r"<launched> pid=(\d+)", Path(os.environ["DEBUG_FILE"]).read_text())[1])
+        os.kill(pid, signal.SIGKILL)
+        page.wait_for_timeout(200)  # then the page is needed: it is gone, whatever it waits on
+        page.goto("data:text/html,<p>never</p>")
+        raise AssertionError("the page answered after its browser was killed")
+    page.goto("data:text/html,<p>again</p>")
+    assert page.inner_text("p") == "again" and len(_attempts) == 2
 
 
 @pytest.mark.e2e
