@@ -96,13 +96,22 @@ class ChromiumWentAway(UserWarning):
 def _report_browser_gone(log):
     """A warning (pytest prints them at the end of the run, a rerun's included) with the
     end of the driver's log of the browser: its exit code or signal, a crash's stack."""
+    import time
     import warnings
 
+    # The driver writes its log through a stream: the process's end may land a moment later.
+    deadline = time.monotonic() + 2
+    while not _says_how_it_ended(log) and time.monotonic() < deadline:
+        time.sleep(0.05)
     lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log written)"]
     # Without a system bus (none in a container) Chromium logs a dbus error several times a second.
     tail = "\n".join([line for line in lines if "ERROR:dbus/" not in line][-40:])
     warnings.warn(ChromiumWentAway(f"Chromium went away during the test, not closed by it; the end of its "
                                    f"log:\n{tail}"), stacklevel=1)
+
+
+def _says_how_it_ended(log):
+    return log.exists() and "<process did exit" in log.read_text(errors="replace")
 
 
 @contextlib.contextmanager
