@@ -73,20 +73,34 @@ def browser(monkeypatch, tmp_path):
                     pytrace=False)
     # Playwright's driver writes what it sees of the browser process (its launch line, its
     # stderr, how it ended) to this file: read back only if Chromium went away by itself.
+    # Set only while the driver starts (it reads them then): the web servers and workers a
+    # test starts copy this process's environment, and DEBUG is also the product's setting.
     log = tmp_path / "chromium.log"
-    monkeypatch.setenv("DEBUG", "pw:browser")
-    monkeypatch.setenv("DEBUG_FILE", str(log))
-    with host_network.browsing(), _playwright_beside_django(monkeypatch) as pw:
+    with host_network.browsing(), contextlib.ExitStack() as stack:
+        with monkeypatch.context() as driver_only:
+            driver_only.setenv("DEBUG", "pw:browser")
+            driver_only.setenv("DEBUG_FILE", str(log))
+            pw = stack.enter_context(_playwright_beside_django(monkeypatch))
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         gone = []
         chromium.on("disconnected", lambda _: gone.append(True))
+        _driver_logs[id(chromium)] = log
         try:
             yield chromium
         finally:
             closing = not gone
             chromium.close()
+            del _driver_logs[id(chromium)]
     if not closing:
         _report_browser_gone(log)
+
+
+_driver_logs = {}  # id(browser) -> its driver's log, while the fixture holds it
+
+
+def driver_log(browser):
+    """The file Playwright's driver writes about `browser`'s process (`<launched> pid=…`)."""
+    return _driver_logs[id(browser)]
 
 
 class ChromiumWentAway(UserWarning):

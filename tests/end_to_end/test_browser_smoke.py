@@ -5,14 +5,13 @@ import asyncio
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from tests.browser import assert_no_console_errors, console_errors, off_loop, page_for, screenshot
+from tests.browser import assert_no_console_errors, console_errors, driver_log, off_loop, page_for, screenshot
 
 
 @pytest.mark.e2e
@@ -45,7 +44,8 @@ def test_a_test_whose_chromium_dies_is_run_once_more(browser):
     _attempts.append(1)
     page = browser.new_context().new_page()
     if len(_attempts) == 1:
-        pid = int(re.search(r"<launched> pid=(\d+)", Path(os.environ["DEBUG_FILE"]).read_text())[1])
+        assert "DEBUG_FILE" not in os.environ  # the driver's setting, not the test's processes'
+        pid = int(re.search(r"<launched> pid=(\d+)", driver_log(browser).read_text())[1])
         os.kill(pid, signal.SIGKILL)
         page.wait_for_timeout(200)  # then the page is needed: it is gone, whatever it waits on
         page.goto("data:text/html,<p>never</p>")
