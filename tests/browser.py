@@ -29,6 +29,8 @@ import contextlib
 import os
 import re
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,16 +84,16 @@ def browser(monkeypatch, tmp_path):
             driver_only.setenv("DEBUG_FILE", str(log))
             pw = stack.enter_context(_playwright_beside_django(monkeypatch))
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        gone = []
-        chromium.on("disconnected", lambda _: gone.append(True))
+        went_away = []  # set when the browser process ends, unless we closed it first
+        chromium.on("disconnected", lambda _: went_away.append(True))
         _driver_logs[id(chromium)] = log
         try:
             yield chromium
         finally:
-            closing = not gone
+            ended_by_itself = bool(went_away)
             chromium.close()
             del _driver_logs[id(chromium)]
-    if not closing:
+    if ended_by_itself:
         _report_browser_gone(log)
 
 
@@ -110,9 +112,6 @@ class ChromiumWentAway(UserWarning):
 def _report_browser_gone(log):
     """A warning (pytest prints them at the end of the run, a rerun's included) with the
     end of the driver's log of the browser: its exit code or signal, a crash's stack."""
-    import time
-    import warnings
-
     # The driver writes its log through a stream: the process's end may land a moment later.
     deadline = time.monotonic() + 2
     while not _says_how_it_ended(log) and time.monotonic() < deadline:

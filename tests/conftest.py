@@ -246,6 +246,8 @@ def pytest_collection_modifyitems(config, items):
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not elsewhere(item)]
+    from tests.browser import BROWSER_GONE  # a plugin of this conftest's, imported by now
+
     modules = {}
     for item in items:
         path, _, _ = item.nodeid.partition("::")
@@ -256,8 +258,6 @@ def pytest_collection_modifyitems(config, items):
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
         if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/browser.py)
-            from tests.browser import BROWSER_GONE  # a plugin of this conftest's, imported by now
-
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=BROWSER_GONE))
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
