@@ -24,6 +24,7 @@ from audit.models import EventKind
 from conversations import console, groups, liveness, schedules, spans, sql, turns, windows
 from conversations.media import for_agents
 from conversations.models import (
+    BufferState,
     Channel,
     FlushReason,
     InboundMessage,
@@ -89,28 +90,92 @@ def flush_many(buffer_ids, now, owner="", start=0):
     `start`: how many of the new turns `owner` will run at once. Those are born
     RUNNING under it in this same transaction — when first in line in their
     conversation and not waiting for an external agent — so no second write stands
-    between the deadline and the agent. The rest are born READY."""
+    between the deadline and the agent. The rest are born READY.
+
+    On SQLite the turns are first worked out from the buffers as they are before the
+    transaction (`_prepare`); inside it, what the claim won is compared with what was
+    read, and the turns made then are used only where nothing differs."""
     token = f"{owner or new_owner()}#{next(_batches)}"
+    ids = list(buffer_ids)
+    prepared = _prepare(ids, now, owner, start, token)
     with transaction.atomic():
-        buffers = sql.claim_buffers(list(buffer_ids), now, token)
-        if not buffers:
+        claimed = sql.claim_rows(ids, now, token)
+        if not claimed:
             return []
-        by_buffer = sql.messages_of(b.pk for b in buffers)
-        buffers, unaddressed = groups.split(buffers, by_buffer)
-        groups.keep_as_context(unaddressed)
-        if not buffers:
+        message_rows = sql.message_rows(row[0] for row in claimed)
+        if prepared is not None and prepared.holds(claimed, message_rows):
+            new_turns, by_buffer, statement = prepared.turns, prepared.by_buffer, prepared.statement
+        else:
+            new_turns, by_buffer = _turns_of(sql.build_buffers(claimed), sql.build_messages(message_rows),
+                                             now, owner, start)
+            statement = None
+        if not new_turns:
             return []
-        _keep_the_rest_waiting(buffers, by_buffer, now)
-        new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
-        if start > 0:
-            _born_running(new_turns, owner, now, start)
         started = spans.flushes(new_turns, by_buffer)
-        created = rows.create_many(Turn, new_turns)
+        created = rows.create_many(Turn, new_turns, statement)
         spans.flushed(started, created)
         console.turns_created(created)
         metrics.after_commit(_count_flushes, [(t.flush_reason, len(by_buffer.get(t.buffer_id, ()))) for t in created])
         after_commit("flush.after_claim")
         return created
+
+
+def _turns_of(buffers, by_buffer, now, owner, start):
+    """(the new turns, their messages by buffer) of claimed buffers. Writes what a
+    batch needs beyond its turns: a group's unaddressed messages kept as context, and
+    a buffer's messages past its channel's cap moved to a new buffer."""
+    buffers, unaddressed = groups.split(buffers, by_buffer)
+    groups.keep_as_context(unaddressed)
+    _keep_the_rest_waiting(buffers, by_buffer, now)
+    new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
+    if start > 0:
+        _born_running(new_turns, owner, now, start)
+    return new_turns, by_buffer
+
+
+class _Prepared:
+    """A flush worked out before its transaction: the rows it read, the turns made of
+    them and their INSERT (rows.insert_statement)."""
+
+    def __init__(self, found, message_rows, turns, by_buffer):
+        self.found, self.message_rows, self.turns, self.by_buffer = found, message_rows, turns, by_buffer
+        self.statement = rows.insert_statement(Turn, turns)
+
+    def holds(self, claimed, message_rows):
+        """Whether the claim won every buffer read and nothing they are made of changed
+        since: the buffers, conversations, channels, carried-over input, a turn ready or
+        running there, and every message."""
+        return message_rows == self.message_rows and sql.same_but_claimed(self.found, claimed)
+
+
+def _prepare(ids, now, owner, start, token):
+    """SQLite: the flush's turns made from the due buffers as they are, before its
+    transaction, which holds the database's one write lock (most of a flush was this
+    Python: building the rows' objects, merging, the INSERT's parameter). None where
+    a flush writes more than its turns or reads beyond its rows: a group's buffer
+    (context lines, unaddressed messages) and one over its channel's cap. None on
+    PostgreSQL, which locks rows, not the database: its claim and read are one
+    statement (sql.claim_rows), and a read before it one more wait for the server."""
+    if rows.postgresql():
+        return None
+    found = sql.open_rows(ids, now)
+    if not found:
+        return None
+    buffers = sql.build_buffers(found)
+    if any(buffer.conversation.is_group for buffer in buffers):
+        return None
+    message_rows = sql.message_rows(buffer.pk for buffer in buffers)
+    by_buffer = sql.build_messages(message_rows)
+    if any(_first_beyond(by_buffer.get(buffer.pk, []), max(1, buffer.conversation.channel.max_messages)) is not None
+           for buffer in buffers):
+        return None
+    for buffer in buffers:  # as the claim leaves them
+        buffer.state, buffer.flushed_at, buffer.flushed_by = BufferState.FLUSHED, now, token
+        buffer.flush_reason = buffer.planned_reason
+    new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
+    if start > 0:
+        _born_running(new_turns, owner, now, start)
+    return _Prepared(found, message_rows, new_turns, by_buffer)
 
 
 def _count_flushes(flushes):

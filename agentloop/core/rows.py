@@ -347,13 +347,21 @@ def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterab
     the rows come back in the instances' order, which Django's bulk_create relies on
     too (its INSERT … SELECT * FROM UNNEST form); SQLite documents RETURNING's order as
     arbitrary (create_many matches its rows by their rowids' order)."""
+    sql, params = insert_statement(model, instances, conflict, returning)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        inserted: list[tuple[Any, ...]] = cursor.fetchall()
+        return inserted
+
+
+def insert_statement(model: type[Model], instances: Iterable[Model], conflict: Iterable[str] = (),
+                     returning: Iterable[str] = ("id",)) -> tuple[str, list[str]]:
+    """`insert_many`'s statement and its one parameter, made without the database: its
+    values can be prepared before the transaction that runs it (engine._prepare)."""
     sql, fields = _insert_sql(model, tuple(conflict), tuple(returning), True)
     preparers = _preparers(tuple(fields))
     values = [[prepare(instance) for prepare in preparers] for instance in instances]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [records([_db_column(f) for f in fields], values)])
-        inserted: list[tuple[Any, ...]] = cursor.fetchall()
-        return inserted
+    return sql, [records([_db_column(f) for f in fields], values)]
 
 
 # Field classes whose value, when of one of these exact types, goes to the database as
@@ -417,18 +425,24 @@ def _datetime_preparer(field: Field[Any, Any], full: Callable[[Model], Any]) -> 
     return fast
 
 
-def create_many(model: type[M], instances: Iterable[M]) -> list[M]:
+def create_many(model: type[M], instances: Iterable[M], statement: tuple[str, list[str]] | None = None) -> list[M]:
     """`bulk_create` (the instances, saved, with their ids), as one JSON parameter
     (insert_many) rather than Django's array per column (PostgreSQL) or its VALUES row
     per instance (SQLite, whose compile and binding were a quarter of the flusher's hold
     on the write lock, py-spy). On SQLite the ids are matched to the instances by their
     order: the statement holds the database's one write lock and inserts the rows in
     the JSON array's order, each taking the next rowid, while RETURNING's own order is
-    documented as arbitrary."""
+    documented as arbitrary. `statement`: the instances' `insert_statement`, made
+    before (the values as they are now)."""
     instances = list(instances)
     if not instances:
         return instances
-    inserted = insert_many(model, instances)
+    if statement is None:
+        inserted = insert_many(model, instances)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
+            inserted = cursor.fetchall()
     ids = inserted if postgresql() else sorted(inserted)
     for instance, (pk,) in zip(instances, ids, strict=True):
         instance.pk = pk

@@ -29,12 +29,16 @@ from conversations.sql.admission import (
 from conversations.sql.flushing import (
     BATCH_SHAPES,
     MERGED_FIELDS,
-    claim_buffers,
+    build_buffers,
+    build_messages,
+    claim_rows,
     deadline_param,
     due_buffer_ids,
     look,
-    messages_of,
+    message_rows,
     next_deadline,
+    open_rows,
+    same_but_claimed,
 )
 from conversations.sql.turns import (
     FINISH_CHUNK,
@@ -48,7 +52,8 @@ from conversations.sql.turns import (
 
 __all__ = [
     "BATCH_SHAPES", "CONVERSATION_COLUMNS", "FINISH_CHUNK", "HISTORY_NOTE_FIELDS", "HISTORY_TURN_FIELDS",
-    "MERGED_FIELDS", "claim_buffers", "contact_ids", "conversation_with_state", "deadline_param",
-    "due_buffer_ids", "finish_turns", "history", "lock_and_read_conversations", "look", "messages_of",
-    "next_deadline", "open_windows", "ready_turns", "set_buffer", "update_open_buffer",
+    "MERGED_FIELDS", "build_buffers", "build_messages", "claim_rows", "contact_ids",
+    "conversation_with_state", "deadline_param", "due_buffer_ids", "finish_turns", "history",
+    "lock_and_read_conversations", "look", "message_rows", "next_deadline", "open_rows",
+    "open_windows", "ready_turns", "same_but_claimed", "set_buffer", "update_open_buffer",
 ]

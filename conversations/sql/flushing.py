@@ -3,6 +3,7 @@ next deadline in one statement) and its claim (a batch of buffers taken, their t
 made, their messages read)."""
 
 import functools
+import operator
 
 from django.db import connection
 
@@ -88,11 +89,12 @@ def look(now, limit):
 BATCH_SHAPES = 256
 
 
-def claim_buffers(ids, now, token) -> list:
+def claim_rows(ids, now, token) -> list:
     """The compare-and-swap OPEN → FLUSHED of `ids` still due at `now`, stamped with
-    `token`; then the buffers this call won, each with its conversation, channel, the
-    carried-over turn's input (and whether it had files) and whether the conversation has a turn ready or running
-    (`conversation_busy`), deadline order."""
+    `token`; then the rows of the buffers this call won (`build_buffers` makes them
+    objects), deadline order: each buffer with its conversation, channel, the
+    carried-over turn's input (and whether it had files) and whether the conversation
+    has a turn ready or running."""
     MessageBuffer.check_transition([BufferState.OPEN], [BufferState.FLUSHED])
     at = deadline_param(now)
     claim = [BufferState.FLUSHED.value, at, token, *in_params(ids), BufferState.OPEN.value, at]
@@ -106,15 +108,54 @@ def claim_buffers(ids, now, token) -> list:
             if not cursor.rowcount:
                 return []
             cursor.execute(_claimed_sql(len(ids)), [*Turn.ACTIVE, *in_params(ids), token])
-        found = cursor.fetchall()
-    shape = _claimed_shape()
+        return cursor.fetchall()
+
+
+def open_rows(ids, now) -> list:
+    """The rows `claim_rows` would win for `ids` at `now`, read without claiming: the
+    buffers still open and due, in the same columns and order (the flush's preparation,
+    engine._prepare)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_open_sql(len(ids)), [*Turn.ACTIVE, *in_params(ids), deadline_param(now)])
+        return cursor.fetchall()
+
+
+def same_but_claimed(open_found, claimed) -> bool:
+    """Whether the rows `claim_rows` won are the rows `open_rows` read before, column
+    for column but the four the claim itself writes (state, flushed_at, flushed_by,
+    flush_reason)."""
+    unclaimed = _unclaimed_columns()
+    return len(open_found) == len(claimed) and all(
+        unclaimed(before) == unclaimed(after) for before, after in zip(open_found, claimed))
+
+
+@functools.cache
+def _unclaimed_columns():
+    written = {"state", "flushed_at", "flushed_by", "flush_reason"}
+    buffers, first, past = _claimed_shape()[0]
+    width = _claimed_shape()[-1][2] + 1  # + conversation_busy
+    return operator.itemgetter(*[i for i in range(width)
+                                 if not first <= i < past or buffers.names[i - first] not in written])
+
+
+def build_buffers(found) -> list:
+    """Buffers from `claim_rows`' (or `open_rows`') rows, each with its conversation,
+    channel (one object per channel of the batch), carried-over turn and
+    `conversation_busy` (a turn ready or running there: engine._born_running)."""
+    (buffers_part, b0, b1), (conversations_part, c0, c1), (channels_part, h0, h1), (carried_part, t0, t1) = (
+        _claimed_shape())
+    channels = {}
     buffers = []
     for row in found:
-        buffer, conversation, channel, carried = (part.build(row[a:b]) for part, a, b in shape)
+        buffer, conversation = buffers_part.build(row[b0:b1]), conversations_part.build(row[c0:c1])
+        channel_row = row[h0:h1]
+        channel = channels.get(channel_row)
+        if channel is None:
+            channel = channels[channel_row] = channels_part.build(channel_row)
         conversation.channel = channel
         buffer.conversation = conversation
-        buffer.carried_turn = carried if buffer.carried_turn_id else None
-        buffer.conversation_busy = bool(row[-1])  # a turn ready or running there (engine._born_running)
+        buffer.carried_turn = carried_part.build(row[t0:t1]) if buffer.carried_turn_id else None
+        buffer.conversation_busy = bool(row[-1])
         buffers.append(buffer)
     return buffers
 
@@ -145,6 +186,13 @@ def _claimed_sql(n):
             f"ORDER BY b.flush_at, b.id")
 
 
+@functools.lru_cache(maxsize=BATCH_SHAPES)
+def _open_sql(n):
+    return (f"SELECT {_claimed_select()}, {_busy_sql()} FROM {table(MessageBuffer)} b {_claimed_joins()} "
+            f"WHERE {in_sql('b.id', n)} AND b.state = {state_literal(BufferState.OPEN)} AND b.flush_at <= %s "
+            f"ORDER BY b.flush_at, b.id")
+
+
 @functools.cache
 def _claim_and_read_sql_postgresql():
     """_claim_sql and _claimed_sql in one statement (the UPDATE's RETURNING as `b`)."""
@@ -172,12 +220,17 @@ MERGED_FIELDS = frozenset({"id", "buffer_id", "text", "media_type", "album_id", 
                            "thread_id", "received_at", "media_file_id", "mentioned", "traceparent"})
 
 
-def messages_of(buffer_ids) -> dict:
-    """{buffer id: its messages, oldest first}, with the fields a merge reads (MERGED_FIELDS)."""
+def message_rows(buffer_ids) -> list:
+    """The messages of these buffers, oldest first, as rows of the fields a merge reads
+    (MERGED_FIELDS): `build_messages` makes them objects."""
     ids = list(buffer_ids)
     with connection.cursor() as cursor:
         cursor.execute(_messages_sql(len(ids)), in_params(ids))
-        found = cursor.fetchall()
+        return cursor.fetchall()
+
+
+def build_messages(found) -> dict:
+    """{buffer id: its messages, oldest first} from `message_rows`' rows."""
     shape = columns(InboundMessage, "m", MERGED_FIELDS)
     by_buffer = {}
     for row in found:
