@@ -291,27 +291,23 @@ class TurnRunner:
         # Our own texts (the apology) in each user's language, as the turn keeps them too.
         finished = [(turn, state, languages.text_for(turn.conversation, reply) if isinstance(reply, Promise) else reply,
                      outcome) for turn, state, reply, outcome in finished]
+        # The rows and their INSERT made before the transaction, which on SQLite holds the
+        # database's one write lock: they hang on no row it reads, only on which turns
+        # were still this worker's to finish (all of them, but for a cancel meanwhile).
+        replies = self.replies_of(finished)
+        if not ledger.enabled():
+            with transaction.atomic():
+                ours = self.finish(finished)
+            by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
+            return [by_turn.get(turn.pk) if turn.pk in ours else None for turn, *_ in finished]
+        prepared = ledger.prepare_many(replies.values())
         with transaction.atomic():
-            ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
-                                      for turn, state, reply, outcome in finished], self.owner)
-            console.turns_finished([item for item in finished if item[0].pk in ours])
-            streams.record_streams([(turn.pk, self.streams[turn.pk]) for turn, *_ in finished
-                                    if turn.pk in ours and turn.pk in self.streams])
-            replies = {}
-            for turn, state, reply, _ in finished:
-                if turn.pk in ours and (reply or self.attached.get(turn.pk)):
-                    kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
-                    stream = self.streams.get(turn.pk)
-                    replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
-                                                    reply_target=turn.reply_target, thread_id=turn.thread_id,
-                                                    files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else (),
-                                                    preview_message_id=stream.preview_message_id if stream
-                                                    else turn.preview_message_id,
-                                                    traceparent=self.traceparents.get(turn.pk))
-            if not ledger.enabled():
-                by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
-                return [by_turn.get(turn.pk) for turn, *_ in finished]
-            written = dict(zip(replies, ledger.enqueue_many(replies.values()), strict=True))
+            ours = self.finish(finished)
+            if ours.issuperset(replies):
+                written = dict(zip(replies, ledger.enqueue_many(replies.values(), prepared), strict=True))
+            else:
+                mine = {turn_id: reply for turn_id, reply in replies.items() if turn_id in ours}
+                written = dict(zip(mine, ledger.enqueue_many(mine.values()), strict=True))
         # A row another worker's sweep claimed first is that worker's to send. Without
         # its liveness lock this worker leaves them pending for a sweep (a claim of a
         # worker the others think dead would be taken over, and the reply labelled).
@@ -322,6 +318,33 @@ class TurnRunner:
         claimed = {row.pk for row in ledger.claim_written(rows, self.owner, token=token)}
         return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
                 for turn, *_ in finished]
+
+    def finish(self, finished):
+        """The turns' ends written (inside the completion's transaction): the ids of
+        those that were still this worker's to finish."""
+        ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
+                                  for turn, state, reply, outcome in finished], self.owner)
+        console.turns_finished([item for item in finished if item[0].pk in ours])
+        streams.record_streams([(turn.pk, self.streams[turn.pk]) for turn, *_ in finished
+                                if turn.pk in ours and turn.pk in self.streams])
+        return set(ours)
+
+    def replies_of(self, finished):
+        """{turn id: its ledger.Reply} of the finished turns that have something to say
+        (made before their transaction: those whose turn was cancelled meanwhile are
+        left out there)."""
+        replies = {}
+        for turn, state, reply, _outcome in finished:
+            if reply or self.attached.get(turn.pk):
+                kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
+                stream = self.streams.get(turn.pk)
+                replies[turn.pk] = ledger.Reply(turn.conversation, reply, kind=kind, turn=turn,
+                                                reply_target=turn.reply_target, thread_id=turn.thread_id,
+                                                files=self.attached.get(turn.pk, ()) if kind == OutboundKind.REPLY else (),
+                                                preview_message_id=stream.preview_message_id if stream
+                                                else turn.preview_message_id,
+                                                traceparent=self.traceparents.get(turn.pk))
+        return replies
 
     def held(self):
         """Turns this worker holds on the event loop: running, or being written down."""

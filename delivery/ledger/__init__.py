@@ -58,6 +58,7 @@ from delivery.ledger.replies import (
     enqueue_many,
     parts,
     prefix_units,
+    prepare_many,
     recovery_prefix,
     split_for,
     unrecorded,
@@ -69,6 +70,6 @@ __all__ = [
     "BACKOFF", "FRESHNESS", "LATE_RESLOTS", "MAX_RESENDS", "NOT_SENT_MAX_WAIT", "PACED_RETRY", "RECOVERY_MARKER", "RECOVERY_SIGN",
     "PRUNE_AFTER", "RECOVERY_PREFIX", "Reply", "abandon", "abandon_stale", "attempt_timeout", "channel_health",
     "claim_due", "claim_many", "claim_written", "claimable_ids", "enabled", "enqueue", "enqueue_many", "finish",
-    "finish_many", "holds_rows", "mark_unreachable", "maybe_claimable", "new_token", "note_progress", "parts", "prefix_units", "recovery_prefix", "prune", "release",
+    "finish_many", "holds_rows", "mark_unreachable", "maybe_claimable", "new_token", "note_progress", "parts", "prefix_units", "prepare_many", "recovery_prefix", "prune", "release",
     "resends_used", "retry_now", "safety_sweep", "send", "split_for", "text_to_send", "unrecorded", "wait_for_channel",
 ]

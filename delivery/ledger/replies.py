@@ -9,7 +9,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core import languages
-from agentloop.core.rows import create_many
+from agentloop.core.rows import create_many, insert_statement
 from delivery import attachments, chunks
 from delivery.hooks import language_of, transport_for
 from delivery.models import OutboundMessage, RestorePoint
@@ -136,9 +136,19 @@ def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="
     return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files))])[0]
 
 
-def enqueue_many(replies):
-    """Write replies down as pending rows (one INSERT)."""
+def enqueue_many(replies, prepared=None):
+    """Write replies down as pending rows (one INSERT). `prepared`: `prepare_many(replies)`,
+    made before the transaction."""
+    if prepared is not None:
+        return create_many(OutboundMessage, *prepared)
     return create_many(OutboundMessage, [_row(r) for r in replies])
+
+
+def prepare_many(replies):
+    """The rows of `replies` and their INSERT, made without the database (rows.insert_statement),
+    for `enqueue_many` to run later: a completion makes them before its transaction."""
+    rows = [_row(r) for r in replies]
+    return rows, insert_statement(OutboundMessage, rows)
 
 
 def unrecorded(replies):

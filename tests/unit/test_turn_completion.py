@@ -75,3 +75,37 @@ def test_a_claim_that_committed_but_whose_answer_was_lost_is_still_sent(worker, 
 
 def test_a_turn_still_running_is_written_again(worker, turn):
     assert worker.turns.written_before(turn.pk) == (False, None)
+
+
+@pytest.fixture
+def second_turn(make_conversation, worker, turn):
+    conversation = make_conversation(turn.conversation.channel, "bea")
+    return Turn.objects.create(conversation=conversation, merged_input="¿y el domingo?", flush_reason="window",
+                               state=TurnState.RUNNING, owner=worker.owner, started_at=timezone.now())
+
+
+def test_a_batch_of_completions_writes_each_turns_reply_row_once(worker, turn, second_turn):
+    """The rows and their INSERT are made before the transaction (ledger.prepare_many);
+    each row must still be its own turn's, with its id."""
+    rows = worker.turns.complete_turns([(turn, TurnState.DONE, "Sí, de 9 a 13.", ""),
+                                        (second_turn, TurnState.DONE, "No, cerrado.", "")])
+
+    stored = {row.turn_id: row for row in OutboundMessage.objects.all()}
+    assert [row.turn_id for row in rows] == [turn.pk, second_turn.pk]
+    assert [row.pk for row in rows] == [stored[turn.pk].pk, stored[second_turn.pk].pk]
+    assert (stored[turn.pk].text, stored[second_turn.pk].text) == ("Sí, de 9 a 13.", "No, cerrado.")
+    assert all(row.state == OutboundState.ATTEMPTING for row in OutboundMessage.objects.all())
+
+
+def test_a_turn_cancelled_before_its_completion_commits_gets_no_reply_row(worker, turn, second_turn):
+    """/stop from another process between the agent's answer and its completion: the
+    completion's compare-and-swap finds the turn cancelled, and of the rows made before
+    the transaction only the other turn's is written."""
+    Turn.objects.filter(pk=second_turn.pk).update(state=TurnState.CANCELLED)
+
+    row, nothing = worker.turns.complete_turns([(turn, TurnState.DONE, "Sí, de 9 a 13.", ""),
+                                                (second_turn, TurnState.DONE, "No, cerrado.", "")])
+
+    assert nothing is None and row.turn_id == turn.pk
+    assert list(OutboundMessage.objects.values_list("turn_id", "text")) == [(turn.pk, "Sí, de 9 a 13.")]
+    assert Turn.objects.get(pk=second_turn.pk).state == TurnState.CANCELLED
