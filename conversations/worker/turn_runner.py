@@ -291,15 +291,15 @@ class TurnRunner:
         # Our own texts (the apology) in each user's language, as the turn keeps them too.
         finished = [(turn, state, languages.text_for(turn.conversation, reply) if isinstance(reply, Promise) else reply,
                      outcome) for turn, state, reply, outcome in finished]
-        # The rows and their INSERT made before the transaction, which on SQLite holds the
-        # database's one write lock: they hang on no row it reads, only on which turns
-        # were still this worker's to finish (all of them, but for a cancel meanwhile).
         replies = self.replies_of(finished)
         if not ledger.enabled():
             with transaction.atomic():
                 ours = self.finish(finished)
             by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
             return [by_turn.get(turn.pk) if turn.pk in ours else None for turn, *_ in finished]
+        # The rows and their INSERT made before the transaction, which on SQLite holds the
+        # database's one write lock: they hang on no row it reads, only on which turns
+        # were still this worker's to finish (all of them, but for a cancel meanwhile).
         prepared = ledger.prepare_many(replies.values())
         with transaction.atomic():
             ours = self.finish(finished)
