@@ -104,14 +104,14 @@ def flush_many(buffer_ids, now, owner="", start=0):
             return []
         message_rows = sql.message_rows(row[0] for row in claimed)
         if prepared is not None and prepared.holds(claimed, message_rows):
-            new_turns, by_buffer, statement = prepared.turns, prepared.by_buffer, prepared.statement
+            new_turns, by_buffer, started = prepared.turns, prepared.by_buffer, prepared.started
+            statement = prepared.statement
         else:
             new_turns, by_buffer = _turns_of(sql.build_buffers(claimed), sql.build_messages(message_rows),
                                              now, owner, start)
-            statement = None
-        if not new_turns:
-            return []
-        started = spans.flushes(new_turns, by_buffer)
+            if not new_turns:
+                return []
+            started, statement = spans.flushes(new_turns, by_buffer), None
         created = rows.create_many(Turn, new_turns, statement)
         spans.flushed(started, created)
         console.turns_created(created)
@@ -135,10 +135,12 @@ def _turns_of(buffers, by_buffer, now, owner, start):
 
 class _Prepared:
     """A flush worked out before its transaction: the rows it read, the turns made of
-    them and their INSERT (rows.insert_statement)."""
+    them, their flush spans (their traceparents set on the turns; a preparation not used
+    ends none, so exports none) and their INSERT (rows.insert_statement), made last."""
 
     def __init__(self, found, message_rows, turns, by_buffer):
         self.found, self.message_rows, self.turns, self.by_buffer = found, message_rows, turns, by_buffer
+        self.started = spans.flushes(turns, by_buffer)
         self.statement = rows.insert_statement(Turn, turns)
 
     def holds(self, claimed, message_rows):
