@@ -6,7 +6,6 @@ The timing lives in the worker loop (conversations/worker.py), which sleeps unti
 the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 
-import itertools
 import logging
 import os
 from datetime import timedelta
@@ -17,18 +16,22 @@ from django.utils import timezone
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from agentloop.core import metrics, rows
 from audit.events import record
-from audit.failpoints import after_commit
 from audit.models import EventKind
-from conversations import console, groups, liveness, schedules, spans, sql, turns, windows
+from conversations import liveness, schedules, sql, turns
+from conversations.flushing import clip as clip
+from conversations.flushing import due_buffer_ids as due_buffer_ids
+from conversations.flushing import flush_buffer as flush_buffer
+from conversations.flushing import flush_due as flush_due
+from conversations.flushing import flush_many as flush_many
+from conversations.flushing import look as look
+from conversations.flushing import merge as merge
+from conversations.flushing import next_deadline as next_deadline
+from conversations.liveness import new_owner as new_owner
+from conversations.liveness import process_started as process_started
 from conversations.media import for_agents
 from conversations.models import (
-    BufferState,
     Channel,
-    FlushReason,
-    InboundMessage,
-    MessageBuffer,
     Turn,
     TurnState,
     WorkerHeartbeat,
@@ -48,262 +51,7 @@ RECOVERY_NOTICE = _(
 )
 
 
-# --- flushing ----------------------------------------------------------------
-
-def due_buffer_ids(now, limit=200):
-    """Open buffers whose deadline passed, oldest deadline first. A buffer whose
-    conversation has a turn ready or running waits (enqueue): it flushes when that turn
-    ends, so everything said meanwhile becomes one next turn."""
-    return sql.due_buffer_ids(now, limit)
-
-
-def next_deadline(now):
-    """The nearest future deadline, or None."""
-    return sql.next_deadline(now)
-
-
-def look(now, limit=200):
-    """The flusher's look: (due_buffer_ids, next_deadline) in one statement — one wait
-    for the database per wake-up instead of two, on the flusher's timed path and in the
-    idle floor every worker costs (20 looks a second)."""
-    return sql.look(now, limit)
-
-
-def flush_buffer(buffer_id, now=None):
-    """Claim one due buffer and turn it into a READY turn; None when another process
-    flushed it or a new message re-armed it."""
-    flushed = flush_many([buffer_id], now or timezone.now())
-    return flushed[0] if flushed else None
-
-
-_batches = itertools.count(1)
-
-
-def flush_many(buffer_ids, now, owner="", start=0):
-    """Claim due buffers and make their turns, in one transaction: a claimed buffer
-    always has its turn, a crash leaves it open.
-
-    The claim is one compare-and-swap UPDATE for the whole batch, stamped with a
-    token unique to this batch; reading the stamp back tells which buffers this
-    call won (a buffer re-armed or flushed elsewhere meanwhile is not among them).
-
-    `start`: how many of the new turns `owner` will run at once. Those are born
-    RUNNING under it in this same transaction — when first in line in their
-    conversation and not waiting for an external agent — so no second write stands
-    between the deadline and the agent. The rest are born READY.
-
-    On SQLite the turns are first worked out from the buffers as they are before the
-    transaction (`_prepare`); inside it, what the claim won is compared with what was
-    read, and the turns made then are used only where nothing differs."""
-    token = f"{owner or new_owner()}#{next(_batches)}"
-    ids = list(buffer_ids)
-    prepared = _prepare(ids, now, owner, start, token)
-    with transaction.atomic():
-        claimed = sql.claim_rows(ids, now, token)
-        if not claimed:
-            return []
-        message_rows = sql.message_rows(row[0] for row in claimed)
-        if prepared is not None and prepared.holds(claimed, message_rows):
-            new_turns, by_buffer, started = prepared.turns, prepared.by_buffer, prepared.started
-            statement = prepared.statement
-        else:
-            new_turns, by_buffer = _turns_of(sql.build_buffers(claimed), sql.build_messages(message_rows),
-                                             now, owner, start)
-            if not new_turns:
-                return []
-            started, statement = spans.flushes(new_turns, by_buffer), None
-        created = rows.create_many(Turn, new_turns, statement)
-        spans.flushed(started, created)
-        console.turns_created(created)
-        metrics.after_commit(_count_flushes, [(t.flush_reason, len(by_buffer.get(t.buffer_id, ()))) for t in created])
-        after_commit("flush.after_claim")
-        return created
-
-
-def _turns_of(buffers, by_buffer, now, owner, start):
-    """(the new turns, their messages by buffer) of claimed buffers. Writes what a
-    batch needs beyond its turns: a group's unaddressed messages kept as context, and
-    a buffer's messages past its channel's cap moved to a new buffer."""
-    buffers, unaddressed = groups.split(buffers, by_buffer)
-    groups.keep_as_context(unaddressed)
-    _keep_the_rest_waiting(buffers, by_buffer, now)
-    new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
-    if start > 0:
-        _born_running(new_turns, owner, now, start)
-    return new_turns, by_buffer
-
-
-class _Prepared:
-    """A flush worked out before its transaction: the rows it read, the turns made of
-    them, their flush spans (their traceparents set on the turns; a preparation not used
-    ends none, so exports none) and their INSERT (rows.insert_statement), made last."""
-
-    def __init__(self, found, message_rows, turns, by_buffer):
-        self.found, self.message_rows, self.turns, self.by_buffer = found, message_rows, turns, by_buffer
-        self.started = spans.flushes(turns, by_buffer)
-        self.statement = rows.insert_statement(Turn, turns)
-
-    def holds(self, claimed, message_rows):
-        """Whether the claim won every buffer read and nothing they are made of changed
-        since: the buffers, conversations, channels, carried-over input, a turn ready or
-        running there, and every message."""
-        return message_rows == self.message_rows and sql.same_but_claimed(self.found, claimed)
-
-
-def _prepare(ids, now, owner, start, token):
-    """SQLite: the flush's turns made from the due buffers as they are, before its
-    transaction, which holds the database's one write lock (most of a flush was this
-    Python: building the rows' objects, merging, the INSERT's parameter). None where
-    a flush writes more than its turns or reads beyond its rows: a group's buffer
-    (context lines, unaddressed messages) and one over its channel's cap. None on
-    PostgreSQL, which locks rows, not the database: its claim and read are one
-    statement (sql.claim_rows), and a read before it one more wait for the server."""
-    if rows.postgresql():
-        return None
-    found = sql.open_rows(ids, now)
-    if not found:
-        return None
-    buffers = sql.build_buffers(found)
-    if any(buffer.conversation.is_group for buffer in buffers):
-        return None
-    message_rows = sql.message_rows(buffer.pk for buffer in buffers)
-    by_buffer = sql.build_messages(message_rows)
-    if any(_first_beyond(by_buffer.get(buffer.pk, []), max(1, buffer.conversation.channel.max_messages)) is not None
-           for buffer in buffers):
-        return None
-    for buffer in buffers:  # as the claim leaves them
-        buffer.state, buffer.flushed_at, buffer.flushed_by = BufferState.FLUSHED, now, token
-        buffer.flush_reason = buffer.planned_reason
-    new_turns = [_turn_for(b, by_buffer.get(b.pk, []), now) for b in buffers]
-    if start > 0:
-        _born_running(new_turns, owner, now, start)
-    return _Prepared(found, message_rows, new_turns, by_buffer)
-
-
-def _count_flushes(flushes):
-    """(flush reason, messages merged) of each turn made: counted once its flush commits."""
-    for reason, size in flushes:
-        metrics.TURNS_FLUSHED.labels(reason).inc()
-        metrics.MESSAGES_PER_TURN.observe(size)
-        if size > 1:
-            metrics.BURSTS_MERGED.inc()
-
-
-def _born_running(new_turns, owner, now, room):
-    """Mark up to `room` new turns RUNNING under `owner`: one per conversation with no
-    turn ready or running (checked inside the flush's transaction; on PostgreSQL a
-    concurrent start is refused by the one-running-turn index, and the flush retried)."""
-    busy = {turn.conversation_id for turn in new_turns if turn.buffer.conversation_busy}  # read with the claim
-    for turn in new_turns:
-        if room == 0:
-            break
-        if turn.conversation_id in busy or turn.conversation.channel.agent == turns.PULL_AGENT:
-            continue
-        turn.state, turn.owner, turn.started_at, turn.attempts = TurnState.RUNNING, owner, now, 1
-        busy.add(turn.conversation_id)
-        room -= 1
-
-
-def _keep_the_rest_waiting(buffers, by_buffer, now):
-    """A turn takes at most its channel's `max_messages`, oldest first (an album's items
-    counting once, never split). The rest move to a new open buffer, due at once, which
-    flushes when this turn is over (the flusher skips a conversation with an active
-    turn): a backlog becomes turns in order, each bounded. An admission racing this finds
-    the new buffer when its own compare-and-swap on the claimed one fails (see
-    ingest.admission._rearm)."""
-    for buffer in buffers:
-        messages = by_buffer.get(buffer.pk, [])
-        limit = max(1, buffer.conversation.channel.max_messages)
-        cut = _first_beyond(messages, limit)
-        if cut is None:
-            continue
-        by_buffer[buffer.pk], rest = messages[:cut], messages[cut:]
-        remainder = MessageBuffer.objects.create(
-            conversation=buffer.conversation, first_message_at=rest[0].received_at,
-            last_message_at=rest[-1].received_at, flush_at=now, planned_reason=FlushReason.MAX_MESSAGES,
-            window_kind="cap", message_count=len(_starts(rest)), last_album_id=rest[-1].album_id)
-        InboundMessage.objects.filter(pk__in=[m.pk for m in rest]).update(buffer=remainder)
-        MessageBuffer.objects.filter(pk=buffer.pk).update(message_count=limit)
-
-
-def _starts(messages):
-    return windows.message_starts([m.album_id for m in messages])
-
-
-def _first_beyond(messages, limit):
-    """The index of the first message past `limit` messages (as they count), or None."""
-    starts = _starts(messages)
-    return starts[limit] if len(starts) > limit else None
-
-
-def _turn_for(buffer, messages, now):
-    last = messages[-1] if messages else None
-    return Turn(
-        conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
-        merged_input=clip(groups.with_context(buffer, merge(messages, buffer.conversation.is_group,
-                                                            buffer.carried_turn), now),
-                          settings.AGENTLOOP_MAX_TURN_CHARS),
-        # An interrupted turn's files come with its input (for_agents.file_ids_of_turn).
-        has_media=any(m.media_file_id for m in messages) or bool(buffer.carried_turn and buffer.carried_turn.has_media),
-        reply_target=last.reply_target if last else "", thread_id=last.thread_id if last else "",
-    )
-
-
-def flush_due(now=None, limit=200, owner=""):
-    now = now or timezone.now()
-    ids = due_buffer_ids(now, limit)
-    return flush_many(ids, now, owner) if ids else []
-
-
-def merge(messages, is_group, carried_turn=None, limit=None):
-    """One prompt from a burst: arrival order kept; in groups each line says who.
-
-    At most `limit` characters (AGENTLOOP_MAX_TURN_CHARS): the newest text is kept and
-    the cut marked, so an interrupted turn's input carried forward is the first to go —
-    interrupts in a row never grow a turn's input beyond the cap. The stored messages
-    keep all of it."""
-    lines = [carried_turn.merged_input] if carried_turn is not None else []
-    for message in messages:
-        text = message.text
-        if message.media_type:
-            text = f"[{message.media_type}] {text}".strip()
-        lines.append(f"{message.sender_name or 'Someone'}: {text}" if is_group else text)
-    return clip("\n".join(lines), limit or settings.AGENTLOOP_MAX_TURN_CHARS)
-
-
-def clip(text, limit):
-    """`text` in at most `limit` characters: its end, after a mark saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    keep = max(0, limit - len(f"[… {len(text)} characters cut]\n"))
-    return f"[… {len(text) - keep} characters cut]\n{text[len(text) - keep:]}"
-
-
 # --- workers and recovery ------------------------------------------------------
-
-def new_owner(lock=False):
-    """`host:pid:start:random` — with the process's start time, so that a later process
-    given the same pid (a restart in a container often is) is not taken for it. `lock`:
-    its worker will hold a liveness lock (conversations/liveness.py), said by a fifth
-    field — so the others judge it by that lock, not by its heartbeat."""
-    pid = os.getpid()
-    owner = f"{settings.AGENTLOOP_HOSTNAME}:{pid}:{process_started(pid) or 0}:{os.urandom(3).hex()}"
-    return f"{owner}:{liveness.LOCK_MARK}" if lock else owner
-
-
-def process_started(pid) -> str | None:
-    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat, field
-    22): with the pid, it names one process for the life of the host. None when there
-    is no such process; "" when this system cannot tell (no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None if os.path.isdir("/proc/self") or not _pid_alive(pid) else ""
-    except OSError:
-        return ""
-    return stat.rsplit(b")", 1)[1].split()[19].decode()
-
 
 def owner_gone(owner, hostname=None, pid=None) -> bool:
     """Whether the worker behind `owner` is visibly gone: it ran on this host and its pid
@@ -339,16 +87,6 @@ def beat(owner, now=None):
 
 def retire(owner):
     WorkerHeartbeat.objects.filter(owner=owner).delete()
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def dead_owners(now=None):

@@ -40,6 +40,7 @@ with an error naming the setting.
 import asyncio
 import hashlib
 import logging
+import os
 import threading
 import time
 
@@ -328,3 +329,39 @@ def for_worker(owner):
             "DATABASE_TRANSACTION_POOLER=true: the worker's liveness lock needs a session of its own — set "
             "AGENTLOOP_LIVENESS_DATABASE_URL to PostgreSQL itself, or AGENTLOOP_LIVENESS=heartbeat")
     return LockHolder(owner)
+
+
+# --- a worker's name (conversations.engine re-exports them) -------------------------
+
+def new_owner(lock=False):
+    """`host:pid:start:random` — with the process's start time, so that a later process
+    given the same pid (a restart in a container often is) is not taken for it. `lock`:
+    its worker will hold a liveness lock (this module), said by a fifth
+    field — so the others judge it by that lock, not by its heartbeat."""
+    pid = os.getpid()
+    owner = f"{settings.AGENTLOOP_HOSTNAME}:{pid}:{process_started(pid) or 0}:{os.urandom(3).hex()}"
+    return f"{owner}:{LOCK_MARK}" if lock else owner
+
+
+def process_started(pid) -> str | None:
+    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat, field
+    22): with the pid, it names one process for the life of the host. None when there
+    is no such process; "" when this system cannot tell (no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None if os.path.isdir("/proc/self") or not _pid_alive(pid) else ""
+    except OSError:
+        return ""
+    return stat.rsplit(b")", 1)[1].split()[19].decode()
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

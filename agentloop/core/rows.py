@@ -357,7 +357,7 @@ def insert_many(model: type[Model], instances: Iterable[Model], conflict: Iterab
 def insert_statement(model: type[Model], instances: Iterable[Model], conflict: Iterable[str] = (),
                      returning: Iterable[str] = ("id",)) -> tuple[str, list[str]]:
     """`insert_many`'s statement and its one parameter, made without the database: its
-    values can be prepared before the transaction that runs it (engine._prepare)."""
+    values can be prepared before the transaction that runs it (flushing._prepare)."""
     sql, fields = _insert_sql(model, tuple(conflict), tuple(returning), True)
     preparers = _preparers(tuple(fields))
     values = [[prepare(instance) for prepare in preparers] for instance in instances]

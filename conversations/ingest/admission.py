@@ -353,7 +353,7 @@ def _set_buffer(message, buffer):
 
 def _reread_open_buffer(arrival, carried):
     """After a lost compare-and-swap: the open buffer the flusher may have just made for a
-    burst's remainder (engine._keep_the_rest_waiting), re-armed with this message; None
+    burst's remainder (flushing._keep_the_rest_waiting), re-armed with this message; None
     when there is none (the caller creates one)."""
     buffer = _first(MessageBuffer.objects.filter(conversation=arrival.conversation, state=BufferState.OPEN))
     if buffer is None:

@@ -114,7 +114,7 @@ def claim_rows(ids, now, token) -> list:
 def open_rows(ids, now) -> list:
     """The rows `claim_rows` would win for `ids` at `now`, read without claiming: the
     buffers still open and due, in the same columns and order (the flush's preparation,
-    engine._prepare)."""
+    flushing._prepare)."""
     with connection.cursor() as cursor:
         cursor.execute(_open_sql(len(ids)), [*Turn.ACTIVE, *in_params(ids), deadline_param(now)])
         return cursor.fetchall()
@@ -141,7 +141,7 @@ def _unclaimed_columns():
 def build_buffers(found) -> list:
     """Buffers from `claim_rows`' (or `open_rows`') rows, each with its conversation,
     channel (one object per channel of the batch), carried-over turn and
-    `conversation_busy` (a turn ready or running there: engine._born_running)."""
+    `conversation_busy` (a turn ready or running there: flushing._born_running)."""
     (buffers_part, b0, b1), (conversations_part, c0, c1), (channels_part, h0, h1), (carried_part, t0, t1) = (
         _claimed_shape())
     channels = {}

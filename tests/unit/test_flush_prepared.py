@@ -1,4 +1,4 @@
-"""On SQLite a flush works out its turns before its transaction (engine._prepare: the
+"""On SQLite a flush works out its turns before its transaction (conversations.flushing._prepare: the
 buffers, their messages, the merge, the INSERT's parameter), and inside it uses them
 only if what its claim won is what it read. Here another writer runs right after the
 preparation, where a concurrent process may: the turn must be made from the rows as
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from conversations import engine
+from conversations import engine, flushing
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Conversation, InboundMessage, MessageBuffer, Turn, TurnState
 
@@ -24,19 +24,19 @@ pytestmark = pytest.mark.django_db
 def verdicts(monkeypatch):
     """What each prepared flush found inside its transaction (True: nothing had changed)."""
     found = []
-    holds = engine._Prepared.holds
+    holds = flushing._Prepared.holds
 
     def recorded(self, claimed, message_rows):
         found.append(holds(self, claimed, message_rows))
         return found[-1]
 
-    monkeypatch.setattr(engine._Prepared, "holds", recorded)
+    monkeypatch.setattr(flushing._Prepared, "holds", recorded)
     return found
 
 
 def after_preparing(monkeypatch, other_writer):
     """Run `other_writer` once, right after the next flush's preparation."""
-    prepare = engine._prepare
+    prepare = flushing._prepare
     pending = [other_writer]
 
     def prepare_then_write(*args):
@@ -45,7 +45,7 @@ def after_preparing(monkeypatch, other_writer):
             pending.pop()()
         return prepared
 
-    monkeypatch.setattr(engine, "_prepare", prepare_then_write)
+    monkeypatch.setattr(flushing, "_prepare", prepare_then_write)
 
 
 def sqlite(*found):
