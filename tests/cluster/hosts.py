@@ -2,11 +2,13 @@
 folder of the test's own (a cluster brought up by hand keeps its own), and the
 cluster's database read back over the bridge, as an operator would."""
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tests import host_network
@@ -27,6 +29,7 @@ class Cluster:
         self.prefix, self.net = prefix, net
         self.dir = None  # made by up(): under /tmp, where the postgres user may enter
         self.ours = False  # whether `down` is ours to run
+        self.owner = None  # the prefix's owner lock, held from up() to the end of down()
         self.env = {**os.environ, "CLUSTER_PREFIX": prefix, "CLUSTER_NET": net, **(env or {})}
 
     @property
@@ -59,18 +62,25 @@ class Cluster:
         return "" if done.returncode == 0 else (done.stderr.strip() or done.stdout.strip())
 
     def up(self):
+        """The hosts built; a cluster of this prefix left by a run killed before its `down`
+        is taken down first, and one whose owner still lives is waited for."""
+        self.owner = owner_lock(self.prefix)
         self.dir = tempfile.mkdtemp(prefix="agentloop-cluster-test-", dir="/tmp")
         self.env["CLUSTER_DIR"] = self.dir
-        try:
-            with host_network.changing():  # the bridge's address appears in the root namespace
-                output = self.script("up", timeout=180)
-        except ClusterError as error:
-            # A cluster with this prefix up already (another run, or one killed before its
-            # `down`) is refused, and never taken down from under its owner.
-            self.ours = "is up already" not in str(error)
-            raise
         self.ours = True
-        return output
+        with host_network.changing():  # the bridge's address appears in the root namespace
+            if self.built():
+                # Its owner is gone (we hold the lock): a SIGKILLed run, a session cut short.
+                print(f"cluster: prefix {self.prefix!r} was left up by a run that died; taking it down",
+                      file=sys.stderr)
+                self.script("down", timeout=60)
+            return self.script("up", timeout=180)
+
+    def built(self):
+        """Whether namespaces or the bridge of this prefix exist on the machine."""
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout.split()
+        bridge = subprocess.run(["ip", "link", "show", f"{self.prefix}-br"], capture_output=True, timeout=10)
+        return f"{self.prefix}-db" in names or bridge.returncode == 0
 
     def down(self):
         try:
@@ -80,6 +90,9 @@ class Cluster:
         finally:
             if self.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
+            if self.owner:
+                self.owner.close()  # the next run may build the prefix again
+                self.owner = None
 
     def kill(self, host):
         self.script("kill", host, timeout=30)
@@ -113,3 +126,28 @@ class Cluster:
         if pg_log.exists():
             shutil.copy(pg_log, into / "db" / "postgresql.log")
         return into
+
+
+# Machine-wide, not in the clone: two clones' runs on one machine share the prefix, the
+# namespaces and the addresses. The kernel drops the lock with its holder's last file
+# descriptor, so a run that dies holding it (SIGKILL, a cut session) frees it, and a
+# cluster found up under a free lock is one nobody owns any more.
+OWNER_LOCKS = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
+OWNER_WAIT_SECONDS = 600  # longer than a whole cluster test, up and down included
+
+
+def owner_lock(prefix, wait=OWNER_WAIT_SECONDS):
+    """The open file holding the prefix's owner lock (close it to release), or ClusterError
+    when another live run keeps it longer than `wait`."""
+    handle = open(OWNER_LOCKS / f"agentloop-cluster-{prefix}.lock", "a")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                raise ClusterError(f"the cluster prefix {prefix!r} stayed owned by another live run "
+                                   f"for {wait} s ({handle.name})") from None
+            time.sleep(0.2)
