@@ -10,9 +10,10 @@ Prints one JSON line: {"n", "seconds", "rate", "errors", "statuses", "p50_ms", "
 "began", "ended", "per_client"} (the latencies: request written to response read, per
 request; began and ended: time.monotonic(), which every process of the machine reads
 alike; per_client: how many each connection sent, which says which messages went), and
-when paced "per_bucket": per --bucket seconds of schedule, the messages due then, how many
-were accepted, their POST p50/p99 and how late the latest of them was sent ("lag_max_ms"),
-and "paced": the --rate and --returning-after it kept.
+when paced "per_bucket": per --bucket seconds of schedule (after the first --lead-in seconds,
+whose figure is "lead_in"), the messages due then, how many were accepted, their POST
+p50/p99 and how late the latest of them was sent ("lag_max_ms"), and "paced": the --rate,
+--returning-after and --lead-in it kept.
 """
 
 import argparse
@@ -98,16 +99,23 @@ def timed_bodies(args, c, until):
         k += 1
 
 
-def per_bucket(records, began, bucket):
-    """Paced records grouped by when they were due: [{"due", "accepted", "p50_ms", "p99_ms", "lag_max_ms"}]."""
-    groups = {}
+def per_bucket(records, began, bucket, lead_in=0.0):
+    """Paced records grouped by when they were due, the first `lead_in` seconds apart:
+    ([{"due", "accepted", "p50_ms", "p99_ms", "lag_max_ms"}, …], the lead-in's or None)."""
+    groups, lead = {}, []
     for due, lag, latency, status in records:
-        groups.setdefault(int((due - began) // bucket), []).append((lag, latency, status))
-    return [{"due": len(group), "accepted": sum(1 for *_, status in group if status < 300),
-             "p50_ms": percentile_ms([latency for _, latency, _ in group], 50),
-             "p99_ms": percentile_ms([latency for _, latency, _ in group], 99),
-             "lag_max_ms": max(lag for lag, _, _ in group) * 1000}
-            for _, group in sorted(groups.items())]
+        if due - began < lead_in:
+            lead.append((lag, latency, status))
+        else:
+            groups.setdefault(int((due - began - lead_in) // bucket), []).append((lag, latency, status))
+    return [figures(group) for _, group in sorted(groups.items())], (figures(lead) if lead else None)
+
+
+def figures(group):
+    return {"due": len(group), "accepted": sum(1 for *_, status in group if status < 300),
+            "p50_ms": percentile_ms([latency for _, latency, _ in group], 50),
+            "p99_ms": percentile_ms([latency for _, latency, _ in group], 99),
+            "lag_max_ms": max(lag for lag, _, _ in group) * 1000}
 
 
 async def main(args):
@@ -138,8 +146,13 @@ async def main(args):
                       "statuses": dict(statuses), "p50_ms": percentile_ms(latencies, 50),
                       "p99_ms": percentile_ms(latencies, 99), "began": began, "ended": time.monotonic(),
                       "per_client": per_client,
-                      **({"per_bucket": per_bucket(records, began, args.bucket),
-                          "paced": {"rate": args.rate, "returning_after": args.returning_after}} if args.rate else {})}))
+                      **(paced_figures(records, began, args) if args.rate else {})}))
+
+
+def paced_figures(records, began, args):
+    buckets, lead = per_bucket(records, began, args.bucket, args.lead_in)
+    return {"per_bucket": buckets, "lead_in": lead,
+            "paced": {"rate": args.rate, "returning_after": args.returning_after, "lead_in": args.lead_in}}
 
 
 if __name__ == "__main__":
@@ -153,6 +166,9 @@ if __name__ == "__main__":
     parser.add_argument("--returning-after", type=int, default=0,
                         help="even G: odd messages after the G-th come back to the chat of message i - G - 1")
     parser.add_argument("--bucket", type=float, default=60.0, help="paced: seconds of schedule per figure")
+    parser.add_argument("--lead-in", type=float, default=0.0,
+                        help="paced: the first seconds of schedule are one figure of their own (\"lead_in\"), "
+                             "the buckets start after them")
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=200)

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from tests import local_http
+from tests.bench.loadgen import percentile
 from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_for, post_updates, sent_chats, wait_answered
-from tests.bench.sustained import all_answered, messages_by_chat, minutes, paced, reply_latencies
+from tests.bench.sustained import all_answered, lead_in_row, messages_by_chat, minutes, paced, reply_latencies
 
 TOKEN = "9:PEERTEST"
 
@@ -80,20 +81,25 @@ def test_a_timed_run_says_which_messages_it_sent(peer_bot, fake_telegram):
 def test_a_paced_run_mixes_returning_chats_and_reads_each_reply_back(peer_bot, fake_telegram):
     """The sustained run's load: messages at a rate, half of them returning to a chat first
     seen a while before (after the bot's 1 s window: a reply of its own); each reply is
-    matched to its message and timed from when the message was due."""
+    matched to its message and timed from when the message was due. The first 1.5 s, with
+    nothing to come back to yet, are a lead-in outside the buckets."""
     rate, seconds = 20.0, 3.0
-    run = paced(peer_bot, 7000, rate, seconds, bucket=1.5, return_after=1.5)
-    assert run["errors"] == 0 and run["n"] == 60 and run["paced"] == {"rate": 20.0, "returning_after": 30}
-    assert [bucket["due"] for bucket in run["per_bucket"]] == [30, 30]
+    run = paced(peer_bot, 7000, rate, seconds, bucket=1.5, return_after=1.5, lead_in=1.5)
+    assert run["errors"] == 0 and run["n"] == 90
+    assert run["paced"] == {"rate": 20.0, "returning_after": 30, "lead_in": 1.5}
+    assert [bucket["due"] for bucket in run["per_bucket"]] == [30, 30] and run["lead_in"]["due"] == 30
     by_chat = messages_by_chat(run, 7000)
     returning = {chat: numbers for chat, numbers in by_chat.items() if len(numbers) == 2}
-    # Odd messages 31 .. 59 come back to the chats of messages 0 .. 28.
-    assert sorted(returning.values()) == [[i, i + 31] for i in range(0, 29, 2)]
-    assert len(by_chat) == 60 - 15
+    # Odd messages 31 .. 89 come back to the chats of messages 0 .. 58: none in the lead-in.
+    assert sorted(returning.values()) == [[i, i + 31] for i in range(0, 59, 2)]
+    assert len(by_chat) == 90 - 30
     all_answered(fake_telegram, TOKEN, run, 7000, timeout=30)
     latency, missing, doubled = reply_latencies(fake_telegram, TOKEN, run, 7000)
-    assert (missing, doubled, len(latency)) == (0, 0, 60)
+    assert (missing, doubled, len(latency)) == (0, 0, 90)
     assert all(1.0 <= seconds_to_reply < 10 for seconds_to_reply in latency.values()), latency  # the 1 s window
-    rows = minutes(run, latency, rate, 1.5)
-    assert [row["accepted_rate"] for row in rows] == [20.0, 20.0]
-    assert all(1.0 <= row["reply_p50"] <= row["reply_p99"] < 10 for row in rows)
+    rows, lead = minutes(run, latency, rate, 1.5), lead_in_row(run, latency)
+    assert [row["accepted_rate"] for row in rows] == [20.0, 20.0] and lead["accepted_rate"] == 20.0
+    assert all(1.0 <= row["reply_p50"] <= row["reply_p99"] < 10 for row in rows + [lead])
+    # Each row reads its own messages' replies: the lead-in 0 .. 29, the buckets 30 .. 59, 60 .. 89.
+    assert lead["reply_p99"] == percentile([latency[i] for i in range(30)], 99)
+    assert rows[1]["reply_p99"] == percentile([latency[i] for i in range(60, 90)], 99)
