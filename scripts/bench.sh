@@ -14,6 +14,9 @@ $PY -m compileall -q -j 0 .venv/lib >/dev/null
 if command -v node >/dev/null && [ ! -f tests/bench/peer/node_modules/chat/package.json ]; then
   npm ci --no-audit --no-fund --prefix tests/bench/peer
 fi
+# Every process below records the targets it measured; the list is printed once, at the end.
+export BENCH_TARGETS_KEEP=1
+$PY -c 'from tests.bench import targets; targets.reset()'
 $PY -m tests.bench "${names[@]}"
 pg_names=()
 for name in guard mcp retention grown; do
@@ -27,3 +30,4 @@ if [ -z "${DATABASE_URL:-}" ] && [ ${#pg_names[@]} -gt 0 ]; then
   url=$(scripts/pg.sh start "$pgdir")
   DATABASE_URL=$url $PY -m tests.bench "${pg_names[@]}"
 fi
+$PY -m tests.bench.targets

@@ -686,6 +686,10 @@ def main(args):
     if "grown-pages" in names:  # part of `grown`: named only
         benchmarks["grown-pages"] = grown_pages
     setup_django()
+    from tests.bench import targets
+
+    if not targets.keeping():  # scripts/bench.sh gathers its processes' targets and prints them once
+        targets.reset()
     for name in names or benchmarks:
         # The local servers the figures are read from (Bot API, OpenAI) run in this
         # process: a full collection of its heap (every earlier benchmark's leftovers)
@@ -700,6 +704,8 @@ def main(args):
     db = os.environ["DATABASE_URL"].split(":", 1)[0]
     print(f"\n{len(RESULTS)} figures on {db}, {os.cpu_count()} cores; reproduce with: "
           f".venv/bin/python -m tests.bench {' '.join(names or BENCHMARKS)}  (or make bench)")
+    if not targets.keeping():
+        targets.print_summary()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.bench import targets
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 PEER_DIR = Path(__file__).resolve().parent / "peer"
 LOGS = BASE_DIR / "var" / "bench-logs"
@@ -178,6 +180,7 @@ class Agentloop(System):
         super().__init__(token, f"peer-agentloop-{label}")
         self.database_url = database_url
         self.name = f"agentloop (make run, {label})"
+        self.database = label
         self.manage("migrate", "--verbosity", "0")
         self.manage("addchannel", "bench-peer", "--kind", "telegram", "--token", token, "--secret", SECRET,
                     "--api-base", api_url, "--mode", "webhook", "--agent", "echo",
@@ -359,7 +362,7 @@ def run_system(system, fake, messages, seconds, offset):
         figures["kill"] = survives_sigkill(system, fake, offset + SPAN - KILL_BURST)
     finally:
         system.stop()
-    figures["name"] = system.name
+    figures["name"], figures["database"] = system.name, getattr(system, "database", "")
     return figures
 
 
@@ -399,6 +402,23 @@ def agentloop_databases():
             yield "PostgreSQL", url
 
 
+def record_targets(ours, best):
+    """Issue 30's steady-state targets, for the summary at the end of the run (tests.bench.targets)."""
+    t, b, db = ours["steady"], best["steady"], ours["database"]
+    targets.record("peer", db, "steady accepted POSTs/s >= 1.3x the peer's best", t["rate"] / b["rate"] >= 1.3,
+                   f"{t['rate'] / b['rate']:.2f}x ({t['rate']:.0f} vs {b['rate']:.0f}/s, {best['name']}; replies "
+                   f"within the window {t['replies_rate'] / b['replies_rate']:.2f}x)")
+    targets.record("peer", db, "steady POST p99 <= 1.0x the peer's best", t["p99"] <= b["p99"],
+                   f"{t['p99'] / b['p99']:.2f}x ({t['p99']:.1f} vs {b['p99']:.1f} ms)")
+    wrong = sum(run["errors"] + run["missing"] + run["doubled"] for run in (ours, t))
+    targets.record("peer", db, "every message answered exactly once", wrong == 0,
+                   f"{wrong} errors, missing or doubled (burst and steady state)")
+    kill = ours["kill"]
+    targets.record("peer", db, f"{KILL_BURST}/{KILL_BURST} answered once after a SIGKILL mid-burst",
+                   kill["answered"] == KILL_BURST and not kill["doubled"],
+                   f"{kill['answered']}/{KILL_BURST} answered, {kill['doubled']} doubled")
+
+
 def bench_peer(report=print):
     from tests.fakes.telegram_api import FakeBotAPI
 
@@ -436,6 +456,7 @@ def bench_peer(report=print):
                        f"(target <= 1.0), replies delivered within the window {t['replies_rate'] / b['replies_rate']:.2f}x, "
                        f"{t['errors']} errors, {t['missing'] + t['doubled']} not answered exactly once (target 0 and 0), "
                        f"SIGKILL mid-burst {ours['kill']['answered']}/{KILL_BURST} answered (target {KILL_BURST})")
+        record_targets(ours, steady_best)
     report("peer", f"per system: {messages} messages as a burst after {WARMUP} warm-up, then {seconds:g} s of steady "
                    f"load; {CONCURRENCY} keep-alive clients, a new chat each; reproduce with: "
                    f".venv/bin/python -m tests.bench peer")

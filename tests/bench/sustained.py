@@ -39,7 +39,7 @@ import time
 from collections import defaultdict
 from contextlib import closing
 
-from tests.bench import peer
+from tests.bench import peer, targets
 from tests.bench.loadgen import chat_index, percentile
 from tests.bench.soak import cluster_up, label, rss_kb
 
@@ -262,7 +262,8 @@ def bench_sustained(seconds=None, report=print):
             offset += 10 * peer.SPAN  # a paced run's numbers: rate * seconds, under a million
             report_system(report, system.name, {
                 "steady": steady, "peak": peak, "steps": steps, "rate": rate, "seconds": seconds, "bucket": bucket,
-                "run": run, "latency": latency, "missing": missing, "doubled": doubled, "memory": memory.samples})
+                "run": run, "latency": latency, "missing": missing, "doubled": doubled, "memory": memory.samples,
+                "database": db_label})
     report("sustained", f"reproduce with: .venv/bin/python -m tests.bench sustained --seconds {seconds:g}")
 
 
@@ -293,6 +294,14 @@ def report_system(report, name, figures):
         report(tag, f"  {name} {b * bucket:4.0f}-{(b + 1) * bucket:.0f} s: {line(each, bucket)}")
     first, last = rows[0], rows[-1]
     verdicts = {key: apart(first[key], last[key]) for key in ("accepted_rate", "reply_p50", "reply_p99")}
+    db = figures["database"]
+    for key, what in (("accepted_rate", "accepted rate"), ("reply_p50", "reply latency p50"),
+                      ("reply_p99", "reply latency p99")):
+        targets.record("sustained", db, f"{what}: first and last {bucket:g} s <= {FLAT:.0%} apart",
+                       verdicts[key] <= FLAT, f"{verdicts[key]:.1%} ({first[key]:.2f} and {last[key]:.2f}; "
+                       f"{rate:.0f}/s for {seconds:g} s, 80 % of a peak of {peak:.0f}/s)")
+    targets.record("sustained", db, "every message answered exactly once", not (missing or doubled or run["errors"]),
+                   f"{run['errors']} errors, {missing} missing, {doubled} doubled of {run['n']}")
     report(tag, f"{name}: first against last {bucket:g} s: accepted rate {verdicts['accepted_rate']:.1%} apart, "
                 f"reply latency p50 {verdicts['reply_p50']:.1%}, p99 {verdicts['reply_p99']:.1%} apart (target "
                 f"<= {FLAT:.0%} each: {'met' if max(verdicts.values()) <= FLAT else 'NOT met'}); reply latency over "
@@ -301,6 +310,12 @@ def report_system(report, name, figures):
         report(tag, f"{name}: memory not sampled through the run ({len(samples)} samples)")
         return
     start, half, end = samples
+    growing = [process for process in start if None not in (start[process], half[process], end[process])
+               and (end[process] - half[process]) / 1024 >= RSS_GROWTH_MB]
+    gone = [process for process in start if None in (start[process], half[process], end[process])]
+    targets.record("sustained", db, f"no process growing {RSS_GROWTH_MB} MB or more in the second half",
+                   not growing and not gone, f"{len(start) - len(growing) - len(gone)} of {len(start)} flat"
+                   + (f"; growing: {', '.join(growing)}" if growing else "") + (f"; exited: {', '.join(gone)}" if gone else ""))
     for process in sorted(start):
         if None in (start[process], half[process], end[process]):
             report(tag, f"  {name} {process:10} exited during the run")
