@@ -13,7 +13,9 @@ in-memory state and on a throwaway redis-server; its handler posts the merged bu
 Per system: accepted webhook POSTs/s, POST p50/p99, errors, messages answered exactly
 once, and whether it survives SIGKILL mid-burst (20 messages accepted, their windows
 still open; every process of the system killed; restarted; how many of the 20 are
-answered). Then agentloop / the peer's best configuration for POSTs/s and p99.
+answered). Then agentloop / the peer's best configuration for POSTs/s and p99, and every
+system's steady state side by side with the load client's own ceiling: the same client
+against a bare Node HTTP server answering 200 at once (BareNode).
 
 What the peer does on SIGKILL (seen with redis-cli): the SDK answers 200 before the
 message is even queued (the handler task is fired and forgotten). On memory state the
@@ -171,6 +173,34 @@ class Peer(System):
         if self.debounce_ms is not None:
             env["PEER_DEBOUNCE_MS"] = str(self.debounce_ms)
         return env
+
+
+class BareNode(System):
+    """The load client's own ceiling: a Node HTTP server that reads each POST whole and
+    answers 200 at once, nothing else (issue 30's table has its row)."""
+
+    hook_path = "/webhooks/telegram"
+    name = "bare Node HTTP (the load client's ceiling)"
+    SERVER = ("require('http').createServer((q, s) => { q.resume(); q.on('end', () => s.end('ok')); })"
+              ".listen(Number(process.argv[1]), '127.0.0.1');")
+
+    def __init__(self):
+        super().__init__("", "peer-bare-node")
+
+    def command(self, port):
+        return ["node", "-e", self.SERVER, str(port)]
+
+
+def client_ceiling(seconds):
+    """The load client against BareNode for `seconds` (the steady state's length): its
+    accepted POSTs/s and POST p50/p99, so every system's figure can be read against it."""
+    system = BareNode().start()
+    try:
+        load(system, 0, "--n", str(WARMUP))
+        run = post_for(system, seconds, WARMUP)
+    finally:
+        system.stop()
+    return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"], "errors": run["errors"]}
 
 
 class Agentloop(System):
@@ -444,6 +474,9 @@ def bench_peer(report=print):
             report("peer", f"{peers[-1]['name']}: {line(peers[-1])}")
             report("peer", f"{peers[-1]['name']}: {steady_line(peers[-1])}")
             offset += SPAN
+    ceiling = client_ceiling(seconds)
+    report("peer", f"{BareNode.name}, {seconds:g} s: {ceiling['rate']:.0f} POSTs/s, POST p50 {ceiling['p50']:.1f} ms, "
+                   f"p99 {ceiling['p99']:.1f} ms, {ceiling['errors']} errors")
     best = max(peers, key=lambda f: f["rate"])
     steady_best = max(peers, key=lambda f: f["steady"]["rate"])
     for ours in results:
@@ -457,6 +490,13 @@ def bench_peer(report=print):
                        f"{t['errors']} errors, {t['missing'] + t['doubled']} not answered exactly once (target 0 and 0), "
                        f"SIGKILL mid-burst {ours['kill']['answered']}/{KILL_BURST} answered (target {KILL_BURST})")
         record_targets(ours, steady_best)
+    report("peer", f"side by side, the steady state ({seconds:g} s of load each, this run): accepted POSTs/s, "
+                   f"POST p50 / p99, replies delivered within the window per second")
+    for system in [*results, *peers]:
+        t = system["steady"]
+        report("peer", f"  {system['name']:<38} {t['rate']:6.0f}/s  {t['p50']:5.1f} / {t['p99']:5.1f} ms  "
+                       f"{t['replies_rate']:5.0f} replies/s")
+    report("peer", f"  {BareNode.name:<38} {ceiling['rate']:6.0f}/s  {ceiling['p50']:5.1f} / {ceiling['p99']:5.1f} ms")
     report("peer", f"per system: {messages} messages as a burst after {WARMUP} warm-up, then {seconds:g} s of steady "
                    f"load; {CONCURRENCY} keep-alive clients, a new chat each; reproduce with: "
                    f".venv/bin/python -m tests.bench peer")
