@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
+from agentloop.core.sqlite import checkpoints
+
 _write_locks: dict[str, threading.Lock] = {}
 _pools: dict[str, list[sqlite3.Connection]] = {}
 POOL_SIZE = 8
@@ -160,7 +162,17 @@ class DatabaseWrapper(base.DatabaseWrapper):
                     return pool.pop()
         connection: sqlite3.Connection = super().get_new_connection(conn_params)
         connection.execute("PRAGMA busy_timeout = 0")  # RetryingCursor waits instead
+        # The worker's thread checkpoints outside the write lock (checkpoints.py); a
+        # commit copies the log itself only past this, a net when no worker runs.
+        connection.execute(f"PRAGMA wal_autocheckpoint = {checkpoints.SAFETY_PAGES}")
         return connection
+
+    def start_checkpoints(self) -> checkpoints.Checkpointer | None:
+        """This process's background checkpoints of this database (the worker loop starts
+        them), or None in memory."""
+        if self.is_in_memory_db():
+            return None
+        return checkpoints.start(str(self.settings_dict["NAME"]))
 
     def create_cursor(self, name: str | None = None) -> RetryingCursor:
         cursor: RetryingCursor = self.connection.cursor(factory=RetryingCursor)

@@ -3,6 +3,7 @@ import signal
 import sys
 
 from django.core.management.base import BaseCommand
+from django.db import connection
 
 from agentloop.core import collector
 from conversations.worker import Worker
@@ -28,6 +29,8 @@ class Command(BaseCommand):
         sys.setswitchinterval(SWITCH_INTERVAL)
         worker = Worker(poll=not options["no_polling"])
         collector.tune_for_bursts()
+        if connection.vendor == "sqlite":  # the log copied into the file out of the write lock
+            connection.start_checkpoints()
 
         async def main():
             loop = asyncio.get_running_loop()
