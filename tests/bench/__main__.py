@@ -620,7 +620,7 @@ def sustained(seconds):
 
 
 def peer():
-    from tests.bench.peer import bench_peer
+    from tests.bench.peer_run import bench_peer
 
     bench_peer(report)
 

@@ -5,7 +5,7 @@ at the end of a 40-minute run."""
 
 import pytest
 
-from tests.bench import grown, peer, sustained, targets
+from tests.bench import grown, peer, peer_run, sustained, targets
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +31,8 @@ def by_target(rows):
 
 def test_the_peer_targets_are_judged_against_the_peers_best():
     best = system("Chat SDK (Redis)", "", steady(700.0, 60.0))
-    peer.record_targets(system("agentloop (SQLite)", "SQLite", steady(1000.0, 45.0)), best)
-    peer.record_targets(system("agentloop (PostgreSQL)", "PostgreSQL", steady(880.0, 70.0, doubled=1),
+    peer_run.record_targets(system("agentloop (SQLite)", "SQLite", steady(1000.0, 45.0)), best)
+    peer_run.record_targets(system("agentloop (PostgreSQL)", "PostgreSQL", steady(880.0, 70.0, doubled=1),
                                kill_answered=19), best)
     rows = by_target(targets.recorded())
     assert rows["SQLite", "steady accepted POSTs/s >= 1.3x the peer's best"]["ok"]  # 1.43x
