@@ -26,7 +26,7 @@ WAIT_SECONDS = 300
 def browsing():
     """Held while a browser lives: no change to the host's network meanwhile."""
     with _locked(TURNSTILE, fcntl.LOCK_EX):
-        held = _open_locked(LOCK, fcntl.LOCK_SH)
+        held = open_locked(LOCK, fcntl.LOCK_SH)
     try:
         yield
     finally:
@@ -42,18 +42,21 @@ def changing():
 
 @contextlib.contextmanager
 def _locked(path, mode):
-    handle = _open_locked(path, mode)
+    handle = open_locked(path, mode)
     try:
         yield
     finally:
         handle.close()
 
 
-def _open_locked(path, mode):
-    """`path` opened and flock'ed in `mode`, waiting at most WAIT_SECONDS (then TimeoutError)."""
-    VAR.mkdir(exist_ok=True)
+def open_locked(path, mode, wait=None, poll=0.05):
+    """`path` opened and flock'ed in `mode` (close it to release), waiting at most `wait`
+    seconds, WAIT_SECONDS by default (then TimeoutError). Also the cluster's owner lock
+    (tests/cluster/hosts.py)."""
+    wait = WAIT_SECONDS if wait is None else wait
+    Path(path).parent.mkdir(exist_ok=True)
     handle = open(path, "a")
-    deadline = time.monotonic() + WAIT_SECONDS
+    deadline = time.monotonic() + wait
     while True:
         try:
             fcntl.flock(handle, mode | fcntl.LOCK_NB)
@@ -61,5 +64,5 @@ def _open_locked(path, mode):
         except BlockingIOError:
             if time.monotonic() > deadline:
                 handle.close()
-                raise TimeoutError(f"{path} was held for more than {WAIT_SECONDS} s") from None
-            time.sleep(0.05)
+                raise TimeoutError(f"{path} was held for more than {wait} s") from None
+            time.sleep(poll)

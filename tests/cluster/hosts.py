@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from tests import host_network
@@ -139,15 +138,9 @@ OWNER_WAIT_SECONDS = 600  # longer than a whole cluster test, up and down includ
 def owner_lock(prefix, wait=OWNER_WAIT_SECONDS):
     """The open file holding the prefix's owner lock (close it to release), or ClusterError
     when another live run keeps it longer than `wait`."""
-    handle = open(OWNER_LOCKS / f"agentloop-cluster-{prefix}.lock", "a")
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return handle
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                handle.close()
-                raise ClusterError(f"the cluster prefix {prefix!r} stayed owned by another live run "
-                                   f"for {wait} s ({handle.name})") from None
-            time.sleep(0.2)
+    path = OWNER_LOCKS / f"agentloop-cluster-{prefix}.lock"
+    try:
+        return host_network.open_locked(path, fcntl.LOCK_EX, wait=wait, poll=0.2)
+    except TimeoutError:
+        raise ClusterError(f"the cluster prefix {prefix!r} stayed owned by another live run "
+                           f"for {wait} s ({path})") from None
