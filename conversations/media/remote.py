@@ -7,7 +7,9 @@ own network unless the channel names that host:
 - the host is resolved and *every* address it resolves to is checked: loopback,
   private (10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, where cloud
   metadata lives; fe80::/10), multicast, unspecified and every other non-public address
-  is refused — unless the host is in the channel's `allowed_media_hosts`;
+  is refused, an IPv6 one carrying an IPv4 address (NAT64, 6to4, Teredo…) judged by
+  that one (agentloop.core.addresses) — unless the host is in the channel's
+  `allowed_media_hosts`;
 - the connection goes to the address that was checked (pinned: no second lookup a
   rebinding DNS server could answer differently), while TLS verifies the certificate
   against the host's name (SNI) and `Host` names it too;
@@ -20,7 +22,6 @@ A refusal is permanent: the file settles as failed, and the model is told why
 
 import asyncio
 import hashlib
-import ipaddress
 import mimetypes
 import re
 import socket
@@ -30,6 +31,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import httpx
 from django.conf import settings
 
+from agentloop.core.addresses import address_problem  # the policy's judge of one address (also tools.mcp's)
 from agentloop.core.redaction import redact, url_secrets
 from agentloop.core.tls import shared_tls_context, tls_context_trusting
 from conversations.ingest import MediaRef
@@ -83,19 +85,6 @@ def check_url(url: str) -> Target:
     except ValueError:  # an address in brackets that is not one
         return Target(url=url, host="", port=443)
     return Target(url=url, host=(host or "").lower(), port=port)
-
-
-def address_problem(address: str) -> str:
-    """Why we will not connect to this address ("" for a public one)."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    for kind, test in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-                       ("multicast", ip.is_multicast), ("unspecified", ip.is_unspecified),
-                       ("private", ip.is_private)):
-        if test:
-            return f"the address is {kind}"
-    return "" if ip.is_global else "the address is not public"
 
 
 def kind_and_name(url: str) -> tuple[str, str]:
