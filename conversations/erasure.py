@@ -7,6 +7,13 @@ bytes no other row names), their name, user name and platform ids, the local cal
 the guard's tools kept for them, and the personal part of the guard's claims (arguments,
 results, errors) and of audit events about them (summary, extra, actor).
 
+Beyond their own rows, the copies made elsewhere go too: in a group, their lines in the
+other members' turns (input, streamed text, reply) and ledger rows become "[erased]"
+lines; their schedules are cancelled and lose their text; files replies carried to them
+are deleted with the rows; audit events about them without a conversation (a refused
+message, an ignored edit, a lifted limit), the chat marked unreachable, the pacing slot
+of their chat and the admin's log entries of their rows lose their ids and names.
+
 What stays, without personal data: the rows' skeletons (counts, states, times), so the
 guard still sees a claim inside its window (its fingerprint is a one-way hash), and one
 audit event `contact_erased` with who asked and the counts. A message's platform id is
@@ -32,7 +39,8 @@ from django.utils import timezone
 
 from audit.events import record
 from audit.models import AuditEvent, EventKind
-from conversations import retention
+from conversations import erasure_copies, retention
+from conversations.erasure_copies import ERASED
 from conversations.models import (
     BufferState,
     Contact,
@@ -44,10 +52,10 @@ from conversations.models import (
     Turn,
     TurnState,
 )
-from delivery.models import OutboundMessage, OutboundState
+from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState
 from tools.models import ActionClaim, Calendar, Confirmation, Proposal
 
-ERASED = "[erased]"
+CANCELLED = "cancelled: the person's data was erased on request"
 
 
 class NotFound(Exception):
@@ -73,7 +81,12 @@ def forget(channel_slug, contact_id, *, by, wait=30.0) -> dict:
     conversations = list(contact.conversations.values_list("pk", flat=True))
     _stop_work(conversations, wait)
     with transaction.atomic():
+        # Read before their rows are scrubbed: what their copies elsewhere look like.
+        copies = erasure_copies.Copies.of(contact, conversations)
+        copies.forget_admin_log()
+        copies.forget_reply_files_on_commit()
         counts, file_ids = _scrub(contact, conversations)
+        counts.update(copies.erase())
         retention.forget_bytes_on_commit(file_ids)
         MediaFile.objects.filter(pk__in=file_ids, messages__isnull=True).delete()
         record(EventKind.CONTACT_ERASED, channel_slug=channel_slug, actor=str(by)[:100],
@@ -84,6 +97,10 @@ def forget(channel_slug, contact_id, *, by, wait=30.0) -> dict:
 def _stop_work(conversations, wait):
     deadline = time.monotonic() + wait
     while True:
+        # Schedules first: a tick sent meanwhile wrote its ledger row by now, abandoned below.
+        ScheduledMessage.transition(
+            list(ScheduledMessage.objects.filter(conversation_id__in=conversations, state=ScheduleState.SCHEDULED)
+                 .values_list("pk", flat=True)), ScheduleState.SCHEDULED, ScheduleState.CANCELLED, reason=CANCELLED)
         for pk in MessageBuffer.objects.filter(conversation_id__in=conversations, state=BufferState.OPEN) \
                 .values_list("pk", flat=True):
             MessageBuffer.transition(pk, BufferState.OPEN, BufferState.DROPPED, flush_reason="control")
@@ -122,10 +139,11 @@ def _scrub(contact, conversations) -> tuple[dict, list]:
         "messages": messages.update(text="", sender_name="", reply_target="", thread_id="", album_id="",
                                     media_type="", media_file=None),
         "edits": MessageEdit.objects.filter(of_them).delete()[0],
-        "turns": Turn.objects.filter(of_them).update(merged_input="", reply_text="", outcome="", reply_target="",
-                                                     thread_id=""),
+        "turns": Turn.objects.filter(of_them).update(merged_input="", reply_text="", streamed_text="", outcome="",
+                                                     reply_target="", thread_id="", preview_message_id=""),
         "notes": ContextNote.objects.filter(of_them).delete()[0],
         "replies": OutboundMessage.objects.filter(of_them).delete()[0],
+        "schedules": ScheduledMessage.objects.filter(of_them).update(text=""),
         "confirmations": Confirmation.objects.filter(of_them).delete()[0],
         "files": len(file_ids),
         "claims": claims.update(arguments={}, fingerprint_material={}, result=None, error="", channel_slug=""),

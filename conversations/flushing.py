@@ -238,10 +238,10 @@ def merge(messages, is_group, carried_turn=None, limit=None):
     keep all of it."""
     lines = [carried_turn.merged_input] if carried_turn is not None else []
     for message in messages:
-        text = message.text
-        if message.media_type:
-            text = f"[{message.media_type}] {text}".strip()
-        lines.append(f"{message.sender_name or 'Someone'}: {text}" if is_group else text)
+        if is_group:
+            lines.append(groups.line(message.sender_name, message.text, message.media_type))
+        else:
+            lines.append(f"[{message.media_type}] {message.text}".strip() if message.media_type else message.text)
     return clip("\n".join(lines), limit or settings.AGENTLOOP_MAX_TURN_CHARS)
 
 

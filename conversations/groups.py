@@ -76,8 +76,16 @@ def context_lines(buffer, now) -> list[str]:
         found = found.filter(received_at__gt=last_turn)
     newest = list(found.order_by("-received_at", "-id")
                   .values_list("sender_name", "text", "media_type")[:settings.AGENTLOOP_GROUP_CONTEXT_MESSAGES])
-    return [f"{name or 'Someone'}: {f'[{media}] {text}'.strip() if media else text}"
-            for name, text, media in reversed(newest)]
+    return [line(name, text, media) for name, text, media in reversed(newest)]
+
+
+def line(sender_name, text, media_type="") -> str:
+    """One group message as a turn's input shows it ("Ana: [photo] look"), here and in
+    flushing.merge: what an erasure looks for in the other members' turns
+    (conversations.erasure)."""
+    if media_type:
+        text = f"[{media_type}] {text}".strip()
+    return f"{sender_name or 'Someone'}: {text}"
 
 
 def with_context(buffer, merged_input, now) -> str:

@@ -5,7 +5,7 @@ answers with what each call returned."""
 
 import json
 
-from conversations.agents import Agent, Answer, File, TurnContext
+from conversations.agents import Agent, Answer, EchoAgent, File, TurnContext
 
 
 class ScriptedToolAgent(Agent):
@@ -37,3 +37,22 @@ def jpeg(seed: int, side: int = 64) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (side, side), (seed * 40 % 256, 90, 200)).save(out, "JPEG")
     return out.getvalue()
+
+
+class EchoFileAgent(EchoAgent):
+    """The echo agent (streamed with `stream_pace` in its config), which answers a text
+    asking for "the file" with that text as a file too (`notes.txt`): a reply whose
+    stored bytes are the person's own words (tests/unit/test_erasure_everywhere.py)."""
+
+    async def stream(self, ctx: TurnContext):
+        async for item in super().stream(ctx):
+            yield self.with_file(ctx, item) if isinstance(item, Answer) else item
+
+    async def respond(self, ctx: TurnContext) -> Answer:
+        return self.with_file(ctx, Answer(await super().respond(ctx)))
+
+    @staticmethod
+    def with_file(ctx: TurnContext, answer: Answer) -> Answer:
+        if "the file" not in ctx.text:
+            return answer
+        return Answer(answer.text, (File("notes.txt", f"Your notes: {ctx.text}\n".encode()),))

@@ -3,12 +3,14 @@ line and no API or admin page holds their texts or ids; the audit keeps that it 
 their next messages are admitted and deduplicated as anyone's."""
 
 import logging
+from datetime import timedelta
 
 import pytest
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from audit.events import record
 from audit.models import AuditEvent, EventKind
@@ -108,3 +110,43 @@ def test_the_api_endpoint_needs_an_operator(person, client, admin_user, django_u
     assert answer.status_code == 200 and answer.json()["counts"]["messages"] == 2
     assert client.post(url, body, content_type="application/json").status_code == 404
     assert "/api/v1/operator/contacts/forget" in client.get("/api/schema/?format=json").content.decode()
+
+
+def group_turn_of_another_member(make_channel, max_chars=None):
+    """A group where the person's two-line message is context for another member's turn."""
+    from conversations import engine
+
+    channel = make_channel("grp", kind="api", group_replies="mention")
+    said = {"chat_id": "g1", "is_group": True}
+    admit(channel, Inbound(platform_message_id="g1:1", sender_id="77123456", sender_name="Zebulon Quarkwright",
+                           text="my blood type is AB-\nand dentist on Friday", mentioned=False, **said))
+    engine.flush_due(now=timezone.now() + timedelta(minutes=1))
+    admit(channel, Inbound(platform_message_id="g1:2", sender_id="555", sender_name="Beto", text="@bot hi",
+                           mentioned=True, **said))
+    [turn] = engine.flush_due(now=timezone.now() + timedelta(minutes=2))
+    return Turn.objects.get(pk=turn if isinstance(turn, int) else turn.pk)
+
+
+def test_in_a_group_the_others_keep_their_lines_and_lose_the_persons(make_channel):
+    from conversations.groups import ADDRESSED_HEADER, CONTEXT_HEADER
+
+    turn = group_turn_of_another_member(make_channel)
+    assert "Zebulon Quarkwright: my blood type is AB-\nand dentist on Friday" in turn.merged_input
+    call_command("forgetcontact", "--channel", "grp", "--contact", "77123456")
+    turn.refresh_from_db()
+    assert turn.merged_input == "\n".join([CONTEXT_HEADER, "[erased]", ADDRESSED_HEADER, "Beto: @bot hi"])
+
+
+def test_a_cut_input_loses_the_end_of_the_persons_line_it_starts_with(make_channel, settings):
+    from conversations.groups import ADDRESSED_HEADER, CONTEXT_HEADER
+
+    line = "Zebulon Quarkwright: my blood type is AB-\nand dentist on Friday"
+    whole = "\n".join([CONTEXT_HEADER, line, ADDRESSED_HEADER, "Beto: @bot hi"])
+    cut = len(CONTEXT_HEADER) + 1 + 5  # the cut lands 5 characters into the person's line
+    settings.AGENTLOOP_MAX_TURN_CHARS = len(whole) - cut + len(f"[… {cut} characters cut]\n")
+    turn = group_turn_of_another_member(make_channel)
+    mark, first = turn.merged_input.split("\n")[:2]
+    assert mark.startswith("[… ") and first.endswith(" Quarkwright: my blood type is AB-") and len(first) < 40
+    call_command("forgetcontact", "--channel", "grp", "--contact", "77123456")
+    turn.refresh_from_db()
+    assert turn.merged_input == "\n".join([mark, "[erased]", ADDRESSED_HEADER, "Beto: @bot hi"])
