@@ -307,6 +307,12 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "only; in flight, uncertain and proposed ones stay), with their proposals once "
             "decided."),
         Var("AGENTLOOP_RETAIN_AUDIT_DAYS", "365", "Days audit events are kept (the longest)."),
+        Var("AGENTLOOP_RETAIN_SCHEDULES_DAYS", "30",
+            "Days a scheduled message is kept once sent or cancelled, counted from its last tick "
+            "(never sent: from its creation); waiting ones never go."),
+        Var("AGENTLOOP_RETAIN_UNREACHABLE_DAYS", "30",
+            "Days an unreachable chat's mark (the chat's id, the platform's refusal) is kept after "
+            "the last send it refused; a later refusal marks it again."),
         Var("AGENTLOOP_RETENTION_BATCH", "`500` on PostgreSQL, `100` on SQLite",
             "Rows deleted per transaction: each batch holds its locks for milliseconds (SQLite's "
             "one write lock: a smaller batch, so admissions wait less during a sweep)."),

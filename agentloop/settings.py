@@ -389,6 +389,10 @@ AGENTLOOP_RETAIN_MESSAGES_DAYS = env.float("AGENTLOOP_RETAIN_MESSAGES_DAYS", def
 AGENTLOOP_RETAIN_LEDGER_DAYS = env.float("AGENTLOOP_RETAIN_LEDGER_DAYS", default=7.0)
 AGENTLOOP_RETAIN_CLAIMS_DAYS = env.float("AGENTLOOP_RETAIN_CLAIMS_DAYS", default=30.0)
 AGENTLOOP_RETAIN_AUDIT_DAYS = env.float("AGENTLOOP_RETAIN_AUDIT_DAYS", default=365.0)
+# Sent or cancelled scheduled messages (after their last tick), unreachable chats' marks
+# (after the last refused send): both hold a person's text or chat id.
+AGENTLOOP_RETAIN_SCHEDULES_DAYS = env.float("AGENTLOOP_RETAIN_SCHEDULES_DAYS", default=30.0)
+AGENTLOOP_RETAIN_UNREACHABLE_DAYS = env.float("AGENTLOOP_RETAIN_UNREACHABLE_DAYS", default=30.0)
 # Rows per delete transaction. SQLite has one writer: a batch of 500 held the write lock
 # ~0.15 s (when rows were loaded to be deleted) and raised the p99 admission latency 6x
 # during a sweep; 100 rows now hold it ~1 ms (tests/bench/retention.py). PostgreSQL

@@ -11,7 +11,10 @@ transaction each (agentloop.core.pruning), never what a guarantee still needs:
   (a turn within the retention): what its agent reads as history;
 - an open ledger row (delivery.ledger.prune), a claim inside its window or whose outcome
   is still owed (tools.guard.sweep.prune);
-- a file being fetched; a stored file's bytes while any row still names them.
+- a file being fetched; a stored file's bytes while any row still names them;
+- a schedule still waiting for a tick (only sent or cancelled ones go); an unreachable
+  chat's mark while sends to it are still refused (it goes once none has been for the
+  retention: the chat's id is personal data, and a new refusal marks it again).
 """
 
 import logging
@@ -37,6 +40,7 @@ from conversations.models import (
     TurnState,
 )
 from delivery import ledger
+from delivery.models import ScheduledMessage, ScheduleState, UnreachableChat
 from tools.guard.sweep import prune as prune_claims
 
 log = logging.getLogger(__name__)
@@ -47,8 +51,8 @@ FINISHED_TURNS = [TurnState.DONE, TurnState.CANCELLED, TurnState.FAILED]
 
 def defaults() -> list[tuple[str, str]]:
     """(kind of data, how long it is kept) as the admin shows them."""
-    days = {name: getattr(settings, f"AGENTLOOP_RETAIN_{name}_DAYS") for name in ("MESSAGES", "LEDGER", "CLAIMS",
-                                                                                 "AUDIT")}
+    days = {name: getattr(settings, f"AGENTLOOP_RETAIN_{name}_DAYS")
+            for name in ("MESSAGES", "LEDGER", "CLAIMS", "AUDIT", "SCHEDULES", "UNREACHABLE")}
     history = f"{days['MESSAGES']:g} days"
     return [
         ("Inbound messages, edits, files (rows and bytes)", f"{history} (never while their turn is kept)"),
@@ -56,6 +60,9 @@ def defaults() -> list[tuple[str, str]]:
          f"{history}; open buffers and ready/running turns never; a conversation's {HISTORY_TURNS} newest "
          "turns and notes while it is active"),
         ("Delivery ledger", f"{days['LEDGER']:g} days once delivered, abandoned or unreachable; open rows never"),
+        ("Scheduled messages", f"{days['SCHEDULES']:g} days after their last tick (or, never sent, their creation) "
+                               "once sent or cancelled; waiting ones never"),
+        ("Unreachable chats (the mark)", f"{days['UNREACHABLE']:g} days after the last refused send"),
         ("Guard claims and proposals", f"{days['CLAIMS']:g} days after their window; in flight, uncertain or "
                                        "awaiting approval never"),
         ("Audit events", f"{days['AUDIT']:g} days"),
@@ -69,6 +76,8 @@ def sweep(now=None, budget_seconds=None) -> dict:
     budget = pruning.Budget(time.monotonic() + seconds, settings.AGENTLOOP_RETENTION_BATCH)
     cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_MESSAGES_DAYS)
     ledger.prune(now, budget)
+    _prune_schedules(now, budget)
+    _prune_unreachable_chats(now, budget)
     _prune_turns(cutoff, budget)
     _prune_messages(cutoff, budget)
     _prune_buffers(cutoff, budget)
@@ -117,6 +126,21 @@ def _prune_notes(cutoff, budget):
 def _prune_files(cutoff, budget):
     deletable = MediaFile.objects.filter(state__in=SETTLED, created_at__lt=cutoff, messages__isnull=True)
     pruning.delete_old(MediaFile, "created_at", cutoff, deletable, budget, on_delete=forget_bytes_on_commit)
+
+
+def _prune_schedules(now, budget):
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_SCHEDULES_DAYS)
+    last_tick_before = Q(last_sent_at__lt=cutoff) | Q(last_sent_at__isnull=True, created_at__lt=cutoff)
+    deletable = ScheduledMessage.objects.filter(last_tick_before, state__in=[ScheduleState.SENT,
+                                                                             ScheduleState.CANCELLED])
+    pruning.delete_old(ScheduledMessage, "created_at", cutoff, deletable, budget)
+
+
+def _prune_unreachable_chats(now, budget):
+    cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_UNREACHABLE_DAYS)
+    # Walked by `since` (it grows with the id); judged by the last refusal.
+    deletable = UnreachableChat.objects.filter(last_failure_at__lt=cutoff)
+    pruning.delete_old(UnreachableChat, "since", cutoff, deletable, budget)
 
 
 def forget_bytes_on_commit(file_ids):

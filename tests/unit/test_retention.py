@@ -21,7 +21,7 @@ from conversations.models import (
     Turn,
     TurnState,
 )
-from delivery.models import OutboundMessage, OutboundState
+from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState, UnreachableChat
 from tools.models import ActionClaim, ClaimState, Proposal, ProposalState
 
 pytestmark = pytest.mark.django_db
@@ -132,6 +132,27 @@ def test_claims_live_their_window_and_owed_ones_stay():
     assert left == {inside.pk, proposed.pk, window.pk, *(c.pk for c in owed)}
     assert not ActionClaim.objects.filter(pk__in=[gone.pk, gone_released.pk]).exists()
     assert list(Proposal.objects.values_list("claim_id", flat=True)) == [proposed.pk]
+
+
+def test_finished_schedules_and_unreachable_marks_go_after_theirs(old, settings):
+    settings.AGENTLOOP_RETAIN_SCHEDULES_DAYS = settings.AGENTLOOP_RETAIN_UNREACHABLE_DAYS = 30
+
+    def schedule(state, created, last_tick=None):
+        return ScheduledMessage.objects.create(conversation=old, text=f"{state} {created}", due_at=ago(created),
+                                               state=state, created_at=ago(created),
+                                               last_sent_at=ago(last_tick) if last_tick is not None else None)
+
+    gone = [schedule(ScheduleState.SENT, 40, last_tick=35), schedule(ScheduleState.CANCELLED, 40)]
+    kept = [schedule(ScheduleState.SCHEDULED, 90),  # waiting: never, whatever its age
+            schedule(ScheduleState.CANCELLED, 40, last_tick=5),  # a repeating one, its last tick recent
+            schedule(ScheduleState.SENT, 10, last_tick=10)]
+    chats = {chat: UnreachableChat.objects.create(channel=old.channel, chat_id=chat, error="blocked", since=ago(60),
+                                                  last_failure_at=ago(days)) for chat, days in (("a", 31), ("b", 2))}
+    result = retention.sweep(now=NOW)
+    assert set(ScheduledMessage.objects.values_list("pk", flat=True)) == {row.pk for row in kept}
+    assert result["delivery.ScheduledMessage"] == len(gone)
+    assert list(UnreachableChat.objects.values_list("pk", flat=True)) == [chats["b"].pk]
+    assert dict(retention.defaults())["Scheduled messages"].startswith("30 days after their last tick")
 
 
 def test_audit_events_stay_a_year():
