@@ -231,6 +231,13 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", "1568",
             "Images larger than this many pixels on their longer side are downscaled (JPEG) before "
             "a model sees them."),
+        Var("AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS", "40000000",
+            "The most pixels agentloop decodes of one image (to downscale it for a model, to make "
+            "a thumbnail); a JPEG counts at the reduced scale it is decoded at. An image over it is "
+            "stored but never decoded: the model is told it was sent and why it is not shown, its "
+            "thumbnail link answers 422; past twice it Pillow refuses to open it. Decoding takes up to 4 bytes "
+            "a pixel: 160 MB at the default, which an 8K screenshot (33 Mpx) stays under, and a phone's "
+            "full-size photo too (a JPEG decodes at 1/2 to 1/8 of its size)."),
         Var("AGENTLOOP_MEDIA_URL_TTL", "3600",
             "Seconds a signed link to a file works (the `media` of a webhook or pull agent's turn)."),
         Var("AGENTLOOP_MEDIA_URL_CA_BUNDLE", "empty: the public CAs only",

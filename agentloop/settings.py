@@ -283,6 +283,9 @@ AGENTLOOP_MEDIA_WAIT = env.float("AGENTLOOP_MEDIA_WAIT", default=30.0)
 AGENTLOOP_MEDIA_POLL = env.float("AGENTLOOP_MEDIA_POLL", default=0.5)
 # Images larger than this many pixels on their longer side are downscaled for the model.
 AGENTLOOP_MEDIA_IMAGE_MAX_SIDE = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_SIDE", default=1568)
+# Images that would take more pixels than this to decode are not decoded (shown to no
+# model, no thumbnail): a few KB of PNG can say 13,000 x 13,000 (conversations.media.images).
+AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS = env.int("AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS", default=40_000_000)
 # How long a signed link to a file (webhook and pull agents' `media`) works, seconds.
 AGENTLOOP_MEDIA_URL_TTL = env.int("AGENTLOOP_MEDIA_URL_TTL", default=3600)
 # Files given by https URL (the API's media_url) are checked against the public CAs and

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 from django.core.files.storage import default_storage
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
+from django.utils.html import escape
 
-from conversations.media import for_agents, links, sniff
+from conversations.media import for_agents, images, links, sniff
 from conversations.models import Channel
 
 
@@ -28,10 +29,8 @@ def media_file(request, token):
         return JsonResponse({"error": str(refused)}, status=403)
     if item is None or not item.readable:
         raise Http404("no stored file for this link")
-    small = thumbnail(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
-    if small is not None:
-        response = HttpResponse(small, content_type="image/jpeg")
-    else:
+    response = thumbnail_response(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
+    if response is None:
         try:
             opened = default_storage.open(item.storage_name, "rb")
         except FileNotFoundError:  # its row says stored, its bytes are gone (erased, another disk)
@@ -63,16 +62,29 @@ THUMBNAIL_SIDE = 160
 
 def thumbnail(item) -> bytes | None:
     """A small JPEG of a stored image (the admin's list, the story page); None when
-    Pillow cannot read it (the file itself is served instead)."""
-    import io
-
-    from PIL import Image
-
+    Pillow cannot read it (the file itself is served instead). images.TooManyPixels for
+    one too large to decode (the web process decodes it no more than a worker would)."""
     try:
-        with Image.open(io.BytesIO(item.read())) as image:
-            image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
-            out = io.BytesIO()
-            image.convert("RGB").save(out, "JPEG", quality=80)
-            return out.getvalue()
-    except (OSError, ValueError, Image.DecompressionBombError):
+        with images.opened(item.read(), fit=THUMBNAIL_SIDE * 2) as image:
+            return images.as_jpeg(image, THUMBNAIL_SIDE, quality=80)
+    except images.TooManyPixels:
+        raise
+    except (OSError, ValueError):
         return None
+
+
+def thumbnail_response(item) -> HttpResponse | None:
+    try:
+        small = thumbnail(item)
+    except images.TooManyPixels as exc:
+        return too_large_placeholder(str(exc))
+    return HttpResponse(small, content_type="image/jpeg") if small is not None else None
+
+
+def too_large_placeholder(why: str) -> HttpResponse:
+    """In place of a thumbnail: an image saying why there is none (an <img> shows it), 422."""
+    text = escape(f"too large to show: {why}")
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{THUMBNAIL_SIDE}" height="{THUMBNAIL_SIDE}">'
+           f"<title>{text}</title><rect width=\"100%\" height=\"100%\" fill=\"#eee\"/>"
+           f'<text x="8" y="84" font-size="14" fill="#555">too large to show</text></svg>')
+    return HttpResponse(svg, status=422, content_type="image/svg+xml")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.files.storage import default_storage
 
-from conversations.media import links, sniff, transcribe
+from conversations.media import images, links, sniff, transcribe
 from conversations.media.download import mb
 from conversations.models import InboundMessage, MediaFile, MediaState, MessageBuffer
 
@@ -142,15 +142,21 @@ def _why_unread(item: Attachment) -> str:
 
 def parts(items: list[Attachment]) -> list[dict]:
     """OpenAI chat content parts for these files (after the turn's text part). Images
-    beyond AGENTLOOP_MEDIA_MAX_TURN_BYTES in all are described instead of shown."""
+    beyond AGENTLOOP_MEDIA_MAX_TURN_BYTES in all, or too large to decode
+    (conversations.media.images), are described instead of shown."""
     found, budget = [], settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES
     for item in items:
         if item.readable and sniff.is_image(item.content_type):
             if (item.size or 0) > budget:
                 found.append(_text(describe(item, "not shown: over what one burst may carry")))
                 continue
+            try:
+                url = image_data_url(item.read())
+            except images.TooManyPixels as exc:
+                found.append(_text(describe(item, f"not shown: {exc}")))
+                continue
             budget -= item.size or 0
-            found.append({"type": "image_url", "image_url": {"url": image_data_url(item.read())}})
+            found.append({"type": "image_url", "image_url": {"url": url}})
         elif item.transcript:
             found.append(_text(f"{describe(item)}\n{item.transcript}"))
         elif item.readable and item.content_type in ("text/plain", "application/pdf"):
@@ -167,19 +173,17 @@ def _text(text: str) -> dict:
 def image_data_url(data: bytes) -> str:
     """A data URL of the image, re-encoded as JPEG at most AGENTLOOP_MEDIA_IMAGE_MAX_SIDE
     pixels on its longer side when larger (models scale big images down anyway, and
-    pay for every byte sent), else as it came."""
-    from PIL import Image  # Pillow: only where an image is shown to a model
-
+    pay for every byte sent), else as it came. images.TooManyPixels for one too large
+    to decode: never sent as it came, where the model's server would decode it."""
     limit = settings.AGENTLOOP_MEDIA_IMAGE_MAX_SIDE
     mime = sniff.content_type(data)
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with images.opened(data, fit=limit) as image:
             if max(image.size) > limit:
-                image.thumbnail((limit, limit))
-                out = io.BytesIO()
-                image.convert("RGB").save(out, "JPEG", quality=85)
-                data, mime = out.getvalue(), "image/jpeg"
-    except (OSError, ValueError, Image.DecompressionBombError):
+                data, mime = images.as_jpeg(image, limit, quality=85), "image/jpeg"
+    except images.TooManyPixels:
+        raise
+    except (OSError, ValueError):
         pass  # not an image Pillow can read: sent as it came, the model's server decides
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
