@@ -73,11 +73,8 @@ class WebhookAgent(Agent):
                     "POST", url, content=body, headers=headers) as response:
                 kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if response.status_code == 200 and kind in (NDJSON, SSE):
-                    final, size = None, 0
-                    async for line in response.aiter_lines():
-                        size += len(line) + 1
-                        if size > limit:
-                            raise AnswerTooLarge(size)
+                    final = None
+                    async for line in lines_at_most(response, limit):
                         item = _stream_item(line, kind)
                         if isinstance(item.get("delta"), str):
                             yield item["delta"]
@@ -137,6 +134,26 @@ async def read_at_most(response: httpx.Response, limit: int) -> bytes:
             raise AnswerTooLarge(size)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def lines_at_most(response: httpx.Response, limit: int):
+    """A streamed answer's lines as they arrive, its bytes counted as they arrive: past
+    `limit` in all, AnswerTooLarge (the connection is dropped). Not httpx's aiter_lines,
+    which holds a line until its newline comes: a stream that never ends its line would
+    grow the worker's memory until the agent's timeout. A line is at most the limit too."""
+    pending, size = bytearray(), 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(size)
+        start = len(pending)
+        pending += chunk
+        while (end := pending.find(b"\n", start)) >= 0:
+            yield pending[:end].decode("utf-8", "replace").rstrip("\r")
+            del pending[:end + 1]
+            start = 0
+    if pending:
+        yield pending.decode("utf-8", "replace").rstrip("\r")
 
 
 def _too_large(host, limit) -> AgentUnavailable:

@@ -21,10 +21,12 @@ SECRET = "whsec-untrusted-answers-1"
 
 class Answering:
     """A local HTTP server answering every POST with `status` and `body` (bytes), or,
-    with `endless`, a chunked 200 whose chunks never stop coming."""
+    with `endless`, a chunked 200 whose chunks never stop coming, or, with `hold`, `body`
+    with no length and then nothing more for `hold` seconds, the connection kept open
+    (`hung_up`: the client closed it meanwhile). `content_type` is the answer's."""
 
-    def __init__(self, body=b"", endless=False):
-        self.posts = 0
+    def __init__(self, body=b"", endless=False, content_type="application/json", hold=0.0):
+        self.posts, self.hung_up = 0, threading.Event()
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,7 +36,9 @@ class Answering:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 service.posts += 1
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
+                if hold:
+                    return self.held()
                 if not endless:
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
@@ -48,6 +52,20 @@ class Answering:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 except OSError:
                     pass  # the client stopped reading: what it should do
+
+            def held(self):
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                self.connection.settimeout(hold)
+                try:
+                    if self.connection.recv(1) == b"":  # no more request: the client closed
+                        service.hung_up.set()
+                except ConnectionResetError:
+                    service.hung_up.set()
+                except OSError:
+                    pass  # held its time
 
             def log_message(self, *args):
                 pass
