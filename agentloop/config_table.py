@@ -127,8 +127,9 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "Any URL django-environ understands; `postgres://user:pass@host:5432/db` to scale out."),
         Var("SQLITE_TIMEOUT", "30",
             "Seconds a SQLite writer waits for the write lock (then the web answers 503)."),
-        Var("SQLITE_TEST_NAME", "`var/test_agentloop.sqlite3`",
-            "The tests' SQLite file (shared with the processes they start)."),
+        Var("SQLITE_TEST_NAME", "`var/test_agentloop_<pid>.sqlite3`",
+            "The tests' SQLite file (shared with the processes they start); by default one per "
+            "pytest process."),
         Var("CONN_MAX_AGE", "0",
             "PostgreSQL: seconds a process keeps a connection between requests (`0`: one per "
             "request; not with `DATABASE_POOL`)."),

@@ -6,6 +6,7 @@ bad values fail loudly at start-up (django-environ raises on a malformed int, fl
 bool or URL).
 """
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -97,6 +98,11 @@ DATABASES = {
 DATABASE_POOL = env.bool("DATABASE_POOL", default=False)
 # DATABASE_URL goes through a transaction-mode pooler (PgBouncer pool_mode=transaction).
 DATABASE_TRANSACTION_POOLER = env.bool("DATABASE_TRANSACTION_POOLER", default=False)
+# Tests: each pytest process its own test database (dropped at its end), so that two runs
+# on one checkout, a quick loop beside `make test`, never drop or rebuild each other's.
+_RUN = f"_{os.getpid()}" if "PYTEST_VERSION" in os.environ else ""
+if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3" and _RUN:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}{_RUN}"}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
     # Django's SQLite backend plus an in-process queue for write transactions.
@@ -112,7 +118,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
     # A file (not :memory:) so that the worker and server processes that the
     # end-to-end tests start can open the test database too.
-    DATABASES["default"]["TEST"] = {"NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / "test_agentloop.sqlite3"))}
+    DATABASES["default"]["TEST"] = {"NAME": env.str("SQLITE_TEST_NAME", default=str(VAR_DIR / f"test_agentloop{_RUN}.sqlite3"))}
 else:
     # DATABASE_POOL: Django's psycopg pool (a process keeps up to DATABASE_POOL_MAX_SIZE
     # connections open and lends one to each request or thread) instead of a connection
