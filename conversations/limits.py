@@ -24,9 +24,16 @@ from conversations.models import Contact, Disposition, InboundMessage, Turn, Tur
 from delivery import ledger
 from delivery.models import OutboundKind
 
+HELD = "limit: "  # the outcome of a turn held here
 LIMIT_NOTICE = _("You've reached the limit of messages I can answer for now. I'll be able to answer again later.")
-# Turns that cost the agent something: a person's replies (conversations.handoff) do not count.
-COUNTED = (TurnState.RUNNING, TurnState.DONE, TurnState.FAILED)
+# Turns that cost the agent something: every turn that started, however it ended — one the
+# person cancelled (`/stop`, an interrupt, an edit's re-run, a takeover) was read and
+# maybe answered all the same, and counting only finished turns let a `/stop` just before
+# the end dodge every limit. Not counted: a turn cancelled before it started (the agent
+# never saw it), one this module held (it never reached the agent; counting it would
+# stretch the limit it enforces), and a person's replies (conversations.handoff).
+COUNTED = (Q(state__in=(TurnState.RUNNING, TurnState.DONE, TurnState.FAILED))
+           | Q(state=TurnState.CANCELLED, started_at__isnull=False) & ~Q(outcome__startswith=HELD))
 HOUR = timedelta(hours=1)
 
 
@@ -51,7 +58,7 @@ def hold_if_over(turn, now=None) -> bool:
     with transaction.atomic():
         contact = Contact.objects.get(pk=turn.conversation.contact_id)
         over = _over(channel, contact, turn, now)
-        if over is None or not turns.cancel(turn.pk, f"limit: {over.reason}", now):
+        if over is None or not turns.cancel(turn.pk, f"{HELD}{over.reason}", now):
             return False
         InboundMessage.objects.filter(buffer_id=turn.buffer_id).update(disposition=Disposition.LIMITED)
         first = Contact.objects.filter(Q(limited_until__isnull=True) | Q(limited_until__lte=now), pk=contact.pk
@@ -67,7 +74,7 @@ def hold_if_over(turn, now=None) -> bool:
 
 def _over(channel, contact, turn, now):
     start = contact.limits_counted_from
-    mine = Turn.objects.filter(conversation__contact_id=contact.pk, state__in=COUNTED).exclude(pk=turn.pk).exclude(
+    mine = Turn.objects.filter(COUNTED, conversation__contact_id=contact.pk).exclude(pk=turn.pk).exclude(
         owner__startswith="person:")
     if channel.turns_per_contact_per_hour:
         since = max(now - HOUR, start) if start else now - HOUR

@@ -41,6 +41,9 @@ from conversations.agents import Agent, AgentUnavailable, Answer, TurnContext, k
 from conversations.media import for_agents
 from conversations.model_clients import client_for
 
+# A stream asks for its usage, sent after its last chunk (OpenAI, vLLM, Ollama, llama.cpp's
+# server and LM Studio all honour it): without it a streaming channel spent no budget.
+STREAMED = {"stream": True, "stream_options": {"include_usage": True}}
 log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -116,20 +119,23 @@ class OpenAIAgent(Agent):
         said: list[str] = []
         for _ in range(int(config.get("max_steps", 6))):
             state, step = ChatCompletionStreamState(), []
-            with _provider_errors(config):
-                chunks = await client.post("/chat/completions", cast_to=ChatCompletion,
-                                           body={**_request(config, messages, tools), "stream": True},
-                                           stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk])
-                async with chunks:  # closed however the stream ends (a turn cancelled mid-stream)
-                    async for chunk in chunks:
-                        state.handle_chunk(chunk)
-                        text = chunk.choices[0].delta.content if chunk.choices else None
-                        if text:
-                            if said and not step:
-                                yield "\n\n"  # a new step's text starts a new paragraph
-                            step.append(text)
-                            yield text
-                completion = state.get_final_completion()
+            async with _charged_if_cut(ctx, messages, step) as charge:
+                with _provider_errors(config):
+                    chunks = await client.post("/chat/completions", cast_to=ChatCompletion,
+                                               body={**_request(config, messages, tools), **STREAMED},
+                                               stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk])
+                    async with chunks:  # closed however the stream ends (a turn cancelled mid-stream)
+                        async for chunk in chunks:
+                            charge.started = True
+                            state.handle_chunk(chunk)
+                            text = chunk.choices[0].delta.content if chunk.choices else None
+                            if text:
+                                if said and not step:
+                                    yield "\n\n"  # a new step's text starts a new paragraph
+                                step.append(text)
+                                yield text
+                    completion = state.get_final_completion()
+                    charge.reported = completion.usage is not None
             await _record_usage(ctx, completion)
             if not completion.choices:
                 raise AgentUnavailable("the model returned no choices")
@@ -177,8 +183,33 @@ class OpenAIAgent(Agent):
         return await ctx.call_tool(call.function.name, arguments)
 
 
+class _Charge:
+    started = False  # the provider began to answer: it read the prompt
+    reported = False  # it said what the request used
+
+
+@contextlib.asynccontextmanager
+async def _charged_if_cut(ctx, messages, written):
+    """A stream cut after the provider began to answer (the person's `/stop`, an
+    interrupt, a timeout) never gets to its usage chunk, yet the provider bills it: the
+    turn is charged an estimate, about 4 characters a token of the prompt it read and the
+    text it wrote, so that stopping a stream just before its end spends the person's
+    token budget too (conversations.limits)."""
+    charge = _Charge()
+    try:
+        yield charge
+    except BaseException:
+        if charge.started and not charge.reported and ctx is not None and ctx.record_usage is not None:
+            read = len(json.dumps(messages, ensure_ascii=False, default=str))
+            # Shielded: the turn's task is being cancelled, and the charge must still land.
+            await asyncio.shield(ctx.record_usage(-(-(read + len("".join(written))) // 4)))
+        raise
+
+
 async def _record_usage(ctx, completion):
-    """The tokens the provider says this request used, on the turn (conversations.limits)."""
+    """The tokens the provider says this request used, on the turn (conversations.limits).
+    A streamed request asks for them (`stream_options.include_usage`): the provider sends
+    them in a last chunk of their own."""
     usage = getattr(completion, "usage", None)
     if ctx is not None and ctx.record_usage is not None and usage is not None and usage.total_tokens:
         await ctx.record_usage(usage.total_tokens)

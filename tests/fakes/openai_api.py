@@ -487,6 +487,9 @@ class FakeOpenAI(FakeServer):
                 completion = self._completion(answer, request, number)
                 if request.body.get("stream"):
                     streamed = Streamed(self, completion, answer)
+                    # As the real API: the usage comes last, in a chunk of its own with no
+                    # choices, only when the request asked for it.
+                    streamed.with_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
                     streamed.key = str((request.last_message or {}).get("content", ""))
                     return 200, streamed, headers  # type: ignore[return-value]
                 return 200, completion, headers
@@ -658,6 +661,7 @@ class Streamed:
         self.completion = completion
         self.answer = answer
         self.key = ""  # the request's last message (FakeOpenAI.first_tokens)
+        self.with_usage = False  # stream_options.include_usage
         self.pace = answer.pace if answer.pace is not None else fake.stream_pace
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
@@ -685,6 +689,8 @@ class Streamed:
         for number, delta in enumerate(deltas):
             yield (self.pace if number else 0.0), self._chunk(delta)
         yield 0.0, self._chunk({}, choice["finish_reason"])
+        if self.with_usage:
+            yield 0.0, json.dumps({**json.loads(self._chunk({})), "choices": [], "usage": self.completion["usage"]})
         yield 0.0, "[DONE]"
 
 
