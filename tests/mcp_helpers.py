@@ -15,8 +15,9 @@ HEADER_SECRET = "mcp-hdr-Secret-55f0a9c1"
 class TicketDesk:
     """The ticket desk started by `processes` on a port of its own (kept across restarts)."""
 
-    def __init__(self, processes, tmp_path: Path, *, require_header=True):
+    def __init__(self, processes, tmp_path: Path, *, require_header=True, options=()):
         self.processes = processes
+        self.options = list(options)  # more of the fake's flags (--long-description N, …)
         self.log = tmp_path / "tickets.log"
         self.port = free_port()
         self.require_header = require_header
@@ -30,6 +31,7 @@ class TicketDesk:
         args = [sys.executable, "-m", "tests.fakes.mcp_tickets", "--port", str(self.port), "--log", str(self.log)]
         if self.require_header:
             args += ["--require-header", f"X-Desk-Key={HEADER_SECRET}"]
+        args += self.options
         self.proc = self.processes.start("tickets", args)
 
         def answers():
@@ -55,11 +57,13 @@ class TicketDesk:
 
 
 def register(desk, *channels, name="desk", **options):
+    """As the machine's holder registers it: the desk listens on 127.0.0.1 over http, so
+    `--internal` lets this URL reach a private address (tools/mcp/reach.py)."""
     from django.core.management import call_command
 
     headers = [f"X-Desk-Key={HEADER_SECRET}"] if desk.require_header else []
     call_command("addmcpserver", name, url=desk.url, header=[h.split("=", 1) for h in headers],
-                 channel=list(channels), **options)
+                 channel=list(channels), internal=True, **options)
     from tools.models import McpServer
 
     return McpServer.objects.get(name=name)

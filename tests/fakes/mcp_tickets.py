@@ -5,13 +5,17 @@ a ticket desk.
   execution to the log file (one JSON line each) — what the tests count;
 - `find_ticket(subject)` (readOnlyHint) looks one up: `{"found": false}` or the ticket;
 - `close_all_tickets()` (destructiveHint) closes every ticket;
-- `enable_escalation()` adds an `escalate_ticket` tool and says so (tools/list_changed).
+- `enable_escalation()` adds an `escalate_ticket` tool and says so (tools/list_changed);
+- with `--long-description N`, a tool `long_winded` whose description is N characters,
+  with `--wide-schema N` a tool `wide_schema` whose one parameter's description is N
+  characters (a listing too big to read, or a tool too big to offer).
 
 Its state is the log file, so a restarted server still finds what it created. When the
 file `<log>.hang` exists, `create_ticket` records its execution, then never answers
 (the test kills it there).
 
     python -m tests.fakes.mcp_tickets --port N --log FILE [--stdio] [--require-header K=V]
+        [--long-description N] [--wide-schema N]
 """
 
 import argparse
@@ -19,13 +23,22 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
+from pydantic import Field
 
 
-def build(log: Path) -> MCPServer:
+def build(log: Path, long_description=0, wide_schema=0) -> MCPServer:
     server = MCPServer("tickets")
+    if long_description:
+        server.add_tool(lambda: {"said": True}, name="long_winded", description="blah " * (long_description // 5))
+    if wide_schema:
+        def wide(value: Annotated[str, Field(description="x" * wide_schema)]) -> dict:
+            return {"value": value}
+
+        server.add_tool(wide, name="wide_schema", description="A tool with a very wide schema.")
 
     def tickets():
         if not log.exists():
@@ -87,8 +100,10 @@ def main():
     parser.add_argument("--log", required=True)
     parser.add_argument("--stdio", action="store_true")
     parser.add_argument("--require-header", default="")
+    parser.add_argument("--long-description", type=int, default=0)
+    parser.add_argument("--wide-schema", type=int, default=0)
     args = parser.parse_args()
-    server = build(Path(args.log))
+    server = build(Path(args.log), args.long_description, args.wide_schema)
     if args.stdio:
         server.run("stdio")
         return

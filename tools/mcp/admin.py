@@ -1,6 +1,11 @@
 """The admin for MCP servers and their tools. Headers and a stdio command's environment
 are secrets: shown as their names with a mask, never their values; a masked value
-posted back keeps the stored one."""
+posted back keeps the stored one.
+
+Operators register HTTP servers only, at URLs checked as media URLs are
+(tools/mcp/reach.py). A stdio server runs a command on the machine: it is the machine
+holder's (`manage.py addmcpserver --command`), shown read-only here to everyone,
+superusers too, and never started by a web request (issue 51)."""
 
 import json
 
@@ -12,7 +17,7 @@ from agentloop.core.redaction import MASK, forget_secrets, redact
 from tools import guard
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable, hub
-from tools.mcp.models import McpServer, McpTool
+from tools.mcp.models import McpServer, McpTool, McpTransport
 from tools.models import ToolPolicy
 
 
@@ -34,7 +39,9 @@ class McpServerForm(forms.ModelForm):
                          help_text="Streamable HTTP: the server's endpoint.")
     headers = SecretMapField(required=False, help_text="Names and values, e.g. {\"Authorization\": \"Bearer …\"}. "
                                                        f"Values are shown as {MASK}: leave them so to keep them.")
-    env = SecretMapField(required=False, help_text=f"stdio: environment of the command; {MASK} keeps a value.")
+    transport = forms.ChoiceField(choices=[(McpTransport.HTTP.value, McpTransport.HTTP.label)],
+                                  initial=McpTransport.HTTP,
+                                  help_text="stdio servers are registered on the machine: manage.py addmcpserver.")
 
     class Meta:
         model = McpServer
@@ -50,15 +57,10 @@ class McpServerForm(forms.ModelForm):
     def clean_headers(self):
         return self._kept("headers")
 
-    def clean_env(self):
-        return self._kept("env")
-
     def clean(self):
         data = super().clean()
-        if data.get("transport") == "http" and not data.get("url"):
+        if not data.get("url"):
             self.add_error("url", "a streamable HTTP server needs its URL")
-        if data.get("transport") == "stdio" and not data.get("command"):
-            self.add_error("command", "a stdio server needs its command")
         return data
 
 
@@ -66,8 +68,8 @@ class McpToolInline(admin.TabularInline):
     model = McpTool
     extra = 0
     can_delete = False
-    fields = ["offered_as", "present", "hints", "reconcile_with", "policy"]
-    readonly_fields = ["offered_as", "present", "hints", "policy"]
+    fields = ["offered_as", "present", "refused", "hints", "reconcile_with", "policy"]
+    readonly_fields = ["offered_as", "present", "refused", "hints", "policy"]
 
     @admin.display(description="Hints from this server")
     def hints(self, row):
@@ -88,12 +90,35 @@ class McpServerAdmin(admin.ModelAdmin):
     list_display = ["name", "transport", "endpoint", "enabled", "trusted", "listed_at", "problem"]
     list_filter = ["enabled", "trusted", "transport"]
     filter_horizontal = ["channels"]
-    readonly_fields = ["listed_at", "last_error"]
+    readonly_fields = ["listed_at", "last_error", "internal_url"]
+    # A stdio server, read-only: the machine holder's command and the names of its environment.
+    stdio_fields = ["name", "transport", "command", "environment", "channels", "enabled", "trusted",
+                    "timeout_seconds", "max_result_bytes", "refresh_seconds", "listed_at", "last_error"]
     inlines = [McpToolInline]
 
     @admin.display(description="URL or command")
     def endpoint(self, server):
         return redact(server.url or " ".join(server.command), server.secrets())
+
+    @admin.display(description="Environment")
+    def environment(self, server):
+        return ", ".join(f"{name}={MASK}" for name in server.env) or "—"
+
+    @staticmethod
+    def _is_stdio(obj) -> bool:
+        return obj is not None and obj.transport != McpTransport.HTTP
+
+    def get_fields(self, request, obj=None):
+        return self.stdio_fields if self._is_stdio(obj) else super().get_fields(request, obj)
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.stdio_fields if self._is_stdio(obj) else self.readonly_fields
+
+    def has_change_permission(self, request, obj=None):
+        return not self._is_stdio(obj) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return not self._is_stdio(obj) and super().has_delete_permission(request, obj)
 
     @admin.display(description="Last problem")
     def problem(self, server):
@@ -105,7 +130,7 @@ class McpServerAdmin(admin.ModelAdmin):
         forget_secrets()
         guard.forget_policies()  # and the MCP tools cached with them
         hub.forget(server.pk)
-        if server.enabled:
+        if server.enabled and not self._is_stdio(server):  # never a command from a web request
             try:
                 names = catalog.refresh(server)
                 messages.info(request, f"{server.name}: {len(names)} tools listed")
@@ -115,12 +140,12 @@ class McpServerAdmin(admin.ModelAdmin):
 
 @admin.register(McpTool)
 class McpToolAdmin(admin.ModelAdmin):
-    list_display = ["offered_as", "server", "present", "hints", "reconcile_with", "listed_at"]
+    list_display = ["offered_as", "server", "present", "refused", "hints", "reconcile_with", "listed_at"]
     list_filter = ["server", "present"]
-    fields = ["server", "name", "offered_as", "description", "input_schema", "annotations", "present",
+    fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations", "present",
               "reconcile_with", "listed_at"]
-    readonly_fields = ["server", "name", "offered_as", "description", "input_schema", "annotations", "present",
-                       "listed_at"]
+    readonly_fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations",
+                       "present", "listed_at"]
 
     @admin.display(description="Hints from its server")
     def hints(self, row):

@@ -26,6 +26,10 @@ from tools.models import ApprovalMode
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_META = "io.agentloop/idempotency-key"
+# What a listed tool may bring into every turn's request to the model (issue 51): a tool
+# over either cap is stored with its reason (McpTool.refused) and never offered.
+MAX_SCHEMA_BYTES = 16 * 1024  # its input schema, as compact JSON
+MAX_DESCRIPTION_CHARS = 4000
 # The per-turn check that a server answers (a listing): short, so a server that is down
 # costs a turn this much at most before its tools are left out.
 CHECK_SECONDS = 3.0
@@ -123,7 +127,7 @@ def tool(name: str) -> RemoteTool | None:
     if SEPARATOR not in name:
         return None
     row = (McpTool.objects.select_related("server")
-           .filter(offered_as=name, present=True, server__enabled=True).first())
+           .filter(offered_as=name, present=True, refused="", server__enabled=True).first())
     return RemoteTool(row) if row is not None else None
 
 
@@ -140,16 +144,30 @@ def sync(server: McpServer, listed) -> list:
                         server.name, item.name[:80], offered_as[:80])
             continue
         annotations = item.annotations.model_dump(by_alias=True, exclude_none=True) if item.annotations else {}
+        refused = too_big(item)
+        if refused:
+            log.warning("MCP server %s: tool %r is not offered: %s", server.name, item.name[:80], refused)
         with transaction.atomic():
             McpTool.objects.update_or_create(server=server, name=item.name, defaults={
-                "offered_as": offered_as, "description": (item.description or "")[:4000],
-                "input_schema": item.input_schema or {}, "annotations": annotations, "present": True,
-                "listed_at": now})
-        policy_for(offered_as)  # created with the hints' defaults on first sight
+                "offered_as": offered_as, "description": (item.description or "")[:MAX_DESCRIPTION_CHARS],
+                "input_schema": {} if refused else item.input_schema or {}, "annotations": annotations,
+                "present": True, "refused": refused, "listed_at": now})
+        if not refused:
+            policy_for(offered_as)  # created with the hints' defaults on first sight
         names.append(item.name)
     McpTool.objects.filter(server=server).exclude(name__in=names).update(present=False)
     McpServer.objects.filter(pk=server.pk).update(listed_at=now, last_error="")
     return names
+
+
+def too_big(item) -> str:
+    """Why a listed tool is too big to offer ("" when it is not)."""
+    if len(item.description or "") > MAX_DESCRIPTION_CHARS:
+        return f"its description is longer than {MAX_DESCRIPTION_CHARS} characters"
+    size = len(json.dumps(item.input_schema or {}, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_SCHEMA_BYTES:
+        return f"its input schema is larger than {MAX_SCHEMA_BYTES} bytes ({size})"
+    return ""
 
 
 def refresh(server: McpServer, deadline: float | None = None) -> list:
@@ -235,7 +253,7 @@ def offered_to(channel_id) -> Offer:
             offer.notes.append(f"The tools of {server.name} are unavailable right now (the server does not "
                                "answer); do not promise what needs them, tell the user it cannot be done now.")
             continue
-        for row in server.tools.filter(present=True).select_related("server"):
+        for row in server.tools.filter(present=True, refused="").select_related("server"):
             if policy_for(row.offered_as).enabled:
                 offer.tools.append(RemoteTool(row).as_function())
     return offer

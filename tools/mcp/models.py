@@ -1,6 +1,7 @@
 """The MCP servers an operator registered, and the tools each one lists."""
 
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,29}$"
@@ -19,12 +20,20 @@ class McpServer(models.Model):
     name = models.CharField(max_length=30, unique=True, validators=[RegexValidator(SERVER_NAME)],
                             help_text="Lower-case letters, digits and '-': its tools are offered as <name>__<tool>.")
     transport = models.CharField(max_length=8, choices=McpTransport.choices, default=McpTransport.HTTP)
-    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP: the server's endpoint.")
-    command = models.JSONField(default=list, blank=True,
-                               help_text='stdio: the command and its arguments, e.g. ["python", "server.py"].')
+    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP: the server's endpoint (https).")
+    # The machine holder's, never an operator's (tools/mcp/reach.py): set by manage.py
+    # addmcpserver, read-only in the admin.
+    internal_url = models.CharField(
+        max_length=500, blank=True, editable=False,
+        help_text="The URL the machine's holder allowed to be http and reach a private address (manage.py "
+                  "addmcpserver --internal): only while `url` is exactly this one.")
+    command = models.JSONField(default=list, blank=True, editable=False,
+                               help_text='stdio: the command and its arguments, e.g. ["python", "server.py"] '
+                                         "(manage.py addmcpserver --command only).")
     # Secrets, like a channel's: masked in the admin, redacted wherever text is written, never logged.
     headers = models.JSONField(default=dict, blank=True, help_text="HTTP headers sent with every request (secret).")
-    env = models.JSONField(default=dict, blank=True, help_text="stdio: environment of the command (secret).")
+    env = models.JSONField(default=dict, blank=True, editable=False,
+                           help_text="stdio: environment of the command (secret).")
     channels = models.ManyToManyField("conversations.Channel", blank=True, related_name="mcp_servers",
                                       help_text="The channels whose agents are offered this server's tools.")
     enabled = models.BooleanField(default=True)
@@ -33,7 +42,8 @@ class McpServer(models.Model):
                                  "unguarded. Untrusted, hints are only shown; every tool is guarded.")
     timeout_seconds = models.FloatField(default=30.0, validators=[MinValueValidator(0.1)],
                                         help_text="A call with no answer after this long is uncertain.")
-    max_result_bytes = models.PositiveIntegerField(default=65536, validators=[MinValueValidator(256)],
+    max_result_bytes = models.PositiveIntegerField(default=65536,
+                                                   validators=[MinValueValidator(256), MaxValueValidator(1 << 20)],
                                                    help_text="A longer result is cut to this size for the model.")
     refresh_seconds = models.PositiveIntegerField(default=300, validators=[MinValueValidator(5)],
                                                   help_text="Its tool list is read again at least this often.")
@@ -51,6 +61,15 @@ class McpServer(models.Model):
     def secrets(self) -> list:
         return [str(v) for v in [*self.headers.values(), *self.env.values()] if v]
 
+    def clean(self):
+        from tools.mcp.reach import check_url
+
+        if self.transport == McpTransport.HTTP and self.url:
+            try:
+                check_url(self.url, internal=self.url == self.internal_url)
+            except ValueError as exc:
+                raise ValidationError({"url": str(exc)}) from None
+
 
 class McpTool(models.Model):
     """A tool an MCP server listed (kept while it is listed; `present` off when it goes away)."""
@@ -64,6 +83,8 @@ class McpTool(models.Model):
     annotations = models.JSONField(default=dict, blank=True, help_text="Hints from that server (not trusted "
                                                                       "unless the server is).")
     present = models.BooleanField(default=True, help_text="Off: its server no longer lists it.")
+    refused = models.CharField(max_length=200, blank=True,
+                               help_text="Why it is not offered: its schema or description is over the cap.")
     reconcile_with = models.CharField(
         max_length=128, blank=True,
         help_text="A read-only tool of the same server that looks this action up after an interrupted call: it "

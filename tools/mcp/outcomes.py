@@ -30,6 +30,7 @@ class ServerSpec:
     headers: tuple = ()  # (name, value) pairs
     env: tuple = ()
     timeout: float = 30.0
+    internal: bool = False  # its URL is the one the machine's holder allowed (tools/mcp/reach.py)
     version: str = ""  # the row's updated_at: a changed server is connected anew
 
     @classmethod
@@ -37,6 +38,7 @@ class ServerSpec:
         return cls(pk=server.pk, name=server.name, transport=server.transport, url=server.url,
                    command=tuple(server.command or ()), headers=tuple(sorted((server.headers or {}).items())),
                    env=tuple(sorted((server.env or {}).items())), timeout=float(server.timeout_seconds),
+                   internal=bool(server.url) and server.url == server.internal_url,
                    version=server.updated_at.isoformat() if server.updated_at else "")
 
     def secrets(self) -> list:

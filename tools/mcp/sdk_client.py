@@ -12,34 +12,58 @@ from dataclasses import dataclass, field
 import anyio
 import httpx2
 import mcp_types
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from agentloop.core.redaction import redact
+from tools.mcp import reach
 from tools.mcp.outcomes import CONNECT_SECONDS, AnswerLost, ServerError, ServerSpec, Unreachable
+from tools.mcp.stdio import bounded_stdio
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Attempt:
+    """One opening, listing or call: whether its connection was refused (nothing sent),
+    and what went wrong, as a category (reach.CATEGORIES)."""
+
     refused: bool = False
+    problem: str = ""
 
 
 _attempt: contextvars.ContextVar = contextvars.ContextVar("mcp_attempt", default=None)
 
 
-class _RecordingTransport(httpx2.AsyncHTTPTransport):
-    """Records on the current call's attempt that its connection was refused."""
+class _GuardedTransport(httpx2.AsyncHTTPTransport):
+    """Each request to a checked address (reach.pin) unless the URL is the internal one
+    the machine's holder allowed; each answer read capped (reach.capped). Records on the
+    current attempt (a context variable the SDK's POST tasks inherit) what went wrong,
+    and that a connection was refused."""
+
+    def __init__(self, spec: ServerSpec):
+        super().__init__(trust_env=False)
+        self.spec = spec
 
     async def handle_async_request(self, request):
+        attempt = _attempt.get()
         try:
-            return await super().handle_async_request(request)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout):
-            attempt = _attempt.get()
-            if attempt is not None:
-                attempt.refused = True
+            if not self.spec.internal:
+                await reach.pin(request, CONNECT_SECONDS)
+            response = await super().handle_async_request(request)
+        except Exception as exc:
+            _record(attempt, exc, refused=isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout,
+                                                           reach.Problem)))
             raise
+        return reach.capped(response, lambda: _record(attempt, reach.TooLong()))
+
+
+def _record(attempt, exc, refused=False):
+    why = reach.category(exc)
+    log.info("MCP: %s (%s)", why, redact(_describe(exc)))
+    if attempt is not None:
+        attempt.problem = attempt.problem or why
+        attempt.refused = attempt.refused or refused
 
 
 @dataclass
@@ -51,6 +75,7 @@ class _Connection:
     client: Client
     owner: asyncio.Task
     closing: asyncio.Event
+    opening: _Attempt
     tasks: list = field(default_factory=list)
 
     @property
@@ -62,11 +87,11 @@ def _transport(spec: ServerSpec):
     if spec.transport == "stdio":
         command = list(spec.command)
         if not command:
-            raise Unreachable(f"MCP server {spec.name}: no command")
-        return StdioServerParameters(command=command[0], args=command[1:], env=dict(spec.env) or None)
-    http = httpx2.AsyncClient(headers=dict(spec.headers), transport=_RecordingTransport(),
+            raise reach.Problem("command failed")
+        return bounded_stdio(command, dict(spec.env), _attempt.get())
+    http = httpx2.AsyncClient(headers=dict(spec.headers), transport=_GuardedTransport(spec), trust_env=False,
                               timeout=httpx2.Timeout(CONNECT_SECONDS, read=max(spec.timeout, 1.0) + 5))
-    return streamable_http_client(spec.url, http_client=http)
+    return streamable_http_client(spec.url, http_client=http, max_sse_event_size=reach.MAX_ANSWER_BYTES + 1024)
 
 
 class Hub:
@@ -112,9 +137,14 @@ class Hub:
             return await self._open(spec)
 
     async def _open(self, spec: ServerSpec) -> _Connection:
-        ready = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
         closing = asyncio.Event()
-        owner = asyncio.ensure_future(self._own(spec, ready, closing))
+        # The connection's own attempt: what its transport's tasks (started by the owner,
+        # in its context) record — the handshake's failure, a stdio line too long.
+        opening, context = _Attempt(), contextvars.copy_context()
+        context.run(_attempt.set, opening)
+        owner = loop.create_task(self._own(spec, ready, closing), context=context)
         try:
             client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_SECONDS)
         except BaseException as exc:
@@ -122,9 +152,10 @@ class Hub:
             owner.cancel()
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise Unreachable(redact(f"MCP server {spec.name} is unreachable: {_describe(exc)}",
-                                     spec.secrets())) from None
-        connection = _Connection(spec, client, owner, closing)
+            why = opening.problem or ("timed out" if isinstance(exc, TimeoutError) else reach.category(exc))
+            log.info("MCP server %s: %s", spec.name, redact(_describe(exc), spec.secrets()))
+            raise Unreachable(unreachable(spec, why)) from None
+        connection = _Connection(spec, client, owner, closing, opening)
         self._connections[spec.pk] = connection
         if client.protocol_version in mcp_types.version.MODERN_PROTOCOL_VERSIONS:
             connection.tasks.append(asyncio.ensure_future(self._listen(connection)))
@@ -177,6 +208,8 @@ class Hub:
                 log.debug("closing MCP connection %s: %s", connection.spec.name, type(exc).__name__)
 
     async def _list(self, spec: ServerSpec) -> list:
+        attempt = _Attempt()
+        _attempt.set(attempt)
         connection = await self._connection(spec)
         try:
             tools, cursor = [], None
@@ -189,19 +222,20 @@ class Hub:
             return tools
         except Exception as exc:
             await self._drop(spec.pk)
-            raise Unreachable(redact(f"MCP server {spec.name} did not list its tools: {_describe(exc)}",
-                                     spec.secrets())) from None
+            log.info("MCP server %s did not list its tools: %s", spec.name, redact(_describe(exc), spec.secrets()))
+            raise Unreachable(unreachable(spec, attempt.problem or connection.opening.problem
+                                          or reach.category(exc))) from None
 
     async def _call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None):
-        connection = await self._connection(spec)
         attempt = _Attempt()
         _attempt.set(attempt)
+        connection = await self._connection(spec)
         try:
             with anyio.fail_after(spec.timeout):
                 return await connection.client.call_tool(name, arguments, meta=meta)
         except MCPError as exc:
             if exc.code not in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT):
-                raise ServerError(redact(f"{spec.name}: {exc}", spec.secrets())) from None
+                raise ServerError(redact(f"{spec.name}: {str(exc)[:1000]}", spec.secrets())) from None
             await self._drop(spec.pk)
             failure = exc
         except TimeoutError:
@@ -210,9 +244,10 @@ class Hub:
         except Exception as exc:  # the transport failed under the call
             await self._drop(spec.pk)
             failure = exc
-        why = redact(_describe(failure), spec.secrets())
+        log.info("MCP server %s, %s: %s", spec.name, name, redact(_describe(failure), spec.secrets()))
+        why = attempt.problem or connection.opening.problem or reach.category(failure)
         if attempt.refused:
-            raise Unreachable(f"MCP server {spec.name} refused the connection: {why}")
+            raise Unreachable(unreachable(spec, why))
         raise AnswerLost(f"the connection to MCP server {spec.name} was lost during the call: {why}")
 
     # --- from any thread ---------------------------------------------------------------------
@@ -223,7 +258,7 @@ class Hub:
             return self.run(self._list(spec), deadline)
         except TimeoutError:
             self.forget(spec.pk)
-            raise Unreachable(f"MCP server {spec.name} did not list its tools within {deadline:g} s") from None
+            raise Unreachable(unreachable(spec, "timed out")) from None
 
     def call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None = None):
         """The server's CallToolResult; raises Unreachable, AnswerLost or ServerError."""
@@ -241,6 +276,11 @@ class Hub:
         """Close a server's connection (its row changed or was deleted)."""
         if self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._drop(pk), self._loop)
+
+
+def unreachable(spec: ServerSpec, why: str) -> str:
+    """What operators read (the admin, the row's last error): a category, no text of the server's."""
+    return f"MCP server {spec.name} is unreachable: {why}"
 
 
 def _describe(exc) -> str:

@@ -1,5 +1,9 @@
 """manage.py addmcpserver NAME --url URL [--header K=V]… [--channel SLUG]… — register an
-MCP server (or `--command "python server.py"` for stdio) and list its tools."""
+MCP server (or `--command "python server.py"` for stdio) and list its tools.
+
+Run by whoever holds the machine: a stdio server's command, and `--internal` (this URL
+may be http and reach a private address), are set only here, never in the admin
+(tools/mcp/reach.py, issue 51)."""
 
 import shlex
 
@@ -34,6 +38,9 @@ class Command(BaseCommand):
                             help="stdio: an environment variable of the command (secret).")
         parser.add_argument("--channel", action="append", default=[], metavar="SLUG",
                             help="A channel whose agents are offered its tools (repeatable).")
+        parser.add_argument("--internal", action="store_true",
+                            help="This URL may be http and reach a private address (a server on your own network); "
+                                 "an operator who changes the URL loses that.")
         parser.add_argument("--trusted", action="store_true",
                             help="Trust its annotations (readOnlyHint tools run unguarded).")
         parser.add_argument("--timeout", type=float, help="Seconds before a call without answer is uncertain.")
@@ -50,6 +57,7 @@ class Command(BaseCommand):
         server = McpServer.objects.filter(name=name).first() or McpServer(name=name)
         server.transport = McpTransport.HTTP if url else McpTransport.STDIO
         server.url = url or ""
+        server.internal_url = server.url if options.get("internal") else ""
         server.command = shlex.split(command) if command else []
         server.headers, server.env = dict(header), dict(env)
         server.trusted = options["trusted"]
