@@ -9,6 +9,8 @@ the admin through its login form.
   never started by a web request; an MCP URL is checked as a media URL is (no private,
   loopback or link-local address unless the machine holder allowed that URL), and what
   went wrong reaches the admin as a category, never the server's text.
+- /mcp holds the web's bounds (finding 5): the body limit (413 before more is read,
+  chunked too), the API's rate per key, and a claim's arguments and result capped.
 - An MCP server's answers are read capped (finding 6): before parsing, over HTTP and
   stdio; a listed tool too big to offer is kept out, with its reason.
 """
@@ -19,16 +21,19 @@ import sys
 import threading
 import time
 
+import anyio
+import httpx
 import pytest
 from django.core.management import call_command
 
 from tests.conftest import BASE_DIR, free_port
 from tests.end_to_end.test_guard_e2e import operator_session
+from tests.end_to_end.test_mcp_server import client as mcp_client
 from tests.fakes.file_server import FileServer
 from tests.mcp_helpers import TicketDesk, register
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable
-from tools.models import McpServer, McpTool, ToolPolicy
+from tools.models import ActionClaim, ClaimState, McpServer, McpTool, ToolPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -151,6 +156,77 @@ def test_what_went_wrong_reaches_the_admin_as_a_category_not_a_text(operator, tm
             server.refresh_from_db()
             assert server.last_error == f"MCP server {name} is unreachable: {said}"
             assert server.url == url and server.internal_url == url  # saved unchanged: still allowed
+
+
+# --- finding 5: /mcp holds the web's bounds ----------------------------------------------------------
+
+LIMIT = 4096  # AGENTLOOP_MAX_BODY_BYTES of the web server below
+CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def raw_post(web, key, chunks, *, length=None) -> bytes:
+    """POST /mcp by hand: `chunks` sent chunked (never ended) unless `length` is given;
+    the status line the server answers with, read while the body is still unfinished."""
+    host, port = web.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+        sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+                     f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                     f"{framing}\r\n\r\n".encode())
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk if length is not None else b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass  # the server answered and closed while we were still sending: what we look for
+        return sock.recv(200).split(b"\r\n", 1)[0]
+
+
+def test_an_mcp_body_over_the_limit_is_refused_before_it_is_read(processes, make_channel, agent_key):
+    key = agent_key(make_channel("mine"))
+    web = processes.web(AGENTLOOP_MAX_BODY_BYTES=LIMIT)
+    assert raw_post(web, key, [b"x" * 100], length=50 * LIMIT).startswith(b"HTTP/1.1 413")
+    # Chunked, no length said, and never finished: refused once the limit is passed.
+    assert raw_post(web, key, [b"x" * 1024] * 8).startswith(b"HTTP/1.1 413")
+    small = httpx.post(f"{web.url}/mcp", json=CALL, timeout=30, headers={
+        "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"})
+    assert small.status_code == 200 and "guard_claim" in small.text
+
+
+def test_mcp_requests_count_against_the_apis_rate_per_key(processes, make_channel, agent_key):
+    channel = make_channel("mine")
+    key, other = agent_key(channel), agent_key(channel, name="other")
+    web = processes.web(AGENTLOOP_API_RATE="3/min")
+    headers = {"Accept": "application/json, text/event-stream"}
+
+    def post(k):
+        return httpx.post(f"{web.url}/mcp", json=CALL, timeout=30, headers={**headers, "Authorization": f"Bearer {k}"})
+
+    assert [post(key).status_code for _ in range(3)] == [200, 200, 200]
+    refused = post(key)
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+    assert "rate" in refused.json()["error"]
+    assert post(other).status_code == 200  # per key
+
+
+def test_a_claims_arguments_and_result_are_capped(processes, make_channel, agent_key):
+    key = agent_key(make_channel("mine"))
+    web = processes.web()
+    claim = {"action": "refund", "scope": "customer-9", "fingerprint": ["order"]}
+
+    async def flow():
+        async with mcp_client(web, key) as c:
+            too_big = await c.call_tool("guard_claim", {**claim, "arguments": {"order": "A-1", "note": "x" * 70_000}})
+            claimed = await c.call_tool("guard_claim", {**claim, "arguments": {"order": "A-2"}})
+            done = await c.call_tool("guard_succeed", {"claim": claimed.structured_content["claim"],
+                                                       "result": {"log": "y" * 100_000}})
+            return too_big, done
+
+    too_big, done = anyio.run(flow)
+    assert too_big.is_error and "larger than 65536 bytes" in too_big.structured_content["error"]
+    assert not ActionClaim.objects.filter(arguments__order="A-1").exists()
+    stored = ActionClaim.objects.get(arguments__order="A-2")
+    assert stored.state == ClaimState.DONE and not done.is_error
+    assert stored.result["truncated"] is True and len(json.dumps(stored.result)) <= 65536 + 512
 
 
 # --- finding 6: an MCP server's answers are read capped ------------------------------------------------

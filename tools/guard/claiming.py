@@ -12,7 +12,7 @@ from agentloop.core import metrics
 from audit.events import record
 from audit.models import EventKind
 from tools.fingerprint import Fingerprint
-from tools.guard.helpers import _original, humanize
+from tools.guard.helpers import _original, check_arguments, humanize
 from tools.guard.outcomes import Outcome, Status
 from tools.models import ActionClaim, ClaimState, Confirmation
 from tools.registry import Scope
@@ -34,6 +34,9 @@ class ClaimRequest:
     scope: Scope
     fp: Fingerprint
     policy: object  # ToolPolicy
+
+    def __post_init__(self):
+        check_arguments(self.arguments)  # before anything is claimed
 
 
 def take_claim(request: ClaimRequest, *, owner, agent_key_id=None, proposed=False, on_created=None) -> Attempt:

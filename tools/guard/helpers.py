@@ -1,5 +1,6 @@
 """Helpers: the claim's scope and call, its age in words, and its checked transition."""
 
+import json
 
 from django.utils import timezone
 
@@ -31,10 +32,41 @@ def _call_of(claim) -> ToolCall:
     return ToolCall(arguments=claim.arguments, scope=_scope_of(claim), idempotency_key=f"agentloop-claim-{claim.pk}")
 
 
+# What a claim stores of a call, at most (issue 51): its arguments and its result, as
+# compact JSON. Arguments over it are refused, not cut: they are what the fingerprint is
+# made of and what a retry or a reconciliation runs with. A result over it is kept cut,
+# marked `truncated`: the action happened and its claim must say so.
+MAX_STORED_BYTES = 64 * 1024
+
+
+def stored_size(value) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def check_arguments(arguments) -> None:
+    """InvalidArguments when a call's arguments are too large to claim."""
+    from tools.registry import InvalidArguments
+
+    if (size := stored_size(arguments)) > MAX_STORED_BYTES:
+        raise InvalidArguments(f"the arguments are larger than {MAX_STORED_BYTES} bytes ({size}): pass a reference "
+                               "(an id, a URL) instead of the content")
+
+
+def capped_result(result):
+    """The result as a claim keeps it: cut to MAX_STORED_BYTES when it is longer."""
+    if result is None or stored_size(result) <= MAX_STORED_BYTES:
+        return result
+    text = json.dumps(result, ensure_ascii=False, default=str).encode()[: MAX_STORED_BYTES - 256]
+    return {"truncated": True, "text": text.decode(errors="ignore"),
+            "note": f"The result was larger than {MAX_STORED_BYTES} bytes; only its beginning was kept."}
+
+
 def transition(claim_id, old_states, new_state, **fields) -> bool:
     """Compare-and-swap through the claim's checked transition: move a claim on only from
     one of the states it is expected in. A released claim stops being live (a retry may
     claim its fingerprint again); a finished one records when."""
+    if "result" in fields:
+        fields["result"] = capped_result(fields["result"])
     if new_state in (ClaimState.RELEASED,):
         fields["live"] = False
     if new_state in (ClaimState.DONE, ClaimState.RELEASED):

@@ -2,6 +2,12 @@
 <key>`, as the REST API), then the SDK's streamable HTTP session manager (stateless,
 JSON answers: any web process can answer any request).
 
+The web's bounds hold here by themselves (issue 51), whatever is in front of the mount:
+a body over AGENTLOOP_MAX_BODY_BYTES is refused with 413 before more of it is read (a
+declared length at once, a chunked one once past the limit: the SDK reads a whole body
+into memory), and each key's requests count against the API's rate
+(AGENTLOOP_API_RATE, DRF's throttle and its cache: /mcp and /api/v1 share one budget).
+
 The session manager needs a task group that lives as long as the server; daphne has no
 ASGI lifespan, so it is started by the first `/mcp` request, on the server's loop. The SDK
 is imported then too, not when the web server starts: it costs every start about a third of
@@ -11,10 +17,13 @@ a second of CPU (tools/mcp/client.py), and most web servers never answer `/mcp`.
 import asyncio
 import json
 import re
+from types import SimpleNamespace
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
+from rest_framework.throttling import UserRateThrottle
 
 from tools import hooks
 
@@ -30,6 +39,10 @@ def _key_for(raw, channel):
             return None, (401, "Unknown or revoked agent key.")
         if channel is not None and not key.channels.filter(slug=channel).exists():
             return None, (403, f"This key has no channel {channel}.")
+        throttle = UserRateThrottle()  # the API's own, keyed by the agent key as the API's is
+        if not throttle.allow_request(SimpleNamespace(user=key), None):
+            return None, (429, "Too many requests for this key: the API's rate (AGENTLOOP_API_RATE) applies to "
+                               "/mcp too.", throttle.wait())
         now = timezone.now()
         if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:
             type(key).objects.filter(pk=key.pk).update(last_used_at=now)
@@ -51,15 +64,22 @@ class McpMount:
         match = PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None:
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers", ())).get(b"authorization", b"").decode(errors="replace").split()
+        headers = dict(scope.get("headers", ()))
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if _declared_length(headers) > limit:
+            return await _refuse(send, 413, f"The body is larger than {limit} bytes.")
+        header = headers.get(b"authorization", b"").decode(errors="replace").split()
         if len(header) != 2 or header[0] != "Bearer":
             return await _refuse(send, 401, "Authorization header must be 'Bearer <agent key>'.")
         key, refusal = await sync_to_async(_key_for, thread_sensitive=False)(header[1], match["channel"])
         if refusal is not None:
             return await _refuse(send, *refusal)
+        body = await _body_within(receive, limit)
+        if body is None:
+            return await _refuse(send, 413, f"The body is larger than {limit} bytes.")
         mcp_server = await self._ensure_manager()
         scope = {**scope, mcp_server.KEY_IN_SCOPE: key, mcp_server.CHANNEL_IN_SCOPE: match["channel"]}
-        await self.manager.handle_request(scope, receive, send)
+        await self.manager.handle_request(scope, _replay(body, receive), send)
 
     async def _ensure_manager(self):
         """The MCP server module, its session manager running."""
@@ -92,10 +112,49 @@ def _import_sdk():
     return mcp_server, StreamableHTTPSessionManager
 
 
-async def _refuse(send, status, error):
+def _declared_length(headers) -> int:
+    try:
+        return int(headers.get(b"content-length", b"0"))
+    except ValueError:
+        return 0  # not a number: counted as it is read
+
+
+async def _body_within(receive, limit) -> bytes | None:
+    """The request's body, or None once it passes `limit` (no more of it is read)."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None  # the client went away
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return None
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _replay(body: bytes, receive):
+    """`receive` for the SDK: the body read above, then what the client does next."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _refuse(send, status, error, retry_after: float | None = None):
     body = json.dumps({"error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if status == 413:
+        headers.append((b"connection", b"close"))  # the rest of the body is never read
+    if retry_after is not None:
+        headers.append((b"retry-after", str(max(1, round(retry_after))).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
