@@ -22,6 +22,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path  # noqa: E402
 
 from agentloop.console import consumers  # noqa: E402
+from agentloop.core.body_limit import BodyLimit  # noqa: E402
 from conversations.lean_ingest import LeanIngest  # noqa: E402
 from tools.mcp.endpoint import McpMount  # noqa: E402
 
@@ -35,10 +36,12 @@ websockets = URLRouter([
     path("ws/console/playground/<slug:slug>/", consumers.PlaygroundConsumer.as_asgi()),
 ])
 
-application = ProtocolTypeRouter({
+# Every HTTP request's body held to its limit before any of the above reads it
+# (agentloop/core/body_limit.py): Django, the lean path and /mcp alike.
+application = BodyLimit(ProtocolTypeRouter({
     # The Telegram webhook's POSTs skip Django's request stack (conversations/lean_ingest.py);
     # /mcp is the MCP server (tools/mcp/endpoint.py).
     "http": McpMount(LeanIngest(django_app)),
     # The session cookie logs the websocket in; another site's page may not open one.
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(websockets)),
-})
+}))

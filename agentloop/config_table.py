@@ -75,7 +75,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_SERVE_STATIC", "true",
             "The web server serves `/static/` itself; turn off behind a proxy that does."),
         Var("AGENTLOOP_MAX_BODY_BYTES", "262144 (256 KB)",
-            "Larger webhook and API bodies get 413."),
+            "The largest request body: a larger one gets 413 from the web server before it is "
+            "read further — a declared `Content-Length` at once, a chunked body as it passes the "
+            "limit. The two routes that take a file (an API message with its file, the "
+            "playground's attachment) take `AGENTLOOP_MEDIA_MAX_BYTES` more."),
         Var("AGENTLOOP_API_RATE", "6000/min", "Per-agent-key API throttle."),
         Var("AGENTLOOP_MAX_LONG_POLLS", "200",
             "Long-polls of the conversation read API waiting at once, per web process; "

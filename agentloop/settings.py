@@ -188,7 +188,8 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 # daphne serves /static/ itself (agentloop/asgi.py) unless a front proxy does it.
 AGENTLOOP_SERVE_STATIC = env.bool("AGENTLOOP_SERVE_STATIC", default=True)
 
-# Webhook and API bodies: Telegram updates are a few KB; anything far larger is refused (413).
+# Webhook and API bodies: Telegram updates are a few KB; anything far larger is refused (413),
+# by the web server before it is read further (agentloop/core/body_limit.py), chunked or not.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("AGENTLOOP_MAX_BODY_BYTES", default=256 * 1024)
 
 # --- Channels (websockets; the dashboard issue builds on it) -----------------
@@ -279,6 +280,10 @@ if AGENTLOOP_S3_BUCKET:
 # One file at most (Telegram's Bot API serves bots files up to 20 MB); larger ones are
 # described to the model, not fetched. A burst's images shown to a model, in all.
 AGENTLOOP_MEDIA_MAX_BYTES = env.int("AGENTLOOP_MEDIA_MAX_BYTES", default=20_000_000)
+# The body of a request that carries a file (views marked `accepts_upload`: an API message
+# with its file, the playground's attachment): the file at its largest, and a form around
+# it as large as any other body may be. Every other body: AGENTLOOP_MAX_BODY_BYTES.
+AGENTLOOP_MAX_UPLOAD_BODY_BYTES = AGENTLOOP_MEDIA_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE
 AGENTLOOP_MEDIA_MAX_TURN_BYTES = env.int("AGENTLOOP_MEDIA_MAX_TURN_BYTES", default=50_000_000)
 # One fetch, overall (a platform that trickles bytes meets it); tries before giving up.
 AGENTLOOP_MEDIA_FETCH_DEADLINE = env.float("AGENTLOOP_MEDIA_FETCH_DEADLINE", default=30.0)

@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from agentloop.console import metrics as console_metrics
 from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
+from agentloop.core.body_limit import accepts_upload
 from audit import api as audit_api
 from conversations import api, platforms, views
 from conversations.api import handoff as handoff_api
@@ -23,9 +24,12 @@ urlpatterns = [
     path("console/conversations/<int:conversation_id>/hold/", console_views.hold, name="console-hold"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
-    path("console/playground/<slug:slug>/files", console_uploads.playground_upload, name="console-playground-upload"),
+    # The two routes that take a file: their bodies may reach AGENTLOOP_MAX_UPLOAD_BODY_BYTES.
+    path("console/playground/<slug:slug>/files", accepts_upload(console_uploads.playground_upload),
+         name="console-playground-upload"),
     *platforms.urlpatterns(),  # each platform's webhooks, under webhooks/<kind>/
-    path("api/v1/channels/<slug:slug>/messages", api.ChannelMessagesView.as_view(), name="api-channel-messages"),
+    path("api/v1/channels/<slug:slug>/messages", accepts_upload(api.ChannelMessagesView.as_view()),
+         name="api-channel-messages"),
     path("api/v1/channels/<slug:slug>/messages/<str:message_id>", api.MessageEditView.as_view(),
          name="api-channel-message-edit"),
     path("api/v1/conversations/<int:conversation>/messages", api.ConversationMessagesView.as_view(),

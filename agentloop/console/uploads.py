@@ -7,18 +7,14 @@ socket: active staff who may change channels, into an active web chat channel.""
 
 import uuid
 
-from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.http import require_POST
 
 from agentloop.console.consumers import MAX_TEXT, PLAYGROUND_PERMISSION, admit_sent, allowed
 from conversations.ingest import Unstorable
 from conversations.media import links, uploads
-from conversations.media.download import mb
 from conversations.models import Channel, InboundMessage
 from conversations.platforms import webchat
-
-FORM_OVERHEAD = 64_000  # the multipart form's own bytes around the file: its caption, its id, its boundaries
 
 
 def refused(why: str, status: int = 400) -> JsonResponse:
@@ -34,13 +30,8 @@ def playground_upload(request, slug):
     channel = Channel.objects.active(slug, webchat.KIND)
     if channel is None:
         return refused(f"no active web chat channel '{slug}'", 404)
-    limit = settings.AGENTLOOP_MEDIA_MAX_BYTES
-    try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length > limit + FORM_OVERHEAD:  # refused before the body is read
-        return refused(f"the file is over the {mb(limit)} a file may have", 413)
+    # A body past AGENTLOOP_MAX_UPLOAD_BODY_BYTES never got here: the web server refused it
+    # before it was read (agentloop/core/body_limit.py), declared or chunked.
     upload = request.FILES.get("file")
     if upload is None:
         return refused("send the file in a `file` part (multipart/form-data)")

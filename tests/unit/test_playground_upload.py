@@ -82,8 +82,8 @@ def test_a_wrong_method_an_unknown_channel_no_file_an_empty_one_or_one_too_large
     settings.AGENTLOOP_MEDIA_MAX_BYTES = 1000
     over = attach(operator, b"\xff\xd8\xff" + b"x" * 5000)  # over the cap, read
     assert over.status_code == 413 and "over the 1 KB" in over.json()["error"]
-    far_over = attach(operator, b"\xff\xd8\xff" + b"x" * 200_000)  # refused by its Content-Length
-    assert far_over.status_code == 413
+    # A body past the route's own limit never reaches the view: the web server refuses it
+    # (tests/hostile/test_webhooks.py, through the real server).
     assert not InboundMessage.objects.exists() and not MediaFile.objects.exists()
 
 
