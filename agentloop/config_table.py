@@ -44,7 +44,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("ALLOWED_HOSTS", "loopback names and `HOST`", "Comma-separated host names."),
         Var("AGENTLOOP_LOGIN_FAILURE_LIMIT", "5",
             "Failed admin logins in a row after which a username is locked out from that "
-            "address (django-axes; answered 429); a successful login starts the count again."),
+            "address (django-axes; answered 429); a successful login starts the count again. "
+            "Behind a proxy the address is the client's only with `AGENTLOOP_TRUSTED_PROXIES`."),
         Var("AGENTLOOP_LOGIN_LOCKOUT_MINUTES", "15",
             "How long that lockout lasts. `manage.py axes_reset` lifts every lockout at once."),
         Var("HOST", "127.0.0.1",
@@ -67,6 +68,14 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("SECURE_PROXY_SSL_HEADER", "unset",
             "`HTTP_X_FORWARDED_PROTO,https` behind a proxy that sets that header itself "
             "(and drops a client's)."),
+        Var("AGENTLOOP_TRUSTED_PROXIES", "empty",
+            "Comma-separated addresses or networks (`10.0.0.5,10.1.0.0/16`) of the proxies in "
+            "front of the web server. A request from one of them is the client's its "
+            "`X-Forwarded-For` names (the last address there that is not a trusted proxy), with "
+            "the scheme of its `X-Forwarded-Proto`: the login lockout, the access log and Django "
+            "see each client, not the proxy. Empty: no forwarded header is believed, every "
+            "client is the address that connected. A value that is not an address or network "
+            "stops the start ([behind a proxy](operations.md#behind-a-proxy))."),
         Var("TIME_ZONE", "UTC", "The admin's time zone."),
         Var("AGENTLOOP_LANGUAGE", "en",
             "The deployment's language (`en`, `es`, `pt`): what agentloop writes to a user whose "

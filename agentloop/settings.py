@@ -14,6 +14,7 @@ from pathlib import Path
 import environ
 
 from agentloop.core import metrics_dir
+from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
 from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES  # noqa: F401
@@ -57,6 +58,11 @@ SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=HTTPS)
 # Only behind a proxy that sets this header itself (and drops a client's): e.g.
 # SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https
 SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
+# The proxies whose X-Forwarded-For the web server believes (addresses or networks,
+# 10.0.0.5,10.1.0.0/16): a request from one of them is the client's that header names (the
+# last address in it that is not a trusted proxy), so the admin's login lockout and the
+# access log see each client, not the proxy. Empty: no forwarded header is believed.
+AGENTLOOP_TRUSTED_PROXIES = trusted_networks(env.list("AGENTLOOP_TRUSTED_PROXIES", default=[]))
 
 INSTALLED_APPS = [
     "django.contrib.admin",

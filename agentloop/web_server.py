@@ -13,10 +13,17 @@ The access log (one line per request, only with --access-log) goes through loggi
 every other line: Django's LOGGING configures it (uvicorn's own logging configuration is
 not applied), the redacting record factory covers it, and the URL in it is masked first
 (a calendar's feed token, a signed file link, WhatsApp's `hub.verify_token`).
+
+The client's address is the peer's, unless the peer is one of AGENTLOOP_TRUSTED_PROXIES:
+then it is the one its X-Forwarded-For names (uvicorn's proxy headers, believed from those
+addresses only), and X-Forwarded-Proto its scheme. django-axes locks a login out per
+username and that address, so behind a proxy it must be the client's: at the proxy's, five
+wrong passwords from anyone locked a username out for everyone.
 """
 
 import argparse
 import logging
+import os
 import re
 
 import uvicorn
@@ -51,18 +58,28 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def trusted_proxies() -> list[str]:
+    """AGENTLOOP_TRUSTED_PROXIES, as the settings read and checked it."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentloop.settings")
+    from django.conf import settings
+
+    return list(settings.AGENTLOOP_TRUSTED_PROXIES)
+
+
 def main(argv: list[str] | None = None) -> None:
     options = arguments(argv)
     logging.getLogger("uvicorn.access").addFilter(MaskedAccessLine())
+    proxies = trusted_proxies()
     uvicorn.run(
         APPLICATION, host=options.host, port=options.port,
         loop="uvloop", http="httptools", ws="websockets-sansio",
         # Django's ASGI handler speaks no lifespan; Django's LOGGING configures the logs.
         lifespan="off", log_config=None, access_log=options.access_log,
-        # As daphne did: the peer's address is the client's; a proxy's forwarded headers are
-        # not believed (SECURE_PROXY_SSL_HEADER is the one a deployment opts into).
-        proxy_headers=False, server_header=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        # Forwarded headers believed from the trusted proxies only, none by default (module
+        # docstring); not uvicorn's default (127.0.0.1, or FORWARDED_ALLOW_IPS): whom to
+        # believe is the deployment's to say, in one setting.
+        proxy_headers=bool(proxies), forwarded_allow_ips=proxies,
+        server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
     )
 
 

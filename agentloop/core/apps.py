@@ -16,7 +16,7 @@ class CoreConfig(AppConfig):
         # Imported here, as Django asks of ready(): not while the app registry loads.
         from django.conf import settings
 
-        from agentloop.core import redaction, tracing
+        from agentloop.core import checks, redaction, tracing  # noqa: F401 -- checks: registers the deploy checks
         from agentloop.core.rows import register_lookups
 
         register_lookups()

@@ -51,3 +51,15 @@ def test_access_log_lines_carry_no_secret(processes, started_by, monkeypatch):
     assert f"/calendars/{MASK}.ics" in log and f"/files/{MASK}" in log
     for secret in (VERIFY_TOKEN, calendar.feed_token, SIGNED_FILE_TOKEN):
         assert secret not in log, log
+
+
+def test_behind_a_trusted_proxy_each_line_names_the_client(processes):
+    """The Procfile's web process behind a proxy it trusts (AGENTLOOP_TRUSTED_PROXIES): a line
+    names the client the proxy forwarded for, not the proxy (issue 51, finding 11b)."""
+    port = free_port()
+    web = processes.start("web", procfile_web(port), kind=WebProcess, AGENTLOOP_TRUSTED_PROXIES="127.0.0.1")
+    web.base_url = f"http://127.0.0.1:{port}"
+    local_http.get(f"{web.url}/healthz?from=client", headers={"X-Forwarded-For": "203.0.113.7"})
+    line = wait_until(lambda: next((line for line in web.output().splitlines() if "from=client" in line), None),
+                      timeout=10, message="the forwarded request's line")
+    assert "203.0.113.7" in line and "127.0.0.1" not in line, line

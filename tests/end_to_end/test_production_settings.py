@@ -19,12 +19,14 @@ PRODUCTION_ENV = {
     "ALLOWED_HOSTS": "agentloop.example.com",
     "HTTPS": "true",
     "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+    "AGENTLOOP_TRUSTED_PROXIES": "10.0.0.2",
 }
 
 # Whatever the developer's shell or .env says, these start from their defaults.
 SWITCHES = ("DEBUG", "HTTPS", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE",
             "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
-            "SECURE_PROXY_SSL_HEADER", "ALLOWED_HOSTS", "SECRET_KEY", "AGENTLOOP_LOCAL_SECRET_KEY", "HOST")
+            "SECURE_PROXY_SSL_HEADER", "ALLOWED_HOSTS", "SECRET_KEY", "AGENTLOOP_LOCAL_SECRET_KEY", "HOST",
+            "AGENTLOOP_TRUSTED_PROXIES")
 
 
 def run(args, **env):
@@ -38,6 +40,22 @@ def test_check_deploy_is_clean_with_the_documented_production_environment():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues (0 silenced)." in result.stdout
     assert "WARNING" not in result.stderr
+
+
+def test_check_deploy_warns_behind_a_proxy_it_does_not_trust():
+    """A proxy in front (SECURE_PROXY_SSL_HEADER) and no trusted proxy: every client would be
+    the proxy's address, and the login lockout would lock a username out for everyone."""
+    untrusted = {**PRODUCTION_ENV, "AGENTLOOP_TRUSTED_PROXIES": ""}
+    result = run([sys.executable, "manage.py", "check", "--deploy"], **untrusted)
+    assert "agentloop.W001" in result.stderr and "AGENTLOOP_TRUSTED_PROXIES" in result.stderr, result.stderr
+
+
+def test_a_trusted_proxy_that_is_not_an_address_or_a_network_stops_the_start():
+    """uvicorn would compare such an entry as a name, silently: a typo would trust nobody,
+    or the wrong hosts."""
+    for wrong in ("10.0.0.1/8", "proxy.example.com", "*"):
+        shown = run([sys.executable, "-c", "import django; django.setup()"], AGENTLOOP_TRUSTED_PROXIES=wrong)
+        assert shown.returncode != 0 and f"AGENTLOOP_TRUSTED_PROXIES: {wrong!r}" in shown.stderr, shown.stderr
 
 
 def test_the_loopback_laptop_path_keeps_https_switches_off():
