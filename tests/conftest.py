@@ -197,6 +197,8 @@ ONE_PASS = {
                                                 "serialises its writers)",
     "tests/end_to_end/test_api_schema.py": "the schema's truth; PostgreSQL is the stricter database under fuzzing "
                                 "(NUL bytes, integer ranges)",
+    "tests/hostile/test_media.py::test_pg_dump_connects_with_every_option_of_the_database_url":
+        "pg_dump's connection (the SQLite backup's file and contents are tested on both databases)",
     "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
     "tests/end_to_end/test_schedules.py::test_two_workers_send_two_hundred_reminders_due_at_once_each_once":
         "two workers racing for the same ticks: PostgreSQL's row locks (SQLite serialises its writers)",

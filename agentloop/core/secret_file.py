@@ -57,6 +57,15 @@ def write_private(path: Path, text: str) -> None:
     os.replace(draft, path)
 
 
+def create_private(path: Path) -> int:
+    """A new, empty file at `path`, readable by its owner only from its first byte (0600,
+    whatever the umask), open for writing: its descriptor. FileExistsError when anything
+    is there already (a symbolic link included: never followed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # a umask such as 0277 takes the owner's own write away: 0600 plainly
+    return fd
+
+
 def _owner_only(path: Path) -> None:
     """A key file written by an older version with the umask's mode is tightened."""
     mode = path.stat().st_mode & 0o777

@@ -11,7 +11,12 @@ chat user sends, URLs an agent key names, and what a backup of all of it holds.
   13,000 × 13,000 pixels, sent in a chat, is never decoded — neither by the worker
   showing it to the model nor by the web process making its thumbnail — and each says
   why; through the real web server, worker, fake Bot API and fake model, their peak
-  memory read from /proc."""
+  memory read from /proc.
+- Backups (issue 51, finding 10): `manage.py backup`, run as a process under a umask
+  that lets everyone read, writes a file only its owner can read, from its first byte,
+  without the live sessions of the admin (a stolen copy signs no one in), and on
+  PostgreSQL pg_dump connects with every option of DATABASE_URL (`sslmode`…), not only
+  its host, port, user and name."""
 
 import base64
 import io
@@ -28,7 +33,7 @@ from conversations.media import for_agents, links
 from conversations.media.download import FileUnavailable, mb
 from conversations.models import MediaFile, MediaState
 from tests import local_http
-from tests.conftest import wait_until
+from tests.conftest import BASE_DIR, database_url, is_postgres, wait_until
 from tests.e2e import TOKEN
 from tests.end_to_end.test_media_bursts import answered_by_a_model, photo_update, post, settled
 from tests.fakes.openai_api import FakeOpenAI
@@ -172,3 +177,54 @@ def test_an_image_between_the_cap_and_twice_it_is_named_with_its_size(make_chann
     assert part == {"type": "text", "text": f"[photo: image/png, {mb(len(huge_png(5000)))}; not shown: it is "
                                             "5000 × 5000 pixels, over the 20 Mpx an image may have to be decoded "
                                             "(AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS)]"}
+
+
+# --- backups (finding 10) -------------------------------------------------------------------
+
+def backup_process(processes, path, **env):
+    """`manage.py backup PATH` in a process of its own, under umask 022 (what most shells
+    have: files everyone may read)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "manage.py", "backup", str(path)], cwd=BASE_DIR, env=processes.env(**env),
+                          capture_output=True, text=True, timeout=120, umask=0o022)
+
+
+def backup_text(path) -> str:
+    """What the backup holds, as text: the SQLite file's bytes, or pg_dump's archive as the
+    SQL pg_restore makes of it."""
+    import shutil
+    import subprocess
+
+    if not is_postgres():
+        return path.read_bytes().decode("latin-1")
+    return subprocess.run([shutil.which("pg_restore"), "-f", "-", str(path)], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+
+
+def test_a_backup_is_its_owners_alone_and_carries_no_live_session(processes, make_channel, client, tmp_path):
+    from django.contrib.auth.models import User
+    from django.contrib.sessions.models import Session
+
+    make_channel("tg", kind="telegram", platform_settings={"bot_token": "123456:channel-token-in-the-backup"})
+    client.force_login(User.objects.create_superuser("op", "op@example.com", "pw-op-backup-1"))
+    [session] = Session.objects.all()
+    path = tmp_path / ("db.dump" if is_postgres() else "copy.sqlite3")
+    done = backup_process(processes, path)
+    assert done.returncode == 0, done.stderr
+    assert path.stat().st_mode & 0o777 == 0o600
+    held = backup_text(path)
+    assert "channel-token-in-the-backup" in held  # what a backup is for: docs/operations.md says so
+    assert "django_session" in held and session.session_key not in held
+    assert Session.objects.filter(pk=session.pk).exists()  # the live one is untouched
+
+
+def test_pg_dump_connects_with_every_option_of_the_database_url(processes, tmp_path):
+    if not is_postgres():
+        pytest.skip("pg_dump is PostgreSQL's (the PostgreSQL pass: tests/conftest.py ONE_PASS)")
+    # The suite's server speaks no TLS: an sslmode=require that reaches libpq fails as libpq says.
+    done = backup_process(processes, tmp_path / "db.dump", DATABASE_URL=f"{database_url()}?sslmode=require")
+    assert done.returncode != 0
+    assert "pg_dump failed" in done.stderr and "server does not support SSL, but SSL was required" in done.stderr
+    assert not (tmp_path / "db.dump").exists()  # no partial file left behind

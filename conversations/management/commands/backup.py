@@ -11,17 +11,26 @@ after the copy was taken too: the copy gets a restore point (delivery.models.Res
 the newest turn and buffer it holds), and the replies of those turns are written
 labelled. For PostgreSQL, `manage.py backup --mark-restored` runs both steps on the
 restored database.
+
+The copy holds the channels' tokens and secrets (what a restore needs), so it is
+created readable by its owner only, from its first byte (0600, whatever the umask).
+It holds no admin session: a copy that leaks signs no one in (the sessions' table is
+there, empty; after a restore everyone logs in again). pg_dump connects as the product
+does: every option of DATABASE_URL (sslmode, sslrootcert, connect_timeout, options…).
 """
 
+import os
 import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
 
+from django.contrib.sessions.models import Session
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentloop.core.secret_file import create_private
 from conversations.models import MessageBuffer, Turn
 from delivery.models import OutboundMessage, OutboundState, RestorePoint
 
@@ -48,6 +57,8 @@ class Command(BaseCommand):
         parser.add_argument("path", nargs="?", default="")
         parser.add_argument("--mark-restored", action="store_true",
                             help="On a database just restored: label the resend of every open reply.")
+        parser.add_argument("--timeout", type=float, default=6 * 3600,
+                            help="PostgreSQL: seconds pg_dump may take in all (default 6 hours).")
 
     def handle(self, *args, path, mark_restored, **options):
         if mark_restored:
@@ -62,12 +73,19 @@ class Command(BaseCommand):
         if not path:
             raise CommandError("give the backup's PATH")
         target = Path(path)
-        if target.exists():
-            raise CommandError(f"{target} exists: choose a new path")
-        if connection.vendor == "sqlite":
-            self.sqlite(target)
-        else:
-            self.postgres(target)
+        try:
+            fd = create_private(target)
+        except FileExistsError:
+            raise CommandError(f"{target} exists: choose a new path") from None
+        try:
+            if connection.vendor == "sqlite":
+                os.close(fd)  # SQLite opens the empty file as an empty database: its mode stays
+                self.sqlite(target)
+            else:
+                self.postgres(target, fd, options["timeout"])
+        except BaseException:
+            target.unlink(missing_ok=True)  # no partial copy left to be taken for a backup
+            raise
         self.stdout.write(f"backed up to {target}")
 
     def sqlite(self, target):
@@ -77,21 +95,40 @@ class Command(BaseCommand):
         at = timezone.now().replace(tzinfo=None).isoformat(" ")  # as Django's SQLite backend stores it (UTC)
         try:
             source.backup(copy)  # one step: a read snapshot (WAL: writers go on meanwhile)
+            copy.execute("PRAGMA secure_delete = ON")  # the sessions' pages zeroed, not only unlinked
+            copy.execute(f"DELETE FROM {Session._meta.db_table}")
             copy.execute(mark_sql())
             copy.execute(restore_point_sql().replace("%s", "?"), [at])
             copy.commit()
         finally:
             copy.close()
 
-    def postgres(self, target):
+    def postgres(self, target, fd, timeout):
         pg_dump = shutil.which("pg_dump")
         if not pg_dump:
+            os.close(fd)
             raise CommandError("pg_dump is not installed (PostgreSQL's client tools, e.g. apt install "
                                "postgresql-client); see docs/operations.md#backups")
-        s = connection.settings_dict
-        env = {"PGPASSWORD": s["PASSWORD"] or "", "PATH": "/usr/bin:/bin"}
-        args = [pg_dump, "-Fc", "-f", str(target), "-h", s["HOST"] or "localhost", "-p", str(s["PORT"] or 5432),
-                "-U", s["USER"], s["NAME"]]
-        done = subprocess.run(args, env=env, capture_output=True, text=True)
+        from psycopg.conninfo import make_conninfo  # PostgreSQL's driver: only where it is the database
+
+        params = libpq_params(connection.get_connection_params())
+        # The password in the environment, not the command line (ps shows that to everyone);
+        # the rest of the environment kept: libpq reads PGSSLROOTCERT, PGPASSFILE… as the product's does.
+        env = {**os.environ, **({"PGPASSWORD": str(params.pop("password"))} if "password" in params else {})}
+        args = [pg_dump, "-Fc", f"--exclude-table-data={Session._meta.db_table}", "-d", make_conninfo(**params)]
+        try:
+            with os.fdopen(fd, "wb") as out:
+                done = subprocess.run(args, env=env, stdout=out, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandError(f"pg_dump did not finish within {timeout:g} s (--timeout)") from None
         if done.returncode:
             raise CommandError(f"pg_dump failed: {done.stderr.strip()[:500]}")
+
+
+# What psycopg takes for itself among a connection's parameters (and the encoding pg_dump
+# chooses): everything else is libpq's, and pg_dump is given it.
+NOT_LIBPQ = {"cursor_factory", "context", "prepare_threshold", "row_factory", "autocommit", "client_encoding"}
+
+
+def libpq_params(params: dict) -> dict:
+    return {key: value for key, value in params.items() if key not in NOT_LIBPQ and value is not None}
