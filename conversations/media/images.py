@@ -11,6 +11,7 @@ shown at; anything still over the cap is not decoded (`TooManyPixels`, saying wh
 Pillow's MAX_IMAGE_PIXELS is set to the cap too: a backstop for any other code of the
 process that opens an image (Pillow refuses past twice it, at open)."""
 
+import functools
 import io
 import warnings
 from collections.abc import Iterator
@@ -34,11 +35,21 @@ class TooManyPixels(ValueError):
         self.size = size
 
 
-def pixel_cap() -> int:
-    from PIL import Image  # Pillow: only where an image is decoded (imported on first use, not by every process)
+@functools.cache
+def _pillow():
+    """Pillow, imported where an image is decoded (not by every process at its start)."""
+    from PIL import Image
 
+    # Pillow warns of a "decompression bomb" between its MAX_IMAGE_PIXELS and twice it; here
+    # every size is judged (`opened`), so the warning would only say it again. Set once for the
+    # process: warnings.catch_warnings() around each open is not thread-safe (the web process).
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    return Image
+
+
+def pixel_cap() -> int:
     cap = settings.AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS
-    Image.MAX_IMAGE_PIXELS = cap  # the backstop (see above); one value per process, the setting's
+    _pillow().MAX_IMAGE_PIXELS = cap  # the backstop (see above); one value per process, the setting's
     return cap
 
 
@@ -47,14 +58,9 @@ def opened(data: bytes, fit: int) -> Iterator["PillowImage"]:
     """The image in `data`, its header read and nothing decoded yet, to be shown at most
     `fit` pixels a side: TooManyPixels when decoding it would take more than the cap;
     OSError or ValueError when Pillow cannot read it."""
-    from PIL import Image
-
-    cap = pixel_cap()
+    Image, cap = _pillow(), pixel_cap()
     try:
-        with warnings.catch_warnings():
-            # Pillow warns between the cap and twice it; we judge the size below, with the draft.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:
         raise TooManyPixels(None, cap) from None
     with image:
@@ -63,7 +69,10 @@ def opened(data: bytes, fit: int) -> Iterator["PillowImage"]:
         width, height = image.size
         if width * height > cap:
             raise TooManyPixels((width, height), cap)
-        yield image
+        try:
+            yield image
+        except Image.DecompressionBombError:  # a format that learns its size only as it decodes
+            raise TooManyPixels(None, cap) from None
 
 
 def as_jpeg(image: "PillowImage", side: int, quality: int) -> bytes:
