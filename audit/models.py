@@ -17,6 +17,7 @@ class EventKind(models.TextChoices):
     MESSAGE_REFUSED = "message_refused", "Message refused (cannot be stored)"
     MESSAGE_EDITED = "message_edited", "Message edited by the user"
     EDIT_IGNORED = "edit_ignored", "Edit ignored (changed nothing)"
+    MESSAGE_DELETED = "message_deleted", "Message deleted by the user"
     CONVERSATION_TAKEN_OVER = "conversation_taken_over", "A person took the conversation over"
     CONVERSATION_GIVEN_BACK = "conversation_given_back", "The conversation went back to the agent"
     PERSON_REPLIED = "person_replied", "A person replied in a held conversation"

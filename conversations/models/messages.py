@@ -145,6 +145,9 @@ class InboundMessage(models.Model):
     # The user corrected this message (its text is the corrected one; each edit, with the
     # text before it, is a MessageEdit row).
     edited_at = models.DateTimeField(null=True, blank=True)
+    # The person deleted it on the platform (conversations/deletions.py): out of every
+    # later prompt, shown as deleted on the story page; the text kept for the audit.
+    deleted_at = models.DateTimeField(null=True, blank=True)
     # Tracing (agentloop.core.tracing): its admission span's W3C traceparent, which the
     # flush of its buffer — in a worker, later — links to. NULL while tracing is off
     # (nullable: the column is added without rewriting the table).
