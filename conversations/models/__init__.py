@@ -19,6 +19,7 @@ from conversations.models.channels import (  # noqa: F401
     DoubleTexting,
     EditsPolicy,
     GroupReplies,
+    StaleRecoveries,
     TypingMode,
     _default_conjunctions,
     _default_greetings,

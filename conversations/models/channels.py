@@ -1,5 +1,7 @@
 """Channels (a bot, a WhatsApp number, a web chat, an API channel) and their settings."""
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -39,6 +41,14 @@ class EditsPolicy(models.TextChoices):
 
     APPLY = "apply", "Apply: the corrected text counts"
     IGNORE = "ignore", "Ignore edits"
+
+
+class StaleRecoveries(models.TextChoices):
+    """What a recovered reply (the ledger's labelled resend) does when its conversation has
+    since had a newer reply delivered: the person has moved on from it."""
+
+    DATED = "dated", "Dated: sent, its label saying when it was written"
+    DROP = "drop", "Drop: abandoned (audited), not sent"
 
 
 class GroupReplies(models.TextChoices):
@@ -141,6 +151,20 @@ class Channel(models.Model):
         default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
                                 "or an edited preview in groups, web chat); the final reply goes through the "
                                 "ledger either way. Off: the whole reply at once.")
+
+    # The ledger's bounds for this channel's replies (delivery/ledger, docs/ledger.md).
+    recovery_freshness = models.DurationField(
+        default=timedelta(hours=24), validators=[MinValueValidator(timedelta(minutes=1))],
+        help_text="A reply not delivered within this long of being written (or of an operator's retry) is "
+                  "abandoned, never sent late.")
+    stale_recoveries = models.CharField(
+        max_length=16, choices=StaleRecoveries.choices, default=StaleRecoveries.DATED,
+        help_text="A recovered reply whose conversation has since had a newer reply delivered: sent with the "
+                  "time it was written, or dropped.")
+    time_zone = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="The IANA time zone agentloop writes times in for this channel's users (a recovered reply's "
+                  "time); empty: the deployment's (AGENTLOOP_DEFAULT_TIME_ZONE).")
 
     language = models.CharField(
         max_length=16, blank=True, default="", choices=_language_choices,
