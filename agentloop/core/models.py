@@ -31,3 +31,23 @@ class Metrics(models.Model):
         managed = False
         default_permissions = ()
         permissions = [("view_metrics", "Can read the Prometheus metrics (GET /metrics)")]
+
+
+class IdempotentRequest(models.Model):
+    """One `Idempotency-Key` of one caller (an agent key or an operator), claimed by its
+    INSERT before the view runs (the unique pair makes the claim safe across processes),
+    then holding the first answer to replay (agentloop/core/idempotency.py)."""
+
+    owner = models.CharField(max_length=100, help_text="Whose key: 'conversations.agentkey:12', 'auth.user:3'.")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the method, path and body.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # While the first request runs: a crashed one frees the key after this.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    status = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Empty while in flight.")
+    content = models.BinaryField(default=bytes)
+    headers = models.JSONField(default=dict)
+
+    class Meta:
+        verbose_name = "idempotent request"
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_per_owner")]
