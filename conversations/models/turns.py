@@ -122,3 +122,24 @@ class ContextNote(models.Model):
 
     def __str__(self):
         return self.text[:80]
+
+
+class AgentSession(models.Model):
+    """What a remote agent's protocol has us keep for a conversation between its turns,
+    under a key of the agent's choosing (the `a2a` agent: the A2A contextId the remote
+    agent knows the conversation by, and the task waiting for the person's answer). A
+    session older than the conversation's /reset is not read: the remote agent then
+    starts a new context."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="agent_sessions",
+                                     db_index=False)  # agent_session_once starts with it
+    key = models.CharField(max_length=64)
+    state = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["conversation", "key"], name="agent_session_once")]
+
+    def __str__(self):
+        return f"{self.key} @ conversation {self.conversation_id}"
