@@ -23,6 +23,10 @@ class EventKind(models.TextChoices):
     PERSON_REPLIED = "person_replied", "A person replied in a held conversation"
     LIMIT_REACHED = "limit_reached", "A person reached a limit (messages stored, not answered)"
     LIMIT_LIFTED = "limit_lifted", "An operator lifted a person's limit"
+    BOT_MESSAGE_IGNORED = "bot_message_ignored", "A bot's message kept as context (the channel does not allow it)"
+    LOOP_BROKEN = "loop_broken", "The loop breaker paused the agent (replies without a human message)"
+    ROUTING_CHANGED = "routing_changed", "A channel's routing rules changed"
+    AGENT_HANDOFF = "agent_handoff", "An agent handed the conversation to another agent"
     # Layer 2
     DUPLICATE_PREVENTED = "duplicate_prevented", "Duplicate prevented"
     ACTION_UNCERTAIN = "action_uncertain", "Action interrupted (outcome uncertain)"

@@ -184,6 +184,18 @@ class Channel(models.Model):
         default=0, help_text="Model tokens (as the provider reports them) one person may use in a day; beyond, "
                              "one notice and no answer until the next day (0: no limit).")
 
+    # Bots (conversations.loops): which may make turns, and the loop breaker's bound.
+    allowed_bots = models.TextField(
+        blank=True, default="",
+        help_text="Comma-separated bots whose messages the agent answers (a Telegram username or user id, a Slack "
+                  "bot id, an API sender id). Other bots' messages are kept as context, never answered.")
+    loop_max_replies = models.PositiveIntegerField(
+        default=8, help_text="More agent replies than this in a conversation within the loop window, with no "
+                             "human message among them, pauses the agent there until an operator gives it back "
+                             "(0: off).")
+    loop_window_seconds = models.PositiveIntegerField(
+        default=60, help_text="The loop breaker's window, in seconds (0: off).")
+
     agent = models.CharField(max_length=50, default="echo")
     agent_config = models.JSONField(default=dict, blank=True)
 

@@ -73,6 +73,10 @@ class Conversation(StateMachine, models.Model):
     # The person's last sign of life (the takeover, a reply): the channel's idle time
     # counts from here before the agent takes the conversation back by itself.
     person_active_at = models.DateTimeField(null=True, blank=True)
+    # The agent an agent handed this conversation to (the handoff_to_agent tool,
+    # conversations.routing): its turns go to this rule's agent until /reset.
+    pinned_rule = models.ForeignKey("RoutingRule", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+", db_index=False)
 
     class Meta:
         constraints = [
@@ -86,6 +90,9 @@ class Conversation(StateMachine, models.Model):
             # on a SQLite file of 290,000, in the worker's one database thread. Partial: a
             # conversation the agent answers, nearly all of them, is never written to it.
             models.Index(fields=["state"], name="conversation_held_idx", condition=models.Q(state="person")),
+            # A rule's pins, found when it is deleted; a conversation never pinned is not in it.
+            models.Index(fields=["pinned_rule"], name="conversation_pinned_idx",
+                         condition=models.Q(pinned_rule__isnull=False)),
         ]
 
     def __str__(self):
@@ -110,6 +117,7 @@ class Disposition(models.TextChoices):
     CONTEXT = "context", "Group context (not addressed to the agent; not answered)"
     HELD = "held", "Stored while a person held the conversation"
     LIMITED = "limited", "Stored, not answered (the sender was over a limit)"
+    BOT = "bot", "From a bot the channel does not allow: kept as context, not answered"
 
 
 class InboundMessage(models.Model):
@@ -148,6 +156,10 @@ class InboundMessage(models.Model):
     # The person deleted it on the platform (conversations/deletions.py): out of every
     # later prompt, shown as deleted on the story page; the text kept for the audit.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Sent by a bot (Telegram's from.is_bot, Slack's bot_id, the API's is_bot): True;
+    # NULL for everyone else (nullable: the column is added without rewriting the table).
+    # The loop breaker (conversations.loops) counts replies since the last message without it.
+    from_bot = models.BooleanField(null=True, blank=True)
     # Tracing (agentloop.core.tracing): its admission span's W3C traceparent, which the
     # flush of its buffer — in a worker, later — links to. NULL while tracing is off
     # (nullable: the column is added without rewriting the table).

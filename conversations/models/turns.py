@@ -66,6 +66,11 @@ class Turn(StateMachine, models.Model):
     streamed_text = models.TextField(blank=True)
     # Model tokens the provider reported for this turn (conversations.limits).
     tokens_used = models.PositiveIntegerField(default=0)
+    # The routing rule whose agent runs it (conversations.routing; NULL: the channel's own
+    # agent), and why it was chosen, as the story page shows it.
+    routing_rule = models.ForeignKey("RoutingRule", null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", db_index=False)
+    route = models.CharField(max_length=200, null=True, blank=True)
     # A person's reply (owner "person:<who>"): the caller's idempotency key, if any.
     request_key = models.CharField(max_length=100, blank=True)
     # Tracing (agentloop.core.tracing): the traceparent of the flush that made it, the
@@ -90,6 +95,9 @@ class Turn(StateMachine, models.Model):
             # the date: SQLite's index ends with the rowid, so it also gives (created_at, id),
             # the changelist's order.
             models.Index(fields=["created_at"], name="turn_created_idx"),
+            # A rule's turns, found when it is deleted; a turn of a channel's own agent is not in it.
+            models.Index(fields=["routing_rule"], name="turn_routing_rule_idx",
+                         condition=Q(routing_rule__isnull=False)),
         ]
 
     def __str__(self):

@@ -1,0 +1,57 @@
+"""Routing rules: which agent answers a turn of a channel (conversations.routing).
+
+A channel's rules are tried in order at the flush; the first whose every set criterion
+matches chooses the agent, and a turn no rule matches goes to the channel's own agent.
+A rule with no criterion never matches by itself: it is an agent another agent can hand
+a conversation to (the handoff_to_agent tool)."""
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from conversations.models.channels import Channel
+
+
+class ContactAttribute(models.TextChoices):
+    """What of the contact a rule may match (exactly, ignoring case)."""
+
+    USERNAME = "username", "Username"
+    DISPLAY_NAME = "display_name", "Display name"
+    PLATFORM_ID = "platform_id", "Platform id"
+
+
+class RoutingRule(models.Model):
+    # No index of its own: the unique (channel, name) starts with it.
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="routing_rules", db_index=False)
+    position = models.PositiveIntegerField(default=0, help_text="Rules are tried in this order, lowest first.")
+    name = models.SlugField(max_length=50, help_text="The agent's name in this channel: what the story page "
+                                                     "shows and what handoff_to_agent names.")
+    chat_id = models.CharField(max_length=100, blank=True, help_text="The chat or group id (exact).")
+    thread_id = models.CharField(max_length=50, blank=True,
+                                 help_text="The thread or topic id (a Telegram forum topic's message_thread_id, "
+                                           "a Slack thread).")
+    keywords = models.CharField(max_length=300, blank=True,
+                                help_text="Comma-separated words or phrases; one in the text (any case) matches.")
+    language = models.CharField(max_length=16, blank=True,
+                                help_text="The sender's language (\"es\" also matches \"es-AR\").")
+    contact_attribute = models.CharField(max_length=16, choices=ContactAttribute.choices, blank=True)
+    contact_value = models.CharField(max_length=200, blank=True, help_text="The contact attribute's value.")
+    agent = models.CharField(max_length=50, default="echo")
+    agent_config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["channel", "position", "pk"]
+        constraints = [models.UniqueConstraint(fields=["channel", "name"], name="routing_rule_name_per_channel")]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        from conversations.routing import agent_problem
+
+        problem = agent_problem(self.agent, self.agent_config)
+        if problem:
+            raise ValidationError({"agent": problem})
+        if bool(self.contact_attribute) != bool(self.contact_value):
+            raise ValidationError({"contact_value": "a contact attribute and its value go together"})
