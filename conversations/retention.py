@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from agentloop.core import pruning
+from agentloop.core import idempotency, pruning
 from audit import events as audit_events
 from conversations.models import (
     SETTLED,
@@ -66,6 +66,7 @@ def defaults() -> list[tuple[str, str]]:
         ("Guard claims and proposals", f"{days['CLAIMS']:g} days after their window; in flight, uncertain or "
                                        "awaiting approval never"),
         ("Audit events", f"{days['AUDIT']:g} days"),
+        ("API idempotency keys (the first answer kept)", "24 hours"),
     ]
 
 
@@ -85,6 +86,7 @@ def sweep(now=None, budget_seconds=None) -> dict:
     _prune_files(cutoff, budget)
     prune_claims(now, budget)
     audit_events.prune(now, budget)
+    idempotency.prune(now, budget)
     deleted = {label: n for label, n in budget.deleted.items() if n}
     if deleted:
         log.info("retention: deleted %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))

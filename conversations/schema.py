@@ -7,9 +7,10 @@ import re
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
+from agentloop.core import idempotency
 from agentloop.core.api import NO_NUL, NUL_IN_JSON, ROW_ID_MAX, ErrorSerializer, text_pattern
 
 
@@ -41,7 +42,7 @@ class ApiSchema(AutoSchema):
     def _shared_errors(self) -> dict:
         errors = {}
         has_body = self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None
-        if has_body or self._has_query():
+        if has_body or self._has_query() or self._idempotent():  # (a malformed Idempotency-Key too)
             errors["400"] = _error("Invalid request: `error` says why, `fields` which field (if one).")
         errors["401"] = _error("No agent key, or an unknown or revoked one (`Authorization: Bearer <key>`).")
         if self._path_has_parameters():
@@ -49,9 +50,32 @@ class ApiSchema(AutoSchema):
         if has_body:
             errors["413"] = _error("Request body too large (DATA_UPLOAD_MAX_MEMORY_SIZE).")
             errors["415"] = _error("The body is not `application/json`.")
+        if self._idempotent():
+            errors["409"] = _error("A request with the same `Idempotency-Key` is still in flight: retry after "
+                                   "`Retry-After` seconds.")
+            errors["422"] = _error("This `Idempotency-Key` was used for another request (method, path or body).")
         errors["429"] = _error("Too many requests for this key (AGENTLOOP_API_RATE): retry after `Retry-After` "
                                "seconds.")
         return errors
+
+    def _idempotent(self) -> bool:
+        return self.method == "POST" and self.path.startswith("/api/v1/")
+
+    def get_override_parameters(self):
+        """Every POST takes an `Idempotency-Key` (agentloop/core/idempotency.py)."""
+        parameters = super().get_override_parameters()
+        if not self._idempotent():
+            return parameters
+        return [*parameters, OpenApiParameter(
+            # Its format, `idempotency-key`, is ours: a value new to each request (the draft
+            # leaves its spelling to the client), which a generator must know to make one.
+            idempotency.HEADER, {"type": "string", "format": "idempotency-key", "minLength": 1,
+                                 "maxLength": idempotency.MAX_KEY_CHARS}, OpenApiParameter.HEADER,
+            description="Makes a retry safe (draft-ietf-httpapi-idempotency-key-header): a new value per "
+                        "request, the same on its retries. The same key and request (method, path and body) "
+                        "from this caller within 24 h answers the first answer again (`Idempotent-Replayed: "
+                        "true`) without running anything; 5xx answers are not kept. Printable ASCII, 1-255 "
+                        "characters, no space at either end; or the draft's quoted string ('\"...\"').")]
 
     def _has_query(self):
         return any(p.get("in") == "query" for p in self._get_parameters())

@@ -94,3 +94,20 @@ class LeakyCreate(Tool):
         if call.arguments.get("crash"):
             raise RuntimeError(text)
         raise ToolError(text)
+
+
+class CreateEventAtGate(CreateEvent):
+    """A calendar create that, across processes, tells the test it started (the file
+    AGENTLOOP_TEST_MARKER) and waits (20 s at most) for the test to create the file
+    AGENTLOOP_TEST_GATE before it writes the event: a request held in flight."""
+
+    name = "calendar_create_event_at_gate"
+
+    def run(self, call):
+        Path(os.environ["AGENTLOOP_TEST_MARKER"]).write_text("entered")
+        gate, deadline = Path(os.environ["AGENTLOOP_TEST_GATE"]), time.monotonic() + 20
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise ToolError("the test never opened the gate")
+            time.sleep(0.02)
+        return super().run(call)

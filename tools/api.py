@@ -4,9 +4,9 @@
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
+from agentloop.core.idempotency import ApiView
 from tools import guard, hooks, registry
 from tools.mcp import catalog
 from tools.models import ActionClaim
@@ -87,7 +87,7 @@ def _outcome_body(outcome) -> dict:
     return body
 
 
-class ToolListView(APIView):
+class ToolListView(ApiView):
     @extend_schema(responses={200: serializers.ListSerializer(child=serializers.DictField())},
                    summary="The hosted tools, as OpenAI function definitions with their guard policy")
     def get(self, request):
@@ -104,7 +104,7 @@ class ToolListView(APIView):
         return Response(tools)
 
 
-class ToolInvokeView(APIView):
+class ToolInvokeView(ApiView):
     @extend_schema(
         request=InvokeSerializer,
         responses={200: OutcomeSerializer, 202: OutcomeSerializer},
@@ -140,7 +140,7 @@ class ToolInvokeView(APIView):
         return Response(_outcome_body(outcome), status=code)
 
 
-class ActionClaimView(APIView):
+class ActionClaimView(ApiView):
     @extend_schema(
         request=ClaimRequestSerializer,
         responses={201: ClaimSerializer, 200: OutcomeSerializer,
@@ -184,7 +184,7 @@ def _claim_body(claim, status_word) -> dict:
     return body
 
 
-class _ClaimOutcomeView(APIView):
+class _ClaimOutcomeView(ApiView):
     def _settle(self, request, claim, settle, payload):
         try:
             settled = settle(row_id(claim, "claim"), payload, agent_key_id=request.user.pk)

@@ -7,9 +7,9 @@ first reply again."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import ErrorSerializer, StrictBody
+from agentloop.core.idempotency import ApiView
 from conversations import handoff
 from conversations.api.access import conversation_for_key
 
@@ -47,7 +47,7 @@ def _hold(conversation, changed):
     return Response(HoldSerializer(conversation).data)
 
 
-class TakeoverView(APIView):
+class TakeoverView(ApiView):
     @extend_schema(request=None, responses={200: HoldSerializer, 404: ErrorSerializer},
                    summary="Hand the conversation to a person: the agent stops answering it")
     def post(self, request, conversation):
@@ -55,7 +55,7 @@ class TakeoverView(APIView):
         return _hold(found, handoff.take_over(found.pk, _who(request)))
 
 
-class ReleaseView(APIView):
+class ReleaseView(ApiView):
     @extend_schema(request=None, responses={200: HoldSerializer, 404: ErrorSerializer},
                    summary="Give the conversation back to the agent, with a note of what happened meanwhile")
     def post(self, request, conversation):
@@ -63,7 +63,7 @@ class ReleaseView(APIView):
         return _hold(found, handoff.give_back(found.pk, _who(request)))
 
 
-class PersonReplyView(APIView):
+class PersonReplyView(ApiView):
     @extend_schema(request=PersonReplySerializer,
                    responses={202: PersonReplyResultSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
                    summary="Reply as the person holding the conversation (through the delivery ledger)")

@@ -10,7 +10,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import (
     NO_NUL,
@@ -19,6 +18,7 @@ from agentloop.core.api import (
     StrictBody,
     UtcDateTimeField,
 )
+from agentloop.core.idempotency import ApiView
 from conversations import edits
 from conversations.api.access import Conflict, channel_for_key
 from conversations.ingest import Inbound, Unstorable, admit
@@ -115,7 +115,7 @@ def message_and_file(request):
     return body, upload
 
 
-class ChannelMessagesView(APIView):
+class ChannelMessagesView(ApiView):
     parser_classes = [JSONParser, MultiPartParser]
 
     # The schema lists the JSON body only: the multipart form (the same JSON in a part, the
@@ -204,7 +204,7 @@ class EditResultSerializer(serializers.Serializer):
     flush_at = serializers.DateTimeField(allow_null=True, help_text="When the corrected buffer flushes.")
 
 
-class MessageEditView(APIView):
+class MessageEditView(ApiView):
     @extend_schema(
         parameters=[OpenApiParameter("message_id", {"type": "string", "maxLength": MESSAGE_ID_CHARS,
                                                     "pattern": NO_NUL}, OpenApiParameter.PATH,

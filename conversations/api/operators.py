@@ -4,9 +4,9 @@ person (conversations.erasure)."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, permissions, serializers
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import ErrorSerializer, StrictBody
+from agentloop.core.idempotency import ApiView
 from conversations import erasure
 
 
@@ -29,7 +29,7 @@ class ErasureCountsSerializer(serializers.Serializer):
     counts = serializers.DictField(child=serializers.IntegerField(), read_only=True)
 
 
-class ForgetContactView(APIView):
+class ForgetContactView(ApiView):
     authentication_classes = [authentication.SessionAuthentication, authentication.BasicAuthentication]
     permission_classes = [CanErase]
 

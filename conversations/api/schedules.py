@@ -6,9 +6,9 @@ from datetime import timedelta
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import ErrorSerializer, StrictBody, UtcDateTimeField
+from agentloop.core.idempotency import ApiView
 from conversations import schedules
 from conversations.api.access import conversation_for_key
 from delivery import templates
@@ -55,7 +55,7 @@ class ScheduleSerializer(serializers.Serializer):
         return int(row.repeat_every.total_seconds()) if row.repeat_every else None
 
 
-class ConversationSchedulesView(APIView):
+class ConversationSchedulesView(ApiView):
     @extend_schema(
         request=ScheduleRequestSerializer,
         responses={201: ScheduleSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 404: ErrorSerializer},

@@ -8,7 +8,6 @@ from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agentloop.core.api import (
     ErrorSerializer,
@@ -16,6 +15,7 @@ from agentloop.core.api import (
     query_of,
     row_id,
 )
+from agentloop.core.idempotency import ApiView
 from conversations import engine, turns
 from conversations.agents import Answer, File
 from conversations.api.access import Conflict
@@ -96,7 +96,7 @@ def _turn_for_key(key, turn_id):
     return turn
 
 
-class TurnListView(APIView):
+class TurnListView(ApiView):
     @extend_schema(parameters=[TurnListQuery], responses={200: TurnSerializer(many=True)},
                    summary="Turns of your channels (pull agents: the ready ones wait for you)")
     def get(self, request):
@@ -106,7 +106,7 @@ class TurnListView(APIView):
         return Response(TurnSerializer(turns[: query.validated_data["limit"]], many=True).data)
 
 
-class TurnClaimView(APIView):
+class TurnClaimView(ApiView):
     @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Claim a ready turn: it is yours to answer until you mark it done (or it times out)")
     def post(self, request, turn):
@@ -124,7 +124,7 @@ class TurnClaimView(APIView):
         return Response(body)
 
 
-class TurnReplyView(APIView):
+class TurnReplyView(ApiView):
     @extend_schema(request=TurnReplySerializer, responses={202: TurnSerializer, 409: ErrorSerializer},
                    summary="Reply in a turn you hold: written into the delivery ledger and sent")
     def post(self, request, turn):
@@ -148,7 +148,7 @@ def _reply(key, turn, text, files=()):
         Turn.objects.filter(pk=turn.pk).update(reply_text=(locked.reply_text + "\n" + text).strip())
 
 
-class TurnDoneView(APIView):
+class TurnDoneView(ApiView):
     @extend_schema(request=TurnDoneSerializer, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Close a turn you hold (optionally with a last reply)")
     def post(self, request, turn):
