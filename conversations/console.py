@@ -103,7 +103,8 @@ def messages_of(conversation_id, limit=30):
     rows = (InboundMessage.objects.filter(conversation_id=conversation_id).select_related("media_file")
             .order_by("-received_at", "-pk")[:limit])
     return [{"kind": "message", "text": m.text, "at": _iso(m.received_at), "disposition": m.disposition,
-             "id": m.platform_message_id, "edited": m.edited_at is not None, "file": _file(m.media_file)}
+             "id": m.platform_message_id, "edited": m.edited_at is not None,
+             "deleted": m.deleted_at is not None, "file": _file(m.media_file)}
             for m in reversed(rows)]
 
 

@@ -121,14 +121,20 @@ def apply(channel, edit: Edit, now: datetime | None = None) -> EditResult:
     problem = refusal(edit)
     if problem:
         raise ingest.Unstorable(problem)
+    return retried(lambda: _apply(channel, edit, now or timezone.now()), f"edit of {edit.platform_message_id}")
+
+
+def retried(work, what):
+    """`work()` in one transaction, retried whole (up to 3 times) after a deadlock or a
+    serialization failure: edits and deletions lock the conversation as admissions do."""
     for attempt in range(1, 4):
         try:
             with transaction.atomic():
-                return _apply(channel, edit, now or timezone.now())
+                return work()
         except OperationalError as exc:
             if attempt == 3 or getattr(exc.__cause__, "sqlstate", None) not in ingest.RETRYABLE:
                 raise
-            log.warning("edit of %s retried after: %s", edit.platform_message_id, exc)
+            log.warning("%s retried after: %s", what, exc)
     raise AssertionError("unreachable")
 
 
@@ -148,7 +154,7 @@ def apply_or_refuse(channel, edit: Edit, source: str) -> EditResult | None:
 def _apply(channel, edit, now):
     conversation_id = (InboundMessage.objects.filter(channel=channel, platform_message_id=edit.platform_message_id)
                        .values_list("conversation_id", flat=True).first())
-    conversation = _locked_conversation(channel, conversation_id) if conversation_id else None
+    conversation = locked_conversation(channel, conversation_id) if conversation_id else None
     if conversation is None or (edit.chat_id is not None and (conversation.chat_id, conversation.sender_id)
                                 != (edit.chat_id, edit.sender_id)):
         return _unknown(channel, edit)
@@ -167,7 +173,7 @@ def _apply(channel, edit, now):
     return result
 
 
-def _locked_conversation(channel, conversation_id):
+def locked_conversation(channel, conversation_id):
     """The conversation, locked as an admission locks it: the edit and the conversation's
     admissions apply one after the other (SQLite: BEGIN IMMEDIATE already serialises)."""
     rows = Conversation.objects.filter(pk=conversation_id)
@@ -196,12 +202,12 @@ def _decide(channel, conversation, message, edit, now) -> EditResult:
         return EditResult(EditOutcome.NOT_APPLIED, detail=why_not)
     old = message.text
     for _ in range(3):  # a flusher may claim the buffer meanwhile: then the turn decides
-        where = _input_holder(message)
+        where = input_holder(message)
         if isinstance(where, str):
             return EditResult(EditOutcome.NOT_APPLIED, detail=where)
         _set_text(message, edit.text, now)
         if isinstance(where, MessageBuffer):
-            result = _correct_open_buffer(channel, where, _carried_messages(where), now)
+            result = correct_open_buffer(channel, where, carried_messages(where), now)
             if result is not None:
                 return result
             message.refresh_from_db(fields=["buffer"])
@@ -226,7 +232,7 @@ def _never_in_a_turn(message, edit) -> str:
     return ""
 
 
-def _input_holder(message):
+def input_holder(message):
     """Where the message's input is now: its open buffer, the turn it went into, or an
     open buffer or later turn an interrupt carried it to; a str when it went nowhere."""
     buffer = MessageBuffer.objects.get(pk=message.buffer_id)
@@ -252,7 +258,7 @@ def _set_text(message, text, now):
     message.text, message.edited_at = text, now
 
 
-def _input_buffers(buffer_id):
+def input_buffers(buffer_id):
     """The buffer and those whose input it carries (interrupts), newest first."""
     ids = []
     while buffer_id is not None and buffer_id not in ids:
@@ -262,15 +268,15 @@ def _input_buffers(buffer_id):
     return ids
 
 
-def _carried_messages(buffer):
+def carried_messages(buffer):
     """Messages whose input `buffer` carries as a cancelled turn's text (not as messages)."""
     if buffer.carried_turn_id is None:
         return []
     carried = Turn.objects.filter(pk=buffer.carried_turn_id).values_list("buffer_id", flat=True).first()
-    return list(InboundMessage.objects.filter(buffer_id__in=_input_buffers(carried))) if carried else []
+    return list(InboundMessage.objects.filter(buffer_id__in=input_buffers(carried))) if carried else []
 
 
-def _correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
+def correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
     """Re-plan the open buffer from now, its `moved` messages (an interrupted turn's
     input, whose text it carried) joining it as messages so the merge reads their
     corrected text. None when the buffer is no longer open (a flusher claimed it)."""
@@ -306,19 +312,26 @@ def _correct_turn(correction, turn) -> EditResult:
     note for the next turn."""
     channel, conversation, message, now = (correction.channel, correction.conversation, correction.message,
                                            correction.now)
-    messages = list(InboundMessage.objects.filter(buffer_id__in=_input_buffers(turn.buffer_id)))
-    if turn.state in Turn.ACTIVE and channel.double_texting == DoubleTexting.INTERRUPT and messages:
-        # The interrupt's own compare-and-swap: refused once the turn fired an effect.
-        if turns.cancel(turn.pk, f"interrupt: message {message.pk} was edited; re-run with the corrected text",
-                        now):
-            return _rerun(channel, conversation, turn, messages, now)
-        why = f"turn {turn.pk} had already fired an external effect"
-    elif turn.state in Turn.ACTIVE:
-        why = f"turn {turn.pk} is {turn.state} and the channel's double texting is {channel.double_texting}"
-    else:
-        why = f"turn {turn.pk} is {turn.state}"
+    messages = list(InboundMessage.objects.filter(buffer_id__in=input_buffers(turn.buffer_id)))
+    why = cancel_for_rerun(channel, turn, f"interrupt: message {message.pk} was edited; re-run with the corrected "
+                                          "text", now)
+    if not why:
+        return rerun(channel, conversation, turn, messages, now)
     notes.inform(conversation.pk, for_agent=note_text(correction.old_text, message.text))
     return EditResult(EditOutcome.NOTED, turn_id=turn.pk, detail=f"{why}: noted for the next turn")
+
+
+def cancel_for_rerun(channel, turn, reason, now) -> str:
+    """Cancel `turn` so that its input runs again, changed: only on a channel whose
+    double texting is `interrupt`, and by the interrupt's own compare-and-swap (refused
+    once the turn fired an effect). "" when cancelled, else why not."""
+    if turn.state in Turn.ACTIVE and channel.double_texting == DoubleTexting.INTERRUPT:
+        if turns.cancel(turn.pk, reason, now):
+            return ""
+        return f"turn {turn.pk} had already fired an external effect"
+    if turn.state in Turn.ACTIVE:
+        return f"turn {turn.pk} is {turn.state} and the channel's double texting is {channel.double_texting}"
+    return f"turn {turn.pk} is {turn.state}"
 
 
 def note_text(old, new):
@@ -330,13 +343,13 @@ def _quoted(text):
     return engine.clip(text, NOTE_QUOTE_CHARS).replace("\n", " ")
 
 
-def _rerun(channel, conversation, turn, messages, now) -> EditResult:
+def rerun(channel, conversation, turn, messages, now) -> EditResult:
     """The cancelled turn's messages (and those of the turns it carried) go back to the
     conversation's open buffer, or to a new one due now, which the flusher makes the
     re-run turn of."""
     waiting = MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN).first()
     if waiting is not None:
-        result = _correct_open_buffer(channel, waiting, messages + _carried_messages(waiting), now)
+        result = correct_open_buffer(channel, waiting, messages + carried_messages(waiting), now)
         if result is not None:
             result.outcome, result.turn_id = EditOutcome.RERUN, turn.pk
             result.detail = f"turn {turn.pk} cancelled; re-run with the corrected text (with open buffer {waiting.pk})"

@@ -71,7 +71,8 @@ def context_lines(buffer, now) -> list[str]:
              .filter(disposition=Disposition.CONTEXT) | InboundMessage.objects.filter(
                  channel_id=conversation.channel_id, conversation__chat_id=conversation.chat_id,
                  received_at__lte=now, buffer__state=BufferState.OPEN, disposition=Disposition.BUFFERED))
-    found = found.exclude(buffer_id=buffer.pk).exclude(kind=MessageKind.CONTROL)
+    # A message its sender deleted is no one's context (conversations.deletions).
+    found = found.exclude(buffer_id=buffer.pk).exclude(kind=MessageKind.CONTROL).filter(deleted_at__isnull=True)
     if last_turn is not None:
         found = found.filter(received_at__gt=last_turn)
     newest = list(found.order_by("-received_at", "-id")

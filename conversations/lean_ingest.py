@@ -149,7 +149,7 @@ class Admitter:
                 prepared = _failure(exc)
             if isinstance(prepared, views.Answer):
                 answers[i] = prepared
-            elif isinstance(prepared[1], edits.Edit):
+            elif not isinstance(prepared[1], ingest.Inbound):  # an edit, a deletion
                 edited.append((i, prepared))
             else:
                 admissions.append((i, prepared))
@@ -159,7 +159,7 @@ class Admitter:
         # may follow its message in the same batch), never in the messages' way.
         for i, (channel, edit) in edited:
             try:
-                answers[i] = batch[i][0].edited(edits.apply(channel, edit))
+                answers[i] = _aside(batch[i][0], channel, edit)
             except Exception as exc:
                 answers[i] = _failure(exc)
         return answers
@@ -173,6 +173,14 @@ class Admitter:
         results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
         for (i, _), lean, result in zip(admissions, leans, results):
             answers[i] = _failure(result) if isinstance(result, Exception) else lean.admitted(result)
+
+
+def _aside(lean, channel, item):
+    """An edit (every lean platform's), or what the platform applies itself (`aside`:
+    Slack's deletions)."""
+    if isinstance(item, edits.Edit):
+        return lean.edited(edits.apply(channel, item))
+    return lean.aside(channel, item)
 
 
 def _conversation_key(channel, inbound):

@@ -111,4 +111,5 @@ def _inbound_after(conversation_id, position, skip, limit) -> list[dict]:
         "position": Position(row.received_at, INBOUND_RANK, row.pk),
         "kind": "inbound", "id": row.pk, "text": row.text, "time": row.received_at,
         "message_id": row.platform_message_id, "disposition": row.disposition, "media_type": row.media_type,
+        "deleted_at": row.deleted_at,
     } for row in rows]

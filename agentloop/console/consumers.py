@@ -18,7 +18,7 @@ from agentloop.console import relay
 from agentloop.core import live
 from agentloop.core.redaction import redact_payload
 from conversations import console as conversations_console
-from conversations import edits, handoff
+from conversations import deletions, edits, handoff
 from conversations.ingest import Inbound, Unstorable, admit, open_conversation
 from conversations.media import links
 from conversations.models import Channel
@@ -219,6 +219,12 @@ class PlaygroundConsumer(LiveConsumer):
                 await self.send_json(await database_sync_to_async(_confirm)(self.channel, self.scope["user"],
                                                                             str(content["confirm"])[:100]))
             return
+        if "delete" in content:  # the person deletes a message they sent (conversations.deletions)
+            if await self.still_allowed():
+                message_id = str(content["delete"])[:64]
+                deleted = await database_sync_to_async(_delete)(self.channel, self.scope["user"], message_id)
+                await self.send_json({"type": "deleted", "id": message_id, **deleted})
+            return
         text = content.get("text")
         if not isinstance(text, str) or not text.strip():
             await self.send_json({"type": "error", "error": "a message needs some text"})
@@ -285,6 +291,17 @@ def _edit(channel, user, text, message_id):
     return {"outcome": result.outcome, "duplicate": result.duplicate, "detail": result.detail,
             "flush_at": result.flush_at.isoformat() if result.flush_at else None,
             "window_seconds": result.window_seconds, "window_kind": result.window_kind, "now": now.isoformat()}
+
+
+def _delete(channel, user, message_id):
+    """Only the person's own message: another's id is an unknown message to them."""
+    me = _sender(user)()
+    now = timezone.now()
+    result = deletions.apply(channel, deletions.Deletion(platform_message_id=f"console:{message_id}", deleted_at=now,
+                                                         source="webchat", chat_id=me.chat_id,
+                                                         sender_id=me.sender_id), now)
+    return {"outcome": result.outcome, "duplicate": result.duplicate, "detail": result.detail,
+            "flush_at": result.flush_at.isoformat() if result.flush_at else None, "now": now.isoformat()}
 
 
 def _transcript(conversation_id):

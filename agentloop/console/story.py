@@ -172,6 +172,9 @@ def _message_entry(story, m, rank):
     if m.edited_at:
         details.append(("Edited", f"last at {_iso(m.edited_at)}: the text shown is the corrected one (each edit, "
                                   f"with the text before it, is an entry of its own)"))
+    if m.deleted_at:
+        details.append(("Deleted", f"by the person at {_iso(m.deleted_at)}: kept out of every later prompt "
+                                   f"(what it changed is in the audit's message_deleted event)"))
     if m.buffer_id and m.disposition == Disposition.BUFFERED:
         details.append(("Window", _window(story, m)))
     links = [("message", "conversations.inboundmessage", m.pk)]
@@ -181,7 +184,8 @@ def _message_entry(story, m, rank):
         details.append(("File", story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
         links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
-    return Entry(m.received_at, rank, m.pk, "message", f"Message admitted from {m.sender_name or 'the contact'}",
+    title = f"Message admitted from {m.sender_name or 'the contact'}" + (" (deleted)" if m.deleted_at else "")
+    return Entry(m.received_at, rank, m.pk, "message", title,
                  story.redact(text), details, links)
 
 
@@ -240,6 +244,8 @@ def _turn_entry(story, t, rank):
                ("Worker", t.owner or "—"), ("Attempts", t.attempts),
                ("Fired an effect", f"yes, at {_iso(t.effect_fired_at)} (never interrupted after)"
                 if t.fired_effect else "no")]
+    if t.route:  # a routing rule's agent answered, or the one an agent handed over to (docs/routing.md)
+        details.append(("Routed", t.route))
     if t.outcome:
         details.append(("Outcome", story.redact(t.outcome, 300)))
     if t.first_delta_at:  # a streamed reply (docs/streaming.md)

@@ -1,4 +1,4 @@
-"""Messages into api channels, and their edits."""
+"""Messages into api channels, their edits and their deletions."""
 
 
 import json
@@ -19,7 +19,7 @@ from agentloop.core.api import (
     UtcDateTimeField,
 )
 from agentloop.core.idempotency import ApiView
-from conversations import edits
+from conversations import deletions, edits
 from conversations.api.access import Conflict, channel_for_key
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.media import remote, uploads
@@ -71,6 +71,10 @@ class InboundMessageSerializer(StrictBody):
                                   help_text="Items sent as one album share it: they count as one message "
                                             "and keep the buffer open for the album window.")
     is_group = serializers.BooleanField(required=False, default=False)
+    is_bot = serializers.BooleanField(
+        required=False, default=False,
+        help_text="The sender is a bot: its message makes a turn only if the channel's `allowed_bots` names the "
+                  "contact; otherwise it is stored as context, never answered (docs/routing.md#bots).")
 
     def validate(self, data):
         with_file = self.context.get("with_file")
@@ -153,7 +157,7 @@ class ChannelMessagesView(ApiView):
                 platform_message_id=data["message_id"], chat_id=data.get("chat") or data["contact"],
                 sender_id=data["contact"], text=data["text"], sender_name=data["sender_name"],
                 media_type=data["media_type"], album_id=data["album"], is_group=data["is_group"],
-                reply_target=data["message_id"], media=media, language=data["language"],
+                reply_target=data["message_id"], media=media, language=data["language"], is_bot=data["is_bot"],
             ))
         except Unstorable as exc:
             raise exceptions.ParseError(f"message refused: {exc}") from None
@@ -204,11 +208,32 @@ class EditResultSerializer(serializers.Serializer):
     flush_at = serializers.DateTimeField(allow_null=True, help_text="When the corrected buffer flushes.")
 
 
+class DeletionResultSerializer(serializers.Serializer):
+    message = serializers.IntegerField(help_text="The deleted message's row id.")
+    conversation = serializers.IntegerField()
+    duplicate = serializers.BooleanField(help_text="The message was deleted before: nothing changed now.")
+    outcome = serializers.ChoiceField(
+        deletions.OUTCOMES,
+        help_text="withdrawn: it left the open buffer, the rest of the burst still runs (its window re-planned); "
+                  "no_turn: it was all the open buffer held, no turn runs; rerun: the turn holding it was "
+                  "cancelled (interrupt strategy, no effect fired) and runs again without it; cancelled: the same, "
+                  "with nothing left to run; noted: too late (an effect fired, another strategy, or the turn is "
+                  "over), the agent's next turn is told and the text kept out of its prompt; not_applied: the "
+                  "message never reached a turn (a control command, rejected, dropped), or a duplicate.")
+    detail = serializers.CharField()
+    turn = serializers.IntegerField(allow_null=True, help_text="The turn cancelled, or too late for (noted).")
+    buffer = serializers.IntegerField(allow_null=True)
+    flush_at = serializers.DateTimeField(allow_null=True, help_text="When the remaining burst flushes.")
+
+
+MESSAGE_ID_PARAMETER = OpenApiParameter("message_id", {"type": "string", "maxLength": MESSAGE_ID_CHARS,
+                                                       "pattern": NO_NUL}, OpenApiParameter.PATH,
+                                        description="The `message_id` the message was POSTed with.")
+
+
 class MessageEditView(ApiView):
     @extend_schema(
-        parameters=[OpenApiParameter("message_id", {"type": "string", "maxLength": MESSAGE_ID_CHARS,
-                                                    "pattern": NO_NUL}, OpenApiParameter.PATH,
-                                     description="The `message_id` the message was POSTed with.")],
+        parameters=[MESSAGE_ID_PARAMETER],
         request=MessageEditSerializer,
         responses={200: EditResultSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 403: ErrorSerializer,
                    404: ErrorSerializer, 409: ErrorSerializer},
@@ -235,6 +260,28 @@ class MessageEditView(ApiView):
         if result.outcome == EditOutcome.IGNORED:
             raise Conflict(f"channel '{slug}' ignores edits (edits: ignore): the edit was recorded and changed nothing")
         return Response(EditResultSerializer({
+            "message": result.message_id, "conversation": result.conversation_id, "duplicate": result.duplicate,
+            "outcome": result.outcome, "detail": result.detail, "turn": result.turn_id, "buffer": result.buffer_id,
+            "flush_at": result.flush_at}).data)
+
+    @extend_schema(
+        parameters=[MESSAGE_ID_PARAMETER], request=None,
+        responses={200: DeletionResultSerializer, 401: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Delete a message the user already sent (its text is withdrawn)",
+        description="The user deleted the message POSTed with this `message_id` on their side. Inside its window "
+                    "it leaves the burst (no turn at all if it was the only message); in a turn that fired no "
+                    "effect, on an `interrupt` channel, the turn is cancelled and re-run without it; otherwise the "
+                    "agent's next turn is told and the text is kept out of its prompt. Safe to retry: a second "
+                    "DELETE answers `duplicate: true` and changes nothing. 404: no such message in the channel.")
+    def delete(self, request, slug, message_id):
+        channel = channel_for_key(request.user, slug, API_KIND)
+        if len(message_id) > MESSAGE_ID_CHARS or "\x00" in message_id:
+            raise exceptions.NotFound(f"no message '{message_id[:MESSAGE_ID_CHARS]}' in channel '{slug}'")
+        result = deletions.apply(channel, deletions.Deletion(platform_message_id=message_id,
+                                                             deleted_at=timezone.now(), source="api"))
+        if result.outcome == deletions.UNKNOWN:
+            raise exceptions.NotFound(f"no message '{message_id}' in channel '{slug}'")
+        return Response(DeletionResultSerializer({
             "message": result.message_id, "conversation": result.conversation_id, "duplicate": result.duplicate,
             "outcome": result.outcome, "detail": result.detail, "turn": result.turn_id, "buffer": result.buffer_id,
             "flush_at": result.flush_at}).data)

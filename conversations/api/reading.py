@@ -58,6 +58,8 @@ class TimelineItemSerializer(serializers.Serializer):
     disposition = serializers.ChoiceField(Disposition.values, allow_null=True,
                                           help_text="inbound: what became of it.")
     media_type = serializers.CharField(allow_null=True, allow_blank=True, help_text="inbound: its media type, if any.")
+    deleted_at = serializers.DateTimeField(allow_null=True, help_text="inbound: when the user deleted it on their "
+                                                                      "side (its text is kept out of later prompts).")
     reply_kind = serializers.ChoiceField(OutboundKind.values, allow_null=True,
                                          help_text="reply: an agent reply, a control command's answer or a notice.")
     state = serializers.ChoiceField(OutboundState.values, allow_null=True,
@@ -206,6 +208,7 @@ class ConversationMessagesView(AsyncGetView):
 
 
 def _item(item):
-    blank = {"message_id": None, "disposition": None, "media_type": None, "reply_kind": None, "state": None,
+    blank = {"message_id": None, "disposition": None, "media_type": None, "deleted_at": None, "reply_kind": None,
+             "state": None,
              "recovered": None, "attempts": None, "delivered_at": None}
     return {**blank, **{k: v for k, v in item.items() if k != "position"}}

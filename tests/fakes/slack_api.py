@@ -49,6 +49,7 @@ from tests.fakes.slack_events import (  # noqa: F401 (Slack's side: the tests' r
     TEAM,
     _serial,
     block_actions,
+    deleted_event,
     edited_event,
     envelope,
     message_event,

@@ -54,6 +54,15 @@ def edited_event(event: dict, text: str) -> dict:
             "event_ts": new_ts()}
 
 
+def deleted_event(event: dict) -> dict:
+    """message_deleted for `event` (a person's message): Slack's hidden message event with
+    the deleted message's ts in `deleted_ts` and the message itself in `previous_message`."""
+    return {"type": "message", "subtype": "message_deleted", "hidden": True, "channel": event["channel"],
+            "channel_type": event.get("channel_type", "channel"), "ts": new_ts(), "deleted_ts": event["ts"],
+            "event_ts": new_ts(), "previous_message": {k: v for k, v in event.items()
+                                                       if k not in ("channel", "channel_type", "event_ts")}}
+
+
 def envelope(event: dict, *, event_id: str | None = None) -> dict:
     return {"token": "legacy-verification-token", "team_id": TEAM, "api_app_id": "A0AGENTLOOP",
             "event": event, "type": "event_callback", "event_id": event_id or "Ev" + secrets.token_hex(5).upper(),

@@ -212,11 +212,20 @@ def test_a_thread_is_a_conversation_of_its_own_when_the_channel_says_so(client, 
     (slack_api.message_event(USER, "joined", subtype="channel_join"), "subtype:channel_join"),
     (slack_api.message_event(USER, "   "), "empty"),
     ({"type": "reaction_added", "user": USER, "reaction": "thumbsup"}, "event:reaction_added"),
-    ({"type": "message", "subtype": "message_deleted", "channel": DM, "deleted_ts": "1.2"}, "deleted"),
+    ({"type": "message", "subtype": "message_deleted", "channel": DM, "deleted_ts": "1.2",
+      "previous_message": {"bot_id": slack_api.BOT_ID, "user": slack_api.BOT_USER, "ts": "1.2"}}, "bot"),
 ])
 def test_what_is_not_acted_on_is_acknowledged_and_ignored(client, sl, event, why):
     response = signed_post(client, slack_api.envelope(event))
     assert response.status_code == 200 and response.json()["ignored"] == [why]
+    assert nothing_stored()
+
+
+def test_a_deletion_of_a_message_never_received_is_answered_and_audited(client, sl):
+    event = {"type": "message", "subtype": "message_deleted", "channel": DM, "deleted_ts": "1.2",
+             "previous_message": {"user": USER, "ts": "1.2", "text": "hola"}}
+    response = signed_post(client, slack_api.envelope(event))
+    assert response.status_code == 200 and response.json()["deletion"] == "unknown_message"
     assert nothing_stored()
 
 

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from conversations.deletions import Deletion
 from conversations.edits import Edit
 from conversations.ingest import Inbound
 from conversations.platforms.slack.names import PER_THREAD
@@ -52,6 +53,7 @@ class Parsed:
 
     messages: list = field(default_factory=list)  # Inbound
     edits: list = field(default_factory=list)  # Edit
+    deletions: list = field(default_factory=list)  # Deletion
     ignored: list = field(default_factory=list)  # why, one word each ("bot", "subtype:channel_join", …)
 
 
@@ -71,7 +73,7 @@ def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
     elif subtype == "message_changed":
         _edit(event, conversations, bot_user, found)
     elif subtype == "message_deleted":
-        found.ignored.append("deleted")  # the product has no rule for a deletion yet: noted, nothing undone
+        _deletion(event, conversations, bot_user, found)
     elif subtype not in PLAIN_SUBTYPES:
         found.ignored.append(f"subtype:{subtype}")
     else:
@@ -174,6 +176,26 @@ def _edit(event, conversations, bot_user, found):
                             source="slack",
                             chat_id=chat_of(channel_id, str(message.get("thread_ts") or ""), ts, conversations),
                             sender_id=str(message["user"])))
+
+
+def _deletion(event, conversations, bot_user, found):
+    """message_deleted: the deleted message's ts in `deleted_ts`, the message itself (who
+    wrote it, its thread) in `previous_message`. Our own replies deleted are not ours to
+    undo; a deletion without its author is checked against the stored message alone."""
+    previous = event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
+    channel_id = str(event.get("channel") or "")
+    ts = str(event.get("deleted_ts") or previous.get("ts") or "")
+    user = str(previous.get("user") or "")
+    if previous.get("bot_id") or (user and user == bot_user):
+        found.ignored.append("bot")
+        return
+    if not channel_id or not ts:
+        found.ignored.append("incomplete")
+        return
+    chat = chat_of(channel_id, str(previous.get("thread_ts") or ""), ts, conversations) if user else None
+    found.deletions.append(Deletion(platform_message_id=f"{channel_id}:{ts}",
+                                    deleted_at=moment(str(event.get("event_ts") or event.get("ts") or ""))
+                                    or datetime.now(UTC), source="slack", chat_id=chat, sender_id=user))
 
 
 def without_mention(text: str, bot_user: str) -> str:

@@ -32,8 +32,8 @@ from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from conversations import edits
-from conversations.ingest import admit, record_refusal, refusal
+from conversations import deletions, edits
+from conversations.ingest import Inbound, admit, record_refusal, refusal
 from conversations.models import Channel, Conversation
 from conversations.platforms.slack import inbound as parsing
 from conversations.platforms.slack.buttons import clicked
@@ -74,7 +74,7 @@ def prepare(slug, headers, body):
     """Everything before the admission (shared by the view and the lean ASGI path,
     conversations/lean_ingest.py): the channel, the signature, the envelope parsed.
     Returns the Answer to give at once, or (channel, Inbound) to admit, or (channel,
-    Edit) to apply. `headers`: lower-case names; `body` None when over the size limit."""
+    Edit or Deletion) to apply (`aside`). `headers`: lower-case names; `body` None when over the size limit."""
     channel, refused = _checked(slug, headers, body)
     if refused is not None:
         return refused
@@ -91,9 +91,11 @@ def prepare(slug, headers, body):
                                    channel, slack_channel, thread_ts))
     except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as exc:
         return error(400, f"not a Slack Events API envelope: {exc}")
-    found = parsed.messages + parsed.edits  # one event: one message, one edit, or nothing
+    found = parsed.messages + parsed.edits + parsed.deletions  # one event: one of them, or nothing
     if not found:
         return Answer(200, {"ok": True, "admitted": 0, "ignored": parsed.ignored})
+    if isinstance(found[0], deletions.Deletion):
+        return channel, found[0]  # ids only: an unknown one is audited as such
     problem = edits.refusal(found[0]) if isinstance(found[0], edits.Edit) else refusal(found[0])
     if problem:
         # 200 so Slack stops resending what no retry could store; audited.
@@ -120,6 +122,19 @@ def edited(result) -> Answer:
     return Answer(200, {"ok": True, "admitted": 0, "edits": 1, "edit": result.outcome, "duplicate": result.duplicate})
 
 
+def deleted(result) -> Answer:
+    """200 whatever the deletion did; one of a message we never received is audited and ignored."""
+    return Answer(200, {"ok": True, "admitted": 0, "deletions": 1, "deletion": result.outcome,
+                        "duplicate": result.duplicate})
+
+
+def aside(channel, item) -> Answer:
+    """What is not a new message: an edit or a deletion, each its own transaction."""
+    if isinstance(item, deletions.Deletion):
+        return deleted(deletions.apply(channel, item))
+    return edited(edits.apply(channel, item))
+
+
 @csrf_exempt
 @require_POST
 def events(request, slug):
@@ -131,8 +146,8 @@ def events(request, slug):
     if isinstance(prepared, Answer):
         return prepared.response()
     channel, item = prepared
-    if isinstance(item, edits.Edit):
-        return edited(edits.apply(channel, item)).response()
+    if not isinstance(item, Inbound):
+        return aside(channel, item).response()
     return admitted(admit(channel, item)).response()
 
 
