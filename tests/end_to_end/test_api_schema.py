@@ -136,7 +136,7 @@ def test_every_operation_is_true_to_the_schema_with_all_checks(key, in_process_t
         assert tested == {"stateful"}, tested
     else:
         # Every operation of the schema but the SSE stream (left out above).
-        assert len(operations) == 18, tested
+        assert len(operations) == 19, tested
         assert not [label for label in operations if label.endswith("/stream")]
     print(f"schemathesis {'+'.join(phases)}: {len(operations)} operations, 0 failures, "
           f"{time.monotonic() - started:.1f}s")
