@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value, When
+from django.db.models.lookups import GreaterThan
 from django.utils import timezone
 
 from agentloop.core.rows import Rare, postgresql
 from delivery import pacing, sql
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.ledger.outcomes import release
+from delivery.ledger.recoveries import settle_stale
 from delivery.ledger.replies import FRESHNESS, MAX_RESENDS, attempt_timeout, enabled
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 
@@ -59,8 +61,15 @@ def _claimable(now, dead_owners, boot):
 
 
 def _fresh(now):
-    """24 h from its creation, or from an operator's retry."""
-    return Q(created_at__gt=now - FRESHNESS) | Q(retried_at__gt=now - FRESHNESS)
+    """Within its channel's freshness (`Channel.recovery_freshness`, 24 h by default) of
+    its creation, or of an operator's retry. A correlated subquery on the channel, like
+    `_sendable`, so the claim's UPDATE keeps its state test in its own WHERE."""
+    return Q(_within_freshness(now, "created_at")) | Q(_within_freshness(now, "retried_at"))
+
+
+def _within_freshness(now, stamp):
+    reaches = ExpressionWrapper(OuterRef(stamp) + F("recovery_freshness"), output_field=DateTimeField())
+    return Exists(channel_model().objects.filter(GreaterThan(reaches, now), pk=OuterRef("channel_id")))
 
 
 def _sendable():
@@ -194,6 +203,7 @@ def _won(ids, request: ClaimRequest, channels):
     rows = list(OutboundMessage.objects.filter(pk__in=list(ids), claim_token=token))
     for row in rows:
         row.channel = channels[row.channel_id]
+    rows = settle_stale(rows, request.owner)
     _attach_buttons(rows)
     return rows
 
@@ -235,6 +245,8 @@ def claim_written(rows, owner, now=None, token=""):
     # web process committing back to back (12 % of the worker's samples, its completions
     # waiting). PostgreSQL's UPDATE queues on the rows alone.
     with nullcontext() if postgresql() else transaction.atomic():
+        # Rows written just now: younger than any channel's freshness (a minute at least),
+        # so the deployment's bound is the statement's, not each channel's.
         won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them

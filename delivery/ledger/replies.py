@@ -1,10 +1,12 @@
 """Replies written down: the pending rows, their chunks, and the ledger's bounds."""
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
+from django.utils import formats, timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
@@ -20,15 +22,41 @@ RECOVERY_MARKER = _("♻️ Recovered reply — this may repeat a message you al
 RECOVERY_PREFIX = "♻️ Recovered reply — this may repeat a message you already received.\n\n"  # English's
 
 
-def recovery_prefix(language) -> str:
-    """The marker a recovered reply starts with, in the language its row was written in."""
-    return languages.text_in(language, RECOVERY_MARKER) + "\n\n"
+# A recovered reply the conversation has moved past (a newer reply delivered since) says
+# when it was written (delivery/ledger/recoveries.py).
+DATED_RECOVERY_MARKER = _("♻️ Recovered reply from %(time)s — this may repeat a message you already received.")
+# The longest time a dated marker shows (another day's date and time), to leave room for.
+_LONGEST_TIME = datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+def recovery_prefix(language, written_at=None, time_zone="") -> str:
+    """The marker a recovered reply starts with, in the language its row was written in;
+    with `written_at`, the dated one: that time in `time_zone` (the channel's; empty: the
+    deployment's), as the language writes a time (another day's: its date and time)."""
+    if written_at is None:
+        return languages.text_in(language, RECOVERY_MARKER) + "\n\n"
+    return languages.text_in(language, lambda: DATED_RECOVERY_MARKER % {
+        "time": local_time(written_at, time_zone)}) + "\n\n"
+
+
+def local_time(moment, time_zone="") -> str:
+    """`moment` in `time_zone`: the time alone (24-hour, read alike in every language) on
+    the same local day as now, else the active language's short date before it."""
+    try:
+        zone = ZoneInfo(time_zone or settings.AGENTLOOP_DEFAULT_TIME_ZONE)
+    except (ValueError, ZoneInfoNotFoundError):
+        zone = ZoneInfo(settings.AGENTLOOP_DEFAULT_TIME_ZONE)
+    local = moment.astimezone(zone)
+    if local.date() == timezone.now().astimezone(zone).date():
+        return local.strftime("%H:%M")
+    return f"{formats.date_format(local, 'SHORT_DATE_FORMAT')} {local:%H:%M}"
 
 
 @cache
 def prefix_units() -> int:
-    """Room left in every chunk for the longest marker of any language."""
-    return max(chunks.units(recovery_prefix(code)) for code, _name in settings.LANGUAGES)
+    """Room left in every chunk for the longest marker of any language, dated or not."""
+    return max(chunks.units(prefix) for code, _name in settings.LANGUAGES
+               for prefix in (recovery_prefix(code), recovery_prefix(code, _LONGEST_TIME, "UTC")))
 MAX_RESENDS = 3
 BACKOFF = (timedelta(seconds=30), timedelta(minutes=2))  # resends 1 and 2; resend 3 waits for a start
 FRESHNESS = timedelta(hours=24)

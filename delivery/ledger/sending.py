@@ -10,7 +10,8 @@ from agentloop.core import tracing
 from audit.failpoints import failpoint
 from delivery import attachments, faults, pacing, templates
 from delivery.hooks import transport_for
-from delivery.ledger.replies import LATE_RESLOTS, parts, recovery_prefix
+from delivery.ledger.recoveries import label_of
+from delivery.ledger.replies import LATE_RESLOTS, parts
 from delivery.models import OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 
@@ -22,7 +23,7 @@ def text_to_send(row) -> str:
     """The chunk this attempt resumes at, labelled if its send may have happened before."""
     piece = parts(row)[row.chunks_delivered]
     text = attachments.describe(piece) if attachments.is_files(piece) else piece
-    return recovery_prefix(row.language) + text if row.needs_marker else text
+    return label_of(row) + text if row.needs_marker else text
 
 
 async def send_piece(transport, target, piece, label) -> SendResult:
@@ -84,7 +85,7 @@ async def _send(row, db=None) -> SendResult:
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
                         conversation_id=row.conversation_id,
                         buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
-        label = recovery_prefix(row.language) if index == first and row.needs_marker else ""
+        label = label_of(row) if index == first and row.needs_marker else ""
         sent_at = time.monotonic()
         if index == 0 and row.preview_message_id:
             result = await send_over_preview(db, row, target, pieces[index])
@@ -137,7 +138,7 @@ async def send_over_preview(db, row, target, piece) -> SendResult:
     if not await _note(db, row, preview_message_id=""):
         return SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
     row.needs_marker = maybe_landed and not gone.ok
-    return await send_piece(transport, target, piece, recovery_prefix(row.language) if row.needs_marker else "")
+    return await send_piece(transport, target, piece, label_of(row) if row.needs_marker else "")
 
 
 async def _slot_reached(db, row, pace, sent_at) -> bool:

@@ -46,7 +46,7 @@ def abandon_stale(now=None, dead_owners=()) -> int:
             if OutboundMessage.transition(row.pk, row.state, OutboundState.ABANDONED,
                                           where={"attempts": row.attempts}, next_attempt_at=None):
                 why = "resend budget spent" if row.attempts > row.extra_resends + MAX_RESENDS \
-                    else "older than 24 h"
+                    else f"older than {row.channel.recovery_freshness.total_seconds() / 3600:g} h (its channel's freshness)"
                 _audit_abandoned(row, f"{why}; last error: {row.last_error or '—'}")
                 abandoned += 1
     return abandoned
