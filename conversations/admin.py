@@ -191,7 +191,9 @@ class ChannelAdmin(admin.ModelAdmin):
         ("Agent", {"fields": ["agent", "agent_config"]}),
         *platform_fieldsets(),
         ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
-        ("Delivery", {"fields": ["send_blocked", "delivery_health"]}),
+        ("Delivery", {"fields": ["send_blocked", "delivery_health", "recovery_freshness", "stale_recoveries", "time_zone"],
+                      "description": "docs/ledger.md#the-rules: how long a reply may still go out, and a recovered "
+                                     "reply the conversation has moved past."}),
         ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
     ]
 
