@@ -375,6 +375,7 @@ AGENTLOOP_AGENTS = {
     "openai": "conversations.openai_agent.OpenAIAgent",
     "webhook": "conversations.remote_agents.WebhookAgent",
     "pull": "conversations.remote_agents.PullAgent",
+    "a2a": "conversations.a2a_agent.A2AAgent",
     **dict(
         item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item
     ),

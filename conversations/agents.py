@@ -1,5 +1,5 @@
 """Agents: what runs inside a turn, registered by name in settings.AGENTLOOP_AGENTS
-(echo, demo, openai, webhook, pull).
+(echo, demo, openai, webhook, pull, a2a).
 
 An agent gets the merged input (and can load the conversation's history). It acts on
 the world through `ctx.call_tool(name, arguments)`: the registry's tools behind the
@@ -60,6 +60,11 @@ class TurnContext:
     # Report the tokens a model request used (the provider's `usage`): the turn records
     # them for the contact's daily budget (conversations.limits).
     record_usage: Callable[[int], Awaitable[None]] | None = None
+    # What a remote agent keeps for this conversation between turns, under a key of its
+    # choosing (conversations.agent_sessions): `load_session(key)` -> its state ({} after
+    # a /reset), `save_session(key, state, new=…)`.
+    load_session: Callable[[str], Awaitable[dict]] | None = None
+    save_session: Callable[..., Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)

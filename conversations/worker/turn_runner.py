@@ -11,7 +11,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
-from conversations import console, engine, languages, limits, spans, turns
+from conversations import agent_sessions, console, engine, languages, limits, spans, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import ConversationState, Turn, TurnState
@@ -113,7 +113,9 @@ class TurnRunner:
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
                            load_tools=functools.partial(worker.tools.offered_for, conversation),
-                           record_usage=functools.partial(worker.db, limits.add_tokens, turn.pk))
+                           record_usage=functools.partial(worker.db, limits.add_tokens, turn.pk),
+                           load_session=functools.partial(worker.read, agent_sessions.load, conversation.pk),
+                           save_session=functools.partial(worker.db, agent_sessions.save, conversation.pk))
 
     async def settled_media(self, turn):
         """The turn's files once settled (fetched here if nobody has: conversations.worker.media)."""
