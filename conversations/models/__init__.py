@@ -6,7 +6,7 @@ a compare-and-swap `filter(pk=…, state__in=old).update(…)` that refuses a mo
 table does not allow.
 
 The package, by table: `channels`, `messages` (contacts, conversations, inbound
-messages), `buffers`, `media` (the files users send), `turns` (turns, worker heartbeats, context notes), `routing` (routing rules), `keys`,
+messages), `buffers`, `media` (the files users send), `turns` (turns, worker heartbeats, context notes), `routing` (routing rules), `reactions`, `keys`,
 `edits`. Every model is imported here, so Django finds them all; the migrations name
 the channel's callable defaults at this path (`conversations.models._default_greetings`,
 `_default_conjunctions`, `_platform_choices`), so they are imported here too.
@@ -20,6 +20,7 @@ from conversations.models.channels import (  # noqa: F401
     EditsPolicy,
     GroupReplies,
     StaleRecoveries,
+    StatusReaction,
     TypingMode,
     _default_conjunctions,
     _default_greetings,
@@ -36,5 +37,6 @@ from conversations.models.messages import (  # noqa: F401
     InboundMessage,
     MessageKind,
 )
+from conversations.models.reactions import InboundReaction, ReactionOutcome  # noqa: F401
 from conversations.models.routing import ContactAttribute, RoutingRule  # noqa: F401
 from conversations.models.turns import ContextNote, Turn, TurnState, WorkerHeartbeat  # noqa: F401

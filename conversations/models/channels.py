@@ -51,6 +51,14 @@ class StaleRecoveries(models.TextChoices):
     DROP = "drop", "Drop: abandoned (audited), not sent"
 
 
+class StatusReaction(models.TextChoices):
+    """A reaction agentloop puts on the person's message while it is being answered."""
+
+    OFF = "off", "Off"
+    SEEN_DONE = "seen_done", "👀 while the window and the turn run, then ✅ when answered"
+    SEEN = "seen", "👀 while the window and the turn run, removed when answered"
+
+
 class GroupReplies(models.TextChoices):
     """Which messages in a group chat the agent answers (the rest are kept as context)."""
 
@@ -147,6 +155,10 @@ class Channel(models.Model):
     )
     typing_mode = models.CharField(max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
     edits = models.CharField(max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
+    status_reaction = models.CharField(
+        max_length=16, choices=StatusReaction.choices, default=StatusReaction.OFF,
+        help_text="A \"seen\" reaction on the person's message (Telegram, Slack, WhatsApp), best effort "
+                  "(docs/buffer.md#reactions).")
     streaming = models.BooleanField(
         default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
                                 "or an edited preview in groups, web chat); the final reply goes through the "

@@ -1,0 +1,39 @@
+"""Reactions people put on the bot's messages (Telegram's message_reaction, Slack's
+reaction_added, WhatsApp's reaction messages) and what each did (conversations/reactions.py)."""
+
+from django.db import models
+from django.utils import timezone
+
+from conversations.models.messages import Conversation
+
+
+class ReactionOutcome(models.TextChoices):
+    NOTED = "noted", "Noted for the agent's next turn"
+    CONFIRMED = "confirmed", "Confirmed the question it was put on (👍)"
+    REJECTED = "rejected", "Declined the question it was put on (👎)"
+    ALREADY = "already", "On a question decided before"
+    NOT_YOURS = "not_yours", "On a question only the conversation's person may answer"
+    IGNORED = "ignored", "Not on a message of the bot's"
+
+
+class InboundReaction(models.Model):
+    """One reaction event. The unique (channel, key) — the platform's own id of the event
+    (Telegram's update_id, Slack's event_id, WhatsApp's message id) — *is* the dedup: a
+    redelivered webhook stops at its INSERT and adds no second note."""
+
+    channel = models.ForeignKey("Channel", on_delete=models.CASCADE, related_name="reactions", db_index=False)
+    key = models.CharField(max_length=200, help_text="The platform's id of the reaction event.")
+    conversation = models.ForeignKey(Conversation, null=True, blank=True, on_delete=models.CASCADE,
+                                     related_name="reactions", db_index=False)
+    platform_message_id = models.CharField(max_length=200, help_text="The message reacted to.")
+    emoji = models.CharField(max_length=64, blank=True, help_text="Empty: a reaction taken back.")
+    sender_id = models.CharField(max_length=100, blank=True)
+    outcome = models.CharField(max_length=16, choices=ReactionOutcome.choices)
+    reacted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["channel", "key"], name="reaction_applied_once")]
+        indexes = [models.Index(fields=["conversation", "reacted_at"], name="reaction_conversation_idx")]
+
+    def __str__(self):
+        return f"{self.emoji or 'reaction removed'} on {self.platform_message_id} ({self.outcome})"
