@@ -434,6 +434,7 @@ AGENTLOOP_TOOLS = [
     "tools.builtin.email.SendEmail",
     "tools.builtin.reminders.CreateReminder",
     "tools.builtin.handoff.Handoff",
+    "tools.builtin.handoff.HandoffToAgent",
     *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
 ]
 # How long an identical call waits for one in flight before answering "in progress".

@@ -12,6 +12,7 @@ from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import SECRET_NAME
 from conversations import erasure, platforms
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
+from conversations.admin_routing import RoutingRulesInAdmin
 from conversations.media import links
 from conversations.models import (
     AgentKey,
@@ -169,7 +170,7 @@ ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
 
 
 @admin.register(Channel)
-class ChannelAdmin(admin.ModelAdmin):
+class ChannelAdmin(RoutingRulesInAdmin, admin.ModelAdmin):
     form = ChannelForm
     list_display = ["slug", "name", "kind", "is_active", "send_blocked", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]
@@ -186,6 +187,8 @@ class ChannelAdmin(admin.ModelAdmin):
         ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode", "edits",
                                                                   "streaming"]}),
         ("Groups", {"fields": ["group_replies"]}),
+        ("Bots and loops", {"fields": ["allowed_bots", ("loop_max_replies", "loop_window_seconds")],
+                            "description": "docs/routing.md#bots"}),
         ("People in control", {"fields": ["handoff_idle_minutes", "turns_per_contact_per_hour",
                                           "tokens_per_contact_per_day"]}),
         ("Agent", {"fields": ["agent", "agent_config"]}),

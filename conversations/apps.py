@@ -21,7 +21,7 @@ class ConversationsConfig(AppConfig):
         # Imported here, not at the top: these modules import models, which the app
         # registry cannot give before it is ready.
         from agentloop.core import redaction
-        from conversations import handoff, languages, notes, platforms
+        from conversations import handoff, languages, notes, platforms, routing
         from delivery import hooks as delivery_hooks
         from tools import hooks as tools_hooks
 
@@ -30,4 +30,5 @@ class ConversationsConfig(AppConfig):
         delivery_hooks.register_platforms(platforms)
         delivery_hooks.register_languages(languages.of)
         tools_hooks.register(conversations=SimpleNamespace(
-            inform=notes.inform, conversation_for_key=_conversation_for_key, take_over=handoff.take_over))
+            inform=notes.inform, conversation_for_key=_conversation_for_key, take_over=handoff.take_over,
+            hand_to_agent=routing.hand_over_for_tool))

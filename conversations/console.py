@@ -5,8 +5,9 @@ from django.db.models import Count
 from django.utils import timezone
 
 from agentloop.core import big_tables, live
+from conversations.handoff import LOOP_BREAKER
 from conversations.media import links
-from conversations.models import BufferState, InboundMessage, MessageBuffer, Turn
+from conversations.models import BufferState, Conversation, ConversationState, InboundMessage, MessageBuffer, Turn
 
 
 def _iso(value):
@@ -114,3 +115,12 @@ def _file(file) -> dict | None:
         return None
     return {"id": file.pk, "kind": file.kind, "name": file.file_name, "state": file.state,
             "content_type": file.content_type, "url": links.path_for(file.pk)}
+
+
+def paused_by_loops(limit=50):
+    """Conversations the loop breaker paused (conversations.loops), newest first: each
+    waits for an operator to give it back. Read through the partial index of held ones."""
+    rows = (Conversation.objects.filter(state=ConversationState.PERSON, held_by=LOOP_BREAKER)
+            .select_related("channel", "contact").order_by("-held_at")[:limit])
+    return [{"conversation": c.pk, "channel": c.channel.slug, "contact": str(c.contact), "chat": c.chat_id,
+             "held_at": _iso(c.held_at)} for c in rows]

@@ -6,7 +6,7 @@ from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
 from audit.models import EventKind
-from conversations import turns
+from conversations import routing, turns
 from conversations.models import BufferState, Disposition, FlushReason, InboundMessage, MessageBuffer, Turn
 from delivery import ledger
 from delivery.models import OutboundKind
@@ -47,6 +47,7 @@ def handle(conversation, message, command, now=None):
         if command == "/reset":
             conversation.context_reset_at = now
             conversation.save(update_fields=["context_reset_at"])
+            routing.unpin(conversation.pk)  # an agent's handoff lasts until /reset
             reply = RESET
         else:
             reply = STOPPED if (dropped or stopped or unstoppable) else NOTHING_TO_STOP

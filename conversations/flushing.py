@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agentloop.core import metrics, rows
 from audit.failpoints import after_commit
-from conversations import console, groups, liveness, spans, sql, turns, windows
+from conversations import console, groups, liveness, routing, spans, sql, turns, windows
 from conversations.models import (
     BufferState,
     FlushReason,
@@ -212,7 +212,10 @@ def _first_beyond(messages, limit):
 
 def _turn_for(buffer, messages, now):
     last = messages[-1] if messages else None
+    # Its agent: the first routing rule that matches, else the channel's (conversations.routing).
+    rule, route = routing.choose(buffer.conversation, messages)
     return Turn(
+        routing_rule=rule, route=route,
         conversation=buffer.conversation, buffer=buffer, created_at=now, flush_reason=buffer.flush_reason,
         merged_input=clip(groups.with_context(buffer, merge(messages, buffer.conversation.is_group,
                                                             buffer.carried_turn), now),

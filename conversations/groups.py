@@ -23,6 +23,9 @@ from conversations.models import (
     Turn,
 )
 
+# Messages stored, never answered, that the group's next addressed turn reads: the
+# unaddressed ones, and those of bots the channel does not allow (conversations.loops).
+KEPT_AS_CONTEXT = (Disposition.CONTEXT, Disposition.BOT)
 CONTEXT_HEADER = "[Earlier in the group, not addressed to you]"
 ADDRESSED_HEADER = "[Addressed to you]"
 
@@ -68,7 +71,7 @@ def context_lines(buffer, now) -> list[str]:
                  .values_list("created_at", flat=True).first())
     found = (InboundMessage.objects.filter(channel_id=conversation.channel_id,
                                            conversation__chat_id=conversation.chat_id, received_at__lte=now)
-             .filter(disposition=Disposition.CONTEXT) | InboundMessage.objects.filter(
+             .filter(disposition__in=KEPT_AS_CONTEXT) | InboundMessage.objects.filter(
                  channel_id=conversation.channel_id, conversation__chat_id=conversation.chat_id,
                  received_at__lte=now, buffer__state=BufferState.OPEN, disposition=Disposition.BUFFERED))
     # A message its sender deleted is no one's context (conversations.deletions).

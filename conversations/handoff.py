@@ -39,6 +39,8 @@ from delivery import ledger
 from delivery.models import OutboundKind
 
 PERSON_OWNER = "person:"
+# Who holds a conversation the loop breaker paused (conversations.loops).
+LOOP_BREAKER = "loop breaker"
 
 
 class NotHeld(Exception):
@@ -127,6 +129,8 @@ def held_with_idle_time():
     conversation whose channel gives it back when idle: read through the partial index of
     held conversations (`conversation_held_idx`), whatever the number of the others."""
     held = Conversation.objects.filter(state=ConversationState.PERSON, channel__handoff_idle_minutes__gt=0)
+    # The loop breaker's pause waits for an operator (conversations.loops): nobody is idle.
+    held = held.exclude(held_by=LOOP_BREAKER)
     return held.values_list("pk", "channel__handoff_idle_minutes", "person_active_at")
 
 
@@ -163,6 +167,10 @@ def _thread_of(conversation):
 
 
 def _what_happened(conversation, by, now):
+    if conversation.held_by == LOOP_BREAKER:
+        return (f"This conversation was paused at {conversation.held_at:%Y-%m-%d %H:%M} UTC because you were "
+                "replying to another bot in a loop, without a human message; an operator let you answer again "
+                f"at {now:%H:%M} UTC. Do not keep answering the other bot back and forth.")
     replies = Turn.objects.filter(conversation=conversation, owner__startswith=PERSON_OWNER,
                                   created_at__gte=conversation.held_at or now).count()
     unanswered = _held_texts(conversation)

@@ -102,7 +102,7 @@ def start_many(turn_ids, owner, now=None):
         for turn_id in turn_ids:
             start(turn_id, owner, now)
     return list(Turn.objects.filter(pk__in=turn_ids, state=TurnState.RUNNING, owner=owner, started_at=now)
-                .select_related("conversation__channel"))
+                .select_related("conversation__channel", "routing_rule"))
 
 
 # Owners of turns handed to an external agent: "agent:<key id>" (a pull agent that

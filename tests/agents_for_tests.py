@@ -56,3 +56,16 @@ class EchoFileAgent(EchoAgent):
         if "the file" not in ctx.text:
             return answer
         return Answer(answer.text, (File("notes.txt", f"Your notes: {ctx.text}\n".encode()),))
+
+
+class NamedEchoAgent(Agent):
+    """An echo that says who it is (`named=tests.agents_for_tests.NamedEchoAgent`): its
+    config's `name`, then the last line it read (a group turn's last line is the burst
+    addressed to it), after an @mention of its config's `mention` if any — two of them
+    in a group mention each other back and forth (tests/end_to_end/test_bot_loops.py)."""
+
+    async def respond(self, ctx: TurnContext) -> str:
+        lines = ctx.text.strip().splitlines()
+        said = f"({ctx.config.get('name', 'echo')}) {lines[-1][-120:] if lines else ''}".strip()
+        mention = ctx.config.get("mention")
+        return f"@{mention} {said}" if mention else said

@@ -5,7 +5,8 @@
   message to the user: conversations.notes); `conversation_for_key` — the conversation
   an agent key names in an API request, if it is in one of the key's channels
   (conversations.api); `take_over` — the `handoff` tool hands the conversation to a
-  person (conversations.handoff);
+  person (conversations.handoff); `hand_to_agent` — the `handoff_to_agent` tool pins
+  the conversation to another agent (conversations.routing);
 - inside tools, whose modules stand confirmations → approvals → guard (tools'
   `AppConfig.ready()`): the guard opens, expires and sweeps proposals (tools.approvals,
   which runs an approved proposal through the guard); approvals asks the user in the
@@ -50,6 +51,11 @@ def conversation_for_key(key, conversation_id):
 
 def take_over(conversation_id, *, by: str, reason: str = "") -> bool:
     return _of("conversations").take_over(conversation_id, by=by, reason=reason)
+
+
+def hand_to_agent(conversation_id, agent: str, reason: str = "") -> tuple[bool, str]:
+    """(moved, "") or (False, why not): conversations.routing.hand_over_for_tool."""
+    return _of("conversations").hand_to_agent(conversation_id, agent, reason)
 
 
 # --- approvals (for the guard) -----------------------------------------------------------------

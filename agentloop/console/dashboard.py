@@ -45,6 +45,8 @@ def _picture(now) -> dict:
         "now": now.isoformat(),
         "buffers": conversations_console.open_buffers(),
         "turns": conversations_console.turns_in_flight(),
+        # Conversations the loop breaker paused, waiting for an operator (docs/people-in-control.md).
+        "paused": conversations_console.paused_by_loops(),
         "proposals": tools_console.pending_proposals(),
         "ledger": delivery_console.replies_by_state(),
         "backlog": delivery_console.backlog(),

@@ -28,6 +28,10 @@ MESSAGES_PER_TURN = Histogram("agentloop_messages_per_turn", "Messages merged in
 TURN_SECONDS = Histogram("agentloop_turn_duration_seconds", "From a turn's start to its end written down, by how "
                          "it ended (done, failed).", ["state"],
                          buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+BOT_MESSAGES_IGNORED = Counter("agentloop_bot_messages_ignored", "Messages from bots a channel does not allow, "
+                               "stored as context and not answered.")
+LOOPS_BROKEN = Counter("agentloop_loops_broken", "Conversations the loop breaker paused: more agent replies than the "
+                       "channel's bound within its window, without a human message.")
 
 # --- an action asked twice is done once (tools) -----------------------------------------
 ACTIONS_CLAIMED = Counter("agentloop_actions_claimed", "Effectful tool calls the guard let through (a new claim), "

@@ -16,7 +16,7 @@ from agentloop.core.rows import aware, insert
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
-from conversations import console, control, sql, windows
+from conversations import console, control, loops, sql, windows
 from conversations.ingest import spans
 from conversations.ingest.double_texting import double_text
 from conversations.ingest.refusal import refusal
@@ -125,6 +125,10 @@ def _admit_in_transaction(channel, inbound, now, created=None):
         # A person holds it (conversations.handoff): stored and shown, never a turn, a
         # command's answer or any other text from us — whatever arrives.
         return _held(Arrival(channel, conversation, inbound, now))
+    if inbound.is_bot:
+        bot = _from_a_bot(Arrival(channel, conversation, inbound, now))
+        if bot is not None:
+            return bot
     command = control.parse(inbound.text) if not inbound.media_type else None
     arrival = Arrival(channel, conversation, inbound, now)
     running = conversation.running_turn_id
@@ -184,6 +188,22 @@ def _held(arrival):
     admission = Admission(duplicate=False, conversation_id=arrival.conversation.pk, message_id=message.pk)
     admission.disposition = Disposition.HELD
     return admission
+
+
+def _from_a_bot(arrival):
+    """A bot's message (conversations.loops): kept as context if the channel does not allow
+    the bot; held if its conversation is paused now by the loop breaker; else None (admitted
+    as a person's)."""
+    if not loops.bot_allowed(arrival.channel, arrival.inbound):
+        message = _store_once(arrival, None, None, Disposition.BOT)
+        if message is None:
+            return Admission(duplicate=True, conversation_id=arrival.conversation.pk)
+        loops.bot_ignored(arrival.conversation, message)
+        return Admission(duplicate=False, conversation_id=arrival.conversation.pk, message_id=message.pk,
+                         disposition=Disposition.BOT)
+    if loops.breaks_the_loop(arrival.conversation, arrival.now):
+        return _held(arrival)
+    return None
 
 
 def _buffered(admission, buffer):
@@ -308,7 +328,7 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
         text=inbound.text, media_type=inbound.media_type, album_id=inbound.album_id,
         sender_name=inbound.sender_name[:200], reply_target=inbound.reply_target, mentioned=inbound.mentioned,
         thread_id=inbound.thread_id, sent_at=inbound.sent_at, received_at=arrival.now,
-        traceparent=inbound.traceparent,
+        traceparent=inbound.traceparent, from_bot=True if inbound.is_bot else None,
         # Its file's row, written now (in this transaction); fetched later by a worker.
         media_file_id=media_files.file_id_for(arrival.channel, inbound.media, arrival.now) if inbound.media else None,
     )

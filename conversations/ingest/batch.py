@@ -188,8 +188,8 @@ def _admit_first_messages(requests, created, now) -> dict:
     plain, seen = {}, set()
     for i, conversation in created.items():
         channel, inbound = requests[i]
-        if (channel.pk, inbound.platform_message_id) in seen:
-            continue
+        if (channel.pk, inbound.platform_message_id) in seen or inbound.is_bot:
+            continue  # a bot's message is admitted alone: conversations.loops decides
         if not inbound.media_type and (control.parse(inbound.text)
                                        or confirmations.answer_from_text(channel, conversation, inbound.text)):
             continue

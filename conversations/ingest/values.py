@@ -47,6 +47,9 @@ class Inbound:
     # In a group: addressed to the agent (a mention, a reply to it)? None: the platform
     # does not say, and the message counts as addressed.
     mentioned: bool | None = None
+    # Sent by a bot (Telegram's from.is_bot, Slack's bot_id, the API's is_bot): a turn
+    # only where the channel allows that bot (conversations.loops).
+    is_bot: bool = False
     # Its admission span's traceparent (agentloop.core.tracing), stored with it; None
     # while tracing is off. Set by the admission, never by a platform.
     traceparent: str | None = None

@@ -5,6 +5,7 @@ matches chooses the agent, and a turn no rule matches goes to the channel's own 
 A rule with no criterion never matches by itself: it is an agent another agent can hand
 a conversation to (the handoff_to_agent tool)."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -48,10 +49,23 @@ class RoutingRule(models.Model):
         return self.name
 
     def clean(self):
-        from conversations.routing import agent_problem
-
         problem = agent_problem(self.agent, self.agent_config)
         if problem:
             raise ValidationError({"agent": problem})
         if bool(self.contact_attribute) != bool(self.contact_value):
             raise ValidationError({"contact_value": "a contact attribute and its value go together"})
+
+
+def agent_problem(agent, config) -> str:
+    """Why a rule may not choose this agent ("" when it may)."""
+    from conversations.agents import validate_agent_config
+
+    if agent not in settings.AGENTLOOP_AGENTS:
+        return f"unknown agent {agent!r}; known: {', '.join(sorted(settings.AGENTLOOP_AGENTS))}"
+    if agent == "pull":  # conversations.turns.PULL_AGENT (which imports these models)
+        return "a pull agent claims a channel's turns through the API: it is a channel's agent, not a rule's"
+    try:
+        validate_agent_config(config)
+    except ValidationError as exc:
+        return "; ".join(exc.messages)
+    return ""

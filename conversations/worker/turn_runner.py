@@ -11,7 +11,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from audit.failpoints import failpoint
-from conversations import agent_sessions, console, engine, languages, limits, spans, turns
+from conversations import agent_sessions, console, engine, languages, limits, routing, spans, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import ConversationState, Turn, TurnState
@@ -128,7 +128,7 @@ class TurnRunner:
         """Run a turn under its span (agentloop.core.tracing: the child of its flush's);
         its reply, written down, is sent after the span ends — each send its own span,
         the child of this one through the ledger row."""
-        with spans.turn(turn, turn.conversation.channel.agent) as span:
+        with spans.turn(turn, routing.agent_of(turn)[0]) as span:
             self.traceparents[turn.pk] = span.traceparent
             outbound = await self.ran(turn, span)
         if outbound is not None:
@@ -137,18 +137,21 @@ class TurnRunner:
     async def ran(self, turn, span):
         """The turn run and its end written down: its reply row to send, or None."""
         channel = turn.conversation.channel
+        # A routing rule's agent, or the channel's own (conversations.routing).
+        agent_name, agent_config = routing.agent_of(turn)
         state, reply, outcome = TurnState.DONE, "", ""
-        deadline = deadline_for(channel.agent_config)
+        deadline = deadline_for(agent_config)
         stream = None
         try:
             if limits.applies(channel) and await self.worker.db(limits.hold_if_over, turn):
                 raise TurnCancelled("its contact is over a limit")  # stored, audited, noticed once
             context = self.context(turn)
+            context.config = agent_config
             if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
                 context.media = await self.settled_media(turn)
-            agent = agent_for(channel.agent)
+            agent = agent_for(agent_name)
             stream = streams.open_stream(self.worker, turn, agent, context)
-            with spans.agent_call(channel.agent, channel.agent_config, stream is not None):
+            with spans.agent_call(agent_name, agent_config, stream is not None):
                 if stream is None:
                     answer = await asyncio.wait_for(agent.respond(context), deadline)
                 else:
@@ -175,13 +178,13 @@ class TurnRunner:
             return None
         except TimeoutError:
             # Never re-run: it may have acted before it went quiet.
-            log.warning("turn %s: agent %s gave no answer within %g s", turn.pk, channel.agent, deadline)
+            log.warning("turn %s: agent %s gave no answer within %g s", turn.pk, agent_name, deadline)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: no answer within {deadline:g} s"
         except AgentUnavailable as exc:
-            log.warning("turn %s ended without an answer from agent %s: %s", turn.pk, channel.agent, exc)
+            log.warning("turn %s ended without an answer from agent %s: %s", turn.pk, agent_name, exc)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"agent unavailable: {exc}"
         except Exception as exc:
-            log.exception("turn %s failed in agent %s", turn.pk, channel.agent)
+            log.exception("turn %s failed in agent %s", turn.pk, agent_name)
             state, reply, outcome = TurnState.FAILED, APOLOGY, f"{type(exc).__name__}: {exc}"
         finally:
             # Before the reply goes out: no indicator after it.

@@ -121,7 +121,7 @@ def test_without_a_name_lists_every_policy():
     lines = run().splitlines()
     assert [line.split()[0] for line in lines] == ["calendar_create_event", "calendar_delete_event",
                                                    "calendar_list_events", "email_send", "ext:7:refund", "handoff",
-                                                   "reminder_create"]
+                                                   "handoff_to_agent", "reminder_create"]
     [ext] = [line for line in lines if line.startswith("ext:7:refund")]
     assert "approval operator" in ext and "max/hour 2 " in ext
     assert "approval none" in lines[0] and "max/hour no limit" in lines[0] and " enabled " in lines[0]

@@ -230,6 +230,10 @@ class FakeBotAPI(FakeServer):
         self._drafts: dict[tuple[str, int, int], str] = {}
         self.deleted: list[dict[str, Any]] = []
         self.downloads: list[str] = []  # file_ids downloaded, in order
+        # Each bot's username (name_bot; BOT_USERNAME for the others), and the groups where
+        # one bot's messages reach the others (relay).
+        self._usernames: dict[str, str] = {}
+        self._relays: dict[int, tuple[str, ...]] = {}
         for method, handler in {
             "getMe": self._api_get_me,
             "sendMessage": self._api_send_message,
@@ -416,6 +420,32 @@ class FakeBotAPI(FakeServer):
         message.update(extra)
         return self.push_update(token, {"message": message})
 
+    def name_bot(self, token: str, username: str) -> None:
+        """The bot behind `token` is @username (getMe, its messages' `from`)."""
+        with self._cond:
+            self._usernames[token] = username
+
+    def relay(self, chat_id: int, tokens: tuple[str, ...] | list[str]) -> None:
+        """Bots in one group: what one of `tokens` sends to `chat_id` reaches the others as
+        an update (for getUpdates), from that bot, with Telegram's mention entities for
+        the @usernames in its text."""
+        with self._cond:
+            self._relays[int(chat_id)] = tuple(tokens)
+
+    def _relayed(self, token: str, message: dict[str, Any]) -> None:
+        """Deliver a bot's message in a relayed group to the group's other bots."""
+        bots = self._relays.get(int(message["chat"]["id"]), ())
+        if token not in bots:
+            return
+        others = [t for t in bots if t != token]
+        copied = {**copy.deepcopy(message), "chat": {**message["chat"], "title": "Test chat"}}
+        copied.pop("reply_markup", None)
+        entities = _mention_entities(copied["text"])
+        if entities:
+            copied["entities"] = entities
+        for other in others:
+            self.push_update(other, {"message": copied})
+
     def _pending(self, token: str) -> list[dict]:
         history = self._history.get(token, [])
         if self._forget_offsets:
@@ -582,7 +612,7 @@ class FakeBotAPI(FakeServer):
             "id": bot_id,
             "is_bot": True,
             "first_name": BOT_FIRST_NAME,
-            "username": BOT_USERNAME,
+            "username": self._usernames.get(token, BOT_USERNAME),
             "can_join_groups": True,
             "can_read_all_group_messages": False,
             "supports_inline_queries": False,
@@ -627,6 +657,7 @@ class FakeBotAPI(FakeServer):
             message["reply_markup"] = markup  # Telegram echoes inline keyboards only
         with self._cond:
             self._sent[(token, chat_id, message["message_id"])] = copy.deepcopy(message)
+        self._relayed(token, message)
         return message
 
     # ------------------------------------------------------------ uploads
@@ -889,9 +920,10 @@ class FakeBotAPI(FakeServer):
             return pending[:limit]
 
     def _take_message_id(self, token: str, chat_id: int, wanted: int | None = None) -> int:
-        """Next message_id in a chat; bot and user messages share one sequence."""
+        """Next message_id in a chat; bot and user messages share one sequence (every bot
+        of a relayed group too: the chat's ids are the same for all its members)."""
         with self._cond:
-            key = (token, chat_id)
+            key = ("relay", chat_id) if token in self._relays.get(chat_id, ()) else (token, chat_id)
             next_id = self._next_message_id.get(key, 1)
             message_id = wanted if wanted is not None else next_id
             self._next_message_id[key] = max(next_id, message_id + 1)
@@ -1243,6 +1275,15 @@ def _as_float(value: Any, default: float) -> float:
         return default
 
 
+def _mention_entities(text: str) -> list[dict[str, Any]]:
+    """Telegram's `mention` entities of the @usernames in a text (offsets in UTF-16 code units)."""
+    found = []
+    for match in re.finditer(r"@[A-Za-z0-9_]{5,32}", text):
+        offset = len(text[:match.start()].encode("utf-16-le")) // 2
+        found.append({"type": "mention", "offset": offset, "length": len(match.group().encode("utf-16-le")) // 2})
+    return found
+
+
 # ---------------------------------------------------------------------- CLI
 
 
@@ -1274,3 +1315,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

@@ -9,6 +9,9 @@ from conversations import engine
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Conversation, InboundMessage, MessageBuffer, Turn
 
+# The channel form's inline of routing rules (conversations.admin_routing), posted empty.
+NO_RULES = {"routing_rules-TOTAL_FORMS": "0", "routing_rules-INITIAL_FORMS": "0"}
+
 pytestmark = pytest.mark.django_db
 
 
@@ -46,9 +49,28 @@ def test_debounce_settings_edited_in_the_admin_apply_to_the_next_message(operato
     url = reverse("admin:conversations_channel_change", args=[channel.pk])
     form = operator.get(url).context["adminform"].form
     data = {k: v for k, v in form.initial.items() if v is not None}
-    data.update({"window_closed": "0.5", "agent_config": "{}", "double_texting": "reject"})
+    data.update({"window_closed": "0.5", "agent_config": "{}", "double_texting": "reject", **NO_RULES})
     response = operator.post(url, data)
     assert response.status_code == 302, response.context["adminform"].form.errors
     admission = admit(Channel.objects.get(pk=channel.pk),
                       Inbound(platform_message_id="3", chat_id="7", sender_id="7", text="¿listo?"))
     assert admission.window_seconds == 0.5
+
+
+def test_routing_rules_are_edited_inline_on_the_channel_and_each_save_is_audited(operator, history):
+    from audit.models import AuditEvent, EventKind
+    from conversations.models import RoutingRule
+
+    channel = Channel.objects.get(slug="shop")
+    url = reverse("admin:conversations_channel_change", args=[channel.pk])
+    form = operator.get(url).context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None} | {"agent_config": "{}"}
+    rule = {"routing_rules-TOTAL_FORMS": "1", "routing_rules-INITIAL_FORMS": "0", "routing_rules-0-position": "1",
+            "routing_rules-0-name": "sales", "routing_rules-0-keywords": "precio", "routing_rules-0-agent": "echo",
+            "routing_rules-0-agent_config": "{}"}
+    refused = operator.post(url, data | rule | {"routing_rules-0-agent": "pull"})
+    assert refused.status_code == 200 and "not a rule" in refused.content.decode()
+    assert operator.post(url, data | rule).status_code == 302
+    assert list(RoutingRule.objects.values_list("name", "keywords", "agent")) == [("sales", "precio", "echo")]
+    [event] = AuditEvent.objects.filter(kind=EventKind.ROUTING_CHANGED)
+    assert event.summary == "+sales" and event.actor.startswith("admin:") and event.channel_slug == "shop"

@@ -18,6 +18,7 @@ from conversations.models import Channel
 from conversations.platforms.telegram.transport import close_bots
 from delivery.models import Outcome
 from delivery.transports import Target
+from tests.unit.test_admin import NO_RULES
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +44,7 @@ def change_page(operator, channel):
     page = operator.get(url)
     assert page.status_code == 200
     form = page.context["adminform"].form
-    data = {k: v for k, v in form.initial.items() if v is not None}
+    data = {k: v for k, v in form.initial.items() if v is not None} | NO_RULES
     data["agent_config"] = form["agent_config"].value()  # the textarea's text, as the browser posts it
     if not isinstance(data["agent_config"], str):
         data["agent_config"] = json.dumps(data["agent_config"])

@@ -18,6 +18,7 @@ from conversations.models import AgentKey, Channel, Turn
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import SendResult
+from tests.unit.test_admin import NO_RULES
 from tools import guard
 from tools.models import ActionClaim, ClaimState, Proposal, ProposalState, ToolPolicy
 from tools.registry import Scope
@@ -224,7 +225,7 @@ def test_an_operator_edits_a_channel_without_seeing_its_secrets(operator, histor
     form = page.context["adminform"].form
     data = {k: v for k, v in form.initial.items() if v is not None}
     data.update({"telegram_bot_token": "", "telegram_webhook_secret": "", "agent_config": '{"url": "https://a.example.com"}',
-                 "window_closed": "0.7"})
+                 "window_closed": "0.7", **NO_RULES})
     response = operator.post(url, data)
     assert response.status_code == 302, response.context["adminform"].form.errors
     channel.refresh_from_db()

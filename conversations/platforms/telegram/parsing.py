@@ -71,6 +71,7 @@ def inbound_from_update(update: telegram.Update, bot=None) -> Inbound | None:
         sent_at=message.date,
         media=media_ref(message, media),
         language=sender.language_code or "",
+        is_bot=bool(sender.is_bot),
     )
 
 
