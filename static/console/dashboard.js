@@ -67,6 +67,10 @@
       el("td", {}, b.per_second ? `${b.per_second}/s` : "unpaced",
         b.paused_seconds > 1 ? el("span", {class: "pill pill-wait", title: "the platform asked us to wait (429)"}, ` paused ${b.paused_seconds} s`) : null),
       el("td", {}, b.drain_seconds === null ? "—" : `${b.drain_seconds} s`))));
+    // Conversations the loop breaker holds until an operator gives them back (docs/people-in-control.md).
+    section("paused", data.paused).replaceChildren(...data.paused.map((p) => el("li", {},
+      C.link("conversation", p.conversation, `${p.contact} @ ${p.channel}`), " ", story(p.conversation), " ",
+      el("span", {class: "muted"}, `paused ${C.since(p.held_at)} ago`))));
     section("duplicates", data.duplicates).replaceChildren(...data.duplicates.map((d) => el("li", {},
       C.link("duplicate", d.id, d.summary || d.tool || "duplicate"), " ",
       el("span", {class: "muted"}, `${C.since(d.at)} ago`))));
