@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
 from django.utils import timezone
 
 from conversations import agent_sessions
@@ -14,11 +15,23 @@ from conversations.agents import AgentUnavailable, TurnContext
 from tests.end_to_end.test_a2a_agent import KEY, Desk
 
 
+def on_a_thread(fn):
+    """`fn` on asgiref's thread, as the worker's database threads run it; that thread's
+    connection closed after each call (PostgreSQL drops no test database someone is in)."""
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(run)
+
+
 def context(conversation, config, text="hola", turn_id=1):
     return TurnContext(turn_id=turn_id, conversation_id=conversation.pk, channel_slug=conversation.channel.slug,
                        text=text, config=config,
-                       load_session=sync_to_async(lambda key: agent_sessions.load(conversation.pk, key)),
-                       save_session=sync_to_async(lambda key, state, new: agent_sessions.save(
+                       load_session=on_a_thread(lambda key: agent_sessions.load(conversation.pk, key)),
+                       save_session=on_a_thread(lambda key, state, new: agent_sessions.save(
                            conversation.pk, key, state, new=new)))
 
 
