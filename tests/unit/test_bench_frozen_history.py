@@ -21,6 +21,9 @@ def test_what_the_run_keeps_is_frozen_as_it_grows_and_the_freezing_stops_with_th
         after = gc.get_freeze_count()
         kept.extend([n] for n in range(1000))
         gc.collect(0)
-        assert gc.get_freeze_count() == after  # nothing frozen once the run is over
+        # Nothing frozen once the run is over. The count may fall: a frozen object that
+        # another thread of this process lets go of (a fake server's, a finished test's)
+        # leaves the permanent generation (CI saw 3 fewer).
+        assert gc.get_freeze_count() <= after
     finally:
         gc.unfreeze()
