@@ -44,6 +44,8 @@ class EventKind(models.TextChoices):
     REPLY_FAILED_AFTER_SEND = "reply_failed_after_send", "Reply not delivered after all (platform receipt)"
     # Operations
     CONTACT_ERASED = "contact_erased", "A person's data erased on request"
+    AGENT_KEY_ISSUED = "agent_key_issued", "An agent key was issued (its secret shown once)"
+    AGENT_KEY_REVOKED = "agent_key_revoked", "An agent key was revoked"
 
 
 class AuditEvent(models.Model):
