@@ -1,5 +1,7 @@
 from django.contrib import admin
-from django.urls import path
+from django.templatetags.static import static
+from django.urls import path, reverse_lazy
+from django.views.generic.base import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agentloop.console import metrics as console_metrics
@@ -16,8 +18,13 @@ from tools import views as tools_views
 admin.site.site_header = "agentloop"
 admin.site.site_title = "agentloop"
 admin.site.index_title = "Operations"
+admin.site.site_url = reverse_lazy("console-dashboard")  # "View site": the console, not a 404
+
 
 urlpatterns = [
+    path("", console_views.home, name="home"),
+    # Browsers ask for /favicon.ico where a page names no icon (the API's JSON, a file).
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
     path("console/", console_views.dashboard, name="console-dashboard"),
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),

@@ -1,7 +1,10 @@
-"""Helpers for the end-to-end tests: Telegram updates sent to the real web server."""
+"""Helpers for the end-to-end tests: Telegram updates sent to the real web server, and an
+operator logged in to it."""
 
 import itertools
 import time
+
+import httpx
 
 from tests import local_http
 
@@ -47,3 +50,15 @@ def telegram_channel(make_channel, fake, slug="tg", mode="webhook", extra=None, 
     fields.setdefault("group_replies", "always")
     return make_channel(slug, kind="telegram", platform_settings={
         "bot_token": TOKEN, "webhook_secret": SECRET, "api_base": fake.url, "mode": mode, **(extra or {})}, **fields)
+
+
+def operator_session(web, username, password):
+    """An HTTP client logged in through the admin's login form, as a browser is (django-axes
+    watches that form); its `cookies["csrftoken"]` goes with each POST."""
+    client = httpx.Client(base_url=web.url, timeout=30)
+    client.get("/admin/login/")
+    response = client.post("/admin/login/", data={
+        "username": username, "password": password, "next": "/admin/",
+        "csrfmiddlewaretoken": client.cookies["csrftoken"]})
+    assert response.status_code == 302, response.text
+    return client

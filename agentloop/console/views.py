@@ -4,6 +4,7 @@ import uuid
 
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
@@ -35,6 +36,16 @@ def _admin_links():
 def _require(request, permission):
     if not allowed(request.user, permission):
         raise PermissionDenied(f"the console needs the permission {permission}")
+
+
+def home(request):
+    """`/`: the live dashboard for an operator who may see it, the admin for other staff,
+    and the admin's login for anyone else, which comes back to the dashboard."""
+    if allowed(request.user, DASHBOARD_PERMISSION):
+        return redirect("console-dashboard")
+    if allowed(request.user, None):
+        return redirect("admin:index")
+    return redirect_to_login(reverse("console-dashboard"), reverse("admin:login"))
 
 
 @staff_member_required

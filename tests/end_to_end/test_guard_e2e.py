@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from audit.models import AuditEvent, EventKind
 from tests import local_http
 from tests.conftest import wait_until
+from tests.e2e import operator_session
 from tests.fakes.smtp_server import FakeSMTP
 from tools.models import ActionClaim, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
 
@@ -59,16 +60,6 @@ def test_64_concurrent_identical_calls_make_one_effect(processes, key, conversat
     assert AuditEvent.objects.filter(kind=EventKind.DUPLICATE_PREVENTED).count() == 63
     done = next(r.json() for r in responses if r.json()["status"] == "done")
     assert all(r.json()["original"]["claim"] == done["claim"] for r in responses if r.json()["duplicate"])
-
-
-def operator_session(web, username, password):
-    client = httpx.Client(base_url=web.url, timeout=30)
-    client.get("/admin/login/")
-    response = client.post("/admin/login/", data={
-        "username": username, "password": password, "next": "/admin/",
-        "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-    assert response.status_code == 302, response.text
-    return client
 
 
 def test_two_operators_applying_at_once_run_it_once(processes, key, conversation):
