@@ -103,6 +103,16 @@ class Transport(abc.ABC):
         """The limits a send into `chat_id` falls under (delivery.pacing); None: unpaced."""
         return None
 
+    # --- status reactions on the person's message (conversations/worker/reactions.py) ----
+    # (seen, done): the emoji as this platform names them; None: it has no reactions.
+    status_reactions: tuple[str, str] | None = None
+
+    async def set_reaction(self, target: Target, message_id: str, emoji: str, previous: str = "") -> None:
+        """Our reaction on the person's message `message_id` becomes `emoji` ("": none),
+        `previous` being the one we put there before ("": none). Raises on failure: the
+        caller is best effort."""
+        raise NotImplementedError
+
     # --- streamed replies (delivery.previews, docs/streaming.md) ------------------------
     def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
         """How this chat shows a reply while it is written; None: it does not (the

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from django.conf import settings
+from django.db.models import Q
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.rows import epoch
@@ -42,12 +43,14 @@ from conversations import sql
 from conversations.models import (
     Channel,
     GroupReplies,
+    StatusReaction,
     TypingMode,
     WorkerHeartbeat,
 )
 from conversations.platforms import transport_for, typing_kinds
 from conversations.worker.backoff import Backoff, FaultLog
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
+from conversations.worker.reactions import StatusReactions
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import Target
 
@@ -139,9 +142,11 @@ def faults_for(channel) -> FaultLog:
 
 
 def typing_channels() -> dict:
-    """Active channels that show typing from the first message, by id."""
+    """Active channels that show typing from the first message, or a status reaction
+    (conversations/worker/reactions.py), by id: the look's windows are theirs."""
     return {channel.pk: channel for channel in Channel.objects.filter(
-        is_active=True, typing_mode=TypingMode.INSTANT, kind__in=typing_kinds())}
+        Q(typing_mode=TypingMode.INSTANT, kind__in=typing_kinds()) | ~Q(status_reaction=StatusReaction.OFF),
+        is_active=True)}
 
 
 def live_owners(dead) -> list[str]:
@@ -185,6 +190,10 @@ class Typing:
         # 0: each platform's own interval (Transport.typing_refresh).
         self.interval = interval if interval is not None else settings.AGENTLOOP_TYPING_INTERVAL
         self.db = DatabaseThread("typing")
+        # The status reactions follow the same windows and turns, on the same thread.
+        self.reactions = StatusReactions(self.db)
+        self.reacting: dict[int, int] = {}  # conversation -> its turn this worker runs (a reaction's answer)
+        self.instant: set[int] = set()  # the channels that type from the first message
         self.indicators: dict[int, Indicator] = {}
         # conversation -> buffer id: buffers turns took since the current look began. Its
         # answer may still report them open; it is not believed.
@@ -202,6 +211,9 @@ class Typing:
         conversation shows typing until `turn_ended`, continuing its window's loop."""
         conversation = turn.conversation
         channel = conversation.channel
+        self.reacting[conversation.pk] = turn.pk
+        self.reactions.seen(channel, conversation.pk, Target(conversation.chat_id, turn.reply_target, turn.thread_id,
+                                                             conversation_id=conversation.pk), turn.reply_target)
         if channel.typing_mode == TypingMode.NEVER:
             return
         transport = transport_for(channel)
@@ -226,6 +238,12 @@ class Typing:
         a new message (interrupt, rollback) has no reply to race: its loop waits for the
         next look, which finds that message's window (the same loop carries on) or not
         (/stop: it ends, silent). Idempotent."""
+        # Called again once the turn's task is done: the first call (the answer, or a
+        # cancel) decides the status reaction.
+        if self.reacting.get(turn.conversation_id) == turn.pk:
+            del self.reacting[turn.conversation_id]
+            if not cancelled:
+                self.reactions.answered(turn.conversation_id)
         indicator = self.indicators.get(turn.conversation_id)
         if indicator is not None and indicator.turn_id == turn.pk:
             indicator.turn_id = None
@@ -269,6 +287,9 @@ class Typing:
         now = time.monotonic()
         if self.partition_at is None or now - self.partition_at >= PARTITION_EVERY:
             self.channels, owners = await self.db(self._read_partition, list(self.worker.dead_owners))
+            kinds = typing_kinds()
+            self.instant = {pk for pk, channel in self.channels.items()
+                            if channel.typing_mode == TypingMode.INSTANT and channel.kind in kinds}
             if self.worker.owner not in owners:
                 owners = sorted([*owners, self.worker.owner])
             self.part, self.parts = owners.index(self.worker.owner), len(owners)
@@ -294,7 +315,9 @@ class Typing:
         for window in found:
             spent = self.spent.get(window.conversation_id)
             if spent is None or window.buffer_id > spent:
-                windows[window.conversation_id] = window
+                self._show_seen(window)
+                if window.channel_id in self.instant:
+                    windows[window.conversation_id] = window
         for indicator in list(self.indicators.values()):
             if indicator.buffer_id is not None and indicator.conversation_id not in windows:
                 indicator.buffer_id = None
@@ -315,6 +338,12 @@ class Typing:
             indicator.buffer_id, indicator.flush_at = window.buffer_id, window.flush_at
             if started >= indicator.wanted_since:
                 indicator.confirmed.set()
+
+    def _show_seen(self, window):
+        channel = self.channels.get(window.channel_id)
+        if channel is not None:
+            target = Target(window.chat_id, window.reply_target, window.thread_id, conversation_id=window.conversation_id)
+            self.reactions.seen(channel, window.conversation_id, target, window.reply_target)
 
     # --- the loops ------------------------------------------------------------------
 
@@ -407,6 +436,7 @@ class Typing:
         return indicator.refresh
 
     async def stop(self):
+        await self.reactions.stop()
         indicators = list(self.indicators.values())
         self.indicators.clear()
         for indicator in indicators:

@@ -40,6 +40,13 @@ from tests.fakes.server import FakeServer, TrackedHandler
 BOT_USERNAME = "agentloop_test_bot"
 BOT_FIRST_NAME = "AgentLoop Test Bot"
 
+# The emoji a bot may react with (the Bot API's ReactionTypeEmoji): any other is REACTION_INVALID.
+REACTION_EMOJI = frozenset(
+    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 🤨 😐 🍓 🍾 "
+    "💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 🆒 💘 🙉 🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 "
+    "🤷‍♀ 😡".split()
+)
+
 WEBHOOK_CONFLICT = (
     "Conflict: can't use getUpdates method while webhook is active; "
     "use deleteWebhook to delete the webhook first"
@@ -230,6 +237,11 @@ class FakeBotAPI(FakeServer):
         self._drafts: dict[tuple[str, int, int], str] = {}
         self.deleted: list[dict[str, Any]] = []
         self.downloads: list[str] = []  # file_ids downloaded, in order
+        # The bot's reactions as each message shows them now: (token, chat, message_id) -> emoji.
+        self.reactions: dict[tuple[str, int, int], list[str]] = {}
+        # Each bot's allowed_updates (its last getUpdates or setWebhook that named them):
+        # Telegram sends message_reaction only to a bot that named it.
+        self._allowed: dict[str, list[str]] = {}
         # Each bot's username (name_bot; BOT_USERNAME for the others), and the groups where
         # one bot's messages reach the others (relay).
         self._usernames: dict[str, str] = {}
@@ -251,6 +263,7 @@ class FakeBotAPI(FakeServer):
             "sendMediaGroup": self._api_send_media_group,
             "sendMessageDraft": self._api_send_message_draft,
             "deleteMessage": self._api_delete_message,
+            "setMessageReaction": self._api_set_message_reaction,
         }.items():
             self.set_handler(method, handler)
 
@@ -451,7 +464,11 @@ class FakeBotAPI(FakeServer):
         if self._forget_offsets:
             return list(history)
         floor = self._confirmed.get(token, 0)
-        return [u for u in history if u["update_id"] >= floor]
+        return [u for u in history if u["update_id"] >= floor and self._allows(token, u)]
+
+    def _allows(self, token: str, update: dict) -> bool:
+        """Telegram's default allowed_updates leave message_reaction out: sent only when asked for."""
+        return "message_reaction" not in update or "message_reaction" in self._allowed.get(token, ())
 
     def _confirm(self, token: str, offset: int) -> None:
         """Apply getUpdates' offset: updates below it are confirmed and dropped."""
@@ -865,6 +882,51 @@ class FakeBotAPI(FakeServer):
             self.deleted.append(message)
         return True
 
+    def _api_set_message_reaction(self, token: str, params: dict[str, Any]) -> bool:
+        """The bot's reaction on a message: a list of ReactionType, at most one for a bot
+        (REACTIONS_TOO_MANY), each emoji one of Telegram's reactions (REACTION_INVALID:
+        ✅, say, is not one); an empty list takes it away. A message the bot deleted is
+        not found (the fake does not know messages POSTed to a webhook around it)."""
+        chat_id = _chat_id(params)
+        message_id = _as_int(params.get("message_id"), 0)
+        reaction = params.get("reaction") or []
+        if isinstance(reaction, str):
+            reaction = json.loads(reaction)
+        if not isinstance(reaction, list):
+            raise BotAPIError(400, "Bad Request: can't parse reaction types json object")
+        if len(reaction) > 1:
+            raise BotAPIError(400, "Bad Request: REACTIONS_TOO_MANY")
+        emoji = []
+        for item in reaction:
+            if not isinstance(item, dict) or item.get("type") != "emoji" or item.get("emoji") not in REACTION_EMOJI:
+                raise BotAPIError(400, "Bad Request: REACTION_INVALID")
+            emoji.append(item["emoji"])
+        with self._cond:
+            if message_id <= 0 or any(m["chat"]["id"] == chat_id and m["message_id"] == message_id
+                                      for m in self.deleted):
+                raise BotAPIError(400, "Bad Request: message to react not found")
+            self.reactions[(token, chat_id, message_id)] = emoji
+        return True
+
+    def message_reaction(self, token: str, chat_id: int, message_id: int, emoji: str = "", *,
+                         old: tuple[str, ...] = (), user_id: int | None = None, first_name: str = "Ana",
+                         update_id: int | None = None) -> dict[str, Any]:
+        """A person's reaction on a message (`emoji` "": taken back) as the Update Telegram
+        delivers (message_reaction; only to a bot that asked for it in allowed_updates).
+        Returned, not queued: POST it to a webhook, or push_update it for getUpdates."""
+        with self._cond:
+            if update_id is None:
+                update_id = self._next_update_id.get(token, 1)
+                self._next_update_id[token] = update_id + 1
+        chat_id = int(chat_id)
+        sender = user_id if user_id is not None else chat_id
+        return {"update_id": update_id, "message_reaction": {
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "message_id": int(message_id), "user": {"id": sender, "is_bot": False, "first_name": first_name},
+            "date": int(time.time()),
+            "old_reaction": [{"type": "emoji", "emoji": e} for e in old],
+            "new_reaction": [{"type": "emoji", "emoji": emoji}] if emoji else []}}
+
     def _api_set_webhook(self, token: str, params: dict[str, Any]) -> bool:
         url = params.get("url") or ""
         with self._cond:
@@ -877,10 +939,19 @@ class FakeBotAPI(FakeServer):
                     "allowed_updates": params.get("allowed_updates"),
                     "max_connections": params.get("max_connections"),
                 }
+                self._remember_allowed(token, params)
             if params.get("drop_pending_updates"):
                 self._confirm_all(token)
             self._cond.notify_all()
         return True
+
+    def _remember_allowed(self, token: str, params: dict[str, Any]) -> None:
+        """Called holding the lock. Not given: the previous setting stays (Telegram's rule)."""
+        allowed = params.get("allowed_updates")
+        if isinstance(allowed, str):
+            allowed = json.loads(allowed)
+        if isinstance(allowed, list):
+            self._allowed[token] = [str(kind) for kind in allowed]
 
     def _api_delete_webhook(self, token: str, params: dict[str, Any]) -> bool:
         with self._cond:
@@ -910,6 +981,7 @@ class FakeBotAPI(FakeServer):
         with self._cond:
             if token in self._webhooks:
                 raise BotAPIError(409, WEBHOOK_CONFLICT)
+            self._remember_allowed(token, params)
             self._confirm(token, offset)
             # Long polling: hold the request until an update arrives or time runs out.
             while not (pending := self._pending(token)) and not self._stopping.is_set():

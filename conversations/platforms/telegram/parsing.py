@@ -14,7 +14,8 @@ MEDIA_KINDS = (
 )
 GROUP_TYPES = ("group", "supergroup")
 # The updates we ask Telegram for (setWebhook, getUpdates): anything else is never sent.
-ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
+# message_reaction must be named: Telegram never sends it by default (reactions.py).
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "message_reaction"]
 
 
 def item_from_update(update: telegram.Update, bot=None) -> Inbound | edits.Edit | None:

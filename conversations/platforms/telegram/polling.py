@@ -14,11 +14,12 @@ from django.db.models import Q
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
-from conversations import edits
+from conversations import edits, reactions
 from conversations.engine import owner_gone
 from conversations.ingest import Unstorable, admit, record_refusal
 from conversations.models import Channel
 from conversations.platforms.telegram import callbacks, identity, parsing
+from conversations.platforms.telegram.reactions import is_reaction, reaction_from
 from conversations.platforms.telegram.transport import bot_url
 from conversations.worker.backoff import Backoff
 from conversations.worker.dbthread import DATABASE_FAULTS
@@ -72,6 +73,11 @@ def admit_polled(channel_id, owner, updates: list[dict]) -> int:
     for data in updates:
         if callbacks.is_callback(data):  # a tap on a question's button
             callbacks.handle_callback(channel, data)
+            continue
+        if is_reaction(data):  # a note for the next turn, or a question answered: never a turn
+            reaction = reaction_from(data)
+            if reaction is not None:
+                reactions.apply(channel, reaction)
             continue
         try:
             inbound = parsing.item_from_update(parsing.parse_update(data), identity.asker(channel))

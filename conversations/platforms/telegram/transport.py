@@ -243,6 +243,16 @@ class TelegramTransport(Transport):
 
         return await self.outcome_of(delete)
 
+    # 👌, not ✅: a bot reacts only with Telegram's own reaction emoji (✅ is REACTION_INVALID).
+    status_reactions = ("👀", "👌")
+
+    async def set_reaction(self, target: Target, message_id: str, emoji: str, previous: str = "") -> None:
+        """setMessageReaction sets the bot's one reaction (an empty list takes it away);
+        on the typing indicators' Bot, never in a reply's way."""
+        await self._bot("typing").set_message_reaction(
+            chat_id=int(target.chat_id), message_id=int(message_id),
+            reaction=[telegram.ReactionTypeEmoji(emoji)] if emoji else [])
+
     async def send_typing(self, target: Target) -> None:
         await self._bot("typing").send_chat_action(
             chat_id=target.chat_id, action="typing",

@@ -10,10 +10,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from conversations import edits
-from conversations.ingest import admit, record_refusal, refusal
+from conversations import edits, reactions
+from conversations.ingest import Inbound, admit, record_refusal, refusal
 from conversations.models import Channel
 from conversations.platforms.telegram import callbacks, identity, parsing
+from conversations.platforms.telegram.reactions import is_reaction, reaction_from
 from conversations.platforms.webhooks import Answer, error
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -33,15 +34,15 @@ def webhook(request, slug):
     # Anything failing from here on is ours: a 500 makes Telegram retry, and the dedup
     # makes the retry safe.
     channel, item = prepared
-    if isinstance(item, edits.Edit):
-        return edited(edits.apply(channel, item)).response()
+    if not isinstance(item, Inbound):
+        return aside(channel, item).response()
     return admitted(admit(channel, item)).response()
 
 
 def prepare(slug, supplied_secret, body):
     """Everything before the admission: the channel, its secret, the update parsed into
     an Inbound (or an edits.Edit). Returns the Answer to give at once, or (channel,
-    inbound) to admit, or (channel, edit) to apply.
+    inbound) to admit, or (channel, edit or reaction) to apply (`aside`).
     `body` is None when it was over the size limit."""
     channel = Channel.objects.active(slug, KIND)
     if channel is None:
@@ -61,6 +62,9 @@ def prepare(slug, supplied_secret, body):
         return error(400, "body is not valid JSON")
     if callbacks.is_callback(data):  # a tap on a question's button
         return Answer(200, callbacks.handle_callback(channel, data))
+    if is_reaction(data):  # a reaction on a message (message_reaction)
+        reaction = reaction_from(data)
+        return (channel, reaction) if reaction is not None else Answer(200, {"ok": True, "ignored": True})
     try:
         inbound = parsing.item_from_update(parsing.parse_update(data), identity.asker(channel))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -78,6 +82,18 @@ def prepare(slug, supplied_secret, body):
 
 def admitted(admission):
     return Answer(200, {"ok": True, "duplicate": admission.duplicate})
+
+
+def aside(channel, item):
+    """What is not a new message: an edit or a reaction, each its own transaction."""
+    if isinstance(item, reactions.Reaction):
+        return reacted(reactions.apply(channel, item))
+    return edited(edits.apply(channel, item))
+
+
+def reacted(result):
+    """200 whatever the reaction did (Telegram would resend it otherwise)."""
+    return Answer(200, {"ok": True, "reaction": result.outcome, "duplicate": result.duplicate})
 
 
 def edited(result):

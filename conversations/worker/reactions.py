@@ -1,0 +1,129 @@
+"""Status reactions: a channel's optional "seen" reaction on the person's message (👀)
+while its window and its turn run, replaced (✅, or Telegram's 👌) or removed when the
+agent has answered (Channel.status_reaction).
+
+Owned by the typing indicators (conversations/worker/typing.py), which already learn when
+a window opens (their look) and when a turn starts and ends; the same rules apply —
+every call is made here, on the worker's event loop, best effort: each within its
+deadline, under the bot's pacing budget (delivery.pacing: a reaction takes a bot slot
+only if one is free within RESERVE_HORIZON, so it never pushes a reply back), logged
+once per fault, never awaited by a turn or a reply. The replacement waits for the "seen"
+call of the same message to finish (never overtaken by it), at most CALL_DEADLINE.
+
+What is remembered is this worker's: the messages it put 👀 on, per conversation
+(bounded). With several workers the one that runs the turn replaces what it put there;
+a window shown by one worker and answered by another keeps its 👀 where the first put it
+on an earlier message of the burst (docs/buffer.md#reactions).
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from agentloop.core.caches import BoundedCache
+from conversations.models import StatusReaction
+from conversations.platforms import transport_for
+from conversations.worker.backoff import FaultLog
+from delivery import pacing
+from delivery.transports import Target
+
+log = logging.getLogger(__name__)
+
+CALL_DEADLINE = 5.0  # one reaction call, all told
+RESERVE_HORIZON = 2.0  # a reaction waits at most this long for a bot slot, else is skipped
+MAX_SHOWN = 10_000  # conversations remembered with a reaction of ours on
+MAX_MESSAGES = 10  # a burst's messages that carry one
+
+
+@dataclass(eq=False)
+class Shown:
+    """The messages of one conversation we put the "seen" reaction on, not yet answered."""
+
+    channel: object
+    transport: object
+    target: Target
+    message_ids: list = field(default_factory=list)
+    tasks: dict = field(default_factory=dict)  # message id -> its "seen" call
+
+
+class StatusReactions:
+    def __init__(self, db):
+        self.db = db  # the typing indicators' database thread: never the turns'
+        self.shown = BoundedCache(maxsize=MAX_SHOWN)
+        self.tasks: set[asyncio.Task] = set()
+        self.faults = BoundedCache(maxsize=256)
+        self.skipped = 0  # calls not made: no bot slot free in time (for tests and operators)
+
+    def seen(self, channel, conversation_id: int, target: Target, message_id: str):
+        """The person's message is waiting for an answer: 👀 on it (once per message)."""
+        if not message_id or channel.status_reaction == StatusReaction.OFF:
+            return
+        transport = transport_for(channel)
+        if transport.status_reactions is None:
+            return
+        shown = self.shown.get(conversation_id)
+        if shown is None:
+            shown = self.shown.set(conversation_id, Shown(channel, transport, target))
+        if message_id in shown.message_ids or len(shown.message_ids) >= MAX_MESSAGES:
+            return
+        shown.message_ids.append(message_id)
+        seen_emoji = transport.status_reactions[0]
+        shown.tasks[message_id] = self._spawn(self._call(shown, message_id, seen_emoji, "", None))
+
+    def answered(self, conversation_id: int):
+        """The agent answered: each 👀 we put there becomes the done emoji, or goes."""
+        shown = self.shown.pop(conversation_id)
+        if shown is None:
+            return
+        seen_emoji, done_emoji = shown.transport.status_reactions
+        done = done_emoji if shown.channel.status_reaction == StatusReaction.SEEN_DONE else ""
+        for message_id in shown.message_ids:
+            self._spawn(self._call(shown, message_id, done, seen_emoji, shown.tasks.get(message_id)))
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _call(self, shown, message_id, emoji, previous, after):
+        """One reaction call, best effort: after the call it replaces, in a free bot slot."""
+        faults = self._faults_for(shown.channel)
+        try:
+            if after is not None:
+                await asyncio.wait_for(asyncio.shield(after), CALL_DEADLINE)
+            if not await self._slot(shown):
+                self.skipped += 1
+                return
+            await asyncio.wait_for(shown.transport.set_reaction(shown.target, message_id, emoji, previous),
+                                   CALL_DEADLINE)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # best effort: never in a turn's or a reply's way
+            faults.failed(exc)
+            return
+        faults.recovered()
+
+    async def _slot(self, shown) -> bool:
+        """Wait for a bot slot of the platform's budget (the chat's is the replies'); False
+        when none is free within RESERVE_HORIZON."""
+        pace = shown.transport.pace(shown.target.chat_id)
+        if pace is None or not pace.bot_interval:
+            return True
+        slot = await self.db(pacing.reserve, pacing.Pace(pace.bot, pace.bot_interval), RESERVE_HORIZON)
+        if slot.delay is None:
+            return False
+        await asyncio.sleep(slot.delay)
+        return True
+
+    def _faults_for(self, channel) -> FaultLog:
+        faults = self.faults.get(channel.pk)
+        if faults is None:
+            faults = self.faults.set(channel.pk, FaultLog(log, subject=f"status reactions of channel {channel.slug}"))
+        return faults
+
+    async def stop(self):
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,189 @@
+"""Reactions (issue 56 §2), through the fake Bot API, the real web server and worker:
+a reaction on the bot's message is a note in the agent's next turn (once, however often
+Telegram delivers it); a 👍/👎 on a confirmation question is the tap it stands for,
+applied once; a channel's status reaction (👀, then 👌) on the person's message while
+it is answered, best effort — a reaction API that hangs never holds the reply."""
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conversations.models import ContextNote, InboundReaction, ReactionOutcome, Turn
+from tests import e2e
+from tests.conftest import wait_until
+from tests.end_to_end.test_user_confirmation import (
+    CHAT,
+    FAST,
+    button,
+    deliver_questions,
+    propose,
+    question_on,
+    shown,
+    tap_over_http,
+    telegram_conversation,
+    user_policy,
+)
+from tests.fakes.telegram_api import BotAPIError
+from tools.models import CalendarEvent, Proposal, ProposalState
+
+
+def bot_messages(fake, chat=CHAT):
+    return fake.sent_messages(e2e.TOKEN, chat)
+
+
+# --- a reaction on the bot's reply: a note in the next turn -------------------------------------
+
+
+def test_a_reaction_on_the_bots_reply_reaches_the_next_turn_once(processes, make_channel, fake_telegram):
+    from tests.end_to_end.test_openai_agent_e2e import KEY_ENV
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    with FakeOpenAI() as fake_openai:
+        e2e.telegram_channel(make_channel, fake_telegram, agent="openai", agent_config={
+            "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"}, **FAST)
+        fake_openai.script(Reply("Tu hora es el martes a las 10."), Reply("¡De nada!"))
+        web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+        e2e.send(web, "tg", CHAT, "¿A qué hora es mi cita?")
+        wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the first reply")
+        [reply] = bot_messages(fake_telegram)
+        reaction = fake_telegram.message_reaction(e2e.TOKEN, CHAT, reply["message_id"], "👍")
+        assert tap_over_http(web, reaction) == {"ok": True, "reaction": "noted", "duplicate": False}
+        assert tap_over_http(web, reaction)["duplicate"] is True  # Telegram delivers it again
+        assert Turn.objects.count() == 1  # a reaction is no turn
+        e2e.send(web, "tg", CHAT, "Gracias.")
+        wait_until(lambda: len(bot_messages(fake_telegram)) == 2, timeout=30, message="the second reply")
+        requests = fake_openai.requests()
+    notes = [m["content"] for m in requests[1].messages if m["role"] == "system" and "reacted" in m["content"]]
+    assert len(notes) == 1 and "👍" in notes[0] and "Tu hora es el martes" in notes[0]
+    assert ContextNote.objects.count() == 1
+    assert InboundReaction.objects.get().outcome == ReactionOutcome.NOTED
+
+
+def test_a_reaction_through_long_polling_is_asked_for(processes, make_channel, fake_telegram):
+    """Telegram sends message_reaction only to a bot that names it in allowed_updates
+    (the fake holds it back otherwise)."""
+    e2e.telegram_channel(make_channel, fake_telegram, mode="polling", **FAST)
+    processes.worker()
+    fake_telegram.push_message(e2e.TOKEN, CHAT, "hola.")
+    wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the echo")
+    [reply] = bot_messages(fake_telegram)
+    fake_telegram.push_update(e2e.TOKEN, fake_telegram.message_reaction(e2e.TOKEN, CHAT, reply["message_id"], "🔥"))
+    wait_until(lambda: ContextNote.objects.exists(), timeout=30, message="the note")
+    assert "🔥" in ContextNote.objects.get().text and Turn.objects.count() == 1
+    polled = [c.params.get("allowed_updates") for c in fake_telegram.calls("getUpdates")]
+    assert all("message_reaction" in allowed for allowed in polled)
+
+
+# --- a 👍 or 👎 on a confirmation question ----------------------------------------------------------
+
+
+def test_a_thumbs_up_on_a_question_confirms_once_with_repeats_and_a_racing_tap(processes, make_channel,
+                                                                              fake_telegram):
+    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    user_policy()
+    propose(telegram_conversation(channel))
+    deliver_questions()
+    [question] = question_on(fake_telegram)
+    webs = [processes.web(), processes.web()]
+    # 👍 (Telegram's update, and its redelivery), 👍 again after taking it back, a 👍 with a
+    # skin tone, and two taps on Yes: all at once, on two web processes.
+    thumbs = [fake_telegram.message_reaction(e2e.TOKEN, CHAT, question["message_id"], emoji)
+              for emoji in ("👍", "👍", "👍🏽")]
+    updates = [*thumbs, thumbs[0], *(fake_telegram.callback_query(e2e.TOKEN, question, button(question, "y"))
+                                     for _ in range(2))]
+    barrier = threading.Barrier(len(updates))
+
+    def deliver(i):
+        barrier.wait()
+        return tap_over_http(webs[i % 2], updates[i])
+
+    with ThreadPoolExecutor(len(updates)) as pool:
+        answers = list(pool.map(deliver, range(len(updates))))
+    assert CalendarEvent.objects.count() == 1 and Proposal.objects.get().state == ProposalState.APPLIED
+    won = [a for a in answers if (a.get("reaction") == "confirmed" and not a["duplicate"])
+           or a.get("callback") == "confirmed"]
+    assert len(won) == 1, answers
+    assert sum(a.get("duplicate") is True for a in answers) == 1  # the redelivered update
+    assert InboundReaction.objects.count() == 3
+    wait_until(lambda: "✅ Confirmed at" in shown(fake_telegram, question)["text"], timeout=10,
+               message="the question shows the outcome")
+
+
+def test_a_thumbs_down_declines_and_only_the_persons_own_counts(processes, make_channel, fake_telegram):
+    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    user_policy()
+    group = -100777
+    propose(telegram_conversation(channel, sender=CHAT, chat=group, group=True))
+    deliver_questions()
+    [question] = question_on(fake_telegram, chat=group)
+    web = processes.web()
+    someone = fake_telegram.message_reaction(e2e.TOKEN, group, question["message_id"], "👍", user_id=5150)
+    assert tap_over_http(web, someone)["reaction"] == "not_yours"
+    assert Proposal.objects.get().state == ProposalState.PENDING
+    down = fake_telegram.message_reaction(e2e.TOKEN, group, question["message_id"], "👎", user_id=CHAT)
+    assert tap_over_http(web, down)["reaction"] == "rejected"
+    up = fake_telegram.message_reaction(e2e.TOKEN, group, question["message_id"], "👍", old=("👎",), user_id=CHAT)
+    assert tap_over_http(web, up)["reaction"] == "already"
+    assert Proposal.objects.get().state == ProposalState.REJECTED and not CalendarEvent.objects.exists()
+    assert "❌ Declined at" in shown(fake_telegram, question, chat=group)["text"]
+
+
+# --- the status reaction on the person's message ----------------------------------------------------
+
+
+def test_the_status_reaction_shows_while_the_window_runs_then_is_replaced(processes, make_channel, fake_telegram):
+    e2e.telegram_channel(make_channel, fake_telegram, status_reaction="seen_done", typing_mode="never",
+                         window_closed=2.0, window_neutral=2.0, window_greeting=2.0, window_open=2.0)
+    web, _ = processes.web(wait=False), processes.worker()
+    message_id = e2e.send(web, "tg", CHAT, "hola, una consulta")["message"]["message_id"]
+    key = (e2e.TOKEN, CHAT, message_id)
+    wait_until(lambda: fake_telegram.reactions.get(key) == ["👀"], timeout=30, message="👀 on the message")
+    assert not bot_messages(fake_telegram) and not Turn.objects.exists()  # the window is still open
+    wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the reply")
+    wait_until(lambda: fake_telegram.reactions.get(key) == ["👌"], timeout=30, message="👌 once answered")
+    assert [c.params["reaction"] for c in fake_telegram.calls("setMessageReaction")] == [
+        [{"type": "emoji", "emoji": "👀"}], [{"type": "emoji", "emoji": "👌"}]]
+
+
+def test_a_hanging_or_failing_reaction_api_never_holds_the_reply(processes, make_channel, fake_telegram):
+    released = threading.Event()
+
+    def hangs(token, params):
+        released.wait(30)  # the reaction call never answers while the reply goes
+        raise BotAPIError(500, "Internal Server Error")
+
+    fake_telegram.set_handler("setMessageReaction", hangs)
+    e2e.telegram_channel(make_channel, fake_telegram, status_reaction="seen", **FAST)
+    web, _ = processes.web(wait=False), processes.worker()
+    try:
+        e2e.send(web, "tg", CHAT, "¿qué horas tengo?")
+        wait_until(lambda: fake_telegram.calls("setMessageReaction"), timeout=30, message="the 👀 call made")
+        wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the reply, the call still hanging")
+        assert not released.is_set()
+    finally:
+        released.set()
+    assert bot_messages(fake_telegram)[0]["text"] == "¿qué horas tengo?"
+
+
+def test_the_fake_refuses_what_telegram_refuses(fake_telegram):
+    """setMessageReaction's limits, as the Bot API answers them (the transport's 👌, not ✅)."""
+    import asyncio
+
+    import telegram
+    from telegram.error import BadRequest
+
+    async def react(reaction):
+        async with telegram.Bot(e2e.TOKEN, base_url=f"{fake_telegram.url}/bot") as bot:
+            return await bot.set_message_reaction(chat_id=CHAT, message_id=3, reaction=reaction)
+
+    assert asyncio.run(react([telegram.ReactionTypeEmoji("👌")])) is True
+    for reaction, error in [([telegram.ReactionTypeEmoji("✅")], "REACTION_INVALID"),
+                            ([telegram.ReactionTypeEmoji("👀"), telegram.ReactionTypeEmoji("👍")],
+                             "REACTIONS_TOO_MANY")]:
+        with pytest.raises(BadRequest, match=f"(?i){error}"):
+            asyncio.run(react(reaction))
+    assert fake_telegram.reactions[(e2e.TOKEN, CHAT, 3)] == ["👌"]
+    assert json.loads(json.dumps(fake_telegram.message_reaction(e2e.TOKEN, CHAT, 3, "")))["message_reaction"][
+        "new_reaction"] == []
