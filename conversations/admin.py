@@ -10,12 +10,11 @@ from django.utils.html import format_html, format_html_join
 
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import SECRET_NAME
-from conversations import erasure, platforms
+from conversations import admin_keys, erasure, platforms  # noqa: F401 -- admin_keys registers AgentKeyAdmin
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
 from conversations.admin_routing import RoutingRulesInAdmin
 from conversations.media import links
 from conversations.models import (
-    AgentKey,
     Channel,
     Contact,
     ContextNote,
@@ -403,22 +402,6 @@ class TurnAdmin(BigTableAdmin, admin.ModelAdmin):
 class WorkerHeartbeatAdmin(admin.ModelAdmin):
     list_display = ["owner", "hostname", "pid", "started_at", "seen_at"]
     readonly_fields = ["owner", "hostname", "pid", "started_at", "seen_at"]
-
-
-@admin.register(AgentKey)
-class AgentKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["prefix", "created_at", "last_used_at"]
-    filter_horizontal = ["channels"]
-    actions = ["revoke"]
-
-    @admin.action(description="Revoke selected keys")
-    def revoke(self, request, queryset):
-        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {revoked} key(s).")
-
-    def has_add_permission(self, request):
-        return False  # keys are issued by `manage.py createagentkey`, which shows the key once
 
 
 @admin.register(ContextNote)

@@ -16,9 +16,13 @@ class AgentKeyManager(models.Manager):
         digest = hashlib.sha256(raw_key.encode()).hexdigest()
         return self.filter(key_hash=digest, revoked_at__isnull=True).first()
 
-    def issue(self, name: str, channels=()):
+    def issue(self, name: str, channels=(), key=None):
+        """A new key and its secret (to show once). `key`: an unsaved instance to save as it.
+        Callers outside tests go through conversations.agent_keys.issue (audited)."""
         raw = "al_" + secrets.token_urlsafe(32)
-        key = self.create(name=name, prefix=raw[:8], key_hash=hashlib.sha256(raw.encode()).hexdigest())
+        key = key if key is not None else self.model()
+        key.name, key.prefix, key.key_hash = name, raw[:8], hashlib.sha256(raw.encode()).hexdigest()
+        key.save(force_insert=True)
         key.channels.set(channels)
         return key, raw
 

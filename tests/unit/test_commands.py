@@ -6,6 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from audit.models import AuditEvent, EventKind
 from conversations.models import AgentKey, Channel
 
 pytestmark = pytest.mark.django_db
@@ -54,6 +55,10 @@ def test_createagentkey_prints_the_key_once_and_stores_its_hash(make_channel):
     assert raw.startswith("al_") and raw not in (key.key_hash, key.prefix)
     assert AgentKey.objects.for_key(raw) == key
     assert list(key.channels.values_list("slug", flat=True)) == ["shop"]
+    # Audited as the admin's add form is (the same function issues both; issue 53).
+    issued = AuditEvent.objects.get(kind=EventKind.AGENT_KEY_ISSUED)
+    assert issued.actor.startswith("manage.py createagentkey") and issued.target == f"agent key {key.pk}"
+    assert issued.extra["channels"] == ["shop"] and raw not in issued.summary + str(issued.extra)
 
 
 def test_createagentkey_refuses_unknown_channels():

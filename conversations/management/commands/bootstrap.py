@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from agentloop.core.secret_file import write_private
-from conversations import platforms
+from conversations import agent_keys, platforms
 from conversations.models import AgentKey, Channel
 from tools.guard import ensure_policies
 
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             slug="demo", defaults={"name": "Demo (API, demo agent)", "kind": "api", "agent": "demo"})
         raw, fresh = _remembered("demo_agent_key", lambda: "")
         if not raw or AgentKey.objects.for_key(raw) is None:
-            key, raw = AgentKey.objects.issue("demo", [channel])
+            key, raw = agent_keys.issue("demo", [channel], by="manage.py bootstrap")
             write_private(settings.VAR_DIR / "demo_agent_key", raw)
         return raw
 

@@ -1,6 +1,9 @@
+import getpass
+
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.models import AgentKey, Channel
+from conversations import agent_keys
+from conversations.models import Channel
 
 
 class Command(BaseCommand):
@@ -15,5 +18,5 @@ class Command(BaseCommand):
         missing = set(channel) - {c.slug for c in channels}
         if missing:
             raise CommandError(f"unknown channel(s): {', '.join(sorted(missing))}")
-        key, raw = AgentKey.objects.issue(name, channels)
+        key, raw = agent_keys.issue(name, channels, by=f"manage.py createagentkey ({getpass.getuser()})")
         self.stdout.write(raw)
