@@ -35,20 +35,18 @@ own tools (/mcp, /api/v1/tools) names the conversation with them, behind the gua
 """
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
 import re
 import uuid
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
-from a2a.client import A2AClientTimeoutError, ClientConfig, ClientFactory
-from a2a.client.card_resolver import A2ACardResolver
-from a2a.types.a2a_pb2 import GetTaskRequest, Message, Part, Role, SendMessageRequest
-from a2a.utils.errors import A2AError, TaskNotFoundError
 from django.conf import settings
-from google.protobuf.json_format import ParseError
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.redaction import agent_secrets, redact
@@ -57,6 +55,9 @@ from conversations import a2a_reading
 from conversations.agents import Agent, AgentUnavailable, Answer, TurnCancelled, TurnContext, key_env_problem
 from conversations.media import for_agents
 from conversations.remote_agents import AnswerTooLarge, _host, _too_large
+
+if TYPE_CHECKING:
+    from a2a.types.a2a_pb2 import Message
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,30 @@ FORBIDDEN_HEADERS = {"host", "content-length", "content-type", "cookie", "transf
 POLL_EVERY = (0.25, 0.5, 1.0, 2.0)  # a task still working after its answer, looked at again
 
 
+@functools.cache
+def sdk() -> SimpleNamespace:
+    """The a2a-sdk's names, imported when a worker prepares an A2A channel (or at the first
+    A2A turn) rather than with this module: every worker imports every registered agent
+    as it starts, and importing the SDK (its protobuf types, its client transports) costs
+    0.13-0.16 s of CPU, which each worker start would pay even where no channel speaks
+    A2A (the test suite starts hundreds of workers)."""
+    from a2a.client import A2AClientTimeoutError, ClientConfig, ClientFactory
+    from a2a.client.card_resolver import A2ACardResolver
+    from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest
+    from a2a.utils.errors import A2AError, TaskNotFoundError
+    from google.protobuf.json_format import ParseError
+
+    return SimpleNamespace(**{value.__name__: value for value in (
+        A2AClientTimeoutError, ClientConfig, ClientFactory, A2ACardResolver, CancelTaskRequest, GetTaskRequest,
+        Message, Part, SendMessageRequest, A2AError, TaskNotFoundError, ParseError)}, Role=Role)
+
+
 class A2AAgent(Agent):
     def streams_for(self, config):
         return config.get("stream", True) is not False
 
     async def prepare(self, config):
+        sdk()  # a channel speaks A2A: imported now, not inside its first turn
         try:
             _headers(config)
         except AgentUnavailable as exc:
@@ -100,28 +120,29 @@ class A2AAgent(Agent):
         key = session_key(url)
         session = await ctx.load_session(key) if ctx.load_session is not None else {}
         reading = a2a_reading.Reading()
+        a2a = sdk()
         try:
             # One deadline for the whole exchange: the SDK's timeouts are per request, and an
             # agent trickling events would never trip them. The turn's task awaits only inside
             # this generator, so the deadline's cancellation lands here.
             async with asyncio.timeout(timeout), _http_client(headers, timeout) as http:
-                client = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http)).create(
+                client = a2a.ClientFactory(a2a.ClientConfig(streaming=streaming, httpx_client=http)).create(
                     await _card(http, url, config))
                 try:
                     async for delta in _send(client, reading, ctx, session):
                         yield delta
-                except TaskNotFoundError:
+                except a2a.TaskNotFoundError:
                     if not session.get("task_id") or reading.previewed:
                         raise
                     session = {**session, "task_id": ""}  # forgotten by the agent: ask anew
                     async for delta in _send(client, reading, ctx, session):
                         yield delta
                 await _settle(client, reading)
-        except (TimeoutError, A2AClientTimeoutError) as exc:
+        except (TimeoutError, a2a.A2AClientTimeoutError) as exc:
             raise AgentUnavailable(f"the A2A agent at {host} did not answer within {timeout:g} s") from exc
         except AnswerTooLarge as exc:
             raise _too_large(host, settings.AGENTLOOP_AGENT_MAX_ANSWER_BYTES) from exc
-        except (A2AError, httpx.HTTPError, ParseError, ValueError) as exc:
+        except (a2a.A2AError, httpx.HTTPError, a2a.ParseError, ValueError) as exc:
             raise AgentUnavailable(f"the A2A agent at {host} failed: {_why(exc, config)}") from exc
         await _keep(ctx, key, session, reading)
         yield _answer_of(reading, host, config)
@@ -161,7 +182,7 @@ async def _card(http, url, config):
     card_path = config.get("card_path") or None
     cached = CARDS.get((url, card_path))
     if cached is None:
-        cached = CARDS.set((url, card_path), await A2ACardResolver(http, url).get_agent_card(
+        cached = CARDS.set((url, card_path), await sdk().A2ACardResolver(http, url).get_agent_card(
             relative_card_path=card_path))
     card = type(cached)()
     card.CopyFrom(cached)
@@ -181,22 +202,23 @@ def _origin(url) -> tuple:
 
 
 async def _send(client, reading, ctx, session):
-    request = SendMessageRequest(message=_message(ctx, session))
+    request = sdk().SendMessageRequest(message=_message(ctx, session))
     async for event in client.send_message(request):
         delta = reading.take(event)
         if delta:
             yield delta
 
 
-def _message(ctx: TurnContext, session: dict) -> Message:
-    message = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()),
+def _message(ctx: TurnContext, session: dict) -> "Message":
+    a2a = sdk()
+    message = a2a.Message(role=a2a.Role.ROLE_USER, message_id=str(uuid.uuid4()),
                       context_id=session.get("context_id") or str(uuid.uuid4()),
-                      task_id=session.get("task_id") or "", parts=[Part(text=ctx.text)])
+                      task_id=session.get("task_id") or "", parts=[a2a.Part(text=ctx.text)])
     # The burst's files, described (what they are, a voice note's transcript): their bytes
     # are not sent yet.
     for item in ctx.media:
         line = for_agents.describe(item)
-        message.parts.append(Part(text=f"{line}\n{item.transcript}" if item.transcript else line))
+        message.parts.append(a2a.Part(text=f"{line}\n{item.transcript}" if item.transcript else line))
     message.metadata.update({"io.agentloop/conversation": ctx.conversation_id, "io.agentloop/turn": ctx.turn_id,
                              "io.agentloop/channel": ctx.channel_slug})
     return message
@@ -209,7 +231,7 @@ async def _settle(client, reading):
         if reading.settled or not reading.task_id:
             return
         await asyncio.sleep(POLL_EVERY[min(index, len(POLL_EVERY) - 1)])
-        reading.take_task(await client.get_task(GetTaskRequest(id=reading.task_id)))
+        reading.take_task(await client.get_task(sdk().GetTaskRequest(id=reading.task_id)))
 
 
 async def _keep(ctx, key, session, reading):

@@ -13,8 +13,6 @@ link, not fetched.
 import json
 from dataclasses import dataclass, field
 
-from google.protobuf.json_format import MessageToDict
-
 from conversations.agents import Answer, File
 
 # The A2A task states, by their protocol names (a2a.types.a2a_pb2.TaskState's values).
@@ -137,6 +135,10 @@ def _files(message_parts, artifacts) -> tuple[File, ...]:
             if content == "raw":
                 found.append(File(name=part.filename or name or "file", data=part.raw or None))
             elif content == "data":
+                # Imported here, as the SDK is (a2a_agent.sdk): protobuf's JSON costs every
+                # worker start ~15 ms otherwise, A2A channel or not.
+                from google.protobuf.json_format import MessageToDict
+
                 data = json.dumps(MessageToDict(part.data), ensure_ascii=False, indent=2).encode()
                 found.append(File(name=part.filename or f"{name or 'data'}.json", data=data))
     return tuple(found)
