@@ -36,10 +36,59 @@ TEMPLATES = [
     },
 ]
 
+# The API docs' text (the schema's `info.description`, Markdown): what the API is, and
+# /mcp, which the schema cannot list as a path (it is not a REST operation but a JSON-RPC
+# endpoint mounted beside Django: tools/mcp/endpoint.py).
+API_DESCRIPTION = """\
+Inbound messages, reading a conversation and its replies, tools behind the action guard,
+external agents' turns, scheduled messages, a person taking a conversation over. Every
+operation takes `Authorization: Bearer <agent key>` (the operators' take a staff login);
+the operations are grouped by what a client does, in the order it usually does it.
+
+## MCP: `/mcp`
+
+The same hosted tools and the action guard are served to MCP clients at `/mcp` (every
+channel of the key) and `/mcp/<channel>` (one of them; 403 if the key does not hold it).
+It speaks the Model Context Protocol: JSON-RPC 2.0 over **Streamable HTTP** (stateless,
+JSON answers; POST one JSON-RPC message, `Accept: application/json, text/event-stream`),
+with the same agent keys (`Authorization: Bearer <agent key>`; 401 without a valid one)
+and the same rate limit and body limit as the REST API. Its tools: the hosted tools
+(each call exactly `POST /api/v1/tools/{name}/invoke`) and `guard_claim`, `guard_succeed`,
+`guard_fail` (exactly `POST /api/v1/actions/claim`, `…/{claim}/succeed`, `…/{claim}/fail`).
+See docs/mcp.md.
+"""
+
+# The groups of the docs page, in this order (conversations.schema tags each operation by its
+# path and orders the paths so).
+API_TAGS = [
+    {"name": "inbound", "description": "A person's message into an API channel: sent, edited, deleted. "
+                                       "Deduplicated by `message_id` and buffered into one turn per burst."},
+    {"name": "reading", "description": "A conversation's messages and replies, page by page or waiting for "
+                                       "the next one (long poll); the audit trail's events, for monitoring."},
+    {"name": "replies", "description": "A reply as it is being written (Server-Sent Events), for a client "
+                                       "that shows it live."},
+    {"name": "tools and the guard", "description": "The hosted tools, each call behind the action guard, and "
+                                                   "the guard for an agent's own actions: claim, then succeed "
+                                                   "or fail. Also over MCP at `/mcp` (see above)."},
+    {"name": "turns", "description": "An external agent's work: the turns ready for it, claimed, answered "
+                                     "and marked done."},
+    {"name": "schedules", "description": "A message that goes out by itself later, once or repeated."},
+    {"name": "takeover", "description": "A person in the conversation (a helpdesk): take it over, reply as "
+                                        "that person, give it back to the agent."},
+    {"name": "operators", "description": "What an operator's tooling does, with a staff login (session or "
+                                         "HTTP Basic), not an agent key: forget a person on request."},
+]
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "agentloop API",
-    "DESCRIPTION": "Inbound messages, tools behind the action guard, turns and replies.",
+    "DESCRIPTION": API_DESCRIPTION,
     "VERSION": "1.0.0",
+    "TAGS": API_TAGS,
+    # Operations in the URLconf's order (a client's flow), then grouped by tag by the hook.
+    "SORT_OPERATIONS": False,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "conversations.schema.paths_in_tag_order"],
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema's own URL is not an operation of the API
     # The docs page's assets come from our own static files, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -13,13 +13,49 @@ from rest_framework import serializers
 from agentloop.core import idempotency
 from agentloop.core.api import NO_NUL, NUL_IN_JSON, ROW_ID_MAX, ErrorSerializer, text_pattern
 
+# Each operation's one tag, by its method and path: what a client does with it (the tags and
+# their order: agentloop.wiring.API_TAGS). First match wins; an operation none matches keeps
+# drf-spectacular's tag, which tests/unit/test_api_docs.py refuses.
+ANY = r"^[A-Z]+ "  # any method
+TAG_RULES = [  # matched against "METHOD /path"
+    (ANY + r"/api/v1/channels/", "inbound"),
+    (r"^GET /api/v1/conversations/\{conversation\}/messages$", "reading"),
+    (ANY + r"/api/v1/audit/", "reading"),
+    (ANY + r"/api/v1/conversations/\{conversation\}/stream$", "replies"),
+    (ANY + r"/api/v1/(tools|actions)(/|$)", "tools and the guard"),
+    (ANY + r"/api/v1/turns(/|$)", "turns"),
+    (ANY + r"/api/v1/conversations/\{conversation\}/schedules$", "schedules"),
+    (ANY + r"/api/v1/conversations/\{conversation\}/(takeover|reply|release)$", "takeover"),
+    (ANY + r"/api/v1/operator/", "operators"),
+]
+
+
+def tag_for(method: str, path: str) -> str | None:
+    operation = f"{method.upper()} {path}"
+    return next((tag for rule, tag in TAG_RULES if re.search(rule, operation)), None)
+
+
+def paths_in_tag_order(result, generator, request, public):
+    """A postprocessing hook: the paths in the order of their tags (stable: within a tag, the
+    URLconf's), so the schema reads as the docs page does, the inbound POST first."""
+    order = {tag["name"]: n for n, tag in enumerate(result.get("tags", []))}
+
+    def rank(item):
+        tags = [tag for operation in item[1].values() if isinstance(operation, dict)
+                for tag in operation.get("tags", [])]
+        return min((order.get(tag, len(order)) for tag in tags), default=len(order))
+
+    result["paths"] = dict(sorted(result["paths"].items(), key=rank))
+    return result
+
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):
     target_class = "conversations.api_auth.AgentKeyAuthentication"
     name = "agentKey"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer", "description": "An agent key from `manage.py createagentkey`."}
+        return {"type": "http", "scheme": "bearer",
+                "description": "An agent key: the admin's Agent keys, or `manage.py createagentkey`."}
 
 
 def _error(description):
@@ -57,6 +93,10 @@ class ApiSchema(AutoSchema):
         errors["429"] = _error("Too many requests for this key (AGENTLOOP_API_RATE): retry after `Retry-After` "
                                "seconds.")
         return errors
+
+    def get_tags(self):
+        tag = tag_for(self.method, self.path)
+        return [tag] if tag else super().get_tags()
 
     def _idempotent(self) -> bool:
         return self.method == "POST" and self.path.startswith("/api/v1/")

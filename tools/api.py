@@ -32,7 +32,7 @@ class InvokeSerializer(ScopedSerializer):
     pass
 
 
-class ClaimRequestSerializer(ScopedSerializer):
+class ActionClaimSerializer(ScopedSerializer):
     action = serializers.RegexField(guard.GUARD_ONLY_NAME.pattern, trim_whitespace=False,
                                     help_text="Your action's name, 1-48 letters, digits, '_' or '-' (not a hosted "
                                               "tool's; names are yours alone, kept apart from other keys').")
@@ -142,7 +142,7 @@ class ToolInvokeView(ApiView):
 
 class ActionClaimView(ApiView):
     @extend_schema(
-        request=ClaimRequestSerializer,
+        request=ActionClaimSerializer,
         responses={201: ClaimSerializer, 200: OutcomeSerializer,
                    409: {"anyOf": [{"$ref": "#/components/schemas/Outcome"},
                                    {"$ref": "#/components/schemas/Error"}]},
@@ -155,7 +155,7 @@ class ActionClaimView(ApiView):
                     "429: this key already uses AGENTLOOP_MAX_ACTIONS_PER_KEY action names (or too many requests).",
     )
     def post(self, request):
-        incoming = ClaimRequestSerializer(data=request.data)
+        incoming = ActionClaimSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
         scope = _scope(request, data)

@@ -27,7 +27,7 @@ from conversations.api.reading import (  # noqa: F401
 )
 from conversations.api.schedules import (  # noqa: F401
     ConversationSchedulesView,
-    ScheduleRequestSerializer,
+    NewScheduleSerializer,
     ScheduleSerializer,
 )
 from conversations.api.streaming import ConversationStreamQuery, ConversationStreamView, Streams  # noqa: F401

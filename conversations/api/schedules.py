@@ -15,7 +15,7 @@ from delivery import templates
 from delivery.models import ScheduleSource
 
 
-class ScheduleRequestSerializer(StrictBody):
+class NewScheduleSerializer(StrictBody):
     text = serializers.CharField(max_length=4000)
     due_at = UtcDateTimeField(help_text="When it goes out (RFC 3339). In the past: at once.")
     repeat_every_seconds = serializers.IntegerField(
@@ -57,7 +57,7 @@ class ScheduleSerializer(serializers.Serializer):
 
 class ConversationSchedulesView(ApiView):
     @extend_schema(
-        request=ScheduleRequestSerializer,
+        request=NewScheduleSerializer,
         responses={201: ScheduleSerializer, 400: ErrorSerializer, 401: ErrorSerializer, 404: ErrorSerializer},
         summary="Schedule a message into a conversation: it goes out by itself through the delivery ledger",
         description="Sent once per tick however many workers run (docs/schedules.md). On WhatsApp, a tick "
@@ -67,7 +67,7 @@ class ConversationSchedulesView(ApiView):
                     "404: no such conversation in the key's channels.")
     def post(self, request, conversation):
         found = conversation_for_key(request.user, conversation)
-        incoming = ScheduleRequestSerializer(data=request.data)
+        incoming = NewScheduleSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
         seconds = data.get("repeat_every_seconds")
