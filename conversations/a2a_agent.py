@@ -26,6 +26,8 @@ tools).
   task, an answer over AGENTLOOP_AGENT_MAX_ANSWER_BYTES, the deadline) are
   AgentUnavailable, their text redacted and naming the agent's host only: the turn ends
   with an apology and is never re-run.
+- **A cancelled turn** (/stop, an interrupt, shutdown, the deadline) sends tasks/cancel
+  for a remote task still going, best effort within CANCEL_WITHIN.
 - **Only the configured origin.** The card's interfaces at another scheme, host or port
   are not used: the key must not go where the operator did not send it.
 
@@ -41,8 +43,9 @@ import logging
 import os
 import re
 import uuid
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -66,6 +69,7 @@ CARDS: BoundedCache = BoundedCache(maxsize=128, max_age=300)
 HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 FORBIDDEN_HEADERS = {"host", "content-length", "content-type", "cookie", "transfer-encoding", "connection"}
 POLL_EVERY = (0.25, 0.5, 1.0, 2.0)  # a task still working after its answer, looked at again
+CANCEL_WITHIN = 5.0  # seconds for tasks/cancel once a turn is cancelled: its end is not held up longer
 
 
 @functools.cache
@@ -129,15 +133,21 @@ class A2AAgent(Agent):
                 client = a2a.ClientFactory(a2a.ClientConfig(streaming=streaming, httpx_client=http)).create(
                     await _card(http, url, config))
                 try:
-                    async for delta in _send(client, reading, ctx, session):
-                        yield delta
-                except a2a.TaskNotFoundError:
-                    if not session.get("task_id") or reading.previewed:
-                        raise
-                    session = {**session, "task_id": ""}  # forgotten by the agent: ask anew
-                    async for delta in _send(client, reading, ctx, session):
-                        yield delta
-                await _settle(client, reading)
+                    try:
+                        async for delta in _send(client, reading, ctx, session):
+                            yield delta
+                    except a2a.TaskNotFoundError:
+                        if not session.get("task_id") or reading.previewed:
+                            raise
+                        session = {**session, "task_id": ""}  # forgotten by the agent: ask anew
+                        async for delta in _send(client, reading, ctx, session):
+                            yield delta
+                    await _settle(client, reading)
+                except (asyncio.CancelledError, GeneratorExit):
+                    # The turn cancelled (/stop, an interrupt, shutdown) or past its deadline:
+                    # the remote task would go on for nobody.
+                    await _cancel_remote(Remote(client, host, ctx, key, session), reading)
+                    raise
         except (TimeoutError, a2a.A2AClientTimeoutError) as exc:
             raise AgentUnavailable(f"the A2A agent at {host} did not answer within {timeout:g} s") from exc
         except AnswerTooLarge as exc:
@@ -146,6 +156,42 @@ class A2AAgent(Agent):
             raise AgentUnavailable(f"the A2A agent at {host} failed: {_why(exc, config)}") from exc
         await _keep(ctx, key, session, reading)
         yield _answer_of(reading, host, config)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One exchange's remote end, for what is done after its turn was cancelled."""
+
+    client: Any
+    host: str
+    ctx: TurnContext
+    key: str  # the conversation's session with this agent
+    session: dict
+
+
+async def _cancel_remote(remote: Remote, reading) -> None:
+    """Send tasks/cancel for the task this exchange was answered in, if it is still going:
+    best effort, within CANCEL_WITHIN, shielded from the cancellation that brought us here
+    (cancelled once more, by a shutdown, it is abandoned). The session's waiting task, if
+    it is this one, is forgotten: the person's next message starts a new task."""
+    if not reading.task_id or reading.settled:
+        return  # not known yet (no event came), or already over
+    job = asyncio.ensure_future(_ask_to_cancel(remote, reading.task_id))
+    try:
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+
+
+async def _ask_to_cancel(remote: Remote, task_id: str) -> None:
+    try:
+        async with asyncio.timeout(CANCEL_WITHIN):
+            await remote.client.cancel_task(sdk().CancelTaskRequest(id=task_id))
+            if remote.session.get("task_id") == task_id and remote.ctx.save_session is not None:
+                await remote.ctx.save_session(remote.key, {**remote.session, "task_id": ""}, new=False)
+    except Exception as exc:  # best effort: the turn is over either way
+        log.info("tasks/cancel to the A2A agent at %s failed: %s", remote.host, type(exc).__name__)
 
 
 def session_key(url: str) -> str:

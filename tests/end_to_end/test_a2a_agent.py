@@ -43,10 +43,18 @@ class Desk:
 
         wait_until(answers, timeout=20, message="the A2A desk")
 
-    def received(self):
+    def lines(self):
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def received(self):
+        """The messages it was sent."""
+        return [line for line in self.lines() if "text" in line]
+
+    def cancelled(self):
+        """The ids of the tasks it was asked to cancel (tasks/cancel)."""
+        return [line["cancel"] for line in self.lines() if "cancel" in line]
 
 
 def a2a_channel(make_channel, fake_telegram, desk, streaming=False, **config):
@@ -94,6 +102,22 @@ def test_a_streamed_answer_is_previewed_then_sent_by_the_ledger(processes, make_
     wait_until(delivered(1), message="the final delivered by the ledger")
     assert OutboundMessage.objects.get(state=OutboundState.DELIVERED).text == final.params["text"]
     assert Turn.objects.get().first_delta_at is not None
+
+
+def test_stop_during_a_streamed_turn_cancels_the_remote_task(processes, make_channel, fake_telegram, tmp_path):
+    """/stop cancels the turn; the remote agent, still working on its task, is sent
+    tasks/cancel for it (else it would go on for nobody)."""
+    desk = Desk(processes, tmp_path, pace=3)
+    a2a_channel(make_channel, fake_telegram, desk, streaming=True)
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    send(web, "tg", 101, "despacio uno dos tres cuatro cinco seis")
+    fake_telegram.wait_for("sendMessageDraft", timeout=30)  # a word streamed: the task is the turn's
+    send(web, "tg", 101, "/stop")
+    [cancelled] = wait_until(desk.cancelled, timeout=20, message="tasks/cancel at the remote agent")
+    [asked] = desk.received()
+    assert cancelled == asked["task"] and asked["task"]
+    wait_until(lambda: Turn.objects.get().state == TurnState.CANCELLED, message="the turn cancelled")
+    assert "uno dos tres cuatro cinco seis" not in texts(fake_telegram)
 
 
 def test_input_required_asks_the_person_and_the_next_turn_continues_the_task(

@@ -13,7 +13,8 @@ What it does depends on the message:
   contextId across turns counts on).
 
 Each message it receives is appended to the log file (one JSON line: its text, context
-and task ids, metadata). With `--require-key K`, a JSON-RPC request without
+and task ids, metadata, and `task`: the task it is served in); each `tasks/cancel` too
+(`{"cancel": <task id>}`). With `--require-key K`, a JSON-RPC request without
 `Authorization: Bearer K` is answered 401 (its agent card stays public).
 
 With `--interface-url`, its card names another address to be spoken to.
@@ -88,12 +89,16 @@ class Desk(AgentExecutor):
                 f"Eco {self.said[context.context_id]}: {text}", context_id=context.context_id))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.write({"cancel": context.task_id})
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
     def record(self, context, text):
         message = context.message
-        line = {"text": text, "context_id": context.context_id, "task_id": message.task_id,
-                "metadata": MessageToDict(message.metadata) if message.HasField("metadata") else {}}
+        self.write({"text": text, "context_id": context.context_id, "task_id": message.task_id,
+                    "task": context.task_id,
+                    "metadata": MessageToDict(message.metadata) if message.HasField("metadata") else {}})
+
+    def write(self, line):
         with self.log.open("a") as out:
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
