@@ -31,6 +31,8 @@ from tools.models import Confirmation
 
 log = logging.getLogger(__name__)
 
+IGNORED = ReactionOutcome.IGNORED
+
 # What stands for a tap on a question's buttons: Unicode emoji (Telegram, WhatsApp) and
 # Slack's names for them, skin tones aside.
 YES = frozenset({"👍", "+1", "thumbsup"})
@@ -145,7 +147,8 @@ def note_text(reaction, row, conversation) -> str:
     quoted = " ".join(row.text.split())
     if len(quoted) > QUOTE_CHARS:
         quoted = quoted[:QUOTE_CHARS - 1] + "…"
-    return (f"{who} reacted {reaction.emoji} to your message \"{quoted}\". A reaction, not a message: "
+    emoji = f":{reaction.emoji}:" if reaction.source == "slack" else reaction.emoji  # Slack names its emoji
+    return (f"{who} reacted {emoji} to your message \"{quoted}\". A reaction, not a message: "
             "no answer is expected unless it changes what you are doing.")
 
 

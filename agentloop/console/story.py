@@ -35,6 +35,7 @@ from conversations.models import (
     Conversation,
     Disposition,
     InboundMessage,
+    InboundReaction,
     MessageBuffer,
     MessageEdit,
     Turn,
@@ -393,9 +394,18 @@ def _edit_entry(story, e, rank):
                  story.redact(e.new_text), details, links)
 
 
+def _reactions(story, older, rank):
+    rows = story.latest(InboundReaction.objects.filter(conversation=story.conversation), "reacted_at", older)
+    return [Entry(r.reacted_at, rank, r.pk, "reaction",
+                  f"Reaction {r.emoji or '(taken back)'} on the bot's message: {r.get_outcome_display()}", "",
+                  [("By", story.redact(r.sender_id, 100)), ("Message", r.platform_message_id), ("Event", r.key)], [])
+            for r in rows]
+_reactions.time_field = "reacted_at"
+
+
 # In this order within the same instant: what arrived, what it flushed, what ran, what it did
-# (edits last: a source's rank is part of the page cursor).
-SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes, _edits]
+# (edits, then reactions, last: a source's rank is part of the page cursor).
+SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes, _edits, _reactions]
 
 
 # --- how a page is handed out -------------------------------------------------------------------

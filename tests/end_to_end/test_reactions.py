@@ -58,7 +58,15 @@ def test_a_reaction_on_the_bots_reply_reaches_the_next_turn_once(processes, make
     notes = [m["content"] for m in requests[1].messages if m["role"] == "system" and "reacted" in m["content"]]
     assert len(notes) == 1 and "👍" in notes[0] and "Tu hora es el martes" in notes[0]
     assert ContextNote.objects.count() == 1
-    assert InboundReaction.objects.get().outcome == ReactionOutcome.NOTED
+    reaction = InboundReaction.objects.get()
+    assert reaction.outcome == ReactionOutcome.NOTED
+    # The story page shows it, beside the note it left.
+    from agentloop.console import story
+
+    page = story.page(reaction.conversation_id)
+    [entry] = [e for e in page.entries if e.kind == "reaction"]
+    assert entry.title == "Reaction 👍 on the bot's message: Noted for the agent's next turn"
+    assert any(e.kind == "note" for e in page.entries)
 
 
 def test_a_reaction_through_long_polling_is_asked_for(processes, make_channel, fake_telegram):
@@ -107,7 +115,8 @@ def test_a_thumbs_up_on_a_question_confirms_once_with_repeats_and_a_racing_tap(p
     assert len(won) == 1, answers
     assert sum(a.get("duplicate") is True for a in answers) == 1  # the redelivered update
     assert InboundReaction.objects.count() == 3
-    wait_until(lambda: "✅ Confirmed at" in shown(fake_telegram, question)["text"], timeout=10,
+    # Edited by the winner and by the taps that lost (which may see it still applying).
+    wait_until(lambda: "Confirmed at" in shown(fake_telegram, question)["text"], timeout=10,
                message="the question shows the outcome")
 
 
@@ -187,3 +196,65 @@ def test_the_fake_refuses_what_telegram_refuses(fake_telegram):
     assert fake_telegram.reactions[(e2e.TOKEN, CHAT, 3)] == ["👌"]
     assert json.loads(json.dumps(fake_telegram.message_reaction(e2e.TOKEN, CHAT, 3, "")))["message_reaction"][
         "new_reaction"] == []
+
+
+# --- Slack: reaction_added (Events API, reactions:read), reactions.add / reactions.remove -----------
+
+
+def test_slack_a_reaction_on_the_apps_reply_is_noted_once_and_the_status_reaction_follows(processes, make_channel):
+    from delivery.models import OutboundMessage
+    from tests import slack
+    from tests.end_to_end.test_slack_e2e import started_worker
+    from tests.fakes import slack_api
+    from tests.fakes.slack_api import FakeSlackAPI
+
+    with FakeSlackAPI(tokens=[slack.TOKEN]) as fake:
+        slack.slack_channel(make_channel, fake, status_reaction="seen_done", window_closed=1.0,
+                            agent_config={"delay": 1.0})
+        web, _ = processes.web(), started_worker(processes)
+        event = slack.send(web, "¿Qué horas tengo?")
+        wait_until(lambda: fake.reactions_on(slack.DM, event["ts"]) == {"eyes"}, timeout=30, message="👀")
+        reply = wait_until(lambda: OutboundMessage.objects.exclude(platform_message_id="").first(), timeout=30,
+                           message="the reply delivered")
+        [reply_ts] = fake.messages(slack.DM)
+        assert reply.platform_message_id == reply_ts
+        wait_until(lambda: fake.reactions_on(slack.DM, event["ts"]) == {"white_check_mark"}, timeout=30,
+                   message="✅ once answered")
+        # The person's 👍 on the app's reply, and Slack's retry of the same event.
+        thumbs = slack_api.envelope(slack_api.reaction_event(slack.USER, "+1", slack.DM, reply_ts))
+        assert slack.deliver(web, thumbs)["reaction"] == "noted"
+        assert slack.deliver(web, thumbs)["duplicate"] is True
+        # A reaction on someone else's message is not ours.
+        other = slack_api.reaction_event(slack.USER, "heart", slack.DM, event["ts"], item_user=slack.USER)
+        assert slack.deliver(web, slack_api.envelope(other))["ignored"] == ["reaction:not_ours"]
+    [note] = ContextNote.objects.all()
+    assert ":+1:" in note.text and "¿Qué horas tengo?" in note.text
+    assert Turn.objects.count() == 1
+
+
+# --- WhatsApp: `reaction` messages both ways -----------------------------------------------------------
+
+
+def test_whatsapp_reactions_both_ways(processes, make_channel):
+    from delivery.models import OutboundMessage
+    from tests import whatsapp
+    from tests.end_to_end.test_whatsapp_e2e import started_worker
+    from tests.fakes import graph_api
+    from tests.fakes.graph_api import FakeGraphAPI
+
+    with FakeGraphAPI(tokens=[whatsapp.TOKEN], phone_number_ids=[whatsapp.PHONE]) as fake:
+        whatsapp.whatsapp_channel(make_channel, fake, status_reaction="seen", window_closed=1.0,
+                                  agent_config={"delay": 1.0})
+        web, _ = processes.web(), started_worker(processes)
+        wamid = whatsapp.send(web, "¿Qué horas tengo?")
+        wait_until(lambda: fake.reaction_on(whatsapp.USER, wamid) == "👀", timeout=30, message="👀")
+        wait_until(lambda: fake.texts(whatsapp.USER), timeout=30, message="the reply")
+        wait_until(lambda: fake.reaction_on(whatsapp.USER, wamid) == "", timeout=30, message="👀 taken away")
+        reply = wait_until(lambda: OutboundMessage.objects.exclude(platform_message_id="").first(), timeout=10,
+                           message="the reply's wamid")
+        thumbs = graph_api.reaction_message(whatsapp.USER, reply.platform_message_id, "👍")
+        body = graph_api.webhook_body(whatsapp.PHONE, messages=[thumbs])
+        assert whatsapp.deliver(web, body)["reactions"] == 1
+        assert whatsapp.deliver(web, body)["reactions"] == 0  # Meta's redelivery: the same note
+    [note] = ContextNote.objects.all()
+    assert "👍" in note.text and Turn.objects.count() == 1

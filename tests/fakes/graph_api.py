@@ -184,6 +184,7 @@ class _State:
     last_wrote: dict = field(default_factory=dict)  # wa_id -> time.time() of the user's last message
     accepted: list = field(default_factory=list)  # the message bodies answered 200, in order
     downloads: list = field(default_factory=list)  # media ids downloaded, in order
+    reactions: dict = field(default_factory=dict)  # (wa_id, wamid) -> the business's emoji on it now
 
 
 _serial = itertools.count(1)
@@ -427,6 +428,8 @@ class FakeGraphAPI(FakeServer):
             return refused.status, refused.envelope()
         with self._cond:
             self._state.accepted.append(data)
+            if data.get("type") == "reaction":  # one per sender and message; "" takes it away
+                self._state.reactions[(data["to"], data["reaction"]["message_id"])] = data["reaction"]["emoji"]
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": data["to"], "wa_id": data["to"]}],
                      "messages": [{"id": new_wamid(data["to"])}]}
 
@@ -437,6 +440,11 @@ class FakeGraphAPI(FakeServer):
         with self._cond:
             known = str((data.get(kind) or {}).get("id")) in self._state.media
         return "" if known else f"Invalid parameter: {kind}['id'] names no uploaded media"
+
+    def reaction_on(self, wa_id: str, wamid: str) -> str | None:
+        """The business's reaction on a message now ("" once taken away; None: never any)."""
+        with self._cond:
+            return self._state.reactions.get((wa_id, wamid))
 
     def file_messages(self, to: str | None = None) -> list[dict]:
         """The image and document messages sent, each with its media's bytes (`data`)."""
@@ -502,6 +510,8 @@ def _invalid(data, what) -> str:
         return _invalid_media(data)
     if data.get("type") == "template":
         return _invalid_template(data.get("template"))
+    if data.get("type") == "reaction":
+        return _invalid_reaction(data.get("reaction"))
     if data.get("type", "text") != "text":
         return f"Param type '{data.get('type')}' is not supported by this fake"
     body = (data.get("text") or {}).get("body")
@@ -512,6 +522,17 @@ def _invalid(data, what) -> str:
     context = data.get("context")
     if context is not None and not (isinstance(context, dict) and isinstance(context.get("message_id"), str)):
         return "Invalid parameter: context"
+    return ""
+
+
+def _invalid_reaction(reaction) -> str:
+    """The Cloud API's reaction: the wamid of the message reacted to and one emoji ("" removes ours)."""
+    if not isinstance(reaction, dict) or not isinstance(reaction.get("message_id"), str) \
+            or not reaction["message_id"].startswith("wamid."):
+        return "Invalid parameter: reaction['message_id']"
+    emoji = reaction.get("emoji")
+    if not isinstance(emoji, str) or (emoji and (len(emoji) > 8 or any(c.isascii() for c in emoji))):
+        return "Invalid parameter: reaction['emoji'] must be one emoji"
     return ""
 
 
@@ -599,6 +620,14 @@ def signature(app_secret: str, body: bytes) -> str:
 def text_message(wa_id: str, text: str, *, wamid: str | None = None, timestamp: int | None = None) -> dict:
     return {"from": wa_id, "id": wamid or new_wamid(wa_id), "timestamp": str(timestamp or int(time.time())),
             "type": "text", "text": {"body": text}}
+
+
+def reaction_message(wa_id: str, message_id: str, emoji: str, *, wamid: str | None = None) -> dict:
+    """A person's reaction on `message_id` as the webhook carries it (`emoji` "": taken back,
+    and Meta then leaves the field out)."""
+    reaction = {"message_id": message_id, **({"emoji": emoji} if emoji else {})}
+    return {"from": wa_id, "id": wamid or new_wamid(wa_id), "timestamp": str(int(time.time())),
+            "type": "reaction", "reaction": reaction}
 
 
 def media_message(wa_id: str, kind: str = "image", caption: str = "", *, wamid: str | None = None,

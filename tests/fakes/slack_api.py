@@ -55,10 +55,15 @@ from tests.fakes.slack_events import (  # noqa: F401 (Slack's side: the tests' r
     message_event,
     new_ts,
     post,
+    reaction_event,
     sign,
 )
 
-SCOPES = "app_mentions:read,channels:history,chat:write,groups:history,im:history,mpim:history"
+SCOPES = ("app_mentions:read,channels:history,chat:write,groups:history,im:history,mpim:history,"
+          "reactions:read,reactions:write")
+# Emoji names reactions.add knows (Slack's standard set is larger; any other is invalid_name).
+EMOJI_NAMES = frozenset({"eyes", "white_check_mark", "+1", "-1", "thumbsup", "thumbsdown", "heart", "tada", "fire",
+                         "ok_hand", "pray", "joy"})
 MAX_TEXT = 40000
 
 
@@ -119,6 +124,7 @@ class _State:
     deleted: list = field(default_factory=list)  # (channel, ts) deleted
     uploads: dict = field(default_factory=dict)  # file id -> {"name", "length", "data"}
     shared: list = field(default_factory=list)  # files shared by files.completeUploadExternal
+    reactions: dict = field(default_factory=dict)  # (channel, ts) -> the app's reaction names on it
 
 
 class FakeSlackAPI(FakeServer):
@@ -237,6 +243,8 @@ class FakeSlackAPI(FakeServer):
                 {"ok": False, "error": "invalid_arguments"}
         if method.startswith("files."):
             return self._files(method, body)
+        if method in ("reactions.add", "reactions.remove"):
+            return self._reaction(method, body)
         if method == "chat.postEphemeral":
             ok = body.get("channel") and body.get("user") and body.get("text")
             return {"ok": True, "message_ts": new_ts()} if ok else {"ok": False, "error": "invalid_arguments"}
@@ -293,6 +301,33 @@ class FakeSlackAPI(FakeServer):
             if method == "chat.stopStream":
                 self._state.streaming.discard((channel, ts))
             return {"ok": True, "channel": channel, "ts": ts}
+
+    def _reaction(self, method: str, body: dict) -> dict:
+        """reactions.add / reactions.remove as Slack answers them: reactions:write needed,
+        `name` without colons, already_reacted / no_reaction for the app's own."""
+        if "reactions:write" not in self.scopes.split(","):
+            return {"ok": False, "error": "missing_scope", "needed": "reactions:write", "provided": self.scopes}
+        channel, ts, name = body.get("channel"), body.get("timestamp"), str(body.get("name") or "")
+        if not channel or not ts:
+            return {"ok": False, "error": "no_item_specified"}
+        if name.split("::")[0] not in EMOJI_NAMES:
+            return {"ok": False, "error": "invalid_name"}
+        with self._cond:
+            names = self._state.reactions.setdefault((channel, ts), set())
+            if method == "reactions.add":
+                if name in names:
+                    return {"ok": False, "error": "already_reacted"}
+                names.add(name)
+            else:
+                if name not in names:
+                    return {"ok": False, "error": "no_reaction"}
+                names.discard(name)
+        return {"ok": True}
+
+    def reactions_on(self, channel: str, ts: str) -> set:
+        """The app's reactions on a message now."""
+        with self._cond:
+            return set(self._state.reactions.get((channel, ts), ()))
 
     def _files(self, method: str, body: dict) -> dict:
         with self._cond:

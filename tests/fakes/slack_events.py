@@ -63,6 +63,15 @@ def deleted_event(event: dict) -> dict:
                                                        if k not in ("channel", "channel_type", "event_ts")}}
 
 
+def reaction_event(user: str, name: str, channel: str, ts: str, *, item_user: str = "",
+                   removed: bool = False) -> dict:
+    """reaction_added (or _removed) by `user` on the message `ts` in `channel`: Slack's
+    shape — the emoji's name without colons, the item reacted to, its author."""
+    return {"type": "reaction_removed" if removed else "reaction_added", "user": user, "reaction": name,
+            "item": {"type": "message", "channel": channel, "ts": ts}, "item_user": item_user or BOT_USER,
+            "event_ts": new_ts()}
+
+
 def envelope(event: dict, *, event_id: str | None = None) -> dict:
     return {"token": "legacy-verification-token", "team_id": TEAM, "api_app_id": "A0AGENTLOOP",
             "event": event, "type": "event_callback", "event_id": event_id or "Ev" + secrets.token_hex(5).upper(),

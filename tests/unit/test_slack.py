@@ -211,7 +211,8 @@ def test_a_thread_is_a_conversation_of_its_own_when_the_channel_says_so(client, 
     (slack_api.message_event(BOT_USER, "our own reply"), "own"),
     (slack_api.message_event(USER, "joined", subtype="channel_join"), "subtype:channel_join"),
     (slack_api.message_event(USER, "   "), "empty"),
-    ({"type": "reaction_added", "user": USER, "reaction": "thumbsup"}, "event:reaction_added"),
+    # A reaction on no message of the app's (conversations/reactions.py takes those).
+    ({"type": "reaction_added", "user": USER, "reaction": "thumbsup"}, "reaction:not_ours"),
     ({"type": "message", "subtype": "message_deleted", "channel": DM, "deleted_ts": "1.2",
       "previous_message": {"bot_id": slack_api.BOT_ID, "user": slack_api.BOT_USER, "ts": "1.2"}}, "bot"),
 ])

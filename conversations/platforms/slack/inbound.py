@@ -20,6 +20,7 @@ from conversations.deletions import Deletion
 from conversations.edits import Edit
 from conversations.ingest import Inbound
 from conversations.platforms.slack.names import PER_THREAD
+from conversations.reactions import Reaction
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
@@ -54,6 +55,7 @@ class Parsed:
     messages: list = field(default_factory=list)  # Inbound
     edits: list = field(default_factory=list)  # Edit
     deletions: list = field(default_factory=list)  # Deletion
+    reactions: list = field(default_factory=list)  # Reaction
     ignored: list = field(default_factory=list)  # why, one word each ("bot", "subtype:channel_join", …)
 
 
@@ -68,7 +70,9 @@ def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
     found = Parsed()
     bot_user = _bot_user(envelope)
     kind, subtype = event.get("type"), str(event.get("subtype") or "")
-    if kind not in ("message", "app_mention"):
+    if kind in ("reaction_added", "reaction_removed"):
+        _reaction(envelope, event, bot_user, found)
+    elif kind not in ("message", "app_mention"):
         found.ignored.append(f"event:{kind}")
     elif subtype == "message_changed":
         _edit(event, conversations, bot_user, found)
@@ -196,6 +200,26 @@ def _deletion(event, conversations, bot_user, found):
     found.deletions.append(Deletion(platform_message_id=f"{channel_id}:{ts}",
                                     deleted_at=moment(str(event.get("event_ts") or event.get("ts") or ""))
                                     or datetime.now(UTC), source="slack", chat_id=chat, sender_id=user))
+
+
+def _reaction(envelope, event, bot_user, found):
+    """reaction_added / reaction_removed (the app subscribes to both; reactions:read):
+    only one on the app's own message (`item_user`) is ours. Deduplicated by the
+    envelope's event_id; the message is its channel and ts (the ledger's id of a reply),
+    in any of the channel's per-thread conversations."""
+    item = event.get("item") if isinstance(event.get("item"), dict) else {}
+    user, event_id = str(event.get("user") or ""), str(envelope.get("event_id") or "")
+    if item.get("type") != "message" or (bot_user and str(event.get("item_user") or "") != bot_user):
+        found.ignored.append("reaction:not_ours")
+        return
+    if not user or not event_id or not item.get("channel") or not item.get("ts") or user == bot_user:
+        found.ignored.append("reaction:incomplete")
+        return
+    removed = event.get("type") == "reaction_removed"
+    found.reactions.append(Reaction(key=f"slack:{event_id}", platform_message_id=str(item["ts"]),
+                                    chat_id=str(item["channel"]), sender_id=user,
+                                    emoji="" if removed else str(event.get("reaction") or ""),
+                                    source="slack", thread_prefix=True))
 
 
 def without_mention(text: str, bot_user: str) -> str:

@@ -70,6 +70,13 @@ def deadline() -> float:
     return settings.AGENTLOOP_CALLBACK_TIMEOUT
 
 
+REACTION_DEADLINE = 5.0  # one reactions.add/remove, all told
+
+
+class ReactionRefused(Exception):
+    """A status reaction Slack refused (best effort: logged by the caller)."""
+
+
 class SlackTransport(Transport):
     supports_typing = True  # where the app is an assistant (detected per token: is_assistant)
     typing_refresh = 20.0
@@ -202,6 +209,24 @@ class SlackTransport(Transport):
         """The workspace's bot, and about one message a second into one Slack channel."""
         return self.paced(f"slack:{token_key(self.setting('bot_token'))}", place(chat_id, "")[0],
                           float(self.setting("chat_interval") or 0))
+
+    # --- status reactions (conversations/worker/reactions.py); reactions:write ------------
+    status_reactions = ("eyes", "white_check_mark")
+
+    async def set_reaction(self, target: Target, message_id: str, emoji: str, previous: str = "") -> None:
+        """reactions.remove the one we put there, then reactions.add the new one (Slack
+        keeps each name apart). Our own already there, or already gone, is what we want."""
+        channel_id = place(target.chat_id, "")[0]
+        if previous:
+            await self._reaction("reactions_remove", channel_id, message_id, previous, fine="no_reaction")
+        if emoji:
+            await self._reaction("reactions_add", channel_id, message_id, emoji, fine="already_reacted")
+
+    async def _reaction(self, method, channel_id, ts, name, fine):
+        response = await self.call(method, {"channel": channel_id, "timestamp": ts, "name": name},
+                                   within=REACTION_DEADLINE)
+        if isinstance(response, SendResult) and fine not in response.error:
+            raise ReactionRefused(f"{method}: {response.error}")
 
     # --- streamed replies (streaming.py, docs/streaming.md) -----------------------------
 

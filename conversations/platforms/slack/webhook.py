@@ -32,7 +32,7 @@ from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from conversations import deletions, edits
+from conversations import deletions, edits, reactions
 from conversations.ingest import Inbound, admit, record_refusal, refusal
 from conversations.models import Channel, Conversation
 from conversations.platforms.slack import inbound as parsing
@@ -91,10 +91,10 @@ def prepare(slug, headers, body):
                                    channel, slack_channel, thread_ts))
     except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as exc:
         return error(400, f"not a Slack Events API envelope: {exc}")
-    found = parsed.messages + parsed.edits + parsed.deletions  # one event: one of them, or nothing
+    found = parsed.messages + parsed.edits + parsed.deletions + parsed.reactions  # one event: one of them, or nothing
     if not found:
         return Answer(200, {"ok": True, "admitted": 0, "ignored": parsed.ignored})
-    if isinstance(found[0], deletions.Deletion):
+    if isinstance(found[0], deletions.Deletion | reactions.Reaction):
         return channel, found[0]  # ids only: an unknown one is audited as such
     problem = edits.refusal(found[0]) if isinstance(found[0], edits.Edit) else refusal(found[0])
     if problem:
@@ -129,7 +129,10 @@ def deleted(result) -> Answer:
 
 
 def aside(channel, item) -> Answer:
-    """What is not a new message: an edit or a deletion, each its own transaction."""
+    """What is not a new message: an edit, a deletion or a reaction, each its own transaction."""
+    if isinstance(item, reactions.Reaction):
+        result = reactions.apply(channel, item)
+        return Answer(200, {"ok": True, "admitted": 0, "reaction": result.outcome, "duplicate": result.duplicate})
     if isinstance(item, deletions.Deletion):
         return deleted(deletions.apply(channel, item))
     return edited(edits.apply(channel, item))

@@ -10,10 +10,11 @@ both the dedup key and what the reply threads to); each status a Receipt.
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from conversations.ingest import Inbound, MediaRef
+from conversations.reactions import Reaction
 
 # Kinds of message that carry something for the agent but are not text: they flush
 # their buffer at once (the caption, if any, is the text).
@@ -38,6 +39,7 @@ class Notification:
 
     messages: list  # Inbound
     receipts: list  # Receipt
+    reactions: list = field(default_factory=list)  # conversations.reactions.Reaction
     ignored: int = 0  # messages, statuses and changes nothing is done with
 
 
@@ -67,6 +69,10 @@ def parse(data, phone_number_id: str) -> Notification:
             continue
         names = _names(value.get("contacts"))
         for message in value.get("messages") or []:
+            reaction = reaction_from(message, names)
+            if reaction is not None:
+                found.reactions.append(reaction)
+                continue
             inbound = inbound_from(message, names)
             if inbound is None:
                 found.ignored += 1
@@ -92,8 +98,24 @@ def _names(contacts) -> dict:
     return names
 
 
+def reaction_from(message, names) -> Reaction | None:
+    """A `reaction` message: the person's emoji on a message (ours: the wamid our send got
+    back), "" when they took it back; deduplicated by the reaction message's own id."""
+    if not isinstance(message, dict) or message.get("type") != "reaction" or not message.get("id") \
+            or not message.get("from"):
+        return None
+    reaction = message.get("reaction") if isinstance(message.get("reaction"), dict) else {}
+    if not reaction.get("message_id"):
+        return None
+    sender = str(message["from"])
+    return Reaction(key=f"whatsapp:{message['id']}", platform_message_id=str(reaction["message_id"]), chat_id=sender,
+                    sender_id=sender, emoji=str(reaction.get("emoji") or ""), source="whatsapp",
+                    sender_name=names.get(sender, ""))
+
+
 def inbound_from(message, names) -> Inbound | None:
-    """A message we act on, or None (reactions, system notices, unsupported types)."""
+    """A message we act on, or None (system notices, unsupported types; a reaction is
+    reaction_from's)."""
     if not isinstance(message, dict) or not message.get("id") or not message.get("from"):
         return None
     kind = message.get("type", "")

@@ -228,7 +228,18 @@ class WhatsAppTransport(Transport):
         return self.paced(f"whatsapp:{self.setting('phone_number_id')}", str(chat_id),
                           float(self.setting("chat_interval") or 0))
 
-    # --- typing -------------------------------------------------------------------------------
+    # --- status reactions (conversations/worker/reactions.py) ---------------------------------
+    status_reactions = ("👀", "✅")
+
+    async def set_reaction(self, target: Target, message_id: str, emoji: str, previous: str = "") -> None:
+        """A `reaction` message: one per sender and message, so a new emoji replaces ours and
+        "" takes it away. A message of its own (inside the 24 h window, like any)."""
+        body = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": target.chat_id,
+                "type": "reaction", "reaction": {"message_id": message_id, "emoji": emoji}}
+        sent = await self._post(body)
+        if isinstance(sent, SendResult):
+            raise GraphAnswer(sent.error, sent.retry_after if sent.outcome == Outcome.FLOOD else None)
+
 
     async def send_typing(self, target: Target) -> None:
         """WhatsApp shows "typing…" against the user's last message (marking it read):

@@ -21,6 +21,7 @@ from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
+from conversations import reactions
 from conversations.ingest import Unstorable, admit, record_refusal
 from conversations.models import Channel
 from conversations.platforms.webhooks import Answer, error
@@ -81,6 +82,10 @@ def receive(channel, supplied_signature, body) -> Answer:
             tally["refused"] += 1
             continue
         tally["duplicates" if admission.duplicate else "admitted"] += 1
+    for reaction in notification.reactions:  # a note for the next turn, or a question answered
+        result = reactions.apply(channel, reaction)
+        counted = "ignored" if result.outcome == reactions.IGNORED else "reactions"  # not on a message of ours
+        tally[counted] = tally.get(counted, 0) + (not result.duplicate)
     for receipt in notification.receipts:
         outcome = apply_receipt(channel, receipt)
         tally[outcome] = tally.get(outcome, 0) + 1
