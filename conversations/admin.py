@@ -183,8 +183,8 @@ class ChannelAdmin(RoutingRulesInAdmin, admin.ModelAdmin):
                                  ("window_media", "window_album", "media_at_once")],
                       "description": "Seconds to wait after a message, by how the last message ends. "
                                      "Each new message re-arms the window."}),
-        ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode", "edits",
-                                                                  "streaming"]}),
+        ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode",
+                                                                  "status_reaction", "edits", "streaming"]}),
         ("Groups", {"fields": ["group_replies"]}),
         ("Bots and loops", {"fields": ["allowed_bots", ("loop_max_replies", "loop_window_seconds")],
                             "description": "docs/routing.md#bots"}),
