@@ -47,13 +47,14 @@ def sent(fake, token):
     return [c.params["text"] for c in fake.calls("sendMessage", token=token)]
 
 
-def settled(fake, seconds=2.0, timeout=30.0):
-    """Wait until no bot has sent anything for `seconds`; the count of messages sent."""
+def settled(fake, seconds=2.0, timeout=30.0, method="sendMessage"):
+    """Wait until no bot has sent anything for `seconds`; the count of messages sent
+    (`method`: the fake's sending method, chat.postMessage on the fake Slack)."""
     deadline = time.monotonic() + timeout
-    count, since = len(fake.calls("sendMessage")), time.monotonic()
+    count, since = len(fake.calls(method)), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        now = len(fake.calls("sendMessage"))
+        now = len(fake.calls(method))
         if now != count:
             count, since = now, time.monotonic()
         elif time.monotonic() - since >= seconds:

@@ -207,7 +207,8 @@ def test_a_thread_is_a_conversation_of_its_own_when_the_channel_says_so(client, 
 
 
 @pytest.mark.parametrize("event, why", [
-    (slack_api.message_event(USER, "hola", bot_id="B0OTHER"), "bot"),
+    # Another bot's message is one (tests/end_to_end/test_slack_bot_loops.py); our app's, by its app id, not.
+    (slack_api.message_event("U0LEGACY01", "from our app", bot_id="B0OTHER", app_id="A0AGENTLOOP"), "own"),
     (slack_api.message_event(BOT_USER, "our own reply"), "own"),
     (slack_api.message_event(USER, "joined", subtype="channel_join"), "subtype:channel_join"),
     (slack_api.message_event(USER, "   "), "empty"),

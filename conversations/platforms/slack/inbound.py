@@ -25,11 +25,12 @@ from conversations.reactions import Reaction
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
 MAX_AGE = 5 * 60  # seconds: an older (or as much newer) request is refused as a replay
-# Subtypes of `message` that are a person's message like any other (a thread reply also
-# sent to the channel, a message with files: its text counts). Every other subtype
-# (joins, topics, bot_message, …) is acknowledged and ignored; message_changed and
-# message_deleted are handled on their own.
-PLAIN_SUBTYPES = ("", "thread_broadcast", "file_share")
+# Subtypes of `message` that are a message like any other (a thread reply also sent to
+# the channel, a message with files: its text counts; a legacy bot's or an incoming
+# webhook's message: a bot's, conversations.loops decides). Every other subtype (joins,
+# topics, …) is acknowledged and ignored; message_changed and message_deleted are
+# handled on their own.
+PLAIN_SUBTYPES = ("", "thread_broadcast", "file_share", "bot_message")
 
 
 def signature_ok(secret: str, timestamp: str, body: bytes, supplied: str) -> bool:
@@ -81,7 +82,7 @@ def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
     elif subtype not in PLAIN_SUBTYPES:
         found.ignored.append(f"subtype:{subtype}")
     else:
-        inbound = inbound_from(event, conversations, bot_user)
+        inbound = inbound_from(event, conversations, bot_user, own_app=str(envelope.get("api_app_id") or ""))
         if isinstance(inbound, str):
             found.ignored.append(inbound)
         else:
@@ -121,15 +122,21 @@ def chat_of(channel_id: str, thread_ts: str, ts: str, conversations: str) -> str
     return f"{channel_id}:{thread_ts or ts}" if conversations == PER_THREAD else channel_id
 
 
-def inbound_from(event, conversations: str, bot_user: str) -> Inbound | str:
-    """A person's message, or why it is not one (a bot's, our own, no text)."""
-    if event.get("bot_id") or event.get("bot_profile"):
-        return "bot"
-    user, channel_id, ts = (str(event.get(k) or "") for k in ("user", "channel", "ts"))
+def inbound_from(event, conversations: str, bot_user: str, own_app: str = "") -> Inbound | str:
+    """A person's or another bot's message, or why it is not one (our own, no text). A
+    bot's (`bot_id`, `bot_profile`) is flagged is_bot, named by its profile: whether it
+    makes a turn is the channel's allowed_bots (conversations.loops). Our own (our bot
+    user, or our app: `api_app_id`) is never a message, not even context."""
+    profile = event.get("bot_profile") if isinstance(event.get("bot_profile"), dict) else {}
+    is_bot = bool(event.get("bot_id") or profile)
+    # A legacy bot's or an incoming webhook's message has no user: its bot id stands for it.
+    user = str(event.get("user") or "") or (str(event.get("bot_id") or "") if is_bot else "")
+    channel_id, ts = (str(event.get(k) or "") for k in ("channel", "ts"))
     if not user or not channel_id or not ts:
         return "incomplete"
-    if user == bot_user:
+    if user == bot_user or (is_bot and own_app and own_app == str(event.get("app_id") or profile.get("app_id") or "")):
         return "own"
+    bot_name = str(profile.get("name") or event.get("username") or "").strip() if is_bot else ""
     text = without_mention(str(event.get("text") or ""), bot_user)
     if not text.strip():
         return "empty"
@@ -142,12 +149,14 @@ def inbound_from(event, conversations: str, bot_user: str) -> Inbound | str:
         platform_message_id=f"{channel_id}:{ts}",
         chat_id=chat_of(channel_id, thread_ts, ts, conversations),
         sender_id=user,
-        sender_name=name_of(event, user),
+        sender_name=bot_name or name_of(event, user),
+        username=bot_name,  # what allowed_bots names a bot by, besides its user id
         text=text,
         is_group=not is_dm,
         thread_id=reply_thread,
         reply_target=ts,
         sent_at=moment(ts),
+        is_bot=is_bot,
     )
 
 
