@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from agentloop.core.people import PERSON_OWNER  # one spelling: the console and the ledger's pages read it
 from audit.events import record
 from audit.models import EventKind
 from conversations import notes, turns
@@ -38,7 +39,6 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind
 
-PERSON_OWNER = "person:"
 # Who holds a conversation the loop breaker paused (conversations.loops).
 LOOP_BREAKER = "loop breaker"
 

@@ -2,9 +2,10 @@
 are recorded, and the dashboard's figures (replies by ledger state, outcomes, the queue
 per channel and how long it takes to drain)."""
 
-from django.db.models import Count
+from django.db.models import Count, F
 
 from agentloop.core import big_tables, live
+from agentloop.core.people import person_of
 from delivery import attachments, pacing
 from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.models import OutboundMessage, OutboundState, Outcome
@@ -86,13 +87,15 @@ def outcomes_since(since):
 
 def replies_of(conversation_id, limit=30):
     """The conversation's latest outbound rows, oldest first, with their ledger state."""
-    rows = list(OutboundMessage.objects.filter(conversation_id=conversation_id).order_by("-created_at", "-pk")[:limit])
+    rows = list(OutboundMessage.objects.filter(conversation_id=conversation_id).annotate(turn_owner=F("turn__owner"))
+                .order_by("-created_at", "-pk")[:limit])
     # A question still waiting for the user keeps its buttons after a page reload.
     buttons = buttons_for_rows([r.pk for r in rows])
     return [{"kind": "reply", "text": r.text, "at": r.created_at.isoformat(), "state": r.state, "row": r.pk,
              **({"buttons": [{"label": label, "data": data} for label, data in buttons[r.pk]]}
                 if r.pk in buttons else {}),
-             **({"files": files} if (files := _files(r)) else {})}
+             **({"files": files} if (files := _files(r)) else {}),
+             **({"by": by} if (by := person_of(r.turn_owner or "")) else {})}  # a person's reply: who wrote it
             for r in reversed(rows)]
 
 

@@ -22,9 +22,10 @@ from datetime import datetime
 
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
-from django.urls import reverse
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
 
+from agentloop.core.people import person_of
 from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
 from conversations import windows
@@ -186,8 +187,21 @@ def _message_entry(story, m, rank):
         links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
     title = f"Message admitted from {m.sender_name or 'the contact'}" + (" (deleted)" if m.deleted_at else "")
+    if _is_command(m):  # /help, /stop…: answered by agentloop, never buffered
+        details[2] = ("Disposition", Disposition.CONTROL.label)
+        title = _("Control command %(command)s from %(who)s") % {
+            "command": story.redact(m.text.split()[0] if m.text.split() else m.text, 40),
+            "who": m.sender_name or _("the contact")}
     return Entry(m.received_at, rank, m.pk, "message", title,
                  story.redact(text), details, links)
+
+
+def _is_command(m) -> bool:
+    """A control command or a confirmation's answer. The ingest stores a command's row as
+    "buffered" with no buffer (conversations.ingest.admission): without a buffer, a
+    buffered message that starts with "/" can only be a command."""
+    return m.disposition == Disposition.CONTROL or (
+        m.disposition == Disposition.BUFFERED and not m.buffer_id and m.text.startswith("/"))
 
 
 def _window(story, m):
@@ -259,8 +273,10 @@ def _turn_entry(story, t, rank):
     links = [(f"turn {t.pk}", "conversations.turn", t.pk)]
     if t.buffer_id:
         links.append((f"buffer {t.buffer_id}", "conversations.messagebuffer", t.buffer_id))
-    entry = Entry(t.created_at, rank, t.pk, "turn", f"Turn {t.pk}: {t.get_state_display()}",
-                  story.redact(t.merged_input), details, links)
+    person = person_of(t.owner)  # a person's reply is a turn too (conversations.handoff): say who
+    title = _("Reply by %(person)s") % {"person": person} if person else f"Turn {t.pk}: {t.get_state_display()}"
+    entry = Entry(t.created_at, rank, t.pk, "turn", title, story.redact(t.merged_input), details, links)
+    entry.by = person
     entry.started, entry.finished = t.started_at, t.finished_at
     return entry
 
@@ -304,7 +320,8 @@ def _json(story, value):
 def _ledger(story, older, rank):
     # The turn's stream facts come with the row (one query still): which send was the final.
     rows = story.latest(OutboundMessage.objects.filter(conversation=story.conversation).annotate(
-        turn_previews=F("turn__previews"), turn_preview=F("turn__preview_message_id")), "created_at", older)
+        turn_previews=F("turn__previews"), turn_preview=F("turn__preview_message_id"), turn_owner=F("turn__owner")),
+        "created_at", older)
     return [_ledger_entry(story, r, rank) for r in rows]
 _ledger.time_field = "created_at"
 
@@ -331,8 +348,12 @@ def _ledger_entry(story, r, rank):
     links = [(f"ledger row {r.pk}", "delivery.outboundmessage", r.pk)]
     if r.turn_id:
         links.append((f"turn {r.turn_id}", "conversations.turn", r.turn_id))
-    return Entry(r.created_at, rank, r.pk, "ledger", f"Ledger: {r.get_kind_display()} written, "
-                 f"{r.get_state_display()}", story.redact(r.text), details, links)
+    person = person_of(getattr(r, "turn_owner", "") or "")
+    title = (_("Ledger: reply by %(person)s written, %(state)s") % {"person": person, "state": r.get_state_display()}
+             if person else f"Ledger: {r.get_kind_display()} written, {r.get_state_display()}")
+    entry = Entry(r.created_at, rank, r.pk, "ledger", title, story.redact(r.text), details, links)
+    entry.by = person
+    return entry
 
 
 def _final_of_stream(r) -> str:
@@ -408,43 +429,5 @@ _reactions.time_field = "reacted_at"
 SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes, _edits, _reactions]
 
 
-# --- how a page is handed out -------------------------------------------------------------------
-
-
-def admin_url(model_label, pk):
-    app, model = model_label.split(".")
-    return reverse(f"admin:{app}_{model}_change", args=[pk])
-
-
-def as_dict(entry, can_view=lambda label: True) -> dict:
-    """One entry as the page and the JSON download show it: links only to the rows the
-    reader may open."""
-    return {
-        "at": _iso(entry.at), "kind": entry.kind, "id": entry.pk, "title": entry.title, "text": entry.text,
-        "details": [{"label": label, "value": str(value)} for label, value in entry.details],
-        "links": [{"label": label, "url": admin_url(model, pk) if can_view(model) else None}
-                  for label, model, pk in entry.links],
-    }
-
-
-def as_json(page_, can_view=lambda label: True) -> dict:
-    c = page_.conversation
-    return {
-        "conversation": {"id": c.pk, "channel": c.channel.slug, "contact": redact(str(c.contact), channel_secrets(
-            c.channel)), "chat_id": c.chat_id, "double_texting": c.channel.double_texting,
-            "state": c.state, "held_by": c.held_by},
-        "entries": [as_dict(e, can_view) for e in page_.entries],
-        "earlier": page_.earlier,
-        "not_recorded": NOT_RECORDED,
-    }
-
-
-NOT_RECORDED = [
-    "Duplicate deliveries refused by the inbound dedup: the unique constraint refuses them and the webhook "
-    "answers 200 with duplicate: true; no row or event is written per delivery.",
-    "The tools offered to each model request and its read-only or unguarded calls: only guarded calls leave "
-    "a claim (shown).",
-    "Each send attempt of a ledger row: the row keeps the count, the last outcome and the last error (shown).",
-    "The window of a message that was not its buffer's last is recomputed from its text with the channel's "
-    "current settings (the buffer stores the window of its last message only).",
-]
+# How a page is handed out (as_dict, as_json) lives in story_page; these names stay here for callers.
+from agentloop.console.story_page import NOT_RECORDED, admin_url, as_dict, as_json  # noqa: E402,F401

@@ -9,9 +9,12 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from agentloop.console import story as conversation_story
+from agentloop.console import story_page
 from agentloop.console.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISSION, allowed
 from conversations import handoff
 from conversations.models import Channel, Conversation
@@ -86,9 +89,11 @@ def story(request, conversation_id):
         suffix = "" if page.newest or not page.entries else f"-from-{page.entries[0].at:%Y%m%dT%H%M%S}"
         response["Content-Disposition"] = f'attachment; filename="conversation-{conversation_id}-story{suffix}.json"'
         return response
+    story_page.timeline(page, data["entries"])
     return render(request, "console/story.html", {
-        **admin.site.each_context(request), "title": f"Story of {data['conversation']['contact']} @ "
-        f"{page.conversation.channel.slug}", "story": data, "page": page, "links": _admin_links(),
+        **admin.site.each_context(request), "title": _("Story of %(contact)s @ %(channel)s") % {
+            "contact": data["conversation"]["contact"], "channel": page.conversation.channel.slug}, "story": data, "page": page, "links": _admin_links(),
+        "state": story_page.header(page.conversation), "time_zone": timezone.get_current_timezone_name(),
         "conversation_url": reverse("admin:conversations_conversation_change", args=[conversation_id])
         if request.user.has_perm("conversations.view_conversation") else None,
         "can_hold": request.user.has_perm("conversations.change_conversation"), "reply_key": uuid.uuid4().hex})

@@ -40,7 +40,7 @@
       const sentMeanwhile = [...log.querySelectorAll(".bubble-me[data-message]")]
         .filter((item) => !known.has(item.dataset.message));
       log.replaceChildren(...data.transcript.flatMap((item) => item.kind === "reply"
-        ? (item.buttons ? [question(item.text, item.buttons)] : agentBubbles(item.text, item.files, item.at))
+        ? (item.buttons ? [question(item.text, item.buttons)] : agentBubbles(item.text, item.files, item.at, item.by))
         : [bubble("me", item.text, item.at, mine(item), {edited: item.edited, file: item.file})]), ...sentMeanwhile);
       scroll();
     } else if (data.type === "admitted") {
@@ -97,7 +97,7 @@
       typing.hidden = true;
       if (preview) { preview.remove(); preview = null; }
       if (e.buttons) log.append(question(e.text, e.buttons));
-      else log.append(...agentBubbles(e.text, e.files));
+      else log.append(...agentBubbles(e.text, e.files, undefined, e.by));
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
@@ -108,9 +108,10 @@
     scroll();
   }
 
-  function bubble(who, text, at, id, {edited: wasEdited = false, file = null} = {}) {
-    const item = el("li", {class: `bubble bubble-${who}`},
-      el("span", {class: "visually-hidden"}, who === "me" ? "You: " : "Agent: "),
+  // `by`: a person's reply (conversations.handoff) is labelled with who wrote it, not "Agent".
+  function bubble(who, text, at, id, {edited: wasEdited = false, file = null, by = ""} = {}) {
+    const item = el("li", {class: `bubble bubble-${who}${by ? " bubble-person" : ""}`},
+      by ? el("span", {class: "bubble-by"}, by) : el("span", {class: "visually-hidden"}, who === "me" ? "You: " : "Agent: "),
       attachment(file),
       el("span", {class: "text"}, text),
       el("time", {}, C.clock(at || new Date(C.serverNow()).toISOString())));
@@ -125,9 +126,9 @@
 
   // A reply: its text, then each file it carries in a bubble of its own (a file chunk
   // of the ledger row arrives as its own reply event, its caption as the text).
-  function agentBubbles(text, files, at) {
-    if (!files || !files.length) return [bubble("agent", text, at)];
-    return files.map((f, index) => bubble("agent", index === 0 ? text : "", at, null, {
+  function agentBubbles(text, files, at, by = "") {
+    if (!files || !files.length) return [bubble("agent", text, at, null, {by})];
+    return files.map((f, index) => bubble("agent", index === 0 ? text : "", at, null, {by,
       file: {kind: (f.type || "").startsWith("image/") ? "photo" : "document", name: f.name, url: f.url}}));
   }
 

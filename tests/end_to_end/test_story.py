@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine
+from conversations import engine, handoff
 from conversations.ingest import Inbound, admit
 from conversations.models import (
     BufferState,
@@ -283,7 +283,7 @@ def test_five_thousand_messages_page_by_page_within_a_bounded_number_of_queries(
     assert [e["at"] for e in seen] == sorted(e["at"] for e in seen)
 
     started = time.perf_counter()
-    with django_assert_max_num_queries(20):
+    with django_assert_max_num_queries(21):  # the JSON's 20, and the header's running turn
         html = client.get(story_url(conversation.pk)).content.decode()
     html_seconds = time.perf_counter() - started
     assert len(entries_in_html(html)) == 200 and "Load earlier" in html
@@ -323,3 +323,60 @@ def test_the_dashboard_links_to_the_story_in_a_browser(processes, browser, make_
     page.set_viewport_size({"width": 1280, "height": 1400})
     screenshot(page, "story")
     assert_no_console_errors(page)
+
+
+# --- a timeline, and people labelled as people (issue 53) ----------------------------------------
+
+
+def person_and_control_command(channel):
+    """A message, a /help, a turn, then olga takes over and answers herself."""
+    admit(channel, Inbound(platform_message_id="1", chat_id="7", sender_id="7", sender_name="Ana", text="hola"), now=T0)
+    admit(channel, Inbound(platform_message_id="2", chat_id="7", sender_id="7", sender_name="Ana", text="/help"),
+          now=T0 + timedelta(seconds=1.2))
+    engine.flush_due(now=T0 + timedelta(seconds=5))
+    conversation = Conversation.objects.get()
+    handoff.take_over(conversation.pk, "console:olga", now=T0 + timedelta(seconds=8))
+    handoff.reply(conversation.pk, "Soy Olga, te ayudo yo.", "console:olga", now=T0 + timedelta(seconds=9))
+    return conversation
+
+
+def test_the_story_reads_as_a_timeline_with_the_person_named(client, make_channel, settings):
+    settings.TIME_ZONE = "America/Santiago"  # the page shows the server's TIME_ZONE: 12:00 UTC is 09:00 there
+    conversation = person_and_control_command(make_channel("chan"))
+    html = logged_in(client, "olga", "operator").get(story_url(conversation.pk)).content.decode()
+
+    # Local times to the second, the date once per day, the gap between steps.
+    assert re.search(r'<time datetime="2026-11-29T12:00:00[^"]*">09:00:00</time>', html)
+    summaries = re.findall(r"<summary>(.*?)</summary>", html, flags=re.S)
+    assert summaries and not any(re.search(r"\d\d:\d\d:\d\d\.\d", re.sub(r"<[^>]+>", "", s))
+                                for s in summaries)
+    # The audit of the takeover is stamped by the clock, today: one date heading per day.
+    days = re.findall(r'<li class="story-day"[^>]*><h2>([^<]+)</h2>', html)
+    assert days[0] == "Nov. 29, 2026" and len(days) == len(set(days))
+    assert re.search(r'class="story-gap"[^>]*>\+1\.2 s<', html)
+    # Each entry collapsed, with its one-line summary; the kinds to filter by.
+    assert len(re.findall(r"<details class=\"story-body\">", html)) == len(entries_in_html(html))
+    assert "<details class=\"story-body\" open" not in html
+    for group in ("messages", "turns", "guard", "replies", "notes", "audit"):
+        assert f'data-filter="{group}"' in html
+    # /help is a control command, not "Buffered".
+    assert "Control command /help from Ana" in html
+    # The person's reply carries her name, not "Agent" nor "console:olga".
+    assert "Reply by olga" in html and "Held by olga" in html
+    assert "console:olga" not in re.sub(r"<details class=\"story-about\">.*?</details>", "", html, flags=re.S) \
+        .split('<ol class="story"')[0]
+    # The controls at the top, in the sticky header; the notes for developers collapsed at the end.
+    head, _, rest = html.partition('<ol class="story"')
+    assert 'id="hold"' in head and 'class="story-header"' in head and 'value="give_back"' in head
+    assert '<details class="story-about">' in rest and "duplicate: true" in rest
+
+
+def test_the_person_reply_in_the_json_and_the_playground_transcript(client, make_channel):
+    conversation = person_and_control_command(make_channel("chan"))
+    data = logged_in(client, "olga", "operator").get(story_url(conversation.pk, format="json")).json()
+    turn = [e for e in data["entries"] if e["kind"] == "turn"][-1]
+    assert turn["title"] == "Reply by olga" and turn["by"] == "olga"
+    assert data["conversation"]["held_by"] == "console:olga" and data["conversation"]["holder"] == "olga"
+    from delivery.console import replies_of
+    # The playground's transcript: /help's answer is agentloop's, the last reply olga's.
+    assert [r.get("by") for r in replies_of(conversation.pk)] == [None, "olga"]
