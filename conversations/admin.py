@@ -1,21 +1,16 @@
 from urllib.parse import urlencode
 
-from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
 from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
-from agentloop.core.redaction import SECRET_NAME
-from conversations import admin_keys, erasure, platforms  # noqa: F401 -- admin_keys registers AgentKeyAdmin
+from conversations import admin_channels, admin_keys, erasure  # noqa: F401 -- they register ChannelAdmin, AgentKeyAdmin
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
-from conversations.admin_routing import RoutingRulesInAdmin
 from conversations.media import links
 from conversations.models import (
-    Channel,
     Contact,
     ContextNote,
     Conversation,
@@ -26,7 +21,6 @@ from conversations.models import (
     Turn,
     WorkerHeartbeat,
 )
-from delivery.admin import delivery_health_html
 
 
 def link(obj, label=None):
@@ -38,174 +32,6 @@ def link(obj, label=None):
 
 def changelist_link(url_name, label, **query):
     return format_html('<a href="{}?{}">{}</a>', reverse(f"admin:{url_name}_changelist"), urlencode(query), label)
-
-
-class SecretField(forms.CharField):
-    """Shown as a password input that never renders the stored value; left blank, it keeps it."""
-
-    def has_changed(self, initial, data):
-        return bool(data) and data != initial
-
-
-def _label(name) -> str:
-    return name.replace("_", " ").capitalize()
-
-
-def _setting_field(spec) -> forms.Field:
-    """A form field for one platform Setting (conversations.platforms.base.Setting)."""
-    options = {"required": False, "label": None, "help_text": spec.help}
-    if spec.secret:
-        return SecretField(widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-                           **options)
-    if spec.choices:
-        return forms.ChoiceField(choices=[("", "—")] + [(c, c) for c in spec.choices], **options)
-    if isinstance(spec.default, bool):
-        return forms.BooleanField(**options)
-    if spec.default not in ("", None):
-        options["help_text"] = f"{spec.help} Default: {spec.default}".strip()
-    return forms.CharField(**options)
-
-
-def setting_fields() -> dict:
-    """Every registered platform's settings as form fields named "<kind>_<name>", and a
-    "forget_<kind>_<name>" box beside each secret."""
-    fields = {}
-    for platform in platforms.all_platforms():
-        for name, spec in platform.settings.items():
-            field = fields[f"{platform.kind}_{name}"] = _setting_field(spec)
-            field.label = _label(name)
-            if spec.secret:
-                fields[f"forget_{platform.kind}_{name}"] = forms.BooleanField(
-                    required=False, label=f"Forget the {_label(name).lower()}")
-    return fields
-
-
-def platform_fieldsets() -> list:
-    """One fieldset per platform: its settings, each secret with its forget box."""
-    sets = []
-    for platform in platforms.all_platforms():
-        rows = [(f"{platform.kind}_{name}", f"forget_{platform.kind}_{name}") if spec.secret
-                else f"{platform.kind}_{name}" for name, spec in platform.settings.items()]
-        if rows:
-            sets.append((f"{platform.label} settings", {"fields": rows, "classes": ["collapse"],
-                                                         "description": f"Used when the kind is {platform.label}."}))
-    return sets
-
-
-# An agent_config secret (`secret`, a key named like one) is shown as this; posted back
-# unchanged, the stored value is kept.
-KEPT_SECRET = "•••••• stored (leave as is to keep it)"
-
-
-def _is_agent_secret(name, value) -> bool:
-    # `api_key_env` names a variable; the key itself is read from the environment.
-    return isinstance(value, str) and bool(value) and bool(SECRET_NAME.search(name)) and not name.endswith("_env")
-
-
-class ChannelFormBase(forms.ModelForm):
-    """The channel's own fields, and its platform's settings as fields of their own
-    (stored in Channel.platform_settings, checked by the platform on save)."""
-
-    class Meta:
-        model = Channel
-        fields = []  # the admin adds the rest (from its fieldsets)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        stored = self.instance.platform_settings or {}
-        platform = platforms.get(self.instance.kind) if self.instance.kind in dict(platforms.choices()) else None
-        for name, spec in (platform.settings.items() if platform else ()):
-            key = f"{platform.kind}_{name}"
-            if key not in self.fields:
-                continue
-            if spec.secret:
-                if stored.get(name):
-                    self.fields[key].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
-            elif stored.get(name) not in (None, ""):
-                self.initial[key] = stored[name]
-        config = self.instance.agent_config
-        if isinstance(config, dict) and any(_is_agent_secret(k, v) for k, v in config.items()):
-            self.initial["agent_config"] = {k: KEPT_SECRET if _is_agent_secret(k, v) else v for k, v in config.items()}
-
-    def clean_agent_config(self):
-        value = self.cleaned_data.get("agent_config")
-        stored = self.instance.agent_config if isinstance(self.instance.agent_config, dict) else {}
-        if not isinstance(value, dict):
-            return value
-        for name, given in value.items():
-            if given == KEPT_SECRET:
-                if name not in stored:
-                    raise ValidationError(f"{name}: no stored value to keep; enter one")
-                value[name] = stored[name]
-        return value
-
-    def clean(self):
-        cleaned = super().clean()
-        kind = cleaned.get("kind") or self.instance.kind
-        try:
-            platform = platforms.get(kind)
-        except LookupError:
-            return cleaned  # the kind field reports it
-        # The stored values count only while the kind stays the same.
-        stored = (self.instance.platform_settings or {}) if kind == self.instance.kind else {}
-        values, given = {}, set()
-        for name, spec in platform.settings.items():
-            value = cleaned.get(f"{kind}_{name}")
-            if spec.secret:
-                given |= {name} if value else set()
-                value = "" if cleaned.get(f"forget_{kind}_{name}") else (value or stored.get(name, ""))
-            if value not in (None, ""):
-                values[name] = value
-        for name in platform.secrets_to_give_again(stored, values, given):
-            self.add_error(f"{kind}_{name}", f"The address it is sent to changed: enter the {_label(name).lower()} "
-                                             f"again (the stored one is never sent to a new host), or forget it.")
-        # Checked by the model's clean (the platform's clean_settings), its messages
-        # naming each setting.
-        self.instance.platform_settings = values
-        return cleaned
-
-
-ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
-
-
-@admin.register(Channel)
-class ChannelAdmin(RoutingRulesInAdmin, admin.ModelAdmin):
-    form = ChannelForm
-    list_display = ["slug", "name", "kind", "is_active", "send_blocked", "double_texting", "window_summary", "agent"]
-    list_filter = ["kind", "is_active", "double_texting"]
-    search_fields = ["slug", "name"]
-    readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "send_blocked", "created_at", "updated_at",
-                       "delivery_health"]
-    fieldsets = [
-        (None, {"fields": ["slug", "name", "kind", "is_active", "language"]}),
-        ("Debounce", {"fields": [("window_closed", "window_greeting", "window_open", "window_neutral"),
-                                 "greeting_words", "conjunction_words", ("max_wait", "max_messages"),
-                                 ("window_media", "window_album", "media_at_once")],
-                      "description": "Seconds to wait after a message, by how the last message ends. "
-                                     "Each new message re-arms the window."}),
-        ("Double texting, typing, edits and streaming", {"fields": ["double_texting", "typing_mode",
-                                                                  "status_reaction", "edits", "streaming"]}),
-        ("Groups", {"fields": ["group_replies"]}),
-        ("Bots and loops", {"fields": ["allowed_bots", ("loop_max_replies", "loop_window_seconds")],
-                            "description": "docs/routing.md#bots"}),
-        ("People in control", {"fields": ["handoff_idle_minutes", "turns_per_contact_per_hour",
-                                          "tokens_per_contact_per_day"]}),
-        ("Agent", {"fields": ["agent", "agent_config"]}),
-        *platform_fieldsets(),
-        ("Polling", {"fields": ["poll_offset", "poll_owner", "poll_lease_until"], "classes": ["collapse"]}),
-        ("Delivery", {"fields": ["send_blocked", "delivery_health", "recovery_freshness", "stale_recoveries", "time_zone"],
-                      "description": "docs/ledger.md#the-rules: how long a reply may still go out, and a recovered "
-                                     "reply the conversation has moved past."}),
-        ("History", {"fields": ["created_at", "updated_at"], "classes": ["collapse"]}),
-    ]
-
-    @admin.display(description="Delivery health")
-    def delivery_health(self, obj):
-        return delivery_health_html(obj) if obj.pk else "—"
-
-    @admin.display(description="windows (closed/greeting/open/neutral)")
-    def window_summary(self, obj):
-        return f"{obj.window_closed}/{obj.window_greeting}/{obj.window_open}/{obj.window_neutral} s"
 
 
 @admin.register(Contact)

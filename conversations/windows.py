@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
+from django.utils.translation import gettext
+
 DEFAULT_GREETINGS = (
     "hola", "holi", "buenas", "buenos dias", "buenas tardes", "buenas noches", "buen dia",
     "que tal", "oye", "hey", "hi", "hello", "hello there", "good morning", "good afternoon",
@@ -67,6 +69,32 @@ class DebounceSettings:
     def seconds(self, kind: WindowKind) -> float:
         return {CLOSED: self.closed, GREETING: self.greeting, OPEN: self.open, NEUTRAL: self.neutral,
                 MEDIA: self.media}[kind]
+
+
+# Bounds on what an operator may set. A window is how long a person waits after their last
+# message before the agent starts: a person who sees no answer for a minute thinks the bot is
+# broken, and a 99,999 s window is a typo, not a choice. max_wait is the wait since the
+# buffer's *first* message, which a person typing in bursts can stretch past one window: five
+# minutes covers any real burst and still answers a person who never stops.
+WINDOW_LIMIT: Final = 60.0
+MAX_WAIT_LIMIT: Final = 300.0
+_WINDOWS: Final = ("closed", "greeting", "open", "neutral", "media", "album")
+
+
+def problems(settings: DebounceSettings) -> dict[str, str]:
+    """Why these settings cannot work, by setting name ({} when they can)."""
+    found = {name: gettext("at most %(limit)s seconds: a person is waiting for the answer")
+             % {"limit": f"{WINDOW_LIMIT:g}"} for name in _WINDOWS if getattr(settings, name) > WINDOW_LIMIT}
+    longest = max(_WINDOWS, key=lambda name: getattr(settings, name))
+    if settings.max_wait > MAX_WAIT_LIMIT:
+        found["max_wait"] = gettext("at most %(limit)s seconds: a buffer must answer a person who never stops "
+                                    "writing") % {"limit": f"{MAX_WAIT_LIMIT:g}"}
+    elif settings.max_wait < getattr(settings, longest) and longest not in found:
+        # The cap would cut that window short every time: one of the two is a mistake.
+        found["max_wait"] = gettext("shorter than the longest window (%(name)s, %(seconds)s s): at least "
+                                    "that long, or shorten the window") % {
+            "name": longest, "seconds": f"{getattr(settings, longest):g}"}
+    return found
 
 
 @functools.lru_cache(maxsize=256)

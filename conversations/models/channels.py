@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils.translation import gettext
 
 from agentloop.core.caches import BoundedCache
 from conversations import platforms, windows
@@ -225,6 +226,9 @@ class Channel(models.Model):
     def clean(self):
         from conversations.agents import validate_agent_config
 
+        refused = self.unworkable()
+        if refused:
+            raise ValidationError(refused)
         validate_agent_config(self.agent_config)
         try:
             platform = self.platform
@@ -236,6 +240,17 @@ class Channel(models.Model):
             # Not keyed by field: the admin shows a platform's settings as fields of
             # their own ("<kind>_<name>"), and each message names its setting.
             raise ValidationError(exc.messages) from exc
+
+    def unworkable(self) -> dict[str, str]:
+        """Why this channel cannot work as set, by field ({} when it can): an agent that is
+        not registered, windows that contradict each other or are beyond their bounds
+        (conversations.windows.problems)."""
+        found = {f"window_{name}" if name not in ("max_wait",) else name: message
+                 for name, message in windows.problems(self.debounce_settings()).items()}
+        if self.agent not in settings.AGENTLOOP_AGENTS:
+            found["agent"] = gettext("no agent %(name)s is registered (AGENTLOOP_AGENTS); registered: %(known)s") % {
+                "name": repr(self.agent), "known": ", ".join(sorted(settings.AGENTLOOP_AGENTS))}
+        return found
 
     @property
     def platform(self):

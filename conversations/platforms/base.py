@@ -105,11 +105,16 @@ class Platform(abc.ABC):
             raise ValidationError({"platform_settings": [f"{name}: {'; '.join(msgs)}" for name, msgs in errors.items()]})
         return cleaned
 
+    def missing_to_run(self, values: dict[str, Any]) -> list[str]:
+        """The settings (`required_to_send`) empty in `values`: an active channel cannot work
+        without them, so the admin refuses to save it so (a new platform declares its own
+        and gets the refusal for free). An inactive one may wait for them."""
+        return [name for name, spec in self.settings.items() if spec.required_to_send and not values.get(name)]
+
     def send_blocked(self, channel: Channel) -> str:
         """Why this channel's replies must wait ("" = they may go). Stored on save in
         Channel.send_blocked, the one column the ledger's claim reads."""
-        missing = [name for name, spec in self.settings.items()
-                   if spec.required_to_send and not channel.platform_settings.get(name)]
+        missing = self.missing_to_run(channel.platform_settings or {})
         return f"no {', '.join(missing)} set" if missing else ""
 
     def secrets_to_give_again(self, stored: dict[str, Any], values: dict[str, Any], given: set[str]) -> list[str]:
