@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conversations.models import ContextNote, InboundReaction, ReactionOutcome, Turn
+from delivery.models import OutboundMessage
 from tests import e2e
 from tests.conftest import wait_until
 from tests.end_to_end.test_user_confirmation import (
@@ -33,6 +34,17 @@ def bot_messages(fake, chat=CHAT):
     return fake.sent_messages(e2e.TOKEN, chat)
 
 
+def the_recorded_reply(fake):
+    """The bot's one reply, once its ledger row holds the message's id: the fake has the
+    message as soon as Telegram answers, the row a moment later, and a reaction is
+    matched through the row (a reaction before it is 'ignored', as it would be live)."""
+    wait_until(lambda: bot_messages(fake), timeout=30, message="the reply")
+    [reply] = bot_messages(fake)
+    wait_until(lambda: OutboundMessage.objects.filter(platform_message_id=str(reply["message_id"])).exists(),
+               timeout=10, message="the reply's id recorded")
+    return reply
+
+
 # --- a reaction on the bot's reply: a note in the next turn -------------------------------------
 
 
@@ -46,8 +58,7 @@ def test_a_reaction_on_the_bots_reply_reaches_the_next_turn_once(processes, make
         fake_openai.script(Reply("Tu hora es el martes a las 10."), Reply("¡De nada!"))
         web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
         e2e.send(web, "tg", CHAT, "¿A qué hora es mi cita?")
-        wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the first reply")
-        [reply] = bot_messages(fake_telegram)
+        reply = the_recorded_reply(fake_telegram)
         reaction = fake_telegram.message_reaction(e2e.TOKEN, CHAT, reply["message_id"], "👍")
         assert tap_over_http(web, reaction) == {"ok": True, "reaction": "noted", "duplicate": False}
         assert tap_over_http(web, reaction)["duplicate"] is True  # Telegram delivers it again
@@ -75,8 +86,7 @@ def test_a_reaction_through_long_polling_is_asked_for(processes, make_channel, f
     e2e.telegram_channel(make_channel, fake_telegram, mode="polling", **FAST)
     processes.worker()
     fake_telegram.push_message(e2e.TOKEN, CHAT, "hola.")
-    wait_until(lambda: bot_messages(fake_telegram), timeout=30, message="the echo")
-    [reply] = bot_messages(fake_telegram)
+    reply = the_recorded_reply(fake_telegram)
     fake_telegram.push_update(e2e.TOKEN, fake_telegram.message_reaction(e2e.TOKEN, CHAT, reply["message_id"], "🔥"))
     wait_until(lambda: ContextNote.objects.exists(), timeout=30, message="the note")
     assert "🔥" in ContextNote.objects.get().text and Turn.objects.count() == 1
