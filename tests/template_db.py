@@ -122,6 +122,20 @@ def _copy_postgres(connection, test_name, name):
     return True
 
 
+def drop_by_force() -> bool:
+    """Drop the default connection's test database on PostgreSQL, its sessions ended
+    (WITH FORCE); True when done."""
+    connection = connections["default"]
+    name = connection.settings_dict["NAME"]
+    # A failed destroy_test_db leaves the test database's name in place; never any other.
+    if connection.vendor != "postgresql" or not name.startswith("test_"):
+        return False
+    connection.close()
+    with connection.creation._nodb_cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {connection.ops.quote_name(name)} WITH (FORCE)")
+    return True
+
+
 def _keep_postgres(connection, test_name, name):
     quote = connection.ops.quote_name
     connection.close()  # a database is copied only while nobody is connected to it
