@@ -38,6 +38,8 @@ class Setting:
 
     `secret`: masked in the admin and in every error text (agentloop.core.redaction).
     `required_to_send`: while empty, the channel's replies wait (Channel.send_blocked).
+    `required_to_receive`: while empty, every request the platform sends is refused (the
+    secret its signature is checked with); an active channel needs both kinds.
     `check`: raises ValidationError (or ValueError) for a bad value; returns it cleaned.
     `carries`: the secret settings sent to this address (a Bot API root and its token):
     when it changes, they must be given again, never sent on to the new host unasked."""
@@ -46,6 +48,7 @@ class Setting:
     help: str = ""
     secret: bool = False
     required_to_send: bool = False
+    required_to_receive: bool = False
     choices: tuple[Any, ...] = ()
     check: Callable[[Any], Any] | None = None
     option: str = ""  # the addchannel flag ("--token"); "" = --<name with dashes>
@@ -106,15 +109,17 @@ class Platform(abc.ABC):
         return cleaned
 
     def missing_to_run(self, values: dict[str, Any]) -> list[str]:
-        """The settings (`required_to_send`) empty in `values`: an active channel cannot work
-        without them, so the admin refuses to save it so (a new platform declares its own
-        and gets the refusal for free). An inactive one may wait for them."""
-        return [name for name, spec in self.settings.items() if spec.required_to_send and not values.get(name)]
+        """The settings `required_to_send` or `required_to_receive` empty in `values`: an
+        active channel cannot work without them, so the admin refuses to save it so (a new
+        platform declares its own and gets the refusal for free). An inactive one may wait."""
+        return [name for name, spec in self.settings.items()
+                if (spec.required_to_send or spec.required_to_receive) and not values.get(name)]
 
     def send_blocked(self, channel: Channel) -> str:
         """Why this channel's replies must wait ("" = they may go). Stored on save in
         Channel.send_blocked, the one column the ledger's claim reads."""
-        missing = self.missing_to_run(channel.platform_settings or {})
+        missing = [name for name, spec in self.settings.items()
+                   if spec.required_to_send and not (channel.platform_settings or {}).get(name)]
         return f"no {', '.join(missing)} set" if missing else ""
 
     def secrets_to_give_again(self, stored: dict[str, Any], values: dict[str, Any], given: set[str]) -> list[str]:

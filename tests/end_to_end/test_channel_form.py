@@ -59,6 +59,12 @@ UNWORKABLE = [
     ("whatsapp", {"whatsapp_phone_number_id": "1234567"}, "whatsapp_token", "needs its token"),
     ("whatsapp", {"whatsapp_token": "EAAG-token"}, "whatsapp_phone_number_id", "needs its phone number id"),
     ("slack", {}, "slack_bot_token", "an active slack channel needs its bot token"),
+    # Without them every request the platform sends is refused (its signature cannot be checked).
+    ("whatsapp", {"whatsapp_phone_number_id": "1234567", "whatsapp_token": "EAAG-token"}, "whatsapp_app_secret",
+     "needs its app secret"),
+    ("whatsapp", {"whatsapp_phone_number_id": "1234567", "whatsapp_token": "EAAG-token"}, "whatsapp_verify_token",
+     "needs its verify token"),
+    ("slack", {"slack_bot_token": "xoxb-1"}, "slack_signing_secret", "an active slack channel needs its signing secret"),
     ("api", {"agent": "no-such-agent"}, "agent", "no-such-agent"),
     ("api", {"window_open": "99999"}, "window_open", "at most"),
     ("api", {"max_wait": "0"}, "max_wait", "longest window"),

@@ -41,7 +41,7 @@ class SlackPlatform(Platform):
         "bot_token": Setting(help="The app's Bot User OAuth Token (xoxb-…), from OAuth & Permissions.",
                              secret=True, required_to_send=True, option="--token"),
         "signing_secret": Setting(help="The app's Signing Secret (Basic Information): checks X-Slack-Signature "
-                                       "on every request.", secret=True),
+                                       "on every request.", secret=True, required_to_receive=True),
         "api_base": Setting(default="https://slack.com/api/", check=check_url, carries=("bot_token",),
                             help="Web API root; requests go to {api_base}{method}. Changing it asks for the "
                                  "bot token again."),

@@ -50,9 +50,9 @@ class WhatsAppPlatform(Platform):
         "token": Setting(help="A permanent system-user access token with whatsapp_business_messaging.",
                          secret=True, required_to_send=True, option="--token"),
         "app_secret": Setting(help="The Meta app's secret: checks X-Hub-Signature-256 on every notification.",
-                              secret=True),
+                              secret=True, required_to_receive=True),
         "verify_token": Setting(help="Any string you choose; Meta sends it back when you register the webhook.",
-                                secret=True),
+                                secret=True, required_to_receive=True),
         "api_base": Setting(default="https://graph.facebook.com", check=check_url, carries=("token",),
                             help="Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages. "
                                  "Changing it asks for the token again."),
