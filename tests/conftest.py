@@ -591,6 +591,7 @@ def django_db_setup(request, django_test_environment, django_db_blocker, django_
         databases = template_db.prepare(setup)
     yield
     with django_db_blocker.unblock():
+        template_db.forget_sqlite_files_on_exit()
         try:
             teardown_databases(databases, verbosity=verbosity)
         except Exception as exc:  # noqa: BLE001 -- as pytest-django's: a warning, not a failed test

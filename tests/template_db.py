@@ -13,6 +13,7 @@ lock keeps two processes from building it at once. The database a test sees is w
 fresh `migrate` makes, row for row (content types and permissions included).
 """
 
+import atexit
 import fcntl
 import hashlib
 import sqlite3
@@ -120,6 +121,15 @@ def _copy_postgres(connection, test_name, name):
         cursor.execute(f"DROP DATABASE IF EXISTS {quote(test_name)} WITH (FORCE)")  # a killed run's sessions
         cursor.execute(f"CREATE DATABASE {quote(test_name)} TEMPLATE {quote(name)}")
     return True
+
+
+def forget_sqlite_files_on_exit() -> None:
+    """The SQLite test database's side files (its log, shared memory, writers' lock),
+    removed when this process ends: Django removes only the database file, and each pytest
+    process names its own (agentloop/settings.py), so nothing would reuse them."""
+    connection = connections["default"]
+    if connection.vendor == "sqlite" and connection.settings_dict["NAME"].endswith(".sqlite3"):
+        atexit.register(remove_sqlite, connection.settings_dict["NAME"])
 
 
 def drop_by_force() -> bool:
