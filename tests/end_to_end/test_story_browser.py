@@ -54,6 +54,11 @@ def test_the_story_holds_and_reads_as_a_timeline(processes, browser, make_channe
             assert page.locator('.story-entry[data-group="turns"]').first.is_visible()
             if language == "es":
                 assert "Devolver al agente" in page.locator(".story-header").inner_text()
+            page.evaluate("window.scrollTo(0, 0)")  # a full-page shot shows a sticky header where it stands
             screenshot(page, f"story-{name}-{language}")
+            # The header, its state and its control stay in view at the end of the timeline.
+            page.evaluate("window.scrollTo(0, document.scrollingElement.scrollHeight)")
+            top = page.locator(".story-header").evaluate("e => e.getBoundingClientRect().top")
+            assert 0 <= top < 5 and page.locator('#hold button[value="give_back"]').is_visible()
             assert_no_console_errors(page)
             page.context.close()
