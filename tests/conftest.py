@@ -160,6 +160,8 @@ ANY_DATABASE = {
         "test_an_auditor_reads_but_cannot_change_and_never_sees_a_token",
         "test_playground_attaches_an_image_shows_its_thumbnail_and_the_model_sees_it")},
     "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
+    "tests/end_to_end/test_story_browser.py": "the story page's layout in a browser, at two widths in two languages "
+                                              "(what it shows is tested on both databases: test_story.py)",
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
     "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
     "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
