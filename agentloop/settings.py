@@ -17,7 +17,7 @@ from agentloop.core import metrics_dir
 from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
-from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES  # noqa: F401
+from agentloop.wiring import AGENTS, MIDDLEWARE, PLATFORMS, SPECTACULAR_SETTINGS, TEMPLATES, TOOLS, s3_storages  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -268,25 +268,13 @@ AGENTLOOP_SCHEDULE_BATCH = env.int("AGENTLOOP_SCHEDULE_BATCH", default=200)
 MEDIA_ROOT = env.path("AGENTLOOP_MEDIA_ROOT", default=VAR_DIR / "files")
 AGENTLOOP_S3_BUCKET = env.str("AGENTLOOP_S3_BUCKET", default="")
 if AGENTLOOP_S3_BUCKET:
-    from botocore.config import Config as _BotoConfig
-
-    STORAGES = {
-        "default": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
-            "bucket_name": AGENTLOOP_S3_BUCKET,
-            "endpoint_url": env.str("AGENTLOOP_S3_ENDPOINT_URL", default="") or None,
-            "region_name": env.str("AGENTLOOP_S3_REGION", default="") or None,
-            # Empty: boto3's own chain (AWS_ACCESS_KEY_ID…, an instance role).
-            "access_key": env.str("AGENTLOOP_S3_ACCESS_KEY_ID", default="") or None,
-            "secret_key": env.str("AGENTLOOP_S3_SECRET_ACCESS_KEY", default="") or None,
-            "location": env.str("AGENTLOOP_S3_PREFIX", default=""),
-            "default_acl": None,  # the bucket's own (private); files are served through /files/ links
-            "querystring_auth": True,
-            # Every call has a deadline; botocore retries (3 tries, backing off) a dropped one.
-            "client_config": _BotoConfig(connect_timeout=5, read_timeout=30,
-                                         retries={"max_attempts": 3, "mode": "standard"}),
-        }},
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
+    STORAGES = s3_storages(
+        AGENTLOOP_S3_BUCKET, endpoint_url=env.str("AGENTLOOP_S3_ENDPOINT_URL", default=""),
+        region_name=env.str("AGENTLOOP_S3_REGION", default=""),
+        # Empty: boto3's own chain (AWS_ACCESS_KEY_ID…, an instance role).
+        access_key=env.str("AGENTLOOP_S3_ACCESS_KEY_ID", default=""),
+        secret_key=env.str("AGENTLOOP_S3_SECRET_ACCESS_KEY", default=""),
+        location=env.str("AGENTLOOP_S3_PREFIX", default=""))
 # One file at most (Telegram's Bot API serves bots files up to 20 MB); larger ones are
 # described to the model, not fetched. A burst's images shown to a model, in all.
 AGENTLOOP_MEDIA_MAX_BYTES = env.int("AGENTLOOP_MEDIA_MAX_BYTES", default=20_000_000)
@@ -362,24 +350,10 @@ AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", defau
 # giving up on the queue only sends them again later.
 AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", default=30.0)
 AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
-# The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
-AGENTLOOP_PLATFORMS = {
-    "api": "conversations.platforms.api.ApiPlatform", "webchat": "conversations.platforms.webchat.WebchatPlatform",
-    "telegram": "conversations.platforms.telegram.TelegramPlatform",
-    "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
-    "slack": "conversations.platforms.slack.SlackPlatform",
-}
-AGENTLOOP_AGENTS = {
-    "echo": "conversations.agents.EchoAgent",
-    "demo": "conversations.demo_agent.DemoAgent",
-    "openai": "conversations.openai_agent.OpenAIAgent",
-    "webhook": "conversations.remote_agents.WebhookAgent",
-    "pull": "conversations.remote_agents.PullAgent",
-    "a2a": "conversations.a2a_agent.A2AAgent",
-    **dict(
-        item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item
-    ),
-}
+# The platforms channels speak and the agents that answer them (agentloop/wiring.py).
+AGENTLOOP_PLATFORMS = PLATFORMS
+AGENTLOOP_AGENTS = {**AGENTS, **dict(
+    item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item)}
 
 # A turn handed to an external agent (pull, or a webhook agent answering later) that is
 # not finished within this time is released to be taken again.
@@ -427,16 +401,7 @@ AGENTLOOP_RETENTION_BATCH = env.int("AGENTLOOP_RETENTION_BATCH", default=100 if 
 AGENTLOOP_RETENTION_SWEEP_BUDGET = env.float("AGENTLOOP_RETENTION_SWEEP_BUDGET", default=40.0)
 
 # --- the action guard and its tools (Layer 2) -------------------------------------------
-AGENTLOOP_TOOLS = [
-    "tools.builtin.calendar.CreateEvent",
-    "tools.builtin.calendar.ListEvents",
-    "tools.builtin.calendar.DeleteEvent",
-    "tools.builtin.email.SendEmail",
-    "tools.builtin.reminders.CreateReminder",
-    "tools.builtin.handoff.Handoff",
-    "tools.builtin.handoff.HandoffToAgent",
-    *env.list("AGENTLOOP_EXTRA_TOOLS", default=[]),
-]
+AGENTLOOP_TOOLS = [*TOOLS, *env.list("AGENTLOOP_EXTRA_TOOLS", default=[])]  # agentloop/wiring.py
 # How long an identical call waits for one in flight before answering "in progress".
 AGENTLOOP_GUARD_WAIT = env.float("AGENTLOOP_GUARD_WAIT", default=3.0)
 # Threads per worker process for tool calls made by agents inside turns.

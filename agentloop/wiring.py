@@ -1,5 +1,5 @@
-"""The settings that read no environment: the middleware chain, the template engine and the
-API schema's settings. agentloop/settings.py imports them; everything read from the
+"""The settings that read no environment: the middleware chain, the template engine, the
+API schema's settings and the registries of platforms, agents and tools. agentloop/settings.py imports them; everything read from the
 environment stays there (tests/unit/test_config_docs.py parses that file)."""
 
 from pathlib import Path
@@ -97,3 +97,49 @@ SPECTACULAR_SETTINGS = {
     # 3.1: JSON Schema's whole vocabulary, e.g. `propertyNames` (what an object's keys may be).
     "OAS_VERSION": "3.1.0",
 }
+
+
+# The platforms channels speak: kind -> Platform class (conversations/platforms/<kind>/).
+PLATFORMS = {
+    "api": "conversations.platforms.api.ApiPlatform", "webchat": "conversations.platforms.webchat.WebchatPlatform",
+    "telegram": "conversations.platforms.telegram.TelegramPlatform",
+    "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
+    "slack": "conversations.platforms.slack.SlackPlatform",
+}
+# The agents a channel may name (settings.AGENTLOOP_AGENTS adds AGENTLOOP_EXTRA_AGENTS).
+AGENTS = {
+    "echo": "conversations.agents.EchoAgent",
+    "demo": "conversations.demo_agent.DemoAgent",
+    "openai": "conversations.openai_agent.OpenAIAgent",
+    "webhook": "conversations.remote_agents.WebhookAgent",
+    "pull": "conversations.remote_agents.PullAgent",
+    "a2a": "conversations.a2a_agent.A2AAgent",
+}
+# The built-in tools behind the guard (settings.AGENTLOOP_TOOLS adds AGENTLOOP_EXTRA_TOOLS).
+TOOLS = [
+    "tools.builtin.calendar.CreateEvent",
+    "tools.builtin.calendar.ListEvents",
+    "tools.builtin.calendar.DeleteEvent",
+    "tools.builtin.email.SendEmail",
+    "tools.builtin.reminders.CreateReminder",
+    "tools.builtin.handoff.Handoff",
+    "tools.builtin.handoff.HandoffToAgent",
+]
+
+
+def s3_storages(bucket: str, *, endpoint_url: str, region_name: str, access_key: str, secret_key: str,
+                location: str) -> dict:
+    """STORAGES for an S3-compatible bucket (django-storages); empty values: the SDK's own."""
+    from botocore.config import Config
+
+    return {
+        "default": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+            "bucket_name": bucket, "endpoint_url": endpoint_url or None, "region_name": region_name or None,
+            "access_key": access_key or None, "secret_key": secret_key or None, "location": location,
+            "default_acl": None,  # the bucket's own (private); files are served through /files/ links
+            "querystring_auth": True,
+            # Every call has a deadline; botocore retries (3 tries, backing off) a dropped one.
+            "client_config": Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"}),
+        }},
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
