@@ -1,6 +1,7 @@
 from types import SimpleNamespace
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 def _conversation_for_key(key, conversation_id):
@@ -13,7 +14,7 @@ def _conversation_for_key(key, conversation_id):
 
 class ConversationsConfig(AppConfig):
     name = "conversations"
-    verbose_name = "Conversations"
+    verbose_name = _("Conversations")
 
     # conversations.schema (the OpenAPI auth scheme, and DRF's DEFAULT_SCHEMA_CLASS) is not
     # imported here: DRF imports it when a schema is generated.

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ToolsConfig(AppConfig):
     name = "tools"
-    verbose_name = "Tools and the action guard"
+    verbose_name = _("Tools and the action guard")
 
     def ready(self):
         # Imported here, not at the top: these modules import models, which the app

@@ -10,6 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
 
@@ -19,52 +20,53 @@ DEFAULT_WINDOW_SECONDS = 600
 class ApprovalMode(models.TextChoices):
     """Who must say yes before a call of the action runs."""
 
-    NONE = "none", "Nobody (calls run)"
-    OPERATOR = "operator", "An operator (admin or dashboard)"
-    USER = "user", "The conversation's user (a question in the chat)"
+    NONE = "none", _("Nobody (calls run)")
+    OPERATOR = "operator", _("An operator (admin or dashboard)")
+    USER = "user", _("The conversation's user (a question in the chat)")
 
 
 class ToolPolicy(models.Model):
     """Operator settings for one action (a registered tool, or an action an external
     agent guards through the claim API). Created on first use with the tool's defaults."""
 
-    name = models.CharField(max_length=64, unique=True, help_text="Tool or action name.")
-    enabled = models.BooleanField(default=True, help_text="Off: the tool is not offered or run.")
+    name = models.CharField(_("name"), max_length=64, unique=True, help_text=_("Tool or action name."))
+    enabled = models.BooleanField(_("enabled"), default=True, help_text=_("Off: the tool is not offered or run."))
     guarded = models.BooleanField(
-        default=True, help_text="Off: effectful calls run without the duplicate check (reads never are checked)."
+        _("guarded"), default=True, help_text=_("Off: effectful calls run without the duplicate check (reads never are checked).")
     )
     window_seconds = models.PositiveIntegerField(
-        default=DEFAULT_WINDOW_SECONDS, validators=[MinValueValidator(1)],
-        help_text="An identical call within this time of the first is a duplicate.",
+        _("window seconds"), default=DEFAULT_WINDOW_SECONDS, validators=[MinValueValidator(1)],
+        help_text=_("An identical call within this time of the first is a duplicate."),
     )
     fingerprint_fields = models.JSONField(
-        default=list, blank=True,
-        help_text='Argument names that define "the same action", e.g. ["title", "start_datetime"]. '
-                  "Empty: the tool's default (all arguments for unknown actions).",
+        _("fingerprint fields"), default=list, blank=True,
+        help_text=_('Argument names that define "the same action", e.g. ["title", "start_datetime"]. '
+                    "Empty: the tool's default (all arguments for unknown actions)."),
     )
     approval = models.CharField(
-        max_length=16, choices=ApprovalMode.choices, default=ApprovalMode.NONE,
-        help_text="operator: calls become proposals an operator applies in the admin or the dashboard; user: "
-                  "the conversation's user is asked in the chat (buttons, or a yes/no reply) and the tap applies it "
-                  "(calls without a conversation wait for an operator).",
+        _("approval"), max_length=16, choices=ApprovalMode.choices, default=ApprovalMode.NONE,
+        help_text=_("operator: calls become proposals an operator applies in the admin or the dashboard; user: "
+                    "the conversation's user is asked in the chat (buttons, or a yes/no reply) and the tap applies it "
+                    "(calls without a conversation wait for an operator)."),
     )
     max_per_hour = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
-        help_text="At most this many calls per scope (one contact) in any hour, and as many per agent key whatever "
-                  "scopes it names, proposals included; the next ones fail and the model is told why. Empty: no "
-                  "limit.",
+        _("max per hour"), null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text=_("At most this many calls per scope (one contact) in any hour, and as many per agent key whatever "
+                    "scopes it names, proposals included; the next ones fail and the model is told why. Empty: no "
+                    "limit."),
     )
     approval_ttl_seconds = models.PositiveIntegerField(
-        default=24 * 3600, validators=[MinValueValidator(1)], help_text="Proposals expire after this time."
+        _("approval TTL seconds"), default=24 * 3600, validators=[MinValueValidator(1)], help_text=_("Proposals expire after this time.")
     )
     timeout_seconds = models.PositiveIntegerField(
-        default=60, validators=[MinValueValidator(1)],
-        help_text="A claim still in flight after this long is considered interrupted (outcome uncertain).",
+        _("timeout seconds"), default=60, validators=[MinValueValidator(1)],
+        help_text=_("A claim still in flight after this long is considered interrupted (outcome uncertain)."),
     )
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
-        verbose_name_plural = "tool policies"
+        verbose_name = _("tool policy")
+        verbose_name_plural = _("tool policies")
         ordering = ["name"]
 
     def __str__(self):
@@ -89,11 +91,11 @@ class ToolPolicy(models.Model):
 
 
 class ClaimState(models.TextChoices):
-    IN_FLIGHT = "in_flight", "In flight"
-    DONE = "done", "Done"
-    RELEASED = "released", "Released (failed or rejected)"
-    UNCERTAIN = "uncertain", "Uncertain (interrupted)"
-    PROPOSED = "proposed", "Awaiting approval"
+    IN_FLIGHT = "in_flight", _("In flight")
+    DONE = "done", _("Done")
+    RELEASED = "released", _("Released (failed or rejected)")
+    UNCERTAIN = "uncertain", _("Uncertain (interrupted)")
+    PROPOSED = "proposed", _("Awaiting approval")
 
 
 class ActionClaim(StateMachine, models.Model):
@@ -114,28 +116,30 @@ class ActionClaim(StateMachine, models.Model):
         ClaimState.RELEASED: set(),
     }
 
-    scope = models.CharField(max_length=200, help_text="Whose action: contact:<id> or an API scope.")
-    action = models.CharField(max_length=64)
-    fingerprint = models.CharField(max_length=64)
-    fingerprint_fields = models.JSONField(default=list)
+    scope = models.CharField(_("scope"), max_length=200, help_text=_("Whose action: contact:<id> or an API scope."))
+    action = models.CharField(_("action"), max_length=64)
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    fingerprint_fields = models.JSONField(_("fingerprint fields"), default=list)
     # The normalised values hashed into the fingerprint (long texts appear as their hash).
-    fingerprint_material = models.JSONField(default=dict)
-    arguments = models.JSONField(default=dict)
-    state = models.CharField(max_length=16, choices=ClaimState.choices, default=ClaimState.IN_FLIGHT)
-    live = models.BooleanField(default=True)
-    owner = models.CharField(max_length=100, blank=True, help_text="Who is running it: worker, API key, operator.")
-    conversation_id = models.BigIntegerField(null=True, blank=True)
-    channel_slug = models.CharField(max_length=50, blank=True)
-    agent_key_id = models.BigIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(help_text="End of the window: identical calls after this are new actions.")
-    lease_until = models.DateTimeField(help_text="In flight past this instant: the run was interrupted.")
-    finished_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    duplicates_caught = models.PositiveIntegerField(default=0)
+    fingerprint_material = models.JSONField(_("fingerprint material"), default=dict)
+    arguments = models.JSONField(_("arguments"), default=dict)
+    state = models.CharField(_("state"), max_length=16, choices=ClaimState.choices, default=ClaimState.IN_FLIGHT)
+    live = models.BooleanField(_("live"), default=True)
+    owner = models.CharField(_("owner"), max_length=100, blank=True, help_text=_("Who is running it: worker, API key, operator."))
+    conversation_id = models.BigIntegerField(_("conversation ID"), null=True, blank=True)
+    channel_slug = models.CharField(_("channel slug"), max_length=50, blank=True)
+    agent_key_id = models.BigIntegerField(_("agent key ID"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    expires_at = models.DateTimeField(_("expires at"), help_text=_("End of the window: identical calls after this are new actions."))
+    lease_until = models.DateTimeField(_("lease until"), help_text=_("In flight past this instant: the run was interrupted."))
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    duplicates_caught = models.PositiveIntegerField(_("duplicates caught"), default=0)
 
     class Meta:
+        verbose_name = _("action claim")
+        verbose_name_plural = _("action claims")
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
@@ -161,12 +165,12 @@ class ActionClaim(StateMachine, models.Model):
 
 
 class ProposalState(models.TextChoices):
-    PENDING = "pending", "Awaiting approval"
-    APPLYING = "applying", "Applying"
-    APPLIED = "applied", "Applied"
-    FAILED = "failed", "Failed"
-    REJECTED = "rejected", "Rejected"
-    EXPIRED = "expired", "Expired"
+    PENDING = "pending", _("Awaiting approval")
+    APPLYING = "applying", _("Applying")
+    APPLIED = "applied", _("Applied")
+    FAILED = "failed", _("Failed")
+    REJECTED = "rejected", _("Rejected")
+    EXPIRED = "expired", _("Expired")
 
 
 class Proposal(StateMachine, models.Model):
@@ -184,16 +188,18 @@ class Proposal(StateMachine, models.Model):
         ProposalState.EXPIRED: set(),
     }
 
-    claim = models.OneToOneField(ActionClaim, on_delete=models.CASCADE, related_name="proposal")
-    state = models.CharField(max_length=16, choices=ProposalState.choices, default=ProposalState.PENDING)
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField()
-    decided_by = models.CharField(max_length=150, blank=True)
-    decided_at = models.DateTimeField(null=True, blank=True)
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
+    claim = models.OneToOneField(ActionClaim, verbose_name=_("claim"), on_delete=models.CASCADE, related_name="proposal")
+    state = models.CharField(_("state"), max_length=16, choices=ProposalState.choices, default=ProposalState.PENDING)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    expires_at = models.DateTimeField(_("expires at"))
+    decided_by = models.CharField(_("decided by"), max_length=150, blank=True)
+    decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
 
     class Meta:
+        verbose_name = _("proposal")
+        verbose_name_plural = _("proposals")
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["state", "expires_at"], name="proposal_state_exp_idx")]
 
@@ -215,19 +221,21 @@ class Confirmation(models.Model):
     chat (tools.confirmations). The proposal's state is the truth; this row only maps the
     buttons' opaque token to it and remembers where the question went."""
 
-    proposal = models.OneToOneField(Proposal, on_delete=models.CASCADE, related_name="confirmation")
-    token = models.CharField(max_length=40, unique=True, default=new_confirmation_token, editable=False)
-    conversation = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE,
+    proposal = models.OneToOneField(Proposal, verbose_name=_("proposal"), on_delete=models.CASCADE, related_name="confirmation")
+    token = models.CharField(_("token"), max_length=40, unique=True, default=new_confirmation_token, editable=False)
+    conversation = models.ForeignKey("conversations.Conversation", verbose_name=_("conversation"), on_delete=models.CASCADE,
                                      related_name="confirmations")
     # The question's ledger row (pruned with the ledger after 7 days: the link goes, the row stays).
-    question = models.ForeignKey("delivery.OutboundMessage", null=True, blank=True, on_delete=models.SET_NULL,
+    question = models.ForeignKey("delivery.OutboundMessage", verbose_name=_("question"), null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="confirmations")
-    text = models.TextField(help_text="The question as the user reads it.")
-    asked_at = models.DateTimeField(default=timezone.now)
-    taps = models.PositiveIntegerField(default=0, help_text="Answers received (taps, replayed callbacks, replies).")
-    last_tap_at = models.DateTimeField(null=True, blank=True)
+    text = models.TextField(_("text"), help_text=_("The question as the user reads it."))
+    asked_at = models.DateTimeField(_("asked at"), default=timezone.now)
+    taps = models.PositiveIntegerField(_("taps"), default=0, help_text=_("Answers received (taps, replayed callbacks, replies)."))
+    last_tap_at = models.DateTimeField(_("last tap at"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("confirmation")
+        verbose_name_plural = _("confirmations")
         ordering = ["-asked_at"]
 
     def __str__(self):
@@ -241,10 +249,14 @@ def new_feed_token():
 class Calendar(models.Model):
     """The local backend's calendar for one scope (usually one contact)."""
 
-    scope = models.CharField(max_length=200, unique=True)
-    name = models.CharField(max_length=200, blank=True)
-    feed_token = models.CharField(max_length=40, unique=True, default=new_feed_token, editable=False)
-    created_at = models.DateTimeField(auto_now_add=True)
+    scope = models.CharField(_("scope"), max_length=200, unique=True)
+    name = models.CharField(_("name"), max_length=200, blank=True)
+    feed_token = models.CharField(_("feed token"), max_length=40, unique=True, default=new_feed_token, editable=False)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("calendar")
+        verbose_name_plural = _("calendars")
 
     def __str__(self):
         return self.name or self.scope
@@ -252,17 +264,19 @@ class Calendar(models.Model):
 
 class CalendarEvent(models.Model):
     # No index of its own: event_calendar_start_idx starts with it.
-    calendar = models.ForeignKey(Calendar, on_delete=models.CASCADE, related_name="events", db_index=False)
-    uid = models.CharField(max_length=200, unique=True, help_text="iCalendar UID (derived from the guard's claim).")
-    title = models.CharField(max_length=300)
-    start = models.DateTimeField()
-    end = models.DateTimeField(null=True, blank=True)
-    attendees = models.JSONField(default=list, blank=True)
-    location = models.CharField(max_length=300, blank=True)
-    description = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    calendar = models.ForeignKey(Calendar, verbose_name=_("calendar"), on_delete=models.CASCADE, related_name="events", db_index=False)
+    uid = models.CharField(_("UID"), max_length=200, unique=True, help_text=_("iCalendar UID (derived from the guard's claim)."))
+    title = models.CharField(_("title"), max_length=300)
+    start = models.DateTimeField(_("start"))
+    end = models.DateTimeField(_("end"), null=True, blank=True)
+    attendees = models.JSONField(_("attendees"), default=list, blank=True)
+    location = models.CharField(_("location"), max_length=300, blank=True)
+    description = models.TextField(_("description"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("calendar event")
+        verbose_name_plural = _("calendar events")
         ordering = ["start"]
         indexes = [models.Index(fields=["calendar", "start"], name="event_calendar_start_idx")]
 

@@ -1,5 +1,6 @@
 from django.apps import AppConfig, apps
 from django.db.models.signals import post_migrate
+from django.utils.translation import gettext_lazy as _
 
 
 class ConsoleConfig(AppConfig):
@@ -9,7 +10,7 @@ class ConsoleConfig(AppConfig):
 
     name = "agentloop.console"
     label = "console"
-    verbose_name = "Console"
+    verbose_name = _("Console")
 
     def ready(self):
         # Imported here, not at the top: roles imports auth's models, which the app

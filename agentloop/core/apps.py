@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_delete, post_save
+from django.utils.translation import gettext_lazy as _
 
 
 class CoreConfig(AppConfig):
@@ -10,7 +11,7 @@ class CoreConfig(AppConfig):
 
     name = "agentloop.core"
     label = "agentloop"
-    verbose_name = "Core"
+    verbose_name = _("Core")
 
     def ready(self):
         # Imported here, as Django asks of ready(): not while the app registry loads.

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.caches import BoundedCache
 from conversations import platforms, windows
@@ -17,55 +18,55 @@ def _platform_choices():
 
 
 def _language_choices():
-    return [("", "The deployment's (AGENTLOOP_LANGUAGE)"), *settings.LANGUAGES]
+    return [("", _("The deployment's (AGENTLOOP_LANGUAGE)")), *settings.LANGUAGES]
 
 
 class DoubleTexting(models.TextChoices):
     """What happens to a message that arrives while the conversation's turn runs."""
 
-    ENQUEUE = "enqueue", "Enqueue: merge into the next turn"
-    REJECT = "reject", "Reject: ask the user to wait"
-    INTERRUPT = "interrupt", "Interrupt: cancel the turn, keep its input"
-    ROLLBACK = "rollback", "Rollback: cancel the turn, drop its input"
+    ENQUEUE = "enqueue", _("Enqueue: merge into the next turn")
+    REJECT = "reject", _("Reject: ask the user to wait")
+    INTERRUPT = "interrupt", _("Interrupt: cancel the turn, keep its input")
+    ROLLBACK = "rollback", _("Rollback: cancel the turn, drop its input")
 
 
 class TypingMode(models.TextChoices):
     """When the bot shows "typing…" (where the platform can show it at all)."""
 
-    INSTANT = "instant", "Instant: from the first message of a burst, through the window and the turn"
-    TURN = "turn", "Turn: only while the agent runs"
-    NEVER = "never", "Never"
+    INSTANT = "instant", _("Instant: from the first message of a burst, through the window and the turn")
+    TURN = "turn", _("Turn: only while the agent runs")
+    NEVER = "never", _("Never")
 
 
 class EditsPolicy(models.TextChoices):
     """What an edit of a message the user already sent does."""
 
-    APPLY = "apply", "Apply: the corrected text counts"
-    IGNORE = "ignore", "Ignore edits"
+    APPLY = "apply", _("Apply: the corrected text counts")
+    IGNORE = "ignore", _("Ignore edits")
 
 
 class StaleRecoveries(models.TextChoices):
     """What a recovered reply (the ledger's labelled resend) does when its conversation has
     since had a newer reply delivered: the person has moved on from it."""
 
-    DATED = "dated", "Dated: sent, its label saying when it was written"
-    DROP = "drop", "Drop: abandoned (audited), not sent"
+    DATED = "dated", _("Dated: sent, its label saying when it was written")
+    DROP = "drop", _("Drop: abandoned (audited), not sent")
 
 
 class StatusReaction(models.TextChoices):
     """A reaction agentloop puts on the person's message while it is being answered."""
 
-    OFF = "off", "Off"
-    SEEN_DONE = "seen_done", "👀 while the window and the turn run, then ✅ when answered"
-    SEEN = "seen", "👀 while the window and the turn run, removed when answered"
+    OFF = "off", _("Off")
+    SEEN_DONE = "seen_done", _("👀 while the window and the turn run, then ✅ when answered")
+    SEEN = "seen", _("👀 while the window and the turn run, removed when answered")
 
 
 class GroupReplies(models.TextChoices):
     """Which messages in a group chat the agent answers (the rest are kept as context)."""
 
-    ALWAYS = "always", "Always: every message in a group"
-    MENTION = "mention", "Mention: only messages that mention the bot or reply to it"
-    NEVER = "never", "Never: groups are read, never answered"
+    ALWAYS = "always", _("Always: every message in a group")
+    MENTION = "mention", _("Mention: only messages that mention the bot or reply to it")
+    NEVER = "never", _("Never: groups are read, never answered")
 
 
 def _default_greetings():
@@ -103,121 +104,123 @@ class ChannelManager(models.Manager):
 
 
 class Channel(models.Model):
-    slug = models.SlugField(unique=True)
-    name = models.CharField(max_length=100, blank=True)
+    slug = models.SlugField(_("slug"), unique=True)
+    name = models.CharField(_("name"), max_length=100, blank=True)
     # The platform (conversations.platforms, settings.AGENTLOOP_PLATFORMS).
-    kind = models.CharField(max_length=16, choices=_platform_choices, default="api")
-    is_active = models.BooleanField(default=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=_platform_choices, default="api")
+    is_active = models.BooleanField(_("is active"), default=True)
     # The platform's own settings (bot token, webhook secret, callback URL…), checked on
     # save against its Platform.settings.
-    platform_settings = models.JSONField(default=dict, blank=True)
+    platform_settings = models.JSONField(_("platform settings"), default=dict, blank=True)
     # Why replies must wait ("" = they may go): computed on save from the platform's
     # settings, and set by delivery when the platform refuses the channel's credentials.
     # The ledger's claim reads this column and no other platform rule.
-    send_blocked = models.CharField(max_length=300, blank=True, default="")
+    send_blocked = models.CharField(_("send blocked"), max_length=300, blank=True, default="")
 
     # Polling platforms (Telegram's getUpdates): the next offset, persisted so a restarted
     # poller never re-reads confirmed updates.
-    poll_offset = models.BigIntegerField(null=True, blank=True)
+    poll_offset = models.BigIntegerField(_("poll offset"), null=True, blank=True)
     # One poller per channel across all workers (Telegram answers 409 to concurrent getUpdates).
-    poll_owner = models.CharField(max_length=100, blank=True)
-    poll_lease_until = models.DateTimeField(null=True, blank=True)
+    poll_owner = models.CharField(_("poll owner"), max_length=100, blank=True)
+    poll_lease_until = models.DateTimeField(_("poll lease until"), null=True, blank=True)
 
     # Debounce: the adaptive window (seconds), by what the last message looks like.
-    window_closed = models.FloatField(default=1.2, validators=[MinValueValidator(0.0)],
-                                      help_text="Ends in ? ! or .")
-    window_greeting = models.FloatField(default=4.0, validators=[MinValueValidator(0.0)],
-                                        help_text="A bare greeting: 'hola', 'una consulta'.")
-    window_open = models.FloatField(default=4.0, validators=[MinValueValidator(0.0)],
-                                    help_text="Ends in a comma, '...', ':' or a conjunction.")
-    window_neutral = models.FloatField(default=2.5, validators=[MinValueValidator(0.0)],
-                                       help_text="Anything else.")
-    greeting_words = models.TextField(default=_default_greetings,
-                                      help_text="Comma-separated greetings and phrases.")
-    conjunction_words = models.TextField(default=_default_conjunctions,
-                                         help_text="Comma-separated words that leave a sentence open.")
-    max_wait = models.FloatField(default=15.0, validators=[MinValueValidator(0.0)],
-                                 help_text="A buffer never waits longer than this after its first message.")
-    max_messages = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)],
-                                               help_text="A buffer flushes at once when it holds this many "
-                                                         "(an album counts once).")
-    window_media = models.FloatField(default=2.5, validators=[MinValueValidator(0.0)],
-                                     help_text="A photo, voice note or file without a caption "
-                                               "(a caption is classified like text).")
-    window_album = models.FloatField(default=3.0, validators=[MinValueValidator(0.0)],
-                                     help_text="An album's item keeps the buffer open at least this long: "
-                                               "its next item may still be uploading.")
-    media_at_once = models.BooleanField(default=False,
-                                        help_text="Flush a buffer at once when media arrives, "
-                                                  "instead of giving it a window.")
+    window_closed = models.FloatField(_("window closed"), default=1.2, validators=[MinValueValidator(0.0)],
+                                      help_text=_("Ends in ? ! or ."))
+    window_greeting = models.FloatField(_("window greeting"), default=4.0, validators=[MinValueValidator(0.0)],
+                                        help_text=_("A bare greeting: 'hola', 'una consulta'."))
+    window_open = models.FloatField(_("window open"), default=4.0, validators=[MinValueValidator(0.0)],
+                                    help_text=_("Ends in a comma, '...', ':' or a conjunction."))
+    window_neutral = models.FloatField(_("window neutral"), default=2.5, validators=[MinValueValidator(0.0)],
+                                       help_text=_("Anything else."))
+    greeting_words = models.TextField(_("greeting words"), default=_default_greetings,
+                                      help_text=_("Comma-separated greetings and phrases."))
+    conjunction_words = models.TextField(_("conjunction words"), default=_default_conjunctions,
+                                         help_text=_("Comma-separated words that leave a sentence open."))
+    max_wait = models.FloatField(_("max wait"), default=15.0, validators=[MinValueValidator(0.0)],
+                                 help_text=_("A buffer never waits longer than this after its first message."))
+    max_messages = models.PositiveIntegerField(_("max messages"), default=10, validators=[MinValueValidator(1)],
+                                               help_text=_("A buffer flushes at once when it holds this many "
+                                                           "(an album counts once)."))
+    window_media = models.FloatField(_("window media"), default=2.5, validators=[MinValueValidator(0.0)],
+                                     help_text=_("A photo, voice note or file without a caption "
+                                                 "(a caption is classified like text)."))
+    window_album = models.FloatField(_("window album"), default=3.0, validators=[MinValueValidator(0.0)],
+                                     help_text=_("An album's item keeps the buffer open at least this long: "
+                                                 "its next item may still be uploading."))
+    media_at_once = models.BooleanField(_("media at once"), default=False,
+                                        help_text=_("Flush a buffer at once when media arrives, "
+                                                    "instead of giving it a window."))
 
     double_texting = models.CharField(
-        max_length=16, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE
+        _("double texting"), max_length=16, choices=DoubleTexting.choices, default=DoubleTexting.ENQUEUE
     )
-    typing_mode = models.CharField(max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
-    edits = models.CharField(max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
+    typing_mode = models.CharField(_("typing mode"), max_length=16, choices=TypingMode.choices, default=TypingMode.INSTANT)
+    edits = models.CharField(_("edits"), max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
     status_reaction = models.CharField(
-        max_length=16, choices=StatusReaction.choices, default=StatusReaction.OFF,
-        help_text="A \"seen\" reaction on the person's message (Telegram, Slack, WhatsApp), best effort "
-                  "(docs/buffer.md#reactions).")
+        _("status reaction"), max_length=16, choices=StatusReaction.choices, default=StatusReaction.OFF,
+        help_text=_("A \"seen\" reaction on the person's message (Telegram, Slack, WhatsApp), best effort "
+                    "(docs/buffer.md#reactions)."))
     streaming = models.BooleanField(
-        default=True, help_text="Show a streamed reply as it is written, where the platform can (Telegram drafts "
-                                "or an edited preview in groups, web chat); the final reply goes through the "
-                                "ledger either way. Off: the whole reply at once.")
+        _("streaming"), default=True, help_text=_("Show a streamed reply as it is written, where the platform can (Telegram drafts "
+                                                  "or an edited preview in groups, web chat); the final reply goes through the "
+                                                  "ledger either way. Off: the whole reply at once."))
 
     # The ledger's bounds for this channel's replies (delivery/ledger, docs/ledger.md).
     recovery_freshness = models.DurationField(
-        default=timedelta(hours=24), validators=[MinValueValidator(timedelta(minutes=1))],
-        help_text="A reply not delivered within this long of being written (or of an operator's retry) is "
-                  "abandoned, never sent late.")
+        _("recovery freshness"), default=timedelta(hours=24), validators=[MinValueValidator(timedelta(minutes=1))],
+        help_text=_("A reply not delivered within this long of being written (or of an operator's retry) is "
+                    "abandoned, never sent late."))
     stale_recoveries = models.CharField(
-        max_length=16, choices=StaleRecoveries.choices, default=StaleRecoveries.DATED,
-        help_text="A recovered reply whose conversation has since had a newer reply delivered: sent with the "
-                  "time it was written, or dropped.")
+        _("stale recoveries"), max_length=16, choices=StaleRecoveries.choices, default=StaleRecoveries.DATED,
+        help_text=_("A recovered reply whose conversation has since had a newer reply delivered: sent with the "
+                    "time it was written, or dropped."))
     time_zone = models.CharField(
-        max_length=64, blank=True, default="",
-        help_text="The IANA time zone agentloop writes times in for this channel's users (a recovered reply's "
-                  "time); empty: the deployment's (AGENTLOOP_DEFAULT_TIME_ZONE).")
+        _("time zone"), max_length=64, blank=True, default="",
+        help_text=_("The IANA time zone agentloop writes times in for this channel's users (a recovered reply's "
+                    "time); empty: the deployment's (AGENTLOOP_DEFAULT_TIME_ZONE)."))
 
     language = models.CharField(
-        max_length=16, blank=True, default="", choices=_language_choices,
-        help_text="What agentloop writes to a user whose platform gives no language (apologies, notices, "
-                  "command answers); empty: the deployment's.")
+        _("language"), max_length=16, blank=True, default="", choices=_language_choices,
+        help_text=_("What agentloop writes to a user whose platform gives no language (apologies, notices, "
+                    "command answers); empty: the deployment's."))
     group_replies = models.CharField(
-        max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
-        help_text="In group chats (Telegram groups, Slack channels): which messages the agent answers. The others are stored and given to the next "
-                  "turn addressed to it as context, never answered (docs/buffer.md#groups).")
+        _("group replies"), max_length=16, choices=GroupReplies.choices, default=GroupReplies.MENTION,
+        help_text=_("In group chats (Telegram groups, Slack channels): which messages the agent answers. The others are stored and given to the next "
+                    "turn addressed to it as context, never answered (docs/buffer.md#groups)."))
     handoff_idle_minutes = models.PositiveIntegerField(
-        default=30, help_text="A conversation a person took over goes back to the agent after this long without "
-                              "a reply from the person (0: only when given back).")
+        _("handoff idle minutes"), default=30, help_text=_("A conversation a person took over goes back to the agent after this long without "
+                                                           "a reply from the person (0: only when given back)."))
     turns_per_contact_per_hour = models.PositiveIntegerField(
-        default=0, help_text="Turns one person may cause in an hour; beyond, one notice and no answer until the "
-                             "hour has passed (0: no limit).")
+        _("turns per contact per hour"), default=0, help_text=_("Turns one person may cause in an hour; beyond, one notice and no answer until the "
+                                                                "hour has passed (0: no limit)."))
     tokens_per_contact_per_day = models.PositiveIntegerField(
-        default=0, help_text="Model tokens (as the provider reports them) one person may use in a day; beyond, "
-                             "one notice and no answer until the next day (0: no limit).")
+        _("tokens per contact per day"), default=0, help_text=_("Model tokens (as the provider reports them) one person may use in a day; beyond, "
+                                                                "one notice and no answer until the next day (0: no limit)."))
 
     # Bots (conversations.loops): which may make turns, and the loop breaker's bound.
     allowed_bots = models.TextField(
-        blank=True, default="",
-        help_text="Comma-separated bots whose messages the agent answers (a Telegram username or user id, a Slack "
-                  "bot id, an API sender id). Other bots' messages are kept as context, never answered.")
+        _("allowed bots"), blank=True, default="",
+        help_text=_("Comma-separated bots whose messages the agent answers (a Telegram username or user id, a Slack "
+                    "bot id, an API sender id). Other bots' messages are kept as context, never answered."))
     loop_max_replies = models.PositiveIntegerField(
-        default=8, help_text="More agent replies than this in a conversation within the loop window, with no "
-                             "human message among them, pauses the agent there until an operator gives it back "
-                             "(0: off).")
+        _("loop max replies"), default=8, help_text=_("More agent replies than this in a conversation within the loop window, with no "
+                                                      "human message among them, pauses the agent there until an operator gives it back "
+                                                      "(0: off)."))
     loop_window_seconds = models.PositiveIntegerField(
-        default=60, help_text="The loop breaker's window, in seconds (0: off).")
+        _("loop window seconds"), default=60, help_text=_("The loop breaker's window, in seconds (0: off)."))
 
-    agent = models.CharField(max_length=50, default="echo")
-    agent_config = models.JSONField(default=dict, blank=True)
+    agent = models.CharField(_("agent"), max_length=50, default="echo")
+    agent_config = models.JSONField(_("agent config"), default=dict, blank=True)
 
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     objects = ChannelManager()
 
     class Meta:
+        verbose_name = _("channel")
+        verbose_name_plural = _("channels")
         ordering = ["slug"]
 
     def __str__(self):

@@ -4,6 +4,7 @@ import hashlib
 import secrets
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from conversations.models.channels import Channel
 
@@ -30,15 +31,19 @@ class AgentKeyManager(models.Manager):
 class AgentKey(models.Model):
     """An external agent's credential; it sees only the channels it is granted."""
 
-    name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=12, editable=False)
-    key_hash = models.CharField(max_length=64, unique=True, editable=False)
-    channels = models.ManyToManyField(Channel, blank=True, related_name="agent_keys")
-    created_at = models.DateTimeField(auto_now_add=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
+    name = models.CharField(_("name"), max_length=100)
+    prefix = models.CharField(_("prefix"), max_length=12, editable=False)
+    key_hash = models.CharField(_("key hash"), max_length=64, unique=True, editable=False)
+    channels = models.ManyToManyField(Channel, verbose_name=_("channels"), blank=True, related_name="agent_keys")
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    revoked_at = models.DateTimeField(_("revoked at"), null=True, blank=True)
+    last_used_at = models.DateTimeField(_("last used at"), null=True, blank=True)
 
     objects = AgentKeyManager()
+
+    class Meta:
+        verbose_name = _("agent key")
+        verbose_name_plural = _("agent keys")
 
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"

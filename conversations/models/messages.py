@@ -2,6 +2,7 @@
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
 from conversations.models.channels import Channel
@@ -9,23 +10,25 @@ from conversations.models.channels import Channel
 
 class Contact(models.Model):
     # No index of its own: the unique (channel, platform id) starts with it (see Conversation.channel).
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="contacts", db_index=False)
-    platform_id = models.CharField(max_length=100)
-    display_name = models.CharField(max_length=200, blank=True)
-    username = models.CharField(max_length=100, blank=True)
+    channel = models.ForeignKey(Channel, verbose_name=_("channel"), on_delete=models.CASCADE, related_name="contacts", db_index=False)
+    platform_id = models.CharField(_("platform ID"), max_length=100)
+    display_name = models.CharField(_("display name"), max_length=200, blank=True)
+    username = models.CharField(_("username"), max_length=100, blank=True)
     # The platform's language for this person (Telegram's from.language_code), as given:
     # agentloop.core.languages narrows it to a catalog's when it writes to them.
-    language = models.CharField(max_length=16, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
+    language = models.CharField(_("language"), max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
     # Limits per person (conversations.limits): while `limited_until` is ahead, this
     # person's turns are not run (their messages are stored and audited); the notice
     # went out once per episode. Usage counts only after `limits_counted_from` (an
     # operator lifting a limit moves it to now).
-    limited_until = models.DateTimeField(null=True, blank=True)
-    limit_reason = models.CharField(max_length=120, blank=True)
-    limits_counted_from = models.DateTimeField(null=True, blank=True)
+    limited_until = models.DateTimeField(_("limited until"), null=True, blank=True)
+    limit_reason = models.CharField(_("limit reason"), max_length=120, blank=True)
+    limits_counted_from = models.DateTimeField(_("limits counted from"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("contact")
+        verbose_name_plural = _("contacts")
         constraints = [
             models.UniqueConstraint(fields=["channel", "platform_id"], name="contact_unique_per_channel")
         ]
@@ -38,8 +41,8 @@ class ConversationState(models.TextChoices):
     """Who answers: the agent, or a person who took the conversation over
     (conversations.handoff)."""
 
-    AGENT = "agent", "The agent answers"
-    PERSON = "person", "A person holds it"
+    AGENT = "agent", _("The agent answers")
+    PERSON = "person", _("A person holds it")
 
 
 class Conversation(StateMachine, models.Model):
@@ -54,31 +57,33 @@ class Conversation(StateMachine, models.Model):
     # planner without statistics yet (a new database, its first minute) tied the two for
     # admission's lookup by key and took the narrower: every new chat's probe read all the
     # channel's conversations (3.7 ms and 378 buffers per batch at 8,000 rows, issue 30).
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="conversations", db_index=False)
-    contact = models.ForeignKey(Contact, on_delete=models.CASCADE, related_name="conversations")
-    chat_id = models.CharField(max_length=100)
+    channel = models.ForeignKey(Channel, verbose_name=_("channel"), on_delete=models.CASCADE, related_name="conversations", db_index=False)
+    contact = models.ForeignKey(Contact, verbose_name=_("contact"), on_delete=models.CASCADE, related_name="conversations")
+    chat_id = models.CharField(_("chat ID"), max_length=100)
     # Denormalised from contact so ingest finds the conversation in one indexed lookup.
-    sender_id = models.CharField(max_length=100)
-    is_group = models.BooleanField(default=False)
+    sender_id = models.CharField(_("sender ID"), max_length=100)
+    is_group = models.BooleanField(_("is group"), default=False)
     # Denormalised from contact too: every text written to the conversation reads it
     # (conversations.languages) with no query for the contact.
-    language = models.CharField(max_length=16, blank=True, default="")
+    language = models.CharField(_("language"), max_length=16, blank=True, default="")
     # History before this instant is not given to the agent (/reset).
-    context_reset_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_message_at = models.DateTimeField(null=True, blank=True)
-    state = models.CharField(max_length=16, choices=ConversationState.choices, default=ConversationState.AGENT)
-    held_by = models.CharField(max_length=150, blank=True, help_text="The person holding it (or who last did).")
-    held_at = models.DateTimeField(null=True, blank=True)
+    context_reset_at = models.DateTimeField(_("context reset at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    last_message_at = models.DateTimeField(_("last message at"), null=True, blank=True)
+    state = models.CharField(_("state"), max_length=16, choices=ConversationState.choices, default=ConversationState.AGENT)
+    held_by = models.CharField(_("held by"), max_length=150, blank=True, help_text=_("The person holding it (or who last did)."))
+    held_at = models.DateTimeField(_("held at"), null=True, blank=True)
     # The person's last sign of life (the takeover, a reply): the channel's idle time
     # counts from here before the agent takes the conversation back by itself.
-    person_active_at = models.DateTimeField(null=True, blank=True)
+    person_active_at = models.DateTimeField(_("person active at"), null=True, blank=True)
     # The agent an agent handed this conversation to (the handoff_to_agent tool,
     # conversations.routing): its turns go to this rule's agent until /reset.
-    pinned_rule = models.ForeignKey("RoutingRule", null=True, blank=True, on_delete=models.SET_NULL,
+    pinned_rule = models.ForeignKey("RoutingRule", verbose_name=_("pinned rule"), null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="+", db_index=False)
 
     class Meta:
+        verbose_name = _("conversation")
+        verbose_name_plural = _("conversations")
         constraints = [
             models.UniqueConstraint(
                 fields=["channel", "chat_id", "sender_id"], name="conversation_unique_chat_sender"
@@ -101,71 +106,73 @@ class Conversation(StateMachine, models.Model):
 
 
 class MessageKind(models.TextChoices):
-    TEXT = "text", "Text"
-    MEDIA = "media", "Media"
-    CONTROL = "control", "Control command"
+    TEXT = "text", _("Text")
+    MEDIA = "media", _("Media")
+    CONTROL = "control", _("Control command")
 
 
 class Disposition(models.TextChoices):
     """What became of an admitted message."""
 
-    BUFFERED = "buffered", "Buffered"
-    CONTROL = "control", "Control command"
-    REJECTED = "rejected", "Rejected (a turn was running)"
-    DROPPED = "dropped", "Dropped (/stop or /reset)"
-    OVERFLOW = "overflow", "Not buffered (too many pending; the sender was told)"
-    CONTEXT = "context", "Group context (not addressed to the agent; not answered)"
-    HELD = "held", "Stored while a person held the conversation"
-    LIMITED = "limited", "Stored, not answered (the sender was over a limit)"
-    BOT = "bot", "From a bot the channel does not allow: kept as context, not answered"
+    BUFFERED = "buffered", _("Buffered")
+    CONTROL = "control", _("Control command")
+    REJECTED = "rejected", _("Rejected (a turn was running)")
+    DROPPED = "dropped", _("Dropped (/stop or /reset)")
+    OVERFLOW = "overflow", _("Not buffered (too many pending; the sender was told)")
+    CONTEXT = "context", _("Group context (not addressed to the agent; not answered)")
+    HELD = "held", _("Stored while a person held the conversation")
+    LIMITED = "limited", _("Stored, not answered (the sender was over a limit)")
+    BOT = "bot", _("From a bot the channel does not allow: kept as context, not answered")
 
 
 class InboundMessage(models.Model):
     # Neither foreign key has an index of its own: the unique constraint below starts with
     # the channel, and the story index with the conversation (an index less to write per
     # message than one each, issue 30).
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="messages", db_index=False)
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages",
+    channel = models.ForeignKey(Channel, verbose_name=_("channel"), on_delete=models.CASCADE, related_name="messages", db_index=False)
+    conversation = models.ForeignKey(Conversation, verbose_name=_("conversation"), on_delete=models.CASCADE, related_name="messages",
                                      db_index=False)
     # Platform id, unique per channel (Telegram: "<chat id>:<message id>", as message
     # ids are only unique within a chat). The constraint *is* the durable dedup.
-    platform_message_id = models.CharField(max_length=120)
+    platform_message_id = models.CharField(_("platform message ID"), max_length=120)
     buffer = models.ForeignKey(
-        "MessageBuffer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+        "MessageBuffer", verbose_name=_("buffer"), null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
     )
-    kind = models.CharField(max_length=16, choices=MessageKind.choices, default=MessageKind.TEXT)
-    disposition = models.CharField(max_length=16, choices=Disposition.choices, default=Disposition.BUFFERED)
-    text = models.TextField(blank=True)
-    media_type = models.CharField(max_length=30, blank=True)
+    kind = models.CharField(_("kind"), max_length=16, choices=MessageKind.choices, default=MessageKind.TEXT)
+    disposition = models.CharField(_("disposition"), max_length=16, choices=Disposition.choices, default=Disposition.BUFFERED)
+    text = models.TextField(_("text"), blank=True)
+    media_type = models.CharField(_("media type"), max_length=30, blank=True)
     # Items sent as one album (Telegram's media_group_id) share it.
-    album_id = models.CharField(max_length=64, blank=True, default="")
+    album_id = models.CharField(_("album ID"), max_length=64, blank=True, default="")
     # The file it carries (conversations.media), fetched after the message is stored.
-    media_file = models.ForeignKey("MediaFile", null=True, blank=True, on_delete=models.SET_NULL,
+    media_file = models.ForeignKey("MediaFile", verbose_name=_("media file"), null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="messages")
-    sender_name = models.CharField(max_length=200, blank=True)
+    sender_name = models.CharField(_("sender name"), max_length=200, blank=True)
     # In a group: whether it was addressed to the agent (a mention of the bot, a reply to
     # it). None: the platform does not say (the message counts as addressed).
-    mentioned = models.BooleanField(null=True, blank=True)
-    reply_target = models.CharField(max_length=200, blank=True, help_text="Platform id a reply threads to.")
-    thread_id = models.CharField(max_length=50, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
-    received_at = models.DateTimeField(default=timezone.now)
+    mentioned = models.BooleanField(_("mentioned"), null=True, blank=True)
+    reply_target = models.CharField(_("reply target"), max_length=200, blank=True, help_text=_("Platform id a reply threads to."))
+    thread_id = models.CharField(_("thread ID"), max_length=50, blank=True)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+    received_at = models.DateTimeField(_("received at"), default=timezone.now)
     # The user corrected this message (its text is the corrected one; each edit, with the
     # text before it, is a MessageEdit row).
-    edited_at = models.DateTimeField(null=True, blank=True)
+    edited_at = models.DateTimeField(_("edited at"), null=True, blank=True)
     # The person deleted it on the platform (conversations/deletions.py): out of every
     # later prompt, shown as deleted on the story page; the text kept for the audit.
-    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(_("deleted at"), null=True, blank=True)
     # Sent by a bot (Telegram's from.is_bot, Slack's bot_id, the API's is_bot): True;
     # NULL for everyone else (nullable: the column is added without rewriting the table).
     # The loop breaker (conversations.loops) counts replies since the last message without it.
-    from_bot = models.BooleanField(null=True, blank=True)
+    from_bot = models.BooleanField(_("from bot"), null=True, blank=True)
     # Tracing (agentloop.core.tracing): its admission span's W3C traceparent, which the
     # flush of its buffer — in a worker, later — links to. NULL while tracing is off
     # (nullable: the column is added without rewriting the table).
-    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
+    traceparent = models.CharField(_("traceparent"), max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
+        verbose_name = _("inbound message")
+        verbose_name_plural = _("inbound messages")
         constraints = [
             models.UniqueConstraint(
                 fields=["channel", "platform_message_id"], name="inbound_message_admitted_once"

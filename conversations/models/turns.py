@@ -4,6 +4,7 @@ notes an agent reads in its next turns."""
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
 from conversations.models.buffers import FlushReason, MessageBuffer
@@ -11,11 +12,11 @@ from conversations.models.messages import Conversation
 
 
 class TurnState(models.TextChoices):
-    READY = "ready", "Ready"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    CANCELLED = "cancelled", "Cancelled"
-    FAILED = "failed", "Failed"
+    READY = "ready", _("Ready")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    CANCELLED = "cancelled", _("Cancelled")
+    FAILED = "failed", _("Failed")
 
 
 class Turn(StateMachine, models.Model):
@@ -33,51 +34,53 @@ class Turn(StateMachine, models.Model):
     ACTIVE = (TurnState.READY, TurnState.RUNNING)
 
     # No index of its own: turn_conversation_state_idx starts with it (see Conversation.channel).
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns", db_index=False)
+    conversation = models.ForeignKey(Conversation, verbose_name=_("conversation"), on_delete=models.CASCADE, related_name="turns", db_index=False)
     buffer = models.OneToOneField(
-        MessageBuffer, null=True, blank=True, on_delete=models.SET_NULL, related_name="turn"
+        MessageBuffer, verbose_name=_("buffer"), null=True, blank=True, on_delete=models.SET_NULL, related_name="turn"
     )
-    merged_input = models.TextField()
+    merged_input = models.TextField(_("merged input"))
     # Its burst carried files (conversations.media): the runner settles and shows them.
-    has_media = models.BooleanField(default=False)
-    flush_reason = models.CharField(max_length=16, choices=FlushReason.choices)
-    state = models.CharField(max_length=16, choices=TurnState.choices, default=TurnState.READY)
+    has_media = models.BooleanField(_("has media"), default=False)
+    flush_reason = models.CharField(_("flush reason"), max_length=16, choices=FlushReason.choices)
+    state = models.CharField(_("state"), max_length=16, choices=TurnState.choices, default=TurnState.READY)
     fired_effect = models.BooleanField(
-        default=False, help_text="Set before the first external effect; such a turn is never cancelled."
+        _("fired effect"), default=False, help_text=_("Set before the first external effect; such a turn is never cancelled.")
     )
-    owner = models.CharField(max_length=100, blank=True, help_text="The worker running it.")
-    reply_target = models.CharField(max_length=200, blank=True)
-    thread_id = models.CharField(max_length=50, blank=True)
-    reply_text = models.TextField(blank=True)
-    outcome = models.CharField(max_length=300, blank=True, help_text="Why it was cancelled or failed.")
-    attempts = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    effect_fired_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    owner = models.CharField(_("owner"), max_length=100, blank=True, help_text=_("The worker running it."))
+    reply_target = models.CharField(_("reply target"), max_length=200, blank=True)
+    thread_id = models.CharField(_("thread ID"), max_length=50, blank=True)
+    reply_text = models.TextField(_("reply text"), blank=True)
+    outcome = models.CharField(_("outcome"), max_length=300, blank=True, help_text=_("Why it was cancelled or failed."))
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    effect_fired_at = models.DateTimeField(_("effect fired at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     # A streamed reply (conversations.streaming): when its first delta arrived, how many
     # previews went out, the group preview message the final edits (recorded when sent,
     # so a recovery can reuse or remove it), and its text so far — saved only once the
     # turn fired an effect, at most every AGENTLOOP_STREAM_SAVE_INTERVAL: a crash then
     # sends it, marked as interrupted, instead of running the turn again.
-    first_delta_at = models.DateTimeField(null=True, blank=True)
-    previews = models.PositiveIntegerField(default=0)
-    preview_message_id = models.CharField(max_length=50, blank=True)
-    streamed_text = models.TextField(blank=True)
+    first_delta_at = models.DateTimeField(_("first delta at"), null=True, blank=True)
+    previews = models.PositiveIntegerField(_("previews"), default=0)
+    preview_message_id = models.CharField(_("preview message ID"), max_length=50, blank=True)
+    streamed_text = models.TextField(_("streamed text"), blank=True)
     # Model tokens the provider reported for this turn (conversations.limits).
-    tokens_used = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveIntegerField(_("tokens used"), default=0)
     # The routing rule whose agent runs it (conversations.routing; NULL: the channel's own
     # agent), and why it was chosen, as the story page shows it.
-    routing_rule = models.ForeignKey("RoutingRule", null=True, blank=True, on_delete=models.SET_NULL,
+    routing_rule = models.ForeignKey("RoutingRule", verbose_name=_("routing rule"), null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="+", db_index=False)
-    route = models.CharField(max_length=200, null=True, blank=True)
+    route = models.CharField(_("route"), max_length=200, null=True, blank=True)
     # A person's reply (owner "person:<who>"): the caller's idempotency key, if any.
-    request_key = models.CharField(max_length=100, blank=True)
+    request_key = models.CharField(_("request key"), max_length=100, blank=True)
     # Tracing (agentloop.core.tracing): the traceparent of the flush that made it, the
     # parent of its run's span in whichever worker runs it. NULL while tracing is off.
-    traceparent = models.CharField(max_length=55, null=True, blank=True, editable=False)
+    traceparent = models.CharField(_("traceparent"), max_length=55, null=True, blank=True, editable=False)
 
     class Meta:
+        verbose_name = _("turn")
+        verbose_name_plural = _("turns")
         constraints = [
             models.UniqueConstraint(
                 fields=["conversation", "request_key"], condition=~Q(request_key=""),
@@ -107,11 +110,15 @@ class Turn(StateMachine, models.Model):
 class WorkerHeartbeat(models.Model):
     """Each worker loop stamps its claims with `owner` and keeps this row fresh."""
 
-    owner = models.CharField(max_length=100, unique=True)
-    hostname = models.CharField(max_length=100)
-    pid = models.IntegerField()
-    started_at = models.DateTimeField(default=timezone.now)
-    seen_at = models.DateTimeField(default=timezone.now)
+    owner = models.CharField(_("owner"), max_length=100, unique=True)
+    hostname = models.CharField(_("hostname"), max_length=100)
+    pid = models.IntegerField(_("PID"))
+    started_at = models.DateTimeField(_("started at"), default=timezone.now)
+    seen_at = models.DateTimeField(_("seen at"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("worker heartbeat")
+        verbose_name_plural = _("worker heartbeats")
 
     def __str__(self):
         return self.owner
@@ -121,11 +128,13 @@ class ContextNote(models.Model):
     """Something the agent must know in its next turns that was not said in the chat:
     e.g. a person approved or rejected an action it proposed."""
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="notes")
-    text = models.TextField()
-    created_at = models.DateTimeField(default=timezone.now)
+    conversation = models.ForeignKey(Conversation, verbose_name=_("conversation"), on_delete=models.CASCADE, related_name="notes")
+    text = models.TextField(_("text"))
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
 
     class Meta:
+        verbose_name = _("context note")
+        verbose_name_plural = _("context notes")
         ordering = ["created_at"]
 
     def __str__(self):
@@ -139,14 +148,16 @@ class AgentSession(models.Model):
     session older than the conversation's /reset is not read: the remote agent then
     starts a new context."""
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="agent_sessions",
+    conversation = models.ForeignKey(Conversation, verbose_name=_("conversation"), on_delete=models.CASCADE, related_name="agent_sessions",
                                      db_index=False)  # agent_session_once starts with it
-    key = models.CharField(max_length=64)
-    state = models.JSONField(default=dict, blank=True)
-    started_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
+    key = models.CharField(_("key"), max_length=64)
+    state = models.JSONField(_("state"), default=dict, blank=True)
+    started_at = models.DateTimeField(_("started at"), default=timezone.now)
+    updated_at = models.DateTimeField(_("updated at"), default=timezone.now)
 
     class Meta:
+        verbose_name = _("agent session")
+        verbose_name_plural = _("agent sessions")
         constraints = [models.UniqueConstraint(fields=["conversation", "key"], name="agent_session_once")]
 
     def __str__(self):
