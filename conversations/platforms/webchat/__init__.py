@@ -3,6 +3,7 @@ websocket (agentloop.console.consumers), replies and "typing…" go out through 
 (transport.py), taps on a question's buttons come back over the same socket."""
 
 from django.db import transaction
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core import live
 from conversations.platforms.base import Platform
@@ -12,7 +13,7 @@ KIND = "webchat"
 
 class WebchatPlatform(Platform):
     kind = KIND
-    label = "Web chat"
+    label = _("Web chat")  # the others are names, the same in every language
     has_buttons = True  # the page shows them and sends a tap back over its socket
 
     # The package's own modules are imported where they are used: each of them imports this
