@@ -17,7 +17,7 @@ from agentloop.core import metrics_dir
 from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
-from agentloop.wiring import AGENTS, MIDDLEWARE, PLATFORMS, SPECTACULAR_SETTINGS, TEMPLATES, TOOLS, s3_storages  # noqa: F401
+from agentloop.wiring import AGENTS, MIDDLEWARE, PLATFORMS, SPECTACULAR_SETTINGS, TEMPLATES, TOOLS, UNFOLD, s3_storages  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -65,6 +65,8 @@ SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 AGENTLOOP_TRUSTED_PROXIES = trusted_networks(env.list("AGENTLOOP_TRUSTED_PROXIES", default=[]))
 
 INSTALLED_APPS = [
+    # The admin's theme (django-unfold, docs/console.md): before the admin, whose templates it overrides.
+    "unfold",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -81,8 +83,9 @@ INSTALLED_APPS = [
     "tools",
     "audit",
     "agentloop.core",  # app label `agentloop` (its tables and migrations kept that name)
-    "agentloop.console",
     "axes",  # admin login throttling (below)
+    # Last: its admin module dresses the other apps' admins (auth, axes, django-q) in the theme.
+    "agentloop.console",
 ]
 
 # daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.templatetags.static import static
-from django.urls import path, reverse_lazy
+from django.urls import include, path, reverse_lazy
+from django.utils.translation import gettext_lazy as _
 from django.views.generic.base import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -17,7 +18,7 @@ from tools import views as tools_views
 
 admin.site.site_header = "agentloop"
 admin.site.site_title = "agentloop"
-admin.site.index_title = "Operations"
+admin.site.index_title = _("Operations")
 admin.site.site_url = reverse_lazy("console-dashboard")  # "View site": the console, not a 404
 
 
@@ -26,7 +27,10 @@ urlpatterns = [
     # Browsers ask for /favicon.ico where a page names no icon (the API's JSON, a file).
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
+    # The language switch in the admin's user menu posts here (Django's set_language).
+    path("i18n/", include("django.conf.urls.i18n")),
     path("console/", console_views.dashboard, name="console-dashboard"),
+    path("console/jsi18n/", console_views.javascript_catalog, name="console-jsi18n"),
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
     path("console/conversations/<int:conversation_id>/hold/", console_views.hold, name="console-hold"),
     path("console/playground/", console_views.playground, name="console-playground"),

@@ -4,6 +4,9 @@ environment stays there (tests/unit/test_config_docs.py parses that file)."""
 
 from pathlib import Path
 
+from django.urls import reverse_lazy
+from django.utils.translation import gettext_lazy as _
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 MIDDLEWARE = [
@@ -143,3 +146,23 @@ def s3_storages(bucket: str, *, endpoint_url: str, region_name: str, access_key:
         }},
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+# The admin's theme (django-unfold): its sidebar is the navigation by what an operator does
+# (agentloop.console.navigation), its first page the operations overview
+# (agentloop.console.overview), a language switch in the user menu.
+UNFOLD = {
+    "SITE_TITLE": "agentloop",
+    "SITE_HEADER": "agentloop",
+    "SITE_SUBHEADER": _("Operations"),
+    "SITE_URL": reverse_lazy("console-dashboard"),
+    "SITE_SYMBOL": "forum",
+    "SHOW_LANGUAGES": True,
+    "SHOW_VIEW_ON_SITE": True,
+    "DASHBOARD_CALLBACK": "agentloop.console.overview.dashboard_callback",
+    "SIDEBAR": {
+        "show_search": True,
+        "show_all_applications": True,
+        "navigation": "agentloop.console.navigation.sidebar",
+    },
+}

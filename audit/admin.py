@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from unfold.admin import ModelAdmin
 
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter
 from agentloop.core.redaction import hide_secrets
@@ -24,7 +25,7 @@ def change_link(url_name, pk, label):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
+class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_shown", "actor"]
     list_filter = ["kind", ("channel_slug", RecentValuesFilter)]
     # Not the summary: an auditor must not probe an error text character by character.

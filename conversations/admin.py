@@ -5,6 +5,7 @@ from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from conversations import admin_channels, admin_keys, erasure  # noqa: F401 -- they register ChannelAdmin, AgentKeyAdmin
@@ -35,7 +36,7 @@ def changelist_link(url_name, label, **query):
 
 
 @admin.register(Contact)
-class ContactAdmin(LimitActions, admin.ModelAdmin):
+class ContactAdmin(LimitActions, ModelAdmin):
     list_display = ["__str__", "platform_id", "username", "language", "channel", "limited", "created_at"]
     list_filter = ["channel", "language", LimitedFilter]
     search_fields = ["platform_id", "display_name", "username"]
@@ -57,7 +58,7 @@ class ContactAdmin(LimitActions, admin.ModelAdmin):
                 self.message_user(request, f"contact {contact.pk}: erased")
 
 
-class TurnInline(admin.TabularInline):
+class TurnInline(TabularInline):
     model = Turn
     fields = ["state", "flush_reason", "merged_input", "fired_effect", "created_at", "finished_at"]
     readonly_fields = fields
@@ -71,7 +72,7 @@ class TurnInline(admin.TabularInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(BigTableAdmin, HoldActions, admin.ModelAdmin):
+class ConversationAdmin(BigTableAdmin, HoldActions, ModelAdmin):
     list_display = ["__str__", "channel", "chat_id", "is_group", "state", "last_turn_state", "created_at"]
     list_filter = ["channel", "is_group", "state"]
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
@@ -110,7 +111,7 @@ class ConversationAdmin(BigTableAdmin, HoldActions, admin.ModelAdmin):
 
 
 @admin.register(InboundMessage)
-class InboundMessageAdmin(BigTableAdmin, admin.ModelAdmin):
+class InboundMessageAdmin(BigTableAdmin, ModelAdmin):
     list_display = ["platform_message_id", "channel", "kind", "disposition", "short_text", "buffer_link",
                     "received_at"]
     list_filter = ["channel", "kind", "disposition"]
@@ -138,7 +139,7 @@ class InboundMessageAdmin(BigTableAdmin, admin.ModelAdmin):
 
 
 @admin.register(MediaFile)
-class MediaFileAdmin(admin.ModelAdmin):
+class MediaFileAdmin(ModelAdmin):
     """Files users sent: what each is, whether it was fetched, and why not (read only:
     the worker owns their state)."""
 
@@ -179,7 +180,7 @@ class MediaFileAdmin(admin.ModelAdmin):
 
 
 @admin.register(MessageBuffer)
-class MessageBufferAdmin(admin.ModelAdmin):
+class MessageBufferAdmin(ModelAdmin):
     list_display = ["pk", "conversation", "state", "message_count", "window_kind", "window_seconds",
                     "flush_at", "seconds_left_display", "flush_reason"]
     list_filter = ["state", "flush_reason", "window_kind", "conversation__channel"]
@@ -199,7 +200,7 @@ class MessageBufferAdmin(admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(BigTableAdmin, admin.ModelAdmin):
+class TurnAdmin(BigTableAdmin, ModelAdmin):
     list_display = ["pk", "conversation", "state", "flush_reason", "short_input", "fired_effect", "created_at",
                     "finished_at"]
     list_filter = ["state", "flush_reason", "fired_effect", "conversation__channel"]
@@ -225,13 +226,13 @@ class TurnAdmin(BigTableAdmin, admin.ModelAdmin):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(admin.ModelAdmin):
+class WorkerHeartbeatAdmin(ModelAdmin):
     list_display = ["owner", "hostname", "pid", "started_at", "seen_at"]
     readonly_fields = ["owner", "hostname", "pid", "started_at", "seen_at"]
 
 
 @admin.register(ContextNote)
-class ContextNoteAdmin(admin.ModelAdmin):
+class ContextNoteAdmin(ModelAdmin):
     """What the agent is told besides the chat (e.g. a person's decision on a proposal)."""
 
     list_display = ["pk", "conversation", "short_text", "created_at"]

@@ -11,6 +11,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
+from unfold.admin import ModelAdmin
 
 from agentloop.core.redaction import SECRET_NAME
 from conversations import platforms
@@ -192,7 +193,7 @@ ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
 
 
 @admin.register(Channel)
-class ChannelAdmin(RoutingRulesInAdmin, admin.ModelAdmin):
+class ChannelAdmin(RoutingRulesInAdmin, ModelAdmin):
     form = ChannelForm
     list_display = ["slug", "name", "kind", "is_active", "send_blocked", "double_texting", "window_summary", "agent"]
     list_filter = ["kind", "is_active", "double_texting"]

@@ -9,6 +9,7 @@ from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from unfold.admin import ModelAdmin
 
 from conversations import agent_keys
 from conversations.models import AgentKey
@@ -23,7 +24,7 @@ def _operator(request):
 
 
 @admin.register(AgentKey)
-class AgentKeyAdmin(admin.ModelAdmin):
+class AgentKeyAdmin(ModelAdmin):
     list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]

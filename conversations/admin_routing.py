@@ -1,13 +1,13 @@
 """The channel admin's routing rules (conversations.routing): an ordered inline, each
 save of it one audit event (who added, changed or removed which rule)."""
 
-from django.contrib import admin
+from unfold.admin import StackedInline
 
 from conversations import routing
 from conversations.models import RoutingRule
 
 
-class RoutingRuleInline(admin.StackedInline):
+class RoutingRuleInline(StackedInline):
     model = RoutingRule
     extra = 0
     ordering = ["position", "pk"]

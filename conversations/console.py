@@ -1,13 +1,30 @@
 """What the operator console shows of conversations: the live events this app
 publishes, and the dashboard's figures (open buffers, turns in flight, flush reasons)."""
 
+from datetime import timedelta
+
 from django.db.models import Count
 from django.utils import timezone
 
 from agentloop.core import big_tables, live
+from conversations import engine
 from conversations.handoff import LOOP_BREAKER
 from conversations.media import links
-from conversations.models import BufferState, Conversation, ConversationState, InboundMessage, MessageBuffer, Turn
+from conversations.models import (
+    BufferState,
+    Contact,
+    Conversation,
+    ConversationState,
+    InboundMessage,
+    MessageBuffer,
+    Turn,
+    TurnState,
+    WorkerHeartbeat,
+)
+
+# The admin's overview counts up to this many of each kind ("999+" past it): a number a
+# person reads at a glance, read in one bounded statement on any table size.
+OVERVIEW_CAP = 999
 
 
 def _iso(value):
@@ -124,3 +141,24 @@ def paused_by_loops(limit=50):
             .select_related("channel", "contact").order_by("-held_at")[:limit])
     return [{"conversation": c.pk, "channel": c.channel.slug, "contact": str(c.contact), "chat": c.chat_id,
              "held_at": _iso(c.held_at)} for c in rows]
+
+
+def needing_people(cap: int = OVERVIEW_CAP) -> dict:
+    """The overview's counts of what waits for a person: conversations a person holds (taken
+    over), those the loop breaker paused, turns that failed in the last day, contacts over a
+    limit now; and the workers alive (none alive: nothing is answered). Each count exact up
+    to `cap`."""
+    now = timezone.now()
+    held = Conversation.objects.filter(state=ConversationState.PERSON)
+    return {
+        "held": big_tables.count_up_to(held.exclude(held_by=LOOP_BREAKER), cap),
+        "paused": big_tables.count_up_to(held.filter(held_by=LOOP_BREAKER), cap),
+        "failed_turns": big_tables.count_up_to(
+            Turn.objects.filter(state=TurnState.FAILED, created_at__gte=now - timedelta(days=1)), cap),
+        "limited": big_tables.count_up_to(Contact.objects.filter(limited_until__gt=now), cap),
+    }
+
+
+def workers_alive(now=None) -> int:
+    """Worker loops alive now (their liveness lock held or their heartbeat fresh)."""
+    return max(0, WorkerHeartbeat.objects.count() - len(engine.dead_owners(now)))

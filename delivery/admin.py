@@ -6,6 +6,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from unfold.admin import ModelAdmin
 
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import hide_secrets
@@ -33,7 +34,7 @@ class AgeFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboundMessage)
-class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
+class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
                     "short_text", "created_at", "next_attempt_at", "delivered_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
@@ -41,7 +42,8 @@ class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
     date_hierarchy = "created_at"
     ordering = ["-created_at", "-pk"]  # along outbound_created_idx, as the drill-down's days
     # A conversation's, a turn's, an unreachable chat's rows (conversations.admin, below).
-    linked_lookups = ("conversation__id__exact", "turn__id__exact", "chat_id")
+    # state__in: the overview's "replies given up" (abandoned or unreachable, agentloop.console.overview).
+    linked_lookups = ("conversation__id__exact", "turn__id__exact", "chat_id", "state__in")
     actions = ["retry_now", "abandon"]
     readonly_fields = [f.name for f in OutboundMessage._meta.fields] + ["conversation_link", "turn_link",
                                                                         "chunk_progress", "error_shown",
@@ -134,7 +136,7 @@ class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
 
 
 @admin.register(UnreachableChat)
-class UnreachableChatAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class UnreachableChatAdmin(ListedLookupsOnly, ModelAdmin):
     list_display = ["chat_id", "channel", "error_shown", "since", "last_failure_at", "failures", "rows"]
     list_filter = ["channel"]
     search_fields = ["chat_id"]
@@ -159,7 +161,7 @@ class UnreachableChatAdmin(ListedLookupsOnly, admin.ModelAdmin):
 
 
 @admin.register(ScheduledMessage)
-class ScheduledMessageAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class ScheduledMessageAdmin(ListedLookupsOnly, ModelAdmin):
     """Messages that go out by themselves (docs/schedules.md). An operator schedules one
     into a conversation here; a worker sends each tick once, through the ledger."""
 

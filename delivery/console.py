@@ -102,3 +102,16 @@ def replies_of(conversation_id, limit=30):
 def _files(row) -> list:
     """The reply's files (delivery.attachments): the console makes links of them."""
     return [item for piece in row.chunks or () if attachments.is_files(piece) for item in attachments.files_of(piece)]
+
+
+def given_up_since(since, cap: int = 999) -> int:
+    """Replies written since `since` that the ledger stopped trying (abandoned, or the chat
+    unreachable): a person never got them, and the overview asks someone to look."""
+    rows = OutboundMessage.objects.filter(state__in=[OutboundState.ABANDONED, OutboundState.UNREACHABLE],
+                                          created_at__gte=since)
+    return big_tables.count_up_to(rows, cap)
+
+
+def owed(cap: int = 999) -> int:
+    """Replies still owed to someone (pending, being sent, or failed and to be retried)."""
+    return big_tables.count_up_to(OutboundMessage.objects.filter(state__in=OutboundMessage.OPEN), cap)

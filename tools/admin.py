@@ -7,6 +7,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
+from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter, numeric_id
 from audit.listed_lookups import ListedLookupsOnly
@@ -32,7 +33,7 @@ def admin_link(model_name, pk, label=None, app="tools"):
 
 
 @admin.register(ToolPolicy)
-class ToolPolicyAdmin(admin.ModelAdmin):
+class ToolPolicyAdmin(ModelAdmin):
     list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "approval",
                     "approval_ttl_seconds", "max_per_hour", "timeout_seconds"]
     list_editable = ["enabled", "guarded", "window_seconds", "approval", "max_per_hour"]
@@ -74,7 +75,7 @@ class ToolPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
+class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
                     "proposal_link", "owner"]
     list_filter = ["state", ("action", RecentValuesFilter), "live", ("channel_slug", RecentValuesFilter)]
@@ -159,7 +160,7 @@ class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, admin.ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(ListedLookupsOnly, admin.ModelAdmin):
+class ProposalAdmin(ListedLookupsOnly, ModelAdmin):
     list_display = ["id", "action", "what", "state", "created_at", "expires_at", "decided_by", "buttons"]
     list_filter = ["state", "claim__action"]
     search_fields = ["=id", "claim__action", "decided_by"]
@@ -264,7 +265,7 @@ class ProposalAdmin(ListedLookupsOnly, admin.ModelAdmin):
         self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or "nothing")
 
 
-class CalendarEventInline(admin.TabularInline):
+class CalendarEventInline(TabularInline):
     model = CalendarEvent
     extra = 0
     fields = ["title", "start", "end", "location", "uid"]
@@ -272,7 +273,7 @@ class CalendarEventInline(admin.TabularInline):
 
 
 @admin.register(Calendar)
-class CalendarAdmin(admin.ModelAdmin):
+class CalendarAdmin(ModelAdmin):
     list_display = ["__str__", "scope", "event_count", "feed"]
     search_fields = ["scope", "name"]
     readonly_fields = ["feed", "created_at"]
@@ -289,7 +290,7 @@ class CalendarAdmin(admin.ModelAdmin):
 
 
 @admin.register(CalendarEvent)
-class CalendarEventAdmin(admin.ModelAdmin):
+class CalendarEventAdmin(ModelAdmin):
     list_display = ["title", "start", "end", "calendar", "location", "created_at"]
     list_filter = ["calendar"]
     search_fields = ["title", "uid", "location"]

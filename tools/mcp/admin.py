@@ -12,6 +12,7 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
+from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core.redaction import MASK, forget_secrets, redact
 from tools import guard
@@ -64,7 +65,7 @@ class McpServerForm(forms.ModelForm):
         return data
 
 
-class McpToolInline(admin.TabularInline):
+class McpToolInline(TabularInline):
     model = McpTool
     extra = 0
     can_delete = False
@@ -85,7 +86,7 @@ class McpToolInline(admin.TabularInline):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(ModelAdmin):
     form = McpServerForm
     list_display = ["name", "transport", "endpoint", "enabled", "trusted", "listed_at", "problem"]
     list_filter = ["enabled", "trusted", "transport"]
@@ -139,7 +140,7 @@ class McpServerAdmin(admin.ModelAdmin):
 
 
 @admin.register(McpTool)
-class McpToolAdmin(admin.ModelAdmin):
+class McpToolAdmin(ModelAdmin):
     list_display = ["offered_as", "server", "present", "refused", "hints", "reconcile_with", "listed_at"]
     list_filter = ["server", "present"]
     fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations", "present",

@@ -1,0 +1,83 @@
+"""The admin's sidebar: what an operator does, not which app a table lives in.
+
+Operate (what happens now and what waits for a person), Configure (how the product
+answers), Observe (what it did), System (who may do it, and the machinery). django-unfold
+draws it (settings UNFOLD["SIDEBAR"]); each entry shows only to those who may see its page.
+"""
+
+from dataclasses import dataclass
+
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+
+
+@dataclass(frozen=True)
+class Entry:
+    title: str
+    icon: str  # a Material Symbols name (unfold ships the font)
+    model: str = ""  # "app_label.model_name": the changelist, seen with its view permission
+    url_name: str = ""  # or a named page, seen with `permission`
+    permission: str = ""
+    query: str = ""  # a changelist's filter, e.g. "state__exact=pending"
+
+    def link(self) -> str:
+        if self.model:
+            app_label, model_name = self.model.split(".")
+            url = reverse(f"admin:{app_label}_{model_name}_changelist")
+        else:
+            url = reverse(self.url_name)
+        return f"{url}?{self.query}" if self.query else url
+
+    def allowed(self, user) -> bool:
+        if self.model:
+            app_label, model_name = self.model.split(".")
+            return user.has_perm(f"{app_label}.view_{model_name}")
+        return not self.permission or user.has_perm(self.permission)
+
+
+GROUPS: list[tuple[str, list[Entry]]] = [
+    (_("Operate"), [
+        Entry(_("Overview"), "space_dashboard", url_name="admin:index"),
+        Entry(_("Live dashboard"), "monitoring", url_name="console-dashboard", permission="audit.view_auditevent"),
+        Entry(_("Playground"), "chat", url_name="console-playground", permission="conversations.change_channel"),
+        Entry(_("Conversations"), "forum", model="conversations.conversation"),
+        Entry(_("Approvals waiting"), "approval", model="tools.proposal", query="state__exact=pending"),
+        Entry(_("Scheduled messages"), "schedule_send", model="delivery.scheduledmessage"),
+        Entry(_("Contacts"), "person", model="conversations.contact"),
+    ]),
+    (_("Configure"), [
+        Entry(_("Channels"), "hub", model="conversations.channel"),
+        Entry(_("Agent keys"), "key", model="conversations.agentkey"),
+        Entry(_("Tool policies"), "build", model="tools.toolpolicy"),
+        Entry(_("Limits"), "speed", model="conversations.contact", query="limited=now"),
+        Entry(_("MCP servers"), "dns", model="tools.mcpserver"),
+        Entry(_("Calendars"), "calendar_month", model="tools.calendar"),
+    ]),
+    (_("Observe"), [
+        Entry(_("Turns"), "play_circle", model="conversations.turn"),
+        Entry(_("Delivery ledger"), "outbox", model="delivery.outboundmessage"),
+        Entry(_("Duplicates prevented"), "content_copy", model="audit.caughtduplicate"),
+        Entry(_("Action claims"), "verified", model="tools.actionclaim"),
+        Entry(_("Audit trail"), "history", model="audit.auditevent"),
+        Entry(_("Inbound messages"), "inbox", model="conversations.inboundmessage"),
+        Entry(_("Unreachable chats"), "block", model="delivery.unreachablechat"),
+        Entry(_("API docs"), "api", url_name="api-docs"),
+    ]),
+    (_("System"), [
+        Entry(_("Users"), "group", model="auth.user"),
+        Entry(_("Roles"), "badge", model="auth.group"),
+        Entry(_("Login lockouts"), "lock", model="axes.accessattempt"),
+        Entry(_("Workers"), "memory", model="conversations.workerheartbeat"),
+        Entry(_("Background tasks"), "task", model="django_q.schedule"),
+    ]),
+]
+
+
+def sidebar(request) -> list[dict]:
+    """unfold's SIDEBAR["navigation"]: the groups with the entries this user may open."""
+    groups = []
+    for title, entries in GROUPS:
+        items = [{"title": e.title, "icon": e.icon, "link": e.link()} for e in entries if e.allowed(request.user)]
+        if items:
+            groups.append({"title": title, "separator": True, "collapsible": False, "items": items})
+    return groups
