@@ -10,6 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
@@ -82,7 +83,8 @@ class ToolPolicy(models.Model):
             default = registry.get(self.name).fingerprint_fields
         except registry.UnknownTool:
             default = ()
-        return (" + ".join(default) if default else "all arguments") + " (default)"
+        fields = " + ".join(default) if default else gettext("all arguments")
+        return gettext("%(fields)s (default)") % {"fields": fields}
 
     @property
     def requires_approval(self) -> bool:

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
+from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.redaction import url_secrets
 
 if TYPE_CHECKING:  # for annotations only
     from django.core.management.base import OutputWrapper
     from django.urls import URLPattern, URLResolver
+    from django_stubs_ext import StrOrPromise
 
     from conversations.models import Channel
     from delivery.transports import Transport
@@ -45,7 +47,7 @@ class Setting:
     when it changes, they must be given again, never sent on to the new host unasked."""
 
     default: Any = ""
-    help: str = ""
+    help: StrOrPromise = ""  # marked for translation: the admin shows it in the operator's language
     secret: bool = False
     required_to_send: bool = False
     required_to_receive: bool = False
@@ -242,13 +244,13 @@ def pace_settings(per_second: float, chat_interval: float, group_per_minute: flo
     (delivery.pacing): defaults just below the platform's own limits."""
     found = {
         "messages_per_second": Setting(default=per_second, check=check_rate,
-                                       help="Sends per second of this bot or number, across every worker (0: unpaced)."),
+                                       help=_("Sends per second of this bot or number, across every worker (0: unpaced).")),
         "chat_interval": Setting(default=chat_interval, check=check_rate,
-                                 help="Seconds between two sends into one chat (0: unpaced)."),
+                                 help=_("Seconds between two sends into one chat (0: unpaced).")),
     }
     if group_per_minute:
         found["group_messages_per_minute"] = Setting(default=group_per_minute, check=check_rate,
-                                                     help="Sends per minute into one group (0: unpaced).")
+                                                     help=_("Sends per minute into one group (0: unpaced)."))
     return found
 
 

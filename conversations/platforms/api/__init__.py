@@ -6,6 +6,7 @@ import ipaddress
 import re
 
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url
 
@@ -35,13 +36,13 @@ class ApiPlatform(Platform):
     label = "API"
     user_can_confirm = False  # any key granted the channel posts as any contact, the asker included
     settings = {
-        "callback_url": Setting(check=check_url, help="Where replies are POSTed (HMAC-signed); empty: replies "
-                                                      "are kept for the read API."),
-        "callback_secret": Setting(secret=True, help="HMAC key the callback's requests are signed with."),
+        "callback_url": Setting(check=check_url, help=_("Where replies are POSTed (HMAC-signed); empty: replies "
+                                                        "are kept for the read API.")),
+        "callback_secret": Setting(secret=True, help=_("HMAC key the callback's requests are signed with.")),
         "allowed_media_hosts": Setting(default=(), check=check_hosts,
-                                       help="Hosts whose `media_url` files are fetched even though they resolve to a "
-                                            "private, loopback or link-local address (an internal file server); "
-                                            "every other host must resolve to public addresses only."),
+                                       help=_("Hosts whose `media_url` files are fetched even though they resolve to a "
+                                              "private, loopback or link-local address (an internal file server); "
+                                              "every other host must resolve to public addresses only.")),
     }
 
     def clean_settings(self, values):

@@ -25,6 +25,7 @@ a message's mention flag is set here (inbound.addressed).
 import os
 
 from django.urls import path
+from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 from conversations.platforms.slack.names import PER_CHANNEL, PER_THREAD
@@ -38,15 +39,15 @@ class SlackPlatform(Platform):
     label = "Slack"
     has_buttons = True  # Block Kit buttons; a click comes back on the interactivity URL
     settings = {
-        "bot_token": Setting(help="The app's Bot User OAuth Token (xoxb-…), from OAuth & Permissions.",
+        "bot_token": Setting(help=_("The app's Bot User OAuth Token (xoxb-…), from OAuth & Permissions."),
                              secret=True, required_to_send=True, option="--token"),
-        "signing_secret": Setting(help="The app's Signing Secret (Basic Information): checks X-Slack-Signature "
-                                       "on every request.", secret=True, required_to_receive=True),
+        "signing_secret": Setting(help=_("The app's Signing Secret (Basic Information): checks X-Slack-Signature "
+                                         "on every request."), secret=True, required_to_receive=True),
         "api_base": Setting(default="https://slack.com/api/", check=check_url, carries=("bot_token",),
-                            help="Web API root; requests go to {api_base}{method}. Changing it asks for the "
-                                 "bot token again."),
+                            help=_("Web API root; requests go to {api_base}{method}. Changing it asks for the "
+                                   "bot token again.")),
         "conversations": Setting(default=PER_CHANNEL, choices=(PER_CHANNEL, PER_THREAD),
-                                 help="One conversation per Slack channel (or DM) and person, or one per thread."),
+                                 help=_("One conversation per Slack channel (or DM) and person, or one per thread.")),
         # chat.postMessage: about 1 message per second per channel (short bursts allowed);
         # a workspace allows "several hundred messages per minute" in all.
         **pace_settings(per_second=4.0, chat_interval=1.0),
