@@ -49,7 +49,7 @@ GROUPS: list[tuple[str, list[Entry]]] = [
         Entry(_("Channels"), "hub", model="conversations.channel"),
         Entry(_("Agent keys"), "key", model="conversations.agentkey"),
         Entry(_("Tool policies"), "build", model="tools.toolpolicy"),
-        Entry(_("Limits"), "speed", model="conversations.contact", query="limited=now"),
+        Entry(_("Limits"), "speed", url_name="admin:conversations_contact_limits", permission="conversations.view_contact"),
         Entry(_("MCP servers"), "dns", model="tools.mcpserver"),
         Entry(_("Calendars"), "calendar_month", model="tools.calendar"),
     ]),

@@ -65,7 +65,7 @@ def cards(user, now=None) -> list[Card]:
                                     _changelist("conversations.turn", "state__exact=failed"), True)),
         ("conversations.contact", Card("limited", _("People over a limit"), people["limited"],
                                        _("Contacts held back by a turn or token limit until it resets."),
-                                       _changelist("conversations.contact", "limited=now"), False)),
+                                       reverse("admin:conversations_contact_limits"), False)),
         ("conversations.workerheartbeat", Card("workers", _("Workers alive"), workers_alive,
                                                _("No worker alive: nothing is buffered, answered or delivered."),
                                                _changelist("conversations.workerheartbeat"), False)),
