@@ -5,6 +5,8 @@ from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
@@ -47,15 +49,16 @@ class ContactAdmin(LimitActions, ModelAdmin):
         if "language" in form.changed_data:  # what texts are written in reads the conversations' copy
             Conversation.objects.filter(contact=obj).update(language=obj.language)
 
-    @admin.action(description="Erase these people's data (texts, files, names, ids)", permissions=["delete"])
+    @admin.action(description=_("Erase these people's data (texts, files, names, ids)"), permissions=["delete"])
     def forget(self, request, queryset):
         for contact in queryset.select_related("channel"):
             try:
                 erasure.forget(contact.channel.slug, contact.platform_id, by=f"admin:{request.user.get_username()}")
             except erasure.Busy as exc:
-                self.message_user(request, f"contact {contact.pk}: {exc}", messages.WARNING)
+                self.message_user(request, gettext("contact %(id)s: %(problem)s") % {"id": contact.pk, "problem": exc},
+                                  messages.WARNING)
             else:
-                self.message_user(request, f"contact {contact.pk}: erased")
+                self.message_user(request, gettext("contact %(id)s: erased") % {"id": contact.pk})
 
 
 class TurnInline(TabularInline):
@@ -86,26 +89,27 @@ class ConversationAdmin(BigTableAdmin, HoldActions, ModelAdmin):
         last = Turn.objects.filter(conversation=OuterRef("pk")).order_by("-pk").values("state")[:1]
         return super().get_queryset(request).select_related("channel", "contact").annotate(last_turn=Subquery(last))
 
-    @admin.action(description="Erase the data of these conversations' people", permissions=["delete"])
+    @admin.action(description=_("Erase the data of these conversations' people"), permissions=["delete"])
     def forget(self, request, queryset):
         contacts = Contact.objects.filter(pk__in=queryset.values("contact_id"))
         ContactAdmin.forget(self, request, contacts)
 
-    @admin.display(description="last turn")
+    @admin.display(description=_("last turn"))
     def last_turn_state(self, obj):
         return getattr(obj, "last_turn", None) or "—"
 
-    @admin.display(description="Related")
+    @admin.display(description=_("Related"))
     def related(self, obj):
         if not obj.pk:
             return "—"
         links = [
-            format_html('<a href="{}">the whole story, in time order</a>', reverse("console-story", args=[obj.pk])),
-            changelist_link("conversations_inboundmessage", "messages", conversation__id__exact=obj.pk),
-            changelist_link("delivery_outboundmessage", "ledger rows", conversation__id__exact=obj.pk),
-            changelist_link("tools_actionclaim", "action claims", conversation_id=obj.pk),
-            changelist_link("audit_auditevent", "audit events", conversation_id=obj.pk),
-            changelist_link("conversations_contextnote", "notes for the agent", conversation__id__exact=obj.pk),
+            format_html('<a href="{}">{}</a>', reverse("console-story", args=[obj.pk]),
+                        gettext("the whole story, in time order")),
+            changelist_link("conversations_inboundmessage", gettext("messages"), conversation__id__exact=obj.pk),
+            changelist_link("delivery_outboundmessage", gettext("ledger rows"), conversation__id__exact=obj.pk),
+            changelist_link("tools_actionclaim", gettext("action claims"), conversation_id=obj.pk),
+            changelist_link("audit_auditevent", gettext("audit events"), conversation_id=obj.pk),
+            changelist_link("conversations_contextnote", gettext("notes for the agent"), conversation__id__exact=obj.pk),
         ]
         return format_html_join(" · ", "{}", ((item,) for item in links))
 
@@ -126,13 +130,13 @@ class InboundMessageAdmin(BigTableAdmin, ModelAdmin):
     def exact_matches(self, term):
         return per_channel(InboundMessage, platform_message_id=term)
 
-    @admin.display(description="text")
+    @admin.display(description=_("text"))
     def short_text(self, obj):
         return obj.text[:60]
 
-    @admin.display(description="buffer")
+    @admin.display(description=_("buffer"))
     def buffer_link(self, obj):
-        return link(obj.buffer, f"buffer {obj.buffer_id}") if obj.buffer_id else "—"
+        return link(obj.buffer, gettext("buffer %(id)s") % {"id": obj.buffer_id}) if obj.buffer_id else "—"
 
     def has_add_permission(self, request):
         return False
@@ -153,13 +157,13 @@ class MediaFileAdmin(ModelAdmin):
     def thumbnail(self, obj):
         return self._image(obj, 48) if self._shown(obj) else "—"
 
-    @admin.display(description="file")
+    @admin.display(description=_("file"))
     def preview(self, obj):
         if not self._shown(obj):
             return "—" if obj.state != MediaState.STORED else format_html(
-                '<a href="{}">open ({})</a>', links.path_for(obj.pk), obj.content_type)
-        return format_html('{}<br><a href="{}">open the whole image</a>', self._image(obj, 160),
-                           links.path_for(obj.pk))
+                '<a href="{}">{}</a>', links.path_for(obj.pk), gettext("open (%(type)s)") % {"type": obj.content_type})
+        return format_html('{}<br><a href="{}">{}</a>', self._image(obj, 160), links.path_for(obj.pk),
+                           gettext("open the whole image"))
 
     @staticmethod
     def _shown(obj):
@@ -186,12 +190,12 @@ class MessageBufferAdmin(ModelAdmin):
     list_filter = ["state", "flush_reason", "window_kind", "conversation__channel"]
     readonly_fields = [f.name for f in MessageBuffer._meta.fields] + ["turn_link"]
 
-    @admin.display(description="seconds left")
+    @admin.display(description=_("seconds left"))
     def seconds_left_display(self, obj):
         left = obj.seconds_left(timezone.now())
         return "—" if left is None else f"{left:.1f}"
 
-    @admin.display(description="turn")
+    @admin.display(description=_("turn"))
     def turn_link(self, obj):
         return link(getattr(obj, "turn", None))
 
@@ -213,11 +217,11 @@ class TurnAdmin(BigTableAdmin, ModelAdmin):
     def exact_matches(self, term):
         return numeric_id(term)  # "turn 12", as the audit log and the story name it
 
-    @admin.display(description="Replies")
+    @admin.display(description=_("Replies"))
     def ledger_rows(self, obj):
-        return changelist_link("delivery_outboundmessage", "ledger rows of this turn", turn__id__exact=obj.pk)
+        return changelist_link("delivery_outboundmessage", gettext("ledger rows of this turn"), turn__id__exact=obj.pk)
 
-    @admin.display(description="merged input")
+    @admin.display(description=_("merged input"))
     def short_input(self, obj):
         return obj.merged_input[:80]
 
@@ -241,7 +245,7 @@ class ContextNoteAdmin(ModelAdmin):
     date_hierarchy = "created_at"
     readonly_fields = ["conversation", "text", "created_at"]
 
-    @admin.display(description="text")
+    @admin.display(description=_("text"))
     def short_text(self, obj):
         return obj.text[:80]
 
