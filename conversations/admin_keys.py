@@ -9,6 +9,8 @@ from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
 
 from conversations import agent_keys
@@ -59,9 +61,11 @@ class AgentKeyAdmin(ModelAdmin):
         raw = request.session.pop(SHOWN_ONCE.format(pk), None)
         return TemplateResponse(request, "admin/conversations/agentkey/issued.html", {
             **self.admin_site.each_context(request), "opts": self.model._meta, "original": key,
-            "title": f"Agent key {key}", "raw": raw, "channels": list(key.channels.order_by("slug"))})
+            "title": gettext("Agent key %(key)s") % {"key": key}, "raw": raw, "channels": list(key.channels.order_by("slug"))})
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description=_("Revoke selected keys"))
     def revoke(self, request, queryset):
         revoked = agent_keys.revoke(queryset, by=_operator(request))
-        self.message_user(request, f"Revoked {revoked} key(s): the API refuses them from now on.")
+        self.message_user(request, ngettext("Revoked %(n)d key: the API refuses it from now on.",
+                                            "Revoked %(n)d keys: the API refuses them from now on.", revoked)
+                          % {"n": revoked})

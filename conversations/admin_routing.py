@@ -1,6 +1,7 @@
 """The channel admin's routing rules (conversations.routing): an ordered inline, each
 save of it one audit event (who added, changed or removed which rule)."""
 
+from django.utils.translation import gettext_lazy
 from unfold.admin import StackedInline
 
 from conversations import routing
@@ -13,10 +14,10 @@ class RoutingRuleInline(StackedInline):
     ordering = ["position", "pk"]
     fields = [("position", "name"), ("chat_id", "thread_id"), ("keywords", "language"),
               ("contact_attribute", "contact_value"), ("agent", "agent_config")]
-    verbose_name = "routing rule"
-    verbose_name_plural = ("Routing rules: tried in order at each flush, the first that matches chooses the agent "
-                           "(no match: the channel's agent above; a rule with no criterion is only reached by "
-                           "handoff_to_agent)")
+    verbose_name = gettext_lazy("routing rule")
+    verbose_name_plural = gettext_lazy(
+        "Routing rules: tried in order at each flush, the first that matches chooses the agent (no match: the "
+        "channel's agent above; a rule with no criterion is only reached by handoff_to_agent)")
 
 
 class RoutingRulesInAdmin:
