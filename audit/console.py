@@ -8,14 +8,19 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from agentloop.core import live
+from agentloop.core.people import display_name
 from agentloop.core.redaction import redact
 from audit.models import AuditEvent, EventKind
 
 
 def event_payload(event) -> dict:
-    return {"kind": "audit", "event": event.kind, "label": EventKind(event.kind).label, "id": event.pk,
+    """What a page is shown of an event: plain JSON (the kind's label a str in the
+    language active where it is built, never a lazy text)."""
+    return {"kind": "audit", "event": event.kind, "label": str(EventKind(event.kind).label), "id": event.pk,
             "conversation": event.conversation_id, "channel": event.channel_slug, "target": event.target,
             "summary": redact(event.summary), "tool": (event.extra or {}).get("tool", ""),
+            # Who acted, as the console names a person (olga, not console:olga).
+            "actor": display_name(event.actor),
             "at": event.at.isoformat() if event.at else None}
 
 

@@ -11,10 +11,13 @@ import uuid
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
+from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from agentloop.console import dashboard as console
 from agentloop.console import relay
+from agentloop.console.language import language_of, speaking
+from agentloop.console.naming import holder_of, person_behind
 from agentloop.core import live
 from agentloop.core.redaction import redact_payload
 from conversations import console as conversations_console
@@ -77,6 +80,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def live_event(self, message):
         await self.send_json({"type": "event", "event": message["event"]})
 
+    @classmethod
+    async def encode_json(cls, content):
+        # A model's choice labels are lazy texts (translated): written as strings, in the
+        # language active where the payload was built.
+        return json.dumps(content, cls=DjangoJSONEncoder)
+
     async def still_allowed(self, *permissions) -> bool:
         """The user as the database has them now holds the page's permission and these;
         one who lost the page's is told and the socket closed."""
@@ -84,7 +93,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         page, extra = await database_sync_to_async(_current_rights)(user, self.permission, permissions)
         if not page:
             self.withdrawn = True
-            await self.send_json({"type": "error", "error": "your access to this page was withdrawn"})
+            await self.send_json({"type": "error", "code": "withdrawn", "error": "your access to this page was withdrawn"})
             await self.close(code=NOT_STAFF)
             return False
         return extra
@@ -128,6 +137,7 @@ class DashboardConsumer(LiveConsumer):
 
     async def prepare(self, user):
         self.user = user
+        self.language = language_of(self.scope)  # the snapshot's labels are written in it
         self.can_decide = await database_sync_to_async(user.has_perm)(DECIDE_PERMISSION)
         self.refresh_task = None
         return True
@@ -136,11 +146,15 @@ class DashboardConsumer(LiveConsumer):
         await self.send_snapshot()
 
     async def send_snapshot(self):
-        picture = await database_sync_to_async(console.snapshot)()
+        picture = await database_sync_to_async(speaking(self.language, console.snapshot))()
         await self.send_json({"type": "snapshot", "can_decide": self.can_decide, **picture})
 
     async def live_event(self, message):
-        await super().live_event(message)
+        event = message["event"]
+        if event.get("kind") == "message" and event.get("disposition") == "held":
+            # Who holds it, named as a person (olga, not console:olga): the event carries its id only.
+            event = {**event, "held_by": await database_sync_to_async(holder_of)(event.get("conversation"))}
+        await self.send_json({"type": "event", "event": event})
         if self.refresh_task is None or self.refresh_task.done():
             self.refresh_task = asyncio.create_task(self._refresh_soon())
 
@@ -164,7 +178,7 @@ class DashboardConsumer(LiveConsumer):
         self.can_decide = await self.still_allowed(DECIDE_PERMISSION)
         if not self.can_decide:
             if not self.withdrawn:  # still on the page, only without the right to decide
-                await self.send_json({"type": "error", "error": "your role cannot decide proposals"})
+                await self.send_json({"type": "error", "code": "cannot_decide", "error": "your role cannot decide proposals"})
             return
         state = await database_sync_to_async(_decide)(action, proposal, self.user.get_username())
         await self.send_json({"type": "decided", "proposal": proposal, "state": state})
@@ -178,7 +192,7 @@ class DashboardConsumer(LiveConsumer):
             await self.send_json({"type": "error", "error": "expected {action: take_over|give_back, conversation: <id>}"})
             return
         if not await self.still_allowed("conversations.change_conversation"):
-            await self.send_json({"type": "error", "error": "your role cannot take conversations over"})
+            await self.send_json({"type": "error", "code": "cannot_hold", "error": "your role cannot take conversations over"})
             return
         move = handoff.take_over if action == "take_over" else handoff.give_back
         changed = await database_sync_to_async(move)(conversation_id, f"console:{self.user.get_username()}")
@@ -208,6 +222,14 @@ class PlaygroundConsumer(LiveConsumer):
         self.live_groups = (live.conversation_group(self.conversation.pk),)
         return True
 
+    async def live_event(self, message):
+        event = message["event"]
+        if event.get("kind") == "reply" and "by" not in event:
+            # A person's reply is named at once, as the transcript names it after a reload.
+            by = await database_sync_to_async(person_behind)(self.conversation.pk, event.get("text") or "")
+            event = {**event, "by": by} if by else event
+        await self.send_json({"type": "event", "event": event})
+
     async def welcome(self):
         transcript = await database_sync_to_async(_transcript)(self.conversation.pk)
         await self.send_json({"type": "hello", "conversation": self.conversation.pk, "channel": self.channel.slug,
@@ -227,10 +249,11 @@ class PlaygroundConsumer(LiveConsumer):
             return
         text = content.get("text")
         if not isinstance(text, str) or not text.strip():
-            await self.send_json({"type": "error", "error": "a message needs some text"})
+            await self.send_json({"type": "error", "code": "empty", "error": "a message needs some text"})
             return
         if len(text) > MAX_TEXT:
-            await self.send_json({"type": "error", "error": f"messages are limited to {MAX_TEXT} characters"})
+            await self.send_json({"type": "error", "code": "too_long", "limit": MAX_TEXT,
+                                  "error": f"messages are limited to {MAX_TEXT} characters"})
             return
         if not await self.still_allowed():
             return
@@ -239,7 +262,8 @@ class PlaygroundConsumer(LiveConsumer):
             try:
                 edited = await database_sync_to_async(_edit)(self.channel, self.scope["user"], text, message_id)
             except Unstorable as exc:
-                await self.send_json({"type": "error", "error": f"edit refused: {exc}"})
+                await self.send_json({"type": "error", "code": "edit_refused", "detail": str(exc),
+                                      "error": f"edit refused: {exc}"})
                 return
             await self.send_json({"type": "edited", "id": message_id, "text": text, **edited})
             return
@@ -247,7 +271,8 @@ class PlaygroundConsumer(LiveConsumer):
         try:
             admission = await database_sync_to_async(admit_sent)(self.channel, self.scope["user"], text, message_id)
         except Unstorable as exc:  # e.g. a NUL character: refused alone, the socket stays open
-            await self.send_json({"type": "error", "error": f"message refused: {exc}"})
+            await self.send_json({"type": "error", "code": "refused", "detail": str(exc),
+                                  "error": f"message refused: {exc}"})
             return
         await self.send_json({"type": "admitted", "id": message_id, **admission})
 

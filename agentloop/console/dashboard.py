@@ -4,6 +4,7 @@ console functions (no app's tables are read here)."""
 from datetime import timedelta
 
 from django.utils import timezone
+from django.utils.functional import Promise
 
 from agentloop.core.redaction import redact_payload
 from audit import console as audit_console
@@ -33,8 +34,19 @@ CHART_ROWS = 10_000
 
 
 def snapshot(now=None) -> dict:
-    """The whole picture, redacted like every live event (texts, a proposal's arguments)."""
-    return redact_payload(_picture(now or timezone.now()))
+    """The whole picture, redacted like every live event (texts, a proposal's arguments),
+    as plain JSON: a choice's label is a lazy text, written here in the active language."""
+    return redact_payload(_plain(_picture(now or timezone.now())))
+
+
+def _plain(value):
+    if isinstance(value, Promise):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _picture(now) -> dict:
@@ -62,6 +74,9 @@ def _picture(now) -> dict:
                       "day": day.isoformat(), "latest": CHART_ROWS},
         },
         "telemetry": guard_telemetry(now),
+        # The audit kinds' names in the reader's language (the snapshot is built in it; a
+        # live event's label is in its publisher's).
+        "labels": {"event": {kind: str(label) for kind, label in EventKind.choices}},
     }
 
 

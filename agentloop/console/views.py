@@ -11,7 +11,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import last_modified, require_POST
+from django.views.i18n import JavaScriptCatalog
 
 from agentloop.console import story as conversation_story
 from agentloop.console import story_page
@@ -19,6 +20,12 @@ from agentloop.console.consumers import DASHBOARD_PERMISSION, PLAYGROUND_PERMISS
 from conversations import handoff
 from conversations.models import Channel, Conversation
 from conversations.platforms import webchat
+
+# The console's scripts' texts (locale/*/LC_MESSAGES/djangojs.po) in the reader's language
+# (LocaleMiddleware's choice): gettext, ngettext and interpolate for static/console/*.js. They
+# change with a deploy only: a browser revalidates against the process's start.
+_STARTED = timezone.now()
+javascript_catalog = last_modified(lambda request: _STARTED)(JavaScriptCatalog.as_view(domain="djangojs"))
 
 
 def _admin_links():
@@ -55,7 +62,7 @@ def home(request):
 def dashboard(request):
     _require(request, DASHBOARD_PERMISSION)
     return render(request, "console/dashboard.html", {
-        **admin.site.each_context(request), "title": "Live dashboard", "links": _admin_links(), "socket": "/ws/console/dashboard/",
+        **admin.site.each_context(request), "title": _("Live dashboard"), "links": _admin_links(), "socket": "/ws/console/dashboard/",
         "playgrounds": _playgrounds() if allowed(request.user, PLAYGROUND_PERMISSION) else []})
 
 
@@ -65,12 +72,12 @@ def playground(request, slug=None):
     channels = _playgrounds()
     if not channels:
         return render(request, "console/no_playground.html", {**admin.site.each_context(request),
-                                                              "title": "Playground"}, status=404)
+                                                              "title": _("Playground")}, status=404)
     channel = next((c for c in channels if c.slug == slug), None) if slug else channels[0]
     if channel is None:
         raise Http404(f"no active web chat channel '{slug}'")
     return render(request, "console/playground.html", {
-        **admin.site.each_context(request), "title": f"Playground — {channel.name or channel.slug}", "channel": channel, "playgrounds": channels,
+        **admin.site.each_context(request), "title": f"{_('Playground')} — {channel.name or channel.slug}", "channel": channel, "playgrounds": channels,
         "links": _admin_links(), "socket": f"/ws/console/playground/{channel.slug}/"})
 
 

@@ -7,7 +7,8 @@
 // shows as a thumbnail by its signed /files/ link.
 (() => {
   const C = window.AgentloopConsole;
-  const {el} = C;
+  const {el, fmt} = C;
+  const NOT_CONNECTED = gettext("Not connected yet; try again in a moment.");
   const root = document.getElementById("playground");
   const log = document.getElementById("chat-log");
   const form = document.getElementById("chat-form");
@@ -22,6 +23,9 @@
   let editing = null; // {id, item}: the message the input is correcting
   const sendButton = form.querySelector("button[type=submit]");
   const fileInput = document.getElementById("chat-file");
+  // Unfold's script fills a text field beside every file input in its forms; this one has
+  // none (it would throw on each file picked): marked as already handled.
+  fileInput.hasChangeListener = true;
   const csrfToken = form.querySelector("[name=csrfmiddlewaretoken]").value;
 
   const socket = C.connect(root.dataset.socket, {
@@ -32,7 +36,7 @@
   function handle(data) {
     if (data.type === "hello") {
       conversation = data.conversation;
-      document.getElementById("conversation-link").replaceChildren("· ", C.link("conversation", conversation, `conversation ${conversation}`));
+      document.getElementById("conversation-link").replaceChildren("· ", C.link("conversation", conversation, fmt(gettext("conversation %(id)s"), {id: conversation})));
       const mine = (item) => (item.id || "").startsWith("console:") ? item.id.slice(8) : null;
       // The socket opens before its hello arrives: a message sent in between is not in
       // this transcript yet, and its bubble (with its edit link) must not vanish.
@@ -51,7 +55,7 @@
       if (data.outcome) decided(data.data.split(":")[1], data.outcome);
       else system(data.text, "muted"); // e.g. "This button is no longer valid."
     } else if (data.type === "error") {
-      system(data.error, "error");
+      system(C.errorText(data), "error");
     } else if (data.type === "event") {
       event(data.event);
     }
@@ -59,14 +63,14 @@
 
   function admitted(a) {
     C.syncClock(a.now);
-    if (a.duplicate) { system("That message was already received (same id): ignored.", "muted"); return; }
+    if (a.duplicate) { system(gettext("That message was already received (same id): ignored."), "muted"); return; }
     if (a.disposition === "buffered" && a.flush_at) {
       deadline = {flushAt: a.flush_at, window: a.window_seconds};
-      countdown.querySelector(".label").textContent =
-        `Waiting ${a.window_seconds} s for more messages (${a.window_kind || "window"})…`;
+      countdown.querySelector(".label").textContent = fmt(gettext("Waiting %(duration)s for more messages (%(window)s)…"),
+        {duration: C.duration(a.window_seconds), window: C.word(C.WINDOW_KINDS, a.window_kind || "") || gettext("window")});
       countdown.hidden = false;
     } else if (a.disposition === "rejected") {
-      system("A turn is running: this message was rejected (the channel's double-texting strategy).", "muted");
+      system(gettext("A turn is running: this message was rejected (the channel's double-texting strategy)."), "muted");
     }
   }
 
@@ -75,15 +79,18 @@
       deadline = null;
       countdown.hidden = true;
       const lines = (e.text || "").split("\n").filter(Boolean).length;
-      system(["Merged ", `${lines} message${lines === 1 ? "" : "s"}`, " into ", C.link("turn", e.turn, `turn #${e.turn}`),
-              e.state === "ready" ? " (queued)" : ""], "merge");
+      const merged = ngettext("Merged %(count)s message into %(turn)s", "Merged %(count)s messages into %(turn)s", lines);
+      system([...C.fill(merged, {count: C.number(lines), turn: C.link("turn", e.turn, turnName(e.turn))}),
+              e.state === "ready" ? ` ${gettext("(queued)")}` : ""], "merge");
     } else if (e.kind === "typing") {
       typingUntil = Date.now() + TYPING_LASTS;
       typing.hidden = false;
     } else if (e.kind === "turn") {
       typingUntil = 0;
       typing.hidden = true;
-      if (e.state !== "done") system([C.link("turn", e.turn, `Turn #${e.turn}`), ` ${e.state}${e.outcome ? `: ${e.outcome}` : ""}`], "error");
+      if (e.state !== "done") {
+        system([C.link("turn", e.turn, turnName(e.turn)), ` ${C.word(C.TURN_STATES, e.state)}${e.outcome ? `: ${e.outcome}` : ""}`], "error");
+      }
     } else if (e.kind === "preview") {
       // A streamed reply as it is written (docs/streaming.md): one bubble, replaced by the final.
       typingUntil = 0;
@@ -101,25 +108,29 @@
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
-      system([C.link("duplicate", e.id, "Duplicate prevented by the guard"), `: ${e.summary}`], "duplicate");
+      system([C.link("duplicate", e.id, gettext("Duplicate prevented by the guard")), `: ${e.summary}`], "duplicate");
     } else if (e.kind === "audit") {
       system([C.link("event", e.id, e.label), e.summary ? `: ${e.summary}` : ""], "muted");
     }
     scroll();
   }
 
+  function turnName(id) {
+    return fmt(gettext("turn #%(id)s"), {id});
+  }
+
   // `by`: a person's reply (conversations.handoff) is labelled with who wrote it, not "Agent".
   function bubble(who, text, at, id, {edited: wasEdited = false, file = null, by = ""} = {}) {
     const item = el("li", {class: `bubble bubble-${who}${by ? " bubble-person" : ""}`},
-      by ? el("span", {class: "bubble-by"}, by) : el("span", {class: "visually-hidden"}, who === "me" ? "You: " : "Agent: "),
+      by ? el("span", {class: "bubble-by"}, by) : el("span", {class: "visually-hidden"}, who === "me" ? gettext("You: ") : gettext("Agent: ")),
       attachment(file),
       el("span", {class: "text"}, text),
       el("time", {}, C.clock(at || new Date(C.serverNow()).toISOString())));
     if (who === "me" && id) {
       item.dataset.message = id;
       if (wasEdited) markEdited(item);
-      item.append(el("button", {type: "button", class: "bubble-edit", title: "Edit this message",
-        onclick: () => startEditing(id, item)}, "edit"));
+      item.append(el("button", {type: "button", class: "bubble-edit", title: gettext("Edit this message"),
+        onclick: () => startEditing(id, item)}, gettext("edit")));
     }
     return item;
   }
@@ -138,7 +149,7 @@
     if (!file) return null;
     if (file.kind !== "photo") return el("span", {class: "bubble-file"}, `📎 ${file.name || file.kind}`);
     let tries = 0;
-    const img = el("img", {class: "bubble-thumb loading", src: file.url, alt: file.name || "the image you sent",
+    const img = el("img", {class: "bubble-thumb loading", src: file.url, alt: file.name || gettext("the image you sent"),
       onload: () => img.classList.remove("loading"),
       onerror: () => { if (++tries <= 20) setTimeout(() => { img.src = `${file.url}?try=${tries}`; }, 500); }});
     return el("a", {href: file.url, target: "_blank", rel: "noopener", class: "bubble-thumb-link"}, img);
@@ -159,10 +170,13 @@
         headers: {"X-CSRFToken": csrfToken}});
       answer = await response.json();
     } catch (err) {
-      system(`The file could not be sent: ${err}`, "error");
+      system(fmt(gettext("The file could not be sent: %(error)s"), {error: String(err)}), "error");
       return;
     }
-    if (response.status !== 202) { system(`The file was not sent: ${answer.error || response.status}`, "error"); return; }
+    if (response.status !== 202) {
+      system(fmt(gettext("The file was not sent: %(error)s"), {error: answer.error || response.status}), "error");
+      return;
+    }
     if (caption) input.value = "";
     if (!answer.duplicate) log.append(bubble("me", caption, null, id, {file: answer.file}));
     admitted(answer);
@@ -170,14 +184,14 @@
   }
 
   function markEdited(item) {
-    if (!item.querySelector(".edited")) item.querySelector("time").prepend(el("span", {class: "edited"}, "edited · "));
+    if (!item.querySelector(".edited")) item.querySelector("time").prepend(el("span", {class: "edited"}, `${gettext("edited")} · `));
   }
 
   // Editing: the input takes the message's text; Send becomes "Save edit"; Escape cancels.
   function startEditing(id, item) {
     editing = {id, item};
     input.value = item.querySelector(".text").textContent;
-    sendButton.textContent = "Save edit";
+    sendButton.textContent = gettext("Save edit");
     item.classList.add("bubble-editing");
     input.focus();
   }
@@ -185,17 +199,17 @@
   function stopEditing() {
     if (editing) editing.item.classList.remove("bubble-editing");
     editing = null;
-    sendButton.textContent = "Send";
+    sendButton.textContent = gettext("Send");
   }
 
   const EDIT_OUTCOMES = {
-    buffered: "Edit applied: the waiting message was corrected and its window re-armed.",
-    rerun: "Edit applied: the running turn was cancelled and runs again with the corrected text.",
-    noted: "Edit noted: the agent reads it in its next turn.",
-    unchanged: "Same text as before: nothing changed.",
-    not_applied: "Edit not applied",
-    ignored: "This channel ignores edits: nothing changed.",
-    unknown_message: "That message is not known here.",
+    buffered: gettext("Edit applied: the waiting message was corrected and its window re-armed."),
+    rerun: gettext("Edit applied: the running turn was cancelled and runs again with the corrected text."),
+    noted: gettext("Edit noted: the agent reads it in its next turn."),
+    unchanged: gettext("Same text as before: nothing changed."),
+    not_applied: gettext("Edit not applied"),
+    ignored: gettext("This channel ignores edits: nothing changed."),
+    unknown_message: gettext("That message is not known here."),
   };
 
   function edited(e) {
@@ -208,10 +222,11 @@
     if (e.outcome === "buffered" && e.flush_at) {
       C.syncClock(e.now);
       deadline = {flushAt: e.flush_at, window: e.window_seconds};
-      countdown.querySelector(".label").textContent = `Edited: waiting ${e.window_seconds} s again (${e.window_kind})…`;
+      countdown.querySelector(".label").textContent = fmt(gettext("Edited: waiting %(duration)s again (%(window)s)…"),
+        {duration: C.duration(e.window_seconds), window: C.word(C.WINDOW_KINDS, e.window_kind)});
       countdown.hidden = false;
     }
-    const what = e.duplicate ? "That edit was already applied." : EDIT_OUTCOMES[e.outcome] || e.outcome;
+    const what = e.duplicate ? gettext("That edit was already applied.") : EDIT_OUTCOMES[e.outcome] || e.outcome;
     system(e.outcome === "not_applied" ? `${what}: ${e.detail}` : what, changed ? "merge" : "muted");
   }
 
@@ -223,7 +238,7 @@
     item.dataset.question = token;
     item.append(el("div", {class: "actions question-buttons"}, ...buttons.map((b) =>
       el("button", {type: "button", class: "button", "data-choice": b.data.endsWith(":y") ? "yes" : "no",
-        onclick: () => { if (!socket.send({confirm: b.data})) system("Not connected yet; try again in a moment.", "error"); }},
+        onclick: () => { if (!socket.send({confirm: b.data})) system(NOT_CONNECTED, "error"); }},
       b.label))));
     return item;
   }
@@ -249,13 +264,13 @@
     const text = input.value.trim();
     if (!text) return;
     if (editing) {
-      if (!socket.send({edit: editing.id, text})) { system("Not connected yet; try again in a moment.", "error"); return; }
+      if (!socket.send({edit: editing.id, text})) { system(NOT_CONNECTED, "error"); return; }
       stopEditing();
       input.value = "";
       return;
     }
     const id = (crypto.randomUUID && crypto.randomUUID()) || `${Date.now()}-${Math.random()}`;
-    if (!socket.send({text, id})) { system("Not connected yet; try again in a moment.", "error"); return; }
+    if (!socket.send({text, id})) { system(NOT_CONNECTED, "error"); return; }
     log.append(bubble("me", text, null, id));
     input.value = "";
     scroll();
@@ -275,7 +290,7 @@
   setInterval(() => {
     if (deadline) {
       const left = Math.max(0, C.secondsUntil(deadline.flushAt));
-      countdown.querySelector(".seconds").textContent = `${left.toFixed(1)} s`;
+      countdown.querySelector(".seconds").textContent = C.duration(left, {digits: 1});
       countdown.querySelector(".bar-fill").style.width = `${Math.min(100, (100 * left) / Math.max(0.001, deadline.window)).toFixed(1)}%`;
     }
     if (typingUntil && Date.now() > typingUntil) { typing.hidden = true; typingUntil = 0; }

@@ -171,7 +171,7 @@ def test_dashboard_refuses_decisions_without_the_permission_and_bad_requests(pla
     async def body(comm, first):
         await comm.send_json_to({"action": "apply", "proposal": 1})
         assert (await comm.receive_json_from(timeout=5)) == {
-            "type": "error", "error": "your role cannot decide proposals"}
+            "type": "error", "code": "cannot_decide", "error": "your role cannot decide proposals"}
         await comm.send_json_to({"action": "explode", "proposal": "x"})
         assert (await comm.receive_json_from(timeout=5))["type"] == "error"
     talk("/ws/console/dashboard/", make_user("watcher", perms=WATCH), body)
@@ -216,20 +216,24 @@ def test_playground_admits_what_is_typed_and_shows_the_countdown(playground):
     talk("/ws/console/playground/playground/", make_user("op", perms=OPERATE), body)
 
 
+NUL = "text contains a NUL character (U+0000), which cannot be stored"
+
+
+# Each error carries a code the page shows in the reader's language (static/console/console.js).
 @pytest.mark.parametrize("payload, error", [
-    ({"text": ""}, "a message needs some text"),
-    ({"text": "   "}, "a message needs some text"),
-    ({"text": 42}, "a message needs some text"),
-    ({"nothing": True}, "a message needs some text"),
-    ({"text": "x" * 4001}, "messages are limited to 4000 characters"),
-    ({"text": "hola\x00"}, "message refused: text contains a NUL character (U+0000), which cannot be stored"),
+    ({"text": ""}, {"code": "empty", "error": "a message needs some text"}),
+    ({"text": "   "}, {"code": "empty", "error": "a message needs some text"}),
+    ({"text": 42}, {"code": "empty", "error": "a message needs some text"}),
+    ({"nothing": True}, {"code": "empty", "error": "a message needs some text"}),
+    ({"text": "x" * 4001}, {"code": "too_long", "limit": 4000, "error": "messages are limited to 4000 characters"}),
+    ({"text": "hola\x00"}, {"code": "refused", "detail": NUL, "error": f"message refused: {NUL}"}),
 ])
 def test_playground_answers_bad_input_with_an_error_and_admits_nothing(playground, payload, error):
     from conversations.models import InboundMessage
 
     async def body(comm, hello):
         await comm.send_json_to(payload)
-        assert (await comm.receive_json_from(timeout=5)) == {"type": "error", "error": error}
+        assert (await comm.receive_json_from(timeout=5)) == {"type": "error", **error}
     talk("/ws/console/playground/playground/", make_user("op", perms=OPERATE), body)
     assert not InboundMessage.objects.exists()
 
@@ -339,7 +343,7 @@ def test_an_operator_removed_from_their_group_mid_session_cannot_decide(playgrou
         await sync_to_async(user.groups.clear)()  # an admin withdraws the role; the socket stays open
         await comm.send_json_to({"action": "reject", "proposal": proposal.pk})
         refused = await receive_until(comm, lambda m: m["type"] in ("error", "decided"))
-        assert refused == {"type": "error", "error": "your access to this page was withdrawn"}
+        assert refused == {"type": "error", "code": "withdrawn", "error": "your access to this page was withdrawn"}
         assert await closed_with(comm) == 4403
     talk("/ws/console/dashboard/", user, body)
     assert Proposal.objects.get(pk=proposal.pk).state == ProposalState.PENDING
@@ -355,7 +359,7 @@ def test_an_auditor_may_watch_on_but_an_operator_losing_the_decide_permission_ca
         await sync_to_async(revoke)(user, "change_proposal")
         await comm.send_json_to({"action": "apply", "proposal": proposal.pk})
         assert (await receive_until(comm, lambda m: m["type"] in ("error", "decided"))) == {
-            "type": "error", "error": "your role cannot decide proposals"}
+            "type": "error", "code": "cannot_decide", "error": "your role cannot decide proposals"}
         await comm.send_json_to({"action": "apply", "proposal": proposal.pk})  # still watching, still refused
         assert (await receive_until(comm, lambda m: m["type"] in ("error", "decided")))["type"] == "error"
     talk("/ws/console/dashboard/", user, body)
@@ -373,7 +377,7 @@ def test_a_playground_user_who_lost_the_permission_is_refused_on_the_next_messag
         await sync_to_async(revoke)(user, "change_channel")
         await comm.send_json_to({"text": "¿sigues ahí?", "id": "a2"})
         refused = await receive_until(comm, lambda m: m["type"] in ("error", "admitted"))
-        assert refused == {"type": "error", "error": "your access to this page was withdrawn"}
+        assert refused == {"type": "error", "code": "withdrawn", "error": "your access to this page was withdrawn"}
         assert await closed_with(comm) == 4403
     talk("/ws/console/playground/playground/", user, body)
     assert list(InboundMessage.objects.values_list("text", flat=True)) == ["hola."]
