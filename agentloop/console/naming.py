@@ -23,8 +23,8 @@ def person_behind(conversation_id, text: str) -> str:
     """The person who wrote the reply just sent with `text` in the conversation, or ""
     when an agent wrote it. A long reply goes out in chunks: a chunk is the start of its row's text
     or a later part of it."""
-    rows = (OutboundMessage.objects.filter(conversation_id=conversation_id).annotate(owner=F("turn__owner"))
-            .order_by("-pk").values_list("text", "owner")[:RECENT_ROWS])
+    rows = (OutboundMessage.objects.filter(conversation_id=conversation_id).annotate(turn_owner=F("turn__owner"))
+            .order_by("-pk").values_list("text", "turn_owner")[:RECENT_ROWS])
     for row_text, owner in rows:
         if text and text.strip() in (row_text or ""):
             return person_of(owner or "")

@@ -107,11 +107,14 @@ def test_a_persons_reply_is_named_in_the_playground_at_once(processes, browser):
     page.locator("#conversation-link a", has_text="conversación").wait_for()
     conversation = Conversation.objects.get(channel__slug="playground")
 
+    # A reconnect's transcript would name her too (it redraws the log): this mark shows none happened.
+    page.evaluate("document.getElementById('chat-log').append(Object.assign(document.createElement('li'), {id: 'mark'}))")
     off_loop(handoff.take_over, conversation.pk, "console:olga")
     off_loop(handoff.reply, conversation.pk, LONG, "console:olga")
     reply = page.locator(".bubble-person", has_text="Necesito reagendar")
     reply.wait_for(timeout=10_000)
     assert reply.locator(".bubble-by").inner_text() == "olga"
+    assert page.locator("#chat-log #mark").count() == 1, "named only after the socket reconnected"
     assert no_horizontal_scroll(page), "a 10,000-character reply scrolls sideways"
     screenshot(page, "playground-person-phone-es")
     assert_no_console_errors(page)
