@@ -8,7 +8,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
+from unfold.decorators import display
 
+from agentloop.core import admin_texts
+from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from conversations import admin_channels, admin_keys, erasure  # noqa: F401 -- they register ChannelAdmin, AgentKeyAdmin
 from conversations.admin_people import HoldActions, LimitActions, LimitedFilter
@@ -37,8 +40,24 @@ def changelist_link(url_name, label, **query):
     return format_html('<a href="{}?{}">{}</a>', reverse(f"admin:{url_name}_changelist"), urlencode(query), label)
 
 
+def change_url(obj):
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+
+
+# A turn's state as a label: a failed one stands out, a running one is told apart.
+TURN_TONES = {"failed": "danger", "running": "info", "ready": "info"}
+
+
+class ReadOnlyAdmin:
+    """A page the operator reads and cannot change (the worker, the ingest or the ledger
+    writes these rows): no Save button offered on it."""
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Contact)
-class ContactAdmin(LimitActions, ModelAdmin):
+class ContactAdmin(TextsHold, LimitActions, ModelAdmin):
     list_display = ["__str__", "platform_id", "username", "language", "channel", "limited", "created_at"]
     list_filter = ["channel", "language", LimitedFilter]
     search_fields = ["platform_id", "display_name", "username"]
@@ -61,9 +80,9 @@ class ContactAdmin(LimitActions, ModelAdmin):
                 self.message_user(request, gettext("contact %(id)s: erased") % {"id": contact.pk})
 
 
-class TurnInline(TabularInline):
+class TurnInline(TextsHold, TabularInline):
     model = Turn
-    fields = ["state", "flush_reason", "merged_input", "fired_effect", "created_at", "finished_at"]
+    fields = ["state", "flush_reason", "input_shown", "reply_shown", "created_at", "finished_at"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -73,11 +92,21 @@ class TurnInline(TabularInline):
     def has_add_permission(self, request, obj=None):
         return False
 
+    # A message may be 10,000 characters: its start here, the whole a click away.
+    @admin.display(description=_("merged input"))
+    def input_shown(self, obj):
+        return admin_texts.toggle(obj.merged_input)
+
+    @admin.display(description=_("reply text"))
+    def reply_shown(self, obj):
+        return admin_texts.toggle(obj.reply_text)
+
 
 @admin.register(Conversation)
-class ConversationAdmin(BigTableAdmin, HoldActions, ModelAdmin):
-    list_display = ["__str__", "channel", "chat_id", "is_group", "state", "last_turn_state", "created_at"]
+class ConversationAdmin(TextsHold, BigTableAdmin, HoldActions, ModelAdmin):
+    list_display = ["__str__", "channel", "chat_id", "is_group", "state_shown", "last_turn_state", "created_at"]
     list_filter = ["channel", "is_group", "state"]
+    list_filter_submit = True
     search_fields = ["chat_id", "sender_id", "contact__display_name", "contact__username"]
     readonly_fields = ["channel", "contact", "chat_id", "sender_id", "is_group", "state", "held_by", "held_at",
                        "person_active_at", "created_at", "related"]
@@ -94,9 +123,14 @@ class ConversationAdmin(BigTableAdmin, HoldActions, ModelAdmin):
         contacts = Contact.objects.filter(pk__in=queryset.values("contact_id"))
         ContactAdmin.forget(self, request, contacts)
 
-    @admin.display(description=_("last turn"))
+    @display(description=_("state"), ordering="state", label={"person": "info"})
+    def state_shown(self, obj):
+        return obj.state, obj.get_state_display()
+
+    @display(description=_("last turn"), label=TURN_TONES)
     def last_turn_state(self, obj):
-        return getattr(obj, "last_turn", None) or "—"
+        state = getattr(obj, "last_turn", None)
+        return (state, Turn(state=state).get_state_display()) if state else "—"
 
     @admin.display(description=_("Related"))
     def related(self, obj):
@@ -115,10 +149,11 @@ class ConversationAdmin(BigTableAdmin, HoldActions, ModelAdmin):
 
 
 @admin.register(InboundMessage)
-class InboundMessageAdmin(BigTableAdmin, ModelAdmin):
+class InboundMessageAdmin(TextsHold, ReadOnlyAdmin, BigTableAdmin, ModelAdmin):
     list_display = ["platform_message_id", "channel", "kind", "disposition", "short_text", "buffer_link",
                     "received_at"]
     list_filter = ["channel", "kind", "disposition"]
+    list_filter_submit = True
     search_fields = ["platform_message_id", "text", "sender_name"]
     date_hierarchy = "received_at"
     # Newest first along the date's index (a day of the drill-down is a range of it), and
@@ -132,7 +167,7 @@ class InboundMessageAdmin(BigTableAdmin, ModelAdmin):
 
     @admin.display(description=_("text"))
     def short_text(self, obj):
-        return obj.text[:60]
+        return admin_texts.cell(obj.text, change_url(obj))
 
     @admin.display(description=_("buffer"))
     def buffer_link(self, obj):
@@ -184,7 +219,7 @@ class MediaFileAdmin(ModelAdmin):
 
 
 @admin.register(MessageBuffer)
-class MessageBufferAdmin(ModelAdmin):
+class MessageBufferAdmin(TextsHold, ReadOnlyAdmin, ModelAdmin):
     list_display = ["pk", "conversation", "state", "message_count", "window_kind", "window_seconds",
                     "flush_at", "seconds_left_display", "flush_reason"]
     list_filter = ["state", "flush_reason", "window_kind", "conversation__channel"]
@@ -204,10 +239,12 @@ class MessageBufferAdmin(ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(BigTableAdmin, ModelAdmin):
-    list_display = ["pk", "conversation", "state", "flush_reason", "short_input", "fired_effect", "created_at",
-                    "finished_at"]
+class TurnAdmin(TextsHold, ReadOnlyAdmin, BigTableAdmin, ModelAdmin):
+    # What an operator scans: which conversation, how it went, what came in and went out;
+    # the flush reason, the effect, the timings and the rest are on the turn's page.
+    list_display = ["pk", "conversation_shown", "state_shown", "short_input", "short_reply", "created_at"]
     list_filter = ["state", "flush_reason", "fired_effect", "conversation__channel"]
+    list_filter_submit = True
     search_fields = ["merged_input", "reply_text"]
     date_hierarchy = "created_at"
     ordering = ["-created_at", "-pk"]  # along turn_created_idx, as the drill-down's days
@@ -221,22 +258,34 @@ class TurnAdmin(BigTableAdmin, ModelAdmin):
     def ledger_rows(self, obj):
         return changelist_link("delivery_outboundmessage", gettext("ledger rows of this turn"), turn__id__exact=obj.pk)
 
+    @display(description=_("state"), ordering="state", label=TURN_TONES)
+    def state_shown(self, obj):
+        return obj.state, obj.get_state_display()
+
+    @admin.display(description=_("conversation"))
+    def conversation_shown(self, obj):
+        return admin_texts.name(str(obj.conversation), 40)
+
     @admin.display(description=_("merged input"))
     def short_input(self, obj):
-        return obj.merged_input[:80]
+        return admin_texts.cell(obj.merged_input, change_url(obj), length=60)
+
+    @admin.display(description=_("reply text"))
+    def short_reply(self, obj):
+        return admin_texts.cell(obj.reply_text, change_url(obj), length=60)
 
     def has_add_permission(self, request):
         return False
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(ModelAdmin):
+class WorkerHeartbeatAdmin(ReadOnlyAdmin, ModelAdmin):
     list_display = ["owner", "hostname", "pid", "started_at", "seen_at"]
     readonly_fields = ["owner", "hostname", "pid", "started_at", "seen_at"]
 
 
 @admin.register(ContextNote)
-class ContextNoteAdmin(ModelAdmin):
+class ContextNoteAdmin(TextsHold, ModelAdmin):
     """What the agent is told besides the chat (e.g. a person's decision on a proposal)."""
 
     list_display = ["pk", "conversation", "short_text", "created_at"]
@@ -247,7 +296,7 @@ class ContextNoteAdmin(ModelAdmin):
 
     @admin.display(description=_("text"))
     def short_text(self, obj):
-        return obj.text[:80]
+        return admin_texts.cell(obj.text, change_url(obj))
 
     def has_add_permission(self, request):
         return False

@@ -2,8 +2,10 @@
 
 from django.db import models
 from django.utils import timezone
+from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from agentloop.core.admin_texts import NAME_CHARS
 from agentloop.core.states import StateMachine
 from conversations.models.channels import Channel
 
@@ -34,7 +36,9 @@ class Contact(models.Model):
         ]
 
     def __str__(self):
-        return self.display_name or self.username or self.platform_id
+        # A name, not a paragraph: a platform lets a person call themselves anything (200
+        # characters with no space), and this names them in every list, link and title.
+        return Truncator(self.display_name or self.username or self.platform_id).chars(NAME_CHARS)
 
 
 class ConversationState(models.TextChoices):
