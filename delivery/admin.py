@@ -6,8 +6,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
+from unfold.decorators import display
 
+from agentloop.core import admin_texts
+from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
@@ -33,11 +37,23 @@ class AgeFilter(admin.SimpleListFilter):
         return queryset
 
 
+# A ledger row's state as a label: given up is red, a retry orange, one on its way blue;
+# delivered, the usual case, stays plain.
+LEDGER_TONES = {"failed": "warning", "unreachable": "danger", "abandoned": "danger", "pending": "info",
+                "attempting": "info"}
+
+
+def change_url(obj):
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+
+
 @admin.register(OutboundMessage)
-class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
-    list_display = ["pk", "channel", "chat_id", "kind", "state", "attempts", "needs_marker", "last_outcome",
-                    "short_text", "created_at", "next_attempt_at", "delivered_at"]
+class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
+    # What an operator scans: where to, how it stands, how often tried, what it says, when;
+    # kind, marker, outcome and the timings are on the row's page.
+    list_display = ["pk", "channel", "chat_id", "state_shown", "attempts", "short_text", "created_at"]
     list_filter = ["state", "channel", AgeFilter, "kind", "last_outcome", "needs_marker"]
+    list_filter_submit = True
     search_fields = ["=pk", "text", "chat_id"]  # never error texts: they are not for probing
     date_hierarchy = "created_at"
     ordering = ["-created_at", "-pk"]  # along outbound_created_idx, as the drill-down's days
@@ -81,9 +97,13 @@ class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         """An approved template the row goes out as (outside WhatsApp's window), filled."""
         return templates.shown(row.template) or "—"
 
-    @admin.display(description="text")
+    @display(description=_("state"), ordering="state", label=LEDGER_TONES)
+    def state_shown(self, row):
+        return row.state, row.get_state_display()
+
+    @admin.display(description=_("text"))
     def short_text(self, row):
-        return row.text[:80]
+        return admin_texts.cell(row.text, change_url(row))
 
     @admin.display(description="Conversation")
     def conversation_link(self, row):
@@ -136,8 +156,8 @@ class LedgerRowAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
 
 
 @admin.register(UnreachableChat)
-class UnreachableChatAdmin(ListedLookupsOnly, ModelAdmin):
-    list_display = ["chat_id", "channel", "error_shown", "since", "last_failure_at", "failures", "rows"]
+class UnreachableChatAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
+    list_display = ["chat_id", "channel", "error_cell", "since", "last_failure_at", "failures_shown", "rows"]
     list_filter = ["channel"]
     search_fields = ["chat_id"]
     fields = ["channel", "chat_id", "error_shown", "since", "last_failure_at", "failures", "rows"]
@@ -146,6 +166,14 @@ class UnreachableChatAdmin(ListedLookupsOnly, ModelAdmin):
     @admin.display(description="Error", ordering="error")
     def error_shown(self, chat):
         return hide_secrets(chat.error)
+
+    @admin.display(description=_("Error"), ordering="error")
+    def error_cell(self, chat):
+        return admin_texts.cell(hide_secrets(chat.error), change_url(chat))
+
+    @admin.display(description=_("failures"), ordering="failures")
+    def failures_shown(self, chat):
+        return admin_texts.count(chat.failures)
 
     @admin.display(description="Ledger rows")
     def rows(self, chat):
@@ -161,12 +189,14 @@ class UnreachableChatAdmin(ListedLookupsOnly, ModelAdmin):
 
 
 @admin.register(ScheduledMessage)
-class ScheduledMessageAdmin(ListedLookupsOnly, ModelAdmin):
+class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     """Messages that go out by themselves (docs/schedules.md). An operator schedules one
     into a conversation here; a worker sends each tick once, through the ledger."""
 
-    list_display = ["id", "conversation", "due_at", "state", "source", "cancel_on_reply", "ticks_sent", "reason"]
+    list_display = ["id", "conversation_shown", "short_text", "due", "state_shown", "source", "ticks_sent"]
     list_filter = ["state", "source"]
+    list_filter_submit = True
+    ordering = ["-due_at", "-pk"]  # the furthest ahead first, down to what went out
     raw_id_fields = ["conversation"]
     fieldsets = [
         (None, {"fields": ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source",
@@ -192,6 +222,25 @@ class ScheduledMessageAdmin(ListedLookupsOnly, ModelAdmin):
         url = reverse("admin:delivery_outboundmessage_change", args=[row["pk"]])
         error = f": {hide_secrets(row['last_error'])}" if row["state"] != "delivered" and row["last_error"] else ""
         return format_html('<a href="{}">{}</a>{}', url, row["state"], error)
+
+    @admin.display(description=_("conversation"), ordering="conversation")
+    def conversation_shown(self, schedule):
+        return admin_texts.name(str(schedule.conversation), 40)
+
+    @admin.display(description=_("text"))
+    def short_text(self, schedule):
+        return admin_texts.cell(schedule.text, change_url(schedule), length=60)
+
+    @admin.display(description=_("due"), ordering="due_at")
+    def due(self, schedule):
+        return format_html('<span title="{}">{}</span>', schedule.due_at, admin_texts.relative(schedule.due_at))
+
+    @display(description=_("state"), ordering="state", label={"scheduled": "info"})
+    def state_shown(self, schedule):
+        return schedule.state, schedule.get_state_display()
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("conversation__channel", "conversation__contact")
 
     def has_change_permission(self, request, obj=None):
         # Only a waiting one changes; a sent tick is the ledger's (its row is there).
