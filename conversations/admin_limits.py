@@ -138,7 +138,7 @@ class LimitsView(UnfoldModelAdminViewMixin, TemplateView):
             events=limit_events(), may_read_audit=user.has_perm("audit.view_auditevent"),
             reached_link=f"{audit_list}?kind__exact={EventKind.LIMIT_REACHED}",
             lifted_link=f"{audit_list}?kind__exact={EventKind.LIMIT_LIFTED}",
-            opts=Contact._meta)
+            content_title=self.title)  # unfold's header: Conversations › Contacts › Limits
 
     def post(self, request, *args, **kwargs):
         """Lift the limits of the people chosen (their usage counts from now), then back here."""
