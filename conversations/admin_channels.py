@@ -9,9 +9,18 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.utils.functional import lazy
+from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
+from unfold.widgets import (
+    UnfoldAdminPasswordWidget,
+    UnfoldAdminSelectWidget,
+    UnfoldAdminTextInputWidget,
+    UnfoldBooleanSwitchWidget,
+    UnfoldBooleanWidget,
+)
 
 from agentloop.core.redaction import SECRET_NAME
 from conversations import platforms
@@ -31,23 +40,37 @@ class SecretField(forms.CharField):
         return bool(data) and data != initial
 
 
-def _label(name) -> str:
-    return name.replace("_", " ").capitalize()
+def _label(name, spec=None):
+    """A setting's label: its own (marked for translation), else its name capitalised."""
+    return spec.label if spec is not None and spec.label else name.replace("_", " ").capitalize()
+
+
+def _setting_in_a_sentence(name, spec) -> str:
+    return str(_label(name, spec)).lower()
+
+
+def _forget(name, spec) -> str:
+    return gettext("Forget the %(setting)s") % {"setting": _setting_in_a_sentence(name, spec)}
+
+
+# The form's fields are made once, at import: their texts stay lazy, read in each request's language.
+_forget_label = lazy(_forget, str)
 
 
 def _setting_field(spec) -> forms.Field:
     """A form field for one platform Setting (conversations.platforms.base.Setting)."""
     options = {"required": False, "label": None, "help_text": spec.help}
     if spec.secret:
-        return SecretField(widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        return SecretField(widget=UnfoldAdminPasswordWidget(render_value=False, attrs={"autocomplete": "new-password"}),
                            **options)
     if spec.choices:
-        return forms.ChoiceField(choices=[("", "—")] + [(c, c) for c in spec.choices], **options)
+        return forms.ChoiceField(choices=[("", "—")] + [(c, c) for c in spec.choices], widget=UnfoldAdminSelectWidget,
+                                 **options)
     if isinstance(spec.default, bool):
-        return forms.BooleanField(**options)
+        return forms.BooleanField(widget=UnfoldBooleanSwitchWidget, **options)
     if spec.default not in ("", None):
-        options["help_text"] = f"{spec.help} Default: {spec.default}".strip()
-    return forms.CharField(**options)
+        options["help_text"] = format_lazy(_("{help} Default: {default}"), help=spec.help, default=spec.default)
+    return forms.CharField(widget=UnfoldAdminTextInputWidget, **options)
 
 
 def setting_fields() -> dict:
@@ -57,10 +80,10 @@ def setting_fields() -> dict:
     for platform in platforms.all_platforms():
         for name, spec in platform.settings.items():
             field = fields[f"{platform.kind}_{name}"] = _setting_field(spec)
-            field.label = _label(name)
+            field.label = _label(name, spec)
             if spec.secret:
                 fields[f"forget_{platform.kind}_{name}"] = forms.BooleanField(
-                    required=False, label=f"Forget the {_label(name).lower()}")
+                    required=False, label=_forget_label(name, spec), widget=UnfoldBooleanWidget)
     return fields
 
 
@@ -118,7 +141,7 @@ class ChannelFormBase(forms.ModelForm):
     (stored in Channel.platform_settings, checked by the platform on save)."""
 
     agent = AgentChoiceField(choices=_registered_agents, initial=Channel._meta.get_field("agent").default,
-                             label=_("Agent"), help_text=_(
+                             widget=UnfoldAdminSelectWidget, label=_("Agent"), help_text=_(
         "What answers this channel's messages: one of the agents registered in AGENTLOOP_AGENTS."))
 
     class Meta:
@@ -135,7 +158,7 @@ class ChannelFormBase(forms.ModelForm):
                 continue
             if spec.secret:
                 if stored.get(name):
-                    self.fields[key].widget.attrs["placeholder"] = "•••••• stored — leave blank to keep"
+                    self.fields[key].widget.attrs["placeholder"] = gettext("•••••• stored — leave blank to keep")
             elif stored.get(name) not in (None, ""):
                 self.initial[key] = stored[name]
         config = self.instance.agent_config
@@ -154,7 +177,7 @@ class ChannelFormBase(forms.ModelForm):
         for name, given in value.items():
             if given == KEPT_SECRET:
                 if name not in stored:
-                    raise ValidationError(f"{name}: no stored value to keep; enter one")
+                    raise ValidationError(gettext("%(name)s: no stored value to keep; enter one") % {"name": name})
                 value[name] = stored[name]
         return value
 
@@ -176,13 +199,14 @@ class ChannelFormBase(forms.ModelForm):
             if value not in (None, ""):
                 values[name] = value
         for name in platform.secrets_to_give_again(stored, values, given):
-            self.add_error(f"{kind}_{name}", f"The address it is sent to changed: enter the {_label(name).lower()} "
-                                             f"again (the stored one is never sent to a new host), or forget it.")
+            self.add_error(f"{kind}_{name}", gettext(
+                "The address it is sent to changed: enter the %(setting)s again (the stored one is never sent to a "
+                "new host), or forget it.") % {"setting": _setting_in_a_sentence(name, platform.settings[name])})
         if cleaned.get("is_active", self.instance.is_active):
             for name in platform.missing_to_run(values):
                 self.add_error(f"{kind}_{name}", gettext(
                     "An active %(platform)s channel needs its %(setting)s: enter it, or untick Active until you "
-                    "have it.") % {"platform": platform.label, "setting": _label(name).lower()})
+                    "have it.") % {"platform": platform.label, "setting": _setting_in_a_sentence(name, platform.settings[name])})
         # Checked by the model's clean (the platform's clean_settings), its messages
         # naming each setting.
         self.instance.platform_settings = values
@@ -248,6 +272,6 @@ class ChannelAdmin(RoutingRulesInAdmin, ModelAdmin):
     def delivery_health(self, obj):
         return delivery_health_html(obj) if obj.pk else "—"
 
-    @admin.display(description="windows (closed/greeting/open/neutral)")
+    @admin.display(description=_("windows (closed/greeting/open/neutral)"))
     def window_summary(self, obj):
         return f"{obj.window_closed}/{obj.window_greeting}/{obj.window_open}/{obj.window_neutral} s"

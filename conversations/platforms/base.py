@@ -47,7 +47,9 @@ class Setting:
     when it changes, they must be given again, never sent on to the new host unasked."""
 
     default: Any = ""
-    help: StrOrPromise = ""  # marked for translation: the admin shows it in the operator's language
+    # Both marked for translation: the channel form shows them in the operator's language.
+    label: StrOrPromise = ""  # empty: the name, capitalised ("Bot token")
+    help: StrOrPromise = ""
     secret: bool = False
     required_to_send: bool = False
     required_to_receive: bool = False
@@ -243,13 +245,13 @@ def pace_settings(per_second: float, chat_interval: float, group_per_minute: flo
     """The pacing settings a platform with documented send limits gives its channels
     (delivery.pacing): defaults just below the platform's own limits."""
     found = {
-        "messages_per_second": Setting(default=per_second, check=check_rate,
+        "messages_per_second": Setting(label=_("Messages per second"), default=per_second, check=check_rate,
                                        help=_("Sends per second of this bot or number, across every worker (0: unpaced).")),
-        "chat_interval": Setting(default=chat_interval, check=check_rate,
+        "chat_interval": Setting(label=_("Chat interval"), default=chat_interval, check=check_rate,
                                  help=_("Seconds between two sends into one chat (0: unpaced).")),
     }
     if group_per_minute:
-        found["group_messages_per_minute"] = Setting(default=group_per_minute, check=check_rate,
+        found["group_messages_per_minute"] = Setting(label=_("Group messages per minute"), default=group_per_minute, check=check_rate,
                                                      help=_("Sends per minute into one group (0: unpaced)."))
     return found
 

@@ -36,10 +36,10 @@ class ApiPlatform(Platform):
     label = "API"
     user_can_confirm = False  # any key granted the channel posts as any contact, the asker included
     settings = {
-        "callback_url": Setting(check=check_url, help=_("Where replies are POSTed (HMAC-signed); empty: replies "
-                                                        "are kept for the read API.")),
-        "callback_secret": Setting(secret=True, help=_("HMAC key the callback's requests are signed with.")),
-        "allowed_media_hosts": Setting(default=(), check=check_hosts,
+        "callback_url": Setting(label=_("Callback URL"), check=check_url, help=_("Where replies are POSTed (HMAC-signed); empty: replies "
+                                                                                 "are kept for the read API.")),
+        "callback_secret": Setting(label=_("Callback secret"), secret=True, help=_("HMAC key the callback's requests are signed with.")),
+        "allowed_media_hosts": Setting(label=_("Allowed media hosts"), default=(), check=check_hosts,
                                        help=_("Hosts whose `media_url` files are fetched even though they resolve to a "
                                               "private, loopback or link-local address (an internal file server); "
                                               "every other host must resolve to public addresses only.")),

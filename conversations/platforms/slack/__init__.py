@@ -39,14 +39,14 @@ class SlackPlatform(Platform):
     label = "Slack"
     has_buttons = True  # Block Kit buttons; a click comes back on the interactivity URL
     settings = {
-        "bot_token": Setting(help=_("The app's Bot User OAuth Token (xoxb-…), from OAuth & Permissions."),
+        "bot_token": Setting(label=_("Bot token"), help=_("The app's Bot User OAuth Token (xoxb-…), from OAuth & Permissions."),
                              secret=True, required_to_send=True, option="--token"),
-        "signing_secret": Setting(help=_("The app's Signing Secret (Basic Information): checks X-Slack-Signature "
-                                         "on every request."), secret=True, required_to_receive=True),
-        "api_base": Setting(default="https://slack.com/api/", check=check_url, carries=("bot_token",),
+        "signing_secret": Setting(label=_("Signing secret"), help=_("The app's Signing Secret (Basic Information): checks X-Slack-Signature "
+                                                                    "on every request."), secret=True, required_to_receive=True),
+        "api_base": Setting(label=_("API base"), default="https://slack.com/api/", check=check_url, carries=("bot_token",),
                             help=_("Web API root; requests go to {api_base}{method}. Changing it asks for the "
                                    "bot token again.")),
-        "conversations": Setting(default=PER_CHANNEL, choices=(PER_CHANNEL, PER_THREAD),
+        "conversations": Setting(label=_("Conversations"), default=PER_CHANNEL, choices=(PER_CHANNEL, PER_THREAD),
                                  help=_("One conversation per Slack channel (or DM) and person, or one per thread.")),
         # chat.postMessage: about 1 message per second per channel (short bursts allowed);
         # a workspace allows "several hundred messages per minute" in all.

@@ -46,27 +46,27 @@ class WhatsAppPlatform(Platform):
     has_buttons = False
     reply_window = timedelta(hours=24)  # the customer-service window; outside it, templates only
     settings = {
-        "phone_number_id": Setting(help=_("The business phone number's id (WhatsApp > API Setup)."),
+        "phone_number_id": Setting(label=_("Phone number ID"), help=_("The business phone number's id (WhatsApp > API Setup)."),
                                    required_to_send=True, check=check_phone_number_id),
-        "token": Setting(help=_("A permanent system-user access token with whatsapp_business_messaging."),
+        "token": Setting(label=_("Token"), help=_("A permanent system-user access token with whatsapp_business_messaging."),
                          secret=True, required_to_send=True, option="--token"),
-        "app_secret": Setting(help=_("The Meta app's secret: checks X-Hub-Signature-256 on every notification."),
+        "app_secret": Setting(label=_("App secret"), help=_("The Meta app's secret: checks X-Hub-Signature-256 on every notification."),
                               secret=True, required_to_receive=True),
-        "verify_token": Setting(help=_("Any string you choose; Meta sends it back when you register the webhook."),
+        "verify_token": Setting(label=_("Verify token"), help=_("Any string you choose; Meta sends it back when you register the webhook."),
                                 secret=True, required_to_receive=True),
-        "api_base": Setting(default="https://graph.facebook.com", check=check_url, carries=("token",),
+        "api_base": Setting(label=_("API base"), default="https://graph.facebook.com", check=check_url, carries=("token",),
                             help=_("Graph API root; requests go to {api_base}/{api_version}/{phone_number_id}/messages. "
                                    "Changing it asks for the token again.")),
-        "api_version": Setting(default="v23.0", check=check_version, help=_("Graph API version.")),
+        "api_version": Setting(label=_("API version"), default="v23.0", check=check_version, help=_("Graph API version.")),
         # Outside the 24-hour window only approved templates go: a message that goes out by
         # itself (a scheduled one) is sent as this template, or waits for the user to write.
-        "template_name": Setting(check=templates.check_name,
+        "template_name": Setting(label=_("Template name"), check=templates.check_name,
                                  help=_("An approved template (WhatsApp Manager) for scheduled messages due outside "
                                         "the 24-hour window, e.g. appointment_reminder. Empty: they wait until the "
                                         "user writes.")),
-        "template_language": Setting(default="en_US", check=templates.check_language,
+        "template_language": Setting(label=_("Template language"), default="en_US", check=templates.check_language,
                                      help=_("The template's language code as Meta writes it (es, en_US, pt_BR).")),
-        "template_fill": Setting(default=templates.FILL_TEXT, choices=templates.FILLS,
+        "template_fill": Setting(label=_("Template fill"), default=templates.FILL_TEXT, choices=templates.FILLS,
                                  help=_("How the scheduled text fills the template's body: 'text' — the text is "
                                         "{{1}}; 'lines' — each line is one parameter ({{1}}, {{2}}, …).")),
         # The Cloud API's default throughput is 80 messages/s per business number; its pair
