@@ -4,6 +4,7 @@ environment stays there (tests/unit/test_config_docs.py parses that file)."""
 
 from pathlib import Path
 
+from django.templatetags.static import static
 from django.urls import reverse_lazy
 from django.utils.translation import gettext_lazy as _
 
@@ -157,7 +158,10 @@ UNFOLD = {
     "SITE_SUBHEADER": _("Operations"),
     "SITE_URL": reverse_lazy("console-dashboard"),
     "SITE_SYMBOL": "forum",
+    # On every page, the login's included (unfold's index and login skip admin/base_site.html).
+    "SITE_FAVICONS": [{"rel": "icon", "type": "image/svg+xml", "href": lambda request: static("favicon.svg")}],
     "SHOW_LANGUAGES": True,
+    "STYLES": [lambda request: static("admin/agentloop.css")],
     "SHOW_VIEW_ON_SITE": True,
     "DASHBOARD_CALLBACK": "agentloop.console.overview.dashboard_callback",
     "SIDEBAR": {

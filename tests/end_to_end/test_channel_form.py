@@ -41,7 +41,8 @@ def errors_beside(html, field):
     for box in root.xpath(f'//*[contains(concat(" ", normalize-space(@class), " "), " field-{field} ")]'):
         holders = [box, box.getparent()] if "fieldBox" in box.get("class") else [box]
         for holder in holders:
-            found += [item.text_content() for item in holder.xpath('./ul[contains(@class, "errorlist")]/li')]
+            found += [item.text_content().strip()
+                      for item in holder.xpath('.//ul[contains(@class, "errorlist")]/li')]
     return found
 
 
@@ -149,7 +150,7 @@ def test_the_add_page_shows_the_chosen_kinds_section_and_opens_a_refused_section
     page.locator("summary", has_text=DEBOUNCE[language]).click()
     page.fill("#id_window_open", "99999")
     with page.expect_navigation():
-        page.click("input[name=_save]")
+        page.click("[name=_save]")
     assert page.locator(".field-telegram_bot_token .errorlist").is_visible()
     assert page.locator(".field-window_open .errorlist").is_visible()
     assert visible_sections(page, language) == ["Telegram"]
@@ -161,7 +162,7 @@ def test_the_add_page_shows_the_chosen_kinds_section_and_opens_a_refused_section
     page.fill("#id_telegram_bot_token", "4242:TOKEN")
     page.fill("#id_window_open", "4")
     with page.expect_navigation():
-        page.click("input[name=_continue]")
+        page.click("[name=_continue]")
     assert Channel.objects.get(slug="shop").setting("bot_token") == "4242:TOKEN"
     assert visible_sections(page, language) == ["Telegram"] and not page.locator("#id_kind").count()
     assert page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth + 1")

@@ -41,7 +41,7 @@ def test_root_and_view_site_lead_an_operator_to_the_console(processes, operator)
         response = browser.get("/")
         assert response.status_code == 302 and response.headers["location"] == "/console/"
         assert browser.get("/", follow_redirects=True).status_code == 200
-        view_site = re.search(r'<a href="([^"]+)">View site</a>', browser.get("/admin/").text)
+        view_site = re.search(r'<a href="([^"]+)"[^>]*>\s*View site\s*</a>', browser.get("/admin/").text)
         assert view_site and view_site.group(1) == "/console/"
 
 
