@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
 from unfold.decorators import display
@@ -20,13 +20,13 @@ from delivery.models import OutboundMessage, ScheduledMessage, ScheduleState, Un
 
 
 class AgeFilter(admin.SimpleListFilter):
-    title = "age"
+    title = _("age")
     parameter_name = "age"
     SPANS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 
     def lookups(self, request, model_admin):
-        return [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days"),
-                ("stale", "Older than 24 hours")]
+        return [("1h", _("Last hour")), ("24h", _("Last 24 hours")), ("7d", _("Last 7 days")),
+                ("stale", _("Older than 24 hours"))]
 
     def queryset(self, request, queryset):
         now = timezone.now()
@@ -68,10 +68,10 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     fieldsets = [
         (None, {"fields": ["state", "kind", "channel", "chat_id", "thread_id", "reply_target", "conversation_link",
                            "turn_link", "text", "files_shown", "template_shown", "dedup_key"]}),
-        ("Delivery", {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
+        (_("Delivery"), {"fields": ["attempts", "flood_waits", "extra_resends", "needs_marker", "chunk_progress",
                                  "last_outcome",
                                  "error_shown", "unreachable_link", "owner", "claim_token", "platform_message_id"]}),
-        ("Timing", {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
+        (_("Timing"), {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
     ]
 
     def exact_matches(self, term):
@@ -79,20 +79,21 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         row = numeric_id(term)
         return by_chat | row if row is not None else by_chat
 
-    @admin.display(description="Chunks")
+    @admin.display(description=_("Chunks"))
     def chunk_progress(self, row):
         """A long reply's chunks: how many are known delivered and whether the next had started."""
         total = len(row.chunks) or 1
         done = total if row.state == "delivered" else row.chunks_delivered
         started = row.chunks_started > row.chunks_delivered and done < total
-        return f"{done} of {total} delivered" + (f"; chunk {done + 1} was started" if started else "")
+        shown = gettext("%(done)s of %(total)s delivered") % {"done": done, "total": total}
+        return shown + (gettext("; chunk %(next)s was started") % {"next": done + 1} if started else "")
 
-    @admin.display(description="Files")
+    @admin.display(description=_("Files"))
     def files_shown(self, row):
         """The files the reply carries after its text (delivery.attachments), in order."""
         return "; ".join(attachments.listed(row.chunks)) or "—"
 
-    @admin.display(description="Sent as template")
+    @admin.display(description=_("Sent as template"))
     def template_shown(self, row):
         """An approved template the row goes out as (outside WhatsApp's window), filled."""
         return templates.shown(row.template) or "—"
@@ -105,29 +106,29 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     def short_text(self, row):
         return admin_texts.cell(row.text, change_url(row))
 
-    @admin.display(description="Conversation")
+    @admin.display(description=_("Conversation"))
     def conversation_link(self, row):
         url = reverse("admin:conversations_conversation_change", args=[row.conversation_id])
         return format_html('<a href="{}">{}</a>', url, row.conversation_id)
 
-    @admin.display(description="Turn")
+    @admin.display(description=_("Turn"))
     def turn_link(self, row):
         if not row.turn_id:
             return "—"
-        return format_html('<a href="{}">turn {}</a>', reverse("admin:conversations_turn_change", args=[row.turn_id]),
-                           row.turn_id)
+        return format_html('<a href="{}">{}</a>', reverse("admin:conversations_turn_change", args=[row.turn_id]),
+                           gettext("turn %(id)s") % {"id": row.turn_id})
 
-    @admin.display(description="Last error")
+    @admin.display(description=_("Last error"))
     def error_shown(self, row):
         return hide_secrets(row.last_error)
 
-    @admin.display(description="Unreachable chat")
+    @admin.display(description=_("Unreachable chat"))
     def unreachable_link(self, row):
         chat = UnreachableChat.objects.filter(channel_id=row.channel_id, chat_id=row.chat_id).first()
         if chat is None:
             return "—"
         url = reverse("admin:delivery_unreachablechat_change", args=[chat.pk])
-        return format_html('<a href="{}">since {}</a>', url, chat.since)
+        return format_html('<a href="{}">{}</a>', url, gettext("since %(when)s") % {"when": chat.since})
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("channel")
@@ -144,15 +145,17 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     def has_operate_permission(self, request):
         return request.user.has_perm("delivery.change_outboundmessage")  # operators; auditors only read
 
-    @admin.action(description="Retry now (one more resend, labelled as recovered)", permissions=["operate"])
+    @admin.action(description=_("Retry now (one more resend, labelled as recovered)"), permissions=["operate"])
     def retry_now(self, request, queryset):
         moved = ledger.retry_now(queryset.values_list("pk", flat=True), by=request.user.get_username())
-        self.message_user(request, f"{moved} row(s) will be resent now.")
+        self.message_user(request, ngettext("%(n)d row will be resent now.", "%(n)d rows will be resent now.", moved)
+                          % {"n": moved})
 
-    @admin.action(description="Abandon (never send)", permissions=["operate"])
+    @admin.action(description=_("Abandon (never send)"), permissions=["operate"])
     def abandon(self, request, queryset):
         abandoned = ledger.abandon(queryset.values_list("pk", flat=True), by=request.user.get_username())
-        self.message_user(request, f"{abandoned} row(s) abandoned.")
+        self.message_user(request, ngettext("%(n)d row abandoned.", "%(n)d rows abandoned.", abandoned)
+                          % {"n": abandoned})
 
 
 @admin.register(UnreachableChat)
@@ -163,7 +166,7 @@ class UnreachableChatAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     fields = ["channel", "chat_id", "error_shown", "since", "last_failure_at", "failures", "rows"]
     readonly_fields = fields
 
-    @admin.display(description="Error", ordering="error")
+    @admin.display(description=_("Error"), ordering="error")
     def error_shown(self, chat):
         return hide_secrets(chat.error)
 
@@ -175,11 +178,11 @@ class UnreachableChatAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     def failures_shown(self, chat):
         return admin_texts.count(chat.failures)
 
-    @admin.display(description="Ledger rows")
+    @admin.display(description=_("Ledger rows"))
     def rows(self, chat):
         url = reverse("admin:delivery_outboundmessage_changelist") + "?" + urlencode(
             {"channel__id__exact": chat.channel_id, "chat_id": chat.chat_id})
-        return format_html('<a href="{}">rows to this chat</a>', url)
+        return format_html('<a href="{}">{}</a>', url, gettext("rows to this chat"))
 
     def has_add_permission(self, request):
         return False
@@ -201,16 +204,16 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     fieldsets = [
         (None, {"fields": ["conversation", "text", "due_at", "repeat_every", "cancel_on_reply", "state", "source",
                            "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]}),
-        ("Outside WhatsApp's 24-hour window", {
+        (_("Outside WhatsApp's 24-hour window"), {
             "fields": ["template_name", "template_language", "template_fill"],
-            "description": "Outside the window a tick goes out as an approved template, filled with the text: "
-                           "this one, or (each field left empty) the one the channel's WhatsApp settings name. "
-                           "With none it waits until the user writes."}),
+            "description": _("Outside the window a tick goes out as an approved template, filled with the text: "
+                             "this one, or (each field left empty) the one the channel's WhatsApp settings name. "
+                             "With none it waits until the user writes.")}),
     ]
     readonly_fields = ["state", "source", "reason", "ticks_sent", "last_sent_at", "last_tick", "created_at"]
     actions = ["cancel"]
 
-    @admin.display(description="Last tick's delivery")
+    @admin.display(description=_("Last tick's delivery"))
     def last_tick(self, schedule):
         """Its newest tick's ledger row: delivered, waiting, or refused and why (a template
         WhatsApp refused is a permanent failure, its reason on the row). On the change page
@@ -246,28 +249,30 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
         # Only a waiting one changes; a sent tick is the ledger's (its row is there).
         return super().has_change_permission(request, obj) and (obj is None or obj.state == ScheduleState.SCHEDULED)
 
-    @admin.action(description="Cancel the selected scheduled messages")
+    @admin.action(description=_("Cancel the selected scheduled messages"))
     def cancel(self, request, queryset):
         ids = list(queryset.filter(state=ScheduleState.SCHEDULED).values_list("pk", flat=True))
         cancelled = ScheduledMessage.transition(ids, ScheduleState.SCHEDULED, ScheduleState.CANCELLED,
                                                 reason=f"cancelled by {request.user}")
-        self.message_user(request, f"{cancelled} scheduled message(s) cancelled.")
+        self.message_user(request, ngettext("%(n)d scheduled message cancelled.", "%(n)d scheduled messages cancelled.",
+                                            cancelled) % {"n": cancelled})
 
 
 def delivery_health_html(channel) -> str:
     """The channel page's delivery summary: last error and unreachable chats."""
     health = ledger.channel_health(channel.pk)
     last = health["last_error"]
-    parts = [format_html("<p><b>Last error:</b> {} <small>({})</small></p>", hide_secrets(last["last_error"]),
-                         last["claimed_at"]) if last else mark_safe("<p>No delivery errors.</p>")]
+    parts = [format_html("<p><b>{}</b> {} <small>({})</small></p>", gettext("Last error:"), hide_secrets(last["last_error"]),
+                         last["claimed_at"]) if last else format_html("<p>{}</p>", gettext("No delivery errors."))]
     if health["unreachable"]:
-        items = format_html_join("", "<li>{} — {} (since {})</li>",
-                                 ((chat, hide_secrets(error), since) for chat, error, since in health["unreachable"]))
+        items = format_html_join("", "<li>{} — {} ({})</li>", ((chat, hide_secrets(error), gettext("since %(when)s") % {
+            "when": since}) for chat, error, since in health["unreachable"]))
         url = reverse("admin:delivery_unreachablechat_changelist") + f"?channel__id__exact={channel.pk}"
-        parts.append(format_html('<p><b><a href="{}">Unreachable chats</a>:</b></p><ul>{}</ul>', url, items))
+        parts.append(format_html('<p><b><a href="{}">{}</a>:</b></p><ul>{}</ul>', url, gettext("Unreachable chats"), items))
     rows = reverse("admin:delivery_outboundmessage_changelist") + f"?channel__id__exact={channel.pk}"
-    parts.append(format_html('<p><a href="{}">Ledger rows of this channel</a> ({} open)</p>', rows,
-                             OutboundMessage.objects.filter(channel=channel, state__in=OutboundMessage.OPEN).count()))
+    open_rows = OutboundMessage.objects.filter(channel=channel, state__in=OutboundMessage.OPEN).count()
+    parts.append(format_html('<p><a href="{}">{}</a> ({})</p>', rows, gettext("Ledger rows of this channel"),
+                             gettext("%(n)s open") % {"n": open_rows}))
     return format_html("".join(["{}"] * len(parts)), *parts)
 
 
