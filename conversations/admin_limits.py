@@ -107,10 +107,19 @@ def tool_limits(user) -> list[dict]:
 def limit_events() -> list[dict]:
     """The latest limits reached and lifted, newest first."""
     events = AuditEvent.objects.filter(kind__in=LIMIT_EVENTS).order_by("-at", "-pk")[:EVENTS_SHOWN]
-    return [{"event": e, "reached": e.kind == EventKind.LIMIT_REACHED,
-             # reached: the limit crossed; lifted: the one the person was held by (its summary)
-             "reason": reason_shown(e.extra.get("reason", "") if e.kind == EventKind.LIMIT_REACHED else e.summary),
-             "link": reverse("admin:audit_auditevent_change", args=[e.pk])} for e in events]
+    return [_limit_event(e) for e in events]
+
+
+def _limit_event(event) -> dict:
+    """Who and why, read from how conversations.limits records them (not its English target:
+    reached names the person as actor and the turn as target, lifted the operator as actor
+    and "contact <platform id>" as target, the reason lifted as summary)."""
+    reached = event.kind == EventKind.LIMIT_REACHED
+    return {"event": event, "reached": reached,
+            "person": event.actor if reached else event.target.removeprefix("contact "),
+            "by": "" if reached else event.actor,
+            "reason": reason_shown(event.extra.get("reason", "") if reached else event.summary),
+            "link": reverse("admin:audit_auditevent_change", args=[event.pk])}
 
 
 def api_rate() -> str:

@@ -92,6 +92,8 @@ def test_a_person_over_a_limit_shows_when_it_resets_and_why_and_is_lifted(client
     # Both ends of the episode are among the latest limit events, linked to the audit trail.
     events = re.search(r'<ol class="limits-events">(.*?)</ol>', page, re.S).group(1)
     assert events.index("An operator lifted") < events.index("A person reached a limit")
+    # Who, why and by whom, in words (not the audit's "contact ana" target).
+    assert "by admin:olga" in events and events.count("1 turns per hour") == 2 and "contact ana" not in events
     assert reverse("admin:audit_auditevent_change", args=[event.pk]) in events
 
 
