@@ -186,7 +186,9 @@ def _message_entry(story, m, rank):
         details.append(("File", story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
         links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
-    title = f"Message admitted from {m.sender_name or 'the contact'}" + (" (deleted)" if m.deleted_at else "")
+    who = m.sender_name or _("the contact")
+    title = (_("Message admitted from %(who)s (deleted)") if m.deleted_at else _("Message admitted from %(who)s")) % {
+        "who": who}
     if _is_command(m):  # /help, /stop…: answered by agentloop, never buffered
         details[2] = ("Disposition", Disposition.CONTROL.label)
         title = _("Control command %(command)s from %(who)s") % {
@@ -232,14 +234,15 @@ def _buffer_entry(story, b, rank):
                ("Last window", f"{b.window_kind or '—'}, {b.window_seconds:g} s"),
                ("Deadline", _iso(b.flush_at))]
     if b.state == BufferState.OPEN:
-        title = f"Buffer open: flushes at {_iso(b.flush_at)} ({b.get_planned_reason_display()})"
+        title = _("Buffer open: flushes at %(at)s (%(reason)s)") % {"at": _iso(b.flush_at),
+                                                                    "reason": b.get_planned_reason_display()}
     elif b.state == BufferState.FLUSHED:
-        title = f"Buffer flushed: {b.get_flush_reason_display() or b.flush_reason}"
+        title = _("Buffer flushed: %(reason)s") % {"reason": b.get_flush_reason_display() or b.flush_reason}
         details += [("Waited", f"{_seconds(b.first_message_at, b.flushed_at)} after the first message, "
                                f"{_seconds(b.last_message_at, b.flushed_at)} after the last"),
                     ("Flushed by", b.flushed_by or "—")]
     else:
-        title = "Buffer dropped (/stop or /reset)"
+        title = _("Buffer dropped (/stop or /reset)")
     if b.carried_turn_id:
         details.append(("Carries", f"the input of cancelled turn {b.carried_turn_id} (interrupt)"))
     return Entry(b.story_at, rank, b.pk, "buffer", title, "", details,
@@ -274,7 +277,8 @@ def _turn_entry(story, t, rank):
     if t.buffer_id:
         links.append((f"buffer {t.buffer_id}", "conversations.messagebuffer", t.buffer_id))
     person = person_of(t.owner)  # a person's reply is a turn too (conversations.handoff): say who
-    title = _("Reply by %(person)s") % {"person": person} if person else f"Turn {t.pk}: {t.get_state_display()}"
+    title = _("Reply by %(person)s") % {"person": person} if person else _("Turn %(id)s: %(state)s") % {
+        "id": t.pk, "state": t.get_state_display()}
     entry = Entry(t.created_at, rank, t.pk, "turn", title, story.redact(t.merged_input), details, links)
     entry.by = person
     entry.started, entry.finished = t.started_at, t.finished_at
@@ -309,7 +313,8 @@ def _claim_entry(story, c, rank):
         if proposal.error:
             details.append(("Proposal error", story.redact(proposal.error, 300)))
         links.append((f"proposal {proposal.pk}", "tools.proposal", proposal.pk))
-    title = f"Guard: {c.action} claimed" if proposal is None else f"Guard: {c.action} proposed for approval"
+    title = (_("Guard: %(tool)s claimed") if proposal is None else _("Guard: %(tool)s proposed for approval")) % {
+        "tool": c.action}
     return Entry(c.created_at, rank, c.pk, "claim", title, "", details, links)
 
 
@@ -350,7 +355,8 @@ def _ledger_entry(story, r, rank):
         links.append((f"turn {r.turn_id}", "conversations.turn", r.turn_id))
     person = person_of(getattr(r, "turn_owner", "") or "")
     title = (_("Ledger: reply by %(person)s written, %(state)s") % {"person": person, "state": r.get_state_display()}
-             if person else f"Ledger: {r.get_kind_display()} written, {r.get_state_display()}")
+             if person else _("Ledger: %(kind)s written, %(state)s") % {"kind": r.get_kind_display(),
+                                                                        "state": r.get_state_display()})
     entry = Entry(r.created_at, rank, r.pk, "ledger", title, story.redact(r.text), details, links)
     entry.by = person
     return entry
@@ -388,12 +394,13 @@ def _event_entry(story, e, rank):
         links.append((f"original: claim {extra['original_claim']}", "tools.actionclaim", extra["original_claim"]))
     kind = "double_texting" if e.kind in DOUBLE_TEXTING else "audit"
     label = EventKind(e.kind).label if e.kind in EventKind.values else e.kind
-    return Entry(e.at, rank, e.pk, kind, f"Audit: {label}", story.redact(e.summary, 300), details, links)
+    return Entry(e.at, rank, e.pk, kind, _("Audit: %(event)s") % {"event": label}, story.redact(e.summary, 300),
+                 details, links)
 
 
 def _notes(story, older, rank):
     rows = story.latest(ContextNote.objects.filter(conversation=story.conversation), "created_at", older)
-    return [Entry(n.created_at, rank, n.pk, "note", "Note for the agent's next turn", story.redact(n.text), [],
+    return [Entry(n.created_at, rank, n.pk, "note", _("Note for the agent's next turn"), story.redact(n.text), [],
                   [(f"note {n.pk}", "conversations.contextnote", n.pk)]) for n in rows]
 _notes.time_field = "created_at"
 
@@ -411,14 +418,16 @@ def _edit_entry(story, e, rank):
     links = [(f"message {e.message_id}", "conversations.inboundmessage", e.message_id)]
     if e.turn_id:
         links.append((f"turn {e.turn_id}", "conversations.turn", e.turn_id))
-    return Entry(e.received_at, rank, e.pk, "edit", f"Message {e.message_id} edited: {e.get_outcome_display()}",
+    return Entry(e.received_at, rank, e.pk, "edit", _("Message %(id)s edited: %(outcome)s") % {
+                     "id": e.message_id, "outcome": e.get_outcome_display()},
                  story.redact(e.new_text), details, links)
 
 
 def _reactions(story, older, rank):
     rows = story.latest(InboundReaction.objects.filter(conversation=story.conversation), "reacted_at", older)
     return [Entry(r.reacted_at, rank, r.pk, "reaction",
-                  f"Reaction {r.emoji or '(taken back)'} on the bot's message: {r.get_outcome_display()}", "",
+                  _("Reaction %(emoji)s on the bot's message: %(outcome)s") % {
+                      "emoji": r.emoji or _("(taken back)"), "outcome": r.get_outcome_display()}, "",
                   [("By", story.redact(r.sender_id, 100)), ("Message", r.platform_message_id), ("Event", r.key)], [])
             for r in rows]
 _reactions.time_field = "reacted_at"
