@@ -12,6 +12,9 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
+from django.utils.text import format_lazy
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core.redaction import MASK, forget_secrets, redact
@@ -37,12 +40,13 @@ class SecretMapField(forms.JSONField):
 
 class McpServerForm(forms.ModelForm):
     url = forms.URLField(required=False, max_length=500, assume_scheme="https",
-                         help_text="Streamable HTTP: the server's endpoint.")
-    headers = SecretMapField(required=False, help_text="Names and values, e.g. {\"Authorization\": \"Bearer …\"}. "
-                                                       f"Values are shown as {MASK}: leave them so to keep them.")
+                         help_text=_("Streamable HTTP: the server's endpoint."))
+    headers = SecretMapField(required=False, help_text=format_lazy(_(
+        "Names and values, e.g. {{\"Authorization\": \"Bearer …\"}}. Values are shown as {mask}: leave them so to "
+        "keep them."), mask=MASK))
     transport = forms.ChoiceField(choices=[(McpTransport.HTTP.value, McpTransport.HTTP.label)],
                                   initial=McpTransport.HTTP,
-                                  help_text="stdio servers are registered on the machine: manage.py addmcpserver.")
+                                  help_text=_("stdio servers are registered on the machine: manage.py addmcpserver."))
 
     class Meta:
         model = McpServer
@@ -51,7 +55,7 @@ class McpServerForm(forms.ModelForm):
     def _kept(self, name):
         given = self.cleaned_data.get(name) or {}
         if not isinstance(given, dict):
-            raise forms.ValidationError("a JSON object of names and values")
+            raise forms.ValidationError(gettext("a JSON object of names and values"))
         stored = getattr(self.instance, name) or {} if self.instance.pk else {}
         return {key: stored.get(key, "") if value == MASK else str(value) for key, value in given.items()}
 
@@ -61,7 +65,7 @@ class McpServerForm(forms.ModelForm):
     def clean(self):
         data = super().clean()
         if not data.get("url"):
-            self.add_error("url", "a streamable HTTP server needs its URL")
+            self.add_error("url", gettext("a streamable HTTP server needs its URL"))
         return data
 
 
@@ -72,17 +76,18 @@ class McpToolInline(TabularInline):
     fields = ["offered_as", "present", "refused", "hints", "reconcile_with", "policy"]
     readonly_fields = ["offered_as", "present", "refused", "hints", "policy"]
 
-    @admin.display(description="Hints from this server")
+    @admin.display(description=_("Hints from this server"))
     def hints(self, row):
         return row.hints()
 
-    @admin.display(description="Policy")
+    @admin.display(description=_("Policy"))
     def policy(self, row):
         policy = ToolPolicy.objects.filter(name=row.offered_as).first()
         if policy is None:
             return "—"
-        return format_html('<a href="../../../toolpolicy/{}/change/">guard {}, approval {}</a>', policy.pk,
-                           "on" if policy.guarded else "off", policy.approval)
+        return format_html('<a href="../../../toolpolicy/{}/change/">{}</a>', policy.pk, gettext(
+            "guard %(guard)s, approval %(approval)s") % {"guard": gettext("on") if policy.guarded else gettext("off"),
+                                                         "approval": policy.approval})
 
 
 @admin.register(McpServer)
@@ -97,11 +102,11 @@ class McpServerAdmin(ModelAdmin):
                     "timeout_seconds", "max_result_bytes", "refresh_seconds", "listed_at", "last_error"]
     inlines = [McpToolInline]
 
-    @admin.display(description="URL or command")
+    @admin.display(description=_("URL or command"))
     def endpoint(self, server):
         return redact(server.url or " ".join(server.command), server.secrets())
 
-    @admin.display(description="Environment")
+    @admin.display(description=_("Environment"))
     def environment(self, server):
         return ", ".join(f"{name}={MASK}" for name in server.env) or "—"
 
@@ -121,7 +126,7 @@ class McpServerAdmin(ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return not self._is_stdio(obj) and super().has_delete_permission(request, obj)
 
-    @admin.display(description="Last problem")
+    @admin.display(description=_("Last problem"))
     def problem(self, server):
         return redact(server.last_error, server.secrets())[:120]
 
@@ -134,7 +139,8 @@ class McpServerAdmin(ModelAdmin):
         if server.enabled and not self._is_stdio(server):  # never a command from a web request
             try:
                 names = catalog.refresh(server)
-                messages.info(request, f"{server.name}: {len(names)} tools listed")
+                messages.info(request, ngettext("%(server)s: %(n)d tool listed", "%(server)s: %(n)d tools listed",
+                                                len(names)) % {"server": server.name, "n": len(names)})
             except Unreachable as exc:
                 messages.warning(request, str(exc))
 
@@ -148,7 +154,7 @@ class McpToolAdmin(ModelAdmin):
     readonly_fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations",
                        "present", "listed_at"]
 
-    @admin.display(description="Hints from its server")
+    @admin.display(description=_("Hints from its server"))
     def hints(self, row):
         return row.hints()
 
