@@ -6,8 +6,11 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
 
+from agentloop.core import admin_texts
+from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter
 from agentloop.core.redaction import hide_secrets
 from audit import console
@@ -25,9 +28,10 @@ def change_link(url_name, pk, label):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
-    list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_shown", "actor"]
+class AuditEventAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
+    list_display = ["at", "kind", "channel_slug", "conversation", "target_link", "summary_cell", "actor"]
     list_filter = ["kind", ("channel_slug", RecentValuesFilter)]
+    list_filter_submit = True
     # Not the summary: an auditor must not probe an error text character by character.
     search_fields = ["target", "actor"]
     date_hierarchy = "at"
@@ -52,6 +56,12 @@ class AuditEventAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     @admin.display(description="Summary", ordering="summary")
     def summary_shown(self, event):
         return hide_secrets(event.summary)
+
+    @admin.display(description=_("Summary"))
+    def summary_cell(self, event):
+        # Its start, linked to the event's page where it is whole (an error may be long).
+        url = reverse(f"admin:{event._meta.app_label}_{event._meta.model_name}_change", args=[event.pk])
+        return admin_texts.cell(hide_secrets(event.summary), url)
 
     # History must not change.
     def has_add_permission(self, request):

@@ -5,10 +5,16 @@ from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.timezone import localtime
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
+from unfold.decorators import display
 
+from agentloop.core import admin_texts
+from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter, numeric_id
 from audit.listed_lookups import ListedLookupsOnly
 from tools import approvals, guard, hooks
@@ -30,6 +36,15 @@ def admin_link(model_name, pk, label=None, app="tools"):
         return "—"
     return format_html('<a href="{}">{}</a>', reverse(f"admin:{app}_{model_name}_change", args=[pk]),
                        label or f"{model_name} {pk}")
+
+
+# States as labels: what waits for a person or was cut short stands out.
+CLAIM_TONES = {"uncertain": "warning", "in_flight": "info", "proposed": "info"}
+PROPOSAL_TONES = {"pending": "warning", "applying": "info", "failed": "danger", "applied": "success"}
+
+
+def change_url(obj):
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
 
 
 @admin.register(ToolPolicy)
@@ -75,20 +90,22 @@ class ToolPolicyAdmin(ModelAdmin):
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
-    list_display = ["id", "action", "scope", "state", "live", "created_at", "duplicates", "conversation",
-                    "proposal_link", "owner"]
+class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
+    # What an operator scans: which action, how it stands, with what, for whom, when, and
+    # whether the guard caught a repeat; scope, lease, owner and proposal on the claim's page.
+    list_display = ["id", "action", "state_shown", "arguments_cell", "conversation", "created_at", "duplicates"]
     list_filter = ["state", ("action", RecentValuesFilter), "live", ("channel_slug", RecentValuesFilter)]
+    list_filter_submit = True
     search_fields = ["=id", "action", "scope", "fingerprint", "owner"]
     date_hierarchy = "created_at"
     linked_lookups = ("conversation_id",)  # a conversation's claims
     actions = ["reconcile_claims", "release_claims"]
     readonly_fields = [f.name for f in ActionClaim._meta.fields] + ["conversation", "turn", "proposal_link",
-                                                                    "duplicates"]
+                                                                    "duplicates", "arguments_shown"]
     fieldsets = [
         (None, {"fields": ["action", "state", "live", "scope", "conversation", "turn", "channel_slug", "owner",
                            "agent_key_id", "proposal_link"]}),
-        ("Identity", {"fields": ["fingerprint", "fingerprint_fields", "fingerprint_material", "arguments"]}),
+        ("Identity", {"fields": ["arguments_shown", "fingerprint", "fingerprint_fields", "fingerprint_material"]}),
         ("Timing", {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
         ("Outcome", {"fields": ["result", "error", "duplicates"]}),
     ]
@@ -101,6 +118,18 @@ class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     @admin.display(description="Conversation")
     def conversation(self, claim):
         return admin_link("conversation", claim.conversation_id, app="conversations")
+
+    @display(description=_("state"), ordering="state", label=CLAIM_TONES)
+    def state_shown(self, claim):
+        return claim.state, claim.get_state_display()
+
+    @admin.display(description=_("arguments"))
+    def arguments_cell(self, claim):
+        return admin_texts.pairs_line(claim.arguments, change_url(claim), length=60)
+
+    @admin.display(description=_("arguments"))
+    def arguments_shown(self, claim):
+        return admin_texts.pairs(claim.arguments)
 
     @admin.display(description="Turn")
     def turn(self, claim):
@@ -160,13 +189,16 @@ class ActionClaimAdmin(BigTableAdmin, ListedLookupsOnly, ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(ListedLookupsOnly, ModelAdmin):
-    list_display = ["id", "action", "what", "state", "created_at", "expires_at", "decided_by", "buttons"]
+class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
+    list_display = ["id", "action", "what", "state_shown", "expires", "decided_by", "buttons"]
     list_filter = ["state", "claim__action"]
+    list_filter_submit = True
+    ordering = ["-pk"]  # the newest first: the ones still waiting are there
     search_fields = ["=id", "claim__action", "decided_by"]
     actions = ["apply_selected", "reject_selected"]
-    readonly_fields = ["claim_link", "action", "arguments_in_full", "state", "created_at", "expires_at", "decided_by",
-                       "decided_at", "result", "error", "asked", "buttons"]
+    # (Not the list's "Apply / Reject…" link: on this page the decision is at the top.)
+    readonly_fields = ["claim_link", "action", "arguments_in_full", "state", "created_at", "expires_in_full",
+                       "decided_by", "decided_at", "result", "error", "asked"]
     fields = readonly_fields
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
     change_form_template = "admin/tools/proposal/change_form.html"
@@ -177,16 +209,30 @@ class ProposalAdmin(ListedLookupsOnly, ModelAdmin):
 
     @admin.display(description="Arguments")
     def what(self, proposal):
-        shown = ", ".join(f"{k}: {v}" for k, v in proposal.claim.arguments.items())
-        return shown if len(shown) <= 200 else shown[:199] + "…"  # the list; the page shows them whole
+        return admin_texts.pairs_line(proposal.claim.arguments, change_url(proposal))  # the page shows them whole
 
     @admin.display(description="Arguments")
     def arguments_in_full(self, proposal):
         """Everything the action will do, uncut: an operator approves what they read
         (every recipient of an email, its whole body)."""
-        lines = [f"{name}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
-                 for name, value in proposal.claim.arguments.items()]
-        return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', "\n".join(lines))
+        return admin_texts.pairs(proposal.claim.arguments)
+
+    @display(description=_("state"), ordering="state", label=PROPOSAL_TONES)
+    def state_shown(self, proposal):
+        return proposal.state, proposal.get_state_display()
+
+    @admin.display(description=_("expires"), ordering="expires_at")
+    def expires(self, proposal):
+        """When an open one lapses, "in 1 day"; a decided one no longer does."""
+        if not proposal.is_open:
+            return "—"
+        return format_html('<span title="{}">{}</span>', date_format(localtime(proposal.expires_at), "DATETIME_FORMAT"),
+                           admin_texts.relative(proposal.expires_at))
+
+    @admin.display(description=_("expires"))
+    def expires_in_full(self, proposal):
+        moment = date_format(localtime(proposal.expires_at), "DATETIME_FORMAT")
+        return f"{admin_texts.relative(proposal.expires_at)} ({moment})"
 
     @admin.display(description="Claim")
     def claim_link(self, proposal):
@@ -216,6 +262,13 @@ class ProposalAdmin(ListedLookupsOnly, ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Every field is read-only: a proposal is decided with Apply / Reject (its
+        # template), never saved; a Save button would offer an edit that does not exist.
+        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False,
+                         "show_save_and_add_another": False}
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_urls(self):
         return [

@@ -20,10 +20,10 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import avoid_wrapping, format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import TIME_STRINGS
 from django.utils.translation import gettext
 
 # A list's cell: about a line of the list at 1440 px beside six other columns.
@@ -87,15 +87,30 @@ def count(number: int, tone: str = "danger") -> SafeString:
     return format_html('<span class="al-count al-{}">{}</span>', tone, number)
 
 
+# The units a moment is told in, largest first, with Django's own (translated) words.
+UNITS = [("year", 365 * 86400), ("month", 30 * 86400), ("week", 7 * 86400), ("day", 86400), ("hour", 3600),
+         ("minute", 60)]
+
+
+def duration(seconds: float) -> str:
+    """"1 day", "3 hours": the largest unit the span nearly fills, rounded to it — a
+    proposal made a day ahead reads "1 day" a second later, not "23 hours" (Django's
+    timeuntil cuts down). Below a minute: "0 minutes", as Django says it."""
+    seconds = abs(seconds)
+    for unit, length in UNITS:
+        if seconds >= length * 0.9:
+            return avoid_wrapping(TIME_STRINGS[unit] % {"num": round(seconds / length)})
+    return avoid_wrapping(TIME_STRINGS["minute"] % {"num": round(seconds / 60)})
+
+
 def relative(moment: datetime | None, now: datetime | None = None) -> str:
-    """"in 1 day", "3 hours ago": the largest unit only, in the operator's language
-    (Django's own translations of the units)."""
+    """"in 1 day", "3 hours ago", in the operator's language."""
     if moment is None:
         return "—"
-    now = now or timezone.now()
-    if moment >= now:
-        return gettext("in %(duration)s") % {"duration": timeuntil(moment, now, depth=1)}
-    return gettext("%(duration)s ago") % {"duration": timesince(moment, now, depth=1)}
+    seconds = (moment - (now or timezone.now())).total_seconds()
+    if seconds >= 0:
+        return gettext("in %(duration)s") % {"duration": duration(seconds)}
+    return gettext("%(duration)s ago") % {"duration": duration(seconds)}
 
 
 def _value(value: Any) -> str:

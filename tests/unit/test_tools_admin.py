@@ -85,7 +85,9 @@ def test_apply_and_reject_from_the_proposal_page(operator, scope):
     apply_me = guard.invoke("calendar_create_event", EVENT, scope, actor="t").proposal_id
     reject_me = guard.invoke("calendar_create_event", {**EVENT, "title": "Kine"}, scope, actor="t").proposal_id
     page = operator.get(reverse("admin:tools_proposal_change", args=[apply_me])).content.decode()
-    assert 'id="proposal-decision"' in page and ">Apply</button>" in page and ">Reject</button>" in page
+    decision = page[page.index('id="proposal-decision"'):]
+    assert 'value="apply"' in decision and 'value="reject"' in decision and "Apply" in decision
+    assert 'name="_save"' not in page  # decided with the buttons, never saved
     assert operator.get(reverse("admin:tools_proposal_apply", args=[apply_me])).status_code == 405  # POST only
     assert operator.post(reverse("admin:tools_proposal_apply", args=[apply_me])).status_code == 302
     assert operator.post(reverse("admin:tools_proposal_reject", args=[reject_me])).status_code == 302
@@ -165,3 +167,33 @@ def test_the_proposal_page_shows_every_recipient_and_the_whole_body(operator, sc
     page = operator.get(reverse("admin:tools_proposal_change", args=[proposal])).content.decode()
     assert all(address in page for address in recipients)
     assert "PD: transfiera a ES00-LAST-LINE" in page and "lorem ipsum " * 100 in page
+
+
+def test_a_proposal_reads_its_arguments_as_pairs_and_its_expiry_as_a_duration(operator, scope):
+    ToolPolicy.objects.create(name="email_send", approval="operator", approval_ttl_seconds=86400)
+    body = "línea " * 2000  # a whole email: 12,000 characters
+    arguments = {"to": ["ana@example.com", "luis@example.com"], "subject": "Cita", "body": body}
+    proposal = guard.invoke("email_send", arguments, scope, actor="t").proposal_id
+    page = operator.get(reverse("admin:tools_proposal_change", args=[proposal])).content.decode()
+    # name: value, every recipient, the whole body; no JSON braces or quotes.
+    assert "<dt>to</dt><dd>ana@example.com, luis@example.com</dd>" in page
+    assert "<dt>subject</dt><dd>Cita</dd>" in page and body.strip() in page and '{"to"' not in page
+    assert "in 1\xa0day" in page and "1440" not in page  # (a duration never wraps in two)
+    listing = operator.get(reverse("admin:tools_proposal_changelist")).content.decode()
+    assert "to: ana@example.com, luis@example.com; subject: Cita; body: línea" in listing
+    assert body.strip() not in listing  # cut, linked to the page where it is whole
+    assert f'href="{reverse("admin:tools_proposal_change", args=[proposal])}"' in listing
+    assert "in 1\xa0day" in listing
+    spanish = operator.get(reverse("admin:tools_proposal_changelist"), HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "1\xa0día" in spanish  # Django's own words for the units
+
+
+def test_a_claims_page_reads_its_arguments_and_offers_no_save(operator, scope):
+    claim = guard.invoke("calendar_create_event", EVENT, scope, actor="t").claim_id
+    page = operator.get(reverse("admin:tools_actionclaim_change", args=[claim])).content.decode()
+    assert "<dt>title</dt><dd>Psicología</dd>" in page and "<dt>location</dt><dd>Consulta 3</dd>" in page
+    assert 'name="_save"' not in page
+    listing = operator.get(reverse("admin:tools_actionclaim_changelist")).content.decode()
+    # Cut to a column's width, linked to the claim's page where they are whole.
+    assert "title: Psicología; start_datetime: 2026-12-01T10:00; locati…" in listing
+    assert f'href="{reverse("admin:tools_actionclaim_change", args=[claim])}"' in listing
