@@ -116,3 +116,15 @@ def test_the_language_switch_changes_the_admin(operator):
     # The switch is in the page, for every language the product speaks.
     for code in ("en", "es", "pt"):
         assert f'name="language" type="hidden" value="{code}"' in html
+
+
+def test_the_sidebar_marks_the_one_page_you_are_on(operator):
+    """Limits lives under the contacts' address; only Limits is lit there, only Contacts on
+    the contacts, only the playground (not the dashboard above it) in the playground."""
+    for path, lit in [(reverse("admin:conversations_contact_limits"), "Limits"),
+                      (reverse("admin:conversations_contact_changelist"), "Contacts"),
+                      (reverse("admin:index"), "Overview")]:
+        html = operator.get(path).content.decode()
+        active = re.findall(r'<a href="[^"]*" class="[^"]*\bactive">\s*(?:<span[^>]*>[^<]*</span>)?\s*'
+                            r'(?:<span[^>]*>)?\s*([^<]+?)\s*<', html)
+        assert active == [lit], (path, active)
