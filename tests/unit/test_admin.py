@@ -1,6 +1,8 @@
 """The operator's admin: every Layer 1 page renders with data in it, and edits to a
 channel's debounce settings take effect on the next message."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
@@ -74,3 +76,56 @@ def test_routing_rules_are_edited_inline_on_the_channel_and_each_save_is_audited
     assert list(RoutingRule.objects.values_list("name", "keywords", "agent")) == [("sales", "precio", "echo")]
     [event] = AuditEvent.objects.filter(kind=EventKind.ROUTING_CHANGED)
     assert event.summary == "+sales" and event.actor.startswith("admin:") and event.channel_slug == "shop"
+
+
+LONG = ("palabra " * 1250)[:10_000]  # a 10,000-character message
+SOLID = "x" * 10_000  # one with no space to wrap at
+
+
+@pytest.fixture
+def long_history(make_channel):
+    channel = make_channel("long")
+    admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", text=LONG, sender_name="x" * 200))
+    engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    Turn.objects.update(reply_text=SOLID)
+    return Conversation.objects.get()
+
+
+def test_a_long_message_is_cut_in_lists_with_the_whole_one_click_away(operator, long_history):
+    turn, message = Turn.objects.get(), InboundMessage.objects.get()
+    turns = operator.get(reverse("admin:conversations_turn_changelist")).content.decode()
+    assert LONG[:40] in turns and LONG[:2000] not in turns and SOLID[:100] not in turns
+    assert f'<a class="al-cell" href="{reverse("admin:conversations_turn_change", args=[turn.pk])}"' in turns
+    messages = operator.get(reverse("admin:conversations_inboundmessage_changelist")).content.decode()
+    assert f'href="{reverse("admin:conversations_inboundmessage_change", args=[message.pk])}"' in messages
+    assert LONG[:2000] not in messages
+    # The whole text on the row's page, wrapped by texts.css.
+    page = operator.get(reverse("admin:conversations_inboundmessage_change", args=[message.pk])).content.decode()
+    assert LONG.strip() in page and "admin_texts/texts.css" in page
+
+
+def test_the_turns_inline_shows_the_start_and_the_whole_behind_a_toggle(operator, long_history):
+    page = operator.get(reverse("admin:conversations_conversation_change", args=[long_history.pk])).content.decode()
+    toggle = page[page.index('<details class="al-toggle">'):]
+    summary = toggle[:toggle.index("</summary>")]
+    assert len(summary) < 300 and summary.endswith("…")  # the start, one line
+    assert SOLID in page and "admin_texts/texts.css" in page  # the whole, behind it
+    # A contact named with 200 characters is cut wherever it names them.
+    assert "x" * 61 not in page.split("<details")[0]
+
+
+@pytest.mark.parametrize("model", [Turn, InboundMessage, MessageBuffer])
+def test_a_row_written_by_the_worker_offers_no_save(operator, long_history, model):
+    obj = model.objects.first()
+    url = reverse(f"admin:conversations_{model._meta.model_name}_change", args=[obj.pk])
+    page = operator.get(url).content.decode()
+    assert 'name="_save"' not in page and 'name="_continue"' not in page
+    assert operator.post(url, {}).status_code == 403  # not by hand either
+
+
+def test_a_turn_list_shows_what_an_operator_scans(operator, long_history):
+    Turn.objects.update(state="failed")
+    page = operator.get(reverse("admin:conversations_turn_changelist")).content.decode()
+    header = page[page.index("<thead"):page.index("</thead>")]
+    assert len(re.findall(r"<th[ >]", header)) <= 8  # the checkbox and at most seven columns
+    assert "bg-red-100" in page  # a failed turn stands out as a label
