@@ -9,6 +9,7 @@ from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.timezone import localtime
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
 from unfold.decorators import display
@@ -56,21 +57,21 @@ class ToolPolicyAdmin(ModelAdmin):
     search_fields = ["name"]
     fieldsets = [
         (None, {"fields": ["name", "enabled"]}),
-        ("Duplicate guard", {"fields": ["guarded", "window_seconds", "fingerprint_fields", "timeout_seconds"],
-                             "description": "An identical call (same fingerprint fields, same contact) within the "
-                                            "window is not run again; the model is told it was already done."}),
-        ("A person in the loop", {"fields": ["approval", "approval_ttl_seconds"],
-                                  "description": "operator: an operator applies each call in the admin or the "
-                                                 "dashboard. user: the conversation's user is asked in the chat "
-                                                 "(buttons on Telegram and the web chat, a yes/no reply on WhatsApp; refused on "
-                                                 "api channels, where the asking agent could answer) "
-                                                 "and their tap applies it, once."}),
-        ("Limits", {"fields": ["max_per_hour"],
-                    "description": "Calls a single contact may make of this action per hour (proposals count; "
-                                   "failed and rejected ones do not). email_send starts at 10."}),
+        (_("Duplicate guard"), {"fields": ["guarded", "window_seconds", "fingerprint_fields", "timeout_seconds"],
+                                "description": _("An identical call (same fingerprint fields, same contact) within the "
+                                                 "window is not run again; the model is told it was already done.")}),
+        (_("A person in the loop"), {"fields": ["approval", "approval_ttl_seconds"],
+                                     "description": _("operator: an operator applies each call in the admin or the "
+                                                      "dashboard. user: the conversation's user is asked in the chat "
+                                                      "(buttons on Telegram and the web chat, a yes/no reply on WhatsApp; "
+                                                      "refused on api channels, where the asking agent could answer) "
+                                                      "and their tap applies it, once.")}),
+        (_("Limits"), {"fields": ["max_per_hour"],
+                       "description": _("Calls a single contact may make of this action per hour (proposals count; "
+                                        "failed and rejected ones do not). email_send starts at 10.")}),
     ]
 
-    @admin.display(description="Fingerprint")
+    @admin.display(description=_("Fingerprint"))
     def fingerprint(self, policy):
         return policy.fingerprint_description()
 
@@ -84,9 +85,10 @@ class ToolPolicyAdmin(ModelAdmin):
         if obj.approval == ApprovalMode.USER:
             refusing = guard.unconfirmable_channels()
             if refusing:
-                messages.warning(request, f"{obj.name}: the user's confirmation cannot be trusted on channels whose "
-                                          "messages agent keys post (the asker could answer), so calls in their "
-                                          f"conversations are refused: {', '.join(refusing)}")
+                messages.warning(request, gettext(
+                    "%(tool)s: the user's confirmation cannot be trusted on channels whose messages agent keys post "
+                    "(the asker could answer), so calls in their conversations are refused: %(channels)s")
+                    % {"tool": obj.name, "channels": ", ".join(refusing)})
 
 
 @admin.register(ActionClaim)
@@ -105,9 +107,9 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     fieldsets = [
         (None, {"fields": ["action", "state", "live", "scope", "conversation", "turn", "channel_slug", "owner",
                            "agent_key_id", "proposal_link"]}),
-        ("Identity", {"fields": ["arguments_shown", "fingerprint", "fingerprint_fields", "fingerprint_material"]}),
-        ("Timing", {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
-        ("Outcome", {"fields": ["result", "error", "duplicates"]}),
+        (_("Identity"), {"fields": ["arguments_shown", "fingerprint", "fingerprint_fields", "fingerprint_material"]}),
+        (_("Timing"), {"fields": ["created_at", "expires_at", "lease_until", "finished_at"]}),
+        (_("Outcome"), {"fields": ["result", "error", "duplicates"]}),
     ]
 
     def exact_matches(self, term):
@@ -115,7 +117,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         row = numeric_id(term)
         return scope | row if row is not None else scope
 
-    @admin.display(description="Conversation")
+    @admin.display(description=_("Conversation"))
     def conversation(self, claim):
         return admin_link("conversation", claim.conversation_id, app="conversations")
 
@@ -131,7 +133,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     def arguments_shown(self, claim):
         return admin_texts.pairs(claim.arguments)
 
-    @admin.display(description="Turn")
+    @admin.display(description=_("Turn"))
     def turn(self, claim):
         """Claims do not record their turn; a claim taken inside a turn is owned by the
         worker running it, and a conversation runs one turn at a time."""
@@ -143,14 +145,14 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
             owner=worker, started_at__lte=claim.created_at).order_by("-started_at").first()
         return admin_link("turn", turn.pk if turn else None, app="conversations")
 
-    @admin.display(description="Duplicates caught", ordering="duplicates_caught")
+    @admin.display(description=_("Duplicates caught"), ordering="duplicates_caught")
     def duplicates(self, claim):
         if not claim.duplicates_caught:
             return 0
         url = reverse("admin:audit_caughtduplicate_changelist") + "?" + urlencode({"target": f"claim {claim.pk}"})
         return format_html('<a href="{}">{}</a>', url, claim.duplicates_caught)
 
-    @admin.display(description="Proposal")
+    @admin.display(description=_("Proposal"))
     def proposal_link(self, claim):
         try:
             return admin_link("proposal", claim.proposal.pk)
@@ -172,20 +174,23 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     def has_operate_permission(self, request):
         return request.user.has_perm("tools.change_actionclaim")  # operators; auditors only read
 
-    @admin.action(description="Reconcile uncertain claims (ask the tool whether it happened)",
+    @admin.action(description=_("Reconcile uncertain claims (ask the tool whether it happened)"),
                   permissions=["operate"])
     def reconcile_claims(self, request, queryset):
         settled = 0
         for claim in queryset.filter(state=ClaimState.UNCERTAIN):
             settled += guard.reconcile(claim, actor=f"operator:{request.user}") != ClaimState.UNCERTAIN
-        self.message_user(request, f"{settled} claim(s) settled; the rest cannot be looked up by their tool.")
+        self.message_user(request, ngettext("%(n)d claim settled; the rest cannot be looked up by their tool.",
+                                            "%(n)d claims settled; the rest cannot be looked up by their tool.",
+                                            settled) % {"n": settled})
 
-    @admin.action(description="Release uncertain claims (it did not happen: allow a new attempt)",
+    @admin.action(description=_("Release uncertain claims (it did not happen: allow a new attempt)"),
                   permissions=["operate"])
     def release_claims(self, request, queryset):
         released = sum(guard.release(claim.pk, by=f"operator:{request.user}")
                        for claim in queryset.filter(state__in=[ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT]))
-        self.message_user(request, f"Released {released} claim(s).")
+        self.message_user(request, ngettext("Released %(n)d claim.", "Released %(n)d claims.", released)
+                          % {"n": released})
 
 
 @admin.register(Proposal)
@@ -203,15 +208,15 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
     change_form_template = "admin/tools/proposal/change_form.html"
 
-    @admin.display(description="Action")
+    @admin.display(description=_("Action"))
     def action(self, proposal):
         return proposal.claim.action
 
-    @admin.display(description="Arguments")
+    @admin.display(description=_("Arguments"))
     def what(self, proposal):
         return admin_texts.pairs_line(proposal.claim.arguments, change_url(proposal))  # the page shows them whole
 
-    @admin.display(description="Arguments")
+    @admin.display(description=_("Arguments"))
     def arguments_in_full(self, proposal):
         """Everything the action will do, uncut: an operator approves what they read
         (every recipient of an email, its whole body)."""
@@ -234,11 +239,11 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
         moment = date_format(localtime(proposal.expires_at), "DATETIME_FORMAT")
         return f"{admin_texts.relative(proposal.expires_at)} ({moment})"
 
-    @admin.display(description="Claim")
+    @admin.display(description=_("Claim"))
     def claim_link(self, proposal):
         return admin_link("actionclaim", proposal.claim_id)
 
-    @admin.display(description="Asked in the chat")
+    @admin.display(description=_("Asked in the chat"))
     def asked(self, proposal):
         """Under approval = user: the question the conversation's user was sent (they
         decide with its buttons or a yes/no reply; an operator may still decide here)."""
@@ -246,13 +251,14 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
             question = proposal.confirmation
         except Confirmation.DoesNotExist:
             return "—"
-        return f"“{question.text}” — {question.taps} answer(s)"
+        return ngettext("“%(question)s” — %(n)d answer", "“%(question)s” — %(n)d answers", question.taps) % {
+            "question": question.text, "n": question.taps}
 
-    @admin.display(description="Decide")
+    @admin.display(description=_("Decide"))
     def buttons(self, proposal):
         if not proposal.is_open:
             return "—"
-        return admin_link("proposal", proposal.pk, "Apply / Reject…")
+        return admin_link("proposal", proposal.pk, gettext("Apply / Reject…"))
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("claim")
@@ -280,13 +286,14 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not request.user.has_perm("tools.change_proposal"):
-            messages.error(request, "You may not decide proposals.")
+            messages.error(request, gettext("You may not decide proposals."))
         else:
             get_object_or_404(Proposal, pk=pk)
             proposal = decide(pk, by=request.user.get_username())
             level = messages.SUCCESS if proposal.state in (ProposalState.APPLIED, ProposalState.REJECTED) else \
                 messages.WARNING
-            messages.add_message(request, level, f"Proposal {pk}: {proposal.get_state_display()}.")
+            messages.add_message(request, level, gettext("Proposal %(id)s: %(state)s.") % {
+                "id": pk, "state": proposal.get_state_display()})
         return HttpResponseRedirect(self._next_url(request, pk))
 
     @staticmethod
@@ -307,15 +314,15 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     def reject_view(self, request, pk):
         return self._decide(request, pk, approvals.reject)
 
-    @admin.action(description="Apply selected proposals (each runs once)", permissions=["change"])
+    @admin.action(description=_("Apply selected proposals (each runs once)"), permissions=["change"])
     def apply_selected(self, request, queryset):
         done = [approvals.apply(p.pk, by=request.user.get_username()) for p in queryset]
-        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or "nothing")
+        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or gettext("nothing"))
 
-    @admin.action(description="Reject selected proposals", permissions=["change"])
+    @admin.action(description=_("Reject selected proposals"), permissions=["change"])
     def reject_selected(self, request, queryset):
         done = [approvals.reject(p.pk, by=request.user.get_username()) for p in queryset]
-        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or "nothing")
+        self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or gettext("nothing"))
 
 
 class CalendarEventInline(TabularInline):
@@ -332,11 +339,11 @@ class CalendarAdmin(ModelAdmin):
     readonly_fields = ["feed", "created_at"]
     inlines = [CalendarEventInline]
 
-    @admin.display(description="Events")
+    @admin.display(description=_("Events"))
     def event_count(self, calendar):
         return calendar.events.count()
 
-    @admin.display(description="iCalendar feed")
+    @admin.display(description=_("iCalendar feed"))
     def feed(self, calendar):
         url = reverse("calendar-feed", args=[calendar.feed_token])
         return format_html('<a href="{}">{}</a>', url, url)
