@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
 
@@ -42,18 +43,18 @@ class AuditEventAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     def exact_matches(self, term):
         return Q(target=term)  # "turn 12", "claim 7": audit_target_idx
 
-    @admin.display(description="Conversation", ordering="conversation_id")
+    @admin.display(description=_("Conversation"), ordering="conversation_id")
     def conversation(self, event):
         if not event.conversation_id:
             return "—"
         return change_link("conversations_conversation", event.conversation_id, event.conversation_id)
 
-    @admin.display(description="Target", ordering="target")
+    @admin.display(description=_("Target"), ordering="target")
     def target_link(self, event):
         match = TARGET.match(event.target)
         return change_link(TARGETS[match[1]], match[2], event.target) if match else event.target
 
-    @admin.display(description="Summary", ordering="summary")
+    @admin.display(description=_("Summary"), ordering="summary")
     def summary_shown(self, event):
         return hide_secrets(event.summary)
 
@@ -89,25 +90,25 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(kind=EventKind.DUPLICATE_PREVENTED)
 
-    @admin.display(description="Tool")
+    @admin.display(description=_("Tool"))
     def tool(self, event):
         return event.extra.get("tool", "")
 
-    @admin.display(description="Status")
+    @admin.display(description=_("Status"))
     def status(self, event):
         return event.extra.get("status", "")
 
-    @admin.display(description="Age of original")
+    @admin.display(description=_("Age of original"))
     def age(self, event):
         seconds = event.extra.get("age_seconds")
         return f"{seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
 
-    @admin.display(description="Original claim")
+    @admin.display(description=_("Original claim"))
     def original(self, event):
         claim = event.extra.get("original_claim")
         if not claim:
             return "—"
-        return change_link("tools_actionclaim", claim, f"claim {claim}")
+        return change_link("tools_actionclaim", claim, gettext("claim %(id)s") % {"id": claim})
 
     def changelist_view(self, request, extra_context=None):
         # Bounded whatever the trail's size (issue 30): the latest TOOL_SAMPLE catches by
