@@ -26,6 +26,7 @@ from django.core.files.storage import default_storage
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
+from django.utils.translation import gettext, ngettext
 
 from agentloop.core import idempotency, pruning
 from audit import events as audit_events
@@ -50,23 +51,33 @@ FINISHED_TURNS = [TurnState.DONE, TurnState.CANCELLED, TurnState.FAILED]
 
 
 def defaults() -> list[tuple[str, str]]:
-    """(kind of data, how long it is kept) as the admin shows them."""
+    """(kind of data, how long it is kept) as the admin shows them, in the reader's language."""
     days = {name: getattr(settings, f"AGENTLOOP_RETAIN_{name}_DAYS")
             for name in ("MESSAGES", "LEDGER", "CLAIMS", "AUDIT", "SCHEDULES", "UNREACHABLE")}
-    history = f"{days['MESSAGES']:g} days"
+
+    def span(name: str) -> str:
+        count = days[name]
+        return ngettext("%(count)s day", "%(count)s days", int(count)) % {"count": f"{count:g}"}
+
+    history = span("MESSAGES")
     return [
-        ("Inbound messages, edits, files (rows and bytes)", f"{history} (never while their turn is kept)"),
-        ("Buffers, turns, notes for the agent",
-         f"{history}; open buffers and ready/running turns never; a conversation's {HISTORY_TURNS} newest "
-         "turns and notes while it is active"),
-        ("Delivery ledger", f"{days['LEDGER']:g} days once delivered, abandoned or unreachable; open rows never"),
-        ("Scheduled messages", f"{days['SCHEDULES']:g} days after their last tick (or, never sent, their creation) "
-                               "once sent or cancelled; waiting ones never"),
-        ("Unreachable chats (the mark)", f"{days['UNREACHABLE']:g} days after the last refused send"),
-        ("Guard claims and proposals", f"{days['CLAIMS']:g} days after their window; in flight, uncertain or "
-                                       "awaiting approval never"),
-        ("Audit events", f"{days['AUDIT']:g} days"),
-        ("API idempotency keys (the first answer kept)", "24 hours"),
+        (gettext("Inbound messages, edits, files (rows and bytes)"),
+         gettext("%(span)s (never while their turn is kept)") % {"span": history}),
+        (gettext("Buffers, turns, notes for the agent"),
+         gettext("%(span)s; open buffers and ready/running turns never; a conversation's %(turns)s newest turns "
+                 "and notes while it is active") % {"span": history, "turns": HISTORY_TURNS}),
+        (gettext("Delivery ledger"),
+         gettext("%(span)s once delivered, abandoned or unreachable; open rows never") % {"span": span("LEDGER")}),
+        (gettext("Scheduled messages"),
+         gettext("%(span)s after their last tick (or, never sent, their creation) once sent or cancelled; waiting "
+                 "ones never") % {"span": span("SCHEDULES")}),
+        (gettext("Unreachable chats (the mark)"),
+         gettext("%(span)s after the last refused send") % {"span": span("UNREACHABLE")}),
+        (gettext("Guard claims and proposals"),
+         gettext("%(span)s after their window; in flight, uncertain or awaiting approval never")
+         % {"span": span("CLAIMS")}),
+        (gettext("Audit events"), span("AUDIT")),
+        (gettext("API idempotency keys (the first answer kept)"), gettext("24 hours")),
     ]
 
 
