@@ -40,7 +40,7 @@
       if (data.type === "snapshot") render(data);
       else if (data.type === "event") feed(data.event);
       else if (data.type === "decided") note(fmt(gettext("Proposal %(id)s: %(state)s"), {id: data.proposal, state: word(PROPOSAL_STATES, data.state)}));
-      else if (data.type === "held") note(held(data));
+      else if (data.type === "held") { note(held(data)); rechip(data); }
       else if (data.type === "error") note(C.errorText(data));
     },
   });
@@ -195,7 +195,16 @@
   function holdButton(action, conversation) {
     const give = action === "give_back";
     return el("button", {type: "button", class: `chip-button${give ? " chip-button-held" : ""}`,
-      onclick: () => holdChat(action, conversation)}, give ? gettext("Give back") : gettext("Take over"));
+      "data-conversation": conversation, onclick: () => holdChat(action, conversation)},
+      give ? gettext("Give back") : gettext("Take over"));
+  }
+
+  // Taken over (or given back): every chip of that conversation in the feed offers the other move.
+  function rechip(data) {
+    const next = data.action === "take_over" ? "give_back" : "take_over";
+    for (const chip of document.querySelectorAll(`#feed .chip-button[data-conversation="${CSS.escape(String(data.conversation))}"]`)) {
+      chip.replaceWith(holdButton(next, data.conversation));
+    }
   }
 
   function note(text) {

@@ -75,6 +75,7 @@ def test_the_dashboard_speaks_spanish_and_names_the_person_who_took_over(process
     message.get_by_role("button", name="Tomar").click()
     page.locator("#feed li", has_text="op tomó la conversación").wait_for()
     assert Conversation.objects.get(contact__platform_id="ana").state == ConversationState.PERSON
+    assert message.get_by_role("button", name="Devolver").is_visible()  # its chip offers the way back
     post("m2", "¿hola?")
     held = page.locator("#feed li", has_text="¿hola?")
     held.wait_for()
