@@ -91,9 +91,24 @@ def test_every_marked_text_is_in_the_catalog_translated(language, domain):
     missing = sorted(DOMAINS[domain]() - set(entries))
     assert not missing, (f"not in locale/{language}/LC_MESSAGES/{domain}.po: run makemessages "
                          f"(docs/languages.md): {missing}")
-    untranslated = sorted(msgid for msgid, (msgstr, flags) in entries.items()
-                          if not translated(msgstr) or "fuzzy" in flags)
+    untranslated = not_ready(entries)
     assert not untranslated, f"untranslated or fuzzy in locale/{language}/LC_MESSAGES/{domain}.po: {untranslated}"
+
+
+def not_ready(entries) -> list:
+    """The msgids a language does not have yet: an empty msgstr (or plural form), or a fuzzy
+    one (makemessages' guess from a similar text, never shown)."""
+    return sorted(msgid for msgid, (msgstr, flags) in entries.items() if not translated(msgstr) or "fuzzy" in flags)
+
+
+def test_an_empty_a_fuzzy_and_a_half_plural_entry_are_not_ready(tmp_path):
+    """Not vacuous: what makemessages adds for a new text, and what it guesses, fail the check."""
+    (tmp_path / "django.po").write_text(
+        'msgid "Done"\nmsgstr "Hecho"\n\n'
+        'msgid "New text"\nmsgstr ""\n\n'
+        '#, fuzzy\nmsgid "Guessed"\nmsgstr "Adivinado"\n\n'
+        'msgid "%(n)d row"\nmsgid_plural "%(n)d rows"\nmsgstr[0] "%(n)d fila"\nmsgstr[1] ""\nmsgstr[2] ""\n')
+    assert not_ready(po_entries(tmp_path / "django.po")) == ["%(n)d row", "Guessed", "New text"]
 
 
 def test_the_scripts_mark_their_texts():
@@ -101,15 +116,46 @@ def test_the_scripts_mark_their_texts():
     assert {"Apply", "Reject", "live", "Merged %(count)s message into %(turn)s"} <= marked_script_msgids()
 
 
+def compiled_entries(path) -> dict:
+    """{msgid: msgstr, or the tuple of a plural entry's forms} of a .mo file (its header left out)."""
+    with open(path, "rb") as compiled:
+        found = gettext.GNUTranslations(compiled)._catalog  # type: ignore[attr-defined]
+    entries: dict = {}
+    for key, text in found.items():
+        if isinstance(key, tuple):  # (msgid, n): a plural form
+            forms = entries.setdefault(key[0], {})
+            forms[key[1]] = text
+        elif key:
+            entries[key] = text
+    return {msgid: tuple(text[n] for n in sorted(text)) if isinstance(text, dict) else text
+            for msgid, text in entries.items()}
+
+
+def stale_entries(po, mo) -> list:
+    """The msgids a .mo does not hold as its .po says: missing, different (any plural
+    form) or gone from the .po."""
+    expected = {msgid: msgstr for msgid, (msgstr, flags) in po_entries(po).items()
+                if translated(msgstr) and "fuzzy" not in flags}  # msgfmt leaves those two out
+    compiled = compiled_entries(mo)
+    return sorted(msgid for msgid in expected.keys() | compiled.keys() if expected.get(msgid) != compiled.get(msgid))
+
+
 @pytest.mark.parametrize("domain", DOMAINS)
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_the_compiled_catalog_is_the_po_file(language, domain):
-    with open(catalog(language) / f"{domain}.mo", "rb") as compiled:
-        translations = gettext.GNUTranslations(compiled)
-    stale = [msgid for msgid, (msgstr, _flags) in po_entries(catalog(language) / f"{domain}.po").items()
-             if not isinstance(msgstr, tuple) and translations.gettext(msgid) != msgstr
-             or isinstance(msgstr, tuple) and translations.ngettext(msgid, msgid, 1) != msgstr[0]]
+    """The committed .mo holds exactly what its .po says — every entry, every plural form,
+    nothing the .po no longer has: a .po edited or regenerated without compilemessages (a
+    .mo older than its .po) fails. Judged by content: git keeps no file times, so a fresh
+    checkout's .mo may look older or newer than its .po whatever it holds."""
+    stale = stale_entries(catalog(language) / f"{domain}.po", catalog(language) / f"{domain}.mo")
     assert not stale, f"locale/{language}/LC_MESSAGES/{domain}.mo is stale: run compilemessages: {stale}"
+
+
+def test_a_po_file_changed_after_its_compiled_catalog_is_caught(tmp_path):
+    """Not vacuous: the committed es .mo against its .po with one entry changed and one added."""
+    edited = (catalog("es") / "django.po").read_text().replace('msgstr "canal"', 'msgstr "canal (nuevo)"', 1)
+    (tmp_path / "django.po").write_text(edited + '\nmsgid "A text marked later"\nmsgstr "Un texto marcado después"\n')
+    assert stale_entries(tmp_path / "django.po", catalog("es") / "django.mo") == ["A text marked later", "channel"]
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
