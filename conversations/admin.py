@@ -58,10 +58,14 @@ class ReadOnlyAdmin:
 
 @admin.register(Contact)
 class ContactAdmin(TextsHold, LimitActions, ModelAdmin):
-    list_display = ["__str__", "platform_id", "username", "language", "channel", "limited", "created_at"]
+    list_display = ["name_shown", "platform_id", "username", "language", "channel", "limited", "created_at"]
     list_filter = ["channel", "language", LimitedFilter]
     search_fields = ["platform_id", "display_name", "username"]
     actions = ["forget", "lift_limits"]
+
+    @admin.display(description=_("contact"), ordering="display_name")
+    def name_shown(self, obj):
+        return admin_texts.name(str(obj))  # a name with no space wraps rather than widen the list
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -220,10 +224,16 @@ class MediaFileAdmin(ModelAdmin):
 
 @admin.register(MessageBuffer)
 class MessageBufferAdmin(TextsHold, ReadOnlyAdmin, ModelAdmin):
-    list_display = ["pk", "conversation", "state", "message_count", "window_kind", "window_seconds",
-                    "flush_at", "seconds_left_display", "flush_reason"]
+    # The window's kind and length are on the buffer's page.
+    list_display = ["pk", "conversation_shown", "state", "message_count", "flush_at", "seconds_left_display",
+                    "flush_reason"]
+    list_select_related = ["conversation__channel", "conversation__contact"]
     list_filter = ["state", "flush_reason", "window_kind", "conversation__channel"]
     readonly_fields = [f.name for f in MessageBuffer._meta.fields] + ["turn_link"]
+
+    @admin.display(description=_("conversation"))
+    def conversation_shown(self, obj):
+        return admin_texts.name(str(obj.conversation), 40)
 
     @admin.display(description=_("seconds left"))
     def seconds_left_display(self, obj):

@@ -50,8 +50,8 @@ def change_url(obj):
 
 @admin.register(ToolPolicy)
 class ToolPolicyAdmin(ModelAdmin):
-    list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "approval",
-                    "approval_ttl_seconds", "max_per_hour", "timeout_seconds"]
+    # Edited in place, seven columns; the approval's lifetime and the timeout on its page.
+    list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "approval", "max_per_hour"]
     list_editable = ["enabled", "guarded", "window_seconds", "approval", "max_per_hour"]
     list_filter = ["enabled", "guarded", "approval"]
     search_fields = ["name"]
@@ -350,12 +350,21 @@ class CalendarAdmin(ModelAdmin):
 
 
 @admin.register(CalendarEvent)
-class CalendarEventAdmin(ModelAdmin):
-    list_display = ["title", "start", "end", "calendar", "location", "created_at"]
+class CalendarEventAdmin(TextsHold, ModelAdmin):
+    list_display = ["title_shown", "start", "end", "calendar", "location_shown", "created_at"]
     list_filter = ["calendar"]
     search_fields = ["title", "uid", "location"]
     date_hierarchy = "start"
     readonly_fields = ["uid", "created_at"]
+
+    # What an agent wrote may be long: cut here, whole on the event's page.
+    @admin.display(description=_("title"), ordering="title")
+    def title_shown(self, event):
+        return admin_texts.name(event.title)
+
+    @admin.display(description=_("location"))
+    def location_shown(self, event):
+        return admin_texts.cell(event.location, change_url(event), length=60)
 
 
 from tools.mcp import admin as mcp_admin  # noqa: E402,F401  (MCP servers and their tools)
