@@ -96,8 +96,9 @@
     section("paused", data.paused).replaceChildren(...data.paused.map((p) => el("li", {},
       C.link("conversation", p.conversation, `${p.contact} @ ${p.channel}`), " ", story(p.conversation), " ",
       el("span", {class: "muted"}, fmt(gettext("paused %(when)s"), {when: C.ago(p.held_at)})))));
-    section("duplicates", data.duplicates).replaceChildren(...data.duplicates.map((d) => el("li", {},
-      C.link("duplicate", d.id, d.summary || d.tool || gettext("duplicate")), " ",
+    // The tool in the reader's words; the stored summary (English, as the guard wrote it) on hover.
+    section("duplicates", data.duplicates).replaceChildren(...data.duplicates.map((d) => el("li", {title: d.summary},
+      C.link("duplicate", d.id, d.tool ? fmt(gettext("%(tool)s not done again"), {tool: d.tool}) : d.summary || gettext("duplicate")), " ",
       el("span", {class: "muted"}, C.ago(d.at)))));
     if (!document.getElementById("feed").children.length) data.events.slice().reverse().forEach(feed);
     perDay(data.charts.duplicates_per_day);
@@ -189,6 +190,8 @@
         e.summary ? [": ", el("q", {class: "feed-text", title: e.summary}, e.summary)] : null, " ", story(e.conversation)];
     }
     const label = (picture && picture.labels && picture.labels.event[e.event]) || e.label;
+    // An event about a tool names the tool; its stored summary (in the words it was recorded in) on hover.
+    if (e.tool) return [C.link(target, e.id, label), ": ", el("code", {title: e.summary}, e.tool), " ", story(e.conversation)];
     return [C.link(target, e.id, label), e.summary ? `: ${e.summary}` : ""];
   }
 

@@ -108,7 +108,8 @@
     } else if (e.kind === "question_decided") {
       decided(e.token, e.text); // on every page watching: a tap on another device shows here too
     } else if (e.kind === "audit" && e.event === "duplicate_prevented") {
-      system([C.link("duplicate", e.id, gettext("Duplicate prevented by the guard")), `: ${e.summary}`], "duplicate");
+      system([C.link("duplicate", e.id, gettext("Duplicate prevented by the guard")), ": ",
+              e.tool ? el("code", {title: e.summary}, e.tool) : e.summary], "duplicate");
     } else if (e.kind === "audit") {
       system([C.link("event", e.id, e.label), e.summary ? `: ${e.summary}` : ""], "muted");
     }
