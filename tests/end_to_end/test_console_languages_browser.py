@@ -72,7 +72,7 @@ def test_the_dashboard_speaks_spanish_and_names_the_person_who_took_over(process
     message.wait_for()
     assert "en espera, ventana de 3" in message.inner_text()
     assert no_horizontal_scroll(page), "a long message in the feed scrolls sideways"
-    message.get_by_role("button", name="Tomar").click()
+    message.get_by_role("button", name="Tomar el control").click()
     page.locator("#feed li", has_text="op tomó la conversación").wait_for()
     assert Conversation.objects.get(contact__platform_id="ana").state == ConversationState.PERSON
     assert message.get_by_role("button", name="Devolver").is_visible()  # its chip offers the way back
