@@ -18,7 +18,7 @@ from agentloop.core import admin_texts
 from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter, numeric_id
 from audit.listed_lookups import ListedLookupsOnly
-from tools import approvals, guard, hooks
+from tools import approvals, guard, hooks, registry
 from tools.models import (
     ActionClaim,
     ApprovalMode,
@@ -46,6 +46,15 @@ PROPOSAL_TONES = {"pending": "warning", "applying": "info", "failed": "danger", 
 
 def change_url(obj):
     return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+
+
+def in_declared_order(action: str, arguments: dict | None) -> dict:
+    """A call's arguments in the order its tool declares them (to, subject, body), the
+    same on both databases: PostgreSQL's jsonb keeps an object's keys shortest first.
+    Hosted tools only (an MCP tool's schema may be a server away); the rest as stored."""
+    tool = registry.all_tools().get(action)
+    rank = {name: i for i, name in enumerate(tool.parameters.get("properties", {}) if tool else ())}
+    return dict(sorted((arguments or {}).items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 @admin.register(ToolPolicy)
@@ -127,11 +136,11 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def arguments_cell(self, claim):
-        return admin_texts.pairs_line(claim.arguments, change_url(claim), length=60)
+        return admin_texts.pairs_line(in_declared_order(claim.action, claim.arguments), change_url(claim), length=60)
 
     @admin.display(description=_("arguments"))
     def arguments_shown(self, claim):
-        return admin_texts.pairs(claim.arguments)
+        return admin_texts.pairs(in_declared_order(claim.action, claim.arguments))
 
     @admin.display(description=_("Turn"))
     def turn(self, claim):
@@ -214,13 +223,14 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
 
     @admin.display(description=_("Arguments"))
     def what(self, proposal):
-        return admin_texts.pairs_line(proposal.claim.arguments, change_url(proposal))  # the page shows them whole
+        arguments = in_declared_order(proposal.claim.action, proposal.claim.arguments)
+        return admin_texts.pairs_line(arguments, change_url(proposal))  # the page shows them whole
 
     @admin.display(description=_("Arguments"))
     def arguments_in_full(self, proposal):
         """Everything the action will do, uncut: an operator approves what they read
         (every recipient of an email, its whole body)."""
-        return admin_texts.pairs(proposal.claim.arguments)
+        return admin_texts.pairs(in_declared_order(proposal.claim.action, proposal.claim.arguments))
 
     @display(description=_("state"), ordering="state", label=PROPOSAL_TONES)
     def state_shown(self, proposal):
