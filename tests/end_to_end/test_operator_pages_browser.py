@@ -136,14 +136,20 @@ def operator_pages(planted) -> list[OperatorPage]:
     return list(unique.values())
 
 
-def english_words(text: str, planted_texts: list[str]) -> list[str]:
+def english_words(text: str, planted_texts: list[str]) -> dict[str, str]:
+    """{word: where it stands, e.g. '…Estado: «turn» listo…'} for each English domain word."""
     for planted in planted_texts:
         text = text.replace(planted, " ")
     # A word joined to another by '.', '_', ':' or '/' is an identifier (a tool's name, a
     # task's function, an event's kind, a path), not prose.
     text = re.sub(r"\S*\w[._:/]\w\S*", " ", text)
-    found = re.findall(rf"\b(?:{'|'.join(DOMAIN_WORDS)})\b", text, flags=re.IGNORECASE)
-    return sorted({word for word in found if word.lower() not in ALLOWED_IN_SPANISH})
+    found = {}
+    for match in re.finditer(rf"\b(?:{'|'.join(DOMAIN_WORDS)})\b", text, flags=re.IGNORECASE):
+        word = match.group()
+        if word.lower() not in ALLOWED_IN_SPANISH and word not in found:
+            before, after = text[max(0, match.start() - 30):match.start()], text[match.end():match.end() + 30]
+            found[word] = " ".join(f"{before}«{word}»{after}".split())
+    return found
 
 
 def server_errors(log: str) -> list[str]:
@@ -169,7 +175,8 @@ def problems_of(page, measured, language, planted_texts) -> list[str]:
             problems.append(f'<html lang="{measured["lang"]}">')
         words = english_words(measured["text"], planted_texts)
         if words:
-            problems.append("English in Spanish: " + ", ".join(words))
+            problems.append("English in Spanish: " + ", ".join(sorted(words)) + " — "
+                            + " | ".join(f"…{words[word]}…" for word in sorted(words)))
     return problems
 
 
