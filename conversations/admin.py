@@ -20,11 +20,13 @@ from conversations.models import (
     Contact,
     ContextNote,
     Conversation,
+    ConversationState,
     InboundMessage,
     MediaFile,
     MediaState,
     MessageBuffer,
     Turn,
+    TurnState,
     WorkerHeartbeat,
 )
 
@@ -45,7 +47,7 @@ def change_url(obj):
 
 
 # A turn's state as a label: a failed one stands out, a running one is told apart.
-TURN_TONES = {"failed": "danger", "running": "info", "ready": "info"}
+TURN_TONES = admin_texts.tones(TurnState, failed="danger", running="info", ready="info")
 
 
 class ReadOnlyAdmin:
@@ -127,7 +129,7 @@ class ConversationAdmin(TextsHold, BigTableAdmin, HoldActions, ModelAdmin):
         contacts = Contact.objects.filter(pk__in=queryset.values("contact_id"))
         ContactAdmin.forget(self, request, contacts)
 
-    @display(description=_("state"), ordering="state", label={"person": "info"})
+    @display(description=_("state"), ordering="state", label=admin_texts.tones(ConversationState, person="info"))
     def state_shown(self, obj):
         return obj.state, obj.get_state_display()
 

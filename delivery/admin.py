@@ -16,7 +16,7 @@ from agentloop.core.big_tables import BigTableAdmin, numeric_id, per_channel
 from agentloop.core.redaction import hide_secrets
 from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger, templates
-from delivery.models import OutboundMessage, ScheduledMessage, ScheduleState, UnreachableChat
+from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState, UnreachableChat
 
 
 class AgeFilter(admin.SimpleListFilter):
@@ -39,8 +39,8 @@ class AgeFilter(admin.SimpleListFilter):
 
 # A ledger row's state as a label: given up is red, a retry orange, one on its way blue;
 # delivered, the usual case, stays plain.
-LEDGER_TONES = {"failed": "warning", "unreachable": "danger", "abandoned": "danger", "pending": "info",
-                "attempting": "info"}
+LEDGER_TONES = admin_texts.tones(OutboundState, failed="warning", unreachable="danger", abandoned="danger",
+                                  pending="info", attempting="info")
 
 
 def change_url(obj):
@@ -238,7 +238,7 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     def due(self, schedule):
         return format_html('<span title="{}">{}</span>', schedule.due_at, admin_texts.relative(schedule.due_at))
 
-    @display(description=_("state"), ordering="state", label={"scheduled": "info"})
+    @display(description=_("state"), ordering="state", label=admin_texts.tones(ScheduleState, scheduled="info"))
     def state_shown(self, schedule):
         return schedule.state, schedule.get_state_display()
 

@@ -40,8 +40,9 @@ def admin_link(model_name, pk, label=None, app="tools"):
 
 
 # States as labels: what waits for a person or was cut short stands out.
-CLAIM_TONES = {"uncertain": "warning", "in_flight": "info", "proposed": "info"}
-PROPOSAL_TONES = {"pending": "warning", "applying": "info", "failed": "danger", "applied": "success"}
+CLAIM_TONES = admin_texts.tones(ClaimState, uncertain="warning", in_flight="info", proposed="info")
+PROPOSAL_TONES = admin_texts.tones(ProposalState, pending="warning", applying="info", failed="danger",
+                                   applied="success")
 
 
 def change_url(obj):

@@ -79,6 +79,13 @@ def whole(text: str | None) -> SafeString:
     return format_html('<div class="al-whole">{}</div>', text or "—")
 
 
+def tones(choices: Any, **painted: str) -> dict[str, str]:
+    """unfold's `@display(label=…)` colours for every state of `choices`: those named
+    painted, the rest plain. Every state must be there: unfold shows a state it does not
+    find as its raw value ("done", "agent") instead of its translated label."""
+    return {value: painted.get(value, "") for value in choices.values}
+
+
 def count(number: int, tone: str = "danger") -> SafeString:
     """A count of things gone wrong (failed, abandoned): painted `tone` only when there is
     one. A zero is the calm case, and painted it reads as an alarm."""

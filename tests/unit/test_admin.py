@@ -129,3 +129,12 @@ def test_a_turn_list_shows_what_an_operator_scans(operator, long_history):
     header = page[page.index("<thead"):page.index("</thead>")]
     assert len(re.findall(r"<th[ >]", header)) <= 8  # the checkbox and at most seven columns
     assert "bg-red-100" in page  # a failed turn stands out as a label
+
+
+def test_states_read_as_their_labels_in_the_operators_language(operator, long_history):
+    Turn.objects.update(state="done")
+    url = reverse("admin:conversations_conversation_changelist")
+    page = operator.get(url).content.decode()
+    assert "The agent answers" in page and "Done" in page
+    spanish = operator.get(url, HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert "Responde el agente" in spanish and not re.search(r">\s*(agent|done)\s*<", spanish)
