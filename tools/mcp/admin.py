@@ -17,6 +17,8 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin, TabularInline
 
+from agentloop.core import admin_texts
+from agentloop.core.admin_texts import TextsHold
 from agentloop.core.redaction import MASK, forget_secrets, redact
 from tools import guard
 from tools.mcp import catalog
@@ -91,7 +93,7 @@ class McpToolInline(TabularInline):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(ModelAdmin):
+class McpServerAdmin(TextsHold, ModelAdmin):
     form = McpServerForm
     list_display = ["name", "transport", "endpoint", "enabled", "trusted", "listed_at", "problem"]
     list_filter = ["enabled", "trusted", "transport"]
@@ -104,7 +106,7 @@ class McpServerAdmin(ModelAdmin):
 
     @admin.display(description=_("URL or command"))
     def endpoint(self, server):
-        return redact(server.url or " ".join(server.command), server.secrets())
+        return admin_texts.name(redact(server.url or " ".join(server.command), server.secrets()), 80)
 
     @admin.display(description=_("Environment"))
     def environment(self, server):
@@ -128,7 +130,7 @@ class McpServerAdmin(ModelAdmin):
 
     @admin.display(description=_("Last problem"))
     def problem(self, server):
-        return redact(server.last_error, server.secrets())[:120]
+        return admin_texts.cell(redact(server.last_error, server.secrets()), length=120)
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
@@ -146,7 +148,7 @@ class McpServerAdmin(ModelAdmin):
 
 
 @admin.register(McpTool)
-class McpToolAdmin(ModelAdmin):
+class McpToolAdmin(TextsHold, ModelAdmin):
     list_display = ["offered_as", "server", "present", "refused", "hints", "reconcile_with", "listed_at"]
     list_filter = ["server", "present"]
     fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations", "present",
