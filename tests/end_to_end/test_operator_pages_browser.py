@@ -5,14 +5,15 @@ approvals waiting, …) and a conversation's story — at a desktop's width and 
 English and in Spanish, with a 10,000-character message, a 10,000-character reply, a long
 name and a proposal with long arguments in the data (tests/operator_data.py).
 
-Per page: it answers 200 and the server logs no error while it is served; nothing scrolls
-sideways (no element past the right edge, but inside a box that scrolls by itself); the
-page's key element is there (the overview's cards, the change list's table, the form, …);
-in Spanish, no English domain word in the visible text. The pages come from the admin's
+Per page: it answers 200, the server logs no error while it is served and the browser's
+console none (an uncaught exception, a refused request); nothing scrolls sideways (no
+element drawn past the right edge, but inside a box that scrolls by itself); the page's
+key element is there (the overview's cards, the change list's table, the form, …); in
+Spanish, no English domain word in the visible text. The pages come from the admin's
 registry and the sidebar, so a new model or page is visited without a line here.
 
 Every problem found is written to var/operator-pages.md (page by page), and the test
-fails listing them. One server, one browser, one context per width and language."""
+fails listing them. One server, one browser, one context per language (visit_all)."""
 
 import re
 import time
@@ -26,7 +27,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from agentloop.console import navigation
-from tests.browser import BASE_DIR, page_for
+from tests.browser import ALWAYS_IGNORED, BASE_DIR, console_errors, page_for
 from tests.end_to_end.test_console_browser import PHONE
 from tests.operator_data import plant
 
@@ -140,9 +141,10 @@ def english_words(text: str, planted_texts: list[str]) -> dict[str, str]:
     """{word: where it stands, e.g. '…Estado: «turn» listo…'} for each English domain word."""
     for planted in planted_texts:
         text = text.replace(planted, " ")
-    # A word joined to another by '.', '_', ':' or '/' is an identifier (a tool's name, a
-    # task's function, an event's kind, a path), not prose.
-    text = re.sub(r"\S*\w[._:/]\w\S*", " ", text)
+    # A word joined to another by '.', '_', ':', '/', '@' or '-' is an identifier (a tool's
+    # name, a task's function or slug, an event's kind, a path, a UID), and a word in
+    # double quotes a JSON key or value: data, not prose.
+    text = re.sub(r"\S*\w[._:/@-]\w\S*|\"\w+\"", " ", text)
     found = {}
     for match in re.finditer(rf"\b(?:{'|'.join(DOMAIN_WORDS)})\b", text, flags=re.IGNORECASE):
         word = match.group()
@@ -153,13 +155,16 @@ def english_words(text: str, planted_texts: list[str]) -> dict[str, str]:
 
 
 def server_errors(log: str) -> list[str]:
+    """Errors, and a request of the page's refused (django.request's warnings: a 4xx)."""
     return [line.strip() for line in log.splitlines()
-            if re.search(r"\b(ERROR|CRITICAL)\b|Traceback|Internal Server Error", line)]
+            if re.search(r"\b(ERROR|CRITICAL)\b|Traceback|\bWARNING django\.request\b", line)]
 
 
-def problems_of_serving(response, new_log) -> list[str]:
+def problems_of_serving(response, new_log, new_console) -> list[str]:
     problems = [] if response and response.status == 200 else [f"HTTP {response.status if response else None}"]
-    return problems + [f"server log: {line[:300]}" for line in server_errors(new_log)[:3]]
+    problems += [f"server log: {line[:300]}" for line in server_errors(new_log)[:3]]
+    return problems + [f"browser console: {error[:300]}" for error in new_console[:3]
+                       if not any(re.search(pattern, error) for pattern in ALWAYS_IGNORED)]
 
 
 def problems_of(page, measured, language, planted_texts) -> list[str]:
@@ -198,11 +203,11 @@ def visit_all(browser, web, planted, pages) -> tuple[dict, float]:
                 for width in widths:
                     found[(target.name, width, language)] = ["no row to open: plant one in tests/operator_data.py"]
                 continue
-            began = time.monotonic()
+            began, console_seen = time.monotonic(), len(console_errors(page))
             response = page.goto(target.path, wait_until="load")
             loaded = time.monotonic()
             log = web.output()
-            served = problems_of_serving(response, log[log_seen:])
+            served = problems_of_serving(response, log[log_seen:], console_errors(page)[console_seen:])
             log_seen = len(log)
             for width in widths:
                 page.set_viewport_size(VIEWPORTS[width])
