@@ -141,7 +141,7 @@ class _Story:
                 continue
             during = [pk for start, end, pk in running if start <= entry.at and (end is None or entry.at < end)]
             if during:
-                entry.details.append(("Double texting", f"arrived while turn {during[0]} ran; channel strategy "
+                entry.details.append((_("Double texting"), f"arrived while turn {during[0]} ran; channel strategy "
                                                          f"{self.conversation.channel.double_texting}"))
 
 
@@ -164,33 +164,33 @@ _messages.time_field = "received_at"
 
 
 def _message_entry(story, m, rank):
-    details = [("Platform id", m.platform_message_id), ("Kind", m.get_kind_display()),
-               ("Disposition", m.get_disposition_display())]
+    details = [(_("Platform id"), m.platform_message_id), (_("Kind"), m.get_kind_display()),
+               (_("Disposition"), m.get_disposition_display())]
     if m.sender_name:
-        details.append(("Sender", story.redact(m.sender_name, 200)))
+        details.append((_("Sender"), story.redact(m.sender_name, 200)))
     if m.sent_at:
-        details.append(("Sent by the platform", f"{_iso(m.sent_at)} (admitted {_seconds(m.sent_at, m.received_at)} "
+        details.append((_("Sent by the platform"), f"{_iso(m.sent_at)} (admitted {_seconds(m.sent_at, m.received_at)} "
                                                 f"later)"))
     if m.edited_at:
-        details.append(("Edited", f"last at {_iso(m.edited_at)}: the text shown is the corrected one (each edit, "
+        details.append((_("Edited"), f"last at {_iso(m.edited_at)}: the text shown is the corrected one (each edit, "
                                   f"with the text before it, is an entry of its own)"))
     if m.deleted_at:
-        details.append(("Deleted", f"by the person at {_iso(m.deleted_at)}: kept out of every later prompt "
+        details.append((_("Deleted"), f"by the person at {_iso(m.deleted_at)}: kept out of every later prompt "
                                    f"(what it changed is in the audit's message_deleted event)"))
     if m.buffer_id and m.disposition == Disposition.BUFFERED:
-        details.append(("Window", _window(story, m)))
+        details.append((_("Window"), _window(story, m)))
     links = [("message", "conversations.inboundmessage", m.pk)]
     if m.buffer_id:
         links.append((f"buffer {m.buffer_id}", "conversations.messagebuffer", m.buffer_id))
     if m.media_file_id:  # what the agent was shown of it (or why not), and the file in the admin
-        details.append(("File", story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
+        details.append((_("File"), story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
         links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
     who = m.sender_name or _("the contact")
     title = (_("Message admitted from %(who)s (deleted)") if m.deleted_at else _("Message admitted from %(who)s")) % {
         "who": who}
     if _is_command(m):  # /help, /stop…: answered by agentloop, never buffered
-        details[2] = ("Disposition", Disposition.CONTROL.label)
+        details[2] = (_("Disposition"), Disposition.CONTROL.label)
         title = _("Control command %(command)s from %(who)s") % {
             "command": story.redact(m.text.split()[0] if m.text.split() else m.text, 40),
             "who": m.sender_name or _("the contact")}
@@ -229,22 +229,22 @@ _buffers.time_field = "story_at"
 
 
 def _buffer_entry(story, b, rank):
-    details = [("Messages", b.message_count), ("First message", _iso(b.first_message_at)),
-               ("Last message", _iso(b.last_message_at)),
-               ("Last window", f"{b.window_kind or '—'}, {b.window_seconds:g} s"),
-               ("Deadline", _iso(b.flush_at))]
+    details = [(_("Messages"), b.message_count), (_("First message"), _iso(b.first_message_at)),
+               (_("Last message"), _iso(b.last_message_at)),
+               (_("Last window"), f"{b.window_kind or '—'}, {b.window_seconds:g} s"),
+               (_("Deadline"), _iso(b.flush_at))]
     if b.state == BufferState.OPEN:
         title = _("Buffer open: flushes at %(at)s (%(reason)s)") % {"at": _iso(b.flush_at),
                                                                     "reason": b.get_planned_reason_display()}
     elif b.state == BufferState.FLUSHED:
         title = _("Buffer flushed: %(reason)s") % {"reason": b.get_flush_reason_display() or b.flush_reason}
-        details += [("Waited", f"{_seconds(b.first_message_at, b.flushed_at)} after the first message, "
+        details += [(_("Waited"), f"{_seconds(b.first_message_at, b.flushed_at)} after the first message, "
                                f"{_seconds(b.last_message_at, b.flushed_at)} after the last"),
-                    ("Flushed by", b.flushed_by or "—")]
+                    (_("Flushed by"), b.flushed_by or "—")]
     else:
         title = _("Buffer dropped (/stop or /reset)")
     if b.carried_turn_id:
-        details.append(("Carries", f"the input of cancelled turn {b.carried_turn_id} (interrupt)"))
+        details.append((_("Carries"), f"the input of cancelled turn {b.carried_turn_id} (interrupt)"))
     return Entry(b.story_at, rank, b.pk, "buffer", title, "", details,
                  [(f"buffer {b.pk}", "conversations.messagebuffer", b.pk)])
 
@@ -256,23 +256,23 @@ _turns.time_field = "created_at"
 
 
 def _turn_entry(story, t, rank):
-    details = [("State", t.get_state_display()), ("Flush reason", t.get_flush_reason_display()),
-               ("Started", f"{_iso(t.started_at)} (waited {_seconds(t.created_at, t.started_at)})"),
-               ("Finished", f"{_iso(t.finished_at)} (ran {_seconds(t.started_at, t.finished_at)})"),
-               ("Worker", t.owner or "—"), ("Attempts", t.attempts),
-               ("Fired an effect", f"yes, at {_iso(t.effect_fired_at)} (never interrupted after)"
+    details = [(_("State"), t.get_state_display()), (_("Flush reason"), t.get_flush_reason_display()),
+               (_("Started"), f"{_iso(t.started_at)} (waited {_seconds(t.created_at, t.started_at)})"),
+               (_("Finished"), f"{_iso(t.finished_at)} (ran {_seconds(t.started_at, t.finished_at)})"),
+               (_("Worker"), t.owner or "—"), (_("Attempts"), t.attempts),
+               (_("Fired an effect"), f"yes, at {_iso(t.effect_fired_at)} (never interrupted after)"
                 if t.fired_effect else "no")]
     if t.route:  # a routing rule's agent answered, or the one an agent handed over to (docs/routing.md)
-        details.append(("Routed", t.route))
+        details.append((_("Routed"), t.route))
     if t.outcome:
-        details.append(("Outcome", story.redact(t.outcome, 300)))
+        details.append((_("Outcome"), story.redact(t.outcome, 300)))
     if t.first_delta_at:  # a streamed reply (docs/streaming.md)
-        details.append(("Streamed", f"first delta at {_iso(t.first_delta_at)} "
+        details.append((_("Streamed"), f"first delta at {_iso(t.first_delta_at)} "
                                     f"({_seconds(t.started_at, t.first_delta_at)} after it started); "
                                     f"{t.previews} preview{'' if t.previews == 1 else 's'} shown"
                                     + (f"; preview message {t.preview_message_id}" if t.preview_message_id else "")))
     if t.reply_text:
-        details.append(("Reply", story.redact(t.reply_text)))
+        details.append((_("Reply"), story.redact(t.reply_text)))
     links = [(f"turn {t.pk}", "conversations.turn", t.pk)]
     if t.buffer_id:
         links.append((f"buffer {t.buffer_id}", "conversations.messagebuffer", t.buffer_id))
@@ -293,25 +293,25 @@ _claims.time_field = "created_at"
 
 
 def _claim_entry(story, c, rank):
-    details = [("State", c.get_state_display()), ("Claimed by", c.owner or "—"),
-               ("Fingerprint", f"{c.fingerprint[:12]}… of {', '.join(c.fingerprint_fields) or 'all arguments'}"),
-               ("Arguments", _json(story, c.arguments)),
-               ("Window ends", _iso(c.expires_at)),
-               ("Finished", f"{_iso(c.finished_at)} ({_seconds(c.created_at, c.finished_at)})")]
+    details = [(_("State"), c.get_state_display()), (_("Claimed by"), c.owner or "—"),
+               (_("Fingerprint"), f"{c.fingerprint[:12]}… of {', '.join(c.fingerprint_fields) or 'all arguments'}"),
+               (_("Arguments"), _json(story, c.arguments)),
+               (_("Window ends"), _iso(c.expires_at)),
+               (_("Finished"), f"{_iso(c.finished_at)} ({_seconds(c.created_at, c.finished_at)})")]
     if c.result is not None:
-        details.append(("Result", _json(story, c.result)))
+        details.append((_("Result"), _json(story, c.result)))
     if c.error:
-        details.append(("Error", story.redact(c.error, 300)))
+        details.append((_("Error"), story.redact(c.error, 300)))
     if c.duplicates_caught:
-        details.append(("Duplicates caught", f"{c.duplicates_caught} (this claim is their original)"))
+        details.append((_("Duplicates caught"), f"{c.duplicates_caught} (this claim is their original)"))
     links = [(f"claim {c.pk}", "tools.actionclaim", c.pk)]
     proposal = getattr(c, "proposal", None)  # select_related: no query
     if proposal is not None:
         decided = (f"{proposal.get_state_display()} by {proposal.decided_by} at {_iso(proposal.decided_at)}"
                    if proposal.decided_by else f"{proposal.get_state_display()} (expires {_iso(proposal.expires_at)})")
-        details.append(("Proposal", decided))
+        details.append((_("Proposal"), decided))
         if proposal.error:
-            details.append(("Proposal error", story.redact(proposal.error, 300)))
+            details.append((_("Proposal error"), story.redact(proposal.error, 300)))
         links.append((f"proposal {proposal.pk}", "tools.proposal", proposal.pk))
     title = (_("Guard: %(tool)s claimed") if proposal is None else _("Guard: %(tool)s proposed for approval")) % {
         "tool": c.action}
@@ -332,24 +332,24 @@ _ledger.time_field = "created_at"
 
 
 def _ledger_entry(story, r, rank):
-    details = [("State", r.get_state_display()),
-               ("Attempts", f"{r.attempts} (flood waits {r.flood_waits}, operator resends {r.extra_resends})"),
-               ("Last outcome", r.get_last_outcome_display() or "—"),
-               ("Recovery marker", "yes: the latest attempt carried '♻️ Recovered reply'"
+    details = [(_("State"), r.get_state_display()),
+               (_("Attempts"), f"{r.attempts} (flood waits {r.flood_waits}, operator resends {r.extra_resends})"),
+               (_("Last outcome"), r.get_last_outcome_display() or "—"),
+               (_("Recovery marker"), "yes: the latest attempt carried '♻️ Recovered reply'"
                 if r.needs_marker else "no"),
-               ("Last claimed", _iso(r.claimed_at)),
-               ("Delivered", f"{_iso(r.delivered_at)} ({_seconds(r.created_at, r.delivered_at)} after written)"),
-               ("Platform message id", r.platform_message_id or "—")]
+               (_("Last claimed"), _iso(r.claimed_at)),
+               (_("Delivered"), f"{_iso(r.delivered_at)} ({_seconds(r.created_at, r.delivered_at)} after written)"),
+               (_("Platform message id"), r.platform_message_id or "—")]
     if r.last_error:
-        details.append(("Last error", story.redact(r.last_error, 300)))
+        details.append((_("Last error"), story.redact(r.last_error, 300)))
     final = _final_of_stream(r)
     if final:
-        details.append(("Final of a stream", final))
+        details.append((_("Final of a stream"), final))
     files = attachments.listed(r.chunks)
     if files:  # sent after the text, each a chunk of the row
-        details.append(("Files", "; ".join(files)))
+        details.append((_("Files"), "; ".join(files)))
     if r.next_attempt_at and r.state in OutboundMessage.OPEN:
-        details.append(("Next attempt", _iso(r.next_attempt_at)))
+        details.append((_("Next attempt"), _iso(r.next_attempt_at)))
     links = [(f"ledger row {r.pk}", "delivery.outboundmessage", r.pk)]
     if r.turn_id:
         links.append((f"turn {r.turn_id}", "conversations.turn", r.turn_id))
@@ -386,7 +386,7 @@ _events.time_field = "at"
 
 def _event_entry(story, e, rank):
     extra = e.extra or {}
-    details = [("Actor", story.redact(e.actor, 100) or "—"), ("Target", e.target or "—")]
+    details = [(_("Actor"), story.redact(e.actor, 100) or "—"), (_("Target"), e.target or "—")]
     details += [(name, _json(story, value) if isinstance(value, (dict, list)) else story.redact(str(value), 300))
                 for name, value in sorted(extra.items())]
     links = [(f"event {e.pk}", "audit.auditevent", e.pk)]
@@ -412,9 +412,9 @@ _edits.time_field = "received_at"
 
 
 def _edit_entry(story, e, rank):
-    details = [("Outcome", e.get_outcome_display()), ("Why", story.redact(e.detail, 300) or "—"),
-               ("Edited by the user", f"{_iso(e.edited_at)} (via {e.source})"),
-               ("Text before", story.redact(e.old_text))]
+    details = [(_("Outcome"), e.get_outcome_display()), (_("Why"), story.redact(e.detail, 300) or "—"),
+               (_("Edited by the user"), f"{_iso(e.edited_at)} (via {e.source})"),
+               (_("Text before"), story.redact(e.old_text))]
     links = [(f"message {e.message_id}", "conversations.inboundmessage", e.message_id)]
     if e.turn_id:
         links.append((f"turn {e.turn_id}", "conversations.turn", e.turn_id))
@@ -428,7 +428,7 @@ def _reactions(story, older, rank):
     return [Entry(r.reacted_at, rank, r.pk, "reaction",
                   _("Reaction %(emoji)s on the bot's message: %(outcome)s") % {
                       "emoji": r.emoji or _("(taken back)"), "outcome": r.get_outcome_display()}, "",
-                  [("By", story.redact(r.sender_id, 100)), ("Message", r.platform_message_id), ("Event", r.key)], [])
+                  [(_("By"), story.redact(r.sender_id, 100)), (_("Message"), r.platform_message_id), (_("Event"), r.key)], [])
             for r in rows]
 _reactions.time_field = "reacted_at"
 
