@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.views.decorators.http import last_modified, require_POST
+from django.views.decorators.http import require_POST
 from django.views.i18n import JavaScriptCatalog
 
 from agentloop.console import story as conversation_story
@@ -22,10 +22,10 @@ from conversations.models import Channel, Conversation
 from conversations.platforms import webchat
 
 # The console's scripts' texts (locale/*/LC_MESSAGES/djangojs.po) in the reader's language
-# (LocaleMiddleware's choice): gettext, ngettext and interpolate for static/console/*.js. They
-# change with a deploy only: a browser revalidates against the process's start.
-_STARTED = timezone.now()
-javascript_catalog = last_modified(lambda request: _STARTED)(JavaScriptCatalog.as_view(domain="djangojs"))
+# (LocaleMiddleware's choice): gettext, ngettext and interpolate for static/console/*.js. For
+# the console's readers only, like its pages; not cached, so a switch of language is read at
+# the next page.
+javascript_catalog = staff_member_required(JavaScriptCatalog.as_view(domain="djangojs"))
 
 
 def _admin_links():
