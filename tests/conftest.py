@@ -162,6 +162,8 @@ ANY_DATABASE = {
     "tests/end_to_end/test_story.py::test_the_dashboard_links_to_the_story_in_a_browser": "a link in a browser",
     "tests/end_to_end/test_story_browser.py": "the story page's layout in a browser, at two widths in two languages "
                                               "(what it shows is tested on both databases: test_story.py)",
+    "tests/end_to_end/test_operator_pages_browser.py": "every operator page's layout, key element and words in a "
+                                                       "browser (what each page shows is tested on both databases)",
     "tests/end_to_end/test_console_languages_browser.py": "the dashboard's and playground's scripts in Spanish, "
                                                           "the person named, at two widths (the websockets behind "
                                                           "them are tested on both databases: "
