@@ -14,6 +14,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
+from unfold.decorators import display
 from unfold.widgets import (
     UnfoldAdminPasswordWidget,
     UnfoldAdminSelectWidget,
@@ -22,6 +23,7 @@ from unfold.widgets import (
     UnfoldBooleanWidget,
 )
 
+from agentloop.core import admin_texts
 from agentloop.core.redaction import SECRET_NAME
 from conversations import platforms
 from conversations.admin_routing import RoutingRulesInAdmin
@@ -215,11 +217,16 @@ class ChannelFormBase(forms.ModelForm):
 
 ChannelForm = type("ChannelForm", (ChannelFormBase,), setting_fields())
 
+# The channels list's status label (its colour by key).
+STATUS_ANSWERING, STATUS_BLOCKED, STATUS_OFF = "answering", "blocked", "off"
+
 
 @admin.register(Channel)
 class ChannelAdmin(RoutingRulesInAdmin, ModelAdmin):
     form = ChannelForm
-    list_display = ["slug", "name", "kind", "is_active", "send_blocked", "double_texting", "window_summary", "agent"]
+    # What an operator scans: which channel, on what, answering or not, by which agent, how
+    # long it waits (the rest — double texting, the platform's settings — on its page).
+    list_display = ["slug", "name_cell", "kind", "status", "agent", "window_summary"]
     list_filter = ["kind", "is_active", "double_texting"]
     search_fields = ["slug", "name"]
     readonly_fields = ["poll_offset", "poll_owner", "poll_lease_until", "send_blocked", "created_at", "updated_at",
@@ -272,6 +279,20 @@ class ChannelAdmin(RoutingRulesInAdmin, ModelAdmin):
     def delivery_health(self, obj):
         return delivery_health_html(obj) if obj.pk else "—"
 
-    @admin.display(description=_("windows (closed/greeting/open/neutral)"))
+    @admin.display(description=_("windows (s)"))
     def window_summary(self, obj):
-        return f"{obj.window_closed}/{obj.window_greeting}/{obj.window_open}/{obj.window_neutral} s"
+        # closed/greeting/open/neutral, as the Debounce section orders them (its help says which).
+        return f"{obj.window_closed:g}/{obj.window_greeting:g}/{obj.window_open:g}/{obj.window_neutral:g}"
+
+    @admin.display(description=_("name"), ordering="name")
+    def name_cell(self, obj):
+        return admin_texts.name(obj.name)
+
+    @display(description=_("status"), label={STATUS_ANSWERING: "success", STATUS_BLOCKED: "danger",
+                                              STATUS_OFF: "info"})
+    def status(self, obj):
+        if not obj.is_active:
+            return STATUS_OFF, _("inactive")
+        if obj.send_blocked:
+            return STATUS_BLOCKED, _("sending blocked")
+        return STATUS_ANSWERING, _("active")
