@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
+from django.utils.translation import gettext
 
 
 class TurnCancelled(Exception):
@@ -178,7 +179,7 @@ def key_env_problem(name) -> str:
 def validate_agent_config(config):
     """Refuse an agent configuration that would hand a process secret to an agent."""
     if not isinstance(config, dict):
-        raise ValidationError({"agent_config": "must be a JSON object"})
+        raise ValidationError({"agent_config": gettext("must be a JSON object")})
     if "api_key_env" in config:
         problem = key_env_problem(config["api_key_env"])
         if problem:

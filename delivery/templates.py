@@ -17,6 +17,7 @@ fixed text cannot be labelled), so a possible duplicate is labelled here too.
 import re
 
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext
 
 FILL_TEXT, FILL_LINES = "text", "lines"
 FILLS = (FILL_TEXT, FILL_LINES)
@@ -29,21 +30,21 @@ _LANGUAGE = re.compile(r"[a-z]{2,3}(_[A-Z]{2})?")
 def check_name(value) -> str:
     value = str(value).strip()
     if not _NAME.fullmatch(value):
-        raise ValidationError("a template's name as WhatsApp Manager shows it: lower-case letters, digits and "
-                              "underscores (e.g. appointment_reminder)")
+        raise ValidationError(gettext("a template's name as WhatsApp Manager shows it: lower-case letters, digits "
+                                      "and underscores (e.g. appointment_reminder)"))
     return value
 
 
 def check_language(value) -> str:
     value = str(value).strip()
     if not _LANGUAGE.fullmatch(value):
-        raise ValidationError("a template language code as Meta writes it: es, en_US, pt_BR…")
+        raise ValidationError(gettext("a template language code as Meta writes it: es, en_US, pt_BR…"))
     return value
 
 
 def check_fill(value) -> str:
     if value not in FILLS:
-        raise ValidationError(f"one of {', '.join(FILLS)}")
+        raise ValidationError(gettext("one of %(choices)s") % {"choices": ", ".join(FILLS)})
     return value
 
 

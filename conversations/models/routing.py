@@ -8,6 +8,7 @@ a conversation to (the handoff_to_agent tool)."""
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.models.channels import Channel
@@ -56,7 +57,7 @@ class RoutingRule(models.Model):
         if problem:
             raise ValidationError({"agent": problem})
         if bool(self.contact_attribute) != bool(self.contact_value):
-            raise ValidationError({"contact_value": "a contact attribute and its value go together"})
+            raise ValidationError({"contact_value": gettext("a contact attribute and its value go together")})
 
 
 def agent_problem(agent, config) -> str:
@@ -64,9 +65,10 @@ def agent_problem(agent, config) -> str:
     from conversations.agents import validate_agent_config
 
     if agent not in settings.AGENTLOOP_AGENTS:
-        return f"unknown agent {agent!r}; known: {', '.join(sorted(settings.AGENTLOOP_AGENTS))}"
+        return gettext("unknown agent %(agent)s; known: %(known)s") % {
+            "agent": repr(agent), "known": ", ".join(sorted(settings.AGENTLOOP_AGENTS))}
     if agent == "pull":  # conversations.turns.PULL_AGENT (which imports these models)
-        return "a pull agent claims a channel's turns through the API: it is a channel's agent, not a rule's"
+        return gettext("a pull agent claims a channel's turns through the API: it is a channel's agent, not a rule's")
     try:
         validate_agent_config(config)
     except ValidationError as exc:

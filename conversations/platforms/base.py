@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.redaction import url_secrets
@@ -97,14 +98,16 @@ class Platform(abc.ABC):
         values = dict(values or {})
         unknown = sorted(set(values) - set(self.settings))
         if unknown:
-            raise ValidationError({"platform_settings": f"unknown {self.label} setting(s): {', '.join(unknown)}"})
+            raise ValidationError({"platform_settings": gettext("unknown %(platform)s setting(s): %(names)s") % {
+                "platform": self.label, "names": ", ".join(unknown)}})
         cleaned: dict[str, Any] = {}
         errors: dict[str, list[str]] = {}
         for name, spec in self.settings.items():
             value = values.get(name, spec.default)
             try:
                 if spec.choices and value not in spec.choices:
-                    raise ValidationError(f"must be one of {', '.join(map(str, spec.choices))}")
+                    raise ValidationError(gettext("must be one of %(choices)s") % {
+                        "choices": ", ".join(map(str, spec.choices))})
                 cleaned[name] = spec.check(value) if spec.check and value not in ("", None) else value
             except (ValidationError, ValueError, TypeError) as exc:
                 errors[name] = exc.messages if isinstance(exc, ValidationError) else [str(exc)]
@@ -237,7 +240,7 @@ def check_rate(value: str | float) -> float:
     """A Setting.check for a rate or an interval: a number, 0 or more (0: no limit)."""
     number = float(value)
     if number < 0 or number != number or number == float("inf"):
-        raise ValidationError("a number, 0 or more (0: no limit)")
+        raise ValidationError(gettext("a number, 0 or more (0: no limit)"))
     return number
 
 

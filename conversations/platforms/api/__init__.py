@@ -6,6 +6,7 @@ import ipaddress
 import re
 
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url
@@ -25,8 +26,8 @@ def check_hosts(value) -> list[str]:
             ipaddress.ip_address(host)
         except ValueError:
             if not HOST_NAME.fullmatch(host):
-                raise ValidationError(f"not a host name: {name!r} (a name or an address, without scheme or "
-                                      f"port)") from None
+                raise ValidationError(gettext("not a host name: %(name)s (a name or an address, without scheme or "
+                                              "port)") % {"name": repr(name)}) from None
         cleaned.append(host)
     return cleaned
 
@@ -49,9 +50,9 @@ class ApiPlatform(Platform):
         cleaned = super().clean_settings(values)
         if cleaned["callback_url"] and not cleaned["callback_secret"]:
             # Replies are never POSTed unsigned: the receiver could not tell ours from anyone's.
-            raise ValidationError({"platform_settings": "callback_secret: a callback URL needs a callback secret: "
-                                                        "replies are signed with it (HMAC-SHA256), never sent "
-                                                        "unsigned."})
+            raise ValidationError({"platform_settings": gettext(
+                "callback_secret: a callback URL needs a callback secret: replies are signed with it (HMAC-SHA256), "
+                "never sent unsigned.")})
         return cleaned
 
     def send_blocked(self, channel) -> str:

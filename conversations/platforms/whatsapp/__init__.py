@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from django.core.exceptions import ValidationError
 from django.urls import path
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
@@ -29,14 +30,14 @@ ENVIRONMENT = {"token": "WHATSAPP_TOKEN", "phone_number_id": "WHATSAPP_PHONE_NUM
 def check_phone_number_id(value):
     value = str(value).strip()
     if not value.isdigit():
-        raise ValidationError("the phone number's id (digits, from the app's WhatsApp > API Setup page), "
-                              "not the phone number itself")
+        raise ValidationError(gettext("the phone number's id (digits, from the app's WhatsApp > API Setup page), "
+                                      "not the phone number itself"))
     return value
 
 
 def check_version(value):
     if not re.fullmatch(r"v\d+\.\d+", str(value)):
-        raise ValidationError("a Graph API version such as v23.0")
+        raise ValidationError(gettext("a Graph API version such as v23.0"))
     return str(value)
 
 
