@@ -23,6 +23,7 @@ from datetime import datetime
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.utils.dateparse import parse_datetime
+from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
 from agentloop.core.people import person_of
@@ -394,8 +395,11 @@ def _event_entry(story, e, rank):
         links.append((f"original: claim {extra['original_claim']}", "tools.actionclaim", extra["original_claim"]))
     kind = "double_texting" if e.kind in DOUBLE_TEXTING else "audit"
     label = EventKind(e.kind).label if e.kind in EventKind.values else e.kind
-    return Entry(e.at, rank, e.pk, kind, _("Audit: %(event)s") % {"event": label}, story.redact(e.summary, 300),
-                 details, links)
+    text = story.redact(e.summary, 300)
+    if extra.get("tool"):  # its summary is as the guard wrote it (English): the tool on the line, the summary inside
+        details.insert(0, (str(capfirst(AuditEvent._meta.get_field("summary").verbose_name)), text))
+        text = str(extra["tool"])
+    return Entry(e.at, rank, e.pk, kind, _("Audit: %(event)s") % {"event": label}, text, details, links)
 
 
 def _notes(story, older, rank):
