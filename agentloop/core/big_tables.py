@@ -42,6 +42,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.text import smart_split, unescape_string_literal
+from django.utils.translation import gettext
 
 COUNT_CAP = 10_000
 FILTER_SAMPLE = 10_000
@@ -324,9 +325,10 @@ class BigTableAdmin:
             also = self.model._default_manager.filter(pk__in=named).order_by().values("pk")  # type: ignore[attr-defined]
             rows = queryset.filter(pk__in=rows.order_by().values("pk").union(also, all=True))
         if floor is not None:
-            messages.info(request, f"Text was searched in the newest {SEARCH_WINDOW:,} rows of this list (since "
-                                   f"{timezone.localtime(floor):%Y-%m-%d %H:%M}), identifiers in all of them. "
-                                   f"Pick a date above to search text further back.")
+            messages.info(request, gettext(
+                "Text was searched in the newest %(rows)s rows of this list (since %(since)s), identifiers in all of "
+                "them. Pick a date above to search text further back.") % {
+                    "rows": f"{SEARCH_WINDOW:,}", "since": f"{timezone.localtime(floor):%Y-%m-%d %H:%M}"})
         return rows, may_have_duplicates
 
     def _named_rows(self, queryset: QuerySet[Any], search_term: str) -> list[Any]:
