@@ -1,6 +1,7 @@
 """No domain word of ours stays English in the admin: every app, model (singular and
-plural) and field name of the product's apps, and every label of their choices, reads
-differently in Spanish and in Portuguese than in English — unless it is one of the few
+plural) and field name of the product's apps, every label of their choices, every help
+text, and each platform setting's label and help on the channel form, reads differently
+in Spanish and in Portuguese than in English — unless it is one of the few
 words both languages write as English does (ID, URL, token…). A field added without a
 marked verbose_name, or marked and left out of the catalogs, fails here: Django's
 automatic name ("send blocked") is the same in every language. The app registry and the
@@ -12,6 +13,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import translation
 
+from conversations import platforms
 from tests.unit.test_catalogs import APPS
 
 TRANSLATED = ("es", "pt")
@@ -46,6 +48,21 @@ def names_operators_read():
                         yield f"{where}.{field.name} = {value!r}", label
 
 
+def help_operators_read():
+    """(where, the lazy text) of every field's help text, and every platform setting's
+    label and help (the channel form's own fields)."""
+    for config in our_app_configs():
+        for model in config.get_models():
+            for field in model._meta.get_fields(include_parents=False):
+                if getattr(field, "help_text", ""):
+                    yield f"{config.label}.{model.__name__}.{field.name} (help)", field.help_text
+    for platform in platforms.all_platforms():
+        for name, spec in platform.settings.items():
+            yield f"{platform.kind} setting {name} (label)", spec.label
+            if spec.help:
+                yield f"{platform.kind} setting {name} (help)", spec.help
+
+
 def english_and(language, text) -> tuple[str, str]:
     with translation.override("en"):
         english = str(text)
@@ -69,6 +86,14 @@ def test_every_model_field_and_choice_name_is_translated(language):
                               f"and translate it (docs/languages.md): {untranslated}")
 
 
+@pytest.mark.parametrize("language", TRANSLATED)
+def test_every_help_text_and_platform_setting_is_translated(language):
+    untranslated = [f"{where}: {english!r}" for where, text in help_operators_read()
+                    for english, translated in [english_and(language, text)]
+                    if translated == english and not same_word_allowed(language, english)]
+    assert not untranslated, f"English in the {language} admin: mark and translate it (docs/languages.md): {untranslated}"
+
+
 def test_the_check_reads_every_kind_of_name():
     """Not vacuous: the apps, models, fields and choices of each of our apps are read, and a
     name Django made up by itself is caught."""
@@ -77,6 +102,9 @@ def test_the_check_reads_every_kind_of_name():
             "tools.McpServer.transport = 'stdio'", "audit.AuditEvent.kind = 'duplicate_prevented'",
             "agentloop.LiveEvent.payload"} <= set(read)
     assert english_and("es", read["conversations.Channel (singular)"]) == ("channel", "canal")
+    helps = dict(help_operators_read())
+    assert {"conversations.Channel.max_wait (help)", "telegram setting bot_token (label)",
+            "whatsapp setting api_version (help)"} <= set(helps)
     automatic = models.CharField(max_length=10)
     automatic.set_attributes_from_name("send_blocked")
     english, spanish = english_and("es", automatic.verbose_name)
