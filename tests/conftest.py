@@ -183,6 +183,8 @@ ANY_DATABASE = {
         "test_the_policy_cache_is_bounded", "test_the_bot_cache_is_bounded_and_closes_what_it_lets_go")},
     "tests/end_to_end/test_metrics.py::test_only_staff_with_the_permission_and_the_token_may_read": "who may read /metrics",
     "tests/end_to_end/test_metrics.py::test_without_a_token_configured_no_bearer_is_accepted": "who may read /metrics",
+    "tests/end_to_end/test_metrics.py::test_a_database_fault_is_counted_with_its_time": "SQLite's write lock held "
+                                                                                     "(the PostgreSQL pass only skipped it)",
     **{f"tests/end_to_end/test_typing_modes.py::{name}": "a platform's indicator over time (the rest run in the "
                                                           "PostgreSQL pass, ONE_PASS)" for name in (
         "test_instant_shows_typing_from_the_first_message_through_the_turn_until_the_reply",
@@ -242,6 +244,8 @@ ONE_PASS = {
         "pg_dump's connection (the SQLite backup's file and contents are tested on both databases)",
     "tests/end_to_end/test_bench_peer.py": "the peer bot (npm ci into its one node_modules)",
     "tests/end_to_end/test_pgbouncer.py": "PgBouncer in front of PostgreSQL (the SQLite pass only skipped its tests)",
+    "tests/end_to_end/test_cluster_faults.py": "PostgreSQL servers on network namespaces (the SQLite pass only "
+                                               "skipped it)",
     # Database faults on a throwaway PostgreSQL cluster of their own, never the suite's
     # database: the SQLite pass's serial phase was the longer (issue 23: 899 test-seconds
     # against 542, on a loaded machine), these three 150 of its 272 s in that file; the
