@@ -17,6 +17,7 @@ fails listing them. One server, one browser, one context per language (visit_all
 
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,9 +224,18 @@ def visit_all(browser, web, planted, pages) -> tuple[dict, float]:
     return found, time.monotonic() - started
 
 
+def kind_of(problem: str) -> str:
+    """"HTTP 500", "scrolls sideways", "English in Spanish", …: what a problem is about."""
+    if "past the right edge" in problem:
+        return "drawn past the right edge"
+    return problem.split(":")[0] if problem.startswith("HTTP") else re.sub(r"\d+", "N", problem.split(":")[0])
+
+
 def write_report(found: dict, pages: list[OperatorPage], seconds: float) -> Path:
     lines = [f"# Operator pages in Chromium: {len(pages)} pages x {len(VIEWPORTS)} widths x {len(LANGUAGES)} "
-             f"languages in {seconds:.1f} s", ""]
+             f"languages in {seconds:.1f} s", "", "Page views failing, by kind of problem:", ""]
+    kinds = Counter(kind for problems in found.values() for kind in {kind_of(problem) for problem in problems})
+    lines += [f"- {kind}: {count}" for kind, count in kinds.most_common()] + [""]
     for target in pages:
         rows = [(width, language, problems) for (name, width, language), problems in found.items()
                 if name == target.name and problems]
