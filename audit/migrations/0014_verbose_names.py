@@ -10,53 +10,59 @@ class Migration(migrations.Migration):
         ('audit', '0013_agent_key_kinds'),
     ]
 
+    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
+    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
+    # hundreds of AlterField: each of those clones and renders the whole project state as
+    # it runs, which made every migrate (and the migration tests) minutes slower.
     operations = [
-        migrations.AlterModelOptions(
-            name='auditevent',
-            options={'ordering': ['-at'], 'verbose_name': 'audit event', 'verbose_name_plural': 'audit events'},
-        ),
-        migrations.AlterModelOptions(
-            name='caughtduplicate',
-            options={'verbose_name': 'caught duplicate', 'verbose_name_plural': 'caught duplicates'},
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='actor',
-            field=models.CharField(blank=True, help_text='Who: a contact, worker or operator.', max_length=100, verbose_name='actor'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='at'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='channel_slug',
-            field=models.CharField(blank=True, max_length=50, verbose_name='channel slug'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='conversation_id',
-            field=models.BigIntegerField(blank=True, null=True, verbose_name='conversation ID'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='extra',
-            field=models.JSONField(blank=True, default=dict, verbose_name='extra'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='kind',
-            field=models.CharField(choices=[('message_rejected', 'Message rejected (turn running)'), ('turn_interrupted', 'Turn interrupted'), ('turn_rolled_back', 'Turn rolled back'), ('strategy_fell_back', 'Interrupt refused: effect already fired'), ('control_command', 'Control command'), ('turn_recovered', 'Turn recovered from a dead worker'), ('turn_failed', 'Turn failed'), ('message_overflowed', 'Message not buffered (too many pending)'), ('message_refused', 'Message refused (cannot be stored)'), ('message_edited', 'Message edited by the user'), ('edit_ignored', 'Edit ignored (changed nothing)'), ('message_deleted', 'Message deleted by the user'), ('conversation_taken_over', 'A person took the conversation over'), ('conversation_given_back', 'The conversation went back to the agent'), ('person_replied', 'A person replied in a held conversation'), ('limit_reached', 'A person reached a limit (messages stored, not answered)'), ('limit_lifted', "An operator lifted a person's limit"), ('bot_message_ignored', "A bot's message kept as context (the channel does not allow it)"), ('loop_broken', 'The loop breaker paused the agent (replies without a human message)'), ('routing_changed', "A channel's routing rules changed"), ('agent_handoff', 'An agent handed the conversation to another agent'), ('duplicate_prevented', 'Duplicate prevented'), ('action_uncertain', 'Action interrupted (outcome uncertain)'), ('action_reconciled', 'Uncertain action reconciled'), ('claim_released', 'Claim released by an operator'), ('proposal_created', 'Proposal awaiting approval'), ('proposal_applied', 'Proposal applied'), ('proposal_rejected', 'Proposal rejected'), ('proposal_expired', 'Proposal expired'), ('reply_recovered', 'Reply resent with the recovery prefix'), ('reply_abandoned', 'Reply abandoned'), ('chat_unreachable', 'Chat unreachable (never retried)'), ('channel_blocked', 'Channel blocked (its credentials were refused; replies wait)'), ('reply_failed_after_send', 'Reply not delivered after all (platform receipt)'), ('contact_erased', "A person's data erased on request"), ('agent_key_issued', 'An agent key was issued (its secret shown once)'), ('agent_key_revoked', 'An agent key was revoked')], max_length=40, verbose_name='kind'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='summary',
-            field=models.CharField(blank=True, max_length=300, verbose_name='summary'),
-        ),
-        migrations.AlterField(
-            model_name='auditevent',
-            name='target',
-            field=models.CharField(blank=True, help_text="What: e.g. 'turn 12'.", max_length=200, verbose_name='target'),
-        ),
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.AlterModelOptions(
+                name='auditevent',
+                options={'ordering': ['-at'], 'verbose_name': 'audit event', 'verbose_name_plural': 'audit events'},
+            ),
+            migrations.AlterModelOptions(
+                name='caughtduplicate',
+                options={'verbose_name': 'caught duplicate', 'verbose_name_plural': 'caught duplicates'},
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='actor',
+                field=models.CharField(blank=True, help_text='Who: a contact, worker or operator.', max_length=100, verbose_name='actor'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='at'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='channel_slug',
+                field=models.CharField(blank=True, max_length=50, verbose_name='channel slug'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='conversation_id',
+                field=models.BigIntegerField(blank=True, null=True, verbose_name='conversation ID'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='extra',
+                field=models.JSONField(blank=True, default=dict, verbose_name='extra'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='kind',
+                field=models.CharField(choices=[('message_rejected', 'Message rejected (turn running)'), ('turn_interrupted', 'Turn interrupted'), ('turn_rolled_back', 'Turn rolled back'), ('strategy_fell_back', 'Interrupt refused: effect already fired'), ('control_command', 'Control command'), ('turn_recovered', 'Turn recovered from a dead worker'), ('turn_failed', 'Turn failed'), ('message_overflowed', 'Message not buffered (too many pending)'), ('message_refused', 'Message refused (cannot be stored)'), ('message_edited', 'Message edited by the user'), ('edit_ignored', 'Edit ignored (changed nothing)'), ('message_deleted', 'Message deleted by the user'), ('conversation_taken_over', 'A person took the conversation over'), ('conversation_given_back', 'The conversation went back to the agent'), ('person_replied', 'A person replied in a held conversation'), ('limit_reached', 'A person reached a limit (messages stored, not answered)'), ('limit_lifted', "An operator lifted a person's limit"), ('bot_message_ignored', "A bot's message kept as context (the channel does not allow it)"), ('loop_broken', 'The loop breaker paused the agent (replies without a human message)'), ('routing_changed', "A channel's routing rules changed"), ('agent_handoff', 'An agent handed the conversation to another agent'), ('duplicate_prevented', 'Duplicate prevented'), ('action_uncertain', 'Action interrupted (outcome uncertain)'), ('action_reconciled', 'Uncertain action reconciled'), ('claim_released', 'Claim released by an operator'), ('proposal_created', 'Proposal awaiting approval'), ('proposal_applied', 'Proposal applied'), ('proposal_rejected', 'Proposal rejected'), ('proposal_expired', 'Proposal expired'), ('reply_recovered', 'Reply resent with the recovery prefix'), ('reply_abandoned', 'Reply abandoned'), ('chat_unreachable', 'Chat unreachable (never retried)'), ('channel_blocked', 'Channel blocked (its credentials were refused; replies wait)'), ('reply_failed_after_send', 'Reply not delivered after all (platform receipt)'), ('contact_erased', "A person's data erased on request"), ('agent_key_issued', 'An agent key was issued (its secret shown once)'), ('agent_key_revoked', 'An agent key was revoked')], max_length=40, verbose_name='kind'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='summary',
+                field=models.CharField(blank=True, max_length=300, verbose_name='summary'),
+            ),
+            migrations.AlterField(
+                model_name='auditevent',
+                name='target',
+                field=models.CharField(blank=True, help_text="What: e.g. 'turn 12'.", max_length=200, verbose_name='target'),
+            ),
+        ]),
     ]

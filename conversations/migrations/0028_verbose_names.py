@@ -14,1041 +14,1047 @@ class Migration(migrations.Migration):
         ('conversations', '0027_reactions'),
     ]
 
+    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
+    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
+    # hundreds of AlterField: each of those clones and renders the whole project state as
+    # it runs, which made every migrate (and the migration tests) minutes slower.
     operations = [
-        migrations.AlterModelOptions(
-            name='agentkey',
-            options={'verbose_name': 'agent key', 'verbose_name_plural': 'agent keys'},
-        ),
-        migrations.AlterModelOptions(
-            name='agentsession',
-            options={'verbose_name': 'agent session', 'verbose_name_plural': 'agent sessions'},
-        ),
-        migrations.AlterModelOptions(
-            name='channel',
-            options={'ordering': ['slug'], 'verbose_name': 'channel', 'verbose_name_plural': 'channels'},
-        ),
-        migrations.AlterModelOptions(
-            name='contact',
-            options={'verbose_name': 'contact', 'verbose_name_plural': 'contacts'},
-        ),
-        migrations.AlterModelOptions(
-            name='contextnote',
-            options={'ordering': ['created_at'], 'verbose_name': 'context note', 'verbose_name_plural': 'context notes'},
-        ),
-        migrations.AlterModelOptions(
-            name='conversation',
-            options={'verbose_name': 'conversation', 'verbose_name_plural': 'conversations'},
-        ),
-        migrations.AlterModelOptions(
-            name='inboundmessage',
-            options={'verbose_name': 'inbound message', 'verbose_name_plural': 'inbound messages'},
-        ),
-        migrations.AlterModelOptions(
-            name='inboundreaction',
-            options={'verbose_name': 'inbound reaction', 'verbose_name_plural': 'inbound reactions'},
-        ),
-        migrations.AlterModelOptions(
-            name='mediafile',
-            options={'verbose_name': 'media file', 'verbose_name_plural': 'media files'},
-        ),
-        migrations.AlterModelOptions(
-            name='messagebuffer',
-            options={'verbose_name': 'message buffer', 'verbose_name_plural': 'message buffers'},
-        ),
-        migrations.AlterModelOptions(
-            name='messageedit',
-            options={'verbose_name': 'message edit', 'verbose_name_plural': 'message edits'},
-        ),
-        migrations.AlterModelOptions(
-            name='routingrule',
-            options={'ordering': ['channel', 'position', 'pk'], 'verbose_name': 'routing rule', 'verbose_name_plural': 'routing rules'},
-        ),
-        migrations.AlterModelOptions(
-            name='turn',
-            options={'verbose_name': 'turn', 'verbose_name_plural': 'turns'},
-        ),
-        migrations.AlterModelOptions(
-            name='workerheartbeat',
-            options={'verbose_name': 'worker heartbeat', 'verbose_name_plural': 'worker heartbeats'},
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='channels',
-            field=models.ManyToManyField(blank=True, related_name='agent_keys', to='conversations.channel', verbose_name='channels'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='key_hash',
-            field=models.CharField(editable=False, max_length=64, unique=True, verbose_name='key hash'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='last_used_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='last used at'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='name',
-            field=models.CharField(max_length=100, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='prefix',
-            field=models.CharField(editable=False, max_length=12, verbose_name='prefix'),
-        ),
-        migrations.AlterField(
-            model_name='agentkey',
-            name='revoked_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='revoked at'),
-        ),
-        migrations.AlterField(
-            model_name='agentsession',
-            name='conversation',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='agent_sessions', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='agentsession',
-            name='key',
-            field=models.CharField(max_length=64, verbose_name='key'),
-        ),
-        migrations.AlterField(
-            model_name='agentsession',
-            name='started_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='started at'),
-        ),
-        migrations.AlterField(
-            model_name='agentsession',
-            name='state',
-            field=models.JSONField(blank=True, default=dict, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='agentsession',
-            name='updated_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='updated at'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='agent',
-            field=models.CharField(default='echo', max_length=50, verbose_name='agent'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='agent_config',
-            field=models.JSONField(blank=True, default=dict, verbose_name='agent config'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='allowed_bots',
-            field=models.TextField(blank=True, default='', help_text="Comma-separated bots whose messages the agent answers (a Telegram username or user id, a Slack bot id, an API sender id). Other bots' messages are kept as context, never answered.", verbose_name='allowed bots'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='conjunction_words',
-            field=models.TextField(default=conversations.models.channels._default_conjunctions, help_text='Comma-separated words that leave a sentence open.', verbose_name='conjunction words'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='double_texting',
-            field=models.CharField(choices=[('enqueue', 'Enqueue: merge into the next turn'), ('reject', 'Reject: ask the user to wait'), ('interrupt', 'Interrupt: cancel the turn, keep its input'), ('rollback', 'Rollback: cancel the turn, drop its input')], default='enqueue', max_length=16, verbose_name='double texting'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='edits',
-            field=models.CharField(choices=[('apply', 'Apply: the corrected text counts'), ('ignore', 'Ignore edits')], default='apply', max_length=16, verbose_name='edits'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='greeting_words',
-            field=models.TextField(default=conversations.models.channels._default_greetings, help_text='Comma-separated greetings and phrases.', verbose_name='greeting words'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='group_replies',
-            field=models.CharField(choices=[('always', 'Always: every message in a group'), ('mention', 'Mention: only messages that mention the bot or reply to it'), ('never', 'Never: groups are read, never answered')], default='mention', help_text='In group chats (Telegram groups, Slack channels): which messages the agent answers. The others are stored and given to the next turn addressed to it as context, never answered (docs/buffer.md#groups).', max_length=16, verbose_name='group replies'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='handoff_idle_minutes',
-            field=models.PositiveIntegerField(default=30, help_text='A conversation a person took over goes back to the agent after this long without a reply from the person (0: only when given back).', verbose_name='handoff idle minutes'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='is_active',
-            field=models.BooleanField(default=True, verbose_name='is active'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='kind',
-            field=models.CharField(choices=conversations.models.channels._platform_choices, default='api', max_length=16, verbose_name='kind'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='language',
-            field=models.CharField(blank=True, choices=conversations.models.channels._language_choices, default='', help_text="What agentloop writes to a user whose platform gives no language (apologies, notices, command answers); empty: the deployment's.", max_length=16, verbose_name='language'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='loop_max_replies',
-            field=models.PositiveIntegerField(default=8, help_text='More agent replies than this in a conversation within the loop window, with no human message among them, pauses the agent there until an operator gives it back (0: off).', verbose_name='loop max replies'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='loop_window_seconds',
-            field=models.PositiveIntegerField(default=60, help_text="The loop breaker's window, in seconds (0: off).", verbose_name='loop window seconds'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='max_messages',
-            field=models.PositiveIntegerField(default=10, help_text='A buffer flushes at once when it holds this many (an album counts once).', validators=[django.core.validators.MinValueValidator(1)], verbose_name='max messages'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='max_wait',
-            field=models.FloatField(default=15.0, help_text='A buffer never waits longer than this after its first message.', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='max wait'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='media_at_once',
-            field=models.BooleanField(default=False, help_text='Flush a buffer at once when media arrives, instead of giving it a window.', verbose_name='media at once'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='name',
-            field=models.CharField(blank=True, max_length=100, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='platform_settings',
-            field=models.JSONField(blank=True, default=dict, verbose_name='platform settings'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='poll_lease_until',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='poll lease until'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='poll_offset',
-            field=models.BigIntegerField(blank=True, null=True, verbose_name='poll offset'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='poll_owner',
-            field=models.CharField(blank=True, max_length=100, verbose_name='poll owner'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='recovery_freshness',
-            field=models.DurationField(default=datetime.timedelta(days=1), help_text="A reply not delivered within this long of being written (or of an operator's retry) is abandoned, never sent late.", validators=[django.core.validators.MinValueValidator(datetime.timedelta(seconds=60))], verbose_name='recovery freshness'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='send_blocked',
-            field=models.CharField(blank=True, default='', max_length=300, verbose_name='send blocked'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='slug',
-            field=models.SlugField(unique=True, verbose_name='slug'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='stale_recoveries',
-            field=models.CharField(choices=[('dated', 'Dated: sent, its label saying when it was written'), ('drop', 'Drop: abandoned (audited), not sent')], default='dated', help_text='A recovered reply whose conversation has since had a newer reply delivered: sent with the time it was written, or dropped.', max_length=16, verbose_name='stale recoveries'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='status_reaction',
-            field=models.CharField(choices=[('off', 'Off'), ('seen_done', '👀 while the window and the turn run, then ✅ when answered'), ('seen', '👀 while the window and the turn run, removed when answered')], default='off', help_text='A "seen" reaction on the person\'s message (Telegram, Slack, WhatsApp), best effort (docs/buffer.md#reactions).', max_length=16, verbose_name='status reaction'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='streaming',
-            field=models.BooleanField(default=True, help_text='Show a streamed reply as it is written, where the platform can (Telegram drafts or an edited preview in groups, web chat); the final reply goes through the ledger either way. Off: the whole reply at once.', verbose_name='streaming'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='time_zone',
-            field=models.CharField(blank=True, default='', help_text="The IANA time zone agentloop writes times in for this channel's users (a recovered reply's time); empty: the deployment's (AGENTLOOP_DEFAULT_TIME_ZONE).", max_length=64, verbose_name='time zone'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='tokens_per_contact_per_day',
-            field=models.PositiveIntegerField(default=0, help_text='Model tokens (as the provider reports them) one person may use in a day; beyond, one notice and no answer until the next day (0: no limit).', verbose_name='tokens per contact per day'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='turns_per_contact_per_hour',
-            field=models.PositiveIntegerField(default=0, help_text='Turns one person may cause in an hour; beyond, one notice and no answer until the hour has passed (0: no limit).', verbose_name='turns per contact per hour'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='typing_mode',
-            field=models.CharField(choices=[('instant', 'Instant: from the first message of a burst, through the window and the turn'), ('turn', 'Turn: only while the agent runs'), ('never', 'Never')], default='instant', max_length=16, verbose_name='typing mode'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='updated_at',
-            field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_album',
-            field=models.FloatField(default=3.0, help_text="An album's item keeps the buffer open at least this long: its next item may still be uploading.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window album'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_closed',
-            field=models.FloatField(default=1.2, help_text='Ends in ? ! or .', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window closed'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_greeting',
-            field=models.FloatField(default=4.0, help_text="A bare greeting: 'hola', 'una consulta'.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window greeting'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_media',
-            field=models.FloatField(default=2.5, help_text='A photo, voice note or file without a caption (a caption is classified like text).', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window media'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_neutral',
-            field=models.FloatField(default=2.5, help_text='Anything else.', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window neutral'),
-        ),
-        migrations.AlterField(
-            model_name='channel',
-            name='window_open',
-            field=models.FloatField(default=4.0, help_text="Ends in a comma, '...', ':' or a conjunction.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window open'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='contacts', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='display_name',
-            field=models.CharField(blank=True, max_length=200, verbose_name='display name'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='language',
-            field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='limit_reason',
-            field=models.CharField(blank=True, max_length=120, verbose_name='limit reason'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='limited_until',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='limited until'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='limits_counted_from',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='limits counted from'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='platform_id',
-            field=models.CharField(max_length=100, verbose_name='platform ID'),
-        ),
-        migrations.AlterField(
-            model_name='contact',
-            name='username',
-            field=models.CharField(blank=True, max_length=100, verbose_name='username'),
-        ),
-        migrations.AlterField(
-            model_name='contextnote',
-            name='conversation',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notes', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='contextnote',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='contextnote',
-            name='text',
-            field=models.TextField(verbose_name='text'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='conversations', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='chat_id',
-            field=models.CharField(max_length=100, verbose_name='chat ID'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='contact',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='conversations', to='conversations.contact', verbose_name='contact'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='context_reset_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='context reset at'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='held_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='held at'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='held_by',
-            field=models.CharField(blank=True, help_text='The person holding it (or who last did).', max_length=150, verbose_name='held by'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='is_group',
-            field=models.BooleanField(default=False, verbose_name='is group'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='language',
-            field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='last_message_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='last message at'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='person_active_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='person active at'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='pinned_rule',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='conversations.routingrule', verbose_name='pinned rule'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='sender_id',
-            field=models.CharField(max_length=100, verbose_name='sender ID'),
-        ),
-        migrations.AlterField(
-            model_name='conversation',
-            name='state',
-            field=models.CharField(choices=[('agent', 'The agent answers'), ('person', 'A person holds it')], default='agent', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='album_id',
-            field=models.CharField(blank=True, default='', max_length=64, verbose_name='album ID'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='buffer',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='messages', to='conversations.messagebuffer', verbose_name='buffer'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='conversation',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='deleted_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='deleted at'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='disposition',
-            field=models.CharField(choices=[('buffered', 'Buffered'), ('control', 'Control command'), ('rejected', 'Rejected (a turn was running)'), ('dropped', 'Dropped (/stop or /reset)'), ('overflow', 'Not buffered (too many pending; the sender was told)'), ('context', 'Group context (not addressed to the agent; not answered)'), ('held', 'Stored while a person held the conversation'), ('limited', 'Stored, not answered (the sender was over a limit)'), ('bot', 'From a bot the channel does not allow: kept as context, not answered')], default='buffered', max_length=16, verbose_name='disposition'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='edited_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='edited at'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='from_bot',
-            field=models.BooleanField(blank=True, null=True, verbose_name='from bot'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='kind',
-            field=models.CharField(choices=[('text', 'Text'), ('media', 'Media'), ('control', 'Control command')], default='text', max_length=16, verbose_name='kind'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='media_file',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='messages', to='conversations.mediafile', verbose_name='media file'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='media_type',
-            field=models.CharField(blank=True, max_length=30, verbose_name='media type'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='mentioned',
-            field=models.BooleanField(blank=True, null=True, verbose_name='mentioned'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='platform_message_id',
-            field=models.CharField(max_length=120, verbose_name='platform message ID'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='received_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='received at'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='reply_target',
-            field=models.CharField(blank=True, help_text='Platform id a reply threads to.', max_length=200, verbose_name='reply target'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='sender_name',
-            field=models.CharField(blank=True, max_length=200, verbose_name='sender name'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='sent_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='sent at'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='text',
-            field=models.TextField(blank=True, verbose_name='text'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='thread_id',
-            field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
-        ),
-        migrations.AlterField(
-            model_name='inboundmessage',
-            name='traceparent',
-            field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='reactions', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='conversation',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='reactions', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='emoji',
-            field=models.CharField(blank=True, help_text='Empty: a reaction taken back.', max_length=64, verbose_name='emoji'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='key',
-            field=models.CharField(help_text="The platform's id of the reaction event.", max_length=200, verbose_name='key'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='outcome',
-            field=models.CharField(choices=[('noted', "Noted for the agent's next turn"), ('confirmed', 'Confirmed the question it was put on (👍)'), ('rejected', 'Declined the question it was put on (👎)'), ('already', 'On a question decided before'), ('not_yours', "On a question only the conversation's person may answer"), ('ignored', "Not on a message of the bot's")], max_length=16, verbose_name='outcome'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='platform_message_id',
-            field=models.CharField(help_text='The message reacted to.', max_length=200, verbose_name='platform message ID'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='reacted_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='reacted at'),
-        ),
-        migrations.AlterField(
-            model_name='inboundreaction',
-            name='sender_id',
-            field=models.CharField(blank=True, max_length=100, verbose_name='sender ID'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='attempts',
-            field=models.PositiveIntegerField(default=0, verbose_name='attempts'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='media_files', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='content_type',
-            field=models.CharField(blank=True, help_text='Sniffed from the bytes.', max_length=100, verbose_name='content type'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='declared_size',
-            field=models.BigIntegerField(blank=True, help_text='Bytes, as the platform said.', null=True, verbose_name='declared size'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='declared_type',
-            field=models.CharField(blank=True, help_text='The MIME type the platform gave.', max_length=100, verbose_name='declared type'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='duration',
-            field=models.FloatField(blank=True, help_text='Seconds (voice notes, audio, video).', null=True, verbose_name='duration'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='file_key',
-            field=models.CharField(help_text="The platform's stable id of the file.", max_length=200, verbose_name='file key'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='file_name',
-            field=models.CharField(blank=True, max_length=255, verbose_name='file name'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='kind',
-            field=models.CharField(help_text='photo, voice, document, …', max_length=30, verbose_name='kind'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='lease_until',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='lease until'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='next_attempt_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='next attempt at'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='owner',
-            field=models.CharField(blank=True, max_length=200, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='problem',
-            field=models.CharField(blank=True, help_text='Why it was skipped or failed, or not transcribed (redacted).', max_length=300, verbose_name='problem'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='ref',
-            field=models.CharField(help_text="What fetching it takes (Telegram's file_id).", max_length=500, verbose_name='ref'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='settled_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='settled at'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='sha256',
-            field=models.CharField(blank=True, max_length=64, verbose_name='SHA-256'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='size',
-            field=models.BigIntegerField(blank=True, null=True, verbose_name='size'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='state',
-            field=models.CharField(choices=[('pending', 'Waiting to be fetched'), ('fetching', 'Being fetched (leased by a worker)'), ('stored', 'Fetched and stored'), ('skipped', 'Not fetched (over a size cap, or nothing to fetch)'), ('failed', 'Could not be fetched (gave up)')], default='pending', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='storage_name',
-            field=models.CharField(blank=True, help_text="Its name in Django's default storage.", max_length=300, verbose_name='storage name'),
-        ),
-        migrations.AlterField(
-            model_name='mediafile',
-            name='transcript',
-            field=models.TextField(blank=True, help_text="A voice note's or audio file's text, when transcribed.", verbose_name='transcript'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='carried_turn',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='carried_into', to='conversations.turn', verbose_name='carried turn'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='conversation',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='buffers', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='first_message_at',
-            field=models.DateTimeField(verbose_name='first message at'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='flush_at',
-            field=models.DateTimeField(help_text='The deadline: the buffer flushes at this instant.', verbose_name='flush at'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='flush_reason',
-            field=models.CharField(blank=True, choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], max_length=16, verbose_name='flush reason'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='flushed_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='flushed at'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='flushed_by',
-            field=models.CharField(blank=True, help_text="The claim's owner stamp.", max_length=120, verbose_name='flushed by'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='last_album_id',
-            field=models.CharField(blank=True, default='', max_length=64, verbose_name='last album ID'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='last_message_at',
-            field=models.DateTimeField(verbose_name='last message at'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='message_count',
-            field=models.PositiveIntegerField(default=0, verbose_name='message count'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='overflow_noticed',
-            field=models.BooleanField(default=False, verbose_name='overflow noticed'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='planned_reason',
-            field=models.CharField(choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], default='window', max_length=16, verbose_name='planned reason'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='state',
-            field=models.CharField(choices=[('open', 'Open'), ('flushed', 'Flushed into a turn'), ('dropped', 'Dropped')], default='open', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='window_kind',
-            field=models.CharField(blank=True, max_length=16, verbose_name='window kind'),
-        ),
-        migrations.AlterField(
-            model_name='messagebuffer',
-            name='window_seconds',
-            field=models.FloatField(default=0.0, verbose_name='window seconds'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='conversation',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='edits', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='detail',
-            field=models.CharField(blank=True, help_text='Why this outcome.', max_length=300, verbose_name='detail'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='edited_at',
-            field=models.DateTimeField(help_text="When the user edited it (Telegram's edit_date).", verbose_name='edited at'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='message',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='edits', to='conversations.inboundmessage', verbose_name='message'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='new_text',
-            field=models.TextField(blank=True, verbose_name='new text'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='old_text',
-            field=models.TextField(blank=True, verbose_name='old text'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='outcome',
-            field=models.CharField(choices=[('buffered', 'Corrected in the open buffer (window re-armed)'), ('rerun', 'Turn cancelled and re-run with the corrected text'), ('noted', "Noted for the agent's next turn"), ('unchanged', 'Same text as before: nothing to change'), ('not_applied', 'Not applied: the message never reached a turn'), ('ignored', 'Ignored: the channel ignores edits')], max_length=16, verbose_name='outcome'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='received_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='received at'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='source',
-            field=models.CharField(help_text='telegram, api or webchat.', max_length=16, verbose_name='source'),
-        ),
-        migrations.AlterField(
-            model_name='messageedit',
-            name='turn',
-            field=models.ForeignKey(blank=True, help_text='The turn cancelled for a re-run, or the one the edit came too late for.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='edits', to='conversations.turn', verbose_name='turn'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='agent',
-            field=models.CharField(default='echo', max_length=50, verbose_name='agent'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='agent_config',
-            field=models.JSONField(blank=True, default=dict, verbose_name='agent config'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='routing_rules', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='chat_id',
-            field=models.CharField(blank=True, help_text='The chat or group id (exact).', max_length=100, verbose_name='chat ID'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='contact_attribute',
-            field=models.CharField(blank=True, choices=[('username', 'Username'), ('display_name', 'Display name'), ('platform_id', 'Platform id')], max_length=16, verbose_name='contact attribute'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='contact_value',
-            field=models.CharField(blank=True, help_text="The contact attribute's value.", max_length=200, verbose_name='contact value'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='keywords',
-            field=models.CharField(blank=True, help_text='Comma-separated words or phrases; one in the text (any case) matches.', max_length=300, verbose_name='keywords'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='language',
-            field=models.CharField(blank=True, help_text='The sender\'s language ("es" also matches "es-AR").', max_length=16, verbose_name='language'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='name',
-            field=models.SlugField(help_text="The agent's name in this channel: what the story page shows and what handoff_to_agent names.", verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='position',
-            field=models.PositiveIntegerField(default=0, help_text='Rules are tried in this order, lowest first.', verbose_name='position'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='thread_id',
-            field=models.CharField(blank=True, help_text="The thread or topic id (a Telegram forum topic's message_thread_id, a Slack thread).", max_length=50, verbose_name='thread ID'),
-        ),
-        migrations.AlterField(
-            model_name='routingrule',
-            name='updated_at',
-            field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='attempts',
-            field=models.PositiveIntegerField(default=0, verbose_name='attempts'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='buffer',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='turn', to='conversations.messagebuffer', verbose_name='buffer'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='conversation',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='turns', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='effect_fired_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='effect fired at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='finished_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='finished at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='fired_effect',
-            field=models.BooleanField(default=False, help_text='Set before the first external effect; such a turn is never cancelled.', verbose_name='fired effect'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='first_delta_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='first delta at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='flush_reason',
-            field=models.CharField(choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], max_length=16, verbose_name='flush reason'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='has_media',
-            field=models.BooleanField(default=False, verbose_name='has media'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='merged_input',
-            field=models.TextField(verbose_name='merged input'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='outcome',
-            field=models.CharField(blank=True, help_text='Why it was cancelled or failed.', max_length=300, verbose_name='outcome'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='owner',
-            field=models.CharField(blank=True, help_text='The worker running it.', max_length=100, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='preview_message_id',
-            field=models.CharField(blank=True, max_length=50, verbose_name='preview message ID'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='previews',
-            field=models.PositiveIntegerField(default=0, verbose_name='previews'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='reply_target',
-            field=models.CharField(blank=True, max_length=200, verbose_name='reply target'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='reply_text',
-            field=models.TextField(blank=True, verbose_name='reply text'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='request_key',
-            field=models.CharField(blank=True, max_length=100, verbose_name='request key'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='route',
-            field=models.CharField(blank=True, max_length=200, null=True, verbose_name='route'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='routing_rule',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='conversations.routingrule', verbose_name='routing rule'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='started_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='started at'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='state',
-            field=models.CharField(choices=[('ready', 'Ready'), ('running', 'Running'), ('done', 'Done'), ('cancelled', 'Cancelled'), ('failed', 'Failed')], default='ready', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='streamed_text',
-            field=models.TextField(blank=True, verbose_name='streamed text'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='thread_id',
-            field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='tokens_used',
-            field=models.PositiveIntegerField(default=0, verbose_name='tokens used'),
-        ),
-        migrations.AlterField(
-            model_name='turn',
-            name='traceparent',
-            field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
-        ),
-        migrations.AlterField(
-            model_name='workerheartbeat',
-            name='hostname',
-            field=models.CharField(max_length=100, verbose_name='hostname'),
-        ),
-        migrations.AlterField(
-            model_name='workerheartbeat',
-            name='owner',
-            field=models.CharField(max_length=100, unique=True, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='workerheartbeat',
-            name='pid',
-            field=models.IntegerField(verbose_name='PID'),
-        ),
-        migrations.AlterField(
-            model_name='workerheartbeat',
-            name='seen_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='seen at'),
-        ),
-        migrations.AlterField(
-            model_name='workerheartbeat',
-            name='started_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='started at'),
-        ),
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.AlterModelOptions(
+                name='agentkey',
+                options={'verbose_name': 'agent key', 'verbose_name_plural': 'agent keys'},
+            ),
+            migrations.AlterModelOptions(
+                name='agentsession',
+                options={'verbose_name': 'agent session', 'verbose_name_plural': 'agent sessions'},
+            ),
+            migrations.AlterModelOptions(
+                name='channel',
+                options={'ordering': ['slug'], 'verbose_name': 'channel', 'verbose_name_plural': 'channels'},
+            ),
+            migrations.AlterModelOptions(
+                name='contact',
+                options={'verbose_name': 'contact', 'verbose_name_plural': 'contacts'},
+            ),
+            migrations.AlterModelOptions(
+                name='contextnote',
+                options={'ordering': ['created_at'], 'verbose_name': 'context note', 'verbose_name_plural': 'context notes'},
+            ),
+            migrations.AlterModelOptions(
+                name='conversation',
+                options={'verbose_name': 'conversation', 'verbose_name_plural': 'conversations'},
+            ),
+            migrations.AlterModelOptions(
+                name='inboundmessage',
+                options={'verbose_name': 'inbound message', 'verbose_name_plural': 'inbound messages'},
+            ),
+            migrations.AlterModelOptions(
+                name='inboundreaction',
+                options={'verbose_name': 'inbound reaction', 'verbose_name_plural': 'inbound reactions'},
+            ),
+            migrations.AlterModelOptions(
+                name='mediafile',
+                options={'verbose_name': 'media file', 'verbose_name_plural': 'media files'},
+            ),
+            migrations.AlterModelOptions(
+                name='messagebuffer',
+                options={'verbose_name': 'message buffer', 'verbose_name_plural': 'message buffers'},
+            ),
+            migrations.AlterModelOptions(
+                name='messageedit',
+                options={'verbose_name': 'message edit', 'verbose_name_plural': 'message edits'},
+            ),
+            migrations.AlterModelOptions(
+                name='routingrule',
+                options={'ordering': ['channel', 'position', 'pk'], 'verbose_name': 'routing rule', 'verbose_name_plural': 'routing rules'},
+            ),
+            migrations.AlterModelOptions(
+                name='turn',
+                options={'verbose_name': 'turn', 'verbose_name_plural': 'turns'},
+            ),
+            migrations.AlterModelOptions(
+                name='workerheartbeat',
+                options={'verbose_name': 'worker heartbeat', 'verbose_name_plural': 'worker heartbeats'},
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='channels',
+                field=models.ManyToManyField(blank=True, related_name='agent_keys', to='conversations.channel', verbose_name='channels'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='key_hash',
+                field=models.CharField(editable=False, max_length=64, unique=True, verbose_name='key hash'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='last_used_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='last used at'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='name',
+                field=models.CharField(max_length=100, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='prefix',
+                field=models.CharField(editable=False, max_length=12, verbose_name='prefix'),
+            ),
+            migrations.AlterField(
+                model_name='agentkey',
+                name='revoked_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='revoked at'),
+            ),
+            migrations.AlterField(
+                model_name='agentsession',
+                name='conversation',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='agent_sessions', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='agentsession',
+                name='key',
+                field=models.CharField(max_length=64, verbose_name='key'),
+            ),
+            migrations.AlterField(
+                model_name='agentsession',
+                name='started_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='started at'),
+            ),
+            migrations.AlterField(
+                model_name='agentsession',
+                name='state',
+                field=models.JSONField(blank=True, default=dict, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='agentsession',
+                name='updated_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='updated at'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='agent',
+                field=models.CharField(default='echo', max_length=50, verbose_name='agent'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='agent_config',
+                field=models.JSONField(blank=True, default=dict, verbose_name='agent config'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='allowed_bots',
+                field=models.TextField(blank=True, default='', help_text="Comma-separated bots whose messages the agent answers (a Telegram username or user id, a Slack bot id, an API sender id). Other bots' messages are kept as context, never answered.", verbose_name='allowed bots'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='conjunction_words',
+                field=models.TextField(default=conversations.models.channels._default_conjunctions, help_text='Comma-separated words that leave a sentence open.', verbose_name='conjunction words'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='double_texting',
+                field=models.CharField(choices=[('enqueue', 'Enqueue: merge into the next turn'), ('reject', 'Reject: ask the user to wait'), ('interrupt', 'Interrupt: cancel the turn, keep its input'), ('rollback', 'Rollback: cancel the turn, drop its input')], default='enqueue', max_length=16, verbose_name='double texting'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='edits',
+                field=models.CharField(choices=[('apply', 'Apply: the corrected text counts'), ('ignore', 'Ignore edits')], default='apply', max_length=16, verbose_name='edits'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='greeting_words',
+                field=models.TextField(default=conversations.models.channels._default_greetings, help_text='Comma-separated greetings and phrases.', verbose_name='greeting words'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='group_replies',
+                field=models.CharField(choices=[('always', 'Always: every message in a group'), ('mention', 'Mention: only messages that mention the bot or reply to it'), ('never', 'Never: groups are read, never answered')], default='mention', help_text='In group chats (Telegram groups, Slack channels): which messages the agent answers. The others are stored and given to the next turn addressed to it as context, never answered (docs/buffer.md#groups).', max_length=16, verbose_name='group replies'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='handoff_idle_minutes',
+                field=models.PositiveIntegerField(default=30, help_text='A conversation a person took over goes back to the agent after this long without a reply from the person (0: only when given back).', verbose_name='handoff idle minutes'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='is_active',
+                field=models.BooleanField(default=True, verbose_name='is active'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='kind',
+                field=models.CharField(choices=conversations.models.channels._platform_choices, default='api', max_length=16, verbose_name='kind'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='language',
+                field=models.CharField(blank=True, choices=conversations.models.channels._language_choices, default='', help_text="What agentloop writes to a user whose platform gives no language (apologies, notices, command answers); empty: the deployment's.", max_length=16, verbose_name='language'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='loop_max_replies',
+                field=models.PositiveIntegerField(default=8, help_text='More agent replies than this in a conversation within the loop window, with no human message among them, pauses the agent there until an operator gives it back (0: off).', verbose_name='loop max replies'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='loop_window_seconds',
+                field=models.PositiveIntegerField(default=60, help_text="The loop breaker's window, in seconds (0: off).", verbose_name='loop window seconds'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='max_messages',
+                field=models.PositiveIntegerField(default=10, help_text='A buffer flushes at once when it holds this many (an album counts once).', validators=[django.core.validators.MinValueValidator(1)], verbose_name='max messages'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='max_wait',
+                field=models.FloatField(default=15.0, help_text='A buffer never waits longer than this after its first message.', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='max wait'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='media_at_once',
+                field=models.BooleanField(default=False, help_text='Flush a buffer at once when media arrives, instead of giving it a window.', verbose_name='media at once'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='name',
+                field=models.CharField(blank=True, max_length=100, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='platform_settings',
+                field=models.JSONField(blank=True, default=dict, verbose_name='platform settings'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='poll_lease_until',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='poll lease until'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='poll_offset',
+                field=models.BigIntegerField(blank=True, null=True, verbose_name='poll offset'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='poll_owner',
+                field=models.CharField(blank=True, max_length=100, verbose_name='poll owner'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='recovery_freshness',
+                field=models.DurationField(default=datetime.timedelta(days=1), help_text="A reply not delivered within this long of being written (or of an operator's retry) is abandoned, never sent late.", validators=[django.core.validators.MinValueValidator(datetime.timedelta(seconds=60))], verbose_name='recovery freshness'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='send_blocked',
+                field=models.CharField(blank=True, default='', max_length=300, verbose_name='send blocked'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='slug',
+                field=models.SlugField(unique=True, verbose_name='slug'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='stale_recoveries',
+                field=models.CharField(choices=[('dated', 'Dated: sent, its label saying when it was written'), ('drop', 'Drop: abandoned (audited), not sent')], default='dated', help_text='A recovered reply whose conversation has since had a newer reply delivered: sent with the time it was written, or dropped.', max_length=16, verbose_name='stale recoveries'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='status_reaction',
+                field=models.CharField(choices=[('off', 'Off'), ('seen_done', '👀 while the window and the turn run, then ✅ when answered'), ('seen', '👀 while the window and the turn run, removed when answered')], default='off', help_text='A "seen" reaction on the person\'s message (Telegram, Slack, WhatsApp), best effort (docs/buffer.md#reactions).', max_length=16, verbose_name='status reaction'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='streaming',
+                field=models.BooleanField(default=True, help_text='Show a streamed reply as it is written, where the platform can (Telegram drafts or an edited preview in groups, web chat); the final reply goes through the ledger either way. Off: the whole reply at once.', verbose_name='streaming'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='time_zone',
+                field=models.CharField(blank=True, default='', help_text="The IANA time zone agentloop writes times in for this channel's users (a recovered reply's time); empty: the deployment's (AGENTLOOP_DEFAULT_TIME_ZONE).", max_length=64, verbose_name='time zone'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='tokens_per_contact_per_day',
+                field=models.PositiveIntegerField(default=0, help_text='Model tokens (as the provider reports them) one person may use in a day; beyond, one notice and no answer until the next day (0: no limit).', verbose_name='tokens per contact per day'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='turns_per_contact_per_hour',
+                field=models.PositiveIntegerField(default=0, help_text='Turns one person may cause in an hour; beyond, one notice and no answer until the hour has passed (0: no limit).', verbose_name='turns per contact per hour'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='typing_mode',
+                field=models.CharField(choices=[('instant', 'Instant: from the first message of a burst, through the window and the turn'), ('turn', 'Turn: only while the agent runs'), ('never', 'Never')], default='instant', max_length=16, verbose_name='typing mode'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='updated_at',
+                field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_album',
+                field=models.FloatField(default=3.0, help_text="An album's item keeps the buffer open at least this long: its next item may still be uploading.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window album'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_closed',
+                field=models.FloatField(default=1.2, help_text='Ends in ? ! or .', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window closed'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_greeting',
+                field=models.FloatField(default=4.0, help_text="A bare greeting: 'hola', 'una consulta'.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window greeting'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_media',
+                field=models.FloatField(default=2.5, help_text='A photo, voice note or file without a caption (a caption is classified like text).', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window media'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_neutral',
+                field=models.FloatField(default=2.5, help_text='Anything else.', validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window neutral'),
+            ),
+            migrations.AlterField(
+                model_name='channel',
+                name='window_open',
+                field=models.FloatField(default=4.0, help_text="Ends in a comma, '...', ':' or a conjunction.", validators=[django.core.validators.MinValueValidator(0.0)], verbose_name='window open'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='contacts', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='display_name',
+                field=models.CharField(blank=True, max_length=200, verbose_name='display name'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='language',
+                field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='limit_reason',
+                field=models.CharField(blank=True, max_length=120, verbose_name='limit reason'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='limited_until',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='limited until'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='limits_counted_from',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='limits counted from'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='platform_id',
+                field=models.CharField(max_length=100, verbose_name='platform ID'),
+            ),
+            migrations.AlterField(
+                model_name='contact',
+                name='username',
+                field=models.CharField(blank=True, max_length=100, verbose_name='username'),
+            ),
+            migrations.AlterField(
+                model_name='contextnote',
+                name='conversation',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notes', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='contextnote',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='contextnote',
+                name='text',
+                field=models.TextField(verbose_name='text'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='conversations', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='chat_id',
+                field=models.CharField(max_length=100, verbose_name='chat ID'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='contact',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='conversations', to='conversations.contact', verbose_name='contact'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='context_reset_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='context reset at'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='held_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='held at'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='held_by',
+                field=models.CharField(blank=True, help_text='The person holding it (or who last did).', max_length=150, verbose_name='held by'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='is_group',
+                field=models.BooleanField(default=False, verbose_name='is group'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='language',
+                field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='last_message_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='last message at'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='person_active_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='person active at'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='pinned_rule',
+                field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='conversations.routingrule', verbose_name='pinned rule'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='sender_id',
+                field=models.CharField(max_length=100, verbose_name='sender ID'),
+            ),
+            migrations.AlterField(
+                model_name='conversation',
+                name='state',
+                field=models.CharField(choices=[('agent', 'The agent answers'), ('person', 'A person holds it')], default='agent', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='album_id',
+                field=models.CharField(blank=True, default='', max_length=64, verbose_name='album ID'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='buffer',
+                field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='messages', to='conversations.messagebuffer', verbose_name='buffer'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='conversation',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='deleted_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='deleted at'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='disposition',
+                field=models.CharField(choices=[('buffered', 'Buffered'), ('control', 'Control command'), ('rejected', 'Rejected (a turn was running)'), ('dropped', 'Dropped (/stop or /reset)'), ('overflow', 'Not buffered (too many pending; the sender was told)'), ('context', 'Group context (not addressed to the agent; not answered)'), ('held', 'Stored while a person held the conversation'), ('limited', 'Stored, not answered (the sender was over a limit)'), ('bot', 'From a bot the channel does not allow: kept as context, not answered')], default='buffered', max_length=16, verbose_name='disposition'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='edited_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='edited at'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='from_bot',
+                field=models.BooleanField(blank=True, null=True, verbose_name='from bot'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='kind',
+                field=models.CharField(choices=[('text', 'Text'), ('media', 'Media'), ('control', 'Control command')], default='text', max_length=16, verbose_name='kind'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='media_file',
+                field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='messages', to='conversations.mediafile', verbose_name='media file'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='media_type',
+                field=models.CharField(blank=True, max_length=30, verbose_name='media type'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='mentioned',
+                field=models.BooleanField(blank=True, null=True, verbose_name='mentioned'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='platform_message_id',
+                field=models.CharField(max_length=120, verbose_name='platform message ID'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='received_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='received at'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='reply_target',
+                field=models.CharField(blank=True, help_text='Platform id a reply threads to.', max_length=200, verbose_name='reply target'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='sender_name',
+                field=models.CharField(blank=True, max_length=200, verbose_name='sender name'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='sent_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='sent at'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='text',
+                field=models.TextField(blank=True, verbose_name='text'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='thread_id',
+                field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
+            ),
+            migrations.AlterField(
+                model_name='inboundmessage',
+                name='traceparent',
+                field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='reactions', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='conversation',
+                field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='reactions', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='emoji',
+                field=models.CharField(blank=True, help_text='Empty: a reaction taken back.', max_length=64, verbose_name='emoji'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='key',
+                field=models.CharField(help_text="The platform's id of the reaction event.", max_length=200, verbose_name='key'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='outcome',
+                field=models.CharField(choices=[('noted', "Noted for the agent's next turn"), ('confirmed', 'Confirmed the question it was put on (👍)'), ('rejected', 'Declined the question it was put on (👎)'), ('already', 'On a question decided before'), ('not_yours', "On a question only the conversation's person may answer"), ('ignored', "Not on a message of the bot's")], max_length=16, verbose_name='outcome'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='platform_message_id',
+                field=models.CharField(help_text='The message reacted to.', max_length=200, verbose_name='platform message ID'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='reacted_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='reacted at'),
+            ),
+            migrations.AlterField(
+                model_name='inboundreaction',
+                name='sender_id',
+                field=models.CharField(blank=True, max_length=100, verbose_name='sender ID'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='attempts',
+                field=models.PositiveIntegerField(default=0, verbose_name='attempts'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='media_files', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='content_type',
+                field=models.CharField(blank=True, help_text='Sniffed from the bytes.', max_length=100, verbose_name='content type'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='declared_size',
+                field=models.BigIntegerField(blank=True, help_text='Bytes, as the platform said.', null=True, verbose_name='declared size'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='declared_type',
+                field=models.CharField(blank=True, help_text='The MIME type the platform gave.', max_length=100, verbose_name='declared type'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='duration',
+                field=models.FloatField(blank=True, help_text='Seconds (voice notes, audio, video).', null=True, verbose_name='duration'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='file_key',
+                field=models.CharField(help_text="The platform's stable id of the file.", max_length=200, verbose_name='file key'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='file_name',
+                field=models.CharField(blank=True, max_length=255, verbose_name='file name'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='kind',
+                field=models.CharField(help_text='photo, voice, document, …', max_length=30, verbose_name='kind'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='lease_until',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='lease until'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='next_attempt_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='next attempt at'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='owner',
+                field=models.CharField(blank=True, max_length=200, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='problem',
+                field=models.CharField(blank=True, help_text='Why it was skipped or failed, or not transcribed (redacted).', max_length=300, verbose_name='problem'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='ref',
+                field=models.CharField(help_text="What fetching it takes (Telegram's file_id).", max_length=500, verbose_name='ref'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='settled_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='settled at'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='sha256',
+                field=models.CharField(blank=True, max_length=64, verbose_name='SHA-256'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='size',
+                field=models.BigIntegerField(blank=True, null=True, verbose_name='size'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='state',
+                field=models.CharField(choices=[('pending', 'Waiting to be fetched'), ('fetching', 'Being fetched (leased by a worker)'), ('stored', 'Fetched and stored'), ('skipped', 'Not fetched (over a size cap, or nothing to fetch)'), ('failed', 'Could not be fetched (gave up)')], default='pending', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='storage_name',
+                field=models.CharField(blank=True, help_text="Its name in Django's default storage.", max_length=300, verbose_name='storage name'),
+            ),
+            migrations.AlterField(
+                model_name='mediafile',
+                name='transcript',
+                field=models.TextField(blank=True, help_text="A voice note's or audio file's text, when transcribed.", verbose_name='transcript'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='carried_turn',
+                field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='carried_into', to='conversations.turn', verbose_name='carried turn'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='conversation',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='buffers', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='first_message_at',
+                field=models.DateTimeField(verbose_name='first message at'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='flush_at',
+                field=models.DateTimeField(help_text='The deadline: the buffer flushes at this instant.', verbose_name='flush at'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='flush_reason',
+                field=models.CharField(blank=True, choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], max_length=16, verbose_name='flush reason'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='flushed_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='flushed at'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='flushed_by',
+                field=models.CharField(blank=True, help_text="The claim's owner stamp.", max_length=120, verbose_name='flushed by'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='last_album_id',
+                field=models.CharField(blank=True, default='', max_length=64, verbose_name='last album ID'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='last_message_at',
+                field=models.DateTimeField(verbose_name='last message at'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='message_count',
+                field=models.PositiveIntegerField(default=0, verbose_name='message count'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='overflow_noticed',
+                field=models.BooleanField(default=False, verbose_name='overflow noticed'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='planned_reason',
+                field=models.CharField(choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], default='window', max_length=16, verbose_name='planned reason'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='state',
+                field=models.CharField(choices=[('open', 'Open'), ('flushed', 'Flushed into a turn'), ('dropped', 'Dropped')], default='open', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='window_kind',
+                field=models.CharField(blank=True, max_length=16, verbose_name='window kind'),
+            ),
+            migrations.AlterField(
+                model_name='messagebuffer',
+                name='window_seconds',
+                field=models.FloatField(default=0.0, verbose_name='window seconds'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='conversation',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='edits', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='detail',
+                field=models.CharField(blank=True, help_text='Why this outcome.', max_length=300, verbose_name='detail'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='edited_at',
+                field=models.DateTimeField(help_text="When the user edited it (Telegram's edit_date).", verbose_name='edited at'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='message',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='edits', to='conversations.inboundmessage', verbose_name='message'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='new_text',
+                field=models.TextField(blank=True, verbose_name='new text'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='old_text',
+                field=models.TextField(blank=True, verbose_name='old text'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='outcome',
+                field=models.CharField(choices=[('buffered', 'Corrected in the open buffer (window re-armed)'), ('rerun', 'Turn cancelled and re-run with the corrected text'), ('noted', "Noted for the agent's next turn"), ('unchanged', 'Same text as before: nothing to change'), ('not_applied', 'Not applied: the message never reached a turn'), ('ignored', 'Ignored: the channel ignores edits')], max_length=16, verbose_name='outcome'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='received_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='received at'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='source',
+                field=models.CharField(help_text='telegram, api or webchat.', max_length=16, verbose_name='source'),
+            ),
+            migrations.AlterField(
+                model_name='messageedit',
+                name='turn',
+                field=models.ForeignKey(blank=True, help_text='The turn cancelled for a re-run, or the one the edit came too late for.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='edits', to='conversations.turn', verbose_name='turn'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='agent',
+                field=models.CharField(default='echo', max_length=50, verbose_name='agent'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='agent_config',
+                field=models.JSONField(blank=True, default=dict, verbose_name='agent config'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='routing_rules', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='chat_id',
+                field=models.CharField(blank=True, help_text='The chat or group id (exact).', max_length=100, verbose_name='chat ID'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='contact_attribute',
+                field=models.CharField(blank=True, choices=[('username', 'Username'), ('display_name', 'Display name'), ('platform_id', 'Platform id')], max_length=16, verbose_name='contact attribute'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='contact_value',
+                field=models.CharField(blank=True, help_text="The contact attribute's value.", max_length=200, verbose_name='contact value'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='keywords',
+                field=models.CharField(blank=True, help_text='Comma-separated words or phrases; one in the text (any case) matches.', max_length=300, verbose_name='keywords'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='language',
+                field=models.CharField(blank=True, help_text='The sender\'s language ("es" also matches "es-AR").', max_length=16, verbose_name='language'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='name',
+                field=models.SlugField(help_text="The agent's name in this channel: what the story page shows and what handoff_to_agent names.", verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='position',
+                field=models.PositiveIntegerField(default=0, help_text='Rules are tried in this order, lowest first.', verbose_name='position'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='thread_id',
+                field=models.CharField(blank=True, help_text="The thread or topic id (a Telegram forum topic's message_thread_id, a Slack thread).", max_length=50, verbose_name='thread ID'),
+            ),
+            migrations.AlterField(
+                model_name='routingrule',
+                name='updated_at',
+                field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='attempts',
+                field=models.PositiveIntegerField(default=0, verbose_name='attempts'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='buffer',
+                field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='turn', to='conversations.messagebuffer', verbose_name='buffer'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='conversation',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='turns', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='effect_fired_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='effect fired at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='finished_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='finished at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='fired_effect',
+                field=models.BooleanField(default=False, help_text='Set before the first external effect; such a turn is never cancelled.', verbose_name='fired effect'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='first_delta_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='first delta at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='flush_reason',
+                field=models.CharField(choices=[('window', 'Window closed'), ('max_wait', 'Max wait reached'), ('max_messages', 'Max messages reached'), ('media', "Media, flushed at once (the channel's choice)"), ('album', "An album's items kept the window open"), ('control', 'Control command'), ('edit', 'An edit re-runs a cancelled turn'), ('unaddressed', 'Not addressed to the agent (a group): kept as context, no turn'), ('person', 'A person answered (the conversation was taken over)')], max_length=16, verbose_name='flush reason'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='has_media',
+                field=models.BooleanField(default=False, verbose_name='has media'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='merged_input',
+                field=models.TextField(verbose_name='merged input'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='outcome',
+                field=models.CharField(blank=True, help_text='Why it was cancelled or failed.', max_length=300, verbose_name='outcome'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='owner',
+                field=models.CharField(blank=True, help_text='The worker running it.', max_length=100, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='preview_message_id',
+                field=models.CharField(blank=True, max_length=50, verbose_name='preview message ID'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='previews',
+                field=models.PositiveIntegerField(default=0, verbose_name='previews'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='reply_target',
+                field=models.CharField(blank=True, max_length=200, verbose_name='reply target'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='reply_text',
+                field=models.TextField(blank=True, verbose_name='reply text'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='request_key',
+                field=models.CharField(blank=True, max_length=100, verbose_name='request key'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='route',
+                field=models.CharField(blank=True, max_length=200, null=True, verbose_name='route'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='routing_rule',
+                field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='conversations.routingrule', verbose_name='routing rule'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='started_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='started at'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='state',
+                field=models.CharField(choices=[('ready', 'Ready'), ('running', 'Running'), ('done', 'Done'), ('cancelled', 'Cancelled'), ('failed', 'Failed')], default='ready', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='streamed_text',
+                field=models.TextField(blank=True, verbose_name='streamed text'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='thread_id',
+                field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='tokens_used',
+                field=models.PositiveIntegerField(default=0, verbose_name='tokens used'),
+            ),
+            migrations.AlterField(
+                model_name='turn',
+                name='traceparent',
+                field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
+            ),
+            migrations.AlterField(
+                model_name='workerheartbeat',
+                name='hostname',
+                field=models.CharField(max_length=100, verbose_name='hostname'),
+            ),
+            migrations.AlterField(
+                model_name='workerheartbeat',
+                name='owner',
+                field=models.CharField(max_length=100, unique=True, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='workerheartbeat',
+                name='pid',
+                field=models.IntegerField(verbose_name='PID'),
+            ),
+            migrations.AlterField(
+                model_name='workerheartbeat',
+                name='seen_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='seen at'),
+            ),
+            migrations.AlterField(
+                model_name='workerheartbeat',
+                name='started_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='started at'),
+            ),
+        ]),
     ]

@@ -13,305 +13,311 @@ class Migration(migrations.Migration):
         ('delivery', '0014_foreign_keys_without_a_redundant_index'),
     ]
 
+    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
+    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
+    # hundreds of AlterField: each of those clones and renders the whole project state as
+    # it runs, which made every migrate (and the migration tests) minutes slower.
     operations = [
-        migrations.AlterModelOptions(
-            name='outboundmessage',
-            options={'verbose_name': 'ledger row', 'verbose_name_plural': 'ledger rows'},
-        ),
-        migrations.AlterModelOptions(
-            name='restorepoint',
-            options={'ordering': ['-pk'], 'verbose_name': 'restore point', 'verbose_name_plural': 'restore points'},
-        ),
-        migrations.AlterModelOptions(
-            name='scheduledmessage',
-            options={'verbose_name': 'scheduled message', 'verbose_name_plural': 'scheduled messages'},
-        ),
-        migrations.AlterModelOptions(
-            name='sendbudget',
-            options={'verbose_name': 'send budget', 'verbose_name_plural': 'send budgets'},
-        ),
-        migrations.AlterModelOptions(
-            name='unreachablechat',
-            options={'verbose_name': 'unreachable chat', 'verbose_name_plural': 'unreachable chats'},
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='attempts',
-            field=models.PositiveIntegerField(default=0, help_text='Sends started (claims).', verbose_name='attempts'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='outbound', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='chat_id',
-            field=models.CharField(max_length=100, verbose_name='chat ID'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='chunks',
-            field=models.JSONField(blank=True, default=list, verbose_name='chunks'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='chunks_delivered',
-            field=models.PositiveIntegerField(default=0, help_text='Chunks known delivered, in order.', verbose_name='chunks delivered'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='chunks_started',
-            field=models.PositiveIntegerField(default=0, help_text='Chunks whose send has started.', verbose_name='chunks started'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='claim_token',
-            field=models.CharField(blank=True, max_length=64, verbose_name='claim token'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='claimed_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='claimed at'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='conversation',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='outbound', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='dedup_key',
-            field=models.CharField(blank=True, max_length=120, null=True, unique=True, verbose_name='dedup key'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='delivered_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='delivered at'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='extra_resends',
-            field=models.PositiveIntegerField(default=0, help_text="Granted by an operator's retry.", verbose_name='extra resends'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='flood_waits',
-            field=models.PositiveIntegerField(default=0, help_text='Sends deferred: refused by flood control, or never sent (no attempt spent).', verbose_name='flood waits'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='kind',
-            field=models.CharField(choices=[('reply', 'Agent reply'), ('control', 'Control command answer'), ('notice', 'Notice (reject, failure)'), ('scheduled', 'Scheduled message (reminder, follow-up, broadcast)')], default='reply', max_length=16, verbose_name='kind'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='language',
-            field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='last_error',
-            field=models.CharField(blank=True, max_length=300, verbose_name='last error'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='last_outcome',
-            field=models.CharField(blank=True, choices=[('delivered', 'Delivered'), ('flood', 'Flood control (retry after)'), ('temporary', 'Temporary failure'), ('permanent', 'Permanent failure'), ('ambiguous', 'Ambiguous (may have arrived)'), ('not_sent', 'Not sent (never left)'), ('channel_blocked', 'Channel blocked (credentials refused)')], max_length=16, verbose_name='last outcome'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='needs_marker',
-            field=models.BooleanField(default=False, help_text='The current attempt carries the recovery prefix.', verbose_name='needs marker'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='next_attempt_at',
-            field=models.DateTimeField(blank=True, default=django.utils.timezone.now, help_text='Empty: the last budgeted attempt, kept for the next worker start.', null=True, verbose_name='next attempt at'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='owner',
-            field=models.CharField(blank=True, max_length=100, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='platform_message_id',
-            field=models.CharField(blank=True, max_length=100, verbose_name='platform message ID'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='preview_message_id',
-            field=models.CharField(blank=True, max_length=50, verbose_name='preview message ID'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='reply_target',
-            field=models.CharField(blank=True, max_length=200, verbose_name='reply target'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='retried_at',
-            field=models.DateTimeField(blank=True, help_text="An operator's retry (freshness restarts).", null=True, verbose_name='retried at'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='state',
-            field=models.CharField(choices=[('pending', 'Pending (never tried)'), ('attempting', 'Attempting (claimed, sending)'), ('delivered', 'Delivered'), ('failed', 'Failed (will retry)'), ('unreachable', 'Unreachable (permanent)'), ('abandoned', 'Abandoned')], default='pending', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='template',
-            field=models.JSONField(blank=True, default=dict, verbose_name='template'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='text',
-            field=models.TextField(verbose_name='text'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='thread_id',
-            field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='traceparent',
-            field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
-        ),
-        migrations.AlterField(
-            model_name='outboundmessage',
-            name='turn',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='outbound', to='conversations.turn', verbose_name='turn'),
-        ),
-        migrations.AlterField(
-            model_name='restorepoint',
-            name='at',
-            field=models.DateTimeField(default=django.utils.timezone.now, help_text='When the backup (SQLite) or the restore was made.', verbose_name='at'),
-        ),
-        migrations.AlterField(
-            model_name='restorepoint',
-            name='last_buffer_id',
-            field=models.BigIntegerField(default=0, verbose_name='last buffer ID'),
-        ),
-        migrations.AlterField(
-            model_name='restorepoint',
-            name='last_turn_id',
-            field=models.BigIntegerField(default=0, verbose_name='last turn ID'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='cancel_on_reply',
-            field=models.BooleanField(default=False, help_text='Cancelled if the user writes after it was scheduled (a follow-up that a reply makes pointless).', verbose_name='cancel on reply'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='conversation',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedules', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='due_at',
-            field=models.DateTimeField(help_text='When the next tick goes out.', verbose_name='due at'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='last_sent_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='last sent at'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='reason',
-            field=models.CharField(blank=True, max_length=300, verbose_name='reason'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='repeat_every',
-            field=models.DurationField(blank=True, help_text='Empty: once. Else sent again this long after each tick.', null=True, verbose_name='repeat every'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='source',
-            field=models.CharField(choices=[('agent', 'The agent (reminder_create)'), ('operator', 'An operator (the admin)'), ('api', 'The API')], default='operator', max_length=16, verbose_name='source'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='state',
-            field=models.CharField(choices=[('scheduled', 'Scheduled (waits for its time)'), ('sent', 'Sent (written to the ledger)'), ('cancelled', 'Cancelled')], default='scheduled', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='template_fill',
-            field=models.CharField(blank=True, choices=[('text', 'The text is {{1}}'), ('lines', 'Each line is one parameter: {{1}}, {{2}}, …')], help_text="How the text fills the template's body. Empty: the channel's.", max_length=8, verbose_name='template fill'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='template_language',
-            field=models.CharField(blank=True, help_text="Its language code as Meta writes it (es, en_US, pt_BR). Empty: the channel's.", max_length=16, validators=[delivery.templates.check_language], verbose_name='template language'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='template_name',
-            field=models.CharField(blank=True, help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the channel's.", max_length=512, validators=[delivery.templates.check_name], verbose_name='template name'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='text',
-            field=models.TextField(verbose_name='text'),
-        ),
-        migrations.AlterField(
-            model_name='scheduledmessage',
-            name='ticks_sent',
-            field=models.PositiveIntegerField(default=0, verbose_name='ticks sent'),
-        ),
-        migrations.AlterField(
-            model_name='sendbudget',
-            name='key',
-            field=models.CharField(max_length=150, primary_key=True, serialize=False, verbose_name='key'),
-        ),
-        migrations.AlterField(
-            model_name='sendbudget',
-            name='next_slot',
-            field=models.FloatField(verbose_name='next slot'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='channel',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='unreachable_chats', to='conversations.channel', verbose_name='channel'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='chat_id',
-            field=models.CharField(max_length=100, verbose_name='chat ID'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='error',
-            field=models.CharField(max_length=300, verbose_name='error'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='failures',
-            field=models.PositiveIntegerField(default=1, verbose_name='failures'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='last_failure_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='last failure at'),
-        ),
-        migrations.AlterField(
-            model_name='unreachablechat',
-            name='since',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='since'),
-        ),
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.AlterModelOptions(
+                name='outboundmessage',
+                options={'verbose_name': 'ledger row', 'verbose_name_plural': 'ledger rows'},
+            ),
+            migrations.AlterModelOptions(
+                name='restorepoint',
+                options={'ordering': ['-pk'], 'verbose_name': 'restore point', 'verbose_name_plural': 'restore points'},
+            ),
+            migrations.AlterModelOptions(
+                name='scheduledmessage',
+                options={'verbose_name': 'scheduled message', 'verbose_name_plural': 'scheduled messages'},
+            ),
+            migrations.AlterModelOptions(
+                name='sendbudget',
+                options={'verbose_name': 'send budget', 'verbose_name_plural': 'send budgets'},
+            ),
+            migrations.AlterModelOptions(
+                name='unreachablechat',
+                options={'verbose_name': 'unreachable chat', 'verbose_name_plural': 'unreachable chats'},
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='attempts',
+                field=models.PositiveIntegerField(default=0, help_text='Sends started (claims).', verbose_name='attempts'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='outbound', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='chat_id',
+                field=models.CharField(max_length=100, verbose_name='chat ID'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='chunks',
+                field=models.JSONField(blank=True, default=list, verbose_name='chunks'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='chunks_delivered',
+                field=models.PositiveIntegerField(default=0, help_text='Chunks known delivered, in order.', verbose_name='chunks delivered'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='chunks_started',
+                field=models.PositiveIntegerField(default=0, help_text='Chunks whose send has started.', verbose_name='chunks started'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='claim_token',
+                field=models.CharField(blank=True, max_length=64, verbose_name='claim token'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='claimed_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='claimed at'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='conversation',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='outbound', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='dedup_key',
+                field=models.CharField(blank=True, max_length=120, null=True, unique=True, verbose_name='dedup key'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='delivered_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='delivered at'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='extra_resends',
+                field=models.PositiveIntegerField(default=0, help_text="Granted by an operator's retry.", verbose_name='extra resends'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='flood_waits',
+                field=models.PositiveIntegerField(default=0, help_text='Sends deferred: refused by flood control, or never sent (no attempt spent).', verbose_name='flood waits'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='kind',
+                field=models.CharField(choices=[('reply', 'Agent reply'), ('control', 'Control command answer'), ('notice', 'Notice (reject, failure)'), ('scheduled', 'Scheduled message (reminder, follow-up, broadcast)')], default='reply', max_length=16, verbose_name='kind'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='language',
+                field=models.CharField(blank=True, default='', max_length=16, verbose_name='language'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='last_error',
+                field=models.CharField(blank=True, max_length=300, verbose_name='last error'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='last_outcome',
+                field=models.CharField(blank=True, choices=[('delivered', 'Delivered'), ('flood', 'Flood control (retry after)'), ('temporary', 'Temporary failure'), ('permanent', 'Permanent failure'), ('ambiguous', 'Ambiguous (may have arrived)'), ('not_sent', 'Not sent (never left)'), ('channel_blocked', 'Channel blocked (credentials refused)')], max_length=16, verbose_name='last outcome'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='needs_marker',
+                field=models.BooleanField(default=False, help_text='The current attempt carries the recovery prefix.', verbose_name='needs marker'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='next_attempt_at',
+                field=models.DateTimeField(blank=True, default=django.utils.timezone.now, help_text='Empty: the last budgeted attempt, kept for the next worker start.', null=True, verbose_name='next attempt at'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='owner',
+                field=models.CharField(blank=True, max_length=100, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='platform_message_id',
+                field=models.CharField(blank=True, max_length=100, verbose_name='platform message ID'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='preview_message_id',
+                field=models.CharField(blank=True, max_length=50, verbose_name='preview message ID'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='reply_target',
+                field=models.CharField(blank=True, max_length=200, verbose_name='reply target'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='retried_at',
+                field=models.DateTimeField(blank=True, help_text="An operator's retry (freshness restarts).", null=True, verbose_name='retried at'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='state',
+                field=models.CharField(choices=[('pending', 'Pending (never tried)'), ('attempting', 'Attempting (claimed, sending)'), ('delivered', 'Delivered'), ('failed', 'Failed (will retry)'), ('unreachable', 'Unreachable (permanent)'), ('abandoned', 'Abandoned')], default='pending', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='template',
+                field=models.JSONField(blank=True, default=dict, verbose_name='template'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='text',
+                field=models.TextField(verbose_name='text'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='thread_id',
+                field=models.CharField(blank=True, max_length=50, verbose_name='thread ID'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='traceparent',
+                field=models.CharField(blank=True, editable=False, max_length=55, null=True, verbose_name='traceparent'),
+            ),
+            migrations.AlterField(
+                model_name='outboundmessage',
+                name='turn',
+                field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='outbound', to='conversations.turn', verbose_name='turn'),
+            ),
+            migrations.AlterField(
+                model_name='restorepoint',
+                name='at',
+                field=models.DateTimeField(default=django.utils.timezone.now, help_text='When the backup (SQLite) or the restore was made.', verbose_name='at'),
+            ),
+            migrations.AlterField(
+                model_name='restorepoint',
+                name='last_buffer_id',
+                field=models.BigIntegerField(default=0, verbose_name='last buffer ID'),
+            ),
+            migrations.AlterField(
+                model_name='restorepoint',
+                name='last_turn_id',
+                field=models.BigIntegerField(default=0, verbose_name='last turn ID'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='cancel_on_reply',
+                field=models.BooleanField(default=False, help_text='Cancelled if the user writes after it was scheduled (a follow-up that a reply makes pointless).', verbose_name='cancel on reply'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='conversation',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedules', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='due_at',
+                field=models.DateTimeField(help_text='When the next tick goes out.', verbose_name='due at'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='last_sent_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='last sent at'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='reason',
+                field=models.CharField(blank=True, max_length=300, verbose_name='reason'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='repeat_every',
+                field=models.DurationField(blank=True, help_text='Empty: once. Else sent again this long after each tick.', null=True, verbose_name='repeat every'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='source',
+                field=models.CharField(choices=[('agent', 'The agent (reminder_create)'), ('operator', 'An operator (the admin)'), ('api', 'The API')], default='operator', max_length=16, verbose_name='source'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='state',
+                field=models.CharField(choices=[('scheduled', 'Scheduled (waits for its time)'), ('sent', 'Sent (written to the ledger)'), ('cancelled', 'Cancelled')], default='scheduled', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='template_fill',
+                field=models.CharField(blank=True, choices=[('text', 'The text is {{1}}'), ('lines', 'Each line is one parameter: {{1}}, {{2}}, …')], help_text="How the text fills the template's body. Empty: the channel's.", max_length=8, verbose_name='template fill'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='template_language',
+                field=models.CharField(blank=True, help_text="Its language code as Meta writes it (es, en_US, pt_BR). Empty: the channel's.", max_length=16, validators=[delivery.templates.check_language], verbose_name='template language'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='template_name',
+                field=models.CharField(blank=True, help_text="WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the channel's.", max_length=512, validators=[delivery.templates.check_name], verbose_name='template name'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='text',
+                field=models.TextField(verbose_name='text'),
+            ),
+            migrations.AlterField(
+                model_name='scheduledmessage',
+                name='ticks_sent',
+                field=models.PositiveIntegerField(default=0, verbose_name='ticks sent'),
+            ),
+            migrations.AlterField(
+                model_name='sendbudget',
+                name='key',
+                field=models.CharField(max_length=150, primary_key=True, serialize=False, verbose_name='key'),
+            ),
+            migrations.AlterField(
+                model_name='sendbudget',
+                name='next_slot',
+                field=models.FloatField(verbose_name='next slot'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='channel',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='unreachable_chats', to='conversations.channel', verbose_name='channel'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='chat_id',
+                field=models.CharField(max_length=100, verbose_name='chat ID'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='error',
+                field=models.CharField(max_length=300, verbose_name='error'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='failures',
+                field=models.PositiveIntegerField(default=1, verbose_name='failures'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='last_failure_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='last failure at'),
+            ),
+            migrations.AlterField(
+                model_name='unreachablechat',
+                name='since',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='since'),
+            ),
+        ]),
     ]

@@ -15,457 +15,463 @@ class Migration(migrations.Migration):
         ('tools', '0009_mcp_reach_and_caps'),
     ]
 
+    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
+    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
+    # hundreds of AlterField: each of those clones and renders the whole project state as
+    # it runs, which made every migrate (and the migration tests) minutes slower.
     operations = [
-        migrations.AlterModelOptions(
-            name='actionclaim',
-            options={'ordering': ['-created_at'], 'verbose_name': 'action claim', 'verbose_name_plural': 'action claims'},
-        ),
-        migrations.AlterModelOptions(
-            name='calendar',
-            options={'verbose_name': 'calendar', 'verbose_name_plural': 'calendars'},
-        ),
-        migrations.AlterModelOptions(
-            name='calendarevent',
-            options={'ordering': ['start'], 'verbose_name': 'calendar event', 'verbose_name_plural': 'calendar events'},
-        ),
-        migrations.AlterModelOptions(
-            name='confirmation',
-            options={'ordering': ['-asked_at'], 'verbose_name': 'confirmation', 'verbose_name_plural': 'confirmations'},
-        ),
-        migrations.AlterModelOptions(
-            name='mcpserver',
-            options={'ordering': ['name'], 'verbose_name': 'MCP server', 'verbose_name_plural': 'MCP servers'},
-        ),
-        migrations.AlterModelOptions(
-            name='mcptool',
-            options={'ordering': ['offered_as'], 'verbose_name': 'MCP tool', 'verbose_name_plural': 'MCP tools'},
-        ),
-        migrations.AlterModelOptions(
-            name='proposal',
-            options={'ordering': ['-created_at'], 'verbose_name': 'proposal', 'verbose_name_plural': 'proposals'},
-        ),
-        migrations.AlterModelOptions(
-            name='toolpolicy',
-            options={'ordering': ['name'], 'verbose_name': 'tool policy', 'verbose_name_plural': 'tool policies'},
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='action',
-            field=models.CharField(max_length=64, verbose_name='action'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='agent_key_id',
-            field=models.BigIntegerField(blank=True, null=True, verbose_name='agent key ID'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='arguments',
-            field=models.JSONField(default=dict, verbose_name='arguments'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='channel_slug',
-            field=models.CharField(blank=True, max_length=50, verbose_name='channel slug'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='conversation_id',
-            field=models.BigIntegerField(blank=True, null=True, verbose_name='conversation ID'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='duplicates_caught',
-            field=models.PositiveIntegerField(default=0, verbose_name='duplicates caught'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='error',
-            field=models.TextField(blank=True, verbose_name='error'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='expires_at',
-            field=models.DateTimeField(help_text='End of the window: identical calls after this are new actions.', verbose_name='expires at'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='fingerprint',
-            field=models.CharField(max_length=64, verbose_name='fingerprint'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='fingerprint_fields',
-            field=models.JSONField(default=list, verbose_name='fingerprint fields'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='fingerprint_material',
-            field=models.JSONField(default=dict, verbose_name='fingerprint material'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='finished_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='finished at'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='lease_until',
-            field=models.DateTimeField(help_text='In flight past this instant: the run was interrupted.', verbose_name='lease until'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='live',
-            field=models.BooleanField(default=True, verbose_name='live'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='owner',
-            field=models.CharField(blank=True, help_text='Who is running it: worker, API key, operator.', max_length=100, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='result',
-            field=models.JSONField(blank=True, null=True, verbose_name='result'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='scope',
-            field=models.CharField(help_text='Whose action: contact:<id> or an API scope.', max_length=200, verbose_name='scope'),
-        ),
-        migrations.AlterField(
-            model_name='actionclaim',
-            name='state',
-            field=models.CharField(choices=[('in_flight', 'In flight'), ('done', 'Done'), ('released', 'Released (failed or rejected)'), ('uncertain', 'Uncertain (interrupted)'), ('proposed', 'Awaiting approval')], default='in_flight', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='calendar',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='calendar',
-            name='feed_token',
-            field=models.CharField(default=tools.models.new_feed_token, editable=False, max_length=40, unique=True, verbose_name='feed token'),
-        ),
-        migrations.AlterField(
-            model_name='calendar',
-            name='name',
-            field=models.CharField(blank=True, max_length=200, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='calendar',
-            name='scope',
-            field=models.CharField(max_length=200, unique=True, verbose_name='scope'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='attendees',
-            field=models.JSONField(blank=True, default=list, verbose_name='attendees'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='calendar',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='tools.calendar', verbose_name='calendar'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='created_at',
-            field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='description',
-            field=models.TextField(blank=True, verbose_name='description'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='end',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='end'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='location',
-            field=models.CharField(blank=True, max_length=300, verbose_name='location'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='start',
-            field=models.DateTimeField(verbose_name='start'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='title',
-            field=models.CharField(max_length=300, verbose_name='title'),
-        ),
-        migrations.AlterField(
-            model_name='calendarevent',
-            name='uid',
-            field=models.CharField(help_text="iCalendar UID (derived from the guard's claim).", max_length=200, unique=True, verbose_name='UID'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='asked_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='asked at'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='conversation',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='confirmations', to='conversations.conversation', verbose_name='conversation'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='last_tap_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='last tap at'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='proposal',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='confirmation', to='tools.proposal', verbose_name='proposal'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='question',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='confirmations', to='delivery.outboundmessage', verbose_name='question'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='taps',
-            field=models.PositiveIntegerField(default=0, help_text='Answers received (taps, replayed callbacks, replies).', verbose_name='taps'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='text',
-            field=models.TextField(help_text='The question as the user reads it.', verbose_name='text'),
-        ),
-        migrations.AlterField(
-            model_name='confirmation',
-            name='token',
-            field=models.CharField(default=tools.models.new_confirmation_token, editable=False, max_length=40, unique=True, verbose_name='token'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='channels',
-            field=models.ManyToManyField(blank=True, help_text="The channels whose agents are offered this server's tools.", related_name='mcp_servers', to='conversations.channel', verbose_name='channels'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='command',
-            field=models.JSONField(blank=True, default=list, editable=False, help_text='stdio: the command and its arguments, e.g. ["python", "server.py"] (manage.py addmcpserver --command only).', verbose_name='command'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='enabled',
-            field=models.BooleanField(default=True, verbose_name='enabled'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='env',
-            field=models.JSONField(blank=True, default=dict, editable=False, help_text='stdio: environment of the command (secret).', verbose_name='env'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='headers',
-            field=models.JSONField(blank=True, default=dict, help_text='HTTP headers sent with every request (secret).', verbose_name='headers'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='internal_url',
-            field=models.CharField(blank=True, editable=False, help_text="The URL the machine's holder allowed to be http and reach a private address (manage.py addmcpserver --internal): only while `url` is exactly this one.", max_length=500, verbose_name='internal URL'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='last_error',
-            field=models.TextField(blank=True, help_text='Why it was last unreachable (redacted).', verbose_name='last error'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='listed_at',
-            field=models.DateTimeField(blank=True, help_text='When its tools were last listed.', null=True, verbose_name='listed at'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='max_result_bytes',
-            field=models.PositiveIntegerField(default=65536, help_text='A longer result is cut to this size for the model.', validators=[django.core.validators.MinValueValidator(256), django.core.validators.MaxValueValidator(1048576)], verbose_name='max result bytes'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='name',
-            field=models.CharField(help_text="Lower-case letters, digits and '-': its tools are offered as <name>__<tool>.", max_length=30, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,29}$')], verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='refresh_seconds',
-            field=models.PositiveIntegerField(default=300, help_text='Its tool list is read again at least this often.', validators=[django.core.validators.MinValueValidator(5)], verbose_name='refresh seconds'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='timeout_seconds',
-            field=models.FloatField(default=30.0, help_text='A call with no answer after this long is uncertain.', validators=[django.core.validators.MinValueValidator(0.1)], verbose_name='timeout seconds'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='transport',
-            field=models.CharField(choices=[('http', 'Streamable HTTP (a URL)'), ('stdio', 'stdio (a local command)')], default='http', max_length=8, verbose_name='transport'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='trusted',
-            field=models.BooleanField(default=False, help_text='Trust its tool annotations when creating policies: readOnlyHint makes a tool unguarded. Untrusted, hints are only shown; every tool is guarded.', verbose_name='trusted'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='updated_at',
-            field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
-        ),
-        migrations.AlterField(
-            model_name='mcpserver',
-            name='url',
-            field=models.URLField(blank=True, help_text="Streamable HTTP: the server's endpoint (https).", max_length=500, verbose_name='URL'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='annotations',
-            field=models.JSONField(blank=True, default=dict, help_text='Hints from that server (not trusted unless the server is).', verbose_name='annotations'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='description',
-            field=models.TextField(blank=True, verbose_name='description'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='input_schema',
-            field=models.JSONField(default=dict, verbose_name='input schema'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='listed_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='listed at'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='name',
-            field=models.CharField(help_text="The tool's name on its server.", max_length=128, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='offered_as',
-            field=models.CharField(help_text='Its name for models and its policy.', max_length=64, unique=True, verbose_name='offered as'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='present',
-            field=models.BooleanField(default=True, help_text='Off: its server no longer lists it.', verbose_name='present'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='reconcile_with',
-            field=models.CharField(blank=True, help_text="A read-only tool of the same server that looks this action up after an interrupted call: it is called with the call's arguments it accepts; a result with found: false (or empty) means the action did not happen, any other result that it did.", max_length=128, verbose_name='reconcile with'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='refused',
-            field=models.CharField(blank=True, help_text='Why it is not offered: its schema or description is over the cap.', max_length=200, verbose_name='refused'),
-        ),
-        migrations.AlterField(
-            model_name='mcptool',
-            name='server',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='tools', to='tools.mcpserver', verbose_name='server'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='claim',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='proposal', to='tools.actionclaim', verbose_name='claim'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='created_at',
-            field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='decided_at',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='decided at'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='decided_by',
-            field=models.CharField(blank=True, max_length=150, verbose_name='decided by'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='error',
-            field=models.TextField(blank=True, verbose_name='error'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='expires_at',
-            field=models.DateTimeField(verbose_name='expires at'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='result',
-            field=models.JSONField(blank=True, null=True, verbose_name='result'),
-        ),
-        migrations.AlterField(
-            model_name='proposal',
-            name='state',
-            field=models.CharField(choices=[('pending', 'Awaiting approval'), ('applying', 'Applying'), ('applied', 'Applied'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('expired', 'Expired')], default='pending', max_length=16, verbose_name='state'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='approval',
-            field=models.CharField(choices=[('none', 'Nobody (calls run)'), ('operator', 'An operator (admin or dashboard)'), ('user', "The conversation's user (a question in the chat)")], default='none', help_text="operator: calls become proposals an operator applies in the admin or the dashboard; user: the conversation's user is asked in the chat (buttons, or a yes/no reply) and the tap applies it (calls without a conversation wait for an operator).", max_length=16, verbose_name='approval'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='approval_ttl_seconds',
-            field=models.PositiveIntegerField(default=86400, help_text='Proposals expire after this time.', validators=[django.core.validators.MinValueValidator(1)], verbose_name='approval TTL seconds'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='enabled',
-            field=models.BooleanField(default=True, help_text='Off: the tool is not offered or run.', verbose_name='enabled'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='fingerprint_fields',
-            field=models.JSONField(blank=True, default=list, help_text='Argument names that define "the same action", e.g. ["title", "start_datetime"]. Empty: the tool\'s default (all arguments for unknown actions).', verbose_name='fingerprint fields'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='guarded',
-            field=models.BooleanField(default=True, help_text='Off: effectful calls run without the duplicate check (reads never are checked).', verbose_name='guarded'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='max_per_hour',
-            field=models.PositiveIntegerField(blank=True, help_text='At most this many calls per scope (one contact) in any hour, and as many per agent key whatever scopes it names, proposals included; the next ones fail and the model is told why. Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(1)], verbose_name='max per hour'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='name',
-            field=models.CharField(help_text='Tool or action name.', max_length=64, unique=True, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='timeout_seconds',
-            field=models.PositiveIntegerField(default=60, help_text='A claim still in flight after this long is considered interrupted (outcome uncertain).', validators=[django.core.validators.MinValueValidator(1)], verbose_name='timeout seconds'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='updated_at',
-            field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
-        ),
-        migrations.AlterField(
-            model_name='toolpolicy',
-            name='window_seconds',
-            field=models.PositiveIntegerField(default=600, help_text='An identical call within this time of the first is a duplicate.', validators=[django.core.validators.MinValueValidator(1)], verbose_name='window seconds'),
-        ),
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.AlterModelOptions(
+                name='actionclaim',
+                options={'ordering': ['-created_at'], 'verbose_name': 'action claim', 'verbose_name_plural': 'action claims'},
+            ),
+            migrations.AlterModelOptions(
+                name='calendar',
+                options={'verbose_name': 'calendar', 'verbose_name_plural': 'calendars'},
+            ),
+            migrations.AlterModelOptions(
+                name='calendarevent',
+                options={'ordering': ['start'], 'verbose_name': 'calendar event', 'verbose_name_plural': 'calendar events'},
+            ),
+            migrations.AlterModelOptions(
+                name='confirmation',
+                options={'ordering': ['-asked_at'], 'verbose_name': 'confirmation', 'verbose_name_plural': 'confirmations'},
+            ),
+            migrations.AlterModelOptions(
+                name='mcpserver',
+                options={'ordering': ['name'], 'verbose_name': 'MCP server', 'verbose_name_plural': 'MCP servers'},
+            ),
+            migrations.AlterModelOptions(
+                name='mcptool',
+                options={'ordering': ['offered_as'], 'verbose_name': 'MCP tool', 'verbose_name_plural': 'MCP tools'},
+            ),
+            migrations.AlterModelOptions(
+                name='proposal',
+                options={'ordering': ['-created_at'], 'verbose_name': 'proposal', 'verbose_name_plural': 'proposals'},
+            ),
+            migrations.AlterModelOptions(
+                name='toolpolicy',
+                options={'ordering': ['name'], 'verbose_name': 'tool policy', 'verbose_name_plural': 'tool policies'},
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='action',
+                field=models.CharField(max_length=64, verbose_name='action'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='agent_key_id',
+                field=models.BigIntegerField(blank=True, null=True, verbose_name='agent key ID'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='arguments',
+                field=models.JSONField(default=dict, verbose_name='arguments'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='channel_slug',
+                field=models.CharField(blank=True, max_length=50, verbose_name='channel slug'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='conversation_id',
+                field=models.BigIntegerField(blank=True, null=True, verbose_name='conversation ID'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='duplicates_caught',
+                field=models.PositiveIntegerField(default=0, verbose_name='duplicates caught'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='error',
+                field=models.TextField(blank=True, verbose_name='error'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='expires_at',
+                field=models.DateTimeField(help_text='End of the window: identical calls after this are new actions.', verbose_name='expires at'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='fingerprint',
+                field=models.CharField(max_length=64, verbose_name='fingerprint'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='fingerprint_fields',
+                field=models.JSONField(default=list, verbose_name='fingerprint fields'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='fingerprint_material',
+                field=models.JSONField(default=dict, verbose_name='fingerprint material'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='finished_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='finished at'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='lease_until',
+                field=models.DateTimeField(help_text='In flight past this instant: the run was interrupted.', verbose_name='lease until'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='live',
+                field=models.BooleanField(default=True, verbose_name='live'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='owner',
+                field=models.CharField(blank=True, help_text='Who is running it: worker, API key, operator.', max_length=100, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='result',
+                field=models.JSONField(blank=True, null=True, verbose_name='result'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='scope',
+                field=models.CharField(help_text='Whose action: contact:<id> or an API scope.', max_length=200, verbose_name='scope'),
+            ),
+            migrations.AlterField(
+                model_name='actionclaim',
+                name='state',
+                field=models.CharField(choices=[('in_flight', 'In flight'), ('done', 'Done'), ('released', 'Released (failed or rejected)'), ('uncertain', 'Uncertain (interrupted)'), ('proposed', 'Awaiting approval')], default='in_flight', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='calendar',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='calendar',
+                name='feed_token',
+                field=models.CharField(default=tools.models.new_feed_token, editable=False, max_length=40, unique=True, verbose_name='feed token'),
+            ),
+            migrations.AlterField(
+                model_name='calendar',
+                name='name',
+                field=models.CharField(blank=True, max_length=200, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='calendar',
+                name='scope',
+                field=models.CharField(max_length=200, unique=True, verbose_name='scope'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='attendees',
+                field=models.JSONField(blank=True, default=list, verbose_name='attendees'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='calendar',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='tools.calendar', verbose_name='calendar'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='created_at',
+                field=models.DateTimeField(auto_now_add=True, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='description',
+                field=models.TextField(blank=True, verbose_name='description'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='end',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='end'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='location',
+                field=models.CharField(blank=True, max_length=300, verbose_name='location'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='start',
+                field=models.DateTimeField(verbose_name='start'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='title',
+                field=models.CharField(max_length=300, verbose_name='title'),
+            ),
+            migrations.AlterField(
+                model_name='calendarevent',
+                name='uid',
+                field=models.CharField(help_text="iCalendar UID (derived from the guard's claim).", max_length=200, unique=True, verbose_name='UID'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='asked_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='asked at'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='conversation',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='confirmations', to='conversations.conversation', verbose_name='conversation'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='last_tap_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='last tap at'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='proposal',
+                field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='confirmation', to='tools.proposal', verbose_name='proposal'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='question',
+                field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='confirmations', to='delivery.outboundmessage', verbose_name='question'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='taps',
+                field=models.PositiveIntegerField(default=0, help_text='Answers received (taps, replayed callbacks, replies).', verbose_name='taps'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='text',
+                field=models.TextField(help_text='The question as the user reads it.', verbose_name='text'),
+            ),
+            migrations.AlterField(
+                model_name='confirmation',
+                name='token',
+                field=models.CharField(default=tools.models.new_confirmation_token, editable=False, max_length=40, unique=True, verbose_name='token'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='channels',
+                field=models.ManyToManyField(blank=True, help_text="The channels whose agents are offered this server's tools.", related_name='mcp_servers', to='conversations.channel', verbose_name='channels'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='command',
+                field=models.JSONField(blank=True, default=list, editable=False, help_text='stdio: the command and its arguments, e.g. ["python", "server.py"] (manage.py addmcpserver --command only).', verbose_name='command'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='enabled',
+                field=models.BooleanField(default=True, verbose_name='enabled'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='env',
+                field=models.JSONField(blank=True, default=dict, editable=False, help_text='stdio: environment of the command (secret).', verbose_name='env'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='headers',
+                field=models.JSONField(blank=True, default=dict, help_text='HTTP headers sent with every request (secret).', verbose_name='headers'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='internal_url',
+                field=models.CharField(blank=True, editable=False, help_text="The URL the machine's holder allowed to be http and reach a private address (manage.py addmcpserver --internal): only while `url` is exactly this one.", max_length=500, verbose_name='internal URL'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='last_error',
+                field=models.TextField(blank=True, help_text='Why it was last unreachable (redacted).', verbose_name='last error'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='listed_at',
+                field=models.DateTimeField(blank=True, help_text='When its tools were last listed.', null=True, verbose_name='listed at'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='max_result_bytes',
+                field=models.PositiveIntegerField(default=65536, help_text='A longer result is cut to this size for the model.', validators=[django.core.validators.MinValueValidator(256), django.core.validators.MaxValueValidator(1048576)], verbose_name='max result bytes'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='name',
+                field=models.CharField(help_text="Lower-case letters, digits and '-': its tools are offered as <name>__<tool>.", max_length=30, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,29}$')], verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='refresh_seconds',
+                field=models.PositiveIntegerField(default=300, help_text='Its tool list is read again at least this often.', validators=[django.core.validators.MinValueValidator(5)], verbose_name='refresh seconds'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='timeout_seconds',
+                field=models.FloatField(default=30.0, help_text='A call with no answer after this long is uncertain.', validators=[django.core.validators.MinValueValidator(0.1)], verbose_name='timeout seconds'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='transport',
+                field=models.CharField(choices=[('http', 'Streamable HTTP (a URL)'), ('stdio', 'stdio (a local command)')], default='http', max_length=8, verbose_name='transport'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='trusted',
+                field=models.BooleanField(default=False, help_text='Trust its tool annotations when creating policies: readOnlyHint makes a tool unguarded. Untrusted, hints are only shown; every tool is guarded.', verbose_name='trusted'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='updated_at',
+                field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
+            ),
+            migrations.AlterField(
+                model_name='mcpserver',
+                name='url',
+                field=models.URLField(blank=True, help_text="Streamable HTTP: the server's endpoint (https).", max_length=500, verbose_name='URL'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='annotations',
+                field=models.JSONField(blank=True, default=dict, help_text='Hints from that server (not trusted unless the server is).', verbose_name='annotations'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='description',
+                field=models.TextField(blank=True, verbose_name='description'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='input_schema',
+                field=models.JSONField(default=dict, verbose_name='input schema'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='listed_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='listed at'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='name',
+                field=models.CharField(help_text="The tool's name on its server.", max_length=128, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='offered_as',
+                field=models.CharField(help_text='Its name for models and its policy.', max_length=64, unique=True, verbose_name='offered as'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='present',
+                field=models.BooleanField(default=True, help_text='Off: its server no longer lists it.', verbose_name='present'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='reconcile_with',
+                field=models.CharField(blank=True, help_text="A read-only tool of the same server that looks this action up after an interrupted call: it is called with the call's arguments it accepts; a result with found: false (or empty) means the action did not happen, any other result that it did.", max_length=128, verbose_name='reconcile with'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='refused',
+                field=models.CharField(blank=True, help_text='Why it is not offered: its schema or description is over the cap.', max_length=200, verbose_name='refused'),
+            ),
+            migrations.AlterField(
+                model_name='mcptool',
+                name='server',
+                field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='tools', to='tools.mcpserver', verbose_name='server'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='claim',
+                field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='proposal', to='tools.actionclaim', verbose_name='claim'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='created_at',
+                field=models.DateTimeField(default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='decided_at',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='decided at'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='decided_by',
+                field=models.CharField(blank=True, max_length=150, verbose_name='decided by'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='error',
+                field=models.TextField(blank=True, verbose_name='error'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='expires_at',
+                field=models.DateTimeField(verbose_name='expires at'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='result',
+                field=models.JSONField(blank=True, null=True, verbose_name='result'),
+            ),
+            migrations.AlterField(
+                model_name='proposal',
+                name='state',
+                field=models.CharField(choices=[('pending', 'Awaiting approval'), ('applying', 'Applying'), ('applied', 'Applied'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('expired', 'Expired')], default='pending', max_length=16, verbose_name='state'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='approval',
+                field=models.CharField(choices=[('none', 'Nobody (calls run)'), ('operator', 'An operator (admin or dashboard)'), ('user', "The conversation's user (a question in the chat)")], default='none', help_text="operator: calls become proposals an operator applies in the admin or the dashboard; user: the conversation's user is asked in the chat (buttons, or a yes/no reply) and the tap applies it (calls without a conversation wait for an operator).", max_length=16, verbose_name='approval'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='approval_ttl_seconds',
+                field=models.PositiveIntegerField(default=86400, help_text='Proposals expire after this time.', validators=[django.core.validators.MinValueValidator(1)], verbose_name='approval TTL seconds'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='enabled',
+                field=models.BooleanField(default=True, help_text='Off: the tool is not offered or run.', verbose_name='enabled'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='fingerprint_fields',
+                field=models.JSONField(blank=True, default=list, help_text='Argument names that define "the same action", e.g. ["title", "start_datetime"]. Empty: the tool\'s default (all arguments for unknown actions).', verbose_name='fingerprint fields'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='guarded',
+                field=models.BooleanField(default=True, help_text='Off: effectful calls run without the duplicate check (reads never are checked).', verbose_name='guarded'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='max_per_hour',
+                field=models.PositiveIntegerField(blank=True, help_text='At most this many calls per scope (one contact) in any hour, and as many per agent key whatever scopes it names, proposals included; the next ones fail and the model is told why. Empty: no limit.', null=True, validators=[django.core.validators.MinValueValidator(1)], verbose_name='max per hour'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='name',
+                field=models.CharField(help_text='Tool or action name.', max_length=64, unique=True, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='timeout_seconds',
+                field=models.PositiveIntegerField(default=60, help_text='A claim still in flight after this long is considered interrupted (outcome uncertain).', validators=[django.core.validators.MinValueValidator(1)], verbose_name='timeout seconds'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='updated_at',
+                field=models.DateTimeField(auto_now=True, verbose_name='updated at'),
+            ),
+            migrations.AlterField(
+                model_name='toolpolicy',
+                name='window_seconds',
+                field=models.PositiveIntegerField(default=600, help_text='An identical call within this time of the first is a duplicate.', validators=[django.core.validators.MinValueValidator(1)], verbose_name='window seconds'),
+            ),
+        ]),
     ]

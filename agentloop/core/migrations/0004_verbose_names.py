@@ -10,86 +10,92 @@ class Migration(migrations.Migration):
         ('agentloop', '0003_idempotent_requests'),
     ]
 
+    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
+    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
+    # hundreds of AlterField: each of those clones and renders the whole project state as
+    # it runs, which made every migrate (and the migration tests) minutes slower.
     operations = [
-        migrations.AlterModelOptions(
-            name='idempotentrequest',
-            options={'verbose_name': 'idempotent request', 'verbose_name_plural': 'idempotent requests'},
-        ),
-        migrations.AlterModelOptions(
-            name='liveevent',
-            options={'verbose_name': 'live event', 'verbose_name_plural': 'live events'},
-        ),
-        migrations.AlterModelOptions(
-            name='livelistener',
-            options={'verbose_name': 'live listener', 'verbose_name_plural': 'live listeners'},
-        ),
-        migrations.AlterModelOptions(
-            name='metrics',
-            options={'default_permissions': (), 'managed': False, 'permissions': [('view_metrics', 'Can read the Prometheus metrics (GET /metrics)')], 'verbose_name': 'metrics', 'verbose_name_plural': 'metrics'},
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='content',
-            field=models.BinaryField(default=bytes, verbose_name='content'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='created_at',
-            field=models.DateTimeField(db_index=True, default=django.utils.timezone.now, verbose_name='created at'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='fingerprint',
-            field=models.CharField(help_text='SHA-256 of the method, path and body.', max_length=64, verbose_name='fingerprint'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='headers',
-            field=models.JSONField(default=dict, verbose_name='headers'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='key',
-            field=models.CharField(max_length=255, verbose_name='key'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='lease_until',
-            field=models.DateTimeField(blank=True, null=True, verbose_name='lease until'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='owner',
-            field=models.CharField(help_text="Whose key: 'conversations.agentkey:12', 'auth.user:3'.", max_length=100, verbose_name='owner'),
-        ),
-        migrations.AlterField(
-            model_name='idempotentrequest',
-            name='status',
-            field=models.PositiveSmallIntegerField(blank=True, help_text='Empty while in flight.', null=True, verbose_name='HTTP status'),
-        ),
-        migrations.AlterField(
-            model_name='liveevent',
-            name='at',
-            field=models.DateTimeField(db_index=True, default=django.utils.timezone.now, verbose_name='at'),
-        ),
-        migrations.AlterField(
-            model_name='liveevent',
-            name='groups',
-            field=models.CharField(help_text='Space-separated channel-layer group names.', max_length=300, verbose_name='groups'),
-        ),
-        migrations.AlterField(
-            model_name='liveevent',
-            name='payload',
-            field=models.JSONField(verbose_name='payload'),
-        ),
-        migrations.AlterField(
-            model_name='livelistener',
-            name='name',
-            field=models.CharField(help_text='host:pid of the web process.', max_length=120, unique=True, verbose_name='name'),
-        ),
-        migrations.AlterField(
-            model_name='livelistener',
-            name='seen_at',
-            field=models.DateTimeField(verbose_name='seen at'),
-        ),
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.AlterModelOptions(
+                name='idempotentrequest',
+                options={'verbose_name': 'idempotent request', 'verbose_name_plural': 'idempotent requests'},
+            ),
+            migrations.AlterModelOptions(
+                name='liveevent',
+                options={'verbose_name': 'live event', 'verbose_name_plural': 'live events'},
+            ),
+            migrations.AlterModelOptions(
+                name='livelistener',
+                options={'verbose_name': 'live listener', 'verbose_name_plural': 'live listeners'},
+            ),
+            migrations.AlterModelOptions(
+                name='metrics',
+                options={'default_permissions': (), 'managed': False, 'permissions': [('view_metrics', 'Can read the Prometheus metrics (GET /metrics)')], 'verbose_name': 'metrics', 'verbose_name_plural': 'metrics'},
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='content',
+                field=models.BinaryField(default=bytes, verbose_name='content'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='created_at',
+                field=models.DateTimeField(db_index=True, default=django.utils.timezone.now, verbose_name='created at'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='fingerprint',
+                field=models.CharField(help_text='SHA-256 of the method, path and body.', max_length=64, verbose_name='fingerprint'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='headers',
+                field=models.JSONField(default=dict, verbose_name='headers'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='key',
+                field=models.CharField(max_length=255, verbose_name='key'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='lease_until',
+                field=models.DateTimeField(blank=True, null=True, verbose_name='lease until'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='owner',
+                field=models.CharField(help_text="Whose key: 'conversations.agentkey:12', 'auth.user:3'.", max_length=100, verbose_name='owner'),
+            ),
+            migrations.AlterField(
+                model_name='idempotentrequest',
+                name='status',
+                field=models.PositiveSmallIntegerField(blank=True, help_text='Empty while in flight.', null=True, verbose_name='HTTP status'),
+            ),
+            migrations.AlterField(
+                model_name='liveevent',
+                name='at',
+                field=models.DateTimeField(db_index=True, default=django.utils.timezone.now, verbose_name='at'),
+            ),
+            migrations.AlterField(
+                model_name='liveevent',
+                name='groups',
+                field=models.CharField(help_text='Space-separated channel-layer group names.', max_length=300, verbose_name='groups'),
+            ),
+            migrations.AlterField(
+                model_name='liveevent',
+                name='payload',
+                field=models.JSONField(verbose_name='payload'),
+            ),
+            migrations.AlterField(
+                model_name='livelistener',
+                name='name',
+                field=models.CharField(help_text='host:pid of the web process.', max_length=120, unique=True, verbose_name='name'),
+            ),
+            migrations.AlterField(
+                model_name='livelistener',
+                name='seen_at',
+                field=models.DateTimeField(verbose_name='seen at'),
+            ),
+        ]),
     ]
