@@ -7,7 +7,6 @@ from django.db.models import Count
 from django.utils import timezone
 
 from agentloop.core import big_tables, live
-from conversations import engine
 from conversations.handoff import LOOP_BREAKER
 from conversations.media import links
 from conversations.models import (
@@ -19,7 +18,6 @@ from conversations.models import (
     MessageBuffer,
     Turn,
     TurnState,
-    WorkerHeartbeat,
 )
 
 # The admin's overview counts up to this many of each kind ("999+" past it): a number a
@@ -157,8 +155,3 @@ def needing_people(cap: int = OVERVIEW_CAP) -> dict:
             Turn.objects.filter(state=TurnState.FAILED, created_at__gte=now - timedelta(days=1)), cap),
         "limited": big_tables.count_up_to(Contact.objects.filter(limited_until__gt=now), cap),
     }
-
-
-def workers_alive(now=None) -> int:
-    """Worker loops alive now (their liveness lock held or their heartbeat fresh)."""
-    return max(0, WorkerHeartbeat.objects.count() - len(engine.dead_owners(now)))

@@ -107,6 +107,11 @@ def dead_owners(now=None):
     return dead
 
 
+def workers_alive(now=None) -> int:
+    """Worker loops alive now (their liveness lock held or their heartbeat fresh)."""
+    return max(0, WorkerHeartbeat.objects.count() - len(dead_owners(now)))
+
+
 def recover_turns(owners, now=None):
     """Turns left RUNNING by dead workers; returns the ids that will run again."""
     running = Turn.objects.filter(state=TurnState.RUNNING, owner__in=list(owners)).select_related("conversation")

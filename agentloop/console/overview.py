@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from conversations import console as conversations_console
+from conversations import engine
 from delivery import console as delivery_console
 from tools import console as tools_console
 
@@ -40,7 +41,7 @@ def cards(user, now=None) -> list[Card]:
     """The cards this user may follow (a card whose page the user may not open is left out)."""
     now = now or timezone.now()
     people = conversations_console.needing_people(CAP)
-    workers_alive = conversations_console.workers_alive(now)
+    workers_alive = engine.workers_alive(now)
     found = [
         ("tools.proposal", Card("approvals", _("Approvals waiting"),
                                 len(tools_console.pending_proposals(limit=CAP)),
