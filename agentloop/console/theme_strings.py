@@ -1,4 +1,5 @@
-"""The texts of the admin's theme (django-unfold) that an operator reads, for our catalogs.
+"""The texts of the admin's theme (django-unfold) and of the System pages' libraries that an
+operator reads, for our catalogs.
 
 unfold ships no Spanish or Portuguese catalog, and Django's own covers only the admin's
 words ("Save", "Filter"). Listed here (gettext_noop: nothing runs) so that `makemessages`
@@ -65,4 +66,60 @@ THEME_STRINGS = [
     # The login and logout pages.
     gettext_noop("Forgotten your password or username?"),
     gettext_noop("You have been successfully logged out from the administration"),
+]
+
+# The System pages' libraries: django-axes (login lockouts) and django-q2 (background tasks)
+# name their models, fields and columns in English only (no es or pt catalog of theirs).
+LIBRARY_STRINGS = [
+    gettext_noop("Access Attempt"),
+    gettext_noop("Access lock out"),
+    gettext_noop("Attempt Time"),
+    gettext_noop("Attempt count"),
+    gettext_noop("Cluster"),
+    gettext_noop("Cluster key"),
+    gettext_noop("Expires At"),
+    gettext_noop("Failed Logins"),
+    gettext_noop("Failed task"),
+    gettext_noop("Failed tasks"),
+    gettext_noop("Function"),
+    gettext_noop("GET Data"),
+    gettext_noop("Group"),
+    gettext_noop("HTTP Accept"),
+    gettext_noop("IP Address"),
+    gettext_noop("Intended date kwarg"),
+    gettext_noop("Keyword arguments"),
+    gettext_noop("Last task id"),
+    gettext_noop("Lock until"),
+    gettext_noop("Logout Time"),
+    gettext_noop("Minutes"),
+    gettext_noop("Name"),
+    gettext_noop("Next Run"),
+    gettext_noop("POST Data"),
+    gettext_noop("Path"),
+    gettext_noop("Queued task"),
+    gettext_noop("Queued tasks"),
+    gettext_noop("Repeats"),
+    gettext_noop("Schedule Type"),
+    gettext_noop("Scheduled task"),
+    gettext_noop("Scheduled tasks"),
+    gettext_noop("Session key hash (sha256)"),
+    gettext_noop("Short result"),
+    gettext_noop("Started at"),
+    gettext_noop("Stopped at"),
+    gettext_noop("Success"),
+    gettext_noop("Successful task"),
+    gettext_noop("Successful tasks"),
+    gettext_noop("Task"),
+    gettext_noop("Task id"),
+    gettext_noop("Tasks"),
+    gettext_noop("Time Taken"),
+    gettext_noop("User Agent"),
+    gettext_noop("access attempt"),
+    gettext_noop("access attempt expiration"),
+    gettext_noop("access attempt expirations"),
+    gettext_noop("access attempts"),
+    gettext_noop("access failure"),
+    gettext_noop("access failures"),
+    gettext_noop("access log"),
+    gettext_noop("access logs"),
 ]
