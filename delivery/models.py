@@ -16,6 +16,7 @@ or failed, its attempt given back.
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
@@ -159,7 +160,7 @@ class OutboundMessage(StateMachine, models.Model):
         ]
 
     def __str__(self):
-        return f"{self.kind} {self.pk} ({self.state})"
+        return f"{self.get_kind_display()} {self.pk} ({self.get_state_display()})"
 
 
 class UnreachableChat(models.Model):
@@ -219,7 +220,7 @@ class RestorePoint(models.Model):
         ordering = ["-pk"]
 
     def __str__(self):
-        return f"restore point of {self.at:%Y-%m-%d %H:%M}"
+        return gettext("restore point of %(at)s") % {"at": f"{self.at:%Y-%m-%d %H:%M}"}
 
 
 class ScheduleState(models.TextChoices):
@@ -284,7 +285,8 @@ class ScheduledMessage(StateMachine, models.Model):
         indexes = [models.Index(fields=["state", "due_at"], name="schedule_due_idx")]
 
     def __str__(self):
-        return f"schedule {self.pk} ({self.state}, {self.due_at:%Y-%m-%d %H:%M})"
+        return gettext("schedule %(id)s (%(state)s, %(due)s)") % {
+            "id": self.pk, "state": self.get_state_display(), "due": f"{self.due_at:%Y-%m-%d %H:%M}"}
 
     def chosen_template(self) -> dict:
         """This schedule's own template fields that are set ({"name", "language", "fill"})."""

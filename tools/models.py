@@ -163,7 +163,8 @@ class ActionClaim(StateMachine, models.Model):
         ]
 
     def __str__(self):
-        return f"claim {self.pk} {self.action} ({self.get_state_display()})"
+        return gettext("claim %(id)s %(action)s (%(state)s)") % {"id": self.pk, "action": self.action,
+                                                              "state": self.get_state_display()}
 
 
 class ProposalState(models.TextChoices):
@@ -206,7 +207,8 @@ class Proposal(StateMachine, models.Model):
         indexes = [models.Index(fields=["state", "expires_at"], name="proposal_state_exp_idx")]
 
     def __str__(self):
-        return f"proposal {self.pk}: {self.claim.action} ({self.get_state_display()})"
+        return gettext("proposal %(id)s: %(action)s (%(state)s)") % {
+            "id": self.pk, "action": self.claim.action, "state": self.get_state_display()}
 
     @property
     def is_open(self):

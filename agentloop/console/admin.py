@@ -10,6 +10,8 @@ from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.utils.html import format_html
+from django.utils.translation import gettext, gettext_noop
+from django.utils.translation import gettext_lazy as _
 from unfold.admin import ModelAdmin
 from unfold.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationForm
 
@@ -17,8 +19,35 @@ admin.site.unregister(User)
 admin.site.unregister(Group)
 
 
+# Django stores a permission's name ("Can add turn") in English when it migrates; the user
+# and role pages name each in the reader's language instead.
+PERMISSION_ACTIONS = {"add": _("Can add %(name)s"), "change": _("Can change %(name)s"),
+                      "delete": _("Can delete %(name)s"), "view": _("Can view %(name)s")}
+# Our own permissions' names, for the catalogs (agentloop/core/models.py).
+CUSTOM_PERMISSIONS = [gettext_noop("Can read the Prometheus metrics (GET /metrics)")]
+
+
+def permission_label(permission) -> str:
+    """"<app> | <model> | Can add <model>", every part in the reader's language."""
+    model = permission.content_type.model_class()
+    action = permission.codename.split("_", 1)[0]
+    if model is not None and action in PERMISSION_ACTIONS and permission.codename == f"{action}_{model._meta.model_name}":
+        name = PERMISSION_ACTIONS[action] % {"name": model._meta.verbose_name}
+    else:
+        name = gettext(permission.name)
+    return f"{permission.content_type} | {name}"
+
+
+class PermissionsInTheReadersLanguage:
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        field = super().formfield_for_manytomany(db_field, request, **kwargs)
+        if db_field.name in ("permissions", "user_permissions") and field is not None:
+            field.label_from_instance = permission_label
+        return field
+
+
 @admin.register(User)
-class ThemedUserAdmin(UserAdmin, ModelAdmin):
+class ThemedUserAdmin(PermissionsInTheReadersLanguage, UserAdmin, ModelAdmin):
     # unfold's forms: the password fields drawn in the theme, as its docs prescribe.
     form = UserChangeForm
     add_form = UserCreationForm
@@ -26,7 +55,7 @@ class ThemedUserAdmin(UserAdmin, ModelAdmin):
 
 
 @admin.register(Group)
-class ThemedGroupAdmin(GroupAdmin, ModelAdmin):
+class ThemedGroupAdmin(PermissionsInTheReadersLanguage, GroupAdmin, ModelAdmin):
     pass
 
 

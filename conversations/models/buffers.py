@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from agentloop.core.states import StateMachine
 from conversations.models.messages import Conversation
@@ -72,7 +73,8 @@ class MessageBuffer(StateMachine, models.Model):
         indexes = [models.Index(fields=["state", "flush_at"], name="buffer_due_idx")]
 
     def __str__(self):
-        return f"buffer {self.pk} ({self.state}, {self.message_count} msgs)"
+        return ngettext("buffer %(id)s (%(state)s, %(count)s message)", "buffer %(id)s (%(state)s, %(count)s messages)",
+                        self.message_count) % {"id": self.pk, "state": self.get_state_display(), "count": self.message_count}
 
     def seconds_left(self, now=None):
         if self.state != BufferState.OPEN:

@@ -2,6 +2,7 @@
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.models.messages import Conversation, InboundMessage
@@ -45,4 +46,4 @@ class MessageEdit(models.Model):
         indexes = [models.Index(fields=["conversation", "received_at"], name="edit_conversation_idx")]
 
     def __str__(self):
-        return f"edit of message {self.message_id} ({self.outcome})"
+        return gettext("edit of message %(id)s (%(outcome)s)") % {"id": self.message_id, "outcome": self.get_outcome_display()}

@@ -3,6 +3,7 @@ reaction_added, WhatsApp's reaction messages) and what each did (conversations/r
 
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.models.messages import Conversation
@@ -39,4 +40,6 @@ class InboundReaction(models.Model):
         indexes = [models.Index(fields=["conversation", "reacted_at"], name="reaction_conversation_idx")]
 
     def __str__(self):
-        return f"{self.emoji or 'reaction removed'} on {self.platform_message_id} ({self.outcome})"
+        return gettext("%(emoji)s on %(id)s (%(outcome)s)") % {
+            "emoji": self.emoji or gettext("reaction removed"), "id": self.platform_message_id,
+            "outcome": self.get_outcome_display()}

@@ -4,6 +4,7 @@ notes an agent reads in its next turns."""
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
@@ -104,7 +105,7 @@ class Turn(StateMachine, models.Model):
         ]
 
     def __str__(self):
-        return f"turn {self.pk} ({self.state})"
+        return gettext("turn %(id)s (%(state)s)") % {"id": self.pk, "state": self.get_state_display()}
 
 
 class WorkerHeartbeat(models.Model):
@@ -161,4 +162,4 @@ class AgentSession(models.Model):
         constraints = [models.UniqueConstraint(fields=["conversation", "key"], name="agent_session_once")]
 
     def __str__(self):
-        return f"{self.key} @ conversation {self.conversation_id}"
+        return gettext("%(key)s @ conversation %(id)s") % {"key": self.key, "id": self.conversation_id}

@@ -128,3 +128,19 @@ def test_the_sidebar_marks_the_one_page_you_are_on(operator):
         active = re.findall(r'<a href="[^"]*" class="[^"]*\bactive">\s*(?:<span[^>]*>[^<]*</span>)?\s*'
                             r'(?:<span[^>]*>)?\s*([^<]+?)\s*<', html)
         assert active == [lit], (path, active)
+
+
+def test_a_roles_permissions_are_named_in_the_readers_language(client):
+    """Django stores 'Can add turn' in English when it migrates; the role's page names it
+    in the reader's language (the model's name too)."""
+    from django.contrib.auth.models import Group, User
+
+    from agentloop.console import roles
+    roles.ensure_roles()
+    User.objects.create_superuser("root", "root@example.com", "pw-root-1")
+    client.post("/admin/login/", {"username": "root", "password": "pw-root-1", "next": "/admin/"})
+    role = Group.objects.get(name="operator")
+    html = unescape(client.get(reverse("admin:auth_group_change", args=[role.pk]),
+                               HTTP_ACCEPT_LANGUAGE="es").content.decode())
+    assert "Can add turn" not in html and "Can view" not in html
+    assert "Puede ver" in html
