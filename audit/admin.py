@@ -21,7 +21,26 @@ from audit.models import AuditEvent, CaughtDuplicate, EventKind
 # An event's target ("claim 12", "ledger row 7"…) → the admin page of that row.
 TARGETS = {"turn": "conversations_turn", "claim": "tools_actionclaim", "proposal": "tools_proposal",
            "ledger row": "delivery_outboundmessage"}
-TARGET = re.compile(rf"^({'|'.join(TARGETS)}) (\d+)$")
+# The words a target is recorded with (in English, as data), in the reader's language.
+TARGET_WORDS = {"turn": _("turn"), "claim": _("claim"), "proposal": _("proposal"), "ledger row": _("ledger row"),
+                "conversation": _("conversation"), "contact": _("contact"), "message": _("message"),
+                "buffer": _("buffer"), "schedule": _("schedule"), "channel": _("channel"), "key": _("key")}
+TARGET = re.compile(rf"^({'|'.join(TARGET_WORDS)}) (.+)$")
+# A caught duplicate's status, as the guard records it (tools.guard.outcomes.Status).
+STATUSES = {"done": _("done"), "duplicate": _("duplicate"), "in_progress": _("in progress"),
+            "uncertain": _("uncertain"), "awaiting_approval": _("awaiting approval"), "failed": _("failed")}
+
+
+def target_words(target: str) -> str:
+    """"turn 12" → "turno 12": the recorded word in the reader's language, the id as it is."""
+    match = TARGET.match(target or "")
+    return f"{TARGET_WORDS[match[1]]} {match[2]}" if match else target
+
+
+def told(event) -> str:
+    """An event in the reader's words: its kind, and what it is about."""
+    about = target_words(event.target)
+    return f"{event.get_kind_display()}: {about}" if about else str(event.get_kind_display())
 
 
 def change_link(url_name, pk, label):
@@ -52,17 +71,23 @@ class AuditEventAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
     @admin.display(description=_("Target"), ordering="target")
     def target_link(self, event):
         match = TARGET.match(event.target)
-        return change_link(TARGETS[match[1]], match[2], event.target) if match else event.target
+        if match and match[1] in TARGETS and match[2].isdigit():
+            return change_link(TARGETS[match[1]], match[2], target_words(event.target))
+        return target_words(event.target)
 
     @admin.display(description=_("Summary"), ordering="summary")
     def summary_shown(self, event):
-        return hide_secrets(event.summary)
+        # What happened in the reader's words; the summary as the product recorded it (in
+        # English: a record, written once, read in any language) one click away.
+        return format_html('<p>{}</p><details><summary>{}</summary><p class="al-whole">{}</p></details>',
+                           told(event), gettext("As recorded"), hide_secrets(event.summary))
 
     @admin.display(description=_("Summary"))
     def summary_cell(self, event):
-        # Its start, linked to the event's page where it is whole (an error may be long).
+        # The reader's words, linked to the event's page where the record is whole.
         url = reverse(f"admin:{event._meta.app_label}_{event._meta.model_name}_change", args=[event.pk])
-        return admin_texts.cell(hide_secrets(event.summary), url)
+        return format_html('<a href="{}" title="{}">{}</a>', url, admin_texts.cut(hide_secrets(event.summary)),
+                           told(event))
 
     # History must not change.
     def has_add_permission(self, request):
@@ -96,7 +121,8 @@ class CaughtDuplicateAdmin(AuditEventAdmin):
 
     @admin.display(description=_("Status"))
     def status(self, event):
-        return event.extra.get("status", "")
+        status = event.extra.get("status", "")
+        return STATUSES.get(status, status)
 
     @admin.display(description=_("Age of original"))
     def age(self, event):

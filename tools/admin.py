@@ -1,12 +1,13 @@
 from urllib.parse import urlencode
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.formats import date_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.timezone import localtime
 from django.utils.translation import gettext, ngettext
@@ -35,8 +36,10 @@ from tools.models import (
 def admin_link(model_name, pk, label=None, app="tools"):
     if pk is None:
         return "—"
+    # A row named by its model's name in the reader's language ("conversación 3").
+    name = apps.get_model(app, model_name)._meta.verbose_name
     return format_html('<a href="{}">{}</a>', reverse(f"admin:{app}_{model_name}_change", args=[pk]),
-                       label or f"{model_name} {pk}")
+                       label or f"{name} {pk}")
 
 
 # States as labels: what waits for a person or was cut short stands out.
@@ -83,7 +86,17 @@ class ToolPolicyAdmin(ModelAdmin):
 
     @admin.display(description=_("Fingerprint"))
     def fingerprint(self, policy):
-        return policy.fingerprint_description()
+        # The argument names are identifiers (<code>), the rest words in the reader's language.
+        fields = policy.fingerprint_fields
+        default = not fields
+        if default:
+            try:
+                fields = registry.get(policy.name).fingerprint_fields
+            except registry.UnknownTool:
+                fields = ()
+        shown = format_html_join(" + ", "<code>{}</code>", ((f,) for f in fields)) if fields \
+            else gettext("all arguments")
+        return format_html(gettext("{fields} (default)"), fields=shown) if default else shown
 
     def changelist_view(self, request, extra_context=None):
         guard.ensure_policies()  # every registered tool shows up, even before its first call

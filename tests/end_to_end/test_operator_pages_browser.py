@@ -89,9 +89,10 @@ MEASURE = """([key, withText]) => {
     if (!el.checkVisibility({visibilityProperty: true}) || heldByABox(el)) continue;
     past.add(el);
   }
-  // The icons are words drawn by a font ("approval", "key"): not text a person reads.
+  // The icons are words drawn by a font ("approval", "key"): not text a person reads; and a
+  // <code> is an identifier (a tool's argument, a setting's name), data in any language.
   const visibleText = () => {
-    for (const icon of document.querySelectorAll(".material-symbols-outlined, .material-symbols-rounded")) icon.textContent = "";
+    for (const icon of document.querySelectorAll(".material-symbols-outlined, .material-symbols-rounded, code")) icon.textContent = "";
     return document.body.innerText;
   };
   const outermost = [...past].filter((el) => !past.has(el.parentElement));

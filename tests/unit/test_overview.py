@@ -139,7 +139,7 @@ def test_a_roles_permissions_are_named_in_the_readers_language(client):
     roles.ensure_roles()
     User.objects.create_superuser("root", "root@example.com", "pw-root-1")
     client.post("/admin/login/", {"username": "root", "password": "pw-root-1", "next": "/admin/"})
-    role = Group.objects.get(name="operator")
+    role = Group.objects.get(name=roles.OPERATORS)
     html = unescape(client.get(reverse("admin:auth_group_change", args=[role.pk]),
                                HTTP_ACCEPT_LANGUAGE="es").content.decode())
     assert "Can add turn" not in html and "Can view" not in html

@@ -33,7 +33,8 @@ def test_every_registered_tool_has_a_policy_page(operator):
     assert page.status_code == 200
     assert set(ToolPolicy.objects.values_list("name", flat=True)) >= set(registry.all_tools())
     html = page.content.decode()
-    assert "title + start_datetime (default)" in html and "to + subject + body (default)" in html
+    assert "<code>title</code> + <code>start_datetime</code> (default)" in html
+    assert "<code>to</code> + <code>subject</code> + <code>body</code> (default)" in html
     policy = ToolPolicy.objects.get(name="calendar_create_event")
     assert operator.get(reverse("admin:tools_toolpolicy_change", args=[policy.pk])).status_code == 200
 
