@@ -6,6 +6,7 @@ This app comes last in INSTALLED_APPS: theirs are registered by then."""
 import json
 
 import unfold.fields
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
@@ -81,3 +82,25 @@ def _readable_json(data, encoder=None):
 
 
 unfold.fields.prettify_json = _readable_json
+
+
+# django-axes names its rows in English f-strings (its __str__, read in the lockout pages'
+# titles and breadcrumbs): named here in the reader's language instead.
+def _failure_name(row) -> str:
+    text = gettext("Failed access: user %(user)s on %(at)s from %(ip)s")
+    if row.locked_out:
+        text = gettext("Failed access: user %(user)s (locked out) on %(at)s from %(ip)s")
+    return text % {"user": row.username, "at": f"{row.attempt_time:%Y-%m-%d %H:%M}", "ip": row.ip_address}
+
+
+def _attempt_name(row) -> str:
+    return gettext("Attempted access: %(at)s") % {"at": f"{row.attempt_time:%Y-%m-%d %H:%M}"}
+
+
+def _log_name(row) -> str:
+    return gettext("Access log of %(user)s at %(at)s") % {"user": row.username, "at": f"{row.attempt_time:%Y-%m-%d %H:%M}"}
+
+
+AccessFailureLog.__str__ = _failure_name
+AccessAttempt.__str__ = _attempt_name
+AccessLog.__str__ = _log_name

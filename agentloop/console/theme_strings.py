@@ -122,4 +122,5 @@ LIBRARY_STRINGS = [
     gettext_noop("access failures"),
     gettext_noop("access log"),
     gettext_noop("access logs"),
+    gettext_noop("Optional label to identify this schedule in the admin."),
 ]

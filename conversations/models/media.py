@@ -65,7 +65,7 @@ class MediaFile(StateMachine, models.Model):
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="media_file_due_idx")]
 
     def __str__(self):
-        return f"{self.get_kind_display()} {self.file_key} ({self.get_state_display()})"
+        return f"{self.kind} {self.file_key} ({self.get_state_display()})"
 
     @property
     def settled(self) -> bool:
