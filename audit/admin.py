@@ -1,4 +1,3 @@
-import re
 from datetime import timedelta
 
 from django.contrib import admin
@@ -17,24 +16,14 @@ from agentloop.core.redaction import hide_secrets
 from audit import console
 from audit.listed_lookups import ListedLookupsOnly
 from audit.models import AuditEvent, CaughtDuplicate, EventKind
+from audit.targets import TARGET, target_words
 
 # An event's target ("claim 12", "ledger row 7"…) → the admin page of that row.
 TARGETS = {"turn": "conversations_turn", "claim": "tools_actionclaim", "proposal": "tools_proposal",
            "ledger row": "delivery_outboundmessage"}
-# The words a target is recorded with (in English, as data), in the reader's language.
-TARGET_WORDS = {"turn": _("turn"), "claim": _("claim"), "proposal": _("proposal"), "ledger row": _("ledger row"),
-                "conversation": _("conversation"), "contact": _("contact"), "message": _("message"),
-                "buffer": _("buffer"), "schedule": _("schedule"), "channel": _("channel"), "key": _("key")}
-TARGET = re.compile(rf"^({'|'.join(TARGET_WORDS)}) (.+)$")
 # A caught duplicate's status, as the guard records it (tools.guard.outcomes.Status).
 STATUSES = {"done": _("done"), "duplicate": _("duplicate"), "in_progress": _("in progress"),
             "uncertain": _("uncertain"), "awaiting_approval": _("awaiting approval"), "failed": _("failed")}
-
-
-def target_words(target: str) -> str:
-    """"turn 12" → "turno 12": the recorded word in the reader's language, the id as it is."""
-    match = TARGET.match(target or "")
-    return f"{TARGET_WORDS[match[1]]} {match[2]}" if match else target
 
 
 def told(event) -> str:

@@ -4,6 +4,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from audit.targets import target_words
+
 
 class EventKind(models.TextChoices):
     # Layer 1
@@ -78,7 +80,7 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.get_kind_display()} {self.target}"
+        return f"{self.get_kind_display()} {target_words(self.target)}"
 
 
 class CaughtDuplicate(AuditEvent):

@@ -118,7 +118,7 @@ class ActionClaim(StateMachine, models.Model):
         ClaimState.RELEASED: set(),
     }
 
-    scope = models.CharField(_("scope"), max_length=200, help_text=_("Whose action: contact:<id> or an API scope."))
+    scope = models.CharField(_("scope"), max_length=200, help_text=_("Whose action: contact:ID or an API scope."))
     action = models.CharField(_("action"), max_length=64)
     fingerprint = models.CharField(_("fingerprint"), max_length=64)
     fingerprint_fields = models.JSONField(_("fingerprint fields"), default=list)
