@@ -42,6 +42,8 @@ THEME_STRINGS = [
     gettext_noop("This page yielded into no results. Create a new item or reset your filters."),
     gettext_noop("Previous"),
     gettext_noop("Next"),
+    gettext_noop("Date"),
+    gettext_noop("Time"),
     gettext_noop("Date from"),
     gettext_noop("Date to"),
     gettext_noop("From"),
