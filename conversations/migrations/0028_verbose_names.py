@@ -5,6 +5,7 @@ import datetime
 import django.core.validators
 import django.db.models.deletion
 import django.utils.timezone
+import agentloop.core.migration_labels
 from django.db import migrations, models
 
 
@@ -14,12 +15,11 @@ class Migration(migrations.Migration):
         ('conversations', '0027_reactions'),
     ]
 
-    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
-    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
-    # hundreds of AlterField: each of those clones and renders the whole project state as
-    # it runs, which made every migrate (and the migration tests) minutes slower.
+    # Labels only (verbose names, help texts, choices' labels): no column changes. One
+    # AlterLabels (agentloop/core/migration_labels.py), not hundreds of AlterField: each of
+    # those re-renders its models as migrate runs it, minutes on every migrate crossing them.
     operations = [
-        migrations.SeparateDatabaseAndState(state_operations=[
+        agentloop.core.migration_labels.AlterLabels(state_operations=[
             migrations.AlterModelOptions(
                 name='agentkey',
                 options={'verbose_name': 'agent key', 'verbose_name_plural': 'agent keys'},

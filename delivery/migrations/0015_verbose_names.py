@@ -3,6 +3,7 @@
 import delivery.templates
 import django.db.models.deletion
 import django.utils.timezone
+import agentloop.core.migration_labels
 from django.db import migrations, models
 
 
@@ -13,12 +14,11 @@ class Migration(migrations.Migration):
         ('delivery', '0014_foreign_keys_without_a_redundant_index'),
     ]
 
-    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
-    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
-    # hundreds of AlterField: each of those clones and renders the whole project state as
-    # it runs, which made every migrate (and the migration tests) minutes slower.
+    # Labels only (verbose names, help texts, choices' labels): no column changes. One
+    # AlterLabels (agentloop/core/migration_labels.py), not hundreds of AlterField: each of
+    # those re-renders its models as migrate runs it, minutes on every migrate crossing them.
     operations = [
-        migrations.SeparateDatabaseAndState(state_operations=[
+        agentloop.core.migration_labels.AlterLabels(state_operations=[
             migrations.AlterModelOptions(
                 name='outboundmessage',
                 options={'verbose_name': 'ledger row', 'verbose_name_plural': 'ledger rows'},

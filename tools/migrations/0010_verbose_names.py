@@ -4,6 +4,7 @@ import django.core.validators
 import django.db.models.deletion
 import django.utils.timezone
 import tools.models
+import agentloop.core.migration_labels
 from django.db import migrations, models
 
 
@@ -15,12 +16,11 @@ class Migration(migrations.Migration):
         ('tools', '0009_mcp_reach_and_caps'),
     ]
 
-    # Labels only (verbose names, help texts, choices' labels): no column changes, so no
-    # database operation. Kept as state operations of one SeparateDatabaseAndState, not as
-    # hundreds of AlterField: each of those clones and renders the whole project state as
-    # it runs, which made every migrate (and the migration tests) minutes slower.
+    # Labels only (verbose names, help texts, choices' labels): no column changes. One
+    # AlterLabels (agentloop/core/migration_labels.py), not hundreds of AlterField: each of
+    # those re-renders its models as migrate runs it, minutes on every migrate crossing them.
     operations = [
-        migrations.SeparateDatabaseAndState(state_operations=[
+        agentloop.core.migration_labels.AlterLabels(state_operations=[
             migrations.AlterModelOptions(
                 name='actionclaim',
                 options={'ordering': ['-created_at'], 'verbose_name': 'action claim', 'verbose_name_plural': 'action claims'},
