@@ -1,7 +1,10 @@
 """The other apps' admins in the theme: Django's users and groups, django-axes' lockouts and
 django-q's background tasks were registered with Django's plain ModelAdmin; registered again
 here as the same class mixed with unfold's, so every admin page looks like the product.
-This app comes last in INSTALLED_APPS: theirs are registered by then."""
+This app comes last in INSTALLED_APPS: theirs are registered by then.
+
+Also the admin's texts those libraries write in English or garble, each said below: a
+permission's name, a read-only JSON field (unfold), a lockout row's name (django-axes)."""
 
 import json
 
