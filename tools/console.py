@@ -16,6 +16,12 @@ def pending_proposals(limit=20):
              "created_at": p.created_at.isoformat(), "expires_at": p.expires_at.isoformat()} for p in rows]
 
 
+def pending_count(cap: int) -> int:
+    """Proposals waiting for a person now, counted up to `cap` (the admin's overview)."""
+    return big_tables.count_up_to(
+        Proposal.objects.filter(state=ProposalState.PENDING, expires_at__gt=timezone.now()), cap)
+
+
 def claims_by_tool(since):
     """Guarded calls that went through (one claim each) per tool."""
     return dict(ActionClaim.objects.filter(created_at__gte=since).values_list("action")

@@ -44,7 +44,7 @@ def cards(user, now=None) -> list[Card]:
     workers_alive = engine.workers_alive(now)
     found = [
         ("tools.proposal", Card("approvals", _("Approvals waiting"),
-                                len(tools_console.pending_proposals(limit=CAP)),
+                                tools_console.pending_count(CAP),
                                 _("Actions an agent proposed that wait for a person's yes or no."),
                                 _changelist("tools.proposal", "state__exact=pending"), True)),
         ("conversations.conversation", Card("held", _("Held by a person"), people["held"],
