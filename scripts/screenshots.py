@@ -4,8 +4,8 @@
 
 Starts the product's web server on a throwaway SQLite database (a temporary folder,
 removed after) holding the demo data the operator pages' browser test plants
-(tests/operator_data.py, with short texts), logs in through the admin's form in Debian's
-Chromium (tests/browser.py's launch) and writes one PNG per shot below: the admin's pages
+(tests/support/operator_data.py, with short texts), logs in through the admin's form in Debian's
+Chromium (tests/support/browser.py's launch) and writes one PNG per shot below: the admin's pages
 — the overview, a channel's form, the delivery ledger, the approvals waiting — at a
 desktop's width and a phone's, some in Spanish.
 
@@ -32,7 +32,7 @@ import httpx
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, page_for, screenshot  # noqa: E402
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, page_for, screenshot  # noqa: E402
 
 DESKTOP, PHONE = {"width": 1440, "height": 1000}, {"width": 390, "height": 844}
 
@@ -58,7 +58,7 @@ SHOTS = [
 
 # Run in the throwaway database's environment: the demo data, and the pages to show.
 PLANT = """
-from tests.operator_data import plant
+from tests.support.operator_data import plant
 planted = plant(long=False)
 print(json.dumps({"channel": f"/admin/conversations/channel/{planted.conversation.channel_id}/change/",
                   "operator": planted.operator}))
@@ -117,7 +117,7 @@ def wait_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
 def take(shots: list[Shot], url: str, demo: dict, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    os.environ["AGENTLOOP_SCREENSHOTS_DIR"] = str(out)  # where tests.browser.screenshot writes
+    os.environ["AGENTLOOP_SCREENSHOTS_DIR"] = str(out)  # where tests.support.browser.screenshot writes
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -17,11 +17,11 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
 from conversations.models import AgentKey, Channel, WorkerHeartbeat
-from tests import flush, local_http
+from tests.support import flush, local_http
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.browser", "tests.redis_server", "tests.s3_server"]
+pytest_plugins = ["tests.support.browser", "tests.support.redis_server", "tests.support.s3_server"]
 
 
 # Tests that run alone (pytest.ini's `serial` marker). scripts/test.sh runs the SQLite pass
@@ -339,7 +339,7 @@ def pytest_collection_modifyitems(config, items):
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not elsewhere(item)]
-    from tests.browser import BROWSER_GONE  # a plugin of this conftest's, imported by now
+    from tests.support.browser import BROWSER_GONE  # a plugin of this conftest's, imported by now
 
     modules = {}
     for item in items:
@@ -350,7 +350,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
-        if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/browser.py)
+        if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/support/browser.py)
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=BROWSER_GONE))
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
                not in LONGEST)  # stable: the rest keep their order
@@ -436,7 +436,7 @@ class QuickPasswordHasher(PBKDF2PasswordHasher):
 
 
 def pytest_configure(config):
-    flush.install()  # a cheaper flush between transactional tests (tests/flush.py)
+    flush.install()  # a cheaper flush between transactional tests (tests/support/flush.py)
     # Django reads the hashers when it first hashes (get_hashers), after this.
     settings.PASSWORD_HASHERS = [f"{__name__}.QuickPasswordHasher", *settings.PASSWORD_HASHERS]
     if os.environ.get(ALONE_LOCKS):
@@ -523,13 +523,13 @@ _zygote = None
 
 def start_process(args, env, log_path, log):
     """`python manage.py …` and `python -m …` forked from the preloaded zygote
-    (tests/zygote.py); anything else, or with AGENTLOOP_TEST_FORK=0, a plain Popen."""
+    (tests/support/zygote.py); anything else, or with AGENTLOOP_TEST_FORK=0, a plain Popen."""
     global _zygote
     forkable = args[0] == sys.executable and len(args) > 1 and (args[1] == "-m" or args[1].endswith(".py"))
     if not forkable or os.environ.get("AGENTLOOP_TEST_FORK", "1") == "0":
         return subprocess.Popen(args, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
     if _zygote is None:
-        from tests.zygote import Zygote
+        from tests.support.zygote import Zygote
 
         _zygote = Zygote(BASE_DIR, Path(tempfile.gettempdir()) / f"agentloop-zygote-{os.getpid()}.log")
     return _zygote.spawn(list(args), env, BASE_DIR, log_path)
@@ -665,11 +665,11 @@ class Processes:
 @pytest.fixture(scope="session")
 def django_db_setup(request, django_test_environment, django_db_blocker, django_db_modify_db_settings):
     """pytest-django's own, but the test database is a copy of a migrated template
-    (tests/template_db.py; pytest-django's --reuse-db and --create-db have no say here)."""
+    (tests/support/template_db.py; pytest-django's --reuse-db and --create-db have no say here)."""
     from django.test.utils import setup_databases, teardown_databases
     from pytest_django.fixtures import _get_databases_for_setup
 
-    from tests import template_db
+    from tests.support import template_db
 
     aliases, serialized_aliases = _get_databases_for_setup(request.session.items)
     verbosity = request.config.option.verbose

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.bench import prefill
-from tests.template_db import migrations_digest, remove_sqlite
+from tests.support.template_db import migrations_digest, remove_sqlite
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 CACHE = BASE_DIR / "var" / "bench-cache"

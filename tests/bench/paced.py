@@ -9,9 +9,9 @@ limit the same server enforced, the share of 429s, and the share of labelled rep
 def bench_paced(report, web_server, worker, stop, wait_until, rate=300, seconds=5.0):
     from conversations.models import Channel
     from delivery.models import OutboundMessage
-    from tests.e2e import SECRET, TOKEN
     from tests.end_to_end.test_paced_drain import post_at_rate
     from tests.fakes.telegram_api import FakeBotAPI, Limits
+    from tests.support.e2e import SECRET, TOKEN
 
     limits = Limits()
     with FakeBotAPI(limits=limits) as fake:

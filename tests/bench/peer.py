@@ -214,7 +214,7 @@ class Agentloop(System):
 @contextmanager
 def redis_server():
     """A throwaway redis-server (no persistence), its URL."""
-    from tests.redis_server import _free_port, _ping
+    from tests.support.redis_server import _free_port, _ping
 
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="agentloop-peer-redis-") as workdir, \

@@ -151,7 +151,7 @@ class Flow:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
-        from tests.e2e import update
+        from tests.support.e2e import update
 
         began, n = time.monotonic(), 0
         with httpx.Client(timeout=30) as http:

@@ -68,8 +68,8 @@ def _round(servers, first_chat, streamed=True):
     url, bot_api, model, wait_until = servers
     import threading
 
-    from tests import local_http
-    from tests.e2e import SECRET, update
+    from tests.support import local_http
+    from tests.support.e2e import SECRET, update
 
     chats = [first_chat + i for i in range(STREAMS)]
 
@@ -106,18 +106,18 @@ def _round(servers, first_chat, streamed=True):
 
 
 def _token():
-    from tests.e2e import TOKEN
+    from tests.support.e2e import TOKEN
 
     return TOKEN
 
 
 def _secret():
-    from tests.e2e import SECRET
+    from tests.support.e2e import SECRET
 
     return SECRET
 
 
 def _unpaced():
-    from tests.e2e import UNPACED
+    from tests.support.e2e import UNPACED
 
     return UNPACED

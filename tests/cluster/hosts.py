@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests import host_network
+from tests.support import host_network
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 SCRIPT = BASE_DIR / "scripts" / "cluster.sh"

@@ -14,9 +14,9 @@ from conversations.models import Turn, TurnState
 from conversations.models.turns import AgentSession
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import free_port, wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_ledger_e2e import delivered, texts
 from tests.fakes.a2a_agent import ICS, REPORT
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 KEY = "desk-key-7Qm2vX9pL4"

@@ -10,8 +10,8 @@ import pytest
 
 from agentloop.core.redaction import MASK
 from conversations.management.commands import runall
-from tests import local_http
 from tests.conftest import BASE_DIR, WebProcess, free_port, wait_until
+from tests.support import local_http
 from tools.models import Calendar
 
 VERIFY_TOKEN = "wa-verify-Token-58211"

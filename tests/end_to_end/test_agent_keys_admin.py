@@ -13,8 +13,8 @@ from django.contrib.sessions.models import Session
 
 from audit.models import AuditEvent, EventKind
 from conversations.models import AgentKey
-from tests import local_http
-from tests.e2e import operator_session
+from tests.support import local_http
+from tests.support.e2e import operator_session
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "pw-olga-keys-1"

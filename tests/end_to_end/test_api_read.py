@@ -17,8 +17,8 @@ from django.utils import timezone
 from conversations.models import Conversation, InboundMessage
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
-from tests import local_http
 from tests.conftest import is_postgres, wait_until
+from tests.support import local_http
 
 POST_URL = "/api/v1/channels/{}/messages"
 READ_URL = "/api/v1/conversations/{}/messages"

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from delivery.models import OutboundMessage
-from tests import local_http
 from tests.conftest import wait_until
 from tests.end_to_end.test_api_read import FAST, POST_URL, http_read
+from tests.support import local_http
 
 pytestmark = pytest.mark.e2e
 STREAM_URL = "/api/v1/conversations/{}/stream"

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from tests import local_http
 from tests.bench.loadgen import percentile
 from tests.bench.peer import SECRET, Peer, chats, ensure_node_modules, post_for, post_updates, sent_chats, wait_answered
 from tests.bench.sustained import all_answered, lead_in_row, messages_by_chat, minutes, paced, reply_latencies
+from tests.support import local_http
 
 TOKEN = "9:PEERTEST"
 

@@ -13,17 +13,17 @@ from agentloop.console import dashboard
 from audit.models import AuditEvent, EventKind
 from conversations.loops import LOOP_BREAKER
 from conversations.models import Conversation, ConversationState, Disposition, InboundMessage, Turn
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import UNPACED
 from tests.end_to_end.test_metrics import TOKEN as METRICS_TOKEN
 from tests.end_to_end.test_metrics import scrape, value
+from tests.support import local_http
+from tests.support.e2e import UNPACED
 
 pytestmark = pytest.mark.e2e
 
 GROUP = -100555
 ALPHA, BETA = "1111:ALPHA-TOKEN", "2222:BETA-TOKEN"
-AGENTS = {"AGENTLOOP_EXTRA_AGENTS": "named=tests.agents_for_tests.NamedEchoAgent"}
+AGENTS = {"AGENTLOOP_EXTRA_AGENTS": "named=tests.support.agents_for_tests.NamedEchoAgent"}
 
 
 def bot_channel(make_channel, fake, slug, token, **fields):

@@ -11,7 +11,7 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from tests.browser import assert_no_console_errors, console_errors, driver_log, off_loop, page_for, screenshot
+from tests.support.browser import assert_no_console_errors, console_errors, driver_log, off_loop, page_for, screenshot
 
 
 @pytest.mark.e2e
@@ -40,7 +40,7 @@ _attempts = []  # kept across the rerun: pytest-rerunfailures runs the item agai
 def test_a_test_whose_chromium_dies_is_run_once_more(browser):
     """The first attempt kills its own Chromium (SIGKILL, its pid from the driver's log)
     and then needs it, as a test under a crashed browser would; the second attempt is the
-    rerun tests/browser.py BROWSER_GONE allows, and passes. Without the rerun (or with
+    rerun tests/support/browser.py BROWSER_GONE allows, and passes. Without the rerun (or with
     patterns that miss the error a dead browser raises) this test fails."""
     _attempts.append(1)
     page = browser.new_context().new_page()

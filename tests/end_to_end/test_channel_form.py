@@ -12,8 +12,8 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from conversations.models import Channel
-from tests.browser import assert_no_console_errors, page_for, screenshot
-from tests.e2e import operator_session
+from tests.support.browser import assert_no_console_errors, page_for, screenshot
+from tests.support.e2e import operator_session
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "pw-olga-channels-1"

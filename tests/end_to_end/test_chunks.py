@@ -10,8 +10,8 @@ from delivery import chunks, ledger
 from delivery.chunks import split, units
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, telegram_channel
 from tests.end_to_end.test_ledger_e2e import conversation_for, delivered, texts
+from tests.support.e2e import UNPACED, telegram_channel
 
 TELEGRAM = 4096
 
@@ -218,7 +218,7 @@ def test_the_safety_sweep_sends_a_long_reply_chunk_by_chunk_recording_each(make_
 def test_with_the_ledger_off_a_long_reply_still_goes_out_whole(processes, make_channel, fake_telegram):
     telegram_channel(make_channel, fake_telegram)
     web, _ = processes.web(wait=False), processes.worker(AGENTLOOP_DELIVERY_LEDGER="false")
-    from tests.e2e import send
+    from tests.support.e2e import send
 
     send(web, "tg", 101, "\n\n".join(PARAGRAPHS[:2]))  # the echo agent answers it back: two chunks
     calls = fake_telegram.wait_for("sendMessage", count=2, timeout=15)

@@ -9,10 +9,10 @@ import pytest
 from django.contrib.auth.models import User
 
 from conversations.models import Channel
-from tests import local_http
-from tests.browser import assert_no_console_errors, page_for, screenshot
 from tests.conftest import wait_until
 from tests.fakes.openai_api import Delay, FakeOpenAI, Reply
+from tests.support import local_http
+from tests.support.browser import assert_no_console_errors, page_for, screenshot
 
 pytestmark = pytest.mark.e2e
 PHONE = {"width": 390, "height": 844}

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from conversations import handoff
 from conversations.models import Channel, Conversation, ConversationState
-from tests import local_http
-from tests.browser import assert_no_console_errors, off_loop, page_for, screenshot
 from tests.end_to_end.test_console_browser import PHONE, WINDOWS, live, no_horizontal_scroll, operator
+from tests.support import local_http
+from tests.support.browser import assert_no_console_errors, off_loop, page_for, screenshot
 
 pytestmark = pytest.mark.e2e
 DESKTOP = {"width": 1440, "height": 1000}

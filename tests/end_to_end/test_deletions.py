@@ -19,7 +19,7 @@ from tests.end_to_end.test_edits import at, msg, running_turn, set_strategy
 from tests.end_to_end.test_slack_e2e import started_worker
 from tests.fakes import slack_api
 from tests.fakes.slack_api import FakeSlackAPI
-from tests.slack import TOKEN, deliver, send, slack_channel
+from tests.support.slack import TOKEN, deliver, send, slack_channel
 
 
 def deletion(mid, seconds=1.0, chat="100"):

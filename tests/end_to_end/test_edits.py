@@ -29,8 +29,8 @@ from conversations.models import (
     TurnState,
 )
 from conversations.platforms.telegram.polling import admit_polled
-from tests import local_http
 from tests.conftest import wait_until
+from tests.support import local_http
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SECRET = "edit-secret"
@@ -454,7 +454,7 @@ def test_the_schema_documents_the_patch_and_its_errors(client):
 @pytest.mark.e2e
 def test_an_edit_reruns_the_running_turn_and_only_the_corrected_reply_goes_out(processes, make_channel,
                                                                                 fake_telegram):
-    from tests.e2e import send, telegram_channel, update
+    from tests.support.e2e import send, telegram_channel, update
 
     telegram_channel(make_channel, fake_telegram, double_texting="interrupt", agent_config={"delay": 3.0})
     web, _ = processes.web(wait=False), processes.worker()
@@ -528,7 +528,7 @@ def test_the_story_page_shows_each_edit_with_the_text_before_it(channel):
 def test_the_playground_edit_in_a_browser_corrects_the_turn_and_shows_on_the_dashboard(processes, browser):
     from django.contrib.auth.models import User
 
-    from tests.browser import assert_no_console_errors, page_for
+    from tests.support.browser import assert_no_console_errors, page_for
 
     Channel.objects.create(slug="playground", kind="webchat", agent="echo",
                            **{f"window_{kind}": 3.0 for kind in ("closed", "greeting", "open", "neutral")})

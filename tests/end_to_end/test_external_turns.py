@@ -14,7 +14,7 @@ from audit.models import AuditEvent, EventKind
 from conversations import engine, turns
 from conversations.models import Turn, TurnState
 from delivery.models import OutboundKind, OutboundMessage
-from tests import local_http
+from tests.support import local_http
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests import local_http
 from tests.fakes.openai_api import Delay, Error, FakeOpenAI, Reply, Request, ToolCalls
+from tests.support import local_http
 
 KEY = "sk-test-key"
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,8 +28,8 @@ from telegram.error import (
     RetryAfter,
 )
 
-from tests import local_http
 from tests.fakes.telegram_api import FakeBotAPI
+from tests.support import local_http
 
 TOKEN = "123456:TEST-token"
 OTHER_TOKEN = "654321:OTHER-token"

@@ -4,14 +4,14 @@ the rest of the group is kept as context for the next turn that is."""
 import time
 
 from conversations.models import Disposition, InboundMessage, Turn
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import SECRET, UNPACED, telegram_channel, update
 from tests.fakes.telegram_api import BOT_USERNAME
+from tests.support import local_http
+from tests.support.e2e import SECRET, UNPACED, telegram_channel, update
 
 GROUP = -100777
 MENTION = f"@{BOT_USERNAME}"
-BOT_ID = 4242  # tests.e2e.TOKEN's prefix: the fake's bot user
+BOT_ID = 4242  # tests.support.e2e.TOKEN's prefix: the fake's bot user
 
 
 def group_message(user_id, name, text, *, reply_to_bot=False):

@@ -10,10 +10,10 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from audit.models import AuditEvent, EventKind
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import operator_session
 from tests.fakes.smtp_server import FakeSMTP
+from tests.support import local_http
+from tests.support.e2e import operator_session
 from tools.models import ActionClaim, CalendarEvent, ClaimState, Proposal, ProposalState, ToolPolicy
 
 EVENT = {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}
@@ -96,7 +96,7 @@ def test_killed_between_claim_and_confirm_calendar_is_reconciled(processes, key,
     """The web process writes the event, then dies before confirming the claim."""
     marker = tmp_path / "event-written"
     ToolPolicy.objects.create(name="calendar_create_event_then_hang", timeout_seconds=1)
-    env = {"AGENTLOOP_EXTRA_TOOLS": "tests.tools_for_tests.CreateEventThenHang"}
+    env = {"AGENTLOOP_EXTRA_TOOLS": "tests.support.tools_for_tests.CreateEventThenHang"}
     web = processes.web(AGENTLOOP_TEST_MARKER=marker, **env)
     body = {"conversation": conversation.pk, "arguments": EVENT}
     hanging = threading.Thread(target=lambda: _swallow(invoke, web, key, "calendar_create_event_then_hang", body))

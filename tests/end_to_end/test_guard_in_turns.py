@@ -7,11 +7,11 @@ import pytest
 
 from audit.models import AuditEvent, EventKind
 from conversations.models import Turn, TurnState
-from tests.e2e import send, telegram_channel
+from tests.support.e2e import send, telegram_channel
 from tools.models import CalendarEvent
 
 pytestmark = pytest.mark.e2e
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 CALLS = [
     {"name": "calendar_create_event", "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}},
     {"name": "calendar_create_event", "arguments": {"title": "Psicología", "start_datetime": "2026-12-08T10:00"}},

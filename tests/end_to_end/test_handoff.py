@@ -23,9 +23,9 @@ from conversations.models import (
 )
 from delivery.ledger import RECOVERY_PREFIX
 from delivery.models import OutboundMessage
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
+from tests.support import local_http
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 

@@ -17,10 +17,10 @@ from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import Target
 from tests.conftest import wait_until
-from tests.e2e import UNPACED
 from tests.end_to_end.test_chunks import PARAGRAPHS
 from tests.end_to_end.test_ledger_e2e import conversation_for
 from tests.fakes.telegram_api import BotAPIError
+from tests.support.e2e import UNPACED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PREFIX = ledger.RECOVERY_PREFIX

@@ -12,13 +12,13 @@ from django.contrib.auth import get_user_model
 from agentloop.core.models import IdempotentRequest
 from conversations.models import Contact, Conversation, ConversationState
 from delivery.models import ScheduledMessage
-from tests import local_http
 from tests.conftest import wait_until
+from tests.support import local_http
 from tools.models import ActionClaim, CalendarEvent
 
 pytestmark = pytest.mark.e2e
 EVENT = {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}
-GATED = {"AGENTLOOP_EXTRA_TOOLS": "tests.tools_for_tests.CreateEventAtGate"}
+GATED = {"AGENTLOOP_EXTRA_TOOLS": "tests.support.tools_for_tests.CreateEventAtGate"}
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from conversations.models import (
 from conversations.platforms.telegram import transport as transports
 from delivery.models import OutboundKind, OutboundMessage
 from tests.conftest import wait_until
-from tests.e2e import TOKEN
+from tests.support.e2e import TOKEN
 from tools import guard
 from tools.models import ActionClaim, ToolPolicy
 

@@ -6,8 +6,8 @@ import pytest
 
 from conversations.models import Contact, Turn, TurnState
 from delivery.models import OutboundMessage
-from tests.e2e import send, telegram_channel
 from tests.fakes.openai_api import Error, FakeOpenAI
+from tests.support.e2e import send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 KEY_ENV = {"FAKE_OPENAI_API_KEY": "sk-test-agentloop"}

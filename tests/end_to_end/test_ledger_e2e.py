@@ -11,9 +11,9 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Contact, Conversation, Turn, WorkerHeartbeat
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, UnreachableChat
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
+from tests.support import local_http
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 PREFIX = "♻️ Recovered reply"
@@ -135,7 +135,7 @@ def topic_update(chat_id, thread_id, message_id, text):
 
 def test_a_long_reply_split_in_order_thread_and_reply_to_kept_on_retry(processes, make_channel, fake_telegram):
 
-    from tests.e2e import SECRET
+    from tests.support.e2e import SECRET
 
     telegram_channel(make_channel, fake_telegram, extra=UNPACED)  # a group is paced at 20/min: 3 s a chunk
     web, _ = processes.web(wait=False), processes.worker()

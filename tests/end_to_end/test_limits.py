@@ -13,8 +13,8 @@ from audit.models import AuditEvent, EventKind
 from conversations import limits
 from conversations.models import Contact, Disposition, InboundMessage, Turn, TurnState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.fakes.openai_api import FakeOpenAI, Reply
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 

@@ -29,7 +29,7 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from tests.conftest import is_postgres, wait_until
-from tests.e2e import SECRET, TOKEN, send
+from tests.support.e2e import SECRET, TOKEN, send
 
 TAKE_OVER_WITHIN = 5.0
 POLL_TOKEN = "4343:POLLING"

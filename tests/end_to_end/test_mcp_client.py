@@ -9,10 +9,10 @@ from django.core.management import call_command
 
 from audit.models import AuditEvent, EventKind
 from tests.conftest import wait_until
-from tests.e2e import send, telegram_channel
 from tests.end_to_end.test_secrets import dump_database, leaks
 from tests.fakes.openai_api import FakeOpenAI, Reply, ToolCalls
-from tests.mcp_helpers import HEADER_SECRET, TicketDesk, register
+from tests.support.e2e import send, telegram_channel
+from tests.support.mcp_helpers import HEADER_SECRET, TicketDesk, register
 from tools import approvals, guard
 from tools.models import ActionClaim, ClaimState, McpTool, ToolPolicy
 from tools.registry import Scope

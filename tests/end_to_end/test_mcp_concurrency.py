@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.conftest import is_postgres, wait_until
-from tests.mcp_helpers import TicketDesk, register
+from tests.support.mcp_helpers import TicketDesk, register
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ def test_32_concurrent_identical_calls_from_two_processes_execute_once(processes
     desk = TicketDesk(processes, tmp_path).start()
     register(desk, "tg")
     start_at = time.time() + 6  # both processes imported and connected by then
-    callers = [processes.start("caller", [sys.executable, "-m", "tests.mcp_callers", "desk__create_ticket",
+    callers = [processes.start("caller", [sys.executable, "-m", "tests.support.mcp_callers", "desk__create_ticket",
                                           json.dumps({"subject": "Same"}), str(conversation.pk), "16",
                                           str(start_at)]) for _ in range(2)]
     for caller in callers:

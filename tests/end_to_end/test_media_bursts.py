@@ -10,9 +10,9 @@ import pytest
 
 from conversations.models import BufferState, MessageBuffer, Turn, TurnState
 from delivery.models import OutboundMessage, OutboundState
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import SECRET, send, telegram_channel
+from tests.support import local_http
+from tests.support.e2e import SECRET, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 _ids = itertools.count(700_000)
@@ -106,8 +106,8 @@ def test_the_model_receives_every_image_of_the_album_fetched_once(processes, mak
     from PIL import Image
 
     from conversations.models import MediaFile, MediaState
-    from tests.e2e import TOKEN
     from tests.fakes.openai_api import FakeOpenAI
+    from tests.support.e2e import TOKEN
 
     def jpeg(shade):
         out = io.BytesIO()
@@ -160,8 +160,8 @@ def test_a_voice_note_is_transcribed_once_and_the_model_reads_its_text(
     request carries the note's transcript, from one download and one transcription
     request to the OpenAI-compatible /v1/audio/transcriptions (the language passed on)."""
     from conversations.models import Channel, MediaFile
-    from tests.e2e import TOKEN
     from tests.fakes.openai_api import FakeOpenAI
+    from tests.support.e2e import TOKEN
 
     ogg = b"OggS\x00\x02" + bytes(range(256)) * 40  # what a voice note's bytes begin with
     with FakeOpenAI() as model:
@@ -199,9 +199,9 @@ def test_an_agent_in_another_service_gets_signed_links_to_the_files(processes, m
     turn the agent took over lists the same file through the API. With an S3 bucket the
     worker stores the file there and the web server serves it from there (nothing on
     either's disk): what lets several hosts share files."""
-    from tests.e2e import TOKEN
     from tests.end_to_end.test_remote_agents_e2e import SECRET as AGENT_SECRET
     from tests.end_to_end.test_remote_agents_e2e import AgentService, api
+    from tests.support.e2e import TOKEN
     from tests.unit.test_media import jpeg
 
     service = AgentService("later")
@@ -252,8 +252,8 @@ def test_an_album_of_ten_out_of_order_and_its_question_is_one_turn_with_ten_imag
     from PIL import Image
 
     from conversations.models import MediaFile, MediaState
-    from tests.e2e import TOKEN
     from tests.fakes.openai_api import FakeOpenAI
+    from tests.support.e2e import TOKEN
 
     def jpeg(shade):
         out = io.BytesIO()

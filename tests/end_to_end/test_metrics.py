@@ -19,9 +19,9 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
-from tests import local_http
 from tests.conftest import is_postgres, wait_until
-from tests.e2e import send, telegram_channel
+from tests.support import local_http
+from tests.support.e2e import send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 TOKEN = "metrics-token-for-tests"
@@ -160,7 +160,7 @@ def test_without_a_token_configured_no_bearer_is_accepted(processes):
 
 
 def httpx_get(url, headers, cookies):
-    """Cookies per request: the shared client (tests.local_http) keeps none."""
+    """Cookies per request: the shared client (tests.support.local_http) keeps none."""
     with httpx.Client(timeout=5.0, trust_env=False, cookies=cookies) as client:
         return client.get(url, headers=headers)
 

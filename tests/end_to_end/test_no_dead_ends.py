@@ -9,8 +9,8 @@ from contextlib import closing
 import pytest
 from django.contrib.auth.models import User
 
-from tests import local_http
-from tests.e2e import operator_session
+from tests.support import local_http
+from tests.support.e2e import operator_session
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "pw-olga-dead-ends-1"

@@ -9,8 +9,8 @@ import pytest
 from audit.models import AuditEvent, EventKind
 from conversations.models import BufferState, MessageBuffer, Turn, TurnState
 from tests.conftest import wait_until
-from tests.e2e import send, telegram_channel
 from tests.fakes.openai_api import Delay, FakeOpenAI, Reply, ToolCalls
+from tests.support.e2e import send, telegram_channel
 from tools.models import CalendarEvent
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +121,7 @@ def test_a_tools_secret_never_reaches_the_model_provider(processes, make_channel
     openai_channel(make_channel, fake_telegram, fake_openai)
     fake_openai.script(ToolCalls([("leaky_create", {"name": "x"})]), Reply("No pude hacerlo."))
     web = processes.web(wait=False)
-    processes.worker(**KEY_ENV, PARTNER_API_KEY=partner_key, AGENTLOOP_EXTRA_TOOLS="tests.tools_for_tests.LeakyCreate")
+    processes.worker(**KEY_ENV, PARTNER_API_KEY=partner_key, AGENTLOOP_EXTRA_TOOLS="tests.support.tools_for_tests.LeakyCreate")
     send(web, "tg", 101, "Hazlo.")
     fake_telegram.wait_for("sendMessage", timeout=20)
     requests = fake_openai.requests()

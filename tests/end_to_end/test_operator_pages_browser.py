@@ -3,7 +3,7 @@ model's change list, one of its change pages and its add page (where adding is a
 every page the sidebar links to (the live dashboard, the playground, the limits, the
 approvals waiting, …) and a conversation's story — at a desktop's width and a phone's, in
 English and in Spanish, with a 10,000-character message, a 10,000-character reply, a long
-name and a proposal with long arguments in the data (tests/operator_data.py).
+name and a proposal with long arguments in the data (tests/support/operator_data.py).
 
 Per page: it answers 200, the server logs no error while it is served and the browser's
 console none (an uncaught exception, a refused request); nothing scrolls sideways (no
@@ -28,9 +28,9 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from agentloop.console import navigation
-from tests.browser import ALWAYS_IGNORED, BASE_DIR, console_errors, page_for
 from tests.end_to_end.test_console_browser import PHONE
-from tests.operator_data import plant
+from tests.support.browser import ALWAYS_IGNORED, BASE_DIR, console_errors, page_for
+from tests.support.operator_data import plant
 
 pytestmark = pytest.mark.e2e
 VIEWPORTS = {"desktop": {"width": 1440, "height": 1000}, "phone": PHONE}
@@ -132,7 +132,7 @@ def operator_pages(planted) -> list[OperatorPage]:
         pages.append(OperatorPage(f"changelist {label}", reverse(f"{route}_changelist"), "#result_list"))
         row = model_admin.get_queryset(request).first()
         form = f"form#{model._meta.model_name}_form"
-        # A model without a row: its change page cannot be visited; plant one in tests/operator_data.py.
+        # A model without a row: its change page cannot be visited; plant one in tests/support/operator_data.py.
         pages.append(OperatorPage(f"change {label}", reverse(f"{route}_change", args=[row.pk]) if row else "", form))
         if model_admin.has_add_permission(request):
             pages.append(OperatorPage(f"add {label}", reverse(f"{route}_add"), form))
@@ -206,7 +206,7 @@ def visit_all(browser, web, planted, pages) -> tuple[dict, float]:
         for target in pages:
             if not target.path:
                 for width in widths:
-                    found[(target.name, width, language)] = ["no row to open: plant one in tests/operator_data.py"]
+                    found[(target.name, width, language)] = ["no row to open: plant one in tests/support/operator_data.py"]
                 continue
             began, console_seen = time.monotonic(), len(console_errors(page))
             response = page.goto(target.path, wait_until="load")

@@ -13,13 +13,13 @@ from conversations.agents import Answer, File
 from conversations.media import outbound
 from delivery import attachments, ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
-from tests.agents_for_tests import jpeg
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_ledger_e2e import conversation_for, delivered, texts
 from tests.faults.agent import ics
+from tests.support.agents_for_tests import jpeg
+from tests.support.e2e import UNPACED, send, telegram_channel
 
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.agents_for_tests.FilesAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.support.agents_for_tests.FilesAgent"}
 
 
 def stored(channel, *files):
@@ -139,7 +139,7 @@ def test_a_refused_upload_is_permanent_and_a_flood_waits_unlabelled(processes, m
 @pytest.fixture
 def fake_graph():
     from tests.fakes.graph_api import FakeGraphAPI
-    from tests.whatsapp import PHONE, TOKEN
+    from tests.support.whatsapp import PHONE, TOKEN
 
     with FakeGraphAPI(tokens=[TOKEN], phone_number_ids=[PHONE]) as fake:
         yield fake
@@ -147,8 +147,8 @@ def fake_graph():
 
 @pytest.mark.e2e
 def test_an_agents_files_reach_whatsapp_uploaded_then_sent_once(processes, make_channel, fake_graph):
-    from tests.whatsapp import USER, whatsapp_channel
-    from tests.whatsapp import send as whatsapp_send
+    from tests.support.whatsapp import USER, whatsapp_channel
+    from tests.support.whatsapp import send as whatsapp_send
 
     whatsapp_channel(make_channel, fake_graph, agent="files")
     web, _ = processes.web(wait=False, **AGENT), processes.worker(**AGENT)
@@ -167,7 +167,7 @@ def test_an_agents_files_reach_whatsapp_uploaded_then_sent_once(processes, make_
 @pytest.mark.e2e
 def test_a_whatsapp_upload_that_never_answers_sends_nothing_and_resends_unlabelled(processes, make_channel,
                                                                                     fake_graph):
-    from tests.whatsapp import USER, whatsapp_channel
+    from tests.support.whatsapp import USER, whatsapp_channel
 
     channel = whatsapp_channel(make_channel, fake_graph)
     files = stored(channel, File("cita.ics", ics(), caption="Tu cita"))

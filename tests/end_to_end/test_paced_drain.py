@@ -11,8 +11,8 @@ import pytest
 
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import is_postgres, wait_until
-from tests.e2e import SECRET, UNPACED, telegram_channel, update
 from tests.fakes.telegram_api import FakeBotAPI, Limits
+from tests.support.e2e import SECRET, UNPACED, telegram_channel, update
 
 pytestmark = pytest.mark.e2e
 PREFIX = "♻️"

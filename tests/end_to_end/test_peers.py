@@ -23,7 +23,7 @@ from conversations.remote_agents import WebhookAgent
 from delivery import ledger, signing
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import Target
-from tests.e2e import UNPACED
+from tests.support.e2e import UNPACED
 
 GOOD, BAD = "5100:GOOD-token", "5200:BAD-token"
 

@@ -31,16 +31,16 @@ from django.db import connection
 from audit.models import AuditEvent, EventKind
 from conversations.models import InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat
 from delivery.models import OutboundMessage, OutboundState
-from tests import local_http
 from tests.conftest import BASE_DIR, database_url, free_port, is_postgres, wait_until
-from tests.e2e import SECRET, telegram_channel, update
+from tests.support import local_http
+from tests.support.e2e import SECRET, telegram_channel, update
 from tools.models import ActionClaim, CalendarEvent, ClaimState
 
 pytestmark = pytest.mark.e2e
 
 POOL_SIZE = 10  # server connections per database/user: the web and worker share them
 CONVERSATIONS = 40
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 EVENT = {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}
 # The same guarded call twice in one turn: carried out once, the second a duplicate.
 CALLS = [{"name": "calendar_create_event", "arguments": EVENT}] * 2

@@ -8,8 +8,8 @@ import sqlite3
 import subprocess
 import sys
 
-from tests import local_http
 from tests.conftest import BASE_DIR, free_port, wait_until
+from tests.support import local_http
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+) (.*)$")
 SCHEDULED_SWEEPS = 4  # recovery, ledger safety sweep, ledger prune, guard sweep (migrations create them)

@@ -12,7 +12,6 @@ import pytest
 
 from conversations.models import ContextNote, InboundReaction, ReactionOutcome, Turn
 from delivery.models import OutboundMessage
-from tests import e2e
 from tests.conftest import wait_until
 from tests.end_to_end.test_user_confirmation import (
     CHAT,
@@ -27,6 +26,7 @@ from tests.end_to_end.test_user_confirmation import (
     user_policy,
 )
 from tests.fakes.telegram_api import BotAPIError
+from tests.support import e2e
 from tools.models import CalendarEvent, Proposal, ProposalState
 
 
@@ -213,10 +213,10 @@ def test_the_fake_refuses_what_telegram_refuses(fake_telegram):
 
 def test_slack_a_reaction_on_the_apps_reply_is_noted_once_and_the_status_reaction_follows(processes, make_channel):
     from delivery.models import OutboundMessage
-    from tests import slack
     from tests.end_to_end.test_slack_e2e import started_worker
     from tests.fakes import slack_api
     from tests.fakes.slack_api import FakeSlackAPI
+    from tests.support import slack
 
     with FakeSlackAPI(tokens=[slack.TOKEN]) as fake:
         slack.slack_channel(make_channel, fake, status_reaction="seen_done", window_closed=1.0,
@@ -247,10 +247,10 @@ def test_slack_a_reaction_on_the_apps_reply_is_noted_once_and_the_status_reactio
 
 def test_whatsapp_reactions_both_ways(processes, make_channel):
     from delivery.models import OutboundMessage
-    from tests import whatsapp
     from tests.end_to_end.test_whatsapp_e2e import started_worker
     from tests.fakes import graph_api
     from tests.fakes.graph_api import FakeGraphAPI
+    from tests.support import whatsapp
 
     with FakeGraphAPI(tokens=[whatsapp.TOKEN], phone_number_ids=[whatsapp.PHONE]) as fake:
         whatsapp.whatsapp_channel(make_channel, fake, status_reaction="seen", window_closed=1.0,

@@ -11,8 +11,8 @@ import pytest
 from conversations.models import Turn, TurnState
 from delivery import attachments, signing
 from delivery.models import OutboundMessage, OutboundState
-from tests import local_http
 from tests.conftest import wait_until
+from tests.support import local_http
 
 pytestmark = pytest.mark.e2e
 SECRET = "agent-secret"

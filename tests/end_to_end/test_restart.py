@@ -9,7 +9,7 @@ import pytest
 from conversations import engine
 from conversations.models import Channel, InboundMessage, MessageBuffer
 from tests.conftest import wait_until
-from tests.e2e import TOKEN
+from tests.support.e2e import TOKEN
 
 pytestmark = pytest.mark.e2e
 

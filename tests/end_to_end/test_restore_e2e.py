@@ -16,9 +16,9 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from tests import local_http
 from tests.conftest import BASE_DIR, is_postgres, wait_until
-from tests.e2e import SECRET, UNPACED, telegram_channel, update
+from tests.support import local_http
+from tests.support.e2e import SECRET, UNPACED, telegram_channel, update
 
 pytestmark = pytest.mark.e2e
 PREFIX = "♻️ Recovered reply"

@@ -10,16 +10,16 @@ import pytest
 
 from audit.models import AuditEvent, EventKind
 from conversations.models import Conversation, RoutingRule, Turn
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import SECRET, UNPACED, send, telegram_channel, update
+from tests.support import local_http
+from tests.support.e2e import SECRET, UNPACED, send, telegram_channel, update
 from tools.models import ActionClaim
 
 pytestmark = pytest.mark.e2e
 
 FORUM = -100888
-AGENTS = {"AGENTLOOP_EXTRA_AGENTS": "named=tests.agents_for_tests.NamedEchoAgent,"
-                                    "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENTS = {"AGENTLOOP_EXTRA_AGENTS": "named=tests.support.agents_for_tests.NamedEchoAgent,"
+                                    "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 
 
 def in_topic(web, topic, text, user_id=701):

@@ -13,10 +13,10 @@ from conversations import schedules
 from conversations.models import Contact, ContextNote, Conversation
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, ScheduledMessage, ScheduleState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 
 
 def conversation(channel, chat_id):

@@ -23,10 +23,10 @@ from conversations.models import AgentKey, Conversation, Turn, TurnState
 from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
-from tests import local_http
 from tests.conftest import free_port, wait_until
-from tests.e2e import UNPACED
 from tests.fakes.openai_api import Error, FakeOpenAI
+from tests.support import local_http
+from tests.support.e2e import UNPACED
 
 TOKEN_FULL = "7310042:AAF-fullBacklogToken_0123456789abcd"
 TOKEN_SILENT = "7310043:AAG-silentPeerToken_9876543210wxyz"

@@ -16,7 +16,7 @@ from tests.conftest import wait_until
 from tests.end_to_end.test_bot_loops import AGENTS, settled
 from tests.fakes.slack_bots import App, SlackWithBots, for_app
 from tests.fakes.slack_events import message_event
-from tests.slack import CHANNEL, SIGNING_SECRET, deliver, slack_channel, slack_settings
+from tests.support.slack import CHANNEL, SIGNING_SECRET, deliver, slack_channel, slack_settings
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ from delivery.models import OutboundMessage, OutboundState, UnreachableChat
 from tests.conftest import wait_until
 from tests.fakes import slack_api
 from tests.fakes.slack_api import FakeSlackAPI
-from tests.slack import CHANNEL, DM, SIGNING_SECRET, TOKEN, USER, deliver, send, slack_channel
+from tests.support.slack import CHANNEL, DM, SIGNING_SECRET, TOKEN, USER, deliver, send, slack_channel
 
 pytestmark = pytest.mark.e2e
 TOKEN2 = TOKEN.replace("AbCd", "NeW0")
@@ -235,10 +235,10 @@ def test_confirmation_buttons_clicked_twice_apply_once(processes, make_channel, 
 
 
 def test_an_agents_files_are_uploaded_into_the_thread_once(processes, make_channel, fake_slack, tmp_path):
-    from tests.agents_for_tests import jpeg
     from tests.faults.agent import ics
+    from tests.support.agents_for_tests import jpeg
 
-    agent = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.agents_for_tests.FilesAgent",
+    agent = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.support.agents_for_tests.FilesAgent",
              "AGENTLOOP_MEDIA_ROOT": tmp_path / "files"}
     slack_channel(make_channel, fake_slack, agent="files")
     web, _ = processes.web(wait=False, **agent), processes.worker(**agent)

@@ -11,7 +11,7 @@ from conversations.models import Disposition, InboundMessage, Turn
 from tests.conftest import wait_until
 from tests.fakes import slack_api
 from tests.fakes.openai_api import FakeOpenAI, Reply
-from tests.slack import CHANNEL, deliver, slack_channel, slack_settings
+from tests.support.slack import CHANNEL, deliver, slack_channel, slack_settings
 
 pytestmark = pytest.mark.e2e
 KEY_ENV = {"FAKE_OPENAI_API_KEY": "sk-test-agentloop"}

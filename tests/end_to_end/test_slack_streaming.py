@@ -13,7 +13,7 @@ from tests.conftest import wait_until
 from tests.end_to_end.test_streaming_crashes import killed_at
 from tests.fakes import slack_api
 from tests.fakes.slack_api import FakeSlackAPI
-from tests.slack import DM, TOKEN, send, slack_channel
+from tests.support.slack import DM, TOKEN, send, slack_channel
 
 pytestmark = pytest.mark.e2e
 WORDS = " ".join(f"w{i}" for i in range(12))  # 12 words, 0.3 s apart: 3.3 s of writing

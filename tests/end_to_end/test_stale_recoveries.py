@@ -14,8 +14,8 @@ from audit.models import AuditEvent, EventKind
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_ledger_e2e import conversation_for, texts
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 ZONE = "America/Argentina/Buenos_Aires"

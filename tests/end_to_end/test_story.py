@@ -29,13 +29,13 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, Outcome
 from delivery.transports import SendResult
-from tests import local_http
-from tests.e2e import SECRET, TOKEN, UNPACED, send, telegram_channel
+from tests.support import local_http
+from tests.support.e2e import SECRET, TOKEN, UNPACED, send, telegram_channel
 from tools import approvals, guard
 from tools.models import ActionClaim, ToolPolicy
 from tools.registry import Scope
 
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 CALLS = [{"name": "calendar_create_event",
           "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}}]
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -297,7 +297,7 @@ def test_five_thousand_messages_page_by_page_within_a_bounded_number_of_queries(
 def test_the_dashboard_links_to_the_story_in_a_browser(processes, browser, make_channel, fake_telegram):
     """An auditor watching the dashboard follows a message's "story" link to the page
     (the README's screenshot)."""
-    from tests.browser import assert_no_console_errors, page_for, screenshot
+    from tests.support.browser import assert_no_console_errors, page_for, screenshot
 
     telegram_channel(make_channel, fake_telegram, agent="scripted", agent_config={"tool_calls": CALLS})
     call_command("createuser", "audrey", "--role", "auditor", "--password", "pw-audrey-story-1",

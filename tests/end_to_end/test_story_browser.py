@@ -9,9 +9,9 @@ import pytest
 
 from conversations.ingest import Inbound, admit
 from conversations.models import Conversation
-from tests.browser import assert_no_console_errors, page_for, screenshot
 from tests.end_to_end.test_console_browser import PHONE, no_horizontal_scroll, operator
 from tests.end_to_end.test_story import T0, person_and_control_command, story_url
+from tests.support.browser import assert_no_console_errors, page_for, screenshot
 
 pytestmark = pytest.mark.e2e
 DESKTOP = {"width": 1440, "height": 1000}

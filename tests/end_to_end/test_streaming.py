@@ -10,9 +10,9 @@ import pytest
 from conversations.models import Turn, TurnState
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_story import logged_in, story_url
 from tests.fakes.openai_api import FakeOpenAI, Reply, ToolCalls
+from tests.support.e2e import UNPACED, send, telegram_channel
 from tools.models import CalendarEvent
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +38,7 @@ def in_chat(calls, chat_id):
 
 
 def group_update(text, chat_id=GROUP, message_id=None):
-    from tests.e2e import update
+    from tests.support.e2e import update
 
     body = update(chat_id, text, message_id=message_id, user_id=555)
     body["message"]["chat"] = {"id": chat_id, "type": "supergroup", "title": "Equipo"}
@@ -46,8 +46,8 @@ def group_update(text, chat_id=GROUP, message_id=None):
 
 
 def send_group(web, text):
-    from tests import local_http
-    from tests.e2e import SECRET
+    from tests.support import local_http
+    from tests.support.e2e import SECRET
 
     response = local_http.post(f"{web.url}/webhooks/telegram/tg/", json=group_update(text),
                                headers={"X-Telegram-Bot-Api-Secret-Token": SECRET}, timeout=10)

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.e2e import UNPACED, send, telegram_channel
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 WORDS = ["Hola, ", "te ", "respondo ", "por ", "partes."]

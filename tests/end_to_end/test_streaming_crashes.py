@@ -13,8 +13,8 @@ from conversations.models import Turn, TurnState
 from conversations.worker.streams import STOPPED_NOTE
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_streaming import GROUP, send_group
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 WORDS = " ".join(f"w{i}" for i in range(12))  # 12 words, 0.3 s apart: 3.3 s of writing

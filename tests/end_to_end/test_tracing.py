@@ -14,11 +14,11 @@ from conversations.models import InboundMessage, Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import send, telegram_channel
 from tests.fakes.otlp_collector import OtlpCollector, silent_endpoint
+from tests.support.e2e import send, telegram_channel
 
 pytestmark = pytest.mark.e2e
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.agents_for_tests.ScriptedToolAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "scripted=tests.support.agents_for_tests.ScriptedToolAgent"}
 CALLS = [{"name": "calendar_create_event", "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}}]
 TEXTS = ["Agéndame la hora de psicología", "la del martes a las diez"]
 # The chat, big as Telegram's are: a whole attribute value equal to it is the chat, never

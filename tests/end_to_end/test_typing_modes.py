@@ -19,7 +19,7 @@ from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Turn, TurnState, WorkerHeartbeat
 from conversations.worker.typing import open_windows
 from tests.conftest import wait_until
-from tests.e2e import send, telegram_channel
+from tests.support.e2e import send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 

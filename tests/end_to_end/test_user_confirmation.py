@@ -27,8 +27,8 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Contact, ContextNote, Conversation
 from delivery import ledger
 from delivery.models import OutboundMessage
-from tests import e2e, local_http
 from tests.conftest import wait_until
+from tests.support import e2e, local_http
 from tools import confirmations, guard
 from tools.guard import Status
 from tools.models import ActionClaim, CalendarEvent, ClaimState, Confirmation, Proposal, ProposalState, ToolPolicy
@@ -348,7 +348,7 @@ def test_a_question_left_open_on_an_api_channel_is_not_answered_by_a_posted_yes(
 @pytest.mark.django_db(transaction=True)
 def test_a_web_chat_tap_applies_once_and_every_page_sees_it():
     from conversations.models import Channel
-    from tests.console_socket import ConsoleSocket
+    from tests.support.console_socket import ConsoleSocket
 
     Channel.objects.create(slug="playground", kind="webchat", agent="demo")
     user_policy()
@@ -506,7 +506,7 @@ def test_the_web_chat_shows_the_question_with_buttons_and_a_tap_confirms(process
     from django.contrib.auth.models import User
 
     from conversations.models import Channel
-    from tests.browser import assert_no_console_errors, page_for, screenshot
+    from tests.support.browser import assert_no_console_errors, page_for, screenshot
 
     Channel.objects.create(slug="playground", kind="webchat", agent="demo", **FAST)
     user_policy()

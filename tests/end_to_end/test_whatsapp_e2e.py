@@ -18,11 +18,11 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState, SendBudget, UnreachableChat
-from tests import local_http
 from tests.conftest import wait_until
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
-from tests.whatsapp import APP_SECRET, PHONE, TOKEN, USER, deliver, send, whatsapp_channel
+from tests.support import local_http
+from tests.support.whatsapp import APP_SECRET, PHONE, TOKEN, USER, deliver, send, whatsapp_channel
 
 pytestmark = pytest.mark.e2e
 
@@ -221,7 +221,7 @@ def test_the_readme_steps_addchannel_then_the_webhook_handshake_then_a_reply(pro
     webhook URL with the verify token, then a user's message answered by the agent."""
     from django.core.management import call_command
 
-    from tests.whatsapp import VERIFY
+    from tests.support.whatsapp import VERIFY
 
     call_command("addchannel", "wa", "--kind", "whatsapp", "--agent", "demo", "--phone-number-id", PHONE,
                  "--token", TOKEN, "--app-secret", APP_SECRET, "--verify-token", VERIFY, "--api-base", fake_graph.url)

@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from conversations.models import Contact, ContextNote, Conversation, InboundMessage
 from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState, UnreachableChat
-from tests import local_http
 from tests.conftest import wait_until
 from tests.fakes.graph_api import FakeGraphAPI
-from tests.whatsapp import TOKEN, whatsapp_channel, whatsapp_settings
+from tests.support import local_http
+from tests.support.whatsapp import TOKEN, whatsapp_channel, whatsapp_settings
 
 pytestmark = pytest.mark.e2e
 ANA, BETO, CARLA, DANI = "5491100000001", "5491100000002", "5491100000003", "5491100000004"

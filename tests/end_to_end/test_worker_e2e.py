@@ -10,7 +10,7 @@ from django.utils import timezone
 from conversations.models import BufferState, Channel, InboundMessage, MessageBuffer, Turn, TurnState
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
-from tests.e2e import TOKEN, send, telegram_channel
+from tests.support.e2e import TOKEN, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 

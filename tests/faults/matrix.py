@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from audit.failpoints import ENV, POINTS
-from tests import local_http
-from tests.e2e import SECRET, update
+from tests.support import local_http
+from tests.support.e2e import SECRET, update
 
 AGENT = "crash=tests.faults.agent.CrashAgent"
 OPERATOR = ("crash-operator", "crash-operator-pw")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from tests import local_http
+from tests.support import local_http
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 PG = str(BASE_DIR / "scripts" / "pg.sh")
@@ -160,7 +160,7 @@ class Scenario:
 
     def channel(self, **fields):
         from conversations.models import Channel
-        from tests.e2e import SECRET
+        from tests.support.e2e import SECRET
 
         return Channel.objects.create(slug=self.slug, kind="telegram", platform_settings={
             "bot_token": self.token, "webhook_secret": SECRET, "api_base": self.fake.url}, **fields)
@@ -172,7 +172,7 @@ class Scenario:
     def deliver(self, chat_id, text):
         """POST one update to the webhook until it is taken (2xx), as Telegram retries;
         returns when it was taken (wall clock)."""
-        from tests.e2e import SECRET, update
+        from tests.support.e2e import SECRET, update
 
         body = update(chat_id, text)
         pause = 0.1

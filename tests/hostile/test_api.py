@@ -11,8 +11,8 @@ back, and what holds.
 import pytest
 
 from conversations.models import Turn, TurnState
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_untrusted_answers import answering  # noqa: F401 (a fixture: local agent services)
+from tests.support.e2e import UNPACED, send, telegram_channel
 
 pytestmark = pytest.mark.e2e
 CAP = 1_000_000

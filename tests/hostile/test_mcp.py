@@ -30,7 +30,7 @@ from tests.conftest import BASE_DIR, free_port
 from tests.end_to_end.test_guard_e2e import operator_session
 from tests.end_to_end.test_mcp_server import client as mcp_client
 from tests.fakes.file_server import FileServer
-from tests.mcp_helpers import TicketDesk, register
+from tests.support.mcp_helpers import TicketDesk, register
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable
 from tools.models import ActionClaim, ClaimState, McpServer, McpTool, ToolPolicy

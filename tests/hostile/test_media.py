@@ -32,11 +32,11 @@ from agentloop.core import addresses
 from conversations.media import for_agents, links
 from conversations.media.download import FileUnavailable, mb
 from conversations.models import MediaFile, MediaState
-from tests import local_http
 from tests.conftest import BASE_DIR, database_url, is_postgres, wait_until
-from tests.e2e import TOKEN
 from tests.end_to_end.test_media_bursts import answered_by_a_model, photo_update, post, settled
 from tests.fakes.openai_api import FakeOpenAI
+from tests.support import local_http
+from tests.support.e2e import TOKEN
 from tests.unit.test_media import media_root, stored  # noqa: F401 (media_root: an autouse fixture, files under tmp_path)
 from tests.unit.test_media_urls import channel_allowing, fetch
 

@@ -18,12 +18,12 @@ from django.contrib.auth import get_user_model
 
 from conversations import limits
 from conversations.models import InboundMessage, Turn, TurnState
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import UNPACED, send, telegram_channel
 from tests.end_to_end.test_guard_e2e import operator_session
 from tests.fakes.openai_api import FakeOpenAI, Reply
-from tests.whatsapp import whatsapp_channel
+from tests.support import local_http
+from tests.support.e2e import UNPACED, send, telegram_channel
+from tests.support.whatsapp import whatsapp_channel
 
 pytestmark = pytest.mark.e2e
 CHAT = 101

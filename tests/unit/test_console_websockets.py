@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel
-from tests.console_socket import ConsoleSocket
+from tests.support.console_socket import ConsoleSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

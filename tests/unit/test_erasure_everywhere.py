@@ -18,13 +18,13 @@ from django.utils import timezone
 from conversations import schedules
 from conversations.models import Contact, ContextNote, Conversation, Turn, TurnState
 from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState, UnreachableChat
-from tests import local_http
 from tests.conftest import wait_until
-from tests.e2e import SECRET, send, telegram_channel, update
 from tests.end_to_end.test_groups import MENTION, group_message, post
+from tests.support import local_http
+from tests.support.e2e import SECRET, send, telegram_channel, update
 
 pytestmark = pytest.mark.e2e
-AGENT = {"AGENTLOOP_EXTRA_AGENTS": "echofile=tests.agents_for_tests.EchoFileAgent"}
+AGENT = {"AGENTLOOP_EXTRA_AGENTS": "echofile=tests.support.agents_for_tests.EchoFileAgent"}
 PERSON, NAME, USERNAME = 77123456, "Zebulon Quarkwright", "zquark"
 OTHER = 502
 PRIVATE_TEXTS = ["hola, my blood type is AB-", "please send me the file about the dentist on Friday"]

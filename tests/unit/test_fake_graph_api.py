@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from tests import local_http
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
+from tests.support import local_http
 
 TOKEN = "EAAG-fake-token-123456"
 PHONE = "106540352242922"

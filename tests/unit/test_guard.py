@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
-from tests.tools_for_tests import FlakyCreate, GatedCreate
+from tests.support.tools_for_tests import FlakyCreate, GatedCreate
 from tools import guard, registry
 from tools.guard import Status
 from tools.models import ActionClaim, CalendarEvent, ClaimState, ToolPolicy
@@ -21,8 +21,8 @@ BUILTIN = [
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
 ]
-TEST_TOOLS = BUILTIN + ["tests.tools_for_tests.GatedCreate", "tests.tools_for_tests.FlakyCreate",
-                        "tests.tools_for_tests.AmbiguousCreate"]
+TEST_TOOLS = BUILTIN + ["tests.support.tools_for_tests.GatedCreate", "tests.support.tools_for_tests.FlakyCreate",
+                        "tests.support.tools_for_tests.AmbiguousCreate"]
 
 pytestmark = pytest.mark.django_db
 

@@ -1,12 +1,12 @@
-"""The lock that keeps Chromium and a change of the host's network apart (tests/host_network.py)."""
+"""The lock that keeps Chromium and a change of the host's network apart (tests/support/host_network.py)."""
 
 import fcntl
 import threading
 
 import pytest
 
-from tests import host_network
 from tests.conftest import wait_until
+from tests.support import host_network
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from audit.models import AuditEvent, EventKind
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import SendResult
-from tests.e2e import UNPACED
+from tests.support.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 T0 = timezone.now()

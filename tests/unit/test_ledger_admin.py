@@ -10,7 +10,7 @@ from django.urls import reverse
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult
-from tests.e2e import UNPACED
+from tests.support.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from conversations.ingest import MediaRef
 from conversations.media import fetching, files, for_agents, sniff
 from conversations.media.download import FileTooLarge, FileUnavailable
 from conversations.models import MediaFile, MediaState
-from tests.e2e import TOKEN, telegram_channel
+from tests.support.e2e import TOKEN, telegram_channel
 
 
 def jpeg(width=64, height=48) -> bytes:

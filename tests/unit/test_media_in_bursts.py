@@ -12,7 +12,7 @@ from conversations import platforms
 from conversations.ingest import MediaRef
 from conversations.media import fetching, for_agents
 from conversations.models import MediaFile, MediaState
-from tests.e2e import TOKEN, telegram_channel
+from tests.support.e2e import TOKEN, telegram_channel
 from tests.unit.test_media import fetch, jpeg, media_root, ref  # noqa: F401 (media_root: an autouse fixture)
 
 

@@ -116,7 +116,7 @@ def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conver
     labelled (found by two workers draining one bot)."""
     from delivery import ledger
     from delivery.models import OutboundKind, OutboundMessage
-    from tests.e2e import UNPACED
+    from tests.support.e2e import UNPACED
 
     channel = make_channel("race", kind="telegram", platform_settings={"bot_token": "5:R", **UNPACED})
     ids = [ledger.enqueue(make_conversation(channel, f"c{i}"), "hola", kind=OutboundKind.REPLY).pk
@@ -139,7 +139,7 @@ def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel
     from delivery import ledger
     from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
     from delivery.transports import SendResult
-    from tests.e2e import UNPACED
+    from tests.support.e2e import UNPACED
 
     paced = make_channel("paced", kind="telegram", platform_settings={"bot_token": "6:P", "messages_per_second": 20})
     free = make_channel("free", kind="telegram", platform_settings={"bot_token": "6:F", **UNPACED})

@@ -21,7 +21,7 @@ from conversations.platforms.webchat.transport import WebchatTransport
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
-from tests.e2e import UNPACED
+from tests.support.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 

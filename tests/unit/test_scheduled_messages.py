@@ -11,7 +11,7 @@ from django.utils import timezone
 from conversations import schedules
 from conversations.models import Contact, ContextNote, Conversation, InboundMessage
 from delivery.models import OutboundKind, OutboundMessage, ScheduledMessage, ScheduleState
-from tests.whatsapp import whatsapp_settings
+from tests.support.whatsapp import whatsapp_settings
 
 
 def conversation(channel, who="ana"):

@@ -22,7 +22,7 @@ from delivery import ledger
 from delivery.models import OutboundKind
 from tests.fakes import slack_api
 from tests.fakes.slack_api import BOT_USER, FakeSlackAPI
-from tests.slack import CHANNEL, DM, SIGNING_SECRET, TOKEN, USER, signed_post, slack_channel, slack_settings
+from tests.support.slack import CHANNEL, DM, SIGNING_SECRET, TOKEN, USER, signed_post, slack_channel, slack_settings
 
 
 @pytest.fixture

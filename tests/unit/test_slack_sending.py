@@ -16,7 +16,7 @@ from delivery.models import Outcome
 from delivery.transports import Target
 from tests.fakes import slack_api
 from tests.fakes.slack_api import BOT_USER, FakeSlackAPI
-from tests.slack import CHANNEL, DM, TOKEN, USER, signed_post, slack_channel, slack_settings
+from tests.support.slack import CHANNEL, DM, TOKEN, USER, signed_post, slack_channel, slack_settings
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from agentloop.core.redaction import forget_secrets
 from conversations.models import ContextNote
 from conversations.notes import inform
-from tests.tools_for_tests import LeakyCreate
+from tests.support.tools_for_tests import LeakyCreate
 from tools import approvals, guard
 from tools.models import ActionClaim, Proposal, ToolPolicy
 from tools.registry import Scope
@@ -22,7 +22,7 @@ PARTNER_KEY = "pk-live-Partner-8812ZZ"
 def partner_key(monkeypatch, settings):
     monkeypatch.setenv("PARTNER_API_KEY", PARTNER_KEY)
     forget_secrets()  # the deployment's secrets are read again at the next redaction
-    settings.AGENTLOOP_TOOLS = ["tools.builtin.calendar.CreateEvent", "tests.tools_for_tests.LeakyCreate"]
+    settings.AGENTLOOP_TOOLS = ["tools.builtin.calendar.CreateEvent", "tests.support.tools_for_tests.LeakyCreate"]
     yield
     forget_secrets()
 

@@ -13,7 +13,7 @@ from conversations.models import Turn, TurnState
 from conversations.worker.supervisor import Worker
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
-from tests.e2e import UNPACED
+from tests.support.e2e import UNPACED
 
 pytestmark = pytest.mark.django_db
 

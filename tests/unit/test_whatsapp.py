@@ -25,7 +25,16 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcom
 from delivery.transports import Target
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
-from tests.whatsapp import APP_SECRET, PHONE, TOKEN, USER, VERIFY, signed_post, whatsapp_channel, whatsapp_settings
+from tests.support.whatsapp import (
+    APP_SECRET,
+    PHONE,
+    TOKEN,
+    USER,
+    VERIFY,
+    signed_post,
+    whatsapp_channel,
+    whatsapp_settings,
+)
 
 
 @pytest.fixture

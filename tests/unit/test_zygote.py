@@ -1,4 +1,4 @@
-"""The tests' zygote (tests/zygote.py): a forked child is what `python <args>` would be —
+"""The tests' zygote (tests/support/zygote.py): a forked child is what `python <args>` would be —
 its arguments, environment, working directory, streams and exit status — and nothing a
 test sets is read before the child has it."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import BASE_DIR
-from tests.zygote import Zygote
+from tests.support.zygote import Zygote
 
 PROBE = """
 import json, os, sys

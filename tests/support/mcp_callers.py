@@ -1,5 +1,5 @@
 """A process that calls one tool behind the guard from N threads at once, as a worker's
-tool threads would: `python -m tests.mcp_callers NAME ARGS_JSON CONVERSATION N START_AT`.
+tool threads would: `python -m tests.support.mcp_callers NAME ARGS_JSON CONVERSATION N START_AT`.
 Each thread waits for the wall clock's START_AT, calls `guard.invoke`, and the statuses
 are printed as one JSON line."""
 

@@ -1,5 +1,5 @@
 """An agent for the tests, registered through the public extension point
-(`AGENTLOOP_EXTRA_AGENTS=scripted=tests.agents_for_tests.ScriptedToolAgent`): like a
+(`AGENTLOOP_EXTRA_AGENTS=scripted=tests.support.agents_for_tests.ScriptedToolAgent`): like a
 literal model, it makes the tool calls its channel's config lists on every turn, and
 answers with what each call returned."""
 
@@ -18,7 +18,7 @@ class ScriptedToolAgent(Agent):
 
 
 class FilesAgent(Agent):
-    """Answers with files (`files=tests.agents_for_tests.FilesAgent`): two photos (an
+    """Answers with files (`files=tests.support.agents_for_tests.FilesAgent`): two photos (an
     album on Telegram) and a booking's .ics, after its text."""
 
     async def respond(self, ctx: TurnContext) -> Answer:
@@ -59,7 +59,7 @@ class EchoFileAgent(EchoAgent):
 
 
 class NamedEchoAgent(Agent):
-    """An echo that says who it is (`named=tests.agents_for_tests.NamedEchoAgent`): its
+    """An echo that says who it is (`named=tests.support.agents_for_tests.NamedEchoAgent`): its
     config's `name`, then the last line it read (a group turn's last line is the burst
     addressed to it), after an @mention of its config's `mention` if any — two of them
     in a group mention each other back and forth (tests/end_to_end/test_bot_loops.py)."""

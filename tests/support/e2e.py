@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from tests import local_http
+from tests.support import local_http
 
 SECRET = "e2e-secret"
 TOKEN = "4242:E2E-TOKEN"

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import host_network
+from tests.support import host_network
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium tries to reach Google's services, and on a
 # closed network its connections (ours included) get refused.

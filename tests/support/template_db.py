@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.db import connections
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 LOCK = BASE_DIR / "var" / "test-template.lock"
 TEMPLATE_PREFIX = "test_template_"
 

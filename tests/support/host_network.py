@@ -15,7 +15,7 @@ import fcntl
 import time
 from pathlib import Path
 
-VAR = Path(__file__).resolve().parent.parent / "var"
+VAR = Path(__file__).resolve().parents[2] / "var"
 LOCK = VAR / "host-network.lock"
 TURNSTILE = VAR / "host-network.turnstile"
 # The longest a browser test or a cluster's `up`/`down` holds the lock, with room to spare.

@@ -13,7 +13,7 @@ so no test's environment can leak into another's process (gunicorn's `--preload`
 same idea). Nothing of the product is changed by it; `AGENTLOOP_TEST_FORK=0` starts every
 process the plain way.
 
-    python -m tests.zygote <fd of its end of a socketpair>
+    python -m tests.support.zygote <fd of its end of a socketpair>
 
 Requests and answers are JSON lines: {"spawn": n, "argv", "env", "cwd", "log"} is
 answered {"spawned": n, "pid"}; each child's end is reported {"exited": pid, "code"}
@@ -169,7 +169,7 @@ class Zygote:
         ours, theirs = socket.socketpair()
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}  # preloading reads no settings
         self.log = open(log_path, "ab")  # noqa: SIM115 -- open as long as the zygote runs
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.zygote", str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.support.zygote", str(theirs.fileno())],
                                         cwd=base_dir, env=env, pass_fds=[theirs.fileno()],
                                         stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         theirs.close()
