@@ -128,7 +128,7 @@ def _value(value: Any) -> str:
     return "—" if value is None or value == "" else str(value)
 
 
-def pairs(arguments: dict | None) -> SafeString:
+def pairs(arguments: dict[str, Any] | None) -> SafeString:
     """A tool's arguments as "name: value" lines, whole (an operator approves what they
     read: every recipient of an email, its whole body)."""
     if not arguments:
@@ -138,7 +138,7 @@ def pairs(arguments: dict | None) -> SafeString:
     return format_html('<dl class="al-pairs">{}</dl>', lines)
 
 
-def pairs_line(arguments: dict | None, url: str | None = None, length: int = CELL_CHARS) -> SafeString:
+def pairs_line(arguments: dict[str, Any] | None, url: str | None = None, length: int = CELL_CHARS) -> SafeString:
     """A list's cell of a tool's arguments: "name: value, name: value", cut."""
     line = "; ".join(f"{name}: {_value(value)}" for name, value in (arguments or {}).items())
     return cell(line, url, length)

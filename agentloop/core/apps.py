@@ -13,7 +13,7 @@ class CoreConfig(AppConfig):
     label = "agentloop"
     verbose_name = _("Core")
 
-    def ready(self):
+    def ready(self) -> None:
         # Imported here, as Django asks of ready(): not while the app registry loads.
         from django.conf import settings
 

@@ -19,7 +19,9 @@ import itertools
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar, TypeVarTuple
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -32,16 +34,19 @@ POLL = 0.15  # seconds between two looks at the table (without Redis)
 BEAT = LISTENER_FRESH.total_seconds() / 3  # the listener row is refreshed this often
 KEEP = timedelta(minutes=5)  # rows older than this are pruned (as the console's relay does)
 _serial = itertools.count(1)
+Result = TypeVar("Result")
+Args = TypeVarTuple("Args")
 
 
-def _db(fn, *args):
-    return database_sync_to_async(fn, thread_sensitive=False)(*args)
+def _db(fn: Callable[[*Args], Result], *args: *Args) -> Awaitable[Result]:
+    runs: Awaitable[Result] = database_sync_to_async(fn, thread_sensitive=False)(*args)  # channels: untyped
+    return runs
 
 
 class GroupReader:
     """`async with GroupReader(group) as reader: events = await reader.read(timeout)`."""
 
-    def __init__(self, group: str):
+    def __init__(self, group: str) -> None:
         self.group = group
         self.name = f"{socket.gethostname()}:{os.getpid()}:read:{next(_serial)}"[:120]
         self.channel = ""
@@ -58,7 +63,7 @@ class GroupReader:
             self.floor = await _db(_last_id)
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self.channel:
             try:
                 await get_channel_layer().group_discard(self.group, self.channel)

@@ -12,16 +12,22 @@ outage every request fails the same way, and a log line per request buries the o
 that says what happened.
 """
 
+from __future__ import annotations
+
 import logging
 import sqlite3
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from django.db import InterfaceError, OperationalError, connections
 from django.http import JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
 from agentloop.core import metrics
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +40,7 @@ _SQLITE_TRANSIENT = ("database is locked", "database table is locked", "unable t
                      "disk i/o error")
 
 
-def database_unavailable(exc) -> bool:
+def database_unavailable(exc: BaseException) -> bool:
     """Whether `exc` says the database is away or busy (retryable), not that a query is wrong."""
     if isinstance(exc, InterfaceError):
         return True
@@ -48,12 +54,12 @@ def database_unavailable(exc) -> bool:
 class _OncePerInterval:
     """Logs the first fault of a kind, then at most once per interval with a count."""
 
-    def __init__(self, interval):
+    def __init__(self, interval: float) -> None:
         self.interval = interval
         self.lock = threading.Lock()
         self.last: dict[str, tuple[float, int]] = {}  # kind -> (last logged, suppressed since)
 
-    def __call__(self, kind, message):
+    def __call__(self, kind: str, message: str) -> None:
         now = time.monotonic()
         with self.lock:
             logged_at, suppressed = self.last.get(kind, (float("-inf"), 0))
@@ -68,7 +74,7 @@ class _OncePerInterval:
 _log_fault = _OncePerInterval(LOG_INTERVAL)
 
 
-def _close_broken_connections():
+def _close_broken_connections() -> None:
     """A connection that failed is closed, so the next request opens a new one (a
     SQLite connection that met the lock is fine and stays)."""
     for conn in connections.all(initialized_only=True):
@@ -76,18 +82,18 @@ def _close_broken_connections():
             conn.close()
 
 
-def _describe(exc):
+def _describe(exc: BaseException) -> str:
     """Type and first line only: enough to tell the faults apart, no query, no parameters."""
     first_line = (str(exc).strip().splitlines() or [""])[0][:200]
     return f"{type(exc.__cause__ or exc).__name__}: {first_line}"
 
 
-def unavailable_response():
+def unavailable_response() -> JsonResponse:
     metrics.DATABASE_UNAVAILABLE_ANSWERS.inc()
     response = JsonResponse({"ok": False, "error": "database unavailable, retry later"}, status=503)
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     # Logged here, rate-limited; django.request would log every single 503 as an error.
-    response._has_been_logged = True
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's private flag (log_response)
     return response
 
 
@@ -96,7 +102,7 @@ class DatabaseUnavailableMiddleware(MiddlewareMixin):
     Sync and async capable (no extra thread hop under daphne); its one hook,
     process_exception, runs in the view's thread, where the failed connection lives."""
 
-    def process_exception(self, request, exception):
+    def process_exception(self, request: HttpRequest, exception: Exception) -> JsonResponse | None:
         if not database_unavailable(exception):
             return None
         _log_fault(type(exception.__cause__ or exception).__name__, _describe(exception))

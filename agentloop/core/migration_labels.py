@@ -9,24 +9,33 @@ state render once, when next asked, from the model states it now holds. The auto
 sees the same state either way (`makemigrations --check`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from django.db import migrations
+
+if TYPE_CHECKING:
+    from django.db.migrations.operations.base import Operation
+    from django.db.migrations.state import ProjectState
 
 
 class AlterLabels(migrations.SeparateDatabaseAndState):
     """`state_operations`: AlterField / AlterModelOptions that change labels only. No
     database operation: a label is not in the schema."""
 
-    def __init__(self, state_operations):
+    def __init__(self, state_operations: Sequence[Operation]) -> None:
         super().__init__(database_operations=[], state_operations=state_operations)
 
-    def deconstruct(self):
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         return self.__class__.__qualname__, [], {"state_operations": self.state_operations}
 
-    def state_forwards(self, app_label, state):
+    def state_forwards(self, app_label: str, state: ProjectState) -> None:
         # Without `apps` in it, the state reloads nothing per operation (ProjectState.reload_model).
         state.__dict__.pop("apps", None)
         for operation in self.state_operations:
             operation.state_forwards(app_label, state)
 
-    def describe(self):
+    def describe(self) -> str:
         return f"Labels of {len(self.state_operations)} fields and models (no database change)"

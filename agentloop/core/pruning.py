@@ -16,14 +16,26 @@ copied back between batches, outside the write lock. docs/operations.md#retentio
 the measurements behind each of these.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connection, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL, signals
 from django.db.models.deletion import get_candidate_relations_to_delete
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+    from django.db.models.fields.reverse_related import ForeignObjectRel
+    from django.db.models.options import Options
+
+# What runs in a batch's transaction just before its delete, given the batch's ids.
+OnDelete = Callable[[list[int]], object]
 
 
 @dataclass
@@ -38,13 +50,14 @@ class Budget:
     batch: int = 500
     pause: float = 0.002
     rest: float = 1.0
-    deleted: dict = field(default_factory=dict)
+    deleted: dict[str, int] = field(default_factory=dict)  # model label -> rows deleted
 
     def left(self) -> bool:
         return time.monotonic() < self.deadline
 
 
-def delete_old(model, stamp, cutoff, deletable, budget, *, on_delete=None) -> int:
+def delete_old(model: type[Model], stamp: str, cutoff: datetime, deletable: QuerySet[Any], budget: Budget, *,
+               on_delete: OnDelete | None = None) -> int:
     """Delete the rows of `model` whose `stamp` is before `cutoff` and that `deletable`
     (a queryset of the model) holds, oldest first, `budget.batch` at a time, until none is
     left or the budget is spent. `on_delete(ids)` runs in each batch's transaction just
@@ -69,18 +82,18 @@ def delete_old(model, stamp, cutoff, deletable, budget, *, on_delete=None) -> in
 class _Walk:
     """One table's walk from its oldest rows (delete_old's arguments)."""
 
-    model: Any
+    model: type[Model]
     stamp: str
-    cutoff: Any
-    deletable: Any
-    on_delete: Any
+    cutoff: datetime
+    deletable: QuerySet[Any]
+    on_delete: OnDelete | None
 
-    def batch(self, last, size):
+    def batch(self, last: int, size: int) -> tuple[int, int, float] | None:
         """The window of `size` ids after `last`, its deletable rows deleted in one
         transaction: (its last id, the rows deleted, the seconds it took); None past the
         old rows."""
         began = time.monotonic()
-        window = list(self.model.objects.filter(pk__gt=last).order_by("pk").values_list("pk", self.stamp)[:size])
+        window = list(self.model._default_manager.filter(pk__gt=last).order_by("pk").values_list("pk", self.stamp)[:size])
         if not window or window[0][1] >= self.cutoff:
             return None
         check = _check(self.deletable, [pk for pk, at in window if at < self.cutoff])
@@ -97,7 +110,7 @@ CHECKPOINT_EVERY = 10  # batches
 
 
 @contextmanager
-def _checkpoints_outside_the_lock():
+def _checkpoints_outside_the_lock() -> Iterator[Callable[[], None]]:
     """On SQLite, while a sweep deletes, its commits never copy the write-ahead log back
     into the database (wal_autocheckpoint=0 on its connection): that copy ran inside the
     commit, so inside the write lock, every ~1,000 pages (16-70 ms). It runs instead
@@ -108,7 +121,7 @@ def _checkpoints_outside_the_lock():
         return
     batches = 0
 
-    def after_batch():
+    def after_batch() -> None:
         nonlocal batches
         batches += 1
         if batches % CHECKPOINT_EVERY == 0:
@@ -126,7 +139,7 @@ def _checkpoints_outside_the_lock():
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
-def _check(deletable, ids):
+def _check(deletable: QuerySet[Any], ids: list[int]) -> Callable[[], list[int]]:
     """A callable, run in the batch's transaction: the rows among `ids` that `deletable`
     holds (locked on PostgreSQL, skipping those another transaction holds). On SQLite its
     SQL is built before the write lock is taken, and reads the table by primary key only
@@ -139,14 +152,14 @@ def _check(deletable, ids):
         return lambda: list(query)
     sql, params = by_primary_key(query)
 
-    def run():
+    def run() -> list[int]:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return [pk for (pk,) in cursor.fetchall()]
     return run
 
 
-def by_primary_key(query) -> tuple[str, tuple]:
+def by_primary_key(query: QuerySet[Any, Any]) -> tuple[str, tuple[Any, ...]]:
     """`query`'s SQLite statement with its table read by primary key alone (NOT INDEXED
     on the outer FROM, the first in the statement: the select list is the key alone);
     the indexes of joined and sub-queried tables stay usable."""
@@ -158,7 +171,7 @@ def by_primary_key(query) -> tuple[str, tuple]:
     return f"{head}{outer}NOT INDEXED {tail}", params
 
 
-def delete_rows(model, ids) -> None:
+def delete_rows(model: type[Model], ids: Sequence[int]) -> None:
     """Delete these rows by primary key, doing first what each foreign key to them asks
     (CASCADE: the rows referring to them, the same way; SET_NULL: the reference cleared)
     without loading a model instance. Django's own delete() loads every row of a model
@@ -169,7 +182,7 @@ def delete_rows(model, ids) -> None:
     if not _plain(model):
         model._base_manager.filter(pk__in=ids).delete()
         return
-    for relation in get_candidate_relations_to_delete(model._meta):
+    for relation in _relations_to(model._meta):
         field = relation.field
         referring = relation.related_model._base_manager.filter(**{f"{field.name}__in": ids})
         if field.remote_field.on_delete is CASCADE:
@@ -178,12 +191,13 @@ def delete_rows(model, ids) -> None:
                 delete_rows(relation.related_model, children)
         elif field.remote_field.on_delete is SET_NULL:
             referring.update(**{field.name: None})
-    table, pk = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(model._meta.pk.column)
+    column = cast(str, model._meta.pk.column)  # a primary key is concrete: it has a column
+    table, pk = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(column)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(ids))})", list(ids))
 
 
-def _plain(model, seen=frozenset()) -> bool:
+def _plain(model: type[Model], seen: frozenset[type[Model]] = frozenset()) -> bool:
     """Whether delete_rows may delete `model`'s rows itself: no delete signal listens, no
     parent table, no generic relation, and every foreign key to it points at its primary
     key and cascades (to a model of which the same holds), sets null or does nothing."""
@@ -192,7 +206,7 @@ def _plain(model, seen=frozenset()) -> bool:
         return False
     if signals.pre_delete.has_listeners(model) or signals.post_delete.has_listeners(model):
         return False
-    for relation in get_candidate_relations_to_delete(opts):
+    for relation in _relations_to(opts):
         on_delete = relation.field.remote_field.on_delete
         if on_delete not in (CASCADE, SET_NULL, DO_NOTHING) or not relation.field.target_field.primary_key:
             return False
@@ -200,3 +214,9 @@ def _plain(model, seen=frozenset()) -> bool:
         if on_delete is CASCADE and child not in seen and not _plain(child, seen | {model}):
             return False
     return True
+
+
+def _relations_to(opts: Options[Any]) -> Iterable[ForeignObjectRel]:
+    """The relations a delete of `opts`' rows must follow (Django's own list). They are
+    reverse relations: django-stubs types them as fields."""
+    return cast("Iterable[ForeignObjectRel]", get_candidate_relations_to_delete(opts))

@@ -32,15 +32,20 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentloop.core.redaction import redact
+
+if TYPE_CHECKING:
+    from django.conf import LazySettings
+
+    from agentloop.core.tracing_export import Pipeline, Span
 
 # The environment variables that name a collector (the OTLP exporter's own).
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 SWITCH_VALUES = ("auto", "true", "false")
 
-_state: Any = None  # None: not decided yet in this process; False: off; else the pipeline
+_state: Pipeline | Literal[False] | None = None  # None: not decided yet in this process; False: off; else the pipeline
 _lock = threading.Lock()
 
 
@@ -68,7 +73,7 @@ def on() -> bool:
     return state is not False
 
 
-def _start():
+def _start() -> Pipeline | Literal[False]:
     global _state
     with _lock:
         if _state is None:
@@ -78,7 +83,7 @@ def _start():
         return _state
 
 
-def _pipeline(settings):
+def _pipeline(settings: LazySettings) -> Pipeline | Literal[False]:
     """This process's pipeline; False (and said once) when the SDK refuses its
     configuration (a malformed OTEL_* value): no trace is worth a message."""
     try:
@@ -97,7 +102,7 @@ def shutdown(timeout: float | None = None) -> None:
     """Export what is queued, within `timeout` seconds at most (at exit: a collector that
     does not answer must not hold a stopping process up)."""
     state = _state
-    if state not in (None, False):
+    if state is not None and state is not False:
         state.shutdown(timeout)
 
 
@@ -109,7 +114,7 @@ class NoSpan:
     def __enter__(self) -> NoSpan:
         return self
 
-    def __exit__(self, *exc_info: object) -> bool:
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         return False
 
     def set(self, attributes: Mapping[str, Any]) -> None:
@@ -126,15 +131,16 @@ NO_SPAN = NoSpan()
 
 
 def span(name: str, parent: str | None = None, *, links: Iterable[str | None] = (), kind: str = "internal",
-         attributes: Mapping[str, Any] | None = None) -> Any:
+         attributes: Mapping[str, Any] | None = None) -> Span | NoSpan:
     """A span started now (a tracing_export.Span): under `parent` (a stored traceparent)
     when given and valid, else under the span current in this context (a new trace if
     none), linked to the spans of `links` (traceparents; empty ones skipped). `kind`: internal, server or
     client. Use it as a context manager (current while inside; an exception marks it
     failed) or call `end()` yourself. NO_SPAN while tracing is off."""
-    if not on():
+    state = _state if _state is not None else _start()  # on(), keeping what it decided
+    if state is False:
         return NO_SPAN
-    return _state.start(name, parent, links=links, kind=kind, attributes=attributes)
+    return state.start(name, parent, links=links, kind=kind, attributes=attributes)
 
 
 def carry(fn: Callable[..., Any]) -> Callable[..., Any]:

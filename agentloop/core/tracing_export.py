@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
@@ -104,7 +104,7 @@ def _export_timeout() -> float | None:
     return None if any(os.environ.get(name) for name in TIMEOUT_VARIABLES) else EXPORT_SECONDS
 
 
-def _parent_context(stored: str | None):
+def _parent_context(stored: str | None) -> otel_context.Context | None:
     """The context a span starts in: under a stored traceparent, else the current one."""
     ids = traceparent.parse(stored)
     if ids is None:
@@ -147,7 +147,7 @@ class Span:
         self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self
 
-    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> Literal[False]:
         try:
             # A cancellation (a BaseException: /stop, a shutdown) is not a failure.
             if isinstance(error, Exception):
@@ -220,7 +220,7 @@ class FaultReporting(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()
+        self.inner.shutdown()  # type: ignore[no-untyped-call]  # the OTLP exporter leaves it unannotated
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)
