@@ -17,7 +17,20 @@ from agentloop.core import metrics_dir
 from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
-from agentloop.wiring import AGENTS, MIDDLEWARE, PLATFORMS, SPECTACULAR_SETTINGS, TEMPLATES, TOOLS, UNFOLD, s3_storages  # noqa: F401
+from agentloop.wiring import (  # noqa: F401
+    AGENTS,
+    MIDDLEWARE,
+    PLATFORMS,
+    QUESTION_BUTTONS,
+    SECRET_SOURCES,
+    SPECTACULAR_SETTINGS,
+    TEMPLATES,
+    TOOL_SOURCES,
+    TOOLS,
+    TOOLS_CONVERSATIONS,
+    UNFOLD,
+    s3_storages,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -355,6 +368,9 @@ AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", d
 AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
 # The platforms channels speak and the agents that answer them (agentloop/wiring.py).
 AGENTLOOP_PLATFORMS = PLATFORMS
+# What the layers below ask of the apps above them (agentloop.core.plugins, docs/architecture.md).
+AGENTLOOP_SECRET_SOURCES = SECRET_SOURCES
+AGENTLOOP_QUESTION_BUTTONS = QUESTION_BUTTONS
 AGENTLOOP_AGENTS = {**AGENTS, **dict(
     item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item)}
 

@@ -110,6 +110,12 @@ PLATFORMS = {
     "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
     "slack": "conversations.platforms.slack.SlackPlatform",
 }
+# What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
+# docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every
+# error text (agentloop.core.redaction): every channel's, every MCP server's.
+SECRET_SOURCES = ["conversations.secrets.of_every_channel", "tools.mcp.secrets.of_every_server"]
+# The answer buttons of the questions among the ledger's rows (delivery.questions).
+QUESTION_BUTTONS = "tools.confirmations.buttons_for_rows"
 # The agents a channel may name (settings.AGENTLOOP_AGENTS adds AGENTLOOP_EXTRA_AGENTS).
 AGENTS = {
     "echo": "conversations.agents.EchoAgent",
@@ -126,9 +132,17 @@ TOOLS = [
     "tools.builtin.calendar.DeleteEvent",
     "tools.builtin.email.SendEmail",
     "tools.builtin.reminders.CreateReminder",
-    "tools.builtin.handoff.Handoff",
-    "tools.builtin.handoff.HandoffToAgent",
+    "conversations.handoff_tools.Handoff",
+    "conversations.handoff_tools.HandoffToAgent",
 ]
+# What tools asks of conversations, the app above it (tools.conversation_side): a decision
+# on a proposal ends in its conversation; an API or MCP request names a conversation, an
+# agent key, a channel. It points up, so tools owns the interface and this names its implementation.
+TOOLS_CONVERSATIONS = "conversations.tool_side.ConversationSide"
+# Where the registry looks for a tool it does not host, in turn (tools.registry.get): the
+# MCP servers' tools by the names they are offered as. The catalog builds registry Tools,
+# so it is named here, as the hosted tools are, rather than imported by the registry.
+TOOL_SOURCES = ["tools.mcp.catalog.tool"]
 
 
 def s3_storages(bucket: str, *, endpoint_url: str, region_name: str, access_key: str, secret_key: str,

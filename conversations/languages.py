@@ -6,7 +6,7 @@ from agentloop.core import languages
 
 def of(conversation) -> str:
     """No query: the contact's language is on the conversation, its channel is loaded with it."""
-    return languages.choose(conversation.language, conversation.channel.language)
+    return languages.for_conversation(conversation)
 
 
 def text_for(conversation, text) -> str:

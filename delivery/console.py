@@ -7,8 +7,9 @@ from django.db.models import Count, F
 from agentloop.core import big_tables, live
 from agentloop.core.people import person_of
 from delivery import attachments, pacing
-from delivery.hooks import buttons_for_rows, channel_model, transport_for
-from delivery.models import OutboundMessage, OutboundState, Outcome
+from delivery.models import OutboundMessage, OutboundState, Outcome, channel_model
+from delivery.questions import buttons_for_rows
+from delivery.transports import transport_for
 
 # A failed row whose last send provably never left waits its turn; it is not failing.
 DEFERRED = (Outcome.FLOOD, Outcome.NOT_SENT)

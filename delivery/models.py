@@ -14,6 +14,11 @@ A row claimed and not sent (a sweep out of time) is released to where it was: pe
 or failed, its attempt given back.
 """
 
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext
@@ -21,6 +26,10 @@ from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.states import StateMachine
 from delivery import templates
+
+if TYPE_CHECKING:
+    from delivery.pacing import Pace
+    from delivery.questions import Buttons
 
 
 class OutboundKind(models.TextChoices):
@@ -83,6 +92,15 @@ class OutboundMessage(StateMachine, models.Model):
         OutboundState.DELIVERED: {OutboundState.FAILED, OutboundState.UNREACHABLE},
     }
     OPEN = (OutboundState.PENDING, OutboundState.ATTEMPTING, OutboundState.FAILED)
+
+    # Never stored: what a claim puts on the rows it won, for their send (delivery.ledger).
+    # Declared for the type checker only; a row not claimed that way has none of them.
+    pace: Pace | None  # its send's limits (None: unpaced)
+    pace_delay: float  # seconds its reserved slot was ahead at the claim
+    send_at: float  # that slot, on time.monotonic()'s clock
+    buttons: Buttons  # a question's answer buttons (delivery.questions)
+    recovered_from: datetime  # a stale recovery's: when it was written (its dated marker)
+    resumed_at: int  # the chunk this attempt resumed at
 
     # Their indexes are outbound_story_idx and outbound_chat_idx below (issue 30).
     conversation = models.ForeignKey(
@@ -159,7 +177,7 @@ class OutboundMessage(StateMachine, models.Model):
             models.Index(fields=["created_at"], name="outbound_created_idx"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.pk} ({self.get_state_display()})"
 
 
@@ -181,7 +199,7 @@ class UnreachableChat(models.Model):
         verbose_name_plural = _("unreachable chats")
         constraints = [models.UniqueConstraint(fields=["channel", "chat_id"], name="unreachable_chat_unique")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.chat_id} @ {self.channel_id}"
 
 
@@ -198,7 +216,7 @@ class SendBudget(models.Model):
         verbose_name = _("send budget")
         verbose_name_plural = _("send budgets")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.key
 
 
@@ -219,7 +237,7 @@ class RestorePoint(models.Model):
         verbose_name_plural = _("restore points")
         ordering = ["-pk"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("restore point of %(at)s") % {"at": f"{self.at:%Y-%m-%d %H:%M}"}
 
 
@@ -262,13 +280,14 @@ class ScheduledMessage(StateMachine, models.Model):
     # Why a due tick waits (WhatsApp's 24-hour window), or why it was cancelled.
     reason = models.CharField(_("reason"), max_length=300, blank=True)
     # Outside a platform's reply window (WhatsApp's 24 hours) a tick goes out as an approved
-    # template: this schedule's own, or (each field left empty) the channel's.
+    # template: this schedule's own, or (each field left empty) the channel's. (The checks
+    # return the cleaned value, for the platform settings; a validator's return is ignored.)
     template_name = models.CharField(
-        _("template name"), max_length=512, blank=True, validators=[templates.check_name],
+        _("template name"), max_length=512, blank=True, validators=[templates.check_name],  # type: ignore[list-item]
         help_text=_("WhatsApp: the approved template a tick outside the 24-hour window goes out as. Empty: the "
                     "channel's."))
     template_language = models.CharField(
-        _("template language"), max_length=16, blank=True, validators=[templates.check_language],
+        _("template language"), max_length=16, blank=True, validators=[templates.check_language],  # type: ignore[list-item]
         help_text=_("Its language code as Meta writes it (es, en_US, pt_BR). Empty: the channel's."))
     template_fill = models.CharField(
         _("template fill"), max_length=8, blank=True,
@@ -284,11 +303,19 @@ class ScheduledMessage(StateMachine, models.Model):
         verbose_name_plural = _("scheduled messages")
         indexes = [models.Index(fields=["state", "due_at"], name="schedule_due_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("schedule %(id)s (%(state)s, %(due)s)") % {
             "id": self.pk, "state": self.get_state_display(), "due": f"{self.due_at:%Y-%m-%d %H:%M}"}
 
-    def chosen_template(self) -> dict:
+    def chosen_template(self) -> dict[str, str]:
         """This schedule's own template fields that are set ({"name", "language", "fill"})."""
         chosen = {"name": self.template_name, "language": self.template_language, "fill": self.template_fill}
         return {key: value for key, value in chosen.items() if value}
+
+
+def channel_model() -> type[models.Model]:
+    """conversations' Channel, reached through the ledger's own foreign key: the schema
+    already points there, and delivery imports nothing of the app above it."""
+    related = OutboundMessage._meta.get_field("channel").related_model
+    assert isinstance(related, type) and issubclass(related, models.Model)
+    return related

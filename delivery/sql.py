@@ -10,17 +10,20 @@ statements.
 """
 
 import time
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
 from agentloop.core.rows import in_params, in_sql, placeholders, postgresql, records, recordset, state_literal, table
-from delivery.hooks import channel_model
-from delivery.models import OutboundMessage, OutboundState, Outcome, SendBudget
+from delivery.models import OutboundMessage, OutboundState, Outcome, SendBudget, channel_model
 
 # --- the ledger ---------------------------------------------------------------------------
 
 
-def claim_pending(ids, owner, token, now, *, max_resends, fresh_after) -> set:
+def claim_pending(ids: Sequence[int], owner: str, token: str, now: datetime, *, max_resends: int,
+                  fresh_after: datetime) -> set[int]:
     """The ledger's claim of pending rows this process has just written
     (`ledger.claim_written`); returns the ids it won. Through the ORM (`_claim`'s Q of
     every claimable state, its channel join and CASE) the statement's compile was half of
@@ -39,7 +42,7 @@ def claim_pending(ids, owner, token, now, *, max_resends, fresh_after) -> set:
     return set(OutboundMessage.objects.filter(pk__in=ids, claim_token=token).values_list("pk", flat=True))
 
 
-def _claim_pending_sql(n, returning):
+def _claim_pending_sql(n: int, returning: bool) -> str:
     """`ledger.claiming._claim` of pending rows (`_claimable`: PENDING, within its budget,
     fresh, its channel able to send; `_started_before` for the label), as SQL. SET
     expressions read the row as it was, on both databases."""
@@ -53,7 +56,7 @@ def _claim_pending_sql(n, returning):
             + (" RETURNING id" if returning else ""))
 
 
-def maybe_due(now, *, timers, orphaned_before, dead_owners=()) -> bool:
+def maybe_due(now: datetime, *, timers: bool, orphaned_before: datetime, dead_owners: Collection[str] = ()) -> bool:
     """Whether any row could be claimable now (`ledger.maybe_claimable`): pending rows;
     with `timers` (the ledger on) failed rows due, rows attempting since before
     `orphaned_before`, and those of dead owners — one index probe each, one at a time,
@@ -66,7 +69,7 @@ def maybe_due(now, *, timers, orphaned_before, dead_owners=()) -> bool:
     # state is each probe's selective condition, and nearly every row is delivered.
     pending, failed, attempting = (state_literal(state) for state in (
         OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING))
-    probes = [(f"SELECT 1 FROM {outbound} WHERE state = {pending}", [])]
+    probes: list[tuple[str, list[Any]]] = [(f"SELECT 1 FROM {outbound} WHERE state = {pending}", [])]
     if timers:
         probes += [
             (f"SELECT 1 FROM {outbound} WHERE state = {failed} AND next_attempt_at <= %s",
@@ -86,7 +89,7 @@ def maybe_due(now, *, timers, orphaned_before, dead_owners=()) -> bool:
     return False
 
 
-def mark_delivered(platform_ids, owner, now) -> set:
+def mark_delivered(platform_ids: Sequence[tuple[int, str]], owner: str, now: datetime) -> set[int]:
     """One UPDATE for a batch of (id, platform message id) pairs, each row's platform id
     chosen by a simple CASE, only where `owner`'s claim still holds; returns the ids it
     moved. Written as SQL: the ORM's Case(When(...)) for hundreds of rows cost more to
@@ -101,7 +104,7 @@ def mark_delivered(platform_ids, owner, now) -> set:
         return set()
     OutboundMessage.check_transition([OutboundState.ATTEMPTING], [OutboundState.DELIVERED])  # the SQL below
     outbound = table(OutboundMessage)
-    delivered = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
+    delivered: list[Any] = [OutboundState.DELIVERED, connection.ops.adapt_datetimefield_value(now), Outcome.DELIVERED]
     if postgresql():  # the pairs as one JSON parameter: one statement text for any batch (agentloop.core.rows.recordset)
         sql = (f"UPDATE {outbound} AS o SET state = %s, delivered_at = %s, last_outcome = %s, next_attempt_at = NULL, "
                f"platform_message_id = v.platform_id "
@@ -135,13 +138,13 @@ def extend_slot(key: str, seconds: float, clock: float | None) -> None:
             [key, *now[1], seconds, *now[1], seconds])
 
 
-def slot_wait(key: str, clock: float | None):
+def slot_wait(key: str, clock: float | None) -> float | None:
     """Seconds from now to `key`'s next slot (negative when past), None without a row."""
     now = _now_sql(clock)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT next_slot - {now[0]} FROM {table(SendBudget)} WHERE key = %s", [*now[1], key])
         found = cursor.fetchone()
-    return None if found is None else found[0]
+    return None if found is None else float(found[0])
 
 
 def forget_slots(older_than: float, clock: float | None) -> int:
@@ -149,10 +152,11 @@ def forget_slots(older_than: float, clock: float | None) -> int:
     now = _now_sql(clock)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table(SendBudget)} WHERE next_slot < {now[0]} - %s", [*now[1], older_than])
-        return cursor.rowcount
+        deleted: int = cursor.rowcount
+        return deleted
 
 
-def take_slot(key, interval, after, horizon, clock) -> float | None:
+def take_slot(key: str, interval: float, after: float, horizon: float, clock: float | None) -> float | None:
     """The upsert: the key's slot is max(its next slot, now + after); taken (moved on by
     `interval`) only if it is within `horizon` of now. Returns its delay from now, or None.
     Written as SQL: the ORM has no conditional upsert, and this is one round trip."""
@@ -164,14 +168,14 @@ def take_slot(key, interval, after, horizon, clock) -> float | None:
            f"WHERE {slot} <= {now[0]} + %s "
            f"RETURNING next_slot - %s - {now[0]}")
     n = now[1]
-    params = [key, *n, after, interval, *n, after, interval, *n, after, *n, horizon, interval, *n]
+    params: list[str | float] = [key, *n, after, interval, *n, after, interval, *n, after, *n, horizon, interval, *n]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchone()
     return None if found is None else float(found[0])
 
 
-def _now_sql(clock):
+def _now_sql(clock: float | None) -> tuple[str, list[float]]:
     """The SQL for "now" in epoch seconds and its parameters: the database's clock on
     PostgreSQL (shared by every host), this host's on SQLite or when injected."""
     if clock is None and postgresql():

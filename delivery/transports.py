@@ -1,5 +1,6 @@
 """What a transport is to the ledger: one class per platform (in that platform's package,
-conversations.platforms; `conversations.platforms.transport_for(channel)` picks it),
+conversations/platforms/<kind>/; `transport_for(channel)` below picks it — the one route
+by which the ledger, typing, reactions and streaming reach a platform),
 each with one send method returning a typed outcome: delivered, flood (retry after N s),
 not sent (the request provably never left), temporary, permanent (the chat cannot be reached), ambiguous (the request went out and
 no answer came back: it may have arrived), or channel blocked (the platform refused the
@@ -12,9 +13,11 @@ Transports are used from the worker's event loop only.
 import abc
 import asyncio
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 
+from agentloop.core import plugins
 from agentloop.core.redaction import channel_secrets, redact
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -177,3 +180,42 @@ def outcome_for_http_status(status: int) -> str:
     if status >= 500 or status == 408:
         return Outcome.TEMPORARY
     return Outcome.PERMANENT
+
+
+# --- the platforms, as delivery sees them ---------------------------------------------------
+
+
+class Carrier(Protocol):
+    """What delivery needs of a platform. The platforms sit above delivery (in
+    conversations/platforms/): settings.AGENTLOOP_PLATFORMS names one class per channel
+    kind by dotted path, resolved by agentloop.core.plugins — one instance per kind,
+    the same object conversations.platforms hands out (docs/architecture.md)."""
+
+    def transport(self, channel: Any) -> Transport:
+        """The Transport that sends this channel's replies."""
+        ...
+
+    async def close_clients(self) -> None:
+        """Close the HTTP clients this platform's transports opened on the running loop."""
+        ...
+
+
+def carriers() -> dict[str, Carrier]:
+    found: dict[str, Carrier] = plugins.instances("AGENTLOOP_PLATFORMS")
+    return found
+
+
+def transport_for(channel: Any) -> Transport:
+    """The Transport that sends `channel`'s replies (its kind's platform picks it)."""
+    try:
+        carrier = carriers()[channel.kind]
+    except KeyError:
+        raise LookupError(f"no platform '{channel.kind}' (settings.AGENTLOOP_PLATFORMS)") from None
+    return carrier.transport(channel)
+
+
+async def close_clients() -> None:
+    """Every platform's HTTP clients opened on the running event loop, closed (the
+    worker's shutdown, the safety sweep's end)."""
+    for carrier in carriers().values():
+        await carrier.close_clients()

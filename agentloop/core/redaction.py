@@ -30,8 +30,10 @@ secrets themselves (`redact(text, channel_secrets(channel))`). No query is ever 
 while a log record is created.
 
 This module is imported from everywhere (settings-free at import, no model imports at
-module level), so it lives in the bottom layer, agentloop.core; the platforms' part
-(which settings of a channel are secret) is registered by conversations when it is ready.
+module level), so it lives in the bottom layer, agentloop.core. What the apps above know — which
+settings of a channel are secret (its platform's), which secrets they store — it reaches
+through settings, by dotted path (agentloop.core.plugins): AGENTLOOP_PLATFORMS and
+AGENTLOOP_SECRET_SOURCES.
 """
 
 import asyncio
@@ -41,11 +43,14 @@ import re
 import threading
 import time
 import traceback
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from django.apps import apps
 from django.conf import settings
 from django.db import connection, transaction
+
+from agentloop.core import plugins
 
 MASK = "•••"
 # Shorter values would mask ordinary words; the patterns below still catch their shapes.
@@ -189,25 +194,19 @@ def channel_secrets(channel) -> list:
     return [value for value in found if value and len(value) >= MIN_SECRET]
 
 
-# Which of a channel's settings are secret is its platform's to say (conversations.platforms,
-# a layer above this one): that app registers its answer here when it is ready.
-_platforms = None
+class SecretSettings(Protocol):
+    """What redaction needs of a platform (settings.AGENTLOOP_PLATFORMS, resolved by
+    agentloop.core.plugins: the platforms sit layers above this one)."""
 
-
-def register_platforms(platforms):
-    """`platforms.get(kind)` returns a platform whose `secrets(channel)` lists the secret
-    values of one channel's settings, or raises LookupError for a kind not registered."""
-    global _platforms
-    _platforms = platforms
+    def secrets(self, channel: Any) -> list[str]:
+        """The values of this channel's secret settings (a Channel, or a dict of its fields)."""
+        ...
 
 
 def _platform_secrets(channel, kind) -> list:
-    try:
-        if _platforms is None:
-            raise LookupError(kind)
-        platform = _platforms.get(kind)
-    except LookupError:
-        # A kind no longer registered (or no platforms at all): every string among its settings is masked.
+    platform: SecretSettings | None = plugins.instances("AGENTLOOP_PLATFORMS").get(kind) if apps.ready else None
+    if platform is None:
+        # A kind no longer registered (or the platforms not loadable yet): every string among its settings is masked.
         values = channel.get("platform_settings") if isinstance(channel, dict) else channel.platform_settings
         return [v for v in (values or {}).values() if isinstance(v, str)]
     return platform.secrets(channel)
@@ -247,37 +246,25 @@ class _Known:
         with self._lock:
             self._expires = time.monotonic() + REFRESH_SECONDS
             try:
-                secrets = set(_variants(deployment_secrets() + _channels_secrets() + _mcp_secrets()))
+                secrets = set(_variants(deployment_secrets() + _stored_secrets()))
             except Exception:  # the database away: keep the list we had
                 return
             ordered = sorted(secrets, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
 
-def _channels_secrets() -> list:
-    channel = apps.get_model("conversations", "Channel")  # by name: its app is a layer above
-    fields = ("kind", "platform_settings", "agent_config")
-    if connection.in_atomic_block:
-        with transaction.atomic():  # a savepoint: a failure here must not doom the caller's transaction
-            rows = list(channel.objects.values(*fields))
-    else:
-        rows = list(channel.objects.values(*fields))
-    return [secret for row in rows for secret in channel_secrets(row)]
-
-
-def _mcp_secrets() -> list:
-    """The registered MCP servers' header values and stdio environments (tools.mcp)."""
-    server = apps.get_model("tools", "McpServer")  # by name: its app is a layer above
-    try:
+def _stored_secrets() -> list:
+    """The secrets the higher apps store (settings.AGENTLOOP_SECRET_SOURCES: every
+    channel's, every MCP server's). Inside a transaction each source reads in a savepoint:
+    a failure must not doom the caller's. A failure is raised (reload keeps the list it had)."""
+    found: list[str] = []
+    for source in plugins.each("AGENTLOOP_SECRET_SOURCES"):
         if connection.in_atomic_block:
             with transaction.atomic():
-                rows = list(server.objects.values_list("headers", "env"))
+                found += source()
         else:
-            rows = list(server.objects.values_list("headers", "env"))
-    except Exception:  # its table not migrated yet: the channels' secrets must still be read
-        return []
-    return [str(value) for maps in rows for values in maps if isinstance(values, dict)
-            for value in values.values() if value and len(str(value)) >= MIN_SECRET]
+            found += source()
+    return found
 
 
 def _may_query() -> bool:

@@ -16,16 +16,24 @@ a window shown by one worker and answered by another keeps its 👀 where the fi
 on an earlier message of the burst (docs/buffer.md#reactions).
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from agentloop.core.caches import BoundedCache
 from conversations.models import StatusReaction
-from conversations.platforms import transport_for
 from conversations.worker.backoff import FaultLog
 from delivery import pacing
-from delivery.transports import Target
+from delivery.transports import Target, transport_for
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.models import Channel
+    from conversations.worker.dbthread import DatabaseThread
+    from delivery.transports import Transport
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +47,22 @@ MAX_MESSAGES = 10  # a burst's messages that carry one
 class Shown:
     """The messages of one conversation we put the "seen" reaction on, not yet answered."""
 
-    channel: object
-    transport: object
+    channel: Channel
+    transport: Transport
     target: Target
-    message_ids: list = field(default_factory=list)
-    tasks: dict = field(default_factory=dict)  # message id -> its "seen" call
+    message_ids: list[str] = field(default_factory=list)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # message id -> its "seen" call
 
 
 class StatusReactions:
-    def __init__(self, db):
+    def __init__(self, db: DatabaseThread) -> None:
         self.db = db  # the typing indicators' database thread: never the turns'
-        self.shown = BoundedCache(maxsize=MAX_SHOWN)
-        self.tasks: set[asyncio.Task] = set()
-        self.faults = BoundedCache(maxsize=256)
+        self.shown: BoundedCache[int, Shown] = BoundedCache(maxsize=MAX_SHOWN)  # conversation -> ours on it
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.faults: BoundedCache[int, FaultLog] = BoundedCache(maxsize=256)  # channel -> its faults
         self.skipped = 0  # calls not made: no bot slot free in time (for tests and operators)
 
-    def seen(self, channel, conversation_id: int, target: Target, message_id: str):
+    def seen(self, channel: Channel, conversation_id: int, target: Target, message_id: str) -> None:
         """The person's message is waiting for an answer: 👀 on it (once per message)."""
         if not message_id or channel.status_reaction == StatusReaction.OFF:
             return
@@ -70,23 +78,26 @@ class StatusReactions:
         seen_emoji = transport.status_reactions[0]
         shown.tasks[message_id] = self._spawn(self._call(shown, message_id, seen_emoji, "", None))
 
-    def answered(self, conversation_id: int):
+    def answered(self, conversation_id: int) -> None:
         """The agent answered: each 👀 we put there becomes the done emoji, or goes."""
         shown = self.shown.pop(conversation_id)
         if shown is None:
             return
-        seen_emoji, done_emoji = shown.transport.status_reactions
+        emoji = shown.transport.status_reactions
+        assert emoji is not None  # `seen` shows one only where the platform has reactions
+        seen_emoji, done_emoji = emoji
         done = done_emoji if shown.channel.status_reaction == StatusReaction.SEEN_DONE else ""
         for message_id in shown.message_ids:
             self._spawn(self._call(shown, message_id, done, seen_emoji, shown.tasks.get(message_id)))
 
-    def _spawn(self, coroutine) -> asyncio.Task:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def _call(self, shown, message_id, emoji, previous, after):
+    async def _call(self, shown: Shown, message_id: str, emoji: str, previous: str,
+                    after: asyncio.Task[None] | None) -> None:
         """One reaction call, best effort: after the call it replaces, in a free bot slot."""
         faults = self._faults_for(shown.channel)
         try:
@@ -104,7 +115,7 @@ class StatusReactions:
             return
         faults.recovered()
 
-    async def _slot(self, shown) -> bool:
+    async def _slot(self, shown: Shown) -> bool:
         """Wait for a bot slot of the platform's budget (the chat's is the replies'); False
         when none is free within RESERVE_HORIZON."""
         pace = shown.transport.pace(shown.target.chat_id)
@@ -116,13 +127,13 @@ class StatusReactions:
         await asyncio.sleep(slot.delay)
         return True
 
-    def _faults_for(self, channel) -> FaultLog:
+    def _faults_for(self, channel: Channel) -> FaultLog:
         faults = self.faults.get(channel.pk)
         if faults is None:
             faults = self.faults.set(channel.pk, FaultLog(log, subject=f"status reactions of channel {channel.slug}"))
         return faults
 
-    async def stop(self):
+    async def stop(self) -> None:
         tasks = list(self.tasks)
         for task in tasks:
             task.cancel()

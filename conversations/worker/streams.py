@@ -32,11 +32,10 @@ from audit.failpoints import failpoint
 from conversations import languages
 from conversations.agents import Answer, answer_of
 from conversations.models import Turn, TurnState
-from conversations.platforms import transport_for
 from delivery import ledger
 from delivery.models import OutboundKind
 from delivery.previews import CURSOR
-from delivery.transports import Target
+from delivery.transports import Target, transport_for
 from tools import registry
 
 log = logging.getLogger(__name__)

@@ -6,13 +6,15 @@ asyncio tasks on one event loop (agent calls are I/O-bound: hundreds run at once
 their database steps run on a few database threads, each with its own connection.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import threading
 
 from django.conf import settings
 
-from conversations import engine, liveness, platforms
+from conversations import engine, liveness
 from conversations.agents import agent_for
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
@@ -23,6 +25,7 @@ from conversations.worker.replies import Replies
 from conversations.worker.tool_calls import ToolCalls
 from conversations.worker.turn_runner import TurnRunner
 from conversations.worker.typing import Typing
+from delivery import transports
 from tools import guard
 
 log = logging.getLogger(__name__)
@@ -31,14 +34,15 @@ SHUTDOWN_GRACE = 10.0
 
 
 class Worker:
-    def __init__(self, *, owner=None, poll_interval=None, max_concurrent=None, typing_interval=None,
-                 max_typing=None, poll=True):
-        self.owner = owner or engine.new_owner(lock=liveness.advisory())
+    def __init__(self, *, owner: str | None = None, poll_interval: float | None = None,
+                 max_concurrent: int | None = None, typing_interval: float | None = None,
+                 max_typing: int | None = None, poll: bool = True) -> None:
+        self.owner: str = owner or engine.new_owner(lock=liveness.advisory())
         # Its liveness lock (PostgreSQL): while it does not hold it, it claims nothing.
-        self.liveness = liveness.for_worker(self.owner)
-        self.poll_interval = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
-        self.max_concurrent = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
-        self.typing_interval = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
+        self.liveness: liveness.LockHolder | liveness.NoLock = liveness.for_worker(self.owner)
+        self.poll_interval: float = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
+        self.max_concurrent: int = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
+        self.typing_interval: float = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
         self.poll = poll
         self.db = DatabaseThread("db")
         # Claiming ready turns has a thread of its own: a flushed turn starts without
@@ -57,70 +61,78 @@ class Worker:
         self.media = MediaFetcher(self)
         self.polling = Polling(self)
         self.housekeeping = Housekeeping(self)
-        self.flusher = None
-        self.stop_deadline = None  # event loop time by which shutdown gives up on the database
-        self._loop = self._stopping = self._wakeup = None
+        self.flusher: Flusher | None = None  # made by run()
+        self.stop_deadline: float | None = None  # event loop time by which shutdown gives up on the database
+        # Made by run(), on its event loop: the jobs that use them run under it.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._wakeup: asyncio.Event | None = None
 
     @property
-    def turns_done(self):
+    def turns_done(self) -> int:
         return self.turns.done
 
     # --- signals between the jobs ----------------------------------------------
 
-    def wake(self):
+    def wake(self) -> None:
         """Thread-safe: new turns may be ready, or a conversation's turn just ended."""
+        assert self._loop is not None and self._wakeup is not None  # called once run() began
         self._loop.call_soon_threadsafe(self._wakeup.set)
 
-    def wake_turns(self):
+    def wake_turns(self) -> None:
+        assert self._wakeup is not None  # called once run() began
         self._wakeup.set()
 
-    async def sleep(self, seconds):
+    async def sleep(self, seconds: float) -> None:
         """Sleep until woken (new turns may be ready) or `seconds` passed."""
+        assert self._wakeup is not None  # called once run() began
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
         except TimeoutError:
             pass
         self._wakeup.clear()
 
-    def stopping(self):
+    def stopping(self) -> bool:
+        assert self._stopping is not None  # called once run() began
         return self._stopping.is_set()
 
-    def request_stop(self):
+    def request_stop(self) -> None:
+        assert self._loop is not None and self._stopping is not None  # called once run() began
         self._loop.call_soon_threadsafe(self._stopping.set)
 
     # --- main -------------------------------------------------------------------
 
-    async def run(self, ready: threading.Event | None = None):
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+    async def run(self, ready: threading.Event | None = None) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        stopping = self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
         # Agents are imported on a thread meanwhile (the openai SDK alone takes a second
         # or more): a restarted worker takes over its predecessor's polling at once.
-        imports = self._loop.run_in_executor(None, self.import_agents)
+        imports = loop.run_in_executor(None, self.import_agents)
         await self.liveness.start_holding()  # before its stamp is on anything
         await self.housekeeping.first_round()  # recover dead workers' turns before anything else
-        self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
-                               adopt=lambda started: self._loop.call_soon_threadsafe(self.turns.adopt, started),
-                               capacity=self.turns.capacity)
+        flusher = self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
+                                         adopt=lambda started: loop.call_soon_threadsafe(self.turns.adopt, started),
+                                         capacity=self.turns.capacity)
         tasks = [asyncio.create_task(self.polling.loop())] if self.poll else []
         await imports
         await self.prepare()
-        self.flusher.start()
+        flusher.start()
         log.info("worker %s started", self.owner)
         if ready is not None:
             ready.set()
         jobs = [self.turns.loop(), self.replies.loop(), self.housekeeping.loop(), self.turns.cancel_loop(),
                 self.typing.watch(), self.media.loop()]
         tasks += [asyncio.create_task(job) for job in jobs]
-        await self._stopping.wait()
+        await stopping.wait()
         await self.shutdown(tasks)
 
     @staticmethod
-    def import_agents():
+    def import_agents() -> None:
         for name in settings.AGENTLOOP_AGENTS:  # now, not inside the first turn
             agent_for(name)
 
-    async def prepare(self):
+    async def prepare(self) -> None:
         # The database may come and go meanwhile: each step waits for it.
         await self.db.persist(guard.ensure_policies)  # no policy row is written inside a turn
         await until_answered(self.tools.offered)
@@ -130,11 +142,13 @@ class Worker:
             except Exception:
                 log.exception("preparing agent %s failed", agent)
 
-    async def shutdown(self, tasks):
+    async def shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         log.info("worker %s stopping", self.owner)
         loop = asyncio.get_running_loop()
         self.stop_deadline = loop.time() + 2 * SHUTDOWN_GRACE
-        self.flusher.stop()
+        flusher = self.flusher
+        assert flusher is not None  # run() made it before any job started
+        flusher.stop()
         for task in tasks:
             task.cancel()
         await self.turns.stop(SHUTDOWN_GRACE)
@@ -142,10 +156,10 @@ class Worker:
         await self.typing.stop()
         await self.polling.stop()
         await self.replies.stop(SHUTDOWN_GRACE)
-        await platforms.close_clients()
+        await transports.close_clients()
         # The flusher may be mid-flush, starting turns under this owner: it must be gone
         # before the heartbeat is, or those turns would stay RUNNING under nobody.
-        await loop.run_in_executor(None, self.flusher.join, SHUTDOWN_GRACE)
+        await loop.run_in_executor(None, flusher.join, SHUTDOWN_GRACE)
         await self.turns.release_adopted()
         try:
             await self.db.persist(self.polling.release_leases, deadline=self.stop_deadline)

@@ -29,30 +29,31 @@ another sends one indicator twice at the hand-over; a worker joining or leaving 
 windows between workers within PARTITION_EVERY seconds.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Q
 
 from agentloop.core.caches import BoundedCache
-from agentloop.core.rows import epoch
-from conversations import sql
-from conversations.models import (
-    Channel,
-    GroupReplies,
-    StatusReaction,
-    TypingMode,
-    WorkerHeartbeat,
-)
-from conversations.platforms import transport_for, typing_kinds
+from conversations.models import Channel, TypingMode
+from conversations.platforms import typing_kinds
 from conversations.worker.backoff import Backoff, FaultLog
 from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
 from conversations.worker.reactions import StatusReactions
+from conversations.worker.typing_look import live_owners, open_windows, typing_channels
 from delivery.retry_after import clamp_retry_after
-from delivery.transports import Target
+from delivery.transports import Target, transport_for
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.models import Turn
+    from conversations.worker.supervisor import Worker
+    from conversations.worker.typing_look import Window
+    from delivery.transports import Transport
 
 log = logging.getLogger(__name__)
 
@@ -87,28 +88,13 @@ FLUSH_GRACE = 0.1
 TURN_GRACE = 0.3
 
 
-@dataclass(frozen=True)
-class Window:
-    """An open buffer a look found, on a channel that types from the first message."""
-
-    conversation_id: int
-    buffer_id: int
-    chat_id: str
-    thread_id: str
-    channel_id: int
-    flush_at: float | None = None  # epoch seconds: when the buffer flushes, as the look saw it
-    # The last message's platform id: WhatsApp shows "typing…" against it (Telegram and
-    # the web chat do not need it).
-    reply_target: str = ""
-
-
 @dataclass(eq=False)
 class Indicator:
     """One conversation's typing loop and what holds it."""
 
     conversation_id: int
     channel: Channel
-    transport: object
+    transport: Transport
     target: Target
     refresh: float
     buffer_id: int | None = None  # the open buffer a look saw (a window's hold)
@@ -119,76 +105,34 @@ class Indicator:
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     wanted_since: float = 0.0
     failing: bool = False
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
 
     @property
-    def held(self):
+    def held(self) -> bool:
         return self.buffer_id is not None or self.turn_id is not None
 
 
 # One fault log per channel (a bot that is down is one fault, however many chats wait):
 # a line when its typing starts failing, one now and then while it does, one when back.
-_faults = BoundedCache(maxsize=256)
+_faults: BoundedCache[int, FaultLog] = BoundedCache(maxsize=256)
 
 
-def faults_for(channel) -> FaultLog:
+def faults_for(channel: Channel) -> FaultLog:
     faults = _faults.get(channel.pk)
     if faults is None:
         faults = _faults.set(channel.pk, FaultLog(log, subject=f"typing indicators of channel {channel.slug}"))
     return faults
 
 
-# --- the database side (on the typing thread) ---------------------------------------
-
-
-def typing_channels() -> dict:
-    """Active channels that show typing from the first message, or a status reaction
-    (conversations/worker/reactions.py), by id: the look's windows are theirs."""
-    return {channel.pk: channel for channel in Channel.objects.filter(
-        Q(typing_mode=TypingMode.INSTANT, kind__in=typing_kinds()) | ~Q(status_reaction=StatusReaction.OFF),
-        is_active=True)}
-
-
-def live_owners(dead) -> list[str]:
-    """The workers alive as far as this one knows: heartbeats, less those found dead."""
-    dead = set(dead)
-    return sorted(owner for owner in WorkerHeartbeat.objects.values_list("owner", flat=True) if owner not in dead)
-
-
-def open_windows(channel_ids, part, parts, limit) -> list[Window]:
-    """One statement: the open buffers of these channels' conversations whose id falls
-    in this worker's part, oldest buffer first (a window being typed stays in the first
-    `limit` until it closes), with the thread (forum topics) and the platform id of the
-    buffer's last message (`conversations.sql.open_windows`: in proportion to the
-    buffers open now, never to a channel's conversations — a bot's millions of chats,
-    nearly all of them quiet)."""
-    if not channel_ids:
-        return []
-    rows = sql.open_windows(channel_ids, part, parts, limit)
-    # A group's burst shows "typing…" only if it will be answered (conversations.groups).
-    modes = _group_replies({row[5] for row in rows if row[7] is not None})
-    return [Window(conversation, buffer, chat, thread or "", channel, epoch(flush_at), reply_target or "")
-            for conversation, buffer, chat, thread, reply_target, channel, flush_at, addressed in rows
-            if addressed is None or modes.get(channel) == GroupReplies.ALWAYS
-            or (addressed and modes.get(channel) == GroupReplies.MENTION)]
-
-
-def _group_replies(channel_ids) -> dict:
-    """{channel id: its group_replies}: asked only when a look found a group's window."""
-    if not channel_ids:
-        return {}
-    return dict(Channel.objects.filter(pk__in=channel_ids).values_list("pk", "group_replies"))
-
-
 # --- the worker side (on its event loop) ----------------------------------------------
 
 
 class Typing:
-    def __init__(self, worker, cap=None, interval=None):
+    def __init__(self, worker: Worker, cap: int | None = None, interval: float | None = None) -> None:
         self.worker = worker
-        self.cap = cap if cap is not None else settings.AGENTLOOP_MAX_TYPING
+        self.cap: int = cap if cap is not None else settings.AGENTLOOP_MAX_TYPING
         # 0: each platform's own interval (Transport.typing_refresh).
-        self.interval = interval if interval is not None else settings.AGENTLOOP_TYPING_INTERVAL
+        self.interval: float = interval if interval is not None else settings.AGENTLOOP_TYPING_INTERVAL
         self.db = DatabaseThread("typing")
         # The status reactions follow the same windows and turns, on the same thread.
         self.reactions = StatusReactions(self.db)
@@ -198,15 +142,15 @@ class Typing:
         # conversation -> buffer id: buffers turns took since the current look began. Its
         # answer may still report them open; it is not believed.
         self.spent: dict[int, int] = {}
-        self.channels: dict = {}
+        self.channels: dict[int, Channel] = {}
         self.part, self.parts = 0, 1
-        self.partition_at = None  # monotonic time of the last partition read
+        self.partition_at: float | None = None  # monotonic time of the last partition read
         self.looks = 0  # looks that asked the database (for tests and operators)
         self.skipped = 0  # indicators not started: the cap was reached
 
     # --- holds --------------------------------------------------------------------
 
-    def turn_started(self, turn):
+    def turn_started(self, turn: Turn) -> None:
         """A turn this worker runs (synchronously, before its task starts): its
         conversation shows typing until `turn_ended`, continuing its window's loop."""
         conversation = turn.conversation
@@ -232,7 +176,7 @@ class Typing:
         indicator.turn_id = turn.pk
         indicator.confirmed.set()
 
-    def turn_ended(self, turn, cancelled=False):
+    def turn_ended(self, turn: Turn, cancelled: bool = False) -> None:
         """The agent answered (or the turn stopped): typing stops now, before the reply
         goes out, unless a newer window of the conversation is open. A turn cancelled by
         a new message (interrupt, rollback) has no reply to race: its loop waits for the
@@ -251,12 +195,12 @@ class Typing:
                 indicator.buffer_id = UNKNOWN_WINDOW
             self._release(indicator)
 
-    def windows_held(self):
+    def windows_held(self) -> bool:
         return any(indicator.buffer_id is not None for indicator in self.indicators.values())
 
     # --- the look -------------------------------------------------------------------
 
-    async def watch(self):
+    async def watch(self) -> None:
         """Every LOOK_EVERY seconds, learn which windows are open (see `look`)."""
         backoff, faults = Backoff(first=LOOK_EVERY, cap=30.0), FaultLog(log, subject="typing look")
         took = 0.0
@@ -276,7 +220,7 @@ class Typing:
                 backoff.next()
                 faults.failed(exc)
 
-    async def look(self):
+    async def look(self) -> None:
         # Buffers turns took before this look began are in its answer (and any later
         # one's) as flushed: only those taken while it runs need remembering.
         self.spent.clear()
@@ -305,13 +249,13 @@ class Typing:
         self.apply(found, started)
 
     @staticmethod
-    def _read_partition(dead):
+    def _read_partition(dead: list[str]) -> tuple[dict[int, Channel], list[str]]:
         return typing_channels(), live_owners(dead)
 
-    def apply(self, found, started):
+    def apply(self, found: list[Window], started: float) -> None:
         """Windows a look begun at `started` found open: start or confirm their loops;
         loops whose window it did not find lose that hold."""
-        windows = {}
+        windows: dict[int, Window] = {}
         for window in found:
             spent = self.spent.get(window.conversation_id)
             if spent is None or window.buffer_id > spent:
@@ -339,7 +283,7 @@ class Typing:
             if started >= indicator.wanted_since:
                 indicator.confirmed.set()
 
-    def _show_seen(self, window):
+    def _show_seen(self, window: Window) -> None:
         channel = self.channels.get(window.channel_id)
         if channel is not None:
             target = Target(window.chat_id, window.reply_target, window.thread_id, conversation_id=window.conversation_id)
@@ -347,7 +291,8 @@ class Typing:
 
     # --- the loops ------------------------------------------------------------------
 
-    def _start(self, conversation_id, channel, transport, target):
+    def _start(self, conversation_id: int, channel: Channel, transport: Transport,
+               target: Target) -> Indicator | None:
         if len(self.indicators) >= self.cap:
             self.skipped += 1  # better no indicator than a worker swamped by them
             return None
@@ -357,7 +302,7 @@ class Typing:
         self.indicators[conversation_id] = indicator
         return indicator
 
-    def _release(self, indicator):
+    def _release(self, indicator: Indicator) -> None:
         if not indicator.held:
             # The task lets go of it first: a cancelled task keeps its CancelledError, whose
             # traceback holds the loop's frame, which holds the indicator. Left pointing
@@ -365,10 +310,11 @@ class Typing:
             # until a full one (a third of a million objects a few minutes into a steady
             # 150 messages/s: most of the worker's growth).
             task, indicator.task = indicator.task, None
+            assert task is not None  # an indicator listed has its loop
             task.cancel()  # an indicator in flight is abandoned
             self.indicators.pop(indicator.conversation_id, None)
 
-    async def _run(self, indicator):
+    async def _run(self, indicator: Indicator) -> None:
         """Show typing now, then every `refresh` seconds: at once while a turn holds it,
         and for a window only once a look begun since says its buffer is still open. A
         turn's own indicator begins after TURN_GRACE."""
@@ -397,7 +343,7 @@ class Typing:
                 if indicator.turn_id is not None:  # the turn is known here: no look to wait for
                     indicator.confirmed.set()
 
-    async def _flush_first(self, indicator) -> bool:
+    async def _flush_first(self, indicator: Indicator) -> bool:
         """A window's refresh confirmed moments before the window flushes: wait for the
         flush instead (at most LATE_REFRESH_SHARE of the interval late, so what is shown
         never lapses). Then a turn this worker runs refreshes at once, a window re-armed
@@ -419,7 +365,7 @@ class Typing:
             indicator.confirmed.set()
         return True
 
-    async def _send(self, indicator) -> float:
+    async def _send(self, indicator: Indicator) -> float:
         """One typing call within its deadline; returns the pause before the next."""
         faults = faults_for(indicator.channel)
         try:
@@ -435,13 +381,14 @@ class Typing:
             faults.recovered()
         return indicator.refresh
 
-    async def stop(self):
+    async def stop(self) -> None:
         await self.reactions.stop()
         indicators = list(self.indicators.values())
         self.indicators.clear()
         for indicator in indicators:
+            assert indicator.task is not None  # an indicator listed has its loop
             indicator.task.cancel()
         await asyncio.gather(*(i.task for i in indicators), return_exceptions=True)
 
-    def close(self):
+    def close(self) -> None:
         self.db.close()

@@ -16,11 +16,12 @@ from django.utils import timezone
 
 from agentloop.core.rows import Rare, postgresql
 from delivery import pacing, sql
-from delivery.hooks import buttons_for_rows, channel_model, transport_for
 from delivery.ledger.outcomes import release
 from delivery.ledger.recoveries import settle_stale
 from delivery.ledger.replies import FRESHNESS, MAX_RESENDS, attempt_timeout, enabled
-from delivery.models import OutboundKind, OutboundMessage, OutboundState
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, channel_model
+from delivery.questions import buttons_for_rows
+from delivery.transports import transport_for
 
 _tokens = itertools.count()
 _token_prefix = secrets.token_hex(6)

@@ -13,11 +13,10 @@ from agentloop.core.redaction import redact
 from audit.events import record, record_many
 from audit.models import EventKind
 from delivery import console, pacing, sql
-from delivery.hooks import channel_model, transport_for
 from delivery.ledger.replies import BACKOFF, MAX_RESENDS, NOT_SENT_MAX_WAIT, enabled
-from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
+from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat, channel_model
 from delivery.retry_after import clamp_retry_after
-from delivery.transports import SendResult
+from delivery.transports import SendResult, transport_for
 
 log = logging.getLogger("delivery.ledger")  # the name it had as one module
 

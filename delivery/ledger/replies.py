@@ -13,8 +13,8 @@ from django.utils.translation import gettext_lazy as _
 from agentloop.core import languages
 from agentloop.core.rows import create_many, insert_statement
 from delivery import attachments, chunks
-from delivery.hooks import language_of, transport_for
 from delivery.models import OutboundMessage, RestorePoint
+from delivery.transports import transport_for
 
 # The sign first in every language, so people and tools can spot a recovered reply.
 RECOVERY_SIGN = "♻️"
@@ -96,7 +96,7 @@ def _row(reply: Reply) -> OutboundMessage:
     """A text of our own (gettext_lazy) is written in the conversation's language, and the
     row keeps that language for its marker."""
     conversation = reply.conversation
-    language = language_of(conversation)
+    language = languages.for_conversation(conversation)
     text = languages.text_in(language, reply.text) if isinstance(reply.text, Promise) else reply.text
     return OutboundMessage(conversation=conversation, channel=conversation.channel, language=language,
                            chat_id=conversation.chat_id, turn=reply.turn, kind=reply.kind, text=text,

@@ -9,11 +9,10 @@ from asgiref.sync import sync_to_async
 from agentloop.core import tracing
 from audit.failpoints import failpoint
 from delivery import attachments, faults, pacing, templates
-from delivery.hooks import transport_for
 from delivery.ledger.recoveries import label_of
 from delivery.ledger.replies import LATE_RESLOTS, parts
 from delivery.models import OutboundMessage, OutboundState, Outcome
-from delivery.transports import SendResult, Target
+from delivery.transports import SendResult, Target, transport_for
 
 log = logging.getLogger("delivery.ledger")  # the name it had as one module
 SEND = "agentloop.send"

@@ -17,12 +17,12 @@ from django.utils import timezone
 from agentloop.core import pruning
 from agentloop.core.rows import Rare
 from delivery import attachments, pacing
-from delivery.hooks import close_clients
 from delivery.ledger.claiming import _fresh, _within_budget, claim_many, claimable_ids
 from delivery.ledger.outcomes import _audit_abandoned, finish_many, release, resends_used
 from delivery.ledger.replies import MAX_RESENDS, PACED_RETRY, attempt_timeout
 from delivery.ledger.sending import send
 from delivery.models import OutboundMessage, OutboundState, UnreachableChat
+from delivery.transports import close_clients
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from conversations.platforms import transport_for
 from conversations.platforms.telegram.transport import close_bots
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
-from delivery.transports import Target
+from delivery.transports import Target, transport_for
 from tests.conftest import wait_until
 from tests.end_to_end.test_chunks import PARAGRAPHS
 from tests.end_to_end.test_ledger_e2e import conversation_for

@@ -17,6 +17,7 @@ from conversations.ingest import MediaRef
 from conversations.media import fetching, files, for_agents, sniff
 from conversations.media.download import FileTooLarge, FileUnavailable
 from conversations.models import MediaFile, MediaState
+from delivery import transports
 from tests.support.e2e import TOKEN, telegram_channel
 
 
@@ -76,7 +77,7 @@ def fetch(channel, file_id, limit=1_000_000):
         try:
             return await platforms.of(channel).fetch_media(channel, file_id, limit)
         finally:
-            await platforms.close_clients()  # the bot's HTTP session belongs to this loop
+            await transports.close_clients()  # the bot's HTTP session belongs to this loop
     return asyncio.run(once())
 
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from conversations import platforms
 from conversations.ingest import MediaRef
 from conversations.media import fetching, for_agents
 from conversations.models import MediaFile, MediaState
+from delivery import transports
 from tests.support.e2e import TOKEN, telegram_channel
 from tests.unit.test_media import fetch, jpeg, media_root, ref  # noqa: F401 (media_root: an autouse fixture)
 
@@ -27,7 +27,7 @@ def fetched_and_stored(files):
         try:
             return [await fetching.fetch(file) for file in files]
         finally:
-            await platforms.close_clients()  # the bot's HTTP session belongs to this loop
+            await transports.close_clients()  # the bot's HTTP session belongs to this loop
     for file, data in zip(files, asyncio.run(fetch_all()), strict=True):
         assert fetching.mark_stored(file, file.owner, fetching.save(file, data))
 

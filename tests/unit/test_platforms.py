@@ -18,7 +18,7 @@ from conversations.platforms.api.transport import ApiCallbackTransport, StoredTr
 from conversations.platforms.telegram import polling
 from conversations.platforms.telegram.transport import TelegramTransport, close_bots
 from conversations.platforms.webchat.transport import WebchatTransport
-from delivery import ledger
+from delivery import ledger, transports
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 from tests.support.e2e import UNPACED
@@ -28,11 +28,11 @@ pytestmark = pytest.mark.django_db
 
 def test_the_registry_names_every_platform_and_picks_each_transport(make_channel):
     assert {"api", "webchat", "telegram"} <= {kind for kind, _ in platforms.choices()}
-    assert isinstance(platforms.transport_for(make_channel("a")), StoredTransport)
+    assert isinstance(transports.transport_for(make_channel("a")), StoredTransport)
     hooked = make_channel("b", platform_settings={"callback_url": "https://x.example/r", "callback_secret": "s" * 12})
-    assert isinstance(platforms.transport_for(hooked), ApiCallbackTransport)
-    assert isinstance(platforms.transport_for(make_channel("w", kind="webchat")), WebchatTransport)
-    assert isinstance(platforms.transport_for(make_channel("t", kind="telegram")), TelegramTransport)
+    assert isinstance(transports.transport_for(hooked), ApiCallbackTransport)
+    assert isinstance(transports.transport_for(make_channel("w", kind="webchat")), WebchatTransport)
+    assert isinstance(transports.transport_for(make_channel("t", kind="telegram")), TelegramTransport)
     assert {"telegram", "webchat"} <= set(platforms.typing_kinds()) and "api" not in platforms.typing_kinds()
     assert "telegram" in platforms.pollers()
     with pytest.raises(platforms.UnknownPlatform):
@@ -190,7 +190,7 @@ def test_a_sent_answer_without_a_message_id_is_ambiguous_and_a_threaded_reply_ke
     reply to a message in a topic still carries its reply and thread parameters."""
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": "9:OK",
                                                                      "api_base": fake_telegram.url})
-    transport = platforms.transport_for(channel)
+    transport = transports.transport_for(channel)
 
     async def send(target):
         try:

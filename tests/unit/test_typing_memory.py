@@ -14,10 +14,11 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from conversations import engine, platforms
+from conversations import engine
 from conversations.ingest import Inbound, admit
 from conversations.models import Turn
 from conversations.worker.typing import Typing
+from delivery import transports
 
 
 def a_turn(make_channel, fake_telegram, token, chat):
@@ -44,7 +45,7 @@ def test_a_released_typing_loop_leaves_no_cycle_behind(make_channel, fake_telegr
         assert task.cancelled()
         del task
         typing.close()
-        await platforms.close_clients()  # this loop's Bot API client
+        await transports.close_clients()  # this loop's Bot API client
         return gone
 
     gc.disable()  # nothing but reference counting frees it
@@ -79,7 +80,7 @@ def test_a_release_that_meets_the_answer_still_ends_the_loop(make_channel, fake_
             return task.cancelled(), dict(typing.indicators)
         finally:
             typing.close()
-            await platforms.close_clients()
+            await transports.close_clients()
 
     cancelled, indicators = asyncio.run(release_as_answered())
     assert cancelled and indicators == {}

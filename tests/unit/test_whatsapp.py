@@ -20,7 +20,7 @@ from conversations.models import Channel, InboundMessage, MessageBuffer, Turn
 from conversations.platforms.whatsapp.inbound import parse
 from conversations.platforms.whatsapp.transport import FLOOD_BACKOFF, WhatsAppTransport, close_clients
 from conversations.worker.typing import open_windows
-from delivery import ledger, receipts
+from delivery import ledger, receipts, transports
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome, UnreachableChat
 from delivery.transports import Target
 from tests.fakes import graph_api
@@ -316,7 +316,7 @@ def test_a_failed_receipt_error_never_shows_a_secret(wa):
 
 
 def transport(channel):
-    return platforms.transport_for(channel)
+    return transports.transport_for(channel)
 
 
 def run(coro):
