@@ -1,9 +1,13 @@
 """The flusher's database step: due buffers claimed and made into turns, in one
 transaction each (a claimed buffer always has its turn). Split from
-`conversations.engine`, which re-exports its public names."""
+`conversations.engine`."""
+
+from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -21,29 +25,33 @@ from conversations.models import (
     TurnState,
 )
 
+# A batch's messages, by the id of the buffer they are in, oldest first
+# (conversations.sql.build_messages).
+ByBuffer = dict[int | None, list[InboundMessage]]
+
 log = logging.getLogger(__name__)
 
 
-def due_buffer_ids(now, limit=200):
+def due_buffer_ids(now: datetime, limit: int = 200) -> list[int]:
     """Open buffers whose deadline passed, oldest deadline first. A buffer whose
     conversation has a turn ready or running waits (enqueue): it flushes when that turn
     ends, so everything said meanwhile becomes one next turn."""
     return sql.due_buffer_ids(now, limit)
 
 
-def next_deadline(now):
+def next_deadline(now: datetime) -> datetime | None:
     """The nearest future deadline, or None."""
     return sql.next_deadline(now)
 
 
-def look(now, limit=200):
+def look(now: datetime, limit: int = 200) -> tuple[list[int], datetime | None]:
     """The flusher's look: (due_buffer_ids, next_deadline) in one statement — one wait
     for the database per wake-up instead of two, on the flusher's timed path and in the
     idle floor every worker costs (20 looks a second)."""
     return sql.look(now, limit)
 
 
-def flush_buffer(buffer_id, now=None):
+def flush_buffer(buffer_id: int, now: datetime | None = None) -> Turn | None:
     """Claim one due buffer and turn it into a READY turn; None when another process
     flushed it or a new message re-armed it."""
     flushed = flush_many([buffer_id], now or timezone.now())
@@ -53,7 +61,7 @@ def flush_buffer(buffer_id, now=None):
 _batches = itertools.count(1)
 
 
-def flush_many(buffer_ids, now, owner="", start=0):
+def flush_many(buffer_ids: Iterable[int], now: datetime, owner: str = "", start: int = 0) -> list[Turn]:
     """Claim due buffers and make their turns, in one transaction: a claimed buffer
     always has its turn, a crash leaves it open.
 
@@ -94,7 +102,8 @@ def flush_many(buffer_ids, now, owner="", start=0):
         return created
 
 
-def _turns_of(buffers, by_buffer, now, owner, start):
+def _turns_of(buffers: list[MessageBuffer], by_buffer: ByBuffer, now: datetime, owner: str,
+              start: int) -> tuple[list[Turn], ByBuffer]:
     """(the new turns, their messages by buffer) of claimed buffers. Writes what a
     batch needs beyond its turns: a group's unaddressed messages kept as context, and
     a buffer's messages past its channel's cap moved to a new buffer."""
@@ -112,19 +121,19 @@ class _Prepared:
     them, their flush spans (their traceparents set on the turns; a preparation not used
     ends none, so exports none) and their INSERT (rows.insert_statement), made last."""
 
-    def __init__(self, found, message_rows, turns, by_buffer):
+    def __init__(self, found: list[sql.Row], message_rows: list[sql.Row], turns: list[Turn], by_buffer: ByBuffer) -> None:
         self.found, self.message_rows, self.turns, self.by_buffer = found, message_rows, turns, by_buffer
         self.started = spans.flushes(turns, by_buffer)
         self.statement = rows.insert_statement(Turn, turns)
 
-    def holds(self, claimed, message_rows):
+    def holds(self, claimed: list[sql.Row], message_rows: list[sql.Row]) -> bool:
         """Whether the claim won every buffer read and nothing they are made of changed
         since: the buffers, conversations, channels, carried-over input, a turn ready or
         running there, and every message."""
         return message_rows == self.message_rows and sql.same_but_claimed(self.found, claimed)
 
 
-def _prepare(ids, now, owner, start, token):
+def _prepare(ids: list[int], now: datetime, owner: str, start: int, token: str) -> _Prepared | None:
     """SQLite: the flush's turns made from the due buffers as they are, before its
     transaction, which holds the database's one write lock (most of a flush was this
     Python: building the rows' objects, merging, the INSERT's parameter). None where
@@ -154,7 +163,7 @@ def _prepare(ids, now, owner, start, token):
     return _Prepared(found, message_rows, new_turns, by_buffer)
 
 
-def _count_flushes(flushes):
+def _count_flushes(flushes: Iterable[tuple[str, int]]) -> None:
     """(flush reason, messages merged) of each turn made: counted once its flush commits."""
     for reason, size in flushes:
         metrics.TURNS_FLUSHED.labels(reason).inc()
@@ -163,11 +172,12 @@ def _count_flushes(flushes):
             metrics.BURSTS_MERGED.inc()
 
 
-def _born_running(new_turns, owner, now, room):
+def _born_running(new_turns: list[Turn], owner: str, now: datetime, room: int) -> None:
     """Mark up to `room` new turns RUNNING under `owner`: one per conversation with no
     turn ready or running (checked inside the flush's transaction; on PostgreSQL a
     concurrent start is refused by the one-running-turn index, and the flush retried)."""
-    busy = {turn.conversation_id for turn in new_turns if turn.buffer.conversation_busy}  # read with the claim
+    # Read with the claim (each new turn has its buffer).
+    busy = {turn.conversation_id for turn in new_turns if turn.buffer is not None and turn.buffer.conversation_busy}
     for turn in new_turns:
         if room == 0:
             break
@@ -178,7 +188,7 @@ def _born_running(new_turns, owner, now, room):
         room -= 1
 
 
-def _keep_the_rest_waiting(buffers, by_buffer, now):
+def _keep_the_rest_waiting(buffers: list[MessageBuffer], by_buffer: ByBuffer, now: datetime) -> None:
     """A turn takes at most its channel's `max_messages`, oldest first (an album's items
     counting once, never split). The rest move to a new open buffer, due at once, which
     flushes when this turn is over (the flusher skips a conversation with an active
@@ -200,17 +210,17 @@ def _keep_the_rest_waiting(buffers, by_buffer, now):
         MessageBuffer.objects.filter(pk=buffer.pk).update(message_count=limit)
 
 
-def _starts(messages):
+def _starts(messages: Sequence[InboundMessage]) -> list[int]:
     return windows.message_starts([m.album_id for m in messages])
 
 
-def _first_beyond(messages, limit):
+def _first_beyond(messages: Sequence[InboundMessage], limit: int) -> int | None:
     """The index of the first message past `limit` messages (as they count), or None."""
     starts = _starts(messages)
     return starts[limit] if len(starts) > limit else None
 
 
-def _turn_for(buffer, messages, now):
+def _turn_for(buffer: MessageBuffer, messages: Sequence[InboundMessage], now: datetime) -> Turn:
     last = messages[-1] if messages else None
     # Its agent: the first routing rule that matches, else the channel's (conversations.routing).
     rule, route = routing.choose(buffer.conversation, messages)
@@ -226,13 +236,14 @@ def _turn_for(buffer, messages, now):
     )
 
 
-def flush_due(now=None, limit=200, owner=""):
+def flush_due(now: datetime | None = None, limit: int = 200, owner: str = "") -> list[Turn]:
     now = now or timezone.now()
     ids = due_buffer_ids(now, limit)
     return flush_many(ids, now, owner) if ids else []
 
 
-def merge(messages, is_group, carried_turn=None, limit=None):
+def merge(messages: Iterable[InboundMessage], is_group: bool, carried_turn: Turn | None = None,
+          limit: int | None = None) -> str:
     """One prompt from a burst: arrival order kept; in groups each line says who.
 
     At most `limit` characters (AGENTLOOP_MAX_TURN_CHARS): the newest text is kept and
@@ -248,7 +259,7 @@ def merge(messages, is_group, carried_turn=None, limit=None):
     return clip("\n".join(lines), limit or settings.AGENTLOOP_MAX_TURN_CHARS)
 
 
-def clip(text, limit):
+def clip(text: str, limit: int) -> str:
     """`text` in at most `limit` characters: its end, after a mark saying how much was cut."""
     if len(text) <= limit:
         return text

@@ -10,6 +10,11 @@ are kept (disposition `context`) and given, with everything else the group said 
 the chat's last turn, to the next turn that is addressed to the agent.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+
 from django.conf import settings
 
 from conversations.models import (
@@ -30,7 +35,7 @@ CONTEXT_HEADER = "[Earlier in the group, not addressed to you]"
 ADDRESSED_HEADER = "[Addressed to you]"
 
 
-def addressed(buffer, messages) -> bool:
+def addressed(buffer: MessageBuffer, messages: Iterable[InboundMessage]) -> bool:
     """Whether this burst is answered (a private chat's always is)."""
     conversation = buffer.conversation
     if not conversation.is_group or buffer.carried_turn is not None:
@@ -44,15 +49,17 @@ def addressed(buffer, messages) -> bool:
     return any(message.mentioned is not False for message in messages)
 
 
-def split(buffers, by_buffer) -> tuple[list, list]:
+def split(buffers: Iterable[MessageBuffer], by_buffer: Mapping[int | None, Sequence[InboundMessage]],
+          ) -> tuple[list[MessageBuffer], list[MessageBuffer]]:
     """(answered, kept as context) of claimed buffers."""
-    answered, context = [], []
+    answered: list[MessageBuffer] = []
+    context: list[MessageBuffer] = []
     for buffer in buffers:
         (answered if addressed(buffer, by_buffer.get(buffer.pk, [])) else context).append(buffer)
     return answered, context
 
 
-def keep_as_context(buffers) -> None:
+def keep_as_context(buffers: Iterable[MessageBuffer]) -> None:
     """Claimed buffers that make no turn: their messages become the group's context."""
     ids = [buffer.pk for buffer in buffers]
     if not ids:
@@ -61,7 +68,7 @@ def keep_as_context(buffers) -> None:
     MessageBuffer.objects.filter(pk__in=ids).update(flush_reason=FlushReason.UNADDRESSED)
 
 
-def context_lines(buffer, now) -> list[str]:
+def context_lines(buffer: MessageBuffer, now: datetime) -> list[str]:
     """What the rest of the group said since the chat's last turn, not addressed to the
     agent, oldest first (at most AGENTLOOP_GROUP_CONTEXT_MESSAGES, the newest kept): kept
     context, and messages still waiting in other senders' open buffers."""
@@ -83,7 +90,7 @@ def context_lines(buffer, now) -> list[str]:
     return [line(name, text, media) for name, text, media in reversed(newest)]
 
 
-def line(sender_name, text, media_type="") -> str:
+def line(sender_name: str, text: str, media_type: str = "") -> str:
     """One group message as a turn's input shows it ("Ana: [photo] look"), here and in
     flushing.merge: what an erasure looks for in the other members' turns
     (conversations.erasure)."""
@@ -92,7 +99,7 @@ def line(sender_name, text, media_type="") -> str:
     return f"{sender_name or 'Someone'}: {text}"
 
 
-def with_context(buffer, merged_input, now) -> str:
+def with_context(buffer: MessageBuffer, merged_input: str, now: datetime) -> str:
     """A group turn's input: the group's context before the burst addressed to the agent."""
     if not buffer.conversation.is_group:
         return merged_input

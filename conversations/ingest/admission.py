@@ -3,8 +3,11 @@
 control command, an answer, an overflow, the double-texting strategy, or the buffer
 re-armed by a compare-and-swap against the flusher."""
 
+from __future__ import annotations
+
 import logging
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -37,13 +40,21 @@ from delivery import ledger
 from delivery.models import OutboundKind
 from tools import confirmations
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from conversations.models import Channel
+
+M = TypeVar("M", bound=MessageBuffer)
+
 log = logging.getLogger("conversations.ingest")  # the name it had as one module
 
 OVERFLOW_NOTICE = _("You've sent more than I can keep up with. I'll answer what I have so far; "
                     "please send the rest again once I've replied.")
 
 
-def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=False, known=None) -> Admission:
+def admit(channel: Channel, inbound: Inbound, now: datetime | None = None, *, batched: bool = False,
+          known: Conversation | None = None) -> Admission:
     """Admit one message. The whole admission is one transaction with no effect outside
     the database, so a deadlock (PostgreSQL rolls the loser back whole) is retried.
     Raises Unstorable for a message the database cannot store as given.
@@ -66,7 +77,8 @@ def admit(channel, inbound: Inbound, now: datetime | None = None, *, batched=Fal
     return admission
 
 
-def _admit_once(channel, inbound, now, *, batched, known) -> Admission:
+def _admit_once(channel: Channel, inbound: Inbound, now: datetime | None, *, batched: bool,
+                known: Conversation | None) -> Admission:
     problem = refusal(inbound)
     if problem:
         raise Unstorable(problem)
@@ -97,14 +109,15 @@ def _admit_once(channel, inbound, now, *, batched, known) -> Admission:
 RETRYABLE = ("40P01", "40001")
 
 
-def _retryable(exc) -> bool:
+def _retryable(exc: BaseException) -> bool:
     """A deadlock or serialization failure (PostgreSQL): only this transaction lost, not
     the database going away. `admit` retries it; in a batch it fails the batch's
     transaction, whose messages are then admitted one by one (each retried)."""
     return getattr(exc.__cause__, "sqlstate", None) in RETRYABLE
 
 
-def _admit(channel, inbound, now, created=None, savepoint=True):
+def _admit(channel: Channel, inbound: Inbound, now: datetime, created: Conversation | None = None,
+           savepoint: bool = True) -> Admission | None:
     with transaction.atomic(savepoint=savepoint):
         admission = _admit_in_transaction(channel, inbound, now, created)
         if admission is not None and not admission.duplicate:
@@ -113,7 +126,8 @@ def _admit(channel, inbound, now, created=None, savepoint=True):
         return admission
 
 
-def _admit_in_transaction(channel, inbound, now, created=None):
+def _admit_in_transaction(channel: Channel, inbound: Inbound, now: datetime,
+                          created: Conversation | None = None) -> Admission | None:
     """`_admit`'s work, inside its transaction. `created`: the conversation, when this
     transaction has just created it (nothing else can have touched it)."""
     conversation = created if created is not None else _conversation_with_state(channel, inbound)
@@ -176,12 +190,10 @@ def _admit_in_transaction(channel, inbound, now, created=None):
             return admission
         carried = running if outcome == "interrupted" else None
         buffer = _first(MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN))
-    if fresh is None:
-        buffer = _rearm(arrival, buffer, message, carried)
-    return _buffered(admission, buffer)
+    return _buffered(admission, _rearm(arrival, buffer, message, carried) if fresh is None else fresh)
 
 
-def _held(arrival):
+def _held(arrival: Arrival) -> Admission:
     message = _store_once(arrival, None, None, Disposition.HELD)
     if message is None:
         return Admission(duplicate=True, conversation_id=arrival.conversation.pk)
@@ -190,7 +202,7 @@ def _held(arrival):
     return admission
 
 
-def _from_a_bot(arrival):
+def _from_a_bot(arrival: Arrival) -> Admission | None:
     """A bot's message (conversations.loops): kept as context if the channel does not allow
     the bot; held if its conversation is paused now by the loop breaker; else None (admitted
     as a person's)."""
@@ -206,7 +218,7 @@ def _from_a_bot(arrival):
     return None
 
 
-def _buffered(admission, buffer):
+def _buffered(admission: Admission, buffer: MessageBuffer) -> Admission:
     admission.disposition = Disposition.BUFFERED
     admission.buffer_id = buffer.pk
     admission.flush_at = buffer.flush_at
@@ -216,13 +228,13 @@ def _buffered(admission, buffer):
     return admission
 
 
-def _first(queryset):
+def _first(queryset: QuerySet[M]) -> M | None:
     """The first row or None, without .first()'s ORDER BY (at most one row matches)."""
     rows = list(queryset[:1])
     return rows[0] if rows else None
 
 
-def _conversation_with_state(channel, inbound):
+def _conversation_with_state(channel: Channel, inbound: Inbound) -> Conversation | None:
     lookup = {"channel": channel, "chat_id": inbound.chat_id, "sender_id": inbound.sender_id}
     if connection.features.has_select_for_update:
         # Lock first, read after: a statement that waited for the lock would otherwise
@@ -239,7 +251,7 @@ def _conversation_with_state(channel, inbound):
     return None if row is None else _conversation_from_row(channel, row)
 
 
-def _conversation_from_row(channel, row):
+def _conversation_from_row(channel: Channel, row: sql.Row) -> Conversation:
     fields = dict(zip(sql.CONVERSATION_COLUMNS, row))
     conversation = Conversation(channel=channel, **{**fields, "is_group": bool(fields["is_group"]),
                                                     "context_reset_at": aware(fields["context_reset_at"])})
@@ -250,22 +262,25 @@ def _conversation_from_row(channel, row):
     return conversation
 
 
-def _known_open_buffer(conversation):
+def _known_open_buffer(conversation: Conversation) -> MessageBuffer | None:
     if conversation.open_buffer_id is None:
         return None
-    return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,
+    # With an open buffer's id, the row carried its other columns too (none is None).
+    return MessageBuffer(pk=conversation.open_buffer_id, conversation=conversation, state=BufferState.OPEN,  # type: ignore[misc]
                          first_message_at=conversation.open_buffer_first_at,
                          message_count=conversation.open_buffer_count, last_album_id=conversation.open_buffer_album)
 
 
-def open_conversation(channel, inbound) -> Conversation:
+def open_conversation(channel: Channel, inbound: Inbound) -> Conversation:
     """The conversation this sender's messages go to, created if new (the web chat
     opens it before the first message, to listen to it)."""
     _create_conversation(channel, inbound)
-    return Conversation.objects.get(channel=channel, chat_id=inbound.chat_id, sender_id=inbound.sender_id)
+    conversation: Conversation = Conversation.objects.get(channel=channel, chat_id=inbound.chat_id,
+                                                          sender_id=inbound.sender_id)
+    return conversation
 
 
-def _create_conversation(channel, inbound, savepoint=True):
+def _create_conversation(channel: Channel, inbound: Inbound, savepoint: bool = True) -> Conversation | None:
     """A conversation's first message creates it in a short transaction of its own, so
     concurrent first messages race only on these two unique rows, never while holding
     the locks of an admission. INSERT … ON CONFLICT DO NOTHING settles that race (what
@@ -288,7 +303,7 @@ def _create_conversation(channel, inbound, savepoint=True):
     return conversation
 
 
-def _language_changed(conversation, language):
+def _language_changed(conversation: Conversation, language: str) -> None:
     """The person's platform language is new (they changed it, or were first seen before
     languages were kept): the contact and each of its conversations take it. Two UPDATEs,
     only when it differs: the row read for every message already carries it."""
@@ -297,7 +312,7 @@ def _language_changed(conversation, language):
     Conversation.objects.filter(contact_id=conversation.contact_id).update(language=language)
 
 
-def _overflowed(conversation, message):
+def _overflowed(conversation: Conversation, message: InboundMessage) -> None:
     """Audit a message kept out of the full buffer; the first of an episode (the buffer's
     first, by compare-and-swap) also gets the notice."""
     first = MessageBuffer.objects.filter(pk=conversation.open_buffer_id, overflow_noticed=False).update(
@@ -310,14 +325,16 @@ def _overflowed(conversation, message):
            pending=conversation.open_buffer_count, noticed=bool(first))
 
 
-def _store_once(arrival, command, buffer, disposition=Disposition.BUFFERED):
+def _store_once(arrival: Arrival, command: str | None, buffer: MessageBuffer | None,
+                disposition: str = Disposition.BUFFERED) -> InboundMessage | None:
     """Insert the message under its unique constraint; None when it was already admitted.
     Inserting first is the dedup: a retry, a resume or a re-polled batch all stop here."""
     message = _message(arrival, command, buffer, disposition)
     return message if _insert_unless_admitted(message) else None
 
 
-def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
+def _message(arrival: Arrival, command: str | None, buffer: MessageBuffer | None,
+             disposition: str = Disposition.BUFFERED) -> InboundMessage:
     inbound = arrival.inbound
     kind = MessageKind.MEDIA if inbound.media_type else MessageKind.TEXT
     if command:
@@ -334,11 +351,12 @@ def _message(arrival, command, buffer, disposition=Disposition.BUFFERED):
     )
 
 
-def _insert_unless_admitted(message) -> bool:
+def _insert_unless_admitted(message: InboundMessage) -> bool:
     return insert(message, ("channel_id", "platform_message_id"))
 
 
-def _rearm(arrival, buffer, message, carried):
+def _rearm(arrival: Arrival, buffer: MessageBuffer | None, message: InboundMessage,
+           carried: int | None) -> MessageBuffer:
     """Add the message to the conversation's open buffer (or a new one) and re-plan
     its deadline from this latest message."""
     if buffer is not None:
@@ -358,24 +376,25 @@ def _rearm(arrival, buffer, message, carried):
     return buffer
 
 
-def _new_buffer(arrival, carried):
+def _new_buffer(arrival: Arrival, carried: int | None) -> MessageBuffer:
     fields = _planned(arrival, arrival.now, 1, carried)
     buffer = MessageBuffer(conversation=arrival.conversation, first_message_at=arrival.now, **fields)
     insert(buffer)
     return buffer
 
 
-def _set_buffer(message, buffer):
+def _set_buffer(message: InboundMessage, buffer: MessageBuffer) -> None:
     """The message joins `buffer` (plain SQL: the ORM's update cost more than the statement)."""
     sql.set_buffer(message.pk, buffer.pk)
     message.buffer_id = buffer.pk
 
 
-def _reread_open_buffer(arrival, carried):
+def _reread_open_buffer(arrival: Arrival, carried: int | None) -> MessageBuffer | None:
     """After a lost compare-and-swap: the open buffer the flusher may have just made for a
     burst's remainder (flushing._keep_the_rest_waiting), re-armed with this message; None
     when there is none (the caller creates one)."""
-    buffer = _first(MessageBuffer.objects.filter(conversation=arrival.conversation, state=BufferState.OPEN))
+    buffer: MessageBuffer | None = _first(MessageBuffer.objects.filter(conversation=arrival.conversation,
+                                                                       state=BufferState.OPEN))
     if buffer is None:
         return None
     fields = _planned(arrival, buffer.first_message_at, counted(buffer, arrival.inbound), carried)
@@ -386,22 +405,22 @@ def _reread_open_buffer(arrival, carried):
     return buffer
 
 
-def counted(buffer, inbound) -> int:
+def counted(buffer: MessageBuffer, inbound: Inbound | InboundMessage) -> int:
     """The buffer's message count with this message: an album's next item adds nothing."""
     same_album = bool(inbound.album_id) and inbound.album_id == buffer.last_album_id
     return buffer.message_count + (0 if same_album else 1)
 
 
-def latest(message) -> windows.Latest:
+def latest(message: Inbound | InboundMessage) -> windows.Latest:
     """What a message (an Inbound or a stored InboundMessage) gives the window to plan by."""
     return windows.Latest(message.text, media=bool(message.media_type), album=bool(message.album_id))
 
 
-def _planned(arrival, first_at, count, carried):
+def _planned(arrival: Arrival, first_at: datetime, count: int, carried: int | None) -> dict[str, Any]:
     channel, inbound, now = arrival.channel, arrival.inbound, arrival.now
     plan = windows.plan_flush(latest(inbound), now=now, first_message_at=first_at, message_count=count,
                               settings=channel.debounce_settings())
-    fields = {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
+    fields: dict[str, Any] = {"message_count": count, "last_message_at": now, "flush_at": plan.flush_at,
               "planned_reason": plan.reason, "window_kind": plan.window_kind, "window_seconds": plan.window_seconds,
               "last_album_id": inbound.album_id}
     if carried is not None:

@@ -1,6 +1,12 @@
 """Admitting a batch (group commit): one transaction for all its messages, and the
 statements they have in common run once for the batch (`_admit_ahead`)."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -11,7 +17,7 @@ from conversations import console, control, sql
 from conversations.ingest import spans
 from conversations.ingest.admission import _buffered, _conversation_from_row, _message, _planned, _retryable, admit
 from conversations.ingest.refusal import refusal
-from conversations.ingest.values import Admission, Arrival
+from conversations.ingest.values import Admission, Arrival, Inbound
 from conversations.models import (
     Contact,
     Conversation,
@@ -20,12 +26,22 @@ from conversations.models import (
 )
 from tools import confirmations
 
+if TYPE_CHECKING:
+    from conversations.models import Channel
+
+# One message to admit, from its channel.
+Request = tuple["Channel", Inbound]
+# Whether an error fails the whole batch (raised) rather than its admission alone.
+IsFault = Callable[[BaseException], bool]
+# A conversation's key: (channel id, chat id, sender id).
+Key = tuple[int, str, str]
+
 
 class BatchFailed(Exception):
     """The shared transaction of a batch of admissions failed as a whole."""
 
 
-def admit_many(requests, is_fault) -> list:
+def admit_many(requests: Sequence[Request], is_fault: IsFault) -> list[Admission | Exception]:
     """Admit several messages in one transaction (group commit: one BEGIN, one commit
     for all of them). Returns, in order, an Admission or the exception of each; none is
     committed before this returns, so answer none before.
@@ -61,11 +77,12 @@ def admit_many(requests, is_fault) -> list:
     return results
 
 
-def _admit_many(requests, is_fault) -> list:
-    results = []
+def _admit_many(requests: Sequence[Request], is_fault: IsFault) -> list[Admission | Exception]:
+    results: list[Admission | Exception] = []
     try:
         with transaction.atomic():
-            ahead = _admit_ahead(requests, timezone.now()) if len(requests) > 1 else {}
+            ahead: dict[int, Admission | Conversation] = (
+                _admit_ahead(requests, timezone.now()) if len(requests) > 1 else {})
             for i, (channel, inbound) in enumerate(requests):
                 done = ahead.get(i)
                 if isinstance(done, Admission):
@@ -86,7 +103,7 @@ def _admit_many(requests, is_fault) -> list:
     return results
 
 
-def _admit_alone(channel, inbound, is_fault):
+def _admit_alone(channel: Channel, inbound: Inbound, is_fault: IsFault) -> Admission | Exception:
     try:
         return admit(channel, inbound)
     except Exception as exc:
@@ -95,7 +112,7 @@ def _admit_alone(channel, inbound, is_fault):
         return exc
 
 
-def _admit_ahead(requests, now) -> dict:
+def _admit_ahead(requests: Sequence[Request], now: datetime) -> dict[int, Admission | Conversation]:
     """Inside admit_many's transaction, before its admissions one by one: the statements
     the batch's messages have in common, run once for the batch, its rows as one JSON
     parameter (tests.bench.statements: a batch of 32 new chats was 5 statements a
@@ -113,38 +130,38 @@ def _admit_ahead(requests, now) -> dict:
 
     Only a conversation's first message in the batch: its next one must see what the
     first did. A message refused as unstorable is left to `admit`, which refuses it."""
-    firsts = {}
+    firsts: dict[Key, int] = {}
     for i, (channel, inbound) in enumerate(requests):
         if not refusal(inbound):
             firsts.setdefault((channel.pk, inbound.chat_id, inbound.sender_id), i)
     if not firsts:
         return {}
     channels = {channel.pk: channel for channel, _ in requests}
-    ahead = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
+    ahead: dict[int, Admission | Conversation] = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
     created = _create_conversations(requests, [i for i in firsts.values() if i not in ahead])
     ahead.update(created)
     ahead.update(_admit_first_messages(requests, created, now))
     return ahead
 
 
-def _lock_and_read(firsts, channels) -> dict:
+def _lock_and_read(firsts: dict[Key, int], channels: dict[int, Channel]) -> dict[Key, Conversation]:
     """{(channel id, chat, sender): Conversation with its state} of the keys that exist:
     locked first, then read (see _conversation_with_state for why in that order)."""
     rows = sql.lock_and_read_conversations(list(firsts))
-    found = {}
+    found: dict[Key, Conversation] = {}
     for row in rows:
         conversation = _conversation_from_row(channels[row[-1]], row)
         found[(row[-1], conversation.chat_id, conversation.sender_id)] = conversation
     return found
 
 
-def _create_conversations(requests, indexes) -> dict:
+def _create_conversations(requests: Sequence[Request], indexes: list[int]) -> dict[int, Conversation]:
     """{index: Conversation} of the conversations this transaction created, for the
     first messages at `indexes` (none of them exists yet); two statements (three when a
     contact exists already: a sender seen in another chat)."""
     if not indexes:
         return {}
-    contacts = {}
+    contacts: dict[tuple[int, str], Contact] = {}
     for i in indexes:
         channel, inbound = requests[i]
         contacts.setdefault((channel.pk, inbound.sender_id), Contact(
@@ -180,7 +197,8 @@ def _create_conversations(requests, indexes) -> dict:
     return created
 
 
-def _admit_first_messages(requests, created, now) -> dict:
+def _admit_first_messages(requests: Sequence[Request], created: dict[int, Conversation],
+                          now: datetime) -> dict[int, Admission]:
     """{index: Admission} of the plain messages that open the conversations this
     transaction created: a buffer each, then the messages, a statement each. A control
     command or an answer to a question (neither can be plain here) is left to `admit`,
@@ -212,11 +230,12 @@ def _admit_first_messages(requests, created, now) -> dict:
     admissions, unused = {}, []
     for i, message in messages.items():
         channel, inbound = requests[i]
-        message.pk = stored.get((channel.pk, inbound.platform_message_id))
-        if message.pk is None:  # admitted before (rare): its buffer goes again
+        pk = stored.get((channel.pk, inbound.platform_message_id))
+        if pk is None:  # admitted before (rare): its buffer goes again
             unused.append(plain[i].pk)
             admissions[i] = Admission(duplicate=True, conversation_id=created[i].pk)
             continue
+        message.pk = pk
         failpoint("inbound.after_insert")
         admissions[i] = admission = _buffered(
             Admission(duplicate=False, conversation_id=created[i].pk, message_id=message.pk), plain[i])

@@ -1,6 +1,10 @@
 """Double texting: the channel's strategy for a message that arrives while a turn of
 its conversation runs (reject, interrupt, roll back, or enqueue)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
@@ -13,10 +17,16 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind
 
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from conversations.models import Channel, Conversation, InboundMessage, Turn
+
 REJECT_NOTICE = _("I'm still working on your previous message. Please send this again once I've answered.")
 
 
-def double_text(channel, conversation, running, message, now):
+def double_text(channel: Channel, conversation: Conversation, running: Turn, message: InboundMessage,
+                now: datetime) -> str:
     """Apply the channel's strategy to a message that arrived while `running` runs.
     Returns "rejected", "interrupted", "rolled_back" or "enqueued"."""
     strategy = channel.double_texting

@@ -1,9 +1,14 @@
 """Refusal: a message the database cannot store as given (a NUL, an unpaired
 surrogate, a field too long) is refused alone, audited, never retried."""
 
+from __future__ import annotations
+
 import functools
 import logging
 import re
+from typing import TYPE_CHECKING
+
+from django.db.models import Field, Model
 
 from audit.events import record
 from audit.models import EventKind
@@ -13,6 +18,9 @@ from conversations.models import (
     InboundMessage,
 )
 
+if TYPE_CHECKING:
+    from conversations.models import Channel
+
 log = logging.getLogger("conversations.ingest")  # the name it had as one module
 
 # PostgreSQL refuses NUL in text; no database can encode an unpaired UTF-16 surrogate
@@ -21,14 +29,20 @@ _UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
 
 @functools.cache
-def _field_limits():
+def _field_limits() -> dict[str, int]:
     """Fields of an Inbound stored in columns of bounded length, and those lengths."""
     column = {"platform_message_id": (InboundMessage, "platform_message_id"), "chat_id": (Conversation, "chat_id"),
               "sender_id": (Conversation, "sender_id"), "reply_target": (InboundMessage, "reply_target"),
               "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type"),
               "album_id": (InboundMessage, "album_id")}
-    limits = {name: model._meta.get_field(field).max_length for name, (model, field) in column.items()}
+    limits = {name: _max_length(model, field) for name, (model, field) in column.items()}
     return {**limits, "text": MAX_TEXT_CHARS}
+
+
+def _max_length(model: type[Model], name: str) -> int:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.max_length is not None  # each a CharField
+    return field.max_length
 
 
 def refusal(inbound: Inbound) -> str:
@@ -51,7 +65,7 @@ def printable(value: str, limit: int = 100) -> str:
     return _UNSTORABLE_CHARACTER.sub(lambda m: f"\\u{ord(m.group()):04x}", value)[:limit]
 
 
-def record_refusal(channel, inbound: Inbound, reason: str, source: str):
+def record_refusal(channel: Channel, inbound: Inbound, reason: str, source: str) -> None:
     """Audit a refused message (it has no row of its own to show)."""
     record(EventKind.MESSAGE_REFUSED, channel_slug=channel.slug, actor=printable(inbound.sender_id),
            target=f"message {printable(inbound.platform_message_id, 150)}", summary=f"{source}: {reason}")

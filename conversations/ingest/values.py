@@ -1,10 +1,13 @@
 """The values of an admission: a platform message in our terms (Inbound), one being
 admitted (Arrival), what became of it (Admission), and the refusal of one that cannot be stored."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 from datetime import datetime
 
 from conversations.models import (
+    Channel,
     Conversation,
 )
 
@@ -73,7 +76,7 @@ class Arrival:
     """One message being admitted: where it came from, the conversation it goes to (read
     or created by this admission's transaction), and when it arrived."""
 
-    channel: object
+    channel: Channel
     conversation: Conversation
     inbound: Inbound
     now: datetime

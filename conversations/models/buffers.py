@@ -1,5 +1,7 @@
 """Buffers: a burst of messages waiting for its window to close."""
 
+from datetime import datetime
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -56,6 +58,9 @@ class MessageBuffer(StateMachine, models.Model):
     flushed_by = models.CharField(_("flushed by"), max_length=120, blank=True, help_text=_("The claim's owner stamp."))
     # Set by the first message kept out of this full buffer: one notice per episode.
     overflow_noticed = models.BooleanField(_("overflow noticed"), default=False)
+    # Not a column: whether the conversation had a turn ready or running when the flusher
+    # claimed this buffer, set on the buffers conversations.sql.flushing.build_buffers makes.
+    conversation_busy: bool
     # interrupt strategy: the cancelled turn whose input this buffer carries forward.
     carried_turn = models.ForeignKey(
         "Turn", verbose_name=_("carried turn"), null=True, blank=True, on_delete=models.SET_NULL, related_name="carried_into"
@@ -72,11 +77,11 @@ class MessageBuffer(StateMachine, models.Model):
         # The flusher's query: open buffers by deadline.
         indexes = [models.Index(fields=["state", "flush_at"], name="buffer_due_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return ngettext("buffer %(id)s (%(state)s, %(count)s message)", "buffer %(id)s (%(state)s, %(count)s messages)",
                         self.message_count) % {"id": self.pk, "state": self.get_state_display(), "count": self.message_count}
 
-    def seconds_left(self, now=None):
+    def seconds_left(self, now: datetime | None = None) -> float | None:
         if self.state != BufferState.OPEN:
             return None
         return max(0.0, (self.flush_at - (now or timezone.now())).total_seconds())

@@ -1,6 +1,9 @@
 """Channels (a bot, a WhatsApp number, a web chat, an API channel) and their settings."""
 
+from __future__ import annotations
+
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -12,12 +15,17 @@ from django.utils.translation import gettext_lazy as _
 from agentloop.core.caches import BoundedCache
 from conversations import platforms, windows
 
+if TYPE_CHECKING:
+    from django.utils.functional import _StrOrPromise
 
-def _platform_choices():
+    from conversations.platforms.base import Platform
+
+
+def _platform_choices() -> list[tuple[str, str]]:
     return platforms.choices()
 
 
-def _language_choices():
+def _language_choices() -> list[tuple[str, _StrOrPromise]]:
     return [("", _("The deployment's (AGENTLOOP_LANGUAGE)")), *settings.LANGUAGES]
 
 
@@ -69,24 +77,24 @@ class GroupReplies(models.TextChoices):
     NEVER = "never", _("Never: groups are read, never answered")
 
 
-def _default_greetings():
+def _default_greetings() -> str:
     return ", ".join(windows.DEFAULT_GREETINGS)
 
 
-def _default_conjunctions():
+def _default_conjunctions() -> str:
     return ", ".join(windows.DEFAULT_CONJUNCTIONS)
 
 
-class ChannelManager(models.Manager):
+class ChannelManager(models.Manager["Channel"]):
     # Inbound requests look their channel up on every message; a copy at most this
     # old is good enough (operators' edits apply within a second or two). Both caches are
     # bounded: an anonymous client choosing slugs must not grow the process. Unknown slugs
     # get a small cache of their own, so they never push a real channel out.
     CACHE_SECONDS = 2.0
-    _cache = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
-    _unknown = BoundedCache(maxsize=256, max_age=CACHE_SECONDS)
+    _cache: BoundedCache[str, Channel | None] = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
+    _unknown: BoundedCache[str, Channel | None] = BoundedCache(maxsize=256, max_age=CACHE_SECONDS)
 
-    def active(self, slug, kind=None):
+    def active(self, slug: str, kind: str | None = None) -> Channel | None:
         """The active channel with this slug (and kind), from a short per-process cache."""
         channel = self._cache.get(slug)
         if channel is None and slug not in self._unknown:
@@ -94,7 +102,7 @@ class ChannelManager(models.Manager):
             (self._cache if channel is not None else self._unknown).set(slug, channel)
         return channel if channel is not None and (kind is None or channel.kind == kind) else None
 
-    def forget_cached(self):
+    def forget_cached(self) -> None:
         self._cache.clear()
         self._unknown.clear()
 
@@ -223,10 +231,10 @@ class Channel(models.Model):
         verbose_name_plural = _("channels")
         ordering = ["slug"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name or self.slug
 
-    def clean(self):
+    def clean(self) -> None:
         from conversations.agents import validate_agent_config
 
         refused = self.unworkable()
@@ -256,10 +264,10 @@ class Channel(models.Model):
         return found
 
     @property
-    def platform(self):
+    def platform(self) -> Platform:
         return platforms.of(self)
 
-    def setting(self, name, default=""):
+    def setting(self, name: str, default: Any = "") -> Any:
         """One of the platform's settings (its default when the channel has none stored)."""
         value = (self.platform_settings or {}).get(name)
         if value in (None, ""):
@@ -267,7 +275,7 @@ class Channel(models.Model):
             return spec.default if spec is not None else default
         return value
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         # Checked on every save (a script's too, not only the admin's), and the block
         # recomputed: saving a channel whose token was refused lets its replies go again.
         update_fields = kwargs.get("update_fields")
@@ -279,7 +287,7 @@ class Channel(models.Model):
         super().save(*args, **kwargs)
         Channel.objects.forget_cached()
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         Channel.objects.forget_cached()
         return super().delete(*args, **kwargs)
 

@@ -45,5 +45,5 @@ class MessageEdit(models.Model):
         ]
         indexes = [models.Index(fields=["conversation", "received_at"], name="edit_conversation_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("edit of message %(id)s (%(outcome)s)") % {"id": self.message_id, "outcome": self.get_outcome_display()}

@@ -1,7 +1,10 @@
 """Agent keys: how an external agent authenticates to the REST API."""
 
+from __future__ import annotations
+
 import hashlib
 import secrets
+from collections.abc import Iterable
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -9,15 +12,15 @@ from django.utils.translation import gettext_lazy as _
 from conversations.models.channels import Channel
 
 
-class AgentKeyManager(models.Manager):
-    def for_key(self, raw_key: str):
+class AgentKeyManager(models.Manager["AgentKey"]):
+    def for_key(self, raw_key: str) -> AgentKey | None:
         """The live key matching `raw_key`, or None. Keys are stored as SHA-256 only."""
         if not raw_key:
             return None
         digest = hashlib.sha256(raw_key.encode()).hexdigest()
         return self.filter(key_hash=digest, revoked_at__isnull=True).first()
 
-    def issue(self, name: str, channels=(), key=None):
+    def issue(self, name: str, channels: Iterable[Channel] = (), key: AgentKey | None = None) -> tuple[AgentKey, str]:
         """A new key and its secret (to show once). `key`: an unsaved instance to save as it.
         Callers outside tests go through conversations.agent_keys.issue (audited)."""
         raw = "al_" + secrets.token_urlsafe(32)
@@ -45,7 +48,7 @@ class AgentKey(models.Model):
         verbose_name = _("agent key")
         verbose_name_plural = _("agent keys")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
 
     # DRF treats request.user as authenticated when this is true.

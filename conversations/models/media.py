@@ -64,7 +64,7 @@ class MediaFile(StateMachine, models.Model):
         constraints = [models.UniqueConstraint(fields=["channel", "file_key"], name="media_file_once_per_channel")]
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="media_file_due_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.kind} {self.file_key} ({self.get_state_display()})"
 
     @property

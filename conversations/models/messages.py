@@ -1,5 +1,7 @@
 """Who talks to us (contacts, conversations) and what they said (inbound messages)."""
 
+from datetime import datetime
+
 from django.db import models
 from django.utils import timezone
 from django.utils.text import Truncator
@@ -35,7 +37,7 @@ class Contact(models.Model):
             models.UniqueConstraint(fields=["channel", "platform_id"], name="contact_unique_per_channel")
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         # A name, not a paragraph: a platform lets a person call themselves anything (200
         # characters with no space), and this names them in every list, link and title.
         return Truncator(self.display_name or self.username or self.platform_id).chars(NAME_CHARS)
@@ -85,6 +87,15 @@ class Conversation(StateMachine, models.Model):
     pinned_rule = models.ForeignKey("RoutingRule", verbose_name=_("pinned rule"), null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="+", db_index=False)
 
+    # Not columns: the state an admission reads with the row (conversations.ingest, one
+    # statement: conversations.sql.conversation_with_state) and sets on it — its open
+    # buffer's id, first message time, count and latest album, and its running turn's id.
+    open_buffer_id: int | None
+    open_buffer_first_at: datetime | None
+    open_buffer_count: int | None
+    open_buffer_album: str | None
+    running_turn_id: int | None
+
     class Meta:
         verbose_name = _("conversation")
         verbose_name_plural = _("conversations")
@@ -104,7 +115,7 @@ class Conversation(StateMachine, models.Model):
                          condition=models.Q(pinned_rule__isnull=False)),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = f" in {self.chat_id}" if self.is_group else ""
         return f"{self.contact}{where} @ {self.channel.slug}"
 
@@ -189,5 +200,5 @@ class InboundMessage(models.Model):
             models.Index(fields=["received_at"], name="inbound_received_idx"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.platform_message_id}: {self.text[:40]}"

@@ -39,7 +39,7 @@ class InboundReaction(models.Model):
         constraints = [models.UniqueConstraint(fields=["channel", "key"], name="reaction_applied_once")]
         indexes = [models.Index(fields=["conversation", "reacted_at"], name="reaction_conversation_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("%(emoji)s on %(id)s (%(outcome)s)") % {
             "emoji": self.emoji or gettext("reaction removed"), "id": self.platform_message_id,
             "outcome": self.get_outcome_display()}

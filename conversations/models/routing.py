@@ -49,10 +49,10 @@ class RoutingRule(models.Model):
         ordering = ["channel", "position", "pk"]
         constraints = [models.UniqueConstraint(fields=["channel", "name"], name="routing_rule_name_per_channel")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
-    def clean(self):
+    def clean(self) -> None:
         problem = agent_problem(self.agent, self.agent_config)
         if problem:
             raise ValidationError({"agent": problem})
@@ -60,7 +60,7 @@ class RoutingRule(models.Model):
             raise ValidationError({"contact_value": gettext("a contact attribute and its value go together")})
 
 
-def agent_problem(agent, config) -> str:
+def agent_problem(agent: str, config: object) -> str:
     """Why a rule may not choose this agent ("" when it may)."""
     from conversations.agents import validate_agent_config
 

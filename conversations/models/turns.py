@@ -57,7 +57,7 @@ class Turn(StateMachine, models.Model):
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     effect_fired_at = models.DateTimeField(_("effect fired at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
-    # A streamed reply (conversations.streaming): when its first delta arrived, how many
+    # A streamed reply (conversations.worker.streams): when its first delta arrived, how many
     # previews went out, the group preview message the final edits (recorded when sent,
     # so a recovery can reuse or remove it), and its text so far — saved only once the
     # turn fired an effect, at most every AGENTLOOP_STREAM_SAVE_INTERVAL: a crash then
@@ -104,7 +104,7 @@ class Turn(StateMachine, models.Model):
                          condition=Q(routing_rule__isnull=False)),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("turn %(id)s (%(state)s)") % {"id": self.pk, "state": self.get_state_display()}
 
 
@@ -121,7 +121,7 @@ class WorkerHeartbeat(models.Model):
         verbose_name = _("worker heartbeat")
         verbose_name_plural = _("worker heartbeats")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.owner
 
 
@@ -138,7 +138,7 @@ class ContextNote(models.Model):
         verbose_name_plural = _("context notes")
         ordering = ["created_at"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.text[:80]
 
 
@@ -161,5 +161,5 @@ class AgentSession(models.Model):
         verbose_name_plural = _("agent sessions")
         constraints = [models.UniqueConstraint(fields=["conversation", "key"], name="agent_session_once")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("%(key)s @ conversation %(id)s") % {"key": self.key, "id": self.conversation_id}

@@ -2,9 +2,14 @@
 conversation and its state read (and locked) by key, one or a batch; the contacts; the
 buffer a message joins."""
 
+from __future__ import annotations
+
 import functools
+from collections.abc import Iterable
+from typing import Any
 
 from django.db import connection
+from django.db.models import Model
 
 from agentloop.core.rows import (
     in_params,
@@ -26,6 +31,12 @@ from conversations.models import (
     TurnState,
 )
 
+# A row as the database driver returns it (positional columns, documented beside each
+# statement).
+Row = tuple[Any, ...]
+# A conversation's key: (channel id, chat id, sender id).
+ConversationKey = tuple[int, str, str]
+
 # --- admission: the conversation and its state ----------------------------------------
 
 # Columns read from the conversation row, in this order, then the state columns.
@@ -34,7 +45,7 @@ CONVERSATION_COLUMNS = ("id", "contact_id", "chat_id", "sender_id", "is_group", 
 
 
 @functools.lru_cache(maxsize=2)  # one conversation by its key; a batch's by their ids
-def _conversation_with_state_sql(where="c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s"):
+def _conversation_with_state_sql(where: str = "c.channel_id = %s AND c.chat_id = %s AND c.sender_id = %s") -> str:
     """One statement for the hot path of every inbound message: the conversation, its
     open buffer, whether a turn runs (and its channel's id, for a batch's). Written as
     SQL because the ORM spent longer compiling the equivalent annotated query (1.3 ms)
@@ -54,23 +65,24 @@ def _conversation_with_state_sql(where="c.channel_id = %s AND c.chat_id = %s AND
     )
 
 
-def conversation_with_state(channel_id, chat_id, sender_id):
+def conversation_with_state(channel_id: int, chat_id: str, sender_id: str) -> Row | None:
     """The row of one conversation by its key (CONVERSATION_COLUMNS, then its open
     buffer's id, first message time, count and latest album, its running turn's id, its
     channel's id), or None."""
     with connection.cursor() as cursor:
         cursor.execute(_conversation_with_state_sql(),
                        [channel_id, chat_id, sender_id])
-        return cursor.fetchone()
+        row: Row | None = cursor.fetchone()
+        return row
 
 
-def _key_matches(*columns):
+def _key_matches(*columns: str) -> str:
     """`c`'s channel and `columns` equal to the key row `k`'s (SQLite: a plain join from
     the keys, each probing the table's unique index)."""
     return " AND ".join(f"c.{column} = k.{column}" for column in ("channel_id", *columns))
 
 
-def _one_by_key(model, *columns, select="c.id"):
+def _one_by_key(model: type[Model], *columns: str, select: str = "c.id") -> str:
     """The row of `model` (as `c`) whose channel and `columns` are k's, for a LATERAL join
     from a batch's keys: one probe of the table's unique index per key. A plain join
     with json_to_recordset, which the planner guesses at 100 rows, scanned the whole
@@ -78,7 +90,7 @@ def _one_by_key(model, *columns, select="c.id"):
     return f"SELECT {select} FROM {table(model)} c WHERE {_key_matches(*columns)}"
 
 
-def lock_and_read_conversations(keys) -> list:
+def lock_and_read_conversations(keys: Iterable[ConversationKey]) -> list[Row]:
     """A batch's admission: the conversations of these (channel id, chat, sender) keys,
     read with their state (rows as `conversation_with_state`'s), the keys as one JSON
     parameter.
@@ -95,7 +107,7 @@ def lock_and_read_conversations(keys) -> list:
             cursor.execute(_conversation_with_state_sql(f"c.id IN (SELECT c.id FROM {source} JOIN {table(Conversation)} c "
                                                         f"ON {_key_matches('chat_id', 'sender_id')})"),
                            [keyed])
-            return cursor.fetchall()
+            return list(cursor.fetchall())
     with connection.cursor() as cursor:
         # The LATERAL probe locks each row as the keys are read, in their array order (n).
         cursor.execute(
@@ -107,10 +119,10 @@ def lock_and_read_conversations(keys) -> list:
             return []
         cursor.execute(_conversation_with_state_sql(in_sql("c.id", len(ids))),
                        in_params(ids))
-        return cursor.fetchall()
+        return list(cursor.fetchall())
 
 
-def contact_ids(keys) -> list:
+def contact_ids(keys: Iterable[tuple[int, str]]) -> list[Row]:
     """(id, channel id, platform id) of the contacts with these (channel id, platform id)
     keys, the keys as one JSON parameter (a batch's senders seen before)."""
     select = "c.id, c.channel_id, c.platform_id"
@@ -121,19 +133,19 @@ def contact_ids(keys) -> list:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {select} FROM {recordset('k', [('channel_id', 'bigint'), ('platform_id', 'text')])} "
                        f"{join}", [records(("channel_id", "platform_id"), keys)])
-        return cursor.fetchall()
+        return list(cursor.fetchall())
 
 
 # --- admission: the buffer --------------------------------------------------------------
 
 
-def set_buffer(message_id, buffer_id) -> None:
+def set_buffer(message_id: int, buffer_id: int) -> None:
     """The message joins the buffer (plain SQL: the ORM's update cost more than the statement)."""
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table(InboundMessage)} SET buffer_id = %s WHERE id = %s", [buffer_id, message_id])
 
 
-def update_open_buffer(buffer_id, fields) -> bool:
+def update_open_buffer(buffer_id: int, fields: dict[str, Any]) -> bool:
     """The buffer's `fields` set only while it is open (a compare-and-swap against the
     flusher's claim; plain SQL, see `agentloop.core.rows.update_in_state`)."""
     return update_in_state(MessageBuffer, buffer_id, fields, BufferState.OPEN)

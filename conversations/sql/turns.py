@@ -2,7 +2,12 @@
 batch of turns finished and the ready turns (conversations.turns), and the windows the
 typing loops show (conversations.worker.typing)."""
 
+from __future__ import annotations
+
 import functools
+from collections.abc import Sequence
+from datetime import datetime
+from typing import cast
 
 from django.db import connection
 
@@ -27,6 +32,11 @@ from conversations.models import (
     Turn,
     TurnState,
 )
+from conversations.sql.admission import Row
+
+# A turn's end: (turn id, its final state — TurnState.DONE or FAILED —, the reply, the
+# outcome), as conversations.turns.finish_many takes it.
+Finished = tuple[int, str, str, str]
 
 # --- a turn's history (conversations.engine.conversation_history) ----------------------
 
@@ -34,7 +44,8 @@ HISTORY_TURN_FIELDS = frozenset({"id", "created_at", "merged_input", "reply_text
 HISTORY_NOTE_FIELDS = frozenset({"id", "created_at", "text"})
 
 
-def history(conversation_id, before_turn_id, since, limit):
+def history(conversation_id: int, before_turn_id: int, since: datetime | None,
+            limit: int) -> tuple[list[Turn], list[ContextNote]]:
     """(turns, notes) of the agent's context: the conversation's finished turns before
     `before_turn_id` and its notes, since `since` (None: all), newest first, at most
     `limit` of each, as instances with HISTORY_*_FIELDS. In SQL written once: it runs
@@ -48,18 +59,20 @@ def history(conversation_id, before_turn_id, since, limit):
         note_rows = cursor.fetchall()
     turn_columns = columns(Turn, "t", HISTORY_TURN_FIELDS)
     note_columns = columns(ContextNote, "n", HISTORY_NOTE_FIELDS)
-    return [turn_columns.build(row) for row in turn_rows], [note_columns.build(row) for row in note_rows]
+    # Columns.build makes the model its columns were read from.
+    return ([cast(Turn, turn_columns.build(row)) for row in turn_rows],
+            [cast(ContextNote, note_columns.build(row)) for row in note_rows])
 
 
 @functools.cache
-def _history_turns_sql(since):
+def _history_turns_sql(since: bool) -> str:
     return (f"SELECT {columns(Turn, 't', HISTORY_TURN_FIELDS).sql} FROM {table(Turn)} t "
             f"WHERE t.conversation_id = %s AND t.state = %s AND t.id < %s "
             + ("AND t.created_at >= %s " if since else "") + "ORDER BY t.id DESC LIMIT %s")
 
 
 @functools.cache
-def _history_notes_sql(since):
+def _history_notes_sql(since: bool) -> str:
     return (f"SELECT {columns(ContextNote, 'n', HISTORY_NOTE_FIELDS).sql} FROM {table(ContextNote)} n "
             f"WHERE n.conversation_id = %s "
             + ("AND n.created_at >= %s " if since else "") + "ORDER BY n.created_at DESC LIMIT %s")
@@ -71,7 +84,7 @@ def _history_notes_sql(since):
 FINISH_CHUNK = 500
 
 
-def finish_turns(results, owner, now) -> None:
+def finish_turns(results: Sequence[Finished], owner: str, now: datetime) -> None:
     """The compare-and-swap of `Turn.transition` (RUNNING -> each row's state, this
     owner's only) for (id, state, reply, outcome) rows, FINISH_CHUNK at a time, in plain
     SQL: with hundreds of turns finishing together the ORM spent longer building three
@@ -84,7 +97,7 @@ def finish_turns(results, owner, now) -> None:
         _finish_chunk(results[at:at + FINISH_CHUNK], owner, now)
 
 
-def _finish_chunk(results, owner, now):
+def _finish_chunk(results: Sequence[Finished], owner: str, now: datetime) -> None:
     finished_at = Turn._meta.get_field("finished_at").get_db_prep_value(now, connection)
     if postgresql():
         with connection.cursor() as cursor:
@@ -105,13 +118,13 @@ def _finish_chunk(results, owner, now):
 
 
 @functools.cache
-def _finish_sql_postgresql():
+def _finish_sql_postgresql() -> str:
     ends = recordset("v", [("id", "bigint"), ("state", "text"), ("reply", "text"), ("outcome", "text")])
     return (f"UPDATE {table(Turn)} AS t SET state = v.state, reply_text = v.reply, outcome = v.outcome, "
             f"finished_at = %s FROM {ends} WHERE t.id = v.id AND t.state = %s AND t.owner = %s")
 
 
-def ready_turns(limit, pull_agent) -> list:
+def ready_turns(limit: int, pull_agent: str) -> list[Row]:
     """(turn id, conversation id) of the oldest ready turns, none where a turn of the
     conversation runs nor of a channel whose agent pulls its turns (`pull_agent`), at
     most `limit`. In SQL written once: every worker asks this many times a second
@@ -119,11 +132,11 @@ def ready_turns(limit, pull_agent) -> list:
     with connection.cursor() as cursor:
         # A conversation a person holds (conversations.handoff): its ready turns wait.
         cursor.execute(_ready_sql(), [pull_agent, limit])
-        return cursor.fetchall()
+        return list(cursor.fetchall())
 
 
 @functools.cache
-def _ready_sql():
+def _ready_sql() -> str:
     # The states in the text (rows.state_literal says why): planned once for any state,
     # PostgreSQL walked every turn in creation order (turn_created_idx) looking for
     # ready ones, 35 ms at 80,000 turns, where the ready ones are a probe of turn_queue_idx.
@@ -140,7 +153,7 @@ def _ready_sql():
 # --- typing: the windows being typed (conversations.worker.typing) ---------------------
 
 
-def open_windows(channel_ids, part, parts, limit) -> list:
+def open_windows(channel_ids: Sequence[int], part: int, parts: int, limit: int) -> list[Row]:
     """(conversation id, buffer id, chat id, thread id, reply target, channel id, flush
     at, addressed: in a group 1 if a message of the burst is addressed to the agent, else 0;
     NULL outside groups) of the open buffers of these channels' conversations whose id falls in `part` of
@@ -151,11 +164,11 @@ def open_windows(channel_ids, part, parts, limit) -> list:
     params = [*channel_ids, *((parts, part) if parts > 1 else ()), limit]
     with connection.cursor() as cursor:
         cursor.execute(_open_windows_sql(len(channel_ids), parts > 1), params)
-        return cursor.fetchall()
+        return list(cursor.fetchall())
 
 
 @functools.lru_cache(maxsize=64)  # one entry per (number of channels, partitioned)
-def _open_windows_sql(channels, partitioned):
+def _open_windows_sql(channels: int, partitioned: bool) -> str:
     # The state as a literal, and rare (rows.rare): with statistics on the file SQLite
     # walked every buffer in id order for the sake of the ORDER BY.
     # The last message's two fields as subqueries of the output rows, each an index probe
