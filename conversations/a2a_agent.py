@@ -16,7 +16,7 @@ tools).
   remote agent sees one conversation; a /reset starts another.
 - **Streaming.** Where the channel streams and the agent's card says it can, the turn
   is sent with `message/stream` and the text of its artifacts (and its answering status
-  message) is yielded as it arrives: the previews of conversations.streaming. The final
+  message) is yielded as it arrives: the previews of conversations.worker.streams. The final
   is the Answer, sent by the ledger.
 - **input-required** makes the task's question the reply and keeps the task: the
   person's next message continues it (`taskId`). A task the remote agent no longer knows

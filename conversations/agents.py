@@ -108,7 +108,7 @@ class Agent(abc.ABC):
     async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
         """The streaming form: text deltas (str) as the agent writes them, then the
         Answer, last (its text is the whole reply; it is what the ledger sends). The
-        deltas are best effort, shown as previews (conversations.streaming); an agent
+        deltas are best effort, shown as previews (conversations.worker.streams); an agent
         that cannot stream answers once, here."""
         yield answer_of(await self.respond(ctx))
 

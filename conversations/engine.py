@@ -2,7 +2,7 @@
 work of dead workers. Each step is small, restartable and safe to run in any number
 of processes at once: every claim is a compare-and-swap.
 
-The timing lives in the worker loop (conversations/worker.py), which sleeps until
+The timing lives in the worker loop (conversations/worker/flusher.py), which sleeps until
 the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 

@@ -11,7 +11,7 @@ A burst's files reach the model as content parts (conversations.media.for_agents
 images as `image_url` data URLs, documents with their text, voice notes with their
 transcript (when configured), the rest described.
 
-Streamed (`conversations.streaming`: the channel shows previews), the request asks for
+Streamed (`conversations.worker.streams`: the channel shows previews), the request asks for
 `stream=True` and the text is yielded as it arrives; tool-call deltas are assembled as
 the SDK assembles them (`ChatCompletionStreamState`) and a tool call runs only once the
 model's message is complete, never on a partial delta. The streamed reply is every

@@ -141,7 +141,7 @@ class OutboundMessage(StateMachine, models.Model):
     platform_message_id = models.CharField(_("platform message ID"), max_length=100, blank=True)
     # A streamed reply's preview message in the chat (a Telegram group's): the final's
     # first chunk is an edit of it; a failed or unknown edit deletes it and sends fresh
-    # (delivery.ledger.previews). Cleared once the preview is gone.
+    # (delivery.ledger.sending.send_over_preview). Cleared once the preview is gone.
     preview_message_id = models.CharField(_("preview message ID"), max_length=50, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)

@@ -6,8 +6,8 @@ A transport offers a preview for a chat where its platform can show one
 groups, the web chat's deltas. A preview that is a message staying in the chat
 (`is_message`: a group's) is the one kind the ledger must know about: the final's first
 chunk is an edit of it, and a failed or unknown edit removes it
-(delivery.ledger.previews), so the chat never shows two finished answers nor a
-truncated one as finished.
+(delivery.ledger.sending.send_over_preview), so the chat never shows two finished
+answers nor a truncated one as finished.
 """
 
 import abc

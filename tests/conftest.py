@@ -280,6 +280,7 @@ ONE_PASS = {
         "test_webchat_typing_from_the_first_message_until_the_reply",
         "test_a_typing_call_that_hangs_holds_nothing_up")},
     # Suite time (issue 23; the other half of those in ANY_DATABASE's last lines).
+    "tests/unit/test_references.py": "the manual's and the code's references to the code, parsed, no database",
     "tests/unit/test_bootstrap.py": "`make run`'s files written owner-only and its banner (its migrate and rows are "
                                     "any command's; migrations are tested on both databases)",
     "tests/end_to_end/test_access_log.py": "the access log's lines, secrets masked",

@@ -4,7 +4,7 @@ Private chats: `sendMessageDraft` (Bot API 9.3+, python-telegram-bot's
 `send_message_draft`) — an ephemeral draft the chat animates, never a message; the final
 `sendMessage` goes through the ledger as any reply. Groups have no drafts: one preview
 message, sent with the first delta and edited after; the final edit of it is the
-ledger's (delivery.ledger.previews).
+ledger's (delivery.ledger.sending.send_over_preview).
 
 Previews use a Bot of their own ("preview"): a preview waiting for a connection must
 never queue the final behind it. Every error is swallowed (best effort) except a 429,
