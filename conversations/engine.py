@@ -6,9 +6,13 @@ The timing lives in the worker loop (conversations/worker/flusher.py), which sle
 the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 
+from __future__ import annotations
+
 import logging
 import os
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import transaction
@@ -18,20 +22,11 @@ from django.utils.translation import gettext_lazy as _
 
 from audit.events import record
 from audit.models import EventKind
-from conversations import liveness, schedules, sql, turns
-from conversations.flushing import clip as clip
-from conversations.flushing import due_buffer_ids as due_buffer_ids
-from conversations.flushing import flush_buffer as flush_buffer
-from conversations.flushing import flush_due as flush_due
-from conversations.flushing import flush_many as flush_many
-from conversations.flushing import look as look
-from conversations.flushing import merge as merge
-from conversations.flushing import next_deadline as next_deadline
-from conversations.liveness import new_owner as new_owner
-from conversations.liveness import process_started as process_started
+from conversations import flushing, liveness, schedules, sql, turns
 from conversations.media import for_agents
 from conversations.models import (
     Channel,
+    Conversation,
     Turn,
     TurnState,
     WorkerHeartbeat,
@@ -40,6 +35,15 @@ from delivery import ledger
 from delivery.models import OutboundKind
 
 log = logging.getLogger(__name__)
+
+
+class Swept(TypedDict):
+    """What one recovery sweep did (django-q2 stores it as the task's result)."""
+
+    recovered: int
+    flushed: int
+    scheduled: int
+
 
 # After a streamed reply cut short by a crash of its worker (the turn had acted: it is
 # not run again), below what was saved of it.
@@ -53,31 +57,7 @@ RECOVERY_NOTICE = _(
 
 # --- workers and recovery ------------------------------------------------------
 
-def owner_gone(owner, hostname=None, pid=None) -> bool:
-    """Whether the worker behind `owner` is visibly gone: it ran on this host and its pid
-    is free now or names a process started since, or it held a liveness lock that
-    nobody holds now (any host: the database ended its session). Such an owner is dead
-    at once — no need to wait for its heartbeat or leases to expire. Another host's
-    owner without a lock is not judged here (its heartbeat tells)."""
-    return gone_from_this_host(owner, hostname, pid) or owner in (liveness.released([owner]) or ())
-
-
-def gone_from_this_host(owner, hostname=None, pid=None) -> bool:
-    parts = owner.split(":")
-    started = None
-    if len(parts) in (4, 5) and parts[1].isdigit():  # new_owner()'s form
-        hostname, pid, started = parts[0], int(parts[1]), parts[2]
-    elif hostname is None and len(parts) == 3 and parts[1].isdigit():  # before start times
-        hostname, pid = parts[0], int(parts[1])
-    if hostname != settings.AGENTLOOP_HOSTNAME or pid is None:
-        return False
-    now_started = process_started(pid)
-    if now_started is None:
-        return True
-    return bool(started and started != "0" and now_started and now_started != started)
-
-
-def beat(owner, now=None):
+def beat(owner: str, now: datetime | None = None) -> None:
     now = now or timezone.now()
     updated = WorkerHeartbeat.objects.filter(owner=owner).update(seen_at=now)
     if not updated:  # the first beat, or the others took this worker for dead and forgot it
@@ -85,11 +65,11 @@ def beat(owner, now=None):
                                        started_at=now, seen_at=now)
 
 
-def retire(owner):
+def retire(owner: str) -> None:
     WorkerHeartbeat.objects.filter(owner=owner).delete()
 
 
-def dead_owners(now=None):
+def dead_owners(now: datetime | None = None) -> list[str]:
     """Owners that are dead: a lock holder whose lock is free (whatever its heartbeat
     says — a worker holding its lock is alive however stale its row), any other whose
     heartbeat went stale, and any whose process on this host is gone. Two statements:
@@ -101,24 +81,24 @@ def dead_owners(now=None):
     dead = []
     for owner, hostname, pid, seen_at in rows:
         judged_by_lock = lock_free is not None and liveness.marks_lock(owner)
-        if ((judged_by_lock and owner in lock_free) or (seen_at < stale and not judged_by_lock)
-                or gone_from_this_host(owner, hostname, pid)):
+        if ((judged_by_lock and lock_free is not None and owner in lock_free) or (seen_at < stale and not judged_by_lock)
+                or liveness.gone_from_this_host(owner, hostname, pid)):
             dead.append(owner)
     return dead
 
 
-def workers_alive(now=None) -> int:
+def workers_alive(now: datetime | None = None) -> int:
     """Worker loops alive now (their liveness lock held or their heartbeat fresh)."""
     return max(0, WorkerHeartbeat.objects.count() - len(dead_owners(now)))
 
 
-def recover_turns(owners, now=None):
+def recover_turns(owners: Iterable[str], now: datetime | None = None) -> list[int]:
     """Turns left RUNNING by dead workers; returns the ids that will run again."""
     running = Turn.objects.filter(state=TurnState.RUNNING, owner__in=list(owners)).select_related("conversation")
     return [turn.pk for turn in running if give_up_turn(turn, now) == TurnState.READY]
 
 
-def give_back_orphans(owner, held, older_than, now=None):
+def give_back_orphans(owner: str, held: Iterable[int], older_than: float, now: datetime | None = None) -> list[int]:
     """RUNNING turns stamped with a live `owner` that it does not hold (`held`: the ids
     it runs or is finishing) — e.g. a start whose answer was lost with the connection.
     Only turns started more than `older_than` seconds ago: a fresh one may be on its
@@ -130,7 +110,7 @@ def give_back_orphans(owner, held, older_than, now=None):
     return [turn.pk for turn in orphans if give_up_turn(turn, now)]
 
 
-def give_up_turn(turn, now=None):
+def give_up_turn(turn: Turn, now: datetime | None = None) -> TurnState | None:
     """A running turn its worker no longer runs (it died, or it is shutting down): run it
     again if it fired no effect (nothing external happened yet); otherwise never re-run
     it blindly — fail it and tell the user part of it may be done. Returns the new state,
@@ -160,7 +140,7 @@ def give_up_turn(turn, now=None):
     return None
 
 
-def forget_workers(owners):
+def forget_workers(owners: Iterable[str]) -> None:
     """Drop heartbeats of dead workers once nothing they held is left running or mid-send."""
     for owner in owners:
         busy = Turn.objects.filter(owner=owner, state=TurnState.RUNNING).exists() or ledger.holds_rows(owner)
@@ -168,12 +148,12 @@ def forget_workers(owners):
             WorkerHeartbeat.objects.filter(owner=owner).delete()
 
 
-def agents_in_use():
+def agents_in_use() -> list[tuple[str, dict[str, Any]]]:
     """(agent, config) of every active channel, for the worker to prepare at start."""
     return list(Channel.objects.filter(is_active=True).values_list("agent", "agent_config"))
 
 
-def recovery_sweep(grace_seconds=5.0):
+def recovery_sweep(grace_seconds: float = 5.0) -> Swept:
     """django-q2's safety net: if no worker loop is alive, overdue buffers still become
     turns, dead workers' turns are released and due scheduled messages are written to the
     ledger (whose own safety sweep sends them). Scheduled every minute."""
@@ -181,7 +161,7 @@ def recovery_sweep(grace_seconds=5.0):
     owners = dead_owners(now)
     recovered = recover_turns(owners, now)
     recovered += turns.release_external(now)
-    flushed = flush_due(now - timedelta(seconds=grace_seconds))
+    flushed = flushing.flush_due(now - timedelta(seconds=grace_seconds))
     scheduled = schedules.send_due(now)  # a tick races a live worker harmlessly (one key per tick)
     forget_workers(owners)
     if recovered or flushed or scheduled:
@@ -190,7 +170,7 @@ def recovery_sweep(grace_seconds=5.0):
     return {"recovered": len(recovered), "flushed": len(flushed), "scheduled": scheduled}
 
 
-def conversation_history(conversation, before_turn, limit=20):
+def conversation_history(conversation: Conversation, before_turn: Turn, limit: int = 20) -> list[dict[str, str]]:
     """The agent's context since the last /reset, oldest first: each finished turn as a
     user message and the assistant's reply, and the notes added meanwhile (a person's
     decision on a proposal) as system messages (`conversations.sql.history`). A turn's

@@ -365,3 +365,27 @@ def _pid_alive(pid):
     except PermissionError:
         return True
     return True
+
+
+def owner_gone(owner: str, hostname: str | None = None, pid: int | None = None) -> bool:
+    """Whether the worker behind `owner` is visibly gone: it ran on this host and its pid
+    is free now or names a process started since, or it held a liveness lock that
+    nobody holds now (any host: the database ended its session). Such an owner is dead
+    at once — no need to wait for its heartbeat or leases to expire. Another host's
+    owner without a lock is not judged here (its heartbeat tells)."""
+    return gone_from_this_host(owner, hostname, pid) or owner in (released([owner]) or ())
+
+
+def gone_from_this_host(owner: str, hostname: str | None = None, pid: int | None = None) -> bool:
+    parts = owner.split(":")
+    started: str | None = None
+    if len(parts) in (4, 5) and parts[1].isdigit():  # new_owner()'s form
+        hostname, pid, started = parts[0], int(parts[1]), parts[2]
+    elif hostname is None and len(parts) == 3 and parts[1].isdigit():  # before start times
+        hostname, pid = parts[0], int(parts[1])
+    if hostname != settings.AGENTLOOP_HOSTNAME or pid is None:
+        return False
+    now_started = process_started(pid)
+    if now_started is None:
+        return True
+    return bool(started and started != "0" and now_started and now_started != started)

@@ -6,23 +6,30 @@ locked past its timeout) is closed at once; the next step opens a fresh one. Wit
 this, every later step of the thread fails on "the connection is closed", forever.
 """
 
+from __future__ import annotations
+
 import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, ParamSpec, TypeVar, TypeVarTuple
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import connection
 
-from conversations.worker.backoff import DATABASE, Backoff
+from agentloop.core.backoff import DATABASE, DATABASE_FAULTS, Backoff
 
 log = logging.getLogger(__name__)
 
-# What a database that went away raises; anything else is a bug or a conflict.
-DATABASE_FAULTS = (OperationalError, InterfaceError)
+P = ParamSpec("P")
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
-def close_broken_connection():
+def close_broken_connection() -> None:
     """Close this thread's connection if it can no longer be trusted."""
     try:
         if connection.connection is not None and not connection.is_usable():
@@ -31,14 +38,14 @@ def close_broken_connection():
         _force_close()
 
 
-def _force_close():
+def _force_close() -> None:
     try:
         connection.close()
     except Exception:
         connection.connection = None
 
 
-def run_step(fn, *args, **kwargs):
+def run_step(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one step on the calling thread; a database fault closes its connection and
     is reported once per fault (see backoff.FaultLog), not once per try."""
     try:
@@ -54,7 +61,7 @@ def run_step(fn, *args, **kwargs):
     return result
 
 
-async def until_answered(call, deadline=None):
+async def until_answered(call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
     """Await `call()` until the database answers: while it is away, try again, backing
     off — or until `deadline` (event loop time) has passed, then raise the last fault."""
     backoff = Backoff()
@@ -72,20 +79,21 @@ class DatabaseThread:
     """`await db(fn, *args)` runs `fn` on this helper's thread(s), each with its own
     connection."""
 
-    def __init__(self, name, threads=1):
+    def __init__(self, name: str, threads: int = 1) -> None:
         self.threads = threads
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix=name)
 
-    async def __call__(self, fn, *args, **kwargs):
+    async def __call__(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(run_step, fn, *args, **kwargs))
 
-    async def persist(self, fn, *args, deadline=None):
+    async def persist(self, fn: Callable[[*Args], T], *args: *Args,
+                      deadline: float | None = None) -> T:
         """Run a step that must happen (a finished turn's end, a send's outcome): see
         `until_answered`."""
         return await until_answered(functools.partial(self, fn, *args), deadline)
 
-    def close(self):
+    def close(self) -> None:
         """Close the thread's connection and stop it (waits for the step in progress)."""
         if self.threads == 1:
             self.executor.submit(_force_close).result()
@@ -94,7 +102,7 @@ class DatabaseThread:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def write_batch(behind=False) -> int:
+def write_batch(behind: bool = False) -> int:
     """How many items one of the worker's write transactions takes at most (a flush's
     buffers, a batch of finished turns or of delivery outcomes). SQLite has one write
     lock for the whole database, held from BEGIN to COMMIT, and the web process waits
@@ -127,26 +135,27 @@ SQLITE_CATCH_UP_BATCH = 64
 BEHIND_SECONDS = 0.1
 
 
-class Batcher:
+class Batcher(Generic[Item, Result]):
     """Collects calls made while the database thread is busy and runs them as batches
     (one transaction, one commit each, at most `write_batch()` items, more when the
     oldest has waited BEHIND_SECONDS) — hundreds of turns finishing together cost a
     handful of commits, not hundreds."""
 
-    def __init__(self, db, fn, clock=time.monotonic):
+    def __init__(self, db: DatabaseThread, fn: Callable[[list[Item]], Sequence[Result]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.db, self.fn, self.clock = db, fn, clock
-        self.pending: list = []  # (item, future, when it was asked for)
+        self.pending: list[tuple[Item, asyncio.Future[Result], float]] = []  # (item, future, when it was asked for)
         self.running = False
 
-    async def __call__(self, item):
-        future = asyncio.get_running_loop().create_future()
+    async def __call__(self, item: Item) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self.pending.append((item, future, self.clock()))
         if not self.running:
             self.running = True
             asyncio.create_task(self._drain())
         return await future
 
-    async def _drain(self):
+    async def _drain(self) -> None:
         try:
             while self.pending:
                 most = write_batch(behind=self.clock() - self.pending[0][2] > BEHIND_SECONDS)

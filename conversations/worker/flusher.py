@@ -1,16 +1,23 @@
 """The flusher: a plain thread (timing matters here and must not queue behind turn
 work) that fires debounce flushes on time."""
 
+from __future__ import annotations
+
 import logging
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff
 from conversations import engine
 from conversations.models import TurnState
-from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS, run_step, write_batch
+from conversations.worker.dbthread import run_step, write_batch
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.models import Turn
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +27,9 @@ class Flusher(threading.Thread):
     every due buffer by compare-and-swap and turns it into a ready turn — and starts the
     turns that are first in line for its own worker, while it has room."""
 
-    def __init__(self, owner, on_flush, poll_interval, adopt=None, capacity=lambda: 0):
+    def __init__(self, owner: str, on_flush: Callable[[], None], poll_interval: float,
+                 adopt: Callable[[list[Turn]], object] | None = None,
+                 capacity: Callable[[], int] = lambda: 0) -> None:
         super().__init__(name="flusher", daemon=True)
         self.owner = owner
         self.on_flush = on_flush
@@ -39,7 +48,7 @@ class Flusher(threading.Thread):
         # late and the next batch may be bigger (dbthread.write_batch).
         self.behind = False
 
-    def run(self):
+    def run(self) -> None:
         backoff = Backoff()
         try:
             while not self.stopping.is_set():
@@ -78,6 +87,7 @@ class Flusher(threading.Thread):
             self.flushed += len(flushed)
             started = [turn for turn in flushed if turn.state == TurnState.RUNNING]
             if started:
+                assert self.adopt is not None  # only one that adopts asks for turns started (room > 0)
                 self.adopt(started)
             if len(started) < len(flushed):
                 # Only a turn born READY needs the claim query; waking the turn loop for
@@ -95,6 +105,6 @@ class Flusher(threading.Thread):
             wait = min(wait, (deadline - timezone.now()).total_seconds())
         return max(0.0, wait)
 
-    def stop(self):
+    def stop(self) -> None:
         self.stopping.set()
         self.wakeup.set()

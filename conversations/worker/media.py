@@ -3,14 +3,22 @@ files every AGENTLOOP_MEDIA_POLL seconds), and settled before a turn that carrie
 starts (`settle`: a file nobody has taken yet is fetched by the turn itself, one being
 fetched elsewhere is waited for), within AGENTLOOP_MEDIA_WAIT."""
 
+from __future__ import annotations
+
 import asyncio
+import functools
 import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff
 from conversations.media import fetching, transcribe
-from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.models import MediaFile
+    from conversations.worker.supervisor import Worker
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +27,12 @@ WAIT_STEP = 0.1
 
 
 class MediaFetcher:
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.owner = worker.owner
-        self.fetching: dict[int, asyncio.Task] = {}
+        self.fetching: dict[int, asyncio.Task[None]] = {}
 
-    async def loop(self):
+    async def loop(self) -> None:
         backoff = Backoff()
         while True:
             try:
@@ -39,15 +47,18 @@ class MediaFetcher:
                 await asyncio.sleep(max(backoff.next(), 0.5))
             await asyncio.sleep(settings.AGENTLOOP_MEDIA_POLL)
 
-    async def take(self, ids):
+    async def take(self, ids: Iterable[int]) -> None:
         """Claim these files and start fetching each (in the background)."""
         ids = [pk for pk in ids if pk not in self.fetching]
         for file in await self.worker.db(fetching.claim, ids, self.owner) if ids else []:
             task = asyncio.create_task(self.fetch_one(file))
             self.fetching[file.pk] = task
-            task.add_done_callback(lambda _, pk=file.pk: self.fetching.pop(pk, None))
+            task.add_done_callback(functools.partial(self._fetched, file.pk))
 
-    async def fetch_one(self, file):
+    def _fetched(self, pk: int, _task: asyncio.Task[None]) -> None:
+        self.fetching.pop(pk, None)  # its fetch ended, however: settle() waits for it no more
+
+    async def fetch_one(self, file: MediaFile) -> None:
         db = self.worker.db
         try:
             data = await fetching.fetch(file)
@@ -59,7 +70,7 @@ class MediaFetcher:
         stored.update(await transcribe.transcript_of(file, data))
         await db.persist(fetching.mark_stored, file, self.owner, stored)
 
-    async def settle(self, ids, wait=None) -> None:
+    async def settle(self, ids: list[int], wait: float | None = None) -> None:
         """Return once every file of `ids` is settled (stored, skipped or failed), or
         `wait` seconds have passed: those still unsettled are told to the model as not
         read. A file pending and due is claimed and fetched here; one waiting out its

@@ -24,9 +24,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentloop.core.backoff import FaultLog
 from agentloop.core.caches import BoundedCache
 from conversations.models import StatusReaction
-from conversations.worker.backoff import FaultLog
 from delivery import pacing
 from delivery.transports import Target, transport_for
 

@@ -1,16 +1,27 @@
 """Sending replies: rows this worker claimed (its own turns' replies, and what the
 ledger sweeps find due), each outcome recorded in batches."""
 
+from __future__ import annotations
+
 import asyncio
 import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff
+from conversations.worker.dbthread import Batcher, until_answered
 from delivery import ledger
 from delivery.models import Outcome
 from delivery.transports import SendResult
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.worker.supervisor import Worker
+    from delivery.models import OutboundMessage
+
+    # A send's outcome, to be recorded: the row claimed, what the platform said.
+    SendOutcome = tuple[OutboundMessage, SendResult]
 
 log = logging.getLogger(__name__)
 
@@ -18,13 +29,13 @@ SWEEP_BATCH = 500
 
 
 class Replies:
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.owner = worker.owner
-        self.sends: set[asyncio.Task] = set()  # replies being sent by the ledger sweeps
-        self.record = Batcher(worker.db, self.finish_sends)
+        self.sends: set[asyncio.Task[None]] = set()  # replies being sent by the ledger sweeps
+        self.record: Batcher[SendOutcome, None] = Batcher(worker.db, self.finish_sends)
 
-    async def send(self, row):
+    async def send(self, row: OutboundMessage) -> None:
         """Send a ledger row this worker has claimed and record the outcome. An error of
         our own counts as ambiguous (it may have gone out): resent later, labelled."""
         try:
@@ -36,18 +47,18 @@ class Replies:
         # would make the reply go out again (labelled) after the attempt timeout.
         await until_answered(lambda: self.record((row, result)))
 
-    def finish_sends(self, outcomes):
+    def finish_sends(self, outcomes: list[SendOutcome]) -> list[None]:
         with transaction.atomic():
             ledger.finish_many(outcomes, self.owner)
         return [None] * len(outcomes)
 
-    def send_in_background(self, rows):
+    def send_in_background(self, rows: Iterable[OutboundMessage]) -> None:
         for row in rows:
             task = asyncio.create_task(self.send(row))
             self.sends.add(task)
             task.add_done_callback(self.sends.discard)
 
-    async def boot_sweep(self):
+    async def boot_sweep(self) -> int:
         """At start: claim what dead owners left mid-send, what waits for a start (the
         last budgeted resend) and anything due, and send it (labelled where it may have
         gone out already). The claimed rows stay `attempting` under this worker for the
@@ -64,7 +75,7 @@ class Replies:
             log.info("boot sweep: %d ledger rows claimed for delivery", total)
         return total
 
-    async def loop(self):
+    async def loop(self) -> None:
         """The runtime sweep: pending rows (written by other processes), failed rows whose
         timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
         await self.boot_sweep()
@@ -86,7 +97,7 @@ class Replies:
                 await asyncio.sleep(max(backoff.next(), 0.5))
             await asyncio.sleep(self.worker.poll_interval)
 
-    async def stop(self, grace):
+    async def stop(self, grace: float) -> None:
         """Let replies mid-send finish and be recorded (else: resent, labelled)."""
         if self.sends:
             await asyncio.wait(list(self.sends), timeout=grace)

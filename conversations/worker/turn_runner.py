@@ -1,25 +1,43 @@
 """Turns: claim ready turns, run them (many at once on the event loop), write their
 ends down with their replies, stop the ones cancelled from elsewhere."""
 
+from __future__ import annotations
+
 import asyncio
 import functools
 import logging
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff
 from audit.failpoints import failpoint
 from conversations import agent_sessions, console, engine, languages, limits, routing, spans, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
 from conversations.media import for_agents, outbound
 from conversations.models import ConversationState, Turn, TurnState
 from conversations.worker import streams
-from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS, Batcher, until_answered
+from conversations.worker.dbthread import Batcher, until_answered
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage, OutboundState
+
+if TYPE_CHECKING:  # for annotations only
+    from django_stubs_ext import StrOrPromise
+
+    from agentloop.core.tracing import NoSpan
+    from agentloop.core.tracing_export import Span
+    from conversations.agents import Answer
+    from conversations.worker.supervisor import Worker
+    from delivery.attachments import OutboundFile
+
+    # A turn's end as the agent left it: (turn, its state, its reply — our own texts lazy,
+    # in the user's language only when written down —, its outcome).
+    Finished = tuple[Turn, TurnState, StrOrPromise, str]
+    # The same, its reply in words (inside the completion).
+    Written = tuple[Turn, TurnState, str, str]
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +48,16 @@ CANCEL_CHECK_EVERY = 0.2
 ORPHAN_AFTER = 10.0
 
 
-def deadline_for(config) -> float:
+def deadline_for(config: dict[str, Any] | None) -> float:
     """Seconds an agent may take for a whole turn (not only per HTTP request)."""
     return float((config or {}).get("deadline") or settings.AGENTLOOP_AGENT_DEADLINE)
 
 
 class TurnRunner:
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.owner = worker.owner
-        self.running: dict[int, asyncio.Task] = {}
+        self.running: dict[int, asyncio.Task[None]] = {}
         self.cancelled_by_user: set[int] = set()
         self.cancel_reasons: dict[int, str] = {}  # turn -> why it was cancelled (/stop, interrupt…)
         # Streamed turns (conversations.worker.streams), until their end is written down.
@@ -51,20 +69,20 @@ class TurnRunner:
         # turn's reply row: after a lost answer, the row is ours to send only if it bears it.
         self.claim_tokens: dict[int, str] = {}
         # The stored files of each finishing turn's answer (written onto its reply row).
-        self.attached: dict[int, tuple] = {}
+        self.attached: dict[int, tuple[OutboundFile, ...]] = {}
         # Each running turn's span (agentloop.core.tracing), the parent of its reply's sends.
         self.traceparents: dict[int, str | None] = {}
-        self.tasks: set[asyncio.Task] = set()  # every turn task, until it is over
-        self.releases: set[asyncio.Task] = set()  # turns started while stopping, handed back
+        self.tasks: set[asyncio.Task[None]] = set()  # every turn task, until it is over
+        self.releases: set[asyncio.Task[None]] = set()  # turns started while stopping, handed back
         self.done = 0
-        self.complete = Batcher(worker.db, self.complete_turns)
+        self.complete: Batcher[Finished, OutboundMessage | None] = Batcher(worker.db, self.complete_turns)
 
-    def capacity(self):
+    def capacity(self) -> int:
         if not self.worker.liveness.holding():
             return 0  # the others may be taking this worker's work over: start nothing
         return self.worker.max_concurrent - len(self.running)
 
-    async def loop(self):
+    async def loop(self) -> None:
         worker, backoff = self.worker, Backoff()
         while True:
             try:
@@ -79,7 +97,7 @@ class TurnRunner:
                 await asyncio.sleep(max(backoff.next(), 0.5))
             await worker.sleep(worker.poll_interval)
 
-    def start(self, turn):
+    def start(self, turn: Turn) -> None:
         # Typing first, synchronously: a window's loop carries on into the turn without
         # a moment in which nothing holds it.
         self.worker.typing.turn_started(turn)
@@ -90,7 +108,7 @@ class TurnRunner:
         # A task cancelled before its first step never reaches run_turn's `finally`.
         task.add_done_callback(lambda _: self.worker.typing.turn_ended(turn))
 
-    def adopt(self, started):
+    def adopt(self, started: list[Turn]) -> None:
         """Run turns the flusher started for this worker (on the event loop)."""
         for turn in started:
             if self.worker.stopping():
@@ -99,10 +117,10 @@ class TurnRunner:
             elif turn.pk not in self.running:
                 self.start(turn)
 
-    def claim_turns(self, limit):
+    def claim_turns(self, limit: int) -> list[Turn]:
         return turns.start_many(turns.ready_candidates(limit), self.owner)
 
-    def context(self, turn):
+    def context(self, turn: Turn) -> TurnContext:
         worker, conversation = self.worker, turn.conversation
         channel = conversation.channel
         return TurnContext(turn_id=turn.pk, conversation_id=conversation.pk, channel_slug=channel.slug,
@@ -113,18 +131,21 @@ class TurnRunner:
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
                            load_tools=functools.partial(worker.tools.offered_for, conversation),
-                           record_usage=functools.partial(worker.db, limits.add_tokens, turn.pk),
-                           load_session=functools.partial(worker.read, agent_sessions.load, conversation.pk),
-                           save_session=functools.partial(worker.db, agent_sessions.save, conversation.pk))
+                           # Lambdas where the agent gives the rest (mypy's partial wants the
+                           # database thread's call whole).
+                           record_usage=lambda tokens: worker.db(limits.add_tokens, turn.pk, tokens),
+                           load_session=lambda key: worker.read(agent_sessions.load, conversation.pk, key),
+                           save_session=lambda key, state, *, new: worker.db(agent_sessions.save, conversation.pk,
+                                                                             key, state, new=new))
 
-    async def settled_media(self, turn):
+    async def settled_media(self, turn: Turn) -> list[for_agents.Attachment]:
         """The turn's files once settled (fetched here if nobody has: conversations.worker.media)."""
         read = self.worker.read
         ids = await until_answered(functools.partial(read, for_agents.file_ids_of_turn, turn))
         await self.worker.media.settle(ids)
         return await until_answered(functools.partial(read, for_agents.attachments, ids))
 
-    async def run_turn(self, turn):
+    async def run_turn(self, turn: Turn) -> None:
         """Run a turn under its span (agentloop.core.tracing: the child of its flush's);
         its reply, written down, is sent after the span ends — each send its own span,
         the child of this one through the ledger row."""
@@ -134,14 +155,15 @@ class TurnRunner:
         if outbound is not None:
             await self.worker.replies.send(outbound)
 
-    async def ran(self, turn, span):
+    async def ran(self, turn: Turn, span: Span | NoSpan) -> OutboundMessage | None:
         """The turn run and its end written down: its reply row to send, or None."""
         channel = turn.conversation.channel
         # A routing rule's agent, or the channel's own (conversations.routing).
         agent_name, agent_config = routing.agent_of(turn)
+        reply: StrOrPromise
         state, reply, outcome = TurnState.DONE, "", ""
         deadline = deadline_for(agent_config)
-        stream = None
+        stream: streams.TurnStream | None = None
         try:
             if limits.applies(channel) and await self.worker.db(limits.hold_if_over, turn):
                 raise TurnCancelled("its contact is over a limit")  # stored, audited, noticed once
@@ -199,21 +221,23 @@ class TurnRunner:
         if state == TurnState.FAILED:
             span.fail(outcome)
         self.done += 1
-        if self.worker.flusher.saw_open_buffers:
+        flusher = self.worker.flusher
+        assert flusher is not None  # made before any turn starts
+        if flusher.saw_open_buffers:
             # A buffer may have been waiting for this turn. With none open at the last
             # look there is nothing to wake for: a buffer opened since (by another
             # process) is found at the next look anyway, and 500 turns ending together
             # woke the flusher's queries hundreds of times, for nothing.
-            self.worker.flusher.wakeup.set()
+            flusher.wakeup.set()
         return outbound
 
-    async def hand_back(self, turn, stream):
+    async def hand_back(self, turn: Turn, stream: streams.TurnStream | None) -> None:
         if stream is not None:
             await stream.close()
             await stream.save_now()
         await self.worker.db.persist(self.release_turn, turn.pk, deadline=self.worker.stop_deadline)
 
-    async def stream_cancelled(self, turn, stream):
+    async def stream_cancelled(self, turn: Turn, stream: streams.TurnStream | None) -> None:
         """A streamed turn cancelled from elsewhere: /stop ends it with what was said so
         far, marked as stopped (a ledger row: the preview is replaced by it); a new
         message (interrupt, rollback) or /reset takes the preview away."""
@@ -226,7 +250,7 @@ class TurnRunner:
         else:
             await stream.discard()
 
-    async def stored_answer(self, turn, answer) -> str:
+    async def stored_answer(self, turn: Turn, answer: str | Answer) -> str:
         """The answer's text; its files stored first (off the event loop), kept for the
         reply row. A storage that fails is a failed turn: the agent is not run again."""
         answer = answer_of(answer)
@@ -237,7 +261,8 @@ class TurnRunner:
         self.attached[turn.pk] = files
         return text
 
-    async def record_completion(self, turn, state, reply, outcome, attempts=3):
+    async def record_completion(self, turn: Turn, state: TurnState, reply: StrOrPromise, outcome: str,
+                                attempts: int = 3) -> OutboundMessage | None:
         """Write the turn's end down with its reply. While the database is away the
         reply waits here, in memory, and the write is tried again (backing off) until
         the database answers: the turn is neither lost nor run again. Only a write that
@@ -268,7 +293,7 @@ class TurnRunner:
             self.streams.pop(turn.pk, None)
             self.traceparents.pop(turn.pk, None)
 
-    def written_before(self, turn_id):
+    def written_before(self, turn_id: int) -> tuple[bool, OutboundMessage | None]:
         """After a failed completion: (True, its reply row to send, or None) if this
         worker's write went through all the same — the reply row is still ours to send
         if pending, or claimed with the completion's own stamp (we never got it back, so
@@ -288,26 +313,27 @@ class TurnRunner:
         mine = rows.filter(state=OutboundState.ATTEMPTING, owner=self.owner, claim_token=token)
         return True, mine.select_related("channel").first()
 
-    def complete_turns(self, finished):
+    def complete_turns(self, finished: list[Finished]) -> list[OutboundMessage | None]:
         """Finish turns and write their replies into the ledger, in one transaction. A
         turn that was cancelled meanwhile gets None: its reply must not go out. The
         replies are written pending — a crash now leaves them unsent, and they will go
         out plain — then claimed by this worker, which sends them right away."""
         # Our own texts (the apology) in each user's language, as the turn keeps them too.
-        finished = [(turn, state, languages.text_for(turn.conversation, reply) if isinstance(reply, Promise) else reply,
-                     outcome) for turn, state, reply, outcome in finished]
-        replies = self.replies_of(finished)
+        worded: list[Written] = [
+            (turn, state, languages.text_for(turn.conversation, reply) if isinstance(reply, Promise) else reply,
+             outcome) for turn, state, reply, outcome in finished]
+        replies = self.replies_of(worded)
         if not ledger.enabled():
             with transaction.atomic():
-                ours = self.finish(finished)
+                ours = self.finish(worded)
             by_turn = dict(zip(replies, ledger.unrecorded(replies.values()), strict=True))
-            return [by_turn.get(turn.pk) if turn.pk in ours else None for turn, *_ in finished]
+            return [by_turn.get(turn.pk) if turn.pk in ours else None for turn, *_ in worded]
         # The rows and their INSERT made before the transaction, which on SQLite holds the
         # database's one write lock: they hang on no row it reads, only on which turns
         # were still this worker's to finish (all of them, but for a cancel meanwhile).
         prepared = ledger.prepare_many(replies.values())
         with transaction.atomic():
-            ours = self.finish(finished)
+            ours = self.finish(worded)
             if ours.issuperset(replies):
                 written = dict(zip(replies, ledger.enqueue_many(replies.values(), prepared), strict=True))
             else:
@@ -322,9 +348,9 @@ class TurnRunner:
             self.claim_tokens[turn_id] = token
         claimed = {row.pk for row in ledger.claim_written(rows, self.owner, token=token)}
         return [written[turn.pk] if turn.pk in written and written[turn.pk].pk in claimed else None
-                for turn, *_ in finished]
+                for turn, *_ in worded]
 
-    def finish(self, finished):
+    def finish(self, finished: list[Written]) -> set[int]:
         """The turns' ends written (inside the completion's transaction): the ids of
         those that were still this worker's to finish."""
         ours = turns.finish_many([(turn.pk, state, reply, outcome[:300])
@@ -334,11 +360,11 @@ class TurnRunner:
                                 if turn.pk in ours and turn.pk in self.streams])
         return set(ours)
 
-    def replies_of(self, finished):
+    def replies_of(self, finished: list[Written]) -> dict[int, ledger.Reply]:
         """{turn id: its ledger.Reply} of the finished turns that have something to say
         (made before their transaction: those whose turn was cancelled meanwhile are
         left out there)."""
-        replies = {}
+        replies: dict[int, ledger.Reply] = {}
         for turn, state, reply, _outcome in finished:
             if reply or self.attached.get(turn.pk):
                 kind = OutboundKind.REPLY if state == TurnState.DONE else OutboundKind.NOTICE
@@ -351,21 +377,22 @@ class TurnRunner:
                                                 traceparent=self.traceparents.get(turn.pk))
         return replies
 
-    def held(self):
+    def held(self) -> set[int]:
         """Turns this worker holds on the event loop: running, or being written down."""
         return set(self.running) | self.finishing
 
-    def give_back_orphans(self, held):
+    def give_back_orphans(self, held: set[int]) -> list[int]:
         """RUNNING turns stamped with this worker that it does not hold (a start whose
         answer was lost with its connection): given back (engine.give_up_turn)."""
-        return engine.give_back_orphans(self.owner, held, older_than=ORPHAN_AFTER)
+        orphans: list[int] = engine.give_back_orphans(self.owner, held, older_than=ORPHAN_AFTER)
+        return orphans
 
-    def release_turn(self, turn_id):
+    def release_turn(self, turn_id: int) -> None:
         turn = Turn.objects.select_related("conversation").filter(pk=turn_id, owner=self.owner).first()
         if turn is not None:
             engine.give_up_turn(turn)
 
-    async def cancel_loop(self):
+    async def cancel_loop(self) -> None:
         """Turns cancelled by another process (/stop, interrupt, rollback) are stopped here."""
         while True:
             await asyncio.sleep(CANCEL_CHECK_EVERY)
@@ -386,7 +413,7 @@ class TurnRunner:
                     task.cancel()
 
     @staticmethod
-    def cancelled_among(turn_ids):
+    def cancelled_among(turn_ids: list[int]) -> list[tuple[int, str]]:
         """(turn id, why) of these turns that were cancelled. A turn that started as a
         person took its conversation over (the takeover did not see it yet) and has
         fired no effect is cancelled here first (conversations.handoff)."""
@@ -399,13 +426,13 @@ class TurnRunner:
                 Turn.objects.filter(pk__in=turn_ids).values_list("pk", "state", "outcome")
                 if state == TurnState.CANCELLED]
 
-    async def release_adopted(self):
+    async def release_adopted(self) -> None:
         """Once the flusher has stopped: wait for the turns it started meanwhile to be
         handed back."""
         await asyncio.sleep(0)  # let the flusher's last hand-offs reach the loop
         await asyncio.gather(*self.releases, return_exceptions=True)
 
-    async def stop(self, grace):
+    async def stop(self, grace: float) -> None:
         """Let turns finish (and be written down) within `grace`; the rest are
         cancelled (handed back)."""
         if not self.tasks:

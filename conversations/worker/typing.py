@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff, FaultLog
 from agentloop.core.caches import BoundedCache
 from conversations.models import Channel, TypingMode
 from conversations.platforms import typing_kinds
-from conversations.worker.backoff import Backoff, FaultLog
-from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread
+from conversations.worker.dbthread import DatabaseThread
 from conversations.worker.reactions import StatusReactions
 from conversations.worker.typing_look import live_owners, open_windows, typing_channels
 from delivery.retry_after import clamp_retry_after
@@ -256,6 +256,7 @@ class Typing:
         """Windows a look begun at `started` found open: start or confirm their loops;
         loops whose window it did not find lose that hold."""
         windows: dict[int, Window] = {}
+        indicator: Indicator | None  # below: the second loop's may have none yet
         for window in found:
             spent = self.spent.get(window.conversation_id)
             if spent is None or window.buffer_id > spent:
@@ -362,7 +363,7 @@ class Typing:
         indicator.wanted_since = time.monotonic() + wait
         await asyncio.sleep(wait)
         if indicator.turn_id is not None:
-            indicator.confirmed.set()
+            indicator.confirmed.set()  # type: ignore[unreachable]  # a turn started meanwhile (mypy: not across the await)
         return True
 
     async def _send(self, indicator: Indicator) -> float:
@@ -385,10 +386,10 @@ class Typing:
         await self.reactions.stop()
         indicators = list(self.indicators.values())
         self.indicators.clear()
-        for indicator in indicators:
-            assert indicator.task is not None  # an indicator listed has its loop
-            indicator.task.cancel()
-        await asyncio.gather(*(i.task for i in indicators), return_exceptions=True)
+        tasks = [indicator.task for indicator in indicators if indicator.task is not None]  # (each listed has one)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def close(self) -> None:
         self.db.close()

@@ -84,12 +84,12 @@ def test_a_worker_holding_its_lock_is_alive_however_stale_its_heartbeat(on_postg
     holder = held(owner)
     try:
         assert engine.dead_owners() == [unlocked]  # the stale one without a lock is dead by its heartbeat
-        assert not engine.owner_gone(owner)
+        assert not liveness.owner_gone(owner)
     finally:
         holder.stop()
     # The session ended: its lock is free at once, whatever the heartbeat says.
     assert sorted(engine.dead_owners()) == sorted([owner, unlocked])
-    assert engine.owner_gone(owner)
+    assert liveness.owner_gone(owner)
 
 
 def test_a_lock_connection_killed_by_the_server_is_reopened_and_the_lock_taken_again(on_postgres):
@@ -277,7 +277,7 @@ def test_a_live_worker_is_never_taken_over_however_stale_its_heartbeat_looks(on_
         time.sleep(0.2)
     with override_settings(AGENTLOOP_WORKER_STALE_AFTER=1):
         assert owner_a not in engine.dead_owners()
-        assert not engine.owner_gone(owner_a)
+        assert not liveness.owner_gone(owner_a)
     wait_until(lambda: Turn.objects.get(conversation__chat_id="101").state == TurnState.DONE, timeout=30,
                message="A finishes its own turn")
     fake_telegram.wait_for("sendMessage", timeout=10)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conversations import engine
+from conversations import engine, liveness
 from conversations.models import Channel, InboundMessage, MessageBuffer
 from tests.conftest import wait_until
 from tests.support.e2e import TOKEN
@@ -62,9 +62,9 @@ def test_sigkill_mid_burst_then_restart_answers_new_messages_within_their_window
 
 def test_an_owner_is_gone_when_its_pid_is_free_or_taken_by_a_later_process():
     me = engine.new_owner()
-    assert not engine.owner_gone(me)
+    assert not liveness.owner_gone(me)
     host, pid, started, tail = me.split(":")
-    assert engine.owner_gone(f"{host}:{pid}:{int(started) - 1}:{tail}"), "same pid, an earlier process: gone"
-    assert engine.owner_gone(f"{host}:{2 ** 22 + 5}:{started}:{tail}"), "a pid nobody has: gone"
-    assert not engine.owner_gone(f"elsewhere:{2 ** 22 + 5}:{started}:{tail}"), "another host's is not judged"
-    assert not engine.owner_gone("agent:webhook")
+    assert liveness.owner_gone(f"{host}:{pid}:{int(started) - 1}:{tail}"), "same pid, an earlier process: gone"
+    assert liveness.owner_gone(f"{host}:{2 ** 22 + 5}:{started}:{tail}"), "a pid nobody has: gone"
+    assert not liveness.owner_gone(f"elsewhere:{2 ** 22 + 5}:{started}:{tail}"), "another host's is not judged"
+    assert not liveness.owner_gone("agent:webhook")

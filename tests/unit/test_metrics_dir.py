@@ -9,7 +9,7 @@ import sys
 from prometheus_client import REGISTRY
 
 from agentloop.core import metrics, metrics_dir
-from conversations.worker.backoff import DatabaseFaultLog
+from agentloop.core.backoff import DatabaseFaultLog
 
 
 def dead_pid():

@@ -5,7 +5,7 @@ import logging
 
 from django.db import InterfaceError, OperationalError
 
-from conversations.worker.backoff import Backoff, FaultLog, fault_kind
+from agentloop.core.backoff import Backoff, FaultLog, fault_kind
 
 
 class Clock:

@@ -14,15 +14,14 @@ from django.db.models import Q
 from django.utils import timezone
 from telegram.error import Conflict, InvalidToken, NetworkError, TelegramError
 
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff
 from conversations import edits, reactions
-from conversations.engine import owner_gone
 from conversations.ingest import Unstorable, admit, record_refusal
+from conversations.liveness import owner_gone
 from conversations.models import Channel
 from conversations.platforms.telegram import callbacks, identity, parsing
 from conversations.platforms.telegram.reactions import is_reaction, reaction_from
 from conversations.platforms.telegram.transport import bot_url
-from conversations.worker.backoff import Backoff
-from conversations.worker.dbthread import DATABASE_FAULTS
 
 log = logging.getLogger(__name__)
 

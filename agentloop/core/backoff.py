@@ -3,13 +3,22 @@ process-wide log of database faults that writes a line when a fault starts, one 
 and then while it lasts, and one when the database is back — never one per try (a
 flusher retrying every 10 ms on a closed connection once wrote 140 lines a second)."""
 
+from __future__ import annotations
+
 import logging
 import threading
 import time
+from collections.abc import Callable
+
+from django.db import InterfaceError, OperationalError
 
 from agentloop.core import metrics
 
+# The worker's logger, where these lines always went (alerts may match on its name).
 log = logging.getLogger("conversations.worker")
+
+# What a database that went away raises; anything else is a bug or a conflict.
+DATABASE_FAULTS = (OperationalError, InterfaceError)
 
 FIRST_DELAY = 0.02
 MAX_DELAY = 1.0  # the database's return is noticed within a second
@@ -20,7 +29,7 @@ class Backoff:
     """The pause before a loop's next try: doubles from `first` up to `cap`; a success
     starts it over."""
 
-    def __init__(self, first=FIRST_DELAY, cap=MAX_DELAY):
+    def __init__(self, first: float = FIRST_DELAY, cap: float = MAX_DELAY) -> None:
         self.first, self.cap = first, cap
         self.delay = 0.0
 
@@ -28,11 +37,11 @@ class Backoff:
         self.delay = min(self.cap, self.delay * 2 if self.delay else self.first)
         return self.delay
 
-    def reset(self):
+    def reset(self) -> None:
         self.delay = 0.0
 
 
-def fault_kind(exc) -> str:
+def fault_kind(exc: BaseException) -> str:
     """A short name for what went wrong, so a restart's burst of different messages
     ("terminating connection", "connection refused", "the connection is closed") is
     reported as a handful of kinds rather than one line per message."""
@@ -50,10 +59,11 @@ def fault_kind(exc) -> str:
 class FaultLog:
     """Thread-safe; `clock` is injectable for tests."""
 
-    def __init__(self, logger=log, subject="database", every=REPORT_EVERY, clock=time.monotonic):
+    def __init__(self, logger: logging.Logger = log, subject: str = "database", every: float = REPORT_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.logger, self.subject, self.every, self.clock = logger, subject, every, clock
         self._lock = threading.Lock()
-        self._since = None  # when the current fault started, or None while healthy
+        self._since: float | None = None  # when the current fault started, or None while healthy
         self._reported: dict[str, float] = {}  # kind -> when it was last logged
         self._failures = 0
 
@@ -61,7 +71,7 @@ class FaultLog:
     def failing(self) -> bool:
         return self._since is not None
 
-    def failed(self, exc):
+    def failed(self, exc: BaseException) -> None:
         kind, now = fault_kind(exc), self.clock()
         with self._lock:
             if self._since is None:
@@ -80,21 +90,22 @@ class FaultLog:
             self.logger.warning("%s still failing after %.0f s (%s): %s", self.subject, elapsed, kind,
                                 _first_line(exc))
 
-    def recovered(self):
+    def recovered(self) -> None:
         if self._since is None:  # the common case: no lock, no work
             return
         with self._lock:
-            if self._since is None:
+            since = self._since  # read again under the lock: another thread may have ended it
+            if since is None:
                 return
-            elapsed, failures = self.clock() - self._since, self._failures
+            elapsed, failures = self.clock() - since, self._failures
             self._since, self._reported, self._failures = None, {}, 0
             self.ended(elapsed)
         self.logger.info("%s back after %.1f s (%d failed tries)", self.subject, elapsed, failures)
 
-    def started(self):
+    def started(self) -> None:
         """A fault began (called under the lock)."""
 
-    def ended(self, seconds):
+    def ended(self, seconds: float) -> None:
         """The fault that began `seconds` ago is over (called under the lock)."""
 
 
@@ -102,16 +113,16 @@ class DatabaseFaultLog(FaultLog):
     """The worker's database faults, counted (agentloop_database_faults_total and
     _fault_seconds_total) and shown while they last (agentloop_database_failing)."""
 
-    def started(self):
+    def started(self) -> None:
         metrics.DATABASE_FAULTS.inc()
         metrics.DATABASE_FAILING.set(1)
 
-    def ended(self, seconds):
+    def ended(self, seconds: float) -> None:
         metrics.DATABASE_FAULT_SECONDS.inc(seconds)
         metrics.DATABASE_FAILING.set(0)
 
 
-def _first_line(exc):
+def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
