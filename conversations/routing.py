@@ -8,7 +8,7 @@ configuration; no rule matching, the channel's own agent answers. The turn recor
 rule and why it matched (`Turn.routing_rule`, `Turn.route`), which the story page shows.
 
 An agent hands its conversation to another with the guarded `handoff_to_agent` tool
-(tools.builtin.handoff): the conversation is pinned to that rule's agent
+(conversations.handoff_tools): the conversation is pinned to that rule's agent
 (`Conversation.pinned_rule`), whatever the rules say, until /reset.
 
 The rules are read through a small per-process cache (at most two seconds old, as the
@@ -138,7 +138,7 @@ def hand_to_agent(conversation_id, agent, reason="", by="agent") -> bool:
 
 
 def hand_over_for_tool(conversation_id, agent, reason="") -> tuple[bool, str]:
-    """hand_to_agent for the tool (tools.hooks): (moved, "") or (False, why it cannot)."""
+    """hand_to_agent for the tool (conversations.handoff_tools): (moved, "") or (False, why it cannot)."""
     try:
         return hand_to_agent(conversation_id, agent, reason), ""
     except UnknownAgent as exc:

@@ -19,7 +19,8 @@ from agentloop.core import admin_texts
 from agentloop.core.admin_texts import TextsHold
 from agentloop.core.big_tables import BigTableAdmin, RecentValuesFilter, numeric_id
 from audit.listed_lookups import ListedLookupsOnly
-from tools import approvals, guard, hooks, registry
+from tools import approvals, guard, registry
+from tools.conversation_side import conversation_side
 from tools.models import (
     ActionClaim,
     ApprovalMode,
@@ -163,10 +164,8 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         worker = claim.owner.removeprefix("worker:")
         if not claim.conversation_id or worker == claim.owner:
             return "—"
-        turn = hooks.model("Turn").objects.filter(
-            Q(finished_at__isnull=True) | Q(finished_at__gte=claim.created_at), conversation_id=claim.conversation_id,
-            owner=worker, started_at__lte=claim.created_at).order_by("-started_at").first()
-        return admin_link("turn", turn.pk if turn else None, app="conversations")
+        turn_id = conversation_side().turn_running_at(claim.conversation_id, worker, claim.created_at)
+        return admin_link("turn", turn_id, app="conversations")
 
     @admin.display(description=_("Duplicates caught"), ordering="duplicates_caught")
     def duplicates(self, claim):

@@ -7,7 +7,8 @@ from rest_framework.response import Response
 
 from agentloop.core.api import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
 from agentloop.core.idempotency import ApiView
-from tools import guard, hooks, registry
+from tools import guard, registry
+from tools.conversation_side import conversation_side
 from tools.mcp import catalog
 from tools.models import ActionClaim
 from tools.registry import Scope
@@ -73,7 +74,7 @@ class ClaimFailureSerializer(StrictBody):
 def _scope(request, data) -> Scope:
     key = request.user
     if "conversation" in data:
-        return Scope.of_conversation(hooks.conversation_for_key(key, data["conversation"]))
+        return Scope.of_conversation(conversation_side().conversation_for_key(key, data["conversation"]))
     return Scope.of_agent(key.pk, data["scope"])
 
 

@@ -183,7 +183,7 @@ class Proposal(StateMachine, models.Model):
         ProposalState.PENDING: {ProposalState.APPLYING, ProposalState.REJECTED, ProposalState.EXPIRED},
         # APPLYING -> PENDING: an Apply interrupted before its claim was taken (data left
         # by a crash between the two steps before they shared a transaction): nothing
-        # ran, so the proposal awaits a decision again (see approvals.settle_applying).
+        # ran, so the proposal awaits a decision again (see tools.guard.proposals.reopen_interrupted).
         ProposalState.APPLYING: {ProposalState.APPLIED, ProposalState.FAILED, ProposalState.PENDING},
         ProposalState.APPLIED: set(),
         ProposalState.FAILED: set(),

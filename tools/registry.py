@@ -16,6 +16,7 @@ import jsonschema
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from agentloop.core import plugins
 from agentloop.core.caches import BoundedCache
 from tools import fingerprint
 
@@ -154,26 +155,20 @@ def get(name: str) -> Tool:
     found = _from_sources.get(name)
     if found is not None:
         return found
-    for source in _sources:
+    # Other sources of tools, asked in turn for a name the registry does not host: the MCP
+    # servers' tools (tools.mcp.catalog.tool). Named by settings.TOOL_SOURCES, as the hosted
+    # tools are by AGENTLOOP_TOOLS: they build Tools, so they import this module, not the
+    # other way round.
+    for source in plugins.each("TOOL_SOURCES"):
         found = source(name)
         if found is not None:
             return _from_sources.set(name, found)
     raise UnknownTool(f"unknown tool {name!r}")
 
 
-# Other sources of tools, asked in turn for a name the registry does not have: the MCP
-# servers' tools (tools.mcp.catalog, registered by the app's ready(); it builds Tools, so
-# it imports this module, not the other way round).
-_sources: list = []
-# Their tools, kept as long as policies are (tools.guard.policies): a change applies within 2 s.
+# The sources' tools, kept as long as policies are (tools.guard.policies): a change applies within 2 s.
 _from_sources = BoundedCache(maxsize=1024, max_age=2.0)
 
 
 def forget_sources():
     _from_sources.clear()
-
-
-def add_source(lookup):
-    """`lookup(name)` -> a Tool, or None."""
-    if lookup not in _sources:
-        _sources.append(lookup)

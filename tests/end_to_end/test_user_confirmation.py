@@ -29,7 +29,7 @@ from delivery import ledger
 from delivery.models import OutboundMessage
 from tests.conftest import wait_until
 from tests.support import e2e, local_http
-from tools import confirmations, guard
+from tools import fingerprint, guard, questions
 from tools.guard import Status
 from tools.models import ActionClaim, CalendarEvent, ClaimState, Confirmation, Proposal, ProposalState, ToolPolicy
 from tools.registry import Scope
@@ -142,7 +142,7 @@ def test_a_tap_applies_once_and_a_second_tap_or_a_replay_applies_nothing(make_ch
     proposal = Proposal.objects.get()
     assert proposal.state == ProposalState.APPLIED and CalendarEvent.objects.count() == 1
     assert proposal.decided_by == f"user:Ana (telegram {CHAT})"
-    at = timezone.localtime(proposal.decided_at, confirmations.fingerprint.default_zone()).strftime("%H:%M")
+    at = timezone.localtime(proposal.decided_at, fingerprint.default_zone()).strftime("%H:%M")
     assert toasts(fake_telegram) == ["Done ✅"]
     edited = shown(fake_telegram, question)
     assert "reply_markup" not in edited and edited["text"].endswith(f"✅ Confirmed at {at}: done.")
@@ -220,7 +220,7 @@ def test_an_expired_proposal_says_so_and_applies_nothing(make_channel, fake_tele
     [question] = question_on(fake_telegram)
     expired_at = timezone.now() - timedelta(seconds=5)
     Proposal.objects.update(expires_at=expired_at)
-    local = timezone.localtime(expired_at, confirmations.fingerprint.default_zone()).strftime("%H:%M")
+    local = timezone.localtime(expired_at, fingerprint.default_zone()).strftime("%H:%M")
     answer = webhook_post(Client(), fake_telegram.callback_query(e2e.TOKEN, question, button(question, "y")))
     assert answer["callback"] == "expired"
     assert toasts(fake_telegram) == [f"This request expired at {local}; nothing was done."]
@@ -335,7 +335,7 @@ def test_a_question_left_open_on_an_api_channel_is_not_answered_by_a_posted_yes(
     ToolPolicy.objects.filter(pk=policy.pk).update(approval="operator")
     guard.forget_policies()
     proposal_id = propose(conversation).proposal_id
-    confirmations.ask(Proposal.objects.get(pk=proposal_id), ActionClaim.objects.get())  # as an older version did
+    questions.ask(Proposal.objects.get(pk=proposal_id), ActionClaim.objects.get())  # as an older version did
     with django_capture_on_commit_callbacks(execute=True):
         assert api_post(client, key, "m1", "yes")["disposition"] == "buffered"
     assert Proposal.objects.get(pk=proposal_id).state == ProposalState.PENDING

@@ -10,13 +10,13 @@ import pytest
 from django.utils import translation
 
 from agentloop.core import languages
-from conversations import control, engine, ingest
+from conversations import control, flushing, ingest
 from conversations.ingest import Inbound, admit
 from conversations.models import Contact, Conversation, DoubleTexting, Turn, TurnState
 from conversations.worker import APOLOGY
 from delivery import ledger
 from delivery.models import OutboundKind, OutboundMessage
-from tools import confirmations
+from tools import confirmations, questions
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
@@ -113,7 +113,7 @@ def test_the_marker_is_the_rows_language_and_its_sign_comes_first(make_channel, 
 def test_the_reject_notice(make_channel, language):
     channel = make_channel("chan", double_texting=DoubleTexting.REJECT)
     admit(channel, msg(1, "hola", language=language), now=T0)
-    [turn] = engine.flush_due(now=T0 + timedelta(seconds=30))
+    [turn] = flushing.flush_due(now=T0 + timedelta(seconds=30))
     Turn.objects.filter(pk=turn.pk).update(state=TurnState.RUNNING, owner="worker:w")
     admit(channel, msg(2, "¿y?", language=language), now=T0 + timedelta(seconds=31))
     [row] = notices()
@@ -125,7 +125,7 @@ def test_the_overflow_notice(make_channel, settings, language):
     settings.AGENTLOOP_MAX_PENDING_MESSAGES = 2
     channel = make_channel("pulled", agent="pull", max_messages=10)
     admit(channel, msg("first", "hola", language=language), now=T0)
-    engine.flush_due(now=T0 + timedelta(seconds=5))  # a turn nobody claims
+    flushing.flush_due(now=T0 + timedelta(seconds=5))  # a turn nobody claims
     for i in range(4):
         admit(channel, msg(i, f"mensaje {i}", language=language), now=T0 + timedelta(seconds=6 + i))
     [row] = notices()
@@ -157,9 +157,9 @@ def test_the_confirmation_buttons_question_and_outcomes(make_channel, make_conve
     assert [label for label, _ in confirmations.buttons(confirmation)] == list(EXPECTED["buttons"][language])
     claim = SimpleNamespace(action="email_send", arguments={"subject": "Hola", "to": "ana@example.com"})
     with translation.override(language):
-        assert confirmations.question_text(claim, conversation.channel) == EXPECTED["question"][language]
+        assert questions.question_text(claim, conversation.channel) == EXPECTED["question"][language]
     proposal = SimpleNamespace(state="rejected", decided_at=T0, expires_at=T0)
-    assert confirmations._reply(confirmation, proposal, False).toast == EXPECTED["declined"][language]
+    assert questions.reply_to_tap(confirmation, proposal, False).toast == EXPECTED["declined"][language]
 
 
 def test_a_row_keeps_the_language_it_was_written_in(make_channel, make_conversation):

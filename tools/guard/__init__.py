@@ -12,7 +12,8 @@ A caught duplicate is not an error: the caller gets a success carrying
 `duplicate: true`, a note for the model and the original result; it is audited.
 
 The package, by section: `outcomes` (Status, Outcome), `policies`, `helpers`,
-`claiming`, `uncertainty`, `running`, `guard_only` (the guard alone, for tools an
+`claiming`, `uncertainty`, `proposals` (opened, expired and finished: tools.approvals
+decides them), `running`, `guard_only` (the guard alone, for tools an
 external agent runs itself), `sweep`. The names below are its interface.
 """
 

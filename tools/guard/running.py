@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from agentloop.core import tracing
 from audit.failpoints import failpoint
-from tools import hooks, registry
+from tools import registry
+from tools.conversation_side import conversation_side
 from tools.guard.claiming import (
     ClaimRequest,
     RateLimited,
@@ -21,6 +22,7 @@ from tools.guard.claiming import (
 from tools.guard.helpers import _call_of, transition
 from tools.guard.outcomes import Outcome, Status
 from tools.guard.policies import policy_for
+from tools.guard.proposals import expire, open_proposal
 from tools.guard.uncertainty import mark_uncertain, reconcile
 from tools.models import ApprovalMode, ClaimState
 from tools.registry import OutcomeUnknown, Scope, ToolCall, ToolError
@@ -91,7 +93,7 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
 def _expire_overdue_proposal(claim, now) -> bool:
     """A proposal past its time, not yet swept, must not keep blocking a new call."""
     proposal = getattr(claim, "proposal", None)
-    return proposal is not None and proposal.expires_at <= now and hooks.expire(proposal)
+    return proposal is not None and proposal.expires_at <= now and expire(proposal)
 
 
 def default_wait():
@@ -195,7 +197,7 @@ def user_can_confirm(channel) -> bool:
 
 def unconfirmable_channels() -> list[str]:
     """The channels on which `approval = user` is refused (said when an operator sets it)."""
-    return [c.slug for c in hooks.model("Channel").objects.order_by("slug") if not user_can_confirm(c)]
+    return [c.slug for c in conversation_side().channels() if not user_can_confirm(c)]
 
 
 def refuse_unconfirmable(name, policy, scope):
@@ -203,7 +205,7 @@ def refuse_unconfirmable(name, policy, scope):
     conversation where "yes" could be posted by the agent that asked (an api channel)."""
     if policy.approval != ApprovalMode.USER or not scope.conversation_id:
         return  # without a conversation the proposal waits for an operator
-    channel = hooks.model("Channel").objects.filter(slug=scope.channel_slug).first()
+    channel = conversation_side().channel(scope.channel_slug)
     if channel is not None and not user_can_confirm(channel):
         raise UserConfirmationUnavailable(
             f"tool {name!r} needs the user's confirmation (approval = user), which channel {channel.slug!r} "
@@ -212,7 +214,7 @@ def refuse_unconfirmable(name, policy, scope):
 
 
 def _proposer(policy):
-    return lambda claim: hooks.open_proposal(claim, policy)
+    return lambda claim: open_proposal(claim, policy)
 
 
 def proposed_outcome(claim) -> Outcome:

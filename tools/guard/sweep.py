@@ -7,7 +7,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agentloop.core import pruning
-from tools import hooks
+from tools.guard.proposals import expire_due, reopen_interrupted, settle_applying
 from tools.guard.uncertainty import mark_uncertain, reconcile
 from tools.models import ActionClaim, ClaimState, ProposalState
 
@@ -23,9 +23,9 @@ def sweep(now=None) -> dict:
         if mark_uncertain(claim, "still in flight after its timeout (its process probably died)"):
             claim.state = ClaimState.UNCERTAIN
             reconciled += reconcile(claim) != ClaimState.UNCERTAIN
-    reopened = hooks.reopen_interrupted()  # before expiring: a reopened one past its time expires now
-    expired = hooks.expire_due(now)
-    hooks.settle_applying()
+    reopened = reopen_interrupted()  # before expiring: a reopened one past its time expires now
+    expired = expire_due(now)
+    settle_applying()
     return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired, "reopened": reopened}
 
 

@@ -25,7 +25,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 from rest_framework.throttling import UserRateThrottle
 
-from tools import hooks
+from tools.conversation_side import conversation_side
 
 PATH = re.compile(r"^/mcp(?:/(?P<channel>[-a-zA-Z0-9_]{1,50}))?/?$")
 
@@ -34,7 +34,7 @@ def _key_for(raw, channel):
     """(the key, None) or (None, (status, error)) — on a thread."""
     close_old_connections()
     try:
-        key = hooks.model("AgentKey").objects.for_key(raw)
+        key = conversation_side().agent_key_for(raw)
         if key is None:
             return None, (401, "Unknown or revoked agent key.")
         if channel is not None and not key.channels.filter(slug=channel).exists():

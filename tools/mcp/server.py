@@ -22,7 +22,8 @@ from django.db import close_old_connections
 from mcp.server.lowlevel.server import Server
 
 from agentloop.core.redaction import redact, redact_payload
-from tools import guard, hooks, registry
+from tools import guard, registry
+from tools.conversation_side import conversation_side
 from tools.models import ActionClaim
 from tools.registry import Effect, Scope
 
@@ -99,7 +100,7 @@ def _scope(key, meta: dict, data: dict, channel) -> Scope:
     conversation = data.get("conversation", meta.get(CONVERSATION_META))
     if conversation is not None:
         try:
-            found = hooks.conversation_for_key(key, conversation)
+            found = conversation_side().conversation_for_key(key, conversation)
         except Exception:  # the API's NotFound: not among the key's channels
             raise Refused(f"no conversation {conversation} among this key's channels") from None
         if channel is not None and found.channel.slug != channel:

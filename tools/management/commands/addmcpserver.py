@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from agentloop.core.redaction import forget_secrets, redact
-from tools import guard, hooks
+from tools import guard
 from tools.mcp import catalog
 from tools.mcp.client import Unreachable, hub
 from tools.mcp.models import McpServer, McpTransport
@@ -49,7 +49,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         name, url, command, channel = options["name"], options.get("url"), options.get("command"), options["channel"]
         header, env = options.get("header") or (), options.get("env") or ()
-        channel_model = hooks.model("Channel")
+        # conversations' Channel, through the server's own many-to-many field.
+        channel_model = McpServer.channels.field.related_model
         channels = list(channel_model.objects.filter(slug__in=channel))
         missing = sorted(set(channel) - {c.slug for c in channels})
         if missing:

@@ -2,13 +2,17 @@
 handoff_to_agent: to another agent of the channel (conversations.routing).
 
 Behind the guard like any effect (claimed before, confirmed after; asked twice in the
-window, done once). The takeover itself is conversations.handoff.take_over, reached
-through tools.hooks (conversations sits above tools): the turn that calls it has fired
-an effect, so it finishes and its answer ("a person will reply") goes out; from then on
-the agent is silent until the person gives the conversation back."""
+window, done once). Tools of this app, not of tools': what they do is conversations'
+own (conversations.handoff.take_over, conversations.routing), and the registry loads
+them by dotted path (agentloop/wiring.py TOOLS) like any tool. The turn that calls
+`handoff` has fired an effect, so it finishes and its answer ("a person will reply")
+goes out; from then on the agent is silent until the person gives the conversation back."""
 
-from tools import hooks
-from tools.registry import Effect, Tool, ToolError
+from __future__ import annotations
+
+from conversations.handoff import take_over
+from conversations.routing import hand_over_for_tool
+from tools.registry import Effect, Tool, ToolCall, ToolError
 
 
 class Handoff(Tool):
@@ -28,10 +32,10 @@ class Handoff(Tool):
     # contact (the guard's scope) in the window, whatever the reason's wording.
     fingerprint_fields = ("conversation",)
 
-    def run(self, call):
+    def run(self, call: ToolCall) -> dict[str, object]:
         if call.scope.conversation_id is None:
             raise ToolError("handoff needs a conversation: it is for agents answering a chat")
-        taken = hooks.take_over(call.scope.conversation_id, by="agent", reason=call.arguments["reason"])
+        taken = take_over(call.scope.conversation_id, by="agent", reason=call.arguments["reason"])
         return {"handed_to_a_person": True, "already_held": not taken,
                 "note": "A person now holds this conversation; tell the user a person will reply shortly."}
 
@@ -61,11 +65,11 @@ class HandoffToAgent(Tool):
     # The agent asked for is the action: asked twice (whatever the reason's wording), once.
     fingerprint_fields = ("agent",)
 
-    def run(self, call):
+    def run(self, call: ToolCall) -> dict[str, object]:
         if call.scope.conversation_id is None:
             raise ToolError("handoff_to_agent needs a conversation: it is for agents answering a chat")
         agent = call.arguments["agent"]
-        moved, problem = hooks.hand_to_agent(call.scope.conversation_id, agent, call.arguments["reason"])
+        moved, problem = hand_over_for_tool(call.scope.conversation_id, agent, call.arguments["reason"])
         if problem:
             raise ToolError(problem)
         return {"handed_to_agent": agent, "already_there": not moved,

@@ -1,0 +1,45 @@
+"""What tools asks of conversations (tools.conversation_side.ConversationSide): named by
+the setting TOOLS_CONVERSATIONS, since tools sits below this app and cannot import it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.db.models import Q
+
+from conversations import notes
+from conversations.models import AgentKey, Channel, Conversation, Turn
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+
+class ConversationSide:
+    def inform(self, conversation_id: int, *, for_agent: str, for_user: StrOrPromise = "") -> bool:
+        # notes.inform says `str`, but takes a lazy text too: the ledger renders it in the
+        # conversation's language (delivery.ledger.replies).
+        return notes.inform(conversation_id, for_agent=for_agent, for_user=for_user)  # type: ignore[arg-type]
+
+    def conversation_for_key(self, key: AgentKey, conversation_id: object) -> Conversation:
+        # The API package imports DRF and drf_spectacular: a worker that never asks does not
+        # pay for them at start-up (a third of it).
+        from conversations.api.access import conversation_for_key
+
+        return conversation_for_key(key, conversation_id)  # type: ignore[no-any-return]  # access.py is unannotated
+
+    def agent_key_for(self, raw: str) -> AgentKey | None:
+        return AgentKey.objects.for_key(raw)
+
+    def channel(self, slug: str) -> Channel | None:
+        return Channel.objects.filter(slug=slug).first()
+
+    def channels(self) -> list[Channel]:
+        return list(Channel.objects.order_by("slug"))
+
+    def turn_running_at(self, conversation_id: int, worker: str, at: datetime) -> int | None:
+        """Claims do not record their turn; a claim taken inside a turn is owned by the
+        worker running it, and a conversation runs one turn at a time."""
+        return (Turn.objects.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=at),
+                                    conversation_id=conversation_id, owner=worker, started_at__lte=at)
+                .order_by("-started_at").values_list("pk", flat=True).first())
