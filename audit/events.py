@@ -1,7 +1,11 @@
 """The one way to write the audit trail: call `record` inside the transaction of the change."""
 
+from __future__ import annotations
+
 import json
-from datetime import timedelta
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connection
@@ -14,8 +18,24 @@ from audit import console, sql
 from audit.models import AuditEvent
 
 
-def record(kind, *, conversation=None, conversation_id=None, channel_slug="", actor="", target="", summary="",
-           **extra):
+class _Channel(Protocol):
+    @property
+    def slug(self) -> str: ...
+
+
+class Conversation(Protocol):
+    """What `record` reads of a conversation (conversations' model: a layer above)."""
+
+    @property
+    def pk(self) -> int: ...
+
+    @property
+    def channel(self) -> _Channel: ...
+
+
+def record(kind: str, *, conversation: Conversation | None = None, conversation_id: int | None = None,
+           channel_slug: str | None = "", actor: str = "", target: object = "", summary: str = "",
+           **extra: Any) -> AuditEvent:
     """`conversation` (a Conversation) or its id and channel slug when the caller has no row."""
     if conversation is not None:
         conversation_id, channel_slug = conversation.pk, conversation.channel.slug
@@ -32,7 +52,7 @@ def record(kind, *, conversation=None, conversation_id=None, channel_slug="", ac
     return event
 
 
-def record_many(events):
+def record_many(events: Sequence[dict[str, Any]]) -> int:
     """Several events in one statement (each a dict of `record`'s keyword arguments;
     `audit.sql.insert_events` says why it is SQL)."""
     if not events:
@@ -51,7 +71,8 @@ def record_many(events):
     return len(rows)
 
 
-def recent(kinds=(), channel_slugs=None, agent_key_id=None, since=None, limit=100):
+def recent(kinds: Collection[str] = (), channel_slugs: Iterable[str] | None = None, agent_key_id: int | None = None,
+           since: datetime | None = None, limit: int = 100) -> list[AuditEvent]:
     """Events for monitoring, newest first; restricted to some channels (and the events
     an agent key caused) when `channel_slugs` is given."""
     events = AuditEvent.objects.all()
@@ -67,7 +88,7 @@ def recent(kinds=(), channel_slugs=None, agent_key_id=None, since=None, limit=10
     return list(events.order_by("-at", "-pk")[:limit])
 
 
-def prune(now, budget) -> int:
+def prune(now: datetime, budget: pruning.Budget) -> int:
     """Events older than AGENTLOOP_RETAIN_AUDIT_DAYS (365), in batches
     (agentloop.core.pruning); run by the retention sweep."""
     cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_AUDIT_DAYS)

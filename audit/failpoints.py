@@ -78,7 +78,7 @@ def after_commit(name: str) -> None:
         transaction.on_commit(lambda: failpoint(name))
 
 
-def _hit(name):
+def _hit(name: str) -> None:
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] != _kill_at[name]:

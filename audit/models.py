@@ -79,7 +79,7 @@ class AuditEvent(models.Model):
             models.Index(fields=["target", "at"], name="audit_target_idx"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.get_kind_display()} {target_words(self.target)}"
 
 

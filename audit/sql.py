@@ -2,6 +2,9 @@
 events. Tables through `table(Model)`, columns by their bare names, values as
 parameters, as in the other apps' `sql` modules."""
 
+from collections.abc import Sequence
+from typing import Any
+
 from django.db import connection
 
 from agentloop.core.rows import records, recordset, table
@@ -10,7 +13,7 @@ from audit.models import AuditEvent
 COLUMNS = "kind, at, actor, channel_slug, conversation_id, target, summary, extra"
 
 
-def insert_events(at, rows) -> None:
+def insert_events(at: str | None, rows: Sequence[Sequence[Any]]) -> None:
     """Insert audit rows, each (kind, at, actor, channel slug, conversation id, target,
     summary, extra as JSON text); `at` the batch's time, as the database takes it. Plain
     SQL: a mass recovery writes thousands, and the ORM's per-field assembly of a bulk
