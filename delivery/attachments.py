@@ -10,13 +10,23 @@ so a resend after a crash uploads the same bytes again. Several images in a row 
 one album where the platform has them (Telegram's sendMediaGroup: `Transport.max_album`).
 """
 
+from __future__ import annotations
+
 import hashlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
 from delivery import chunks
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+# One of a row's chunks (OutboundMessage.chunks): a text, or a file chunk {"files": […]}.
+Chunk = str | dict[str, Any]
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp")
 
@@ -36,7 +46,7 @@ class OutboundFile:
         return self.type in IMAGE_TYPES
 
     @classmethod
-    def of(cls, value: dict) -> "OutboundFile":
+    def of(cls, value: dict[str, Any]) -> OutboundFile:
         return cls(str(value["file"]), str(value.get("name") or "file"), str(value.get("type") or ""),
                    int(value.get("size") or 0), str(value.get("caption") or ""))
 
@@ -54,19 +64,20 @@ def store(channel_id: int, data: bytes) -> str:
 def read(name: str) -> bytes:
     """A stored file's bytes (blocking: called from a thread)."""
     with default_storage.open(name, "rb") as handle:
-        return handle.read()
+        data: bytes = handle.read()
+    return data
 
 
-def is_files(piece) -> bool:
+def is_files(piece: object) -> TypeIs[dict[str, Any]]:
     """Whether a row's chunk is a file chunk (else it is text)."""
     return isinstance(piece, dict) and "files" in piece
 
 
-def files_of(piece) -> list[OutboundFile]:
+def files_of(piece: dict[str, Any]) -> list[OutboundFile]:
     return [OutboundFile.of(value) for value in piece["files"]]
 
 
-def file_chunks(files: list[OutboundFile], max_album: int, caption_units: int) -> list[dict]:
+def file_chunks(files: list[OutboundFile], max_album: int, caption_units: int) -> list[dict[str, Any]]:
     """The chunks that send `files` in order: consecutive images grouped up to
     `max_album` (a platform's album), everything else one chunk each. Captions cut to
     what the platform takes with room for the recovery marker (`caption_units`)."""
@@ -87,17 +98,17 @@ def _cut(caption: str, limit: int) -> str:
     return chunks.split(caption, limit)[0]
 
 
-def listed(pieces) -> list[str]:
+def listed(pieces: Iterable[Chunk] | None) -> list[str]:
     """A row's files in words, in order (the story page, the admin): `cita.ics (text/plain, 1 KB)`."""
     return [f"{item.name} ({item.type or '?'}, {max(1, round(item.size / 1024))} KB)"
             for piece in pieces or () if is_files(piece) for item in files_of(piece)]
 
 
-def describe(piece) -> str:
+def describe(piece: dict[str, Any]) -> str:
     """A file chunk in words (the admin, a platform without files)."""
     return ", ".join(f"📎 {item.name}" for item in files_of(piece))
 
 
-def stored_names(pieces) -> set[str]:
+def stored_names(pieces: Iterable[Chunk] | None) -> set[str]:
     """The storage names of the files a row's chunks carry."""
     return {item.file for piece in pieces or () if is_files(piece) for item in files_of(piece)}

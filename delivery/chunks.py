@@ -31,7 +31,7 @@ def split(text: str, limit: int) -> list[str]:
     cut falls on is dropped; nothing else is. Never an empty chunk."""
     if limit < 2:
         raise ValueError("a chunk limit below 2 units cannot hold an astral character")
-    chunks = []
+    chunks: list[str] = []
     rest = text
     while units(rest) > limit:
         end, resume = _cut(rest, limit)
@@ -68,7 +68,7 @@ def _cut(text: str, limit: int) -> tuple[int, int]:
     reach = _reach(text, limit)
     atomic = _atomic(text, limit)
 
-    def inside(position):
+    def inside(position: int) -> bool:
         return any(start < position < end for start, end in atomic)
 
     blocks = [(PARAGRAPH, start, start) for start, _ in atomic if 0 < start <= reach]

@@ -3,11 +3,18 @@ thousand replies queued is one line when it starts (per channel and kind of outc
 one now and then while it lasts, and one when a send gets through again. A fault that
 flaps (failures between successes) is still one line per kind every REPORT_EVERY."""
 
+from __future__ import annotations
+
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agentloop.core.caches import BoundedCache
+
+if TYPE_CHECKING:
+    from delivery.transports import SendResult
 
 log = logging.getLogger("delivery.ledger")
 
@@ -17,16 +24,16 @@ REPORT_EVERY = 30.0
 class SendFaults:
     """Thread-safe; `clock` is injectable for tests."""
 
-    def __init__(self, every=REPORT_EVERY, clock=time.monotonic):
+    def __init__(self, every: float = REPORT_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
         self.every, self.clock = every, clock
         self._lock = threading.Lock()
         # channel slug -> [since, failures]; (slug, outcome) -> when last logged, kept across
         # a recovery so a flapping fault is not a line per flap. Bounded: slugs are
         # operators', but a bound costs nothing.
-        self._open = BoundedCache(maxsize=1024)
-        self._logged = BoundedCache(maxsize=4096)
+        self._open: BoundedCache[str, list[float]] = BoundedCache(maxsize=1024)
+        self._logged: BoundedCache[tuple[str, str], float] = BoundedCache(maxsize=4096)
 
-    def failed(self, channel, result) -> None:
+    def failed(self, channel: object, result: SendResult) -> None:
         now, slug = self.clock(), getattr(channel, "slug", "?")
         with self._lock:
             fault = self._open.get(slug)
@@ -44,7 +51,7 @@ class SendFaults:
             log.warning("sends of channel %s still failing after %.0f s (%s): %s", slug, now - since,
                         result.outcome, result.error)
 
-    def recovered(self, channel) -> None:
+    def recovered(self, channel: object) -> None:
         slug = getattr(channel, "slug", "?")
         if slug not in self._open:  # the common case: nothing to say
             return
@@ -55,7 +62,7 @@ class SendFaults:
             quiet = fault is not None and (last is None or now - last >= self.every)
             if quiet:
                 self._logged.set((slug, "back"), now)
-        if quiet:
+        if quiet and fault is not None:  # (quiet: a fault was open)
             log.info("sends of channel %s back after %.1f s (%d failed sends)", slug, now - fault[0], fault[1])
 
 

@@ -21,6 +21,8 @@ reservation returns is a delay, slept on the local clock. On SQLite (one machine
 local clock is the database's.
 """
 
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass
 
@@ -49,7 +51,7 @@ class Pace:
     chat_interval: float = 0.0
 
     @classmethod
-    def of(cls, bot, per_second, chat="", chat_interval=0.0):
+    def of(cls, bot: str, per_second: float, chat: str = "", chat_interval: float = 0.0) -> Pace:
         """`per_second`: the bot's rate (0: unpaced); `chat_interval`: seconds between two
         sends into the chat (0: unpaced)."""
         return cls(bot, 1.0 / per_second if per_second else 0.0,
@@ -82,9 +84,10 @@ def reserve(pace: Pace, horizon: float = HORIZON, clock: float | None = None, ch
     with transaction.atomic():
         delay = 0.0
         if pace.bot_interval:
-            delay = _take(pace.bot, pace.bot_interval, 0.0, horizon, clock)
-            if delay is None:
+            taken = _take(pace.bot, pace.bot_interval, 0.0, horizon, clock)
+            if taken is None:
                 return Slot(None, "bot")
+            delay = taken
         if pace.chat_interval and _take(pace.chat, pace.chat_interval * chunks, delay, delay, clock) is None:
             transaction.set_rollback(True)
             return Slot(None, "chat")
@@ -103,7 +106,7 @@ def bot_slot(pace: Pace, clock: float | None = None) -> float:
     """A fresh bot slot however far (a send that woke too late for its own). Its delay."""
     if not pace.bot_interval:
         return 0.0
-    return max(_take(pace.bot, pace.bot_interval, 0.0, math.inf, clock), 0.0)
+    return max(_take_however_far(pace.bot, pace.bot_interval, clock), 0.0)
 
 
 def chunk_slot(pace: Pace, clock: float | None = None) -> float:
@@ -113,7 +116,7 @@ def chunk_slot(pace: Pace, clock: float | None = None) -> float:
     if not pace.paced:
         return 0.0
     with transaction.atomic():
-        delay = max(_take(pace.bot, pace.bot_interval, 0.0, math.inf, clock), 0.0) if pace.bot_interval else 0.0
+        delay = max(_take_however_far(pace.bot, pace.bot_interval, clock), 0.0) if pace.bot_interval else 0.0
         if pace.chat_interval:
             _extend(pace.chat, delay + pace.chat_interval, clock)
     return delay
@@ -141,7 +144,14 @@ def forget_spent(clock: float | None = None) -> int:
     return sql.forget_slots(FORGET_AFTER, clock)
 
 
-def _take(key, interval, after, horizon, clock) -> float | None:
+def _take(key: str, interval: float, after: float, horizon: float, clock: float | None) -> float | None:
     """Take the key's slot (moved on by `interval`) if it is within `horizon` of now
     (`delivery.sql.take_slot`); its delay from now, or None."""
     return sql.take_slot(key, interval, after, horizon if math.isfinite(horizon) else 1e12, clock)
+
+
+def _take_however_far(key: str, interval: float, clock: float | None) -> float:
+    """The key's next slot, taken wherever it lies (no horizon: one is always found)."""
+    delay = _take(key, interval, 0.0, math.inf, clock)
+    assert delay is not None, "a slot within an endless horizon"
+    return delay

@@ -5,12 +5,14 @@ and 1e400 or 99999999999 would overflow the clock or strand the reply for centur
 import email.utils
 import math
 import time
+from typing import Any
 
 RETRY_AFTER_MIN, RETRY_AFTER_MAX, RETRY_AFTER_DEFAULT = 1.0, 3600.0, 30.0
 
 
-def clamp_retry_after(value, default=RETRY_AFTER_DEFAULT) -> float:
-    """Seconds to wait, from a number (or timedelta) a peer sent; not a number → `default`."""
+def clamp_retry_after(value: Any, default: float = RETRY_AFTER_DEFAULT) -> float:
+    """Seconds to wait, from a number (or timedelta) a peer sent (any JSON value, or a
+    header's text); not a number → `default`."""
     if hasattr(value, "total_seconds"):
         value = value.total_seconds()
     if isinstance(value, bool):
@@ -24,7 +26,7 @@ def clamp_retry_after(value, default=RETRY_AFTER_DEFAULT) -> float:
     return min(max(seconds, RETRY_AFTER_MIN), RETRY_AFTER_MAX)
 
 
-def retry_after_header(value, default=RETRY_AFTER_DEFAULT) -> float:
+def retry_after_header(value: str | None, default: float = RETRY_AFTER_DEFAULT) -> float:
     """An HTTP Retry-After header: delay-seconds or an HTTP date."""
     if value is None:
         return default

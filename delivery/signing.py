@@ -12,6 +12,7 @@ own clock (`verify` below is that check, for receivers written in Python).
 import hashlib
 import hmac
 import time
+from collections.abc import Mapping
 
 REPLAY_WINDOW = 300  # seconds
 
@@ -21,12 +22,13 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def signed_headers(secret: str, body: bytes, now=None) -> dict:
+def signed_headers(secret: str, body: bytes, now: float | None = None) -> dict[str, str]:
     timestamp = str(int(time.time() if now is None else now))
     return {"X-Agentloop-Timestamp": timestamp, "X-Agentloop-Signature": signature(secret, timestamp, body)}
 
 
-def verify(secret: str, headers, body: bytes, now=None, window=REPLAY_WINDOW) -> bool:
+def verify(secret: str, headers: Mapping[str, str], body: bytes, now: float | None = None,
+           window: float = REPLAY_WINDOW) -> bool:
     """A receiver's check: the signature matches and the timestamp is recent."""
     timestamp = headers.get("X-Agentloop-Timestamp", "")
     given = headers.get("X-Agentloop-Signature", "")

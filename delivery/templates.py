@@ -15,6 +15,7 @@ fixed text cannot be labelled), so a possible duplicate is labelled here too.
 """
 
 import re
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.utils.translation import gettext
@@ -27,7 +28,7 @@ _NAME = re.compile(r"[a-z0-9_]{1,512}")
 _LANGUAGE = re.compile(r"[a-z]{2,3}(_[A-Z]{2})?")
 
 
-def check_name(value) -> str:
+def check_name(value: object) -> str:
     value = str(value).strip()
     if not _NAME.fullmatch(value):
         raise ValidationError(gettext("a template's name as WhatsApp Manager shows it: lower-case letters, digits "
@@ -35,14 +36,14 @@ def check_name(value) -> str:
     return value
 
 
-def check_language(value) -> str:
+def check_language(value: object) -> str:
     value = str(value).strip()
     if not _LANGUAGE.fullmatch(value):
         raise ValidationError(gettext("a template language code as Meta writes it: es, en_US, pt_BR…"))
     return value
 
 
-def check_fill(value) -> str:
+def check_fill(value: str) -> str:
     if value not in FILLS:
         raise ValidationError(gettext("one of %(choices)s") % {"choices": ", ".join(FILLS)})
     return value
@@ -60,13 +61,13 @@ def parameters(text: str, fill: str) -> list[str]:
     return [one_line(text)]
 
 
-def filled(name: str, language: str, text: str, fill: str) -> dict:
+def filled(name: str, language: str, text: str, fill: str) -> dict[str, Any]:
     """The template a row carries: checked, and filled with `text`."""
     return {"name": check_name(name), "language": check_language(language),
             "parameters": parameters(text, check_fill(fill))}
 
 
-def labelled(template: dict, label: str) -> dict:
+def labelled(template: dict[str, Any], label: str) -> dict[str, Any]:
     """The template with the recovery marker (`label`, "" for none) in front of {{1}}."""
     values = list(template.get("parameters") or [])
     if not label or not values:
@@ -74,7 +75,7 @@ def labelled(template: dict, label: str) -> dict:
     return {**template, "parameters": [one_line(f"{label} {values[0]}"), *values[1:]]}
 
 
-def shown(template: dict) -> str:
+def shown(template: dict[str, Any]) -> str:
     """One line for operators: name (language) and its parameters."""
     if not template:
         return ""
