@@ -30,7 +30,7 @@ and filters by need an index (each model's Meta says which ones are there for it
 import functools
 import json
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import messages
 from django.contrib.admin import AllValuesFieldListFilter, ShowFacets
@@ -279,7 +279,7 @@ class RecentValuesFilter(AllValuesFieldListFilter):
 class BigTableAdmin:
     """A ModelAdmin mixin for the tables that grow with the traffic."""
 
-    paginator = EstimatedCountPaginator
+    paginator: ClassVar[type] = EstimatedCountPaginator  # as ModelAdmin declares it
     show_full_result_count = False
     show_facets = ShowFacets.NEVER
 
