@@ -26,15 +26,19 @@ Design:
   call connects and looks the calendar up afresh.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 import socket
 import threading
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import UTC, date, datetime, time
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-import caldav
 import icalendar
+from caldav.davclient import DAVClient
 from caldav.lib import error as dav_error
 from caldav.lib.http_sync import requests as http
 from django.conf import settings
@@ -42,7 +46,11 @@ from django.conf import settings
 from agentloop.core.redaction import redact, url_secrets
 from tools import fingerprint
 from tools.builtin.calendar import CalendarBackend, EventData, event_dict
-from tools.registry import OutcomeUnknown, ToolError
+from tools.registry import OutcomeUnknown, Scope, ToolError
+
+if TYPE_CHECKING:
+    from caldav.calendarobjectresource import CalendarObjectResource
+    from caldav.collection import Calendar, Principal
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +60,23 @@ MUTATING_METHODS = {"PUT", "DELETE"}
 
 _local = threading.local()
 
+T = TypeVar("T")
+# url, username, password, calendar name, timeout (seconds)
+Config = tuple[str, str, str, str, float]
 
-def _config() -> tuple:
+
+def _sync(value: T | Coroutine[Any, Any, T]) -> T:
+    """caldav types a method once for its sync and its async client; ours is sync (DAVClient)."""
+    return cast(T, value)
+
+
+def _config() -> Config:
     return (settings.AGENTLOOP_CALDAV_URL, settings.AGENTLOOP_CALDAV_USERNAME, settings.AGENTLOOP_CALDAV_PASSWORD,
             settings.AGENTLOOP_CALDAV_CALENDAR or "agentloop",
             settings.AGENTLOOP_CALDAV_TIMEOUT)
 
 
-def forget_connections():
+def forget_connections() -> None:
     """Drop this thread's cached client (the next call connects afresh)."""
     connection = getattr(_local, "connection", None)
     _local.connection = None
@@ -73,7 +90,7 @@ def forget_connections():
 # --- errors ------------------------------------------------------------------------------
 
 
-def _chain(exc):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -81,7 +98,7 @@ def _chain(exc):
         exc = exc.__cause__ or exc.__context__
 
 
-def _never_sent(exc) -> bool:
+def _never_sent(exc: BaseException) -> bool:
     """The connection could not be made, so the request never reached the server."""
     if isinstance(exc, http.exceptions.ConnectTimeout):
         return True
@@ -96,19 +113,19 @@ def _never_sent(exc) -> bool:
     return False
 
 
-def _shown(url) -> str:
+def _shown(url: object) -> str:
     """The server's URL as errors quote it: without user-info or query (either may carry
     credentials, and an error goes to the model, an invoke answer and a note)."""
     parts = urlsplit(str(url))
     return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="").geturl()
 
 
-def _safe(text, url) -> str:
+def _safe(text: str, url: str) -> str:
     """An error text with the configured credentials masked, wherever the server's answer put them."""
     return redact(text, [settings.AGENTLOOP_CALDAV_PASSWORD or "", *url_secrets(url)])
 
 
-def _network_problem(exc, url) -> str:
+def _network_problem(exc: BaseException, url: str) -> str:
     if isinstance(exc, http.exceptions.Timeout):
         return f"the calendar server at {url} did not answer in time"
     for link in _chain(exc):
@@ -131,7 +148,8 @@ def _refusal(exc: dav_error.DAVError) -> str:
     return f"the calendar server refused the request ({status}{': ' + detail if detail else ''})"
 
 
-def _call(fn, *, url, mutating=False, expected=()):
+def _call(fn: Callable[[], T], *, url: str, mutating: bool = False,
+          expected: type[Exception] | tuple[type[Exception], ...] = ()) -> T:
     """Run one caldav operation, translating its failures into ToolError / OutcomeUnknown
     (except the caldav errors in `expected`, which the caller handles)."""
     try:
@@ -160,33 +178,34 @@ def _slug(name: str) -> str:
 
 
 class _Connection:
-    def __init__(self, config):
+    def __init__(self, config: Config) -> None:
         url, username, password, name, timeout = config
         if not url:
             raise ToolError("the CalDAV calendar is not configured (AGENTLOOP_CALDAV_URL is empty)")
         self.url, self.name = url, name
-        credentials = {"username": username, "password": password} if username else {}
-        self.client = caldav.DAVClient(url=url, timeout=timeout, **credentials)
+        credentials: dict[str, Any] = {"username": username, "password": password} if username else {}
+        # caldav annotates the timeout int; it hands it to requests, which takes float seconds.
+        self.client = DAVClient(url=url, timeout=timeout, **credentials)  # type: ignore[arg-type]
         try:
             self.calendar = _call(self._find_or_make, url=url)
         except Exception:
             self.client.close()
             raise
 
-    def _find_or_make(self):
-        principal = self.client.principal()
+    def _find_or_make(self) -> Calendar:
+        principal: Principal = self.client.principal()  # type: ignore[no-untyped-call]  # unannotated in caldav
         try:
-            return principal.calendar(name=self.name)
+            return _sync(principal.calendar(name=self.name))
         except dav_error.NotFoundError:
             pass
         log.info("creating the CalDAV calendar %r at %s", self.name, _shown(self.url))
         try:
             # A fixed collection id: two processes creating it at once hit the same URL,
             # and the loser finds the winner's calendar below instead of making a twin.
-            return principal.make_calendar(name=self.name, cal_id=_slug(self.name))
+            return _sync(principal.make_calendar(name=self.name, cal_id=_slug(self.name)))
         except dav_error.DAVError:
             try:
-                return principal.calendar(name=self.name)
+                return _sync(principal.calendar(name=self.name))
             except dav_error.NotFoundError:
                 raise ToolError(f"the calendar {self.name!r} does not exist on {_shown(self.url)} "
                                 "and could not be created") from None
@@ -211,10 +230,15 @@ def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
-def _as_datetime(value) -> datetime | None:
+def _as_datetime(value: Any) -> datetime | None:
     """A DTSTART/DTEND as an aware UTC datetime (dates and floating times: the default zone)."""
     if value is None:
         return None
+    return _as_moment(value)
+
+
+def _as_moment(value: Any) -> datetime:
+    """A DTSTART/DTEND that is there (an iCalendar property, its `dt` a date or datetime): `_as_datetime`."""
     value = getattr(value, "dt", value)
     if isinstance(value, date) and not isinstance(value, datetime):
         value = datetime.combine(value, time())
@@ -226,12 +250,12 @@ def _mailto(address: str) -> str:
     return address if address.lower().startswith("mailto:") else f"mailto:{address}"
 
 
-def _address(attendee) -> str:
+def _address(attendee: object) -> str:
     text = str(attendee)
     return text[7:] if text.lower().startswith("mailto:") else text
 
 
-def to_ical(scope, uid, data: EventData) -> str:
+def to_ical(scope: Scope, uid: str, data: EventData) -> str:
     event = icalendar.Event()
     event.add("UID", uid)
     event.add("DTSTAMP", datetime.now(UTC))
@@ -250,10 +274,11 @@ def to_ical(scope, uid, data: EventData) -> str:
     calendar.add("PRODID", PRODID)
     calendar.add("VERSION", "2.0")
     calendar.add_component(event)
-    return calendar.to_ical().decode()
+    encoded: bytes = calendar.to_ical()
+    return encoded.decode()
 
 
-def _vevent(obj):
+def _vevent(obj: CalendarObjectResource) -> icalendar.Component | None:
     """The event's main VEVENT (not a recurrence override), or None."""
     try:
         parsed = icalendar.Calendar.from_ical(obj.get_data())
@@ -264,16 +289,18 @@ def _vevent(obj):
     return next((e for e in events if "RECURRENCE-ID" not in e), events[0] if events else None)
 
 
-def _scope_of(vevent) -> str | None:
+def _scope_of(vevent: icalendar.Component) -> str | None:
     value = vevent.get(SCOPE_PROPERTY)
     return str(value) if value is not None else None
 
 
-def _as_dict(vevent, calendar_name) -> dict:
+def _as_dict(vevent: icalendar.Component, calendar_name: str) -> dict[str, Any]:
     attendees = vevent.get("ATTENDEE") or []
     if not isinstance(attendees, list):
         attendees = [attendees]
-    data = EventData(title=str(vevent.get("SUMMARY", "")), start=_as_datetime(vevent.get("DTSTART")),
+    # A VEVENT without DTSTART would give None here and fail in event_dict (unchanged, noted in issue 52).
+    data = EventData(title=str(vevent.get("SUMMARY", "")),
+                     start=_as_datetime(vevent.get("DTSTART")),  # type: ignore[arg-type]
                      end=_as_datetime(vevent.get("DTEND")), attendees=[_address(a) for a in attendees],
                      location=str(vevent.get("LOCATION", "")), description=str(vevent.get("DESCRIPTION", "")))
     return event_dict(str(vevent.get("UID")), data, calendar_name)
@@ -283,7 +310,7 @@ def _as_dict(vevent, calendar_name) -> dict:
 
 
 class CalDAVCalendar(CalendarBackend):
-    def create(self, scope, uid, data):
+    def create(self, scope: Scope, uid: str, data: EventData) -> dict[str, Any]:
         connection = _connection()
         ical = to_ical(scope, uid, data)
         try:
@@ -297,10 +324,11 @@ class CalDAVCalendar(CalendarBackend):
             raise ToolError(f"the calendar already has another event with the id {uid!r}") from None
         return event_dict(uid, data, connection.name)
 
-    def _lookup(self, connection, scope, uid):
+    def _lookup(self, connection: _Connection, scope: Scope,
+                uid: str) -> tuple[CalendarObjectResource, icalendar.Component] | None:
         """(caldav object, VEVENT) of the scope's event with this UID, or None."""
         try:
-            obj = _call(lambda: connection.calendar.get_event_by_uid(uid), url=connection.url,
+            obj = _call(lambda: _sync(connection.calendar.get_event_by_uid(uid)), url=connection.url,
                         expected=dav_error.NotFoundError)
         except dav_error.NotFoundError:
             return None
@@ -309,25 +337,27 @@ class CalDAVCalendar(CalendarBackend):
             return None
         return obj, vevent
 
-    def find(self, scope, uid):
+    def find(self, scope: Scope, uid: str) -> dict[str, Any] | None:
         connection = _connection()
         found = self._lookup(connection, scope, uid)
         return _as_dict(found[1], connection.name) if found else None
 
-    def list(self, scope, start_from, start_to, limit=50):
+    def list(self, scope: Scope, start_from: datetime | None, start_to: datetime | None,
+             limit: int = 50) -> list[dict[str, Any]]:
         connection = _connection()
-        window = {}
+        window: dict[str, Any] = {}  # caldav search()'s start and end
         if start_from is not None:
             window["start"] = _utc(start_from)
         if start_to is not None:
             window["end"] = _utc(start_to)
-        objects = _call(lambda: connection.calendar.search(event=True, expand=False, **window), url=connection.url)
-        events = []
+        objects: list[CalendarObjectResource] = _call(lambda: _sync(connection.calendar.search(event=True, expand=False, **window)),
+                        url=connection.url)
+        events: list[tuple[datetime, str, icalendar.Component]] = []
         for obj in objects:
             vevent = _vevent(obj)
             if vevent is None or _scope_of(vevent) != scope.key or vevent.get("DTSTART") is None:
                 continue
-            start = _as_datetime(vevent.get("DTSTART"))
+            start = _as_moment(vevent.get("DTSTART"))
             # The server matches events *overlapping* the window; we list those starting in it.
             if ("start" in window and start < window["start"]) or ("end" in window and start >= window["end"]):
                 continue
@@ -335,7 +365,7 @@ class CalDAVCalendar(CalendarBackend):
         events.sort(key=lambda item: (item[0], item[1]))
         return [_as_dict(vevent, connection.name) for _, _, vevent in events[:limit]]
 
-    def delete(self, scope, uid):
+    def delete(self, scope: Scope, uid: str) -> bool:
         connection = _connection()
         found = self._lookup(connection, scope, uid)
         if found is None:

@@ -5,6 +5,7 @@ while the server held the data → it may have been sent (the claim is uncertain
 
 import smtplib
 from email.utils import make_msgid
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -12,7 +13,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.core.validators import validate_email
 
 from tools import fingerprint
-from tools.registry import Effect, InvalidArguments, OutcomeUnknown, Tool, ToolError
+from tools.registry import Effect, InvalidArguments, OutcomeUnknown, Tool, ToolCall, ToolError
 
 MAX_RECIPIENTS = 20  # the list form's maxItems, and the string form's count of addresses
 
@@ -40,7 +41,7 @@ class SendEmail(Tool):
     fingerprint_fields = ("to", "subject", "body")
     normalizers = {"to": fingerprint.addresses, "subject": fingerprint.text, "body": fingerprint.digest_of}
 
-    def validate(self, arguments):
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         arguments = super().validate(arguments)
         if len(self.recipients(arguments)) > MAX_RECIPIENTS:  # "a@x, b@y, …" as a string, too
             raise InvalidArguments(f"to: at most {MAX_RECIPIENTS} addresses")
@@ -54,12 +55,12 @@ class SendEmail(Tool):
         return arguments
 
     @staticmethod
-    def recipients(arguments):
+    def recipients(arguments: dict[str, Any]) -> list[str]:
         to = arguments["to"]
         items = to if isinstance(to, list) else to.replace(";", ",").split(",")
         return [a.strip() for a in items if a.strip()]
 
-    def run(self, call):
+    def run(self, call: ToolCall) -> dict[str, Any]:
         arguments = call.arguments
         message_id = make_msgid(idstring=call.idempotency_key or None, domain="agentloop")
         message = EmailMessage(subject=arguments["subject"], body=arguments["body"],

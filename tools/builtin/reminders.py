@@ -3,13 +3,14 @@ follow-up) in the conversation it is answering. Behind the guard: asked twice (t
 same text for the same minute, in the same conversation) it is scheduled once.
 The message goes out by itself (conversations.schedules, docs/schedules.md)."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.utils import timezone
 
 from delivery.models import ScheduledMessage, ScheduleSource
 from tools import fingerprint
-from tools.registry import Effect, InvalidArguments, Tool, ToolError
+from tools.registry import Effect, InvalidArguments, Tool, ToolCall, ToolError
 
 MAX_AHEAD = timedelta(days=366)
 MIN_REPEAT_MINUTES = 60
@@ -36,7 +37,7 @@ class CreateReminder(Tool):
     fingerprint_fields = ("text", "due_at")
     normalizers = {"text": fingerprint.text, "due_at": fingerprint.instant}
 
-    def validate(self, arguments):
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         arguments = super().validate(arguments)
         due = self.due(arguments)
         if due > timezone.now() + MAX_AHEAD:
@@ -44,13 +45,13 @@ class CreateReminder(Tool):
         return arguments
 
     @staticmethod
-    def due(arguments):
+    def due(arguments: dict[str, Any]) -> datetime:
         try:
             return fingerprint.parse_moment(arguments["due_at"])
         except ValueError as exc:
             raise InvalidArguments(f"due_at: {exc}") from None
 
-    def run(self, call):
+    def run(self, call: ToolCall) -> dict[str, Any]:
         if call.scope.conversation_id is None:
             raise ToolError("reminder_create schedules into a conversation: call it from a turn")
         arguments = call.arguments
@@ -61,13 +62,13 @@ class CreateReminder(Tool):
             cancel_on_reply=bool(arguments.get("cancel_on_reply")), source=ScheduleSource.AGENT)
         return self.described(row)
 
-    def reconcile(self, call):
+    def reconcile(self, call: ToolCall) -> dict[str, Any] | None:
         found = ScheduledMessage.objects.filter(
             conversation_id=call.scope.conversation_id, text=call.arguments["text"],
             due_at=self.due(call.arguments), source=ScheduleSource.AGENT).order_by("-id").first()
         return self.described(found) if found is not None else None
 
     @staticmethod
-    def described(row) -> dict:
+    def described(row: ScheduledMessage) -> dict[str, Any]:
         return {"schedule_id": row.pk, "due_at": row.due_at.isoformat(), "state": row.state,
                 "cancel_on_reply": row.cancel_on_reply}

@@ -8,11 +8,16 @@ its canonical arguments as the fingerprint; `destructiveHint: true` asks an oper
 approval. Operators change the policy afterwards like any other.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +27,9 @@ from tools import registry
 from tools.mcp.client import AnswerLost, ServerError, ServerSpec, Unreachable, hub
 from tools.mcp.models import SEPARATOR, McpServer, McpTool
 from tools.models import ApprovalMode
+
+if TYPE_CHECKING:
+    import mcp_types
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +43,13 @@ MAX_DESCRIPTION_CHARS = 4000
 CHECK_SECONDS = 3.0
 # A server found down is not asked again by turns for this long (per process).
 DOWN_SECONDS = 5.0
-_down_until: dict = {}
+_down_until: dict[int, float] = {}  # server pk -> time.monotonic() it may be asked again
 
 
-def policy_defaults(annotations: dict, trusted: bool, call_seconds: float = 30.0) -> dict:
+def policy_defaults(annotations: dict[str, Any], trusted: bool, call_seconds: float = 30.0) -> dict[str, object]:
     """A new policy's fields from the tool's hints (camelCase, as MCP spells them). Its
     lease outlasts a call's whole deadline, so the sweep never calls a running call lost."""
-    defaults = {"timeout_seconds": max(60, int(call_seconds) + 15)}
+    defaults: dict[str, object] = {"timeout_seconds": max(60, int(call_seconds) + 15)}
     if trusted and annotations.get("readOnlyHint") is True:
         defaults["guarded"] = False
     elif annotations.get("destructiveHint") is True:
@@ -52,7 +60,7 @@ def policy_defaults(annotations: dict, trusted: bool, call_seconds: float = 30.0
 class RemoteTool(registry.Tool):
     """One MCP server's tool, called through the process's connection to it."""
 
-    def __init__(self, row: McpTool):
+    def __init__(self, row: McpTool) -> None:
         server = row.server
         self.name = row.offered_as
         self.remote_name = row.name
@@ -67,7 +75,7 @@ class RemoteTool(registry.Tool):
         self.server_name = server.name
         self.max_result_bytes = server.max_result_bytes
 
-    def run(self, call: registry.ToolCall) -> dict:
+    def run(self, call: registry.ToolCall) -> dict[str, Any]:
         meta = {IDEMPOTENCY_META: call.idempotency_key} if call.idempotency_key else None
         try:
             result = hub.call(self.spec, self.remote_name, call.arguments, meta)
@@ -80,7 +88,7 @@ class RemoteTool(registry.Tool):
             raise registry.ToolError(f"{self.remote_name} failed: {json.dumps(body, ensure_ascii=False)[:1000]}")
         return body
 
-    def reconcile(self, call: registry.ToolCall) -> dict | None:
+    def reconcile(self, call: registry.ToolCall) -> dict[str, Any] | None:
         """Look the interrupted action up with the operator's read-only tool."""
         reconcile_with = (McpTool.objects.filter(server_id=self.spec.pk, name=self.remote_name)
                           .values_list("reconcile_with", flat=True).first())  # as it is now, not as cached
@@ -100,9 +108,10 @@ class RemoteTool(registry.Tool):
             return None
         return body
 
-    def _body(self, result) -> dict:
+    def _body(self, result: mcp_types.CallToolResult) -> dict[str, Any]:
         """The result for the claim and the model: structured content, else the text (JSON
         when it is), redacted with the server's secrets and cut to the server's cap."""
+        body: Any  # a server's JSON
         if result.structured_content is not None:
             body = result.structured_content
         else:
@@ -119,7 +128,8 @@ class RemoteTool(registry.Tool):
             cut = encoded.encode()[: self.max_result_bytes].decode(errors="ignore")
             return {"text": cut, "truncated": True,
                     "note": f"The result was longer than {self.max_result_bytes} bytes and was cut."}
-        return json.loads(encoded)
+        redacted: dict[str, Any] = json.loads(encoded)  # the dict encoded above
+        return redacted
 
 
 def tool(name: str) -> RemoteTool | None:
@@ -131,12 +141,12 @@ def tool(name: str) -> RemoteTool | None:
     return RemoteTool(row) if row is not None else None
 
 
-def sync(server: McpServer, listed) -> list:
+def sync(server: McpServer, listed: Iterable[mcp_types.Tool]) -> list[str]:
     """Store what the server listed (mcp Tool models); a policy for each new tool."""
     from tools.guard import policy_for  # the guard imports the registry, which falls back to this module
 
     now = timezone.now()
-    names = []
+    names: list[str] = []
     for item in listed:
         offered_as = f"{server.name}{SEPARATOR}{item.name}"
         if not registry.NAME_PATTERN.match(offered_as):
@@ -160,7 +170,7 @@ def sync(server: McpServer, listed) -> list:
     return names
 
 
-def too_big(item) -> str:
+def too_big(item: mcp_types.Tool) -> str:
     """Why a listed tool is too big to offer ("" when it is not)."""
     if len(item.description or "") > MAX_DESCRIPTION_CHARS:
         return f"its description is longer than {MAX_DESCRIPTION_CHARS} characters"
@@ -170,7 +180,7 @@ def too_big(item) -> str:
     return ""
 
 
-def refresh(server: McpServer, deadline: float | None = None) -> list:
+def refresh(server: McpServer, deadline: float | None = None) -> list[str]:
     """List the server's tools now and store them; raises Unreachable (recorded on the row).
     A listing this process stored unchanged within the server's refresh period is not
     written again (each turn checks its servers with a listing)."""
@@ -191,10 +201,10 @@ def refresh(server: McpServer, deadline: float | None = None) -> list:
 
 
 # server pk -> (the digest of the listing this process last stored, the row's updated_at)
-_stored: dict = {}
+_stored: dict[int, tuple[str, datetime]] = {}
 
 
-def refresh_by_pk(pk):
+def refresh_by_pk(pk: int) -> None:
     """`tools/list_changed` from a server (on a thread of the hub's)."""
     from django.db import close_old_connections
 
@@ -212,7 +222,7 @@ def refresh_by_pk(pk):
 hub.on_list_changed = refresh_by_pk
 
 
-def refresh_due(now=None) -> int:
+def refresh_due(now: datetime | None = None) -> int:
     """The schedule: servers whose listing is older than their refresh_seconds (worker housekeeping)."""
     now = now or timezone.now()
     done = 0
@@ -230,11 +240,11 @@ def refresh_due(now=None) -> int:
 class Offer:
     """What a turn's model is offered from MCP servers, and what it is told about the rest."""
 
-    tools: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI functions
+    notes: list[str] = field(default_factory=list)
 
 
-def offered_to(channel_id) -> Offer:
+def offered_to(channel_id: int) -> Offer:
     """The channel's MCP tools whose server answers now (one listing each, bounded), as
     OpenAI functions; a server that does not answer leaves a note instead."""
     from tools.guard import policy_for
@@ -259,7 +269,7 @@ def offered_to(channel_id) -> Offer:
     return offer
 
 
-def allowed(tool_, scope: registry.Scope) -> bool:
+def allowed(tool_: registry.Tool, scope: registry.Scope) -> bool:
     """An MCP tool serves only the conversations of its server's channels."""
     if not isinstance(tool_, RemoteTool):
         return True

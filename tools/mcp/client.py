@@ -21,9 +21,18 @@ whole protocol, starlette, uvicorn) cost every process start about a third of a 
 CPU, a second or more on a loaded machine (-X importtime); most processes never use it.
 """
 
+from __future__ import annotations
+
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tools.mcp.outcomes import CONNECT_SECONDS, AnswerLost, ServerError, ServerSpec, Unreachable
+
+if TYPE_CHECKING:
+    import mcp_types
+
+    from tools.mcp.sdk_client import Hub
 
 __all__ = ["CONNECT_SECONDS", "AnswerLost", "LazyHub", "ServerError", "ServerSpec", "Unreachable", "hub"]
 
@@ -32,12 +41,12 @@ class LazyHub:
     """The process's connections (sdk_client.Hub), made on first use. `on_list_changed`
     may be set before: it is handed to the hub when it is made."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._hub = None
-        self.on_list_changed = None  # callable(server pk), run on a thread
+        self._hub: Hub | None = None
+        self.on_list_changed: Callable[[int], object] | None = None  # callable(server pk), run on a thread
 
-    def _real(self):
+    def _real(self) -> Hub:
         with self._lock:
             if self._hub is None:
                 from tools.mcp.sdk_client import Hub  # the SDK's import cost, paid on first use (above)
@@ -45,18 +54,19 @@ class LazyHub:
                 self._hub = Hub(on_list_changed=self._list_changed)
             return self._hub
 
-    def _list_changed(self, pk):
+    def _list_changed(self, pk: int) -> None:
         if self.on_list_changed is not None:
             self.on_list_changed(pk)
 
-    def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list:
+    def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list[mcp_types.Tool]:
         return self._real().list_tools(spec, deadline)
 
-    def call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None = None):
+    def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
+             meta: dict[str, Any] | None = None) -> mcp_types.CallToolResult:
         """The server's CallToolResult; raises Unreachable, AnswerLost or ServerError."""
         return self._real().call(spec, name, arguments, meta)
 
-    def forget(self, pk):
+    def forget(self, pk: int) -> None:
         """Close a server's connection (its row changed or was deleted); none made, none to close."""
         if self._hub is not None:
             self._hub.forget(pk)

@@ -57,13 +57,13 @@ class McpServer(models.Model):
         verbose_name_plural = _("MCP servers")
         ordering = ["name"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
-    def secrets(self) -> list:
+    def secrets(self) -> list[str]:
         return [str(v) for v in [*self.headers.values(), *self.env.values()] if v]
 
-    def clean(self):
+    def clean(self) -> None:
         from tools.mcp.reach import check_url
 
         if self.transport == McpTransport.HTTP and self.url:
@@ -100,7 +100,7 @@ class McpTool(models.Model):
         ordering = ["offered_as"]
         constraints = [models.UniqueConstraint(fields=["server", "name"], name="mcp_tool_once_per_server")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.offered_as
 
     def hints(self) -> str:

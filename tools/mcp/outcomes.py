@@ -1,7 +1,13 @@
 """What an MCP call can end in, and what a connection is opened with: shared by the light
 side (client.py, imported everywhere) and the SDK side (sdk_client.py, imported on first use)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tools.mcp.models import McpServer
 
 CONNECT_SECONDS = 5.0
 
@@ -26,20 +32,20 @@ class ServerSpec:
     name: str
     transport: str
     url: str = ""
-    command: tuple = ()
-    headers: tuple = ()  # (name, value) pairs
-    env: tuple = ()
+    command: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value) pairs
+    env: tuple[tuple[str, str], ...] = ()
     timeout: float = 30.0
     internal: bool = False  # its URL is the one the machine's holder allowed (tools/mcp/reach.py)
     version: str = ""  # the row's updated_at: a changed server is connected anew
 
     @classmethod
-    def of(cls, server):
+    def of(cls, server: McpServer) -> ServerSpec:
         return cls(pk=server.pk, name=server.name, transport=server.transport, url=server.url,
                    command=tuple(server.command or ()), headers=tuple(sorted((server.headers or {}).items())),
                    env=tuple(sorted((server.env or {}).items())), timeout=float(server.timeout_seconds),
                    internal=bool(server.url) and server.url == server.internal_url,
                    version=server.updated_at.isoformat() if server.updated_at else "")
 
-    def secrets(self) -> list:
+    def secrets(self) -> list[str]:
         return [str(v) for _, v in (*self.headers, *self.env) if v]

@@ -22,6 +22,8 @@ server's or a library's text: that is logged at INFO, redacted, for the machine'
 import asyncio
 import socket
 import ssl
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import cast
 from urllib.parse import urlsplit
 
 import httpx2
@@ -44,7 +46,7 @@ class NotAllowed(Problem):
 
 
 class TooLong(Problem):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(TOO_LONG)
 
 
@@ -79,7 +81,7 @@ async def pin(request: httpx2.Request, deadline: float) -> None:
         raise Problem("name not resolved") from None
     except TimeoutError:
         raise Problem("timed out") from None
-    addresses = [info[4][0] for info in found]
+    addresses = [str(info[4][0]) for info in found]
     for address in addresses:
         if why := not_allowed(address):
             raise NotAllowed(why)
@@ -111,7 +113,7 @@ def category(exc: BaseException) -> str:
     return "bad answer"
 
 
-def _chain(exc: BaseException | None, depth=0):
+def _chain(exc: BaseException | None, depth: int = 0) -> Iterator[BaseException]:
     """The exception, its causes and contexts, and those of a group's members."""
     while exc is not None and depth < 50:
         yield exc
@@ -125,10 +127,10 @@ class CappedStream(httpx2.AsyncByteStream):
     """A response body read at most MAX_ANSWER_BYTES at a time: a JSON body in all, an
     event stream per event (the bytes since its last blank line)."""
 
-    def __init__(self, stream, events: bool, on_too_long):
+    def __init__(self, stream: httpx2.AsyncByteStream, events: bool, on_too_long: Callable[[], object]) -> None:
         self.stream, self.events, self.on_too_long = stream, events, on_too_long
 
-    async def __aiter__(self):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         held = 0
         async for chunk in self.stream:
             if self.events:
@@ -141,11 +143,12 @@ class CappedStream(httpx2.AsyncByteStream):
                 raise TooLong()
             yield chunk
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         await self.stream.aclose()
 
 
-def capped(response: httpx2.Response, on_too_long) -> httpx2.Response:
+def capped(response: httpx2.Response, on_too_long: Callable[[], object]) -> httpx2.Response:
     events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
-    response.stream = CappedStream(response.stream, events, on_too_long)
+    # An async transport's response (capped() is called by _GuardedTransport only): its stream is async.
+    response.stream = CappedStream(cast(httpx2.AsyncByteStream, response.stream), events, on_too_long)
     return response

@@ -2,12 +2,17 @@
 kept open on an event loop of its own (a daemon thread). Imported on first use only
 (client.LazyHub); the rest of the product imports client.py."""
 
+from __future__ import annotations
+
 import asyncio
 import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import httpx2
@@ -19,6 +24,12 @@ from agentloop.core.redaction import redact
 from tools.mcp import reach
 from tools.mcp.outcomes import CONNECT_SECONDS, AnswerLost, ServerError, ServerSpec, Unreachable
 from tools.mcp.stdio import bounded_stdio
+
+if TYPE_CHECKING:
+    from mcp.client._transport import TransportStreams
+    from mcp.client.session import IncomingMessage, MessageHandlerFnT
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +43,7 @@ class _Attempt:
     problem: str = ""
 
 
-_attempt: contextvars.ContextVar = contextvars.ContextVar("mcp_attempt", default=None)
+_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("mcp_attempt", default=None)
 
 
 class _GuardedTransport(httpx2.AsyncHTTPTransport):
@@ -41,11 +52,11 @@ class _GuardedTransport(httpx2.AsyncHTTPTransport):
     current attempt (a context variable the SDK's POST tasks inherit) what went wrong,
     and that a connection was refused."""
 
-    def __init__(self, spec: ServerSpec):
+    def __init__(self, spec: ServerSpec) -> None:
         super().__init__(trust_env=False)
         self.spec = spec
 
-    async def handle_async_request(self, request):
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         attempt = _attempt.get()
         try:
             if not self.spec.internal:
@@ -58,7 +69,7 @@ class _GuardedTransport(httpx2.AsyncHTTPTransport):
         return reach.capped(response, lambda: _record(attempt, reach.TooLong()))
 
 
-def _record(attempt, exc, refused=False):
+def _record(attempt: _Attempt | None, exc: BaseException, refused: bool = False) -> None:
     why = reach.category(exc)
     log.info("MCP: %s (%s)", why, redact(_describe(exc)))
     if attempt is not None:
@@ -73,17 +84,17 @@ class _Connection:
 
     spec: ServerSpec
     client: Client
-    owner: asyncio.Task
+    owner: asyncio.Task[None]
     closing: asyncio.Event
     opening: _Attempt
-    tasks: list = field(default_factory=list)
+    tasks: list[asyncio.Future[None]] = field(default_factory=list)
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return not self.owner.done()
 
 
-def _transport(spec: ServerSpec):
+def _transport(spec: ServerSpec) -> AbstractAsyncContextManager[TransportStreams]:
     if spec.transport == "stdio":
         command = list(spec.command)
         if not command:
@@ -97,14 +108,14 @@ def _transport(spec: ServerSpec):
 class Hub:
     """The process's MCP connections, on their own event loop."""
 
-    def __init__(self, on_list_changed=None):
+    def __init__(self, on_list_changed: Callable[[int], object] | None = None) -> None:
         self._lock = threading.Lock()
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connections: dict[int, _Connection] = {}
         self._opening: dict[int, asyncio.Lock] = {}
         self.on_list_changed = on_list_changed  # callable(server pk), run on a thread
 
-    def _ensure_loop(self):
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -112,7 +123,7 @@ class Hub:
                 self._loop = loop
             return self._loop
 
-    def run(self, coro, deadline: float):
+    def run(self, coro: Coroutine[Any, Any, T], deadline: float) -> T:
         """Run `coro` on the hub's loop; wait at most `deadline` seconds for it."""
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
         try:
@@ -138,7 +149,7 @@ class Hub:
 
     async def _open(self, spec: ServerSpec) -> _Connection:
         loop = asyncio.get_running_loop()
-        ready = loop.create_future()
+        ready: asyncio.Future[Client] = loop.create_future()
         closing = asyncio.Event()
         # The connection's own attempt: what its transport's tasks (started by the owner,
         # in its context) record — the handshake's failure, a stdio line too long.
@@ -161,7 +172,7 @@ class Hub:
             connection.tasks.append(asyncio.ensure_future(self._listen(connection)))
         return connection
 
-    async def _own(self, spec, ready, closing):
+    async def _own(self, spec: ServerSpec, ready: asyncio.Future[Client], closing: asyncio.Event) -> None:
         try:
             async with Client(_transport(spec), read_timeout_seconds=spec.timeout, cache=None,
                               message_handler=self._message_handler(spec.pk)) as client:
@@ -173,15 +184,15 @@ class Hub:
             elif not isinstance(exc, asyncio.CancelledError):
                 log.info("MCP server %s: connection closed (%s)", spec.name, type(exc).__name__)
 
-    def _message_handler(self, pk):
-        async def handle(message):  # a 2025-era server's notifications
+    def _message_handler(self, pk: int) -> MessageHandlerFnT:
+        async def handle(message: IncomingMessage) -> None:  # a 2025-era server's notifications
             if isinstance(message, mcp_types.ServerNotification) and \
                     isinstance(message.root if hasattr(message, "root") else message,
                                mcp_types.ToolListChangedNotification):
                 self._changed(pk)
         return handle
 
-    async def _listen(self, connection: _Connection):
+    async def _listen(self, connection: _Connection) -> None:
         """A 2026-era server's `subscriptions/listen` stream of tools/list_changed."""
         try:
             async with connection.client.listen(tools_list_changed=True) as subscription:
@@ -190,11 +201,11 @@ class Hub:
         except Exception as exc:  # not offered, or the stream dropped: the schedule still refreshes
             log.debug("MCP server %s: no list_changed stream (%s)", connection.spec.name, type(exc).__name__)
 
-    def _changed(self, pk):
+    def _changed(self, pk: int) -> None:
         if self.on_list_changed is not None:
             asyncio.get_running_loop().run_in_executor(None, self.on_list_changed, pk)
 
-    async def _drop(self, pk):
+    async def _drop(self, pk: int) -> None:
         connection = self._connections.pop(pk, None)
         if connection is not None:
             for task in connection.tasks:
@@ -207,12 +218,13 @@ class Hub:
                     raise
                 log.debug("closing MCP connection %s: %s", connection.spec.name, type(exc).__name__)
 
-    async def _list(self, spec: ServerSpec) -> list:
+    async def _list(self, spec: ServerSpec) -> list[mcp_types.Tool]:
         attempt = _Attempt()
         _attempt.set(attempt)
         connection = await self._connection(spec)
         try:
-            tools, cursor = [], None
+            tools: list[mcp_types.Tool] = []
+            cursor: str | None = None
             for _ in range(20):
                 page = await connection.client.list_tools(cursor=cursor)
                 tools += page.tools
@@ -226,18 +238,21 @@ class Hub:
             raise Unreachable(unreachable(spec, attempt.problem or connection.opening.problem
                                           or reach.category(exc))) from None
 
-    async def _call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None):
+    async def _call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
+                    meta: dict[str, Any] | None) -> mcp_types.CallToolResult:
         attempt = _Attempt()
         _attempt.set(attempt)
         connection = await self._connection(spec)
         try:
             with anyio.fail_after(spec.timeout):
-                return await connection.client.call_tool(name, arguments, meta=meta)
+                # RequestParamsMeta is an open map (extra_items=Any), which mypy cannot read yet.
+                return await connection.client.call_tool(name, arguments,
+                                                         meta=cast("mcp_types.RequestParamsMeta | None", meta))
         except MCPError as exc:
             if exc.code not in (mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT):
                 raise ServerError(redact(f"{spec.name}: {str(exc)[:1000]}", spec.secrets())) from None
             await self._drop(spec.pk)
-            failure = exc
+            failure: Exception = exc
         except TimeoutError:
             await self._drop(spec.pk)
             raise AnswerLost(f"no answer from MCP server {spec.name} within {spec.timeout:g} s") from None
@@ -252,7 +267,7 @@ class Hub:
 
     # --- from any thread ---------------------------------------------------------------------
 
-    def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list:
+    def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list[mcp_types.Tool]:
         deadline = deadline or CONNECT_SECONDS + spec.timeout
         try:
             return self.run(self._list(spec), deadline)
@@ -260,7 +275,8 @@ class Hub:
             self.forget(spec.pk)
             raise Unreachable(unreachable(spec, "timed out")) from None
 
-    def call(self, spec: ServerSpec, name: str, arguments: dict, meta: dict | None = None):
+    def call(self, spec: ServerSpec, name: str, arguments: dict[str, Any],
+             meta: dict[str, Any] | None = None) -> mcp_types.CallToolResult:
         """The server's CallToolResult; raises Unreachable, AnswerLost or ServerError."""
         started = time.monotonic()
         try:
@@ -272,7 +288,7 @@ class Hub:
             raise AnswerLost(f"no answer from MCP server {spec.name} within "
                              f"{time.monotonic() - started:.0f} s") from None
 
-    def forget(self, pk):
+    def forget(self, pk: int) -> None:
         """Close a server's connection (its row changed or was deleted)."""
         if self._loop is not None:
             asyncio.run_coroutine_threadsafe(self._drop(pk), self._loop)
@@ -283,7 +299,7 @@ def unreachable(spec: ServerSpec, why: str) -> str:
     return f"MCP server {spec.name} is unreachable: {why}"
 
 
-def _describe(exc) -> str:
+def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"[:500]

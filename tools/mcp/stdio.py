@@ -11,8 +11,12 @@ server's `env`, never the worker's own (SECRET_KEY, DATABASE_URL, provider keys)
 closes stdin, waits, then kills the process group. Only reading stdout is ours.
 """
 
+from __future__ import annotations
+
 import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 from mcp.client.stdio import (
@@ -26,23 +30,40 @@ from mcp.client.stdio import (
 
 from tools.mcp import reach
 
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp.client._transport import TransportStreams
+    from mcp.shared.message import SessionMessage
+
+    from tools.mcp.sdk_client import _Attempt
+
 _FLUSH_SECONDS = 0.5
 
 
 @asynccontextmanager
-async def bounded_stdio(command: list, env: dict, attempt):
+async def bounded_stdio(command: list[str], env: dict[str, str],
+                        attempt: _Attempt | None) -> AsyncIterator[TransportStreams]:
     """(read stream, write stream) of the command's MCP session; `attempt` records a line too long."""
     process = await _create_platform_compatible_process(
         command=await _get_executable_command(command[0]), args=command[1:],
         env=get_default_environment() | env, errlog=sys.stderr, cwd=None)
+    reader_out: MemoryObjectSendStream[SessionMessage | Exception]
+    read_stream: MemoryObjectReceiveStream[SessionMessage | Exception]
+    write_stream: MemoryObjectSendStream[SessionMessage]
+    writer_in: MemoryObjectReceiveStream[SessionMessage]
     reader_out, read_stream = anyio.create_memory_object_stream(0)
     write_stream, writer_in = anyio.create_memory_object_stream(0)
     written = anyio.Event()
 
-    async def read_lines():
+    # Spawned with pipes (the SDK's _create_platform_compatible_process): both are there.
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None and stdout is not None
+
+    async def read_lines() -> None:
         try:
             async with reader_out:
-                async for line in _lines(process.stdout):
+                async for line in _lines(stdout):
                     await reader_out.send(_parse_line(line.decode("utf-8", errors="replace")))
         except reach.TooLong:
             if attempt is not None:
@@ -52,12 +73,12 @@ async def bounded_stdio(command: list, env: dict, attempt):
         finally:
             await _drain_stdout(process)
 
-    async def write_messages():
+    async def write_messages() -> None:
         try:
             async with writer_in:
                 async for message in writer_in:
                     line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(line.encode())
+                    await stdin.send(line.encode())
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await reader_out.aclose()
         finally:
@@ -78,7 +99,7 @@ async def bounded_stdio(command: list, env: dict, attempt):
             tasks.cancel_scope.cancel()
 
 
-async def _lines(stdout):
+async def _lines(stdout: ByteReceiveStream) -> AsyncIterator[bytes]:
     """The lines of `stdout` (bytes, without their newline); TooLong past the cap."""
     held = bytearray()
     while True:
