@@ -287,6 +287,8 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "one file at `AGENTLOOP_MEDIA_MAX_BYTES`): past them reading stops and the turn "
             "fails, naming this setting."),
         Var("AGENTLOOP_EXTRA_AGENTS", "empty", "`name=dotted.path,…` agents added to the registry."),
+        Var("AGENTLOOP_EXTRA_PLATFORMS", "empty",
+            "`kind=dotted.path,…` platforms of your own added to the registry (docs/adding-a-platform.md)."),
         Var("AGENTLOOP_EXTERNAL_TURN_TIMEOUT", "300",
             "A turn handed to a pull or webhook agent and not closed in time is released."),
         Var("AGENTLOOP_EXTERNAL_TURN_ATTEMPTS", "3",

@@ -13,24 +13,14 @@ from pathlib import Path
 
 import environ
 
+from agentloop import wiring
 from agentloop.core import metrics_dir
 from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
-from agentloop.wiring import (  # noqa: F401
-    AGENTS,
-    MIDDLEWARE,
-    PLATFORMS,
-    QUESTION_BUTTONS,
-    SECRET_SOURCES,
-    SPECTACULAR_SETTINGS,
-    TEMPLATES,
-    TOOL_SOURCES,
-    TOOLS,
-    TOOLS_CONVERSATIONS,
-    UNFOLD,
-    s3_storages,
-)
+
+# Django's and its apps' own settings, written in agentloop/wiring.py; the rest: wiring.<NAME>.
+from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES, TOOL_SOURCES, TOOLS_CONVERSATIONS, UNFOLD  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -284,7 +274,7 @@ AGENTLOOP_SCHEDULE_BATCH = env.int("AGENTLOOP_SCHEDULE_BATCH", default=200)
 MEDIA_ROOT = env.path("AGENTLOOP_MEDIA_ROOT", default=VAR_DIR / "files")
 AGENTLOOP_S3_BUCKET = env.str("AGENTLOOP_S3_BUCKET", default="")
 if AGENTLOOP_S3_BUCKET:
-    STORAGES = s3_storages(
+    STORAGES = wiring.s3_storages(
         AGENTLOOP_S3_BUCKET, endpoint_url=env.str("AGENTLOOP_S3_ENDPOINT_URL", default=""),
         region_name=env.str("AGENTLOOP_S3_REGION", default=""),
         # Empty: boto3's own chain (AWS_ACCESS_KEY_ID…, an instance role).
@@ -366,13 +356,11 @@ AGENTLOOP_TELEGRAM_CONNECTIONS = env.int("AGENTLOOP_TELEGRAM_CONNECTIONS", defau
 # giving up on the queue only sends them again later.
 AGENTLOOP_TELEGRAM_POOL_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_POOL_TIMEOUT", default=30.0)
 AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", default=5.0)
-# The platforms channels speak and the agents that answer them (agentloop/wiring.py).
-AGENTLOOP_PLATFORMS = PLATFORMS
-# What the layers below ask of the apps above them (agentloop.core.plugins, docs/architecture.md).
-AGENTLOOP_SECRET_SOURCES = SECRET_SOURCES
-AGENTLOOP_QUESTION_BUTTONS = QUESTION_BUTTONS
-AGENTLOOP_AGENTS = {**AGENTS, **dict(
-    item.split("=", 1) for item in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in item)}
+# The platforms channels speak and the agents that answer them (agentloop/wiring.py), each
+# with `kind=dotted.path,…` of your own added; what the layers below ask of those above.
+AGENTLOOP_PLATFORMS = {**wiring.PLATFORMS, **dict(p.split("=", 1) for p in env.list("AGENTLOOP_EXTRA_PLATFORMS", default=[]) if "=" in p)}
+AGENTLOOP_AGENTS = {**wiring.AGENTS, **dict(p.split("=", 1) for p in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in p)}
+AGENTLOOP_SECRET_SOURCES, AGENTLOOP_QUESTION_BUTTONS = wiring.SECRET_SOURCES, wiring.QUESTION_BUTTONS
 
 # A turn handed to an external agent (pull, or a webhook agent answering later) that is
 # not finished within this time is released to be taken again.
@@ -420,7 +408,7 @@ AGENTLOOP_RETENTION_BATCH = env.int("AGENTLOOP_RETENTION_BATCH", default=100 if 
 AGENTLOOP_RETENTION_SWEEP_BUDGET = env.float("AGENTLOOP_RETENTION_SWEEP_BUDGET", default=40.0)
 
 # --- the action guard and its tools (Layer 2) -------------------------------------------
-AGENTLOOP_TOOLS = [*TOOLS, *env.list("AGENTLOOP_EXTRA_TOOLS", default=[])]  # agentloop/wiring.py
+AGENTLOOP_TOOLS = [*wiring.TOOLS, *env.list("AGENTLOOP_EXTRA_TOOLS", default=[])]  # agentloop/wiring.py
 # How long an identical call waits for one in flight before answering "in progress".
 AGENTLOOP_GUARD_WAIT = env.float("AGENTLOOP_GUARD_WAIT", default=3.0)
 # Threads per worker process for tool calls made by agents inside turns.
