@@ -12,7 +12,7 @@ from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from agentloop.core.backoff import DATABASE_FAULTS, Backoff
-from conversations import engine
+from conversations import flushing
 from conversations.models import TurnState
 from conversations.worker.dbthread import run_step, write_batch
 
@@ -74,16 +74,16 @@ class Flusher(threading.Thread):
         """Flush what is due; return how long to sleep before the next look."""
         now = timezone.now()
         most = write_batch(behind=self.behind)
-        due, deadline = engine.look(now, most)
+        due, deadline = flushing.look(now, most)
         self.behind = len(due) >= most
         if due:
             room = self.capacity() if self.adopt is not None else 0
             try:
-                flushed = engine.flush_many(due, now, owner=self.owner, start=room)
+                flushed = flushing.flush_many(due, now, owner=self.owner, start=room)
             except IntegrityError:
                 # Another worker started a turn in one of these conversations meanwhile
                 # (PostgreSQL): flush them as ready turns and let the queue decide.
-                flushed = engine.flush_many(due, now, owner=self.owner)
+                flushed = flushing.flush_many(due, now, owner=self.owner)
             self.flushed += len(flushed)
             started = [turn for turn in flushed if turn.state == TurnState.RUNNING]
             if started:

@@ -7,16 +7,22 @@ Dead workers are looked for every DEATH_CHECK_EVERY seconds when liveness comes 
 advisory locks (a dead worker's lock frees at once: looking only every few seconds
 would be what keeps its work waiting), the rest every HOUSEKEEPING_EVERY."""
 
+from __future__ import annotations
+
 import asyncio
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
+from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import engine, handoff, liveness, schedules, turns
 from conversations.media import fetching
-from conversations.worker.dbthread import DATABASE_FAULTS
 from delivery import ledger
 from tools import guard
 from tools.mcp import catalog
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.worker.supervisor import Worker
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +34,11 @@ DEATH_CHECK_EVERY = 1.0
 
 
 class Housekeeping:
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.owner = worker.owner
 
-    async def round(self):
+    async def round(self) -> None:
         db = self.worker.db
         await db(engine.beat, self.owner)
         await db(guard.sweep)
@@ -50,7 +56,7 @@ class Housekeeping:
             log.warning("gave back %d running turns this worker no longer held", len(orphans))
             self.worker.wake_turns()
 
-    async def take_over_dead(self):
+    async def take_over_dead(self) -> None:
         """Find dead workers: the ledger's sweeps claim their rows mid-send from this
         list; their running turns are given back (run again, or failed with a notice)
         here. Their buffers need nothing: any flusher flushes a due buffer."""
@@ -63,7 +69,7 @@ class Housekeeping:
                 log.info("recovered %d turns from dead workers", len(recovered))
                 self.worker.wake_turns()
 
-    async def first_round(self):
+    async def first_round(self) -> None:
         """At start, before anything else: wait for the database if it is away."""
         while True:
             try:
@@ -71,7 +77,7 @@ class Housekeeping:
             except DATABASE_FAULTS:
                 await asyncio.sleep(1.0)  # reported once by the database thread
 
-    async def loop(self):
+    async def loop(self) -> None:
         tick = DEATH_CHECK_EVERY if liveness.advisory() else HOUSEKEEPING_EVERY
         every = max(1, round(HOUSEKEEPING_EVERY / tick))
         for n in itertools.count(1):

@@ -2,12 +2,18 @@
 registry's pollers name, and stops the pollers of channels that are gone. Each platform
 takes its own lease (one poller per channel across all workers)."""
 
+from __future__ import annotations
+
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Any
 
+from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import platforms
 from conversations.models import Channel
-from conversations.worker.dbthread import DATABASE_FAULTS
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.worker.supervisor import Worker
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +26,12 @@ def wanted_pollers() -> dict[int, platforms.Poller]:
 
 
 class Polling:
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.owner = worker.owner
-        self.pollers: dict[int, asyncio.Task] = {}
+        self.pollers: dict[int, asyncio.Task[Any]] = {}
 
-    async def loop(self):
+    async def loop(self) -> None:
         while True:
             try:
                 wanted = await self.worker.db(wanted_pollers)
@@ -39,15 +45,15 @@ class Polling:
                 log.exception("poller supervision failed")
             await asyncio.sleep(SUPERVISE_EVERY)
 
-    async def stop(self):
+    async def stop(self) -> None:
         for task in self.pollers.values():
             task.cancel()
         await asyncio.gather(*self.pollers.values(), return_exceptions=True)
 
-    def release_leases(self):
+    def release_leases(self) -> None:
         for channel_id in list(self.pollers):
             release_lease(channel_id, self.owner)
 
 
-def release_lease(channel_id, owner):
+def release_lease(channel_id: int, owner: str) -> None:
     Channel.objects.filter(pk=channel_id, poll_owner=owner).update(poll_owner="", poll_lease_until=None)

@@ -19,9 +19,13 @@ writes it, its previews, and what of it is kept durably.
   crash then sends what was saved, marked as interrupted (engine.give_up_turn).
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -38,6 +42,13 @@ from delivery.previews import CURSOR
 from delivery.transports import Target, transport_for
 from tools import registry
 
+if TYPE_CHECKING:  # for annotations only
+    from datetime import datetime
+
+    from conversations.agents import Agent, TurnContext
+    from conversations.worker.supervisor import Worker
+    from delivery.previews import Preview
+
 log = logging.getLogger(__name__)
 
 # How long a group preview's edit in flight may hold the final back (it must land first).
@@ -45,7 +56,7 @@ MESSAGE_SETTLE = 2.0
 STOPPED_NOTE = _("⏹ Stopped.")
 
 
-def open_stream(worker, turn, agent, context):
+def open_stream(worker: Worker, turn: Turn, agent: Agent, context: TurnContext) -> TurnStream | None:
     """A TurnStream if this turn streams (the agent can, with this channel's config, the
     channel's `streaming` is on, and its platform shows previews in this chat); None: the
     whole reply at once, as ever (WhatsApp, an API channel with a callback). The
@@ -64,32 +75,34 @@ def open_stream(worker, turn, agent, context):
 
 
 class TurnStream:
-    def __init__(self, worker, turn, preview):
+    def __init__(self, worker: Worker, turn: Turn, preview: Preview) -> None:
         self.worker, self.turn, self.preview = worker, turn, preview
         self.text = ""
-        self.first_delta_at = None  # when the first delta arrived (the story page shows it)
+        self.first_delta_at: datetime | None = None  # when the first delta arrived (the story page shows it)
         self.previews = 0  # previews shown
         self.preview_message_id = turn.preview_message_id
         self.effect = bool(turn.fired_effect)
         self.stopped = False  # no more previews
         self.changed = asyncio.Event()
-        self.previewer: asyncio.Task | None = None
+        self.previewer: asyncio.Task[None] | None = None
         self.showing = False  # a preview request in flight
-        self.saving: asyncio.Task | None = None
+        self.saving: asyncio.Task[None] | None = None
         self.saved_at = 0.0
 
     # --- the agent's side -----------------------------------------------------------
 
-    def wrap(self, context):
+    def wrap(self, context: TurnContext) -> None:
         mark_effect, call_tool = context.mark_effect, context.call_tool
 
-        async def marked():
+        async def marked() -> bool:
+            assert mark_effect is not None  # put in its place only
             if not await mark_effect():
                 return False
             await self.effect_fired()
             return True
 
-        async def tool(name, arguments):
+        async def tool(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            assert call_tool is not None  # put in its place only
             if self.text and _guarded(name):
                 await self.effect_fired()  # before the effect: a crash in it keeps the text
             return await call_tool(name, arguments)
@@ -97,7 +110,7 @@ class TurnStream:
         context.mark_effect = marked if mark_effect is not None else None
         context.call_tool = tool if call_tool is not None else None
 
-    async def consume(self, items) -> Answer:
+    async def consume(self, items: AsyncIterator[str | Answer]) -> Answer:
         """Read the agent's stream to its Answer (the text so far, if it gave none)."""
         async for item in items:
             if isinstance(item, str):
@@ -106,7 +119,7 @@ class TurnStream:
                 return answer_of(item)
         return Answer(self.text)
 
-    def add(self, delta: str):
+    def add(self, delta: str) -> None:
         if not delta:
             return
         if self.first_delta_at is None:
@@ -119,7 +132,7 @@ class TurnStream:
         if self.effect and self.saving is None and time.monotonic() - self.saved_at >= self.save_interval:
             self.saving = asyncio.create_task(self._save())
 
-    async def effect_fired(self):
+    async def effect_fired(self) -> None:
         self.effect = True
         if self.text:
             await self._save()
@@ -129,18 +142,18 @@ class TurnStream:
     @property
     def interval(self) -> float:
         own = self.preview.interval
-        return own if own is not None else settings.AGENTLOOP_PREVIEW_INTERVAL
+        return own if own is not None else float(settings.AGENTLOOP_PREVIEW_INTERVAL)
 
     @property
     def save_interval(self) -> float:
-        return settings.AGENTLOOP_STREAM_SAVE_INTERVAL
+        return float(settings.AGENTLOOP_STREAM_SAVE_INTERVAL)
 
-    async def _previews(self):
+    async def _previews(self) -> None:
         while not self.stopped:
             await self.changed.wait()
             self.changed.clear()
             if self.stopped:
-                return
+                return  # type: ignore[unreachable]  # close() stopped it meanwhile (mypy: not across the await)
             self.showing = True
             try:
                 result = await self.preview.show(self.text + CURSOR)
@@ -152,10 +165,10 @@ class TurnStream:
             if result.shown:
                 await self._shown(result.message_id)
             if self.stopped:
-                return
+                return  # type: ignore[unreachable]  # as above
             await asyncio.sleep(self.interval)
 
-    async def _shown(self, message_id):
+    async def _shown(self, message_id: str) -> None:
         self.previews += 1
         if self.previews == 1:
             self.worker.typing.turn_ended(self.turn)  # the preview says it: no typing over it
@@ -179,7 +192,7 @@ class TurnStream:
             task.cancel()
         return self.preview_message_id
 
-    async def discard(self):
+    async def discard(self) -> None:
         """Cancelled by a new message (interrupt, rollback) or /reset: the preview goes."""
         await self.close()
         try:
@@ -189,7 +202,7 @@ class TurnStream:
 
     # --- durable --------------------------------------------------------------------
 
-    async def _save(self):
+    async def _save(self) -> None:
         text, self.saved_at = self.text, time.monotonic()
         try:
             await self.worker.db(save_streamed, self.turn.pk, self.worker.owner, text)
@@ -198,15 +211,15 @@ class TurnStream:
         finally:
             self.saving = None
 
-    async def save_now(self):
+    async def save_now(self) -> None:
         """Before the turn is handed back (shutdown): a turn that acted keeps its text."""
         if self.effect and self.text:
             await self._save()
 
 
-def _guarded(name) -> bool:
+def _guarded(name: str) -> bool:
     try:
-        return registry.get(name).guarded
+        return bool(registry.get(name).guarded)
     except registry.UnknownTool:
         return False
 
@@ -214,23 +227,23 @@ def _guarded(name) -> bool:
 # --- the database side ----------------------------------------------------------------
 
 
-def record_preview(turn_id, owner, message_id) -> int:
+def record_preview(turn_id: int, owner: str, message_id: str) -> int:
     return Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(
         preview_message_id=str(message_id))
 
 
-def save_streamed(turn_id, owner, text) -> int:
+def save_streamed(turn_id: int, owner: str, text: str) -> int:
     return Turn.objects.filter(pk=turn_id, state=TurnState.RUNNING, owner=owner).update(streamed_text=text)
 
 
-def record_streams(streams) -> None:
+def record_streams(streams: list[tuple[int, TurnStream]]) -> None:
     """The streamed turns' facts for the story page (in the completion's transaction)."""
     for turn_id, stream in streams:
         Turn.objects.filter(pk=turn_id).update(first_delta_at=stream.first_delta_at, previews=stream.previews,
                                                preview_message_id=stream.preview_message_id)
 
 
-def write_stopped(turn, said, preview_message_id) -> bool:
+def write_stopped(turn: Turn, said: str, preview_message_id: str) -> bool:
     """/stop mid-stream: what was said so far, marked as stopped (in the user's language),
     through the ledger (once: the turn's reply_text is its claim)."""
     text = f"{said.rstrip()}\n\n{languages.text_for(turn.conversation, STOPPED_NOTE)}"

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Protocol
 
 from django.conf import settings
 
+from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import engine, liveness
 from conversations.agents import agent_for
-from conversations.worker.dbthread import DATABASE_FAULTS, DatabaseThread, until_answered
+from conversations.worker.dbthread import DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
 from conversations.worker.housekeeping import Housekeeping
 from conversations.worker.media import MediaFetcher
@@ -33,13 +35,23 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE = 10.0
 
 
+class Liveness(Protocol):
+    """What the worker asks of its liveness (conversations.liveness.for_worker: a lock, or none)."""
+
+    def holding(self) -> bool: ...
+
+    async def start_holding(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Worker:
     def __init__(self, *, owner: str | None = None, poll_interval: float | None = None,
                  max_concurrent: int | None = None, typing_interval: float | None = None,
                  max_typing: int | None = None, poll: bool = True) -> None:
-        self.owner: str = owner or engine.new_owner(lock=liveness.advisory())
+        self.owner: str = owner or liveness.new_owner(lock=liveness.advisory())
         # Its liveness lock (PostgreSQL): while it does not hold it, it claims nothing.
-        self.liveness: liveness.LockHolder | liveness.NoLock = liveness.for_worker(self.owner)
+        self.liveness: Liveness = liveness.for_worker(self.owner)
         self.poll_interval: float = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
         self.max_concurrent: int = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
         self.typing_interval: float = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
