@@ -12,7 +12,7 @@ class ConsoleConfig(AppConfig):
     label = "console"
     verbose_name = _("Console")
 
-    def ready(self):
+    def ready(self) -> None:
         # Imported here, not at the top: roles imports auth's models, which the app
         # registry cannot give before it is ready.
         from agentloop.console.roles import on_post_migrate

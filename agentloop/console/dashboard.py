@@ -1,7 +1,8 @@
 """The dashboard's picture of the three layers, put together from each app's own
 console functions (no app's tables are read here)."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.utils import timezone
 from django.utils.functional import Promise
@@ -33,13 +34,14 @@ CHART_DAYS = 14
 CHART_ROWS = 10_000
 
 
-def snapshot(now=None) -> dict:
+def snapshot(now: datetime | None = None) -> dict[str, Any]:
     """The whole picture, redacted like every live event (texts, a proposal's arguments),
     as plain JSON: a choice's label is a lazy text, written here in the active language."""
-    return redact_payload(_plain(_picture(now or timezone.now())))
+    picture: dict[str, Any] = redact_payload(_plain(_picture(now or timezone.now())))
+    return picture
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     if isinstance(value, Promise):
         return str(value)
     if isinstance(value, dict):
@@ -49,7 +51,7 @@ def _plain(value):
     return value
 
 
-def _picture(now) -> dict:
+def _picture(now: datetime) -> dict[str, Any]:
     day = now - timedelta(hours=24)
     turns_since = conversations_console.turns_window(day, CHART_ROWS)
     replies_since = delivery_console.replies_window(day, CHART_ROWS)
@@ -80,13 +82,13 @@ def _picture(now) -> dict:
     }
 
 
-def _days(counts, now):
+def _days(counts: dict[str, int], now: datetime) -> dict[str, int]:
     """Every day of the chart, zeros included, oldest first."""
     days = [(now - timedelta(days=n)).date().isoformat() for n in range(CHART_DAYS - 1, -1, -1)]
     return {d: counts.get(d, 0) for d in days}
 
 
-def guard_telemetry(now=None) -> list:
+def guard_telemetry(now: datetime | None = None) -> list[dict[str, Any]]:
     now = now or timezone.now()
     since = tools_console.window_of_latest(now - timedelta(days=TELEMETRY_DAYS), TELEMETRY_CLAIMS)
     turns = conversations_console.turn_count(since)

@@ -9,8 +9,12 @@ alive are read from the database at scrape time, each a bounded count on an inde
 away the scrape still answers, with `agentloop_database_up 0`.
 """
 
+from __future__ import annotations
+
 import hmac
 import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -26,6 +30,10 @@ from conversations.models import BufferState, MessageBuffer, Turn, TurnState, Wo
 from conversations.worker.dbthread import close_broken_connection
 from delivery.models import OutboundMessage
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from django.http import HttpRequest
+
 log = logging.getLogger(__name__)
 
 PERMISSION = "agentloop.view_metrics"
@@ -33,14 +41,14 @@ CAP = 10_000
 ASK = "log in as staff with the view_metrics permission, or send Authorization: Bearer <AGENTLOOP_METRICS_TOKEN>"
 
 
-def metrics(request):
+def metrics(request: HttpRequest) -> HttpResponse:
     refused = refusal(request)
     if refused is not None:
         return refused
     return HttpResponse(scrape(), content_type=CONTENT_TYPE_LATEST)
 
 
-def refusal(request):
+def refusal(request: HttpRequest) -> JsonResponse | None:
     """None if the request may read the metrics, else the answer: 401 (no or a wrong
     credential) or 403 (logged in, but not allowed)."""
     header = request.headers.get("Authorization", "")
@@ -58,7 +66,7 @@ def refusal(request):
     return None
 
 
-def _refused(status, error):
+def _refused(status: int, error: str) -> JsonResponse:
     response = JsonResponse({"ok": False, "error": error}, status=status)
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
@@ -72,15 +80,15 @@ def scrape() -> bytes:
     else:
         metrics_dir.forget_the_dead(directory)
         processes = CollectorRegistry()
-        MultiProcessCollector(processes, path=str(directory))
+        MultiProcessCollector(processes, path=str(directory))  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
     return generate_latest(processes) + generate_latest(DATABASE)
 
 
-def bounded_count(queryset) -> int:
+def bounded_count(queryset: QuerySet[Any]) -> int:
     return queryset[:CAP].count()
 
 
-def figures():
+def figures() -> list[tuple[str, str, int]]:
     """(name, help, value) read from the database now."""
     dead = engine.dead_owners()
     return [
@@ -97,7 +105,7 @@ def figures():
 
 
 class DatabaseFigures:
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             found, up = figures(), 1
         except DatabaseError as exc:

@@ -13,13 +13,13 @@ from delivery.models import OutboundMessage
 RECENT_ROWS = 5
 
 
-def holder_of(conversation_id) -> str:
+def holder_of(conversation_id: int) -> str:
     """"olga" for a conversation console:olga holds; "" when nobody (or no such conversation)."""
     held_by = Conversation.objects.filter(pk=conversation_id).values_list("held_by", flat=True).first()
     return display_name(held_by or "")
 
 
-def person_behind(conversation_id, text: str) -> str:
+def person_behind(conversation_id: int, text: str) -> str:
     """The person who wrote the reply just sent with `text` in the conversation, or ""
     when an agent wrote it. A long reply goes out in chunks: a chunk is the start of its row's text
     or a later part of it."""

@@ -5,15 +5,23 @@ answers), Observe (what it did), System (who may do it, and the machinery). djan
 draws it (settings UNFOLD["SIDEBAR"]); each entry shows only to those who may see its page.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+    from django.http import HttpRequest
+    from django.utils.functional import Promise
+
 
 @dataclass(frozen=True)
 class Entry:
-    title: str
+    title: str | Promise
     icon: str  # a Material Symbols name (unfold ships the font)
     model: str = ""  # "app_label.model_name": the changelist, seen with its view permission
     url_name: str = ""  # or a named page, seen with `permission`
@@ -28,14 +36,14 @@ class Entry:
             url = reverse(self.url_name)
         return f"{url}?{self.query}" if self.query else url
 
-    def allowed(self, user) -> bool:
+    def allowed(self, user: User | AnonymousUser) -> bool:
         if self.model:
             app_label, model_name = self.model.split(".")
             return user.has_perm(f"{app_label}.view_{model_name}")
         return not self.permission or user.has_perm(self.permission)
 
 
-GROUPS: list[tuple[str, list[Entry]]] = [
+GROUPS: list[tuple[str | Promise, list[Entry]]] = [
     (_("Operate"), [
         Entry(_("Overview"), "space_dashboard", url_name="admin:index"),
         Entry(_("Live dashboard"), "monitoring", url_name="console-dashboard", permission="audit.view_auditevent"),
@@ -73,7 +81,7 @@ GROUPS: list[tuple[str, list[Entry]]] = [
 ]
 
 
-def sidebar(request) -> list[dict]:
+def sidebar(request: HttpRequest) -> list[dict[str, Any]]:
     """unfold's SIDEBAR["navigation"]: the groups with the entries this user may open; the
     one entry whose page this is marked active — the entry with the longest path the page's
     path starts with (unfold alone marks every prefix: Contacts beside Limits, which lives
@@ -87,7 +95,7 @@ def sidebar(request) -> list[dict]:
     return groups
 
 
-def _mark_active(groups: list[dict], path: str) -> None:
+def _mark_active(groups: list[dict[str, Any]], path: str) -> None:
     items = [item for group in groups for item in group["items"]]
     index = reverse("admin:index")
     matches = [item for item in items if _path_of(item["link"]) == path

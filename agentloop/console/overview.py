@@ -2,8 +2,11 @@
 it is dealt with, then the way to the live consoles and the retention in force. Read
 through each app's console functions (no app's tables here), every count bounded."""
 
+from __future__ import annotations
+
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
 from django.utils import timezone
@@ -14,15 +17,20 @@ from conversations import engine
 from delivery import console as delivery_console
 from tools import console as tools_console
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+    from django.http import HttpRequest
+    from django.utils.functional import Promise
+
 CAP = conversations_console.OVERVIEW_CAP
 
 
 @dataclass
 class Card:
     key: str
-    title: str
+    title: str | Promise
     count: int
-    hint: str
+    hint: str | Promise
     link: str
     attention: bool  # painted as needing someone only when it does (a zero is calm)
 
@@ -37,7 +45,7 @@ def _changelist(model: str, query: str = "") -> str:
     return f"{url}?{query}" if query else url
 
 
-def cards(user, now=None) -> list[Card]:
+def cards(user: User | AnonymousUser, now: datetime | None = None) -> list[Card]:
     """The cards this user may follow (a card whose page the user may not open is left out)."""
     now = now or timezone.now()
     people = conversations_console.needing_people(CAP)
@@ -84,7 +92,7 @@ def cards(user, now=None) -> list[Card]:
     return shown
 
 
-def dashboard_callback(request, context: dict) -> dict:
+def dashboard_callback(request: HttpRequest, context: dict[str, Any]) -> dict[str, Any]:
     """unfold's DASHBOARD_CALLBACK: the admin index's context, with the overview's cards."""
     found = cards(request.user)
     context["overview"] = [{**asdict(c), "shown": c.shown} for c in found]

@@ -11,12 +11,21 @@
 every `migrate`, so the permissions of every model exist by then.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from django.apps import apps as global_apps
 from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Q
+
+if TYPE_CHECKING:
+    from django.apps import AppConfig
+    from django.apps.registry import Apps
+    from django.db.models import QuerySet
 
 OPERATORS = "Operators"
 AUDITORS = "Auditors"
@@ -30,7 +39,7 @@ AUDITED_MODELS = [
 ]
 
 
-def operator_permissions(using=DEFAULT_DB_ALIAS):
+def operator_permissions(using: str = DEFAULT_DB_ALIAS) -> QuerySet[Permission]:
     return Permission.objects.using(using).all()
 
 
@@ -38,7 +47,7 @@ def operator_permissions(using=DEFAULT_DB_ALIAS):
 METRICS_PERMISSION = ("agentloop", "view_metrics")
 
 
-def auditor_permissions(using=DEFAULT_DB_ALIAS):
+def auditor_permissions(using: str = DEFAULT_DB_ALIAS) -> QuerySet[Permission]:
     models = [global_apps.get_model(label) for label in AUDITED_MODELS]
     types = ContentType.objects.db_manager(using).get_for_models(*models, for_concrete_models=False).values()
     app_label, codename = METRICS_PERMISSION
@@ -47,14 +56,14 @@ def auditor_permissions(using=DEFAULT_DB_ALIAS):
         | Q(content_type__app_label=app_label, codename=codename))
 
 
-def ensure_roles(using=DEFAULT_DB_ALIAS):
+def ensure_roles(using: str = DEFAULT_DB_ALIAS) -> None:
     """Create or update both groups; a group holds exactly its role's permissions."""
     for name, permissions in ((OPERATORS, operator_permissions(using)), (AUDITORS, auditor_permissions(using))):
         group, _ = Group.objects.using(using).get_or_create(name=name)
         group.permissions.set(permissions)
 
 
-def on_post_migrate(sender, using=DEFAULT_DB_ALIAS, apps=None, **kwargs):
+def on_post_migrate(sender: AppConfig, using: str = DEFAULT_DB_ALIAS, apps: Apps | None = None, **kwargs: Any) -> None:
     """After `migrate`: make sure every app's permissions exist, then the groups.
 
     Django creates an app's permissions when its own post_migrate is sent, in the order of

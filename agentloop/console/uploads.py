@@ -5,7 +5,10 @@ caption in `text` — whose MediaRef the worker reads back (WebchatPlatform.fetc
 exactly as an API upload. The same people may upload as may use the playground's
 socket: active staff who may change channels, into an active web chat channel."""
 
+from __future__ import annotations
+
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from django.http import JsonResponse
 from django.views.decorators.http import require_POST
@@ -16,13 +19,18 @@ from conversations.media import links, uploads
 from conversations.models import Channel, InboundMessage
 from conversations.platforms import webchat
 
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+    from conversations.ingest import MediaRef
+
 
 def refused(why: str, status: int = 400) -> JsonResponse:
     return JsonResponse({"error": why}, status=status)
 
 
 @require_POST
-def playground_upload(request, slug):
+def playground_upload(request: HttpRequest, slug: str) -> JsonResponse:
     """202 with what the socket's `admitted` says, and the file: its kind, name and a
     signed link (the page's thumbnail; 404 until the worker has read it back)."""
     if not allowed(request.user, PLAYGROUND_PERMISSION):
@@ -50,7 +58,7 @@ def playground_upload(request, slug):
                          "file": _file_of(channel, message_id, media)}, status=202)
 
 
-def _file_of(channel, message_id, media) -> dict | None:
+def _file_of(channel: Channel, message_id: str, media: MediaRef) -> dict[str, Any] | None:
     file_id = (InboundMessage.objects.filter(channel=channel, platform_message_id=f"console:{message_id}")
                .values_list("media_file_id", flat=True).first())
     if file_id is None:
