@@ -2,6 +2,12 @@
 are recorded, and the dashboard's figures (replies by ledger state, outcomes, the queue
 per channel and how long it takes to drain)."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypedDict
+
 from django.db.models import Count, F
 
 from agentloop.core import big_tables, live
@@ -11,11 +17,17 @@ from delivery.models import OutboundMessage, OutboundState, Outcome, channel_mod
 from delivery.questions import buttons_for_rows
 from delivery.transports import transport_for
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+    from delivery.attachments import OutboundFile
+    from delivery.transports import SendResult
+
 # A failed row whose last send provably never left waits its turn; it is not failing.
 DEFERRED = (Outcome.FLOOD, Outcome.NOT_SENT)
 
 
-def sends_recorded(outcomes):
+def sends_recorded(outcomes: Sequence[tuple[OutboundMessage, SendResult]]) -> None:
     """`outcomes`: (row, SendResult) pairs just written down."""
     if outcomes and live.anyone_listening():
         live.publish([live.DASHBOARD], {
@@ -28,7 +40,14 @@ def sends_recorded(outcomes):
 STATE_COUNT_CAP = big_tables.COUNT_CAP
 
 
-def replies_by_state():
+class StateCount(TypedDict):
+    state: str
+    label: StrOrPromise  # in the reader's language
+    count: int  # at most STATE_COUNT_CAP
+    more: bool  # more than that
+
+
+def replies_by_state() -> list[StateCount]:
     """Every ledger row still kept, by state (all states listed, zeros included), each
     count exact up to STATE_COUNT_CAP (`more`: there are more than that)."""
     counts = {state: big_tables.count_up_to(OutboundMessage.objects.filter(state=state), STATE_COUNT_CAP)
@@ -37,12 +56,12 @@ def replies_by_state():
              "more": counts[state.value] > STATE_COUNT_CAP} for state in OutboundState]
 
 
-def backlog() -> list:
+def backlog() -> list[dict[str, Any]]:
     """Per channel with replies still owed: how many wait their turn (pending, or deferred
     by a flood or a send that never left), how many are being sent, how many failed and
     will be retried; the channel's pace and the time its queue takes to drain at it; and
     how long its bot is paused for (a 429's penalty), if it is."""
-    counts = {}
+    counts: dict[int, dict[str, int]] = {}
     for state, channel_id, outcome in _open_rows():
         entry = counts.setdefault(channel_id, {"queued": 0, "sending": 0, "retrying": 0})
         if state == OutboundState.ATTEMPTING:
@@ -51,7 +70,8 @@ def backlog() -> list:
             entry["queued"] += 1
         else:
             entry["retrying"] += 1
-    channels = channel_model().objects.in_bulk(list(counts))
+    Channel: Any = channel_model()  # conversations' (its manager is not typed down here)
+    channels = Channel.objects.in_bulk(list(counts))
     found = []
     for channel_id, entry in sorted(counts.items()):
         channel = channels.get(channel_id)
@@ -66,7 +86,7 @@ def backlog() -> list:
     return found
 
 
-def _open_rows():
+def _open_rows() -> Iterator[tuple[str, int, str]]:
     """(state, channel, last outcome) of the open rows, at most STATE_COUNT_CAP per state:
     one equality on the state each, which the queue's index answers (grouped in SQL,
     SQLite's planner read a million rows along another index to find none)."""
@@ -75,18 +95,19 @@ def _open_rows():
         yield from ((state, channel_id, outcome) for channel_id, outcome in rows[:STATE_COUNT_CAP])
 
 
-def replies_window(since, rows):
+def replies_window(since: datetime, rows: int) -> datetime:
     """When the window holding at most the latest `rows` ledger rows since `since` starts."""
-    return big_tables.window_of_latest(OutboundMessage.objects.all(), "created_at", since, rows)
+    start: datetime = big_tables.window_of_latest(OutboundMessage.objects.all(), "created_at", since, rows)
+    return start
 
 
-def outcomes_since(since):
+def outcomes_since(since: datetime) -> dict[str, int]:
     """The last outcome of rows created since then (delivered, flood, temporary…)."""
     return dict(OutboundMessage.objects.filter(created_at__gte=since).exclude(last_outcome="")
                 .values_list("last_outcome").annotate(n=Count("pk")).values_list("last_outcome", "n"))
 
 
-def replies_of(conversation_id, limit=30):
+def replies_of(conversation_id: int, limit: int = 30) -> list[dict[str, Any]]:
     """The conversation's latest outbound rows, oldest first, with their ledger state."""
     rows = list(OutboundMessage.objects.filter(conversation_id=conversation_id).annotate(turn_owner=F("turn__owner"))
                 .order_by("-created_at", "-pk")[:limit])
@@ -100,12 +121,12 @@ def replies_of(conversation_id, limit=30):
             for r in reversed(rows)]
 
 
-def _files(row) -> list:
+def _files(row: OutboundMessage) -> list[OutboundFile]:
     """The reply's files (delivery.attachments): the console makes links of them."""
     return [item for piece in row.chunks or () if attachments.is_files(piece) for item in attachments.files_of(piece)]
 
 
-def given_up_since(since, cap: int = 999) -> int:
+def given_up_since(since: datetime, cap: int = 999) -> int:
     """Replies written since `since` that the ledger stopped trying (abandoned, or the chat
     unreachable): a person never got them, and the overview asks someone to look."""
     rows = OutboundMessage.objects.filter(state__in=[OutboundState.ABANDONED, OutboundState.UNREACHABLE],

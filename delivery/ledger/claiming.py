@@ -1,13 +1,17 @@
 """Claiming: the compare-and-swap that moves due rows to `attempting` under one owner
 (and, for paced channels, gives each its send slot)."""
 
+from __future__ import annotations
+
 import itertools
 import os
 import secrets
 import time
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import Case, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value, When
@@ -23,6 +27,14 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState, channe
 from delivery.questions import buttons_for_rows
 from delivery.transports import transport_for
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from delivery.pacing import Pace
+
+# A claim candidate: (row id, channel id, chat id, chunks left to send).
+Candidate = tuple[int, int, str, int]
+
 _tokens = itertools.count()
 _token_prefix = secrets.token_hex(6)
 
@@ -36,19 +48,19 @@ class ClaimRequest:
 
     owner: str
     now: datetime
-    dead_owners: object = ()
+    dead_owners: Collection[str] = ()
     boot: bool = False
     clock: float | None = None
     token: str = ""  # the claim's stamp, chosen by the caller to find its rows again; else fresh
 
 
-def _within_budget():
+def _within_budget() -> Q:
     """Attempts are sends that may have left: a flood or a send that never left gives its
     attempt back (`_defer`), so only those count."""
     return Q(attempts__lte=F("extra_resends") + MAX_RESENDS)
 
 
-def _claimable(now, dead_owners, boot):
+def _claimable(now: datetime, dead_owners: Collection[str], boot: bool) -> Q:
     due = Q(state=OutboundState.PENDING)
     if enabled():
         due |= Q(state=OutboundState.FAILED, next_attempt_at__lte=now)
@@ -61,19 +73,20 @@ def _claimable(now, dead_owners, boot):
     return due & _within_budget() & _fresh(now) & _sendable()
 
 
-def _fresh(now):
+def _fresh(now: datetime) -> Q:
     """Within its channel's freshness (`Channel.recovery_freshness`, 24 h by default) of
     its creation, or of an operator's retry. A correlated subquery on the channel, like
     `_sendable`, so the claim's UPDATE keeps its state test in its own WHERE."""
     return Q(_within_freshness(now, "created_at")) | Q(_within_freshness(now, "retried_at"))
 
 
-def _within_freshness(now, stamp):
+def _within_freshness(now: datetime, stamp: str) -> Exists:
     reaches = ExpressionWrapper(OuterRef(stamp) + F("recovery_freshness"), output_field=DateTimeField())
-    return Exists(channel_model().objects.filter(GreaterThan(reaches, now), pk=OuterRef("channel_id")))
+    Channel: Any = channel_model()  # conversations' (its manager is not typed down here)
+    return Exists(Channel.objects.filter(GreaterThan(reaches, now), pk=OuterRef("channel_id")))
 
 
-def _sendable():
+def _sendable() -> Q:
     """Only rows whose channel can send now: an inactive channel's rows wait, and so do
     those of a channel its platform says cannot send (Channel.send_blocked: a setting
     missing, credentials the platform refused).
@@ -83,15 +96,17 @@ def _sendable():
     only that outer `id IN` — so two sweeps racing for the same pending rows both won
     them, the second labelled (a duplicate, found by two workers draining one paced
     bot). Here the state test stays in the UPDATE's own WHERE, which the re-check reads."""
-    Channel = channel_model()
+    Channel: Any = channel_model()
     return Q(channel_id__in=Channel.objects.filter(is_active=True, send_blocked="").values("id"))
 
 
-def claimable_ids(dead_owners=(), limit=500, now=None, boot=False, older_than=None):
+def claimable_ids(dead_owners: Collection[str] = (), limit: int = 500, now: datetime | None = None, boot: bool = False,
+                  older_than: datetime | None = None) -> list[int]:
     return [pk for pk, *_ in _candidates(dead_owners, limit, now or timezone.now(), boot, older_than)]
 
 
-def _candidates(dead_owners, limit, now, boot, older_than=None):
+def _candidates(dead_owners: Collection[str], limit: int, now: datetime, boot: bool,
+                older_than: datetime | None = None) -> list[Candidate]:
     """Claimable rows, oldest first, as (id, channel id, chat id, chunks left to send).
     Open rows are few among the ledger's millions: said so (rows.Rare), or SQLite, with
     statistics on the file, walked the whole ledger in creation order (340 ms a look)."""
@@ -101,13 +116,13 @@ def _candidates(dead_owners, limit, now, boot, older_than=None):
     return _as_candidates(rows.order_by("created_at", "pk")[:limit])
 
 
-def _as_candidates(rows):
+def _as_candidates(rows: QuerySet[OutboundMessage]) -> list[Candidate]:
     """Rows as claim candidates: (id, channel id, chat id, chunks left to send)."""
     found = rows.values_list("pk", "channel_id", "chat_id", "chunks", "chunks_delivered")
     return [(pk, channel, chat, max(1, len(parts or ()) - delivered)) for pk, channel, chat, parts, delivered in found]
 
 
-def _claim(ids, request: ClaimRequest) -> str:
+def _claim(ids: Iterable[int], request: ClaimRequest) -> str:
     """The compare-and-swap: move the still-claimable rows among `ids` to `attempting`
     under the request's owner, stamped with a fresh token (returned). `needs_marker` is computed from
     the row before it (SQL evaluates SET expressions on the old row): the chunk the send
@@ -132,13 +147,13 @@ def new_token() -> str:
     return f"{_token_prefix}-{os.getpid()}-{next(_tokens)}"
 
 
-def _started_before():
+def _started_before() -> Q:
     """The chunk a claim resumes at had started before: its send may have landed. (A row
     an older build claimed counting attempts only was marked started by migration 0006.)"""
     return Q(chunks_started__gt=F("chunks_delivered"))
 
 
-def claim_many(ids, owner, now=None, token=""):
+def claim_many(ids: Collection[int], owner: str, now: datetime | None = None, token: str = "") -> list[OutboundMessage]:
     """Claim these rows for `owner` (those still claimable, and of paced channels those
     whose slot is near), stamped with `token` (default: a fresh one); returns what was won."""
     if not ids:
@@ -149,7 +164,7 @@ def claim_many(ids, owner, now=None, token=""):
     return _claim_candidates(candidates, ClaimRequest(owner, now, clock=clock, token=token))
 
 
-def _claim_candidates(candidates, request: ClaimRequest):
+def _claim_candidates(candidates: Sequence[Candidate], request: ClaimRequest) -> list[OutboundMessage]:
     """Claim candidates (oldest first): rows of unpaced channels at once; of a paced bot,
     as many of its oldest rows as its budget has room for within the horizon
     (delivery.pacing), each then given its slot — claimed first, so workers sweeping
@@ -159,7 +174,9 @@ def _claim_candidates(candidates, request: ClaimRequest):
     (`pace_delay` from the reservation, `send_at` on the monotonic clock); `send` waits
     for it."""
     channels = _channels({channel for _, channel, _, _ in candidates})
-    plain, paced, chunks_left = [], {}, {}
+    plain: list[int] = []
+    paced: dict[str, list[int]] = {}
+    chunks_left: dict[int, tuple[Pace, int]] = {}
     for pk, channel_id, chat_id, left in candidates:
         channel = channels.get(channel_id)
         pace = transport_for(channel).pace(chat_id) if channel is not None else None
@@ -179,9 +196,13 @@ def _claim_candidates(candidates, request: ClaimRequest):
     return rows
 
 
-def _slotted(rows, chunks_left, request: ClaimRequest):
+def _slotted(rows: list[OutboundMessage], chunks_left: dict[int, tuple[Pace, int]],
+             request: ClaimRequest) -> list[OutboundMessage]:
     """Reserve each claimed paced row's slot, in order; release those that get none."""
-    full_bots, waiting_chats, slotted, unslotted = set(), set(), [], []
+    full_bots: set[str] = set()
+    waiting_chats: set[tuple[int, str]] = set()
+    slotted: list[OutboundMessage] = []
+    unslotted: list[OutboundMessage] = []
     for row in rows:
         pace, left = chunks_left[row.pk]
         slot = pacing.Slot(None)
@@ -197,7 +218,7 @@ def _slotted(rows, chunks_left, request: ClaimRequest):
     return slotted
 
 
-def _won(ids, request: ClaimRequest, channels):
+def _won(ids: list[int], request: ClaimRequest, channels: dict[int, Any]) -> list[OutboundMessage]:
     if not ids:
         return []
     token = _claim(ids, request)
@@ -209,13 +230,13 @@ def _won(ids, request: ClaimRequest, channels):
     return rows
 
 
-def _channels(ids) -> dict:
+def _channels(ids: Collection[int]) -> dict[int, Any]:
     """The rows' channels (bots), loaded once per channel rather than joined per row."""
-    Channel = channel_model()
+    Channel: Any = channel_model()
     return Channel.objects.in_bulk(ids) if ids else {}
 
 
-def _attach_buttons(rows):
+def _attach_buttons(rows: list[OutboundMessage]) -> None:
     """A question asking the user to confirm an action (a notice row of
     tools.confirmations) goes out with its answer buttons while its proposal is open:
     one query per batch that has notices, none for a batch of replies."""
@@ -226,7 +247,8 @@ def _attach_buttons(rows):
             row.buttons = found.get(row.pk, ())
 
 
-def claim_written(rows, owner, now=None, token=""):
+def claim_written(rows: list[OutboundMessage], owner: str, now: datetime | None = None,
+                  token: str = "") -> list[OutboundMessage]:
     """Claim rows this process has just written (their objects in hand), stamped with
     `token` (default: a fresh one): the same
     compare-and-swap as a sweep's claim of a pending row, in SQL written once, which
@@ -258,7 +280,8 @@ def claim_written(rows, owner, now=None, token=""):
     return claimed
 
 
-def _claim_written_paced(rows, paced, owner, now, token):
+def _claim_written_paced(rows: list[OutboundMessage], paced: list[OutboundMessage], owner: str,
+                         now: datetime | None, token: str) -> list[OutboundMessage]:
     """`claim_written` where some rows are paced: those go through the paced claim (a few
     dozen a second at most) and take the claimed state onto the objects in hand."""
     token = token or new_token()  # one stamp for both halves
@@ -275,7 +298,8 @@ def _claim_written_paced(rows, paced, owner, now, token):
     return claimed
 
 
-def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
+def claim_due(owner: str, dead_owners: Collection[str] = (), limit: int = 500, now: datetime | None = None,
+              boot: bool = False) -> list[OutboundMessage]:
     """Claim what is due, oldest first. Injected time (`now`) is the pacing's clock too;
     without it, the database's."""
     clock = None if now is None else now.timestamp()
@@ -285,13 +309,13 @@ def claim_due(owner, dead_owners=(), limit=500, now=None, boot=False):
     return _claim_candidates(_candidates(dead_owners, limit, now, boot), ClaimRequest(owner, now, dead_owners, boot, clock))
 
 
-def maybe_claimable(dead_owners, now) -> bool:
+def maybe_claimable(dead_owners: Collection[str], now: datetime) -> bool:
     """Whether any row could be claimable now: a superset of `_claimable` (its state and
     timer conditions, one index probe each, no budget, freshness or channel checks), so
     False means the full query would find nothing (`delivery.sql.maybe_due`: why SQL)."""
     return sql.maybe_due(now, timers=enabled(), orphaned_before=now - attempt_timeout(), dead_owners=dead_owners)
 
 
-def holds_rows(owner) -> bool:
+def holds_rows(owner: str) -> bool:
     """Whether `owner` still holds rows mid-send (its heartbeat must outlive them)."""
     return OutboundMessage.objects.filter(owner=owner, state=OutboundState.ATTEMPTING).exists()

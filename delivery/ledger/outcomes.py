@@ -1,8 +1,12 @@
 """Outcomes: what one attempt's result does to its row (delivered, deferred, resent,
 unreachable, abandoned), and giving back a claim whose send did not leave."""
 
+from __future__ import annotations
+
 import logging
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.db.models import F
@@ -20,8 +24,11 @@ from delivery.transports import SendResult, transport_for
 
 log = logging.getLogger("delivery.ledger")  # the name it had as one module
 
+# A claimed row and what its send came to.
+Sent = tuple[OutboundMessage, SendResult]
 
-def finish_many(outcomes, owner, now=None):
+
+def finish_many(outcomes: Sequence[Sent], owner: str, now: datetime | None = None) -> None:
     """Record send outcomes. Deliveries — nearly all of them — are one UPDATE for the
     whole batch (each row's platform id chosen by CASE); the rest one by one.
 
@@ -43,8 +50,8 @@ def finish_many(outcomes, owner, now=None):
     console.sends_recorded(outcomes)
 
 
-def _record_deliveries(delivered, owner, now):
-    def batch():
+def _record_deliveries(delivered: list[Sent], owner: str, now: datetime) -> None:
+    def batch() -> None:
         won = sql.mark_delivered([(row.pk, result.platform_message_id) for row, result in delivered], owner, now)
         _after_delivery([row for row, _ in delivered if row.pk in won], now)
 
@@ -55,12 +62,12 @@ def _record_deliveries(delivered, owner, now):
         log.error("could not record the delivery of ledger rows %s; they will be recovered as orphans", failures)
 
 
-def _record_delivery(row, result, owner, now):
+def _record_delivery(row: OutboundMessage, result: SendResult, owner: str, now: datetime) -> None:
     won = sql.mark_delivered([(row.pk, result.platform_message_id)], owner, now)
     _after_delivery([row] if row.pk in won else [], now)
 
 
-def _isolated(write, *args) -> bool:
+def _isolated(write: Callable[..., object], *args: Any) -> bool:
     """Run one write in a savepoint; False (rolled back to the savepoint) if it failed
     for any reason but the database going away."""
     try:
@@ -74,7 +81,7 @@ def _isolated(write, *args) -> bool:
         return False
 
 
-def _after_delivery(rows, now):
+def _after_delivery(rows: list[OutboundMessage], now: datetime) -> None:
     """The rows whose delivery this worker recorded (its compare-and-swap won)."""
     metrics.after_commit(_count_deliveries, [((now - row.created_at).total_seconds(), row.needs_marker)
                                              for row in rows])
@@ -89,7 +96,7 @@ def _after_delivery(rows, now):
             UnreachableChat.objects.filter(channel_id=channel_id, chat_id=chat_id).delete()
 
 
-def _count_deliveries(deliveries):
+def _count_deliveries(deliveries: list[tuple[float, bool]]) -> None:
     for seconds, labelled in deliveries:
         metrics.REPLY_ATTEMPTS.labels(Outcome.DELIVERED).inc()
         metrics.DELIVERY_SECONDS.observe(max(0.0, seconds))
@@ -97,24 +104,26 @@ def _count_deliveries(deliveries):
             metrics.REPLIES_RECOVERED.inc()
 
 
-def _count_unrecorded(results):
+def _count_unrecorded(results: list[SendResult]) -> None:
     for result in results:
         metrics.REPLY_ATTEMPTS.labels(result.outcome).inc()
         if not result.ok:
             metrics.REPLIES_ABANDONED.inc()
 
 
-def resends_used(row) -> int:
+def resends_used(row: OutboundMessage) -> int:
     """Resends spent so far: attempts after the first (a deferred send gave its own back)."""
     return max(0, row.attempts - 1)
 
 
-def finish(row, owner, result: SendResult, now=None):
-    """Record one attempt's outcome (a compare-and-swap on the claim we hold)."""
+def finish(row: OutboundMessage, owner: str, result: SendResult, now: datetime | None = None) -> OutboundState | None:
+    """Record one attempt's outcome (a compare-and-swap on the claim we hold). Returns
+    where a failed send left the row (None: delivered, or the ledger is off)."""
     now = now or timezone.now()
     if result.ok:
-        return finish_many([(row, result)], owner, now)
-    def mine(new_state, **fields):
+        finish_many([(row, result)], owner, now)
+        return None
+    def mine(new_state: str, **fields: Any) -> int:
         return OutboundMessage.transition(row.pk, OutboundState.ATTEMPTING, new_state,
                                           where={"owner": owner, "claim_token": row.claim_token}, **fields)
 
@@ -153,7 +162,7 @@ def finish(row, owner, result: SendResult, now=None):
     return OutboundState.FAILED
 
 
-def _defer(row, owner, result, error, now):
+def _defer(row: OutboundMessage, owner: str, result: SendResult, error: str, now: datetime) -> OutboundState:
     """The send provably did not leave (a flood refused it; no connection could be had or
     made): the row waits and goes out again as it would have — unlabelled unless the chunk
     it stopped at carried the label — and the attempt is given back. A flood pauses the
@@ -171,7 +180,7 @@ def _defer(row, owner, result, error, now):
     return OutboundState.FAILED
 
 
-def _give_back(row, owner, state, **fields) -> int:
+def _give_back(row: OutboundMessage, owner: str, state: str, **fields: Any) -> int:
     """Undo our claim of a row whose send did not leave: the attempt it counted returned,
     and the chunk it stopped at left as it was before (labelled next time only if it
     carried the label this time — its earlier send may have landed)."""
@@ -183,18 +192,18 @@ def _give_back(row, owner, state, **fields) -> int:
         chunks_started=F("chunks_delivered") + (1 if carried_label else 0), **fields)
 
 
-def _waiting_state(row):
+def _waiting_state(row: OutboundMessage) -> OutboundState:
     """Where a claimed row waits when its attempt is given back: pending if it was never
     tried before, else failed (a timer makes it due)."""
     return OutboundState.PENDING if row.attempts <= 1 else OutboundState.FAILED
 
 
-def wait_for_channel(row, owner, error, now):
+def wait_for_channel(row: OutboundMessage, owner: str, error: str, now: datetime) -> OutboundState:
     """The platform refused the channel's credentials: nothing was sent, so the row goes
     back to waiting as it was before the claim (its attempt given back: a dead token must
     not spend the resend budget), and the channel's replies wait until an operator saves
     it again (Channel.save recomputes send_blocked). Audited once per block."""
-    Channel = channel_model()
+    Channel: Any = channel_model()  # conversations' (its manager's own methods are not typed down here)
     before = _waiting_state(row)
     with transaction.atomic():
         _give_back(row, owner, before, next_attempt_at=now, last_outcome=Outcome.CHANNEL_BLOCKED, last_error=error)
@@ -206,7 +215,7 @@ def wait_for_channel(row, owner, error, now):
     return before
 
 
-def mark_unreachable(row, error, now):
+def mark_unreachable(row: OutboundMessage, error: str, now: datetime) -> None:
     mark, created = UnreachableChat.objects.get_or_create(
         channel_id=row.channel_id, chat_id=row.chat_id, defaults={"error": error, "since": now,
                                                                    "last_failure_at": now})
@@ -219,13 +228,13 @@ def mark_unreachable(row, error, now):
            ledger_row=row.pk)
 
 
-def _audit_abandoned(row, why):
+def _audit_abandoned(row: OutboundMessage, why: str) -> None:
     metrics.after_commit(metrics.REPLIES_ABANDONED.inc)
     record(EventKind.REPLY_ABANDONED, conversation_id=row.conversation_id, channel_slug=row.channel.slug,
            actor=row.owner or "ledger", target=f"ledger row {row.pk}", summary=why[:300], ledger_row=row.pk)
 
 
-def release(rows, owner) -> int:
+def release(rows: Iterable[OutboundMessage], owner: str) -> int:
     """Give back claimed rows this owner did not send: as they were before the claim
     (the attempt it counted is returned, so an unsent row goes out plain if it never
     went out before)."""

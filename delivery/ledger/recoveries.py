@@ -10,6 +10,11 @@ the drop), so every path that sends a recovered row — the boot sweep, the runt
 django-q2's safety sweep — decides the same way. Only labelled rows are looked at: a
 reply never sent before is not a recovery."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
 from django.db import transaction
 from django.db.models import Max
 
@@ -20,21 +25,21 @@ from delivery.models import OutboundMessage, OutboundState
 DROP = "drop"  # conversations.models.StaleRecoveries.DROP (delivery imports nothing above it)
 
 
-def label_of(row) -> str:
+def label_of(row: OutboundMessage) -> str:
     """The marker a labelled send of `row` starts with: dated when its conversation has
     moved past it (`settle_stale` set `recovered_from`)."""
     written_at = getattr(row, "recovered_from", None)
     return recovery_prefix(row.language, written_at, getattr(row.channel, "time_zone", "") if written_at else "")
 
 
-def settle_stale(rows, owner) -> list:
+def settle_stale(rows: list[OutboundMessage], owner: str) -> list[OutboundMessage]:
     """The claimed `rows` still to send: a stale recovery is dated (`recovered_from`) or,
     where its channel says drop, abandoned here and left out."""
     recovered = [row for row in rows if row.needs_marker]
     if not recovered:
         return rows
     latest = _latest_delivered({row.conversation_id for row in recovered})
-    dropped = set()
+    dropped: set[int] = set()
     for row in recovered:
         newer = latest.get(row.conversation_id)
         if newer is None or newer <= row.created_at:
@@ -47,14 +52,14 @@ def settle_stale(rows, owner) -> list:
     return [row for row in rows if row.pk not in dropped]
 
 
-def _latest_delivered(conversation_ids) -> dict:
+def _latest_delivered(conversation_ids: Iterable[int]) -> dict[int, datetime]:
     """Per conversation, when its newest delivered reply was written."""
     found = (OutboundMessage.objects.filter(conversation_id__in=list(conversation_ids), state=OutboundState.DELIVERED)
              .values("conversation_id").annotate(newest=Max("created_at")))
     return {item["conversation_id"]: item["newest"] for item in found}
 
 
-def _drop(row, owner) -> bool:
+def _drop(row: OutboundMessage, owner: str) -> bool:
     """Abandon a stale recovery this claim holds (its token: nobody else's claim)."""
     with transaction.atomic():
         if not OutboundMessage.transition(row.pk, OutboundState.ATTEMPTING, OutboundState.ABANDONED,

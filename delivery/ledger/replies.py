@@ -1,8 +1,12 @@
 """Replies written down: the pending rows, their chunks, and the ledger's bounds."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
@@ -13,8 +17,16 @@ from django.utils.translation import gettext_lazy as _
 from agentloop.core import languages
 from agentloop.core.rows import create_many, insert_statement
 from delivery import attachments, chunks
+from delivery.attachments import Chunk, OutboundFile
 from delivery.models import OutboundMessage, RestorePoint
 from delivery.transports import transport_for
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+# conversations' Conversation, Turn and Channel come in from the layer above, which delivery
+# may not import, not even for its annotations: Any where one is a parameter (a row's own
+# foreign keys to them are typed, by django-stubs).
 
 # The sign first in every language, so people and tools can spot a recovered reply.
 RECOVERY_SIGN = "♻️"
@@ -29,7 +41,7 @@ DATED_RECOVERY_MARKER = _("♻️ Recovered reply from %(time)s — this may rep
 _LONGEST_TIME = datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
-def recovery_prefix(language, written_at=None, time_zone="") -> str:
+def recovery_prefix(language: str, written_at: datetime | None = None, time_zone: str = "") -> str:
     """The marker a recovered reply starts with, in the language its row was written in;
     with `written_at`, the dated one: that time in `time_zone` (the channel's; empty: the
     deployment's), as the language writes a time (another day's: its date and time)."""
@@ -39,7 +51,7 @@ def recovery_prefix(language, written_at=None, time_zone="") -> str:
         "time": local_time(written_at, time_zone)}) + "\n\n"
 
 
-def local_time(moment, time_zone="") -> str:
+def local_time(moment: datetime, time_zone: str = "") -> str:
     """`moment` in `time_zone`: the time alone (24-hour, read alike in every language) on
     the same local day as now, else the active language's short date before it."""
     try:
@@ -67,7 +79,7 @@ PRUNE_AFTER = timedelta(days=7)
 
 
 def enabled() -> bool:
-    return settings.AGENTLOOP_DELIVERY_LEDGER
+    return bool(settings.AGENTLOOP_DELIVERY_LEDGER)
 
 
 def attempt_timeout() -> timedelta:
@@ -77,16 +89,16 @@ def attempt_timeout() -> timedelta:
 
 @dataclass(frozen=True)
 class Reply:
-    conversation: object
-    text: str
-    kind: str
-    turn: object = None
+    conversation: Any  # conversations' Conversation
+    text: StrOrPromise  # a text of our own is lazy (gettext_lazy): written in the conversation's language
+    kind: str  # an OutboundKind
+    turn: Any = None  # conversations' Turn, if a turn wrote it
     reply_target: str = ""
     thread_id: str = ""
-    files: tuple = ()  # delivery.attachments.OutboundFile, stored: sent after the text
+    files: tuple[OutboundFile, ...] = ()  # stored: sent after the text
     preview_message_id: str = ""  # a streamed reply's preview message: its first chunk edits it
     dedup_key: str | None = None  # a scheduled message's tick: unique in the ledger
-    template: dict | None = None  # sent as this approved template (delivery.templates), not as free text
+    template: dict[str, Any] | None = None  # sent as this approved template (delivery.templates), not as free text
     # The span its sends are the children of (agentloop.core.tracing): the run of its
     # turn; None: its turn's flush, if it has a turn (a notice of a recovery).
     traceparent: str | None = None
@@ -109,10 +121,13 @@ def _row(reply: Reply) -> OutboundMessage:
                            chunks_started=1 if began_before_a_restore(reply.turn) else 0)
 
 
-_restore_point: list = []  # [RestorePoint or None], read once per process
+# Rows made and their INSERT statement (rows.insert_statement), made before the transaction.
+Prepared = tuple[list[OutboundMessage], tuple[str, list[str]]]
+
+_restore_point: list[RestorePoint | None] = []  # read once per process
 
 
-def began_before_a_restore(turn) -> bool:
+def began_before_a_restore(turn: Any) -> bool:
     """Whether `turn` (or the buffer it was made from) was in flight in the backup this
     database was restored from (delivery.models.RestorePoint): its reply may have gone out
     after the copy was taken, so it is written as "its send may have started" and sent
@@ -128,43 +143,44 @@ def began_before_a_restore(turn) -> bool:
     return bool((turn.pk and turn.pk <= point.last_turn_id) or (buffer_id and buffer_id <= point.last_buffer_id))
 
 
-def forget_restore_point():
+def forget_restore_point() -> None:
     """Read the restore point again at the next reply (tests)."""
     _restore_point.clear()
 
 
-def chunks_for(channel, text, files=()) -> list:
+def chunks_for(channel: Any, text: str, files: Sequence[OutboundFile] = ()) -> Sequence[Chunk]:
     """A row's chunks: the text's (split_for), then one per file or album. [] when the
     text alone fits in one message."""
     if not files:
         return split_for(channel, text)
     transport = transport_for(channel)
-    pieces = (split_for(channel, text) or [text]) if text.strip() else []
+    pieces: list[Chunk] = [*(split_for(channel, text) or [text])] if text.strip() else []
     return pieces + attachments.file_chunks(list(files), transport.max_album,
                                             transport.caption_units - prefix_units())
 
 
-def split_for(channel, text) -> list:
+def split_for(channel: Any, text: str) -> list[str]:
     """The chunks a reply is sent in on this channel's platform, [] when it fits in one.
     Each leaves room for the recovery prefix, which any chunk may have to carry."""
-    limit = transport_for(channel).max_units
+    limit: int | None = transport_for(channel).max_units
     if limit is None or chunks.units(text) <= limit - prefix_units():
         return []
     return chunks.split(text, limit - prefix_units())
 
 
-def parts(row) -> list:
+def parts(row: OutboundMessage) -> Sequence[Chunk]:
     if row.template:
         return [row.text]  # one template message, whatever the text's length
     return row.chunks or split_for(row.channel, row.text) or [row.text]
 
 
-def enqueue(conversation, text, *, kind, turn=None, reply_target="", thread_id="", files=()):
+def enqueue(conversation: Any, text: StrOrPromise, *, kind: str, turn: Any = None, reply_target: str = "",
+            thread_id: str = "", files: Iterable[OutboundFile] = ()) -> OutboundMessage:
     """Write one reply down; call inside the transaction of the work that produced it."""
     return enqueue_many([Reply(conversation, text, kind, turn, reply_target, thread_id, tuple(files))])[0]
 
 
-def enqueue_many(replies, prepared=None):
+def enqueue_many(replies: Iterable[Reply], prepared: Prepared | None = None) -> list[OutboundMessage]:
     """Write replies down as pending rows (one INSERT). `prepared`: `prepare_many(replies)`,
     made before the transaction."""
     if prepared is not None:
@@ -172,13 +188,13 @@ def enqueue_many(replies, prepared=None):
     return create_many(OutboundMessage, [_row(r) for r in replies])
 
 
-def prepare_many(replies):
+def prepare_many(replies: Iterable[Reply]) -> Prepared:
     """The rows of `replies` and their INSERT, made without the database (rows.insert_statement),
     for `enqueue_many` to run later: a completion makes them before its transaction."""
     rows = [_row(r) for r in replies]
     return rows, insert_statement(OutboundMessage, rows)
 
 
-def unrecorded(replies):
+def unrecorded(replies: Iterable[Reply]) -> list[OutboundMessage]:
     """The ledger switched off: rows kept in memory only (a crash loses them)."""
     return [_row(r) for r in replies]

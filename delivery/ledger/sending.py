@@ -1,8 +1,12 @@
 """Sending: a claimed row's chunks, in order, each start and delivery written down."""
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
@@ -14,18 +18,28 @@ from delivery.ledger.replies import LATE_RESLOTS, parts
 from delivery.models import OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target, transport_for
 
+if TYPE_CHECKING:
+    from delivery.attachments import Chunk
+    from delivery.pacing import Pace
+    from delivery.transports import Transport
+
+T = TypeVar("T")
+# An async runner of a database function: `await db(fn, *args)` is fn(*args)'s result
+# (`sync_to_async` by default; the worker's database thread).
+DbRunner = Callable[..., Awaitable[Any]]
+
 log = logging.getLogger("delivery.ledger")  # the name it had as one module
 SEND = "agentloop.send"
 
 
-def text_to_send(row) -> str:
+def text_to_send(row: OutboundMessage) -> str:
     """The chunk this attempt resumes at, labelled if its send may have happened before."""
     piece = parts(row)[row.chunks_delivered]
     text = attachments.describe(piece) if attachments.is_files(piece) else piece
     return label_of(row) + text if row.needs_marker else text
 
 
-async def send_piece(transport, target, piece, label) -> SendResult:
+async def send_piece(transport: Transport, target: Target, piece: Chunk, label: str) -> SendResult:
     """One chunk: a text, or a file chunk whose marker rides in the first file's caption."""
     if not attachments.is_files(piece):
         return await transport.send_text(target, label + piece)
@@ -35,7 +49,7 @@ async def send_piece(transport, target, piece, label) -> SendResult:
     return result
 
 
-async def send(row, db=None) -> SendResult:
+async def send(row: OutboundMessage, db: DbRunner | None = None) -> SendResult:
     """Send a claimed row (`_send`) under a span of its own (agentloop.core.tracing): the
     child of the turn that wrote it, however late the attempt and whichever worker makes
     it; ids, counts and the outcome only."""
@@ -59,7 +73,7 @@ async def send(row, db=None) -> SendResult:
     return result
 
 
-async def _send(row, db=None) -> SendResult:
+async def _send(row: OutboundMessage, db: DbRunner | None = None) -> SendResult:
     """Send a claimed row's chunks in order, from the first not known delivered. Around
     each chunk but the attempt's first (started by the claim) and the last (recorded by
     `finish_many`), its start and its delivery are written down (through `db`, an async
@@ -73,7 +87,7 @@ async def _send(row, db=None) -> SendResult:
     pieces, first = parts(row), row.chunks_delivered
     row.resumed_at = first  # the chunk the label, if any, rides on (`_defer`)
     pace, sent_at = getattr(row, "pace", None), None
-    result = SendResult.delivered(row.platform_message_id)
+    result: SendResult = SendResult.delivered(row.platform_message_id)
     for index in range(first, len(pieces)):
         if pace is not None and not await _slot_reached(db, row, pace, sent_at):
             result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not sent: no send slot could be reserved")
@@ -113,7 +127,7 @@ UNCHANGED = (Outcome.NOT_SENT, Outcome.FLOOD, Outcome.CHANNEL_BLOCKED)
 STALE_PREVIEW = "⤵️"  # a preview that could not be deleted points at the final below it
 
 
-async def send_over_preview(db, row, target, piece) -> SendResult:
+async def send_over_preview(db: DbRunner, row: OutboundMessage, target: Target, piece: Chunk) -> SendResult:
     """A streamed reply's first chunk, over the preview message its stream left in the
     chat (a Telegram group's; docs/streaming.md). The first try edits the preview into
     the final: one message, finished. An edit refused or unanswered (it may have landed,
@@ -123,9 +137,8 @@ async def send_over_preview(db, row, target, piece) -> SendResult:
     reply. The fresh send is labelled only when the stale preview could be neither
     deleted nor marked and the edit may have landed: then the chat may show it twice."""
     transport = transport_for(row.channel)
-    text = not attachments.is_files(piece)
     maybe_landed = row.needs_marker
-    if text and not row.needs_marker:
+    if not attachments.is_files(piece) and not row.needs_marker:  # a text
         result = await transport.edit_text(target, row.preview_message_id, piece)
         if result.ok or result.outcome in UNCHANGED:
             return result
@@ -135,12 +148,13 @@ async def send_over_preview(db, row, target, piece) -> SendResult:
         gone = await transport.edit_text(target, row.preview_message_id, STALE_PREVIEW)
     failpoint("ledger.after_preview_removed")
     if not await _note(db, row, preview_message_id=""):
-        return SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
+        unrecorded: SendResult = SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
+        return unrecorded
     row.needs_marker = maybe_landed and not gone.ok
     return await send_piece(transport, target, piece, label_of(row) if row.needs_marker else "")
 
 
-async def _slot_reached(db, row, pace, sent_at) -> bool:
+async def _slot_reached(db: DbRunner, row: OutboundMessage, pace: Pace, sent_at: float | None) -> bool:
     """Wait for the chunk's slot; False if it could not be reserved (the database away):
     the chunk has not left, so the attempt stops there, resent unlabelled (reported once
     per channel with the send's outcome, and by the database thread once per fault)."""
@@ -151,7 +165,7 @@ async def _slot_reached(db, row, pace, sent_at) -> bool:
     return True
 
 
-async def _wait_for_slot(db, row, pace, sent_at):
+async def _wait_for_slot(db: DbRunner, row: OutboundMessage, pace: Pace, sent_at: float | None) -> None:
     """Sleep until this chunk's slot: the attempt's first waits out the delay its claim
     reserved; a later one a chat interval after the chunk before (`sent_at`, monotonic),
     then a bot slot of its own. A send that wakes well past its slot (the event loop or
@@ -171,16 +185,16 @@ async def _wait_for_slot(db, row, pace, sent_at):
     await asyncio.sleep(max(due - time.monotonic(), 0.0))
 
 
-async def _in_a_thread(fn, *args):
+async def _in_a_thread(fn: Callable[..., T], *args: Any) -> T:
     return await sync_to_async(fn)(*args)
 
 
-async def _note(db, row, **progress) -> bool:
+async def _note(db: DbRunner, row: OutboundMessage, **progress: Any) -> bool:
     """Record a chunk's progress on the claim we hold; False if it could not be (the
     database away, or the claim lost): the attempt stops there. With the ledger off
     (a row kept in memory only) there is nothing to record."""
     if row.pk is None:
-        return True
+        return True  # type: ignore[unreachable]  # the ledger off: no pk (django-stubs says one is always there)
     try:
         noted = await db(note_progress, row.pk, row.claim_token, progress)
     except Exception as exc:
@@ -192,6 +206,6 @@ async def _note(db, row, **progress) -> bool:
     return bool(noted)
 
 
-def note_progress(pk, claim_token, progress) -> int:
+def note_progress(pk: int, claim_token: str, progress: dict[str, Any]) -> int:
     return OutboundMessage.transition(pk, OutboundState.ATTEMPTING, OutboundState.ATTEMPTING,
                                       where={"claim_token": claim_token}, **progress)

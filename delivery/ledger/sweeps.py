@@ -1,11 +1,15 @@
 """Sweeps: abandoning what is stale, pruning what is finished, an operator's retry and
 abandon, and django-q2's safety sweep."""
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import os
 import time
-from datetime import timedelta
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 from django.core.files.storage import default_storage
@@ -24,10 +28,23 @@ from delivery.ledger.sending import send
 from delivery.models import OutboundMessage, OutboundState, UnreachableChat
 from delivery.transports import close_clients
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
 log = logging.getLogger(__name__)
 
 
-def abandon_stale(now=None, dead_owners=()) -> int:
+class ChannelHealth(TypedDict):
+    last_error: dict[str, Any] | None  # {"last_error", "claimed_at"} of its latest failed send
+    unreachable: list[tuple[str, str, datetime]]  # (chat id, error, since), the latest 50
+
+
+class SweepDone(TypedDict):
+    abandoned: int
+    sent: int
+
+
+def abandon_stale(now: datetime | None = None, dead_owners: Collection[str] = ()) -> int:
     """Open rows past their freshness, or past their resend budget with nobody sending
     them, are abandoned."""
     now = now or timezone.now()
@@ -52,7 +69,7 @@ def abandon_stale(now=None, dead_owners=()) -> int:
     return abandoned
 
 
-def prune(now=None, budget=None) -> int:
+def prune(now: datetime | None = None, budget: pruning.Budget | None = None) -> int:
     """Finished rows (delivered, abandoned, unreachable) older than
     AGENTLOOP_RETAIN_LEDGER_DAYS (7) are deleted, in batches (agentloop.core.pruning);
     open ones never; the stored bytes of the files they carried with them, unless a kept
@@ -67,12 +84,12 @@ def prune(now=None, budget=None) -> int:
                               on_delete=_forget_files_on_commit)
 
 
-def _with_files():
+def _with_files() -> QuerySet[Any]:  # annotated with raw_chunks, which the type does not know
     return OutboundMessage.objects.annotate(raw_chunks=Cast("chunks", TextField())).filter(
         raw_chunks__contains='"files"')
 
 
-def _forget_files_on_commit(ids):
+def _forget_files_on_commit(ids: Iterable[int]) -> None:
     """In the transaction deleting these rows: the files they carried, deleted once it commits."""
     names: set[str] = set()
     for pieces in _with_files().filter(pk__in=list(ids)).values_list("chunks", flat=True):
@@ -81,7 +98,7 @@ def _forget_files_on_commit(ids):
         transaction.on_commit(lambda: delete_unnamed_files(names))
 
 
-def delete_unnamed_files(names) -> int:
+def delete_unnamed_files(names: Iterable[str]) -> int:
     """Delete the stored reply files among `names` that no ledger row names any more
     (names are the bytes' digest per channel: the same file sent twice is one object)."""
     gone = 0
@@ -101,7 +118,7 @@ def delete_unnamed_files(names) -> int:
     return gone
 
 
-def retry_now(ids, by="operator") -> int:
+def retry_now(ids: Iterable[int], by: str = "operator") -> int:
     """An operator's "retry now": failed, abandoned or unreachable rows get one more
     resend, due at once (they will carry the recovery prefix)."""
     now = timezone.now()
@@ -117,7 +134,7 @@ def retry_now(ids, by="operator") -> int:
     return moved
 
 
-def abandon(ids, by="operator") -> int:
+def abandon(ids: Iterable[int], by: str = "operator") -> int:
     rows = OutboundMessage.objects.select_related("channel").filter(
         pk__in=list(ids), state__in=[OutboundState.PENDING, OutboundState.FAILED])
     abandoned = 0
@@ -129,7 +146,7 @@ def abandon(ids, by="operator") -> int:
     return abandoned
 
 
-def channel_health(channel_id) -> dict:
+def channel_health(channel_id: int) -> ChannelHealth:
     """For the admin's channel page: the last error and the unreachable chats."""
     last = (OutboundMessage.objects.filter(channel_id=channel_id).exclude(last_error="")
             .order_by("-claimed_at").values("last_error", "claimed_at").first())
@@ -138,7 +155,7 @@ def channel_health(channel_id) -> dict:
     return {"last_error": last, "unreachable": unreachable}
 
 
-def safety_sweep(budget=None, batch=1):
+def safety_sweep(budget: float | None = None, batch: int = 1) -> SweepDone:
     """django-q2's safety net (every minute): abandon stale rows, and deliver what is due
     when no worker loop is doing it — the claims make racing a live worker harmless.
 
@@ -172,7 +189,7 @@ def safety_sweep(budget=None, batch=1):
     return {"abandoned": abandoned, "sent": sent}
 
 
-def _send_each(loop, rows, owner, deadline) -> int:
+def _send_each(loop: asyncio.AbstractEventLoop, rows: list[OutboundMessage], owner: str, deadline: float) -> int:
     for done, row in enumerate(rows):
         if time.monotonic() >= deadline:
             release(rows[done:], owner)
