@@ -10,6 +10,8 @@ goes out; from then on the agent is silent until the person gives the conversati
 
 from __future__ import annotations
 
+from typing import Any
+
 from conversations.handoff import take_over
 from conversations.routing import hand_over_for_tool
 from tools.registry import Effect, Tool, ToolCall, ToolError
@@ -32,7 +34,7 @@ class Handoff(Tool):
     # contact (the guard's scope) in the window, whatever the reason's wording.
     fingerprint_fields = ("conversation",)
 
-    def run(self, call: ToolCall) -> dict[str, object]:
+    def run(self, call: ToolCall) -> dict[str, Any]:
         if call.scope.conversation_id is None:
             raise ToolError("handoff needs a conversation: it is for agents answering a chat")
         taken = take_over(call.scope.conversation_id, by="agent", reason=call.arguments["reason"])
@@ -65,7 +67,7 @@ class HandoffToAgent(Tool):
     # The agent asked for is the action: asked twice (whatever the reason's wording), once.
     fingerprint_fields = ("agent",)
 
-    def run(self, call: ToolCall) -> dict[str, object]:
+    def run(self, call: ToolCall) -> dict[str, Any]:
         if call.scope.conversation_id is None:
             raise ToolError("handoff_to_agent needs a conversation: it is for agents answering a chat")
         agent = call.arguments["agent"]

@@ -28,10 +28,14 @@ operator's (actor and decided_by "user:<name> (<platform> <id>)") and reaches th
 agent's next turn as a context note, as an operator's does.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import transaction
 from django.db.models import F
@@ -43,6 +47,9 @@ from agentloop.core.redaction import redact
 from tools import approvals, guard
 from tools.models import Confirmation, ProposalState
 from tools.questions import Reply, has_buttons, reply_to_tap
+
+if TYPE_CHECKING:
+    from tools.conversation_side import Channel, Conversation
 
 log = logging.getLogger(__name__)
 
@@ -57,32 +64,32 @@ TOAST_LIMIT = 200  # a tap's answer (Telegram's answerCallbackQuery text)
 # --- asking -------------------------------------------------------------------------------
 
 
-def buttons(confirmation) -> tuple:
+def buttons(confirmation: Confirmation) -> tuple[tuple[str, str], ...]:
     """Yes / No, in the language of the chat they are shown in."""
     with translation.override(languages.for_conversation(confirmation.conversation)):
         return ((_("✅ Yes, do it"), f"c:{confirmation.token}:y"), (_("❌ No"), f"c:{confirmation.token}:n"))
 
 
-def buttons_for_rows(row_ids) -> dict:
+def buttons_for_rows(row_ids: Iterable[int]) -> dict[int, tuple[tuple[str, str], ...]]:
     """{ledger row id: buttons} for the questions among these rows whose proposal is
     still pending (a question sent late, after an operator decided, goes without)."""
     found = (Confirmation.objects.filter(question_id__in=list(row_ids), proposal__state=ProposalState.PENDING)
              .select_related("conversation__channel"))
-    return {c.question_id: buttons(c) for c in found if has_buttons(c.conversation.channel)}
+    return {c.question_id: buttons(c) for c in found if c.question_id is not None and has_buttons(c.conversation.channel)}
 
 
 # --- answering ------------------------------------------------------------------------------
 
 
-def _name(conversation) -> str:
+def _name(conversation: Conversation) -> str:
     return conversation.contact.display_name or conversation.contact.username or conversation.sender_id
 
 
-def decided_by(conversation, name="") -> str:
+def decided_by(conversation: Conversation, name: str = "") -> str:
     return f"user:{name or _name(conversation)} ({conversation.channel.kind} {conversation.sender_id})"[:150]
 
 
-def decide(confirmation, yes: bool, *, by: str) -> Reply:
+def decide(confirmation: Confirmation, yes: bool, *, by: str) -> Reply:
     """Apply or reject the proposal through the operators' compare-and-swap; whoever
     loses the race (a second tap, a re-delivered callback) is told what was decided."""
     Confirmation.objects.filter(pk=confirmation.pk).update(taps=F("taps") + 1, last_tap_at=timezone.now())
@@ -95,18 +102,19 @@ def decide(confirmation, yes: bool, *, by: str) -> Reply:
     return reply_to_tap(confirmation, proposal, won)
 
 
-def _invalid(channel) -> Reply:
+def _invalid(channel: Channel) -> Reply:
     with translation.override(languages.choose(channel.language)):
         return Reply("invalid", _("This button is no longer valid."))
 
 
-def tap(channel, data, *, sender_id: str, sender_name: str = "", chat_id: str = "") -> tuple[Reply, object]:
+def tap(channel: Channel, data: str | None, *, sender_id: str, sender_name: str = "",
+        chat_id: str = "") -> tuple[Reply, Confirmation | None]:
     """A button's data from a tap: (the reply, the Confirmation or None)."""
     match = CALLBACK_DATA.match(data or "")
     if not match:
         return _invalid(channel), None
     confirmation = (Confirmation.objects.select_related("conversation__contact", "conversation__channel")
-                    .filter(token=match[1], conversation__channel=channel).first())
+                    .filter(token=match[1], conversation__channel_id=channel.pk).first())
     if confirmation is None or (chat_id and chat_id != confirmation.conversation.chat_id):
         log.warning("channel %s: a tap with unknown confirmation data from %s", channel.slug, redact(sender_id)[:50])
         return _invalid(channel), None
@@ -122,13 +130,14 @@ def tap(channel, data, *, sender_id: str, sender_name: str = "", chat_id: str = 
 # --- the web chat -----------------------------------------------------------------------------
 
 
-def handle_webchat_tap(channel, sender_id: str, sender_name: str, data: str) -> dict:
+def handle_webchat_tap(channel: Channel, sender_id: str, sender_name: str, data: str) -> dict[str, Any]:
     """A tap on the playground's buttons, as the logged-in person (their sender id).
     Every page watching the conversation is shown the outcome (two devices agree)."""
     reply, confirmation = tap(channel, data, sender_id=sender_id, sender_name=sender_name)
-    answer = {"type": "confirmation", "data": data, "status": reply.status, "text": reply.toast}
+    answer: dict[str, Any] = {"type": "confirmation", "data": data, "status": reply.status, "text": reply.toast}
     if confirmation is not None and reply.outcome:
         match = CALLBACK_DATA.match(data)
+        assert match is not None  # the tap found its confirmation by it
         event = {"kind": "question_decided", "conversation": confirmation.conversation_id, "token": match[1],
                  "text": reply.outcome, "status": reply.status}
         with transaction.atomic():
@@ -140,7 +149,7 @@ def handle_webchat_tap(channel, sender_id: str, sender_name: str, data: str) -> 
 # --- a reply instead of a tap (platforms without buttons) ---------------------------------------
 
 
-def answer_word(text) -> bool | None:
+def answer_word(text: str | None) -> bool | None:
     """True for yes, False for no, None for anything else (the whole text counts)."""
     word = unicodedata.normalize("NFKC", text or "").casefold().strip().rstrip(".!").strip()
     if word in YES_WORDS:
@@ -150,6 +159,13 @@ def answer_word(text) -> bool | None:
     return None
 
 
+class Sent(Protocol):
+    """An inbound message as an answer reads it (conversations' Message)."""
+
+    @property
+    def sender_name(self) -> str: ...
+
+
 @dataclass
 class PendingAnswer:
     """A reply that answers an open question, found while the message is admitted."""
@@ -157,7 +173,7 @@ class PendingAnswer:
     confirmation: Confirmation
     yes: bool
 
-    def take(self, message):
+    def take(self, message: Sent) -> None:
         """The message was new (not a re-delivery): decide once its admission commits,
         outside that transaction (the action must never run in a transaction that could
         still roll back). A crash in between leaves the question open: answer again."""
@@ -166,14 +182,14 @@ class PendingAnswer:
         transaction.on_commit(lambda: _decide_logged(confirmation, yes, by))
 
 
-def _decide_logged(confirmation, yes, by):
+def _decide_logged(confirmation: Confirmation, yes: bool, by: str) -> None:
     try:
         decide(confirmation, yes, by=by)
     except Exception:
         log.exception("answering confirmation %s failed; the question stays open", confirmation.pk)
 
 
-def answer_from_text(channel, conversation, text) -> PendingAnswer | None:
+def answer_from_text(channel: Channel, conversation: Conversation, text: str | None) -> PendingAnswer | None:
     """On a channel without buttons, a message whose whole text is yes/no while one of the
     conversation's questions is open answers the oldest open one (questions are answered
     in the order they were asked). None: an ordinary message. Cheap for every other

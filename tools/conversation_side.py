@@ -16,6 +16,7 @@ way Django resolves EMAIL_BACKEND: no registration at start-up, no module global
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -39,7 +40,13 @@ class Channel(Protocol):
     """conversations.models.Channel, as tools reads it."""
 
     @property
+    def pk(self) -> Any: ...  # Django's pk is untyped (Model.pk)
+
+    @property
     def slug(self) -> str: ...
+
+    @property
+    def language(self) -> str: ...
 
     @property
     def kind(self) -> str: ...
@@ -48,8 +55,18 @@ class Channel(Protocol):
     def platform(self) -> Platform: ...
 
 
+class Contact(Protocol):
+    """conversations.models.Contact, as tools reads it (who answers a question)."""
+
+    @property
+    def display_name(self) -> str: ...
+
+    @property
+    def username(self) -> str: ...
+
+
 class Conversation(Protocol):
-    """conversations.models.Conversation, as tools reads it (a scope's owner)."""
+    """conversations.models.Conversation, as tools reads it (a scope's owner, who answers)."""
 
     @property
     def pk(self) -> Any: ...  # Django's pk is untyped (Model.pk)
@@ -58,10 +75,13 @@ class Conversation(Protocol):
     def contact_id(self) -> int: ...
 
     @property
-    def contact(self) -> object: ...
+    def contact(self) -> Contact: ...
 
     @property
     def channel(self) -> Channel: ...
+
+    @property
+    def sender_id(self) -> str: ...
 
 
 class ConversationSide(Protocol):
@@ -84,7 +104,7 @@ class ConversationSide(Protocol):
 
     def channel(self, slug: str) -> Channel | None: ...
 
-    def channels(self) -> list[Channel]:
+    def channels(self) -> Sequence[Channel]:
         """Every channel, by slug."""
         ...
 

@@ -4,7 +4,10 @@ State machines are written down once here (the *State enums and their TRANSITION
 every transition goes through the model's checked `transition()` (agentloop.core.states).
 """
 
+from __future__ import annotations
+
 import secrets
+from typing import ClassVar
 
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -70,7 +73,7 @@ class ToolPolicy(models.Model):
         verbose_name_plural = _("tool policies")
         ordering = ["name"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
     def fingerprint_description(self) -> str:
@@ -117,6 +120,9 @@ class ActionClaim(StateMachine, models.Model):
         ClaimState.DONE: set(),
         ClaimState.RELEASED: set(),
     }
+    # Declared only, for the type checker: StateMachine's `objects` would otherwise hide
+    # the manager Django gives this model (its rows typed as Any).
+    objects: ClassVar[models.Manager[ActionClaim]]
 
     scope = models.CharField(_("scope"), max_length=200, help_text=_("Whose action: contact:ID or an API scope."))
     action = models.CharField(_("action"), max_length=64)
@@ -162,7 +168,7 @@ class ActionClaim(StateMachine, models.Model):
             models.Index(fields=["conversation_id", "created_at"], name="claim_conversation_idx"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("claim %(id)s %(action)s (%(state)s)") % {"id": self.pk, "action": self.action,
                                                               "state": self.get_state_display()}
 
@@ -190,6 +196,7 @@ class Proposal(StateMachine, models.Model):
         ProposalState.REJECTED: set(),
         ProposalState.EXPIRED: set(),
     }
+    objects: ClassVar[models.Manager[Proposal]]  # declared only (see ActionClaim.objects)
 
     claim = models.OneToOneField(ActionClaim, verbose_name=_("claim"), on_delete=models.CASCADE, related_name="proposal")
     state = models.CharField(_("state"), max_length=16, choices=ProposalState.choices, default=ProposalState.PENDING)
@@ -206,16 +213,16 @@ class Proposal(StateMachine, models.Model):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["state", "expires_at"], name="proposal_state_exp_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return gettext("proposal %(id)s: %(action)s (%(state)s)") % {
             "id": self.pk, "action": self.claim.action, "state": self.get_state_display()}
 
     @property
-    def is_open(self):
+    def is_open(self) -> bool:
         return self.state == ProposalState.PENDING and self.expires_at > timezone.now()
 
 
-def new_confirmation_token():
+def new_confirmation_token() -> str:
     # 24 random bytes: not guessable, and "c:<token>:y" stays far below Telegram's 64-byte callback_data.
     return secrets.token_urlsafe(24)
 
@@ -242,11 +249,11 @@ class Confirmation(models.Model):
         verbose_name_plural = _("confirmations")
         ordering = ["-asked_at"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"confirmation of proposal {self.proposal_id}"
 
 
-def new_feed_token():
+def new_feed_token() -> str:
     return secrets.token_urlsafe(18)
 
 
@@ -262,7 +269,7 @@ class Calendar(models.Model):
         verbose_name = _("calendar")
         verbose_name_plural = _("calendars")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name or self.scope
 
 
@@ -284,7 +291,7 @@ class CalendarEvent(models.Model):
         ordering = ["start"]
         indexes = [models.Index(fields=["calendar", "start"], name="event_calendar_start_idx")]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.title} @ {self.start:%Y-%m-%d %H:%M}"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
@@ -29,16 +30,19 @@ if TYPE_CHECKING:
 def ask(proposal: Proposal, claim: ActionClaim) -> Confirmation | None:
     """Called inside the proposal's transaction: the question exists exactly when the
     proposal does, and the ledger sends it at least once."""
-    # conversations' Conversation, through the confirmation's own foreign key: the schema
-    # already declares that tools points at it.
-    conversation = (CONVERSATION.objects.select_related("channel").filter(pk=claim.conversation_id).first()
-                    if claim.conversation_id is not None else None)
-    if conversation is None:
+    if claim.conversation_id is None:
         return None  # no chat to ask in: an operator decides, as under `operator`
+    confirmation = Confirmation(proposal=proposal, conversation_id=claim.conversation_id, asked_at=proposal.created_at)
+    try:
+        # conversations' Conversation, through the confirmation's own foreign key (tools
+        # cannot import the app above it; the schema already declares that it points there).
+        conversation = confirmation.conversation
+    except ObjectDoesNotExist:
+        return None  # the conversation is gone
     with translation.override(languages.for_conversation(conversation)):
         text = question_text(claim, conversation.channel)
-    confirmation = Confirmation.objects.create(proposal=proposal, conversation=conversation, text=text,
-                                               asked_at=proposal.created_at)
+    confirmation.text = text
+    confirmation.save(force_insert=True)
     row = ledger.enqueue(conversation, text, kind=OutboundKind.NOTICE)
     Confirmation.objects.filter(pk=confirmation.pk).update(question=row)
     confirmation.question = row
@@ -120,8 +124,10 @@ def _outcome(question: str, proposal: Proposal, won: bool) -> Reply:
     if not won:
         return Reply("already_confirmed", _("Already confirmed at %(time)s.") % {"time": at},
                      _confirmed_line(question, proposal, at))
-    toast = {ProposalState.APPLIED: _("Done ✅"), ProposalState.FAILED: _("Confirmed, but it could not be done."),
-             ProposalState.APPLYING: _("Confirmed; checking whether it went through.")}.get(state, _("Confirmed."))
+    toasts: dict[str, str] = {
+        ProposalState.APPLIED: _("Done ✅"), ProposalState.FAILED: _("Confirmed, but it could not be done."),
+        ProposalState.APPLYING: _("Confirmed; checking whether it went through.")}
+    toast = toasts.get(state, _("Confirmed."))
     return Reply("confirmed", toast, _confirmed_line(question, proposal, at))
 
 
@@ -146,5 +152,3 @@ def withdraw_question(proposal_id: int) -> None:
     outcome = reply_to_tap(confirmation, confirmation.proposal, False).outcome
     channel.platform.question_decided(channel, confirmation, outcome, "expired")
 
-
-CONVERSATION = Confirmation._meta.get_field("conversation").related_model

@@ -6,11 +6,15 @@ arguments, an effect verb, default fingerprint fields and a `run`. Projects add 
 own by dotted path (`AGENTLOOP_EXTRA_TOOLS`). Reads are never guarded.
 """
 
+from __future__ import annotations
+
 import abc
 import enum
 import functools
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import jsonschema
 from django.conf import settings
@@ -19,6 +23,10 @@ from django.utils.module_loading import import_string
 from agentloop.core import plugins
 from agentloop.core.caches import BoundedCache
 from tools import fingerprint
+from tools.fingerprint import Fingerprint, Normalizer
+
+if TYPE_CHECKING:
+    from tools.conversation_side import Conversation
 
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -62,78 +70,82 @@ class Scope:
     label: str = ""
 
     @classmethod
-    def of_conversation(cls, conversation):
+    def of_conversation(cls, conversation: Conversation) -> Scope:
         """A conversation's actions belong to its contact (in a group: the sender)."""
         return cls(key=f"contact:{conversation.contact_id}", conversation_id=conversation.pk,
                    channel_slug=conversation.channel.slug, label=str(conversation.contact))
 
     @classmethod
-    def of_agent(cls, agent_key_id, name):
+    def of_agent(cls, agent_key_id: int, name: str) -> Scope:
         """An explicit scope from the API, namespaced per agent key."""
         return cls(key=f"agent:{agent_key_id}:{name}", label=name)
 
 
 @dataclass
 class ToolCall:
-    arguments: dict
+    arguments: dict[str, Any]
     scope: Scope
     # Stable for the guard's claim: tools use it as the effect's own id (an event UID,
     # a Message-ID) so an interrupted call can be looked up afterwards.
     idempotency_key: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Tool(abc.ABC):
     name: str = ""
     description: str = ""
-    parameters: dict = {"type": "object", "properties": {}}
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}  # a JSON schema
     effect: Effect = Effect.CREATE
     # Empty: every argument (canonicalised) is the identity of the action.
-    fingerprint_fields: tuple = ()
+    fingerprint_fields: tuple[str, ...] = ()
     # field -> function(value, call) giving the value that is hashed.
-    normalizers: dict = {}
+    normalizers: Mapping[str, Normalizer] = {}
     # ToolPolicy fields for the policy row created on the tool's first use (operators
     # change them in the admin afterwards).
-    policy_defaults: dict = {}
+    policy_defaults: dict[str, Any] = {}
 
     @property
-    def guarded(self):
+    def guarded(self) -> bool:
         return self.effect != Effect.READ
 
-    def validate(self, arguments) -> dict:
+    def validate(self, arguments: Any) -> dict[str, Any]:  # JSON as the caller sent it: checked here
         if not isinstance(arguments, dict):
             raise InvalidArguments("arguments must be a JSON object")
         errors = sorted(jsonschema.Draft202012Validator(self.parameters).iter_errors(arguments), key=str)
         if errors:
-            where = lambda e: ".".join(str(p) for p in e.absolute_path) or "arguments"  # noqa: E731
-            raise InvalidArguments("; ".join(f"{where(e)}: {e.message}" for e in errors[:5]))
+            raise InvalidArguments("; ".join(f"{_where(e)}: {e.message}" for e in errors[:5]))
         return arguments
 
-    def fingerprint(self, arguments, scope, fields=None):
+    def fingerprint(self, arguments: Mapping[str, Any], scope: Scope,
+                    fields: list[str] | tuple[str, ...] | None = None) -> Fingerprint:
         return fingerprint.compute(self.name, list(fields or self.fingerprint_fields), arguments,
                                    self.normalizers, scope)
 
     @abc.abstractmethod
-    def run(self, call: ToolCall) -> dict:
+    def run(self, call: ToolCall) -> dict[str, Any]:
         """Carry the action out; return a JSON-serialisable result. Raise ToolError if it
         did not happen, OutcomeUnknown if it may have."""
 
-    def reconcile(self, call: ToolCall) -> dict | None:
+    def reconcile(self, call: ToolCall) -> dict[str, Any] | None:
         """After an interruption: the effect's result if it happened, None if it surely
         did not. Raise CannotReconcile when the tool cannot tell."""
         raise CannotReconcile(self.name)
 
-    def as_function(self) -> dict:
+    def as_function(self) -> dict[str, Any]:
         """The OpenAI function-calling description."""
         return {"type": "function",
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
+def _where(error: Any) -> str:  # a jsonschema ValidationError (jsonschema has no types)
+    return ".".join(str(p) for p in error.absolute_path) or "arguments"
+
+
 @functools.lru_cache(maxsize=4)  # keyed by AGENTLOOP_TOOLS: one entry, more only under test overrides
-def _load(paths: tuple) -> dict:
-    tools = {}
+def _load(paths: tuple[str, ...]) -> dict[str, Tool]:
+    tools: dict[str, Tool] = {}
     for path in paths:
-        tool = import_string(path)()
+        tool: Tool = import_string(path)()
         if not NAME_PATTERN.match(tool.name):
             raise ValueError(f"{path}: tool name {tool.name!r} is not a valid function name")
         if tool.name in tools:
@@ -142,7 +154,7 @@ def _load(paths: tuple) -> dict:
     return tools
 
 
-def all_tools() -> dict:
+def all_tools() -> dict[str, Tool]:
     return _load(tuple(settings.AGENTLOOP_TOOLS))
 
 
@@ -159,7 +171,7 @@ def get(name: str) -> Tool:
     # servers' tools (tools.mcp.catalog.tool). Named by settings.TOOL_SOURCES, as the hosted
     # tools are by AGENTLOOP_TOOLS: they build Tools, so they import this module, not the
     # other way round.
-    for source in plugins.each("TOOL_SOURCES"):
+    for source in cast("tuple[Callable[[str], Tool | None], ...]", plugins.each("TOOL_SOURCES")):
         found = source(name)
         if found is not None:
             return _from_sources.set(name, found)
@@ -167,8 +179,8 @@ def get(name: str) -> Tool:
 
 
 # The sources' tools, kept as long as policies are (tools.guard.policies): a change applies within 2 s.
-_from_sources = BoundedCache(maxsize=1024, max_age=2.0)
+_from_sources: BoundedCache[str, Tool] = BoundedCache(maxsize=1024, max_age=2.0)
 
 
-def forget_sources():
+def forget_sources() -> None:
     _from_sources.clear()

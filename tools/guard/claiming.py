@@ -1,8 +1,12 @@
 """Claiming: the insert under the unique constraint that admits one live claim per
 fingerprint; what a caught duplicate is told."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -14,7 +18,7 @@ from audit.models import EventKind
 from tools.fingerprint import Fingerprint
 from tools.guard.helpers import _original, check_arguments, humanize
 from tools.guard.outcomes import Outcome, Status
-from tools.models import ActionClaim, ClaimState, Confirmation
+from tools.models import ActionClaim, ClaimState, Confirmation, ToolPolicy
 from tools.registry import Scope
 
 
@@ -30,16 +34,17 @@ class ClaimRequest:
     fingerprint, and the action's policy (its window, lease and hourly limit)."""
 
     action: str
-    arguments: dict
+    arguments: dict[str, Any]
     scope: Scope
     fp: Fingerprint
-    policy: object  # ToolPolicy
+    policy: ToolPolicy
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_arguments(self.arguments)  # before anything is claimed
 
 
-def take_claim(request: ClaimRequest, *, owner, agent_key_id=None, proposed=False, on_created=None) -> Attempt:
+def take_claim(request: ClaimRequest, *, owner: str, agent_key_id: int | None = None, proposed: bool = False,
+               on_created: Callable[[ActionClaim], object] | None = None) -> Attempt:
     """Insert the claim, or return the live claim that holds this fingerprint.
 
     The insert is the guard: the unique constraint admits one live claim per
@@ -82,7 +87,7 @@ class RateLimited(Exception):
     """The scope has used its calls of this action for the hour (ToolPolicy.max_per_hour)."""
 
 
-def _check_rate(claim, policy):
+def _check_rate(claim: ActionClaim, policy: ToolPolicy) -> None:
     """Called just after the new claim's insert, in its transaction: an identical call
     never gets here (it is a duplicate, not a new action), and a refusal rolls the insert
     back. Released claims (failed, rejected) did nothing and do not count."""
@@ -98,19 +103,19 @@ def _check_rate(claim, policy):
                           "is reached")
 
 
-def _used_in_the_hour(claim, **same) -> int:
+def _used_in_the_hour(claim: ActionClaim, **same: Any) -> int:
     return (ActionClaim.objects.filter(action=claim.action, created_at__gt=claim.created_at - timedelta(hours=1),
                                        **same)
             .exclude(pk=claim.pk).exclude(state=ClaimState.RELEASED).count())
 
 
-def rate_limited_outcome(exc) -> Outcome:
+def rate_limited_outcome(exc: RateLimited) -> Outcome:
     return Outcome(Status.FAILED, error=str(exc),
                    note="Not done: too many of these were asked for in the last hour. Tell the user it cannot be "
                         "done right now; do not retry it in this conversation.")
 
 
-def note_duplicate(claim, status, *, actor, scope: Scope, now=None):
+def note_duplicate(claim: ActionClaim, status: str, *, actor: str, scope: Scope, now: datetime | None = None) -> None:
     """Audit a caught duplicate and count it on the original claim."""
     now = now or timezone.now()
     age = (now - claim.created_at).total_seconds()
@@ -124,7 +129,7 @@ def note_duplicate(claim, status, *, actor, scope: Scope, now=None):
         metrics.after_commit(metrics.DUPLICATES_PREVENTED.labels(claim.action, status).inc)
 
 
-def duplicate_outcome(claim, status, now=None) -> Outcome:
+def duplicate_outcome(claim: ActionClaim, status: str, now: datetime | None = None) -> Outcome:
     now = now or timezone.now()
     age = humanize((now - claim.created_at).total_seconds())
     notes = {
@@ -143,7 +148,7 @@ def duplicate_outcome(claim, status, now=None) -> Outcome:
                    claim_id=claim.pk, proposal_id=proposal_id, original=_original(claim, now), duplicate=True)
 
 
-def _approver(claim) -> str:
+def _approver(claim: ActionClaim) -> str:
     """Who the proposal waits for: the user (a question in the chat) or an operator."""
     proposal_id = getattr(getattr(claim, "proposal", None), "pk", None)
     if proposal_id is not None and Confirmation.objects.filter(proposal_id=proposal_id).exists():

@@ -1,7 +1,10 @@
 """The guard alone, for tools an external agent runs itself: claim, then `succeed` or
 `fail`, in its agent key's own namespace of action names."""
 
+from __future__ import annotations
+
 import re
+from typing import Any
 
 from django.conf import settings
 
@@ -16,23 +19,25 @@ from tools.models import ActionClaim, ClaimState, ToolPolicy
 from tools.registry import Scope
 
 
-def claim_action(action, arguments, scope: Scope, *, fields=None, actor, agent_key_id=None, wait=None):
+def claim_action(action: str, arguments: object, scope: Scope, *, fields: object = None, actor: str,
+                 agent_key_id: int | None = None, wait: float | None = None) -> tuple[Outcome, bool]:
     """Guard-only: (Outcome, created). Created means: proceed, run it, then call
     `succeed` or `fail` with the claim id."""
     action = guard_only_name(action, agent_key_id)
     if not isinstance(arguments, dict):
         raise registry.InvalidArguments("arguments must be a JSON object")
     policy = policy_for(action)
-    tool = None
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise registry.InvalidArguments("fingerprint must be a list of argument names")
-    fields = fields or policy.fingerprint_fields or (list(tool.fingerprint_fields) if tool else [])
-    normalizers = tool.normalizers if tool else {}
-    fp = compute(action, fields, arguments, normalizers, scope)
+    # No tool of ours behind the name (guard_only_name refuses hosted tools' names): no
+    # declared fields, no normalizers.
+    named: list[str] = fields or policy.fingerprint_fields or []
+    fp = compute(action, named, arguments, {}, scope)
     attempt, outcome = claim_or_settle(ClaimRequest(action, arguments, scope, fp, policy), actor=actor,
                                        agent_key_id=agent_key_id, wait=wait)
     if outcome is not None:
         return outcome, False
+    assert attempt is not None  # claim_or_settle gives one or the other
     return Outcome("proceed", claim_id=attempt.claim.pk), True
 
 
@@ -55,7 +60,7 @@ class TooManyActions(Exception):
     pass
 
 
-def guard_only_name(action, agent_key_id) -> str:
+def guard_only_name(action: str, agent_key_id: int | None) -> str:
     """The stored name of an agent key's own action; raises when it may not have it."""
     if not GUARD_ONLY_NAME.match(action or ""):
         raise registry.InvalidArguments("action must be 1-48 letters, digits, '_' or '-'")
@@ -64,7 +69,7 @@ def guard_only_name(action, agent_key_id) -> str:
                              "actions you run yourself need names of their own")
     prefix = f"ext:{agent_key_id or 0}:"
     name = prefix + action
-    limit = settings.AGENTLOOP_MAX_ACTIONS_PER_KEY
+    limit: int = settings.AGENTLOOP_MAX_ACTIONS_PER_KEY
     if (_policies.get(name) is None and not ToolPolicy.objects.filter(name=name).exists()
             and ToolPolicy.objects.filter(name__startswith=prefix).count() >= limit):
         raise TooManyActions(f"this agent key already uses {limit} action names (AGENTLOOP_MAX_ACTIONS_PER_KEY); "
@@ -72,7 +77,7 @@ def guard_only_name(action, agent_key_id) -> str:
     return name
 
 
-def succeed(claim_id, result, *, agent_key_id=None) -> ActionClaim:
+def succeed(claim_id: int, result: Any, *, agent_key_id: int | None = None) -> ActionClaim:
     claim = _own_claim(claim_id, agent_key_id)
     if claim.state == ClaimState.DONE:
         return claim  # a retried confirmation changes nothing
@@ -84,7 +89,7 @@ def succeed(claim_id, result, *, agent_key_id=None) -> ActionClaim:
     return claim
 
 
-def fail(claim_id, error, *, agent_key_id=None) -> ActionClaim:
+def fail(claim_id: int, error: object, *, agent_key_id: int | None = None) -> ActionClaim:
     claim = _own_claim(claim_id, agent_key_id)
     if claim.state == ClaimState.RELEASED:
         return claim
@@ -97,7 +102,7 @@ def fail(claim_id, error, *, agent_key_id=None) -> ActionClaim:
     return claim
 
 
-def _own_claim(claim_id, agent_key_id):
+def _own_claim(claim_id: int, agent_key_id: int | None) -> ActionClaim:
     claim = ActionClaim.objects.filter(pk=claim_id).first()
     if claim is None or (agent_key_id is not None and claim.agent_key_id != agent_key_id):
         raise ActionClaim.DoesNotExist(f"no claim {claim_id}")

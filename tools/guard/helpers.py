@@ -1,6 +1,11 @@
 """Helpers: the claim's scope and call, its age in words, and its checked transition."""
 
+from __future__ import annotations
+
 import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
@@ -19,16 +24,16 @@ def humanize(seconds: float) -> str:
     return f"{hours:g} hours"
 
 
-def _original(claim, now) -> dict:
+def _original(claim: ActionClaim, now: datetime) -> dict[str, Any]:
     return {"claim": claim.pk, "at": claim.created_at.isoformat(), "state": claim.state,
             "age_seconds": round((now - claim.created_at).total_seconds(), 1), "result": claim.result}
 
 
-def _scope_of(claim) -> Scope:
+def _scope_of(claim: ActionClaim) -> Scope:
     return Scope(key=claim.scope, conversation_id=claim.conversation_id, channel_slug=claim.channel_slug)
 
 
-def _call_of(claim) -> ToolCall:
+def _call_of(claim: ActionClaim) -> ToolCall:
     return ToolCall(arguments=claim.arguments, scope=_scope_of(claim), idempotency_key=f"agentloop-claim-{claim.pk}")
 
 
@@ -39,11 +44,11 @@ def _call_of(claim) -> ToolCall:
 MAX_STORED_BYTES = 64 * 1024
 
 
-def stored_size(value) -> int:
+def stored_size(value: object) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
 
 
-def check_arguments(arguments) -> None:
+def check_arguments(arguments: object) -> None:
     """InvalidArguments when a call's arguments are too large to claim."""
     from tools.registry import InvalidArguments
 
@@ -52,7 +57,7 @@ def check_arguments(arguments) -> None:
                                "(an id, a URL) instead of the content")
 
 
-def capped_result(result):
+def capped_result(result: Any) -> Any:  # JSON in, JSON out
     """The result as a claim keeps it: cut to MAX_STORED_BYTES when it is longer."""
     if result is None or stored_size(result) <= MAX_STORED_BYTES:
         return result
@@ -61,7 +66,7 @@ def capped_result(result):
             "note": f"The result was larger than {MAX_STORED_BYTES} bytes; only its beginning was kept."}
 
 
-def transition(claim_id, old_states, new_state, **fields) -> bool:
+def transition(claim_id: int, old_states: Sequence[str], new_state: str, **fields: Any) -> bool:
     """Compare-and-swap through the claim's checked transition: move a claim on only from
     one of the states it is expected in. A released claim stops being live (a retry may
     claim its fingerprint again); a finished one records when."""

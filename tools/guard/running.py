@@ -1,8 +1,13 @@
 """Running: a hosted tool behind the guard — claim, run the effect, confirm or release;
 an identical call settled against the claim that holds its fingerprint."""
 
+from __future__ import annotations
+
 import logging
 import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -24,13 +29,17 @@ from tools.guard.outcomes import Outcome, Status
 from tools.guard.policies import policy_for
 from tools.guard.proposals import expire, open_proposal
 from tools.guard.uncertainty import mark_uncertain, reconcile
-from tools.models import ApprovalMode, ClaimState
-from tools.registry import OutcomeUnknown, Scope, ToolCall, ToolError
+from tools.models import ActionClaim, ApprovalMode, ClaimState, ToolPolicy
+from tools.registry import OutcomeUnknown, Scope, Tool, ToolCall, ToolError
+
+if TYPE_CHECKING:
+    from tools.conversation_side import Channel
+    from tools.guard.claiming import Attempt
 
 log = logging.getLogger("tools.guard")  # the name it had as one module
 
 
-def execute(tool, claim) -> Outcome:
+def execute(tool: Tool, claim: ActionClaim) -> Outcome:
     """Run the effect for a claim we hold, then confirm or release it."""
     failpoint("tool.after_claim")
     try:
@@ -57,7 +66,7 @@ def execute(tool, claim) -> Outcome:
     return Outcome(Status.DONE, result=result, claim_id=claim.pk)
 
 
-def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome | None:
+def settle_existing(claim: ActionClaim, *, wait: float, actor: str, scope: Scope) -> Outcome | None:
     """Decide what an identical call gets while `claim` holds the fingerprint. None means
     the claim went away (released or reconciled as not done): the caller may claim anew.
 
@@ -84,23 +93,29 @@ def settle_existing(claim, *, wait: float, actor: str, scope: Scope) -> Outcome 
             pause = min(pause * 2, 0.1)
             claim.refresh_from_db()
             continue
-        status = {ClaimState.DONE: Status.DUPLICATE, ClaimState.IN_FLIGHT: Status.IN_PROGRESS,
-                  ClaimState.UNCERTAIN: Status.UNCERTAIN, ClaimState.PROPOSED: Status.AWAITING_APPROVAL}[claim.state]
+        status = DUPLICATE_STATUS[claim.state]
         note_duplicate(claim, status, actor=actor, scope=scope, now=now)
         return duplicate_outcome(claim, status, now)
 
 
-def _expire_overdue_proposal(claim, now) -> bool:
+# What an identical call is told, by the state of the claim that holds the fingerprint.
+DUPLICATE_STATUS: dict[str, str] = {ClaimState.DONE: Status.DUPLICATE, ClaimState.IN_FLIGHT: Status.IN_PROGRESS,
+                                    ClaimState.UNCERTAIN: Status.UNCERTAIN, ClaimState.PROPOSED: Status.AWAITING_APPROVAL}
+
+
+def _expire_overdue_proposal(claim: ActionClaim, now: datetime) -> bool:
     """A proposal past its time, not yet swept, must not keep blocking a new call."""
     proposal = getattr(claim, "proposal", None)
     return proposal is not None and proposal.expires_at <= now and expire(proposal)
 
 
-def default_wait():
-    return settings.AGENTLOOP_GUARD_WAIT
+def default_wait() -> float:
+    wait: float = settings.AGENTLOOP_GUARD_WAIT
+    return wait
 
 
-def invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None) -> Outcome:
+def invoke(name: str, arguments: object, scope: Scope, *, actor: str, agent_key_id: int | None = None,
+           wait: float | None = None) -> Outcome:
     """Run a hosted tool behind the guard. Raises UnknownTool, InvalidArguments or
     ToolDisabled before anything is written.
 
@@ -133,26 +148,29 @@ def guard_outcome(outcome: Outcome) -> str:
     return GUARD_OUTCOMES.get(outcome.status, outcome.status)
 
 
-def _invoke(name, arguments, scope: Scope, *, actor, agent_key_id=None, wait=None) -> Outcome:
+def _invoke(name: str, arguments: object, scope: Scope, *, actor: str, agent_key_id: int | None = None,
+            wait: float | None = None) -> Outcome:
     tool = registry.get(name)
     policy = policy_for(name)
     if not policy.enabled:
         raise ToolDisabled(f"tool {name!r} is switched off")
-    arguments = tool.validate(arguments)
+    checked = tool.validate(arguments)
     refuse_unconfirmable(name, policy, scope)
     if not tool.guarded or not policy.guarded:
-        return _run_unguarded(tool, arguments, scope)
-    fp = tool.fingerprint(arguments, scope, policy.fingerprint_fields or None)
-    attempt, outcome = claim_or_settle(ClaimRequest(name, arguments, scope, fp, policy), actor=actor,
+        return _run_unguarded(tool, checked, scope)
+    fp = tool.fingerprint(checked, scope, policy.fingerprint_fields or None)
+    attempt, outcome = claim_or_settle(ClaimRequest(name, checked, scope, fp, policy), actor=actor,
                                        agent_key_id=agent_key_id, wait=wait, proposed=policy.requires_approval)
     if outcome is not None:
         return outcome
+    assert attempt is not None  # claim_or_settle gives one or the other
     if policy.requires_approval:
         return proposed_outcome(attempt.claim)
     return execute(tool, attempt.claim)
 
 
-def claim_or_settle(request: ClaimRequest, *, actor, agent_key_id=None, wait=None, proposed=False):
+def claim_or_settle(request: ClaimRequest, *, actor: str, agent_key_id: int | None = None, wait: float | None = None,
+                    proposed: bool = False) -> tuple[Attempt, None] | tuple[None, Outcome]:
     """(our new claim, None), or (None, the answer an identical call gets). Retried when
     the claim holding the fingerprint is released while we look at it."""
     wait = default_wait() if wait is None else wait
@@ -170,7 +188,7 @@ def claim_or_settle(request: ClaimRequest, *, actor, agent_key_id=None, wait=Non
     raise RuntimeError(f"{request.action}: the claim kept being released under us")
 
 
-def _run_unguarded(tool, arguments, scope) -> Outcome:
+def _run_unguarded(tool: Tool, arguments: dict[str, Any], scope: Scope) -> Outcome:
     try:
         return Outcome(Status.DONE, result=tool.run(ToolCall(arguments=arguments, scope=scope)))
     except Exception as exc:
@@ -187,7 +205,7 @@ class UserConfirmationUnavailable(ToolDisabled):
     """`approval = user` in a conversation whose user's answer could come from the asker."""
 
 
-def user_can_confirm(channel) -> bool:
+def user_can_confirm(channel: Channel) -> bool:
     """The channel's user, and only they, can answer a question in the chat (conversations.platforms)."""
     try:
         return channel.platform.user_can_confirm
@@ -200,7 +218,7 @@ def unconfirmable_channels() -> list[str]:
     return [c.slug for c in conversation_side().channels() if not user_can_confirm(c)]
 
 
-def refuse_unconfirmable(name, policy, scope):
+def refuse_unconfirmable(name: str, policy: ToolPolicy, scope: Scope) -> None:
     """Refuse, before anything is claimed, a call needing the user's confirmation in a
     conversation where "yes" could be posted by the agent that asked (an api channel)."""
     if policy.approval != ApprovalMode.USER or not scope.conversation_id:
@@ -213,11 +231,11 @@ def refuse_unconfirmable(name, policy, scope):
             "could answer itself. An operator must set approval = operator (or none) for this tool.")
 
 
-def _proposer(policy):
+def _proposer(policy: ToolPolicy) -> Callable[[ActionClaim], object]:
     return lambda claim: open_proposal(claim, policy)
 
 
-def proposed_outcome(claim) -> Outcome:
+def proposed_outcome(claim: ActionClaim) -> Outcome:
     proposal = claim.proposal
     if hasattr(proposal, "confirmation"):  # the user was asked in the chat (tools.confirmations)
         note = (f"This action needs the user's confirmation. A question asking them to confirm it has been sent "

@@ -1,18 +1,21 @@
 """The sweep: claims past their lease, proposals past their time; and the pruning of old claims."""
 
-from datetime import timedelta
+from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from agentloop.core import pruning
+from agentloop.core.pruning import Budget
 from tools.guard.proposals import expire_due, reopen_interrupted, settle_applying
 from tools.guard.uncertainty import mark_uncertain, reconcile
 from tools.models import ActionClaim, ClaimState, ProposalState
 
 
-def sweep(now=None) -> dict:
+def sweep(now: datetime | None = None) -> dict[str, int]:
     """Claims in flight past their lease become uncertain (and are reconciled where the
     tool can); proposals past their time expire; an Apply interrupted between its two
     steps is undone. Run by the worker and by django-q2."""
@@ -29,7 +32,7 @@ def sweep(now=None) -> dict:
     return {"uncertain": len(stuck), "reconciled": reconciled, "expired": expired, "reopened": reopened}
 
 
-def prune(now, budget) -> int:
+def prune(now: datetime, budget: Budget) -> int:
     """Claims whose window ended more than AGENTLOOP_RETAIN_CLAIMS_DAYS ago, done or
     released (never in flight, uncertain or proposed: their outcome is still owed), each
     with its proposal and confirmation once the proposal is decided; in batches

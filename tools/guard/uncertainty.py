@@ -1,6 +1,8 @@
 """Uncertainty: a claim interrupted in flight may have happened; the tool reconciles it
 when it can look itself up, or an operator releases it."""
 
+from __future__ import annotations
+
 import logging
 
 from django.db import transaction
@@ -15,7 +17,7 @@ from tools.registry import CannotReconcile
 log = logging.getLogger("tools.guard")  # the name it had as one module
 
 
-def mark_uncertain(claim, reason="its run was interrupted") -> bool:
+def mark_uncertain(claim: ActionClaim, reason: str = "its run was interrupted") -> bool:
     with transaction.atomic():
         moved = transition(claim.pk, [ClaimState.IN_FLIGHT], ClaimState.UNCERTAIN, error=reason[:1000])
         if moved:
@@ -25,7 +27,7 @@ def mark_uncertain(claim, reason="its run was interrupted") -> bool:
     return moved
 
 
-def reconcile(claim, actor="guard") -> str:
+def reconcile(claim: ActionClaim, actor: str = "guard") -> str:
     """Ask the tool whether an uncertain action happened. Returns the claim's state after."""
     try:
         tool = registry.get(claim.action)
@@ -53,7 +55,7 @@ def reconcile(claim, actor="guard") -> str:
     return state if moved else ActionClaim.objects.values_list("state", flat=True).get(pk=claim.pk)
 
 
-def release(claim_id, *, by, reason="released by an operator") -> bool:
+def release(claim_id: int, *, by: str, reason: str = "released by an operator") -> bool:
     """An operator's decision for an uncertain (or stuck) claim: it did not happen."""
     claim = ActionClaim.objects.get(pk=claim_id)
     with transaction.atomic():
