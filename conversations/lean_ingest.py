@@ -1,16 +1,16 @@
-"""The lean path of the Telegram webhook: an ASGI app in front of Django's.
+"""The lean path of the webhooks: an ASGI app in front of Django's.
 
 Measured (profile in issue 12): of a webhook POST's time under daphne, Django's full
 request stack — a fresh thread per request, the middleware chain, the URL resolver —
-cost more than the admission itself. This path serves `POST /webhooks/telegram/<slug>/`
-without it, and so are the POSTs to /webhooks/<kind>/<slug>/ of every platform whose
-`lean_webhook()` gives the same hooks (Slack's Events API); every other request goes on
-to Django.
+cost more than the admission itself. This path serves the POSTs to
+/webhooks/<kind>/<slug>/ of every platform whose webhook is `lean`
+(conversations.platforms.inbound.Webhook: Telegram's, Slack's Events API) without it;
+every other request goes on to Django.
 
-The answers are the view's own (conversations.platforms.telegram.webhook: prepare and
-admitted, the same channel and secret checks, the same errors, the refusal of
-unstorable input), the 503 + Retry-After of a database outage is the middleware's, and
-the guarantees do not move:
+The answers are the view's own — the same object drives both (Webhook.prepare: the
+channel, the authentication, the parse, the refusal of unstorable input; Webhook.answer)
+—, the 503 + Retry-After of a database outage is the middleware's, and the guarantees do
+not move:
 
 - Group commit. One thread with its own connection (the admitter) takes the requests
   that arrived while it was busy as one batch: one transaction, no savepoint per
@@ -18,11 +18,13 @@ the guarantees do not move:
   commit. A request is answered only after the commit that holds its message; one bad
   admission fails alone.
 - The dedup is the database's (the admission's INSERT … ON CONFLICT DO NOTHING).
-- An `edited_message` (rare) takes a slower path of its own: applied by conversations.edits
-  in its own transaction after the batch's admissions commit, so a message and its edit
-  in one batch apply in that order and a normal message never waits for an edit.
+- A request that is not one new message (an edit, a reaction, a deletion: rare) takes a
+  slower path of its own: Webhook.admit, each in its own transaction after the batch's
+  admissions commit, so a message and its edit in one batch apply in that order and a
+  normal message never waits for an edit.
 - A request this path does not fully handle (a proxy or HTTPS redirect set-up, a host
-  not allowed) is left to Django, which answers it as before.
+  not allowed, one the webhook does not take: Webhook.takes_lean) is left to Django,
+  which answers it as before.
 """
 
 import asyncio
@@ -32,6 +34,7 @@ import queue
 import re
 import threading
 import time
+from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.db import connection
@@ -39,16 +42,15 @@ from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
-from conversations import edits, ingest, platforms
-from conversations.platforms.telegram import webhook as views
+from conversations import ingest, platforms
+from conversations.platforms.inbound import Request
+from conversations.platforms.webhooks import Answer
 from conversations.worker.dbthread import close_broken_connection
 
 log = logging.getLogger(__name__)
 
-# Django's <slug:slug> converter.
-TELEGRAM_PATH = re.compile(r"/webhooks/telegram/([-a-zA-Z0-9_]+)/")
+# /webhooks/<kind>/<slug>/: the slug as Django's <slug:slug> converter reads it.
 PLATFORM_PATH = re.compile(r"/webhooks/([a-z0-9_]+)/([-a-zA-Z0-9_]+)/")
-SECRET_HEADER = views.SECRET_HEADER.lower().encode("latin-1")
 MAX_BATCH = 64
 # Two: one batch is built while the other waits for the server. With four, batches were
 # smaller, and a batch's statements are one per table whatever its size (ingest.admit_many):
@@ -57,8 +59,8 @@ POSTGRES_ADMITTERS = 2
 # An idle connection may have died (a database restart); it is checked before use.
 IDLE_CHECK_SECONDS = 1.0
 
-UNAVAILABLE = views.Answer(503, {"ok": False, "error": "database unavailable, retry later"})
-SERVER_ERROR = views.Answer(500, {"ok": False, "error": "internal server error"})
+UNAVAILABLE = Answer(503, {"ok": False, "error": "database unavailable, retry later"})
+SERVER_ERROR = Answer(500, {"ok": False, "error": "internal server error"})
 
 
 class Admitter:
@@ -71,13 +73,13 @@ class Admitter:
         self.threads = []
         self.started = threading.Lock()
 
-    async def answer(self, slug, secret, body, lean=views) -> views.Answer:
-        """`lean`: the platform's hooks (Platform.lean_webhook); `secret` is then its headers."""
+    async def answer(self, webhook, slug, request) -> Answer:
+        """`webhook`: the platform's (conversations.platforms.inbound.Webhook)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self.threads:
             self._start()
-        self.requests.put((lean, slug, secret, body, loop, future))
+        self.requests.put((webhook, slug, request, loop, future))
         return await future
 
     def _start(self):
@@ -104,7 +106,7 @@ class Admitter:
             while (batch := self._next_batch()) is not None:
                 if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                     close_broken_connection()
-                answers = self._answer_batch([item[:4] for item in batch])
+                answers = self._answer_batch([item[:3] for item in batch])
                 last_used = time.monotonic()
                 by_loop = {}
                 for (*_, loop, future), answer in zip(batch, answers):
@@ -139,55 +141,49 @@ class Admitter:
             return [_failure(exc)] * len(batch)
 
     def _prepare_and_admit(self, batch):
-        answers, admissions, edited = [None] * len(batch), [], []
-        for i, (lean, slug, secret, body) in enumerate(batch):
+        answers, admissions, aside = [None] * len(batch), [], []
+        for i, (webhook, slug, request) in enumerate(batch):
             try:
-                prepared = lean.prepare(slug, secret, body)
+                prepared = webhook.prepare(slug, request)
             except Exception as exc:
                 if database_unavailable(exc):
                     raise
                 prepared = _failure(exc)
-            if isinstance(prepared, views.Answer):
+            if isinstance(prepared, Answer):
                 answers[i] = prepared
-            elif not isinstance(prepared[1], ingest.Inbound):  # an edit, a deletion
-                edited.append((i, prepared))
-            else:
-                admissions.append((i, prepared))
+            elif (message := prepared.alone()) is not None:
+                admissions.append((i, prepared, message))
+            else:  # an edit, a reaction, a deletion, a refusal
+                aside.append((i, prepared))
         if admissions:
-            self._admit(admissions, answers, [batch[i][0] for i, _ in admissions])
+            self._admit(admissions, answers, [batch[i][0] for i, *_ in admissions])
         # Edits are rare: each its own transaction, after the batch's messages (an edit
         # may follow its message in the same batch), never in the messages' way.
-        for i, (channel, edit) in edited:
+        for i, received in aside:
             try:
-                answers[i] = _aside(batch[i][0], channel, edit)
+                answers[i] = batch[i][0].admit(received)
             except Exception as exc:
                 answers[i] = _failure(exc)
         return answers
 
-    def _admit(self, admissions, answers, leans):
+    def _admit(self, admissions, answers, webhooks):
         # Conversations locked in one order by every batch, so concurrent batches never
         # wait for each other in a cycle (a stable sort: a conversation's own messages
-        # keep their order). `leans`: each admission's platform hooks, in their order.
-        order = sorted(range(len(admissions)), key=lambda n: _conversation_key(*admissions[n][1]))
-        admissions, leans = [admissions[n] for n in order], [leans[n] for n in order]
-        results = ingest.admit_many([prepared for _, prepared in admissions], database_unavailable)
-        for (i, _), lean, result in zip(admissions, leans, results):
-            answers[i] = _failure(result) if isinstance(result, Exception) else lean.admitted(result)
-
-
-def _aside(lean, channel, item):
-    """An edit (every lean platform's), or what the platform applies itself (`aside`:
-    Slack's deletions)."""
-    if isinstance(item, edits.Edit):
-        return lean.edited(edits.apply(channel, item))
-    return lean.aside(channel, item)
+        # keep their order). `webhooks`: each admission's platform webhook, in their order.
+        order = sorted(range(len(admissions)), key=lambda n: _conversation_key(admissions[n][1].channel,
+                                                                                 admissions[n][2]))
+        admissions, webhooks = [admissions[n] for n in order], [webhooks[n] for n in order]
+        results = ingest.admit_many([(received.channel, message) for _, received, message in admissions],
+                                    database_unavailable)
+        for (i, received, _), webhook, result in zip(admissions, webhooks, results):
+            answers[i] = _failure(result) if isinstance(result, Exception) else webhook.answer(received, [result])
 
 
 def _conversation_key(channel, inbound):
     return channel.pk, inbound.chat_id, inbound.sender_id
 
 
-def _failure(exc) -> views.Answer:
+def _failure(exc) -> Answer:
     """The answer to a request that failed: 503 while the database is away (logged once
     per fault kind per interval, the broken connection closed), else 500."""
     if database_unavailable(exc):
@@ -206,7 +202,7 @@ def _resolve(pairs):
 
 
 class LeanIngest:
-    """ASGI: the Telegram webhook's POSTs on the lean path, everything else to `app`."""
+    """ASGI: the POSTs of the lean webhooks, everything else to `app`."""
 
     def __init__(self, app):
         self.app = app
@@ -214,13 +210,10 @@ class LeanIngest:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = TELEGRAM_PATH.fullmatch(scope["path"])
-            if match and self._takes(scope):
-                return await self._telegram(match[1], scope, receive, send)
             match = PLATFORM_PATH.fullmatch(scope["path"])
-            lean = _lean_webhook(match[1]) if match else None
-            if lean is not None and self._takes(scope):
-                return await self._platform((lean, match[2]), scope, receive, send)
+            webhook = _lean_webhook(match[1]) if match else None
+            if webhook is not None and self._takes(scope):
+                return await self._webhook((webhook, match[2]), scope, receive, send)
         return await self.app(scope, receive, send)
 
     def _takes(self, scope):
@@ -235,35 +228,26 @@ class LeanIngest:
         allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
         return bool(domain) and validate_host(domain, allowed)
 
-    async def _telegram(self, slug, scope, receive, send):
+    async def _webhook(self, route, scope, receive, send):
+        """`route`: (the platform's webhook, the channel's slug)."""
+        webhook, slug = route
         body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if body is False:
             return  # the client went away
-        if body and b'"callback_query"' in body:
-            # A tap on a question's button runs the action and calls the Bot API
-            # (tools.confirmations): Django's view takes it, off the admitter threads.
+        if not webhook.takes_lean(body):
             return await self.app(scope, _replay(body), send)
-        secret = _header(scope, SECRET_HEADER)
-        answer = await self.admitter.answer(slug, secret.decode("latin-1") if secret is not None else None, body)
-        await _respond(send, answer)
-
-
-    async def _platform(self, route, scope, receive, send):
-        """`route`: (the platform's lean hooks, the channel's slug)."""
-        lean, slug = route
-        body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
-        if body is False:
-            return  # the client went away
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-        await _respond(send, await self.admitter.answer(slug, headers, body, lean))
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        await _respond(send, await self.admitter.answer(webhook, slug, Request("POST", headers, body, query)))
 
 
 def _lean_webhook(kind):
-    """The platform's lean hooks, or None (no such platform, or Django serves it)."""
+    """The platform's webhook when it is lean, or None (no such platform, or Django serves it)."""
     try:
-        return platforms.get(kind).lean_webhook()
+        webhook = platforms.get(kind).webhook()
     except platforms.UnknownPlatform:
         return None
+    return webhook if webhook is not None and webhook.lean else None
 
 
 def _replay(body):
@@ -318,9 +302,10 @@ def _security_headers():
 
 
 async def _respond(send, answer):
-    body = json.dumps(answer.body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               *_security_headers()]
+    text = isinstance(answer.body, str)
+    body = answer.body.encode() if text else json.dumps(answer.body).encode()
+    headers = [(b"content-type", b"text/plain" if text else b"application/json"),
+               (b"content-length", str(len(body)).encode()), *_security_headers()]
     if answer.status == 503:
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})

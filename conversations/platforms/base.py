@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # for annotations only
     from django_stubs_ext import StrOrPromise
 
     from conversations.models import Channel
+    from conversations.platforms.inbound import Webhook
     from delivery.transports import Transport
     from tools.models import Confirmation
 
@@ -177,6 +178,13 @@ class Platform(abc.ABC):
         object with `prepare(slug, headers, body)` (headers by lower-case name; body None
         when too large) → an Answer, or (channel, Inbound) to admit, or (channel, Edit) to
         apply; and `admitted(admission)`, `edited(result)` → the Answer. None: Django's view."""
+        return None
+
+    def webhook(self) -> Webhook | None:
+        """The platform's webhook: a conversations.platforms.inbound.Webhook (find the
+        channel → authenticate → parse → admit), whose `urls()` this platform's `urls()`
+        mounts, and which the lean ASGI path (conversations/lean_ingest.py) drives too
+        when its `lean` is set. None: the platform takes no webhook."""
         return None
 
     async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:

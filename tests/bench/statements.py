@@ -105,9 +105,10 @@ def measure():
     from django.test import Client
     from django.utils import timezone
 
-    from conversations import engine, ingest, liveness, turns
+    from conversations import engine, ingest, liveness, platforms, turns
     from conversations.models import Channel, MessageBuffer, Turn
-    from conversations.platforms.telegram import webhook
+    from conversations.platforms.inbound import Request
+    from conversations.platforms.telegram.webhook import SECRET_HEADER
     from conversations.worker.supervisor import Worker
     from delivery import ledger
     from delivery.transports import SendResult
@@ -117,10 +118,17 @@ def measure():
                            window_neutral=0.1, window_open=0.1, window_greeting=0.1)
     ids = iter(range(1, 1_000_000))
 
-    def prepared(chat, text="¿Tienes hora?"):
-        return webhook.prepare("tg", "s", json.dumps(update(chat, text, next(ids))).encode())
+    hook = platforms.get("telegram").webhook()
 
-    webhook.prepare("tg", "s", b"{}")  # the channel cache warmed, as in a running server
+    def prepare(body):
+        """What the lean path admits in its batch: (channel, message)."""
+        received = hook.prepare("tg", Request("POST", {SECRET_HEADER.lower(): "s"}, body))
+        return received.channel, received.alone()
+
+    def prepared(chat, text="¿Tienes hora?"):
+        return prepare(json.dumps(update(chat, text, next(ids))).encode())
+
+    hook.prepare("tg", Request("POST", {SECRET_HEADER.lower(): "s"}, b"{}"))  # the channel cache warmed, as in a running server
     print(f"{'':<60} {'stmts':>6} {'trips':>6}\n per message (webhook admission)")
     with Count("lean path, new conversation, batch of 1"):
         ingest.admit_many([prepared(1)], lambda exc: False)
@@ -132,7 +140,7 @@ def measure():
         ingest.admit_many([prepared(100 + i) for i in range(BATCH)], lambda exc: False)
     with Count("lean path, a duplicate (webhook retry)"):
         again = update(1, "¿Tienes hora?", 1)
-        ingest.admit_many([webhook.prepare("tg", "s", json.dumps(again).encode())], lambda exc: False)
+        ingest.admit_many([prepare(json.dumps(again).encode())], lambda exc: False)
     client = Client()
     for label, chat in (("full path (Django view), new conversation", 500),
                         ("full path (Django view), open buffer", 500)):

@@ -22,13 +22,18 @@ Channels (not DMs) are groups: which messages are answered is the channel's
 a message's mention flag is set here (inbound.addressed).
 """
 
-import os
+from __future__ import annotations
 
-from django.urls import path
+import os
+from typing import TYPE_CHECKING
+
 from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 from conversations.platforms.slack.names import PER_CHANNEL, PER_THREAD
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.platforms.slack.webhook import SlackEvents
 
 # `make run`'s demo channel: its settings from these environment variables.
 ENVIRONMENT = {"bot_token": "SLACK_BOT_TOKEN", "signing_secret": "SLACK_SIGNING_SECRET"}
@@ -65,16 +70,16 @@ class SlackPlatform(Platform):
 
         await close_clients()
 
+    def webhook(self) -> SlackEvents:
+        """The Events API's request URL (lean: conversations/lean_ingest.py)."""
+        from conversations.platforms.slack.webhook import SlackEvents
+
+        return SlackEvents(self)
+
     def urls(self) -> list:
-        from conversations.platforms.slack.webhook import events, interactivity
+        from conversations.platforms.slack.webhook import SlackInteractivity
 
-        return [path("<slug:slug>/", events, name="events"),
-                path("<slug:slug>/interactivity/", interactivity, name="interactivity")]
-
-    def lean_webhook(self):
-        from conversations.platforms.slack import webhook
-
-        return webhook
+        return self.webhook().urls() + SlackInteractivity(self).urls()
 
     def question_decided(self, channel, confirmation, outcome: str, status: str) -> None:
         from conversations.platforms.slack.buttons import question_decided

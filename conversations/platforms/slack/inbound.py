@@ -10,8 +10,6 @@ redelivers an envelope it got no 2xx for within 3 s (after about 1 and 5 minutes
 the same every time, so the durable inbound dedup drops the copy whenever it comes.
 """
 
-import hashlib
-import hmac
 import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -19,6 +17,7 @@ from datetime import UTC, datetime
 from conversations.deletions import Deletion
 from conversations.edits import Edit
 from conversations.ingest import Inbound
+from conversations.platforms.inbound import hmac_sha256
 from conversations.platforms.slack.names import PER_THREAD
 from conversations.reactions import Reaction
 
@@ -33,12 +32,10 @@ MAX_AGE = 5 * 60  # seconds: an older (or as much newer) request is refused as a
 PLAIN_SUBTYPES = ("", "thread_broadcast", "file_share", "bot_message")
 
 
-def signature_ok(secret: str, timestamp: str, body: bytes, supplied: str) -> bool:
-    """X-Slack-Signature is "v0=" and the hex HMAC-SHA256 of `v0:<timestamp>:<raw body>`
-    keyed by the signing secret; compared in constant time."""
-    base = b"v0:" + timestamp.encode() + b":" + body
-    expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), supplied.strip().encode())
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """What X-Slack-Signature holds: "v0=" and the hex HMAC-SHA256 of
+    `v0:<timestamp>:<raw body>` keyed by the signing secret (compared in constant time)."""
+    return "v0=" + hmac_sha256(secret, b"v0:" + timestamp.encode() + b":" + body)
 
 
 def fresh(timestamp: str, now: float) -> bool:

@@ -1,7 +1,7 @@
 """Telegram: everything the Bot API means to agentloop.
 
 - parsing.py: updates into our own Inbound / Edit types
-- webhook.py: the webhook view (and `prepare`, shared with the lean ASGI path)
+- webhook.py: the webhook (conversations.platforms.inbound's steps: its secret, an update parsed)
 - callbacks.py: taps on a question's buttons (webhook and polling alike), editMessageText
 - transport.py: sending, typing, each error mapped to the ledger's outcomes
 - request.py: python-telegram-bot's HTTP layer on aiohttp
@@ -11,13 +11,18 @@
 - setup.py: setWebhook / deleteWebhook (the `setwebhook` command)
 """
 
+from __future__ import annotations
+
 import os
 import secrets
+from typing import TYPE_CHECKING
 
-from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Poller, Setting, check_url, pace_settings
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.platforms.telegram.webhook import TelegramWebhook
 
 WEBHOOK, POLLING = "webhook", "polling"
 
@@ -48,10 +53,13 @@ class TelegramPlatform(Platform):
 
         return TelegramTransport(channel)
 
-    def urls(self) -> list:
-        from conversations.platforms.telegram.webhook import webhook
+    def webhook(self) -> TelegramWebhook:
+        from conversations.platforms.telegram.webhook import TelegramWebhook
 
-        return [path("<slug:slug>/", webhook, name="webhook")]
+        return TelegramWebhook(self)
+
+    def urls(self) -> list:
+        return self.webhook().urls()
 
     def poller(self) -> Poller:
         from conversations.platforms.telegram import polling

@@ -2,7 +2,8 @@
 
 - inbound.py: a webhook notification (entries × changes × messages and statuses) into
   our Inbound messages and delivery receipts; the X-Hub-Signature-256 check
-- webhook.py: GET (Meta's verification handshake) and POST (notifications)
+- webhook.py: GET (Meta's verification handshake) and POST (notifications), the
+  steps of conversations.platforms.inbound
 - transport.py: sending (threaded, split at 4,096; an approved template outside the
   24-hour window), typing, Graph error codes mapped to the ledger's outcomes
 
@@ -11,17 +12,22 @@ token. WhatsApp has no buttons here: a question asking to confirm an action is a
 yes or no in words (tools.confirmations).
 """
 
+from __future__ import annotations
+
 import os
 import re
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
-from django.urls import path
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 from delivery import templates
+
+if TYPE_CHECKING:  # for annotations only
+    from conversations.platforms.whatsapp.webhook import WhatsAppWebhook
 
 ENVIRONMENT = {"token": "WHATSAPP_TOKEN", "phone_number_id": "WHATSAPP_PHONE_NUMBER_ID",
                "app_secret": "WHATSAPP_APP_SECRET", "verify_token": "WHATSAPP_VERIFY_TOKEN"}
@@ -101,10 +107,13 @@ class WhatsAppPlatform(Platform):
 
         await close_clients()
 
-    def urls(self) -> list:
-        from conversations.platforms.whatsapp.webhook import webhook
+    def webhook(self) -> WhatsAppWebhook:
+        from conversations.platforms.whatsapp.webhook import WhatsAppWebhook
 
-        return [path("<slug:slug>/", webhook, name="webhook")]
+        return WhatsAppWebhook(self)
+
+    def urls(self) -> list:
+        return self.webhook().urls()
 
     def bootstrap(self, stdout) -> str:
         """With WHATSAPP_TOKEN, WHATSAPP_PHONE_NUMBER_ID, WHATSAPP_APP_SECRET and

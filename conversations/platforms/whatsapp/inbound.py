@@ -8,12 +8,11 @@ body. Each message becomes an Inbound (chat and sender: the user's wa_id; its wa
 both the dedup key and what the reply threads to); each status a Receipt.
 """
 
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from conversations.ingest import Inbound, MediaRef
+from conversations.platforms.inbound import hmac_sha256
 from conversations.reactions import Reaction
 
 # Kinds of message that carry something for the agent but are not text: they flush
@@ -43,11 +42,10 @@ class Notification:
     ignored: int = 0  # messages, statuses and changes nothing is done with
 
 
-def signature_ok(app_secret: str, body: bytes, header: str) -> bool:
-    """X-Hub-Signature-256 is "sha256=" and the hex HMAC-SHA256 of the raw body keyed by
-    the app secret; compared in constant time."""
-    expected = "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), header.strip().encode())
+def signature(app_secret: str, body: bytes) -> str:
+    """What X-Hub-Signature-256 holds: "sha256=" and the hex HMAC-SHA256 of the raw body
+    keyed by the app secret (the webhook compares it in constant time)."""
+    return "sha256=" + hmac_sha256(app_secret, body)
 
 
 def parse(data, phone_number_id: str) -> Notification:
