@@ -34,6 +34,18 @@ def instances(setting: str) -> dict[str, Any]:
     return {key: import_string(path)() for key, path in getattr(settings, setting).items()}
 
 
+class NotNamed(LookupError):
+    """A key the setting names no implementation for (a channel of a kind no longer registered)."""
+
+
+def instance(setting: str, key: str) -> Any:
+    """The instance `settings.<setting>` names for `key` (see `instances`)."""
+    try:
+        return instances(setting)[key]
+    except KeyError:
+        raise NotNamed(f"no {key!r} in settings.{setting}") from None
+
+
 @cache
 def each(setting: str) -> tuple[Any, ...]:
     """`settings.<setting>` is a list of dotted paths: what each names, in order."""

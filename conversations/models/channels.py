@@ -12,8 +12,9 @@ from django.db import models
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from agentloop.core import plugins
 from agentloop.core.caches import BoundedCache
-from conversations import platforms, windows
+from conversations import windows
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 
 
 def _platform_choices() -> list[tuple[str, str]]:
-    return platforms.choices()
+    """Channel.kind's choices (a callable, so the migration does not freeze them)."""
+    return [(kind, platform.label) for kind, platform in plugins.instances("AGENTLOOP_PLATFORMS").items()]
 
 
 def _language_choices() -> list[tuple[str, _StrOrPromise]]:
@@ -265,7 +267,10 @@ class Channel(models.Model):
 
     @property
     def platform(self) -> Platform:
-        return platforms.of(self)
+        """Its kind's platform (conversations.platforms), straight from the registry's
+        setting: the models import no platform, so every platform may import them."""
+        found: Platform = plugins.instance("AGENTLOOP_PLATFORMS", self.kind)
+        return found
 
     def setting(self, name: str, default: Any = "") -> Any:
         """One of the platform's settings (its default when the channel has none stored)."""

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.apps import apps
 from django.urls import include, path
 
 from agentloop.core import plugins
+from conversations.models import Channel
 from conversations.platforms.base import Platform, Poller, Setting
 
 if TYPE_CHECKING:  # for annotations only
     from django.urls import URLPattern, URLResolver
 
-    from conversations.models import Channel
-
 __all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "get", "of", "pollers",
            "typing_kinds", "urlpatterns"]
 
 
-class UnknownPlatform(LookupError):
+class UnknownPlatform(plugins.NotNamed):
     pass
 
 
@@ -50,14 +48,13 @@ def of(channel: Channel) -> Platform:
 
 
 def choices() -> list[tuple[str, str]]:
-    """Channel.kind's choices (a callable, so the migration does not freeze them)."""
+    """Every kind and its platform's name (addchannel's --kind; Channel.kind's choices)."""
     return [(kind, platform.label) for kind, platform in _registry().items()]
 
 
 def typing_kinds() -> tuple[str, ...]:
     """The kinds whose transport can show "typing…" (the worker's typing look asks the
     database only about these)."""
-    Channel = apps.get_model("conversations", "Channel")  # by name: conversations.models imports this module
     return tuple(kind for kind, platform in _registry().items()
                  if platform.transport(Channel(kind=kind)).supports_typing)
 

@@ -17,20 +17,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from agentloop.core.redaction import url_secrets
+from conversations.models import Channel
 
 if TYPE_CHECKING:  # for annotations only
     from django.core.management.base import OutputWrapper
     from django.urls import URLPattern, URLResolver
     from django_stubs_ext import StrOrPromise
 
-    from conversations.models import Channel
     from conversations.platforms.inbound import Webhook
     from delivery.transports import Transport
     from tools.models import Confirmation
@@ -225,7 +224,6 @@ class Platform(abc.ABC):
     def demo_channel(self, slug: str, name: str, settings: dict[str, Any]) -> Channel:
         """`make run`'s channel of this platform, created or brought up to date: its
         settings from the environment over those it already had, the demo agent."""
-        Channel = apps.get_model("conversations", "Channel")  # by name: conversations.models imports this module
         channel = Channel.objects.filter(slug=slug).first() or Channel(slug=slug)
         kept = (channel.platform_settings or {}) if channel.kind == self.kind else {}
         channel.name, channel.kind, channel.is_active, channel.agent = name, self.kind, True, "demo"
