@@ -11,9 +11,10 @@
 #   3. `-m alone` on both at once: tests that kill or cut what the machine shares —
 #      workers, the database, network namespaces — and time the recovery, and those that
 #      drive a browser (tests/conftest.py ALONE), never two of a kind at the same moment.
-# Each pass of a phase writes its own log, printed whole when both are done (a progress
-# line every minute meanwhile). Each test runs in one pass or both (conftest.py's
-# OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
+# The checks (ruff, import layers, types, docs) run beside the warm-up and the busy phase,
+# at the lowest priority. Each pass of a phase writes its own log, printed whole when both
+# are done (a progress line every minute meanwhile). Each test runs in one pass or both
+# (conftest.py's OWN_DATABASE, ANY_DATABASE and ONE_PASS say which run once, and where).
 # Arguments go to every pytest run (a `-m` of your own replaces the phase's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,41 +30,50 @@ scripts/system-deps.sh || { echo "could not install the system packages the test
 # of CPU where reading them back costs 3.9 s (a dozen pytest processes per run).
 unset PYTHONDONTWRITEBYTECODE
 
-# Compiled once here, not by each of the few hundred web servers and workers the tests
-# start (a fresh clone has no __pycache__: 0.3 s of CPU per process start, measured), with
-# the venv's packages (the Makefile installs them without bytecode), and the test modules
-# collected once so that pytest's rewritten modules are cached for every pytest process
-# after it. Beside the checks below: two cores, two jobs.
-checks_started=$SECONDS
+# The project compiled once here, not by each of the few hundred web servers and workers
+# the tests start (a fresh clone has no __pycache__: 0.3 s of CPU per process start,
+# measured), and the test modules collected once, so that pytest's rewritten modules are
+# cached for every pytest process after it. That collection imports, so compiles and
+# writes the bytecode of, 3,044 modules of the venv's packages (the Makefile installs them
+# without bytecode): all that a web server or a worker imports but 58. Not `compileall
+# .venv/lib` any more: 16,257 files, 26 s of CPU, 5 s of it for those (issue 52). A
+# package only some tests import (moto, playwright) is compiled by its first importer, once.
+run_started=$SECONDS
 { $PY -m compileall -q -j 0 -x node_modules agentloop conversations delivery tools audit tests manage.py >/dev/null \
-    && $PY -m compileall -q -j 0 .venv/lib >/dev/null \
     && $PY -m pytest --collect-only -q -p no:cacheprovider >/dev/null; } &
 warm_up=$!
 
-echo "=== ruff (lint + import order; ruff.toml) ==="
-$PY -m ruff check . || status=1
-
-echo "=== import layers (lint-imports; .importlinter) ==="
-.venv/bin/lint-imports || status=1
-
-echo "=== types (mypy; mypy.ini) ==="
-scripts/types.sh || status=1
-
-echo "=== docs (mkdocs build --strict) ==="
-scripts/docs.sh || status=1
-
-wait "$warm_up" || { echo "compiling or collecting the tests failed (the passes below say where)"; status=1; }
-echo "=== checks and warm-up: $(( SECONDS - checks_started )) s ==="
-
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
 pgdir=""
+checks=""
 children=()
 cleanup() {
-  for pid in "${children[@]}"; do kill "$pid" 2>/dev/null; done
+  for pid in "${children[@]}" $checks; do kill "$pid" 2>/dev/null; done
   [ -n "$pgdir" ] && scripts/pg.sh stop "$pgdir"
   rm -rf "$logs"
 }
 trap cleanup EXIT
+
+# The checks run beside the warm-up and the busy phase, at the lowest priority: they take
+# the CPU those leave idle (the warm-up's collection keeps one core busy, the busy phase
+# not always both), not a phase of their own before the tests (38 s of a 15 min 44 s run,
+# the warm-up's included). Their output is printed after the busy phase, and the serial
+# phase waits for them: nothing beside its clock-bound tests.
+{
+  renice -n 19 -p "$BASHPID" >/dev/null  # before the first check starts: they inherit it
+  status=0
+  echo "=== ruff (lint + import order; ruff.toml) ==="
+  $PY -m ruff check . || status=1
+  echo "=== import layers (lint-imports; .importlinter) ==="
+  .venv/bin/lint-imports || status=1
+  echo "=== types (mypy; mypy.ini) ==="
+  scripts/types.sh || status=1
+  echo "=== docs (mkdocs build --strict) ==="
+  scripts/docs.sh || status=1
+  echo "=== checks: $(( SECONDS - run_started )) s (beside the warm-up and the busy phase, at the lowest priority) ==="
+  exit $status
+} >"$logs/checks.log" 2>&1 &
+checks=$!
 
 if [ -n "${DATABASE_URL:-}" ]; then
   pg_url=$DATABASE_URL
@@ -72,6 +82,9 @@ else
   pgdir=$(mktemp -d /tmp/agentloop-pg-test-XXXXXX)
   pg_url=$(scripts/pg.sh start "$pgdir") || { echo "could not start PostgreSQL (see $pgdir)"; cat "$pgdir"/*.log 2>/dev/null; exit 1; }
 fi
+
+wait "$warm_up" || { echo "compiling or collecting the tests failed (the passes below say where)"; status=1; }
+echo "=== warm-up (the checks beside it, then beside the busy phase): $(( SECONDS - run_started )) s ==="
 
 # AGENTLOOP_TEST_PASS tells conftest.py which pass this is: a test run once is left out
 # of the other (tests/conftest.py OWN_DATABASE, ANY_DATABASE, ONE_PASS).
@@ -142,6 +155,9 @@ export AGENTLOOP_PHASE_FILES=$logs
 both_passes not-serial "not serial" "${busy_args[@]}" "$@"
 unset AGENTLOOP_PHASE_FILES
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
+wait "$checks" || status=1
+cat "$logs/checks.log"
+checks=""
 # The serial tests two at a time per pass as well, a file's tests together (a file may
 # share one thing across its tests: the peer bot's node_modules). They wait on windows,
 # paces and streams far more than they compute: two passes of one at a time kept 0.3-1.1
