@@ -1,4 +1,7 @@
+from __future__ import annotations
+
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
@@ -7,8 +10,6 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from unfold.admin import ModelAdmin
-from unfold.decorators import display
 
 from agentloop.core import admin_texts
 from agentloop.core.admin_texts import TextsHold
@@ -18,22 +19,43 @@ from audit.listed_lookups import ListedLookupsOnly
 from delivery import attachments, ledger, templates
 from delivery.models import OutboundMessage, OutboundState, ScheduledMessage, ScheduleState, UnreachableChat
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    from django.contrib.admin import ModelAdmin as DjangoModelAdmin
+    from django.db.models import Model, Q, QuerySet
+    from django.http import HttpRequest
+    from django.utils.safestring import SafeString
+    from django_stubs_ext import StrOrPromise
+
+    # unfold has no types: its ModelAdmin is Django's with a theme, and its display()
+    # Django's with a label (a state shown in its colour).
+    ModelAdmin = DjangoModelAdmin[Any]
+    _Shown = TypeVar("_Shown", bound=Callable[..., Any])
+
+    def display(**options: Any) -> Callable[[_Shown], _Shown]: ...
+else:
+    from unfold.admin import ModelAdmin
+    from unfold.decorators import display
+
 
 class AgeFilter(admin.SimpleListFilter):
     title = _("age")
     parameter_name = "age"
     SPANS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, StrOrPromise]]:
         return [("1h", _("Last hour")), ("24h", _("Last 24 hours")), ("7d", _("Last 7 days")),
                 ("stale", _("Older than 24 hours"))]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[OutboundMessage]) -> QuerySet[OutboundMessage]:
         now = timezone.now()
-        if self.value() == "stale":
+        value = self.value()
+        if value == "stale":
             return queryset.filter(created_at__lte=now - ledger.FRESHNESS)
-        if self.value() in self.SPANS:
-            return queryset.filter(created_at__gt=now - self.SPANS[self.value()])
+        if value in self.SPANS:
+            return queryset.filter(created_at__gt=now - self.SPANS[value])
         return queryset
 
 
@@ -43,7 +65,7 @@ LEDGER_TONES = admin_texts.tones(OutboundState, failed="warning", unreachable="d
                                   pending="info", attempting="info")
 
 
-def change_url(obj):
+def change_url(obj: Model) -> str:
     return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
 
 
@@ -74,13 +96,13 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         (_("Timing"), {"fields": ["created_at", "claimed_at", "next_attempt_at", "delivered_at", "retried_at"]}),
     ]
 
-    def exact_matches(self, term):
+    def exact_matches(self, term: str) -> Q:
         by_chat = per_channel(OutboundMessage, chat_id=term)
         row = numeric_id(term)
         return by_chat | row if row is not None else by_chat
 
     @admin.display(description=_("Chunks"))
-    def chunk_progress(self, row):
+    def chunk_progress(self, row: OutboundMessage) -> str:
         """A long reply's chunks: how many are known delivered and whether the next had started."""
         total = len(row.chunks) or 1
         done = total if row.state == "delivered" else row.chunks_delivered
@@ -89,70 +111,70 @@ class LedgerRowAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         return shown + (gettext("; chunk %(next)s was started") % {"next": done + 1} if started else "")
 
     @admin.display(description=_("Files"))
-    def files_shown(self, row):
+    def files_shown(self, row: OutboundMessage) -> str:
         """The files the reply carries after its text (delivery.attachments), in order."""
         return "; ".join(attachments.listed(row.chunks)) or "—"
 
     @admin.display(description=_("Sent as template"))
-    def template_shown(self, row):
+    def template_shown(self, row: OutboundMessage) -> str:
         """An approved template the row goes out as (outside WhatsApp's window), filled."""
         return templates.shown(row.template) or "—"
 
     @display(description=_("state"), ordering="state", label=LEDGER_TONES)
-    def state_shown(self, row):
+    def state_shown(self, row: OutboundMessage) -> tuple[str, str]:
         return row.state, row.get_state_display()
 
     @admin.display(description=_("text"))
-    def short_text(self, row):
+    def short_text(self, row: OutboundMessage) -> str:
         return admin_texts.cell(row.text, change_url(row))
 
     @admin.display(description=_("Conversation"))
-    def conversation_link(self, row):
+    def conversation_link(self, row: OutboundMessage) -> str:
         url = reverse("admin:conversations_conversation_change", args=[row.conversation_id])
         return format_html('<a href="{}">{}</a>', url, row.conversation_id)
 
     @admin.display(description=_("Turn"))
-    def turn_link(self, row):
+    def turn_link(self, row: OutboundMessage) -> str:
         if not row.turn_id:
             return "—"
         return format_html('<a href="{}">{}</a>', reverse("admin:conversations_turn_change", args=[row.turn_id]),
                            gettext("turn %(id)s") % {"id": row.turn_id})
 
     @admin.display(description=_("Last error"))
-    def error_shown(self, row):
+    def error_shown(self, row: OutboundMessage) -> str:
         return hide_secrets(row.last_error)
 
     @admin.display(description=_("Unreachable chat"))
-    def unreachable_link(self, row):
+    def unreachable_link(self, row: OutboundMessage) -> str:
         chat = UnreachableChat.objects.filter(channel_id=row.channel_id, chat_id=row.chat_id).first()
         if chat is None:
             return "—"
         url = reverse("admin:delivery_unreachablechat_change", args=[chat.pk])
         return format_html('<a href="{}">{}</a>', url, gettext("since %(when)s") % {"when": chat.since})
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboundMessage]:
         return super().get_queryset(request).select_related("channel")
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # rows change through the ledger and the actions below
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # history; old rows are pruned by the daily schedule
 
-    def has_operate_permission(self, request):
+    def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("delivery.change_outboundmessage")  # operators; auditors only read
 
     @admin.action(description=_("Retry now (one more resend, labelled as recovered)"), permissions=["operate"])
-    def retry_now(self, request, queryset):
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboundMessage]) -> None:
         moved = ledger.retry_now(queryset.values_list("pk", flat=True), by=request.user.get_username())
         self.message_user(request, ngettext("%(n)d row will be resent now.", "%(n)d rows will be resent now.", moved)
                           % {"n": moved})
 
     @admin.action(description=_("Abandon (never send)"), permissions=["operate"])
-    def abandon(self, request, queryset):
+    def abandon(self, request: HttpRequest, queryset: QuerySet[OutboundMessage]) -> None:
         abandoned = ledger.abandon(queryset.values_list("pk", flat=True), by=request.user.get_username())
         self.message_user(request, ngettext("%(n)d row abandoned.", "%(n)d rows abandoned.", abandoned)
                           % {"n": abandoned})
@@ -164,30 +186,30 @@ class UnreachableChatAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     list_filter = ["channel"]
     search_fields = ["chat_id"]
     fields = ["channel", "chat_id", "error_shown", "since", "last_failure_at", "failures", "rows"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # names only (django-stubs: fields may be groups)
 
     @admin.display(description=_("Error"), ordering="error")
-    def error_shown(self, chat):
+    def error_shown(self, chat: UnreachableChat) -> str:
         return hide_secrets(chat.error)
 
     @admin.display(description=_("Error"), ordering="error")
-    def error_cell(self, chat):
+    def error_cell(self, chat: UnreachableChat) -> str:
         return admin_texts.cell(hide_secrets(chat.error), change_url(chat))
 
     @admin.display(description=_("failures"), ordering="failures")
-    def failures_shown(self, chat):
+    def failures_shown(self, chat: UnreachableChat) -> str:
         return admin_texts.count(chat.failures)
 
     @admin.display(description=_("Ledger rows"))
-    def rows(self, chat):
+    def rows(self, chat: UnreachableChat) -> str:
         url = reverse("admin:delivery_outboundmessage_changelist") + "?" + urlencode(
             {"channel__id__exact": chat.channel_id, "chat_id": chat.chat_id})
         return format_html('<a href="{}">{}</a>', url, gettext("rows to this chat"))
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # the ledger keeps it; a reply that reaches the chat again clears it
 
 
@@ -214,7 +236,7 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     actions = ["cancel"]
 
     @admin.display(description=_("Last tick's delivery"))
-    def last_tick(self, schedule):
+    def last_tick(self, schedule: ScheduledMessage) -> str:
         """Its newest tick's ledger row: delivered, waiting, or refused and why (a template
         WhatsApp refused is a permanent failure, its reason on the row). On the change page
         only: the prefix match is no indexed lookup, fine once, not once per listed row."""
@@ -227,30 +249,30 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
         return format_html('<a href="{}">{}</a>{}', url, row["state"], error)
 
     @admin.display(description=_("conversation"), ordering="conversation")
-    def conversation_shown(self, schedule):
+    def conversation_shown(self, schedule: ScheduledMessage) -> str:
         return admin_texts.name(str(schedule.conversation), 40)
 
     @admin.display(description=_("text"))
-    def short_text(self, schedule):
+    def short_text(self, schedule: ScheduledMessage) -> str:
         return admin_texts.cell(schedule.text, change_url(schedule), length=60)
 
     @admin.display(description=_("due"), ordering="due_at")
-    def due(self, schedule):
+    def due(self, schedule: ScheduledMessage) -> str:
         return format_html('<span title="{}">{}</span>', schedule.due_at, admin_texts.relative(schedule.due_at))
 
     @display(description=_("state"), ordering="state", label=admin_texts.tones(ScheduleState, scheduled="info"))
-    def state_shown(self, schedule):
+    def state_shown(self, schedule: ScheduledMessage) -> tuple[str, str]:
         return schedule.state, schedule.get_state_display()
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduledMessage]:
         return super().get_queryset(request).select_related("conversation__channel", "conversation__contact")
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: ScheduledMessage | None = None) -> bool:
         # Only a waiting one changes; a sent tick is the ledger's (its row is there).
         return super().has_change_permission(request, obj) and (obj is None or obj.state == ScheduleState.SCHEDULED)
 
     @admin.action(description=_("Cancel the selected scheduled messages"))
-    def cancel(self, request, queryset):
+    def cancel(self, request: HttpRequest, queryset: QuerySet[ScheduledMessage]) -> None:
         ids = list(queryset.filter(state=ScheduleState.SCHEDULED).values_list("pk", flat=True))
         cancelled = ScheduledMessage.transition(ids, ScheduleState.SCHEDULED, ScheduleState.CANCELLED,
                                                 reason=f"cancelled by {request.user}")
@@ -258,7 +280,7 @@ class ScheduledMessageAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
                                             cancelled) % {"n": cancelled})
 
 
-def delivery_health_html(channel) -> str:
+def delivery_health_html(channel: Any) -> SafeString:  # conversations' Channel
     """The channel page's delivery summary: last error and unreachable chats."""
     health = ledger.channel_health(channel.pk)
     last = health["last_error"]

@@ -3,8 +3,10 @@ replies, control answers and notices) after a position in its timeline, each wit
 ledger state. The conversation read API (conversations/timeline.py) merges them with
 the inbound messages; delivery keeps its tables to itself."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Q
 
@@ -35,7 +37,8 @@ def after(field: str, rank: int, position: Position | None) -> Q:
     return later
 
 
-def replies_after(conversation_id, position: Position | None, skip=(), limit=50) -> list[dict]:
+def replies_after(conversation_id: int, position: Position | None, skip: Iterable[int] = (),
+                  limit: int = 50) -> list[dict[str, Any]]:
     """Up to `limit` outbound rows of the conversation after `position` (those in `skip`,
     row ids already handed out, left out), oldest first, as the API shows them."""
     rows = (OutboundMessage.objects.filter(after("created_at", REPLY_RANK, position), conversation_id=conversation_id)

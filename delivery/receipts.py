@@ -15,6 +15,8 @@ or one about a send superseded by a resend (the row has its new id), changes not
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -44,7 +46,9 @@ class Failure:
     permanent: bool = False  # no resend can help (e.g. WhatsApp's 24-hour window)
 
 
-def failed_after_send(channel, failure: Failure, now=None) -> str:
+def failed_after_send(channel: Any, failure: Failure, now: datetime | None = None) -> str:
+    """Apply the platform's word that a message it accepted did not arrive (`channel`:
+    conversations' Channel, whose row carries that platform id). What it did: a constant above."""
     now = now or timezone.now()
     row = (OutboundMessage.objects.filter(channel=channel, platform_message_id=failure.platform_message_id)
            .order_by("-pk").first())
