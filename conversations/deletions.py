@@ -20,8 +20,11 @@ A redelivered deletion finds `deleted_at` set and changes nothing. Each deletion
 transaction with the conversation locked, as an edit is.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db import OperationalError
 from django.utils import timezone
@@ -29,6 +32,7 @@ from django.utils import timezone
 from audit.events import record
 from audit.models import EventKind
 from conversations import edits, ingest, notes
+from conversations.ingest.refusal import column_length
 from conversations.models import (
     BufferState,
     FlushReason,
@@ -38,6 +42,9 @@ from conversations.models import (
     Turn,
 )
 from tools.models import ActionClaim
+
+if TYPE_CHECKING:
+    from conversations.models import Channel, Conversation
 
 UNKNOWN = edits.UNKNOWN
 WITHDRAWN = "withdrawn"  # left its open buffer; the rest of the burst still runs
@@ -77,15 +84,15 @@ class DeletionResult:
     detail: str = ""
 
 
-def apply(channel, deletion: Deletion, now: datetime | None = None) -> DeletionResult:
+def apply(channel: Channel, deletion: Deletion, now: datetime | None = None) -> DeletionResult:
     """Apply one deletion (see the module's docstring); a deadlock is retried whole."""
-    if len(deletion.platform_message_id) > InboundMessage._meta.get_field("platform_message_id").max_length:
+    if len(deletion.platform_message_id) > column_length(InboundMessage, "platform_message_id"):
         return _unknown(channel, deletion)  # longer than any id stored: never admitted
     return edits.retried(lambda: _apply(channel, deletion, now or timezone.now()),
                          f"deletion of {deletion.platform_message_id}")
 
 
-def _apply(channel, deletion, now):
+def _apply(channel: Channel, deletion: Deletion, now: datetime) -> DeletionResult:
     conversation_id = (InboundMessage.objects.filter(channel=channel, platform_message_id=deletion.platform_message_id)
                        .values_list("conversation_id", flat=True).first())
     conversation = edits.locked_conversation(channel, conversation_id) if conversation_id else None
@@ -93,10 +100,10 @@ def _apply(channel, deletion, now):
                                 != (deletion.chat_id, deletion.sender_id)):
         return _unknown(channel, deletion)
     message = InboundMessage.objects.get(channel=channel, platform_message_id=deletion.platform_message_id)
-    ids = {"message_id": message.pk, "conversation_id": conversation.pk}
     # The row's own compare-and-swap is the dedup: a redelivered deletion stops here.
     if not InboundMessage.objects.filter(pk=message.pk, deleted_at__isnull=True).update(deleted_at=now):
-        return DeletionResult(NOT_APPLIED, duplicate=True, detail="deleted before", **ids)
+        return DeletionResult(NOT_APPLIED, duplicate=True, detail="deleted before", message_id=message.pk,
+                              conversation_id=conversation.pk)
     message.deleted_at = now
     result = _decide(channel, conversation, message, now)
     result.message_id, result.conversation_id = message.pk, conversation.pk
@@ -104,7 +111,7 @@ def _apply(channel, deletion, now):
     return result
 
 
-def _unknown(channel, deletion):
+def _unknown(channel: Channel, deletion: Deletion) -> DeletionResult:
     record(EventKind.MESSAGE_DELETED, channel_slug=channel.slug, actor=ingest.printable(deletion.sender_id),
            target=f"message {ingest.printable(deletion.platform_message_id, 150)}",
            summary=f"{deletion.source}: a deletion of a message never received here", outcome=UNKNOWN,
@@ -112,7 +119,7 @@ def _unknown(channel, deletion):
     return DeletionResult(UNKNOWN, detail="no such message")
 
 
-def _decide(channel, conversation, message, now) -> DeletionResult:
+def _decide(channel: Channel, conversation: Conversation, message: InboundMessage, now: datetime) -> DeletionResult:
     if message.kind == MessageKind.CONTROL:
         return DeletionResult(NOT_APPLIED, detail="a control command has run already")
     if message.buffer_id is None:
@@ -131,7 +138,8 @@ def _decide(channel, conversation, message, now) -> DeletionResult:
     raise OperationalError("the deleted message's buffer kept changing")  # retried whole
 
 
-def _withdraw_from_buffer(channel, buffer, message, now) -> DeletionResult | None:
+def _withdraw_from_buffer(channel: Channel, buffer: MessageBuffer, message: InboundMessage,
+                          now: datetime) -> DeletionResult | None:
     """The message leaves its open buffer (and the input an interrupt carried there, as
     an edit re-plans it); None when the buffer is no longer open (a flusher claimed it)."""
     moved = [m for m in edits.carried_messages(buffer) if m.pk != message.pk]
@@ -154,7 +162,8 @@ def _withdraw_from_buffer(channel, buffer, message, now) -> DeletionResult | Non
                                  f"({corrected.window_kind}, {corrected.window_seconds:g} s)")
 
 
-def _withdraw_from_turn(channel, conversation, message, turn, now) -> DeletionResult:
+def _withdraw_from_turn(channel: Channel, conversation: Conversation, message: InboundMessage, turn: Turn,
+                        now: datetime) -> DeletionResult:
     """The message's input is in `turn`: cancel and re-run it without the message (the
     channel's double texting decides, as for an edit), else a note for the next turn."""
     others = [m for m in InboundMessage.objects.filter(buffer_id__in=edits.input_buffers(turn.buffer_id))
@@ -174,11 +183,11 @@ def _withdraw_from_turn(channel, conversation, message, turn, now) -> DeletionRe
     return DeletionResult(NOTED, turn_id=turn.pk, detail=f"{why}: noted for the next turn")
 
 
-def _detach(message):
+def _detach(message: InboundMessage) -> None:
     InboundMessage.objects.filter(pk=message.pk).update(buffer=None)
 
 
-def _withdraw_text(turn, message):
+def _withdraw_text(turn: Turn, message: InboundMessage) -> None:
     """The turn's stored input (what later turns read as history) without the deleted
     text; the message row keeps it for the audit."""
     text = message.text.strip()
@@ -186,7 +195,7 @@ def _withdraw_text(turn, message):
         Turn.objects.filter(pk=turn.pk).update(merged_input=turn.merged_input.replace(text, WITHDRAWN_TEXT))
 
 
-def _effects_of(turn, now) -> list[str]:
+def _effects_of(turn: Turn, now: datetime) -> list[str]:
     """The guarded actions the turn started (the guard's claims, by conversation and
     time): what the deleted message asked for, in the agent's own tool names."""
     if not turn.fired_effect:
@@ -207,7 +216,7 @@ def note_text(effects: list[str]) -> str:
             "on it.")
 
 
-def _audit(conversation, message, deletion, result):
+def _audit(conversation: Conversation, message: InboundMessage, deletion: Deletion, result: DeletionResult) -> None:
     record(EventKind.MESSAGE_DELETED, conversation=conversation, actor=conversation.sender_id,
            target=f"message {message.pk}", summary=f"{result.outcome}: \"{message.text[:100]}\" deleted",
            outcome=result.outcome, detail=result.detail[:300], turn=result.turn_id, source=deletion.source,

@@ -9,8 +9,12 @@ the user; the next ones until the limit resets write nothing. An operator lifts 
 in the admin (`lift`): usage then counts from that instant.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import F, Q, Sum
@@ -23,6 +27,9 @@ from conversations import turns
 from conversations.models import Contact, Disposition, InboundMessage, Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
+
+if TYPE_CHECKING:
+    from conversations.models import Channel
 
 HELD = "limit: "  # the outcome of a turn held here
 LIMIT_NOTICE = _("You've reached the limit of messages I can answer for now. I'll be able to answer again later.")
@@ -43,11 +50,11 @@ class Over:
     until: datetime
 
 
-def applies(channel) -> bool:
+def applies(channel: Channel) -> bool:
     return bool(channel.turns_per_contact_per_hour or channel.tokens_per_contact_per_day)
 
 
-def hold_if_over(turn, now=None) -> bool:
+def hold_if_over(turn: Turn, now: datetime | None = None) -> bool:
     """Call before running a turn (RUNNING, this worker's). True: its contact is over a
     limit, and the turn was cancelled, its messages marked, the event audited and (the
     first time in this episode) the notice written, in one transaction."""
@@ -72,7 +79,7 @@ def hold_if_over(turn, now=None) -> bool:
     return True
 
 
-def _over(channel, contact, turn, now):
+def _over(channel: Channel, contact: Contact, turn: Turn, now: datetime) -> Over | None:
     start = contact.limits_counted_from
     mine = Turn.objects.filter(COUNTED, conversation__contact_id=contact.pk).exclude(pk=turn.pk).exclude(
         owner__startswith="person:")
@@ -91,7 +98,7 @@ def _over(channel, contact, turn, now):
     return None
 
 
-def lift(contact_ids, by, now=None) -> int:
+def lift(contact_ids: Iterable[int], by: str, now: datetime | None = None) -> int:
     """Lift the limits of these contacts: their usage counts from now."""
     now = now or timezone.now()
     with transaction.atomic():
@@ -104,7 +111,7 @@ def lift(contact_ids, by, now=None) -> int:
     return len(contacts)
 
 
-def add_tokens(turn_id, tokens) -> None:
+def add_tokens(turn_id: int, tokens: int) -> None:
     """The usage a provider reported for one model request of this turn."""
     if tokens > 0:
         Turn.objects.filter(pk=turn_id).update(tokens_used=F("tokens_used") + int(tokens))

@@ -16,9 +16,12 @@ in the transaction that adds the note — a redelivered webhook stops at the INS
 rows are the story page's record of the reactions.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -28,6 +31,9 @@ from conversations.models import InboundReaction, ReactionOutcome
 from delivery.models import OutboundMessage
 from tools import confirmations
 from tools.models import Confirmation
+
+if TYPE_CHECKING:
+    from conversations.models import Channel, Conversation
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ def base(emoji: str) -> str:
     return _SKIN_TONES.sub("", emoji or "")
 
 
-def apply(channel, reaction: Reaction) -> ReactionResult:
+def apply(channel: Channel, reaction: Reaction) -> ReactionResult:
     """Apply one reaction (see the module's docstring)."""
     row = _reacted_row(channel, reaction)
     if row is None:
@@ -77,7 +83,7 @@ def apply(channel, reaction: Reaction) -> ReactionResult:
     confirmation = Confirmation.objects.select_related("conversation__contact", "conversation__channel").filter(
         question=row).first()
     yes = _answer(reaction.emoji) if confirmation is not None else None
-    if yes is None:
+    if confirmation is None or yes is None:
         return _noted(channel, reaction, row)
     conversation = confirmation.conversation
     if reaction.sender_id != conversation.sender_id:
@@ -97,7 +103,7 @@ def apply(channel, reaction: Reaction) -> ReactionResult:
     return stored
 
 
-def _reacted_row(channel, reaction):
+def _reacted_row(channel: Channel, reaction: Reaction) -> OutboundMessage | None:
     """The ledger's row of the bot's message reacted to, in the reaction's chat."""
     if not reaction.platform_message_id or not reaction.chat_id:
         return None
@@ -108,12 +114,12 @@ def _reacted_row(channel, reaction):
         chat, channel=channel, platform_message_id=reaction.platform_message_id).order_by("-pk").first())
 
 
-def _answer(emoji) -> bool | None:
+def _answer(emoji: str) -> bool | None:
     emoji = base(emoji)
     return True if emoji in YES else False if emoji in NO else None
 
 
-def _noted(channel, reaction, row) -> ReactionResult:
+def _noted(channel: Channel, reaction: Reaction, row: OutboundMessage) -> ReactionResult:
     """A note for the conversation's next turn, in the transaction that stores the row.
     A reaction taken back is stored, not told (the agent acted on nothing)."""
     if not reaction.emoji:
@@ -125,7 +131,7 @@ def _noted(channel, reaction, row) -> ReactionResult:
     return stored
 
 
-def _stored(channel, reaction, row, outcome) -> ReactionResult:
+def _stored(channel: Channel, reaction: Reaction, row: OutboundMessage, outcome: str) -> ReactionResult:
     """The row's INSERT, the dedup: a unique violation is a redelivery."""
     try:
         with transaction.atomic():
@@ -140,7 +146,7 @@ def _stored(channel, reaction, row, outcome) -> ReactionResult:
     return ReactionResult(outcome, conversation_id=row.conversation_id)
 
 
-def note_text(reaction, row, conversation) -> str:
+def note_text(reaction: Reaction, row: OutboundMessage, conversation: Conversation) -> str:
     """What the agent reads. Who reacted, when it is not the conversation's person (a group)."""
     who = "The person" if reaction.sender_id == conversation.sender_id else (
         f"{reaction.sender_name or reaction.sender_id} (someone else in the chat)")
@@ -152,7 +158,7 @@ def note_text(reaction, row, conversation) -> str:
             "no answer is expected unless it changes what you are doing.")
 
 
-def _show_outcome(channel, confirmation, reply):
+def _show_outcome(channel: Channel, confirmation: Confirmation, reply: Any) -> None:
     """The question's message shows the outcome instead of its buttons, as after a tap
     (best effort: the decision stands; a later tap repeats the edit)."""
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django.db.models import Field, Model
 
@@ -29,17 +29,27 @@ _UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
 
 @functools.cache
+class Refused(Protocol):
+    """What a refusal's audit names: an Inbound, or an edit of one (conversations.edits.Edit)."""
+
+    @property
+    def platform_message_id(self) -> str: ...
+    @property
+    def sender_id(self) -> str: ...
+
+
 def _field_limits() -> dict[str, int]:
     """Fields of an Inbound stored in columns of bounded length, and those lengths."""
     column = {"platform_message_id": (InboundMessage, "platform_message_id"), "chat_id": (Conversation, "chat_id"),
               "sender_id": (Conversation, "sender_id"), "reply_target": (InboundMessage, "reply_target"),
               "thread_id": (InboundMessage, "thread_id"), "media_type": (InboundMessage, "media_type"),
               "album_id": (InboundMessage, "album_id")}
-    limits = {name: _max_length(model, field) for name, (model, field) in column.items()}
+    limits = {name: column_length(model, field) for name, (model, field) in column.items()}
     return {**limits, "text": MAX_TEXT_CHARS}
 
 
-def _max_length(model: type[Model], name: str) -> int:
+def column_length(model: type[Model], name: str) -> int:
+    """The length a text column of `model` holds (a CharField's max_length)."""
     field = model._meta.get_field(name)
     assert isinstance(field, Field) and field.max_length is not None  # each a CharField
     return field.max_length
@@ -65,7 +75,7 @@ def printable(value: str, limit: int = 100) -> str:
     return _UNSTORABLE_CHARACTER.sub(lambda m: f"\\u{ord(m.group()):04x}", value)[:limit]
 
 
-def record_refusal(channel: Channel, inbound: Inbound, reason: str, source: str) -> None:
+def record_refusal(channel: Channel, inbound: Refused, reason: str, source: str) -> None:
     """Audit a refused message (it has no row of its own to show)."""
     record(EventKind.MESSAGE_REFUSED, channel_slug=channel.slug, actor=printable(inbound.sender_id),
            target=f"message {printable(inbound.platform_message_id, 150)}", summary=f"{source}: {reason}")
