@@ -1,14 +1,14 @@
 """The local calendar as an iCalendar feed: subscribe to it from any calendar app.
 The URL carries the calendar's secret token (shown in the admin)."""
 
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from icalendar import Calendar as ICalendar
 from icalendar import Event
 
 from tools.models import Calendar
 
 
-def calendar_feed(request, token):
+def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
     calendar = Calendar.objects.filter(feed_token=token).first()
     if calendar is None:
         raise Http404("no such calendar")

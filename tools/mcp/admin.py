@@ -7,7 +7,10 @@ Operators register HTTP servers only, at URLs checked as media URLs are
 holder's (`manage.py addmcpserver --command`), shown read-only here to everyone,
 superusers too, and never started by a web request (issue 51)."""
 
+from __future__ import annotations
+
 import json
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -15,7 +18,6 @@ from django.utils.html import format_html
 from django.utils.text import format_lazy
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from unfold.admin import ModelAdmin, TabularInline
 
 from agentloop.core import admin_texts
 from agentloop.core.admin_texts import TextsHold
@@ -26,21 +28,38 @@ from tools.mcp.client import Unreachable, hub
 from tools.mcp.models import McpServer, McpTool, McpTransport
 from tools.models import ToolPolicy
 
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin, TabularInline
+    from django.http import HttpRequest
+    from django.utils.safestring import SafeString
 
-def masked(values: dict) -> dict:
+    # unfold has no types; its ModelAdmin and TabularInline are Django's with a theme.
+    ServerAdminBase = ModelAdmin[McpServer]
+    ToolAdminBase = ModelAdmin[McpTool]
+    ToolInlineBase = TabularInline[McpTool, McpServer]
+    ServerFormBase = forms.ModelForm[McpServer]
+else:
+    from unfold.admin import ModelAdmin, TabularInline
+
+    ServerAdminBase = ToolAdminBase = ModelAdmin
+    ToolInlineBase = TabularInline
+    ServerFormBase = forms.ModelForm
+
+
+def masked(values: dict[str, Any] | None) -> dict[str, str]:
     return {name: MASK for name in (values or {})}
 
 
 class SecretMapField(forms.JSONField):
     """A JSON object of secrets, shown masked."""
 
-    def prepare_value(self, value):
+    def prepare_value(self, value: Any) -> str:
         if isinstance(value, str):  # a bound form's raw text
             return value
         return json.dumps(masked(value or {}))
 
 
-class McpServerForm(forms.ModelForm):
+class McpServerForm(ServerFormBase):
     url = forms.URLField(required=False, max_length=500, assume_scheme="https",
                          help_text=_("Streamable HTTP: the server's endpoint."))
     headers = SecretMapField(required=False, help_text=format_lazy(_(
@@ -54,24 +73,24 @@ class McpServerForm(forms.ModelForm):
         model = McpServer
         fields = "__all__"
 
-    def _kept(self, name):
+    def _kept(self, name: str) -> dict[str, str]:
         given = self.cleaned_data.get(name) or {}
         if not isinstance(given, dict):
             raise forms.ValidationError(gettext("a JSON object of names and values"))
         stored = getattr(self.instance, name) or {} if self.instance.pk else {}
         return {key: stored.get(key, "") if value == MASK else str(value) for key, value in given.items()}
 
-    def clean_headers(self):
+    def clean_headers(self) -> dict[str, str]:
         return self._kept("headers")
 
-    def clean(self):
-        data = super().clean()
-        if not data.get("url"):
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean()  # ModelForm's: its cleaned_data, never None
+        if not (data and data.get("url")):
             self.add_error("url", gettext("a streamable HTTP server needs its URL"))
         return data
 
 
-class McpToolInline(TabularInline):
+class McpToolInline(ToolInlineBase):
     model = McpTool
     extra = 0
     can_delete = False
@@ -79,11 +98,11 @@ class McpToolInline(TabularInline):
     readonly_fields = ["offered_as", "present", "refused", "hints", "policy"]
 
     @admin.display(description=_("Hints from this server"))
-    def hints(self, row):
+    def hints(self, row: McpTool) -> str:
         return row.hints()
 
     @admin.display(description=_("Policy"))
-    def policy(self, row):
+    def policy(self, row: McpTool) -> str:
         policy = ToolPolicy.objects.filter(name=row.offered_as).first()
         if policy is None:
             return "—"
@@ -93,7 +112,7 @@ class McpToolInline(TabularInline):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(TextsHold, ModelAdmin):
+class McpServerAdmin(TextsHold, ServerAdminBase):
     form = McpServerForm
     list_display = ["name", "transport", "endpoint", "enabled", "trusted", "listed_at", "problem"]
     list_filter = ["enabled", "trusted", "transport"]
@@ -105,34 +124,34 @@ class McpServerAdmin(TextsHold, ModelAdmin):
     inlines = [McpToolInline]
 
     @admin.display(description=_("URL or command"))
-    def endpoint(self, server):
+    def endpoint(self, server: McpServer) -> SafeString:
         return admin_texts.name(redact(server.url or " ".join(server.command), server.secrets()), 80)
 
     @admin.display(description=_("Environment"))
-    def environment(self, server):
+    def environment(self, server: McpServer) -> str:
         return ", ".join(f"{name}={MASK}" for name in server.env) or "—"
 
     @staticmethod
-    def _is_stdio(obj) -> bool:
+    def _is_stdio(obj: McpServer | None) -> bool:
         return obj is not None and obj.transport != McpTransport.HTTP
 
-    def get_fields(self, request, obj=None):
+    def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> Any:
         return self.stdio_fields if self._is_stdio(obj) else super().get_fields(request, obj)
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: McpServer | None = None) -> list[str] | tuple[str, ...]:
         return self.stdio_fields if self._is_stdio(obj) else self.readonly_fields
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
         return not self._is_stdio(obj) and super().has_change_permission(request, obj)
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
         return not self._is_stdio(obj) and super().has_delete_permission(request, obj)
 
     @admin.display(description=_("Last problem"))
-    def problem(self, server):
+    def problem(self, server: McpServer) -> SafeString:
         return admin_texts.cell(redact(server.last_error, server.secrets()), length=120)
 
-    def save_related(self, request, form, formsets, change):
+    def save_related(self, request: HttpRequest, form: McpServerForm, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
         server = form.instance
         forget_secrets()
@@ -148,7 +167,7 @@ class McpServerAdmin(TextsHold, ModelAdmin):
 
 
 @admin.register(McpTool)
-class McpToolAdmin(TextsHold, ModelAdmin):
+class McpToolAdmin(TextsHold, ToolAdminBase):
     list_display = ["offered_as", "server", "present", "refused", "hints", "reconcile_with", "listed_at"]
     list_filter = ["server", "present"]
     fields = ["server", "name", "offered_as", "refused", "description", "input_schema", "annotations", "present",
@@ -157,8 +176,8 @@ class McpToolAdmin(TextsHold, ModelAdmin):
                        "present", "listed_at"]
 
     @admin.display(description=_("Hints from its server"))
-    def hints(self, row):
+    def hints(self, row: McpTool) -> str:
         return row.hints()
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -14,23 +14,34 @@ is imported then too, not when the web server starts: it costs every start about
 a second of CPU (tools/mcp/client.py), and most web servers never answer `/mcp`.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
 import re
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import UserRateThrottle  # type: ignore[import-untyped]  # DRF ships no types
 
 from tools.conversation_side import conversation_side
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    from agentloop.core.body_limit import App, Message, Receive, Scope, Send
+
+# Why a request is refused: (status, error) or (status, error, seconds to wait).
+Refusal = tuple[int, str] | tuple[int, str, float]
 
 PATH = re.compile(r"^/mcp(?:/(?P<channel>[-a-zA-Z0-9_]{1,50}))?/?$")
 
 
-def _key_for(raw, channel):
+def _key_for(raw: str, channel: str | None) -> tuple[Any, None] | tuple[None, Refusal]:  # key: an AgentKey
     """(the key, None) or (None, (status, error)) — on a thread."""
     close_old_connections()
     try:
@@ -54,13 +65,12 @@ def _key_for(raw, channel):
 class McpMount:
     """Routes `/mcp` and `/mcp/<channel>` to the MCP server, everything else to `app`."""
 
-    def __init__(self, app):
+    def __init__(self, app: App) -> None:
         self.app = app
-        self.manager = None
-        self._server_module = None
-        self._started = None
+        # Once running: tools.mcp.server and its session manager.
+        self._started: asyncio.Future[tuple[ModuleType, StreamableHTTPSessionManager]] | None = None
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None:
             return await self.app(scope, receive, send)
@@ -77,34 +87,33 @@ class McpMount:
         body = await _body_within(receive, limit)
         if body is None:
             return await _refuse(send, 413, f"The body is larger than {limit} bytes.")
-        mcp_server = await self._ensure_manager()
+        mcp_server, manager = await self._ensure_manager()
         scope = {**scope, mcp_server.KEY_IN_SCOPE: key, mcp_server.CHANNEL_IN_SCOPE: match["channel"]}
-        await self.manager.handle_request(scope, _replay(body, receive), send)
+        await manager.handle_request(scope, _replay(body, receive), send)
 
-    async def _ensure_manager(self):
-        """The MCP server module, its session manager running."""
+    async def _ensure_manager(self) -> tuple[ModuleType, StreamableHTTPSessionManager]:
+        """The MCP server module and its session manager, running."""
         if self._started is None:
             self._started = asyncio.get_running_loop().create_future()
-            asyncio.ensure_future(self._serve())
-        await asyncio.shield(self._started)
-        return self._server_module
+            asyncio.ensure_future(self._serve(self._started))
+        return await asyncio.shield(self._started)
 
-    async def _serve(self):
+    async def _serve(self, started: asyncio.Future[tuple[ModuleType, StreamableHTTPSessionManager]]) -> None:
         try:
             # The SDK's import cost is paid by the first /mcp request (module docstring), on a
             # thread: the loop goes on answering everything else while the SDK loads.
-            self._server_module, manager_class = await asyncio.to_thread(_import_sdk)
-            self.manager = manager_class(self._server_module.build(), stateless=True, json_response=True)
+            server_module, manager_class = await asyncio.to_thread(_import_sdk)
+            manager = manager_class(server_module.build(), stateless=True, json_response=True)
         except Exception as error:
-            self._started.set_exception(error)
+            started.set_exception(error)
             self._started = None  # the next /mcp request tries again
             return
-        async with self.manager.run():
-            self._started.set_result(True)
+        async with manager.run():
+            started.set_result((server_module, manager))
             await asyncio.Event().wait()  # as long as the server runs
 
 
-def _import_sdk():
+def _import_sdk() -> tuple[ModuleType, type[StreamableHTTPSessionManager]]:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
     from tools.mcp import server as mcp_server
@@ -112,14 +121,14 @@ def _import_sdk():
     return mcp_server, StreamableHTTPSessionManager
 
 
-def _declared_length(headers) -> int:
+def _declared_length(headers: dict[bytes, bytes]) -> int:
     try:
         return int(headers.get(b"content-length", b"0"))
     except ValueError:
         return 0  # not a number: counted as it is read
 
 
-async def _body_within(receive, limit) -> bytes | None:
+async def _body_within(receive: Receive, limit: int) -> bytes | None:
     """The request's body, or None once it passes `limit` (no more of it is read)."""
     body = bytearray()
     while True:
@@ -133,11 +142,11 @@ async def _body_within(receive, limit) -> bytes | None:
             return bytes(body)
 
 
-def _replay(body: bytes, receive):
+def _replay(body: bytes, receive: Receive) -> Receive:
     """`receive` for the SDK: the body read above, then what the client does next."""
     sent = False
 
-    async def replay():
+    async def replay() -> Message:
         nonlocal sent
         if sent:
             return await receive()
@@ -147,7 +156,7 @@ def _replay(body: bytes, receive):
     return replay
 
 
-async def _refuse(send, status, error, retry_after: float | None = None):
+async def _refuse(send: Send, status: int, error: str, retry_after: float | None = None) -> None:
     body = json.dumps({"error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:

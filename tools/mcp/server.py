@@ -13,8 +13,12 @@ Whose action a hosted tool's call is: the conversation named in the request's `_
 only if it holds that channel.
 """
 
+from __future__ import annotations
+
 import json
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, TypeVarTuple
 
 import anyio
 import mcp_types as types
@@ -25,7 +29,13 @@ from agentloop.core.redaction import redact, redact_payload
 from tools import guard, registry
 from tools.conversation_side import conversation_side
 from tools.models import ActionClaim
-from tools.registry import Effect, Scope
+from tools.registry import Effect, Scope, Tool
+
+if TYPE_CHECKING:
+    from mcp.server import ServerRequestContext
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +81,17 @@ GUARD_TOOLS = [
 ]
 
 
-def annotations_of(tool) -> types.ToolAnnotations:
+class AgentKey(Protocol):
+    """conversations.models.AgentKey, as the server reads it (the request's key, in the ASGI scope)."""
+
+    @property
+    def pk(self) -> Any: ...  # Django's pk is untyped (Model.pk)
+
+    @property
+    def name(self) -> str: ...
+
+
+def annotations_of(tool: Tool) -> types.ToolAnnotations:
     """What a hosted tool does, said as MCP's hints: reads are read-only; effects are
     idempotent here because the guard answers a repeat with the first result."""
     if tool.effect == Effect.READ:
@@ -87,7 +107,7 @@ class Refused(Exception):
 # --- the calls, on a thread (the ORM) ------------------------------------------------------------
 
 
-def _hosted_tools() -> list:
+def _hosted_tools() -> list[types.Tool]:
     listed = []
     for name, tool in registry.all_tools().items():
         if guard.policy_for(name).enabled:
@@ -96,7 +116,7 @@ def _hosted_tools() -> list:
     return listed
 
 
-def _scope(key, meta: dict, data: dict, channel) -> Scope:
+def _scope(key: AgentKey, meta: dict[str, Any], data: dict[str, Any], channel: str | None) -> Scope:
     conversation = data.get("conversation", meta.get(CONVERSATION_META))
     if conversation is not None:
         try:
@@ -112,17 +132,19 @@ def _scope(key, meta: dict, data: dict, channel) -> Scope:
     return Scope.of_agent(key.pk, name)
 
 
-def _call(key, channel, name: str, arguments: dict, meta: dict) -> dict:
+def _call(key: AgentKey, channel: str | None, name: str, arguments: dict[str, Any],
+          meta: dict[str, Any]) -> dict[str, Any]:
     actor = f"agent:{key.name}"[:100]
     if name == "guard_claim":
-        scoped = {k: arguments[k] for k in ("conversation", "scope") if k in arguments}
+        scoped: dict[str, Any] = {k: arguments[k] for k in ("conversation", "scope") if k in arguments}
         if len(scoped) != 1:
             raise Refused("give exactly one of 'conversation' or 'scope'")
         outcome, created = guard.claim_action(arguments.get("action", ""), arguments.get("arguments"),
                                               _scope(key, {}, scoped, channel), fields=arguments.get("fingerprint"),
                                               actor=actor, agent_key_id=key.pk)
         if created:
-            claim = ActionClaim.objects.get(pk=outcome.claim_id)
+            # Created: the claim was just taken, its id is set.
+            claim = ActionClaim.objects.get(pk=outcome.claim_id)  # type: ignore[misc]
             return {"status": "proceed", "claim": claim.pk, "duplicate": False, "fingerprint": claim.fingerprint,
                     "expires_at": claim.expires_at.isoformat()}
         return {**outcome.for_model(), "claim": outcome.claim_id}
@@ -141,7 +163,7 @@ def _call(key, channel, name: str, arguments: dict, meta: dict) -> dict:
     return {**outcome.for_model(), "claim": outcome.claim_id}
 
 
-def _run(function, *args):
+def _run(function: Callable[[*Ts], T], *args: *Ts) -> T:
     close_old_connections()
     try:
         return function(*args)
@@ -149,7 +171,7 @@ def _run(function, *args):
         close_old_connections()
 
 
-def _as_result(body: dict, is_error=False) -> types.CallToolResult:
+def _as_result(body: dict[str, Any], is_error: bool = False) -> types.CallToolResult:
     body = redact_payload(body)
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False,
                                                                                       default=str))],
@@ -159,20 +181,21 @@ def _as_result(body: dict, is_error=False) -> types.CallToolResult:
 # --- the protocol's handlers ---------------------------------------------------------------------
 
 
-def _caller(ctx):
+def _caller(ctx: ServerRequestContext) -> tuple[AgentKey | None, str | None]:
     scope = ctx.request.scope if ctx.request is not None else {}
     return scope.get(KEY_IN_SCOPE), scope.get(CHANNEL_IN_SCOPE)
 
 
-async def list_tools(ctx, params) -> types.ListToolsResult:
+async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     return types.ListToolsResult(tools=[*await anyio.to_thread.run_sync(_run, _hosted_tools), *GUARD_TOOLS])
 
 
-async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
     key, channel = _caller(ctx)
     if key is None:  # the mount lets no request through without one
         return _as_result({"error": "no agent key"}, is_error=True)
-    meta = (params.meta.model_dump(by_alias=True) if hasattr(params.meta, "model_dump") else dict(params.meta or {}))
+    given: Any = params.meta  # a dict (a TypedDict) in this SDK, a pydantic model in earlier ones
+    meta = (given.model_dump(by_alias=True) if hasattr(given, "model_dump") else dict(given or {}))
     try:
         body = await anyio.to_thread.run_sync(_run, _call, key, channel, params.name, params.arguments or {}, meta)
     except (Refused, registry.InvalidArguments, registry.UnknownTool, guard.ToolDisabled, guard.ClaimConflict,

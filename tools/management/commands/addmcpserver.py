@@ -6,9 +6,10 @@ may be http and reach a private address), are set only here, never in the admin
 (tools/mcp/reach.py, issue 51)."""
 
 import shlex
+from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentloop.core.redaction import forget_secrets, redact
 from tools import guard
@@ -17,7 +18,7 @@ from tools.mcp.client import Unreachable, hub
 from tools.mcp.models import McpServer, McpTransport
 
 
-def pair(value):
+def pair(value: str) -> tuple[str, str]:
     name, sep, val = value.partition("=")
     if not sep or not name:
         raise ValueError(value)
@@ -27,7 +28,7 @@ def pair(value):
 class Command(BaseCommand):
     help = "Register (or update) an MCP server whose tools the agents of the given channels may call."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="Lower-case letters, digits, '-': its tools are offered as NAME__tool.")
         where = parser.add_mutually_exclusive_group(required=True)
         where.add_argument("--url", help="A streamable HTTP endpoint.")
@@ -46,12 +47,13 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, help="Seconds before a call without answer is uncertain.")
         parser.add_argument("--no-list", action="store_true", help="Do not connect to list its tools now.")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         name, url, command, channel = options["name"], options.get("url"), options.get("command"), options["channel"]
         header, env = options.get("header") or (), options.get("env") or ()
         # conversations' Channel, through the server's own many-to-many field.
         channel_model = McpServer.channels.field.related_model
-        channels = list(channel_model.objects.filter(slug__in=channel))
+        # A model class of a layer above, unnamed here: its manager as Django finds it at run time.
+        channels = list(channel_model.objects.filter(slug__in=channel))  # type: ignore[attr-defined]
         missing = sorted(set(channel) - {c.slug for c in channels})
         if missing:
             raise CommandError(f"unknown channel(s): {', '.join(missing)}")

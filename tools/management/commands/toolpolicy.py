@@ -1,7 +1,8 @@
 import argparse
+from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools import guard, registry
 from tools.models import ApprovalMode, ToolPolicy
@@ -16,7 +17,7 @@ FIELDS = {"enabled": "enabled", "guarded": "guarded", "window": "window_seconds"
 OPTION_OF = {field: option.replace("_", "-") for option, field in FIELDS.items()}
 
 
-def limit(value):
+def limit(value: str) -> int | None:
     """--max-per-hour: a count, or "none" for no limit."""
     if value.lower() == "none":
         return None
@@ -30,12 +31,12 @@ class Command(BaseCommand):
     help = ("Create or update a tool policy and print it (re-running with the same name updates only the options "
             "given); without a name, list all policies.")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="A registered tool, an MCP server's (<server>__<tool>), or an "
                                                     "existing policy (ext:<key>:<action>).")
         # Unset options are left out of `options` (SUPPRESS): "--max-per-hour none" sets None, so None cannot
         # mean "not given".
-        unset = {"default": argparse.SUPPRESS}
+        unset: dict[str, Any] = {"default": argparse.SUPPRESS}
         parser.add_argument("--approval", **unset, choices=list(APPROVALS),
                             help="none: calls run; operator: calls become proposals an operator applies or "
                                  "rejects; user: the conversation's user confirms each call in the chat.")
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", **unset, type=int, metavar="SECONDS",
                             help="A claim in flight longer than this was interrupted (outcome uncertain).")
 
-    def handle(self, *args, name=None, **options):
+    def handle(self, *args: Any, name: str | None = None, **options: Any) -> None:
         if name is None:
             self.list_policies()
             return
@@ -72,7 +73,7 @@ class Command(BaseCommand):
             self.stderr.write(f"warning: approval = user is refused on channels whose messages agent keys post (the "
                               f"asker could answer): {', '.join(refusing)}; their calls of {policy.name} fail")
 
-    def policy_named(self, name):
+    def policy_named(self, name: str) -> tuple[ToolPolicy, bool]:
         known = name in registry.all_tools()
         existed = ToolPolicy.objects.filter(name=name).exists()
         if not (known or existed):
@@ -82,7 +83,7 @@ class Command(BaseCommand):
         # A row of our own: the guard's cached instance is shared and must not see a half-applied edit.
         return ToolPolicy.objects.get(name=name), not existed
 
-    def apply(self, policy, options) -> list:
+    def apply(self, policy: ToolPolicy, options: dict[str, Any]) -> list[str]:
         changed = [field for option, field in FIELDS.items() if option in options]
         for option, field in FIELDS.items():
             if option in options:
@@ -104,7 +105,7 @@ class Command(BaseCommand):
         policy.save(update_fields=[*changed, "updated_at"])
         return changed
 
-    def list_policies(self):
+    def list_policies(self) -> None:
         guard.ensure_policies()  # every registered tool is listed, even before its first call
         for policy in ToolPolicy.objects.order_by("name"):
             fields = dict(describe(policy))
@@ -113,7 +114,7 @@ class Command(BaseCommand):
                               f"max/hour {fields['max per hour']:<9} timeout {fields['timeout']}")
 
 
-def describe(policy) -> list:
+def describe(policy: ToolPolicy) -> list[tuple[str, str]]:
     return [
         ("enabled", "on" if policy.enabled else "off"),
         ("guarded", "on" if policy.guarded else "off"),
