@@ -23,10 +23,14 @@ conversations.sql.update_open_buffer), so an edit and an admission racing on a b
 the same compare-and-swap.
 """
 
+from __future__ import annotations
+
 import logging
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
@@ -34,7 +38,8 @@ from django.utils import timezone
 from agentloop.core.rows import insert
 from audit.events import record
 from audit.models import EventKind
-from conversations import engine, ingest, notes, sql, turns, windows
+from conversations import flushing, ingest, notes, sql, turns, windows
+from conversations.ingest.refusal import column_length
 from conversations.models import (
     BufferState,
     Conversation,
@@ -50,6 +55,11 @@ from conversations.models import (
     Turn,
     TurnState,
 )
+
+if TYPE_CHECKING:
+    from conversations.models import Channel
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +89,7 @@ class Correction:
     """An edit being applied to a message whose input a turn holds: where, which message
     (its text already the new one), the text it had, and when."""
 
-    channel: object
+    channel: Channel
     conversation: Conversation
     message: InboundMessage
     old_text: str
@@ -102,7 +112,7 @@ class EditResult:
 
 def refusal(edit: Edit) -> str:
     """Why this edit cannot be stored, or "": the same bounds as a new message."""
-    limits = {"platform_message_id": InboundMessage._meta.get_field("platform_message_id").max_length,
+    limits = {"platform_message_id": column_length(InboundMessage, "platform_message_id"),
               "text": ingest.MAX_TEXT_CHARS}
     for name, limit in limits.items():
         value = getattr(edit, name)
@@ -115,7 +125,7 @@ def refusal(edit: Edit) -> str:
     return ""
 
 
-def apply(channel, edit: Edit, now: datetime | None = None) -> EditResult:
+def apply(channel: Channel, edit: Edit, now: datetime | None = None) -> EditResult:
     """Apply one edit (see the module's docstring). Raises ingest.Unstorable for an edit
     the database cannot store as given; a deadlock (PostgreSQL) is retried whole."""
     problem = refusal(edit)
@@ -124,7 +134,7 @@ def apply(channel, edit: Edit, now: datetime | None = None) -> EditResult:
     return retried(lambda: _apply(channel, edit, now or timezone.now()), f"edit of {edit.platform_message_id}")
 
 
-def retried(work, what):
+def retried(work: Callable[[], T], what: str) -> T:
     """`work()` in one transaction, retried whole (up to 3 times) after a deadlock or a
     serialization failure: edits and deletions lock the conversation as admissions do."""
     for attempt in range(1, 4):
@@ -138,7 +148,7 @@ def retried(work, what):
     raise AssertionError("unreachable")
 
 
-def apply_or_refuse(channel, edit: Edit, source: str) -> EditResult | None:
+def apply_or_refuse(channel: Channel, edit: Edit, source: str) -> EditResult | None:
     """For the platforms' paths, which must not fail on bad input (Telegram would resend
     it forever): an unstorable edit is audited and None returned."""
     try:
@@ -151,7 +161,7 @@ def apply_or_refuse(channel, edit: Edit, source: str) -> EditResult | None:
 # --- one edit, inside its transaction ---------------------------------------------------------
 
 
-def _apply(channel, edit, now):
+def _apply(channel: Channel, edit: Edit, now: datetime) -> EditResult:
     conversation_id = (InboundMessage.objects.filter(channel=channel, platform_message_id=edit.platform_message_id)
                        .values_list("conversation_id", flat=True).first())
     conversation = locked_conversation(channel, conversation_id) if conversation_id else None
@@ -173,7 +183,7 @@ def _apply(channel, edit, now):
     return result
 
 
-def locked_conversation(channel, conversation_id):
+def locked_conversation(channel: Channel, conversation_id: int) -> Conversation | None:
     """The conversation, locked as an admission locks it: the edit and the conversation's
     admissions apply one after the other (SQLite: BEGIN IMMEDIATE already serialises)."""
     rows = Conversation.objects.filter(pk=conversation_id)
@@ -185,14 +195,15 @@ def locked_conversation(channel, conversation_id):
     return conversation
 
 
-def _unknown(channel, edit):
+def _unknown(channel: Channel, edit: Edit) -> EditResult:
     record(EventKind.EDIT_IGNORED, channel_slug=channel.slug, actor=ingest.printable(edit.sender_id),
            target=f"message {ingest.printable(edit.platform_message_id, 150)}",
            summary=f"{edit.source}: an edit of a message never received here", source=edit.source)
     return EditResult(UNKNOWN, detail="no such message")
 
 
-def _decide(channel, conversation, message, edit, now) -> EditResult:
+def _decide(channel: Channel, conversation: Conversation, message: InboundMessage, edit: Edit,
+            now: datetime) -> EditResult:
     if channel.edits == EditsPolicy.IGNORE:
         return EditResult(EditOutcome.IGNORED, detail="the channel ignores edits (edits: ignore)")
     if edit.text == message.text:
@@ -216,7 +227,7 @@ def _decide(channel, conversation, message, edit, now) -> EditResult:
     raise OperationalError("the edited message's buffer kept changing")  # retried by the caller's caller
 
 
-def _never_in_a_turn(message, edit) -> str:
+def _never_in_a_turn(message: InboundMessage, edit: Edit) -> str:
     if message.kind == MessageKind.CONTROL:
         return "a control command is not run again"
     if not edit.text.strip() and not message.media_type:
@@ -232,33 +243,33 @@ def _never_in_a_turn(message, edit) -> str:
     return ""
 
 
-def input_holder(message):
+def input_holder(message: InboundMessage) -> MessageBuffer | Turn | str:
     """Where the message's input is now: its open buffer, the turn it went into, or an
     open buffer or later turn an interrupt carried it to; a str when it went nowhere."""
-    buffer = MessageBuffer.objects.get(pk=message.buffer_id)
+    buffer: MessageBuffer = MessageBuffer.objects.get(pk=message.buffer_id)
     for _ in range(1000):  # each step follows one interrupt: a finite chain
         if buffer.state == BufferState.OPEN:
             return buffer
         if buffer.state == BufferState.DROPPED:
             return "the message was dropped (/stop or /reset)"
-        turn = Turn.objects.filter(buffer=buffer).first()
+        turn: Turn | None = Turn.objects.filter(buffer=buffer).first()
         if turn is None:
             return "its buffer has no turn"
         if turn.state != TurnState.CANCELLED:
             return turn
-        carried_to = MessageBuffer.objects.filter(carried_turn=turn).first()
+        carried_to: MessageBuffer | None = MessageBuffer.objects.filter(carried_turn=turn).first()
         if carried_to is None:
             return f"its turn {turn.pk} was cancelled and its input dropped ({turn.outcome})"
         buffer = carried_to
     return "its input was carried too many times"
 
 
-def _set_text(message, text, now):
+def _set_text(message: InboundMessage, text: str, now: datetime) -> None:
     InboundMessage.objects.filter(pk=message.pk).update(text=text, edited_at=now)
     message.text, message.edited_at = text, now
 
 
-def input_buffers(buffer_id):
+def input_buffers(buffer_id: int | None) -> list[int]:
     """The buffer and those whose input it carries (interrupts), newest first."""
     ids = []
     while buffer_id is not None and buffer_id not in ids:
@@ -268,7 +279,7 @@ def input_buffers(buffer_id):
     return ids
 
 
-def carried_messages(buffer):
+def carried_messages(buffer: MessageBuffer) -> list[InboundMessage]:
     """Messages whose input `buffer` carries as a cancelled turn's text (not as messages)."""
     if buffer.carried_turn_id is None:
         return []
@@ -276,7 +287,8 @@ def carried_messages(buffer):
     return list(InboundMessage.objects.filter(buffer_id__in=input_buffers(carried))) if carried else []
 
 
-def correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
+def correct_open_buffer(channel: Channel, buffer: MessageBuffer, moved: list[InboundMessage],
+                        now: datetime) -> EditResult | None:
     """Re-plan the open buffer from now, its `moved` messages (an interrupted turn's
     input, whose text it carried) joining it as messages so the merge reads their
     corrected text. None when the buffer is no longer open (a flusher claimed it)."""
@@ -294,7 +306,8 @@ def correct_open_buffer(channel, buffer, moved, now) -> EditResult | None:
                              f"({fields['window_kind']}, {fields['window_seconds']:g} s)")
 
 
-def _replan(channel, buffer, messages, now):
+def _replan(channel: Channel, buffer: MessageBuffer, messages: Iterable[InboundMessage],
+            now: datetime) -> dict[str, Any]:
     """The buffer's deadline re-planned from now, by its last message (as an admission
     plans it), counting every message it holds."""
     ordered = sorted(messages, key=lambda m: (m.received_at, m.pk))
@@ -307,7 +320,7 @@ def _replan(channel, buffer, messages, now):
             "last_album_id": last.album_id}
 
 
-def _correct_turn(correction, turn) -> EditResult:
+def _correct_turn(correction: Correction, turn: Turn) -> EditResult:
     """The message's input is in `turn`: re-run it (interrupt, no effect fired), else a
     note for the next turn."""
     channel, conversation, message, now = (correction.channel, correction.conversation, correction.message,
@@ -321,7 +334,7 @@ def _correct_turn(correction, turn) -> EditResult:
     return EditResult(EditOutcome.NOTED, turn_id=turn.pk, detail=f"{why}: noted for the next turn")
 
 
-def cancel_for_rerun(channel, turn, reason, now) -> str:
+def cancel_for_rerun(channel: Channel, turn: Turn, reason: str, now: datetime) -> str:
     """Cancel `turn` so that its input runs again, changed: only on a channel whose
     double texting is `interrupt`, and by the interrupt's own compare-and-swap (refused
     once the turn fired an effect). "" when cancelled, else why not."""
@@ -334,16 +347,17 @@ def cancel_for_rerun(channel, turn, reason, now) -> str:
     return f"turn {turn.pk} is {turn.state}"
 
 
-def note_text(old, new):
+def note_text(old: str, new: str) -> str:
     """What the agent reads: both texts, each on one line and bounded (the newest part kept)."""
     return f'The user edited an earlier message from "{_quoted(old)}" to "{_quoted(new)}".'
 
 
-def _quoted(text):
-    return engine.clip(text, NOTE_QUOTE_CHARS).replace("\n", " ")
+def _quoted(text: str) -> str:
+    return flushing.clip(text, NOTE_QUOTE_CHARS).replace("\n", " ")
 
 
-def rerun(channel, conversation, turn, messages, now) -> EditResult:
+def rerun(channel: Channel, conversation: Conversation, turn: Turn, messages: list[InboundMessage],
+          now: datetime) -> EditResult:
     """The cancelled turn's messages (and those of the turns it carried) go back to the
     conversation's open buffer, or to a new one due now, which the flusher makes the
     re-run turn of."""
@@ -363,7 +377,7 @@ def rerun(channel, conversation, turn, messages, now) -> EditResult:
                       detail=f"turn {turn.pk} cancelled; re-run with the corrected text")
 
 
-def _audit(conversation, message, row, result):
+def _audit(conversation: Conversation, message: InboundMessage, row: MessageEdit, result: EditResult) -> None:
     changed = result.outcome in (EditOutcome.BUFFERED, EditOutcome.RERUN, EditOutcome.NOTED)
     kind = EventKind.MESSAGE_EDITED if changed else EventKind.EDIT_IGNORED
     record(kind, conversation=conversation, actor=conversation.sender_id, target=f"message {message.pk}",

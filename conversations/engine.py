@@ -1,9 +1,10 @@
-"""The debounce engine's database steps: flush due buffers into turns, recover the
-work of dead workers. Each step is small, restartable and safe to run in any number
-of processes at once: every claim is a compare-and-swap.
+"""The workers' database steps besides flushing (conversations.flushing makes due
+buffers into turns): heartbeats, the work of dead workers recovered, the recovery sweep,
+and a turn's history. Each step is small, restartable and safe to run in any number of
+processes at once: every claim is a compare-and-swap.
 
-The timing lives in the worker loop (conversations/worker/flusher.py), which sleeps until
-the earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
+The timing lives in the worker loop (conversations/worker/), which sleeps until the
+earliest deadline; django-q2 runs `recovery_sweep` as a slower safety net.
 """
 
 from __future__ import annotations

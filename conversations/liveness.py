@@ -331,7 +331,7 @@ def for_worker(owner):
     return LockHolder(owner)
 
 
-# --- a worker's name (conversations.engine re-exports them) -------------------------
+# --- a worker's name ------------------------------------------------------------------
 
 def new_owner(lock=False):
     """`host:pid:start:random` — with the process's start time, so that a later process

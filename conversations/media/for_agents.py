@@ -43,7 +43,7 @@ class Attachment:
 
 def file_ids_of_turn(turn) -> list[int]:
     """The files of the messages merged into `turn` — and of the interrupted turns whose
-    input it carries (conversations.engine.merge) — in arrival order, each once."""
+    input it carries (conversations.flushing.merge) — in arrival order, each once."""
     ids = (InboundMessage.objects.filter(buffer_id__in=list(input_buffers([turn.buffer_id])), media_file__isnull=False)
            .order_by("received_at", "pk").values_list("media_file_id", flat=True))
     return list(dict.fromkeys(ids))

@@ -1,4 +1,4 @@
-"""The flusher's statements (conversations.engine): its look (the due buffers and the
+"""The flusher's statements (conversations.flushing): its look (the due buffers and the
 next deadline in one statement) and its claim (a batch of buffers taken, their turns
 made, their messages read)."""
 
@@ -35,7 +35,7 @@ from conversations.sql.admission import Row
 # A model's columns in a claimed row: (its Columns, first index, past-the-last index).
 ShapePart = tuple[Columns, int, int]
 
-# --- flushing: the flusher's look and claim (conversations.engine) ---------------------
+# --- flushing: the flusher's look and claim (conversations.flushing) -------------------
 
 
 def deadline_param(now: datetime) -> Any:
