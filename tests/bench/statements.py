@@ -105,7 +105,7 @@ def measure():
     from django.test import Client
     from django.utils import timezone
 
-    from conversations import engine, ingest, liveness, platforms, turns
+    from conversations import engine, flushing, ingest, liveness, platforms, turns
     from conversations.models import Channel, MessageBuffer, Turn
     from conversations.platforms.inbound import Request
     from conversations.platforms.telegram.webhook import SECRET_HEADER
@@ -151,17 +151,17 @@ def measure():
         assert response.status_code == 200, response.content
 
     print(" per turn (worker)")
-    owner = engine.new_owner()
+    owner = liveness.new_owner()
     later = timezone.now() + timedelta(seconds=5)
     one = list(MessageBuffer.objects.filter(conversation__chat_id="1").values_list("pk", flat=True))
     many = list(MessageBuffer.objects.filter(conversation__chat_id__in=[str(100 + i) for i in range(BATCH)])
                 .values_list("pk", flat=True))
     with Count("flush: due buffers looked up (one query for any number)"):
-        engine.due_buffer_ids(later)
+        flushing.due_buffer_ids(later)
     with Count("flush one buffer into a turn born running"):
-        [first] = engine.flush_many(one, later, owner=owner, start=1)
+        [first] = flushing.flush_many(one, later, owner=owner, start=1)
     with Count(f"flush {BATCH} buffers at once, turns born ready", per=BATCH):
-        engine.flush_many(many, later, owner=owner)
+        flushing.flush_many(many, later, owner=owner)
     with Count(f"claim {BATCH} ready turns (ready_candidates + start_many)", per=BATCH):
         started = turns.start_many(turns.ready_candidates(BATCH), owner)
     conversation = first.conversation
@@ -198,7 +198,7 @@ def measure():
     with Count("dead workers looked for (every 1 s with advisory locks)"):
         engine.dead_owners()
     with Count("flusher's look when nothing is due (every AGENTLOOP_POLL_INTERVAL)"):
-        engine.look(timezone.now())
+        flushing.look(timezone.now())
     with Count("turn claimer's look when nothing is ready"):
         turns.start_many(turns.ready_candidates(10), owner)
     with Count("ledger sweep's look when nothing is due"):

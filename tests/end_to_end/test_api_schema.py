@@ -22,7 +22,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events, from_schema
 from schemathesis.transport.wsgi import WSGITransport
 
-from conversations import engine, timeline
+from conversations import flushing, timeline
 from conversations.api.reading import ConversationMessagesQuery
 from conversations.ingest import Inbound, admit
 
@@ -50,7 +50,7 @@ def key(transactional_db, make_channel, agent_key):
     for n in range(4):
         admit(shop, Inbound(platform_message_id=f"m{n}", chat_id=f"c{n}", sender_id=f"c{n}",
                             text="¿Tienen hora el lunes?", reply_target=f"m{n}"))
-    engine.flush_due(timezone.now() + timedelta(minutes=1))  # ready turns, for a pull agent to claim
+    flushing.flush_due(timezone.now() + timedelta(minutes=1))  # ready turns, for a pull agent to claim
     return agent_key(shop, name="schemathesis")
 
 

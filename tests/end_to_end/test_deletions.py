@@ -10,7 +10,7 @@ import time
 import pytest
 
 from audit.models import AuditEvent, EventKind
-from conversations import deletions, engine, turns
+from conversations import deletions, flushing, turns
 from conversations.deletions import Deletion
 from conversations.ingest import admit
 from conversations.models import BufferState, ContextNote, InboundMessage, MessageBuffer, Turn, TurnState
@@ -40,7 +40,7 @@ def test_the_only_message_deleted_in_its_window_means_no_turn(channel):
     result = deletions.apply(channel, deletion(1), now=at(1))
     assert (result.outcome, result.duplicate) == (deletions.NO_TURN, False)
     assert MessageBuffer.objects.get().state == BufferState.DROPPED
-    assert engine.flush_due(now=at(60)) == [] and not Turn.objects.exists()
+    assert flushing.flush_due(now=at(60)) == [] and not Turn.objects.exists()
     message = InboundMessage.objects.get()
     assert message.deleted_at == at(1) and message.buffer_id is None
     event = AuditEvent.objects.get(kind=EventKind.MESSAGE_DELETED)
@@ -54,7 +54,7 @@ def test_a_deleted_message_leaves_the_burst_and_the_rest_runs(channel):
     admit(channel, msg(3, "y agéndame la de kine y"), now=at(2))
     result = deletions.apply(channel, deletion(2), now=at(3))
     assert result.outcome == deletions.WITHDRAWN and MessageBuffer.objects.get().message_count == 2
-    [turn] = engine.flush_due(now=at(60))
+    [turn] = flushing.flush_due(now=at(60))
     assert turn.merged_input == "hola\ny agéndame la de kine y"
 
 
@@ -80,12 +80,12 @@ def test_interrupt_without_an_effect_reruns_the_turn_without_the_deleted_message
     set_strategy(channel, "interrupt")
     admit(channel, msg(1, "Agéndame psicología el martes."), now=at(0))
     admit(channel, msg(2, "Y cancela la de las 10."), now=at(0.5))
-    [turn] = engine.flush_due(now=at(5))
+    [turn] = flushing.flush_due(now=at(5))
     assert turns.start(turn.pk, "w1", now=at(5))
     result = deletions.apply(channel, deletion(2), now=at(6))
     assert (result.outcome, result.turn_id) == (deletions.RERUN, turn.pk)
     assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
-    [rerun] = engine.flush_due(now=at(6))
+    [rerun] = flushing.flush_due(now=at(6))
     assert rerun.merged_input == "Agéndame psicología el martes."
     assert not ContextNote.objects.exists()
 
@@ -97,7 +97,7 @@ def test_the_only_message_of_a_turn_without_an_effect_deleted_cancels_it(channel
     result = deletions.apply(channel, deletion(1), now=at(3))
     assert result.outcome == deletions.CANCELLED
     assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
-    assert engine.flush_due(now=at(60)) == [] and Turn.objects.count() == 1
+    assert flushing.flush_due(now=at(60)) == [] and Turn.objects.count() == 1
 
 
 @pytest.mark.django_db
@@ -141,7 +141,7 @@ def test_api_delete_inside_the_window_means_no_turn_and_a_retry_is_a_duplicate(c
     assert (data["outcome"], data["duplicate"]) == ("no_turn", False)
     again = client.delete(URL.format("m1"), HTTP_AUTHORIZATION=f"Bearer {key}").json()
     assert again["duplicate"] is True
-    assert engine.flush_due(now=at(10**6)) == [] and not Turn.objects.exists()
+    assert flushing.flush_due(now=at(10**6)) == [] and not Turn.objects.exists()
 
 
 @pytest.mark.django_db

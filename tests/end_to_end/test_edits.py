@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditEvent, EventKind
-from conversations import edits, engine, lean_ingest, turns
+from conversations import edits, engine, flushing, lean_ingest, turns
 from conversations.edits import Edit
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.lean_ingest import LeanIngest
@@ -62,7 +62,7 @@ def set_strategy(channel, strategy):
 
 def running_turn(channel, text="Agéndame psicología el martes.", effect=False):
     admit(channel, msg(1, text), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     assert turns.start(turn.pk, "w1", now=at(2))
     if effect:
         assert turns.mark_effect(turn.pk)
@@ -81,8 +81,8 @@ def test_an_edit_in_the_open_buffer_replaces_the_text_and_rearms_the_window(chan
     buffer = MessageBuffer.objects.get()
     # Re-armed from the edit, classified by the edited (last) text: closed, 1.2 s.
     assert (buffer.window_kind, buffer.flush_at, buffer.message_count) == ("closed", at(3.2), 2)
-    assert engine.flush_due(now=at(3.1)) == []
-    [turn] = engine.flush_due(now=at(3.2))
+    assert flushing.flush_due(now=at(3.1)) == []
+    [turn] = flushing.flush_due(now=at(3.2))
     assert turn.merged_input == "Confirmo las horas y\ntambién la de kine."
     message = InboundMessage.objects.get(platform_message_id="2")
     assert message.text == "también la de kine." and message.edited_at == at(2)
@@ -98,7 +98,7 @@ def test_an_edit_of_an_earlier_message_rearms_by_the_last_one(channel):
     edits.apply(channel, edit(1, "buenas"), now=at(3))
     buffer = MessageBuffer.objects.get()
     assert (buffer.window_kind, buffer.flush_at) == ("open", at(7))  # by message 2, from now
-    [turn] = engine.flush_due(now=at(7))
+    [turn] = flushing.flush_due(now=at(7))
     assert turn.merged_input == "buenas\nuna consulta sobre la cita y"
 
 
@@ -113,7 +113,7 @@ def test_interrupt_without_an_effect_cancels_the_turn_and_reruns_it_corrected(ch
     assert (result.outcome, result.turn_id) == (EditOutcome.RERUN, turn.pk)
     turn.refresh_from_db()
     assert turn.state == TurnState.CANCELLED and "edited" in turn.outcome
-    [rerun] = engine.flush_due(now=at(3))  # due at once
+    [rerun] = flushing.flush_due(now=at(3))  # due at once
     assert rerun.merged_input == "Agéndame psicología el miércoles."
     assert (rerun.flush_reason, rerun.reply_target) == ("edit", "1")
     assert not ContextNote.objects.exists()
@@ -125,11 +125,11 @@ def test_a_rerun_joins_messages_already_waiting(channel):
     the re-run takes both, in the order they were sent."""
     set_strategy(channel, "interrupt")
     admit(channel, msg(1, "Agéndame psicología el martes."), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     admit(channel, msg(2, "a las 10."), now=at(3))
     assert edits.apply(channel, edit(1, "Agéndame psicología el miércoles."), now=at(4)).outcome == "rerun"
     assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
-    [rerun] = engine.flush_due(now=at(5.2))
+    [rerun] = flushing.flush_due(now=at(5.2))
     assert rerun.merged_input == "Agéndame psicología el miércoles.\na las 10."
 
 
@@ -141,7 +141,7 @@ def test_an_edit_of_input_an_interrupt_carried_into_the_open_buffer_corrects_it_
     assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
     result = edits.apply(channel, edit(1, "Confirmo las dos horas."), now=at(4))
     assert result.outcome == EditOutcome.BUFFERED
-    [next_turn] = engine.flush_due(now=at(5.2))
+    [next_turn] = flushing.flush_due(now=at(5.2))
     assert next_turn.merged_input == "Confirmo las dos horas.\nAgéndame las horas."
 
 
@@ -160,7 +160,7 @@ def test_after_an_effect_fired_the_edit_is_a_note_for_the_next_turn_and_nothing_
     # The agent reads it in the next turn.
     turns.finish(turn.pk, "w1", state=TurnState.DONE, reply_text="Agendado el martes.")
     admit(channel, msg(2, "¿Quedó?"), now=at(10))
-    [later] = engine.flush_due(now=at(12))
+    [later] = flushing.flush_due(now=at(12))
     history = engine.conversation_history(later.conversation, later)
     assert {"role": "system", "content": note.text} in history
 
@@ -396,11 +396,11 @@ def test_api_patch_applies_an_edit_and_a_retry_with_its_time_is_a_duplicate(clie
 def test_api_patch_reruns_a_turn_without_effects(client, shop, agent_key):
     key = agent_key(shop)
     post_message(client, key, "m1", "Agéndame el martes.")
-    [turn] = engine.flush_due(now=at(10**6))
+    [turn] = flushing.flush_due(now=at(10**6))
     turns.start(turn.pk, "w1")
     data = patch(client, key, "m1", {"text": "Agéndame el miércoles."}).json()
     assert (data["outcome"], data["turn"]) == ("rerun", turn.pk)
-    [rerun] = engine.flush_due()
+    [rerun] = flushing.flush_due()
     assert rerun.merged_input == "Agéndame el miércoles."
 
 

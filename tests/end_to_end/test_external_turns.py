@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine, turns
+from conversations import engine, flushing, turns
 from conversations.models import Turn, TurnState
 from delivery.models import OutboundKind, OutboundMessage
 from tests.support import local_http
@@ -29,7 +29,7 @@ def ready_turn(web, key, slug):
     response = api(web, key, "POST", f"/api/v1/channels/{slug}/messages",
                    {"message_id": f"{slug}-1", "contact": "ana", "text": "¿Tienen hora el lunes?"})
     assert response.status_code == 202, response.text
-    [turn] = engine.flush_due(timezone.now() + timedelta(minutes=1))
+    [turn] = flushing.flush_due(timezone.now() + timedelta(minutes=1))
     assert turn.state == TurnState.READY
     return turn
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine, ingest, turns
+from conversations import flushing, ingest, turns
 from conversations.ingest import Arrival, Inbound, admission, admit
 from conversations.models import (
     BufferState,
@@ -55,7 +55,7 @@ def finish(turn, owner="w1", now=None):
 def test_a_backlog_behind_a_running_turn_becomes_turns_of_at_most_max_messages_in_order(make_channel):
     channel = make_channel("chan", max_messages=10)
     admit(channel, msg("first", "Listo."), now=at(0))
-    [running] = engine.flush_due(now=at(2))
+    [running] = flushing.flush_due(now=at(2))
     assert turns.start(running.pk, "w1", at(2))
     for i in range(25):
         admit(channel, msg(i, f"parte {i}"), now=at(3 + i * 0.01))
@@ -64,7 +64,7 @@ def test_a_backlog_behind_a_running_turn_becomes_turns_of_at_most_max_messages_i
     seen = []
     for expected in (range(0, 10), range(10, 20), range(20, 25)):
         finish(running)
-        [running] = engine.flush_due(now=at(100))
+        [running] = flushing.flush_due(now=at(100))
         assert running.merged_input == "\n".join(f"parte {i}" for i in expected)
         assert running.reply_target == str(expected[-1])
         taken = InboundMessage.objects.filter(buffer=running.buffer).order_by("pk")
@@ -80,13 +80,13 @@ def test_a_backlog_behind_a_running_turn_becomes_turns_of_at_most_max_messages_i
 def test_a_message_arriving_after_a_split_flush_joins_the_waiting_remainder(make_channel):
     channel = make_channel("chan", max_messages=3)
     admit(channel, msg("first", "Listo."), now=at(0))
-    [running] = engine.flush_due(now=at(2))
+    [running] = flushing.flush_due(now=at(2))
     assert turns.start(running.pk, "w1", at(2))
     for i in range(5):
         admit(channel, msg(i, f"parte {i}"), now=at(3))
     stale = MessageBuffer.objects.get(state=BufferState.OPEN)
     finish(running)
-    [turn] = engine.flush_due(now=at(100))
+    [turn] = flushing.flush_due(now=at(100))
     # An admission that read the buffer before this flush loses its compare-and-swap on
     # it and must join the remainder, not trip over the one-open-buffer index.
     late = InboundMessage.objects.create(channel=channel, conversation=turn.conversation, buffer=stale,
@@ -123,7 +123,7 @@ def test_admissions_racing_split_flushes_lose_nothing_and_keep_the_order(make_ch
     def flush_round():
         for turn in Turn.objects.filter(state=TurnState.RUNNING):
             turns.finish(turn.pk, "w1", state=TurnState.DONE, reply_text="ok")
-        for turn in engine.flush_due(now=django_timezone.now() + timedelta(minutes=5)):
+        for turn in flushing.flush_due(now=django_timezone.now() + timedelta(minutes=5)):
             assert turns.start(turn.pk, "w1")
 
     thread = threading.Thread(target=sender)
@@ -145,7 +145,7 @@ def test_a_turn_input_is_cut_to_max_turn_chars_and_the_cut_is_marked(make_channe
     channel = make_channel("chan")
     text = "".join(f"{i:05d} " for i in range(500))  # 3,000 characters, each position different
     admit(channel, msg(1, text), now=at(0))
-    [turn] = engine.flush_due(now=at(30))
+    [turn] = flushing.flush_due(now=at(30))
     assert len(turn.merged_input) <= 1000
     mark, kept = turn.merged_input.split("\n", 1)
     assert mark == f"[… {3000 - len(kept)} characters cut]" and text.endswith(kept) and len(kept) > 900
@@ -157,12 +157,12 @@ def test_interrupts_in_a_row_never_grow_a_turn_input_beyond_the_cap(make_channel
     settings.AGENTLOOP_MAX_TURN_CHARS = 2000
     channel = make_channel("chan", double_texting="interrupt")
     admit(channel, msg(0, "x" * 900), now=at(0))
-    [turn] = engine.flush_due(now=at(10))
+    [turn] = flushing.flush_due(now=at(10))
     for i in range(1, 8):
         assert turns.start(turn.pk, "w1", at(i * 10))
         admit(channel, msg(i, f"{i}" * 900), now=at(i * 10 + 1))
         assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
-        [turn] = engine.flush_due(now=at(i * 10 + 9))
+        [turn] = flushing.flush_due(now=at(i * 10 + 9))
         assert len(turn.merged_input) <= 2000
         assert turn.merged_input.endswith("\n" + f"{i}" * 900)  # the newest input is whole
     assert Turn.objects.filter(state=TurnState.CANCELLED).count() == 7
@@ -173,7 +173,7 @@ def test_a_pull_channel_nobody_serves_holds_at_most_max_pending_messages(make_ch
     settings.AGENTLOOP_MAX_PENDING_MESSAGES = 30
     channel = make_channel("pulled", agent="pull", max_messages=10)
     admit(channel, msg("first", "¿Hola?"), now=at(0))
-    [waiting_turn] = engine.flush_due(now=at(5))
+    [waiting_turn] = flushing.flush_due(now=at(5))
     assert waiting_turn.state == TurnState.READY  # nobody ever claims it
     dispositions = [admit(channel, msg(i, f"mensaje {i}"), now=at(6 + i)).disposition for i in range(40)]
     assert dispositions == [Disposition.BUFFERED] * 30 + [Disposition.OVERFLOW] * 10
@@ -188,7 +188,7 @@ def test_a_pull_channel_nobody_serves_holds_at_most_max_pending_messages(make_ch
     # The agent takes the waiting turn: the next turn takes 10, so 20 wait and there is
     # room again; filling it up again is a new episode, with its own notice.
     assert turns.cancel(waiting_turn.pk, "the agent gave up")
-    [next_turn] = engine.flush_due(now=at(61))
+    [next_turn] = flushing.flush_due(now=at(61))
     assert next_turn.merged_input.split("\n")[-1] == "mensaje 9"
     dispositions = [admit(channel, msg(100 + i, f"otro {i}"), now=at(62 + i)).disposition for i in range(12)]
     assert dispositions == [Disposition.BUFFERED] * 10 + [Disposition.OVERFLOW] * 2

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -44,10 +45,10 @@ def on_postgres(db):
 # --- the judgement, in this process ---------------------------------------------------------
 
 def test_an_owner_stamp_says_whether_its_worker_holds_a_lock():
-    plain, locked = engine.new_owner(), engine.new_owner(lock=True)
+    plain, locked = liveness.new_owner(), liveness.new_owner(lock=True)
     assert not liveness.marks_lock(plain) and liveness.marks_lock(locked)
     assert locked.startswith(plain.rsplit(":", 1)[0].rsplit(":", 1)[0])  # host:pid:start as before
-    assert liveness.lock_key(locked) == liveness.lock_key(locked) != liveness.lock_key(engine.new_owner(lock=True))
+    assert liveness.lock_key(locked) == liveness.lock_key(locked) != liveness.lock_key(liveness.new_owner(lock=True))
     assert not liveness.released([plain, "agent:webhook"])  # never judged by a lock
 
 
@@ -55,7 +56,7 @@ def test_sqlite_judges_by_heartbeat_only(db):
     if is_postgres():
         pytest.skip("the SQLite side of the judgement")
     now = timezone.now()
-    locked = engine.new_owner(lock=True).replace(engine.settings.AGENTLOOP_HOSTNAME, "elsewhere", 1)
+    locked = liveness.new_owner(lock=True).replace(settings.AGENTLOOP_HOSTNAME, "elsewhere", 1)
     WorkerHeartbeat.objects.create(owner=locked, hostname="elsewhere", pid=1, seen_at=now)
     assert engine.dead_owners(now) == []  # no lock to read: a fresh heartbeat is alive
     assert engine.dead_owners(now + timedelta(seconds=31)) == [locked]
@@ -70,7 +71,7 @@ def held(owner):
 
 def foreign_owner():
     """A lock holder's stamp from another host: no pid of it is judged here."""
-    host, pid, started, rest = engine.new_owner(lock=True).split(":", 3)
+    host, pid, started, rest = liveness.new_owner(lock=True).split(":", 3)
     return f"other-host:{pid}:{started}:{rest}"
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conversations import engine, liveness
+from conversations import liveness
 from conversations.models import Channel, InboundMessage, MessageBuffer
 from tests.conftest import wait_until
 from tests.support.e2e import TOKEN
@@ -61,7 +61,7 @@ def test_sigkill_mid_burst_then_restart_answers_new_messages_within_their_window
 
 
 def test_an_owner_is_gone_when_its_pid_is_free_or_taken_by_a_later_process():
-    me = engine.new_owner()
+    me = liveness.new_owner()
     assert not liveness.owner_gone(me)
     host, pid, started, tail = me.split(":")
     assert liveness.owner_gone(f"{host}:{pid}:{int(started) - 1}:{tail}"), "same pid, an earlier process: gone"

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine, handoff
+from conversations import flushing, handoff
 from conversations.ingest import Inbound, admit
 from conversations.models import (
     BufferState,
@@ -171,7 +171,7 @@ def test_the_incident_told_in_time_order_to_an_auditor_with_no_secret(processes,
 def test_an_operator_sees_every_link(client, make_channel):
     channel = make_channel("chan")
     admit(channel, Inbound(platform_message_id="1", chat_id="7", sender_id="7", text="hola"), now=T0)
-    engine.flush_due(now=T0 + timedelta(seconds=5))
+    flushing.flush_due(now=T0 + timedelta(seconds=5))
     conversation = Conversation.objects.get()
     turn, buffer, message = Turn.objects.get(), MessageBuffer.objects.get(), InboundMessage.objects.get()
     operator = logged_in(client, "olga", "operator")
@@ -190,7 +190,7 @@ def test_an_operator_sees_every_link(client, make_channel):
 def test_a_rejected_double_text_is_in_the_story(client, make_channel):
     channel = make_channel("chan", double_texting="reject")
     admit(channel, Inbound(platform_message_id="1", chat_id="7", sender_id="7", text="agéndame la cita."), now=T0)
-    engine.flush_due(now=T0 + timedelta(seconds=2))
+    flushing.flush_due(now=T0 + timedelta(seconds=2))
     Turn.objects.update(state=TurnState.RUNNING, started_at=T0 + timedelta(seconds=2), owner="w1")
     admit(channel, Inbound(platform_message_id="2", chat_id="7", sender_id="7", text="¿y?"), now=T0 + timedelta(seconds=3))
     conversation = Conversation.objects.get()
@@ -333,7 +333,7 @@ def person_and_control_command(channel):
     admit(channel, Inbound(platform_message_id="1", chat_id="7", sender_id="7", sender_name="Ana", text="hola"), now=T0)
     admit(channel, Inbound(platform_message_id="2", chat_id="7", sender_id="7", sender_name="Ana", text="/help"),
           now=T0 + timedelta(seconds=1.2))
-    engine.flush_due(now=T0 + timedelta(seconds=5))
+    flushing.flush_due(now=T0 + timedelta(seconds=5))
     conversation = Conversation.objects.get()
     handoff.take_over(conversation.pk, "console:olga", now=T0 + timedelta(seconds=8))
     handoff.reply(conversation.pk, "Soy Olga, te ayudo yo.", "console:olga", now=T0 + timedelta(seconds=9))

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conversations import engine
+from conversations import flushing
 from conversations.models import InboundMessage, MessageBuffer, Turn
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -58,7 +58,7 @@ def test_group_photo_in_a_topic_gets_its_captions_window_and_keeps_the_thread(cl
     message = InboundMessage.objects.get()
     assert (message.media_type, message.thread_id, message.text) == ("photo", "17", "la factura")
     assert message.conversation.is_group
-    [turn] = engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    [turn] = flushing.flush_due(now=MessageBuffer.objects.get().flush_at)
     assert (turn.flush_reason, turn.thread_id, turn.merged_input) == ("window", "17", "Bea: [photo] la factura")
 
 
@@ -133,7 +133,7 @@ def test_twenty_concurrent_copies_are_one_message_and_one_turn(processes, make_c
         t.join()
     assert sorted(answers) == [(200, False)] + [(200, True)] * 19
     assert InboundMessage.objects.count() == 1
-    engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    flushing.flush_due(now=MessageBuffer.objects.get().flush_at)
     assert Turn.objects.count() == 1
 
 

@@ -53,7 +53,7 @@ def plant(long: bool = True) -> Planted:
 def _conversation(message, answer, name):
     """An API channel's conversation: a message admitted and flushed into a turn, which
     answered; a second message waiting in a buffer; a person holding it now."""
-    from conversations import engine, handoff
+    from conversations import flushing, handoff
     from conversations.ingest import Inbound, admit
     from conversations.models import AgentKey, Channel, ContextNote, Conversation, MediaFile, Turn
 
@@ -63,7 +63,7 @@ def _conversation(message, answer, name):
     start = timezone.now() - timedelta(minutes=5)
     admit(channel, Inbound(platform_message_id="1", chat_id="56911", sender_id="56911", sender_name=name, text=message),
           now=start)
-    engine.flush_due(now=start + timedelta(seconds=30))
+    flushing.flush_due(now=start + timedelta(seconds=30))
     Turn.objects.filter(conversation__channel=channel).update(state="done", reply_text=answer, started_at=start,
                                                               finished_at=start + timedelta(seconds=4))
     conversation = Conversation.objects.get(channel=channel)
@@ -78,7 +78,7 @@ def _conversation(message, answer, name):
 
 def _playground(olga):
     """olga's own chat in the playground: two messages merged into one turn, answered."""
-    from conversations import engine
+    from conversations import flushing
     from conversations.ingest import Inbound, admit
     from conversations.models import Channel, Conversation, Turn
     from delivery import ledger
@@ -89,7 +89,7 @@ def _playground(olga):
     for n, text in enumerate(("Hola", SHORT["message"])):
         admit(channel, Inbound(platform_message_id=f"console:{n}", chat_id=me, sender_id=me, sender_name="olga",
                                username="olga", text=text), now=start + timedelta(seconds=n))
-    engine.flush_due(now=start + timedelta(seconds=30))
+    flushing.flush_due(now=start + timedelta(seconds=30))
     turn = Turn.objects.get(conversation__channel=channel)
     Turn.objects.filter(pk=turn.pk).update(state="done", reply_text=SHORT["answer"], finished_at=start + timedelta(seconds=33))
     ledger.enqueue(Conversation.objects.get(channel=channel), SHORT["answer"], kind=OutboundKind.REPLY, turn=turn)

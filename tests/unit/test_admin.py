@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from conversations import engine
+from conversations import flushing
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Conversation, InboundMessage, MessageBuffer, Turn
 
@@ -29,7 +29,7 @@ def history(make_channel):
     channel = make_channel("shop")
     admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", text="¿hola?"))
     admit(channel, Inbound(platform_message_id="2", chat_id="8", sender_id="8", text="hola y"))
-    engine.flush_due(now=MessageBuffer.objects.order_by("flush_at").first().flush_at)
+    flushing.flush_due(now=MessageBuffer.objects.order_by("flush_at").first().flush_at)
     return channel
 
 
@@ -86,7 +86,7 @@ SOLID = "x" * 10_000  # one with no space to wrap at
 def long_history(make_channel):
     channel = make_channel("long")
     admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", text=LONG, sender_name="x" * 200))
-    engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    flushing.flush_due(now=MessageBuffer.objects.get().flush_at)
     Turn.objects.update(reply_text=SOLID)
     return Conversation.objects.get()
 

@@ -114,16 +114,16 @@ def test_the_api_endpoint_needs_an_operator(person, client, admin_user, django_u
 
 def group_turn_of_another_member(make_channel, max_chars=None):
     """A group where the person's two-line message is context for another member's turn."""
-    from conversations import engine
+    from conversations import flushing
 
     channel = make_channel("grp", kind="api", group_replies="mention")
     said = {"chat_id": "g1", "is_group": True}
     admit(channel, Inbound(platform_message_id="g1:1", sender_id="77123456", sender_name="Zebulon Quarkwright",
                            text="my blood type is AB-\nand dentist on Friday", mentioned=False, **said))
-    engine.flush_due(now=timezone.now() + timedelta(minutes=1))
+    flushing.flush_due(now=timezone.now() + timedelta(minutes=1))
     admit(channel, Inbound(platform_message_id="g1:2", sender_id="555", sender_name="Beto", text="@bot hi",
                            mentioned=True, **said))
-    [turn] = engine.flush_due(now=timezone.now() + timedelta(minutes=2))
+    [turn] = flushing.flush_due(now=timezone.now() + timedelta(minutes=2))
     return Turn.objects.get(pk=turn if isinstance(turn, int) else turn.pk)
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from conversations import engine, flushing
+from conversations import flushing
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Conversation, InboundMessage, MessageBuffer, Turn, TurnState
 
@@ -63,7 +63,7 @@ def test_a_prepared_flush_makes_what_the_orm_would_load(make_channel, verdicts):
     buffer = one_message(channel)
     due = buffer.flush_at + timedelta(seconds=1)
 
-    [turn] = engine.flush_many([buffer.pk], due, owner=OWNER, start=1)
+    [turn] = flushing.flush_many([buffer.pk], due, owner=OWNER, start=1)
 
     assert verdicts == sqlite(True)
     loaded = MessageBuffer.objects.select_related("conversation__channel").get(pk=buffer.pk)
@@ -85,7 +85,7 @@ def test_the_channels_buffers_of_one_batch_share_one_channel_object(make_channel
     channel = make_channel("prep-share")
     ids = [one_message(channel, chat=str(chat)).pk for chat in (1, 2, 3)]
 
-    made = engine.flush_many(ids, T0 + timedelta(minutes=1))
+    made = flushing.flush_many(ids, T0 + timedelta(minutes=1))
 
     assert len(made) == 3 and len({id(turn.buffer.conversation.channel) for turn in made}) == 1
     assert verdicts == sqlite(True)
@@ -99,7 +99,7 @@ def test_a_message_edited_after_the_preparation_is_read_as_edited(make_channel, 
     message = InboundMessage.objects.get()
     after_preparing(monkeypatch, lambda: InboundMessage.objects.filter(pk=message.pk).update(text="a las 6"))
 
-    [turn] = engine.flush_many([buffer.pk], T0 + timedelta(minutes=1))
+    [turn] = flushing.flush_many([buffer.pk], T0 + timedelta(minutes=1))
 
     assert turn.merged_input == Turn.objects.get().merged_input == "a las 6"
     assert verdicts == sqlite(False)
@@ -114,7 +114,7 @@ def test_a_message_added_after_the_preparation_is_in_the_turn(make_channel, monk
     after_preparing(monkeypatch, lambda: admit(channel, Inbound(
         platform_message_id="9-2", chat_id="9", sender_id="9", text="¿mañana?"), now=late))
 
-    [turn] = engine.flush_many([buffer.pk], late + timedelta(seconds=1))
+    [turn] = flushing.flush_many([buffer.pk], late + timedelta(seconds=1))
 
     assert turn.merged_input == Turn.objects.get().merged_input == "hola y\n¿mañana?"
     assert MessageBuffer.objects.get(pk=buffer.pk).message_count == 2
@@ -128,7 +128,7 @@ def test_a_channel_changed_after_the_preparation_decides_the_turn(make_channel, 
     buffer = one_message(channel)
     after_preparing(monkeypatch, lambda: Channel.objects.filter(pk=channel.pk).update(agent="pull"))
 
-    [turn] = engine.flush_many([buffer.pk], T0 + timedelta(minutes=1), owner=OWNER, start=1)
+    [turn] = flushing.flush_many([buffer.pk], T0 + timedelta(minutes=1), owner=OWNER, start=1)
 
     assert (turn.state, turn.owner) == (TurnState.READY, "")
     assert Turn.objects.get().state == TurnState.READY
@@ -141,9 +141,9 @@ def test_a_buffer_another_flush_claimed_after_the_preparation_gets_no_second_tur
     buffer = one_message(channel)
     due = T0 + timedelta(minutes=1)
     theirs = []
-    after_preparing(monkeypatch, lambda: theirs.extend(engine.flush_many([buffer.pk], due, owner="other:2:2:cd")))
+    after_preparing(monkeypatch, lambda: theirs.extend(flushing.flush_many([buffer.pk], due, owner="other:2:2:cd")))
 
-    assert engine.flush_many([buffer.pk], due, owner=OWNER) == []
+    assert flushing.flush_many([buffer.pk], due, owner=OWNER) == []
 
     [turn] = theirs
     assert list(Turn.objects.values_list("pk", flat=True)) == [turn.pk]

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine, turns
+from conversations import engine, flushing, turns
 from conversations.ingest import Inbound, admit
 from conversations.models import (
     BufferState,
@@ -66,8 +66,8 @@ def test_a_burst_shares_one_buffer_and_rearms_it(channel):
 def test_flush_turns_the_buffer_into_one_turn_in_order(channel):
     for i, text in enumerate(["uno y", "dos y", "tres"]):
         admit(channel, msg(i, text), now=at(i))
-    assert engine.flush_due(now=at(4.4)) == []  # 2 + 2.5 s not reached yet
-    [turn] = engine.flush_due(now=at(4.5))
+    assert flushing.flush_due(now=at(4.4)) == []  # 2 + 2.5 s not reached yet
+    [turn] = flushing.flush_due(now=at(4.5))
     assert turn.merged_input == "uno y\ndos y\ntres"
     assert (turn.flush_reason, turn.state, turn.reply_target) == ("window", TurnState.READY, "2")
     assert MessageBuffer.objects.get().state == BufferState.FLUSHED
@@ -76,14 +76,14 @@ def test_flush_turns_the_buffer_into_one_turn_in_order(channel):
 def test_a_buffer_is_flushed_once(channel):
     admit(channel, msg(1, "hola"), now=at(0))
     buffer = MessageBuffer.objects.get()
-    assert engine.flush_buffer(buffer.pk, at(5)) is not None
-    assert engine.flush_buffer(buffer.pk, at(5)) is None
+    assert flushing.flush_buffer(buffer.pk, at(5)) is not None
+    assert flushing.flush_buffer(buffer.pk, at(5)) is None
     assert Turn.objects.count() == 1
 
 
 def test_a_message_after_the_flush_starts_a_new_buffer(channel):
     admit(channel, msg(1, "hola"), now=at(0))
-    engine.flush_due(now=at(5))
+    flushing.flush_due(now=at(5))
     admit(channel, msg(2, "otra cosa."), now=at(6))
     assert MessageBuffer.objects.filter(state=BufferState.OPEN).count() == 1
     assert MessageBuffer.objects.count() == 2
@@ -93,8 +93,8 @@ def test_media_joins_the_burst_its_caption_classified_like_text(channel):
     admit(channel, msg(1, "mira esto y"), now=at(0))
     photo = admit(channel, msg(2, "la factura", media_type="photo"), now=at(1))
     assert (photo.window_kind, photo.flush_at) == ("neutral", at(3.5))
-    assert engine.flush_due(now=at(1)) == []  # no longer flushed at once
-    [turn] = engine.flush_due(now=at(3.5))
+    assert flushing.flush_due(now=at(1)) == []  # no longer flushed at once
+    [turn] = flushing.flush_due(now=at(3.5))
     assert turn.flush_reason == "window"
     assert turn.merged_input == "mira esto y\n[photo] la factura"
 
@@ -103,8 +103,8 @@ def test_a_photo_then_its_question_is_one_turn(channel):
     photo = admit(channel, msg(1, "", media_type="photo"), now=at(0))
     assert (photo.window_kind, photo.flush_at) == ("media", at(2.5))
     admit(channel, msg(2, "¿qué dice esta boleta?"), now=at(0.6))
-    assert engine.flush_due(now=at(1.7)) == []
-    [turn] = engine.flush_due(now=at(1.8))
+    assert flushing.flush_due(now=at(1.7)) == []
+    [turn] = flushing.flush_due(now=at(1.8))
     assert turn.merged_input == "[photo]\n¿qué dice esta boleta?"
 
 
@@ -120,12 +120,12 @@ def test_an_album_and_its_question_are_one_turn_counted_as_two_messages(channel)
         item = admit(channel, album(i), now=at(when))
         assert item.planned_reason == "album"
     assert MessageBuffer.objects.get().message_count == 1  # four items, one message
-    assert engine.flush_due(now=at(3.3)) == []  # the album window outlasts the caption's closed one
+    assert flushing.flush_due(now=at(3.3)) == []  # the album window outlasts the caption's closed one
     question = admit(channel, msg(5, "¿cuánto suman en total?"), now=at(3.4))
     assert (question.planned_reason, question.flush_at) == ("window", at(4.6))
     buffer = MessageBuffer.objects.get()
     assert buffer.message_count == 2 and buffer.state == BufferState.OPEN  # not capped at 3
-    [turn] = engine.flush_due(now=at(4.6))
+    [turn] = flushing.flush_due(now=at(4.6))
     assert turn.merged_input == "[photo] ¿cuánto suman?\n[photo]\n[photo]\n[photo]\n¿cuánto suman en total?"
     assert list(InboundMessage.objects.order_by("pk").values_list("album_id", flat=True)) == ["album-1"] * 4 + [""]
 
@@ -139,7 +139,7 @@ def test_a_backlog_is_cut_between_albums_never_inside_one(channel):
     admit(channel, msg(4, "y esta"), now=at(0))
     for i in range(5, 7):
         admit(channel, album(i, group="b"), now=at(0))
-    [first] = engine.flush_due(now=at(0))
+    [first] = flushing.flush_due(now=at(0))
     assert first.merged_input == "[photo]\n[photo]\n[photo]\ny esta"  # album a and the text: two
     rest = MessageBuffer.objects.get(state=BufferState.OPEN)
     assert (rest.message_count, rest.last_album_id) == (1, "b")
@@ -150,7 +150,7 @@ def test_two_albums_count_twice_and_the_reason_says_album(channel):
     admit(channel, album(2, group="a"), now=at(0.1))
     admit(channel, album(3, group="b"), now=at(1))
     assert MessageBuffer.objects.get().message_count == 2
-    [turn] = engine.flush_due(now=at(4))
+    [turn] = flushing.flush_due(now=at(4))
     assert turn.flush_reason == "album"
 
 
@@ -159,7 +159,7 @@ def test_media_flushes_at_once_where_the_channel_chose_it(channel):
     channel.save()
     admit(channel, msg(1, "mira esto y"), now=at(0))
     admit(channel, msg(2, "la factura", media_type="photo"), now=at(1))
-    [turn] = engine.flush_due(now=at(1))
+    [turn] = flushing.flush_due(now=at(1))
     assert turn.flush_reason == "media"
     assert turn.merged_input == "mira esto y\n[photo] la factura"
 
@@ -169,7 +169,7 @@ def test_max_messages_cap(channel):
     channel.save()
     admit(channel, msg(1, "a y"), now=at(0))
     admit(channel, msg(2, "b y"), now=at(0.5))
-    [turn] = engine.flush_due(now=at(0.5))
+    [turn] = flushing.flush_due(now=at(0.5))
     assert turn.flush_reason == "max_messages"
 
 
@@ -178,8 +178,8 @@ def test_max_wait_cap(channel):
     channel.save()
     for i in range(4):
         admit(channel, msg(i, f"parte {i} y"), now=at(i * 1.5))  # never quiet for 4 s
-    assert engine.flush_due(now=at(4.9)) == []
-    [turn] = engine.flush_due(now=at(5.0))
+    assert flushing.flush_due(now=at(4.9)) == []
+    [turn] = flushing.flush_due(now=at(5.0))
     assert turn.flush_reason == "max_wait"
 
 
@@ -189,20 +189,20 @@ def test_group_merge_attributes_each_line(channel):
     admit(channel, msg(2, "¿agendas?", sender="7", sender_name="Ana", **group), now=at(1))
     admit(channel, msg(3, "yo también", sender="8", sender_name="Bea", **group), now=at(1))
     assert Conversation.objects.count() == 2  # (chat, sender) pairs
-    flushed = engine.flush_due(now=at(10))
+    flushed = flushing.flush_due(now=at(10))
     inputs = sorted(t.merged_input for t in flushed)
     assert inputs == ["Ana: hola\nAna: ¿agendas?", "Bea: yo también"]
 
 
 def test_a_buffer_waits_while_its_conversation_has_a_running_turn(channel):
     admit(channel, msg(1, "Listo."), now=at(0))
-    [first] = engine.flush_due(now=at(2))
+    [first] = flushing.flush_due(now=at(2))
     assert turns.start(first.pk, "w1", at(2))
     admit(channel, msg(2, "y otra cosa."), now=at(3))
     admit(channel, msg(3, "¿sí?"), now=at(3.5))
-    assert engine.flush_due(now=at(10)) == []  # enqueue: held until the turn ends
+    assert flushing.flush_due(now=at(10)) == []  # enqueue: held until the turn ends
     assert turns.finish(first.pk, "w1", state=TurnState.DONE, reply_text="ok", now=at(11))
-    [second] = engine.flush_due(now=at(11))
+    [second] = flushing.flush_due(now=at(11))
     assert second.merged_input == "y otra cosa.\n¿sí?"
 
 
@@ -228,12 +228,12 @@ def test_stop_drops_the_pending_buffer_and_answers(channel):
     assert InboundMessage.objects.get(platform_message_id="1").disposition == Disposition.DROPPED
     reply = OutboundMessage.objects.get()
     assert (reply.kind, reply.text, reply.reply_target) == (OutboundKind.CONTROL, "Stopped.", "2")
-    assert engine.flush_due(now=at(60)) == []
+    assert flushing.flush_due(now=at(60)) == []
 
 
 def test_stop_cancels_a_running_turn_without_effects(channel):
     admit(channel, msg(1, "Listo."), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     turns.start(turn.pk, "w1")
     admit(channel, msg(2, "/stop@agentloop_bot"), now=at(3))
     assert Turn.objects.get(pk=turn.pk).state == TurnState.CANCELLED
@@ -241,7 +241,7 @@ def test_stop_cancels_a_running_turn_without_effects(channel):
 
 def test_stop_never_cancels_a_turn_that_fired_an_effect(channel):
     admit(channel, msg(1, "Listo."), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     turns.start(turn.pk, "w1")
     assert turns.mark_effect(turn.pk)
     admit(channel, msg(2, "/stop"), now=at(3))
@@ -251,18 +251,18 @@ def test_stop_never_cancels_a_turn_that_fired_an_effect(channel):
 
 def test_reset_clears_the_context(channel):
     admit(channel, msg(1, "Listo."), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     turns.start(turn.pk, "w1")
     turns.finish(turn.pk, "w1", state=TurnState.DONE, reply_text="hola!")
     admit(channel, msg(2, "¿qué dije?"), now=at(5))
-    [second] = engine.flush_due(now=at(7))
+    [second] = flushing.flush_due(now=at(7))
     assert engine.conversation_history(second.conversation, second) == [
         {"role": "user", "content": "Listo."}, {"role": "assistant", "content": "hola!"}]
     admit(channel, msg(3, "/reset"), now=at(8))
     assert Conversation.objects.get().context_reset_at == at(8)
     assert Turn.objects.get(pk=second.pk).state == TurnState.CANCELLED
     admit(channel, msg(4, "¿y ahora?"), now=at(9))
-    [third] = engine.flush_due(now=at(11))
+    [third] = flushing.flush_due(now=at(11))
     assert engine.conversation_history(third.conversation, third) == []
 
 
@@ -282,7 +282,7 @@ def test_unknown_slash_text_is_an_ordinary_message(channel):
 
 def running_turn(channel, *, effect=False):
     admit(channel, msg(1, "Confirmo las horas."), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     assert turns.start(turn.pk, "w1", at(2))
     if effect:
         assert turns.mark_effect(turn.pk)
@@ -298,7 +298,7 @@ def test_strategies_before_any_effect(channel, strategy):
     state = Turn.objects.get(pk=turn.pk).state
     if strategy == "enqueue":
         assert admission.disposition == Disposition.BUFFERED and state == TurnState.RUNNING
-        assert engine.flush_due(now=at(10)) == []  # waits for the running turn
+        assert flushing.flush_due(now=at(10)) == []  # waits for the running turn
     elif strategy == "reject":
         assert admission.disposition == Disposition.REJECTED and state == TurnState.RUNNING
         assert OutboundMessage.objects.get().kind == OutboundKind.NOTICE
@@ -306,7 +306,7 @@ def test_strategies_before_any_effect(channel, strategy):
         assert not MessageBuffer.objects.filter(state=BufferState.OPEN).exists()
     else:
         assert admission.disposition == Disposition.BUFFERED and state == TurnState.CANCELLED
-        [next_turn] = engine.flush_due(now=at(10))
+        [next_turn] = flushing.flush_due(now=at(10))
         if strategy == "interrupt":  # the interrupted input is carried into the next turn
             assert next_turn.merged_input == "Confirmo las horas.\nAgéndame las horas."
         else:  # rollback drops it
@@ -322,7 +322,7 @@ def test_no_interrupt_after_an_external_effect(channel, strategy):
     assert admission.disposition == Disposition.BUFFERED
     assert Turn.objects.get(pk=turn.pk).state == TurnState.RUNNING
     assert AuditEvent.objects.filter(kind=EventKind.STRATEGY_FELL_BACK).count() == 1
-    assert engine.flush_due(now=at(10)) == []  # it falls back to enqueue
+    assert flushing.flush_due(now=at(10)) == []  # it falls back to enqueue
 
 
 def test_cancel_and_effect_race_has_one_winner(channel):
@@ -336,7 +336,7 @@ def test_cancel_and_effect_race_has_one_winner(channel):
 
 def running_turn_in_new_conversation(channel):
     admit(channel, msg(50, "Listo.", chat="200", sender="200"), now=at(0))
-    [turn] = engine.flush_due(now=at(2))
+    [turn] = flushing.flush_due(now=at(2))
     turns.start(turn.pk, "w1")
     return turn
 
@@ -370,7 +370,7 @@ def test_a_message_racing_the_flusher_starts_the_next_buffer(channel):
 
     admit(channel, msg(1, "Listo."), now=at(0))
     stale = MessageBuffer.objects.get()
-    engine.flush_due(now=at(2))  # flushed behind the second message's back
+    flushing.flush_due(now=at(2))  # flushed behind the second message's back
     conversation = Conversation.objects.get()
     late = InboundMessage.objects.create(channel=channel, conversation=conversation, platform_message_id="2",
                                          text="¿y esto?", buffer=stale)
@@ -386,7 +386,7 @@ def test_a_batch_start_falls_back_when_a_conversation_already_runs_a_turn(channe
     admit(channel, msg(61, "¿más?"), now=at(3))  # waits behind the running turn …
     Turn.objects.create(conversation=Conversation.objects.get(chat_id="100"), merged_input="x",
                         flush_reason="window")  # … and a ready turn there is refused
-    [other] = engine.flush_due(now=at(5))
+    [other] = flushing.flush_due(now=at(5))
     ready = list(Turn.objects.filter(state=TurnState.READY).values_list("pk", flat=True))
     started = turns.start_many(ready, "w2", at(6))
     assert [t.pk for t in started] == [other.pk]

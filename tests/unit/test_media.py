@@ -362,7 +362,7 @@ def test_the_history_carries_what_an_earlier_turn_was_shown_of_its_files(make_ch
     files, a voice note's transcript with its line — the bytes are not sent again."""
     from datetime import timedelta
 
-    from conversations import engine, turns
+    from conversations import engine, flushing, turns
     from conversations.ingest import Inbound, admit
     from conversations.models import TurnState
 
@@ -377,12 +377,12 @@ def test_the_history_carries_what_an_earlier_turn_was_shown_of_its_files(make_ch
                                                      {"transcript": "Llego a las cinco."})):
         [claimed_file] = fetching.claim([file.pk], "w1")
         fetching.mark_stored(claimed_file, "w1", {**fetching.save(claimed_file, data), **extra})
-    [first] = engine.flush_due(now=t0 + timedelta(seconds=5))
+    [first] = flushing.flush_due(now=t0 + timedelta(seconds=5))
     turns.start(first.pk, "w1")
     turns.finish(first.pk, "w1", state=TurnState.DONE, reply_text="Anotado.")
     admit(channel, Inbound(platform_message_id="3", chat_id="9", sender_id="9", text="¿y la foto?"),
           now=t0 + timedelta(seconds=10))
-    [second] = engine.flush_due(now=t0 + timedelta(seconds=20))
+    [second] = flushing.flush_due(now=t0 + timedelta(seconds=20))
     [user, assistant] = engine.conversation_history(second.conversation, second)
     assert user == {"role": "user", "content": f"[photo]\n[voice]\n[photo: image/jpeg, {len(jpeg())} bytes]\n"
                                                "[voice note: audio/ogg, 66 bytes, 3 s; transcribed]\nLlego a las cinco."}

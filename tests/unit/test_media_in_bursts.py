@@ -38,7 +38,7 @@ def test_a_file_that_would_take_its_burst_over_the_cap_is_not_fetched_and_the_mo
     settled skipped when claimed — even by a second worker claiming it first, before
     the others are stored — never downloaded, and described to the model with why. The
     same photo sizes in another burst are fetched: the cap is per burst."""
-    from conversations import engine
+    from conversations import flushing
     from conversations.ingest import Inbound, admit
 
     photos = [jpeg(64 + 10 * i, 48) for i in range(3)]
@@ -55,7 +55,7 @@ def test_a_file_that_would_take_its_burst_over_the_cap_is_not_fetched_and_the_mo
     fetched_and_stored(fetching.claim([second.pk], "w2") + fetching.claim([first.pk], "w1"))
     assert sorted(fake_telegram.downloads) == sorted(f["file_id"] for f in given[:2])
 
-    [turn] = engine.flush_due(now=t0 + timedelta(seconds=30))
+    [turn] = flushing.flush_due(now=t0 + timedelta(seconds=30))
     parts = for_agents.parts(for_agents.of_turn(turn))
     assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
     assert parts[2]["text"] == (f"[photo: {len(photos[2])} bytes; not read: over what one burst may carry "
@@ -74,7 +74,7 @@ def test_an_interrupted_turns_files_are_shown_to_the_turn_that_carries_it_once(m
     """A photo's turn interrupted by the next message (double texting `interrupt`): the
     next turn carries its text, and its agent is shown its photo too — once, even when a
     second interrupt carries both forward again, and in the history once it is done."""
-    from conversations import engine, turns
+    from conversations import engine, flushing, turns
     from conversations.ingest import Inbound, admit
     from conversations.models import TurnState
 
@@ -88,15 +88,15 @@ def test_an_interrupted_turns_files_are_shown_to_the_turn_that_carries_it_once(m
     message(1, 0, media_type="photo", text="¿qué es?", media=ref("c1"))
     photo = MediaFile.objects.get()
     fetching.mark_stored(photo, "w1", fetching.save(*fetching.claim([photo.pk], "w1"), jpeg()))
-    [first] = engine.flush_due(now=t0 + timedelta(seconds=5))
+    [first] = flushing.flush_due(now=t0 + timedelta(seconds=5))
     assert turns.start(first.pk, "w1")
     message(2, 6, text="es de ayer.")  # interrupts the first turn: its input is carried
-    [second] = engine.flush_due(now=t0 + timedelta(seconds=10))
+    [second] = flushing.flush_due(now=t0 + timedelta(seconds=10))
     assert second.merged_input == "[photo] ¿qué es?\nes de ayer."
     assert second.has_media and for_agents.file_ids_of_turn(second) == [photo.pk]
     assert turns.start(second.pk, "w1")
     message(3, 11, text="y la de hoy", media_type="photo", media=ref("c1"))  # the same photo again
-    [third] = engine.flush_due(now=t0 + timedelta(seconds=15))
+    [third] = flushing.flush_due(now=t0 + timedelta(seconds=15))
     assert [item.id for item in for_agents.of_turn(third)] == [photo.pk]
     parts = for_agents.parts(for_agents.of_turn(third))
     assert [p["type"] for p in parts] == ["image_url"]
@@ -104,7 +104,7 @@ def test_an_interrupted_turns_files_are_shown_to_the_turn_that_carries_it_once(m
     assert turns.start(third.pk, "w1")
     turns.finish(third.pk, "w1", state=TurnState.DONE, reply_text="Una boleta.")
     message(4, 20, text="gracias")
-    [fourth] = engine.flush_due(now=t0 + timedelta(seconds=25))
+    [fourth] = flushing.flush_due(now=t0 + timedelta(seconds=25))
     [user, _] = engine.conversation_history(fourth.conversation, fourth)
     assert user["content"].count(f"[photo: image/jpeg, {len(jpeg())} bytes]") == 1
 

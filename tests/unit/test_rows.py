@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from conversations import engine
+from conversations import engine, flushing
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, ContextNote, Conversation, MessageBuffer, Turn, TurnState
 
@@ -22,7 +22,7 @@ def test_a_claimed_buffer_is_the_one_the_orm_would_load(make_channel):
                            reply_target="2", is_group=True), now=T0 + timedelta(seconds=1))
     buffer_id = MessageBuffer.objects.get().pk
 
-    [turn] = engine.flush_many([buffer_id], T0 + timedelta(minutes=5), owner="host:1:1:ab", start=1)
+    [turn] = flushing.flush_many([buffer_id], T0 + timedelta(minutes=5), owner="host:1:1:ab", start=1)
 
     loaded = MessageBuffer.objects.select_related("conversation__channel").get(pk=buffer_id)
     built = turn.buffer
@@ -47,9 +47,9 @@ def test_a_buffer_no_longer_due_or_already_flushed_is_not_claimed(make_channel):
     channel = make_channel("rows-late")
     admit(channel, Inbound(platform_message_id="1", chat_id="9", sender_id="9", text="hola y"), now=T0)
     buffer = MessageBuffer.objects.get()
-    assert engine.flush_many([buffer.pk], buffer.flush_at - timedelta(milliseconds=1)) == []
-    assert len(engine.flush_many([buffer.pk], buffer.flush_at)) == 1
-    assert engine.flush_many([buffer.pk], buffer.flush_at + timedelta(seconds=1)) == []
+    assert flushing.flush_many([buffer.pk], buffer.flush_at - timedelta(milliseconds=1)) == []
+    assert len(flushing.flush_many([buffer.pk], buffer.flush_at)) == 1
+    assert flushing.flush_many([buffer.pk], buffer.flush_at + timedelta(seconds=1)) == []
     assert Turn.objects.count() == 1
 
 
@@ -66,13 +66,13 @@ def test_a_flush_starts_only_the_turns_first_in_line_and_on_postgresql_waits_on_
     for chat in ("1", "2", "3"):
         admit(channel, Inbound(platform_message_id=f"a{chat}", chat_id=chat, sender_id=chat, text="hola y"), now=T0)
     first = {b.conversation.chat_id: b.pk for b in MessageBuffer.objects.select_related("conversation")}
-    [waiting] = engine.flush_many([first["1"]], T0 + timedelta(minutes=1))  # chat 1: a turn ready already
+    [waiting] = flushing.flush_many([first["1"]], T0 + timedelta(minutes=1))  # chat 1: a turn ready already
     assert waiting.state == TurnState.READY
     admit(channel, Inbound(platform_message_id="b1", chat_id="1", sender_id="1", text="otra y"), now=T0)
     due = list(MessageBuffer.objects.filter(state="open").values_list("pk", flat=True))
 
     with CaptureQueriesContext(connection) as queries:
-        made = engine.flush_many(due, T0 + timedelta(minutes=1), owner="host:1:1:ab", start=1)
+        made = flushing.flush_many(due, T0 + timedelta(minutes=1), owner="host:1:1:ab", start=1)
     states = {turn.conversation.chat_id: turn.state for turn in made}
     assert states["1"] == TurnState.READY  # behind the ready one
     assert sorted(states.values()) == [TurnState.READY, TurnState.READY, TurnState.RUNNING]  # room for one
@@ -87,18 +87,18 @@ def test_the_flushers_look_is_the_due_buffers_and_the_next_deadline_in_one_state
     from django.test.utils import CaptureQueriesContext
 
     channel = make_channel("rows-look")
-    assert engine.look(T0) == ([], None)
+    assert flushing.look(T0) == ([], None)
     for chat, at in (("1", T0), ("2", T0 + timedelta(seconds=2)), ("3", T0 + timedelta(seconds=30))):
         admit(channel, Inbound(platform_message_id=chat, chat_id=chat, sender_id=chat, text="hola y"), now=at)
     deadlines = dict(MessageBuffer.objects.values_list("conversation__chat_id", "flush_at"))
     by_id = dict(MessageBuffer.objects.values_list("pk", "conversation__chat_id"))
     now = deadlines["2"]  # the second just due
     with CaptureQueriesContext(connection) as queries:
-        due, deadline = engine.look(now)
+        due, deadline = flushing.look(now)
     assert len(queries.captured_queries) == 1
-    assert sorted(by_id[pk] for pk in due) == ["1", "2"] and due == engine.due_buffer_ids(now)
-    assert deadline == deadlines["3"] == engine.next_deadline(now) and deadline.tzinfo is not None
-    assert engine.look(deadlines["3"] + timedelta(seconds=1))[1] is None
+    assert sorted(by_id[pk] for pk in due) == ["1", "2"] and due == flushing.due_buffer_ids(now)
+    assert deadline == deadlines["3"] == flushing.next_deadline(now) and deadline.tzinfo is not None
+    assert flushing.look(deadlines["3"] + timedelta(seconds=1))[1] is None
 
 
 def test_history_since_the_reset_in_order_with_notes(make_channel):
@@ -109,7 +109,7 @@ def test_history_since_the_reset_in_order_with_notes(make_channel):
         admit(channel, Inbound(platform_message_id=str(i), chat_id="3", sender_id="3", text=f"¿pregunta {i}?"),
               now=T0 + timedelta(minutes=10 * i))
         buffer = MessageBuffer.objects.get(state="open")
-        [turn] = engine.flush_many([buffer.pk], buffer.flush_at)
+        [turn] = flushing.flush_many([buffer.pk], buffer.flush_at)
         Turn.objects.filter(pk=turn.pk).update(state=TurnState.DONE, reply_text=f"respuesta {i}")
         finished.append(turn)
         conversation = turn.conversation
@@ -118,7 +118,7 @@ def test_history_since_the_reset_in_order_with_notes(make_channel):
     admit(channel, Inbound(platform_message_id="last", chat_id="3", sender_id="3", text="¿y ahora?"),
           now=T0 + timedelta(hours=1))
     buffer = MessageBuffer.objects.get(state="open")
-    [current] = engine.flush_many([buffer.pk], buffer.flush_at)
+    [current] = flushing.flush_many([buffer.pk], buffer.flush_at)
 
     assert engine.conversation_history(conversation, current) == [
         {"role": "user", "content": "¿pregunta 0?"}, {"role": "assistant", "content": "respuesta 0"},

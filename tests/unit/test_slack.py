@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import engine
+from conversations import flushing
 from conversations.models import Channel, InboundMessage, MessageBuffer, MessageEdit
 from conversations.platforms.slack import SlackPlatform
 from conversations.platforms.slack.webhook import check
@@ -190,7 +190,7 @@ def test_slack_channels_follow_group_replies(client, make_channel, fake_slack):
         slack_channel(make_channel, fake_slack, group_replies=mode)
         event = slack_api.message_event(USER, f"hola {mode}", channel=CHANNEL, channel_type="channel")
         assert signed_post(client, slack_api.envelope(event)).json()["admitted"] == 1
-        assert len(engine.flush_due(now=timezone.now() + timedelta(minutes=5))) == turns
+        assert len(flushing.flush_due(now=timezone.now() + timedelta(minutes=5))) == turns
         assert InboundMessage.objects.get().disposition == ("context" if mode == "never" else "buffered")
 
 

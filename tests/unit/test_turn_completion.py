@@ -8,7 +8,7 @@ unlabelled."""
 import pytest
 from django.utils import timezone
 
-from conversations import engine, liveness
+from conversations import liveness
 from conversations.models import Turn, TurnState
 from conversations.worker.supervisor import Worker
 from delivery import ledger
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def worker():
-    worker = Worker(owner=engine.new_owner(), poll=False)
+    worker = Worker(owner=liveness.new_owner(), poll=False)
     worker.liveness = liveness.NoLock()
     return worker
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from conversations import engine
+from conversations import flushing
 from conversations.ingest import Inbound, admit
 from conversations.models import Turn
 from conversations.worker.typing import Typing
@@ -25,7 +25,7 @@ def a_turn(make_channel, fake_telegram, token, chat):
     """One message's turn on a Telegram channel whose Bot API is the local fake."""
     channel = make_channel("tg", kind="telegram", platform_settings={"bot_token": token, "api_base": fake_telegram.url})
     admit(channel, Inbound(platform_message_id="1", chat_id=chat, sender_id=chat, text="hola", reply_target="1"))
-    engine.flush_due(timezone.now() + timedelta(minutes=1))
+    flushing.flush_due(timezone.now() + timedelta(minutes=1))
     return Turn.objects.select_related("conversation__channel").get()
 
 

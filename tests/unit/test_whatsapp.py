@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from audit.models import AuditEvent, EventKind
-from conversations import engine, platforms
+from conversations import flushing, platforms
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, InboundMessage, MessageBuffer, Turn
 from conversations.platforms.whatsapp.inbound import parse
@@ -186,8 +186,8 @@ def test_media_gets_a_window_by_its_caption(client, wa):
     assert (message.media_type, message.text, message.kind) == ("image", "la factura", "media")
     buffer = MessageBuffer.objects.get()
     assert (buffer.window_kind, buffer.window_seconds) == ("neutral", 2.5)  # the caption's window
-    assert engine.flush_due() == []
-    [turn] = engine.flush_due(now=buffer.flush_at)
+    assert flushing.flush_due() == []
+    [turn] = flushing.flush_due(now=buffer.flush_at)
     assert turn.flush_reason == "window" and turn.reply_target == message.platform_message_id
 
 
@@ -540,7 +540,7 @@ def test_turns_thread_to_the_last_message_of_the_burst(client, wa):
         message = graph_api.text_message(USER, text)
         wamids.append(message["id"])
         signed_post(client, body_with(message))
-    [turn] = engine.flush_due(now=MessageBuffer.objects.get().flush_at)
+    [turn] = flushing.flush_due(now=MessageBuffer.objects.get().flush_at)
     assert turn.reply_target == wamids[-1] and Turn.objects.count() == 1
 
 
