@@ -121,7 +121,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channel
         await self.receive_json(content)
 
 
-def allowed(user: User | AnonymousUser | None, permission: str) -> TypeGuard[User]:
+def allowed(user: User | AnonymousUser | None, permission: str | None) -> TypeGuard[User]:
     """The console's rule, for its pages and its websockets alike."""
     return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff
                 and (not permission or user.has_perm(permission)))

@@ -16,9 +16,13 @@ unguarded calls (only guarded calls leave a claim), and each send attempt of a l
 (the row keeps its count, its last outcome and last error).
 """
 
+from __future__ import annotations
+
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
@@ -26,6 +30,8 @@ from django.utils.dateparse import parse_datetime
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
+# How a page is handed out (as_dict, as_json) lives in story_page; these names stay here for callers.
+from agentloop.console.story_page import NOT_RECORDED, _iso, admin_url, as_dict, as_json  # noqa: F401
 from agentloop.core.people import person_of
 from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
@@ -46,6 +52,11 @@ from delivery import attachments
 from delivery.models import OutboundMessage
 from tools.models import ActionClaim
 
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+
+Row = TypeVar("Row", bound="Model")  # a source's rows
+
 PAGE_SIZE = 200
 TEXT_LIMIT = 2000  # a merged input or reply longer than this is cut on the page (the admin has it whole)
 # The double-texting decisions the ingest audits (enqueue, the default, leaves no event).
@@ -61,11 +72,14 @@ class Entry:
     kind: str
     title: str
     text: str = ""
-    details: list = field(default_factory=list)  # (label, value) pairs
-    links: list = field(default_factory=list)  # (label, admin model, pk)
+    details: list[tuple[str, Any]] = field(default_factory=list)  # (label, value) pairs
+    links: list[tuple[str, str, Any]] = field(default_factory=list)  # (label, admin model, pk)
+    by: str = ""  # a person's reply (a turn, a ledger row): who wrote it
+    started: datetime | None = None  # a turn's run
+    finished: datetime | None = None
 
     @property
-    def key(self):
+    def key(self) -> tuple[datetime, int, int]:
         return (self.at, self.rank, self.pk)
 
     def cursor(self) -> str:
@@ -75,29 +89,29 @@ class Entry:
 @dataclass
 class Page:
     conversation: Conversation
-    entries: list  # oldest first
+    entries: list[Entry]  # oldest first
     earlier: str | None  # the cursor of the page before this one, if any
     newest: bool
 
 
-def parse_cursor(value):
+def parse_cursor(value: str | None) -> tuple[datetime, int, int] | None:
     """(time, rank, pk) from a cursor, or None for the newest page (or a mangled cursor)."""
     try:
-        at, rank, pk = (value or "").split("~")
-        at = parse_datetime(at)
+        stamp, rank, pk = (value or "").split("~")
+        at = parse_datetime(stamp)
         return (at, int(rank), int(pk)) if at else None
     except ValueError:
         return None
 
 
-def page(conversation_id, before=None, size=PAGE_SIZE) -> Page:
+def page(conversation_id: int, before: str | None = None, size: int = PAGE_SIZE) -> Page:
     """The `size` entries just older than `before` (a cursor), oldest first."""
     conversation = Conversation.objects.select_related("channel", "contact").get(pk=conversation_id)
     cursor = parse_cursor(before)
     story = _Story(conversation, size)
-    entries = []
-    for rank, source in enumerate(SOURCES):
-        entries += source(story, _older(cursor, rank, source.time_field), rank)
+    entries: list[Entry] = []
+    for rank, (source, time_field) in enumerate(SOURCES):
+        entries += source(story, _older(cursor, rank, time_field), rank)
     entries.sort(key=lambda e: e.key, reverse=True)
     shown = sorted(entries[:size], key=lambda e: e.key)
     story.annotate(shown)
@@ -105,7 +119,7 @@ def page(conversation_id, before=None, size=PAGE_SIZE) -> Page:
     return Page(conversation, shown, earlier, cursor is None)
 
 
-def _older(cursor, rank, time_field):
+def _older(cursor: tuple[datetime, int, int] | None, rank: int, time_field: str) -> Q:
     """Rows of the source with this rank that sort before the cursor (time, rank, pk)."""
     if cursor is None:
         return Q()
@@ -120,20 +134,20 @@ def _older(cursor, rank, time_field):
 class _Story:
     """One page's reading of one conversation: its secrets and its channel's settings."""
 
-    def __init__(self, conversation, size):
+    def __init__(self, conversation: Conversation, size: int) -> None:
         self.conversation = conversation
         self.size = size
         self.secrets = channel_secrets(conversation.channel)
         self.settings = conversation.channel.debounce_settings()
 
-    def redact(self, text, limit=TEXT_LIMIT):
+    def redact(self, text: str, limit: int = TEXT_LIMIT) -> str:
         text = redact(text, self.secrets)
         return text if len(text) <= limit else text[:limit] + "…"
 
-    def latest(self, queryset, time_field, condition):
+    def latest(self, queryset: QuerySet[Row], time_field: str, condition: Q) -> list[Row]:
         return list(queryset.filter(condition).order_by(f"-{time_field}", "-pk")[:self.size])
 
-    def annotate(self, entries):
+    def annotate(self, entries: list[Entry]) -> None:
         """What one entry says about another on the same page: a message that arrived
         while a turn ran."""
         running = [(e.started, e.finished, e.pk) for e in entries if e.kind == "turn" and e.started]
@@ -146,26 +160,21 @@ class _Story:
                                                          f"{self.conversation.channel.double_texting}"))
 
 
-def _seconds(start, end):
+def _seconds(start: datetime | None, end: datetime | None) -> str:
     return f"{(end - start).total_seconds():.3f} s" if start and end else "—"
-
-
-def _iso(value):
-    return value.isoformat(timespec="microseconds") if value else "—"
 
 
 # --- the sources, each one query --------------------------------------------------------------
 
 
-def _messages(story, older, rank):
+def _messages(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(InboundMessage.objects.filter(conversation=story.conversation)
                         .select_related("buffer", "media_file"), "received_at", older)
     return [_message_entry(story, m, rank) for m in rows]
-_messages.time_field = "received_at"
 
 
-def _message_entry(story, m, rank):
-    details = [(_("Platform id"), m.platform_message_id), (_("Kind"), m.get_kind_display()),
+def _message_entry(story: _Story, m: InboundMessage, rank: int) -> Entry:
+    details: list[tuple[str, Any]] = [(_("Platform id"), m.platform_message_id), (_("Kind"), m.get_kind_display()),
                (_("Disposition"), m.get_disposition_display())]
     if m.sender_name:
         details.append((_("Sender"), story.redact(m.sender_name, 200)))
@@ -178,12 +187,12 @@ def _message_entry(story, m, rank):
     if m.deleted_at:
         details.append((_("Deleted"), f"by the person at {_iso(m.deleted_at)}: kept out of every later prompt "
                                    f"(what it changed is in the audit's message_deleted event)"))
-    if m.buffer_id and m.disposition == Disposition.BUFFERED:
-        details.append((_("Window"), _window(story, m)))
-    links = [("message", "conversations.inboundmessage", m.pk)]
+    if m.buffer is not None and m.disposition == Disposition.BUFFERED:  # select_related: no query
+        details.append((_("Window"), _window(story, m, m.buffer)))
+    links: list[tuple[str, str, Any]] = [("message", "conversations.inboundmessage", m.pk)]
     if m.buffer_id:
         links.append((f"buffer {m.buffer_id}", "conversations.messagebuffer", m.buffer_id))
-    if m.media_file_id:  # what the agent was shown of it (or why not), and the file in the admin
+    if m.media_file is not None:  # what the agent was shown of it (or why not), and the file in the admin
         details.append((_("File"), story.redact(for_agents.describe(for_agents.attachment_of(m.media_file)), 400)))
         links.append((f"file {m.media_file_id}", "conversations.mediafile", m.media_file_id))
     text = f"[{m.media_type}] {m.text}" if m.media_type else m.text
@@ -199,7 +208,7 @@ def _message_entry(story, m, rank):
                  story.redact(text), details, links)
 
 
-def _is_command(m) -> bool:
+def _is_command(m: InboundMessage) -> bool:
     """A control command or a confirmation's answer. The ingest stores a command's row as
     "buffered" with no buffer (conversations.ingest.admission): without a buffer, a
     buffered message that starts with "/" can only be a command."""
@@ -207,10 +216,9 @@ def _is_command(m) -> bool:
         m.disposition == Disposition.BUFFERED and not m.buffer_id and m.text.startswith("/"))
 
 
-def _window(story, m):
+def _window(story: _Story, m: InboundMessage, buffer: MessageBuffer) -> str:
     """The window this message got. The buffer stores the window of its last message;
     for the earlier ones it is recomputed from the text with the channel's settings."""
-    buffer = m.buffer
     if buffer.last_message_at == m.received_at and buffer.window_kind:
         return (f"{buffer.window_kind}, {buffer.window_seconds:g} s (stored on buffer {buffer.pk}); "
                 f"planned flush: {buffer.get_planned_reason_display()} at {_iso(buffer.flush_at)}")
@@ -221,15 +229,14 @@ def _window(story, m):
             f"with the channel's current settings)")
 
 
-def _buffers(story, older, rank):
+def _buffers(story: _Story, older: Q, rank: int) -> list[Entry]:
     # An open buffer has no flush yet: it stands at its last message.
     rows = story.latest(MessageBuffer.objects.filter(conversation=story.conversation)
                         .annotate(story_at=Coalesce("flushed_at", "last_message_at")), "story_at", older)
     return [_buffer_entry(story, b, rank) for b in rows]
-_buffers.time_field = "story_at"
 
 
-def _buffer_entry(story, b, rank):
+def _buffer_entry(story: _Story, b: MessageBuffer, rank: int) -> Entry:
     details = [(_("Messages"), b.message_count), (_("First message"), _iso(b.first_message_at)),
                (_("Last message"), _iso(b.last_message_at)),
                (_("Last window"), f"{b.window_kind or '—'}, {b.window_seconds:g} s"),
@@ -246,17 +253,16 @@ def _buffer_entry(story, b, rank):
         title = _("Buffer dropped (/stop or /reset)")
     if b.carried_turn_id:
         details.append((_("Carries"), f"the input of cancelled turn {b.carried_turn_id} (interrupt)"))
-    return Entry(b.story_at, rank, b.pk, "buffer", title, "", details,
+    return Entry(b.story_at, rank, b.pk, "buffer", title, "", details,  # type: ignore[attr-defined]  # annotated
                  [(f"buffer {b.pk}", "conversations.messagebuffer", b.pk)])
 
 
-def _turns(story, older, rank):
+def _turns(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(Turn.objects.filter(conversation=story.conversation), "created_at", older)
     return [_turn_entry(story, t, rank) for t in rows]
-_turns.time_field = "created_at"
 
 
-def _turn_entry(story, t, rank):
+def _turn_entry(story: _Story, t: Turn, rank: int) -> Entry:
     details = [(_("State"), t.get_state_display()), (_("Flush reason"), t.get_flush_reason_display()),
                (_("Started"), f"{_iso(t.started_at)} (waited {_seconds(t.created_at, t.started_at)})"),
                (_("Finished"), f"{_iso(t.finished_at)} (ran {_seconds(t.started_at, t.finished_at)})"),
@@ -286,14 +292,13 @@ def _turn_entry(story, t, rank):
     return entry
 
 
-def _claims(story, older, rank):
+def _claims(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(ActionClaim.objects.filter(conversation_id=story.conversation.pk)
                         .select_related("proposal"), "created_at", older)
     return [_claim_entry(story, c, rank) for c in rows]
-_claims.time_field = "created_at"
 
 
-def _claim_entry(story, c, rank):
+def _claim_entry(story: _Story, c: ActionClaim, rank: int) -> Entry:
     details = [(_("State"), c.get_state_display()), (_("Claimed by"), c.owner or "—"),
                (_("Fingerprint"), f"{c.fingerprint[:12]}… of {', '.join(c.fingerprint_fields) or 'all arguments'}"),
                (_("Arguments"), _json(story, c.arguments)),
@@ -319,20 +324,19 @@ def _claim_entry(story, c, rank):
     return Entry(c.created_at, rank, c.pk, "claim", title, "", details, links)
 
 
-def _json(story, value):
+def _json(story: _Story, value: Any) -> str:
     return story.redact(json.dumps(redact_payload(value), ensure_ascii=False, default=str), 600)
 
 
-def _ledger(story, older, rank):
+def _ledger(story: _Story, older: Q, rank: int) -> list[Entry]:
     # The turn's stream facts come with the row (one query still): which send was the final.
     rows = story.latest(OutboundMessage.objects.filter(conversation=story.conversation).annotate(
         turn_previews=F("turn__previews"), turn_preview=F("turn__preview_message_id"), turn_owner=F("turn__owner")),
         "created_at", older)
     return [_ledger_entry(story, r, rank) for r in rows]
-_ledger.time_field = "created_at"
 
 
-def _ledger_entry(story, r, rank):
+def _ledger_entry(story: _Story, r: OutboundMessage, rank: int) -> Entry:
     details = [(_("State"), r.get_state_display()),
                (_("Attempts"), f"{r.attempts} (flood waits {r.flood_waits}, operator resends {r.extra_resends})"),
                (_("Last outcome"), r.get_last_outcome_display() or "—"),
@@ -363,7 +367,7 @@ def _ledger_entry(story, r, rank):
     return entry
 
 
-def _final_of_stream(r) -> str:
+def _final_of_stream(r: OutboundMessage) -> str:
     """Which send was a streamed reply's final: the ledger's edit of the group's preview
     message, or a new message (after drafts; or the preview deleted or marked stale)."""
     previews, preview = getattr(r, "turn_previews", 0) or 0, getattr(r, "turn_preview", "") or ""
@@ -379,13 +383,12 @@ def _final_of_stream(r) -> str:
     return f"a new message {r.platform_message_id or '(not yet sent)'}, after {previews} drafts"
 
 
-def _events(story, older, rank):
+def _events(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(AuditEvent.objects.filter(conversation_id=story.conversation.pk), "at", older)
     return [_event_entry(story, e, rank) for e in rows]
-_events.time_field = "at"
 
 
-def _event_entry(story, e, rank):
+def _event_entry(story: _Story, e: AuditEvent, rank: int) -> Entry:
     extra = e.extra or {}
     details = [(_("Actor"), story.redact(e.actor, 100) or "—"), (_("Target"), e.target or "—")]
     details += [(name, _json(story, value) if isinstance(value, (dict, list)) else story.redact(str(value), 300))
@@ -402,20 +405,18 @@ def _event_entry(story, e, rank):
     return Entry(e.at, rank, e.pk, kind, _("Audit: %(event)s") % {"event": label}, text, details, links)
 
 
-def _notes(story, older, rank):
+def _notes(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(ContextNote.objects.filter(conversation=story.conversation), "created_at", older)
     return [Entry(n.created_at, rank, n.pk, "note", _("Note for the agent's next turn"), story.redact(n.text), [],
                   [(f"note {n.pk}", "conversations.contextnote", n.pk)]) for n in rows]
-_notes.time_field = "created_at"
 
 
-def _edits(story, older, rank):
+def _edits(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(MessageEdit.objects.filter(conversation=story.conversation), "received_at", older)
     return [_edit_entry(story, e, rank) for e in rows]
-_edits.time_field = "received_at"
 
 
-def _edit_entry(story, e, rank):
+def _edit_entry(story: _Story, e: MessageEdit, rank: int) -> Entry:
     details = [(_("Outcome"), e.get_outcome_display()), (_("Why"), story.redact(e.detail, 300) or "—"),
                (_("Edited by the user"), f"{_iso(e.edited_at)} (via {e.source})"),
                (_("Text before"), story.redact(e.old_text))]
@@ -427,20 +428,20 @@ def _edit_entry(story, e, rank):
                  story.redact(e.new_text), details, links)
 
 
-def _reactions(story, older, rank):
+def _reactions(story: _Story, older: Q, rank: int) -> list[Entry]:
     rows = story.latest(InboundReaction.objects.filter(conversation=story.conversation), "reacted_at", older)
     return [Entry(r.reacted_at, rank, r.pk, "reaction",
                   _("Reaction %(emoji)s on the bot's message: %(outcome)s") % {
                       "emoji": r.emoji or _("(taken back)"), "outcome": r.get_outcome_display()}, "",
                   [(_("By"), story.redact(r.sender_id, 100)), (_("Message"), r.platform_message_id), (_("Event"), r.key)], [])
             for r in rows]
-_reactions.time_field = "reacted_at"
 
 
 # In this order within the same instant: what arrived, what it flushed, what ran, what it did
 # (edits, then reactions, last: a source's rank is part of the page cursor).
-SOURCES = [_messages, _buffers, _turns, _claims, _ledger, _events, _notes, _edits, _reactions]
+# Each with the time field its rows are ordered and paged by.
+SOURCES: list[tuple[Callable[[_Story, Q, int], list[Entry]], str]] = [
+    (_messages, "received_at"), (_buffers, "story_at"), (_turns, "created_at"), (_claims, "created_at"),
+    (_ledger, "created_at"), (_events, "at"), (_notes, "created_at"), (_edits, "received_at"),
+    (_reactions, "reacted_at")]
 
-
-# How a page is handed out (as_dict, as_json) lives in story_page; these names stay here for callers.
-from agentloop.console.story_page import NOT_RECORDED, admin_url, as_dict, as_json  # noqa: E402,F401

@@ -6,6 +6,12 @@ conversation's state for the sticky header.
 Times are shown in the deployment's time zone (Django's TIME_ZONE, `timezone.localtime`),
 server-side, so the page needs no script to be read and says which zone it uses."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -14,6 +20,10 @@ from django.utils.translation import gettext_lazy
 from agentloop.core.people import display_name
 from agentloop.core.redaction import channel_secrets, redact
 from conversations.models import ConversationState, Turn, TurnState
+
+if TYPE_CHECKING:
+    from agentloop.console.story import Entry, Page
+    from conversations.models import Conversation
 
 # The kinds an operator filters by, in the filter bar's order: an entry's kind -> its group.
 GROUPS = {
@@ -35,16 +45,16 @@ KIND_LABELS = {
 GROUP_OF = {kind: group for group, (_label, kinds) in GROUPS.items() for kind in kinds}
 
 
-def _iso(value):
+def _iso(value: datetime | None) -> str:
     return value.isoformat(timespec="microseconds") if value else "—"
 
 
-def admin_url(model_label, pk):
+def admin_url(model_label: str, pk: object) -> str:
     app, model = model_label.split(".")
     return reverse(f"admin:{app}_{model}_change", args=[pk])
 
 
-def as_dict(entry, can_view=lambda label: True) -> dict:
+def as_dict(entry: Entry, can_view: Callable[[str], bool] = lambda label: True) -> dict[str, Any]:
     """One entry as the page and the JSON download show it: links only to the rows the
     reader may open."""
     shown = {
@@ -58,7 +68,7 @@ def as_dict(entry, can_view=lambda label: True) -> dict:
     return shown
 
 
-def as_json(page_, can_view=lambda label: True) -> dict:
+def as_json(page_: Page, can_view: Callable[[str], bool] = lambda label: True) -> dict[str, Any]:
     c = page_.conversation
     return {
         "conversation": {"id": c.pk, "channel": c.channel.slug, "contact": redact(str(c.contact), channel_secrets(
@@ -73,11 +83,11 @@ def as_json(page_, can_view=lambda label: True) -> dict:
 # --- the HTML page: a timeline ----------------------------------------------------------------
 
 
-def timeline(page_, shown: list) -> list:
+def timeline(page_: Page, shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The page's entry dicts with what the HTML adds: `local` (an aware datetime in
     TIME_ZONE), `day` (set on the first entry of each date), `gap` ("+1.2 s" since the
     entry before) and `group` (the filter it answers to)."""
-    previous = None
+    previous: tuple[datetime, datetime] | None = None
     for entry, item in zip(page_.entries, shown, strict=True):
         local = timezone.localtime(entry.at)
         item.update(local=local, group=GROUP_OF.get(entry.kind, "audit"), label=KIND_LABELS.get(entry.kind, entry.kind),
@@ -87,7 +97,7 @@ def timeline(page_, shown: list) -> list:
     return shown
 
 
-def gap(earlier, later) -> str:
+def gap(earlier: datetime, later: datetime) -> str:
     """The time between two steps, as an operator reads it: +0.4 s, +12.0 s, +3 min 5 s, +2 h 10 min."""
     seconds = max((later - earlier).total_seconds(), 0.0)
     if seconds < 60:
@@ -99,7 +109,7 @@ def gap(earlier, later) -> str:
     return f"+{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
 
 
-def header(conversation) -> dict:
+def header(conversation: Conversation) -> dict[str, Any]:
     """The sticky header's state: who answers, the running turn (one query), the limits."""
     channel, contact = conversation.channel, conversation.contact
     running = (Turn.objects.filter(conversation=conversation, state=TurnState.RUNNING)

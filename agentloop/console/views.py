@@ -1,6 +1,9 @@
 """The console's pages: thin; the data arrives over the websockets."""
 
+from __future__ import annotations
+
 import uuid
+from typing import TYPE_CHECKING
 
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
@@ -21,6 +24,9 @@ from conversations import handoff
 from conversations.models import Channel, Conversation
 from conversations.platforms import webchat
 
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
+
 # The console's scripts' texts (locale/*/LC_MESSAGES/djangojs.po) in the reader's language
 # (LocaleMiddleware's choice): gettext, ngettext and interpolate for static/console/*.js. For
 # the console's readers only, like its pages; not cached, so a switch of language is read at
@@ -28,7 +34,7 @@ from conversations.platforms import webchat
 javascript_catalog = staff_member_required(JavaScriptCatalog.as_view(domain="djangojs"))
 
 
-def _admin_links():
+def _admin_links() -> dict[str, str]:
     """Where the pages link into the admin (the scripts append an id)."""
     return {
         "conversation": reverse("admin:conversations_conversation_changelist"),
@@ -43,12 +49,12 @@ def _admin_links():
     }
 
 
-def _require(request, permission):
+def _require(request: HttpRequest, permission: str) -> None:
     if not allowed(request.user, permission):
         raise PermissionDenied(f"the console needs the permission {permission}")
 
 
-def home(request):
+def home(request: HttpRequest) -> HttpResponse:
     """`/`: the live dashboard for an operator who may see it, the admin for other staff,
     and the admin's login for anyone else, which comes back to the dashboard."""
     if allowed(request.user, DASHBOARD_PERMISSION):
@@ -59,7 +65,7 @@ def home(request):
 
 
 @staff_member_required
-def dashboard(request):
+def dashboard(request: HttpRequest) -> HttpResponse:
     _require(request, DASHBOARD_PERMISSION)
     return render(request, "console/dashboard.html", {
         **admin.site.each_context(request), "title": _("Live dashboard"), "links": _admin_links(), "socket": "/ws/console/dashboard/",
@@ -67,7 +73,7 @@ def dashboard(request):
 
 
 @staff_member_required
-def playground(request, slug=None):
+def playground(request: HttpRequest, slug: str | None = None) -> HttpResponse:
     _require(request, PLAYGROUND_PERMISSION)
     channels = _playgrounds()
     if not channels:
@@ -82,7 +88,7 @@ def playground(request, slug=None):
 
 
 @staff_member_required
-def story(request, conversation_id):
+def story(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """A conversation's whole story, one page of entries at a time (?before=<cursor> for
     earlier ones); ?format=json downloads the same page for a support ticket."""
     _require(request, DASHBOARD_PERMISSION)
@@ -90,7 +96,7 @@ def story(request, conversation_id):
         page = conversation_story.page(conversation_id, before=request.GET.get("before"))
     except Conversation.DoesNotExist:
         raise Http404(f"no conversation {conversation_id}") from None
-    data = conversation_story.as_json(page, can_view=lambda label: request.user.has_perm(_view_permission(label)))
+    data = story_page.as_json(page, can_view=lambda label: request.user.has_perm(_view_permission(label)))
     if request.GET.get("format") == "json":
         response = JsonResponse(data, json_dumps_params={"ensure_ascii": False, "indent": 1})
         suffix = "" if page.newest or not page.entries else f"-from-{page.entries[0].at:%Y%m%dT%H%M%S}"
@@ -108,7 +114,7 @@ def story(request, conversation_id):
 
 @require_POST
 @staff_member_required
-def hold(request, conversation_id):
+def hold(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The story page's controls (conversations.handoff): take over, reply as the
     person, give back. Operators only (change_conversation); each is idempotent."""
     if not request.user.has_perm("conversations.change_conversation"):
@@ -129,10 +135,10 @@ def hold(request, conversation_id):
     return redirect(reverse("console-story", args=[conversation_id]) + "#hold")
 
 
-def _view_permission(model_label):
+def _view_permission(model_label: str) -> str:
     app, model = model_label.split(".")
     return f"{app}.view_{model}"
 
 
-def _playgrounds():
+def _playgrounds() -> list[Channel]:
     return list(Channel.objects.filter(kind=webchat.KIND, is_active=True).order_by("slug"))
