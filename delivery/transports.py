@@ -10,10 +10,13 @@ do with each.
 Transports are used from the worker's event loop only.
 """
 
+from __future__ import annotations
+
 import abc
 import asyncio
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 
@@ -23,6 +26,11 @@ from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.previews import Preview
 from delivery.retry_after import clamp_retry_after
+
+if TYPE_CHECKING:  # for annotations only
+    from delivery.attachments import OutboundFile
+
+Answered = TypeVar("Answered")
 
 
 @dataclass(frozen=True)
@@ -36,19 +44,20 @@ class SendResult:
     chat_unreachable: bool = True
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return self.outcome == Outcome.DELIVERED
 
     @classmethod
-    def delivered(cls, platform_message_id=""):
+    def delivered(cls, platform_message_id: str | int | None = "") -> SendResult:
         return cls(Outcome.DELIVERED, platform_message_id=str(platform_message_id or ""))
 
     @classmethod
-    def failed(cls, outcome, error, retry_after=None, secrets=(), chat_unreachable=True):
+    def failed(cls, outcome: str, error: object, retry_after: float | None = None, secrets: Iterable[str] = (),
+               chat_unreachable: bool = True) -> SendResult:
         """`secrets`: what the transport holds (its channel's), masked in the error text
         besides everything `redact` knows."""
         wait = clamp_retry_after(retry_after) if outcome == Outcome.FLOOD else 0.0
-        return cls(outcome, error=redact(str(error), secrets)[:300], retry_after=wait,
+        return cls(outcome, error=redact(str(error), list(secrets))[:300], retry_after=wait,
                    chat_unreachable=chat_unreachable)
 
 
@@ -62,7 +71,7 @@ class Target:
     conversation_id: int | None = None
     # Answer buttons under the message, as (label, opaque data) pairs: a question asking the
     # user to confirm an action (tools.confirmations). Platforms without buttons ignore them.
-    buttons: tuple = ()
+    buttons: tuple[tuple[str, str], ...] = ()
 
 
 class Transport(abc.ABC):
@@ -70,15 +79,16 @@ class Transport(abc.ABC):
     # Seconds between two typing indicators: below the platform's own expiry, so the
     # indicator never blinks out while it is wanted. Also each call's deadline.
     typing_refresh = 4.0
-    max_units = None  # the platform's limit on one message (UTF-16 units); None: no limit
+    max_units: int | None = None  # the platform's limit on one message (UTF-16 units); None: no limit
     # Files: how many images one message may carry (an album), and a caption's length.
     max_album = 1
     caption_units = 1024
 
-    def __init__(self, channel):
-        self.channel = channel
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel  # conversations' Channel (this layer sits below it)
 
-    def failed(self, outcome, error, retry_after=None, chat_unreachable=True) -> SendResult:
+    def failed(self, outcome: str, error: object, retry_after: float | None = None,
+               chat_unreachable: bool = True) -> SendResult:
         return SendResult.failed(outcome, error, retry_after, secrets=channel_secrets(self.channel),
                                  chat_unreachable=chat_unreachable)
 
@@ -86,14 +96,14 @@ class Transport(abc.ABC):
     async def send_text(self, target: Target, text: str) -> SendResult:
         """Send `text`; the outcome says whether it landed and whether to try again."""
 
-    async def send_files(self, target: Target, files: list, caption: str) -> SendResult:
+    async def send_files(self, target: Target, files: list[OutboundFile], caption: str) -> SendResult:
         """Send one file chunk (delivery.attachments.OutboundFile, several only up to
         `max_album`), `caption` (the recovery marker, if any, already in front) under
         the first. A platform without uploads says what was attached instead."""
         names = "\n".join(f"📎 {item.name}" for item in files)
         return await self.send_text(target, f"{caption}\n{names}" if caption.strip() else names)
 
-    async def send_template(self, target: Target, template: dict) -> SendResult:
+    async def send_template(self, target: Target, template: dict[str, Any]) -> SendResult:
         """Send an approved template ({"name", "language", "parameters"}: delivery.templates,
         the recovery marker, if any, already in its first parameter): what a platform with
         a reply window takes outside it. A platform without templates never gets one."""
@@ -113,8 +123,8 @@ class Transport(abc.ABC):
     async def set_reaction(self, target: Target, message_id: str, emoji: str, previous: str = "") -> None:
         """Our reaction on the person's message `message_id` becomes `emoji` ("": none),
         `previous` being the one we put there before ("": none). Raises on failure: the
-        caller is best effort."""
-        raise NotImplementedError
+        caller is best effort. Only asked of a transport whose `status_reactions` is set."""
+        raise TypeError(f"{type(self).__name__} has no reactions (its status_reactions is None)")
 
     # --- streamed replies (delivery.previews, docs/streaming.md) ------------------------
     def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
@@ -138,7 +148,8 @@ class Transport(abc.ABC):
         pace = Pace.of(bot, float(self.channel.setting("messages_per_second") or 0), chat_id, chat_interval)
         return pace if pace.paced else None
 
-    async def exchange(self, request_for, host: str, deadline: float):
+    async def exchange(self, request_for: Callable[[dict[str, Any]], Coroutine[Any, Any, Answered]], host: str,
+                       deadline: float) -> Answered | SendResult:
         """Await one HTTP exchange under one overall deadline — httpx's timeouts are per
         phase, and a peer trickling a byte a second would never trip them. `request_for`
         takes httpx's request extensions (a trace of the exchange's progress) and returns
@@ -161,10 +172,10 @@ class Progress:
 
     __slots__ = ("sent",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sent = False
 
-    async def trace(self, event: str, info: dict) -> None:
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
         if event.endswith("send_request_headers.started"):
             self.sent = True
 

@@ -22,7 +22,7 @@ chat.appendStream and chat.stopStream. The streamed message *is* the final one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentloop.core.caches import BoundedCache
 from conversations.platforms.slack.blocks import escape, place, question_blocks, token_key
@@ -32,7 +32,6 @@ from delivery.previews import CURSOR, Preview, PreviewResult
 from delivery.transports import SendResult
 
 if TYPE_CHECKING:
-    from conversations.platforms.slack.transport import SlackTransport
     from delivery.transports import Target
 
 PREVIEW_DEADLINE = 5.0  # seconds for one stream call: a preview never waits long
@@ -45,6 +44,18 @@ _appended = BoundedCache(maxsize=4096, max_age=3600.0)
 _unavailable = BoundedCache(maxsize=1024, max_age=600.0)
 
 
+class StreamSender(Protocol):
+    """What streaming needs of the transport it streams through (SlackTransport: this
+    module is below it, so it names the transport by what it does)."""
+
+    def setting(self, name: str) -> Any: ...
+
+    async def call(self, method: str, params: dict[str, Any] | None = None, session: Any = None,
+                   within: float | None = None) -> Any: ...
+
+    async def delete_message(self, target: Target, message_id: str) -> SendResult: ...
+
+
 def appended(ts: str) -> str | None:
     """What was appended to stream `ts`, if known here."""
     return _appended.get(ts)
@@ -54,7 +65,7 @@ def forget(ts: str) -> None:
     _appended.pop(ts)
 
 
-def can_stream(transport: SlackTransport, target: Target) -> bool:
+def can_stream(transport: StreamSender, target: Target) -> bool:
 
     channel_id, thread = place(target.chat_id, target.thread_id)
     token = transport.setting("bot_token")
@@ -66,7 +77,7 @@ class SlackStream(Preview):
 
     is_message = True
 
-    def __init__(self, transport: SlackTransport, target: Target, message_id: str = ""):
+    def __init__(self, transport: StreamSender, target: Target, message_id: str = ""):
 
         self.transport, self.target = transport, target
         self.channel_id, self.thread = place(target.chat_id, target.thread_id)
@@ -132,7 +143,7 @@ class SlackStream(Preview):
             await self.transport.delete_message(self.target, self.ts)
 
 
-async def finish(transport: SlackTransport, target: Target, ts: str, text: str) -> SendResult:
+async def finish(transport: StreamSender, target: Target, ts: str, text: str) -> SendResult:
     """The ledger's final over stream `ts` (SlackTransport.edit_text): stopped with the
     rest of `text` when what it shows is known to begin it, else stopped and replaced
     by `text` whole."""

@@ -13,8 +13,9 @@ which stops the chat's previews.
 
 from __future__ import annotations
 
+import abc
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
@@ -23,8 +24,9 @@ from delivery import chunks
 from delivery.previews import Preview, PreviewResult
 
 if TYPE_CHECKING:
-    from conversations.platforms.telegram.transport import TelegramTransport
-    from delivery.transports import Target
+    import telegram
+
+    from delivery.transports import SendResult, Target
 
 # A preview shows at most this much (UTF-16 units) of a longer reply, then an ellipsis:
 # the final is split into chunks by the ledger.
@@ -38,8 +40,19 @@ def shown_text(text: str) -> str:
     return chunks.split(text, PREVIEW_MAX_UNITS)[0] + " …"
 
 
-class TelegramPreview(Preview):
-    def __init__(self, transport: TelegramTransport, target: Target, turn_id: int):
+class PreviewSender(Protocol):
+    """What a preview needs of the transport that shows it (TelegramTransport: this
+    module is below it, so it names the transport by what it does)."""
+
+    def _bot(self, purpose: str = "send") -> Any: ...
+
+    def reply_parameters(self, target: Target) -> telegram.ReplyParameters | None: ...
+
+    async def delete_message(self, target: Target, message_id: str) -> SendResult: ...
+
+
+class TelegramPreview(Preview, abc.ABC):
+    def __init__(self, transport: PreviewSender, target: Target, turn_id: int):
         self.transport = transport
         self.target = target
         self.turn_id = turn_id
@@ -69,8 +82,9 @@ class TelegramPreview(Preview):
         do not know of (then previews stop)."""
         return False
 
+    @abc.abstractmethod
     async def _show(self, text: str) -> PreviewResult:
-        raise NotImplementedError
+        """Show `text` (already cut to what a preview holds) in the chat."""
 
 
 class DraftPreview(TelegramPreview):
@@ -91,7 +105,7 @@ class MessagePreview(TelegramPreview):
 
     is_message = True
 
-    def __init__(self, transport: TelegramTransport, target: Target, turn_id: int, message_id: str = ""):
+    def __init__(self, transport: PreviewSender, target: Target, turn_id: int, message_id: str = ""):
         super().__init__(transport, target, turn_id)
         self.message_id = message_id  # a preview a crashed run of this turn left: reused
 
