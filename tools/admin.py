@@ -1,3 +1,7 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 from django.apps import apps
@@ -12,8 +16,6 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.timezone import localtime
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from unfold.admin import ModelAdmin, TabularInline
-from unfold.decorators import display
 
 from agentloop.core import admin_texts
 from agentloop.core.admin_texts import TextsHold
@@ -33,8 +35,35 @@ from tools.models import (
     ToolPolicy,
 )
 
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin, TabularInline
+    from django.db.models import Model, QuerySet
+    from django.http import HttpRequest, HttpResponse
+    from django.urls import URLPattern
+    from django.utils.safestring import SafeString
+    from django_stubs_ext import StrOrPromise
 
-def admin_link(model_name, pk, label=None, app="tools"):
+    # unfold has no types; its ModelAdmin and TabularInline are Django's with a theme.
+    PolicyAdminBase = ModelAdmin[ToolPolicy]
+    ClaimAdminBase = ModelAdmin[ActionClaim]
+    ProposalAdminBase = ModelAdmin[Proposal]
+    CalendarAdminBase = ModelAdmin[Calendar]
+    EventAdminBase = ModelAdmin[CalendarEvent]
+    EventInlineBase = TabularInline[CalendarEvent, Calendar]
+
+    Shown = TypeVar("Shown", bound=Callable[..., Any])
+
+    def display(*, description: StrOrPromise, ordering: str, label: dict[str, str]) -> Callable[[Shown], Shown]:
+        """unfold's: a column shown as a label, toned by the (value, text) the method returns."""
+else:
+    from unfold.admin import ModelAdmin, TabularInline
+    from unfold.decorators import display
+
+    PolicyAdminBase = ClaimAdminBase = ProposalAdminBase = CalendarAdminBase = EventAdminBase = ModelAdmin
+    EventInlineBase = TabularInline
+
+
+def admin_link(model_name: str, pk: int | None, label: str | None = None, app: str = "tools") -> str:
     if pk is None:
         return "—"
     # A row named by its model's name in the reader's language ("conversación 3").
@@ -49,11 +78,11 @@ PROPOSAL_TONES = admin_texts.tones(ProposalState, pending="warning", applying="i
                                    applied="success")
 
 
-def change_url(obj):
+def change_url(obj: Model) -> str:
     return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
 
 
-def in_declared_order(action: str, arguments: dict | None) -> dict:
+def in_declared_order(action: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
     """A call's arguments in the order its tool declares them (to, subject, body), the
     same on both databases: PostgreSQL's jsonb keeps an object's keys shortest first.
     Hosted tools only (an MCP tool's schema may be a server away); the rest as stored."""
@@ -63,7 +92,7 @@ def in_declared_order(action: str, arguments: dict | None) -> dict:
 
 
 @admin.register(ToolPolicy)
-class ToolPolicyAdmin(ModelAdmin):
+class ToolPolicyAdmin(PolicyAdminBase):
     # Edited in place, seven columns; the approval's lifetime and the timeout on its page.
     list_display = ["name", "enabled", "guarded", "window_seconds", "fingerprint", "approval", "max_per_hour"]
     list_editable = ["enabled", "guarded", "window_seconds", "approval", "max_per_hour"]
@@ -86,7 +115,7 @@ class ToolPolicyAdmin(ModelAdmin):
     ]
 
     @admin.display(description=_("Fingerprint"))
-    def fingerprint(self, policy):
+    def fingerprint(self, policy: ToolPolicy) -> str:
         # The argument names are identifiers (<code>), the rest words in the reader's language.
         fields = policy.fingerprint_fields
         default = not fields
@@ -99,11 +128,11 @@ class ToolPolicyAdmin(ModelAdmin):
             else gettext("all arguments")
         return format_html(gettext("{fields} (default)"), fields=shown) if default else shown
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         guard.ensure_policies()  # every registered tool shows up, even before its first call
         return super().changelist_view(request, extra_context)
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: ToolPolicy, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         guard.forget_policies()
         if obj.approval == ApprovalMode.USER:
@@ -116,7 +145,7 @@ class ToolPolicyAdmin(ModelAdmin):
 
 
 @admin.register(ActionClaim)
-class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
+class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ClaimAdminBase):
     # What an operator scans: which action, how it stands, with what, for whom, when, and
     # whether the guard caught a repeat; scope, lease, owner and proposal on the claim's page.
     list_display = ["id", "action", "state_shown", "arguments_cell", "conversation", "created_at", "duplicates"]
@@ -136,29 +165,29 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         (_("Outcome"), {"fields": ["result", "error", "duplicates"]}),
     ]
 
-    def exact_matches(self, term):
+    def exact_matches(self, term: str) -> Q:
         scope = Q(scope=term)  # claim_lookup_idx leads with it
         row = numeric_id(term)
         return scope | row if row is not None else scope
 
     @admin.display(description=_("Conversation"))
-    def conversation(self, claim):
+    def conversation(self, claim: ActionClaim) -> str:
         return admin_link("conversation", claim.conversation_id, app="conversations")
 
     @display(description=_("state"), ordering="state", label=CLAIM_TONES)
-    def state_shown(self, claim):
+    def state_shown(self, claim: ActionClaim) -> tuple[str, str]:
         return claim.state, claim.get_state_display()
 
     @admin.display(description=_("arguments"))
-    def arguments_cell(self, claim):
+    def arguments_cell(self, claim: ActionClaim) -> SafeString:
         return admin_texts.pairs_line(in_declared_order(claim.action, claim.arguments), change_url(claim), length=60)
 
     @admin.display(description=_("arguments"))
-    def arguments_shown(self, claim):
+    def arguments_shown(self, claim: ActionClaim) -> SafeString:
         return admin_texts.pairs(in_declared_order(claim.action, claim.arguments))
 
     @admin.display(description=_("Turn"))
-    def turn(self, claim):
+    def turn(self, claim: ActionClaim) -> str:
         """Claims do not record their turn; a claim taken inside a turn is owned by the
         worker running it, and a conversation runs one turn at a time."""
         worker = claim.owner.removeprefix("worker:")
@@ -168,37 +197,37 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
         return admin_link("turn", turn_id, app="conversations")
 
     @admin.display(description=_("Duplicates caught"), ordering="duplicates_caught")
-    def duplicates(self, claim):
+    def duplicates(self, claim: ActionClaim) -> str | int:
         if not claim.duplicates_caught:
             return 0
         url = reverse("admin:audit_caughtduplicate_changelist") + "?" + urlencode({"target": f"claim {claim.pk}"})
         return format_html('<a href="{}">{}</a>', url, claim.duplicates_caught)
 
     @admin.display(description=_("Proposal"))
-    def proposal_link(self, claim):
+    def proposal_link(self, claim: ActionClaim) -> str:
         try:
             return admin_link("proposal", claim.proposal.pk)
         except Proposal.DoesNotExist:
             return "—"
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ActionClaim]:
         return super().get_queryset(request).select_related("proposal")  # not a query per row
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: ActionClaim | None = None) -> bool:
         return False  # history: claims change only through the guard and the actions below
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: ActionClaim | None = None) -> bool:
         return False
 
-    def has_operate_permission(self, request):
+    def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("tools.change_actionclaim")  # operators; auditors only read
 
     @admin.action(description=_("Reconcile uncertain claims (ask the tool whether it happened)"),
                   permissions=["operate"])
-    def reconcile_claims(self, request, queryset):
+    def reconcile_claims(self, request: HttpRequest, queryset: QuerySet[ActionClaim]) -> None:
         settled = 0
         for claim in queryset.filter(state=ClaimState.UNCERTAIN):
             settled += guard.reconcile(claim, actor=f"operator:{request.user}") != ClaimState.UNCERTAIN
@@ -208,7 +237,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
 
     @admin.action(description=_("Release uncertain claims (it did not happen: allow a new attempt)"),
                   permissions=["operate"])
-    def release_claims(self, request, queryset):
+    def release_claims(self, request: HttpRequest, queryset: QuerySet[ActionClaim]) -> None:
         released = sum(guard.release(claim.pk, by=f"operator:{request.user}")
                        for claim in queryset.filter(state__in=[ClaimState.UNCERTAIN, ClaimState.IN_FLIGHT]))
         self.message_user(request, ngettext("Released %(n)d claim.", "Released %(n)d claims.", released)
@@ -216,7 +245,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ModelAdmin):
 
 
 @admin.register(Proposal)
-class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
+class ProposalAdmin(TextsHold, ListedLookupsOnly, ProposalAdminBase):
     list_display = ["id", "action", "what", "state_shown", "expires", "decided_by", "buttons"]
     list_filter = ["state", "claim__action"]
     list_filter_submit = True
@@ -226,31 +255,31 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
     # (Not the list's "Apply / Reject…" link: on this page the decision is at the top.)
     readonly_fields = ["claim_link", "action", "arguments_in_full", "state", "created_at", "expires_in_full",
                        "decided_by", "decided_at", "result", "error", "asked"]
-    fields = readonly_fields
+    fields = readonly_fields  # type: ignore[assignment]  # field names, which django-stubs reads as possible groups
     # Apply / Reject buttons (POST forms with the CSRF token) on the proposal's page.
     change_form_template = "admin/tools/proposal/change_form.html"
 
     @admin.display(description=_("Action"))
-    def action(self, proposal):
+    def action(self, proposal: Proposal) -> str:
         return proposal.claim.action
 
     @admin.display(description=_("Arguments"))
-    def what(self, proposal):
+    def what(self, proposal: Proposal) -> SafeString:
         arguments = in_declared_order(proposal.claim.action, proposal.claim.arguments)
         return admin_texts.pairs_line(arguments, change_url(proposal))  # the page shows them whole
 
     @admin.display(description=_("Arguments"))
-    def arguments_in_full(self, proposal):
+    def arguments_in_full(self, proposal: Proposal) -> SafeString:
         """Everything the action will do, uncut: an operator approves what they read
         (every recipient of an email, its whole body)."""
         return admin_texts.pairs(in_declared_order(proposal.claim.action, proposal.claim.arguments))
 
     @display(description=_("state"), ordering="state", label=PROPOSAL_TONES)
-    def state_shown(self, proposal):
+    def state_shown(self, proposal: Proposal) -> tuple[str, str]:
         return proposal.state, proposal.get_state_display()
 
     @admin.display(description=_("expires"), ordering="expires_at")
-    def expires(self, proposal):
+    def expires(self, proposal: Proposal) -> str:
         """When an open one lapses, "in 1 day"; a decided one no longer does."""
         if not proposal.is_open:
             return "—"
@@ -258,16 +287,16 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
                            admin_texts.relative(proposal.expires_at))
 
     @admin.display(description=_("expires"))
-    def expires_in_full(self, proposal):
+    def expires_in_full(self, proposal: Proposal) -> str:
         moment = date_format(localtime(proposal.expires_at), "DATETIME_FORMAT")
         return f"{admin_texts.relative(proposal.expires_at)} ({moment})"
 
     @admin.display(description=_("Claim"))
-    def claim_link(self, proposal):
+    def claim_link(self, proposal: Proposal) -> str:
         return admin_link("actionclaim", proposal.claim_id)
 
     @admin.display(description=_("Asked in the chat"))
-    def asked(self, proposal):
+    def asked(self, proposal: Proposal) -> str:
         """Under approval = user: the question the conversation's user was sent (they
         decide with its buttons or a yes/no reply; an operator may still decide here)."""
         try:
@@ -278,34 +307,35 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
             "question": question.text, "n": question.taps}
 
     @admin.display(description=_("Decide"))
-    def buttons(self, proposal):
+    def buttons(self, proposal: Proposal) -> str:
         if not proposal.is_open:
             return "—"
         return admin_link("proposal", proposal.pk, gettext("Apply / Reject…"))
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Proposal]:
         return super().get_queryset(request).select_related("claim")
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Proposal | None = None) -> bool:
         return False
 
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # Every field is read-only: a proposal is decided with Apply / Reject (its
         # template), never saved; a Save button would offer an edit that does not exist.
         extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False,
                          "show_save_and_add_another": False}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         return [
             path("<int:pk>/apply/", self.admin_site.admin_view(self.apply_view), name="tools_proposal_apply"),
             path("<int:pk>/reject/", self.admin_site.admin_view(self.reject_view), name="tools_proposal_reject"),
         ] + super().get_urls()
 
-    def _decide(self, request, pk, decide):
+    def _decide(self, request: HttpRequest, pk: int, decide: Callable[..., Proposal]) -> HttpResponse:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not request.user.has_perm("tools.change_proposal"):
@@ -320,7 +350,7 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
         return HttpResponseRedirect(self._next_url(request, pk))
 
     @staticmethod
-    def _next_url(request, pk):
+    def _next_url(request: HttpRequest, pk: int) -> str:
         """Back where the decision was made (the dashboard, the list), but only on this
         site: a forged form must not turn the admin into a redirect to anywhere."""
         wanted = request.POST.get("next")
@@ -331,24 +361,24 @@ class ProposalAdmin(TextsHold, ListedLookupsOnly, ModelAdmin):
             return wanted
         return reverse("admin:tools_proposal_change", args=[pk])
 
-    def apply_view(self, request, pk):
+    def apply_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         return self._decide(request, pk, approvals.apply)
 
-    def reject_view(self, request, pk):
+    def reject_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         return self._decide(request, pk, approvals.reject)
 
     @admin.action(description=_("Apply selected proposals (each runs once)"), permissions=["change"])
-    def apply_selected(self, request, queryset):
+    def apply_selected(self, request: HttpRequest, queryset: QuerySet[Proposal]) -> None:
         done = [approvals.apply(p.pk, by=request.user.get_username()) for p in queryset]
         self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or gettext("nothing"))
 
     @admin.action(description=_("Reject selected proposals"), permissions=["change"])
-    def reject_selected(self, request, queryset):
+    def reject_selected(self, request: HttpRequest, queryset: QuerySet[Proposal]) -> None:
         done = [approvals.reject(p.pk, by=request.user.get_username()) for p in queryset]
         self.message_user(request, ", ".join(f"{p.pk}: {p.get_state_display()}" for p in done) or gettext("nothing"))
 
 
-class CalendarEventInline(TabularInline):
+class CalendarEventInline(EventInlineBase):
     model = CalendarEvent
     extra = 0
     fields = ["title", "start", "end", "location", "uid"]
@@ -356,24 +386,24 @@ class CalendarEventInline(TabularInline):
 
 
 @admin.register(Calendar)
-class CalendarAdmin(ModelAdmin):
+class CalendarAdmin(CalendarAdminBase):
     list_display = ["__str__", "scope", "event_count", "feed"]
     search_fields = ["scope", "name"]
     readonly_fields = ["feed", "created_at"]
     inlines = [CalendarEventInline]
 
     @admin.display(description=_("Events"))
-    def event_count(self, calendar):
+    def event_count(self, calendar: Calendar) -> int:
         return calendar.events.count()
 
     @admin.display(description=_("iCalendar feed"))
-    def feed(self, calendar):
+    def feed(self, calendar: Calendar) -> SafeString:
         url = reverse("calendar-feed", args=[calendar.feed_token])
         return format_html('<a href="{}">{}</a>', url, url)
 
 
 @admin.register(CalendarEvent)
-class CalendarEventAdmin(TextsHold, ModelAdmin):
+class CalendarEventAdmin(TextsHold, EventAdminBase):
     list_display = ["title_shown", "start", "end", "calendar", "location_shown", "created_at"]
     list_filter = ["calendar"]
     search_fields = ["title", "uid", "location"]
@@ -382,11 +412,11 @@ class CalendarEventAdmin(TextsHold, ModelAdmin):
 
     # What an agent wrote may be long: cut here, whole on the event's page.
     @admin.display(description=_("title"), ordering="title")
-    def title_shown(self, event):
+    def title_shown(self, event: CalendarEvent) -> SafeString:
         return admin_texts.name(event.title)
 
     @admin.display(description=_("location"))
-    def location_shown(self, event):
+    def location_shown(self, event: CalendarEvent) -> SafeString:
         return admin_texts.cell(event.location, change_url(event), length=60)
 
 
