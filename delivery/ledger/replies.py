@@ -162,7 +162,7 @@ def chunks_for(channel: Any, text: str, files: Sequence[OutboundFile] = ()) -> S
 def split_for(channel: Any, text: str) -> list[str]:
     """The chunks a reply is sent in on this channel's platform, [] when it fits in one.
     Each leaves room for the recovery prefix, which any chunk may have to carry."""
-    limit: int | None = transport_for(channel).max_units
+    limit = transport_for(channel).max_units
     if limit is None or chunks.units(text) <= limit - prefix_units():
         return []
     return chunks.split(text, limit - prefix_units())

@@ -87,7 +87,7 @@ async def _send(row: OutboundMessage, db: DbRunner | None = None) -> SendResult:
     pieces, first = parts(row), row.chunks_delivered
     row.resumed_at = first  # the chunk the label, if any, rides on (`_defer`)
     pace, sent_at = getattr(row, "pace", None), None
-    result: SendResult = SendResult.delivered(row.platform_message_id)
+    result = SendResult.delivered(row.platform_message_id)
     for index in range(first, len(pieces)):
         if pace is not None and not await _slot_reached(db, row, pace, sent_at):
             result = SendResult.failed(Outcome.NOT_SENT, f"chunk {index + 1} not sent: no send slot could be reserved")
@@ -148,8 +148,7 @@ async def send_over_preview(db: DbRunner, row: OutboundMessage, target: Target, 
         gone = await transport.edit_text(target, row.preview_message_id, STALE_PREVIEW)
     failpoint("ledger.after_preview_removed")
     if not await _note(db, row, preview_message_id=""):
-        unrecorded: SendResult = SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
-        return unrecorded
+        return SendResult.failed(Outcome.NOT_SENT, "the preview's removal could not be recorded")
     row.needs_marker = maybe_landed and not gone.ok
     return await send_piece(transport, target, piece, label_of(row) if row.needs_marker else "")
 
