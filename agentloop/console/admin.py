@@ -6,18 +6,38 @@ This app comes last in INSTALLED_APPS: theirs are registered by then.
 Also the admin's texts those libraries write in English or garble, each said below: a
 permission's name, a read-only JSON field (unfold), a lockout row's name (django-axes)."""
 
-import json
+from __future__ import annotations
 
-import unfold.fields
+import json
+from typing import TYPE_CHECKING, Any
+
+import unfold.fields  # type: ignore[import-untyped]  # unfold has no types
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group, Permission, User
 from django.utils.html import format_html
 from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext_lazy as _
-from unfold.admin import ModelAdmin
-from unfold.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationForm
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+    from django.contrib.auth.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationForm
+    from django.db.models import ManyToManyField
+    from django.forms import ModelMultipleChoiceField
+    from django.http import HttpRequest
+    from django.utils.safestring import SafeString
+
+    # unfold has no types: its ModelAdmin and forms are Django's with a theme.
+    _Mixin = ModelAdmin[Any]
+    _Themed = ModelAdmin[Any]
+    _UserAdmin = UserAdmin[User]
+    Theme: type  # unfold's ModelAdmin itself: the admins not yet themed are Django's
+else:
+    from unfold.admin import ModelAdmin as Theme
+    from unfold.forms import AdminPasswordChangeForm, UserChangeForm, UserCreationForm
+
+    _Mixin, _Themed, _UserAdmin = object, Theme, UserAdmin
 
 admin.site.unregister(User)
 admin.site.unregister(Group)
@@ -31,7 +51,7 @@ PERMISSION_ACTIONS = {"add": _("Can add %(name)s"), "change": _("Can change %(na
 CUSTOM_PERMISSIONS = [gettext_noop("Can read the Prometheus metrics (GET /metrics)")]
 
 
-def permission_label(permission) -> str:
+def permission_label(permission: Permission) -> str:
     """"<app> | <model> | Can add <model>", every part in the reader's language."""
     model = permission.content_type.model_class()
     action = permission.codename.split("_", 1)[0]
@@ -42,16 +62,17 @@ def permission_label(permission) -> str:
     return f"{permission.content_type} | {name}"
 
 
-class PermissionsInTheReadersLanguage:
-    def formfield_for_manytomany(self, db_field, request, **kwargs):
+class PermissionsInTheReadersLanguage(_Mixin):
+    def formfield_for_manytomany(self, db_field: ManyToManyField[Any, Any], request: HttpRequest,
+                                 **kwargs: Any) -> ModelMultipleChoiceField[Any] | None:
         field = super().formfield_for_manytomany(db_field, request, **kwargs)
         if db_field.name in ("permissions", "user_permissions") and field is not None:
-            field.label_from_instance = permission_label
+            field.label_from_instance = permission_label  # type: ignore[method-assign,assignment]  # Django's way
         return field
 
 
 @admin.register(User)
-class ThemedUserAdmin(PermissionsInTheReadersLanguage, UserAdmin, ModelAdmin):
+class ThemedUserAdmin(PermissionsInTheReadersLanguage, _UserAdmin, _Themed):
     # unfold's forms: the password fields drawn in the theme, as its docs prescribe.
     form = UserChangeForm
     add_form = UserCreationForm
@@ -59,15 +80,15 @@ class ThemedUserAdmin(PermissionsInTheReadersLanguage, UserAdmin, ModelAdmin):
 
 
 @admin.register(Group)
-class ThemedGroupAdmin(PermissionsInTheReadersLanguage, GroupAdmin, ModelAdmin):
+class ThemedGroupAdmin(PermissionsInTheReadersLanguage, GroupAdmin, _Themed):  # type: ignore[misc]  # GroupAdmin: request=None
     pass
 
 
 def _dress_the_rest() -> None:
     for model, model_admin in list(admin.site._registry.items()):
-        if isinstance(model_admin, ModelAdmin):
+        if isinstance(model_admin, Theme):
             continue
-        themed = type(f"Themed{type(model_admin).__name__}", (type(model_admin), ModelAdmin), {})
+        themed = type(f"Themed{type(model_admin).__name__}", (type(model_admin), Theme), {})
         admin.site.unregister(model)
         admin.site.register(model, themed)
 
@@ -75,7 +96,7 @@ def _dress_the_rest() -> None:
 _dress_the_rest()
 
 
-def _readable_json(data, encoder=None):
+def _readable_json(data: Any, encoder: type[json.JSONEncoder] | None = None) -> SafeString:
     """A read-only JSON field as the person wrote it: unfold's own (unfold.utils.prettify_json)
     escapes every letter outside ASCII ("Psicolog\\u00eda" to a Spanish operator) and needs
     pygments. Indented, keys sorted, wrapped inside the page's width."""
@@ -89,18 +110,18 @@ unfold.fields.prettify_json = _readable_json
 
 # django-axes names its rows in English f-strings (its __str__, read in the lockout pages'
 # titles and breadcrumbs): named here in the reader's language instead.
-def _failure_name(row) -> str:
+def _failure_name(row: AccessFailureLog) -> str:
     text = gettext("Failed access: user %(user)s on %(at)s from %(ip)s")
     if row.locked_out:
         text = gettext("Failed access: user %(user)s (locked out) on %(at)s from %(ip)s")
     return text % {"user": row.username, "at": f"{row.attempt_time:%Y-%m-%d %H:%M}", "ip": row.ip_address}
 
 
-def _attempt_name(row) -> str:
+def _attempt_name(row: AccessAttempt) -> str:
     return gettext("Attempted access: %(at)s") % {"at": f"{row.attempt_time:%Y-%m-%d %H:%M}"}
 
 
-def _log_name(row) -> str:
+def _log_name(row: AccessLog) -> str:
     return gettext("Access log of %(user)s at %(at)s") % {"user": row.username, "at": f"{row.attempt_time:%Y-%m-%d %H:%M}"}
 
 
