@@ -43,6 +43,7 @@ import re
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -80,7 +81,7 @@ JSON_ESCAPE = re.compile(r"\\(/|u[0-9a-fA-F]{4}|n|r)")
 WRAPPED = re.compile(r"(?<=\S)[ \t]*\r?\n(?=\S)")  # a line break inside a word (a wrapped token)
 
 
-def redact(text, also=()) -> str:
+def redact(text: object, also: Iterable[str] = ()) -> str:
     """`text` with every secret masked; `also`: more secrets the caller knows about."""
     if not text:
         return "" if text is None else str(text)
@@ -94,7 +95,7 @@ def redact(text, also=()) -> str:
     return masked
 
 
-def _mask(text, secrets) -> str:
+def _mask(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, MASK)
     known = _known.pattern()
@@ -105,7 +106,7 @@ def _mask(text, secrets) -> str:
     return text
 
 
-def _decoded(text) -> str:
+def _decoded(text: str) -> str:
     """The text as a secret in it reads: JSON escapes and percent-encoding undone, a
     word wrapped across lines joined. Cheap for a text with none of them."""
     if "\\" in text:
@@ -117,12 +118,12 @@ def _decoded(text) -> str:
     return WRAPPED.sub("", text) if "\n" in text else text
 
 
-def _unescape(match) -> str:
+def _unescape(match: re.Match[str]) -> str:
     escape = match[1]
     return {"/": "/", "n": "\n", "r": "\r"}.get(escape) or chr(int(escape[1:], 16))
 
 
-def redact_payload(value):
+def redact_payload(value: Any) -> Any:
     """Every string inside a JSON-like payload (dicts, lists), redacted."""
     if isinstance(value, str):
         return redact(value)
@@ -139,7 +140,7 @@ def hide_secrets(text: str) -> str:
     return redact(text)
 
 
-def _variants(secrets):
+def _variants(secrets: Iterable[str]) -> Iterator[str]:
     """Each secret as written and as it appears percent-encoded in a URL."""
     for secret in secrets:
         if secret and len(secret) >= MIN_SECRET:
@@ -152,7 +153,7 @@ def _variants(secrets):
 # --- what the deployment's secrets are ------------------------------------------------------
 
 
-def url_secrets(url) -> list:
+def url_secrets(url: object) -> list[str]:
     """The secret parts of a URL: its user-info, its query values, a long random-looking
     path segment (webhook URLs often carry their key in the path)."""
     if not url:
@@ -168,10 +169,10 @@ def url_secrets(url) -> list:
     return [value for value in found if len(value) >= MIN_SECRET]
 
 
-def agent_secrets(config) -> list:
+def agent_secrets(config: dict[str, Any] | None) -> list[str]:
     """Secrets in a channel's agent_config: keys named like secrets, the URLs' secrets,
     and the value of the environment variable `api_key_env` names."""
-    found = []
+    found: list[str] = []
     for name, value in (config or {}).items():
         if not isinstance(value, str):
             continue
@@ -184,11 +185,12 @@ def agent_secrets(config) -> list:
     return [value for value in found if value and len(value) >= MIN_SECRET]
 
 
-def channel_secrets(channel) -> list:
+def channel_secrets(channel: Any) -> list[str]:
     """Every secret one channel holds (a Channel, or a dict of its fields): its platform's
     secret settings and the secrets in its settings' URLs (the platform says which, see
     conversations.platforms), and its agent's."""
-    get = channel.get if isinstance(channel, dict) else lambda name, default="": getattr(channel, name, default)
+    get: Callable[..., Any] = channel.get if isinstance(channel, dict) else \
+        lambda name, default="": getattr(channel, name, default)
     found = _platform_secrets(channel, get("kind", ""))
     found += agent_secrets(get("agent_config", None))
     return [value for value in found if value and len(value) >= MIN_SECRET]
@@ -203,7 +205,7 @@ class SecretSettings(Protocol):
         ...
 
 
-def _platform_secrets(channel, kind) -> list:
+def _platform_secrets(channel: Any, kind: str) -> list[str]:
     platform: SecretSettings | None = plugins.instances("AGENTLOOP_PLATFORMS").get(kind) if apps.ready else None
     if platform is None:
         # A kind no longer registered (or the platforms not loadable yet): every string among its settings is masked.
@@ -212,7 +214,7 @@ def _platform_secrets(channel, kind) -> list:
     return platform.secrets(channel)
 
 
-def deployment_secrets() -> list:
+def deployment_secrets() -> list[str]:
     """Secrets of the deployment itself: SECRET_KEY, database passwords, the secrets in
     the channel layer's and cache's URLs, environment variables named like secrets."""
     found = [getattr(settings, "SECRET_KEY", "")]
@@ -229,20 +231,20 @@ def deployment_secrets() -> list:
 class _Known:
     """The deployment's secrets as one compiled pattern, longest first."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pattern = None
+        self._pattern: re.Pattern[str] | None = None
         self._expires = 0.0
 
-    def pattern(self):
+    def pattern(self) -> re.Pattern[str] | None:
         if time.monotonic() >= self._expires and _may_query():
             self.reload()
         return self._pattern
 
-    def forget(self, **kwargs):
+    def forget(self, **kwargs: Any) -> None:
         self._expires = 0.0
 
-    def reload(self):
+    def reload(self) -> None:
         with self._lock:
             self._expires = time.monotonic() + REFRESH_SECONDS
             try:
@@ -253,7 +255,7 @@ class _Known:
             self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
 
-def _stored_secrets() -> list:
+def _stored_secrets() -> list[str]:
     """The secrets the higher apps store (settings.AGENTLOOP_SECRET_SOURCES: every
     channel's, every MCP server's). Inside a transaction each source reads in a savepoint:
     a failure must not doom the caller's. A failure is raised (reload keeps the list it had)."""
@@ -282,7 +284,7 @@ def _may_query() -> bool:
 _known = _Known()
 
 
-def forget_secrets(**kwargs):
+def forget_secrets(**kwargs: Any) -> None:
     """A channel changed: read the secrets again before the next redaction here."""
     _known.forget()
 
@@ -297,14 +299,14 @@ class _Flag(threading.local):
 _in_log_record = _Flag()
 
 
-def install_log_redaction():
+def install_log_redaction() -> None:
     """Every log record this process creates carries redacted text: its message, its
     traceback and its stack (whatever handler — console, file, a test's capture — shows it)."""
     previous = logging.getLogRecordFactory()
     if getattr(previous, "redacts", False):
         return
 
-    def factory(*args, **kwargs):
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         _in_log_record.active = True
         try:
@@ -313,11 +315,11 @@ def install_log_redaction():
             _in_log_record.active = False
         return record
 
-    factory.redacts = True
+    factory.redacts = True  # type: ignore[attr-defined]  # a mark on the function: installed once
     logging.setLogRecordFactory(factory)
 
 
-def _redact_record(record):
+def _redact_record(record: logging.LogRecord) -> None:
     try:
         message = record.getMessage()
     except Exception:  # a bad format string: the handler will say so

@@ -205,8 +205,7 @@ def test_the_web_chat_shows_a_replys_files_by_signed_links(make_channel, client)
 
     from agentloop.core import live
     from agentloop.core.models import LiveEvent, LiveListener
-    from delivery.hooks import transport_for
-    from delivery.transports import Target
+    from delivery.transports import Target, transport_for
 
     channel = make_channel("web", kind="webchat")
     conversation = conversation_for(channel)
