@@ -1,9 +1,14 @@
 """REST API for external agents: hosted tools behind the guard, and the guard alone
 (claim / succeed / fail) for tools an agent runs itself."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import exceptions, serializers, status
-from rest_framework.response import Response
+from rest_framework import exceptions, serializers, status  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
 
 from agentloop.core.api import ROW_ID_MAX, ErrorSerializer, StrictBody, row_id
 from agentloop.core.idempotency import ApiView
@@ -12,6 +17,9 @@ from tools.conversation_side import conversation_side
 from tools.mcp import catalog
 from tools.models import ActionClaim
 from tools.registry import Scope
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
 
 
 class ScopedSerializer(StrictBody):
@@ -23,7 +31,7 @@ class ScopedSerializer(StrictBody):
                                   help_text="An explicit scope of your own (e.g. a customer id), instead.")
     arguments = serializers.DictField(help_text="The call's arguments (a JSON object).")
 
-    def validate(self, data):
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         if ("conversation" in data) == ("scope" in data):
             raise serializers.ValidationError("give exactly one of 'conversation' or 'scope'")
         return data
@@ -43,7 +51,7 @@ class ActionClaimSerializer(ScopedSerializer):
     )
 
 
-class OutcomeSerializer(serializers.Serializer):
+class OutcomeSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     status = serializers.ChoiceField(["done", "duplicate", "in_progress", "uncertain", "awaiting_approval", "failed"])
     duplicate = serializers.BooleanField()
     note = serializers.CharField(required=False, help_text="For the model: what happened and what to tell the user.")
@@ -54,7 +62,7 @@ class OutcomeSerializer(serializers.Serializer):
     proposal = serializers.IntegerField(required=False)
 
 
-class ClaimSerializer(serializers.Serializer):
+class ClaimSerializer(serializers.Serializer):  # type: ignore[misc]
     claim = serializers.IntegerField()
     status = serializers.CharField()
     state = serializers.CharField()
@@ -71,18 +79,18 @@ class ClaimFailureSerializer(StrictBody):
     error = serializers.CharField(max_length=2000)
 
 
-def _scope(request, data) -> Scope:
+def _scope(request: Request, data: dict[str, Any]) -> Scope:
     key = request.user
     if "conversation" in data:
         return Scope.of_conversation(conversation_side().conversation_for_key(key, data["conversation"]))
     return Scope.of_agent(key.pk, data["scope"])
 
 
-def _actor(request):
+def _actor(request: Request) -> str:
     return f"agent:{request.user.name}"[:100]
 
 
-def _outcome_body(outcome) -> dict:
+def _outcome_body(outcome: guard.Outcome) -> dict[str, Any]:
     body = outcome.for_model()
     body["claim"] = outcome.claim_id
     return body
@@ -91,7 +99,7 @@ def _outcome_body(outcome) -> dict:
 class ToolListView(ApiView):
     @extend_schema(responses={200: serializers.ListSerializer(child=serializers.DictField())},
                    summary="The hosted tools, as OpenAI function definitions with their guard policy")
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         tools = []
         for name, tool in registry.all_tools().items():
             policy = guard.policy_for(name)
@@ -117,7 +125,7 @@ class ToolInvokeView(ApiView):
         examples=[OpenApiExample("create an event", request_only=True, value={
             "conversation": 12, "arguments": {"title": "Psicología", "start_datetime": "2026-12-01T10:00"}})],
     )
-    def post(self, request, name):
+    def post(self, request: Request, name: str) -> Response:
         incoming = InvokeSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
@@ -155,7 +163,7 @@ class ActionClaimView(ApiView):
                     "(run those through /tools/{name}/invoke). 404: no such conversation among the key's channels. "
                     "429: this key already uses AGENTLOOP_MAX_ACTIONS_PER_KEY action names (or too many requests).",
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         incoming = ActionClaimSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         data = incoming.validated_data
@@ -170,15 +178,15 @@ class ActionClaimView(ApiView):
             return Response({"error": str(exc)}, status=status.HTTP_409_CONFLICT)
         except guard.TooManyActions as exc:
             return Response({"error": str(exc)}, status=status.HTTP_429_TOO_MANY_REQUESTS)
-        if created:
-            return Response(_claim_body(ActionClaim.objects.get(pk=outcome.claim_id), "proceed"),
+        if created:  # the claim was just taken: its id is set
+            return Response(_claim_body(ActionClaim.objects.get(pk=outcome.claim_id), "proceed"),  # type: ignore[misc]
                             status=status.HTTP_201_CREATED)
         code = status.HTTP_409_CONFLICT if outcome.status == guard.Status.IN_PROGRESS else status.HTTP_200_OK
         return Response(_outcome_body(outcome), status=code)
 
 
-def _claim_body(claim, status_word) -> dict:
-    body = {"claim": claim.pk, "status": status_word, "state": claim.state, "fingerprint": claim.fingerprint,
+def _claim_body(claim: ActionClaim, status_word: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"claim": claim.pk, "status": status_word, "state": claim.state, "fingerprint": claim.fingerprint,
             "expires_at": claim.expires_at}
     if claim.result is not None:
         body["result"] = claim.result
@@ -186,7 +194,7 @@ def _claim_body(claim, status_word) -> dict:
 
 
 class _ClaimOutcomeView(ApiView):
-    def _settle(self, request, claim, settle, payload):
+    def _settle(self, request: Request, claim: int, settle: Callable[..., ActionClaim], payload: Any) -> Response:
         try:
             settled = settle(row_id(claim, "claim"), payload, agent_key_id=request.user.pk)
         except ActionClaim.DoesNotExist:
@@ -199,7 +207,7 @@ class _ClaimOutcomeView(ApiView):
 class ActionSucceedView(_ClaimOutcomeView):
     @extend_schema(request=ClaimOutcomeSerializer, responses={200: ClaimSerializer, 409: ErrorSerializer},
                    summary="Guard-only: the action succeeded (keeps its result for duplicates)")
-    def post(self, request, claim):
+    def post(self, request: Request, claim: int) -> Response:
         incoming = ClaimOutcomeSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         return self._settle(request, claim, guard.succeed, incoming.validated_data["result"])
@@ -208,7 +216,7 @@ class ActionSucceedView(_ClaimOutcomeView):
 class ActionFailView(_ClaimOutcomeView):
     @extend_schema(request=ClaimFailureSerializer, responses={200: ClaimSerializer, 409: ErrorSerializer},
                    summary="Guard-only: the action failed (the claim is released; a retry may run)")
-    def post(self, request, claim):
+    def post(self, request: Request, claim: int) -> Response:
         incoming = ClaimFailureSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         return self._settle(request, claim, guard.fail, incoming.validated_data["error"])
