@@ -20,7 +20,7 @@ from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret
 from agentloop.logging_config import logging_config
 
 # Django's and its apps' own settings, written in agentloop/wiring.py; the rest: wiring.<NAME>.
-from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES, TOOL_SOURCES, TOOLS_CONVERSATIONS, UNFOLD  # noqa: F401
+from agentloop.wiring import MIDDLEWARE, SPECTACULAR_SETTINGS, TEMPLATES, UNFOLD  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -361,6 +361,7 @@ AGENTLOOP_TELEGRAM_READ_TIMEOUT = env.float("AGENTLOOP_TELEGRAM_READ_TIMEOUT", d
 AGENTLOOP_PLATFORMS = {**wiring.PLATFORMS, **dict(p.split("=", 1) for p in env.list("AGENTLOOP_EXTRA_PLATFORMS", default=[]) if "=" in p)}
 AGENTLOOP_AGENTS = {**wiring.AGENTS, **dict(p.split("=", 1) for p in env.list("AGENTLOOP_EXTRA_AGENTS", default=[]) if "=" in p)}
 AGENTLOOP_SECRET_SOURCES, AGENTLOOP_QUESTION_BUTTONS = wiring.SECRET_SOURCES, wiring.QUESTION_BUTTONS
+AGENTLOOP_CONVERSATION_SIDE, AGENTLOOP_TOOL_SOURCES = wiring.CONVERSATION_SIDE, wiring.TOOL_SOURCES
 
 # A turn handed to an external agent (pull, or a webhook agent answering later) that is
 # not finished within this time is released to be taken again.

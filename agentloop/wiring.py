@@ -138,7 +138,7 @@ TOOLS = [
 # What tools asks of conversations, the app above it (tools.conversation_side): a decision
 # on a proposal ends in its conversation; an API or MCP request names a conversation, an
 # agent key, a channel. It points up, so tools owns the interface and this names its implementation.
-TOOLS_CONVERSATIONS = "conversations.tool_side.ConversationSide"
+CONVERSATION_SIDE = "conversations.tool_side.ConversationSide"
 # Where the registry looks for a tool it does not host, in turn (tools.registry.get): the
 # MCP servers' tools by the names they are offered as. The catalog builds registry Tools,
 # so it is named here, as the hosted tools are, rather than imported by the registry.

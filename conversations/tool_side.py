@@ -1,5 +1,5 @@
 """What tools asks of conversations (tools.conversation_side.ConversationSide): named by
-the setting TOOLS_CONVERSATIONS, since tools sits below this app and cannot import it."""
+the setting AGENTLOOP_CONVERSATION_SIDE, since tools sits below this app and cannot import it."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ without importing the app that owns it. Where tools has a foreign key into conve
 already declares that dependency.
 
 The implementation lives in conversations and is named by dotted path in the setting
-TOOLS_CONVERSATIONS (agentloop/wiring.py), resolved once by agentloop.core.plugins, the
+AGENTLOOP_CONVERSATION_SIDE (agentloop/wiring.py), resolved once by agentloop.core.plugins, the
 way Django resolves EMAIL_BACKEND: no registration at start-up, no module global.
 """
 
@@ -115,9 +115,9 @@ class ConversationSide(Protocol):
 
 @functools.cache
 def conversation_side() -> ConversationSide:
-    """The implementation named by settings.TOOLS_CONVERSATIONS, one per process.
+    """The implementation named by settings.AGENTLOOP_CONVERSATION_SIDE, one per process.
 
     It points up, against the layer order: a decision on a proposal ends in a note and a
     message in its conversation, and an API request names a conversation; both belong to
     conversations, the app above tools. So tools owns the interface and conversations fills it."""
-    return cast("ConversationSide", plugins.named("TOOLS_CONVERSATIONS")())
+    return cast("ConversationSide", plugins.named("AGENTLOOP_CONVERSATION_SIDE")())

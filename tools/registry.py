@@ -168,10 +168,10 @@ def get(name: str) -> Tool:
     if found is not None:
         return found
     # Other sources of tools, asked in turn for a name the registry does not host: the MCP
-    # servers' tools (tools.mcp.catalog.tool). Named by settings.TOOL_SOURCES, as the hosted
+    # servers' tools (tools.mcp.catalog.tool). Named by settings.AGENTLOOP_TOOL_SOURCES, as the hosted
     # tools are by AGENTLOOP_TOOLS: they build Tools, so they import this module, not the
     # other way round.
-    for source in cast("tuple[Callable[[str], Tool | None], ...]", plugins.each("TOOL_SOURCES")):
+    for source in cast("tuple[Callable[[str], Tool | None], ...]", plugins.each("AGENTLOOP_TOOL_SOURCES")):
         found = source(name)
         if found is not None:
             return _from_sources.set(name, found)
