@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # for annotations only
     from django.urls import URLPattern, URLResolver
     from django_stubs_ext import StrOrPromise
 
-    from conversations.platforms.inbound import Webhook
+    from conversations.platforms.inbound import Connection, Webhook
     from delivery.transports import Transport
     from tools.models import Confirmation
 
@@ -184,6 +184,14 @@ class Platform(abc.ABC):
         channel → authenticate → parse → admit), whose `urls()` this platform's `urls()`
         mounts, and which the lean ASGI path (conversations/lean_ingest.py) drives too
         when its `lean` is set. None: the platform takes no webhook."""
+        return None
+
+    def connection(self) -> Connection | None:
+        """The platform's connection, for a platform that keeps one open per channel (a
+        conversations.platforms.inbound.Connection: Discord's Gateway, Slack Socket Mode,
+        Matrix sync): the worker runs one per channel across all workers
+        (conversations.platforms.connection), resumed from its stored cursor, its items
+        admitted as a webhook's. None: it has none."""
         return None
 
     async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:

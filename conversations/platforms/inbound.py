@@ -14,6 +14,10 @@ Two drivers, one object: `view(webhook)`, the Django view the platform's `urls()
 under /webhooks/<kind>/, and conversations/lean_ingest.py, which admits the POSTs of a
 webhook whose `lean` is set in batches without Django's request stack (`prepare`, then
 `alone()` to the batch or `admit`; `answer` either way), so both answer alike.
+
+A platform that keeps a connection open instead subclasses `Connection`: its items go
+through the same refusal and admission (`Intake`, which both are); the worker runs it
+(conversations.platforms.connection).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from __future__ import annotations
 import abc
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.urls import path
@@ -91,17 +95,53 @@ class Received:
         return None
 
 
-class Webhook(abc.ABC):
+class Intake:
+    """What every way in shares, a webhook's or a connection's (conversations.platforms.
+    connection): the refusal of unstorable input, the same for every platform, then each
+    item admitted or applied — the dedup is the admission's."""
+
+    refusal_source = "webhook"  # how an unstorable message's refusal is audited
+
+    def __init__(self, platform: Platform) -> None:
+        self.kind, self.label = platform.kind, platform.label
+
+    def apply(self, channel: Channel, item: object) -> object:
+        """One item admitted or applied, each in its own transaction."""
+        if isinstance(item, Inbound):
+            return admit(channel, item)
+        if isinstance(item, edits.Edit):
+            return edits.apply(channel, item)
+        if isinstance(item, reactions.Reaction):
+            return reactions.apply(channel, item)
+        if isinstance(item, deletions.Deletion):
+            return deletions.apply(channel, item)
+        raise TypeError(f"{type(self).__name__} cannot apply a {type(item).__name__}")
+
+    def receive(self, channel: Channel, parsed: Parsed) -> Received:
+        """The items no retry could store, refused and audited before anything is
+        admitted (the platform is answered 2xx for them, so it stops resending)."""
+        refused = {}
+        for index, item in enumerate(parsed.items):
+            problem = refusal(item) if isinstance(item, Inbound) else \
+                edits.refusal(item) if isinstance(item, edits.Edit) else ""
+            if problem:
+                record_refusal(channel, item, problem, self.refusal_source)  # type: ignore[arg-type]  # an Edit has the ids it reads
+                refused[index] = problem
+        return Received(channel, parsed, refused)
+
+    def results(self, received: Received) -> list[object]:
+        """Each item applied in order (an unstorable one skipped): what became of each."""
+        return [Refused(received.refused[index]) if index in received.refused else self.apply(received.channel, item)
+                for index, item in enumerate(received.parsed.items)]
+
+
+class Webhook(Intake, abc.ABC):
     """One webhook URL of a platform. Subclasses give `authenticate`, `parse`, `answer`."""
 
     route = "<slug:slug>/"  # under /webhooks/<kind>/
     url_name = "webhook"
     methods: tuple[str, ...] = ("POST",)  # others: 405 (a GET is given to `handshake`)
     lean = False  # its POSTs may take the lean ASGI path (conversations/lean_ingest.py)
-    refusal_source = "webhook"  # how an unstorable message's refusal is audited
-
-    def __init__(self, platform: Platform) -> None:
-        self.kind, self.label = platform.kind, platform.label
 
     # --- the steps ------------------------------------------------------------------
     def find_channel(self, slug: str) -> Channel | None:
@@ -128,18 +168,6 @@ class Webhook(abc.ABC):
         """A request other than a POST (among `methods`): a verification handshake."""
         return error(405, "method not allowed")
 
-    def apply(self, channel: Channel, item: object) -> object:
-        """One item admitted or applied, each in its own transaction."""
-        if isinstance(item, Inbound):
-            return admit(channel, item)
-        if isinstance(item, edits.Edit):
-            return edits.apply(channel, item)
-        if isinstance(item, reactions.Reaction):
-            return reactions.apply(channel, item)
-        if isinstance(item, deletions.Deletion):
-            return deletions.apply(channel, item)
-        raise TypeError(f"{type(self).__name__} cannot apply a {type(item).__name__}")
-
     def takes_lean(self, body: bytes | None) -> bool:
         """Whether the lean path may answer this POST; False sends it to the Django view
         (a request that calls out to the platform, off the lean path's admitter threads)."""
@@ -161,25 +189,11 @@ class Webhook(abc.ABC):
         parsed = self.parse(channel, request)
         if isinstance(parsed, Answer):
             return parsed
-        return Received(channel, parsed, self.refuse_unstorable(channel, parsed.items))
-
-    def refuse_unstorable(self, channel: Channel, items: list[object]) -> dict[int, str]:
-        """The items no retry could store, refused and audited before anything is
-        admitted (the platform is answered 2xx for them, so it stops resending)."""
-        refused = {}
-        for index, item in enumerate(items):
-            problem = refusal(item) if isinstance(item, Inbound) else \
-                edits.refusal(item) if isinstance(item, edits.Edit) else ""
-            if problem:
-                record_refusal(channel, item, problem, self.refusal_source)  # type: ignore[arg-type]  # an Edit has the ids it reads
-                refused[index] = problem
-        return refused
+        return self.receive(channel, parsed)
 
     def admit(self, received: Received) -> Answer:
         """Each item applied in order (an unstorable one skipped), then the answer."""
-        results = [Refused(received.refused[index]) if index in received.refused else self.apply(received.channel, item)
-                   for index, item in enumerate(received.parsed.items)]
-        return self.answer(received, results)
+        return self.answer(received, self.results(received))
 
     def respond(self, slug: str, request: Request) -> Answer:
         prepared = self.prepare(slug, request)
@@ -189,6 +203,34 @@ class Webhook(abc.ABC):
 
     def urls(self) -> list[URLPattern]:
         return [path(self.route, view(self), name=self.url_name)]
+
+
+# receive(payloads, cursor) → how many were new; returns once they are admitted and the cursor stored.
+Receive = Callable[[Sequence[Any], "int | None"], Awaitable[int]]
+
+
+class Connection(Intake, abc.ABC):
+    """A platform that keeps a connection open per channel (Discord's Gateway, Slack
+    Socket Mode, Matrix sync): the worker runs `session` for each of `channel_ids()`, one
+    per channel across all workers, again after every drop (conversations.platforms.
+    connection). Subclasses give `session` and `parse`."""
+
+    refusal_source = "connection"
+
+    def channel_ids(self) -> list[int]:
+        """The channels to keep connected: the active ones of this kind."""
+        return list(Channel.objects.filter(kind=self.kind, is_active=True).values_list("pk", flat=True))
+
+    @abc.abstractmethod
+    async def session(self, channel: Channel, cursor: int | None, receive: Receive) -> None:
+        """Connect (resuming after `cursor`, the last one stored; None: never connected
+        before), and for what arrives `await receive(payloads, cursor)`: it returns once
+        they are admitted and `cursor` is stored, and only then may the platform be told
+        they were received. Return or raise when the connection drops: it is opened again."""
+
+    @abc.abstractmethod
+    def parse(self, channel: Channel, payload: Any) -> Parsed | None:
+        """One payload the connection received into our own types; None: nothing to act on."""
 
 
 def view(webhook: Webhook) -> Callable[..., HttpResponse]:

@@ -1,6 +1,7 @@
-"""Polling platforms (Telegram's getUpdates): the worker runs one poller per channel the
-registry's pollers name, and stops the pollers of channels that are gone. Each platform
-takes its own lease (one poller per channel across all workers)."""
+"""Polling platforms (Telegram's getUpdates) and those that keep a connection (their
+Connection's poller): the worker runs one poller per channel the registry's pollers
+name, and stops the pollers of channels that are gone. Each platform takes its own lease
+(one poller per channel across all workers)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import platforms
 from conversations.models import Channel
+from conversations.platforms import connection
 
 if TYPE_CHECKING:  # for annotations only
     from conversations.worker.supervisor import Worker
@@ -21,8 +23,12 @@ SUPERVISE_EVERY = 5.0
 
 
 def wanted_pollers() -> dict[int, platforms.Poller]:
-    """Every channel to poll, with its platform's poller."""
-    return {channel_id: poller for poller in platforms.pollers().values() for channel_id in poller.channel_ids()}
+    """Every channel to poll, with its platform's poller; and every channel to keep a
+    connection open for (conversations.platforms.connection), run the same way."""
+    connections = [connection.poller(kept) for platform in platforms.all_platforms()
+                   if (kept := platform.connection()) is not None]
+    return {channel_id: poller for poller in [*platforms.pollers().values(), *connections]
+            for channel_id in poller.channel_ids()}
 
 
 class Polling:
