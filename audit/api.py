@@ -1,17 +1,24 @@
 """Audit events over the REST API, for monitoring (e.g. alert when duplicates spike)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
-from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework import serializers  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
+from rest_framework.views import APIView  # type: ignore[import-untyped]
 
 from agentloop.core.api import StrictQuery, UtcDateTimeField, query_of
 from agentloop.core.redaction import redact
 from audit.events import recent
-from audit.models import EventKind
+from audit.models import AuditEvent, EventKind
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
 
 
-class AuditEventSerializer(serializers.Serializer):
+class AuditEventSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     id = serializers.IntegerField()
     kind = serializers.CharField()
     at = serializers.DateTimeField()
@@ -22,8 +29,9 @@ class AuditEventSerializer(serializers.Serializer):
     summary = serializers.SerializerMethodField()
     extra = serializers.JSONField()
 
-    def get_summary(self, event) -> str:
-        return redact(event.summary)  # rows written before redaction at write existed
+    def get_summary(self, event: AuditEvent) -> str:
+        summary: str = redact(event.summary)  # rows written before redaction at write existed
+        return summary
 
 
 _KIND = "|".join(EventKind.values)
@@ -39,10 +47,10 @@ class AuditEventsQuery(StrictQuery):
     limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=100)
 
 
-class AuditEventsView(APIView):
+class AuditEventsView(APIView):  # type: ignore[misc]  # DRF's classes are Any here
     @extend_schema(parameters=[AuditEventsQuery], responses={200: AuditEventSerializer(many=True)},
                    summary="Audit events of your channels and your own actions, newest first")
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         query = AuditEventsQuery(data=query_of(request))
         query.is_valid(raise_exception=True)
         params = query.validated_data

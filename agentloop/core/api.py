@@ -3,26 +3,34 @@ app's API views (conversations, tools, audit) and kept apart from them (DRF impo
 exception handler from settings before its views module is ready). The agents' key
 authentication is conversations' (conversations/api_auth.py)."""
 
+from __future__ import annotations
+
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views import defaults
-from rest_framework import exceptions, serializers
-from rest_framework.response import Response
+from rest_framework import exceptions, serializers  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
+    from rest_framework.request import Request  # type: ignore[import-untyped]
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     """The shape of every API error."""
 
     error = serializers.CharField()
     fields = serializers.DictField(required=False, help_text="Per-field messages of an invalid request.")
 
 
-def json_exception_handler(exc, context):
+def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Every API error is JSON with a clear message."""
-    from rest_framework.views import (
+    from rest_framework.views import (  # type: ignore[import-untyped]
         exception_handler,  # not at import time: DRF loads us from settings
     )
 
@@ -36,7 +44,7 @@ def json_exception_handler(exc, context):
     return response
 
 
-def api_not_found(request, exception=None):
+def api_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """handler404: a path under /api/ that matches no route (a path converter that does
     not fit, say `turns/-1/claim`) answers in the API's error shape, like every other API
     error; the rest of the site keeps Django's page."""
@@ -62,7 +70,7 @@ RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:
 ROW_ID_MAX = 2**63 - 1  # a BigAutoField's largest id
 
 
-def text_pattern(field) -> str | None:
+def text_pattern(field: serializers.Field) -> str | None:
     """The pattern a request's text field is held to, or None when it states its own."""
     if not isinstance(field, serializers.CharField) or isinstance(field, serializers.RegexField):
         return None
@@ -72,7 +80,7 @@ def text_pattern(field) -> str | None:
 NUL_IN_JSON = "A NUL character (U+0000) cannot be stored (PostgreSQL's JSON refuses it), in a key or a text."
 
 
-def nul_free(value) -> bool:
+def nul_free(value: object) -> bool:
     """True when no text of a JSON value (keys included) holds a NUL."""
     if isinstance(value, str):
         return "\x00" not in value
@@ -83,7 +91,7 @@ def nul_free(value) -> bool:
     return True
 
 
-def date_time_problem(value) -> str | None:
+def date_time_problem(value: object) -> str | None:
     """Why `value` is not an RFC 3339 date-time (the schema's `format: date-time`; DRF
     alone takes other spellings too), or None."""
     if not isinstance(value, str) or not RFC3339.match(value):
@@ -91,27 +99,27 @@ def date_time_problem(value) -> str | None:
     return None
 
 
-class UtcDateTimeField(serializers.DateTimeField):
+class UtcDateTimeField(serializers.DateTimeField):  # type: ignore[misc]  # DRF's classes are Any here
     """A date-time as UTC. One the schema allows but UTC cannot hold (0001-01-01T00:00+01:00
     is in year 0 there) is taken as UTC's first or last instant: the database stores and
     compares UTC, and would fail on it."""
 
-    def to_internal_value(self, value):
-        parsed = super().to_internal_value(value)
+    def to_internal_value(self, value: object) -> datetime:
+        parsed: datetime = super().to_internal_value(value)
         try:
             return parsed.astimezone(UTC)
         except OverflowError:
             return (datetime.min if parsed.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
-def _integral(value) -> bool:
+def _integral(value: object) -> bool:
     """A JSON integer: JSON Schema counts 1.0 as one too."""
     if isinstance(value, float):
         return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _json_type_error(field, value) -> str | None:
+def _json_type_error(field: serializers.Field, value: object) -> str | None:
     """Why `value` is not of the JSON type the schema gives `field` (DRF would coerce it)."""
     if isinstance(field, serializers.BooleanField):
         return None if isinstance(value, bool) else "Must be a JSON boolean."
@@ -146,12 +154,12 @@ def _json_type_error(field, value) -> str | None:
 # (Comments, not docstrings: drf-spectacular shows a serializer's docstring in the schema.)
 
 
-class StrictBody(serializers.Serializer):
+class StrictBody(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     # A JSON request body held to its schema's types before DRF's own (lenient) checks.
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: object) -> dict[str, Any]:
         if isinstance(data, dict):
-            errors = {}
+            errors: dict[str, list[str]] = {}
             for name, field in self.fields.items():
                 if name in data and not field.read_only and not (data[name] is None and field.allow_null):
                     problem = _json_type_error(field, data[name])
@@ -162,14 +170,15 @@ class StrictBody(serializers.Serializer):
             data = {name: int(value) if isinstance(value, float) and isinstance(self.fields.get(name),
                                                                                  serializers.IntegerField) else value
                     for name, value in data.items()}
-        return super().to_internal_value(data)
+        validated: dict[str, Any] = super().to_internal_value(data)
+        return validated
 
 
-class StrictQuery(serializers.Serializer):
+class StrictQuery(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     # Query parameters held to the schema: a date-time is RFC 3339 (DRF takes more).
 
-    def to_internal_value(self, data):
-        errors = {}
+    def to_internal_value(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
         for name, field in self.fields.items():
             if isinstance(field, serializers.DateTimeField) and name in data:
                 problem = date_time_problem(data[name])
@@ -177,16 +186,17 @@ class StrictQuery(serializers.Serializer):
                     errors[name] = [problem]
         if errors:
             raise serializers.ValidationError(errors)
-        return super().to_internal_value(data)
+        validated: dict[str, Any] = super().to_internal_value(data)
+        return validated
 
 
-def query_of(request) -> dict:
+def query_of(request: Request) -> dict[str, str]:
     """The query string as a plain dict: DRF reads a QueryDict like an HTML form, where
     `state=` means "not given" (its default); for the API it is the empty value it is."""
     return {name: request.query_params.getlist(name)[-1] for name in request.query_params}
 
 
-def row_id(value, what: str) -> int:
+def row_id(value: int, what: str) -> int:
     """A path's row id, or 404: beyond a BigAutoField no row exists (and SQLite cannot
     even compare such a number)."""
     if not 0 <= value <= ROW_ID_MAX:

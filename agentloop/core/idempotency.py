@@ -19,18 +19,25 @@ new request with that key takes it over. The retention sweep deletes rows after 
 (`prune`). Answers of 401/403/429 (before the claim) are never kept.
 """
 
+from __future__ import annotations
+
 import hashlib
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.http import HttpResponse
 from django.utils import timezone
-from rest_framework import exceptions
-from rest_framework.views import APIView
+from rest_framework import exceptions  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.views import APIView  # type: ignore[import-untyped]
 
 from agentloop.core import pruning
 from agentloop.core.models import IdempotentRequest
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
+    from rest_framework.response import Response  # type: ignore[import-untyped]
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
@@ -47,16 +54,16 @@ KEY_PATTERN = (r'^(?:[!#-~](?:[ -~]{0,253}[!-~])?'
 _KEY = re.compile(KEY_PATTERN)
 
 
-class BadKey(exceptions.APIException):
+class BadKey(exceptions.APIException):  # type: ignore[misc]  # DRF's classes are Any here
     status_code = 400
 
 
-class KeyInFlight(exceptions.APIException):
+class KeyInFlight(exceptions.APIException):  # type: ignore[misc]
     status_code = 409
     default_detail = "a request with this Idempotency-Key is still in flight: retry later"
 
 
-class KeyReused(exceptions.APIException):
+class KeyReused(exceptions.APIException):  # type: ignore[misc]
     status_code = 422
     default_detail = "this Idempotency-Key was used for another request (another method, path or body)"
 
@@ -64,12 +71,12 @@ class KeyReused(exceptions.APIException):
 class Replayed(Exception):
     """Raised out of the view's `initial` to answer with a kept response instead."""
 
-    def __init__(self, response):
+    def __init__(self, response: HttpResponse) -> None:
         super().__init__("replayed")
         self.response = response
 
 
-def key_of(request) -> str | None:
+def key_of(request: Request) -> str | None:
     """The request's key (None without the header), or BadKey."""
     raw = request.headers.get(HEADER)
     if raw is None:
@@ -80,13 +87,13 @@ def key_of(request) -> str | None:
     return re.sub(r'\\(["\\])', r"\1", raw[1:-1]) if raw.startswith('"') else raw
 
 
-def owner_of(request) -> str:
+def owner_of(request: Request) -> str:
     """Whose key: an agent key's or a user's row (keys are per caller)."""
     user = request.user
     return f"{user._meta.label_lower}:{user.pk}"[:100]
 
 
-def capture_body(request) -> None:
+def capture_body(request: Request) -> None:
     """Keep a JSON body's raw bytes readable for the fingerprint: read here, before DRF's
     parser (or a session's CSRF check) consumes the stream; Django then serves the parser
     from the copy. A multipart body (an upload, maybe large) is fingerprinted from its
@@ -95,7 +102,7 @@ def capture_body(request) -> None:
         request._request.body  # noqa: B018 -- the read caches it
 
 
-def fingerprint(request) -> str:
+def fingerprint(request: Request) -> str:
     digest = hashlib.sha256(f"{request.method} {request.get_full_path()}\n".encode())
     if not _multipart(request):
         digest.update(request._request.body)
@@ -112,11 +119,11 @@ def fingerprint(request) -> str:
     return digest.hexdigest()
 
 
-def _multipart(request) -> bool:
-    return request.content_type.startswith("multipart/")
+def _multipart(request: Request) -> bool:
+    return bool(request.content_type.startswith("multipart/"))
 
 
-def claim(owner, key, print_) -> IdempotentRequest:
+def claim(owner: str, key: str, print_: str) -> IdempotentRequest:
     """The key's row, claimed for this request; or Replayed, KeyInFlight, KeyReused."""
     now = timezone.now()
     try:
@@ -126,7 +133,8 @@ def claim(owner, key, print_) -> IdempotentRequest:
     except IntegrityError:
         pass
     kept = IdempotentRequest.objects.filter(owner=owner, key=key).first()
-    if kept is None or kept.created_at <= now - KEEP or (kept.status is None and kept.lease_until <= now):
+    if kept is None or kept.created_at <= now - KEEP or (
+            kept.status is None and kept.lease_until <= now):  # type: ignore[operator]  # in flight: leased
         return _take_over(owner, key, print_, kept, now)  # gone, expired, or its request died
     if kept.fingerprint != print_:
         raise KeyReused()
@@ -135,7 +143,8 @@ def claim(owner, key, print_) -> IdempotentRequest:
     raise Replayed(replay(kept))
 
 
-def _take_over(owner, key, print_, kept, now) -> IdempotentRequest:
+def _take_over(owner: str, key: str, print_: str, kept: IdempotentRequest | None,
+               now: datetime) -> IdempotentRequest:
     """A key whose row expired (or whose request died) is claimed again by a compare-and-set
     on the row as it was read: of two retries taking it over at once, one wins; the other
     is told the key is in flight."""
@@ -148,7 +157,7 @@ def _take_over(owner, key, print_, kept, now) -> IdempotentRequest:
     return IdempotentRequest(pk=kept.pk, owner=owner, key=key, **fresh)
 
 
-def replay(kept) -> HttpResponse:
+def replay(kept: IdempotentRequest) -> HttpResponse:
     response = HttpResponse(bytes(kept.content), status=kept.status)
     for name, value in kept.headers.items():
         response[name] = value
@@ -156,7 +165,7 @@ def replay(kept) -> HttpResponse:
     return response
 
 
-def keep(claimed, response) -> None:
+def keep(claimed: IdempotentRequest, response: HttpResponse) -> None:
     """Store the first answer on the claimed row (still ours: claimed at the same instant);
     a 5xx frees the key instead, so the client's retry runs."""
     mine = IdempotentRequest.objects.filter(pk=claimed.pk, created_at=claimed.created_at, status__isnull=True)
@@ -169,16 +178,16 @@ def keep(claimed, response) -> None:
     mine.update(status=response.status_code, content=response.content, headers=headers, lease_until=None)
 
 
-def release(claimed) -> None:
+def release(claimed: IdempotentRequest) -> None:
     IdempotentRequest.objects.filter(pk=claimed.pk, created_at=claimed.created_at, status__isnull=True).delete()
 
 
-class ApiView(APIView):
+class ApiView(APIView):  # type: ignore[misc]  # DRF's classes are Any here
     """An API view whose POSTs honour `Idempotency-Key` (this module's docstring). The key
     is read after authentication, permissions and the rate limit: an answer to a request
     that was never let in is not kept."""
 
-    def initial(self, request, *args, **kwargs):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         if request.method == "POST" and HEADER in request.headers:
             capture_body(request)
         super().initial(request, *args, **kwargs)
@@ -188,7 +197,7 @@ class ApiView(APIView):
         if key is not None:
             request.idempotency_claim = claim(owner_of(request), key, fingerprint(request))
 
-    def handle_exception(self, exc):
+    def handle_exception(self, exc: Exception) -> HttpResponse | Response:
         if isinstance(exc, Replayed):
             return exc.response
         if isinstance(exc, KeyInFlight):
@@ -197,14 +206,15 @@ class ApiView(APIView):
             return response
         return super().handle_exception(exc)
 
-    def raise_uncaught_exception(self, exc):
+    def raise_uncaught_exception(self, exc: Exception) -> None:
         claimed = getattr(self.request, "idempotency_claim", None)
         if claimed is not None:
             release(claimed)  # a crash is a 5xx: the client may retry
             self.request.idempotency_claim = None
         super().raise_uncaught_exception(exc)
 
-    def finalize_response(self, request, response, *args, **kwargs):
+    def finalize_response(self, request: Request, response: HttpResponse, *args: Any,
+                          **kwargs: Any) -> HttpResponse:
         response = super().finalize_response(request, response, *args, **kwargs)
         claimed = getattr(request, "idempotency_claim", None)
         if claimed is not None:
@@ -213,7 +223,7 @@ class ApiView(APIView):
         return response
 
 
-def prune(now, budget) -> int:
+def prune(now: datetime, budget: pruning.Budget) -> int:
     """Keys older than KEEP (the retention sweep, in batches: agentloop.core.pruning)."""
     cutoff = now - KEEP
     return pruning.delete_old(IdempotentRequest, "created_at", cutoff,
