@@ -96,7 +96,7 @@ class FaultLog:
         with self._lock:
             since = self._since  # read again under the lock: another thread may have ended it
             if since is None:
-                return
+                return  # type: ignore[unreachable]  # mypy knows no other thread
             elapsed, failures = self.clock() - since, self._failures
             self._since, self._reported, self._failures = None, {}, 0
             self.ended(elapsed)
