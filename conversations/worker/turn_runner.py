@@ -131,8 +131,7 @@ class TurnRunner:
                            mark_effect=functools.partial(worker.db, turns.mark_effect, turn.pk),
                            call_tool=functools.partial(worker.tools.call, turn, conversation),
                            load_tools=functools.partial(worker.tools.offered_for, conversation),
-                           # Lambdas where the agent gives the rest (mypy's partial wants the
-                           # database thread's call whole).
+                           # Lambdas where the agent gives the rest (mypy's partial wants the call whole).
                            record_usage=lambda tokens: worker.db(limits.add_tokens, turn.pk, tokens),
                            load_session=lambda key: worker.read(agent_sessions.load, conversation.pk, key),
                            save_session=lambda key, state, *, new: worker.db(agent_sessions.save, conversation.pk,
@@ -181,17 +180,7 @@ class TurnRunner:
                     answer = await asyncio.wait_for(stream.consume(agent.stream(context)), deadline)
             reply = await self.stored_answer(turn, answer)
         except (asyncio.CancelledError, TurnCancelled) as exc:
-            # TurnCancelled: the agent found its turn cancelled (an effect refused) before
-            # the cancel loop did; it is not ours to hand back either way.
-            if turn.pk in self.cancelled_by_user or isinstance(exc, TurnCancelled):
-                await asyncio.shield(self.stream_cancelled(turn, stream))
-            else:
-                # Shutdown: hand the turn back unless it already acted (then what it
-                # streamed is saved first: the recovery sends it).
-                await asyncio.shield(self.hand_back(turn, stream))
-            self.streams.pop(turn.pk, None)
-            self.traceparents.pop(turn.pk, None)
-            span.set({"agentloop.turn.state": "cancelled" if turn.pk in self.cancelled_by_user else "handed_back"})
+            await self.stopped(turn, stream, span, by_agent=isinstance(exc, TurnCancelled))
             return None
         except HandedOver:
             await self.worker.db.persist(turns.hand_over, turn.pk, self.owner, turns.EXTERNAL_WEBHOOK)
@@ -213,6 +202,25 @@ class TurnRunner:
             self.worker.typing.turn_ended(turn, cancelled=turn.pk in self.cancelled_by_user)
             self.running.pop(turn.pk, None)
             self.cancelled_by_user.discard(turn.pk)
+        return await self.ended(turn, span, stream, state, reply, outcome)
+
+    async def stopped(self, turn: Turn, stream: streams.TurnStream | None, span: Span | NoSpan, *,
+                      by_agent: bool) -> None:
+        """The run stopped before an answer: cancelled by the user (or the agent found its turn
+        cancelled — an effect refused — before the cancel loop did: not ours to hand back either
+        way), or the worker shutting down (handed back unless it acted: then what it streamed is
+        saved first, and the recovery sends it)."""
+        if turn.pk in self.cancelled_by_user or by_agent:
+            await asyncio.shield(self.stream_cancelled(turn, stream))
+        else:
+            await asyncio.shield(self.hand_back(turn, stream))
+        self.streams.pop(turn.pk, None)
+        self.traceparents.pop(turn.pk, None)
+        span.set({"agentloop.turn.state": "cancelled" if turn.pk in self.cancelled_by_user else "handed_back"})
+
+    async def ended(self, turn: Turn, span: Span | NoSpan, stream: streams.TurnStream | None, state: TurnState,
+                    reply: StrOrPromise, outcome: str) -> OutboundMessage | None:
+        """The run's end written down (its reply row to send, or None), the flusher woken."""
         if stream is not None:
             await stream.close()  # previews stop before the final goes: it is never delayed by them
         failpoint("turn.after_answer")
@@ -224,10 +232,9 @@ class TurnRunner:
         flusher = self.worker.flusher
         assert flusher is not None  # made before any turn starts
         if flusher.saw_open_buffers:
-            # A buffer may have been waiting for this turn. With none open at the last
-            # look there is nothing to wake for: a buffer opened since (by another
-            # process) is found at the next look anyway, and 500 turns ending together
-            # woke the flusher's queries hundreds of times, for nothing.
+            # A buffer may have been waiting for this turn. With none open at the last look there
+            # is nothing to wake for: one opened since (by another process) is found at the next
+            # look anyway, and 500 turns ending together woke the flusher hundreds of times.
             flusher.wakeup.set()
         return outbound
 
