@@ -1,5 +1,10 @@
 """Control commands skip the buffer and are answered at once."""
 
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from django.utils import timezone
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
@@ -10,6 +15,11 @@ from conversations import routing, turns
 from conversations.models import BufferState, Disposition, FlushReason, InboundMessage, MessageBuffer, Turn
 from delivery import ledger
 from delivery.models import OutboundKind
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+    from conversations.models import Conversation
 
 COMMANDS = ("/start", "/stop", "/reset", "/help")
 
@@ -34,11 +44,11 @@ def parse(text: str) -> str | None:
     return command if command in COMMANDS else None
 
 
-def handle(conversation, message, command, now=None):
+def handle(conversation: Conversation, message: InboundMessage, command: str, now: datetime | None = None) -> None:
     now = now or timezone.now()
     # Lazy texts: the ledger writes them in the conversation's language.
     if command == "/start":
-        reply = format_lazy("{} {}", GREETING, HELP)
+        reply: StrOrPromise = format_lazy("{} {}", GREETING, HELP)
     elif command == "/help":
         reply = HELP
     else:
@@ -59,7 +69,7 @@ def handle(conversation, message, command, now=None):
            target=f"message {message.pk}", summary=command)
 
 
-def drop_pending(conversation, now) -> int:
+def drop_pending(conversation: Conversation, now: datetime) -> int:
     """Drop the open buffer (compare-and-swap: the flusher may be claiming it)."""
     buffer = MessageBuffer.objects.filter(conversation=conversation, state=BufferState.OPEN).first()
     if buffer is None:
@@ -71,7 +81,7 @@ def drop_pending(conversation, now) -> int:
     return dropped
 
 
-def stop_turns(conversation, command, now):
+def stop_turns(conversation: Conversation, command: str, now: datetime) -> tuple[int, int]:
     """Cancel ready and running turns that fired no effect; count those that did."""
     stopped = unstoppable = 0
     for turn in Turn.objects.filter(conversation=conversation, state__in=Turn.ACTIVE):

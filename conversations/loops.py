@@ -19,29 +19,37 @@ Checked only when a bot's message is admitted, in its transaction (the conversat
 locked): a human's message, nearly all of them, costs nothing more.
 """
 
-from datetime import timedelta
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from agentloop.core import metrics
+from agentloop.core.people import PERSON_OWNER
 from audit.events import record
 from audit.models import EventKind
 from conversations import handoff
 from conversations.models import Conversation, ConversationState, Disposition, InboundMessage, Turn, TurnState
 
+if TYPE_CHECKING:
+    from conversations.ingest.values import Inbound
+    from conversations.models import Channel
+
 LOOP_BREAKER = handoff.LOOP_BREAKER
 
 
-def allowed_names(channel) -> set[str]:
+def allowed_names(channel: Channel) -> set[str]:
     """The channel's allowed bots, as compared: lower case, without a leading @."""
     return {name.strip().lstrip("@").lower() for name in (channel.allowed_bots or "").split(",") if name.strip()}
 
 
-def bot_allowed(channel, inbound) -> bool:
+def bot_allowed(channel: Channel, inbound: Inbound) -> bool:
     """Whether this bot's messages are turns here: named by id or username."""
     names = allowed_names(channel)
     return bool(names) and (inbound.sender_id.lower() in names or (inbound.username or "").lower() in names)
 
 
-def bot_ignored(conversation, message) -> None:
+def bot_ignored(conversation: Conversation, message: InboundMessage) -> None:
     """A bot's message the channel does not allow, just stored (disposition `bot`):
     counted, and audited if it is the first such message of the conversation."""
     metrics.after_commit(metrics.BOT_MESSAGES_IGNORED.inc)
@@ -53,7 +61,7 @@ def bot_ignored(conversation, message) -> None:
                note="kept as context; later messages of this bot here are not audited again")
 
 
-def replies_without_a_human(conversation, now) -> int:
+def replies_without_a_human(conversation: Conversation, now: datetime) -> int:
     """The agent's replies in this conversation within the channel's loop window, made
     after its last human message (and after its last takeover: a conversation given
     back starts counting again)."""
@@ -61,15 +69,15 @@ def replies_without_a_human(conversation, now) -> int:
     window_start = now - timedelta(seconds=channel.loop_window_seconds)
     since = max(filter(None, [window_start, _last_human_message(conversation.pk), conversation.held_at]))
     return (Turn.objects.filter(conversation_id=conversation.pk, state=TurnState.DONE, created_at__gt=since)
-            .exclude(reply_text="").exclude(owner__startswith=handoff.PERSON_OWNER).count())
+            .exclude(reply_text="").exclude(owner__startswith=PERSON_OWNER).count())
 
 
-def _last_human_message(conversation_id):
+def _last_human_message(conversation_id: int) -> datetime | None:
     return (InboundMessage.objects.filter(conversation_id=conversation_id, from_bot__isnull=True)
             .order_by("-received_at").values_list("received_at", flat=True).first())
 
 
-def breaks_the_loop(conversation, now) -> bool:
+def breaks_the_loop(conversation: Conversation, now: datetime) -> bool:
     """Called as an allowed bot's message is admitted (the conversation locked): pause the
     agent here if it has replied its bound already. True if paused (the message is then
     stored as held, like any message of a held conversation)."""

@@ -15,6 +15,11 @@ The rules are read through a small per-process cache (at most two seconds old, a
 channels are): a flush reads no table for them.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from django.db import transaction
 
 from agentloop.core.caches import BoundedCache
@@ -22,11 +27,14 @@ from audit.events import record
 from audit.models import EventKind
 from conversations.models import Contact, Conversation, RoutingRule
 
+if TYPE_CHECKING:
+    from conversations.models import Channel, InboundMessage, Turn
+
 CACHE_SECONDS = 2.0
-_rules: BoundedCache = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
+_rules: BoundedCache[int, list[RoutingRule]] = BoundedCache(maxsize=1000, max_age=CACHE_SECONDS)
 
 
-def rules_of(channel_id) -> list:
+def rules_of(channel_id: int) -> list[RoutingRule]:
     """The channel's rules in order (from the cache)."""
     found = _rules.get(channel_id)
     if found is None:
@@ -39,7 +47,8 @@ def forget_cached() -> None:
     _rules.clear()
 
 
-def choose(conversation, messages) -> tuple:
+def choose(conversation: Conversation,
+           messages: Sequence[InboundMessage]) -> tuple[RoutingRule | None, str | None]:
     """(the rule, why) that routes this burst, or (None, None): the channel's own agent."""
     rules = rules_of(conversation.channel_id)
     if not rules:
@@ -55,7 +64,7 @@ def choose(conversation, messages) -> tuple:
     return None, None
 
 
-def matched(rule, conversation, messages) -> str:
+def matched(rule: RoutingRule, conversation: Conversation, messages: Sequence[InboundMessage]) -> str:
     """Why `rule` matches the burst ("" when it does not): every criterion it sets must
     hold, and a rule that sets none matches nothing by itself."""
     reasons = []
@@ -83,7 +92,7 @@ def matched(rule, conversation, messages) -> str:
     return ", ".join(reasons)
 
 
-def _keyword_in(keywords, messages) -> str:
+def _keyword_in(keywords: str, messages: Sequence[InboundMessage]) -> str:
     texts = [message.text.casefold() for message in messages]
     for keyword in (word.strip() for word in keywords.split(",")):
         if keyword and any(keyword.casefold() in text for text in texts):
@@ -91,18 +100,18 @@ def _keyword_in(keywords, messages) -> str:
     return ""
 
 
-def _same_language(wanted, language) -> bool:
+def _same_language(wanted: str, language: str | None) -> bool:
     """"es" is the language of "es" and "es-AR" (any case, - or _)."""
     wanted, language = wanted.lower().replace("_", "-"), (language or "").lower().replace("_", "-")
     return language == wanted or language.startswith(wanted + "-")
 
 
-def _contact_has(contact_id, attribute, value) -> bool:
+def _contact_has(contact_id: int, attribute: str, value: str) -> bool:
     found = Contact.objects.filter(pk=contact_id).values_list(attribute, flat=True).first()
     return found is not None and str(found).casefold() == value.casefold()
 
 
-def agent_of(turn) -> tuple[str, dict]:
+def agent_of(turn: Turn) -> tuple[str, dict[str, Any]]:
     """(agent name, its config) that runs this turn: its rule's, else its channel's. A
     turn's rule is read with it (turns.start_many selects it)."""
     rule = turn.routing_rule if turn.routing_rule_id is not None else None
@@ -119,7 +128,7 @@ class UnknownAgent(LookupError):
     """No rule of the conversation's channel has that name."""
 
 
-def hand_to_agent(conversation_id, agent, reason="", by="agent") -> bool:
+def hand_to_agent(conversation_id: int, agent: str, reason: str = "", by: str = "agent") -> bool:
     """Pin the conversation to the rule named `agent` (its next turns go to that agent
     until /reset), audited. True if this call moved it; False if it was pinned there
     already. Raises UnknownAgent for a name no rule of the channel has."""
@@ -137,7 +146,7 @@ def hand_to_agent(conversation_id, agent, reason="", by="agent") -> bool:
     return True
 
 
-def hand_over_for_tool(conversation_id, agent, reason="") -> tuple[bool, str]:
+def hand_over_for_tool(conversation_id: int, agent: str, reason: str = "") -> tuple[bool, str]:
     """hand_to_agent for the tool (conversations.handoff_tools): (moved, "") or (False, why it cannot)."""
     try:
         return hand_to_agent(conversation_id, agent, reason), ""
@@ -145,7 +154,7 @@ def hand_over_for_tool(conversation_id, agent, reason="") -> tuple[bool, str]:
         return False, str(exc)
 
 
-def unpin(conversation_id) -> None:
+def unpin(conversation_id: int) -> None:
     """/reset: the conversation's turns go back to the rules."""
     Conversation.objects.filter(pk=conversation_id, pinned_rule__isnull=False).update(pinned_rule=None)
 
@@ -153,14 +162,15 @@ def unpin(conversation_id) -> None:
 # --- the admin's edits, audited ------------------------------------------------------------
 
 
-def describe(rule) -> dict:
+def describe(rule: RoutingRule) -> dict[str, Any]:
     """A rule as its audit event keeps it."""
     return {"name": rule.name, "position": rule.position, "chat_id": rule.chat_id, "thread_id": rule.thread_id,
             "keywords": rule.keywords, "language": rule.language, "contact_attribute": rule.contact_attribute,
             "contact_value": rule.contact_value, "agent": rule.agent}
 
 
-def record_change(channel, by, added=(), changed=(), deleted=()) -> None:
+def record_change(channel: Channel, by: str, added: Sequence[dict[str, Any]] = (),
+                  changed: Sequence[dict[str, Any]] = (), deleted: Sequence[dict[str, Any]] = ()) -> None:
     """One audit event for a save of the channel's rules (the admin's inline)."""
     if not (added or changed or deleted):
         return

@@ -6,26 +6,38 @@ admission span, read from the stored message) and links to every message's admis
 the turn stores the flush span's traceparent, under which the run's span starts in
 whichever worker runs it, however many times."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from django.db import transaction
 
 from agentloop.core import tracing
+
+if TYPE_CHECKING:
+    from agentloop.core.tracing import NoSpan
+    from agentloop.core.tracing_export import Span
+    from conversations.models import InboundMessage, Turn
+
+    Started = list[Span | NoSpan]  # the flush spans of a batch, one a turn
 
 FLUSH = "agentloop.flush"
 TURN = "agentloop.turn"
 AGENT = "agentloop.agent"
 
 
-def flushes(new_turns, by_buffer) -> list:
+def flushes(new_turns: Sequence[Turn], by_buffer: Mapping[int | None, Sequence[InboundMessage]]) -> Started:
     """A flush span for each turn about to be created, its traceparent set on the turn;
     [] while tracing is off."""
     if not tracing.on():
         return []
-    started = []
+    started: Started = []
     for turn in new_turns:
-        messages = by_buffer.get(turn.buffer.pk, ())
+        messages = by_buffer.get(turn.buffer_id, ())
         parents = [m.traceparent for m in messages]
         span = tracing.span(FLUSH, parents[0] if parents else None, links=parents, attributes={
-            "agentloop.buffer.id": turn.buffer.pk, "agentloop.conversation.id": turn.conversation.pk,
+            "agentloop.buffer.id": turn.buffer_id, "agentloop.conversation.id": turn.conversation.pk,
             "agentloop.channel.kind": turn.conversation.channel.kind, "agentloop.flush.reason": turn.flush_reason,
             "agentloop.turn.messages": len(messages)})
         turn.traceparent = span.traceparent
@@ -33,7 +45,7 @@ def flushes(new_turns, by_buffer) -> list:
     return started
 
 
-def flushed(started, created) -> None:
+def flushed(started: Started, created: Sequence[Turn]) -> None:
     """The turns are written: their spans end when the flush commits (a rolled-back flush,
     which made no turn, exports none)."""
     for span, turn in zip(started, created):
@@ -42,7 +54,7 @@ def flushed(started, created) -> None:
         transaction.on_commit(lambda: [span.end() for span in started])
 
 
-def turn(turn, agent_name):
+def turn(turn: Turn, agent_name: str) -> Span | NoSpan:
     """The span of one run of a turn (a context manager), under its flush's."""
     if not tracing.on():
         return tracing.NO_SPAN
@@ -53,7 +65,7 @@ def turn(turn, agent_name):
         "agentloop.turn.attempt": turn.attempts})
 
 
-def agent_call(agent_name, config, streamed):
+def agent_call(agent_name: str, config: Mapping[str, Any] | None, streamed: bool) -> Span | NoSpan:
     """The span of the agent's call inside the current turn's: which agent and model,
     never what was said."""
     if not tracing.on():

@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 
 class ConversationSide:
     def inform(self, conversation_id: int, *, for_agent: str, for_user: StrOrPromise = "") -> bool:
-        # notes.inform says `str`, but takes a lazy text too: the ledger renders it in the
-        # conversation's language (delivery.ledger.replies).
-        return notes.inform(conversation_id, for_agent=for_agent, for_user=for_user)  # type: ignore[arg-type]
+        return notes.inform(conversation_id, for_agent=for_agent, for_user=for_user)
 
     def conversation_for_key(self, key: AgentKey, conversation_id: object) -> Conversation:
         # The API package imports DRF and drf_spectacular: a worker that never asks does not
