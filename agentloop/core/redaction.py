@@ -49,7 +49,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from agentloop.core import plugins
 
@@ -258,14 +258,26 @@ class _Known:
 def _stored_secrets() -> list[str]:
     """The secrets the higher apps store (settings.AGENTLOOP_SECRET_SOURCES: every
     channel's, every MCP server's). Inside a transaction each source reads in a savepoint:
-    a failure must not doom the caller's. A failure is raised (reload keeps the list it had)."""
+    a failure must not doom the caller's. A source that fails gives nothing (its table not
+    migrated yet) while another answers; when none answers, the database is away and the
+    failure is raised (reload keeps the list it had)."""
     found: list[str] = []
+    failure: DatabaseError | None = None
+    answered = False
     for source in plugins.each("AGENTLOOP_SECRET_SOURCES"):
-        if connection.in_atomic_block:
-            with transaction.atomic():
-                found += source()
-        else:
-            found += source()
+        try:
+            if connection.in_atomic_block:
+                with transaction.atomic():
+                    secrets = source()
+            else:
+                secrets = source()
+        except DatabaseError as exc:
+            failure = exc
+            continue
+        found += secrets
+        answered = True
+    if failure is not None and not answered:
+        raise failure
     return found
 
 
