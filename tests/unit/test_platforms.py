@@ -138,32 +138,36 @@ def test_addchannel_takes_each_platforms_flags_and_refuses_another_platforms():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_moves_the_platform_columns_both_ways():
-    executor = MigrationExecutor(connection)
+    """Back to before the move once and forward to the leaves once (every later migration
+    of every app unapplied and applied again: the test's time); in between, the move alone
+    forwards and backwards, read through its own migration's models."""
+    moving = ("conversations", "0008_platform_settings")
     before = [("conversations", "0007_message_edits")]
-    after = executor.loader.graph.leaf_nodes()
+    after = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    expected = {
+        "tg": ({"bot_token": "1:A", "webhook_secret": "w" * 20, "api_base": "http://127.0.0.1:9", "mode": "polling"}, ""),
+        "nobot": ({"api_base": "https://api.telegram.org", "mode": "webhook"}, "no bot_token set"),
+        "shop": ({"callback_url": "https://x.example/r", "callback_secret": "c" * 12}, ""),
+        "web": ({}, ""),
+    }
     try:
-        executor.migrate(before)
+        MigrationExecutor(connection).migrate(before)
         old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
         old.objects.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret="w" * 20,
                            api_base="http://127.0.0.1:9", telegram_mode="polling")
         old.objects.create(slug="nobot", kind="telegram")
         old.objects.create(slug="shop", kind="api", callback_url="https://x.example/r", callback_secret="c" * 12)
         old.objects.create(slug="web", kind="webchat")
-        executor = MigrationExecutor(connection)
-        executor.migrate(after)
-        moved = {c.slug: (c.platform_settings, c.send_blocked) for c in Channel.objects.all()}
-        assert moved == {
-            "tg": ({"bot_token": "1:A", "webhook_secret": "w" * 20, "api_base": "http://127.0.0.1:9",
-                    "mode": "polling"}, ""),
-            "nobot": ({"api_base": "https://api.telegram.org", "mode": "webhook"}, "no bot_token set"),
-            "shop": ({"callback_url": "https://x.example/r", "callback_secret": "c" * 12}, ""),
-            "web": ({}, ""),
-        }
-        executor = MigrationExecutor(connection)
-        executor.migrate(before)
+        MigrationExecutor(connection).migrate([moving])
+        new = MigrationExecutor(connection).loader.project_state(moving).apps.get_model("conversations", "Channel")
+        assert {c.slug: (c.platform_settings, c.send_blocked) for c in new.objects.all()} == expected
+        MigrationExecutor(connection).migrate(before)
         old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
         back = {c.slug: (c.bot_token, c.telegram_mode, c.callback_secret) for c in old.objects.all()}
         assert back["tg"] == ("1:A", "polling", "") and back["shop"] == ("", "webhook", "c" * 12)
+        MigrationExecutor(connection).migrate(after)
+        # Moved again from the columns it was moved back to, and as every later migration left it.
+        assert {c.slug: (c.platform_settings, c.send_blocked) for c in Channel.objects.all()} == expected
     finally:
         MigrationExecutor(connection).migrate(after)
 

@@ -341,11 +341,17 @@ def test_only_the_apps_own_leading_mention_is_taken_out_of_the_text():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_moves_channel_messages_onto_group_replies_both_ways():
+    """Back to before the move once and forward to the leaves once (every later migration
+    of every app unapplied and applied again: the test's time); in between, the move alone
+    forwards and backwards, read through its own migration's models."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
+    moving = ("conversations", "0018_slack_group_replies")
     before = [("conversations", "0017_choices_of_groups_and_handoff")]
     after = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    expected = {"all": ("always", False), "mentions": ("mention", False), "unset": ("mention", False),
+                "tg": ("never", False)}
     try:
         MigrationExecutor(connection).migrate(before)
         old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
@@ -353,15 +359,18 @@ def test_the_migration_moves_channel_messages_onto_group_replies_both_ways():
             values = slack_settings() | ({"channel_messages": value} if value else {})
             old.objects.create(slug=slug, kind="slack", platform_settings=values)
         old.objects.create(slug="tg", kind="telegram", group_replies="never")
-        MigrationExecutor(connection).migrate(after)
-        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in Channel.objects.all()}
-        assert moved == {"all": ("always", False), "mentions": ("mention", False), "unset": ("mention", False),
-                         "tg": ("never", False)}
-        for channel in Channel.objects.filter(kind="slack"):
-            channel.full_clean()  # no unknown setting left behind
+        MigrationExecutor(connection).migrate([moving])
+        new = MigrationExecutor(connection).loader.project_state(moving).apps.get_model("conversations", "Channel")
+        assert {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in new.objects.all()} == expected
         MigrationExecutor(connection).migrate(before)
         old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
         back = {c.slug: c.platform_settings.get("channel_messages") for c in old.objects.filter(kind="slack")}
         assert back == {"all": "all", "mentions": "mentions", "unset": "mentions"}
+        MigrationExecutor(connection).migrate(after)
+        # Moved again from the setting it was moved back to, and as every later migration left it.
+        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in Channel.objects.all()}
+        assert moved == expected
+        for channel in Channel.objects.filter(kind="slack"):
+            channel.full_clean()  # no unknown setting left behind
     finally:
         MigrationExecutor(connection).migrate(after)
