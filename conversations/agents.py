@@ -11,16 +11,25 @@ cancelled meanwhile. An agent acting on the world by other means must call
 agent must not act.
 """
 
+from __future__ import annotations
+
 import abc
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext
+
+if TYPE_CHECKING:
+    from conversations.media.for_agents import Attachment
+
+# A JSON object as agents, models and tools exchange them: its shape is theirs.
+JsonObject = dict[str, Any]
 
 
 class TurnCancelled(Exception):
@@ -42,29 +51,29 @@ class TurnContext:
     conversation_id: int
     channel_slug: str
     text: str
-    config: dict = field(default_factory=dict)
+    config: JsonObject = field(default_factory=dict)
     mark_effect: Callable[[], Awaitable[bool]] | None = None
     # Chat messages ({"role", "content"}) of finished turns and notes since /reset;
     # loaded only when asked for.
-    load_history: Callable[[], Awaitable[list]] | None = None
+    load_history: Callable[[], Awaitable[list[JsonObject]]] | None = None
     # (tool name, arguments) -> the result for the model (see tools.guard.Outcome.for_model).
-    call_tool: Callable[[str, dict], Awaitable[dict]] | None = None
+    call_tool: Callable[[str, JsonObject], Awaitable[JsonObject]] | None = None
     # The tools offered to the model: OpenAI function definitions of the enabled tools.
-    load_tools: Callable[[], Awaitable[list]] | None = None
+    load_tools: Callable[[], Awaitable[list[JsonObject]]] | None = None
     # Where the turn came from, for agents that speak to other services.
     channel_kind: str = ""
     contact_name: str = ""
     language: str = ""  # the user's (conversations.languages): what our own texts are written in
     # The files of the burst (conversations.media.for_agents.Attachment), settled: stored,
     # or skipped or failed with the reason. `for_agents.parts` makes model content of them.
-    media: list = field(default_factory=list)
+    media: list[Attachment] = field(default_factory=list)
     # Report the tokens a model request used (the provider's `usage`): the turn records
     # them for the contact's daily budget (conversations.limits).
     record_usage: Callable[[int], Awaitable[None]] | None = None
     # What a remote agent keeps for this conversation between turns, under a key of its
     # choosing (conversations.agent_sessions): `load_session(key)` -> its state ({} after
     # a /reset), `save_session(key, state, new=…)`.
-    load_session: Callable[[str], Awaitable[dict]] | None = None
+    load_session: Callable[[str], Awaitable[JsonObject]] | None = None
     save_session: Callable[..., Awaitable[None]] | None = None
 
 
@@ -87,15 +96,21 @@ class Answer:
     files: tuple[File, ...] = ()
 
 
-def answer_of(reply) -> Answer:
+def answer_of(reply: object) -> Answer:
     """What an agent returned (a str, or an Answer) as an Answer."""
     if isinstance(reply, Answer):
         return reply
     return Answer(str(reply) if reply is not None else "")
 
 
+async def _may_act(ctx: TurnContext) -> bool:
+    """ctx.mark_effect(): the worker sets it on every turn it runs."""
+    assert ctx.mark_effect is not None, "a turn's context without mark_effect"
+    return await ctx.mark_effect()
+
+
 class Agent(abc.ABC):
-    def streams_for(self, config: dict) -> bool:
+    def streams_for(self, config: JsonObject) -> bool:
         """Whether `stream` yields text as the agent writes it with this configuration
         (False: one Answer at the end, the default `stream` over `respond`): only then
         does a turn set up previews."""
@@ -112,7 +127,7 @@ class Agent(abc.ABC):
         that cannot stream answers once, here."""
         yield answer_of(await self.respond(ctx))
 
-    async def prepare(self, config: dict) -> None:
+    async def prepare(self, config: JsonObject) -> None:
         """Called once per channel using this agent when a worker starts, so the first
         turn does not pay for setting up clients."""
 
@@ -124,11 +139,11 @@ class EchoAgent(Agent):
     playground, tests: `stream_pace` set), it writes the text a word every `stream_pace`
     seconds; `effect_at_word` declares the effect after that many words, mid-stream."""
 
-    def streams_for(self, config: dict) -> bool:
+    def streams_for(self, config: JsonObject) -> bool:
         return "stream_pace" in config  # the benchmarks' and tests' echo answers at once
 
     async def respond(self, ctx: TurnContext) -> str:
-        if ctx.config.get("mark_effect") and not await ctx.mark_effect():
+        if ctx.config.get("mark_effect") and not await _may_act(ctx):
             raise TurnCancelled()
         delay = float(ctx.config.get("delay", 0) or 0)
         if delay:
@@ -137,7 +152,7 @@ class EchoAgent(Agent):
 
     async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
         config = ctx.config
-        if config.get("mark_effect") and not await ctx.mark_effect():
+        if config.get("mark_effect") and not await _may_act(ctx):
             raise TurnCancelled()
         await asyncio.sleep(float(config.get("delay", 0) or 0))
         pace = float(config.get("stream_pace", 0.1) or 0)
@@ -145,7 +160,7 @@ class EchoAgent(Agent):
         for index, word in enumerate(re.findall(r"\S+\s*", ctx.text)):
             if index and pace:
                 await asyncio.sleep(pace)
-            if effect_at and index == effect_at and not await ctx.mark_effect():
+            if effect_at and index == effect_at and not await _may_act(ctx):
                 raise TurnCancelled()
             yield word
         yield Answer(ctx.text)
@@ -155,7 +170,8 @@ def agent_for(name: str) -> Agent:
     path = settings.AGENTLOOP_AGENTS.get(name)
     if path is None:
         raise LookupError(f"unknown agent {name!r}; known: {', '.join(sorted(settings.AGENTLOOP_AGENTS))}")
-    return import_string(path)()
+    agent: Agent = import_string(path)()
+    return agent
 
 
 # --- which environment variable may hold an agent's key ---------------------------------
@@ -163,7 +179,7 @@ def agent_for(name: str) -> Agent:
 KEY_ENV_PATTERN = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
 
 
-def key_env_problem(name) -> str:
+def key_env_problem(name: object) -> str:
     """Why `name` may not be an agent's `api_key_env` ("" when it may). The variable's
     value is sent as a bearer token to the URL the channel's operator chose, so it must
     be a key meant for that (…_API_KEY, or listed in AGENTLOOP_AGENT_KEY_ENVS), never
@@ -176,7 +192,7 @@ def key_env_problem(name) -> str:
             "(or list it in AGENTLOOP_AGENT_KEY_ENVS)")
 
 
-def validate_agent_config(config):
+def validate_agent_config(config: object) -> None:
     """Refuse an agent configuration that would hand a process secret to an agent."""
     if not isinstance(config, dict):
         raise ValidationError({"agent_config": gettext("must be a JSON object")})
@@ -192,7 +208,7 @@ def validate_agent_config(config):
 TRANSCRIPTION_KEYS = {"base_url", "model", "api_key_env", "timeout", "language"}
 
 
-def transcription_problem(value) -> str:
+def transcription_problem(value: object) -> str:
     """Why a channel's `transcription` setting (conversations.media.transcribe) is
     refused ("" when it is fine): an object of TRANSCRIPTION_KEYS, or false."""
     if value is False or value is None:

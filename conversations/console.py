@@ -1,7 +1,11 @@
 """What the operator console shows of conversations: the live events this app
 publishes, and the dashboard's figures (open buffers, turns in flight, flush reasons)."""
 
-from datetime import timedelta
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db.models import Count
 from django.utils import timezone
@@ -20,27 +24,36 @@ from conversations.models import (
     TurnState,
 )
 
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+    from agentloop.core.live import Event
+    from conversations.ingest.values import Admission, Inbound
+    from conversations.models import Channel, MediaFile
+
 # The admin's overview counts up to this many of each kind ("999+" past it): a number a
 # person reads at a glance, read in one bounded statement on any table size.
 OVERVIEW_CAP = 999
 
 
-def _iso(value):
+def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _groups(conversation_id):
+def _groups(conversation_id: int) -> tuple[str, str]:
     return (live.DASHBOARD, live.conversation_group(conversation_id))
 
 
 # --- live events (published inside the transaction of the change) ---------------------
 
 
-def message_admitted(channel, conversation_id, inbound, admission, text):
+def message_admitted(channel: Channel, conversation_id: int | None, inbound: Inbound, admission: Admission,
+                     text: str) -> None:
     """A message reached a conversation: buffered (with its deadline), a control
     command, or rejected."""
     if not live.anyone_listening():  # every inbound message passes here: build nothing
         return
+    assert conversation_id is not None, "an admission that is no duplicate has its conversation"
     live.publish(_groups(conversation_id), {
         "kind": "message", "conversation": conversation_id, "channel": channel.slug,
         "contact": inbound.sender_name or inbound.sender_id, "text": text[:300],
@@ -51,7 +64,7 @@ def message_admitted(channel, conversation_id, inbound, admission, text):
     })
 
 
-def turns_created(new_turns):
+def turns_created(new_turns: Iterable[Turn]) -> None:
     """Buffers flushed: each became a turn (ready, or already running)."""
     if not live.anyone_listening():
         return
@@ -62,7 +75,7 @@ def turns_created(new_turns):
     }) for turn in new_turns])
 
 
-def turns_finished(finished):
+def turns_finished(finished: Iterable[tuple[Turn, str, StrOrPromise | None, str | None]]) -> None:
     """`finished`: (turn, state, reply, outcome) of turns that just ended."""
     if not live.anyone_listening():
         return
@@ -75,7 +88,7 @@ def turns_finished(finished):
 # --- the dashboard's figures ---------------------------------------------------------------
 
 
-def open_buffers(limit=50):
+def open_buffers(limit: int = 50) -> list[Event]:
     """Buffers waiting for their window, soonest deadline first, with the window each got."""
     rows = (MessageBuffer.objects.filter(state=BufferState.OPEN)
             .select_related("conversation__channel", "conversation__contact").order_by("flush_at")[:limit])
@@ -86,7 +99,7 @@ def open_buffers(limit=50):
     } for b in rows]
 
 
-def turns_in_flight(limit=50):
+def turns_in_flight(limit: int = 50) -> list[Event]:
     # One equality per state, each the queue index's range: with `state IN (…)` SQLite
     # walked every turn along the date's index to find the few active ones (issue 30).
     rows = sorted((t for state in Turn.ACTIVE for t in Turn.objects.filter(state=state)
@@ -99,21 +112,22 @@ def turns_in_flight(limit=50):
     } for t in rows]
 
 
-def turns_window(since, turns):
+def turns_window(since: datetime, turns: int) -> datetime:
     """When the window holding at most the latest `turns` turns since `since` starts."""
-    return big_tables.window_of_latest(Turn.objects.all(), "created_at", since, turns)
+    start: datetime = big_tables.window_of_latest(Turn.objects.all(), "created_at", since, turns)
+    return start
 
 
-def flush_reasons(since):
+def flush_reasons(since: datetime) -> dict[str, int]:
     return dict(Turn.objects.filter(created_at__gte=since).values_list("flush_reason")
                 .annotate(n=Count("pk")).values_list("flush_reason", "n"))
 
 
-def turn_count(since):
+def turn_count(since: datetime) -> int:
     return Turn.objects.filter(created_at__gte=since).count()
 
 
-def messages_of(conversation_id, limit=30):
+def messages_of(conversation_id: int, limit: int = 30) -> list[Event]:
     """The conversation's latest inbound messages, oldest first (the playground's
     transcript on reconnect)."""
     rows = (InboundMessage.objects.filter(conversation_id=conversation_id).select_related("media_file")
@@ -124,7 +138,7 @@ def messages_of(conversation_id, limit=30):
             for m in reversed(rows)]
 
 
-def _file(file) -> dict | None:
+def _file(file: MediaFile | None) -> Event | None:
     """A message's file as the playground shows it: a thumbnail of an image, by its signed link."""
     if file is None:
         return None
@@ -132,7 +146,7 @@ def _file(file) -> dict | None:
             "content_type": file.content_type, "url": links.path_for(file.pk)}
 
 
-def paused_by_loops(limit=50):
+def paused_by_loops(limit: int = 50) -> list[Event]:
     """Conversations the loop breaker paused (conversations.loops), newest first: each
     waits for an operator to give it back. Read through the partial index of held ones."""
     rows = (Conversation.objects.filter(state=ConversationState.PERSON, held_by=LOOP_BREAKER)
@@ -141,7 +155,7 @@ def paused_by_loops(limit=50):
              "held_at": _iso(c.held_at)} for c in rows]
 
 
-def needing_people(cap: int = OVERVIEW_CAP) -> dict:
+def needing_people(cap: int = OVERVIEW_CAP) -> dict[str, int]:
     """The overview's counts of what waits for a person: conversations a person holds (taken
     over), those the loop breaker paused, turns that failed in the last day, contacts over a
     limit now; and the workers alive (none alive: nothing is answered). Each count exact up

@@ -15,7 +15,10 @@ Given back (by the person, or after the channel's idle time), the agent gets a n
 what happened meanwhile (conversations.notes) and answers again.
 """
 
-from datetime import timedelta
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import Max
@@ -39,6 +42,9 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import OutboundKind
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
 # Who holds a conversation the loop breaker paused (conversations.loops).
 LOOP_BREAKER = "loop breaker"
 
@@ -47,7 +53,7 @@ class NotHeld(Exception):
     """A person's reply in a conversation that no person holds."""
 
 
-def take_over(conversation_id, by, now=None, reason="") -> bool:
+def take_over(conversation_id: int, by: str, now: datetime | None = None, reason: str = "") -> bool:
     """Hand the conversation to a person, in one transaction: AGENT → PERSON, its open
     buffer closed without a turn, a running turn that fired no effect cancelled (one that
     did finishes: its effect happened, its answer is owed). True if this call took it;
@@ -72,7 +78,7 @@ def take_over(conversation_id, by, now=None, reason="") -> bool:
     return True
 
 
-def give_back(conversation_id, by, now=None) -> bool:
+def give_back(conversation_id: int, by: str, now: datetime | None = None) -> bool:
     """PERSON → AGENT, with a note for the agent of what happened meanwhile; its waiting
     turns run again. False if the agent held it already (idempotent)."""
     now = now or timezone.now()
@@ -87,7 +93,8 @@ def give_back(conversation_id, by, now=None) -> bool:
     return True
 
 
-def reply(conversation_id, text, by, key="", now=None):
+def reply(conversation_id: int, text: str, by: str, key: str = "",
+          now: datetime | None = None) -> tuple[Turn, bool]:
     """A person's reply, written down (a finished turn, its ledger row) in one
     transaction. The ready turns it answers are cancelled, their input folded into it.
     With `key`, a repeated call returns the first reply's turn: (turn, created)."""
@@ -112,11 +119,11 @@ def reply(conversation_id, text, by, key="", now=None):
     return turn, True
 
 
-def give_back_idle(now=None) -> list:
+def give_back_idle(now: datetime | None = None) -> list[int]:
     """Conversations whose person has been quiet for their channel's idle time go back
     to the agent (the worker's housekeeping). Returns their ids."""
     now = now or timezone.now()
-    given = []
+    given: list[int] = []
     for pk, minutes, active in held_with_idle_time():
         if active is None or active + timedelta(minutes=minutes) <= now:
             if give_back(pk, "idle", now):
@@ -124,7 +131,7 @@ def give_back_idle(now=None) -> list:
     return given
 
 
-def held_with_idle_time():
+def held_with_idle_time() -> QuerySet[Conversation, tuple[int, int, datetime | None]]:
     """(id, the channel's idle minutes, the person's last sign of life) of each held
     conversation whose channel gives it back when idle: read through the partial index of
     held conversations (`conversation_held_idx`), whatever the number of the others."""
@@ -134,17 +141,17 @@ def held_with_idle_time():
     return held.values_list("pk", "channel__handoff_idle_minutes", "person_active_at")
 
 
-def _since(conversation):
+def _since(conversation: Conversation) -> datetime:
     """What the user wrote after this instant is not answered yet: the last finished turn
     (the agent's or a person's), else the start of the conversation."""
     last = Turn.objects.filter(conversation=conversation, state=TurnState.DONE).aggregate(at=Max("created_at"))["at"]
     return last or conversation.created_at
 
 
-def _unanswered(conversation, now):
+def _unanswered(conversation: Conversation, now: datetime) -> str:
     """The text of the waiting turns (cancelled here: the person answers them) and the
     held messages since the last finished turn, in order."""
-    texts = []
+    texts: list[str] = []
     for turn in Turn.objects.filter(conversation=conversation, state=TurnState.READY).order_by("created_at", "pk"):
         if turns.cancel(turn.pk, "answered by a person", now):
             texts.append(turn.merged_input)
@@ -152,13 +159,13 @@ def _unanswered(conversation, now):
     return "\n".join(texts)
 
 
-def _held_texts(conversation):
+def _held_texts(conversation: Conversation) -> list[str]:
     return list(InboundMessage.objects.filter(
         conversation=conversation, disposition=Disposition.HELD, received_at__gt=_since(conversation)
     ).order_by("received_at", "pk").values_list("text", flat=True))
 
 
-def _thread_of(conversation):
+def _thread_of(conversation: Conversation) -> dict[str, str]:
     """The reply threads to the user's latest message, as the agent's would."""
     latest = InboundMessage.objects.filter(conversation=conversation).order_by("-received_at", "-pk").first()
     if latest is None:
@@ -166,7 +173,7 @@ def _thread_of(conversation):
     return {"reply_target": latest.reply_target, "thread_id": latest.thread_id}
 
 
-def _what_happened(conversation, by, now):
+def _what_happened(conversation: Conversation, by: str, now: datetime) -> str:
     if conversation.held_by == LOOP_BREAKER:
         return (f"This conversation was paused at {conversation.held_at:%Y-%m-%d %H:%M} UTC because you were "
                 "replying to another bot in a loop, without a human message; an operator let you answer again "
