@@ -11,7 +11,10 @@ Outside a platform's reply window (WhatsApp's 24 hours) the tick goes as an appr
 template if the schedule or its channel names one (`how_to_send`), else it waits.
 """
 
-from datetime import UTC, timedelta
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -23,23 +26,31 @@ from conversations.models import ContextNote, InboundMessage, MessageKind
 from delivery import ledger
 from delivery.models import OutboundKind, ScheduledMessage, ScheduleSource, ScheduleState
 
+if TYPE_CHECKING:
+    from conversations.models import Conversation
+
+    Template = dict[str, Any]  # an approved template, filled (conversations.platforms.base.Platform.template_for)
+
 # A tick waiting for a platform's reply window is looked at again this much later (its
 # due_at moves: nothing was sent, so its key is free).
 WAIT_RECHECK = timedelta(minutes=5)
 REPLIED = "cancelled: the user wrote after it was scheduled"
 
 
-def schedule(conversation, text, due_at, source=ScheduleSource.OPERATOR, **options) -> ScheduledMessage:
+def schedule(conversation: Conversation, text: str, due_at: datetime, source: str = ScheduleSource.OPERATOR,
+             **options: Any) -> ScheduledMessage:
     """`options`: `repeat_every` (a timedelta), `cancel_on_reply`."""
-    return ScheduledMessage.objects.create(conversation=conversation, text=text, due_at=due_at, source=source,
-                                           **options)
+    # StateMachine declares `objects` for every model it serves: the row's type is said here.
+    scheduled: ScheduledMessage = ScheduledMessage.objects.create(conversation=conversation, text=text,
+                                                                  due_at=due_at, source=source, **options)
+    return scheduled
 
 
-def dedup_key(schedule_id, due_at) -> str:
+def dedup_key(schedule_id: int, due_at: datetime) -> str:
     return f"schedule:{schedule_id}:{due_at.astimezone(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}"
 
 
-def send_due(now=None, limit=None) -> int:
+def send_due(now: datetime | None = None, limit: int | None = None) -> int:
     """Send every due tick (at most `limit`); how many this call wrote to the ledger."""
     now = now or timezone.now()
     due = (ScheduledMessage.objects.filter(state=ScheduleState.SCHEDULED, due_at__lte=now)
@@ -47,7 +58,7 @@ def send_due(now=None, limit=None) -> int:
     return sum(send_tick(pk, due_at, now) for pk, due_at in list(due))
 
 
-def send_tick(pk, due_at, now) -> bool:
+def send_tick(pk: int, due_at: datetime, now: datetime) -> bool:
     """One tick, claimed by compare-and-swap; False when another worker sent it, the
     user's reply cancelled it, or it has to wait."""
     with transaction.atomic():
@@ -74,7 +85,7 @@ def send_tick(pk, due_at, now) -> bool:
     return True
 
 
-def write(found, due_at, now, template=None) -> None:
+def write(found: ScheduledMessage, due_at: datetime, now: datetime, template: Template | None = None) -> None:
     """The tick's ledger row (as an approved template when `template`) and its note."""
     conversation = found.conversation
     ledger.enqueue_many([ledger.Reply(conversation, found.text, OutboundKind.SCHEDULED,
@@ -83,12 +94,12 @@ def write(found, due_at, now, template=None) -> None:
                                text=f"A scheduled message was sent to the user: {found.text}")
 
 
-def user_wrote_since(found) -> bool:
+def user_wrote_since(found: ScheduledMessage) -> bool:
     return (InboundMessage.objects.filter(conversation_id=found.conversation_id, received_at__gt=found.created_at)
             .exclude(kind=MessageKind.CONTROL).exists())
 
 
-def how_to_send(found, now) -> tuple[dict | None, str]:
+def how_to_send(found: ScheduledMessage, now: datetime) -> tuple[Template | None, str]:
     """(template, why it waits). Inside the platform's reply window (or on a platform
     without one) the text goes as it is: (None, ""). Outside it (WhatsApp: 24 hours since
     the user's last message; free text would be refused with 131047) it goes as the
@@ -114,7 +125,7 @@ def how_to_send(found, now) -> tuple[dict | None, str]:
                   f"names one, so it goes once the user writes")
 
 
-def next_tick(found, now):
+def next_tick(found: ScheduledMessage, now: datetime) -> datetime | None:
     """A repeating schedule's next due time after `now` (ticks missed while no worker ran
     are skipped, not sent in a burst); None for a one-off."""
     if not found.repeat_every:
