@@ -143,17 +143,9 @@ def _admit_in_transaction(channel: Channel, inbound: Inbound, now: datetime,
         bot = _from_a_bot(Arrival(channel, conversation, inbound, now))
         if bot is not None:
             return bot
-    command = control.parse(inbound.text) if not inbound.media_type else None
     arrival = Arrival(channel, conversation, inbound, now)
+    command, answer, overflow = _aside(arrival)
     running = conversation.running_turn_id
-    # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
-    # for the agent (tools.confirmations); stored like a control command, outside any buffer.
-    answer = None if (command or inbound.media_type) else confirmations.answer_from_text(
-        channel, conversation, inbound.text)
-    # A conversation with this many messages waiting takes no more into its buffer: the
-    # message is stored (and audited), and the sender told once per episode.
-    overflow = not command and not answer and (
-        conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
     # The open buffer comes with the conversation, so the message is stored with it
     # in one statement; with a turn running the strategy decides first.
     buffer = None if (command or answer or running or overflow) else _known_open_buffer(conversation)
@@ -170,6 +162,32 @@ def _admit_in_transaction(channel: Channel, inbound: Inbound, now: datetime,
         return Admission(duplicate=True, conversation_id=conversation.pk)
     failpoint("inbound.after_insert")
     admission = Admission(duplicate=False, conversation_id=conversation.pk, message_id=message.pk)
+    return _placed(admission, arrival, message, command, answer, overflow, buffer, fresh)
+
+
+def _aside(arrival: Arrival) -> tuple[str | None, confirmations.PendingAnswer | None, bool]:
+    """What takes a message outside the buffer: (a control command, the answer to an open
+    question, whether the conversation is past its pending limit)."""
+    inbound, conversation = arrival.inbound, arrival.conversation
+    command = control.parse(inbound.text) if not inbound.media_type else None
+    # "yes"/"no" to an open question, on a channel without buttons: the answer, not a message
+    # for the agent (tools.confirmations); stored like a control command, outside any buffer.
+    answer = None if (command or inbound.media_type) else confirmations.answer_from_text(
+        arrival.channel, conversation, inbound.text)
+    # A conversation with this many messages waiting takes no more into its buffer: the
+    # message is stored (and audited), and the sender told once per episode.
+    overflow = not command and not answer and (
+        conversation.open_buffer_count or 0) >= settings.AGENTLOOP_MAX_PENDING_MESSAGES
+    return command, answer, overflow
+
+
+def _placed(admission: Admission, arrival: Arrival, message: InboundMessage, command: str | None,
+            answer: confirmations.PendingAnswer | None, overflow: bool, buffer: MessageBuffer | None,
+            fresh: MessageBuffer | None) -> Admission:
+    """The stored message's way on: an answer, a command, an overflow, or the buffer (`fresh`:
+    the buffer made for it; `buffer`: the open one it joined, or None with a turn running)."""
+    channel, conversation, now = arrival.channel, arrival.conversation, arrival.now
+    running = conversation.running_turn_id
     if answer:
         answer.take(message)  # decided once this admission commits
         admission.disposition = Disposition.CONTROL
