@@ -27,6 +27,8 @@ not move:
   which answers it as before.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
 import logging
@@ -34,6 +36,8 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl
 
 from django.conf import settings
@@ -47,7 +51,24 @@ from conversations.platforms.inbound import Request
 from conversations.platforms.webhooks import Answer
 from conversations.worker.dbthread import close_broken_connection
 
+if TYPE_CHECKING:  # for annotations only
+    from conversations.ingest import Inbound
+    from conversations.models import Channel
+    from conversations.platforms.inbound import Received, Webhook
+
 log = logging.getLogger(__name__)
+
+# ASGI's shapes: a scope and its messages are dicts of whatever the server puts in them.
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIReceive = Callable[[], Awaitable[Message]]
+ASGISend = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, ASGIReceive, ASGISend], Awaitable[None]]
+# One request on its way to an admitter: (webhook, slug, request); with its waiter's loop and future.
+Job = tuple["Webhook", str, Request]
+Queued = tuple["Webhook", str, Request, asyncio.AbstractEventLoop, "asyncio.Future[Answer]"]
+# A request that is one new message: (its index in the batch, what was prepared, the message).
+Admissible = tuple[int, "Received", "Inbound"]
 
 # /webhooks/<kind>/<slug>/: the slug as Django's <slug:slug> converter reads it.
 PLATFORM_PATH = re.compile(r"/webhooks/([a-z0-9_]+)/([-a-zA-Z0-9_]+)/")
@@ -68,21 +89,21 @@ class Admitter:
     SQLite (its writers take turns anyway), a few on PostgreSQL, where a batch mostly
     waits for the server's answers."""
 
-    def __init__(self):
-        self.requests = queue.SimpleQueue()
-        self.threads = []
+    def __init__(self) -> None:
+        self.requests: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
         self.started = threading.Lock()
 
-    async def answer(self, webhook, slug, request) -> Answer:
+    async def answer(self, webhook: Webhook, slug: str, request: Request) -> Answer:
         """`webhook`: the platform's (conversations.platforms.inbound.Webhook)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         if not self.threads:
             self._start()
         self.requests.put((webhook, slug, request, loop, future))
         return await future
 
-    def _start(self):
+    def _start(self) -> None:
         with self.started:
             if not self.threads:
                 count = 1 if connection.vendor == "sqlite" else POSTGRES_ADMITTERS
@@ -91,7 +112,7 @@ class Admitter:
                 for thread in self.threads:
                     thread.start()
 
-    def stop(self):
+    def stop(self) -> None:
         """End the threads (after the requests already queued) and close their connections."""
         with self.started:
             threads, self.threads = self.threads, []
@@ -100,15 +121,15 @@ class Admitter:
         for thread in threads:
             thread.join()
 
-    def _run(self):
+    def _run(self) -> None:
         last_used = 0.0
         try:
             while (batch := self._next_batch()) is not None:
                 if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                     close_broken_connection()
-                answers = self._answer_batch([item[:3] for item in batch])
+                answers = self._answer_batch([(webhook, slug, request) for webhook, slug, request, *_ in batch])
                 last_used = time.monotonic()
-                by_loop = {}
+                by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Answer], Answer]]] = {}
                 for (*_, loop, future), answer in zip(batch, answers):
                     by_loop.setdefault(loop, []).append((future, answer))
                 for loop, pairs in by_loop.items():
@@ -119,32 +140,37 @@ class Admitter:
         finally:
             connection.close()
 
-    def _next_batch(self):
+    def _next_batch(self) -> list[Queued] | None:
         """The requests waiting now (at least one; at most MAX_BATCH), or None to stop."""
-        batch = [self.requests.get()]
-        while batch[-1] is not None and len(batch) < MAX_BATCH:
+        batch: list[Queued] = []
+        item = self.requests.get()
+        while item is not None:
+            batch.append(item)
+            if len(batch) == MAX_BATCH:
+                return batch
             try:
-                batch.append(self.requests.get_nowait())
+                item = self.requests.get_nowait()
             except queue.Empty:
-                break
-        if batch[-1] is None:  # stop(): answer what came before it first
-            batch.pop()
-            if not batch:
-                return None
+                return batch
+        # stop(): answer what came before it first
+        if batch:
             self.requests.put(None)
-        return batch
+            return batch
+        return None
 
-    def _answer_batch(self, batch):
+    def _answer_batch(self, batch: list[Job]) -> list[Answer]:
         try:
             return self._prepare_and_admit(batch)
         except Exception as exc:  # the batch as a whole: the database is away, or a bug
             return [_failure(exc)] * len(batch)
 
-    def _prepare_and_admit(self, batch):
-        answers, admissions, aside = [None] * len(batch), [], []
+    def _prepare_and_admit(self, batch: list[Job]) -> list[Answer]:
+        answers: list[Answer] = [SERVER_ERROR] * len(batch)  # each replaced below
+        admissions: list[Admissible] = []
+        aside: list[tuple[int, Received]] = []
         for i, (webhook, slug, request) in enumerate(batch):
             try:
-                prepared = webhook.prepare(slug, request)
+                prepared: Answer | Received = webhook.prepare(slug, request)
             except Exception as exc:
                 if database_unavailable(exc):
                     raise
@@ -166,7 +192,7 @@ class Admitter:
                 answers[i] = _failure(exc)
         return answers
 
-    def _admit(self, admissions, answers, webhooks):
+    def _admit(self, admissions: list[Admissible], answers: list[Answer], webhooks: list[Webhook]) -> None:
         # Conversations locked in one order by every batch, so concurrent batches never
         # wait for each other in a cycle (a stable sort: a conversation's own messages
         # keep their order). `webhooks`: each admission's platform webhook, in their order.
@@ -179,11 +205,11 @@ class Admitter:
             answers[i] = _failure(result) if isinstance(result, Exception) else webhook.answer(received, [result])
 
 
-def _conversation_key(channel, inbound):
+def _conversation_key(channel: Channel, inbound: Inbound) -> tuple[int, str, str]:
     return channel.pk, inbound.chat_id, inbound.sender_id
 
 
-def _failure(exc) -> Answer:
+def _failure(exc: BaseException) -> Answer:
     """The answer to a request that failed: 503 while the database is away (logged once
     per fault kind per interval, the broken connection closed), else 500."""
     if database_unavailable(exc):
@@ -195,7 +221,7 @@ def _failure(exc) -> Answer:
     return SERVER_ERROR
 
 
-def _resolve(pairs):
+def _resolve(pairs: list[tuple[asyncio.Future[Answer], Answer]]) -> None:
     for future, answer in pairs:
         if not future.done():
             future.set_result(answer)
@@ -204,19 +230,19 @@ def _resolve(pairs):
 class LeanIngest:
     """ASGI: the POSTs of the lean webhooks, everything else to `app`."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.admitter = Admitter()
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = PLATFORM_PATH.fullmatch(scope["path"])
             webhook = _lean_webhook(match[1]) if match else None
-            if webhook is not None and self._takes(scope):
+            if match and webhook is not None and self._takes(scope):
                 return await self._webhook((webhook, match[2]), scope, receive, send)
         return await self.app(scope, receive, send)
 
-    def _takes(self, scope):
+    def _takes(self, scope: Scope) -> bool:
         """Only requests Django would serve as they are: no HTTPS redirect or proxy
         headers to honour, no script prefix, an allowed Host."""
         if settings.SECURE_SSL_REDIRECT or settings.USE_X_FORWARDED_HOST or scope.get("root_path"):
@@ -228,7 +254,7 @@ class LeanIngest:
         allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
         return bool(domain) and validate_host(domain, allowed)
 
-    async def _webhook(self, route, scope, receive, send):
+    async def _webhook(self, route: tuple[Webhook, str], scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         """`route`: (the platform's webhook, the channel's slug)."""
         webhook, slug = route
         body = await _read_body(receive, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
@@ -241,7 +267,7 @@ class LeanIngest:
         await _respond(send, await self.admitter.answer(webhook, slug, Request("POST", headers, body, query)))
 
 
-def _lean_webhook(kind):
+def _lean_webhook(kind: str) -> Webhook | None:
     """The platform's webhook when it is lean, or None (no such platform, or Django serves it)."""
     try:
         webhook = platforms.get(kind).webhook()
@@ -250,29 +276,31 @@ def _lean_webhook(kind):
     return webhook if webhook is not None and webhook.lean else None
 
 
-def _replay(body):
+def _replay(body: bytes | None) -> ASGIReceive:
     """An ASGI `receive` that hands over a body already read, then waits like a client
     that stays connected (Django cancels its wait once the answer is sent)."""
     delivered = False
 
-    async def receive():
+    async def receive() -> Message:
         nonlocal delivered
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": body, "more_body": False}
         await asyncio.Event().wait()
+        return {"type": "http.disconnect"}  # never reached: the wait is cancelled
 
     return receive
 
 
-def _header(scope, name):
+def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value
+            found: bytes = value
+            return found
     return None
 
 
-async def _read_body(receive, limit):
+async def _read_body(receive: ASGIReceive, limit: int | None) -> bytes | None | Literal[False]:
     """The request body; None when it is over `limit` bytes (read to its end, not kept);
     False when the client disconnected."""
     chunks, size = [], 0
@@ -289,7 +317,7 @@ async def _read_body(receive, limit):
     return b"".join(chunks) if limit is None or size <= limit else None
 
 
-def _security_headers():
+def _security_headers() -> list[tuple[bytes, bytes]]:
     """The headers Django's middleware adds to such an answer (plain HTTP)."""
     headers = [(b"x-frame-options", settings.X_FRAME_OPTIONS.encode())]
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
@@ -301,11 +329,12 @@ def _security_headers():
     return headers
 
 
-async def _respond(send, answer):
-    text = isinstance(answer.body, str)
-    body = answer.body.encode() if text else json.dumps(answer.body).encode()
-    headers = [(b"content-type", b"text/plain" if text else b"application/json"),
-               (b"content-length", str(len(body)).encode()), *_security_headers()]
+async def _respond(send: ASGISend, answer: Answer) -> None:
+    if isinstance(answer.body, str):
+        body, content_type = answer.body.encode(), b"text/plain"
+    else:
+        body, content_type = json.dumps(answer.body).encode(), b"application/json"
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *_security_headers()]
     if answer.status == 503:
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
