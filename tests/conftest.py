@@ -118,15 +118,17 @@ ALONE = {
     # Not test_pgbouncer.py (a pooler of its own in front of the suite's server, bounds of
     # 15-60 s) nor test_database_deadline.py (a silent socket of its own, refused within 5 s
     # in 2.7): they cut nothing shared and run in the serial phase. Nor test_faults_database.py's
-    # two in the SQLite pass (they come after its browser tests, the phase's longest chain).
-    # Its three in the PostgreSQL pass (a throwaway cluster of its own restarted, stopped,
-    # cut: the suite's databases are never touched) do run here, for time, not for the
-    # machine: the phase is one Chromium at a time across both passes (190 s of a 15 min 44 s run),
-    # while the PostgreSQL pass's machine kind was done after 107 s and waited 85 s for it;
-    # in the serial phase they were 51 s of one of its two workers, the longer pass's.
+    # SQLite lock (in the SQLite pass, whose machine kind comes after its browser tests).
+    # Its four on a throwaway cluster of its own (restarted, stopped, its backends killed:
+    # the suite's databases are never touched) do run here, in the PostgreSQL pass, for
+    # time, not for the machine: the phase is one Chromium at a time across both passes
+    # (190 s of a 15 min 44 s run), while the PostgreSQL pass's machine kind was done after
+    # 107 s and waited 85 s for it; in the serial phase they were 51 s of one of the
+    # PostgreSQL pass's two workers and 17 s of the SQLite pass's (with a cluster each).
     **{f"tests/end_to_end/test_faults_database.py::{name}": "a throwaway cluster restarted, stopped, cut; seconds to "
        "recover" for name in ("test_postgres_restarted_mid_traffic", "test_postgres_down_for_seconds_mid_traffic",
-                               "test_a_turn_running_while_postgres_is_away_answers_once")},
+                               "test_a_turn_running_while_postgres_is_away_answers_once",
+                               "test_postgres_backends_terminated_mid_traffic")},
 }
 
 # scripts/test.sh runs the suite twice, AGENTLOOP_TEST_PASS=sqlite and =postgres; some tests
@@ -134,11 +136,10 @@ ALONE = {
 # (no AGENTLOOP_TEST_PASS) runs them all, whatever the database.
 #
 # Tests that never touch the suite's database (each brings its own): the SQLite pass runs
-# these (three more of test_faults_database.py run in the PostgreSQL pass, ONE_PASS, to
-# even the two serial phases).
+# these (test_faults_database.py's tests on a cluster of their own run in the PostgreSQL
+# pass, ONE_PASS, in its alone phase: ALONE says why).
 OWN_DATABASE = {
-    **{f"tests/end_to_end/test_faults_database.py::{name}": "a throwaway PostgreSQL cluster or a fresh SQLite file "
-       "of its own" for name in ("test_postgres_backends_terminated_mid_traffic", "test_sqlite_locked_past_its_timeout")},
+    "tests/end_to_end/test_faults_database.py::test_sqlite_locked_past_its_timeout": "a fresh SQLite file of its own",
     "tests/end_to_end/test_quiet_idle.py": "`runall` on a fresh SQLite file",
     "tests/end_to_end/test_database_deadline.py": "a silent socket as the database host",
 }
@@ -262,11 +263,12 @@ ONE_PASS = {
                                                "skipped it)",
     # Database faults on a throwaway PostgreSQL cluster of their own, never the suite's
     # database: the SQLite pass's serial phase was the longer (issue 23: 899 test-seconds
-    # against 542, on a loaded machine), these three 150 of its 272 s in that file; the
-    # rest of the file stays there (OWN_DATABASE), each pass starting a cluster of its own.
+    # against 542, on a loaded machine), three of these 150 of its 272 s in that file. All
+    # four in this pass's alone phase now (ALONE), one cluster for them; the SQLite lock
+    # stays in the SQLite pass (OWN_DATABASE).
     **{f"tests/end_to_end/test_faults_database.py::{name}": "a throwaway PostgreSQL cluster of its own" for name in (
         "test_postgres_restarted_mid_traffic", "test_postgres_down_for_seconds_mid_traffic",
-        "test_a_turn_running_while_postgres_is_away_answers_once")},
+        "test_a_turn_running_while_postgres_is_away_answers_once", "test_postgres_backends_terminated_mid_traffic")},
     # PostgreSQL's advisory locks (the SQLite pass only skipped these; its judgement by
     # heartbeat runs there, ANY_DATABASE).
     "tests/end_to_end/test_liveness.py::test_an_owner_stamp_says_whether_its_worker_holds_a_lock":
