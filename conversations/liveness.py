@@ -37,17 +37,26 @@ noticed: each ping asks whether *this* session holds the key, and a "no" drops t
 with an error naming the setting.
 """
 
+from __future__ import annotations
+
 import asyncio
 import hashlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import environ
 import psycopg
 from django.conf import settings
 from django.db import connection, connections
+
+if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
+
+    LockConnection = psycopg.Connection[TupleRow]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +109,8 @@ def grace() -> float:
     a free lock is not taken for a death: every worker lost its session with the
     server's restart, and each needs up to this long to notice, reconnect and take its
     lock again. Lock holders are judged a moment later, that is all."""
-    return PING_EVERY + RECONNECT_CAP + settings.AGENTLOOP_LIVENESS_TIMEOUT
+    timeout: float = settings.AGENTLOOP_LIVENESS_TIMEOUT
+    return PING_EVERY + RECONNECT_CAP + timeout
 
 
 def held_keys() -> tuple[float, set[int]]:
@@ -112,7 +122,7 @@ def held_keys() -> tuple[float, set[int]]:
         return uptime, set(keys)
 
 
-def released(owners) -> set[str] | None:
+def released(owners: Iterable[str]) -> set[str] | None:
     """Those of `owners` that say they hold a lock and do not: dead. Read after the
     owners themselves (their heartbeat rows, the stamps on their claims): a worker takes
     its lock before it writes or claims anything, so a stamp seen with its lock free is
@@ -132,7 +142,7 @@ def released(owners) -> set[str] | None:
     return {owner for owner in marked if lock_key(owner) not in held}
 
 
-_own = []  # this process's worker's LockHolder, once it runs
+_own: list[LockHolder] = []  # this process's worker's LockHolder, once it runs
 
 
 def _own_lock_too_young() -> bool:
@@ -141,10 +151,11 @@ def _own_lock_too_young() -> bool:
 
 # --- the worker's own lock ------------------------------------------------------------
 
-def lock_connection_params() -> dict:
+def lock_connection_params() -> dict[str, Any]:
     """libpq parameters for the lock's connection: the database's own (or
     AGENTLOOP_LIVENESS_DATABASE_URL's), with short TCP timeouts so that this process
     notices a dead network as fast as the server does."""
+    source: Mapping[str, Any]
     if settings.AGENTLOOP_LIVENESS_DATABASE_URL:
         source = environ.Env.db_url_config(settings.AGENTLOOP_LIVENESS_DATABASE_URL)
     else:
@@ -171,7 +182,8 @@ def server_timeouts_sql() -> str:
 def wedged_after() -> float:
     """A worker whose event loop has not answered its lock thread for this long is wedged
     (the loop is asked every PING_EVERY: never less than a few of those)."""
-    return max(settings.AGENTLOOP_WORKER_STALE_AFTER, 5 * PING_EVERY)
+    stale_after: float = settings.AGENTLOOP_WORKER_STALE_AFTER
+    return max(stale_after, 5 * PING_EVERY)
 
 
 class LockHolder(threading.Thread):
@@ -183,16 +195,16 @@ class LockHolder(threading.Thread):
     forever, but does no work: the others should take over), and takes it again once
     the loop answers."""
 
-    def __init__(self, owner):
+    def __init__(self, owner: str) -> None:
         super().__init__(name="liveness", daemon=True)
         self.owner = owner
         self.key = lock_key(owner)
-        self.conn = None
-        self.backend_pid = None  # the server session holding the lock
-        self._held_since = None  # time.monotonic() when it was (re)taken
+        self.conn: LockConnection | None = None
+        self.backend_pid: int | None = None  # the server session holding the lock
+        self._held_since: float | None = None  # time.monotonic() when it was (re)taken
         self._held = threading.Event()
         self._stopping = threading.Event()
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._vouched = time.monotonic()
         self._refusals = 0
 
@@ -204,7 +216,7 @@ class LockHolder(threading.Thread):
         since = self._held_since
         return time.monotonic() - since if self.holding() and since is not None else 0.0
 
-    async def start_holding(self):
+    async def start_holding(self) -> None:
         """Start the thread and wait until the lock is ours (while the database is away:
         as long as that takes — nothing may be claimed before)."""
         self._loop = asyncio.get_running_loop()
@@ -214,7 +226,7 @@ class LockHolder(threading.Thread):
         while not self.holding():
             await asyncio.sleep(0.05)
 
-    def _vouch(self):
+    def _vouch(self) -> None:
         self._vouched = time.monotonic()
 
     def _loop_answers(self) -> bool:
@@ -226,7 +238,7 @@ class LockHolder(threading.Thread):
             self._loop.call_soon_threadsafe(self._vouch)
         return time.monotonic() - self._vouched < wedged_after()
 
-    def run(self):
+    def run(self) -> None:
         delay = 0.0
         while not self._stopping.is_set():
             try:
@@ -236,7 +248,7 @@ class LockHolder(threading.Thread):
                 elif self.conn is None:
                     self._take()
                 else:
-                    self._check()
+                    self._check(self.conn)
                 delay = 0.0
             except psycopg.Error as exc:
                 self._drop(f"its connection failed ({type(exc).__name__})")
@@ -244,7 +256,7 @@ class LockHolder(threading.Thread):
             self._stopping.wait(max(delay, PING_EVERY if self.holding() else 0.2))
         self._let_go()
 
-    def _let_go(self):
+    def _let_go(self) -> None:
         """Stopping: unlock before closing, so the others see the lock free at once (a
         closed session's locks go only once the server has ended it)."""
         if self.conn is not None and self.holding():
@@ -254,11 +266,11 @@ class LockHolder(threading.Thread):
                 pass  # the close below frees it anyway
         self._close()
 
-    def _take(self):
-        self.conn = psycopg.connect(**lock_connection_params(), autocommit=True)
-        self.conn.execute(server_timeouts_sql())
-        if self.conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [self.key]).fetchone()[0]:
-            self.backend_pid = self.conn.info.backend_pid
+    def _take(self) -> None:
+        self.conn = conn = psycopg.connect(**lock_connection_params(), autocommit=True)
+        conn.execute(server_timeouts_sql())
+        if _answer(conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [self.key])):
+            self.backend_pid = conn.info.backend_pid
             self._held_since = time.monotonic()
             self._held.set()
             self._refusals = 0
@@ -271,22 +283,22 @@ class LockHolder(threading.Thread):
             log.warning("worker %s: its liveness lock is held by another session; waiting", self.owner)
         self._close()
 
-    def _check(self):
+    def _check(self, conn: LockConnection) -> None:
         classid, objid = _halves(self.key)
-        if not self.conn.execute(MINE_SQL, [classid, objid]).fetchone()[0]:
+        if not _answer(conn.execute(MINE_SQL, [classid, objid])):
             log.error("worker %s: its lock connection's session does not hold its lock — is it behind a "
                       "transaction-mode pooler? Set AGENTLOOP_LIVENESS_DATABASE_URL to a direct connection "
                       "or AGENTLOOP_LIVENESS=heartbeat", self.owner)
             self._drop("the session does not hold the lock")
 
-    def _drop(self, why):
+    def _drop(self, why: str) -> None:
         if self._held.is_set():
             log.warning("worker %s let go of its liveness lock: %s; it claims nothing until it holds it again",
                         self.owner, why)
         self._held.clear()
         self._close()
 
-    def _close(self):
+    def _close(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
             try:
@@ -294,7 +306,7 @@ class LockHolder(threading.Thread):
             except Exception:
                 pass
 
-    def stop(self):
+    def stop(self) -> None:
         """Let the lock go (last thing a worker does, after its heartbeat is gone)."""
         self._stopping.set()
         if self.is_alive():
@@ -310,14 +322,21 @@ class NoLock:
     def holding(self) -> bool:
         return True
 
-    async def start_holding(self):
+    async def start_holding(self) -> None:
         return None
 
-    def stop(self):
+    def stop(self) -> None:
         return None
 
 
-def for_worker(owner):
+def _answer(cursor: psycopg.Cursor[TupleRow]) -> object:
+    """The value a one-value statement (SELECT of one expression) answered."""
+    row = cursor.fetchone()
+    assert row is not None, "a SELECT without FROM answers one row"
+    return row[0]
+
+
+def for_worker(owner: str) -> LockHolder | NoLock:
     if not marks_lock(owner):
         return NoLock()
     if settings.DATABASE_TRANSACTION_POOLER and not settings.AGENTLOOP_LIVENESS_DATABASE_URL:
@@ -333,7 +352,7 @@ def for_worker(owner):
 
 # --- a worker's name ------------------------------------------------------------------
 
-def new_owner(lock=False):
+def new_owner(lock: bool = False) -> str:
     """`host:pid:start:random` — with the process's start time, so that a later process
     given the same pid (a restart in a container often is) is not taken for it. `lock`:
     its worker will hold a liveness lock (this module), said by a fifth
@@ -343,7 +362,7 @@ def new_owner(lock=False):
     return f"{owner}:{LOCK_MARK}" if lock else owner
 
 
-def process_started(pid) -> str | None:
+def process_started(pid: int) -> str | None:
     """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat, field
     22): with the pid, it names one process for the life of the host. None when there
     is no such process; "" when this system cannot tell (no /proc)."""
@@ -357,7 +376,7 @@ def process_started(pid) -> str | None:
     return stat.rsplit(b")", 1)[1].split()[19].decode()
 
 
-def _pid_alive(pid):
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
