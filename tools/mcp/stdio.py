@@ -31,9 +31,10 @@ from mcp.client.stdio import (
 from tools.mcp import reach
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream
+    from anyio.abc import ByteReceiveStream, ByteSendStream
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from mcp.client._transport import TransportStreams
+    from mcp.os.win32.utilities import ServerProcess
     from mcp.shared.message import SessionMessage
 
     from tools.mcp.sdk_client import _Attempt
@@ -60,33 +61,9 @@ async def bounded_stdio(command: list[str], env: dict[str, str],
     stdin, stdout = process.stdin, process.stdout
     assert stdin is not None and stdout is not None
 
-    async def read_lines() -> None:
-        try:
-            async with reader_out:
-                async for line in _lines(stdout):
-                    await reader_out.send(_parse_line(line.decode("utf-8", errors="replace")))
-        except reach.TooLong:
-            if attempt is not None:
-                attempt.problem = reach.TOO_LONG
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
-            pass  # the session or the process went away
-        finally:
-            await _drain_stdout(process)
-
-    async def write_messages() -> None:
-        try:
-            async with writer_in:
-                async for message in writer_in:
-                    line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await stdin.send(line.encode())
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await reader_out.aclose()
-        finally:
-            written.set()
-
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read_lines)
-        tasks.start_soon(write_messages)
+        tasks.start_soon(_read_lines, process, stdout, reader_out, attempt)
+        tasks.start_soon(_write_messages, stdin, writer_in, reader_out, written)
         try:
             yield read_stream, write_stream
         finally:
@@ -97,6 +74,37 @@ async def bounded_stdio(command: list[str], env: dict[str, str],
                     await written.wait()
                 await _stop_server_process(process)
             tasks.cancel_scope.cancel()
+
+
+async def _read_lines(process: ServerProcess, stdout: ByteReceiveStream,
+                      reader_out: MemoryObjectSendStream[SessionMessage | Exception], attempt: _Attempt | None) -> None:
+    """The server's lines parsed into the session's messages, until a line is too long
+    (recorded on `attempt`) or the session or the process goes away."""
+    try:
+        async with reader_out:
+            async for line in _lines(stdout):
+                await reader_out.send(_parse_line(line.decode("utf-8", errors="replace")))
+    except reach.TooLong:
+        if attempt is not None:
+            attempt.problem = reach.TOO_LONG
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+        pass  # the session or the process went away
+    finally:
+        await _drain_stdout(process)
+
+
+async def _write_messages(stdin: ByteSendStream, writer_in: MemoryObjectReceiveStream[SessionMessage],
+                          reader_out: MemoryObjectSendStream[SessionMessage | Exception], written: anyio.Event) -> None:
+    """The session's messages written to the server, one JSON line each; `written` set at the end."""
+    try:
+        async with writer_in:
+            async for message in writer_in:
+                line = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                await stdin.send(line.encode())
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        await reader_out.aclose()
+    finally:
+        written.set()
 
 
 async def _lines(stdout: ByteReceiveStream) -> AsyncIterator[bytes]:
