@@ -338,6 +338,8 @@ LONGEST = {
         "22 s",
     "tests/end_to_end/test_pgbouncer.py::test_migrate_runs_through_pgbouncer_on_a_fresh_database":
         "every migration from nothing in a process of its own; 97 s in the serial phase of a loaded machine",
+    "tests/end_to_end/test_echo_platform.py::test_a_platform_written_from_the_docs_is_one_folder_and_one_setting":
+        "21 s on PostgreSQL one test at a time (two manage.py processes of its own, a web server, a worker)",
 }
 
 
