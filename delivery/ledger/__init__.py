@@ -26,40 +26,27 @@ it too.
 
 The package, by section: `replies` (rows written down, the ledger's bounds), `claiming`,
 `sending`, `outcomes`, `sweeps`; its hand-written statements are in `delivery.sql`. The
-names below are its interface (`from delivery.ledger import X`, `ledger.X`, and the
-django-q2 schedules' `delivery.ledger.safety_sweep` and `delivery.ledger.prune`).
+names below are the app's public interface, the one place it is declared: what the other
+apps and the tests call (`from delivery.ledger import X`, `ledger.X`), and the django-q2
+schedules' `delivery.ledger.safety_sweep` and `delivery.ledger.prune`. Everything else is
+the package's own.
 """
 
-from delivery.ledger.claiming import (
-    claim_due,
-    claim_many,
-    claim_written,
-    claimable_ids,
-    holds_rows,
-    maybe_claimable,
-    new_token,
-)
-from delivery.ledger.outcomes import finish, finish_many, mark_unreachable, release, resends_used, wait_for_channel
+from delivery.ledger.claiming import claim_due, claim_many, claim_written, holds_rows, new_token
+from delivery.ledger.outcomes import finish, finish_many, mark_unreachable, release, resends_used
 from delivery.ledger.replies import (
     BACKOFF,
     FRESHNESS,
-    LATE_RESLOTS,
     MAX_RESENDS,
-    NOT_SENT_MAX_WAIT,
-    PACED_RETRY,
-    PRUNE_AFTER,
-    RECOVERY_MARKER,
     RECOVERY_PREFIX,
     RECOVERY_SIGN,
     Reply,
-    attempt_timeout,
     enabled,
     enqueue,
     enqueue_many,
     parts,
     prefix_units,
     prepare_many,
-    recovery_prefix,
     split_for,
     unrecorded,
 )
@@ -67,9 +54,9 @@ from delivery.ledger.sending import note_progress, send, text_to_send
 from delivery.ledger.sweeps import abandon, abandon_stale, channel_health, prune, retry_now, safety_sweep
 
 __all__ = [
-    "BACKOFF", "FRESHNESS", "LATE_RESLOTS", "MAX_RESENDS", "NOT_SENT_MAX_WAIT", "PACED_RETRY", "RECOVERY_MARKER", "RECOVERY_SIGN",
-    "PRUNE_AFTER", "RECOVERY_PREFIX", "Reply", "abandon", "abandon_stale", "attempt_timeout", "channel_health",
-    "claim_due", "claim_many", "claim_written", "claimable_ids", "enabled", "enqueue", "enqueue_many", "finish",
-    "finish_many", "holds_rows", "mark_unreachable", "maybe_claimable", "new_token", "note_progress", "parts", "prefix_units", "prepare_many", "recovery_prefix", "prune", "release",
-    "resends_used", "retry_now", "safety_sweep", "send", "split_for", "text_to_send", "unrecorded", "wait_for_channel",
+    "BACKOFF", "FRESHNESS", "MAX_RESENDS", "RECOVERY_PREFIX", "RECOVERY_SIGN", "Reply", "abandon", "abandon_stale",
+    "channel_health", "claim_due", "claim_many", "claim_written", "enabled", "enqueue", "enqueue_many", "finish",
+    "finish_many", "holds_rows", "mark_unreachable", "new_token", "note_progress", "parts", "prefix_units",
+    "prepare_many", "prune", "release", "resends_used", "retry_now", "safety_sweep", "send", "split_for",
+    "text_to_send", "unrecorded",
 ]
