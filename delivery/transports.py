@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import enum
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -72,6 +73,18 @@ class Target:
     # Answer buttons under the message, as (label, opaque data) pairs: a question asking the
     # user to confirm an action (tools.confirmations). Platforms without buttons ignore them.
     buttons: tuple[tuple[str, str], ...] = ()
+
+
+class Capability(enum.StrEnum):
+    """What a transport can do besides sending text (`Transport.capabilities`)."""
+
+    FILES = "files"  # uploads (else the files are named under the text)
+    TEMPLATES = "templates"  # approved templates outside a reply window
+    TYPING = "typing"  # a "typing…" indicator
+    REACTIONS = "reactions"  # status reactions on the person's message
+    PREVIEWS = "previews"  # a reply shown while it is written (streaming)
+    EDIT = "edit"  # a sent message's text replaced
+    DELETE = "delete"  # a sent message removed
 
 
 class Transport(abc.ABC):
@@ -142,6 +155,21 @@ class Transport(abc.ABC):
         """Remove a stale preview message; delivered when it is gone (also when it was
         gone already)."""
         return self.failed(Outcome.PERMANENT, "this platform has no message to delete")
+
+    @classmethod
+    def capabilities(cls) -> frozenset[Capability]:
+        """What this transport does besides text, detected from what it gives: the methods
+        it overrides and the flags it sets — one place the worker, the docs and the tests
+        can ask, so a platform never declares a capability it does not implement."""
+        def gives(name: str) -> bool:
+            return getattr(cls, name) is not getattr(Transport, name)
+
+        found = {Capability.FILES: gives("send_files"), Capability.TEMPLATES: gives("send_template"),
+                 Capability.TYPING: cls.supports_typing and gives("send_typing"),
+                 Capability.REACTIONS: cls.status_reactions is not None and gives("set_reaction"),
+                 Capability.PREVIEWS: gives("preview_for"), Capability.EDIT: gives("edit_text"),
+                 Capability.DELETE: gives("delete_message")}
+        return frozenset(capability for capability, given in found.items() if given)
 
     def paced(self, bot: str, chat_id: str, chat_interval: float) -> Pace | None:
         """A Pace from the channel's pace settings (conversations.platforms.base.pace_settings)."""
