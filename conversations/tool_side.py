@@ -26,8 +26,9 @@ class ConversationSide:
         # pay for them at start-up (a third of it).
         from conversations.api.access import conversation_for_key
 
-        conversation: Conversation = conversation_for_key(key, conversation_id)
-        return conversation
+        # An MCP call's meta may carry any JSON: the API's path id check refuses a non-number
+        # (its TypeError is the caller's refusal, tools.mcp.server._scope).
+        return conversation_for_key(key, conversation_id)  # type: ignore[arg-type]
 
     def agent_key_for(self, raw: str) -> AgentKey | None:
         return AgentKey.objects.for_key(raw)

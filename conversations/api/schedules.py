@@ -1,18 +1,24 @@
 """Scheduled messages from the API (a helpdesk, a booking system): one goes out by
 itself into a conversation of the key's channels (conversations.schedules)."""
 
+from __future__ import annotations
+
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, status
-from rest_framework.response import Response
+from rest_framework import serializers, status  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
 
 from agentloop.core.api import ErrorSerializer, StrictBody, UtcDateTimeField
 from agentloop.core.idempotency import ApiView
 from conversations import schedules
 from conversations.api.access import conversation_for_key
 from delivery import templates
-from delivery.models import ScheduleSource
+from delivery.models import ScheduledMessage, ScheduleSource
+
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
 
 
 class NewScheduleSerializer(StrictBody):
@@ -37,7 +43,7 @@ class NewScheduleSerializer(StrictBody):
                   "Empty: the channel's.")
 
 
-class ScheduleSerializer(serializers.Serializer):
+class ScheduleSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     id = serializers.IntegerField(source="pk")
     conversation = serializers.IntegerField(source="conversation_id")
     text = serializers.CharField()
@@ -51,7 +57,7 @@ class ScheduleSerializer(serializers.Serializer):
     template_language = serializers.CharField()
     template_fill = serializers.CharField()
 
-    def get_repeat_every_seconds(self, row) -> int | None:
+    def get_repeat_every_seconds(self, row: ScheduledMessage) -> int | None:
         return int(row.repeat_every.total_seconds()) if row.repeat_every else None
 
 
@@ -65,7 +71,7 @@ class ConversationSchedulesView(ApiView):
                     "channel names, filled with the text; without one it waits for the user to write, and "
                     "says so in `reason`. "
                     "404: no such conversation in the key's channels.")
-    def post(self, request, conversation):
+    def post(self, request: Request, conversation: int) -> Response:
         found = conversation_for_key(request.user, conversation)
         incoming = NewScheduleSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
