@@ -18,15 +18,12 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext
-
-if TYPE_CHECKING:
-    from conversations.media.for_agents import Attachment
 
 # A JSON object as agents, models and tools exchange them: its shape is theirs.
 JsonObject = dict[str, Any]
@@ -64,9 +61,10 @@ class TurnContext:
     channel_kind: str = ""
     contact_name: str = ""
     language: str = ""  # the user's (conversations.languages): what our own texts are written in
-    # The files of the burst (conversations.media.for_agents.Attachment), settled: stored,
-    # or skipped or failed with the reason. `for_agents.parts` makes model content of them.
-    media: list[Attachment] = field(default_factory=list)
+    # The files of the burst (conversations.media.for_agents.Attachment, a layer above:
+    # named in words only), settled: stored, or skipped or failed with the reason.
+    # `for_agents.parts` makes model content of them.
+    media: list[Any] = field(default_factory=list)
     # Report the tokens a model request used (the provider's `usage`): the turn records
     # them for the contact's daily budget (conversations.limits).
     record_usage: Callable[[int], Awaitable[None]] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django.db.models import Count
 from django.utils import timezone
@@ -28,12 +28,35 @@ if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
 
     from agentloop.core.live import Event
-    from conversations.ingest.values import Admission, Inbound
     from conversations.models import Channel, MediaFile
 
 # The admin's overview counts up to this many of each kind ("999+" past it): a number a
 # person reads at a glance, read in one bounded statement on any table size.
 OVERVIEW_CAP = 999
+
+
+# What an admitted message's event reads of intake's values (conversations.ingest.values:
+# a layer above the flush, which calls this module too).
+class Admitted(Protocol):
+    @property
+    def sender_id(self) -> str: ...
+    @property
+    def sender_name(self) -> str: ...
+
+
+class Admission(Protocol):
+    @property
+    def disposition(self) -> str: ...
+    @property
+    def buffer_id(self) -> int | None: ...
+    @property
+    def flush_at(self) -> datetime | None: ...
+    @property
+    def planned_reason(self) -> str: ...
+    @property
+    def window_kind(self) -> str: ...
+    @property
+    def window_seconds(self) -> float: ...
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -47,7 +70,7 @@ def _groups(conversation_id: int) -> tuple[str, str]:
 # --- live events (published inside the transaction of the change) ---------------------
 
 
-def message_admitted(channel: Channel, conversation_id: int | None, inbound: Inbound, admission: Admission,
+def message_admitted(channel: Channel, conversation_id: int | None, inbound: Admitted, admission: Admission,
                      text: str) -> None:
     """A message reached a conversation: buffered (with its deadline), a control
     command, or rejected."""
