@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # for annotations only
 
     from conversations.models import Channel
     from tests.echo_platform.transport import EchoTransport
+    from tests.echo_platform.webhook import EchoWebhook
 
 
 class EchoPlatform(Platform):
@@ -40,10 +41,13 @@ class EchoPlatform(Platform):
 
         return EchoTransport(channel)
 
-    def urls(self) -> list[URLPattern]:
-        from tests.echo_platform.webhook import EchoWebhook  # imports models: the registry loads before apps
+    def webhook(self) -> EchoWebhook:
+        from tests.echo_platform.webhook import EchoWebhook  # imports ingest, which imports the models
 
-        return EchoWebhook(self).urls()
+        return EchoWebhook(self)
+
+    def urls(self) -> list[URLPattern]:
+        return self.webhook().urls()
 
     async def close_clients(self) -> None:
         from tests.echo_platform.transport import close_clients
