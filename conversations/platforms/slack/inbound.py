@@ -10,9 +10,13 @@ redelivers an envelope it got no 2xx for within 3 s (after about 1 and 5 minutes
 the same every time, so the durable inbound dedup drops the copy whenever it comes.
 """
 
+from __future__ import annotations
+
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from conversations.deletions import Deletion
 from conversations.edits import Edit
@@ -50,14 +54,18 @@ def fresh(timestamp: str, now: float) -> bool:
 class Parsed:
     """What one envelope carried for this channel."""
 
-    messages: list = field(default_factory=list)  # Inbound
-    edits: list = field(default_factory=list)  # Edit
-    deletions: list = field(default_factory=list)  # Deletion
-    reactions: list = field(default_factory=list)  # Reaction
-    ignored: list = field(default_factory=list)  # why, one word each ("bot", "subtype:channel_join", …)
+    messages: list[Inbound] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    deletions: list[Deletion] = field(default_factory=list)
+    reactions: list[Reaction] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # why, one word each ("bot", "subtype:channel_join", …)
 
 
-def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
+# bot_in_thread(Slack channel id, thread ts): whether the app has posted in that thread.
+BotInThread = Callable[[str, str], bool]
+
+
+def parse(envelope: Any, *, conversations: str, bot_in_thread: BotInThread | None = None) -> Parsed:
     """The event of an `event_callback` envelope; raises ValueError for a body that is
     not one. `conversations`: the channel's setting. `bot_in_thread(channel id, thread
     ts)`: whether the app has posted in that thread (asked only of a channel message in a
@@ -91,7 +99,7 @@ def parse(envelope, *, conversations: str, bot_in_thread=None) -> Parsed:
     return found
 
 
-def addressed(event, kind, bot_user, bot_in_thread) -> bool:
+def addressed(event: dict[str, Any], kind: str, bot_user: str, bot_in_thread: BotInThread | None) -> bool:
     """A channel message is addressed to the app when it mentions it (an `app_mention`,
     or `<@app>` in its text: the `message` event of the same message says so too), or
     when it is a reply in a thread the app is in — the thread under the app's own message
@@ -107,7 +115,7 @@ def addressed(event, kind, bot_user, bot_in_thread) -> bool:
     return bool(bot_in_thread and bot_in_thread(str(event.get("channel") or ""), thread_ts))
 
 
-def _bot_user(envelope) -> str:
+def _bot_user(envelope: dict[str, Any]) -> str:
     for authorization in envelope.get("authorizations") or []:
         if isinstance(authorization, dict) and authorization.get("is_bot") and authorization.get("user_id"):
             return str(authorization["user_id"])
@@ -119,12 +127,12 @@ def chat_of(channel_id: str, thread_ts: str, ts: str, conversations: str) -> str
     return f"{channel_id}:{thread_ts or ts}" if conversations == PER_THREAD else channel_id
 
 
-def inbound_from(event, conversations: str, bot_user: str, own_app: str = "") -> Inbound | str:
+def inbound_from(event: dict[str, Any], conversations: str, bot_user: str, own_app: str = "") -> Inbound | str:
     """A person's or another bot's message, or why it is not one (our own, no text). A
     bot's (`bot_id`, `bot_profile`) is flagged is_bot, named by its profile: whether it
     makes a turn is the channel's allowed_bots (conversations.loops). Our own (our bot
     user, or our app: `api_app_id`) is never a message, not even context."""
-    profile = event.get("bot_profile") if isinstance(event.get("bot_profile"), dict) else {}
+    profile = _object(event.get("bot_profile"))
     is_bot = bool(event.get("bot_id") or profile)
     # A legacy bot's or an incoming webhook's message has no user: its bot id stands for it.
     user = str(event.get("user") or "") or (str(event.get("bot_id") or "") if is_bot else "")
@@ -157,20 +165,20 @@ def inbound_from(event, conversations: str, bot_user: str, own_app: str = "") ->
     )
 
 
-def name_of(event, user: str) -> str:
+def name_of(event: dict[str, Any], user: str) -> str:
     """Who wrote, as a group's context lines name them: the profile's name when the event
     carries one, else Slack's own reference to the user (`<@U…>`, which the model reads as
     a person and Slack shows as their name): several people in a channel must not all be
     "Someone"."""
-    profile = event.get("user_profile") if isinstance(event.get("user_profile"), dict) else {}
+    profile = _object(event.get("user_profile"))
     name = str(profile.get("display_name") or profile.get("real_name") or "").strip()
     return name or f"<@{user}>"
 
 
-def _edit(event, conversations, bot_user, found):
+def _edit(event: dict[str, Any], conversations: str, bot_user: str, found: Parsed) -> None:
     """message_changed: the message as it is now, under `message`. Slack also sends one
     when it unfurls a link (no `edited` in it): nothing the user changed."""
-    message = event.get("message") if isinstance(event.get("message"), dict) else {}
+    message = _object(event.get("message"))
     channel_id = str(event.get("channel") or "")
     edited = message.get("edited") if isinstance(message.get("edited"), dict) else None
     if message.get("bot_id") or not message.get("user") or str(message.get("user")) == bot_user:
@@ -188,11 +196,11 @@ def _edit(event, conversations, bot_user, found):
                             sender_id=str(message["user"])))
 
 
-def _deletion(event, conversations, bot_user, found):
+def _deletion(event: dict[str, Any], conversations: str, bot_user: str, found: Parsed) -> None:
     """message_deleted: the deleted message's ts in `deleted_ts`, the message itself (who
     wrote it, its thread) in `previous_message`. Our own replies deleted are not ours to
     undo; a deletion without its author is checked against the stored message alone."""
-    previous = event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
+    previous = _object(event.get("previous_message"))
     channel_id = str(event.get("channel") or "")
     ts = str(event.get("deleted_ts") or previous.get("ts") or "")
     user = str(previous.get("user") or "")
@@ -208,12 +216,12 @@ def _deletion(event, conversations, bot_user, found):
                                     or datetime.now(UTC), source="slack", chat_id=chat, sender_id=user))
 
 
-def _reaction(envelope, event, bot_user, found):
+def _reaction(envelope: dict[str, Any], event: dict[str, Any], bot_user: str, found: Parsed) -> None:
     """reaction_added / reaction_removed (the app subscribes to both; reactions:read):
     only one on the app's own message (`item_user`) is ours. Deduplicated by the
     envelope's event_id; the message is its channel and ts (the ledger's id of a reply),
     in any of the channel's per-thread conversations."""
-    item = event.get("item") if isinstance(event.get("item"), dict) else {}
+    item = _object(event.get("item"))
     user, event_id = str(event.get("user") or ""), str(envelope.get("event_id") or "")
     if item.get("type") != "message" or (bot_user and str(event.get("item_user") or "") != bot_user):
         found.ignored.append("reaction:not_ours")
@@ -226,6 +234,11 @@ def _reaction(envelope, event, bot_user, found):
                                     chat_id=str(item["channel"]), sender_id=user,
                                     emoji="" if removed else str(event.get("reaction") or ""),
                                     source="slack", thread_prefix=True))
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object from the payload, or {} when it is missing or not an object."""
+    return value if isinstance(value, dict) else {}
 
 
 def without_mention(text: str, bot_user: str) -> str:

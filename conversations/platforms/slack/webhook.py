@@ -103,7 +103,8 @@ class SlackEvents(SlackRequests):
                                        channel, slack_channel, thread_ts))
         except (ValueError, UnicodeDecodeError, TypeError, AttributeError) as exc:
             return error(400, f"not a Slack Events API envelope: {exc}")
-        found = parsed.messages + parsed.edits + parsed.deletions + parsed.reactions  # one event: one of them, or nothing
+        # One event: one of them, or nothing.
+        found: list[object] = [*parsed.messages, *parsed.edits, *parsed.deletions, *parsed.reactions]
         if not found:
             return Answer(200, {"ok": True, "admitted": 0, "ignored": parsed.ignored})
         return Parsed(found[:1])

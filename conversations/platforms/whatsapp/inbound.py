@@ -8,8 +8,11 @@ body. Each message becomes an Inbound (chat and sender: the user's wa_id; its wa
 both the dedup key and what the reply threads to); each status a Receipt.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from conversations.ingest import Inbound, MediaRef
 from conversations.platforms.inbound import hmac_sha256
@@ -36,9 +39,9 @@ class Receipt:
 class Notification:
     """What one webhook body carried for this channel's number."""
 
-    messages: list  # Inbound
-    receipts: list  # Receipt
-    reactions: list = field(default_factory=list)  # conversations.reactions.Reaction
+    messages: list[Inbound]
+    receipts: list[Receipt]
+    reactions: list[Reaction] = field(default_factory=list)
     ignored: int = 0  # messages, statuses and changes nothing is done with
 
 
@@ -48,7 +51,7 @@ def signature(app_secret: str, body: bytes) -> str:
     return "sha256=" + hmac_sha256(app_secret, body)
 
 
-def parse(data, phone_number_id: str) -> Notification:
+def parse(data: Any, phone_number_id: str) -> Notification:
     """The messages and receipts of a notification addressed to `phone_number_id`; raises
     ValueError for a body that is not a WhatsApp notification at all."""
     if not isinstance(data, dict) or not isinstance(data.get("entry"), list):
@@ -88,21 +91,21 @@ def parse(data, phone_number_id: str) -> Notification:
     return found
 
 
-def _names(contacts) -> dict:
-    names = {}
+def _names(contacts: Any) -> dict[str, str]:
+    names: dict[str, str] = {}
     for contact in contacts or []:
         if isinstance(contact, dict) and contact.get("wa_id"):
             names[str(contact["wa_id"])] = str((contact.get("profile") or {}).get("name") or "")
     return names
 
 
-def reaction_from(message, names) -> Reaction | None:
+def reaction_from(message: Any, names: dict[str, str]) -> Reaction | None:
     """A `reaction` message: the person's emoji on a message (ours: the wamid our send got
     back), "" when they took it back; deduplicated by the reaction message's own id."""
     if not isinstance(message, dict) or message.get("type") != "reaction" or not message.get("id") \
             or not message.get("from"):
         return None
-    reaction = message.get("reaction") if isinstance(message.get("reaction"), dict) else {}
+    reaction: dict[str, Any] = message["reaction"] if isinstance(message.get("reaction"), dict) else {}
     if not reaction.get("message_id"):
         return None
     sender = str(message["from"])
@@ -111,7 +114,7 @@ def reaction_from(message, names) -> Reaction | None:
                     sender_name=names.get(sender, ""))
 
 
-def inbound_from(message, names) -> Inbound | None:
+def inbound_from(message: Any, names: dict[str, str]) -> Inbound | None:
     """A message we act on, or None (system notices, unsupported types; a reaction is
     reaction_from's)."""
     if not isinstance(message, dict) or not message.get("id") or not message.get("from"):
@@ -147,7 +150,7 @@ def inbound_from(message, names) -> Inbound | None:
 FETCHED_KINDS = ("image", "audio", "video", "document", "sticker")
 
 
-def media_ref(message, kind) -> MediaRef | None:
+def media_ref(message: Any, kind: str) -> MediaRef | None:
     """The file a media message carries (a location or a contact card carries none). The
     media id is both its key and what fetching it takes: Meta gives a re-delivered
     notification the same id. An audio recorded in the app (`voice: true`) is a voice note."""
@@ -159,7 +162,7 @@ def media_ref(message, kind) -> MediaRef | None:
                     file_name=str(item.get("filename") or "")[:255])
 
 
-def receipt_from(status) -> Receipt | None:
+def receipt_from(status: Any) -> Receipt | None:
     if not isinstance(status, dict) or not status.get("id") or not status.get("status"):
         return None
     errors = status.get("errors") or []
@@ -176,7 +179,7 @@ def receipt_from(status) -> Receipt | None:
 _NEVER = datetime.max.replace(tzinfo=UTC)
 
 
-def _when(timestamp):
+def _when(timestamp: Any) -> datetime | None:
     try:
         return datetime.fromtimestamp(int(timestamp), UTC)
     except (TypeError, ValueError, OverflowError, OSError):
