@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
-from django.apps import apps
 from django.contrib import admin, messages
 from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
@@ -63,13 +62,20 @@ else:
     EventInlineBase = TabularInline
 
 
-def admin_link(model_name: str, pk: int | None, label: str | None = None, app: str = "tools") -> str:
+def admin_link(model_name: str, pk: int | None, label: StrOrPromise | None = None, app: str = "tools",
+               noun: StrOrPromise | None = None) -> str:
+    """A link to a row's admin page, named by its model's name in the reader's language
+    ("conversación 3"): tools' own models by their name; another app's, `noun` given by the
+    caller (through the foreign key that reaches it, or the name it is known by)."""
     if pk is None:
         return "—"
-    # A row named by its model's name in the reader's language ("conversación 3").
-    name = apps.get_model(app, model_name)._meta.verbose_name
+    name = noun if noun is not None else TOOLS_MODELS[model_name]._meta.verbose_name
     return format_html('<a href="{}">{}</a>', reverse(f"admin:{app}_{model_name}_change", args=[pk]),
                        label or f"{name} {pk}")
+
+
+TOOLS_MODELS: dict[str, type[Model]] = {model._meta.model_name or "": model for model in (
+    ActionClaim, Calendar, CalendarEvent, Confirmation, Proposal, ToolPolicy)}
 
 
 # States as labels: what waits for a person or was cut short stands out.
@@ -172,7 +178,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ClaimAdminBa
 
     @admin.display(description=_("Conversation"))
     def conversation(self, claim: ActionClaim) -> str:
-        return admin_link("conversation", claim.conversation_id, app="conversations")
+        return admin_link("conversation", claim.conversation_id, app="conversations", noun=_("conversation"))
 
     @display(description=_("state"), ordering="state", label=CLAIM_TONES)
     def state_shown(self, claim: ActionClaim) -> tuple[str, str]:
@@ -194,7 +200,7 @@ class ActionClaimAdmin(TextsHold, BigTableAdmin, ListedLookupsOnly, ClaimAdminBa
         if not claim.conversation_id or worker == claim.owner:
             return "—"
         turn_id = conversation_side().turn_running_at(claim.conversation_id, worker, claim.created_at)
-        return admin_link("turn", turn_id, app="conversations")
+        return admin_link("turn", turn_id, app="conversations", noun=_("turn"))
 
     @admin.display(description=_("Duplicates caught"), ordering="duplicates_caught")
     def duplicates(self, claim: ActionClaim) -> str | int:
