@@ -2,6 +2,7 @@
 loop, server, key and timeout, in a bounded cache."""
 
 import asyncio
+from collections.abc import Hashable
 
 import openai
 
@@ -9,10 +10,10 @@ from agentloop.core.caches import BoundedCache
 
 # Bounded: one per (event loop, server, key, timeout); a client pushed out is left to the
 # garbage collector (it may be mid-request in a turn).
-_clients = BoundedCache(maxsize=64)
+_clients: BoundedCache[Hashable, openai.AsyncOpenAI] = BoundedCache(maxsize=64)
 
 
-def client_for(base_url, api_key, timeout) -> openai.AsyncOpenAI:
+def client_for(base_url: str, api_key: str, timeout: float) -> openai.AsyncOpenAI:
     """One client per event loop and server (its connection pool belongs to the loop).
     The SDK's own retries are off: a retried request after a timeout could repeat a
     turn's effects, and the turn's outcome must be decided here."""

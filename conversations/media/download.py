@@ -30,7 +30,7 @@ def mb(size: int) -> str:
     return f"{size / 1000:.0f} KB" if size >= 1000 else f"{size} bytes"
 
 
-async def fetch_bytes(url: str, limit: int, deadline: float, headers: dict | None = None,
+async def fetch_bytes(url: str, limit: int, deadline: float, headers: dict[str, str] | None = None,
                       secrets: tuple[str, ...] = ()) -> bytes:
     """GET `url`, at most `limit` bytes, within `deadline` seconds in all. `secrets`
     (a token in the URL, a bearer) are masked in every error text."""
@@ -42,7 +42,7 @@ async def fetch_bytes(url: str, limit: int, deadline: float, headers: dict | Non
         raise FileUnavailable(redact(f"the download failed: {type(exc).__name__}: {exc}", list(secrets))) from None
 
 
-async def _read(url, limit, deadline, headers) -> bytes:
+async def _read(url: str, limit: int, deadline: float, headers: dict[str, str]) -> bytes:
     # The process's one TLS context (agentloop.core.tls): httpx's own is a new one per client,
     # the CA bundle loaded again (~70 ms of CPU, ~0.9 MB of OpenSSL's memory each, held by the
     # closed client's reference cycles until the worker's rare full collections: 10 MB an album).

@@ -2,6 +2,11 @@
 own transaction (one INSERT … ON CONFLICT DO NOTHING: the fetch itself happens later,
 on a worker, so a webhook is answered as soon as the message is stored)."""
 
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from django.conf import settings
 from django.utils import timezone
 
@@ -9,8 +14,12 @@ from agentloop.core.rows import insert
 from conversations.media.download import FileTooLarge
 from conversations.models import MediaFile, MediaState
 
+if TYPE_CHECKING:
+    from conversations.ingest.values import MediaRef
+    from conversations.models import Channel
 
-def file_id_for(channel, ref, now=None) -> int:
+
+def file_id_for(channel: Channel, ref: MediaRef, now: datetime | None = None) -> int:
     """The id of the channel's row for this platform file, created pending (or skipped
     at once when the platform already says it is over the cap)."""
     now = now or timezone.now()
@@ -22,4 +31,5 @@ def file_id_for(channel, ref, now=None) -> int:
         row.state, row.problem, row.settled_at = MediaState.SKIPPED, str(FileTooLarge(ref.declared_size, limit)), now
     if insert(row, ("channel_id", "file_key")):
         return row.pk
-    return MediaFile.objects.filter(channel=channel, file_key=row.file_key).values_list("pk", flat=True).get()
+    found: int = MediaFile.objects.filter(channel=channel, file_key=row.file_key).values_list("pk", flat=True).get()
+    return found

@@ -5,9 +5,13 @@ document by name and type with its text, a voice note with its transcript (when 
 transcription server is configured: conversations.media.transcribe), anything else — or a file that could not be
 read — described in a line, so the model knows what was sent and what it did not see."""
 
+from __future__ import annotations
+
 import base64
 import io
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
@@ -15,6 +19,9 @@ from django.core.files.storage import default_storage
 from conversations.media import images, links, sniff, transcribe
 from conversations.media.download import mb
 from conversations.models import InboundMessage, MediaFile, MediaState, MessageBuffer
+
+if TYPE_CHECKING:
+    from conversations.models import Turn
 
 DOCUMENT_TEXT_CHARS = 20000
 
@@ -38,10 +45,11 @@ class Attachment:
 
     def read(self) -> bytes:
         with default_storage.open(self.storage_name, "rb") as f:
-            return f.read()
+            data: bytes = f.read()
+            return data
 
 
-def file_ids_of_turn(turn) -> list[int]:
+def file_ids_of_turn(turn: Turn) -> list[int]:
     """The files of the messages merged into `turn` — and of the interrupted turns whose
     input it carries (conversations.flushing.merge) — in arrival order, each once."""
     ids = (InboundMessage.objects.filter(buffer_id__in=list(input_buffers([turn.buffer_id])), media_file__isnull=False)
@@ -49,7 +57,7 @@ def file_ids_of_turn(turn) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
-def input_buffers(buffer_ids) -> dict[int, int]:
+def input_buffers(buffer_ids: Iterable[int | None]) -> dict[int, int]:
     """{buffer id: the one of `buffer_ids` whose turn's input it is}: each buffer, and
     those whose cancelled turn's input it carries (an interrupt: MessageBuffer.
     carried_turn), and theirs, in turn. One query per interrupt in a row."""
@@ -68,7 +76,7 @@ def input_buffers(buffer_ids) -> dict[int, int]:
     return found
 
 
-def attachments(ids) -> list[Attachment]:
+def attachments(ids: Sequence[int]) -> list[Attachment]:
     rows = {f.pk: f for f in MediaFile.objects.filter(pk__in=ids)}
     return [attachment_of(f) for pk in dict.fromkeys(ids) if (f := rows.get(pk)) is not None]
 
@@ -79,7 +87,7 @@ def attachment_of(f: MediaFile) -> Attachment:
                       problem=f.problem, storage_name=f.storage_name, transcript=f.transcript)
 
 
-def for_remote(item: Attachment) -> dict:
+def for_remote(item: Attachment) -> dict[str, Any]:
     """What an agent in another service gets of a file (a webhook agent's POST, a pull
     agent's turn): its facts, and a signed, expiring link to its bytes once stored."""
     return {"id": item.id, "kind": item.kind, "state": item.state, "content_type": item.content_type,
@@ -88,12 +96,12 @@ def for_remote(item: Attachment) -> dict:
             "url": links.path_for(item.id) if item.readable else None}
 
 
-def of_turn(turn) -> list[Attachment]:
+def of_turn(turn: Turn) -> list[Attachment]:
     """The files of a turn, as they stand (none asked for when it carries none)."""
     return attachments(file_ids_of_turn(turn)) if turn.has_media else []
 
 
-def seen_by_turns(turns) -> dict[int, str]:
+def seen_by_turns(turns: Iterable[Turn]) -> dict[int, str]:
     """{turn id: the lines describing its files} for earlier turns (history): one query
     for all of them. A transcript comes with its line; images and documents are not sent
     again."""
@@ -105,11 +113,13 @@ def seen_by_turns(turns) -> dict[int, str]:
     shown: set[tuple[int, int]] = set()
     for message in (InboundMessage.objects.filter(buffer_id__in=list(by_buffer), media_file__isnull=False)
                     .select_related("media_file").order_by("received_at", "pk")):
-        turn_id = by_buffer[message.buffer_id]
-        if (turn_id, message.media_file_id) in shown:
+        buffer_id, file = message.buffer_id, message.media_file
+        assert buffer_id is not None and file is not None, "the filter reads messages with both"
+        turn_id = by_buffer[buffer_id]
+        if (turn_id, file.pk) in shown:
             continue
-        shown.add((turn_id, message.media_file_id))
-        item = attachment_of(message.media_file)
+        shown.add((turn_id, file.pk))
+        item = attachment_of(file)
         line = describe(item)
         lines.setdefault(turn_id, []).append(f"{line}\n{item.transcript}" if item.transcript else line)
     return {pk: "\n".join(found) for pk, found in lines.items()}
@@ -140,7 +150,7 @@ def _why_unread(item: Attachment) -> str:
     return ""
 
 
-def parts(items: list[Attachment]) -> list[dict]:
+def parts(items: list[Attachment]) -> list[dict[str, Any]]:
     """OpenAI chat content parts for these files (after the turn's text part). Images
     beyond AGENTLOOP_MEDIA_MAX_TURN_BYTES in all, or too large to decode
     (conversations.media.images), are described instead of shown."""
@@ -166,7 +176,7 @@ def parts(items: list[Attachment]) -> list[dict]:
     return found
 
 
-def _text(text: str) -> dict:
+def _text(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 

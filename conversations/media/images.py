@@ -16,7 +16,7 @@ import io
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -36,7 +36,7 @@ class TooManyPixels(ValueError):
 
 
 @functools.cache
-def _pillow():
+def _pillow() -> Any:  # the module PIL.Image (a module is no type of its own)
     """Pillow, imported where an image is decoded (not by every process at its start)."""
     from PIL import Image
 
@@ -48,7 +48,7 @@ def _pillow():
 
 
 def pixel_cap() -> int:
-    cap = settings.AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS
+    cap: int = settings.AGENTLOOP_MEDIA_IMAGE_MAX_PIXELS
     _pillow().MAX_IMAGE_PIXELS = cap  # the backstop (see above); one value per process, the setting's
     return cap
 

@@ -4,6 +4,8 @@ link names the file and when it was signed, signed with SECRET_KEY (django.core.
 its own salt): it cannot be made for another file, and it stops working after
 AGENTLOOP_MEDIA_URL_TTL seconds."""
 
+from typing import Any
+
 from django.conf import settings
 from django.core import signing
 from django.urls import reverse
@@ -28,7 +30,7 @@ def path_for_outbound(storage_name: str, content_type: str, name: str) -> str:
     return reverse("media-file", kwargs={"token": token})
 
 
-def _payload(token: str) -> dict:
+def _payload(token: str) -> dict[str, Any]:
     try:
         value = signing.TimestampSigner(salt=SALT).unsign_object(token, max_age=settings.AGENTLOOP_MEDIA_URL_TTL)
     except signing.SignatureExpired:
@@ -44,7 +46,8 @@ def file_id_of(token: str) -> int:
     value = _payload(token)
     if not isinstance(value.get("f"), int):
         raise LinkRefused("this link is not valid")
-    return value["f"]
+    file_id: int = value["f"]
+    return file_id
 
 
 def outbound_of(token: str) -> tuple[str, str, str] | None:

@@ -7,6 +7,8 @@ object under its digest, which the next write of the same bytes reuses. A file r
 here (empty, over AGENTLOOP_MEDIA_MAX_BYTES, past MAX_FILES) is not sent: the reply says
 so in a line of its own, and the log says why once per turn."""
 
+from __future__ import annotations
+
 import logging
 
 from django.conf import settings
@@ -35,7 +37,7 @@ def stored_answer(channel_id: int, answer: Answer, language: str = "") -> tuple[
         if problem:
             refused.append(problem)
             continue
-        data = bytes(item.data)
+        data = bytes(item.data or b"")  # bytes, and not empty: _problem said so
         stored.append(OutboundFile(file=store(channel_id, data), name=_name(item.name),
                                    type=sniff.content_type(data), size=len(data),
                                    caption=str(item.caption or "")))
@@ -45,7 +47,7 @@ def stored_answer(channel_id: int, answer: Answer, language: str = "") -> tuple[
     return text.strip("\n"), tuple(stored)
 
 
-def _problem(item, index) -> str:
+def _problem(item: object, index: int) -> str:
     name = _name(getattr(item, "name", ""))
     data = getattr(item, "data", None)
     if not isinstance(data, bytes | bytearray):
@@ -60,7 +62,7 @@ def _problem(item, index) -> str:
     return ""
 
 
-def _name(name) -> str:
+def _name(name: object) -> str:
     """A file name safe to show: no path, no control characters, bounded."""
     name = str(name or "").replace("\\", "/").rsplit("/", 1)[-1]
     name = "".join(c for c in name if c.isprintable()).strip()

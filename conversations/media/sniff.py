@@ -14,7 +14,8 @@ def content_type(data: bytes) -> str:
         return OCTET_STREAM
     kind = filetype.guess(data[:8192])
     if kind is not None:
-        return kind.mime
+        mime: str = kind.mime
+        return mime
     return "text/plain" if _looks_like_text(data[:65536]) else OCTET_STREAM
 
 

@@ -10,16 +10,22 @@ model as "not transcribed". A transcription that fails is not retried (the file 
 was fetched): the model is told why it has no text.
 """
 
+from __future__ import annotations
+
 import asyncio
 import io
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from agentloop.core.redaction import redact
 from conversations.agents import key_env_problem
 from conversations.media import sniff
+
+if TYPE_CHECKING:
+    from conversations.models import Channel, MediaFile
 
 AUDIO_KINDS = ("voice", "audio", "video_note")
 TRANSCRIPT_CHARS = 20000
@@ -34,7 +40,7 @@ class Transcriber:
     language: str = ""
 
 
-def transcriber_for(channel) -> Transcriber | None:
+def transcriber_for(channel: Channel) -> Transcriber | None:
     """The transcription server this channel's files go to, or None."""
     own = (channel.agent_config or {}).get("transcription")
     if own is False:
@@ -49,7 +55,7 @@ def transcriber_for(channel) -> Transcriber | None:
                        language=str(own.get("language") or ""))
 
 
-def wanted(file) -> bool:
+def wanted(file: MediaFile) -> bool:
     return file.kind in AUDIO_KINDS
 
 
@@ -63,14 +69,14 @@ async def transcribe(transcriber: Transcriber, data: bytes, file_name: str) -> s
     client = client_for(transcriber.base_url, api_key or "not-needed", transcriber.timeout)
     upload = io.BytesIO(data)
     upload.name = file_name or "voice.ogg"  # the server reads the format from the name's suffix
-    extra = {"language": transcriber.language} if transcriber.language else {}
+    extra: dict[str, Any] = {"language": transcriber.language} if transcriber.language else {}
     # One deadline for the whole exchange (the SDK's timeout is per phase).
     result = await asyncio.wait_for(
         client.audio.transcriptions.create(model=transcriber.model, file=upload, **extra), transcriber.timeout)
     return (getattr(result, "text", None) or str(result or "")).strip()[:TRANSCRIPT_CHARS]
 
 
-async def transcript_of(file, data: bytes) -> dict:
+async def transcript_of(file: MediaFile, data: bytes) -> dict[str, str]:
     """The fields to store with a fetched file: its transcript, or why it has none."""
     transcriber = transcriber_for(file.channel) if wanted(file) else None
     if transcriber is None:
@@ -85,7 +91,7 @@ async def transcript_of(file, data: bytes) -> dict:
     return {"transcript": text, "problem": "" if text else "not transcribed: the transcription was empty"}
 
 
-def _name_for(file, content_type: str) -> str:
+def _name_for(file: MediaFile, content_type: str) -> str:
     """A file name for the upload: servers pick the decoder by its suffix."""
     suffix = {"audio/ogg": "ogg", "audio/mpeg": "mp3", "audio/mp4": "m4a", "audio/x-wav": "wav",
               "audio/wav": "wav", "video/mp4": "mp4", "audio/webm": "webm"}.get(content_type, "ogg")

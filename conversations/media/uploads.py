@@ -6,8 +6,11 @@ message carries a MediaRef naming that name: the worker "fetches" it from our ow
 storage (`read_back`, the platform's fetch_media), so an upload is sniffed, stored once, transcribed
 and shown to the agent exactly as a platform's file is."""
 
+from __future__ import annotations
+
 import asyncio
 import hashlib
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -16,6 +19,11 @@ from django.core.files.storage import default_storage
 from conversations.ingest import MediaRef
 from conversations.media import sniff
 from conversations.media.download import FileUnavailable, mb
+
+if TYPE_CHECKING:
+    from django.core.files.uploadedfile import UploadedFile
+
+    from conversations.models import Channel
 
 
 class UploadRefused(Exception):
@@ -43,14 +51,15 @@ def own_prefix(channel_id: int) -> str:
     return f"media/{channel_id}/"
 
 
-async def read_back(channel, ref: str, limit: int) -> bytes:
+async def read_back(channel: Channel, ref: str, limit: int) -> bytes:
     """An uploaded file's bytes, from the storage, and only from this channel's own files."""
     if not ref.startswith(own_prefix(channel.pk)) or ".." in ref:
         raise FileUnavailable("not a file uploaded to this channel", permanent=True)
 
-    def read():
+    def read() -> bytes:
         with default_storage.open(ref, "rb") as f:
-            return f.read(limit + 1)
+            data: bytes = f.read(limit + 1)
+            return data
 
     try:
         return await asyncio.to_thread(read)
@@ -58,9 +67,10 @@ async def read_back(channel, ref: str, limit: int) -> bytes:
         raise FileUnavailable("the uploaded file is gone from the storage", permanent=True) from None
 
 
-def stored_upload(channel, upload, kind: str = "") -> MediaRef:
+def stored_upload(channel: Channel, upload: UploadedFile[bytes], kind: str = "") -> MediaRef:
     """Store an uploaded file (Django's UploadedFile) and name it for the message."""
     limit = settings.AGENTLOOP_MEDIA_MAX_BYTES
+    assert upload.size is not None, "Django's upload handlers set the size of every file they make"
     if upload.size > limit:
         raise UploadRefused(f"the file is {mb(upload.size)}, over the {mb(limit)} a file may have", 413)
     if upload.size == 0:
