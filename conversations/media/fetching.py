@@ -11,9 +11,13 @@ A file that would take its burst over AGENTLOOP_MEDIA_MAX_TURN_BYTES is not fetc
 all (`over_their_bursts`): it is settled SKIPPED when claimed, and the model is told.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
-from datetime import timedelta
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import F, Q
@@ -32,22 +36,23 @@ RETRY_DELAYS = (1.0, 3.0, 9.0)  # before the 2nd, 3rd, 4th try
 
 
 def lease_seconds() -> float:
-    return settings.AGENTLOOP_MEDIA_FETCH_DEADLINE + 10.0
+    deadline: float = settings.AGENTLOOP_MEDIA_FETCH_DEADLINE
+    return deadline + 10.0
 
 
-def due_ids(limit, now=None) -> list[int]:
+def due_ids(limit: int, now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     return list(MediaFile.objects.filter(state=MediaState.PENDING, next_attempt_at__lte=now)
                 .order_by("pk").values_list("pk", flat=True)[:limit])
 
 
-def due_ids_among(ids, now=None) -> list[int]:
+def due_ids_among(ids: Iterable[int], now: datetime | None = None) -> list[int]:
     """Those of `ids` pending and due now (a turn waiting for them fetches them itself)."""
     return list(MediaFile.objects.filter(pk__in=ids, state=MediaState.PENDING,
                                          next_attempt_at__lte=now or timezone.now()).values_list("pk", flat=True))
 
 
-def claim(ids, owner, now=None) -> list[MediaFile]:
+def claim(ids: Collection[int], owner: str, now: datetime | None = None) -> list[MediaFile]:
     """The files of `ids` still pending and due (a retry waits out its backoff), now FETCHING under `owner` until its lease
     ends (those another worker claimed first are not returned). Those that would take
     their burst over its cap are settled SKIPPED instead, and not returned."""
@@ -70,7 +75,7 @@ def over_burst_problem() -> str:
     return f"over what one burst may carry ({mb(settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES)} in all)"
 
 
-def over_their_bursts(ids) -> set[int]:
+def over_their_bursts(ids: Collection[int]) -> set[int]:
     """Those of `ids` that would take the burst they arrived in (their message's buffer,
     open or flushed into a turn) over AGENTLOOP_MEDIA_MAX_TURN_BYTES — or every burst,
     for a file sent in several.
@@ -90,7 +95,7 @@ def over_their_bursts(ids) -> set[int]:
                   .values_list("buffer_id", flat=True))
     if not buffers:
         return set()
-    by_buffer: dict[int, list[tuple]] = {}
+    by_buffer: dict[int, list[tuple[Any, ...]]] = {}
     for buffer_id, *file in (InboundMessage.objects.filter(buffer_id__in=buffers, media_file__isnull=False)
                              .order_by("received_at", "pk")
                              .values_list("buffer_id", "media_file_id", "media_file__state", "media_file__size",
@@ -101,9 +106,11 @@ def over_their_bursts(ids) -> set[int]:
     return {pk for pk in ids if pk in in_a_burst and pk not in fitting}
 
 
-def _fitting(files) -> set[int]:
+def _fitting(files: Iterable[tuple[Any, ...]]) -> set[int]:
     """The ids of a burst's (id, state, size, declared size), in arrival order, that fit its cap."""
-    cap, total, fitting, seen = settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES, 0, set(), set()
+    cap, total = settings.AGENTLOOP_MEDIA_MAX_TURN_BYTES, 0
+    fitting: set[int] = set()
+    seen: set[int] = set()
     for pk, state, size, declared in files:
         if pk in seen or state in (MediaState.SKIPPED, MediaState.FAILED):
             continue
@@ -115,7 +122,7 @@ def _fitting(files) -> set[int]:
     return fitting
 
 
-def release_expired(now=None, dead_owners=()) -> int:
+def release_expired(now: datetime | None = None, dead_owners: Collection[str] = ()) -> int:
     """FETCHING files whose lease ran out (their worker hung), or whose worker is known
     dead (conversations.engine.dead_owners: no need to wait out its lease), go back to
     PENDING."""
@@ -126,7 +133,7 @@ def release_expired(now=None, dead_owners=()) -> int:
                                 owner="", lease_until=None) if ids else 0
 
 
-def states(ids) -> dict[int, tuple[str, object]]:
+def states(ids: Iterable[int]) -> dict[int, tuple[str, object]]:
     """{id: (state, next_attempt_at)} of these files."""
     return {pk: (state, at) for pk, state, at in
             MediaFile.objects.filter(pk__in=ids).values_list("pk", "state", "next_attempt_at")}
@@ -146,7 +153,7 @@ async def fetch(file: MediaFile) -> bytes:
     return data
 
 
-def save(file: MediaFile, data: bytes) -> dict:
+def save(file: MediaFile, data: bytes) -> dict[str, Any]:
     """Store the bytes (Django's default storage: the filesystem under var/, or S3) under
     a name of their own digest; the fields that say what was stored."""
     name, digest = uploads.store(file.channel_id, data)
@@ -155,13 +162,13 @@ def save(file: MediaFile, data: bytes) -> dict:
     return {"storage_name": name, "content_type": mime, "size": len(data), "sha256": digest, "problem": ""}
 
 
-def mark_stored(file: MediaFile, owner, stored: dict, now=None) -> bool:
+def mark_stored(file: MediaFile, owner: str, stored: dict[str, Any], now: datetime | None = None) -> bool:
     failpoint("media.after_store")
     return MediaFile.transition(file.pk, MediaState.FETCHING, MediaState.STORED, where={"owner": owner},
                                 settled_at=now or timezone.now(), lease_until=None, **stored) == 1
 
 
-def mark_failed(file: MediaFile, owner, exc: Exception, now=None) -> str:
+def mark_failed(file: MediaFile, owner: str, exc: Exception, now: datetime | None = None) -> str:
     """After a failed try: retried later (PENDING with backoff), or settled — SKIPPED
     (over the cap), FAILED (refused for good, or out of tries). Returns the new state."""
     now = now or timezone.now()
@@ -184,5 +191,5 @@ def mark_failed(file: MediaFile, owner, exc: Exception, now=None) -> str:
     return new if moved else ""
 
 
-def is_settled(state) -> bool:
+def is_settled(state: str) -> bool:
     return state in SETTLED

@@ -20,11 +20,16 @@ own network unless the channel names that host:
 A refusal is permanent: the file settles as failed, and the model is told why
 ("refused: the address is private (files.example)")."""
 
+from __future__ import annotations
+
 import asyncio
 import hashlib
 import mimetypes
 import re
 import socket
+import ssl
+from collections.abc import Collection
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -96,7 +101,7 @@ def kind_and_name(url: str) -> tuple[str, str]:
     return (kind_of(mime) if mime else "document"), name
 
 
-def media_ref(url: str, kind: str = ""):
+def media_ref(url: str, kind: str = "") -> MediaRef:
     """The MediaRef of a file given by URL: one file per channel per URL (the same URL
     sent again is fetched once)."""
     guessed, name = kind_and_name(url)
@@ -104,14 +109,14 @@ def media_ref(url: str, kind: str = ""):
                     file_name=name)
 
 
-async def pinned_address(target: Target, allowed_hosts) -> str:
+async def pinned_address(target: Target, allowed_hosts: Collection[str]) -> str:
     """The address to connect to: the host's first, once every one it resolves to is
     public (or the host is allowed)."""
     try:
         found = await asyncio.get_running_loop().getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise FileUnavailable(f"the host {target.host} could not be resolved ({exc.strerror})") from None
-    addresses = [info[4][0] for info in found]
+    addresses = [str(info[4][0]) for info in found]  # an IP address's text (an int only for AF_UNIX-like families)
     if not addresses:
         raise FileUnavailable(f"the host {target.host} has no address")
     if target.host not in allowed_hosts:
@@ -121,12 +126,12 @@ async def pinned_address(target: Target, allowed_hosts) -> str:
     return addresses[0]
 
 
-def tls_context():
+def tls_context() -> ssl.SSLContext:
     bundle = settings.AGENTLOOP_MEDIA_URL_CA_BUNDLE
     return tls_context_trusting(str(bundle)) if bundle else shared_tls_context()
 
 
-async def fetch_url(url: str, limit: int, deadline: float, allowed_hosts=()) -> bytes:
+async def fetch_url(url: str, limit: int, deadline: float, allowed_hosts: Collection[object] = ()) -> bytes:
     """The bytes at `url`, at most `limit` of them, within `deadline` seconds in all
     (DNS, connection, redirects and reading), under the policy above."""
     allowed = {str(h).lower() for h in allowed_hosts}
@@ -139,7 +144,7 @@ async def fetch_url(url: str, limit: int, deadline: float, allowed_hosts=()) -> 
         raise FileUnavailable(redact(f"the download failed: {type(exc).__name__}: {exc}", secrets)) from None
 
 
-async def _follow(url, limit, deadline, allowed) -> bytes:
+async def _follow(url: str, limit: int, deadline: float, allowed: Collection[str]) -> bytes:
     async with httpx.AsyncClient(timeout=deadline, follow_redirects=False, trust_env=False, verify=tls_context(),
                                  limits=httpx.Limits(max_keepalive_connections=0)) as client:
         for hop in range(MAX_REDIRECTS + 1):
@@ -158,7 +163,7 @@ async def _follow(url, limit, deadline, allowed) -> bytes:
         raise Refused(f"more than {MAX_REDIRECTS} redirects")
 
 
-def _get(client, target: Target, address: str):
+def _get(client: httpx.AsyncClient, target: Target, address: str) -> AbstractAsyncContextManager[httpx.Response]:
     """GET the target's path from `address`, the name in SNI (and the certificate checked
     against it) and in Host."""
     parts = urlsplit(target.url)
