@@ -1,13 +1,16 @@
 """Turns for external agents (pull agents, and webhook agents answering later)."""
 
+from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
-from rest_framework import exceptions, serializers, status
-from rest_framework.response import Response
+from rest_framework import exceptions, serializers, status  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
 
 from agentloop.core.api import (
     ErrorSerializer,
@@ -24,8 +27,15 @@ from conversations.models import Turn, TurnState
 from delivery import ledger
 from delivery.models import OutboundKind
 
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from rest_framework.request import Request  # type: ignore[import-untyped]
 
-class TurnSerializer(serializers.Serializer):
+    from conversations.models import AgentKey
+    from delivery.attachments import OutboundFile
+
+
+class TurnSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     id = serializers.IntegerField(source="pk")
     state = serializers.CharField()
     channel = serializers.CharField(source="conversation.channel.slug")
@@ -44,11 +54,11 @@ class TurnSerializer(serializers.Serializer):
                   "(relative to this server; it expires after AGENTLOOP_MEDIA_URL_TTL seconds).")
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
-    def get_media(self, turn) -> list[dict]:
+    def get_media(self, turn: Turn) -> list[dict[str, Any]]:
         return [for_agents.for_remote(item) for item in for_agents.of_turn(turn)]
 
 
-class TurnListQuery(serializers.Serializer):
+class TurnListQuery(serializers.Serializer):  # type: ignore[misc]
     state = serializers.ChoiceField(["ready", "running", "done", "failed", "cancelled"], default="ready")
     limit = serializers.IntegerField(min_value=1, max_value=200, default=50)
 
@@ -64,7 +74,7 @@ class ReplyFileSerializer(StrictBody):
                                   error_messages={"invalid": "not base64"})
     caption = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
 
-    def validate_data(self, value):
+    def validate_data(self, value: str) -> bytes:
         try:
             data = base64.b64decode(value, validate=True)
         except (ValueError, TypeError):
@@ -85,11 +95,11 @@ class TurnDoneSerializer(StrictBody):
                                  help_text="A last reply, sent before the turn is closed.")
 
 
-def _turns_for_key(key):
+def _turns_for_key(key: AgentKey) -> QuerySet[Turn]:
     return Turn.objects.select_related("conversation__channel").filter(conversation__channel__agent_keys=key)
 
 
-def _turn_for_key(key, turn_id):
+def _turn_for_key(key: AgentKey, turn_id: int) -> Turn:
     turn = _turns_for_key(key).filter(pk=row_id(turn_id, "turn")).first()
     if turn is None:
         raise exceptions.NotFound(f"no turn {turn_id}")
@@ -99,7 +109,7 @@ def _turn_for_key(key, turn_id):
 class TurnListView(ApiView):
     @extend_schema(parameters=[TurnListQuery], responses={200: TurnSerializer(many=True)},
                    summary="Turns of your channels (pull agents: the ready ones wait for you)")
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         query = TurnListQuery(data=query_of(request))
         query.is_valid(raise_exception=True)
         turns = _turns_for_key(request.user).filter(state=query.validated_data["state"]).order_by("created_at")
@@ -109,7 +119,7 @@ class TurnListView(ApiView):
 class TurnClaimView(ApiView):
     @extend_schema(request=None, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Claim a ready turn: it is yours to answer until you mark it done (or it times out)")
-    def post(self, request, turn):
+    def post(self, request: Request, turn: int) -> Response:
         found = _turn_for_key(request.user, turn)
         if found.conversation.channel.agent != turns.PULL_AGENT:
             return Response({"error": f"turn {found.pk} belongs to a '{found.conversation.channel.agent}' channel; "
@@ -127,7 +137,7 @@ class TurnClaimView(ApiView):
 class TurnReplyView(ApiView):
     @extend_schema(request=TurnReplySerializer, responses={202: TurnSerializer, 409: ErrorSerializer},
                    summary="Reply in a turn you hold: written into the delivery ledger and sent")
-    def post(self, request, turn):
+    def post(self, request: Request, turn: int) -> Response:
         found = _turn_for_key(request.user, turn)
         incoming = TurnReplySerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
@@ -135,23 +145,24 @@ class TurnReplyView(ApiView):
         return Response(TurnSerializer(found).data, status=status.HTTP_202_ACCEPTED)
 
 
-def _reply(key, turn, text, files=()):
-    files = [File(f["name"], f["data"], f.get("caption", "")) for f in files]
-    if files:  # stored before the row, outside its transaction (conversations.media.outbound)
-        text, files = outbound.stored_answer(turn.conversation.channel_id, Answer(text, tuple(files)))
+def _reply(key: AgentKey, turn: Turn, text: str, files: Iterable[dict[str, Any]] = ()) -> None:
+    answer_files = [File(f["name"], f["data"], f.get("caption", "")) for f in files]
+    stored: tuple[OutboundFile, ...] = ()
+    if answer_files:  # stored before the row, outside its transaction (conversations.media.outbound)
+        text, stored = outbound.stored_answer(turn.conversation.channel_id, Answer(text, tuple(answer_files)))
     with transaction.atomic():
         locked = Turn.objects.select_for_update().select_related("conversation__channel").get(pk=turn.pk)
         if not turns.may_answer(locked, key.pk):
             raise Conflict(f"turn {turn.pk} is {locked.state} and not yours to answer")
         ledger.enqueue(locked.conversation, text, kind=OutboundKind.REPLY, turn=locked,
-                       reply_target=locked.reply_target, thread_id=locked.thread_id, files=files)
+                       reply_target=locked.reply_target, thread_id=locked.thread_id, files=stored)
         Turn.objects.filter(pk=turn.pk).update(reply_text=(locked.reply_text + "\n" + text).strip())
 
 
 class TurnDoneView(ApiView):
     @extend_schema(request=TurnDoneSerializer, responses={200: TurnSerializer, 409: ErrorSerializer},
                    summary="Close a turn you hold (optionally with a last reply)")
-    def post(self, request, turn):
+    def post(self, request: Request, turn: int) -> Response:
         found = _turn_for_key(request.user, turn)
         incoming = TurnDoneSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
