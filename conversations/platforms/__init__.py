@@ -14,6 +14,7 @@ from django.urls import include, path
 
 from agentloop.core import plugins
 from conversations.models import Channel
+from conversations.platforms import connection
 from conversations.platforms.base import Platform, Poller, Setting
 
 if TYPE_CHECKING:  # for annotations only
@@ -59,9 +60,13 @@ def typing_kinds() -> tuple[str, ...]:
                  if platform.transport(Channel(kind=kind)).supports_typing)
 
 
-def pollers() -> dict[str, Poller]:
-    """The platforms that fetch their updates, by kind (the worker runs them)."""
-    return {kind: poller for kind, platform in _registry().items() if (poller := platform.poller()) is not None}
+def pollers() -> list[Poller]:
+    """What the worker keeps running, one per channel across all workers: the pollers of
+    the platforms that fetch their updates (Telegram's getUpdates), and for those that keep
+    a connection open, their connection's (conversations.platforms.connection)."""
+    found = [poller for platform in _registry().values() if (poller := platform.poller()) is not None]
+    return found + [connection.poller(kept) for platform in _registry().values()
+                    if (kept := platform.connection()) is not None]
 
 
 def urlpatterns() -> list[URLPattern | URLResolver]:

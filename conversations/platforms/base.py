@@ -165,18 +165,12 @@ class Platform(abc.ABC):
 
     # --- inbound ----------------------------------------------------------------------
     def urls(self) -> list[URLPattern | URLResolver]:
-        """URL patterns, mounted under /webhooks/<kind>/ (e.g. path("<slug:slug>/", view))."""
-        return []
+        """URL patterns, mounted under /webhooks/<kind>/: the webhook's (`webhook()`), and
+        more where a platform has them (Slack's interactivity endpoint)."""
+        webhook = self.webhook()
+        return list(webhook.urls()) if webhook is not None else []
 
     def poller(self) -> Poller | None:
-        return None
-
-    def lean_webhook(self) -> Any:
-        """A webhook at /webhooks/<kind>/<slug>/ whose POSTs may skip Django's request
-        stack (conversations/lean_ingest.py: admitted in batches, one commit each): an
-        object with `prepare(slug, headers, body)` (headers by lower-case name; body None
-        when too large) → an Answer, or (channel, Inbound) to admit, or (channel, Edit) to
-        apply; and `admitted(admission)`, `edited(result)` → the Answer. None: Django's view."""
         return None
 
     def webhook(self) -> Webhook | None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import platforms
 from conversations.models import Channel
-from conversations.platforms import connection
 
 if TYPE_CHECKING:  # for annotations only
     from conversations.worker.supervisor import Worker
@@ -23,12 +22,8 @@ SUPERVISE_EVERY = 5.0
 
 
 def wanted_pollers() -> dict[int, platforms.Poller]:
-    """Every channel to poll, with its platform's poller; and every channel to keep a
-    connection open for (conversations.platforms.connection), run the same way."""
-    connections = [connection.poller(kept) for platform in platforms.all_platforms()
-                   if (kept := platform.connection()) is not None]
-    return {channel_id: poller for poller in [*platforms.pollers().values(), *connections]
-            for channel_id in poller.channel_ids()}
+    """Every channel to poll or keep a connection open for, with its poller."""
+    return {channel_id: poller for poller in platforms.pollers() for channel_id in poller.channel_ids()}
 
 
 class Polling:

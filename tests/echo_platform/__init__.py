@@ -16,8 +16,6 @@ from django.utils.translation import gettext_lazy as _
 from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 
 if TYPE_CHECKING:  # for annotations only
-    from django.urls import URLPattern
-
     from conversations.models import Channel
     from tests.echo_platform.transport import EchoTransport
     from tests.echo_platform.webhook import EchoWebhook
@@ -45,9 +43,6 @@ class EchoPlatform(Platform):
         from tests.echo_platform.webhook import EchoWebhook  # imports ingest, which imports the models
 
         return EchoWebhook(self)
-
-    def urls(self) -> list[URLPattern]:
-        return self.webhook().urls()
 
     async def close_clients(self) -> None:
         from tests.echo_platform.transport import close_clients

@@ -34,7 +34,7 @@ def test_the_registry_names_every_platform_and_picks_each_transport(make_channel
     assert isinstance(transports.transport_for(make_channel("w", kind="webchat")), WebchatTransport)
     assert isinstance(transports.transport_for(make_channel("t", kind="telegram")), TelegramTransport)
     assert {"telegram", "webchat"} <= set(platforms.typing_kinds()) and "api" not in platforms.typing_kinds()
-    assert "telegram" in platforms.pollers()
+    assert [poller.run.__module__ for poller in platforms.pollers()] == ["conversations.platforms.telegram.polling"]
     with pytest.raises(platforms.UnknownPlatform):
         platforms.get("carrier-pigeon")
 

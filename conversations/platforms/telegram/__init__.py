@@ -58,9 +58,6 @@ class TelegramPlatform(Platform):
 
         return TelegramWebhook(self)
 
-    def urls(self) -> list:
-        return self.webhook().urls()
-
     def poller(self) -> Poller:
         from conversations.platforms.telegram import polling
 

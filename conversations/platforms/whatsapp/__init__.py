@@ -112,9 +112,6 @@ class WhatsAppPlatform(Platform):
 
         return WhatsAppWebhook(self)
 
-    def urls(self) -> list:
-        return self.webhook().urls()
-
     def bootstrap(self, stdout) -> str:
         """With WHATSAPP_TOKEN, WHATSAPP_PHONE_NUMBER_ID, WHATSAPP_APP_SECRET and
         WHATSAPP_VERIFY_TOKEN set, a `whatsapp` channel answers with the demo agent."""
