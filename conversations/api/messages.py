@@ -1,15 +1,18 @@
 """Messages into api channels, their edits and their deletions."""
 
+from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
+from django.db.models import CharField
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
-from rest_framework import exceptions, serializers, status
-from rest_framework.parsers import JSONParser, MultiPartParser
-from rest_framework.response import Response
+from rest_framework import exceptions, serializers, status  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.parsers import JSONParser, MultiPartParser  # type: ignore[import-untyped]
+from rest_framework.response import Response  # type: ignore[import-untyped]
 
 from agentloop.core.api import (
     NO_NUL,
@@ -26,17 +29,26 @@ from conversations.media import remote, uploads
 from conversations.models import EditOutcome, InboundMessage
 from conversations.platforms.api import KIND as API_KIND
 
-MESSAGE_ID_CHARS = min(InboundMessage._meta.get_field(name).max_length
-                       for name in ("platform_message_id", "reply_target"))
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
+
+
+def _max_length(name: str) -> int:
+    field = InboundMessage._meta.get_field(name)
+    assert isinstance(field, CharField) and field.max_length is not None, f"{name} is a bounded CharField"
+    return field.max_length
+
+
+MESSAGE_ID_CHARS = min(_max_length(name) for name in ("platform_message_id", "reply_target"))
 
 
 @extend_schema_field({"type": "string", "maxLength": remote.MAX_URL_CHARS, "pattern": remote.URL_PATTERN})
-class MediaUrlField(serializers.CharField):
+class MediaUrlField(serializers.CharField):  # type: ignore[misc]  # DRF's classes are Any here
     """An https URL of a file (conversations.media.remote.check_url: the schema's pattern
     is the same rule)."""
 
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
+    def to_internal_value(self, data: object) -> str:
+        value: str = super().to_internal_value(data)
         try:
             remote.check_url(value)
         except ValueError as exc:
@@ -76,7 +88,7 @@ class InboundMessageSerializer(StrictBody):
         help_text="The sender is a bot: its message makes a turn only if the channel's `allowed_bots` names the "
                   "contact; otherwise it is stored as context, never answered (docs/routing.md#bots).")
 
-    def validate(self, data):
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         with_file = self.context.get("with_file")
         if not data["text"].strip() and not data["media_type"] and not with_file and not data["media_url"]:
             raise serializers.ValidationError({"text": "a message needs text, a media_type or a media_url"})
@@ -86,7 +98,7 @@ class InboundMessageSerializer(StrictBody):
         return data
 
 
-class AdmissionSerializer(serializers.Serializer):
+class AdmissionSerializer(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     duplicate = serializers.BooleanField()
     conversation = serializers.IntegerField(allow_null=True)
     message = serializers.IntegerField(allow_null=True)
@@ -98,7 +110,7 @@ class AdmissionSerializer(serializers.Serializer):
                                              "media.")
 
 
-def message_and_file(request):
+def message_and_file(request: Request) -> tuple[Any, UploadedFile[bytes] | None]:
     """The message's JSON body and its uploaded file (or None). A multipart body carries
     the message as JSON in its `message` part (held to the same schema) and the file in
     `file`."""
@@ -136,7 +148,7 @@ class ChannelMessagesView(ApiView):
                                "(a `media_url` not https or malformed), an empty file, or the "
                                "channel is not an `api` channel. "
                                "413: the file is over AGENTLOOP_MEDIA_MAX_BYTES.")
-    def post(self, request, slug):
+    def post(self, request: Request, slug: str) -> Response:
         channel = channel_for_key(request.user, slug, API_KIND)
         body, upload = message_and_file(request)
         incoming = InboundMessageSerializer(data=body, context={"with_file": upload is not None})
@@ -178,11 +190,11 @@ class MessageEditSerializer(StrictBody):
     # never partial, for DRF and for the schema (drf-spectacular marks a PATCH body's
     # serializer partial, which would show every field optional).
     @property
-    def partial(self):
+    def partial(self) -> bool:
         return False
 
     @partial.setter
-    def partial(self, value):
+    def partial(self, value: object) -> None:
         pass
 
     text = serializers.CharField(allow_blank=True, max_length=20000, trim_whitespace=False,
@@ -192,7 +204,7 @@ class MessageEditSerializer(StrictBody):
                                   "send it to make a retry safe. Default: the time the request arrives.")
 
 
-class EditResultSerializer(serializers.Serializer):
+class EditResultSerializer(serializers.Serializer):  # type: ignore[misc]
     message = serializers.IntegerField(help_text="The edited message's row id.")
     conversation = serializers.IntegerField()
     duplicate = serializers.BooleanField(help_text="This edit (same edited_at) was applied before: nothing changed now.")
@@ -208,7 +220,7 @@ class EditResultSerializer(serializers.Serializer):
     flush_at = serializers.DateTimeField(allow_null=True, help_text="When the corrected buffer flushes.")
 
 
-class DeletionResultSerializer(serializers.Serializer):
+class DeletionResultSerializer(serializers.Serializer):  # type: ignore[misc]
     message = serializers.IntegerField(help_text="The deleted message's row id.")
     conversation = serializers.IntegerField()
     duplicate = serializers.BooleanField(help_text="The message was deleted before: nothing changed now.")
@@ -242,7 +254,7 @@ class MessageEditView(ApiView):
                     "400: a malformed body or a text that cannot be stored (same bounds as a new message). "
                     "409: the channel ignores edits (its `edits` setting is `ignore`): the edit is recorded and "
                     "audited as ignored and changes nothing (a retry gets the same answer).")
-    def patch(self, request, slug, message_id):
+    def patch(self, request: Request, slug: str, message_id: str) -> Response:
         channel = channel_for_key(request.user, slug, API_KIND)
         if len(message_id) > MESSAGE_ID_CHARS or "\x00" in message_id:
             raise exceptions.NotFound(f"no message '{message_id[:MESSAGE_ID_CHARS]}' in channel '{slug}'")
@@ -273,7 +285,7 @@ class MessageEditView(ApiView):
                     "effect, on an `interrupt` channel, the turn is cancelled and re-run without it; otherwise the "
                     "agent's next turn is told and the text is kept out of its prompt. Safe to retry: a second "
                     "DELETE answers `duplicate: true` and changes nothing. 404: no such message in the channel.")
-    def delete(self, request, slug, message_id):
+    def delete(self, request: Request, slug: str, message_id: str) -> Response:
         channel = channel_for_key(request.user, slug, API_KIND)
         if len(message_id) > MESSAGE_ID_CHARS or "\x00" in message_id:
             raise exceptions.NotFound(f"no message '{message_id[:MESSAGE_ID_CHARS]}' in channel '{slug}'")
