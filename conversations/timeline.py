@@ -17,17 +17,23 @@ commits). A cursor therefore holds two things:
 An empty page returns the cursor it was given: a client keeps polling from where it is.
 """
 
+from __future__ import annotations
+
 import base64
 import binascii
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.utils import timezone
 
 from conversations.models import InboundMessage
 from delivery import api as delivery_api
 from delivery.api import INBOUND_RANK, REPLY_RANK, Position
+
+Item = dict[str, Any]  # a timeline item as the API shows it, with its "position"
 
 SETTLE = timedelta(seconds=5)  # longer than any transaction writing these rows (plus clock skew)
 MAX_SEEN = 100  # positions a cursor carries; a bound on its length
@@ -51,7 +57,7 @@ class Cursor:
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     @classmethod
-    def decode(cls, text: str) -> "Cursor":
+    def decode(cls, text: str) -> Cursor:
         if not text:
             return cls()
         if len(text) > MAX_CURSOR_CHARS:
@@ -67,11 +73,11 @@ class Cursor:
         return cls(boundary, seen)
 
 
-def _pack(position: Position) -> list:
+def _pack(position: Position) -> list[int]:
     return [(position.time - _EPOCH) // _US, position.rank, position.pk]
 
 
-def _unpack(packed) -> Position:
+def _unpack(packed: Any) -> Position:  # JSON from a client: checked here
     micros, rank, pk = packed
     if not all(type(v) is int for v in packed) or rank not in (INBOUND_RANK, REPLY_RANK, _AFTER_ALL) or pk < 0:
         raise ValueError("bad position")
@@ -81,10 +87,10 @@ def _unpack(packed) -> Position:
 _AFTER_ALL = 2  # a boundary at "everything stamped up to this instant"
 
 
-def read(conversation_id, cursor: Cursor, limit: int, now=None) -> tuple[list[dict], Cursor]:
+def read(conversation_id: int, cursor: Cursor, limit: int, now: datetime | None = None) -> tuple[list[Item], Cursor]:
     """Up to `limit` items after the cursor, oldest first, and the cursor to go on from."""
     now = now or timezone.now()  # before the queries: rows stamped SETTLE before this are all visible to them
-    skip = {INBOUND_RANK: set(), REPLY_RANK: set()}
+    skip: dict[int, set[int]] = {INBOUND_RANK: set(), REPLY_RANK: set()}
     for position in cursor.seen:
         skip.setdefault(position.rank, set()).add(position.pk)
     items = sorted(_inbound_after(conversation_id, cursor.boundary, skip[INBOUND_RANK], limit)
@@ -103,7 +109,8 @@ def read(conversation_id, cursor: Cursor, limit: int, now=None) -> tuple[list[di
     return items, Cursor(boundary, tuple(seen))
 
 
-def _inbound_after(conversation_id, position, skip, limit) -> list[dict]:
+def _inbound_after(conversation_id: int, position: Position | None, skip: Collection[int],
+                   limit: int) -> list[Item]:
     rows = (InboundMessage.objects.filter(delivery_api.after("received_at", INBOUND_RANK, position),
                                           conversation_id=conversation_id)
             .exclude(pk__in=list(skip)).order_by("received_at", "pk")[:limit])

@@ -1,16 +1,20 @@
 """Reading a conversation (an api channel without a callback: the app reads its replies),
 long-polled."""
 
+from __future__ import annotations
+
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import SyncToAsync
 from channels.db import database_sync_to_async
 from django.conf import settings
 from drf_spectacular.utils import extend_schema, extend_schema_field
-from rest_framework import exceptions, serializers, status
-from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework import exceptions, serializers, status  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.response import Response  # type: ignore[import-untyped]
+from rest_framework.views import APIView  # type: ignore[import-untyped]
 
 from agentloop.core.api import (
     ErrorSerializer,
@@ -22,22 +26,31 @@ from conversations.models import Disposition
 from conversations.timeline import MAX_CURSOR_CHARS
 from delivery.models import OutboundKind, OutboundState
 
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+    from rest_framework.request import Request  # type: ignore[import-untyped]
+
+    from conversations.models import Conversation
+    from conversations.timeline import Cursor, Item
+
+T = TypeVar("T")
+
 
 @extend_schema_field({"type": "string", "format": "cursor"})
-class CursorField(serializers.Field):
+class CursorField(serializers.Field):  # type: ignore[misc]  # DRF's classes are Any here
     """An opaque cursor: the `next` of an earlier answer, passed back as it was given. Its
     format, `cursor`, is ours, and the schema says no more of it: its spelling (base64url,
     at most MAX_CURSOR_CHARS) is not a promise, and any other string is refused (400)."""
 
     SPELLING = re.compile(r"[A-Za-z0-9_-]*")
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: object) -> str:
         if not isinstance(data, str) or len(data) > MAX_CURSOR_CHARS or not self.SPELLING.fullmatch(data):
             raise serializers.ValidationError("not a cursor this API returned")
         return data
 
 
-class ConversationMessagesQuery(serializers.Serializer):
+class ConversationMessagesQuery(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     after = CursorField(
         required=False,
         help_text="An opaque cursor: the `next` of an earlier answer. Omitted or empty: from the conversation's start.")
@@ -48,7 +61,7 @@ class ConversationMessagesQuery(serializers.Serializer):
                   "(answered as soon as one exists; an empty page with the same cursor when the wait ends).")
 
 
-class TimelineItemSerializer(serializers.Serializer):
+class TimelineItemSerializer(serializers.Serializer):  # type: ignore[misc]
     kind = serializers.ChoiceField(["inbound", "reply"], help_text="inbound: the user's message; reply: an outbound row "
                                                                    "of the delivery ledger.")
     id = serializers.IntegerField(help_text="The row id (unique per kind).")
@@ -71,7 +84,7 @@ class TimelineItemSerializer(serializers.Serializer):
     delivered_at = serializers.DateTimeField(allow_null=True)
 
 
-class TimelinePageSerializer(serializers.Serializer):
+class TimelinePageSerializer(serializers.Serializer):  # type: ignore[misc]
     conversation = serializers.IntegerField()
     items = TimelineItemSerializer(many=True, help_text="Oldest first. A row committed late (rare) comes in a later "
                                                         "page than rows newer than it; none twice, none skipped.")
@@ -79,7 +92,7 @@ class TimelinePageSerializer(serializers.Serializer):
                                            "empty, so a client keeps polling from where it is.")
 
 
-class TooManyWaiting(exceptions.APIException):
+class TooManyWaiting(exceptions.APIException):  # type: ignore[misc]
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "too many long-polls waiting on this server; retry after the Retry-After seconds"
     wait = 2  # seconds, sent as Retry-After by DRF's exception handler
@@ -95,24 +108,25 @@ class LongPolls:
     waiting = 0
 
     @classmethod
-    def enter(cls):
+    def enter(cls) -> None:
         if cls.waiting >= settings.AGENTLOOP_MAX_LONG_POLLS:
             raise TooManyWaiting()
         cls.waiting += 1
 
     @classmethod
-    def leave(cls):
+    def leave(cls) -> None:
         cls.waiting -= 1
 
 
-def _in_db_thread(fn, *args, **kwargs):
+def _in_db_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
     """Run a database step in the loop's shared thread pool, its connection closed (or
     returned to the pool) afterwards as CONN_MAX_AGE / DATABASE_POOL say: a waiting
     long-poll holds neither a thread nor a connection between its checks."""
-    return database_sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)
+    step: Awaitable[T] = database_sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)  # channels: untyped
+    return step
 
 
-def _release_request_thread():
+def _release_request_thread() -> None:
     """Django's middleware steps ran in a thread of this request's own (asgiref gives
     each request context a one-thread executor, shut down when the request ends): it
     would sit idle for the whole wait, a thread per waiting client. Shut it down now;
@@ -130,16 +144,17 @@ def _release_request_thread():
         executor.shutdown(wait=False)
 
 
-class AsyncGetView(APIView):
+class AsyncGetView(APIView):  # type: ignore[misc]  # DRF's classes are Any here
     """APIView.dispatch for an async `get`: DRF's request handling is synchronous, so the
     view's `get` runs its database parts (authentication) in a thread itself; other
     methods go through DRF as usual, in the thread pool. Shared by the long poll and the
     event stream."""
 
-    async def dispatch(self, request, *args, **kwargs):
+    async def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if request.method not in ("GET", "HEAD"):
             response = await _in_db_thread(super().dispatch, request, *args, **kwargs)
-            return response.render()
+            rendered: HttpResponseBase = response.render()
+            return rendered
         self.args, self.kwargs = args, kwargs
         request = self.initialize_request(request, *args, **kwargs)
         self.request, self.headers = request, self.default_response_headers
@@ -149,7 +164,8 @@ class AsyncGetView(APIView):
             response = self.handle_exception(exc)
         self.response = self.finalize_response(request, response, *args, **kwargs)
         # Rendered here, not in a thread Django would take for it; a stream is iterated by Django.
-        return self.response.render() if hasattr(self.response, "render") else self.response
+        final: HttpResponseBase = self.response.render() if hasattr(self.response, "render") else self.response
+        return final
 
 
 class ConversationMessagesView(AsyncGetView):
@@ -168,14 +184,15 @@ class ConversationMessagesView(AsyncGetView):
                     "for the next item. 404: no such conversation in the key's channels (a conversation of "
                     "another channel is not found either). 400: a bad cursor, `limit` outside 1–200, `wait` "
                     "outside 0–30. 503 (with Retry-After): too many long-polls waiting on this server.")
-    async def get(self, request, conversation):
+    async def get(self, request: Request, conversation: int) -> Response:
         query, found, items, cursor = await _in_db_thread(self._first_read, request, conversation)
         if not items and query["wait"] > 0:
             items, cursor = await self._wait(found.pk, cursor, query["limit"], query["wait"])
         return Response(TimelinePageSerializer({
             "conversation": found.pk, "items": [_item(i) for i in items], "next": cursor.encode()}).data)
 
-    def _first_read(self, request, conversation):
+    def _first_read(self, request: Request,
+                    conversation: int) -> tuple[dict[str, Any], Conversation, list[Item], Cursor]:
         self.initial(request)  # authentication, permissions, throttling: database work, here
         incoming = ConversationMessagesQuery(data=query_of(request))
         incoming.is_valid(raise_exception=True)
@@ -189,7 +206,7 @@ class ConversationMessagesView(AsyncGetView):
         return query, found, items, cursor
 
     @staticmethod
-    async def _wait(conversation_id, cursor, limit, wait):
+    async def _wait(conversation_id: int, cursor: Cursor, limit: int, wait: float) -> tuple[list[Item], Cursor]:
         LongPolls.enter()
         _release_request_thread()
         try:
@@ -207,7 +224,7 @@ class ConversationMessagesView(AsyncGetView):
 
 
 
-def _item(item):
+def _item(item: Item) -> Item:
     blank = {"message_id": None, "disposition": None, "media_type": None, "deleted_at": None, "reply_kind": None,
              "state": None,
              "recovered": None, "attempts": None, "delivered_at": None}

@@ -21,15 +21,19 @@ Retry-After) and the process's long-poll cap (503 beyond). An open stream holds 
 socket and a task, no thread and no database connection between its checks.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, serializers
-from rest_framework.renderers import JSONRenderer
+from rest_framework import exceptions, serializers  # type: ignore[import-untyped]  # DRF ships no types
+from rest_framework.renderers import JSONRenderer  # type: ignore[import-untyped]
 
 from agentloop.core import live
 from agentloop.core.api import ErrorSerializer, query_of
@@ -46,10 +50,17 @@ from conversations.api.reading import (
     _release_request_thread,
 )
 
+if TYPE_CHECKING:
+    from rest_framework.request import Request  # type: ignore[import-untyped]
+
+    from agentloop.core.live import Event
+    from conversations.models import Conversation
+    from conversations.timeline import Cursor
+
 PAGE = 50  # items read per check
 
 
-class ConversationStreamQuery(serializers.Serializer):
+class ConversationStreamQuery(serializers.Serializer):  # type: ignore[misc]  # DRF's classes are Any here
     after = CursorField(required=False, help_text="An opaque cursor (a `next`, or an event's `id`): items after it. "
                                                   "Omitted: from the conversation's start.")
     wait = serializers.FloatField(min_value=1, max_value=300, default=60,
@@ -57,7 +68,7 @@ class ConversationStreamQuery(serializers.Serializer):
                                             "the first reply.")
 
 
-class TooManyStreams(exceptions.Throttled):
+class TooManyStreams(exceptions.Throttled):  # type: ignore[misc]
     default_detail = "too many streams open for this agent key; close one or retry after the Retry-After seconds"
 
 
@@ -67,7 +78,7 @@ class Streams:
     open: dict[int, int] = {}
 
     @classmethod
-    def enter(cls, key_id: int):
+    def enter(cls, key_id: int) -> Callable[[], None]:
         """A slot for a stream of this key: its `leave`, to call once (more is harmless)."""
         if cls.open.get(key_id, 0) >= settings.AGENTLOOP_MAX_STREAMS_PER_KEY:
             raise TooManyStreams(wait=2)
@@ -75,7 +86,7 @@ class Streams:
         cls.open[key_id] = cls.open.get(key_id, 0) + 1
         held = [True]
 
-        def leave():
+        def leave() -> None:
             if held.pop() if held else False:
                 LongPolls.leave()
                 cls.open[key_id] -= 1
@@ -89,18 +100,18 @@ class EventStream(StreamingHttpResponse):
     """The response gives its stream's slot back when Django closes it, whether or not
     its events were ever iterated (a client gone before the first)."""
 
-    def __init__(self, events, leave):
+    def __init__(self, events: AsyncIterator[bytes], leave: Callable[[], None]) -> None:
         super().__init__(events, content_type="text/event-stream")
         self.leave = leave
         self["Cache-Control"] = "no-store"
         self["X-Accel-Buffering"] = "no"  # a proxy passes events on as they come
 
-    def close(self):
+    def close(self) -> None:
         self.leave()
         super().close()
 
 
-def event(name: str, data, event_id: str = "") -> bytes:
+def event(name: str, data: Any, event_id: str = "") -> bytes:  # data: JSON
     head = f"id: {event_id}\n" if event_id else ""
     return f"{head}event: {name}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
@@ -109,10 +120,10 @@ class Deltas:
     """A turn's text so far as this stream sent it: each preview (the whole text) becomes
     the part the client has not seen."""
 
-    def __init__(self):
-        self.sent: dict[int, str] = {}
+    def __init__(self) -> None:
+        self.sent: dict[int | None, str] = {}  # by the event's turn id
 
-    def events(self, published) -> list[bytes]:
+    def events(self, published: Event) -> list[bytes]:
         turn, kind = published.get("turn"), published.get("kind")
         if kind == "cancelled":
             self.sent.pop(turn, None)
@@ -128,7 +139,7 @@ class Deltas:
 class ConversationStreamView(AsyncGetView):
     """An async view under Daphne (as the long-poll, ConversationMessagesView)."""
 
-    def perform_content_negotiation(self, request, force=False):
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[Any, str]:
         """The events are not DRF's to render; an error answer is JSON, whatever the
         client accepts (`text/event-stream`, usually)."""
         return JSONRenderer(), JSONRenderer.media_type
@@ -147,7 +158,7 @@ class ConversationStreamView(AsyncGetView):
                     "then the reply row exactly as the read API shows it; the stream ends after that reply (or "
                     "after `wait` seconds). Deltas are a preview, never stored: the reply row is the answer. "
                     "429 (Retry-After): too many streams open for this key. 503: too many waiting on this server.")
-    async def get(self, request, conversation):
+    async def get(self, request: Request, conversation: int) -> HttpResponse | EventStream:
         query, found, cursor = await _in_db_thread(self._open, request, conversation)
         if request.method == "HEAD":  # the headers a stream would have, and no stream
             return HttpResponse(content_type="text/event-stream", headers={"Cache-Control": "no-store"})
@@ -155,7 +166,7 @@ class ConversationStreamView(AsyncGetView):
         _release_request_thread()
         return EventStream(self._events(found.pk, cursor, query["wait"], leave), leave)
 
-    def _open(self, request, conversation):
+    def _open(self, request: Request, conversation: int) -> tuple[dict[str, Any], Conversation, Cursor]:
         self.initial(request)  # authentication, permissions, throttling
         incoming = ConversationStreamQuery(data=query_of(request))
         incoming.is_valid(raise_exception=True)
@@ -167,7 +178,8 @@ class ConversationStreamView(AsyncGetView):
             raise exceptions.ValidationError({"after": [str(exc)]}) from None
         return query, conversation_for_key(request.user, conversation), cursor
 
-    async def _events(self, conversation_id, cursor, wait, leave):
+    async def _events(self, conversation_id: int, cursor: Cursor, wait: float,
+                      leave: Callable[[], None]) -> AsyncIterator[bytes]:
         try:
             async with GroupReader(live.api_stream_group(conversation_id)) as reader:
                 async for chunk in self._watch(reader, conversation_id, cursor, wait):
@@ -176,7 +188,7 @@ class ConversationStreamView(AsyncGetView):
             leave()
 
     @staticmethod
-    async def _watch(reader, conversation_id, cursor, wait):
+    async def _watch(reader: GroupReader, conversation_id: int, cursor: Cursor, wait: float) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         beat_at, deltas = loop.time(), Deltas()
