@@ -10,6 +10,8 @@ Every file here is written owner-only from its first byte (write_private)."""
 
 import os
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -22,11 +24,12 @@ from conversations.models import AgentKey, Channel
 from tools.guard import ensure_policies
 
 
-def _remembered(name, make):
+def _remembered(name: str, make: Callable[[], str]) -> tuple[str, bool]:
     """A generated secret kept under var/ (mode 0600) so every run can print it again."""
     path = settings.VAR_DIR / name
     if path.exists():
-        return path.read_text().strip(), False
+        kept: str = path.read_text().strip()
+        return kept, False
     value = make()
     write_private(path, value)
     return value, True
@@ -35,7 +38,7 @@ def _remembered(name, make):
 class Command(BaseCommand):
     help = "Migrate and create the admin user and the demo channel (idempotent)."
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         admin = self.admin_user()
@@ -48,7 +51,7 @@ class Command(BaseCommand):
                 **{f"platform_{n}": line for n, line in enumerate(said)}}
         write_private(settings.VAR_DIR / "bootstrap.env", "".join(f"{k}={v}\n" for k, v in info.items()))
 
-    def admin_user(self) -> dict:
+    def admin_user(self) -> dict[str, str]:
         """The admin user, created with its password if missing. Returns what the banner
         says of the password: the password itself on the run that set it, else where it
         came from."""
@@ -65,7 +68,7 @@ class Command(BaseCommand):
         User.objects.create_superuser("admin", email="", password=password)
         return {"admin_password": password}
 
-    def demo_channel(self):
+    def demo_channel(self) -> str:
         channel, _ = Channel.objects.get_or_create(
             slug="demo", defaults={"name": "Demo (API, demo agent)", "kind": "api", "agent": "demo"})
         raw, fresh = _remembered("demo_agent_key", lambda: "")
@@ -74,7 +77,7 @@ class Command(BaseCommand):
             write_private(settings.VAR_DIR / "demo_agent_key", raw)
         return raw
 
-    def playground_channel(self):
+    def playground_channel(self) -> None:
         """The console's playground talks to this web chat channel."""
         Channel.objects.get_or_create(slug="playground", defaults={
             "name": "Playground (web chat, demo agent)", "kind": "webchat", "agent": "demo"})
