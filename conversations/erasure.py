@@ -28,9 +28,12 @@ is waited for (up to `wait` seconds); still running then, the erasure refuses
 (`Busy`), so nothing written by that turn afterwards escapes it.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import time
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -66,13 +69,13 @@ class Busy(Exception):
     pass
 
 
-def digest(channel_id, platform_message_id) -> str:
+def digest(channel_id: int, platform_message_id: str) -> str:
     key = settings.SECRET_KEY.encode()
     mac = hmac.new(key, f"{channel_id}:{platform_message_id}".encode(), hashlib.sha256).hexdigest()
     return f"erased:{mac[:40]}"
 
 
-def forget(channel_slug, contact_id, *, by, wait=30.0) -> dict:
+def forget(channel_slug: str, contact_id: str, *, by: str, wait: float = 30.0) -> dict[str, int]:
     """Erase the contact `contact_id` (its platform id) of channel `channel_slug`;
     returns the counts (also audited). Raises NotFound, Busy."""
     contact = Contact.objects.filter(channel__slug=channel_slug, platform_id=str(contact_id)).first()
@@ -94,7 +97,7 @@ def forget(channel_slug, contact_id, *, by, wait=30.0) -> dict:
     return counts
 
 
-def _stop_work(conversations, wait):
+def _stop_work(conversations: list[int], wait: float) -> None:
     deadline = time.monotonic() + wait
     while True:
         # Schedules first: a tick sent meanwhile wrote its ledger row by now, abandoned below.
@@ -122,7 +125,8 @@ def _stop_work(conversations, wait):
         time.sleep(0.2)
 
 
-def _scrub(contact, conversations) -> tuple[dict, list]:
+# The counts are also the audit event's extra fields (record's **extra): Any to the checker.
+def _scrub(contact: Contact, conversations: list[int]) -> tuple[dict[str, Any], list[int]]:
     of_them = Q(conversation_id__in=conversations)
     messages = InboundMessage.objects.filter(of_them)
     file_ids = [pk for pk in messages.exclude(media_file=None).values_list("media_file_id", flat=True)]

@@ -16,9 +16,13 @@ with them (conversations.erasure, docs/operations.md#erasure):
 `Copies.of` reads what the copies look like before their rows are scrubbed.
 """
 
+from __future__ import annotations
+
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -33,6 +37,9 @@ from conversations.models import Contact, ContextNote, Conversation, InboundMess
 from delivery import attachments
 from delivery.ledger.sweeps import delete_unnamed_files
 from delivery.models import OutboundMessage, ScheduledMessage, SendBudget, UnreachableChat
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
 
 ERASED = "[erased]"
 # flushing.clip's mark, first in a turn's input cut to AGENTLOOP_MAX_TURN_CHARS: the line
@@ -54,7 +61,7 @@ class Copies:
     first_in_group: dict[str, datetime]  # a group's chat id: when their first message there came
 
     @classmethod
-    def of(cls, contact, conversations) -> "Copies":
+    def of(cls, contact: Contact, conversations: Collection[int]) -> Copies:
         private = list(Conversation.objects.filter(pk__in=conversations, is_group=False)
                        .values_list("chat_id", flat=True))
         lines: dict[str, set[str]] = {}
@@ -72,14 +79,14 @@ class Copies:
 
     def forget_admin_log(self) -> int:
         """The admin's log entries of their rows keep the rows' ids, not their names."""
-        rows = {Contact: Contact.objects.filter(pk=self.contact.pk),
+        rows: dict[type[Model], QuerySet[Any]] = {Contact: Contact.objects.filter(pk=self.contact.pk),
                 Conversation: Conversation.objects.filter(pk__in=self.conversations)}
         mine = Q(conversation_id__in=self.conversations)
         for model in (InboundMessage, Turn, ContextNote, OutboundMessage, ScheduledMessage):
             rows[model] = model.objects.filter(mine)
         named = Q()
-        for model, found in rows.items():
-            named |= Q(content_type=ContentType.objects.get_for_model(model),
+        for kind, found in rows.items():
+            named |= Q(content_type=ContentType.objects.get_for_model(kind),
                        object_id__in=found.annotate(key=Cast("pk", CharField())).values("key"))
         return LogEntry.objects.filter(named).update(object_repr=ERASED, change_message="")
 
@@ -92,7 +99,7 @@ class Copies:
         if names:
             transaction.on_commit(lambda: delete_unnamed_files(names))
 
-    def erase(self) -> dict:
+    def erase(self) -> dict[str, int]:
         """Erase the copies; their counts for the erasure's audit event."""
         return {"lines_elsewhere": self._erase_group_lines(), "ids_elsewhere": self._erase_ids()}
 
@@ -124,7 +131,7 @@ class Copies:
         return erased
 
 
-def without(value, lines):
+def without(value: Any, lines: Collection[str]) -> Any:  # a text, or a JSON list of chunks: the same back
     """`value` (a text, or a ledger row's chunks) with each of `lines` that stands as a
     whole line in it replaced by ERASED."""
     if isinstance(value, list):
@@ -139,7 +146,7 @@ def without(value, lines):
     return head + body
 
 
-def _without_cut_line(body, lines):
+def _without_cut_line(body: str, lines: Collection[str]) -> str:
     """`body` (after a cut mark) with its first line erased when it is the end of one of
     `lines` (a line may span several: a message's own line breaks)."""
     for line in sorted(lines, key=len, reverse=True):

@@ -17,9 +17,13 @@ transaction each (agentloop.core.pruning), never what a guarantee still needs:
   retention: the chat's id is personal data, and a new refusal marks it again).
 """
 
+from __future__ import annotations
+
 import logging
 import time
-from datetime import timedelta
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
@@ -43,6 +47,11 @@ from conversations.models import (
 from delivery import ledger
 from delivery.models import ScheduledMessage, ScheduleState, UnreachableChat
 from tools.guard.sweep import prune as prune_claims
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from agentloop.core.pruning import Budget
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +90,7 @@ def defaults() -> list[tuple[str, str]]:
     ]
 
 
-def sweep(now=None, budget_seconds=None) -> dict:
+def sweep(now: datetime | None = None, budget_seconds: float | None = None) -> dict[str, int]:
     """One round over every kind, within the time budget; the counts deleted per table."""
     now = now or timezone.now()
     seconds = settings.AGENTLOOP_RETENTION_SWEEP_BUDGET if budget_seconds is None else budget_seconds
@@ -104,44 +113,44 @@ def sweep(now=None, budget_seconds=None) -> dict:
     return deleted
 
 
-def _in_history(model, cutoff):
+def _in_history(model: type[Turn] | type[ContextNote], cutoff: datetime) -> Q:
     """Rows the agent still reads: among their conversation's HISTORY_TURNS newest (of that
     kind), in a conversation with a turn since `cutoff`."""
-    newer = model.objects.filter(conversation_id=OuterRef("conversation_id"), pk__gt=OuterRef("pk"))
+    newer: QuerySet[Any] = model.objects.filter(conversation_id=OuterRef("conversation_id"), pk__gt=OuterRef("pk"))
     if model is Turn:
         newer = newer.filter(state=TurnState.DONE)
     active = Turn.objects.filter(conversation_id=OuterRef("conversation_id"), created_at__gte=cutoff)
     return ~Exists(newer.order_by()[HISTORY_TURNS - 1:HISTORY_TURNS]) & Exists(active)
 
 
-def _prune_turns(cutoff, budget):
+def _prune_turns(cutoff: datetime, budget: Budget) -> None:
     deletable = Turn.objects.filter(state__in=FINISHED_TURNS, created_at__lt=cutoff).exclude(_in_history(Turn, cutoff))
     pruning.delete_old(Turn, "created_at", cutoff, deletable, budget)
 
 
-def _prune_messages(cutoff, budget):
+def _prune_messages(cutoff: datetime, budget: Budget) -> None:
     kept_buffer = Q(buffer__state=BufferState.OPEN) | Q(buffer__turn__isnull=False)
     deletable = InboundMessage.objects.filter(received_at__lt=cutoff).exclude(Q(buffer__isnull=False) & kept_buffer)
     pruning.delete_old(InboundMessage, "received_at", cutoff, deletable, budget)
 
 
-def _prune_buffers(cutoff, budget):
+def _prune_buffers(cutoff: datetime, budget: Budget) -> None:
     deletable = MessageBuffer.objects.filter(last_message_at__lt=cutoff).exclude(state=BufferState.OPEN).filter(
         turn__isnull=True, messages__isnull=True)
     pruning.delete_old(MessageBuffer, "first_message_at", cutoff, deletable, budget)
 
 
-def _prune_notes(cutoff, budget):
+def _prune_notes(cutoff: datetime, budget: Budget) -> None:
     deletable = ContextNote.objects.filter(created_at__lt=cutoff).exclude(_in_history(ContextNote, cutoff))
     pruning.delete_old(ContextNote, "created_at", cutoff, deletable, budget)
 
 
-def _prune_files(cutoff, budget):
+def _prune_files(cutoff: datetime, budget: Budget) -> None:
     deletable = MediaFile.objects.filter(state__in=SETTLED, created_at__lt=cutoff, messages__isnull=True)
     pruning.delete_old(MediaFile, "created_at", cutoff, deletable, budget, on_delete=forget_bytes_on_commit)
 
 
-def _prune_schedules(now, budget):
+def _prune_schedules(now: datetime, budget: Budget) -> None:
     cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_SCHEDULES_DAYS)
     last_tick_before = Q(last_sent_at__lt=cutoff) | Q(last_sent_at__isnull=True, created_at__lt=cutoff)
     deletable = ScheduledMessage.objects.filter(last_tick_before, state__in=[ScheduleState.SENT,
@@ -149,14 +158,14 @@ def _prune_schedules(now, budget):
     pruning.delete_old(ScheduledMessage, "created_at", cutoff, deletable, budget)
 
 
-def _prune_unreachable_chats(now, budget):
+def _prune_unreachable_chats(now: datetime, budget: Budget) -> None:
     cutoff = now - timedelta(days=settings.AGENTLOOP_RETAIN_UNREACHABLE_DAYS)
     # Walked by `since` (it grows with the id); judged by the last refusal.
     deletable = UnreachableChat.objects.filter(last_failure_at__lt=cutoff)
     pruning.delete_old(UnreachableChat, "since", cutoff, deletable, budget)
 
 
-def forget_bytes_on_commit(file_ids):
+def forget_bytes_on_commit(file_ids: Iterable[int]) -> None:
     """Called in the transaction that deletes these files' rows: once it commits, their
     stored bytes are deleted from the default storage unless a row still names them (the
     same bytes in another file of the channel: names are the bytes' digest)."""
@@ -166,7 +175,7 @@ def forget_bytes_on_commit(file_ids):
         transaction.on_commit(lambda: delete_unnamed(names))
 
 
-def delete_unnamed(names) -> int:
+def delete_unnamed(names: Collection[str]) -> int:
     """Delete the stored objects among `names` that no file row names any more."""
     named = set(MediaFile.objects.filter(storage_name__in=list(names)).values_list("storage_name", flat=True))
     gone = 0

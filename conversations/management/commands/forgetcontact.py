@@ -1,6 +1,7 @@
 import getpass
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from conversations import erasure
 
@@ -9,13 +10,13 @@ class Command(BaseCommand):
     help = ("Erase one person's data (a data-protection request): their texts, files, names and ids; "
             "the audit trail keeps that it happened, the counts and who asked (docs/operations.md#erasure).")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--channel", required=True, help="The channel's slug.")
         parser.add_argument("--contact", required=True, help="The person's platform id in that channel.")
         parser.add_argument("--by", default="", help="Who asks (default: the shell's user).")
         parser.add_argument("--wait", type=float, default=30.0, help="Seconds to wait for a running turn.")
 
-    def handle(self, *args, channel, contact, by, wait, **options):
+    def handle(self, *args: Any, channel: str, contact: str, by: str, wait: float, **options: Any) -> None:
         try:
             counts = erasure.forget(channel, contact, by=f"manage.py forgetcontact ({by or getpass.getuser()})",
                                     wait=wait)
