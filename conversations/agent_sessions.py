@@ -2,12 +2,14 @@
 read and written on the worker's database threads, through the turn's context
 (`TurnContext.load_session`, `save_session`)."""
 
+from typing import Any
+
 from django.utils import timezone
 
 from conversations.models.turns import AgentSession
 
 
-def load(conversation_id: int, key: str) -> dict:
+def load(conversation_id: int, key: str) -> dict[str, Any]:
     """The session's state, or {} when there is none or it predates the conversation's
     /reset (or an erasure, which resets it too): the agent then starts afresh."""
     row = (AgentSession.objects.filter(conversation_id=conversation_id, key=key)
@@ -20,7 +22,7 @@ def load(conversation_id: int, key: str) -> dict:
     return dict(row["state"] or {})
 
 
-def save(conversation_id: int, key: str, state: dict, *, new: bool) -> None:
+def save(conversation_id: int, key: str, state: dict[str, Any], *, new: bool) -> None:
     """Keep `state`; `new`: the agent began another session this turn (its start is now,
     so a /reset before it no longer hides it)."""
     now = timezone.now()

@@ -1,7 +1,10 @@
 """Views every platform shares. A platform's webhooks live in its own package
 (conversations/platforms/<kind>/), mounted under /webhooks/<kind>/."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.core.files.storage import default_storage
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
@@ -10,32 +13,38 @@ from django.utils.html import escape
 from conversations.media import for_agents, images, links, sniff
 from conversations.models import Channel
 
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
 
-def healthz(request):
+    from conversations.media.for_agents import Attachment
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
     """Liveness for deploys and tests: the app answers and the database is reachable."""
     Channel.objects.exists()
     return JsonResponse({"ok": True})
 
 
-def media_file(request, token):
+def media_file(request: HttpRequest, token: str) -> HttpResponseBase:
     """A stored file, by its signed link (conversations.media.links): 403 for a link that
     is not ours or expired, 404 for a file that is not stored (never fetched, or erased).
     Served with the type sniffed from its bytes, never as a page of this site."""
     try:
         reply_file = links.outbound_of(token)
-        item = ReplyFile(*reply_file) if reply_file else next(iter(for_agents.attachments([links.file_id_of(token)])),
+        item: ReplyFile | Attachment | None = ReplyFile(*reply_file) if reply_file else next(iter(for_agents.attachments([links.file_id_of(token)])),
                                                                 None)
     except links.LinkRefused as refused:
         return JsonResponse({"error": str(refused)}, status=403)
     if item is None or not item.readable:
         raise Http404("no stored file for this link")
-    response = thumbnail_response(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
+    response: HttpResponseBase | None = thumbnail_response(item) if request.GET.get("thumbnail") and sniff.is_image(item.content_type) else None
     if response is None:
         try:
             opened = default_storage.open(item.storage_name, "rb")
         except FileNotFoundError:  # its row says stored, its bytes are gone (erased, another disk)
             raise Http404("the file's bytes are no longer stored") from None
-        response = FileResponse(opened, content_type=item.content_type, filename=item.file_name or None)
+        # An empty name is no name, as None was (FileResponse reads `filename or` the file's own).
+        response = FileResponse(opened, content_type=item.content_type, filename=item.file_name)
     # Private to whoever holds the link; a file's bytes never run as this site's content.
     response["Cache-Control"] = "private, max-age=300"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"
@@ -54,13 +63,14 @@ class ReplyFile:
 
     def read(self) -> bytes:
         with default_storage.open(self.storage_name, "rb") as handle:
-            return handle.read()
+            data: bytes = handle.read()
+            return data
 
 
 THUMBNAIL_SIDE = 160
 
 
-def thumbnail(item) -> bytes | None:
+def thumbnail(item: ReplyFile | Attachment) -> bytes | None:
     """A small JPEG of a stored image (the admin's list, the story page); None when
     Pillow cannot read it (the file itself is served instead). images.TooManyPixels for
     one too large to decode (the web process decodes it no more than a worker would)."""
@@ -73,7 +83,7 @@ def thumbnail(item) -> bytes | None:
         return None
 
 
-def thumbnail_response(item) -> HttpResponse | None:
+def thumbnail_response(item: ReplyFile | Attachment) -> HttpResponse | None:
     try:
         small = thumbnail(item)
     except images.TooManyPixels as exc:
