@@ -18,16 +18,29 @@ claims one, replies and marks it done through the API. A claimed turn not finish
 within AGENTLOOP_EXTERNAL_TURN_TIMEOUT is released to be claimed again.
 """
 
+from __future__ import annotations
+
 import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
 
 from agentloop.core.tls import shared_tls_context
-from conversations.agents import Agent, AgentUnavailable, Answer, File, HandedOver, TurnContext, answer_of
+from conversations.agents import (
+    Agent,
+    AgentUnavailable,
+    Answer,
+    File,
+    HandedOver,
+    JsonObject,
+    TurnContext,
+    answer_of,
+)
 from conversations.media import for_agents
 from delivery import signing
 
@@ -38,7 +51,7 @@ STREAM_ACCEPT = f"{NDJSON}, {SSE};q=0.9, application/json;q=0.8"
 
 
 class WebhookAgent(Agent):
-    def streams_for(self, config):
+    def streams_for(self, config: JsonObject) -> bool:
         return True  # the agent chooses: a stream, or one JSON answer (no previews then)
 
     async def respond(self, ctx: TurnContext) -> str | Answer:
@@ -57,7 +70,7 @@ class WebhookAgent(Agent):
             raise AgentUnavailable(f"the agent at {host} could not be reached: {type(exc).__name__}") from exc
         return _answer_of(status, content, host)
 
-    async def stream(self, ctx: TurnContext):
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
         """The same request, accepting a stream: `{"delta": "…"}` objects as the agent
         writes, then `{"reply": "…", "files": […]}` (the whole reply, what the ledger
         sends), one per line (NDJSON) or per `data:` line (SSE). A JSON answer is taken
@@ -94,7 +107,7 @@ class WebhookAgent(Agent):
         yield answer_of(_answer_of(status, content, host))
 
     @staticmethod
-    async def _request(ctx):
+    async def _request(ctx: TurnContext) -> tuple[str, bytes, dict[str, str]]:
         config = ctx.config
         if not config.get("url"):
             raise AgentUnavailable("the channel's webhook agent has no url configured")
@@ -111,7 +124,7 @@ class WebhookAgent(Agent):
         return config["url"], body, headers
 
     @staticmethod
-    async def _post(url, body, headers, timeout, limit):
+    async def _post(url: str, body: bytes, headers: dict[str, str], timeout: float, limit: int) -> tuple[int, bytes]:
         async with httpx.AsyncClient(timeout=timeout, verify=shared_tls_context()) as client:
             async with client.stream("POST", url, content=body, headers=headers) as response:
                 return response.status_code, await read_at_most(response, limit)
@@ -136,7 +149,7 @@ async def read_at_most(response: httpx.Response, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def lines_at_most(response: httpx.Response, limit: int):
+async def lines_at_most(response: httpx.Response, limit: int) -> AsyncIterator[str]:
     """A streamed answer's lines as they arrive, its bytes counted as they arrive: past
     `limit` in all, AnswerTooLarge (the connection is dropped). Not httpx's aiter_lines,
     which holds a line until its newline comes: a stream that never ends its line would
@@ -156,17 +169,17 @@ async def lines_at_most(response: httpx.Response, limit: int):
         yield pending.decode("utf-8", "replace").rstrip("\r")
 
 
-def _too_large(host, limit) -> AgentUnavailable:
+def _too_large(host: str, limit: int) -> AgentUnavailable:
     return AgentUnavailable(f"the agent at {host} answered more than {limit} bytes "
                             f"(AGENTLOOP_AGENT_MAX_ANSWER_BYTES): not read further")
 
 
-def _host(url) -> str:
+def _host(url: str) -> str:
     """Errors name the agent's host only: its URL may carry a key (…/hook?key=…)."""
     return urlsplit(url).netloc.rpartition("@")[2]
 
 
-def _stream_item(line: str, kind: str) -> dict:
+def _stream_item(line: str, kind: str) -> JsonObject:
     """One line of a stream as an object ({} for anything else: blank lines, SSE comments
     and event names, `[DONE]`, what does not parse)."""
     line = line.strip()
@@ -181,7 +194,7 @@ def _stream_item(line: str, kind: str) -> dict:
     return item if isinstance(item, dict) else {}
 
 
-def _answer_of(status, content, host) -> str | Answer:
+def _answer_of(status: int, content: bytes, host: str) -> str | Answer:
     if status == 202:
         raise HandedOver()
     if status >= 300:
@@ -198,7 +211,7 @@ def _answer_of(status, content, host) -> str | Answer:
     return Answer(str(reply or ""), files_from_json(files))
 
 
-def files_from_json(values) -> tuple[File, ...]:
+def files_from_json(values: Any) -> tuple[File, ...]:  # an agent's JSON: checked here
     """An agent's `files` (`[{"name", "data": base64, "caption"}]`) as Files; one whose
     data is not base64 has none (conversations.media.outbound refuses it, in the reply)."""
     if not isinstance(values, list):

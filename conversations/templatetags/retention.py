@@ -8,5 +8,5 @@ register = template.Library()
 
 
 @register.simple_tag
-def retention_defaults():
+def retention_defaults() -> list[tuple[str, str]]:
     return retention.defaults()
