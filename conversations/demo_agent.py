@@ -21,13 +21,15 @@ above (the event title is the word after "de"/"for", else "Cita"/"Appointment"),
 does not converse. Anything else gets a short help text.
 """
 
+from __future__ import annotations
+
 import re
 import unicodedata
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.utils import timezone
 
-from conversations.agents import Agent, TurnContext
+from conversations.agents import Agent, JsonObject, TurnContext
 from tools.fingerprint import default_zone
 
 WEEKDAYS = {
@@ -53,22 +55,22 @@ def is_spanish(text: str) -> bool:
     return any(hint in lowered for hint in SPANISH_HINTS) or any(c in lowered for c in "ñáéíóú¿¡")
 
 
-def _hour(hour, minute, suffix):
-    hour, minute = int(hour), int(minute or 0)
-    if suffix == "pm" and hour < 12:
-        hour += 12
-    if suffix == "am" and hour == 12:
-        hour = 0
-    return hour, minute
+def _hour(hour: str, minute: str, suffix: str) -> tuple[int, int]:
+    h, m = int(hour), int(minute or 0)
+    if suffix == "pm" and h < 12:
+        h += 12
+    if suffix == "am" and h == 12:
+        h = 0
+    return h, m
 
 
 def find_times(text: str, now: datetime) -> list[datetime]:
     """The moments a message names, in order, in the deployment's zone."""
     text = plain(text)
     today = now.astimezone(default_zone()).date()
-    found = []
+    found: list[datetime] = []
 
-    def at(day, hour, minute, suffix):
+    def at(day: date, hour: str, minute: str, suffix: str) -> None:
         h, m = _hour(hour, minute, suffix)
         if 0 <= h < 24 and 0 <= m < 60:
             found.append(datetime(day.year, day.month, day.day, h, m, tzinfo=default_zone()))
@@ -108,6 +110,12 @@ def title_of(text: str, spanish: bool) -> str:
     return "Cita" if spanish else "Appointment"
 
 
+async def _call(ctx: TurnContext, name: str, arguments: JsonObject) -> JsonObject:
+    """ctx.call_tool(): the worker gives every turn it runs its tools."""
+    assert ctx.call_tool is not None, "a turn's context without call_tool"
+    return await ctx.call_tool(name, arguments)
+
+
 def _time_label(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M")
 
@@ -132,7 +140,7 @@ class DemoAgent(Agent):
                 "I can: schedule (\"book physio on monday at 10\"), list (\"my events\") and send emails "
                 "(\"email ana@example.com subject Hello body …\").")
 
-    async def _schedule(self, ctx, text, spanish, now):
+    async def _schedule(self, ctx: TurnContext, text: str, spanish: bool, now: datetime) -> str:
         times = find_times(text, now)
         source = text
         if not times and ctx.load_history is not None:  # "agéndame las horas": the ones said before
@@ -146,13 +154,13 @@ class DemoAgent(Agent):
         title = title_of(source, spanish)
         lines = []
         for moment in times:
-            result = await ctx.call_tool("calendar_create_event",
-                                         {"title": title, "start_datetime": moment.isoformat()})
+            result = await _call(ctx, "calendar_create_event",
+                                 {"title": title, "start_datetime": moment.isoformat()})
             lines.append(self._outcome_line(result, f"{title} {_time_label(moment)}", spanish))
         return "\n".join(lines)
 
     @staticmethod
-    def _outcome_line(result, what, spanish):
+    def _outcome_line(result: JsonObject, what: str, spanish: bool) -> str:
         status = result.get("status")
         if status == "done":
             return f"✅ Agendado: {what}" if spanish else f"✅ Scheduled: {what}"
@@ -165,20 +173,22 @@ class DemoAgent(Agent):
         error = result.get("error", "")
         return f"❌ No se pudo: {what} ({error})" if spanish else f"❌ Could not: {what} ({error})"
 
-    async def _list(self, ctx, spanish):
-        result = await ctx.call_tool("calendar_list_events", {})
+    async def _list(self, ctx: TurnContext, spanish: bool) -> str:
+        result = await _call(ctx, "calendar_list_events", {})
         events = (result.get("result") or {}).get("events", [])
         if not events:
             return "No tienes eventos próximos." if spanish else "You have no upcoming events."
         heading = "Tus próximos eventos:" if spanish else "Your upcoming events:"
         return "\n".join([heading] + [f"• {e['title']} — {e['start'][:16].replace('T', ' ')}" for e in events])
 
-    async def _email(self, ctx, text, spanish):
-        to = ADDRESS.search(text).group(0)
-        subject = re.search(r"(?:asunto|subject)[:\s]+(.+?)(?:\s*/\s*|\s+(?:mensaje|body)[:\s]|$)", text,
-                            re.IGNORECASE)
-        body = re.search(r"(?:mensaje|body)[:\s]+(.+)$", text, re.IGNORECASE | re.DOTALL)
-        subject = subject.group(1).strip() if subject else ("Mensaje" if spanish else "Message")
-        body = body.group(1).strip() if body else text
-        result = await ctx.call_tool("email_send", {"to": to, "subject": subject, "body": body})
+    async def _email(self, ctx: TurnContext, text: str, spanish: bool) -> str:
+        address = ADDRESS.search(text)
+        assert address is not None, "respond() sends here only a text with an address"
+        to = address.group(0)
+        subject_found = re.search(r"(?:asunto|subject)[:\s]+(.+?)(?:\s*/\s*|\s+(?:mensaje|body)[:\s]|$)", text,
+                                  re.IGNORECASE)
+        body_found = re.search(r"(?:mensaje|body)[:\s]+(.+)$", text, re.IGNORECASE | re.DOTALL)
+        subject = subject_found.group(1).strip() if subject_found else ("Mensaje" if spanish else "Message")
+        body = body_found.group(1).strip() if body_found else text
+        result = await _call(ctx, "email_send", {"to": to, "subject": subject, "body": body})
         return self._outcome_line(result, f"{'correo a' if spanish else 'email to'} {to}: {subject}", spanish)
