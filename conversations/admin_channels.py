@@ -245,7 +245,7 @@ class ChannelAdmin(RoutingRulesInAdmin, ModelAdmin):
         # renders each platform's, and the kind chosen there decides which one is read.
         kinds = [obj.kind] if obj and obj.kind in dict(platforms.choices()) else [] if obj else \
             [kind for kind, _label in platforms.choices()]
-        polled = bool(kinds) and obj is not None and platforms.get(obj.kind).poller() is not None
+        polled = bool(kinds) and obj is not None and platforms.get(obj.kind).connection() is not None
         return [
             (None, {"fields": ["slug", "name", "kind", "is_active", "language"]}),
             (_("Agent"), {"fields": ["agent", "agent_config"]}),

@@ -14,13 +14,14 @@ from django.urls import include, path
 
 from agentloop.core import plugins
 from conversations.models import Channel
-from conversations.platforms import connection
-from conversations.platforms.base import Platform, Poller, Setting
+from conversations.platforms.base import Platform, Setting
 
 if TYPE_CHECKING:  # for annotations only
     from django.urls import URLPattern, URLResolver
 
-__all__ = ["Platform", "Poller", "Setting", "all_platforms", "choices", "get", "of", "pollers",
+    from conversations.platforms.inbound import Connection
+
+__all__ = ["Platform", "Setting", "all_platforms", "choices", "connections", "get", "of",
            "typing_kinds", "urlpatterns"]
 
 
@@ -60,13 +61,11 @@ def typing_kinds() -> tuple[str, ...]:
                  if platform.transport(Channel(kind=kind)).supports_typing)
 
 
-def pollers() -> list[Poller]:
-    """What the worker keeps running, one per channel across all workers: the pollers of
-    the platforms that fetch their updates (Telegram's getUpdates), and for those that keep
-    a connection open, their connection's (conversations.platforms.connection)."""
-    found = [poller for platform in _registry().values() if (poller := platform.poller()) is not None]
-    return found + [connection.poller(kept) for platform in _registry().values()
-                    if (kept := platform.connection()) is not None]
+def connections() -> list[Connection]:
+    """What the worker keeps running, one per channel across all workers: the connections
+    of the platforms that keep one open or poll (Telegram's getUpdates), run by
+    conversations.platforms.connection."""
+    return [kept for platform in _registry().values() if (kept := platform.connection()) is not None]
 
 
 def urlpatterns() -> list[URLPattern | URLResolver]:

@@ -63,16 +63,6 @@ class Setting:
         return self.option or "--" + name.replace("_", "-")
 
 
-@dataclass(frozen=True)
-class Poller:
-    """A platform that fetches its updates (Telegram's getUpdates) instead of receiving
-    webhooks. The worker runs `run(worker, channel_id)` for each channel `channel_ids()`
-    returns, one poller per channel across all workers (the platform takes a lease)."""
-
-    channel_ids: Callable[[], list[int]]
-    run: Callable[..., Any]
-
-
 class Platform(abc.ABC):
     kind: str = ""
     label: str = ""
@@ -170,9 +160,6 @@ class Platform(abc.ABC):
         webhook = self.webhook()
         return list(webhook.urls()) if webhook is not None else []
 
-    def poller(self) -> Poller | None:
-        return None
-
     def webhook(self) -> Webhook | None:
         """The platform's webhook: a conversations.platforms.inbound.Webhook (find the
         channel → authenticate → parse → admit), whose `urls()` this platform's `urls()`
@@ -181,9 +168,9 @@ class Platform(abc.ABC):
         return None
 
     def connection(self) -> Connection | None:
-        """The platform's connection, for a platform that keeps one open per channel (a
-        conversations.platforms.inbound.Connection: Discord's Gateway, Slack Socket Mode,
-        Matrix sync): the worker runs one per channel across all workers
+        """The platform's connection, for a platform that keeps one open per channel or
+        polls (a conversations.platforms.inbound.Connection: Discord's Gateway, Slack Socket
+        Mode, Matrix sync, Telegram's getUpdates): the worker runs one per channel across all workers
         (conversations.platforms.connection), resumed from its stored cursor, its items
         admitted as a webhook's. None: it has none."""
         return None

@@ -1,15 +1,17 @@
 """Platforms that keep a connection open per channel (Discord's Gateway, Slack Socket
-Mode, Matrix sync) rather than receive webhooks or poll.
+Mode, Matrix sync) or poll for their updates (Telegram's getUpdates) rather than
+receive webhooks.
 
 A platform subclasses conversations.platforms.inbound.Connection (its
 Platform.connection() returns one) and gives two things: `session(channel, cursor, receive)`, which connects, resumes from `cursor` and
 hands what arrives to `receive`, and `parse(channel, payload)`, one payload into our own
 types. The rest is this module's, the same for every such platform:
 
-- One connection per channel across all workers: the worker's poller supervision
+- One connection per channel across all workers: the worker's supervision
   (conversations.worker.polling) runs `run` for each channel of `channel_ids()`, under the
-  channel's lease (Channel.poll_owner / poll_lease_until, as Telegram's long polling),
-  renewed while the session lasts; a session whose lease is lost is closed.
+  channel's lease (Channel.poll_owner / poll_lease_until), renewed while the session
+  lasts; a session whose lease is lost, or whose worker lost its liveness lock, is closed.
+  Telegram's long polling is one (conversations.platforms.telegram.polling).
 - Resumable: `receive(payloads, cursor)` returns once the payloads are admitted and the
   cursor stored (Channel.poll_offset); a dropped connection is opened again from the last
   cursor stored, a crash in between too.
@@ -35,7 +37,6 @@ from conversations import deletions, edits
 from conversations.ingest import Admission
 from conversations.liveness import owner_gone
 from conversations.models import Channel
-from conversations.platforms.base import Poller
 from conversations.platforms.inbound import Connection
 
 if TYPE_CHECKING:  # for annotations only
@@ -47,6 +48,7 @@ LEASE = timedelta(seconds=60)
 RENEW_EVERY = 20.0  # seconds: the lease renewed well before it runs out
 LEASE_RETRY_EVERY = 2.0  # seconds between looks at a lease another worker holds
 RECONNECT_AFTER = 1.0  # seconds after a session the platform closed, before opening the next
+HOLDING_LOOK_EVERY = 1.0  # seconds: a worker that lost its liveness lock ends its sessions this soon
 
 class _Liveness(Protocol):
     def holding(self) -> bool: ...
@@ -77,12 +79,6 @@ class WorkerSide(Protocol):
     def db(self) -> Callable[..., Awaitable[Any]]: ...
 
 
-def poller(connection: Connection) -> Poller:
-    """What the worker's poller supervision runs for a Connection (conversations.worker.
-    polling): `run` for each of its channels, one per channel across all workers."""
-    return Poller(channel_ids=connection.channel_ids, run=partial(run, connection))
-
-
 # --- the worker's side (its event loop) -------------------------------------------------
 
 
@@ -111,16 +107,24 @@ async def run(connection: Connection, worker: WorkerSide, channel_id: int) -> No
 
 
 async def held(connection: Connection, worker: WorkerSide, channel: Channel) -> None:
-    """One session, for as long as the lease stays this worker's (renewed meanwhile)."""
+    """One session, for as long as the lease stays this worker's (renewed meanwhile) and
+    the worker holds its liveness lock (without it, the others take it for dead and may
+    take the lease over: it must not stay connected meanwhile)."""
     receive = partial(_receive, connection, worker, channel.pk)
     session = asyncio.create_task(connection.session(channel, channel.poll_offset, receive))
+    loop = asyncio.get_running_loop()
+    renew_at = loop.time() + RENEW_EVERY
     try:
         while True:
-            done, _ = await asyncio.wait({session}, timeout=RENEW_EVERY)
+            done, _ = await asyncio.wait({session}, timeout=min(HOLDING_LOOK_EVERY, max(renew_at - loop.time(), 0)))
             if done:
                 return session.result()  # its error, if it failed
-            if not worker.liveness.holding() or await worker.db(take_lease, channel.pk, worker.owner) is None:
+            if not worker.liveness.holding():
                 return  # another worker may take it over: this session ends
+            if loop.time() >= renew_at:
+                if await worker.db(take_lease, channel.pk, worker.owner) is None:
+                    return  # another worker took it over
+                renew_at = loop.time() + RENEW_EVERY
     finally:
         session.cancel()
         await asyncio.gather(session, return_exceptions=True)

@@ -1,7 +1,7 @@
-"""Polling platforms (Telegram's getUpdates) and those that keep a connection (their
-Connection's poller): the worker runs one poller per channel the registry's pollers
-name, and stops the pollers of channels that are gone. Each platform takes its own lease
-(one poller per channel across all workers)."""
+"""The platforms' connections (conversations.platforms.inbound.Connection: Telegram's
+long polling, a platform's socket): the worker runs one per channel the registry's
+connections name (conversations.platforms.connection.run, under the channel's lease: one
+per channel across all workers), and stops those of channels that are gone."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import platforms
 from conversations.models import Channel
+from conversations.platforms import connection
 
 if TYPE_CHECKING:  # for annotations only
+    from conversations.platforms.inbound import Connection
     from conversations.worker.supervisor import Worker
 
 log = logging.getLogger(__name__)
@@ -21,9 +23,9 @@ log = logging.getLogger(__name__)
 SUPERVISE_EVERY = 5.0
 
 
-def wanted_pollers() -> dict[int, platforms.Poller]:
-    """Every channel to poll or keep a connection open for, with its poller."""
-    return {channel_id: poller for poller in platforms.pollers() for channel_id in poller.channel_ids()}
+def wanted_connections() -> dict[int, Connection]:
+    """Every channel to poll or keep a connection open for, with its platform's connection."""
+    return {channel_id: kept for kept in platforms.connections() for channel_id in kept.channel_ids()}
 
 
 class Polling:
@@ -35,9 +37,10 @@ class Polling:
     async def loop(self) -> None:
         while True:
             try:
-                wanted = await self.worker.db(wanted_pollers)
+                wanted = await self.worker.db(wanted_connections)
                 for channel_id in set(wanted) - set(self.pollers):
-                    self.pollers[channel_id] = asyncio.create_task(wanted[channel_id].run(self.worker, channel_id))
+                    self.pollers[channel_id] = asyncio.create_task(
+                        connection.run(wanted[channel_id], self.worker, channel_id))
                 for channel_id in set(self.pollers) - set(wanted):
                     self.pollers.pop(channel_id).cancel()
             except DATABASE_FAULTS:

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditEvent, EventKind
-from conversations import edits, engine, flushing, lean_ingest, turns
+from conversations import edits, engine, flushing, lean_ingest, platforms, turns
 from conversations.edits import Edit
 from conversations.ingest import Inbound, Unstorable, admit
 from conversations.lean_ingest import LeanIngest
@@ -28,7 +28,7 @@ from conversations.models import (
     Turn,
     TurnState,
 )
-from conversations.platforms.telegram.polling import admit_polled
+from conversations.platforms.connection import admit_received
 from tests.conftest import wait_until
 from tests.support import local_http
 
@@ -347,8 +347,9 @@ def test_long_polling_applies_edits_in_update_order(tg):
                                              poll_owner="w1")
     batch = [tg_update(10, "Confirmo las horas y"), tg_update(11, "Confirmo las horas.", edit_date=1796040030),
              tg_update(12, "x", message_id=999, edit_date=1796040031)]
-    assert admit_polled(tg.pk, "w1", batch) == 2  # the message, and the edit that re-armed its buffer
-    assert admit_polled(tg.pk, "w1", batch) == 0  # re-polled: both are duplicates
+    polling = platforms.get("telegram").connection()  # what the poller does with a batch and its next offset
+    assert admit_received(polling, tg.pk, "w1", batch, 13) == 2  # the message, and the edit that re-armed its buffer
+    assert admit_received(polling, tg.pk, "w1", batch, 13) == 0  # re-polled: both are duplicates
     assert InboundMessage.objects.get().text == "Confirmo las horas."
     assert MessageEdit.objects.count() == 1
     assert Channel.objects.get(pk=tg.pk).poll_offset == 13

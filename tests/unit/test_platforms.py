@@ -15,7 +15,6 @@ from audit.models import AuditEvent, EventKind
 from conversations import platforms
 from conversations.models import Channel
 from conversations.platforms.api.transport import ApiCallbackTransport, StoredTransport
-from conversations.platforms.telegram import polling
 from conversations.platforms.telegram.transport import TelegramTransport, close_bots
 from conversations.platforms.webchat.transport import WebchatTransport
 from delivery import ledger, transports
@@ -34,7 +33,7 @@ def test_the_registry_names_every_platform_and_picks_each_transport(make_channel
     assert isinstance(transports.transport_for(make_channel("w", kind="webchat")), WebchatTransport)
     assert isinstance(transports.transport_for(make_channel("t", kind="telegram")), TelegramTransport)
     assert {"telegram", "webchat"} <= set(platforms.typing_kinds()) and "api" not in platforms.typing_kinds()
-    assert [poller.run.__module__ for poller in platforms.pollers()] == ["conversations.platforms.telegram.polling"]
+    assert [type(kept).__module__ for kept in platforms.connections()] == ["conversations.platforms.telegram.polling"]
     with pytest.raises(platforms.UnknownPlatform):
         platforms.get("carrier-pigeon")
 
@@ -184,7 +183,7 @@ def test_the_telegram_bootstrap_hook_adds_a_polling_channel_from_the_environment
     channel = Channel.objects.get(slug="telegram")
     assert (channel.kind, channel.agent, channel.send_blocked) == ("telegram", "demo", "")
     assert channel.platform_settings["mode"] == "polling" and channel.platform_settings["bot_token"] == "123:ABC"
-    assert channel.pk in polling.polling_channels()
+    assert channel.pk in platform.connection().channel_ids()
 
 
 def test_a_sent_answer_without_a_message_id_is_ambiguous_and_a_threaded_reply_keeps_its_fields(

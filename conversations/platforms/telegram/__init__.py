@@ -7,7 +7,7 @@
 - request.py: python-telegram-bot's HTTP layer on aiohttp
 - bot.py: the Bot replies are sent with (only the sent message's id read back)
 - files.py: a message's file (getFile, then its download)
-- polling.py: long polling (getUpdates under a lease), run by the worker
+- polling.py: long polling (getUpdates), a Connection the worker runs under the channel's lease
 - setup.py: setWebhook / deleteWebhook (the `setwebhook` command)
 """
 
@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 
 from django.utils.translation import gettext_lazy as _
 
-from conversations.platforms.base import Platform, Poller, Setting, check_url, pace_settings
+from conversations.platforms.base import Platform, Setting, check_url, pace_settings
 
 if TYPE_CHECKING:  # for annotations only
+    from conversations.platforms.telegram.polling import TelegramPolling
     from conversations.platforms.telegram.webhook import TelegramWebhook
 
 WEBHOOK, POLLING = "webhook", "polling"
@@ -58,10 +59,10 @@ class TelegramPlatform(Platform):
 
         return TelegramWebhook(self)
 
-    def poller(self) -> Poller:
-        from conversations.platforms.telegram import polling
+    def connection(self) -> TelegramPolling:
+        from conversations.platforms.telegram.polling import TelegramPolling
 
-        return Poller(channel_ids=polling.polling_channels, run=polling.poll_channel)
+        return TelegramPolling(self)
 
     async def fetch_media(self, channel, ref: str, limit: int) -> bytes:
         from conversations.platforms.telegram.files import fetch_file

@@ -6,7 +6,7 @@ path alike, so their answers are the same)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conversations import edits, reactions
 from conversations.ingest import Admission
@@ -20,6 +20,22 @@ if TYPE_CHECKING:  # for annotations only
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 IGNORED = Answer(200, {"ok": True, "ignored": True})  # 200 so Telegram stops retrying it
+
+
+# What parsing a malformed update raises (the webhook answers 400, long polling skips it).
+MALFORMED = (ValueError, TypeError, KeyError, AttributeError)
+
+
+def parse_update(channel: Channel, data: Any) -> Parsed | None:
+    """An update other than a tap on a button, the webhook's and long polling's
+    (conversations.platforms.telegram.polling) alike: a message, an edit or a reaction
+    (message_reaction); None: nothing to act on. Raises one of MALFORMED."""
+    if is_reaction(data):
+        reaction = reaction_from(data)
+        return Parsed([reaction]) if reaction is not None else None
+    asker = identity.asker(channel)  # type: ignore[no-untyped-call]  # identity.py is not annotated yet
+    item = parsing.item_from_update(parsing.parse_update(data), asker)
+    return Parsed([item]) if item is not None else None
 
 
 class TelegramWebhook(Webhook):
@@ -37,15 +53,11 @@ class TelegramWebhook(Webhook):
             return error(400, "body is not valid JSON")
         if callbacks.is_callback(data):
             return Answer(200, callbacks.handle_callback(channel, data))
-        if is_reaction(data):  # a reaction on a message (message_reaction)
-            reaction = reaction_from(data)
-            return Parsed([reaction]) if reaction is not None else IGNORED
         try:
-            asker = identity.asker(channel)  # type: ignore[no-untyped-call]  # identity.py is not annotated yet
-            item = parsing.item_from_update(parsing.parse_update(data), asker)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            parsed = parse_update(channel, data)
+        except MALFORMED as exc:
             return error(400, f"not a valid Telegram update: {exc}")
-        return Parsed([item]) if item is not None else IGNORED
+        return parsed if parsed is not None else IGNORED
 
     def answer(self, received: Received, results: list[object]) -> Answer:
         """200 whatever became of the update (Telegram would resend it otherwise): a
