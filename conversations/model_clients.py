@@ -13,7 +13,7 @@ from agentloop.core.caches import BoundedCache
 _clients: BoundedCache[Hashable, openai.AsyncOpenAI] = BoundedCache(maxsize=64)
 
 
-def client_for(base_url: str, api_key: str, timeout: float) -> openai.AsyncOpenAI:
+def client_for(base_url: str | None, api_key: str, timeout: float) -> openai.AsyncOpenAI:
     """One client per event loop and server (its connection pool belongs to the loop).
     The SDK's own retries are off: a retried request after a timeout could repeat a
     turn's effects, and the turn's outcome must be decided here."""

@@ -24,11 +24,15 @@ error or timeout ends the turn (AgentUnavailable): the user gets a short apology
 turn is never re-run, because a tool may already have acted.
 """
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import json
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import openai
 from django.utils.translation import gettext_lazy
@@ -37,9 +41,12 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk  # loaded now,
 
 from agentloop.core import languages
 from agentloop.core.redaction import agent_secrets, redact
-from conversations.agents import Agent, AgentUnavailable, Answer, TurnContext, key_env_problem
+from conversations.agents import Agent, AgentUnavailable, Answer, JsonObject, TurnContext, key_env_problem
 from conversations.media import for_agents
 from conversations.model_clients import client_for
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageToolCall
 
 # A stream asks for its usage, sent after its last chunk (OpenAI, vLLM, Ollama, llama.cpp's
 # server and LM Studio all honour it): without it a streaming channel spent no budget.
@@ -54,7 +61,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 STEP_LIMIT_REPLY = gettext_lazy("I could not finish that in one go; please tell me what is still missing.")
 
-def _client(config):
+def _client(config: JsonObject) -> openai.AsyncOpenAI:
     env_name = config.get("api_key_env") or "OPENAI_API_KEY"
     problem = key_env_problem(env_name)
     if problem:  # a configuration written before the check, or straight into the database
@@ -63,7 +70,7 @@ def _client(config):
     return client_for(config.get("base_url") or None, api_key, float(config.get("timeout", 60)))
 
 
-async def user_content(ctx: TurnContext):
+async def user_content(ctx: TurnContext) -> str | list[JsonObject]:
     """The turn's text; with files, content parts: the text, then each file (an image as
     an image_url, a document with its text, the rest described). Read and downscaled on
     a thread: a burst of large images must not hold the event loop other turns run on."""
@@ -73,28 +80,30 @@ async def user_content(ctx: TurnContext):
 
 
 class OpenAIAgent(Agent):
-    async def prepare(self, config):
+    async def prepare(self, config: JsonObject) -> None:
         try:
             _client(config)  # the client and its connection pool now, not inside the first turn
         except AgentUnavailable as exc:
             log.warning("an openai channel cannot run: %s", exc)
 
-    def streams_for(self, config):
+    def streams_for(self, config: JsonObject) -> bool:
         return config.get("stream", True) is not False
 
-    async def _conversation(self, ctx):
+    async def _conversation(self, ctx: TurnContext) -> tuple[openai.AsyncOpenAI, list[JsonObject], list[JsonObject]]:
         """The client, the messages so far and the tools offered."""
         config = ctx.config
         if not config.get("model"):
             raise AgentUnavailable("the channel's openai agent has no model configured")
         client = _client(config)
-        messages = [{"role": "system", "content": config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT}]
+        messages: list[JsonObject] = [{"role": "system",
+                                       "content": config.get("system_prompt") or DEFAULT_SYSTEM_PROMPT}]
         if ctx.load_history is not None:
             messages += (await ctx.load_history())[-int(config.get("history", 20)):]
         messages.append({"role": "user", "content": await user_content(ctx)})
         tools = await ctx.load_tools() if ctx.load_tools is not None else []
-        if getattr(tools, "notes", None):  # tools left out this turn (an MCP server that does not answer)
-            messages.insert(1, {"role": "system", "content": " ".join(tools.notes)})
+        notes = getattr(tools, "notes", None)  # tools left out this turn (an MCP server that does not answer)
+        if notes:
+            messages.insert(1, {"role": "system", "content": " ".join(notes)})
         return client, messages, tools
 
     async def respond(self, ctx: TurnContext) -> str:
@@ -106,19 +115,21 @@ class OpenAIAgent(Agent):
                 return (message.content or "").strip() or languages.text_in(ctx.language, STEP_LIMIT_REPLY)
             messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
             for call in message.tool_calls:
-                result = await self._run_tool(ctx, call)
+                # Only function tools are offered: no custom tool call comes back.
+                result = await self._run_tool(ctx, call)  # type: ignore[arg-type]
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": json.dumps(result, ensure_ascii=False, default=str)})
         log.warning("turn %s: the model was still calling tools after %s steps", ctx.turn_id,
                     config.get("max_steps", 6))
         return languages.text_in(ctx.language, STEP_LIMIT_REPLY)
 
-    async def stream(self, ctx: TurnContext):
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[str | Answer]:
         config = ctx.config
         client, messages, tools = await self._conversation(ctx)
         said: list[str] = []
         for _ in range(int(config.get("max_steps", 6))):
-            state, step = ChatCompletionStreamState(), []
+            state = ChatCompletionStreamState()
+            step: list[str] = []
             async with _charged_if_cut(ctx, messages, step) as charge:
                 with _provider_errors(config):
                     chunks = await client.post("/chat/completions", cast_to=ChatCompletion,
@@ -156,7 +167,8 @@ class OpenAIAgent(Agent):
                                  "content": json.dumps(result, ensure_ascii=False, default=str)})
         yield Answer("\n\n".join([*said, languages.text_in(ctx.language, STEP_LIMIT_REPLY)]))
 
-    async def _complete(self, client, config, messages, tools, ctx=None):
+    async def _complete(self, client: openai.AsyncOpenAI, config: JsonObject, messages: list[JsonObject],
+                        tools: list[JsonObject], ctx: TurnContext | None = None) -> ChatCompletionMessage:
         kwargs = _request(config, messages, tools)
         # The SDK's generic POST, not chat.completions.create: create() first walks
         # the whole request through the SDK's typed-params transform (aliases, file
@@ -173,13 +185,14 @@ class OpenAIAgent(Agent):
         return response.choices[0].message
 
     @staticmethod
-    async def _run_tool(ctx, call) -> dict:
+    async def _run_tool(ctx: TurnContext, call: ChatCompletionMessageToolCall) -> JsonObject:
         try:
             arguments = json.loads(call.function.arguments or "{}")
         except ValueError:
             return {"status": "failed", "duplicate": False, "error": "the arguments were not valid JSON"}
         if not isinstance(arguments, dict):
             return {"status": "failed", "duplicate": False, "error": "the arguments must be a JSON object"}
+        assert ctx.call_tool is not None, "the worker gives every turn it runs its tools"
         return await ctx.call_tool(call.function.name, arguments)
 
 
@@ -189,7 +202,8 @@ class _Charge:
 
 
 @contextlib.asynccontextmanager
-async def _charged_if_cut(ctx, messages, written):
+async def _charged_if_cut(ctx: TurnContext | None, messages: list[JsonObject],
+                          written: list[str]) -> AsyncIterator[_Charge]:
     """A stream cut after the provider began to answer (the person's `/stop`, an
     interrupt, a timeout) never gets to its usage chunk, yet the provider bills it: the
     turn is charged an estimate, about 4 characters a token of the prompt it read and the
@@ -206,7 +220,7 @@ async def _charged_if_cut(ctx, messages, written):
         raise
 
 
-async def _record_usage(ctx, completion):
+async def _record_usage(ctx: TurnContext | None, completion: ChatCompletion) -> None:
     """The tokens the provider says this request used, on the turn (conversations.limits).
     A streamed request asks for them (`stream_options.include_usage`): the provider sends
     them in a last chunk of their own."""
@@ -215,8 +229,8 @@ async def _record_usage(ctx, completion):
         await ctx.record_usage(usage.total_tokens)
 
 
-def _request(config, messages, tools) -> dict:
-    kwargs = {"model": config["model"], "messages": messages}
+def _request(config: JsonObject, messages: list[JsonObject], tools: list[JsonObject]) -> JsonObject:
+    kwargs: JsonObject = {"model": config["model"], "messages": messages}
     if tools:
         kwargs["tools"] = tools
     if "temperature" in config:
@@ -225,7 +239,7 @@ def _request(config, messages, tools) -> dict:
 
 
 @contextlib.contextmanager
-def _provider_errors(config):
+def _provider_errors(config: JsonObject) -> Iterator[None]:
     """A provider's error or timeout, while a stream opens or mid-stream, as AgentUnavailable."""
     try:
         yield
