@@ -24,9 +24,10 @@ import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from django.contrib.sessions.models import Session
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -37,13 +38,13 @@ from delivery.models import OutboundMessage, OutboundState, RestorePoint
 OPEN = (OutboundState.PENDING, OutboundState.FAILED, OutboundState.ATTEMPTING)
 
 
-def mark_sql():
+def mark_sql() -> str:
     table = OutboundMessage._meta.db_table
     states = ", ".join(f"'{s}'" for s in OPEN)
     return f"UPDATE {table} SET chunks_started = chunks_delivered + 1 WHERE state IN ({states})"
 
 
-def restore_point_sql():
+def restore_point_sql() -> str:
     """Parameters: the restore point's time."""
     turns, buffers = Turn._meta.db_table, MessageBuffer._meta.db_table
     return (f"INSERT INTO {RestorePoint._meta.db_table} (at, last_turn_id, last_buffer_id) "
@@ -53,20 +54,21 @@ def restore_point_sql():
 class Command(BaseCommand):
     help = "Back the database up to PATH while the product runs (docs/operations.md#backups)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("path", nargs="?", default="")
         parser.add_argument("--mark-restored", action="store_true",
                             help="On a database just restored: label the resend of every open reply.")
         parser.add_argument("--timeout", type=float, default=6 * 3600,
                             help="PostgreSQL: seconds pg_dump may take in all (default 6 hours).")
 
-    def handle(self, *args, path, mark_restored, **options):
+    def handle(self, *args: Any, path: str, mark_restored: bool, **options: Any) -> None:
         if mark_restored:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(mark_sql())
                 self.stdout.write(f"{cursor.rowcount} open ledger rows will be resent labelled")
                 cursor.execute(restore_point_sql(), [timezone.now()])
             point = RestorePoint.objects.first()
+            assert point is not None, "the restore point was just written"
             self.stdout.write(f"replies of turns up to {point.last_turn_id} and buffers up to "
                               f"{point.last_buffer_id} will be sent labelled")
             return
@@ -88,7 +90,7 @@ class Command(BaseCommand):
             raise
         self.stdout.write(f"backed up to {target}")
 
-    def sqlite(self, target):
+    def sqlite(self, target: Path) -> None:
         connection.ensure_connection()
         source = connection.connection
         copy = sqlite3.connect(target)
@@ -103,7 +105,7 @@ class Command(BaseCommand):
         finally:
             copy.close()
 
-    def postgres(self, target, fd, timeout):
+    def postgres(self, target: Path, fd: int, timeout: float) -> None:
         pg_dump = shutil.which("pg_dump")
         if not pg_dump:
             os.close(fd)
@@ -130,5 +132,5 @@ class Command(BaseCommand):
 NOT_LIBPQ = {"cursor_factory", "context", "prepare_threshold", "row_factory", "autocommit", "client_encoding"}
 
 
-def libpq_params(params: dict) -> dict:
+def libpq_params(params: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in params.items() if key not in NOT_LIBPQ and value is not None}
