@@ -11,12 +11,15 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 
-def processes(host, port):
+def processes(host: str, port: int) -> dict[str, list[str]]:
     python = sys.executable
     return {
         # No access log line per request unless ACCESS_LOG=true: like the routine INFO
@@ -29,7 +32,7 @@ def processes(host, port):
     }
 
 
-def access_log():
+def access_log() -> bool:
     return os.environ.get("ACCESS_LOG", "").lower() in ("1", "true", "yes", "on")
 
 
@@ -39,7 +42,7 @@ def access_log():
 GRACE = {"web": 10, "worker": 15, "tasks": 3}
 
 
-def is_loopback(host):
+def is_loopback(host: str) -> bool:
     if host in ("localhost", "ip6-localhost"):
         return True
     try:
@@ -48,7 +51,7 @@ def is_loopback(host):
         return False  # a host name (or 0.0.0.0's cousins): assume others can reach it
 
 
-def debug_warning(host, port):
+def debug_warning(host: str, port: int) -> str:
     line = "!" * 78
     return "\n".join([
         line,
@@ -59,7 +62,7 @@ def debug_warning(host, port):
     ]) + "\n"
 
 
-def admin_password(info) -> str:
+def admin_password(info: Mapping[str, str]) -> str:
     """The password on the run that created the admin user; afterwards where it is kept
     (a change made in the admin is never undone, so the first one may be out of date)."""
     if info.get("admin_password"):
@@ -72,17 +75,17 @@ def admin_password(info) -> str:
 class Command(BaseCommand):
     help = "Run the web server, the worker loop and the django-q2 cluster together."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
-    def handle(self, *args, host, port, **options):
+    def handle(self, *args: Any, host: str, port: int, **options: Any) -> None:
         if settings.DEBUG and not is_loopback(host):
             self.stderr.write(debug_warning(host, port))
         children = {name: subprocess.Popen(cmd, cwd=settings.BASE_DIR) for name, cmd in processes(host, port).items()}
         stopping = False
 
-        def stop(signum, frame):
+        def stop(signum: int, frame: FrameType | None) -> None:
             nonlocal stopping
             stopping = True
 
@@ -102,7 +105,7 @@ class Command(BaseCommand):
         if not stopping:
             sys.exit(1)
 
-    def stop_all(self, children):
+    def stop_all(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         for proc in children.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -114,7 +117,7 @@ class Command(BaseCommand):
                 proc.kill()
                 proc.wait()
 
-    def wait_for_web(self, host, port, web, timeout=60):
+    def wait_for_web(self, host: str, port: int, web: subprocess.Popen[bytes], timeout: float = 60) -> bool:
         """The URLs are printed once they answer."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and web.poll() is None:
@@ -126,8 +129,8 @@ class Command(BaseCommand):
                 time.sleep(0.2)
         return False
 
-    def banner(self, host, port):
-        info = {}
+    def banner(self, host: str, port: int) -> None:
+        info: dict[str, str] = {}
         path = settings.VAR_DIR / "bootstrap.env"
         if path.exists():
             info = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
