@@ -57,7 +57,9 @@ def propose(conversation, arguments=EVENT):
 
 def deliver_questions():
     """Send what the ledger holds as the worker does (claim, send through the transport,
-    record the outcome)."""
+    record the outcome). The tests' channels are unpaced (e2e.UNPACED): a paced send that
+    wakes late takes a fresh slot on a connection of its own, which would wait for the
+    test's transaction holding the claim's slot — a deadlock a loaded machine once hit."""
     from conversations.platforms.telegram.transport import close_bots
 
     async def send(row):
@@ -104,7 +106,7 @@ def shown(fake, message, chat=CHAT):
 @pytest.mark.django_db
 def test_the_question_says_what_will_happen_and_carries_opaque_buttons(make_channel, fake_telegram, settings):
     settings.AGENTLOOP_DEFAULT_TIME_ZONE = "Europe/Madrid"
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     conversation = telegram_conversation(channel)
     outcome = propose(conversation, {**EVENT, "end_datetime": "2026-12-07T11:00"})
@@ -129,7 +131,7 @@ def test_the_question_says_what_will_happen_and_carries_opaque_buttons(make_chan
 @pytest.mark.django_db
 def test_a_tap_applies_once_and_a_second_tap_or_a_replay_applies_nothing(make_channel, fake_telegram, settings):
     settings.AGENTLOOP_DEFAULT_TIME_ZONE = "Europe/Madrid"
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     conversation = telegram_conversation(channel)
     propose(conversation)
@@ -168,7 +170,7 @@ def test_a_tap_applies_once_and_a_second_tap_or_a_replay_applies_nothing(make_ch
 
 @pytest.mark.django_db
 def test_no_rejects_and_a_later_yes_is_told_it_was_declined(make_channel, fake_telegram, settings):
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     conversation = telegram_conversation(channel)
     propose(conversation)
@@ -193,7 +195,7 @@ def test_no_rejects_and_a_later_yes_is_told_it_was_declined(make_channel, fake_t
 
 @pytest.mark.django_db
 def test_in_a_group_only_the_sender_can_confirm(make_channel, fake_telegram):
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     group = -1001234
     propose(telegram_conversation(channel, sender=111, chat=group, name="Ana", group=True))
@@ -213,7 +215,7 @@ def test_in_a_group_only_the_sender_can_confirm(make_channel, fake_telegram):
 @pytest.mark.django_db
 def test_an_expired_proposal_says_so_and_applies_nothing(make_channel, fake_telegram, settings):
     settings.AGENTLOOP_DEFAULT_TIME_ZONE = "America/Santiago"
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy(approval_ttl_seconds=60)
     propose(telegram_conversation(channel))
     deliver_questions()
@@ -232,7 +234,7 @@ def test_an_expired_proposal_says_so_and_applies_nothing(make_channel, fake_tele
 @pytest.mark.django_db
 def test_a_question_expired_by_the_sweep_loses_its_buttons(make_channel, fake_telegram,
                                                            django_capture_on_commit_callbacks):
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy(approval_ttl_seconds=60)
     conversation = telegram_conversation(channel)
     propose(conversation)
@@ -253,7 +255,7 @@ def test_a_question_expired_by_the_sweep_loses_its_buttons(make_channel, fake_te
 @pytest.mark.django_db
 @pytest.mark.parametrize("forge", ["random_token", "no_such_format", "other_chat", "other_channel"])
 def test_a_forged_callback_applies_nothing(make_channel, fake_telegram, forge):
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     make_channel("tg2", kind="telegram", platform_settings={
         "bot_token": "99:OTHER", "webhook_secret": e2e.SECRET, "api_base": fake_telegram.url})
     user_policy()
@@ -276,7 +278,7 @@ def test_a_forged_callback_applies_nothing(make_channel, fake_telegram, forge):
 def test_a_question_decided_before_it_was_sent_goes_without_buttons(make_channel, fake_telegram):
     from tools import approvals
 
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     proposal_id = propose(telegram_conversation(channel)).proposal_id
     approvals.apply(proposal_id, by="olga")  # an operator may still decide in the admin
@@ -458,7 +460,7 @@ def test_the_incident_with_confirmation_by_the_user_makes_two_events(processes, 
 def test_concurrent_taps_from_parallel_processes_apply_once(processes, make_channel, fake_telegram):
     """Two web processes, 16 taps released together (the same user on two devices, and
     Telegram re-delivering): one apply."""
-    channel = e2e.telegram_channel(make_channel, fake_telegram)
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED)
     user_policy()
     propose(telegram_conversation(channel))
     deliver_questions()
