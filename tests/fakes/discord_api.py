@@ -1,6 +1,7 @@
 """Discord, as two local servers speaking its real protocols.
 
-DiscordRest: the REST API under /api/v10 — GET /gateway/bot (the Gateway's URL),
+DiscordRest: the REST API under /api/v10 — GET /gateway/bot (the Gateway's URL), GET
+/users/@me (the bot, what discord.py's login asks),
 POST /channels/{id}/messages, POST /channels/{id}/typing. `Authorization: Bot <token>`
 or 401; an unknown channel 404 (code 10003), a forbidden one 403 (Missing Access, 50001),
 content over 2,000 characters 400 (50035). The rate limits as Discord sends them: every
@@ -64,6 +65,8 @@ class DiscordRest(FakeServer):
         with self._cond:
             if headers.get("authorization") != f"Bot {self.token}":
                 return 401, {"message": "401: Unauthorized", "code": 0}, {}
+            if method == "GET" and path == "/api/v10/users/@me":
+                return 200, {"id": BOT_USER_ID, "username": "agentbot", "bot": True}, {}
             if method == "GET" and path == "/api/v10/gateway/bot":
                 return 200, {"url": self.gateway_url, "shards": 1, "session_start_limit": {
                     "total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1}}, {}

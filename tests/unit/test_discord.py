@@ -9,13 +9,15 @@ End to end with the real worker: tests/end_to_end/test_discord_e2e.py."""
 import asyncio
 import time
 
+import discord
 import pytest
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ValidationError
 
 from conversations.deletions import Deletion
 from conversations.edits import Edit
 from conversations.ingest import Inbound
-from conversations.models import Channel, InboundMessage
+from conversations.models import Channel, InboundMessage, MessageBuffer
 from conversations.platforms import get as platform
 from conversations.platforms.connection import admit_received
 from conversations.platforms.discord import inbound
@@ -66,7 +68,27 @@ def test_edits_and_deletions():
     assert isinstance(edit, Edit) and (edit.platform_message_id, edit.text, edit.chat_id) == ("1", "hola, mañana", DM)
     assert inbound.parse("MESSAGE_UPDATE", {"id": "1", "channel_id": DM, "embeds": []}, BOT_USER_ID) is None
     deletion = inbound.parse("MESSAGE_DELETE", {"id": "1", "channel_id": DM}, BOT_USER_ID)
-    assert isinstance(deletion, Deletion) and deletion.chat_id == DM
+    assert isinstance(deletion, Deletion) and deletion.platform_message_id == "1"
+
+
+def test_an_edit_and_a_deletion_go_through_intake_and_a_copy_stops_at_the_dedup(make_channel):
+    channel = make_channel("dc", kind="discord", poll_owner="tester", poll_session={"bot_user_id": BOT_USER_ID},
+                           platform_settings={"bot_token": TOKEN})
+    connection = platform("discord").connection()
+
+    def received(event, data):
+        return admit_received(connection, channel.pk, "tester", [{"t": event, "d": data}], 1)
+
+    assert received("MESSAGE_CREATE", message("1", DM, "hola, para mañna")) == 1
+    assert received("MESSAGE_CREATE", message("1", DM, "hola, para mañna")) == 0  # sent again after a resume
+    assert received("MESSAGE_UPDATE", {**message("1", DM, "hola, para mañana"),
+                                       "edited_timestamp": "2026-12-06T10:00:30+00:00"}) == 1
+    assert InboundMessage.objects.get().text == "hola, para mañana"
+    received("MESSAGE_DELETE", {"id": "1", "channel_id": DM})  # all its buffer held: the buffer dropped
+    assert InboundMessage.objects.get().deleted_at is not None
+    assert received("MESSAGE_DELETE", {"id": "1", "channel_id": DM}) == 0
+    assert not MessageBuffer.objects.filter(state="open").exists()
+    assert received("MESSAGE_CREATE", "not an object") == 0
 
 
 # --- the Gateway ------------------------------------------------------------------------------
@@ -255,3 +277,47 @@ def test_typing_is_posted_to_the_channel(servers, channel):
 
     asyncio.run(go())
     assert servers[1].typing == [DM] and transport.typing_refresh < 10
+
+
+def test_discord_py_reads_the_fakes_answers_as_discords(servers, monkeypatch):
+    """The fake speaks Discord's REST protocol: discord.py's own HTTPClient, pointed at it,
+    waits out its global 429 (`retry_after`, `global`, Via) and raises its typed errors
+    with Discord's codes for its 403 and 404."""
+    _, rest = servers
+    rest.flood_next, rest.retry_after = 1, 0.2
+    rest.unknown.add("404404")
+    rest.forbidden.add("403403")
+    monkeypatch.setattr(discord.http.Route, "BASE", rest.url)
+
+    async def go():
+        client = discord.http.HTTPClient(asyncio.get_running_loop())
+        await client.static_login(TOKEN)
+        try:
+            route = discord.http.Route("POST", "/channels/{channel_id}/messages", channel_id=DM)
+            sent = await client.request(route, json={"content": "hola"})
+            errors = []
+            for chat in ("404404", "403403"):
+                try:
+                    await client.request(discord.http.Route("POST", "/channels/{channel_id}/messages", channel_id=chat),
+                                         json={"content": "hola"})
+                except discord.HTTPException as exc:
+                    errors.append((type(exc), exc.code))
+            return sent, errors
+        finally:
+            await client.close()
+
+    sent, errors = asyncio.run(go())
+    assert sent["id"] == rest.messages[0]["id"] and [status for status, _ in rest.refused] == [429]
+    assert errors == [(discord.NotFound, 10003), (discord.Forbidden, 50001)]
+
+
+def test_the_platforms_settings_secrets_and_what_blocks_sending(make_channel):
+    channel = make_channel("dc2", kind="discord", platform_settings={"bot_token": TOKEN})
+    assert channel.platform_settings["api_base"] == "https://discord.com/api/v10"
+    assert platform("discord").secrets(channel) == [TOKEN]
+    assert platform("discord").send_blocked(Channel(kind="discord", platform_settings={})) == "no bot_token set"
+    assert platform("discord").missing_to_run({}) == ["bot_token"]
+    with pytest.raises(ValidationError):
+        platform("discord").clean_settings({"bot_token": TOKEN, "api_base": "not a url"})
+    with pytest.raises(ValidationError):
+        platform("discord").clean_settings({"bot_token": TOKEN, "webhook_secret": "x"})

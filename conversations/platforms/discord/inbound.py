@@ -55,7 +55,8 @@ def parse(event: str, data: Any, bot_user_id: str) -> object | None:
 
 
 def _session(data: dict[str, Any]) -> SessionStarted | None:
-    user = data.get("user") if isinstance(data.get("user"), dict) else {}
+    user = data.get("user")
+    user = user if isinstance(user, dict) else {}
     session_id, resume_url = str(data.get("session_id") or ""), str(data.get("resume_gateway_url") or "")
     return SessionStarted(session_id, resume_url, str(user.get("id") or "")) if session_id else None
 
@@ -84,7 +85,8 @@ def _message(data: dict[str, Any], bot_user_id: str) -> Inbound | None:
 def addressed(data: dict[str, Any], bot_user_id: str) -> bool:
     """A guild message is the bot's to answer when it mentions the bot (`mentions` holds
     its user id) or replies to one of its messages; the rest are kept as context."""
-    mentions = data.get("mentions") if isinstance(data.get("mentions"), list) else []
+    mentions = data.get("mentions")
+    mentions = mentions if isinstance(mentions, list) else []
     if bot_user_id and any(isinstance(user, dict) and str(user.get("id")) == bot_user_id for user in mentions):
         return True
     replied = data.get("referenced_message")
@@ -109,8 +111,10 @@ def _edit(data: dict[str, Any], bot_user_id: str) -> Edit | None:
 def _deletion(data: dict[str, Any]) -> Deletion | None:
     if not data.get("id"):
         return None
-    return Deletion(platform_message_id=str(data["id"]), deleted_at=timezone.now(), source=SOURCE,
-                    chat_id=str(data.get("channel_id") or "") or None)
+    # MESSAGE_DELETE names no author, so no sender is checked (a chat without its sender
+    # would match no conversation): the id alone, a snowflake unique across Discord, as
+    # only Discord sends this channel's Gateway events.
+    return Deletion(platform_message_id=str(data["id"]), deleted_at=timezone.now(), source=SOURCE)
 
 
 def _time(value: Any) -> datetime | None:
