@@ -14,7 +14,8 @@ status of the test's choosing.
 DiscordGateway: a websockets server: Hello (op 10) with the heartbeat interval, op 11
 for each heartbeat, IDENTIFY → READY (session_id, resume_gateway_url, the bot's user),
 RESUME → the session's dispatches after the given sequence number, then RESUMED; an
-unknown session → INVALID_SESSION (d: false); a wrong token → close 4004. The test
+unknown session → INVALID_SESSION (d: false); a wrong token → close 4004; a client's close
+with 1000 or 1001 ends its session (a RESUME after it is refused). The test
 dispatches events (`dispatch`), drops the socket without a close frame (`drop`), or
 invalidates the session (`invalidate`). Dispatches made while no client is connected
 are kept in the session and replayed on RESUME, as Discord does.
@@ -158,6 +159,7 @@ class DiscordGateway:
         self.log: list[dict[str, Any]] = []  # the session's dispatches, by seq - 1
         self.ack_heartbeats = True
         self._socket: ServerConnection | None = None
+        self._sessions: dict[int, str] = {}  # id(socket) → the session it identified or resumed
         self._ready, self._stopped = threading.Event(), None  # type: ignore[var-annotated]
         self._loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
@@ -233,6 +235,8 @@ class DiscordGateway:
             pass
         finally:
             self.open -= 1
+            if socket.close_code in (1000, 1001) and self._sessions.pop(id(socket), None) == self.session_id:
+                self.session_id = ""  # Discord ends a session its client closed with 1000 or 1001
             if self._socket is socket:
                 self._socket = None
 
@@ -247,6 +251,7 @@ class DiscordGateway:
         elif op == 2:
             self.identifies += 1
             self.session_id, self.log, self._socket = uuid.uuid4().hex, [], socket
+            self._sessions[id(socket)] = self.session_id
             await self._dispatch("READY", {"v": 10, "session_id": self.session_id, "resume_gateway_url": self.url,
                                            "user": {"id": BOT_USER_ID, "username": "agentbot", "bot": True},
                                            "guilds": [], "application": {"id": BOT_USER_ID}})
@@ -255,7 +260,7 @@ class DiscordGateway:
             if not self.session_id or data.get("session_id") != self.session_id:
                 await socket.send(json.dumps({"op": 9, "d": False}))
                 return
-            self._socket = socket
+            self._socket, self._sessions[id(socket)] = socket, self.session_id
             for frame in self.log[int(data.get("seq") or 0):]:
                 await socket.send(json.dumps(frame))
             await socket.send(json.dumps({"op": 0, "t": "RESUMED", "s": len(self.log), "d": {}}))

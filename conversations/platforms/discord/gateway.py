@@ -124,6 +124,9 @@ class GatewaySession:
             finally:
                 beating.cancel()
                 await asyncio.gather(beating, return_exceptions=True)
+                # Ended here (the lease lost, the worker stopping): Discord ends a session
+                # closed with 1000 or 1001, so the close says 4000 — the next holder resumes.
+                await socket.close(RESUMABLE_CLOSE)
 
     async def gateway_url(self) -> str:
         base = str(self.channel.setting("api_base")).rstrip("/")
