@@ -4,7 +4,8 @@ DMs, one of them dispatched twice, is one turn and one reply threaded to the las
 message, sent after the 429 before it was waited out; the websocket killed mid-burst is
 RESUMEd from the stored session and sequence number and every message answered once; in
 a guild channel, only the message that mentions the bot is answered, the one before it
-kept as context. (No web server: Discord reaches us through the worker's Gateway alone.)"""
+kept as context; a confirmation question's button tapped three times applies the action
+once. (No web server: Discord reaches us through the worker's Gateway alone.)"""
 
 import subprocess
 import sys
@@ -22,9 +23,9 @@ TOKEN = "discord-e2e-t0ken"
 DM, DM2, GUILD_CHANNEL = "600000000000000001", "600000000000000002", "600000000000000003"
 
 
-def add_channel(processes, rest):
+def add_channel(processes, rest, agent="echo"):
     command = [sys.executable, "manage.py", "addchannel", "disc1", "--kind", "discord", "--token", TOKEN,
-               "--api-base", rest.url, "--agent", "echo",
+               "--api-base", rest.url, "--agent", agent,
                *[arg for kind in ("closed", "greeting", "open", "neutral") for arg in (f"--window-{kind}", "1.5")]]
     done = subprocess.run(command, env=processes.env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -77,3 +78,29 @@ def test_bursts_resumes_floods_and_mentions(processes):
         assert sorted(InboundMessage.objects.values_list("platform_message_id", flat=True)) == [
             "701", "702", "703", "801", "802", "803", "901", "902"]
         assert Turn.objects.count() == 3
+
+
+def test_a_confirmation_tapped_three_times_is_applied_once(processes):
+    from tools.models import CalendarEvent, Proposal, ProposalState, ToolPolicy
+
+    with DiscordGateway(TOKEN, heartbeat_ms=2000) as gateway, DiscordRest(TOKEN, gateway.url) as rest:
+        add_channel(processes, rest, agent="demo")
+        ToolPolicy.objects.create(name="calendar_create_event", approval="user")
+        processes.worker()
+        wait_until(lambda: gateway.connected() and Channel.objects.get(slug="disc1").poll_session, timeout=30,
+                   message="the Gateway identified and the session stored")
+        gateway.dispatch("MESSAGE_CREATE", message("1001", DM, "Confirmo las horas de psicología: lunes a las 10"))
+        wait_until(lambda: any(sent["components"] for sent in rest.messages), timeout=30,
+                   message="the question with its buttons")
+        [question] = [sent for sent in rest.messages if sent["components"]]
+        [yes] = [button["custom_id"] for button in question["components"][0]["components"]
+                 if button["custom_id"].endswith(":y")]
+        taps = [rest.interaction(question["id"], yes, "300000000000000001", DM) for _ in range(3)]
+        for tap in taps:
+            gateway.dispatch("INTERACTION_CREATE", tap)
+        wait_until(lambda: len(rest.answered) == 3, timeout=15, message="each tap answered")
+        assert CalendarEvent.objects.count() == 1
+        assert Proposal.objects.get().state == ProposalState.APPLIED
+        first = rest.answered[taps[0]["id"]]
+        assert first["type"] == 7 and first["data"]["components"] == []  # the question updated, its buttons gone
+        assert "✅" in question["content"] and question["components"] == []

@@ -1,7 +1,8 @@
 """Discord, as two local servers speaking its real protocols.
 
 DiscordRest: the REST API under /api/v10 — GET /gateway/bot (the Gateway's URL), GET
-/users/@me (the bot, what discord.py's login asks),
+/users/@me (the bot, what discord.py's login asks), PATCH /channels/{id}/messages/{id} (an
+edit), POST /interactions/{id}/{token}/callback (a tap's answer: once, for a known token),
 POST /channels/{id}/messages, POST /channels/{id}/typing. `Authorization: Bot <token>`
 or 401; an unknown channel 404 (code 10003), a forbidden one 403 (Missing Access, 50001),
 content over 2,000 characters 400 (50035). The rate limits as Discord sends them: every
@@ -41,6 +42,8 @@ BOT_USER_ID = "900000000000000001"
 BUCKET_SIZE, BUCKET_SECONDS = 5, 5.0  # messages into one channel
 MESSAGES = re.compile(r"^/api/v10/channels/(\d+)/messages$")
 TYPING = re.compile(r"^/api/v10/channels/(\d+)/typing$")
+MESSAGE = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)$")
+CALLBACK = re.compile(r"^/api/v10/interactions/(\d+)/([^/]+)/callback$")
 
 
 class DiscordRest(FakeServer):
@@ -55,6 +58,10 @@ class DiscordRest(FakeServer):
         self.flood_next = 0  # the next this many sends: 429, global
         self.fail_next: list[int] = []  # the next sends answered with these statuses
         self.retry_after = 1.0
+        self.interactions: dict[str, str] = {}  # interaction id → its token
+        self.interaction_messages: dict[str, str] = {}  # interaction id → the tapped message
+        self.answered: dict[str, Any] = {}  # interaction id → its callback's body
+        self.edits: list[tuple[str, Any]] = []  # (message id, PATCH body)
         self._ids = itertools.count(1)
         self._buckets: dict[str, list[float]] = {}  # channel id → send times in the window
 
@@ -71,6 +78,10 @@ class DiscordRest(FakeServer):
             if method == "GET" and path == "/api/v10/gateway/bot":
                 return 200, {"url": self.gateway_url, "shards": 1, "session_start_limit": {
                     "total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1}}, {}
+            if method == "POST" and (callback := CALLBACK.match(path)):
+                return self._callback(callback.group(1), callback.group(2), body)
+            if method == "PATCH" and (edited := MESSAGE.match(path)):
+                return self._edit(edited.group(1), edited.group(2), body)
             found = MESSAGES.match(path) or TYPING.match(path)
             if method != "POST" or not found:
                 return 404, {"message": "404: Not Found", "code": 0}, {}
@@ -108,10 +119,46 @@ class DiscordRest(FakeServer):
         window.append(now)
         self._buckets[channel] = window
         sent = {"id": str(1_100_000_000_000_000_000 + next(self._ids)), "channel_id": channel,
-                "content": body["content"], "message_reference": body.get("message_reference")}
+                "content": body["content"], "message_reference": body.get("message_reference"),
+                "components": body.get("components") or []}
         self.messages.append(sent)
         self._cond.notify_all()
         return 200, sent, self._limits(BUCKET_SIZE - len(window), reset_after)
+
+    def _callback(self, interaction_id: str, token: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+        if self.interactions.get(interaction_id) != token:
+            return 404, {"message": "Unknown interaction", "code": 10062}, {}
+        if interaction_id in self.answered:
+            return 400, {"message": "Interaction has already been acknowledged.", "code": 40060}, {}
+        self.answered[interaction_id] = body
+        if isinstance(body, dict) and body.get("type") == 7:
+            message_id = self.interaction_messages.get(interaction_id, "")
+            self._edit_stored(message_id, body.get("data") or {})
+        return 204, None, {}
+
+    def _edit(self, channel: str, message_id: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+        if not any(sent["id"] == message_id and sent["channel_id"] == channel for sent in self.messages):
+            return 404, {"message": "Unknown Message", "code": 10008}, {}
+        self.edits.append((message_id, body))
+        self._edit_stored(message_id, body if isinstance(body, dict) else {})
+        return 200, next(sent for sent in self.messages if sent["id"] == message_id), {}
+
+    def _edit_stored(self, message_id: str, fields: dict[str, Any]) -> None:
+        for sent in self.messages:
+            if sent["id"] == message_id:
+                sent.update({key: fields[key] for key in ("content", "components") if key in fields})
+
+    def interaction(self, message_id: str, custom_id: str, user_id: str, channel_id: str) -> dict[str, Any]:
+        """An INTERACTION_CREATE's `d` for a tap on a button of `message_id` (registered:
+        its callback is accepted once, as Discord's)."""
+        with self._cond:
+            interaction_id = str(1_200_000_000_000_000_000 + next(self._ids))
+            token = f"itoken-{interaction_id}"
+            self.interactions[interaction_id], self.interaction_messages[interaction_id] = token, message_id
+        return {"id": interaction_id, "application_id": BOT_USER_ID, "type": 3, "token": token, "version": 1,
+                "channel_id": channel_id, "user": {"id": user_id, "username": "ana", "global_name": "Ana"},
+                "message": {"id": message_id, "channel_id": channel_id},
+                "data": {"custom_id": custom_id, "component_type": 2}}
 
     @staticmethod
     def _limits(remaining: int, reset_after: float) -> dict[str, str]:
@@ -144,6 +191,9 @@ class _Handler(TrackedHandler):
 
     def do_POST(self) -> None:
         self._serve("POST")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
 
 
 class DiscordGateway:

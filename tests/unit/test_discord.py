@@ -321,3 +321,26 @@ def test_the_platforms_settings_secrets_and_what_blocks_sending(make_channel):
         platform("discord").clean_settings({"bot_token": TOKEN, "api_base": "not a url"})
     with pytest.raises(ValidationError):
         platform("discord").clean_settings({"bot_token": TOKEN, "webhook_secret": "x"})
+
+
+def test_buttons_go_as_components_and_a_tap_is_parsed(servers, channel):
+    transport = platform("discord").transport(channel)
+    buttons = (("✅ Yes, do it", "c:abcdefghijklmnop:y"), ("❌ No", "c:abcdefghijklmnop:n"))
+
+    async def go():
+        try:
+            return await transport.send_text(Target(chat_id=DM, buttons=buttons), "¿Lo agendo?")
+        finally:
+            await platform("discord").close_clients()
+
+    assert asyncio.run(go()).ok
+    [row] = servers[1].messages[0]["components"]
+    assert [(b["style"], b["label"], b["custom_id"]) for b in row["components"]] == [
+        (3, "✅ Yes, do it", "c:abcdefghijklmnop:y"), (4, "❌ No", "c:abcdefghijklmnop:n")]
+    data = servers[1].interaction(servers[1].messages[0]["id"], "c:abcdefghijklmnop:y", "77", GUILD_CHANNEL)
+    in_guild = {**{k: v for k, v in data.items() if k != "user"}, "member": {"user": data["user"]}, "guild_id": "1"}
+    for payload in (data, in_guild):
+        tap = inbound.parse("INTERACTION_CREATE", payload, BOT_USER_ID)
+        assert (tap.custom_id, tap.user_id, tap.chat_id, tap.token) == ("c:abcdefghijklmnop:y", "77", GUILD_CHANNEL,
+                                                                        data["token"])
+    assert inbound.parse("INTERACTION_CREATE", {**data, "type": 2}, BOT_USER_ID) is None  # a slash command

@@ -9,6 +9,8 @@ agentloop.
 - transport.py: replies (`POST /channels/{id}/messages`, threaded with
   `message_reference`), typing, the rate-limit buckets and each error mapped to the
   ledger's outcomes
+- buttons.py: a confirmation question's buttons (components), a tap decided once and
+  its interaction answered
 
 Identities: a message's dedup key is its Discord message id (a snowflake, unique
 everywhere); a conversation's chat is the Discord channel — a DM, a guild channel, or a
@@ -29,11 +31,13 @@ if TYPE_CHECKING:  # for annotations only
     from conversations.models import Channel
     from conversations.platforms.discord.gateway import DiscordConnection
     from conversations.platforms.discord.transport import DiscordTransport
+    from tools.models import Confirmation
 
 
 class DiscordPlatform(Platform):
     kind = "discord"
     label = "Discord"
+    has_buttons = True  # components; a tap comes back over the Gateway (INTERACTION_CREATE)
     settings = {
         "bot_token": Setting(label=_("Bot token"), secret=True, required_to_send=True, required_to_receive=True,
                              option="--token", help=_("The bot's token (Developer Portal → your application → Bot → "
@@ -58,6 +62,11 @@ class DiscordPlatform(Platform):
         from conversations.platforms.discord.gateway import DiscordConnection
 
         return DiscordConnection(self)
+
+    def question_decided(self, channel: Channel, confirmation: Confirmation, outcome: str, status: str) -> None:
+        from conversations.platforms.discord.buttons import question_decided
+
+        question_decided(channel, confirmation, outcome)
 
     async def close_clients(self) -> None:
         from conversations.platforms.discord.transport import close_clients

@@ -39,8 +39,10 @@ from websockets.exceptions import ConnectionClosed
 
 from agentloop.core.caches import BoundedCache
 from conversations.models import Channel
-from conversations.platforms.discord import inbound
+from conversations.platforms.discord import buttons, inbound
+from conversations.platforms.discord.transport import DiscordTransport
 from conversations.platforms.inbound import Connection, Parsed, Receive
+from delivery.transports import SendResult
 
 if TYPE_CHECKING:  # for annotations only
     from websockets.asyncio.client import ClientConnection
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 
 DEADLINE = 10.0  # seconds: the gateway URL asked, the socket opened, Hello awaited
 VERSION = "?v=10&encoding=json"
-WANTED = ("READY", "MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE")  # stored; other dispatches only counted
+WANTED = ("READY", "MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE")  # stored; other dispatches only counted
 RESUMABLE_CLOSE = 4000  # a close other than 1000/1001 keeps the session resumable
 NEW_SESSION_CLOSES = (4007, 4009)  # invalid sequence number, session timed out
 FATAL_CLOSES = (4004, 4010, 4011, 4012, 4013, 4014)  # bad token, shards, version, intents: an operator's to fix
@@ -85,6 +87,8 @@ class DiscordConnection(Connection):
         return Parsed([item]) if item is not None else None
 
     def apply(self, channel: Channel, item: object) -> object:
+        if isinstance(item, buttons.Tap):
+            return buttons.decide(channel, item)
         if isinstance(item, inbound.SessionStarted):
             # Stored before the cursor READY came with (the same call): a holder that reads
             # a cursor of this session reads its id too.
@@ -155,6 +159,8 @@ class GatewaySession:
                 await self.receive([{"t": event, "d": message.get("d")}], seq if isinstance(seq, int) else None)
             if isinstance(seq, int):
                 self.seq = seq
+            if event == "INTERACTION_CREATE":
+                await self.answer(message.get("d"))
             if event == "READY":
                 self.session_id = str((message.get("d") or {}).get("session_id") or "")
             return True
@@ -172,6 +178,16 @@ class GatewaySession:
             await socket.close(RESUMABLE_CLOSE)
             return False
         return True
+
+    async def answer(self, data: Any) -> None:
+        """A tap decided by the admission, answered (best effort: the decision stands)."""
+        decided = buttons.answer_for(str(data.get("id") or "")) if isinstance(data, dict) else None
+        if decided is None:
+            return
+        token, body = decided
+        sent = await DiscordTransport(self.channel).call("POST", f"/interactions/{data['id']}/{token}/callback", body)
+        if isinstance(sent, SendResult):
+            log.warning("channel %s: a tap's answer failed: %s", self.channel.slug, sent.error)
 
     async def beat(self, socket: ClientConnection, interval: float) -> None:
         await asyncio.sleep(interval * random.random())

@@ -1,6 +1,7 @@
 """Discord's Gateway dispatches into our own types: MESSAGE_CREATE into an Inbound,
 MESSAGE_UPDATE into an Edit, MESSAGE_DELETE into a Deletion, READY into the session a
-new holder of the connection resumes; anything else is nothing to act on.
+new holder of the connection resumes, INTERACTION_CREATE (a tap on a question's button)
+into a buttons.Tap; anything else is nothing to act on.
 
 A message's chat is its Discord channel: a DM channel, a guild text channel, or a thread
 (a thread is a channel of its own, its id the `channel_id` of the messages in it). Our
@@ -22,6 +23,7 @@ from django.utils import timezone
 from conversations.deletions import Deletion
 from conversations.edits import Edit
 from conversations.ingest import Inbound
+from conversations.platforms.discord.buttons import tap_of
 
 SOURCE = "discord"
 
@@ -51,6 +53,8 @@ def parse(event: str, data: Any, bot_user_id: str) -> object | None:
         return _edit(data, bot_user_id)
     if event == "MESSAGE_DELETE":
         return _deletion(data)
+    if event == "INTERACTION_CREATE":
+        return tap_of(data)
     return None
 
 

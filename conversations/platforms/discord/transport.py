@@ -41,6 +41,7 @@ import httpx
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
+from conversations.platforms.discord.buttons import components
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.retry_after import clamp_retry_after
@@ -90,6 +91,8 @@ class DiscordTransport(Transport):
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         body: dict[str, Any] = {"content": text, "allowed_mentions": {"parse": []}}
+        if target.buttons:
+            body["components"] = components(target.buttons)
         if target.reply_target:
             body["message_reference"] = {"message_id": target.reply_target, "fail_if_not_exists": False}
         answered = await self.call("POST", f"/channels/{target.chat_id}/messages", body)
