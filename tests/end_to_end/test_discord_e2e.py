@@ -4,8 +4,10 @@ DMs, one of them dispatched twice, is one turn and one reply threaded to the las
 message, sent after the 429 before it was waited out; the websocket killed mid-burst is
 RESUMEd from the stored session and sequence number and every message answered once; in
 a guild channel, only the message that mentions the bot is answered, the one before it
-kept as context; a confirmation question's button tapped three times applies the action
-once. (No web server: Discord reaches us through the worker's Gateway alone.)"""
+kept as context; a chat Discord refuses (403) is tried once; a confirmation question's
+button tapped three times applies the action once; a worker killed mid-send: the next
+worker takes the Gateway over by RESUME (the message sent meanwhile answered) and resends
+the reply once, labelled. (No web server: Discord reaches us through the worker's Gateway alone.)"""
 
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import sys
 import pytest
 
 from conversations.models import Channel, InboundMessage, Turn
+from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
 from tests.fakes.discord_api import BOT_USER_ID, DiscordGateway, DiscordRest, message
@@ -21,6 +24,7 @@ pytestmark = pytest.mark.e2e
 
 TOKEN = "discord-e2e-t0ken"
 DM, DM2, GUILD_CHANNEL = "600000000000000001", "600000000000000002", "600000000000000003"
+LOCKED = "600000000000000004"  # a DM the bot may no longer write into (403 Missing Access)
 
 
 def add_channel(processes, rest, agent="echo"):
@@ -58,26 +62,32 @@ def test_bursts_resumes_floods_and_mentions(processes):
         gateway.dispatch("MESSAGE_CREATE", message("802", DM2, "una mesa para dos"))
         wait_until(gateway.connected, timeout=15, message="the Gateway resumed")
         gateway.dispatch("MESSAGE_CREATE", message("803", DM2, "esta noche"))
+        # A chat Discord refuses (403): unreachable at once, never tried again.
+        rest.forbidden.add(LOCKED)
+        gateway.dispatch("MESSAGE_CREATE", message("851", LOCKED, "hola?"))
         # A guild channel: kept as context, then addressed by a mention.
         gateway.dispatch("MESSAGE_CREATE", message("901", GUILD_CHANNEL, "¿alguien sabe?", guild_id="1"))
         gateway.dispatch("MESSAGE_CREATE", message("902", GUILD_CHANNEL, f"<@{BOT_USER_ID}> ¿abren mañana?",
                                                    guild_id="1", mentions=(BOT_USER_ID,)))
 
-        wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).count() >= 3, timeout=40,
-                   message="three replies delivered")
+        wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).count() >= 3
+                   and OutboundMessage.objects.filter(state=OutboundState.UNREACHABLE).exists(), timeout=40,
+                   message="three replies delivered, one unreachable")
         first, second, guild = replies_to(rest, DM), replies_to(rest, DM2), replies_to(rest, GUILD_CHANNEL)
         assert len(first) == len(second) == len(guild) == 1
         assert all(word in first[0]["content"] for word in ("hola", "quiero reservar", "para mañana"))
         assert first[0]["message_reference"]["message_id"] == "703"
-        assert [status for status, _ in rest.refused] == [429]
+        sends_refused = sorted(status for status, body in rest.refused if body is not None)  # (typing has none)
+        assert sends_refused == [403, 429]  # each once: neither sent the same again
+        assert not any(ledger.RECOVERY_PREFIX.strip() in sent["content"] for sent in rest.messages)  # all unlabelled
         assert DM in rest.typing  # "typing…" from the first message of the burst
         assert all(word in second[0]["content"] for word in ("buenas", "una mesa para dos", "esta noche"))
         assert gateway.identifies == 1 and len(gateway.resumes) == 1 and gateway.most_open == 1
         assert "¿abren mañana?" in guild[0]["content"] and guild[0]["message_reference"]["message_id"] == "902"
         assert InboundMessage.objects.filter(platform_message_id="901").exists()  # kept, never answered alone
         assert sorted(InboundMessage.objects.values_list("platform_message_id", flat=True)) == [
-            "701", "702", "703", "801", "802", "803", "901", "902"]
-        assert Turn.objects.count() == 3
+            "701", "702", "703", "801", "802", "803", "851", "901", "902"]
+        assert Turn.objects.count() == 4
 
 
 def test_a_confirmation_tapped_three_times_is_applied_once(processes):
@@ -104,3 +114,21 @@ def test_a_confirmation_tapped_three_times_is_applied_once(processes):
         first = rest.answered[taps[0]["id"]]
         assert first["type"] == 7 and first["data"]["components"] == []  # the question updated, its buttons gone
         assert "✅" in question["content"] and question["components"] == []
+
+
+def test_a_worker_killed_mid_send_resends_once_labelled_and_the_next_one_resumes_the_gateway(processes):
+    with DiscordGateway(TOKEN, heartbeat_ms=2000) as gateway, DiscordRest(TOKEN, gateway.url) as rest:
+        add_channel(processes, rest)
+        doomed = processes.worker(AGENTLOOP_FAILPOINT="ledger.after_send")
+        wait_until(lambda: gateway.connected() and Channel.objects.get(slug="disc1").poll_session, timeout=30,
+                   message="the Gateway identified and the session stored")
+        gateway.dispatch("MESSAGE_CREATE", message("1101", DM, "¿me confirmas la hora?"))
+        wait_until(lambda: doomed.popen.poll() is not None, timeout=30, message="the worker killed after the send")
+        gateway.dispatch("MESSAGE_CREATE", message("1102", DM2, "otra cosa"))  # while no one holds the Gateway
+        processes.worker()  # takes the lease of a holder gone from this host at once, and RESUMEs
+        wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).count() == 2, timeout=30,
+                   message="the killed send resent, and the message sent meanwhile answered")
+        assert [sent["content"] for sent in replies_to(rest, DM)] == [
+            "¿me confirmas la hora?", f"{ledger.RECOVERY_PREFIX}¿me confirmas la hora?"]
+        assert [sent["content"] for sent in replies_to(rest, DM2)] == ["otra cosa"]
+        assert gateway.identifies == 1 and [seq for _, seq in gateway.resumes] == [2]  # READY, 1101

@@ -87,8 +87,10 @@ class DiscordRest(FakeServer):
                 return 404, {"message": "404: Not Found", "code": 0}, {}
             channel = found.group(1)
             if channel in self.unknown:
+                self.refused.append((404, body))
                 return 404, {"message": "Unknown Channel", "code": 10003}, {}
             if channel in self.forbidden:
+                self.refused.append((403, body))
                 return 403, {"message": "Missing Access", "code": 50001}, {}
             if TYPING.match(path):
                 self.typing.append(channel)
