@@ -307,7 +307,7 @@ def test_discord_py_reads_the_fakes_answers_as_discords(servers, monkeypatch):
             await client.close()
 
     sent, errors = asyncio.run(go())
-    assert sent["id"] == rest.messages[0]["id"] and [status for status, _ in rest.refused] == [429]
+    assert sent["id"] == rest.messages[0]["id"] and [status for status, _ in rest.refused] == [429, 404, 403]
     assert errors == [(discord.NotFound, 10003), (discord.Forbidden, 50001)]
 
 
