@@ -133,6 +133,10 @@ class Channel(models.Model):
     # One poller per channel across all workers (Telegram answers 409 to concurrent getUpdates).
     poll_owner = models.CharField(_("poll owner"), max_length=100, blank=True)
     poll_lease_until = models.DateTimeField(_("poll lease until"), null=True, blank=True)
+    # A held connection's resume state beyond its cursor (Discord's session id and resume
+    # URL, the bot's user id), written by the connection's holder: a new holder, on any
+    # host, resumes the session rather than starting one that misses what came meanwhile.
+    poll_session = models.JSONField(_("poll session"), default=dict, blank=True)
 
     # Debounce: the adaptive window (seconds), by what the last message looks like.
     window_closed = models.FloatField(_("window closed"), default=1.2, validators=[MinValueValidator(0.0)],

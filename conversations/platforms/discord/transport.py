@@ -1,0 +1,195 @@
+"""Sending to Discord: its REST API, `Authorization: Bot <token>`, one overall deadline
+per call (Transport.exchange). A reply is `POST /channels/{id}/messages` with
+`message_reference` to the user's message (threaded; `fail_if_not_exists: false`, so a
+deleted original does not lose the reply); "typing…" is `POST /channels/{id}/typing`
+(it shows for 10 s, or until our message).
+
+The rate limits, as Discord documents them: every answer names its bucket
+(`X-RateLimit-Bucket`) and what is left in it (`X-RateLimit-Remaining`,
+`X-RateLimit-Reset-After`); a bucket left empty is waited out before the next send into
+it (a flood, nothing sent: the ledger resends plain after the wait). A 429 carries
+`retry_after` (seconds) in its JSON and `global: true` when the bot's global limit (50
+requests a second) was hit rather than the route's: a flood either way, the whole bot
+paused for that long (the ledger's pause is per bot). The pacing budget (delivery.pacing)
+keeps the sends below both across processes, so 429s stay the exception.
+
+| answer | outcome |
+|---|---|
+| 2xx | delivered (the message id kept) |
+| 429 (`retry_after`, `global`) | flood after `retry_after` |
+| 401 (the token refused) | channel blocked: replies wait for a new token, no attempt spent |
+| 403 (Missing Access, 50001/50013), 404 (Unknown Channel 10003) | permanent: the chat cannot be reached |
+| other 4xx (a body refused: 50035) | permanent, the chat not marked |
+| 5xx, 408 | temporary |
+| no answer after the request went out | ambiguous |
+| the request never went out | not sent |
+
+Why httpx and not discord.py's HTTPClient: its `request` retries 5xx answers and 429s
+itself (sleeping inside the send), so a reply Discord may have posted before a 502 is
+posted again unlabelled — behind the ledger, whose outcomes decide every resend — and its
+address is the process-wide `Route.BASE`, not a channel's setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from agentloop.core.caches import BoundedCache
+from agentloop.core.tls import shared_tls_context
+from conversations.platforms.discord.buttons import components
+from delivery.models import Outcome
+from delivery.pacing import Pace
+from delivery.retry_after import clamp_retry_after
+from delivery.transports import SendResult, Target, Transport
+
+DEADLINE = 10.0  # one call, as a whole
+MAX_UNITS = 2000  # a message's content (characters; UTF-16 units never undercount them)
+UNREACHABLE_STATUSES = (403, 404)  # Missing Access / Missing Permissions, Unknown Channel
+
+# One HTTP client per event loop, shared by every Discord channel of the process (the
+# token travels per request). Bounded: the worker has one loop, each safety sweep one.
+_clients: BoundedCache[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = BoundedCache(maxsize=16)
+# Buckets Discord said are empty, by (token's channel, bucket, chat): until when (monotonic).
+_empty: BoundedCache[tuple[int, str], float] = BoundedCache(maxsize=10_000, max_age=600)
+_routes: BoundedCache[tuple[int, str], str] = BoundedCache(maxsize=10_000, max_age=3600)  # route key → bucket
+
+
+def client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    held = _clients.get(id(loop))
+    if held is None or held[0] is not loop:  # (the loop is kept: its id cannot be reused while cached)
+        held = _clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
+    return held[1]
+
+
+async def close_clients() -> None:
+    held = _clients.pop(id(asyncio.get_running_loop()))
+    if held is not None:
+        await held[1].aclose()
+
+
+class DiscordAnswer(Exception):
+    """A typing call refused (raised: the typing loop logs it once per fault)."""
+
+    def __init__(self, result: SendResult) -> None:
+        super().__init__(result.error)
+        self.retry_after = result.retry_after if result.outcome == Outcome.FLOOD else None
+
+
+class DiscordTransport(Transport):
+    supports_typing = True
+    typing_refresh = 8.0  # Discord shows it for 10 s: refreshed before it lapses
+    max_units = MAX_UNITS
+
+    def base(self) -> str:
+        return str(self.channel.setting("api_base")).rstrip("/")
+
+    async def send_text(self, target: Target, text: str) -> SendResult:
+        body: dict[str, Any] = {"content": text, "allowed_mentions": {"parse": []}}
+        if target.buttons:
+            body["components"] = components(target.buttons)
+        if target.reply_target:
+            body["message_reference"] = {"message_id": target.reply_target, "fail_if_not_exists": False}
+        answered = await self.call("POST", f"/channels/{target.chat_id}/messages", body)
+        if isinstance(answered, SendResult):
+            return answered
+        message_id = answered.get("id") if isinstance(answered, dict) else None
+        if not message_id:
+            return self.failed(Outcome.AMBIGUOUS, "Discord answered 2xx without a message id: it may have been sent")
+        return SendResult.delivered(str(message_id))
+
+    async def send_typing(self, target: Target) -> None:
+        answered = await self.call("POST", f"/channels/{target.chat_id}/typing", None)
+        if isinstance(answered, SendResult):
+            raise DiscordAnswer(answered)
+
+    async def call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """One REST call: its JSON answer (None for 204), or the failed SendResult."""
+        if not self.channel.setting("bot_token"):
+            return self.failed(Outcome.CHANNEL_BLOCKED, "the channel has no bot_token")
+        route = f"{method} {path}"
+        waiting = self.bucket_wait(route)
+        if waiting > 0:
+            return self.failed(Outcome.FLOOD, f"the rate-limit bucket of {route} is empty for {waiting:.2f} s "
+                                              "(not sent)", waiting)
+        url = self.base() + path
+        headers = {"Authorization": f"Bot {self.channel.setting('bot_token')}"}
+        exchanged = await self.exchange(
+            lambda extensions: client().request(method, url, json=body, headers=headers, timeout=DEADLINE,
+                                                extensions=extensions),
+            urlsplit(url).netloc, DEADLINE)
+        if isinstance(exchanged, SendResult):
+            return exchanged
+        self.note_bucket(route, exchanged)
+        answer = _json(exchanged)
+        if exchanged.status_code < 300:
+            return answer
+        return self.outcome(exchanged.status_code, answer, exchanged.headers)
+
+    def outcome(self, status: int, answer: Any, headers: httpx.Headers) -> SendResult:
+        """A refusal's outcome (the module's table)."""
+        answer = answer if isinstance(answer, dict) else {}
+        said = f"HTTP {status}" + (f", code {answer['code']}" if answer.get("code") is not None else "") + \
+            (f": {answer.get('message')}" if answer.get("message") else "")
+        if status == 429:
+            wait = clamp_retry_after(answer.get("retry_after") or headers.get("retry-after"))
+            scope = "global" if answer.get("global") or headers.get("x-ratelimit-global") else \
+                str(headers.get("x-ratelimit-scope") or "route")
+            return self.failed(Outcome.FLOOD, f"rate limited ({scope}), retried in {wait:g} s: {said}", wait)
+        if status == 401:
+            return self.failed(Outcome.CHANNEL_BLOCKED, f"the bot token was refused (replace it): {said}")
+        if status in UNREACHABLE_STATUSES:
+            return self.failed(Outcome.PERMANENT, f"the channel cannot be reached: {said}")
+        if status >= 500 or status == 408:
+            return self.failed(Outcome.TEMPORARY, said)
+        return self.failed(Outcome.PERMANENT, f"rejected: {said}", chat_unreachable=False)
+
+    # --- the buckets (X-RateLimit-*) ------------------------------------------------------
+    def bucket_wait(self, route: str) -> float:
+        bucket = _routes.get((self.channel.pk, _route_key(route)))
+        until = _empty.get((self.channel.pk, f"{bucket}:{_major(route)}")) if bucket else None
+        return max(0.0, until - time.monotonic()) if until else 0.0
+
+    def note_bucket(self, route: str, response: httpx.Response) -> None:
+        bucket = response.headers.get("x-ratelimit-bucket")
+        if not bucket:
+            return
+        _routes.set((self.channel.pk, _route_key(route)), bucket)
+        if response.headers.get("x-ratelimit-remaining") == "0" and response.status_code != 429:
+            try:
+                reset_after = float(response.headers.get("x-ratelimit-reset-after") or 0)
+            except ValueError:
+                return
+            _empty.set((self.channel.pk, f"{bucket}:{_major(route)}"), time.monotonic() + min(reset_after, 60.0))
+
+    def pace(self, chat_id: str) -> Pace | None:
+        """The bot's sends across every worker, and the channel's chat interval."""
+        return self.paced(f"discord:{self.channel.pk}", str(chat_id), float(self.channel.setting("chat_interval") or 0))
+
+
+def _route_key(route: str) -> str:
+    """A route without its major parameter: `POST /channels/{}/messages`."""
+    method, path = route.split(" ", 1)
+    parts = path.split("/")
+    return f"{method} " + "/".join("{}" if index == 2 and parts[1] == "channels" else part
+                                   for index, part in enumerate(parts))
+
+
+def _major(route: str) -> str:
+    """The route's major parameter (a bucket is per channel id)."""
+    parts = route.split(" ", 1)[1].split("/")
+    return parts[2] if len(parts) > 2 and parts[1] == "channels" else ""
+
+
+def _json(response: httpx.Response) -> Any:
+    if response.status_code == 204 or not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
