@@ -109,6 +109,7 @@ PLATFORMS = {
     "telegram": "conversations.platforms.telegram.TelegramPlatform",
     "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
     "slack": "conversations.platforms.slack.SlackPlatform",
+    "google_chat": "conversations.platforms.google_chat.GoogleChatPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every
