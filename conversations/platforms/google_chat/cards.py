@@ -45,8 +45,7 @@ def question_card(buttons: tuple[tuple[str, str], ...]) -> dict[str, Any]:
 
 def clicked(channel: Channel, event: dict[str, Any]) -> dict[str, Any]:
     """A CARD_CLICKED event decided: the synchronous answer Chat shows."""
-    user = event.get("user") if isinstance(event.get("user"), dict) else {}
-    space = event.get("space") if isinstance(event.get("space"), dict) else {}
+    user, space = events.as_dict(event.get("user")), events.as_dict(event.get("space"))
     data = events.clicked_data(event)
     if not data or not space.get("name"):
         return {}

@@ -30,7 +30,7 @@ class Ignored:
     why: str  # one word ("empty", "incomplete", …)
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
@@ -41,8 +41,8 @@ def is_dm(space: dict[str, Any]) -> bool:
 def inbound_from(event: dict[str, Any]) -> Inbound | Ignored:
     """A MESSAGE event's (or an ADDED_TO_SPACE's carrying the mention that added the
     app) message, or why it is not one."""
-    space, message = _dict(event.get("space")), _dict(event.get("message"))
-    sender = _dict(message.get("sender")) or _dict(event.get("user"))
+    space, message = as_dict(event.get("space")), as_dict(event.get("message"))
+    sender = as_dict(message.get("sender")) or as_dict(event.get("user"))
     name, space_name, user = (str(value or "") for value in (message.get("name"), space.get("name"), sender.get("name")))
     if not name or not space_name or not user:
         return Ignored("incomplete")
@@ -52,7 +52,7 @@ def inbound_from(event: dict[str, Any]) -> Inbound | Ignored:
                else message.get("text") or "").strip()
     if not text:
         return Ignored("empty")
-    thread = str(_dict(message.get("thread")).get("name") or "")
+    thread = str(as_dict(message.get("thread")).get("name") or "")
     return Inbound(
         platform_message_id=name,
         chat_id=space_name,
@@ -75,8 +75,8 @@ def addressed(message: dict[str, Any]) -> bool:
     if message.get("slashCommand"):
         return True
     for annotation in message.get("annotations") or []:
-        mention = _dict(_dict(annotation).get("userMention"))
-        if _dict(annotation).get("type") == "USER_MENTION" and _dict(mention.get("user")).get("type") == "BOT":
+        mention = as_dict(as_dict(annotation).get("userMention"))
+        if as_dict(annotation).get("type") == "USER_MENTION" and as_dict(mention.get("user")).get("type") == "BOT":
             return True
     return False
 
@@ -84,12 +84,12 @@ def addressed(message: dict[str, Any]) -> bool:
 def clicked_data(event: dict[str, Any]) -> str:
     """A CARD_CLICKED event's `data` parameter (the button's), "" when it has none: in
     `common.parameters` (a map) or `action.parameters` (a list of key/value pairs)."""
-    found = _dict(_dict(event.get("common")).get("parameters")).get("data")
+    found = as_dict(as_dict(event.get("common")).get("parameters")).get("data")
     if found:
         return str(found)
-    for parameter in _dict(event.get("action")).get("parameters") or []:
-        if _dict(parameter).get("key") == "data":
-            return str(_dict(parameter).get("value") or "")
+    for parameter in as_dict(event.get("action")).get("parameters") or []:
+        if as_dict(parameter).get("key") == "data":
+            return str(as_dict(parameter).get("value") or "")
     return ""
 
 

@@ -95,7 +95,8 @@ def credentials_for(channel: Any) -> service_account.Credentials:
         if channel.setting("token_uri"):
             info = {**info, "token_uri": channel.setting("token_uri")}
         try:
-            held = service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
+            held = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]  # google-auth
+                info, scopes=SCOPES)
         except (ValueError, KeyError) as exc:
             raise TokenRefused(f"the service account key cannot be used: {type(exc).__name__}") from None
         _credentials.set(cache_key, held)
@@ -114,7 +115,7 @@ def access_token(channel: Any) -> str:
     if credentials.valid:
         return str(credentials.token)
     try:
-        credentials.refresh(_Exchange(TOKEN_DEADLINE))
+        credentials.refresh(_Exchange(TOKEN_DEADLINE))  # type: ignore[no-untyped-call]  # google-auth: untyped
     except google_exceptions.RefreshError as exc:
         if getattr(exc, "retryable", False):
             raise TokenUnavailable(f"the token URI failed: {str(exc)[:200]}") from None
@@ -190,7 +191,7 @@ class GoogleChatTransport(Transport):
     def outcome(self, response: httpx.Response) -> SendResult:
         """The HTTP answer's outcome (see the module's table)."""
         try:
-            answer = response.json()
+            answer: Any = response.json()
         except ValueError:
             answer = None
         status = response.status_code
@@ -199,7 +200,7 @@ class GoogleChatTransport(Transport):
             if name:
                 return SendResult.delivered(str(name))
             return self.failed(Outcome.AMBIGUOUS, f"HTTP {status} without a message name: it may have been sent")
-        error = answer.get("error") if isinstance(answer, dict) and isinstance(answer.get("error"), dict) else {}
+        error: dict[str, Any] = answer["error"] if isinstance(answer, dict) and isinstance(answer.get("error"), dict) else {}
         said = f"HTTP {status}" + (f" {error.get('status')}" if error.get("status") else "") + \
             (f": {error.get('message')}" if error.get("message") else "")
         if status == 429 or error.get("status") == "RESOURCE_EXHAUSTED":
@@ -229,7 +230,7 @@ def retry_after(value: str | None) -> float:
     return wait if wait > 0 else FLOOD_BACKOFF
 
 
-class _Response(transport.Response):  # type: ignore[misc]
+class _Response(transport.Response):
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
 
@@ -246,7 +247,7 @@ class _Response(transport.Response):  # type: ignore[misc]
         return self._response.content
 
 
-class _Exchange(transport.Request):  # type: ignore[misc]
+class _Exchange(transport.Request):
     """google-auth's HTTP request (the token's), through httpx under a deadline."""
 
     def __init__(self, limit: float) -> None:
@@ -258,7 +259,7 @@ class _Exchange(transport.Request):  # type: ignore[misc]
             with httpx.Client(timeout=self.limit, verify=shared_tls_context()) as client:
                 return _Response(client.request(method, url, content=body, headers=headers))
         except httpx.HTTPError as exc:
-            raise google_exceptions.TransportError(f"{type(exc).__name__}") from None
+            raise google_exceptions.TransportError(type(exc).__name__) from None  # type: ignore[no-untyped-call]
 
 
 # One HTTP client per event loop (an httpx client must not cross loops), shared by every
