@@ -32,15 +32,7 @@ if TYPE_CHECKING:  # for annotations only
 
 log = logging.getLogger(__name__)
 
-FUNCTION = "confirm"
 UPDATE_DEADLINE = 5.0
-
-
-def question_card(buttons: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """A cards v2 card holding the question's buttons (label, data)."""
-    return {"cardId": "confirmation", "card": {"sections": [{"widgets": [{"buttonList": {"buttons": [
-        {"text": label, "onClick": {"action": {"function": FUNCTION, "parameters": [{"key": "data", "value": data}]}}}
-        for label, data in buttons]}}]}]}}
 
 
 def clicked(channel: Channel, event: dict[str, Any]) -> dict[str, Any]:

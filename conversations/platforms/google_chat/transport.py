@@ -52,6 +52,7 @@ SCOPES = ["https://www.googleapis.com/auth/chat.bot"]
 FLOOD_BACKOFF = 5.0
 TOKEN_DEADLINE = 10.0
 REPLY_OPTION = "REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD"
+FUNCTION = "confirm"  # a question's buttons' action
 
 
 def deadline() -> float:
@@ -151,8 +152,6 @@ class GoogleChatTransport(Transport):
         for number, piece in enumerate(pieces):
             body: dict[str, Any] = {"text": piece}
             if target.buttons and number == len(pieces) - 1:
-                from conversations.platforms.google_chat.cards import question_card
-
                 body["cardsV2"] = [question_card(target.buttons)]
             last = await self.create(target, body)
             if not last.ok:
@@ -220,6 +219,14 @@ class GoogleChatTransport(Transport):
         """The service account's writes (the project's quota), and one space's."""
         return self.paced(f"google_chat:{client_email(self.channel)}", str(chat_id),
                           float(self.channel.setting("chat_interval") or 0))
+
+
+def question_card(buttons: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A cards v2 card holding a question's buttons (label, data): each button's action
+    `confirm` with the data as its `data` parameter (cards.py takes the tap)."""
+    return {"cardId": "confirmation", "card": {"sections": [{"widgets": [{"buttonList": {"buttons": [
+        {"text": label, "onClick": {"action": {"function": FUNCTION, "parameters": [{"key": "data", "value": data}]}}}
+        for label, data in buttons]}}]}]}}
 
 
 def retry_after(value: str | None) -> float:
