@@ -134,3 +134,23 @@ def test_a_card_tapped_three_times_applies_once(processes, make_channel, fake_ch
     assert Proposal.objects.get().state == ProposalState.APPLIED
     unsigned = httpx.post(endpoint(web), json=tap, timeout=10)
     assert unsigned.status_code == 401
+
+
+def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel, fake_chat):
+    from audit.models import AuditEvent, EventKind
+    from delivery import ledger
+
+    google_chat_channel(make_channel, fake_chat, **QUICK)
+    web = processes.web(wait=False)
+    doomed = processes.worker(wait=False, AGENTLOOP_FAILPOINT="ledger.after_send")
+    event = chat.message_event("¿Me confirmas la hora?", space=ROOM, mention=True)
+    deliver(web, fake_chat, event)
+    wait_until(lambda: doomed.popen.poll() is not None, timeout=30, message="the worker killed after the send")
+    processes.worker()  # its boot sweep finds the row mid-send
+    wait_until(delivered(1), timeout=20, message="the row delivered after the restart")
+    said = "Camila: ¿Me confirmas la hora?"
+    assert fake_chat.texts() == [said, f"{ledger.RECOVERY_PREFIX}{said}"]
+    assert all(c.body["thread"] == event["message"]["thread"] for c in fake_chat.calls("create"))
+    row = OutboundMessage.objects.get()
+    assert row.attempts == 2 and row.needs_marker
+    assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1

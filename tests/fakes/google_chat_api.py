@@ -187,7 +187,9 @@ class FakeGoogleChat(FakeServer):
             return list(self._state.refused)
 
     def texts(self) -> list[str]:
-        return [str(c.body.get("text", "")) for c in self.calls("create")]
+        """The texts of the messages created (not those refused), in order."""
+        with self._cond:
+            return [str(m["text"]) for m in self._state.messages.values()]
 
     def message(self, name: str) -> dict[str, Any]:
         with self._cond:
