@@ -9,10 +9,10 @@ google-auth and the Chat API's clients expect them:
   as google-auth sends it, expiry): {"access_token", "expires_in", "token_type"}; a revoked key is answered 400
   invalid_grant;
 - the Chat API: POST /v1/spaces/<s>/messages (spaces.messages.create; `thread.name` and
-  messageReplyOption) and PATCH /v1/spaces/<s>/messages/<m>?updateMask=… (patch), each
-  checking the bearer (401 UNAUTHENTICATED), and keeping Chat's documented write quotas:
-  1 message a second into one space and `per_minute` (60) a minute for the project, 429
-  RESOURCE_EXHAUSTED past either.
+  messageReplyOption), PATCH /v1/spaces/<s>/messages/<m>?updateMask=… (patch) and DELETE
+  (delete), each checking the bearer (401 UNAUTHENTICATED), and keeping Chat's documented
+  write quotas: 1 write a second into one space and `per_minute` (60) a minute for the
+  project, 429 RESOURCE_EXHAUSTED past either.
 
 And Google Chat's side of the endpoint: events (`message_event`, `card_clicked`) and the
 bearer token Chat signs them with (`chat_token`), POSTed by `post`.
@@ -77,6 +77,7 @@ class _State:
     refused: list[Call] = field(default_factory=list)  # answered 429 by the quota or a rule
     rules: list[_Rule] = field(default_factory=list)
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> the message
+    deleted: list[str] = field(default_factory=list)  # message names deleted
     tokens: set[str] = field(default_factory=set)  # access tokens issued and valid
     revoked: set[str] = field(default_factory=set)  # service account emails
     last_in_space: dict[str, float] = field(default_factory=dict)
@@ -191,6 +192,10 @@ class FakeGoogleChat(FakeServer):
         with self._cond:
             return [str(m["text"]) for m in self._state.messages.values()]
 
+    def deleted(self) -> list[str]:
+        with self._cond:
+            return list(self._state.deleted)
+
     def message(self, name: str) -> dict[str, Any]:
         with self._cond:
             return dict(self._state.messages[name])
@@ -240,7 +245,8 @@ class FakeGoogleChat(FakeServer):
             body = json.loads(raw or b"{}")
         except ValueError:
             return 400, _error(400, "INVALID_ARGUMENT", "Invalid JSON payload received."), {}
-        method = "create" if verb == "POST" and name.endswith("/messages") else "patch" if verb == "PATCH" else ""
+        method = "create" if verb == "POST" and name.endswith("/messages") else \
+            {"PATCH": "patch", "DELETE": "delete"}.get(verb, "") if "/messages/" in name else ""
         if not method:
             return 404, _error(404, "NOT_FOUND", "Method not found."), {}
         call = Call(method, token, name, query, body, time.monotonic())
@@ -258,30 +264,41 @@ class FakeGoogleChat(FakeServer):
                     self._state.refused.append(call)
                 wait = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else {}
                 return rule.status, _error(rule.status, _STATUS.get(rule.status, "UNKNOWN"), "scripted"), wait
-            if method == "create":
-                return self._create(call, name.rsplit("/messages", 1)[0])
+            space = name.rsplit("/messages", 1)[0]
             self._state.calls.append(call)
             self._cond.notify_all()
+            if self._over_quota(call, space):
+                return 429, _error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Write requests'"), {}
+            if method == "create":
+                return self._create(call, space)
             message = self._state.messages.get(name)
             if message is None:
                 return 404, _error(404, "NOT_FOUND", "Message not found."), {}
+            if method == "delete":
+                self._state.deleted.append(self._state.messages.pop(name)["name"])
+                return 200, {}, {}
             for path in (query.get("updateMask") or "").split(","):
                 if path in ("text", "cardsV2"):
                     message[path] = body.get(path, "" if path == "text" else [])
             return 200, message, {}
 
-    def _create(self, call: Call, space: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """Under the lock: the quotas, then the message."""
+    def _over_quota(self, call: Call, space: str) -> bool:
+        """Under the lock: a write past the space's second or the project's minute (each
+        write counts: creates, edits, deletions)."""
         state, now = self._state, call.at
-        state.calls.append(call)
-        self._cond.notify_all()
         while state.minute and now - state.minute[0] >= 60:
             state.minute.popleft()
         too_soon = now - state.last_in_space.get(space, -self.space_interval) < self.space_interval * 0.9
         if too_soon or len(state.minute) >= self.per_minute:
             state.refused.append(call)
-            return 429, _error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Write requests'"), {}
-        state.last_in_space[space], _ = now, state.minute.append(now)
+            return True
+        state.last_in_space[space] = now
+        state.minute.append(now)
+        return False
+
+    def _create(self, call: Call, space: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """Under the lock, within the quotas: the message."""
+        state = self._state
         number = next(self._names)
         thread = call.body.get("thread") if isinstance(call.body.get("thread"), dict) else None
         thread_name = str(thread["name"]) if thread and thread.get("name") else f"{space}/threads/t{number}"
@@ -323,6 +340,9 @@ class _Handler(TrackedHandler):
 
     def do_PATCH(self) -> None:
         self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
 
 
 # --- Google Chat's side of the app's endpoint ------------------------------------------------------

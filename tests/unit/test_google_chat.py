@@ -274,9 +274,44 @@ def test_unreachable_endpoints_are_not_sent(make_channel, fake_chat):
     assert result.outcome == Outcome.NOT_SENT and fake_chat.calls("token")
 
 
-def test_a_preview_edit_patches_the_text(gc, fake_chat):
-    sent = send(gc, "borrador")
-    edited = run(GoogleChatTransport(gc).edit_text(Target(ROOM), sent.platform_message_id, "final"))
-    assert edited.ok and fake_chat.message(sent.platform_message_id)["text"] == "final"
-    [patch] = fake_chat.calls("patch")
-    assert patch.query == {"updateMask": "text"}
+def test_a_preview_is_one_message_edited_then_the_final_edit_keeps_the_card(gc, fake_chat):
+    fake_chat.space_interval = 0.0  # (the quota counts edits too: its own test above)
+    thread = f"{ROOM}/threads/t7"
+    target = Target(ROOM, thread_id=thread)
+
+    async def stream():
+        transport = GoogleChatTransport(gc)
+        preview = transport.preview_for(target, turn_id=1)
+        shown = [await preview.show(text) for text in ("Hola ▍", "Hola, sí ▍")]
+        final = await transport.edit_text(Target(ROOM, thread_id=thread, buttons=(("Sí", "c:tok:y"),)),
+                                          shown[0].message_id, "Hola, sí hay hora.")
+        return preview, shown, final
+
+    preview, shown, final = run(stream())
+    assert preview.is_message and all(s.shown for s in shown) and shown[0].message_id == shown[1].message_id
+    assert final.ok and final.platform_message_id == shown[0].message_id
+    create, *patches = fake_chat.calls("create") + fake_chat.calls("patch")
+    assert create.body == {"text": "Hola ▍", "thread": {"name": thread}}
+    assert [p.query["updateMask"] for p in patches] == ["text", "text,cardsV2"]
+    message = fake_chat.message(shown[0].message_id)
+    assert message["text"] == "Hola, sí hay hora." and message["cardsV2"][0]["cardId"] == "confirmation"
+
+
+def test_a_discarded_preview_is_deleted_and_deleting_it_again_is_done(gc, fake_chat):
+    fake_chat.space_interval = 0.0
+
+    async def stream():
+        transport = GoogleChatTransport(gc)
+        preview = transport.preview_for(Target(DM_SPACE), turn_id=2)
+        shown = await preview.show("Un momento ▍")
+        await preview.discard()
+        return shown, await transport.delete_message(Target(DM_SPACE), shown.message_id)
+
+    shown, again = run(stream())
+    assert fake_chat.deleted() == [shown.message_id] and again.ok
+
+
+def test_a_429_on_a_preview_says_flood(gc, fake_chat):
+    fake_chat.fail_next("create", status=429)
+    result = run(GoogleChatTransport(gc).preview_for(Target(ROOM), turn_id=3).show("Hola ▍"))
+    assert (result.shown, result.flood, result.stop) == (False, True, False)

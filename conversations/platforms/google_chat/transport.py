@@ -20,7 +20,11 @@ Outcomes, from the HTTP status (Google's error `status` agrees):
 | no connection, no token (the token URI unreachable) | not sent: resent unlabelled |
 | no answer after the request went out | ambiguous |
 
-Chat has no typing indicator (the API offers none to apps).
+Chat has no typing indicator (the API offers none to apps). A streamed reply shows as one
+preview message in the chat, edited as it grows (spaces.messages.patch, updateMask=text)
+and edited into the final by the ledger (delivery.ledger.sending.send_over_preview); a
+stale preview is deleted (spaces.messages.delete). Each edit is a write Chat counts
+against the space's quota: previews go at most every PREVIEW_INTERVAL seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -41,6 +46,7 @@ from agentloop.core.tls import shared_tls_context
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
+from delivery.previews import Preview, PreviewResult
 from delivery.transports import SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a message's text
@@ -53,6 +59,7 @@ FLOOD_BACKOFF = 5.0
 TOKEN_DEADLINE = 10.0
 REPLY_OPTION = "REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD"
 FUNCTION = "confirm"  # a question's buttons' action
+PREVIEW_INTERVAL = 1.5  # seconds between two preview writes: Chat takes 1 write a second into a space
 
 
 def deadline() -> float:
@@ -167,12 +174,31 @@ class GoogleChatTransport(Transport):
         return await self.call("POST", self.endpoint(target.chat_id), body, params)
 
     async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
-        """spaces.messages.patch (updateMask=text): a message of ours, its text replaced."""
-        base = str(self.channel.setting("api_base")).rstrip("/")
-        return await self.call("PATCH", f"{base}/{message_id}", {"text": text[:MAX_UNITS]},
-                               {"updateMask": "text"})
+        """spaces.messages.patch (updateMask=text): a message of ours, its text replaced
+        (a question's card put under it: the final of a preview may be one)."""
+        body: dict[str, Any] = {"text": text[:MAX_UNITS]}
+        mask = "text"
+        if target.buttons:
+            body["cardsV2"], mask = [question_card(target.buttons)], "text,cardsV2"
+        result = await self.call("PATCH", self.message_url(message_id), body, {"updateMask": mask})
+        return SendResult.delivered(message_id) if result.ok else result
 
-    async def call(self, method: str, url: str, body: dict[str, Any], params: dict[str, str]) -> SendResult:
+    async def delete_message(self, target: Target, message_id: str) -> SendResult:
+        """spaces.messages.delete: delivered once it is gone (also when it was already)."""
+        result = await self.call("DELETE", self.message_url(message_id), None, {})
+        if result.outcome == Outcome.PERMANENT and "404" in result.error:
+            return SendResult.delivered(message_id)
+        return result
+
+    def message_url(self, name: str) -> str:
+        return f"{str(self.channel.setting('api_base')).rstrip('/')}/{name}"
+
+    def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
+        """One preview message, edited as the reply grows (`message_id`: one an earlier
+        run of the turn left in the chat, reused)."""
+        return MessagePreview(self, target, message_id)
+
+    async def call(self, method: str, url: str, body: dict[str, Any] | None, params: dict[str, str]) -> SendResult:
         token = await self.token()
         if isinstance(token, SendResult):
             return token
@@ -196,8 +222,8 @@ class GoogleChatTransport(Transport):
         status = response.status_code
         if 200 <= status < 300:
             name = answer.get("name") if isinstance(answer, dict) else None
-            if name:
-                return SendResult.delivered(str(name))
+            if name or response.request.method == "DELETE":
+                return SendResult.delivered(str(name or ""))
             return self.failed(Outcome.AMBIGUOUS, f"HTTP {status} without a message name: it may have been sent")
         error: dict[str, Any] = answer["error"] if isinstance(answer, dict) and isinstance(answer.get("error"), dict) else {}
         said = f"HTTP {status}" + (f" {error.get('status')}" if error.get("status") else "") + \
@@ -219,6 +245,32 @@ class GoogleChatTransport(Transport):
         """The service account's writes (the project's quota), and one space's."""
         return self.paced(f"google_chat:{client_email(self.channel)}", str(chat_id),
                           float(self.channel.setting("chat_interval") or 0))
+
+
+class MessagePreview(Preview):
+    """A streamed reply's preview: one message (into the user's thread), then edits."""
+
+    is_message = True
+    interval = PREVIEW_INTERVAL
+
+    def __init__(self, transport: GoogleChatTransport, target: Target, message_id: str = "") -> None:
+        self.transport, self.target, self.message_id = transport, target, message_id
+
+    async def show(self, text: str) -> PreviewResult:
+        if self.message_id:
+            result = await self.transport.edit_text(replace(self.target, buttons=()), self.message_id, text)
+        else:
+            result = await self.transport.create(self.target, {"text": text[:MAX_UNITS]})
+            self.message_id = result.platform_message_id if result.ok else ""
+        if result.ok:
+            return PreviewResult(True, message_id=self.message_id)
+        # A first send that may have landed unseen: another would be a second preview.
+        return PreviewResult(False, flood=result.outcome == Outcome.FLOOD,
+                             stop=not self.message_id and result.outcome == Outcome.AMBIGUOUS)
+
+    async def discard(self) -> None:
+        if self.message_id:
+            await self.transport.delete_message(self.target, self.message_id)
 
 
 def question_card(buttons: tuple[tuple[str, str], ...]) -> dict[str, Any]:
