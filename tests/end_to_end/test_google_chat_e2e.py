@@ -154,3 +154,24 @@ def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel,
     row = OutboundMessage.objects.get()
     assert row.attempts == 2 and row.needs_marker
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1
+
+
+def test_a_streamed_reply_is_one_preview_message_edited_into_the_final(processes, make_channel, fake_chat):
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    long = "Claro: " + " ".join(f"palabra{i}" for i in range(11)) + " fin."
+    with FakeOpenAI() as fake_openai:
+        fake_openai.script(Reply(long, pace=0.25))  # 13 pieces: 3 s of writing
+        google_chat_channel(make_channel, fake_chat, agent="openai", agent_config={
+            "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"}, **QUICK)
+        web, _ = processes.web(wait=False), processes.worker(FAKE_OPENAI_API_KEY="sk-test-agentloop")
+        deliver(web, fake_chat, chat.message_event("Explícame algo."))
+        row = wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).first(), timeout=25,
+                         message="the final delivered")
+    [preview] = fake_chat.calls("create")  # the one message: the preview
+    edits = [c for c in fake_chat.calls("patch") if c.path == row.platform_message_id]
+    assert preview.body["text"].endswith("▍") and edits and edits[-1].body == {"text": long}
+    assert fake_chat.message(row.platform_message_id)["text"] == long and fake_chat.texts() == [long]
+    writes = [preview, *edits[:-1]]
+    assert all(b.at - a.at >= 1.3 for a, b in zip(writes, writes[1:]))  # the space's quota kept
+    assert Turn.objects.get().preview_message_id == row.platform_message_id

@@ -233,7 +233,7 @@ def test_a_long_text_is_split_and_buttons_ride_on_the_last_piece(gc, fake_chat):
 
 
 @pytest.mark.parametrize(("status", "retry_after", "outcome", "wait"), [
-    (429, 3, Outcome.FLOOD, 3.0), (429, None, Outcome.FLOOD, 5.0), (500, None, Outcome.TEMPORARY, 0.0),
+    (429, 3, Outcome.FLOOD, 3.0), (429, None, Outcome.FLOOD, 2.0), (500, None, Outcome.TEMPORARY, 0.0),
     (503, None, Outcome.TEMPORARY, 0.0), (403, None, Outcome.PERMANENT, 0.0), (404, None, Outcome.PERMANENT, 0.0),
     (400, None, Outcome.PERMANENT, 0.0), (401, None, Outcome.CHANNEL_BLOCKED, 0.0)])
 def test_each_chat_api_error_maps_to_its_outcome(gc, fake_chat, status, retry_after, outcome, wait):

@@ -51,11 +51,12 @@ from delivery.transports import SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a message's text
 SCOPES = ["https://www.googleapis.com/auth/chat.bot"]
-# Google's documented answer to RESOURCE_EXHAUSTED is a truncated exponential backoff
-# starting at about a second; its quotas are per second (a space) and per minute (the
-# project). Without a Retry-After, a few seconds clear the per-space one; a resend that
-# meets the per-minute one again is told so again.
-FLOOD_BACKOFF = 5.0
+# Google's documented answer to RESOURCE_EXHAUSTED is a truncated exponential backoff whose
+# first wait is 1 s plus up to 1 s of jitter: what a 429 without Retry-After waits. That
+# clears the per-space quota (1 write a second, which a preview's edit also spends); a
+# resend that meets the per-minute one again is refused again and waits again (a flood
+# wait spends no attempt).
+FLOOD_BACKOFF = 2.0
 TOKEN_DEADLINE = 10.0
 REPLY_OPTION = "REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD"
 FUNCTION = "confirm"  # a question's buttons' action
