@@ -7,6 +7,7 @@ write quota. End to end (the real web server and worker): test_google_chat_e2e.p
 
 import asyncio
 import json
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -315,3 +316,27 @@ def test_a_429_on_a_preview_says_flood(gc, fake_chat):
     fake_chat.fail_next("create", status=429)
     result = run(GoogleChatTransport(gc).preview_for(Target(ROOM), turn_id=3).show("Hola ▍"))
     assert (result.shown, result.flood, result.stop) == (False, True, False)
+
+
+def test_a_question_that_expired_loses_its_card_through_the_api(gc, fake_chat, make_conversation):
+    from django.utils import timezone
+
+    from delivery.models import OutboundMessage, OutboundState
+    from tools.models import ActionClaim, ClaimState, Confirmation, Proposal, ProposalState
+    from tools.questions import withdraw_question
+
+    sent = send(gc, "¿Agendo el lunes?", chat_id=DM_SPACE, buttons=(("Sí", "c:tok:y"),))
+    talk = make_conversation(gc, chat.USER)
+    question = OutboundMessage.objects.create(conversation=talk, channel=gc, chat_id=DM_SPACE, text="¿Agendo el lunes?",
+                                              state=OutboundState.DELIVERED, platform_message_id=sent.platform_message_id)
+    past = timezone.now() - timedelta(minutes=1)
+    claim = ActionClaim.objects.create(scope="contact:1", action="calendar_create_event", fingerprint="f1",
+                                       state=ClaimState.RELEASED, live=False, expires_at=past, lease_until=past)
+    proposal = Proposal.objects.create(claim=claim, state=ProposalState.EXPIRED, expires_at=past)
+    Confirmation.objects.create(proposal=proposal, conversation=talk, question=question, text="¿Agendo el lunes?")
+    fake_chat.space_interval = 0.0
+    withdraw_question(proposal.pk)
+    [patch] = fake_chat.calls("patch")
+    assert patch.query == {"updateMask": "text,cardsV2"} and patch.body["cardsV2"] == []
+    message = fake_chat.message(sent.platform_message_id)
+    assert message["cardsV2"] == [] and message["text"].startswith("¿Agendo el lunes?") and message["text"] != "¿Agendo el lunes?"
