@@ -77,8 +77,12 @@ class TokenUnavailable(Exception):
 
 
 def key_of(channel: Any) -> dict[str, Any]:
+    """The channel's service account key, {} when it has none or it cannot be read."""
     raw = channel.setting("service_account_key")
-    found = json.loads(raw) if isinstance(raw, str) and raw else raw
+    try:
+        found = json.loads(raw) if isinstance(raw, str) and raw else raw
+    except ValueError:
+        return {}
     return found if isinstance(found, dict) else {}
 
 
@@ -151,8 +155,8 @@ class GoogleChatTransport(Transport):
             return self.failed(Outcome.NOT_SENT, str(exc) or f"no access token within {TOKEN_DEADLINE:g} s")
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        if not key_of(self.channel):
-            return self.failed(Outcome.TEMPORARY, "refused: the channel has no service account key")
+        if not key_of(self.channel):  # (an empty one never gets here: Channel.send_blocked)
+            return self.failed(Outcome.CHANNEL_BLOCKED, "the channel's service account key cannot be read")
         last: SendResult = SendResult.delivered("")
         # The ledger sends a long reply chunk by chunk (delivery.chunks); this split only
         # guards a text that reaches the transport whole. Buttons go under the last chunk.
