@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agentloop.core.redaction import channel_secrets, redact
-from agentloop.core.tls import shared_tls_context
 from conversations.platforms.google_chat import events
-from conversations.platforms.google_chat.transport import TokenRefused, TokenUnavailable, access_token
+from conversations.platforms.google_chat.transport import TokenRefused, TokenUnavailable, access_token, bounded
 from tools.confirmations import tap
 
 if TYPE_CHECKING:  # for annotations only
@@ -59,12 +58,12 @@ def question_decided(channel: Channel, confirmation: Confirmation, outcome: str)
         return
     base = str(channel.setting("api_base")).rstrip("/")
     try:
-        token = access_token(channel)
-        with httpx.Client(timeout=UPDATE_DEADLINE, verify=shared_tls_context()) as client:
-            response = client.patch(f"{base}/{question.platform_message_id}", params={"updateMask": "text,cardsV2"},
-                                    json={"text": outcome, "cardsV2": []}, headers={"Authorization": f"Bearer {token}"})
-        if response.status_code >= 300:
-            log.warning("channel %s: updating a question failed: HTTP %s", channel.slug, response.status_code)
-    except (TokenRefused, TokenUnavailable, httpx.HTTPError) as exc:
+        token = access_token(channel, UPDATE_DEADLINE)
+        answer = bounded("PATCH", f"{base}/{question.platform_message_id}", UPDATE_DEADLINE,
+                         params={"updateMask": "text,cardsV2"}, json={"text": outcome, "cardsV2": []},
+                         headers={"Authorization": f"Bearer {token}"})
+        if answer.status >= 300:
+            log.warning("channel %s: updating a question failed: HTTP %s", channel.slug, answer.status)
+    except (TokenRefused, TokenUnavailable, httpx.HTTPError, TimeoutError) as exc:
         log.warning("channel %s: updating a question failed: %s", channel.slug,
                     redact(str(exc), channel_secrets(channel))[:200])

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -121,14 +122,15 @@ def forget_token(channel: Any) -> None:
     _credentials.pop(_credentials_key(channel))
 
 
-def access_token(channel: Any) -> str:
+def access_token(channel: Any, limit: float = TOKEN_DEADLINE) -> str:
     """A valid access token for the channel's service account (blocking: the token URI
-    is asked when the one held is near its expiry). Raises TokenRefused or TokenUnavailable."""
+    is asked, within `limit` seconds in all, when the one held is near its expiry).
+    Raises TokenRefused or TokenUnavailable."""
     credentials = credentials_for(channel)
     if credentials.valid:
         return str(credentials.token)
     try:
-        credentials.refresh(_Exchange(TOKEN_DEADLINE))  # type: ignore[no-untyped-call]  # google-auth: untyped
+        credentials.refresh(_Exchange(limit))  # type: ignore[no-untyped-call]  # google-auth: untyped
     except google_exceptions.RefreshError as exc:
         if getattr(exc, "retryable", False):
             raise TokenUnavailable(f"the token URI failed: {str(exc)[:200]}") from None
@@ -294,36 +296,59 @@ def retry_after(value: str | None) -> float:
     return wait if wait > 0 else FLOOD_BACKOFF
 
 
-class _Response(transport.Response):
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
+class _Exchange(transport.Request):
+    """google-auth's HTTP requests for one token (its own retries included), through httpx,
+    all within one deadline."""
+
+    def __init__(self, limit: float) -> None:
+        self.ends = time.monotonic() + limit
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None, headers: Any = None,
+                 timeout: Any = None, **kwargs: Any) -> _Answer:
+        left = self.ends - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError("the token's deadline passed")
+            return bounded(method, url, left, content=body, headers=headers)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise google_exceptions.TransportError(type(exc).__name__) from None  # type: ignore[no-untyped-call]
+
+
+class _Answer(transport.Response):
+    """A whole HTTP answer, read by `bounded`."""
+
+    def __init__(self, status: int, headers: dict[str, str], data: bytes) -> None:
+        self._status, self._headers, self._data = status, headers, data
 
     @property
     def status(self) -> int:
-        return self._response.status_code
+        return self._status
 
     @property
     def headers(self) -> dict[str, str]:
-        return dict(self._response.headers)
+        return self._headers
 
     @property
     def data(self) -> bytes:
-        return self._response.content
+        return self._data
 
 
-class _Exchange(transport.Request):
-    """google-auth's HTTP request (the token's), through httpx under a deadline."""
+MAX_ANSWER_BYTES = 1024 * 1024
 
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
 
-    def __call__(self, url: str, method: str = "GET", body: Any = None, headers: Any = None,
-                 timeout: Any = None, **kwargs: Any) -> _Response:
-        try:
-            with httpx.Client(timeout=self.limit, verify=shared_tls_context()) as client:
-                return _Response(client.request(method, url, content=body, headers=headers))
-        except httpx.HTTPError as exc:
-            raise google_exceptions.TransportError(type(exc).__name__) from None  # type: ignore[no-untyped-call]
+def bounded(method: str, url: str, limit: float, **request: Any) -> _Answer:
+    """One blocking HTTP exchange (the token's, a question's update from outside the
+    worker's loop) read within `limit` seconds in all, at most MAX_ANSWER_BYTES of it.
+    Raises httpx.HTTPError, or TimeoutError past the deadline."""
+    ends = time.monotonic() + limit
+    data = b""
+    with httpx.Client(timeout=limit, verify=shared_tls_context()) as client, \
+            client.stream(method, url, **request) as response:
+        for piece in response.iter_bytes():
+            data += piece
+            if time.monotonic() > ends or len(data) > MAX_ANSWER_BYTES:
+                raise TimeoutError(f"{url.split('/')[2]} gave no whole answer within {limit:g} s")
+        return _Answer(response.status_code, dict(response.headers), data)
 
 
 # One HTTP client per event loop (an httpx client must not cross loops), shared by every
