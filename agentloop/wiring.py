@@ -110,6 +110,7 @@ PLATFORMS = {
     "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
     "slack": "conversations.platforms.slack.SlackPlatform",
     "discord": "conversations.platforms.discord.DiscordPlatform",
+    "google_chat": "conversations.platforms.google_chat.GoogleChatPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every

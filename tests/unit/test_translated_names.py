@@ -19,8 +19,9 @@ from tests.unit.test_catalogs import APPS
 TRANSLATED = ("es", "pt")
 # Written as English writes them in Spanish and Brazilian Portuguese alike (case aside).
 # Platforms are names (Telegram, Slack…), and each language is named in its own (Español).
-SAME_IN_EVERY_LANGUAGE = {"id", "url", "token", "sha-256", "pid", "uid", "emoji", "api", "telegram", "whatsapp",
-                          "slack", *(name.lower() for _code, name in settings.LANGUAGES)}
+SAME_IN_EVERY_LANGUAGE = {"id", "url", "token", "sha-256", "pid", "uid", "emoji", "api",
+                          *(platform.label.lower() for platform in platforms.all_platforms()),
+                          *(name.lower() for _code, name in settings.LANGUAGES)}
 # Brazilian Portuguese's own word for it is the English one.
 SAME_IN = {"pt": {"buffer"}}
 
