@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import httpx
 
 from agentloop.core import plugins
+from agentloop.core.caches import BoundedCache
 from agentloop.core.redaction import channel_secrets, redact
+from agentloop.core.tls import shared_tls_context
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.previews import Preview
@@ -192,6 +194,32 @@ class Transport(abc.ABC):
             if not progress.sent:
                 return self.failed(Outcome.NOT_SENT, f"{type(exc).__name__} before the request went out to {host}")
             return self.failed(Outcome.AMBIGUOUS, f"{type(exc).__name__}: {host} gave no answer within {deadline:g} s")
+
+
+class LoopClients:
+    """One httpx client per event loop (a client must not cross loops), shared by every
+    channel of a platform in the process: its connections to the platform's API stay
+    alive between replies (no TLS handshake per message); the token travels per request.
+    Bounded: the worker has one loop, each safety sweep one of its own, closed at its end
+    (`close`, from the platform's close_clients)."""
+
+    def __init__(self) -> None:
+        # The loop is kept beside its client: its id cannot be reused while it is cached.
+        self._clients: BoundedCache[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = \
+            BoundedCache(maxsize=16)
+
+    def get(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        held = self._clients.get(id(loop))
+        if held is None or held[0] is not loop:
+            held = self._clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
+        return held[1]
+
+    async def close(self) -> None:
+        """Close the running loop's client (the worker's shutdown, a safety sweep's end)."""
+        held = self._clients.pop(id(asyncio.get_running_loop()))
+        if held is not None:
+            await held[1].aclose()
 
 
 class Progress:

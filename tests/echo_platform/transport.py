@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 from urllib.parse import urlsplit
 
 import httpx
 
 from delivery.models import Outcome
 from delivery.pacing import Pace
-from delivery.transports import SendResult, Target, Transport, outcome_for_http_status
+from delivery.transports import LoopClients, SendResult, Target, Transport, outcome_for_http_status
 
 DEADLINE = 10.0  # one send, as a whole
-_clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (bounded: the worker's loop, a sweep's)
+_clients = LoopClients()  # one httpx client per event loop
 
 
 def _client() -> httpx.AsyncClient:
-    loop = id(asyncio.get_running_loop())
-    if loop not in _clients:
-        _clients.clear()  # a loop gone: its client goes with it (close_clients closes the live one)
-        _clients[loop] = httpx.AsyncClient(timeout=DEADLINE)
-    return _clients[loop]
+    return _clients.get()
 
 
 async def close_clients() -> None:
-    for client in list(_clients.values()):
-        await client.aclose()
-    _clients.clear()
+    await _clients.close()
 
 
 class EchoTransport(Transport):

@@ -32,7 +32,6 @@ address is the process-wide `Route.BASE`, not a channel's setting.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,37 +39,28 @@ from urllib.parse import urlsplit
 import httpx
 
 from agentloop.core.caches import BoundedCache
-from agentloop.core.tls import shared_tls_context
 from conversations.platforms.discord.buttons import components
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.retry_after import clamp_retry_after
-from delivery.transports import SendResult, Target, Transport
+from delivery.transports import LoopClients, SendResult, Target, Transport
 
 DEADLINE = 10.0  # one call, as a whole
 MAX_UNITS = 2000  # a message's content (characters; UTF-16 units never undercount them)
 UNREACHABLE_STATUSES = (403, 404)  # Missing Access / Missing Permissions, Unknown Channel
 
-# One HTTP client per event loop, shared by every Discord channel of the process (the
-# token travels per request). Bounded: the worker has one loop, each safety sweep one.
-_clients: BoundedCache[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = BoundedCache(maxsize=16)
+_clients = LoopClients()  # one httpx client per event loop (delivery.transports)
 # Buckets Discord said are empty, by (token's channel, bucket, chat): until when (monotonic).
 _empty: BoundedCache[tuple[int, str], float] = BoundedCache(maxsize=10_000, max_age=600)
 _routes: BoundedCache[tuple[int, str], str] = BoundedCache(maxsize=10_000, max_age=3600)  # route key → bucket
 
 
 def client() -> httpx.AsyncClient:
-    loop = asyncio.get_running_loop()
-    held = _clients.get(id(loop))
-    if held is None or held[0] is not loop:  # (the loop is kept: its id cannot be reused while cached)
-        held = _clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
-    return held[1]
+    return _clients.get()
 
 
 async def close_clients() -> None:
-    held = _clients.pop(id(asyncio.get_running_loop()))
-    if held is not None:
-        await held[1].aclose()
+    await _clients.close()
 
 
 class DiscordAnswer(Exception):

@@ -48,7 +48,7 @@ from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.previews import Preview, PreviewResult
-from delivery.transports import SendResult, Target, Transport
+from delivery.transports import LoopClients, SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a message's text
 SCOPES = ["https://www.googleapis.com/auth/chat.bot"]
@@ -351,21 +351,12 @@ def bounded(method: str, url: str, limit: float, **request: Any) -> _Answer:
         return _Answer(response.status_code, dict(response.headers), data)
 
 
-# One HTTP client per event loop (an httpx client must not cross loops), shared by every
-# Google Chat channel of the process; the token travels per request.
-_clients: BoundedCache[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = BoundedCache(maxsize=16)
+_clients = LoopClients()  # one httpx client per event loop (delivery.transports)
 
 
 def chat_client() -> httpx.AsyncClient:
-    loop = asyncio.get_running_loop()
-    held = _clients.get(id(loop))
-    if held is None or held[0] is not loop:  # (the loop is kept: its id cannot be reused while cached)
-        held = _clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
-    return held[1]
+    return _clients.get()
 
 
 async def close_clients() -> None:
-    """Close this event loop's client (the worker's shutdown, a safety sweep's end)."""
-    held = _clients.pop(id(asyncio.get_running_loop()))
-    if held is not None:
-        await held[1].aclose()
+    await _clients.close()

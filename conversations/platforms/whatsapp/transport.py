@@ -23,12 +23,10 @@ import asyncio
 import httpx
 from django.conf import settings
 
-from agentloop.core.caches import BoundedCache
-from agentloop.core.tls import shared_tls_context
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
-from delivery.transports import SendResult, Target, Transport
+from delivery.transports import LoopClients, SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never undercount them)
 # WhatsApp's throughput errors carry no Retry-After. Its pair limit (131056) lets a
@@ -256,26 +254,15 @@ class WhatsAppTransport(Transport):
             raise GraphAnswer(result.error, result.retry_after if result.outcome == Outcome.FLOOD else None)
 
 
-# One HTTP client per event loop (an httpx client must not cross loops), shared by every
-# WhatsApp channel of the process: its connections to the Graph API are kept alive
-# between replies (no TLS handshake per message). The token travels per request.
-# Bounded: the worker has one loop; each safety sweep one of its own, closed at its end.
-_clients = BoundedCache(maxsize=16)
+_clients = LoopClients()  # one httpx client per event loop (delivery.transports)
 
 
 def graph_client() -> httpx.AsyncClient:
-    loop = asyncio.get_running_loop()
-    held = _clients.get(id(loop))
-    if held is None or held[0] is not loop:  # (the loop is kept: its id cannot be reused while cached)
-        held = _clients.set(id(loop), (loop, httpx.AsyncClient(verify=shared_tls_context())))
-    return held[1]
+    return _clients.get()
 
 
-async def close_clients():
-    """Close this event loop's client (the worker's shutdown, a safety sweep's end)."""
-    held = _clients.pop(id(asyncio.get_running_loop()))
-    if held is not None:
-        await held[1].aclose()
+async def close_clients() -> None:
+    await _clients.close()
 
 
 def _wamid(answer) -> str:
