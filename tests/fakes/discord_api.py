@@ -11,7 +11,8 @@ bytes; over `upload_limit`, 25 MiB as Discord's default, 413 Request entity too 
 DELETE /channels/{id}/messages/{id}/reactions/{emoji}/@me (the bot's reaction).
 The CDN: `attachment(data, filename, content_type)` gives a MESSAGE_CREATE's attachment
 object whose signed `url` (ex, is, hm) this server serves without a token, as Discord's
-CDN does (a wrong signature 404); each download recorded. `Authorization: Bot <token>`
+CDN does (a wrong signature 404; `download_delay` holds each answer); each download
+recorded. `Authorization: Bot <token>`
 or 401; an unknown channel 404 (code 10003), a forbidden one 403 (Missing Access, 50001),
 content over 2,000 characters 400 (50035). The rate limits as Discord sends them: every
 answer names its bucket (X-RateLimit-Bucket, -Limit, -Remaining, -Reset, -Reset-After;
@@ -84,6 +85,7 @@ class DiscordRest(FakeServer):
         self.upload_limit = UPLOAD_LIMIT
         self.files: dict[str, tuple[bytes, str, str]] = {}  # attachment id → (bytes, content type, signature)
         self.downloads: list[str] = []  # attachment ids served
+        self.download_delay = 0.0  # seconds the CDN waits before it answers
         self._edit_buckets: dict[str, list[float]] = {}  # channel id → edit times in the window
         self._ids = itertools.count(1)
         self._buckets: dict[str, list[float]] = {}  # channel id → send times in the window
@@ -269,6 +271,7 @@ class _Handler(TrackedHandler):
         raw = self.rfile.read(length) if length else b""
         path, _, query = self.path.partition("?")
         if method == "GET" and path.startswith("/attachments/"):
+            time.sleep(self.server.download_delay)
             self._send(*self.server.download(path, parse_qs(query)))
             return
         try:

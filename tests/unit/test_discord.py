@@ -415,6 +415,12 @@ def test_an_attachment_is_admitted_once_then_fetched_from_the_cdn_without_the_to
     with pytest.raises(FileUnavailable) as nothing:
         asyncio.run(platform("discord").fetch_media(channel, "not a url", 1000))
     assert nothing.value.permanent
+    # A CDN that does not answer in time: worth another try, within the deadline.
+    settings.AGENTLOOP_MEDIA_FETCH_DEADLINE, rest.download_delay = 0.3, 1.0
+    started = time.monotonic()
+    with pytest.raises(FileUnavailable) as late:
+        asyncio.run(platform("discord").fetch_media(channel, photo["url"], 1000))
+    assert not late.value.permanent and "0.3 s" in str(late.value) and time.monotonic() - started < 0.9
 
 
 def _stored(channel, data, name, content_type):
@@ -539,6 +545,18 @@ def test_edits_past_the_channels_edit_bucket_are_a_flood_and_a_gone_message_is_n
     assert rest.edits_refused == 0  # the fifth answer's Remaining: 0 was kept: the sixth never left
     gone = _transport_call(channel, "edit_text", Target(GUILD_CHANNEL), "1234", "x")  # (another bucket)
     assert (gone.outcome, gone.chat_unreachable) == (Outcome.PERMANENT, False) and "10008" in gone.error
+    # A preview meeting the empty bucket says flood: its previews stop, the final pays nothing.
+    from conversations.platforms.discord.transport import MessagePreview
+
+    async def show():
+        try:
+            return await MessagePreview(platform("discord").transport(channel), Target(DM),
+                                        sent.platform_message_id).show("v6 ▍")
+        finally:
+            await platform("discord").close_clients()
+
+    shown = asyncio.run(show())
+    assert shown.flood and not shown.shown and len(rest.edits) == 5
 
 
 def test_a_long_preview_shows_its_first_message_still_unfinished(servers, channel):
