@@ -144,7 +144,7 @@ def test_a_photo_in_a_streamed_reply_edited_into_one_message_a_file_out_and_stat
               "AGENTLOOP_MEDIA_ROOT": tmp_path / "files"}
     with DiscordGateway(TOKEN, heartbeat_ms=2000) as gateway, DiscordRest(TOKEN, gateway.url) as rest:
         add_channel(processes, rest)
-        Channel.objects.filter(slug="disc1").update(agent="echofile", agent_config={"stream_pace": 0.25},
+        Channel.objects.filter(slug="disc1").update(agent="echofile", agent_config={"stream_pace": 0.15},
                                                     status_reaction="seen_done")
         processes.worker(**agents)
         wait_until(lambda: gateway.connected() and Channel.objects.get(slug="disc1").poll_session, timeout=30,
