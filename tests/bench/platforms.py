@@ -327,7 +327,7 @@ def connection_intake(kit, row, burst=DISCORD_BURST):
 
 
 def paced_drains(kit, rows):
-    """{platform: (rows owed, delivered, per second, seconds, 429s)}: every platform's drain at once,
+    """{platform: (rows owed, delivered, per second, seconds, 429s, labelled)}: every platform's drain at once,
     one worker, each into one chat of its own channel at the platform's default pacing."""
     from django.utils import timezone
 
@@ -367,7 +367,8 @@ def paced_drains(kit, rows):
         else:  # what went from its first send until the bench stopped waiting
             seconds = (ended - stamps[0]).total_seconds() if stamps else DRAIN_WAIT
             rate = len(stamps) / seconds
-        drains[row.name] = (n, len(stamps), rate, seconds, row.floods() - floods_before)
+        labelled = delivered.filter(channel=found, needs_marker=True).count()
+        drains[row.name] = (n, len(stamps), rate, seconds, row.floods() - floods_before, labelled)
     return drains
 
 
@@ -389,12 +390,13 @@ def report(kit, rows, intake, drains):
                          f"Telegram {ref_in:.0f}/s: ratio {rate / ref_in:.2f}")
     for row in rows if drains else ():
         ref_share = drains[ref][2] / rows[0].ceiling
-        n, sent, per_second, seconds, floods = drains[row.name]
+        n, sent, per_second, seconds, floods, labelled = drains[row.name]
         share = per_second / row.ceiling
         what = (f"{n} replies in {seconds:.1f} s" if sent == n else
                 f"{sent} of {n} replies delivered in {seconds:.1f} s, the rest still owed when the bench stopped waiting")
         kit.report(NAME, f"{row.name:<11} paced drain into one chat: {what} = {per_second:.2f}/s vs its ceiling "
-                         f"{row.ceiling:g}/s ({row.ceiling_says}): {share:.2f} of it, {floods} 429s; Telegram "
+                         f"{row.ceiling:g}/s ({row.ceiling_says}): {share:.2f} of it, {floods} 429s, {labelled} labelled; "
+                         f"Telegram "
                          f"{ref_share:.2f} of its ceiling: ratio {share / ref_share:.2f}")
         if row is not rows[0]:
             targets.record(NAME, database, f"{row.name} paced drain into one chat, as a share of its ceiling, "
