@@ -20,8 +20,8 @@ each beside Telegram's figure of the same run.
    ceiling), written to the ledger as pending rows, drained by one worker through the
    platform's transport against its fake keeping the documented limits: Telegram's 1
    message a second into a chat (tests/fakes/telegram_api.Limits), Slack's about one a
-   second into a channel, Discord's bucket of 5 per 5 s per channel, Google Chat's 1
-   write a second per space (60 a minute per project), and for WhatsApp, which paces no
+   second into a channel, Discord's bucket of 5 per 5 s per channel, Google Chat's 60
+   writes a minute into a space (kept as one a second), and for WhatsApp, which paces no
    chat (its pair limit allows bursts and is met as a flood), the number's throughput of
    80 a second. Figure: rows delivered per second (the ledger's `delivered_at`, first to
    last) against that ceiling, the 429s the fake answered, beside Telegram's ratio.
@@ -212,7 +212,7 @@ class Discord(Row):
 
 class GoogleChat(Row):
     name, kind, slug, loadgen_kind = "Google Chat", "google_chat", "b-gc", "google_chat"
-    ceiling, ceiling_says = 1.0, "1 write/s per space, 60/min per project"
+    ceiling, ceiling_says = 1.0, "60 writes/min a space, kept as 1/s"
     drain_chat = "spaces/DMBENCHDRAIN"
 
     def start(self, stack):
