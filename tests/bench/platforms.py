@@ -31,15 +31,18 @@ its fakes, its channel settings, how its inbound arrives (`loadgen_kind` and its
 in tests/bench/loadgen.bodies, or `push` for a connection) and its ceiling into one chat.
 """
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 
 WARMUP = 200
 WINDOW_SECONDS = 4.0
 ROUNDS = 2
-DISCORD_BURST = 1500
+CONNECTION_BURST = 1500
 DRAIN_SECONDS = 15.0
 # How long the drains get once the worker is up: a platform whose sends are still owed then
 # (WhatsApp's transport waits 60 s after a throughput error) is reported with what it
@@ -288,10 +291,7 @@ def webhook_intake(kit, rows):
 
 
 def run(kit, base, row, *how, offset):
-    import json
-    import subprocess
-    import sys
-
+    """One loadgen process against `row`'s webhook; its JSON figures."""
     args = [sys.executable, "-m", "tests.bench.loadgen", "--url", f"{base}/webhooks/{row.kind}/{row.slug}/",
             "--kind", row.loadgen_kind, "--offset", str(offset), "--concurrency", "16", *how]
     if row.secret():
@@ -302,7 +302,7 @@ def run(kit, base, row, *how, offset):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def connection_intake(kit, row, burst=DISCORD_BURST):
+def connection_intake(kit, row, burst=CONNECTION_BURST):
     """(messages admitted/s in the burst's steady part, [its figures]) for a connection platform."""
     from conversations.models import InboundMessage
 
