@@ -2,7 +2,7 @@
 # `make bench`: every benchmark on SQLite (or DATABASE_URL), then the guard overhead on
 # PostgreSQL too (a throwaway cluster when DATABASE_URL is not given), since the guard
 # issue asks for both (and the MCP guard's, issue 27; the retention sweep's, issue 26: 1 million
-# rows on each; the grown database's, issue 30). Arguments pick benchmarks: scripts/bench.sh guard mcp retention
+# rows on each; the grown database's, issue 30; the platforms', issue 54). Arguments pick benchmarks: scripts/bench.sh guard mcp retention
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -19,7 +19,7 @@ export BENCH_TARGETS_KEEP=1
 $PY -c 'from tests.bench import targets; targets.reset()'
 $PY -m tests.bench "${names[@]}"
 pg_names=()
-for name in guard mcp retention grown; do
+for name in guard mcp retention grown platforms; do
   if [ ${#names[@]} -eq 0 ] || [[ " ${names[*]} " == *" $name "* ]]; then pg_names+=("$name"); fi
 done
 if [ -z "${DATABASE_URL:-}" ] && [ ${#pg_names[@]} -gt 0 ]; then

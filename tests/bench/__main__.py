@@ -3,7 +3,7 @@ same run. Real processes (the web server, the worker loop), a real database (SQL
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]]
+        [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]] [platforms]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
@@ -12,6 +12,8 @@ when named, 2 minutes in the full run.
 The paced drain (tests/bench/paced.py) sends against a Bot API keeping Telegram's limits.
 Streamed replies (tests/bench/streaming.py): first model token -> first preview, Bot API calls per answer.
 Slack (tests/bench/slack.py): signed Events API requests acknowledged per second, p99.
+Platforms (tests/bench/platforms.py): per platform, accepted inbound messages/s and the paced drain
+into one chat against its fake's limits, each beside Telegram's.
 Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
 Grown (tests/bench/grown.py): ingest, flush, the story page, the admin and the dashboard on a database
 pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one; `grown-pages`: its pages alone.
@@ -667,10 +669,16 @@ def slack():
     bench_slack(report, web_server, worker, stop, UNPACED)
 
 
+def platforms():
+    from tests.bench.platforms import bench_platforms
+
+    bench_platforms(sys.modules[__name__])
+
+
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
-              "retention": retention, "grown": grown, "sustained": sustained(None)}
+              "retention": retention, "grown": grown, "sustained": sustained(None), "platforms": platforms}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 SUSTAINED_SECONDS_IN_FULL_RUN = 120  # per database; 10 minutes when named
 

@@ -1,7 +1,10 @@
 """A cheap HTTP/1.1 load generator (raw asyncio streams, keep-alive), run as its own
 process so the client never competes with the server for the GIL.
 
-    python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --kind telegram --n 3000
+    python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --n 3000
+    python -m tests.bench.loadgen --url …/webhooks/slack/sl/ --kind slack --secret S --seconds 4
+        # another platform's webhook payloads, each signed as that platform signs them
+        # (--kind telegram, whatsapp, slack, google_chat: bodies(); its bearer as a --header)
     python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
     python -m tests.bench.loadgen --url … --seconds 600 --rate 300 --returning-after 9000
         # paced (open loop): message i is due at began + i / rate; odd messages numbered
@@ -50,9 +53,49 @@ def telegram_body(i, conversations, photo=False, chat_number=None):
     return json.dumps({"update_id": 10_000_000 + i, "message": message}).encode()
 
 
+def bodies(kind, secret, conversations, photo=False):
+    """Message i of `kind` as that platform POSTs it: a function of i giving the body, or
+    (its own header lines, the body) when the platform signs each request. The chat is
+    1,000,000 + i % conversations, as telegram_body's. The other platforms' shapes come
+    from their fakes (tests/fakes/), imported only when asked for."""
+    if kind == "telegram":
+        return lambda i: telegram_body(i, conversations, photo)
+    if kind == "whatsapp":
+        from tests.fakes import graph_api
+        from tests.support.whatsapp import PHONE
+
+        def whatsapp(i):
+            wa_id = str(5_491_100_000_000 + i % conversations)
+            message = graph_api.text_message(wa_id, f"mensaje {i} y", wamid=f"wamid.BENCH{i:012d}")
+            raw = json.dumps(graph_api.webhook_body(PHONE, messages=[message])).encode()
+            return f"X-Hub-Signature-256: {graph_api.signature(secret, raw)}\r\n", raw
+        return whatsapp
+    if kind == "slack":
+        from tests.fakes import slack_api
+
+        def slack(i):
+            chat = f"D{1_000_000 + i % conversations:09d}"
+            event = slack_api.message_event(f"U{1_000_000 + i % conversations:09d}", f"mensaje {i} y", channel=chat,
+                                            ts=f"{int(time.time())}.{i % 1_000_000:06d}")
+            raw = json.dumps(slack_api.envelope(event, event_id=f"Ev{i:012d}")).encode()
+            return "".join(f"{k}: {v}\r\n" for k, v in slack_api.sign(secret, raw).items()), raw
+        return slack
+    if kind == "google_chat":
+        from tests.fakes import google_chat_api
+
+        def google_chat(i):  # a DM space per chat; the bearer is a --header (one token serves an hour)
+            space = f"spaces/DMBENCH{1_000_000 + i % conversations}"
+            event = google_chat_api.message_event(f"mensaje {i} y", space=space, name=f"{space}/messages/b{i}",
+                                                  user=f"users/{1_000_000 + i % conversations}")
+            event["space"] = {"name": space, "type": "DM", "spaceType": "DIRECT_MESSAGE", "singleUserBotDm": True}
+            return json.dumps(event).encode()
+        return google_chat
+    raise SystemExit(f"unknown --kind {kind}")
+
+
 async def client(host, port, path, headers, bodies, statuses, latencies, paced=None):
-    """One keep-alive connection POSTing `bodies` (any iterable) one after the other; how
-    many it sent. `paced`: {"due": [monotonic time per body], "records": list} to send each
+    """One keep-alive connection POSTing `bodies` (any iterable: each bytes, or its own
+    header lines and the bytes) one after the other; how many it sent. `paced`: {"due": [monotonic time per body], "records": list} to send each
     body no earlier than its time and note (due, lag, latency, status) for each."""
     reader, writer = await asyncio.open_connection(host, port)
     sent = 0
@@ -60,8 +103,9 @@ async def client(host, port, path, headers, bodies, statuses, latencies, paced=N
         if paced is not None:
             await asyncio.sleep(max(0.0, paced["due"][k] - time.monotonic()))
             lag = time.monotonic() - paced["due"][k]
+        own, body = body if isinstance(body, tuple) else ("", body)
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{headers}\r\n").encode()
+                f"Content-Length: {len(body)}\r\n{headers}{own}\r\n").encode()
         began = time.perf_counter()
         writer.write(head + body)
         await writer.drain()
@@ -91,11 +135,11 @@ def percentile_ms(seconds, p):
     return None if value is None else value * 1000
 
 
-def timed_bodies(args, c, until):
+def timed_bodies(args, c, until, body):
     """Client c's bodies until the clock says `until`: messages offset + c, + c + concurrency, …"""
     k = 0
     while time.monotonic() < until:
-        yield telegram_body(args.offset + c + k * args.concurrency, args.conversations, args.photo)
+        yield body(args.offset + c + k * args.concurrency)
         k += 1
 
 
@@ -134,10 +178,12 @@ async def main(args):
                                  args.offset + chat_index(i, args.returning_after))
                    for i in numbers[c]) for c in range(args.concurrency)]
     elif args.seconds:
-        slices = [timed_bodies(args, c, began + args.seconds) for c in range(args.concurrency)]
+        body = bodies(args.kind, args.secret, args.conversations, args.photo)
+        slices = [timed_bodies(args, c, began + args.seconds, body) for c in range(args.concurrency)]
     else:
-        bodies = [telegram_body(args.offset + i, args.conversations, args.photo) for i in range(args.n)]
-        slices = [bodies[c::args.concurrency] for c in range(args.concurrency)]
+        body = bodies(args.kind, args.secret, args.conversations, args.photo)
+        made = [body(args.offset + i) for i in range(args.n)]
+        slices = [made[c::args.concurrency] for c in range(args.concurrency)]
     per_client = await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies,
                                                paced[c]) for c, s in enumerate(slices)))
     seconds, sent = time.perf_counter() - started, sum(statuses.values())
@@ -174,4 +220,7 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--photo", action="store_true", help="photo messages with a caption, not text")
+    parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat"),
+                        help="whose webhook payloads (bodies()); paced runs are Telegram's")
+    parser.add_argument("--secret", default="", help="the key each request is signed with (whatsapp, slack)")
     asyncio.run(main(parser.parse_args()))

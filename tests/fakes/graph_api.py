@@ -27,6 +27,9 @@ notifications it delivers itself (`FakeGraphAPI.deliver`) or from `user_wrote`; 
 it never heard from is taken to have written just now (tests that post notifications
 another way keep working), unless `strict_window=True`.
 
+With `per_second`, it keeps the Cloud API's throughput limit (80 messages a second per
+business number by default): a message past it is answered 130429 (`floods` counts them).
+
 Calls are recorded by what they are ("message", "typing", "read"); tests script the next
 answers of one of them (`fail_next(code=…)`), hold them (the request is in, no answer
 comes until released: a send that never answers), delay them, or drop the connection.
@@ -202,9 +205,13 @@ class FakeGraphAPI(FakeServer):
     WINDOW = 24 * 3600.0  # seconds: the customer-service window
 
     def __init__(self, port: int = 0, *, host: str = "127.0.0.1", tokens=(), phone_number_ids=(),
-                 strict_window: bool = False):
+                 strict_window: bool = False, per_second: int = 0):
         super().__init__((host, port), _Handler)
         self._state = _State()
+        self.per_second = per_second  # messages a second per number; 0: no limit kept
+        self.floods = 0  # messages answered 130429 for it
+        self.flood_times: list[float] = []  # when (time.monotonic())
+        self._sent: dict[str, list[float]] = {}  # phone number id -> its accepted messages' times
         # Empty: any token / number is accepted.
         self.tokens = set(tokens)
         self.phone_number_ids = set(phone_number_ids)
@@ -426,12 +433,28 @@ class FakeGraphAPI(FakeServer):
         refused = self._window_or_template_error(data)
         if refused is not None:
             return refused.status, refused.envelope()
+        if self.per_second and self._over_throughput(match["phone"]):
+            return 400, GraphError(130429).envelope()
         with self._cond:
             self._state.accepted.append(data)
             if data.get("type") == "reaction":  # one per sender and message; "" takes it away
                 self._state.reactions[(data["to"], data["reaction"]["message_id"])] = data["reaction"]["emoji"]
         return 200, {"messaging_product": "whatsapp", "contacts": [{"input": data["to"], "wa_id": data["to"]}],
                      "messages": [{"id": new_wamid(data["to"])}]}
+
+    def _over_throughput(self, phone: str) -> bool:
+        """A message past `per_second` in the last second from this number; otherwise counted."""
+        now = time.monotonic()
+        with self._cond:
+            times = self._sent.setdefault(phone, [])
+            while times and now - times[0] >= 1.0:
+                times.pop(0)
+            if len(times) >= self.per_second:
+                self.floods += 1
+                self.flood_times.append(now)
+                return True
+            times.append(now)
+        return False
 
     def _unknown_media(self, data) -> str:
         kind = data.get("type") if isinstance(data, dict) else None

@@ -30,7 +30,9 @@ form-encoded, parameters in the query string too), as the Web API documents it: 
 Tests script the next answers of a method (`fail_next("chat.postMessage",
 error="not_in_channel")`, `status=429, retry_after=3`, `status=500`), drop the
 connection, hold calls (the request is in, no answer until released) or delay them,
-and revoke a token (`token_revoked` from then on).
+and revoke a token (`token_revoked` from then on). With `channel_interval` (seconds) it
+keeps chat.postMessage's documented limit, about one message a second into one channel:
+a post sooner is answered HTTP 429 `ratelimited` with Retry-After (`floods` counts them).
 
 Standard library only (http.server), like the other fakes here.
 """
@@ -129,11 +131,15 @@ class _State:
 
 class FakeSlackAPI(FakeServer):
 
-    def __init__(self, port: int = 0, *, tokens=(), scopes: str = SCOPES):
+    def __init__(self, port: int = 0, *, tokens=(), scopes: str = SCOPES, channel_interval: float = 0.0):
         super().__init__(("127.0.0.1", port), _Handler)
         self._state = _State()
         self.tokens = set(tokens)  # empty: any token is accepted
         self.scopes = scopes
+        self.channel_interval = channel_interval  # 0: no limit kept
+        self.floods = 0  # posts answered 429 for the limit
+        self.flood_times: list[float] = []  # when (time.monotonic())
+        self._last_post: dict[str, float] = {}  # channel -> when its last post was accepted
 
     @property
     def url(self) -> str:
@@ -230,7 +236,21 @@ class FakeSlackAPI(FakeServer):
                 return None
             headers = {"Retry-After": f"{rule.retry_after:g}"} if rule.retry_after is not None else {}
             return rule.status, {"ok": False, "error": rule.error}, headers
+        if method == "chat.postMessage" and self.channel_interval and self._too_soon(str(body.get("channel"))):
+            return 429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "1"}
         return 200, self._answer(method, body), {}
+
+    def _too_soon(self, channel: str) -> bool:
+        """A post into `channel` within `channel_interval` of its last (a tenth of slack, as
+        Slack allows short bursts); otherwise the post is counted."""
+        now = time.monotonic()
+        with self._cond:
+            if now - self._last_post.get(channel, -self.channel_interval) < self.channel_interval * 0.9:
+                self.floods += 1
+                self.flood_times.append(now)
+                return True
+            self._last_post[channel] = now
+        return False
 
     def _answer(self, method: str, body: dict) -> dict:
         if method == "auth.test":
