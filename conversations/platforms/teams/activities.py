@@ -1,0 +1,129 @@
+"""A Bot Connector activity (the JSON POSTed to the messaging endpoint), read with the
+Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
+
+- `message` → an Inbound: its activity id the dedup key (the same in every redelivery),
+  the Teams conversation id its chat, `from.id` its sender. `conversation.conversationType`
+  says where: `personal` (a one-to-one chat, always answered), `groupChat` or `channel`
+  (groups: addressed when the bot's mention entity is among its entities, that mention's
+  `<at>…</at>` text taken out). A channel message's conversation id carries its thread
+  (`;messageid=<root>`): the reply goes into that thread;
+- `messageUpdate` → an Edit, `messageDelete` → a Deletion (Teams reports both for
+  messages in chats and channels the bot is in);
+- anything else (conversationUpdate, installationUpdate, typing, messageReaction, …) is
+  only acknowledged. Invokes are the webhook's (cards.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+from microsoft_agents.activity import Activity
+from pydantic import ValidationError
+
+from conversations.deletions import Deletion
+from conversations.edits import Edit
+from conversations.ingest import Inbound
+
+SOURCE = "teams"
+MESSAGE, UPDATE, DELETE, INVOKE = "message", "messageUpdate", "messageDelete", "invoke"
+PERSONAL = "personal"
+_THREAD = re.compile(r";messageid=(\d+)$")
+
+
+@dataclass(frozen=True)
+class Ignored:
+    why: str  # one word ("empty", "incomplete", …)
+
+
+class NotAnActivity(ValueError):
+    """The body is no Bot Connector activity (answered 400)."""
+
+
+def read(body: bytes) -> Activity:
+    """The body as the SDK's Activity; raises NotAnActivity."""
+    try:
+        return Activity.model_validate_json(body)
+    except (ValidationError, ValueError) as exc:
+        raise NotAnActivity(str(exc).splitlines()[0][:200]) from None
+
+
+def peek(body: bytes | None) -> tuple[str, str]:
+    """(channelId, serviceUrl) of a body, read before it is verified ("" where it has none)."""
+    try:
+        found = Activity.model_validate_json(body or b"")
+    except (ValidationError, ValueError):
+        return "", ""
+    return str(found.channel_id or ""), str(found.service_url or "")
+
+
+def parse(activity: Activity) -> Inbound | Edit | Deletion | Ignored:
+    if activity.type == MESSAGE:
+        return message(activity)
+    if activity.type == UPDATE:
+        return edit(activity)
+    if activity.type == DELETE:
+        return deletion(activity)
+    return Ignored("other")
+
+
+def _ids(activity: Activity) -> tuple[str, str, str]:
+    conversation, sender = activity.conversation, activity.from_property
+    return (str(activity.id or ""), str((conversation.id if conversation else "") or ""),
+            str((sender.id if sender else "") or ""))
+
+
+def is_personal(activity: Activity) -> bool:
+    conversation = activity.conversation
+    kind = str(conversation.conversation_type or "") if conversation else ""
+    return kind == PERSONAL or (not kind and not (conversation and conversation.is_group))
+
+
+def own_text(activity: Activity) -> tuple[str, bool]:
+    """The text without the bot's mention, and whether the bot was mentioned."""
+    recipient = activity.recipient.id if activity.recipient else ""
+    mentioned = bool(recipient) and any(
+        mention.mentioned is not None and mention.mentioned.id == recipient for mention in activity.get_mentions())
+    text = activity.remove_recipient_mention() if mentioned else (activity.text or "")
+    return text.strip(), mentioned
+
+
+def message(activity: Activity) -> Inbound | Ignored:
+    message_id, chat, sender = _ids(activity)
+    if not (message_id and chat and sender):
+        return Ignored("incomplete")
+    text, mentioned = own_text(activity)
+    if not text:
+        return Ignored("empty")  # a card or a file alone: no text to answer (files are not taken yet)
+    personal = is_personal(activity)
+    thread = _THREAD.search(chat)
+    account = activity.from_property
+    return Inbound(
+        platform_message_id=message_id, chat_id=chat, sender_id=sender, text=text,
+        sender_name=str(account.name or "").strip() if account else "",
+        is_group=not personal, thread_id=thread[1] if thread else "", reply_target=message_id,
+        sent_at=activity.timestamp, mentioned=None if personal else mentioned,
+        is_bot=bool(account and account.role == "bot"))
+
+
+def edit(activity: Activity) -> Edit | Ignored:
+    message_id, chat, sender = _ids(activity)
+    if not (message_id and chat):
+        return Ignored("incomplete")
+    text, _mentioned = own_text(activity)
+    return Edit(platform_message_id=message_id, text=text, edited_at=activity.timestamp or timezone.now(),
+                source=SOURCE, chat_id=chat, sender_id=sender)
+
+
+def deletion(activity: Activity) -> Deletion | Ignored:
+    message_id, chat, sender = _ids(activity)
+    if not (message_id and chat):
+        return Ignored("incomplete")
+    return Deletion(platform_message_id=message_id, deleted_at=timezone.now(), source=SOURCE, chat_id=chat,
+                    sender_id=sender)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
