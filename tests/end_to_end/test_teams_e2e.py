@@ -17,7 +17,7 @@ from conversations.models import Disposition, InboundMessage, MessageBuffer, Tur
 from delivery.models import OutboundMessage, OutboundState, UnreachableChat
 from tests.conftest import wait_until
 from tests.fakes import teams_api as teams
-from tests.fakes.teams_api import TEAM_CHANNEL, FakeTeams, Signer
+from tests.fakes.teams_api import FakeTeams, Signer
 from tests.support.teams import teams_channel
 
 pytestmark = pytest.mark.e2e
