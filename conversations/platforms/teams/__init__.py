@@ -53,13 +53,6 @@ OPENID_METADATA = "https://login.botframework.com/v1/.well-known/openidconfigura
 # The Bot Connector's global endpoint: Microsoft documents it for proactive messages in the
 # public cloud; it routes to the tenant's region.
 SERVICE_URL = "https://smba.trafficmanager.net/teams/"
-TOKEN_HOST = "https://login.microsoftonline.com"
-
-
-def token_url_for(tenant_id: str, configured: str = "") -> str:
-    """Where the app's token is asked for: the setting, else the tenant's Entra endpoint
-    (a single-tenant bot; botframework.com for a multi-tenant one, now retired for new bots)."""
-    return configured or f"{TOKEN_HOST}/{tenant_id or 'botframework.com'}/oauth2/v2.0/token"
 
 
 class TeamsPlatform(Platform):

@@ -42,7 +42,6 @@ from microsoft_agents.activity import Activity, Attachment
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
-from conversations.platforms.teams import token_url_for
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -65,6 +64,15 @@ REFRESH_BEFORE = 300.0  # seconds before the token's expiry it is asked for agai
 TYPING_REFRESH = 3.0  # Teams shows a typing activity for a few seconds
 PREVIEW_INTERVAL = 1.5  # seconds between two preview writes (a thread takes 8 in 2 s, 60 in 30 s)
 MAX_ANSWER_BYTES = 1024 * 1024
+
+
+TOKEN_HOST = "https://login.microsoftonline.com"
+
+
+def token_url_for(tenant_id: str, configured: str = "") -> str:
+    """Where the app's token is asked for: the setting, else the tenant's Entra endpoint
+    (a single-tenant bot; botframework.com for a multi-tenant one, retired for new bots)."""
+    return configured or f"{TOKEN_HOST}/{tenant_id or 'botframework.com'}/oauth2/v2.0/token"
 
 
 def deadline() -> float:
