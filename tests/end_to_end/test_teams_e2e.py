@@ -5,7 +5,8 @@ token from the fake token endpoint. Tokens refused; a storm of redeliveries is o
 message; a burst in a channel thread is one reply in that thread; a 429 is resent
 unlabelled after its Retry-After; a 403 is never retried; in a channel only a mention is
 answered, the rest kept as context; a question's card tapped three times applies its
-action once; a worker killed mid-send resends once, labelled."""
+action once; a worker killed mid-send resends once, labelled; a streamed reply in a
+personal chat is one native stream, ended by the ledger's final."""
 
 import threading
 import time
@@ -159,3 +160,25 @@ def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel,
     row = OutboundMessage.objects.get()
     assert row.attempts == 2 and row.needs_marker
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1
+
+
+def test_a_streamed_reply_in_a_personal_chat_is_one_native_stream_ended_by_the_final(processes, make_channel,
+                                                                                       fake_teams):
+    from tests.fakes.openai_api import FakeOpenAI, Reply
+
+    long = "Claro: " + " ".join(f"palabra{i}" for i in range(11)) + " fin."
+    with FakeOpenAI() as fake_openai:
+        fake_openai.script(Reply(long, pace=0.25))  # 13 pieces: 3 s of writing
+        teams_channel(make_channel, fake_teams, agent="openai", agent_config={
+            "base_url": fake_openai.url, "model": "fake-model", "api_key_env": "FAKE_OPENAI_API_KEY"}, **QUICK)
+        web, _ = processes.web(wait=False), processes.worker(FAKE_OPENAI_API_KEY="sk-test-agentloop")
+        deliver(web, fake_teams, teams.message_activity("Explícame algo."))
+        row = wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).first(), timeout=25,
+                         message="the final delivered")
+    *updates, final = fake_teams.calls("stream")
+    assert updates and [u.body["entities"][0]["streamSequence"] for u in updates] == list(range(1, len(updates) + 1))
+    assert final.body["text"] == long and final.body["entities"][0] == {
+        "type": "streaminfo", "streamType": "final", "streamId": row.platform_message_id}
+    assert all(b.at - a.at >= 1.3 for a, b in zip(updates, updates[1:]))  # Microsoft: 1.5 to 2 s between updates
+    assert not fake_teams.stream(row.platform_message_id)["open"] and fake_teams.texts() == [long]
+    assert not fake_teams.calls("create") and Turn.objects.get().preview_message_id == row.platform_message_id

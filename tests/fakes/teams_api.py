@@ -11,7 +11,9 @@
   typing activity), PUT and DELETE /v3/conversations/<id>/activities/<activity>, each
   checking the bearer (401), keeping Teams' documented limits for one bot — per thread
   (conversation) 7 in 1 s, 8 in 2 s, 60 in 30 s, 1800 in an hour; 50 a second across all
-  its conversations — and answering 429 with Retry-After past any of them.
+  its conversations — and answering 429 with Retry-After past any of them; and Teams'
+  streaming (typing activities with a streaminfo entity, then the final message) in
+  personal chats only, as "Stream bot messages" documents it.
 
 And the Connector's side of the bot's endpoint: activities (`message_activity`,
 `update_activity`, `delete_activity`, `invoke_activity`) and the token it signs them with
@@ -58,7 +60,7 @@ ACTIVITY_SERVICE_URL = "https://smba.trafficmanager.net/amer/"
 
 @dataclass(frozen=True)
 class Call:
-    method: str  # "create", "typing", "update", "delete", "token"
+    method: str  # "create", "typing", "stream" (a streaming update or final), "update", "delete", "token"
     token: str
     conversation: str
     activity_id: str  # the path's: replied to (create) or changed (update, delete)
@@ -81,6 +83,7 @@ class _State:
     refused: list[Call] = field(default_factory=list)  # answered 429
     rules: list[_Rule] = field(default_factory=list)
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)  # activity id -> the activity
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)  # stream id -> its state (open, sequence, chat)
     deleted: list[str] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
     in_thread: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
@@ -225,9 +228,10 @@ class FakeTeams(FakeServer):
                 Activity.model_validate(body)  # what the bot sends must be an activity
         except ValueError as exc:
             return 400, _error("BadSyntax", f"not an activity: {str(exc)[:100]}"), {}
-        method = {"POST": "typing" if body.get("type") == "typing" else "create", "PUT": "update",
-                  "DELETE": "delete"}.get(verb, "")
-        if not method or (method != "create" and method != "typing" and not activity_id):
+        stream = _stream_info(body) if verb == "POST" else None
+        method = {"POST": "stream" if stream is not None else "typing" if body.get("type") == "typing" else "create",
+                  "PUT": "update", "DELETE": "delete"}.get(verb, "")
+        if not method or (method in ("update", "delete") and not activity_id):
             return 405, _error("MethodNotAllowed", "method not allowed"), {}
         call = Call(method, token, conversation, activity_id, body, time.monotonic())
         with self._cond:
@@ -248,6 +252,8 @@ class FakeTeams(FakeServer):
                 return 429, _error("TooManyRequests", "Too many requests"), {"Retry-After": f"{wait_for:g}"}
             if method == "typing":
                 return 200, {}, {}
+            if method == "stream":
+                return self._stream(call, stream or {})
             if method == "create":
                 new = str(next(self._ids))
                 self._state.messages[new] = {**body, "id": new, "conversation": {"id": conversation},
@@ -261,6 +267,47 @@ class FakeTeams(FakeServer):
                 return 200, {}, {}
             self._state.messages[activity_id] = {**body, "id": activity_id, "conversation": {"id": conversation}}
             return 200, {"id": activity_id}, {}
+
+    def _stream(self, call: Call, info: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """Under the lock, within the limits: a streaming update or the final, as Teams
+        takes them ("Stream bot messages"): personal chats only; the first update's
+        streamSequence 1 and no streamId, answered 201 with the stream's id (its
+        message's); later ones the stream's id and a higher sequence (202; an older one
+        is dropped, 202 too); the final a `message` with streamType final and no sequence.
+        A stream ended takes nothing more (403 ContentStreamNotAllowed)."""
+        state, body = self._state, call.body
+        not_allowed = 403, _error("ContentStreamNotAllowed", "Content stream is not allowed"), {}
+        if not call.conversation.startswith("a:"):
+            return not_allowed
+        stream_id, sequence, kind = str(info.get("streamId") or ""), info.get("streamSequence"), info.get("streamType")
+        final = body.get("type") == "message"
+        if final != (kind == "final") or (final and sequence is not None) or (not final and not body.get("text")):
+            return 400, _error("BadRequest", "Start streaming activities should include text"), {}
+        if not stream_id:
+            if final or sequence != 1:
+                return 400, _error("BadRequest", "the first streaming request's streamSequence must be 1"), {}
+            new = str(next(self._ids))
+            state.streams[new] = {"open": True, "sequence": 1, "chat": call.conversation, "updates": 1}
+            state.messages[new] = {**body, "id": new, "conversation": {"id": call.conversation}}
+            return 201, {"id": new}, {}
+        held = state.streams.get(stream_id)
+        if held is None or not held["open"] or held["chat"] != call.conversation:
+            return 403, _error("ContentStreamNotAllowed", "Content stream is not allowed on an already completed "
+                                                          "streamed message"), {}
+        if final:
+            held["open"] = False
+            state.messages[stream_id] = {**body, "id": stream_id, "conversation": {"id": call.conversation}}
+            return 202, {}, {}
+        if not isinstance(sequence, int) or sequence <= held["sequence"]:
+            return 202, _error("ContentStreamSequenceOrderPreConditionFailed", "PreCondition failed exception "
+                                                                                "when processing streaming activity."), {}
+        held["sequence"], held["updates"] = sequence, held["updates"] + 1
+        state.messages[stream_id] = {**body, "id": stream_id, "conversation": {"id": call.conversation}}
+        return 202, {}, {}
+
+    def stream(self, stream_id: str) -> dict[str, Any]:
+        with self._cond:
+            return dict(self._state.streams[stream_id])
 
     def _over_limits(self, call: Call) -> float:
         """Under the lock: the seconds until the call would be within Teams' limits (0: it
@@ -294,6 +341,13 @@ _CODES = {400: "BadArgument", 401: "Unauthorized", 403: "BotNotInConversationRos
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+def _stream_info(activity: dict[str, Any]) -> dict[str, Any] | None:
+    for entity in activity.get("entities") or []:
+        if isinstance(entity, dict) and entity.get("type") == "streaminfo":
+            return entity
+    return None
 
 
 def shown(activity: dict[str, Any]) -> str:

@@ -14,8 +14,9 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from conversations.models import Channel, InboundMessage, MessageBuffer
-from conversations.platforms.teams import TeamsPlatform, verify
-from conversations.platforms.teams.transport import MAX_UNITS, TeamsTransport, close_clients
+from conversations.platforms.teams import TeamsPlatform, streaming, verify
+from conversations.platforms.teams.streaming import TeamsStream
+from conversations.platforms.teams.transport import MAX_UNITS, MessagePreview, TeamsTransport, close_clients
 from delivery.models import Outcome
 from delivery.transports import Capability, Target
 from tests.fakes import teams_api as teams
@@ -28,9 +29,11 @@ URL = "/webhooks/teams/teams/"
 @pytest.fixture
 def fake_teams():
     verify.forget()
+    streaming.forget()
     with FakeTeams() as fake:
         yield fake
     verify.forget()
+    streaming.forget()
 
 
 @pytest.fixture
@@ -316,13 +319,14 @@ def test_typing_is_a_typing_activity(bot, fake_teams):
 
 
 def test_a_preview_is_one_message_edited_then_the_final_edit_carries_the_card(bot, fake_teams):
-    target = Target(PERSONAL, reply_target="1700000000007")
+    target = Target(GROUP_CHAT, reply_target="1700000000007")
 
     async def stream():
         transport = TeamsTransport(bot)
         preview = transport.preview_for(target, turn_id=1)
+        assert isinstance(preview, MessagePreview)  # a group chat: Teams streams in personal chats only
         shown = [await preview.show(text) for text in ("Hola ▍", "Hola, sí ▍")]
-        final = await transport.edit_text(Target(PERSONAL, buttons=(("Sí", "c:tok:y"),)), shown[0].message_id,
+        final = await transport.edit_text(Target(GROUP_CHAT, buttons=(("Sí", "c:tok:y"),)), shown[0].message_id,
                                           "Hola, sí hay hora.")
         return preview, shown, final
 
@@ -339,10 +343,10 @@ def test_a_preview_is_one_message_edited_then_the_final_edit_carries_the_card(bo
 def test_a_discarded_preview_is_deleted_and_deleting_it_again_is_done(bot, fake_teams):
     async def stream():
         transport = TeamsTransport(bot)
-        preview = transport.preview_for(Target(PERSONAL), turn_id=2)
+        preview = transport.preview_for(Target(GROUP_CHAT), turn_id=2)
         shown = await preview.show("Un momento ▍")
         await preview.discard()
-        return shown, await transport.delete_message(Target(PERSONAL), shown.message_id)
+        return shown, await transport.delete_message(Target(GROUP_CHAT), shown.message_id)
 
     shown, again = run(stream())
     assert fake_teams.deleted() == [shown.message_id] and again.ok
@@ -350,8 +354,77 @@ def test_a_discarded_preview_is_deleted_and_deleting_it_again_is_done(bot, fake_
 
 def test_a_429_on_a_preview_says_flood(bot, fake_teams):
     fake_teams.fail_next("create", status=429)
-    result = run(TeamsTransport(bot).preview_for(Target(PERSONAL), turn_id=3).show("Hola ▍"))
+    result = run(TeamsTransport(bot).preview_for(Target(GROUP_CHAT), turn_id=3).show("Hola ▍"))
     assert (result.shown, result.flood, result.stop) == (False, True, False)
+
+
+def test_a_personal_chat_streams_natively_and_the_final_ends_the_stream_with_the_card(bot, fake_teams):
+    async def stream():
+        transport = TeamsTransport(bot)
+        preview = transport.preview_for(Target(PERSONAL, reply_target="1700000000008"), turn_id=4)
+        assert isinstance(preview, TeamsStream) and preview.is_message
+        shown = [await preview.show(text) for text in ("Hola ▍", "Hola ▍", "Hola, sí ▍")]
+        final = await transport.edit_text(Target(PERSONAL, buttons=(("Sí", "c:tok:y"),)), shown[0].message_id,
+                                          "Hola, sí hay hora.")
+        return shown, final
+
+    shown, final = run(stream())
+    assert [s.shown for s in shown] == [True, False, True]  # the same text twice is sent once
+    stream_id = shown[0].message_id
+    assert final.ok and final.platform_message_id == stream_id == shown[2].message_id
+    first, second, last = fake_teams.calls("stream")
+    assert first.body == {"type": "typing", "text": "Hola", "entities": [
+        {"type": "streaminfo", "streamType": "streaming", "streamSequence": 1}]}
+    assert second.body["entities"] == [{"type": "streaminfo", "streamType": "streaming", "streamSequence": 2,
+                                        "streamId": stream_id}] and second.body["text"] == "Hola, sí"
+    assert last.body["type"] == "message" and last.body["entities"] == [
+        {"type": "streaminfo", "streamType": "final", "streamId": stream_id}]
+    assert last.body["attachments"][0]["content"]["actions"][0]["verb"] == "confirm"  # attachments in the final only
+    assert not fake_teams.stream(stream_id)["open"] and teams.shown(fake_teams.message(stream_id)) == "Hola, sí hay hora."
+    assert not fake_teams.calls("create") and not fake_teams.calls("update")
+
+
+def test_a_chat_that_refuses_streaming_gets_edited_previews_from_then_on(bot, fake_teams):
+    fake_teams.fail_next("stream", status=403, code="ContentStreamNotAllowed")
+
+    async def stream():
+        transport = TeamsTransport(bot)
+        refused = await transport.preview_for(Target(PERSONAL), turn_id=5).show("Hola ▍")
+        return refused, transport.preview_for(Target(PERSONAL), turn_id=6)
+
+    refused, then = run(stream())
+    assert (refused.shown, refused.stop) == (False, True) and isinstance(then, MessagePreview)
+
+
+def test_a_stream_an_earlier_run_left_is_not_streamed_to_and_the_final_replaces_it(bot, fake_teams):
+    async def first_run():
+        return await TeamsTransport(bot).preview_for(Target(PERSONAL), turn_id=7).show("Hola ▍")
+
+    shown = run(first_run())
+    streaming._streams.clear()  # the worker that started it was killed
+
+    async def second_run():
+        transport = TeamsTransport(bot)
+        again = await transport.preview_for(Target(PERSONAL), turn_id=7, message_id=shown.message_id).show("Hola, sí ▍")
+        return again, await transport.edit_text(Target(PERSONAL), shown.message_id, "Hola, sí hay hora.")
+
+    again, final = run(second_run())
+    assert (again.shown, again.stop) == (False, True) and final.ok
+    assert len(fake_teams.calls("stream")) == 1 and [u.activity_id for u in fake_teams.calls("update")] == [shown.message_id]
+
+
+def test_a_429_on_a_stream_update_stops_the_updates_and_the_final_still_ends_it(bot, fake_teams):
+    async def stream():
+        transport = TeamsTransport(bot)
+        preview = transport.preview_for(Target(PERSONAL), turn_id=8)
+        first = await preview.show("Hola ▍")
+        fake_teams.fail_next("stream", status=429, retry_after=1)
+        flooded = await preview.show("Hola, sí ▍")
+        return first, flooded, await transport.edit_text(Target(PERSONAL), first.message_id, "Hola, sí.")
+
+    first, flooded, final = run(stream())
+    assert (flooded.shown, flooded.flood, flooded.stop) == (False, True, True) and final.ok
+    assert not fake_teams.stream(first.message_id)["open"]
 
 
 def test_a_question_that_expired_loses_its_card_through_the_connector(bot, fake_teams, make_conversation):

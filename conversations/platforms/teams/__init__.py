@@ -12,7 +12,10 @@ everything Teams means to agentloop.
 - transport.py: replies through the Bot Connector REST API (POST, PUT and DELETE on
   {serviceUrl}/v3/conversations/{id}/activities) with the app's client-credentials
   token, each HTTP answer mapped to the ledger's outcomes; typing activities; previews
-  as one message edited in place
+  as one message edited in place (group chats and channels)
+- streaming.py: Teams' native streaming in personal chats (streaminfo entities: the
+  streaming updates, then the final that ends the stream)
+- wire.py: where an activity goes, an activity as the Connector takes it, a question's card
 - cards.py: a confirmation question as an Adaptive Card with Action.Execute buttons; the
   `adaptiveCard/action` invoke a tap sends decided exactly once and answered in the same
   request with the card that replaces the question

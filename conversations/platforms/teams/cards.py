@@ -25,18 +25,8 @@ from microsoft_agents.activity import Activity, AdaptiveCardInvokeResponse, Adap
 from pydantic import ValidationError
 
 from agentloop.core.redaction import channel_secrets, redact
-from conversations.platforms.teams.transport import (
-    CARD,
-    VERB,
-    TokenRefused,
-    TokenUnavailable,
-    access_token,
-    activities_url,
-    bounded,
-    card,
-    message,
-    wire,
-)
+from conversations.platforms.teams.transport import TokenRefused, TokenUnavailable, access_token, bounded
+from conversations.platforms.teams.wire import CARD, VERB, activities_url, card, message, wire
 from tools.confirmations import tap
 
 if TYPE_CHECKING:  # for annotations only

@@ -21,9 +21,9 @@ Outcomes, from the HTTP status (the Connector's `error.code` in the text):
 | no connection, no token (the token endpoint unreachable or failing) | not sent: resent unlabelled |
 | no answer after the request went out | ambiguous |
 
-Typing: a `typing` activity, refreshed every TYPING_REFRESH seconds. A streamed reply
-shows as one message edited in place (PUT): Teams' native streaming (streaminfo
-entities) is not used yet.
+Typing: a `typing` activity, refreshed every TYPING_REFRESH seconds. A streamed reply:
+Teams' native streaming in a personal chat (streaming.py), one message edited in place
+(PUT) elsewhere.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ import threading
 import time
 from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from django.conf import settings
-from microsoft_agents.activity import Activity, Attachment
+from microsoft_agents.activity import Activity
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
+from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
+from conversations.platforms.teams.wire import activities_url, message, wire
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -54,8 +55,6 @@ from delivery.transports import LoopClients, SendResult, Target, Transport
 # activity around the text (a question's card included).
 MAX_UNITS = 8000
 SCOPE = "https://api.botframework.com/.default"
-CARD = "application/vnd.microsoft.card.adaptive"
-VERB = "confirm"  # a question's Action.Execute verb
 # Teams answers 429 with Retry-After; without one, Microsoft's guidance is an exponential
 # backoff from a couple of seconds (a flood wait spends no attempt).
 FLOOD_BACKOFF = 2.0
@@ -157,46 +156,6 @@ def bounded(method: str, url: str, limit: float, **request: Any) -> tuple[int, d
         return response.status_code, dict(response.headers), answer
 
 
-def activities_url(channel: Any, conversation: str, activity_id: str = "") -> str:
-    base = str(channel.setting("service_url")).rstrip("/")
-    url = f"{base}/v3/conversations/{quote(conversation, safe='')}/activities"
-    return f"{url}/{quote(activity_id, safe='')}" if activity_id else url
-
-
-def wire(activity: Activity) -> dict[str, Any]:
-    """An activity as the Connector takes it (camelCase, no empty fields)."""
-    found: dict[str, Any] = activity.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return found
-
-
-def message(text: str, buttons: tuple[tuple[str, str], ...] = (), reply_to: str = "",
-            activity_id: str = "") -> Activity:
-    """A message activity: the text; a question is a card holding its text and buttons
-    (the card a tap's answer puts in its place then holds the whole message)."""
-    fields: dict[str, Any] = {"type": "message"}
-    if reply_to:
-        fields["reply_to_id"] = reply_to
-    if activity_id:
-        fields["id"] = activity_id
-    if buttons:
-        fields["attachments"] = [Attachment(content_type=CARD, content=card(text, buttons))]
-    else:
-        fields.update(text=text, text_format="markdown")
-    return Activity(**fields)
-
-
-def card(text: str, buttons: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """An Adaptive Card showing `text`, and a question's buttons (label, data): each an
-    Action.Execute whose verb is `confirm` and whose data carries the question's (cards.py
-    takes the tap). Version 1.4: Action.Execute's (Universal Actions)."""
-    found: dict[str, Any] = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
-                             "version": "1.4", "body": [{"type": "TextBlock", "text": text, "wrap": True}]}
-    if buttons:
-        found["actions"] = [{"type": "Action.Execute", "title": label, "verb": VERB, "data": {"data": data}}
-                            for label, data in buttons]
-    return found
-
-
 class TeamsTransport(Transport):
     max_units = MAX_UNITS
     supports_typing = True
@@ -235,7 +194,12 @@ class TeamsTransport(Transport):
 
     async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
         """PUT the activity: a message of ours, its text replaced (a question's card put
-        under it: the final of a preview may be one)."""
+        under it: the final of a preview may be one). A stream of this process's is
+        ended with the text instead (streaming.finish)."""
+        if streaming(message_id):
+            ended = await finish(self, target, message_id, text)
+            if ended.ok or ended.outcome != Outcome.PERMANENT:
+                return ended
         result = await self.call("PUT", activities_url(self.channel, target.chat_id, message_id),
                                  wire(message(text[:MAX_UNITS], target.buttons, activity_id=message_id)))
         return SendResult.delivered(message_id) if result.ok else result
@@ -248,11 +212,15 @@ class TeamsTransport(Transport):
         return result
 
     def preview_for(self, target: Target, turn_id: int, message_id: str = "") -> Preview | None:
-        """One preview message, edited as the reply grows (`message_id`: one an earlier
-        run of the turn left in the chat, reused)."""
+        """A personal chat's native stream (streaming.TeamsStream), where Teams takes one;
+        elsewhere one preview message, edited as the reply grows (`message_id`: one an
+        earlier run of the turn left in the chat, reused)."""
+        if can_stream(self, target):
+            return TeamsStream(self, target, message_id)
         return MessagePreview(self, target, message_id)
 
-    async def call(self, method: str, url: str, body: dict[str, Any] | None, limit: float = 0.0) -> SendResult:
+    async def call(self, method: str, url: str, body: dict[str, Any] | None, limit: float = 0.0,
+                   needs_id: bool = True) -> SendResult:
         token = await self.token()
         if isinstance(token, SendResult):
             return token
@@ -265,9 +233,9 @@ class TeamsTransport(Transport):
         exchanged = await self.exchange(request, url.split("/")[2], limit)
         if isinstance(exchanged, SendResult):
             return exchanged
-        return self.outcome(exchanged)
+        return self.outcome(exchanged, needs_id)
 
-    def outcome(self, response: httpx.Response) -> SendResult:
+    def outcome(self, response: httpx.Response, needs_id: bool = True) -> SendResult:
         """The HTTP answer's outcome (see the module's table)."""
         try:
             answer: Any = response.json()
@@ -276,7 +244,7 @@ class TeamsTransport(Transport):
         status = response.status_code
         if 200 <= status < 300:
             found = answer.get("id") if isinstance(answer, dict) else None
-            if found or response.request.method in ("DELETE", "PUT"):
+            if found or not needs_id or response.request.method in ("DELETE", "PUT"):
                 return SendResult.delivered(str(found or ""))
             return self.failed(Outcome.AMBIGUOUS, f"HTTP {status} without an activity id: it may have been sent")
         error: dict[str, Any] = answer["error"] if isinstance(answer, dict) and isinstance(answer.get("error"), dict) else {}
