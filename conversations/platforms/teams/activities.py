@@ -15,13 +15,13 @@ Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
 from microsoft_agents.activity import Activity
-from pydantic import ValidationError
 
 from conversations.deletions import Deletion
 from conversations.edits import Edit
@@ -43,20 +43,33 @@ class NotAnActivity(ValueError):
 
 
 def read(body: bytes) -> Activity:
-    """The body as the SDK's Activity; raises NotAnActivity."""
+    """The body as the SDK's Activity; raises NotAnActivity. What is not even a JSON
+    object with a `type` is refused before the SDK sees it (its validator logs every
+    failure with a traceback)."""
+    found = _json_object(body)
+    if found is None or not isinstance(found.get("type"), str) or not found["type"]:
+        raise NotAnActivity("not a JSON object with a 'type'")
     try:
-        return Activity.model_validate_json(body)
-    except (ValidationError, ValueError) as exc:
+        return Activity.model_validate(found)
+    except Exception as exc:  # ValidationError; a bare Exception for a channelId/productInfo conflict
         raise NotAnActivity(str(exc).splitlines()[0][:200]) from None
 
 
 def peek(body: bytes | None) -> tuple[str, str]:
-    """(channelId, serviceUrl) of a body, read before it is verified ("" where it has none)."""
+    """(channelId, serviceUrl) of a body, read before it is verified ("" where it has
+    none): plain JSON, never the SDK's validator (an unauthenticated body must not make
+    it log)."""
+    found = _json_object(body or b"") or {}
+    channel, service = found.get("channelId"), found.get("serviceUrl")
+    return (channel if isinstance(channel, str) else "", service if isinstance(service, str) else "")
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        found = Activity.model_validate_json(body or b"")
-    except (ValidationError, ValueError):
-        return "", ""
-    return str(found.channel_id or ""), str(found.service_url or "")
+        found = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def parse(activity: Activity) -> Inbound | Edit | Deletion | Ignored:
