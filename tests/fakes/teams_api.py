@@ -9,7 +9,8 @@
   a wrong secret is answered 401 invalid_client;
 - the Bot Connector: POST /v3/conversations/<id>/activities[/<replyTo>] (a message or a
   typing activity), PUT and DELETE /v3/conversations/<id>/activities/<activity>, each
-  checking the bearer (401), keeping Teams' documented limits for one bot — per thread
+  and POST /v3/conversations (a person's personal chat: its id, 130 characters as Teams'
+  are), each checking the bearer (401), keeping Teams' documented limits for one bot — per thread
   (conversation) 7 in 1 s, 8 in 2 s, 60 in 30 s, 1800 in an hour; 50 a second across all
   its conversations — and answering 429 with Retry-After past any of them; and Teams'
   streaming (typing activities with a streaminfo entity, then the final message) in
@@ -29,7 +30,9 @@ Agents SDK's Activity model reads what the bot sends.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 import itertools
 import json
 import secrets
@@ -60,7 +63,8 @@ ACTIVITY_SERVICE_URL = "https://smba.trafficmanager.net/amer/"
 
 @dataclass(frozen=True)
 class Call:
-    method: str  # "create", "typing", "stream" (a streaming update or final), "update", "delete", "token"
+    method: str  # "create", "typing", "stream" (a streaming update or final), "update", "delete", "token",
+    # "conversation" (a personal chat asked for)
     token: str
     conversation: str
     activity_id: str  # the path's: replied to (create) or changed (update, delete)
@@ -196,6 +200,8 @@ class FakeTeams(FakeServer):
             return 200, {"keys": [self.signer.jwk]}, {}
         if verb == "POST" and path.endswith("/oauth2/v2.0/token"):
             return self._token(dict(parse_qsl(raw.decode())))
+        if verb == "POST" and path.rstrip("/") == "/v3/conversations":
+            return self._create_conversation(headers, raw)
         if path.startswith("/v3/conversations/"):
             return self._connector(verb, path, headers, raw)
         return 404, _error("NotFound", "not found"), {}
@@ -215,6 +221,29 @@ class FakeTeams(FakeServer):
             token = "eyJ0eXAi." + secrets.token_urlsafe(24)
             self._state.tokens.add(token)
         return 200, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token}, {}
+
+    def _create_conversation(self, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """POST /v3/conversations for the bot and one person: their personal chat's id
+        (the same every time, as Teams answers for a chat that exists)."""
+        token = str(headers.get("Authorization") or "").removeprefix("Bearer ")
+        try:
+            body = json.loads(raw or b"{}")
+            [member] = body["members"]
+            user, bot = str(member["id"]), str(body["bot"]["id"])
+        except (ValueError, KeyError, TypeError):
+            return 400, _error("BadArgument", "members and bot are required"), {}
+        with self._cond:
+            self._state.calls.append(Call("conversation", token, "", "", body, time.monotonic()))
+            self._cond.notify_all()
+            if token not in self._state.tokens:
+                return 401, _error("Unauthorized", "Authorization has been denied for this request."), {}
+            rule = next((r for r in self._state.rules if r.method == "conversation" and r.times > 0), None)
+            if rule is not None:
+                rule.times -= 1
+                return rule.status, _error(rule.code or _CODES.get(rule.status, "ServiceError"), "scripted"), {}
+        if bot != BOT or body.get("isGroup") or not user.startswith("29:"):
+            return 400, _error("BadArgument", "a personal conversation is between the bot and one user"), {}
+        return 201, {"id": personal_conversation(user)}, {}
 
     def _connector(self, verb: str, path: str, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
         parts = path[len("/v3/conversations/"):].split("/")
@@ -394,7 +423,15 @@ _serial = itertools.count(1)
 USER = "29:1hGdH7Wz-user-one-aad-object-0001"
 OTHER_USER = "29:1hGdH7Wz-user-two-aad-object-0002"
 BOT = f"28:{APP_ID}"
-PERSONAL = "a:1Vz0ySp9Hoe8FxuPersonalChatWithCamila"
+
+
+def personal_conversation(user: str) -> str:
+    """A personal chat's conversation id, as long as Teams' are (130 characters)."""
+    digest = b"".join(hashlib.sha256(f"{user}:{n}".encode()).digest() for n in range(3))
+    return "a:1" + base64.urlsafe_b64encode(digest).decode()[:127]
+
+
+PERSONAL = personal_conversation(USER)
 GROUP_CHAT = "19:meeting_group_chat_0001@thread.v2"
 TEAM_CHANNEL = "19:general0000channel0001@thread.tacv2"
 

@@ -61,7 +61,9 @@ def test_a_personal_message_is_admitted_by_its_activity_id_and_a_redelivery_is_a
         assert response.status_code == 200 and response.json() == {}  # the reply is the ledger's
     stored = InboundMessage.objects.get()
     assert stored.platform_message_id == activity["id"] and stored.text == "Hola, quiero una hora"
-    assert stored.conversation.chat_id == PERSONAL and stored.conversation.sender_id == teams.USER
+    # A personal chat's chat is the person: its conversation id (130 characters) is the Connector's to give.
+    assert len(PERSONAL) > 100 and activity["conversation"]["id"] == PERSONAL
+    assert stored.conversation.chat_id == teams.USER and stored.conversation.sender_id == teams.USER
     assert stored.mentioned is None and MessageBuffer.objects.count() == 1
 
 
@@ -238,7 +240,7 @@ def run(coro):
     return asyncio.run(then_close())
 
 
-def send(channel, text="hola", chat_id=PERSONAL, **target):
+def send(channel, text="hola", chat_id=teams.USER, **target):
     return run(TeamsTransport(channel).send_text(Target(chat_id, **target), text))
 
 
@@ -250,8 +252,19 @@ def test_a_reply_answers_the_message_with_the_apps_token_kept(bot, fake_teams):
     assert call.body == {"type": "message", "text": "Hola 👋", "textFormat": "markdown", "replyToId": "1700000000042"}
     [token] = fake_teams.calls("token")
     assert token.body == {"client_id": teams.APP_ID, "scope": "https://api.botframework.com/.default"}
-    assert send(bot, "otra", chat_id=GROUP_CHAT).ok  # the token is kept: no second request
-    assert len(fake_teams.calls("token")) == 1 and fake_teams.calls("create")[1].activity_id == ""
+    [asked] = fake_teams.calls("conversation")  # the person's chat, asked for once
+    assert asked.body == {"isGroup": False, "bot": {"id": teams.BOT}, "members": [{"id": teams.USER}],
+                          "channelData": {"tenant": {"id": teams.TENANT}}, "tenantId": teams.TENANT}
+    assert send(bot, "otra").ok and send(bot, "otra", chat_id=GROUP_CHAT).ok  # the token and the chat are kept
+    assert len(fake_teams.calls("token")) == 1 and len(fake_teams.calls("conversation")) == 1
+    assert fake_teams.calls("create")[2].activity_id == "" and fake_teams.calls("create")[2].conversation == GROUP_CHAT
+
+
+def test_a_personal_chat_the_connector_refuses_is_permanent(bot, fake_teams):
+    fake_teams.fail_next("conversation", status=403, code="BotNotInConversationRoster")  # the app was uninstalled
+    result = send(bot)
+    assert result.outcome == Outcome.PERMANENT and "BotNotInConversationRoster" in result.error
+    assert not fake_teams.calls("create")
 
 
 def test_a_long_text_is_split_at_the_limit_and_the_question_card_rides_on_the_last_piece(bot, fake_teams):
@@ -313,7 +326,7 @@ def test_unreachable_endpoints_are_not_sent(make_channel, fake_teams):
 
 
 def test_typing_is_a_typing_activity(bot, fake_teams):
-    run(TeamsTransport(bot).send_typing(Target(PERSONAL)))
+    run(TeamsTransport(bot).send_typing(Target(teams.USER)))
     [call] = fake_teams.calls("typing")
     assert call.body == {"type": "typing"} and call.conversation == PERSONAL
 
@@ -361,10 +374,10 @@ def test_a_429_on_a_preview_says_flood(bot, fake_teams):
 def test_a_personal_chat_streams_natively_and_the_final_ends_the_stream_with_the_card(bot, fake_teams):
     async def stream():
         transport = TeamsTransport(bot)
-        preview = transport.preview_for(Target(PERSONAL, reply_target="1700000000008"), turn_id=4)
+        preview = transport.preview_for(Target(teams.USER, reply_target="1700000000008"), turn_id=4)
         assert isinstance(preview, TeamsStream) and preview.is_message
         shown = [await preview.show(text) for text in ("Hola ▍", "Hola ▍", "Hola, sí ▍")]
-        final = await transport.edit_text(Target(PERSONAL, buttons=(("Sí", "c:tok:y"),)), shown[0].message_id,
+        final = await transport.edit_text(Target(teams.USER, buttons=(("Sí", "c:tok:y"),)), shown[0].message_id,
                                           "Hola, sí hay hora.")
         return shown, final
 
@@ -389,8 +402,8 @@ def test_a_chat_that_refuses_streaming_gets_edited_previews_from_then_on(bot, fa
 
     async def stream():
         transport = TeamsTransport(bot)
-        refused = await transport.preview_for(Target(PERSONAL), turn_id=5).show("Hola ▍")
-        return refused, transport.preview_for(Target(PERSONAL), turn_id=6)
+        refused = await transport.preview_for(Target(teams.USER), turn_id=5).show("Hola ▍")
+        return refused, transport.preview_for(Target(teams.USER), turn_id=6)
 
     refused, then = run(stream())
     assert (refused.shown, refused.stop) == (False, True) and isinstance(then, MessagePreview)
@@ -398,15 +411,15 @@ def test_a_chat_that_refuses_streaming_gets_edited_previews_from_then_on(bot, fa
 
 def test_a_stream_an_earlier_run_left_is_not_streamed_to_and_the_final_replaces_it(bot, fake_teams):
     async def first_run():
-        return await TeamsTransport(bot).preview_for(Target(PERSONAL), turn_id=7).show("Hola ▍")
+        return await TeamsTransport(bot).preview_for(Target(teams.USER), turn_id=7).show("Hola ▍")
 
     shown = run(first_run())
     streaming._streams.clear()  # the worker that started it was killed
 
     async def second_run():
         transport = TeamsTransport(bot)
-        again = await transport.preview_for(Target(PERSONAL), turn_id=7, message_id=shown.message_id).show("Hola, sí ▍")
-        return again, await transport.edit_text(Target(PERSONAL), shown.message_id, "Hola, sí hay hora.")
+        again = await transport.preview_for(Target(teams.USER), turn_id=7, message_id=shown.message_id).show("Hola, sí ▍")
+        return again, await transport.edit_text(Target(teams.USER), shown.message_id, "Hola, sí hay hora.")
 
     again, final = run(second_run())
     assert (again.shown, again.stop) == (False, True) and final.ok
@@ -416,11 +429,11 @@ def test_a_stream_an_earlier_run_left_is_not_streamed_to_and_the_final_replaces_
 def test_a_429_on_a_stream_update_stops_the_updates_and_the_final_still_ends_it(bot, fake_teams):
     async def stream():
         transport = TeamsTransport(bot)
-        preview = transport.preview_for(Target(PERSONAL), turn_id=8)
+        preview = transport.preview_for(Target(teams.USER), turn_id=8)
         first = await preview.show("Hola ▍")
         fake_teams.fail_next("stream", status=429, retry_after=1)
         flooded = await preview.show("Hola, sí ▍")
-        return first, flooded, await transport.edit_text(Target(PERSONAL), first.message_id, "Hola, sí.")
+        return first, flooded, await transport.edit_text(Target(teams.USER), first.message_id, "Hola, sí.")
 
     first, flooded, final = run(stream())
     assert (flooded.shown, flooded.flood, flooded.stop) == (False, True, True) and final.ok
@@ -436,9 +449,9 @@ def test_a_question_that_expired_loses_its_card_through_the_connector(bot, fake_
 
     sent = send(bot, "¿Agendo el lunes?", buttons=(("Sí", "c:tok:y"),))
     talk = make_conversation(bot, teams.USER)
-    talk.chat_id = PERSONAL
+    talk.chat_id = teams.USER
     talk.save(update_fields=["chat_id"])
-    question = OutboundMessage.objects.create(conversation=talk, channel=bot, chat_id=PERSONAL, text="¿Agendo el lunes?",
+    question = OutboundMessage.objects.create(conversation=talk, channel=bot, chat_id=teams.USER, text="¿Agendo el lunes?",
                                               state=OutboundState.DELIVERED, platform_message_id=sent.platform_message_id)
     past = timezone.now() - timedelta(minutes=1)
     claim = ActionClaim.objects.create(scope="contact:1", action="calendar_create_event", fingerprint="f1",

@@ -22,7 +22,10 @@ everything Teams means to agentloop.
 
 Identities: a message's dedup key is its activity id. A conversation is the Teams
 conversation id with the sender's id; a channel thread is a conversation of its own
-(`19:…@thread.tacv2;messageid=<root>`), so a reply into it stays in the thread. Personal
+(`19:…@thread.tacv2;messageid=<root>`), so a reply into it stays in the thread. A
+personal chat's chat id is the person's id (29:…): its conversation id (`a:…`, 130
+characters and more) is longer than a chat id holds, and the Connector's "create
+conversation" gives it back for the bot and the person (asked once per process). Personal
 chats are always answered; group chats and channels are groups (the channel's
 `group_replies`), a message addressed when it @mentions the bot (the mention's text taken
 out of it).

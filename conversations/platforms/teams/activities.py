@@ -2,7 +2,11 @@
 Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 
 - `message` → an Inbound: its activity id the dedup key (the same in every redelivery),
-  the Teams conversation id its chat, `from.id` its sender. `conversation.conversationType`
+  `from.id` its sender, and its chat the Teams conversation id — except in a personal
+  chat, whose chat is the person's id (29:…): a personal conversation id runs to 130
+  characters and more, past what a chat id holds, and the Connector gives it back for
+  the person whenever asked (transport.TeamsTransport.conversation), also for a message
+  we start. `conversation.conversationType`
   says where: `personal` (a one-to-one chat, always answered), `groupChat` or `channel`
   (groups: addressed when the bot's mention entity is among its entities, that mention's
   `<at>…</at>` text taken out). A channel message's conversation id carries its thread
@@ -83,9 +87,17 @@ def parse(activity: Activity) -> Inbound | Edit | Deletion | Ignored:
 
 
 def _ids(activity: Activity) -> tuple[str, str, str]:
+    sender = activity.from_property
+    return str(activity.id or ""), chat_of(activity), str((sender.id if sender else "") or "")
+
+
+def chat_of(activity: Activity) -> str:
+    """The activity's chat: a personal chat's is the person's id (29:…), the
+    conversation id otherwise (see the module's docstring)."""
     conversation, sender = activity.conversation, activity.from_property
-    return (str(activity.id or ""), str((conversation.id if conversation else "") or ""),
-            str((sender.id if sender else "") or ""))
+    if is_personal(activity) and sender is not None and sender.id:
+        return str(sender.id)
+    return str((conversation.id if conversation else "") or "")
 
 
 def is_personal(activity: Activity) -> bool:

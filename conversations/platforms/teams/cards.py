@@ -25,7 +25,14 @@ from microsoft_agents.activity import Activity, AdaptiveCardInvokeResponse, Adap
 from pydantic import ValidationError
 
 from agentloop.core.redaction import channel_secrets, redact
-from conversations.platforms.teams.transport import TokenRefused, TokenUnavailable, access_token, bounded
+from conversations.platforms.teams.activities import chat_of
+from conversations.platforms.teams.transport import (
+    TokenRefused,
+    TokenUnavailable,
+    access_token,
+    bounded,
+    conversation_id,
+)
 from conversations.platforms.teams.wire import CARD, VERB, activities_url, card, message, wire
 from tools.confirmations import tap
 
@@ -58,7 +65,7 @@ def invoked(channel: Channel, activity: Activity) -> dict[str, Any]:
     if not data or conversation is None or sender is None or not conversation.id or not sender.id:
         return _answer(MESSAGE_ANSWER, "")
     reply, _confirmation = tap(channel, data, sender_id=str(sender.id), sender_name=str(sender.name or ""),
-                               chat_id=str(conversation.id))
+                               chat_id=chat_of(activity))
     log.info("channel %s: a card's Action.Execute: %s", channel.slug, reply.status)
     if reply.outcome:
         return _answer(CARD, card(reply.outcome))
@@ -76,14 +83,15 @@ def question_decided(channel: Channel, confirmation: Confirmation, outcome: str)
     question = confirmation.question
     if question is None or not question.platform_message_id:
         return
-    url = activities_url(channel, confirmation.conversation.chat_id, question.platform_message_id)
     try:
+        conversation = conversation_id(channel, confirmation.conversation.chat_id, UPDATE_DEADLINE)
+        url = activities_url(channel, conversation, question.platform_message_id)
         token = access_token(channel, UPDATE_DEADLINE)
         status, _headers, _answer = bounded("PUT", url, UPDATE_DEADLINE,
                                             json=wire(message(outcome, activity_id=question.platform_message_id)),
                                             headers={"Authorization": f"Bearer {token}"})
         if status >= 300:
             log.warning("channel %s: updating a question failed: HTTP %s", channel.slug, status)
-    except (TokenRefused, TokenUnavailable, httpx.HTTPError, TimeoutError) as exc:
+    except (TokenRefused, TokenUnavailable, httpx.HTTPError, TimeoutError, ValueError) as exc:
         log.warning("channel %s: updating a question failed: %s", channel.slug,
                     redact(str(exc), channel_secrets(channel))[:200])

@@ -2,8 +2,8 @@
 messages"): in a personal chat, the reply shows while it is written as one streamed
 message, and the final is that message.
 
-- **Where**: a personal (one-to-one) chat — Teams streams nowhere else; its conversation
-  id starts `a:`. A chat or a bot that refuses (403 ContentStreamNotAllowed, 400 "streaming
+- **Where**: a personal (one-to-one) chat — Teams streams nowhere else; its chat id is
+  the person's (29:…). A chat or a bot that refuses (403 ContentStreamNotAllowed, 400 "streaming
   API is not enabled") is not asked again for UNAVAILABLE_FOR seconds: its previews are
   the edited message other chats get.
 - **While the agent writes**: POST a `typing` activity with the whole text so far and a
@@ -30,7 +30,7 @@ from microsoft_agents.activity import Activity, Attachment
 from microsoft_agents.activity.entity import StreamInfo
 
 from agentloop.core.caches import BoundedCache
-from conversations.platforms.teams.wire import CARD, activities_url, card
+from conversations.platforms.teams.wire import CARD, card, is_user
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.previews import CURSOR, Preview, PreviewResult
@@ -56,7 +56,8 @@ def _place(transport: TeamsTransport, target: Target) -> tuple[str, str]:
 
 
 def can_stream(transport: TeamsTransport, target: Target) -> bool:
-    return target.chat_id.startswith("a:") and _unavailable.get(_place(transport, target)) is None
+    personal = is_user(target.chat_id) or target.chat_id.startswith("a:")
+    return personal and _unavailable.get(_place(transport, target)) is None
 
 
 def streaming(stream_id: str) -> bool:
@@ -97,7 +98,10 @@ class TeamsStream(Preview):
         info: dict[str, Any] = {"stream_type": "streaming", "stream_sequence": sequence}
         if self.stream_id:
             info["stream_id"] = self.stream_id
-        result = await self.transport.call("POST", self._url(),
+        url = await self.transport.url(self.target.chat_id)
+        if isinstance(url, SendResult):
+            return PreviewResult(False, flood=url.outcome == Outcome.FLOOD, stop=url.outcome != Outcome.NOT_SENT)
+        result = await self.transport.call("POST", url,
                                            _wire(Activity(type="typing", text=text, entities=[StreamInfo(**info)])),
                                            limit=PREVIEW_DEADLINE, needs_id=not self.stream_id)
         if result.ok:
@@ -116,9 +120,6 @@ class TeamsStream(Preview):
         # unseen: no second stream (the final goes as a message of its own).
         return PreviewResult(False, flood=result.outcome == Outcome.FLOOD, stop=True)
 
-    def _url(self) -> str:
-        return activities_url(self.transport.channel, self.target.chat_id)
-
     async def discard(self) -> None:
         if self.stream_id:
             _streams.pop(self.stream_id)
@@ -133,8 +134,10 @@ async def finish(transport: TeamsTransport, target: Target, stream_id: str, text
         fields["attachments"] = [Attachment(content_type=CARD, content=card(text, target.buttons))]
     else:
         fields.update(text=text, text_format="markdown")
-    result = await transport.call("POST", activities_url(transport.channel, target.chat_id), _wire(Activity(**fields)),
-                                  needs_id=False)
+    url = await transport.url(target.chat_id)
+    if isinstance(url, SendResult):
+        return url
+    result = await transport.call("POST", url, _wire(Activity(**fields)), needs_id=False)
     if result.ok or result.outcome == Outcome.PERMANENT:
         _streams.pop(stream_id)  # ended, or Teams will take no more of it
     return SendResult.delivered(stream_id) if result.ok else result

@@ -42,7 +42,7 @@ from microsoft_agents.activity import Activity
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
 from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
-from conversations.platforms.teams.wire import activities_url, message, wire
+from conversations.platforms.teams.wire import activities_url, is_user, message, personal_conversation, wire
 from delivery import chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
@@ -91,6 +91,31 @@ class TokenUnavailable(Exception):
 # clock). Bounded; a changed secret or token URL is another entry.
 _tokens: BoundedCache[tuple[int, str], tuple[str, float]] = BoundedCache(maxsize=256)
 _asking = threading.Lock()
+# A person's personal chat, by (app id, service URL, user id): its conversation id.
+_conversations: BoundedCache[tuple[str, str, str], str] = BoundedCache(maxsize=4096, max_age=86400.0)
+
+
+def _conversation_key(channel: Any, user: str) -> tuple[str, str, str]:
+    return str(channel.setting("app_id") or ""), str(channel.setting("service_url") or ""), user
+
+
+def conversation_id(channel: Any, chat_id: str, limit: float = TOKEN_DEADLINE) -> str:
+    """Blocking (a question's update from outside the worker's loop): the conversation
+    `chat_id` names, a personal chat's asked of the Connector once per process. Raises
+    TokenRefused, TokenUnavailable, httpx.HTTPError or TimeoutError; ValueError when the
+    Connector gives none."""
+    if not is_user(chat_id):
+        return chat_id
+    held = _conversations.get(_conversation_key(channel, chat_id))
+    if held:
+        return held
+    url, body = personal_conversation(channel, chat_id)
+    status, _headers, answer = bounded("POST", url, limit, json=body,
+                                       headers={"Authorization": f"Bearer {access_token(channel, limit)}"})
+    found = answer.get("id") if isinstance(answer, dict) and status < 300 else None
+    if not found:
+        raise ValueError(f"the Connector gave no conversation for the personal chat (HTTP {status})")
+    return _conversations.set(_conversation_key(channel, chat_id), str(found))
 
 
 def _token_key(channel: Any) -> tuple[int, str]:
@@ -170,6 +195,28 @@ class TeamsTransport(Transport):
         except (TokenUnavailable, TimeoutError) as exc:
             return self.failed(Outcome.NOT_SENT, str(exc) or f"no token within {TOKEN_DEADLINE:g} s")
 
+    async def conversation(self, chat_id: str) -> str | SendResult:
+        """The conversation id replies to `chat_id` go to: itself, or for a personal chat
+        (a person's id) the conversation the Connector answers for the bot and them,
+        asked once per process (wire.personal_conversation); or the failed SendResult."""
+        if not is_user(chat_id):
+            return chat_id
+        key = _conversation_key(self.channel, chat_id)
+        held = _conversations.get(key)
+        if held:
+            return held
+        url, body = personal_conversation(self.channel, chat_id)
+        result = await self.call("POST", url, body)
+        if not result.ok:
+            return result
+        return _conversations.set(key, result.platform_message_id)
+
+    async def url(self, chat_id: str, activity_id: str = "") -> str | SendResult:
+        """The activities URL of `chat_id`'s conversation (and of one activity in it)."""
+        conversation = await self.conversation(chat_id)
+        return conversation if isinstance(conversation, SendResult) else \
+            activities_url(self.channel, conversation, activity_id)
+
     async def send_text(self, target: Target, text: str) -> SendResult:
         last: SendResult = SendResult.delivered("")
         # The ledger sends a long reply chunk by chunk (delivery.chunks); this split only
@@ -185,12 +232,13 @@ class TeamsTransport(Transport):
 
     async def create(self, target: Target, activity: Activity) -> SendResult:
         """POST the activity into the target's conversation (replying to `replyToId`)."""
-        return await self.call("POST", activities_url(self.channel, target.chat_id, activity.reply_to_id or ""),
-                               wire(activity))
+        url = await self.url(target.chat_id, activity.reply_to_id or "")
+        return url if isinstance(url, SendResult) else await self.call("POST", url, wire(activity))
 
     async def send_typing(self, target: Target) -> None:
-        await self.call("POST", activities_url(self.channel, target.chat_id), wire(Activity(type="typing")),
-                        limit=self.typing_refresh)
+        url = await self.url(target.chat_id)
+        if not isinstance(url, SendResult):
+            await self.call("POST", url, wire(Activity(type="typing")), limit=self.typing_refresh)
 
     async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
         """PUT the activity: a message of ours, its text replaced (a question's card put
@@ -200,13 +248,18 @@ class TeamsTransport(Transport):
             ended = await finish(self, target, message_id, text)
             if ended.ok or ended.outcome != Outcome.PERMANENT:
                 return ended
-        result = await self.call("PUT", activities_url(self.channel, target.chat_id, message_id),
-                                 wire(message(text[:MAX_UNITS], target.buttons, activity_id=message_id)))
+        url = await self.url(target.chat_id, message_id)
+        if isinstance(url, SendResult):
+            return url
+        result = await self.call("PUT", url, wire(message(text[:MAX_UNITS], target.buttons, activity_id=message_id)))
         return SendResult.delivered(message_id) if result.ok else result
 
     async def delete_message(self, target: Target, message_id: str) -> SendResult:
         """DELETE the activity: delivered once it is gone (also when it was already)."""
-        result = await self.call("DELETE", activities_url(self.channel, target.chat_id, message_id), None)
+        url = await self.url(target.chat_id, message_id)
+        if isinstance(url, SendResult):
+            return url
+        result = await self.call("DELETE", url, None)
         if result.outcome == Outcome.PERMANENT and "HTTP 404" in result.error:
             return SendResult.delivered(message_id)
         return result

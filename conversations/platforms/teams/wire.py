@@ -7,10 +7,29 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from microsoft_agents.activity import Activity, Attachment
+from microsoft_agents.activity import Activity, Attachment, ChannelAccount, ConversationParameters
 
 CARD = "application/vnd.microsoft.card.adaptive"
 VERB = "confirm"  # a question's Action.Execute verb
+
+
+def is_user(chat_id: str) -> bool:
+    """A personal chat's chat id: the person's Teams user id (29:…), not a conversation id
+    (inbound: activities.message says why)."""
+    return chat_id.startswith("29:")
+
+
+def personal_conversation(channel: Any, user: str) -> tuple[str, dict[str, Any]]:
+    """The Connector's "create conversation" for the bot and `user` (POST /v3/conversations):
+    for a personal chat it answers the one that exists (Microsoft: proactive messages),
+    so it turns a person's id into their chat's conversation id. (url, body)."""
+    app_id, tenant = str(channel.setting("app_id") or ""), str(channel.setting("tenant_id") or "")
+    fields: dict[str, Any] = {"is_group": False, "agent": ChannelAccount(id=f"28:{app_id}"),
+                              "members": [ChannelAccount(id=user)]}
+    if tenant:
+        fields.update(tenant_id=tenant, channel_data={"tenant": {"id": tenant}})
+    body: dict[str, Any] = ConversationParameters(**fields).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return f"{str(channel.setting('service_url')).rstrip('/')}/v3/conversations", body
 
 
 def activities_url(channel: Any, conversation: str, activity_id: str = "") -> str:
