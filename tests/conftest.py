@@ -156,7 +156,7 @@ ANY_DATABASE = {
     "tests/end_to_end/test_slack_e2e.py": "Slack's Web API and Events API: signatures, retries, errors, buttons, "
                                           "files (the ledger behind them is tested on both databases over Telegram)",
     "tests/end_to_end/test_google_chat_e2e.py": "Google Chat's endpoint tokens and Chat API: verification, redeliveries, "
-                                                "errors, quotas, cards (the ledger behind them is tested on both "
+                                                "errors, quotas, cards, files (the ledger behind them is tested on both "
                                                 "databases over Telegram)",
     "tests/end_to_end/test_openai_agent_e2e.py": "the OpenAI-compatible protocol through the openai SDK",
     "tests/end_to_end/test_mcp_client.py": "MCP servers' protocol through the SDK (the guard's states behind a tool "

@@ -7,14 +7,17 @@ a guild channel, only the message that mentions the bot is answered, the one bef
 kept as context; a chat Discord refuses (403) is tried once; a confirmation question's
 button tapped three times applies the action once; a worker killed mid-send: the next
 worker takes the Gateway over by RESUME (the message sent meanwhile answered) and resends
-the reply once, labelled. (No web server: Discord reaches us through the worker's Gateway alone.)"""
+the reply once, labelled; a photo in is fetched once from the CDN, the streamed reply is
+one preview message edited into the final, its file uploaded (multipart), and the
+person's message carries 👀 then ✅. (No web server: Discord reaches us through the
+worker's Gateway alone.)"""
 
 import subprocess
 import sys
 
 import pytest
 
-from conversations.models import Channel, InboundMessage, Turn
+from conversations.models import Channel, InboundMessage, MediaFile, MediaState, Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
 from tests.conftest import wait_until
@@ -132,3 +135,36 @@ def test_a_worker_killed_mid_send_resends_once_labelled_and_the_next_one_resumes
             "¿me confirmas la hora?", f"{ledger.RECOVERY_PREFIX}¿me confirmas la hora?"]
         assert [sent["content"] for sent in replies_to(rest, DM2)] == ["otra cosa"]
         assert gateway.identifies == 1 and [seq for _, seq in gateway.resumes] == [2]  # READY, 1101
+
+
+def test_a_photo_in_a_streamed_reply_edited_into_one_message_a_file_out_and_status_reactions(processes, tmp_path):
+    from tests.support.agents_for_tests import jpeg
+
+    agents = {"AGENTLOOP_EXTRA_AGENTS": "echofile=tests.support.agents_for_tests.EchoFileAgent",
+              "AGENTLOOP_MEDIA_ROOT": tmp_path / "files"}
+    with DiscordGateway(TOKEN, heartbeat_ms=2000) as gateway, DiscordRest(TOKEN, gateway.url) as rest:
+        add_channel(processes, rest)
+        Channel.objects.filter(slug="disc1").update(agent="echofile", agent_config={"stream_pace": 0.15},
+                                                    status_reaction="seen_done")
+        processes.worker(**agents)
+        wait_until(lambda: gateway.connected() and Channel.objects.get(slug="disc1").poll_session, timeout=30,
+                   message="the Gateway identified and the session stored")
+        photo = rest.attachment(jpeg(3), "foto.jpg", "image/jpeg", DM)
+        said = "mira esta foto y mándame the file con todo lo que te dije hoy por favor"
+        gateway.dispatch("MESSAGE_CREATE", message("2101", DM, said, attachments=(photo,)))
+        wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).exists()
+                   and any(sent["attachments"] for sent in rest.messages) and rest.reactions.get("2101") == ["✅"],
+                   timeout=30, message="the reply delivered, its file uploaded, ✅ on the message")
+        row = OutboundMessage.objects.get()
+        final, upload = replies_to(rest, DM)
+        assert rest.downloads == [photo["id"]] and MediaFile.objects.get().state == MediaState.STORED
+        # The preview: one message threaded to the person's, edited as it grew, then into the final.
+        assert Turn.objects.get().preview_message_id == final["id"] and row.platform_message_id == upload["id"]
+        assert final["message_reference"]["message_id"] == "2101"
+        edited = [body["content"] for message_id, body in rest.edits if message_id == final["id"]]
+        assert len(edited) >= 2 and edited[0].endswith("▍") and not final["content"].endswith("▍")
+        assert said in final["content"] and final["content"] == edited[-1]
+        [attached] = upload["attachments"]
+        assert attached["filename"] == "notes.txt" and said.encode() in attached["data"]
+        assert rest.refused == []
+        assert ("PUT", "2101", "👀") in rest.reaction_calls

@@ -3,7 +3,8 @@ token Chat signs them with (verified against the local fake's certificates), the
 worker sending through the fake Chat API with the service account's token from the fake
 token endpoint. Tokens refused; a storm of redeliveries is one message; a burst in a
 space is one reply in the user's thread; a 429 is resent unlabelled after its Retry-After;
-a 403 is never retried; in a space only a mention is answered, the rest kept as context;
+a 403 is never retried; in a space only a mention is answered, the rest kept as context,
+a file uploaded with it fetched with the app's token;
 a question's card tapped three times applies its action once."""
 
 import threading
@@ -86,17 +87,27 @@ def test_a_storm_of_redeliveries_and_a_burst_are_one_reply_in_the_thread_after_a
     assert len(fake_chat.calls("token")) == 1
 
 
-def test_only_a_mention_is_answered_in_a_space_and_a_403_is_never_retried(processes, make_channel, fake_chat):
+def test_only_a_mention_is_answered_in_a_space_and_a_403_is_never_retried(processes, make_channel, fake_chat,
+                                                                          tmp_path):
+    """…and the photo uploaded with the mention is fetched by the worker (media.download,
+    the app's token) before the turn."""
+    from conversations.models import MediaFile, MediaState
+
     google_chat_channel(make_channel, fake_chat, group_replies="mention", **QUICK)
-    web, _ = processes.web(wait=False), processes.worker()
+    web, _ = processes.web(wait=False), processes.worker(AGENTLOOP_MEDIA_ROOT=str(tmp_path / "files"))
     deliver(web, fake_chat, chat.message_event("alguien fue ayer", space=ROOM, user=chat.OTHER_USER,
                                                display_name="Beto"))
     wait_until(lambda: InboundMessage.objects.filter(disposition=Disposition.CONTEXT).exists(), timeout=20,
                message="the unaddressed message kept as context")
-    deliver(web, fake_chat, chat.message_event("¿a qué hora abren?", space=ROOM, mention=True))
+    photo = fake_chat.attachment(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "image/png", "horario.png")
+    deliver(web, fake_chat, chat.message_event("¿a qué hora abren?", space=ROOM, mention=True, attachments=(photo,)))
     [reply] = fake_chat.wait_for("create", timeout=20)
     turn = Turn.objects.get()
     assert "Beto: alguien fue ayer" in turn.merged_input and turn.merged_input.endswith("¿a qué hora abren?")
+    assert "[photo]" in turn.merged_input
+    [download] = fake_chat.downloads()
+    assert download.path == photo["attachmentDataRef"]["resourceName"] and download.token.startswith("ya29.")
+    assert MediaFile.objects.get().state == MediaState.STORED
 
     fake_chat.fail_next("create", status=403)  # the app was removed from that space
     gone = "spaces/GONEAAAAAAA"

@@ -2,8 +2,17 @@
 
 DiscordRest: the REST API under /api/v10 — GET /gateway/bot (the Gateway's URL), GET
 /users/@me (the bot, what discord.py's login asks), PATCH /channels/{id}/messages/{id} (an
-edit), POST /interactions/{id}/{token}/callback (a tap's answer: once, for a known token),
-POST /channels/{id}/messages, POST /channels/{id}/typing. `Authorization: Bot <token>`
+edit: a bucket of 5 per 5 s per channel of its own, 429 past it), DELETE of one (204;
+Unknown Message 10008 when it is not there), POST /interactions/{id}/{token}/callback (a
+tap's answer: once, for a known token), POST /channels/{id}/messages — JSON, or
+multipart/form-data with `payload_json` and `files[n]` parts (each recorded with its
+bytes; over `upload_limit`, 25 MiB as Discord's default, 413 Request entity too large,
+40005; neither content nor a file 400, 50006) — POST /channels/{id}/typing, PUT and
+DELETE /channels/{id}/messages/{id}/reactions/{emoji}/@me (the bot's reaction).
+The CDN: `attachment(data, filename, content_type)` gives a MESSAGE_CREATE's attachment
+object whose signed `url` (ex, is, hm) this server serves without a token, as Discord's
+CDN does (a wrong signature 404; `download_delay` holds each answer); each download
+recorded. `Authorization: Bot <token>`
 or 401; an unknown channel 404 (code 10003), a forbidden one 403 (Missing Access, 50001),
 content over 2,000 characters 400 (50035). The rate limits as Discord sends them: every
 answer names its bucket (X-RateLimit-Bucket, -Limit, -Remaining, -Reset, -Reset-After;
@@ -25,6 +34,9 @@ are kept in the session and replayed on RESUME, as Discord does.
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
+import hashlib
 import itertools
 import json
 import re
@@ -32,6 +44,7 @@ import threading
 import time
 import uuid
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -43,6 +56,9 @@ BUCKET_SIZE, BUCKET_SECONDS = 5, 5.0  # messages into one channel
 MESSAGES = re.compile(r"^/api/v10/channels/(\d+)/messages$")
 TYPING = re.compile(r"^/api/v10/channels/(\d+)/typing$")
 MESSAGE = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)$")
+REACTION = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)/reactions/([^/]+)/@me$")
+CDN = re.compile(r"^/attachments/(\d+)/(\d+)/([^/?]+)$")
+UPLOAD_LIMIT = 25 * 1024 * 1024
 CALLBACK = re.compile(r"^/api/v10/interactions/(\d+)/([^/]+)/callback$")
 
 
@@ -62,6 +78,15 @@ class DiscordRest(FakeServer):
         self.interaction_messages: dict[str, str] = {}  # interaction id → the tapped message
         self.answered: dict[str, Any] = {}  # interaction id → its callback's body
         self.edits: list[tuple[str, Any]] = []  # (message id, PATCH body)
+        self.edits_refused = 0  # PATCHes answered 429 (the edit bucket)
+        self.deleted: list[str] = []  # message ids
+        self.reactions: dict[str, list[str]] = {}  # message id → the bot's reactions on it, in order
+        self.reaction_calls: list[tuple[str, str, str]] = []  # (method, message id, emoji)
+        self.upload_limit = UPLOAD_LIMIT
+        self.files: dict[str, tuple[bytes, str, str]] = {}  # attachment id → (bytes, content type, signature)
+        self.downloads: list[str] = []  # attachment ids served
+        self.download_delay = 0.0  # seconds the CDN waits before it answers
+        self._edit_buckets: dict[str, list[float]] = {}  # channel id → edit times in the window
         self._ids = itertools.count(1)
         self._buckets: dict[str, list[float]] = {}  # channel id → send times in the window
 
@@ -69,7 +94,8 @@ class DiscordRest(FakeServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/api/v10"
 
-    def answer(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any, dict[str, str]]:
+    def answer(self, method: str, path: str, headers: dict[str, str], body: Any,
+               files: list[dict[str, Any]] | None = None) -> tuple[int, Any, dict[str, str]]:
         with self._cond:
             if headers.get("authorization") != f"Bot {self.token}":
                 return 401, {"message": "401: Unauthorized", "code": 0}, {}
@@ -82,6 +108,10 @@ class DiscordRest(FakeServer):
                 return self._callback(callback.group(1), callback.group(2), body)
             if method == "PATCH" and (edited := MESSAGE.match(path)):
                 return self._edit(edited.group(1), edited.group(2), body)
+            if method == "DELETE" and (gone := MESSAGE.match(path)):
+                return self._delete(gone.group(1), gone.group(2))
+            if method in ("PUT", "DELETE") and (reaction := REACTION.match(path)):
+                return self._reaction(method, reaction.group(2), unquote(reaction.group(3)))
             found = MESSAGES.match(path) or TYPING.match(path)
             if method != "POST" or not found:
                 return 404, {"message": "404: Not Found", "code": 0}, {}
@@ -95,9 +125,9 @@ class DiscordRest(FakeServer):
             if TYPING.match(path):
                 self.typing.append(channel)
                 return 204, None, {}
-            return self._message(channel, body)
+            return self._message(channel, body, files or [])
 
-    def _message(self, channel: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+    def _message(self, channel: str, body: Any, files: list[dict[str, Any]]) -> tuple[int, Any, dict[str, str]]:
         if self.fail_next:
             status = self.fail_next.pop(0)
             self.refused.append((status, body))
@@ -108,8 +138,13 @@ class DiscordRest(FakeServer):
             return 429, {"message": "You are being rate limited.", "retry_after": self.retry_after, "global": True}, {
                 "X-RateLimit-Global": "true", "X-RateLimit-Scope": "global", "Retry-After": str(int(self.retry_after)),
                 "Via": "1.1 google"}
-        if not isinstance(body, dict) or not isinstance(body.get("content"), str) or len(body["content"]) > 2000:
+        if sum(len(item["data"]) for item in files) > self.upload_limit:
+            self.refused.append((413, body))
+            return 413, {"message": "Request entity too large", "code": 40005}, {}
+        if not isinstance(body, dict) or not isinstance(body.get("content", ""), str) or len(body.get("content", "")) > 2000:
             return 400, {"message": "Invalid Form Body", "code": 50035}, {}
+        if not body.get("content") and not files:
+            return 400, {"message": "Cannot send an empty message", "code": 50006}, {}
         now = time.monotonic()
         window = [sent for sent in self._buckets.get(channel, []) if now - sent < BUCKET_SECONDS]
         reset_after = (window[0] + BUCKET_SECONDS - now) if window else BUCKET_SECONDS
@@ -121,11 +156,13 @@ class DiscordRest(FakeServer):
         window.append(now)
         self._buckets[channel] = window
         sent = {"id": str(1_100_000_000_000_000_000 + next(self._ids)), "channel_id": channel,
-                "content": body["content"], "message_reference": body.get("message_reference"),
-                "components": body.get("components") or []}
+                "content": body.get("content", ""), "message_reference": body.get("message_reference"),
+                "components": body.get("components") or [],
+                "attachments": [{"id": str(index), "filename": item["filename"], "content_type": item["content_type"],
+                                 "size": len(item["data"]), "data": item["data"]} for index, item in enumerate(files)]}
         self.messages.append(sent)
         self._cond.notify_all()
-        return 200, sent, self._limits(BUCKET_SIZE - len(window), reset_after)
+        return 200, _public(sent), self._limits(BUCKET_SIZE - len(window), reset_after)
 
     def _callback(self, interaction_id: str, token: str, body: Any) -> tuple[int, Any, dict[str, str]]:
         if self.interactions.get(interaction_id) != token:
@@ -141,9 +178,61 @@ class DiscordRest(FakeServer):
     def _edit(self, channel: str, message_id: str, body: Any) -> tuple[int, Any, dict[str, str]]:
         if not any(sent["id"] == message_id and sent["channel_id"] == channel for sent in self.messages):
             return 404, {"message": "Unknown Message", "code": 10008}, {}
+        now = time.monotonic()
+        window = [edited for edited in self._edit_buckets.get(channel, []) if now - edited < BUCKET_SECONDS]
+        reset_after = (window[0] + BUCKET_SECONDS - now) if window else BUCKET_SECONDS
+        if len(window) >= BUCKET_SIZE:
+            self.edits_refused += 1
+            return 429, {"message": "You are being rate limited.", "retry_after": round(reset_after, 3),
+                         "global": False}, {**self._limits(0, reset_after, "fakebucketedits"), "X-RateLimit-Scope": "user"}
+        window.append(now)
+        self._edit_buckets[channel] = window
         self.edits.append((message_id, body))
         self._edit_stored(message_id, body if isinstance(body, dict) else {})
-        return 200, next(sent for sent in self.messages if sent["id"] == message_id), {}
+        self._cond.notify_all()
+        return 200, _public(next(sent for sent in self.messages if sent["id"] == message_id)), \
+            self._limits(BUCKET_SIZE - len(window), reset_after, "fakebucketedits")
+
+    def _delete(self, channel: str, message_id: str) -> tuple[int, Any, dict[str, str]]:
+        found = [sent for sent in self.messages if sent["id"] == message_id and sent["channel_id"] == channel]
+        if not found:
+            return 404, {"message": "Unknown Message", "code": 10008}, {}
+        self.messages.remove(found[0])
+        self.deleted.append(message_id)
+        return 204, None, {}
+
+    def _reaction(self, method: str, message_id: str, emoji: str) -> tuple[int, Any, dict[str, str]]:
+        self.reaction_calls.append((method, message_id, emoji))
+        on = self.reactions.setdefault(message_id, [])
+        if method == "PUT" and emoji not in on:
+            on.append(emoji)
+        elif method == "DELETE" and emoji in on:
+            on.remove(emoji)
+        self._cond.notify_all()
+        return 204, None, {}
+
+    # --- the CDN ----------------------------------------------------------------------
+    def attachment(self, data: bytes, filename: str, content_type: str, channel_id: str = "1") -> dict[str, Any]:
+        """A MESSAGE_CREATE's attachment object for `data`, its URL signed and served here."""
+        with self._cond:
+            attachment_id = str(1_300_000_000_000_000_000 + next(self._ids))
+            signature = hashlib.sha256(data + attachment_id.encode()).hexdigest()
+            self.files[attachment_id] = (data, content_type, signature)
+        query = f"ex={int(time.time()) + 86400:x}&is={int(time.time()):x}&hm={signature}&"
+        return {"id": attachment_id, "filename": filename, "size": len(data), "content_type": content_type,
+                "url": f"http://127.0.0.1:{self.server_address[1]}/attachments/{channel_id}/{attachment_id}/{filename}"
+                       f"?{query}",
+                "proxy_url": f"http://127.0.0.1:{self.server_address[1]}/attachments/{channel_id}/{attachment_id}/"
+                             f"{filename}?{query}"}
+
+    def download(self, path: str, query: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        found = CDN.match(path)
+        with self._cond:
+            held = self.files.get(found.group(2)) if found else None
+            if held is None or query.get("hm") != [held[2]]:
+                return 404, b"This content is no longer available.", "text/plain"
+            self.downloads.append(found.group(2))  # type: ignore[union-attr]  # held implies found
+            return 200, held[0], held[1]
 
     def _edit_stored(self, message_id: str, fields: dict[str, Any]) -> None:
         for sent in self.messages:
@@ -163,10 +252,15 @@ class DiscordRest(FakeServer):
                 "data": {"custom_id": custom_id, "component_type": 2}}
 
     @staticmethod
-    def _limits(remaining: int, reset_after: float) -> dict[str, str]:
+    def _limits(remaining: int, reset_after: float, bucket: str = "fakebucketmessages") -> dict[str, str]:
         return {"X-RateLimit-Limit": str(BUCKET_SIZE), "X-RateLimit-Remaining": str(remaining),
                 "X-RateLimit-Reset": f"{time.time() + reset_after:.3f}", "X-RateLimit-Reset-After": f"{reset_after:.3f}",
-                "X-RateLimit-Bucket": "fakebucketmessages"}
+                "X-RateLimit-Bucket": bucket}
+
+
+def _public(sent: dict[str, Any]) -> dict[str, Any]:
+    """A message as the API answers it (its attachments without their bytes)."""
+    return {**sent, "attachments": [{k: v for k, v in item.items() if k != "data"} for item in sent["attachments"]]}
 
 
 class _Handler(TrackedHandler):
@@ -175,15 +269,42 @@ class _Handler(TrackedHandler):
     def _serve(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        path, _, query = self.path.partition("?")
+        if method == "GET" and path.startswith("/attachments/"):
+            time.sleep(self.server.download_delay)
+            self._send(*self.server.download(path, parse_qs(query)))
+            return
         try:
-            body = json.loads(raw) if raw else None
-            status, answer, headers = self.server.answer(method, self.path.split("?")[0],
-                                                         {k.lower(): v for k, v in self.headers.items()}, body)
+            body, files = self._body(raw)
+            status, answer, headers = self.server.answer(method, path, {k.lower(): v for k, v in self.headers.items()},
+                                                         body, files)
         except ValueError:
             status, answer, headers = 400, {"message": "400: Bad Request", "code": 50109}, {}
-        data = json.dumps(answer).encode() if answer is not None else b""
+        self._send(status, json.dumps(answer).encode() if answer is not None else b"", "application/json", headers)
+
+    def _body(self, raw: bytes) -> tuple[Any, list[dict[str, Any]]]:
+        """JSON, or multipart/form-data: `payload_json` and the `files[n]` parts."""
+        kind = self.headers.get("Content-Type") or ""
+        if not kind.startswith("multipart/form-data"):
+            return (json.loads(raw) if raw else None), []
+        form = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + kind.encode() + b"\r\n\r\n" + raw)
+        if not form.is_multipart():
+            raise ValueError("a multipart body without parts")
+        body, files = None, []
+        for part in form.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            data = part.get_payload(decode=True) or b""
+            if name == "payload_json":
+                body = json.loads(data)
+            elif isinstance(name, str) and re.fullmatch(r"files\[\d+\]", name):
+                files.append({"field": name, "filename": part.get_filename() or "", "data": data,
+                              "content_type": part.get_content_type()})
+        return body, files
+
+    def _send(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
-        for name, value in {**headers, "Content-Type": "application/json", "Content-Length": str(len(data))}.items():
+        for name, value in {**(headers or {}), "Content-Type": content_type, "Content-Length": str(len(data))}.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
@@ -196,6 +317,12 @@ class _Handler(TrackedHandler):
 
     def do_PATCH(self) -> None:
         self._serve("PATCH")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
 
 
 class DiscordGateway:
@@ -319,11 +446,13 @@ class DiscordGateway:
 
 
 def message(message_id: str, channel_id: str, text: str, *, author: str = "300000000000000001",
-            guild_id: str = "", mentions: tuple[str, ...] = ()) -> dict[str, Any]:
+            guild_id: str = "", mentions: tuple[str, ...] = (),
+            attachments: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     """A MESSAGE_CREATE's `d`, as Discord sends it."""
     data: dict[str, Any] = {
         "id": message_id, "channel_id": channel_id, "content": text, "type": 0, "tts": False,
-        "timestamp": "2026-12-06T10:00:00.000000+00:00", "edited_timestamp": None, "attachments": [], "embeds": [],
+        "timestamp": "2026-12-06T10:00:00.000000+00:00", "edited_timestamp": None, "attachments": list(attachments),
+        "embeds": [],
         "author": {"id": author, "username": "ana", "global_name": "Ana", "bot": False},
         "mentions": [{"id": user, "username": "agentbot", "bot": True} for user in mentions]}
     if guild_id:

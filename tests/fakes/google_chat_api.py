@@ -11,8 +11,12 @@ google-auth and the Chat API's clients expect them:
 - the Chat API: POST /v1/spaces/<s>/messages (spaces.messages.create; `thread.name` and
   messageReplyOption), PATCH /v1/spaces/<s>/messages/<m>?updateMask=… (patch) and DELETE
   (delete), each checking the bearer (401 UNAUTHENTICATED), and keeping Chat's documented
-  write quotas: 1 write a second into one space and `per_minute` (60) a minute for the
-  project, 429 RESOURCE_EXHAUSTED past either.
+  write quotas (https://developers.google.com/workspace/chat/limits): 60 writes a minute
+  into one space, kept as 1 write a second (`space_interval`), and `per_minute` (3,000)
+  message writes a minute for the project, 429 RESOURCE_EXHAUSTED past either;
+- media.download: GET /v1/media/<resourceName>?alt=media, the bytes of a file `attachment`
+  put in an event (checking the bearer: 401; an unknown resource: 404 NOT_FOUND; without
+  alt=media: the Media resource's JSON, as Google answers), optionally slow (`media_delay`).
 
 And Google Chat's side of the endpoint: events (`message_event`, `card_clicked`) and the
 bearer token Chat signs them with (`chat_token`), POSTed by `post`.
@@ -34,7 +38,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import httpx
 from cryptography import x509
@@ -48,14 +52,14 @@ from tests.fakes.server import FakeServer, TrackedHandler
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
 PROJECT_NUMBER = "123456789012"
-SPACE_INTERVAL = 1.0  # Chat: 1 write a second per space
-PER_MINUTE = 60  # Chat: 60 writes a minute per project (one app)
+SPACE_INTERVAL = 1.0  # Chat: 60 writes a minute per space, one a second
+PER_MINUTE = 3000  # Chat: 3,000 message writes a minute per project (one app)
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 
 
 @dataclass(frozen=True)
 class Call:
-    method: str  # "create", "patch", "token"
+    method: str  # "create", "patch", "delete", "token", "download"
     token: str
     path: str
     query: dict[str, str]
@@ -82,6 +86,7 @@ class _State:
     revoked: set[str] = field(default_factory=set)  # service account emails
     last_in_space: dict[str, float] = field(default_factory=dict)
     minute: deque[float] = field(default_factory=deque)
+    media: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # resource name -> (bytes, type)
 
 
 _keys: dict[str, rsa.RSAPrivateKey] = {}
@@ -129,6 +134,7 @@ class FakeGoogleChat(FakeServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self._state = _State()
         self.per_minute, self.space_interval = per_minute, space_interval
+        self.media_delay = 0.0  # seconds before a download's bytes start
         self.chat_signer = Signer(CHAT_ISSUER, standing=True)
         self.google_signer = Signer("accounts.google.com", standing=True)
         self.accounts: dict[str, Signer] = {}  # client_email -> its key
@@ -173,6 +179,24 @@ class FakeGoogleChat(FakeServer):
         payload = {"iss": issuer, "aud": audience, "iat": now - 5, "exp": now + expires_in, **claims}
         return (signer or self.chat_signer).sign(payload)
 
+    # --- files people upload -----------------------------------------------------------------------
+    def attachment(self, data: bytes, content_type: str = "image/jpeg", name: str = "foto.jpg") -> dict[str, Any]:
+        """A file uploaded to Chat: its bytes kept for media.download, and the attachment
+        as an event's message carries it (message_event names it after the message)."""
+        resource = "ATT" + secrets.token_urlsafe(60)
+        with self._cond:
+            self._state.media[resource] = (data, content_type)
+        return {"contentName": name, "contentType": content_type, "source": "UPLOADED_CONTENT",
+                "thumbnailUri": f"https://chat.google.com/api/get_attachment_url?url_type=FIFE_URL&content_type="
+                                f"{content_type}&attachment_token=x",
+                "downloadUri": "https://chat.google.com/api/get_attachment_url?url_type=DOWNLOAD_URL&attachment_token=x",
+                "attachmentDataRef": {"resourceName": resource}}
+
+    def downloads(self) -> list[Call]:
+        """The media.download calls answered with the file's bytes."""
+        with self._cond:
+            return [c for c in self._state.calls if c.method == "download" and c.body.get("served")]
+
     # --- scripting and inspection --------------------------------------------------------------------
     def fail_next(self, method: str = "create", status: int = 500, times: int = 1,
                   retry_after: float | None = None) -> None:
@@ -209,7 +233,8 @@ class FakeGoogleChat(FakeServer):
             return [c for c in self._state.calls if c.method == method]
 
     # --- the server's answers -------------------------------------------------------------------------
-    def answer(self, verb: str, path: str, query: dict[str, str], headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def answer(self, verb: str, path: str, query: dict[str, str], headers: Any,
+               raw: bytes) -> tuple[int, dict[str, Any] | bytes, dict[str, str]]:
         if verb == "GET" and path.startswith("/certs/"):
             signer = self.chat_signer if path == "/certs/chat" else self.google_signer
             return 200, {signer.kid: signer.cert}, {"Cache-Control": "public, max-age=19000"}
@@ -217,7 +242,29 @@ class FakeGoogleChat(FakeServer):
             return self._token(dict(parse_qsl(raw.decode())))
         if path.startswith("/v1/spaces/"):
             return self._chat(verb, path[len("/v1/"):], query, headers, raw)
+        if verb == "GET" and path.startswith("/v1/media/"):
+            return self._download(unquote(path[len("/v1/media/"):]), query, headers)
         return 404, {"error": {"code": 404, "message": "not found", "status": "NOT_FOUND"}}, {}
+
+    def _download(self, resource: str, query: dict[str, str],
+                  headers: Any) -> tuple[int, dict[str, Any] | bytes, dict[str, str]]:
+        token = str(headers.get("Authorization") or "").removeprefix("Bearer ")
+        with self._cond:
+            found = self._state.media.get(resource)
+            valid = token in self._state.tokens
+            call = Call("download", token, resource, query, {"served": valid and found is not None
+                                                             and query.get("alt") == "media"}, time.monotonic())
+            self._state.calls.append(call)
+            self._cond.notify_all()
+        if not valid:
+            return 401, _error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials."), {}
+        if found is None:
+            return 404, _error(404, "NOT_FOUND", "Media not found."), {}
+        if query.get("alt") != "media":
+            return 200, {"resourceName": resource}, {}
+        if self.media_delay:
+            time.sleep(self.media_delay)
+        return 200, found[0], {"Content-Type": found[1]}
 
     def _token(self, form: dict[str, str]) -> tuple[int, dict[str, Any], dict[str, str]]:
         if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
@@ -324,10 +371,10 @@ class _Handler(TrackedHandler):
         parts = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, answer, headers = self.server.answer(verb, parts.path, dict(parse_qsl(parts.query)), self.headers, raw)
-        data = json.dumps(answer).encode()
+        data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+        kind = {} if isinstance(answer, bytes) else {"Content-Type": "application/json; charset=UTF-8"}
         self.send_response(status)
-        for name, value in {**headers, "Content-Type": "application/json; charset=UTF-8",
-                            "Content-Length": str(len(data))}.items():
+        for name, value in {**headers, **kind, "Content-Length": str(len(data))}.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
@@ -355,9 +402,12 @@ ROOM = "spaces/ROOMAAAAAAA"
 
 
 def message_event(text: str, *, space: str = DM_SPACE, user: str = USER, name: str = "", thread: str = "",
-                  mention: bool = False, sender_type: str = "HUMAN", display_name: str = "Camila") -> dict[str, Any]:
+                  mention: bool = False, sender_type: str = "HUMAN", display_name: str = "Camila",
+                  attachments: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     """A MESSAGE event as Chat POSTs it to an HTTP endpoint. In a space with `mention`,
-    the text starts with the app's mention (an annotation) and argumentText is the rest."""
+    the text starts with the app's mention (an annotation) and argumentText is the rest.
+    `attachments`: FakeGoogleChat.attachment's or drive_attachment's, named after the
+    message (`…/attachments/<n>`); a message of only files has no text."""
     number = next(_serial)
     direct = space == DM_SPACE
     sender = {"name": user, "displayName": display_name, "type": sender_type}
@@ -370,10 +420,23 @@ def message_event(text: str, *, space: str = DM_SPACE, user: str = USER, name: s
         message["argumentText"] = f" {text}"
         message["annotations"] = [{"type": "USER_MENTION", "startIndex": 0, "length": 10, "userMention": {
             "type": "MENTION", "user": {"name": APP_USER, "displayName": "Agentloop", "type": "BOT"}}}]
+    if attachments:
+        message["attachment"] = [{"name": f"{message['name']}/attachments/A{i}", **item}
+                                 for i, item in enumerate(attachments, start=1)]
+    if not message["text"]:
+        del message["text"]
     space_body = {"name": space, "type": "DM" if direct else "ROOM",
                   "spaceType": "DIRECT_MESSAGE" if direct else "SPACE", "singleUserBotDm": direct}
     return {"type": "MESSAGE", "eventTime": message["createTime"], "space": space_body, "message": message,
             "user": sender}
+
+
+def drive_attachment(file_id: str, name: str = "Presupuesto.pdf",
+                     content_type: str = "application/pdf") -> dict[str, Any]:
+    """A Google Drive file attached to a message (driveDataRef: not downloadable by the app)."""
+    return {"contentName": name, "contentType": content_type, "source": "DRIVE_FILE",
+            "thumbnailUri": f"https://lh3.googleusercontent.com/d/{file_id}",
+            "driveDataRef": {"driveFileId": file_id}}
 
 
 def card_clicked(message_name: str, data: str, *, space: str = DM_SPACE, user: str = USER) -> dict[str, Any]:

@@ -13,7 +13,7 @@ EXPECTED = {
     "telegram": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "whatsapp": {C.FILES, C.TEMPLATES, C.TYPING, C.REACTIONS},
     "slack": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
-    "discord": {C.TYPING},  # no files or previews yet (docs/discord.md)
+    "discord": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "google_chat": {C.PREVIEWS, C.EDIT, C.DELETE},  # Chat has no typing; uploads need user auth
 }
 

@@ -344,3 +344,248 @@ def test_buttons_go_as_components_and_a_tap_is_parsed(servers, channel):
         assert (tap.custom_id, tap.user_id, tap.chat_id, tap.token) == ("c:abcdefghijklmnop:y", "77", GUILD_CHANNEL,
                                                                         data["token"])
     assert inbound.parse("INTERACTION_CREATE", {**data, "type": 2}, BOT_USER_ID) is None  # a slash command
+
+
+# --- files both ways ---------------------------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+
+
+def _attachment(number, content_type="image/png", size=100, url=None):
+    return {"id": f"13{number:016d}", "filename": f"f{number}.png", "size": size, "content_type": content_type,
+            "url": url or f"https://cdn.discordapp.com/attachments/{DM}/13{number:016d}/f{number}.png?ex=1&is=2&hm=3&"}
+
+
+def test_a_messages_attachments_are_files_to_fetch_the_first_with_its_text_the_others_items_of_one_album():
+    data = message("1001", DM, "mira", attachments=(_attachment(1), _attachment(2, "application/pdf"),
+                                                    {"id": "3", "filename": "x"}))  # no url: nothing to fetch
+    first, second = inbound.parse_all("MESSAGE_CREATE", data, BOT_USER_ID)
+    assert (first.platform_message_id, first.text, first.media_type, first.album_id) == ("1001", "mira", "image", "1001")
+    assert (first.media.key, first.media.ref, first.media.declared_type, first.media.file_name,
+            first.media.declared_size) == ("130000000000000001", _attachment(1)["url"], "image/png", "f1.png", 100)
+    assert (second.platform_message_id, second.text, second.media_type, second.album_id, second.reply_target) == (
+        "1001.1", "", "document", "1001", "1001")
+    alone = inbound.parse("MESSAGE_CREATE", message("1002", DM, "", attachments=(_attachment(4, "audio/ogg"),)),
+                          BOT_USER_ID)
+    assert alone.text == "" and alone.media_type == "audio" and alone.album_id == ""  # a file alone is a message
+    voice = {**message("1003", DM, "", attachments=({**_attachment(5, "audio/ogg"), "duration_secs": 2.5},)),
+             "flags": 8192}
+    assert inbound.parse("MESSAGE_CREATE", voice, BOT_USER_ID).media.kind == "voice"
+    assert inbound.parse("MESSAGE_CREATE", message("1004", DM, "", attachments=({"id": "9"},)), BOT_USER_ID) is None
+
+
+@pytest.fixture
+def files_root(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+
+
+def _admit(channel, data):
+    connection = platform("discord").connection()
+    Channel.objects.filter(pk=channel.pk).update(poll_session={"bot_user_id": BOT_USER_ID})
+    return admit_received(connection, channel.pk, "tester", [{"t": "MESSAGE_CREATE", "d": data}], None)
+
+
+def test_an_attachment_is_admitted_once_then_fetched_from_the_cdn_without_the_token(servers, channel, settings):
+    from conversations.media import fetching
+    from conversations.models import MediaFile, MediaState
+
+    rest = servers[1]
+    photo = rest.attachment(PNG, "foto.png", "image/png", DM)
+    assert _admit(channel, message("2001", DM, "", attachments=(photo,))) == 1
+    assert _admit(channel, message("2001", DM, "", attachments=(photo,))) == 0  # replayed after a RESUME
+    row = MediaFile.objects.select_related("channel").get()
+    assert (row.file_key, row.kind, row.state, row.declared_size) == (photo["id"], "image", MediaState.PENDING, len(PNG))
+    assert asyncio.run(fetching.fetch(row)) == PNG and rest.downloads == [photo["id"]]
+    # Over the cap: a declared size is skipped at the admission, a lying one cut while read.
+    settings.AGENTLOOP_MEDIA_MAX_BYTES = 10
+    _admit(channel, message("2002", DM, "", attachments=(rest.attachment(b"y" * 11, "b.bin", "application/zip", DM),)))
+    assert MediaFile.objects.get(file_name="b.bin").state == MediaState.SKIPPED
+    lying = {**rest.attachment(b"z" * 64, "c.png", "image/png", DM), "size": 5}
+    _admit(channel, message("2003", DM, "", attachments=(lying,)))
+    from conversations.media.download import FileTooLarge, FileUnavailable
+
+    with pytest.raises(FileTooLarge):
+        asyncio.run(fetching.fetch(MediaFile.objects.select_related("channel").get(file_name="c.png")))
+    # A URL whose signature Discord no longer honours: for good, the signature masked.
+    settings.AGENTLOOP_MEDIA_MAX_BYTES = 1000
+    expired = photo["url"].replace("hm=", "hm=0")
+    with pytest.raises(FileUnavailable) as refused:
+        asyncio.run(platform("discord").fetch_media(channel, expired, 1000))
+    assert refused.value.permanent
+    with pytest.raises(FileUnavailable) as nothing:
+        asyncio.run(platform("discord").fetch_media(channel, "not a url", 1000))
+    assert nothing.value.permanent
+    # A CDN that does not answer in time: worth another try, within the deadline.
+    settings.AGENTLOOP_MEDIA_FETCH_DEADLINE, rest.download_delay = 0.3, 1.0
+    started = time.monotonic()
+    with pytest.raises(FileUnavailable) as late:
+        asyncio.run(platform("discord").fetch_media(channel, photo["url"], 1000))
+    assert not late.value.permanent and "0.3 s" in str(late.value) and time.monotonic() - started < 0.9
+
+
+def _stored(channel, data, name, content_type):
+    from delivery.attachments import OutboundFile, store
+
+    return OutboundFile(store(channel.pk, data), name, content_type, len(data))
+
+
+def _transport_call(channel, method, *args):
+    transport = platform("discord").transport(channel)
+
+    async def go():
+        try:
+            return await getattr(transport, method)(*args)
+        finally:
+            await platform("discord").close_clients()
+
+    return asyncio.run(go())
+
+
+def test_a_file_goes_as_multipart_payload_json_and_files_0_threaded_with_its_caption(servers, channel, files_root):
+    rest = servers[1]
+    item = _stored(channel, b"BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n", "cita.ics", "text/calendar")
+    result = _transport_call(channel, "send_files", Target(chat_id=DM, reply_target="1001"), [item], "Tu cita")
+    [sent] = rest.messages
+    assert result.ok and result.platform_message_id == sent["id"]
+    assert (sent["content"], sent["message_reference"]["message_id"]) == ("Tu cita", "1001")
+    [attached] = sent["attachments"]
+    assert (attached["filename"], attached["content_type"], attached["data"]) == (
+        "cita.ics", "text/calendar", b"BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n")
+    bare = _transport_call(channel, "send_files", Target(chat_id=DM), [item], "")  # no caption: the file alone
+    assert bare.ok and rest.messages[1]["content"] == "" and len(rest.messages[1]["attachments"]) == 1
+
+
+def test_a_file_over_25_mib_is_refused_before_sending_and_discords_413_is_permanent(servers, channel, files_root):
+    from delivery.attachments import OutboundFile
+
+    rest = servers[1]
+    huge = OutboundFile("outbound/none", "video.mp4", "video/mp4", 25 * 1024 * 1024 + 1)
+    result = _transport_call(channel, "send_files", Target(chat_id=DM), [huge], "")
+    assert (result.outcome, result.chat_unreachable) == (Outcome.PERMANENT, False) and "25 MiB" in result.error
+    rest.upload_limit = 10  # a server whose limit is lower: Discord's own refusal
+    refused = _transport_call(channel, "send_files", Target(chat_id=DM), [_stored(channel, PNG, "a.png", "image/png")], "")
+    assert (refused.outcome, refused.chat_unreachable) == (Outcome.PERMANENT, False) and "40005" in refused.error
+    assert rest.messages == [] and [status for status, _ in rest.refused] == [413]
+
+
+def test_discord_py_uploads_a_file_the_fake_reads_as_discord_would(servers, monkeypatch):
+    """The fake's multipart is Discord's: discord.py's own upload (payload_json, files[0])."""
+    _, rest = servers
+    monkeypatch.setattr(discord.http.Route, "BASE", rest.url)
+
+    async def go():
+        import io
+
+        client = discord.http.HTTPClient(asyncio.get_running_loop())
+        await client.static_login(TOKEN)
+        try:
+            with discord.http.handle_message_parameters(content="adjunto", file=discord.File(io.BytesIO(PNG),
+                                                                                                "a.png")) as params:
+                return await client.send_message(DM, params=params)
+        finally:
+            await client.close()
+
+    sent = asyncio.run(go())
+    assert sent["attachments"][0]["filename"] == "a.png" and rest.messages[0]["attachments"][0]["data"] == PNG
+    assert rest.messages[0]["content"] == "adjunto"
+
+
+# --- previews of a streamed reply, edits, deletions, reactions -------------------------------------
+
+
+def test_a_preview_is_one_threaded_message_edited_then_the_final_edit_keeps_the_buttons(servers, channel):
+    from delivery.transports import Capability, transport_for
+
+    rest = servers[1]
+    transport = platform("discord").transport(channel)
+    target = Target(chat_id=DM, reply_target="1001")
+
+    async def stream():
+        try:
+            preview = transport.preview_for(target, turn_id=1)
+            shown = [await preview.show(text) for text in ("Hola ▍", "Hola ▍", "Hola, sí ▍")]
+            final = await transport.edit_text(Target(DM, buttons=(("Sí", "c:tok:y"), ("No", "c:tok:n"))),
+                                              shown[0].message_id, "Hola, sí. ¿Lo agendo?")
+            return preview, shown, final
+        finally:
+            await platform("discord").close_clients()
+
+    preview, shown, final = asyncio.run(stream())
+    [message_sent] = rest.messages
+    assert preview.is_message and shown[0].shown and not shown[1].shown and shown[2].shown  # the same text: no call
+    assert shown[0].message_id == shown[2].message_id == final.platform_message_id == message_sent["id"]
+    assert message_sent["message_reference"]["message_id"] == "1001" and len(rest.edits) == 2
+    assert message_sent["content"] == "Hola, sí. ¿Lo agendo?" and len(message_sent["components"][0]["components"]) == 2
+    assert {Capability.PREVIEWS, Capability.EDIT, Capability.DELETE, Capability.FILES, Capability.REACTIONS,
+            Capability.TYPING} == set(type(transport_for(channel)).capabilities())
+
+
+def test_a_discarded_preview_is_deleted_and_deleting_it_again_is_done(servers, channel):
+    rest = servers[1]
+    transport = platform("discord").transport(channel)
+
+    async def go():
+        try:
+            preview = transport.preview_for(Target(DM), turn_id=2)
+            shown = await preview.show("Un momento ▍")
+            await preview.discard()
+            return shown, await transport.delete_message(Target(DM), shown.message_id)
+        finally:
+            await platform("discord").close_clients()
+
+    shown, again = asyncio.run(go())
+    assert rest.deleted == [shown.message_id] and rest.messages == [] and again.ok
+
+
+def test_edits_past_the_channels_edit_bucket_are_a_flood_and_a_gone_message_is_not_the_chats_fault(servers, channel):
+    rest = servers[1]
+    sent = _send(channel)
+    results = [_transport_call(channel, "edit_text", Target(DM), sent.platform_message_id, f"v{n}") for n in range(6)]
+    assert all(result.ok for result in results[:5]) and results[5].outcome == Outcome.FLOOD
+    assert rest.edits_refused == 0  # the fifth answer's Remaining: 0 was kept: the sixth never left
+    gone = _transport_call(channel, "edit_text", Target(GUILD_CHANNEL), "1234", "x")  # (another bucket)
+    assert (gone.outcome, gone.chat_unreachable) == (Outcome.PERMANENT, False) and "10008" in gone.error
+    # A preview meeting the empty bucket says flood: its previews stop, the final pays nothing.
+    from conversations.platforms.discord.transport import MessagePreview
+
+    async def show():
+        try:
+            return await MessagePreview(platform("discord").transport(channel), Target(DM),
+                                        sent.platform_message_id).show("v6 ▍")
+        finally:
+            await platform("discord").close_clients()
+
+    shown = asyncio.run(show())
+    assert shown.flood and not shown.shown and len(rest.edits) == 5
+
+
+def test_a_long_preview_shows_its_first_message_still_unfinished(servers, channel):
+    transport = platform("discord").transport(channel)
+
+    async def go():
+        try:
+            return await transport.preview_for(Target(DM), turn_id=3).show("x" * 2500 + " ▍")
+        finally:
+            await platform("discord").close_clients()
+
+    assert asyncio.run(go()).shown
+    assert len(servers[1].messages[0]["content"]) == 2000 and servers[1].messages[0]["content"].endswith("▍")
+
+
+def test_a_status_reaction_is_put_then_replaced(servers, channel):
+    rest = servers[1]
+    transport = platform("discord").transport(channel)
+    seen, done = transport.status_reactions
+
+    async def go():
+        try:
+            await transport.set_reaction(Target(DM), "1001", seen)
+            await transport.set_reaction(Target(DM), "1001", done, previous=seen)
+            await transport.set_reaction(Target(DM), "1001", "", previous=seen)  # already gone: fine
+        finally:
+            await platform("discord").close_clients()
+
+    asyncio.run(go())
+    assert rest.reactions == {"1001": ["✅"]}
+    assert rest.reaction_calls == [("PUT", "1001", "👀"), ("DELETE", "1001", "👀"), ("PUT", "1001", "✅"),
+                                   ("DELETE", "1001", "👀")]

@@ -340,3 +340,123 @@ def test_a_question_that_expired_loses_its_card_through_the_api(gc, fake_chat, m
     assert patch.query == {"updateMask": "text,cardsV2"} and patch.body["cardsV2"] == []
     message = fake_chat.message(sent.platform_message_id)
     assert message["cardsV2"] == [] and message["text"].startswith("¿Agendo el lunes?") and message["text"] != "¿Agendo el lunes?"
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def test_a_file_uploaded_with_a_message_is_stored_pending_and_fetched_with_the_apps_token(client, gc, fake_chat):
+    from conversations import platforms
+    from conversations.models import MediaFile, MediaState
+
+    photo = fake_chat.attachment(b"\xff\xd8\xff\xe0 a jpeg", "image/jpeg", "boleta.jpg")
+    event = chat.message_event("mira esto", attachments=(photo,))
+    for _ in range(2):  # a redelivery: one message, one file
+        assert post(client, event, fake_chat.chat_token()).status_code == 200
+    stored = InboundMessage.objects.get()
+    assert (stored.platform_message_id, stored.text, stored.media_type) == (event["message"]["name"], "mira esto",
+                                                                             "photo")
+    file = MediaFile.objects.get()
+    assert file.state == MediaState.PENDING and file.pk == stored.media_file_id
+    assert file.ref == photo["attachmentDataRef"]["resourceName"] and file.file_name == "boleta.jpg"
+    assert file.file_key == event["message"]["attachment"][0]["name"] and file.declared_type == "image/jpeg"
+    data = run(platforms.of(gc).fetch_media(gc, file.ref, 1_000_000))
+    assert data == b"\xff\xd8\xff\xe0 a jpeg"
+    [download] = fake_chat.downloads()
+    assert download.path == file.ref and download.query == {"alt": "media"} and download.token.startswith("ya29.")
+
+
+def test_several_files_are_one_album_and_a_file_alone_needs_no_text(client, gc, fake_chat):
+    files = (fake_chat.attachment(b"%PDF-1.4 one", "application/pdf", "a.pdf"),
+             fake_chat.attachment(b"ID3 audio", "audio/mpeg", "nota.mp3"))
+    event = chat.message_event("", space=ROOM, attachments=files)
+    for _ in range(2):
+        assert post(client, event, fake_chat.chat_token()).status_code == 200
+    first, second = InboundMessage.objects.order_by("pk")
+    name = event["message"]["name"]
+    assert (first.platform_message_id, second.platform_message_id) == (name, f"{name}#2")
+    assert (first.media_type, second.media_type) == ("document", "audio") and first.text == second.text == ""
+    assert first.album_id and first.album_id == second.album_id and first.mentioned is False
+    assert {m.media_file.ref for m in (first, second)} == {f["attachmentDataRef"]["resourceName"] for f in files}
+
+
+def test_a_drive_file_is_its_name_and_link_in_the_text_and_nothing_is_fetched(client, gc, fake_chat):
+    from conversations.models import MediaFile
+
+    event = chat.message_event("el presupuesto", attachments=(chat.drive_attachment("1AbCdEf"),))
+    assert post(client, event, fake_chat.chat_token()).status_code == 200
+    stored = InboundMessage.objects.get()
+    assert stored.text == "el presupuesto\n📎 Presupuesto.pdf: https://drive.google.com/open?id=1AbCdEf"
+    assert not stored.media_type and not MediaFile.objects.exists()
+    only = chat.message_event("", attachments=(chat.drive_attachment("2XyZ", name="Plan.xlsx"),))
+    assert post(client, only, fake_chat.chat_token()).status_code == 200
+    assert InboundMessage.objects.get(platform_message_id=only["message"]["name"]).text.startswith("📎 Plan.xlsx: ")
+
+
+def test_a_download_that_cannot_be_had_says_whether_to_try_again(make_channel, fake_chat, settings):
+    from conversations import platforms
+    from conversations.media.download import FileTooLarge, FileUnavailable
+
+    gc = google_chat_channel(make_channel, fake_chat)
+    resource = fake_chat.attachment(b"x" * 5000)["attachmentDataRef"]["resourceName"]
+
+    def fetch(channel=gc, ref=resource, limit=1_000_000):
+        return run(platforms.of(channel).fetch_media(channel, ref, limit))
+
+    with pytest.raises(FileUnavailable, match="404") as unknown:
+        fetch(ref="ATTnot-a-file")
+    assert unknown.value.permanent
+    with pytest.raises(FileTooLarge):
+        fetch(limit=1000)
+    settings.AGENTLOOP_MEDIA_FETCH_DEADLINE = 0.5
+    fake_chat.media_delay = 2.0
+    with pytest.raises(FileUnavailable, match="within 0.5 s") as slow:
+        fetch()
+    assert not slow.value.permanent
+    fake_chat.media_delay = 0.0
+    no_token = google_chat_channel(make_channel, fake_chat, slug="gc3", token_uri="http://127.0.0.1:9/token")
+    with pytest.raises(FileUnavailable) as unreachable:
+        fetch(channel=no_token)
+    assert not unreachable.value.permanent
+    fake_chat.revoke()
+    with pytest.raises(FileUnavailable, match="refused the service account key") as revoked:
+        fetch(channel=google_chat_channel(make_channel, fake_chat, slug="gc4"))
+    assert revoked.value.permanent
+
+
+def test_the_fakes_media_download_wants_the_bearer(fake_chat):
+    import httpx
+
+    resource = fake_chat.attachment(b"secret bytes")["attachmentDataRef"]["resourceName"]
+    url = f"{fake_chat.api_base}media/{resource}"
+    assert httpx.get(url, params={"alt": "media"}, timeout=5).status_code == 401
+    assert httpx.get(url, params={"alt": "media"}, headers={"Authorization": "Bearer ya29.forged"},
+                     timeout=5).status_code == 401
+    assert not fake_chat.downloads()
+
+
+def test_a_replys_files_are_named_in_the_thread_as_chat_takes_no_upload_from_an_app(gc, fake_chat):
+    from delivery.attachments import OutboundFile
+    from delivery.transports import Capability
+
+    assert Capability.FILES not in GoogleChatTransport.capabilities()
+    thread = f"{ROOM}/threads/t5"
+    files = [OutboundFile("outbound/1/ab/abc", "reserva.ics", "text/calendar", 320)]
+    result = run(GoogleChatTransport(gc).send_files(Target(ROOM, thread_id=thread), files, "Tu hora:"))
+    assert result.ok
+    [call] = fake_chat.calls("create")
+    assert call.body == {"text": "Tu hora:\n📎 reserva.ics", "thread": {"name": thread}}
+
+
+@pytest.mark.parametrize("junk", ["a string", {"not": "a list"}, [1, None, {"contentName": "raro.bin"}],
+                                  [{"attachmentDataRef": {"resourceName": "R" * 600}, "contentName": "big.bin"}]])
+def test_attachments_chat_would_not_send_lose_nothing_of_the_message(client, gc, fake_chat, junk):
+    from conversations.models import MediaFile
+
+    event = chat.message_event("hola")
+    event["message"]["attachment"] = junk
+    assert post(client, event, fake_chat.chat_token()).status_code == 200
+    stored = InboundMessage.objects.get()
+    assert stored.text.startswith("hola") and not MediaFile.objects.exists()
+    named = [item["contentName"] for item in junk if isinstance(item, dict)] if isinstance(junk, list) else []
+    assert all(f"📎 {name} (not readable by the app)" in stored.text for name in named)

@@ -5,10 +5,13 @@ agentloop.
   RESUME from the stored session and sequence number, a new session after an invalid
   one), one holder per bot across workers and hosts (the channel's lease)
 - inbound.py: MESSAGE_CREATE / MESSAGE_UPDATE / MESSAGE_DELETE into our Inbound, Edit
-  and Deletion; READY into the session a new holder resumes
+  and Deletion (a message's attachments into files to fetch); READY into the session a
+  new holder resumes
+- media.py: an attachment fetched from its CDN URL, capped and deadlined
 - transport.py: replies (`POST /channels/{id}/messages`, threaded with
-  `message_reference`), typing, the rate-limit buckets and each error mapped to the
-  ledger's outcomes
+  `message_reference`), files (multipart), previews of a streamed reply (one message,
+  edited), status reactions, typing, the rate-limit buckets and each error mapped to
+  the ledger's outcomes
 - buttons.py: a confirmation question's buttons (components), a tap decided once and
   its interaction answered
 
@@ -67,6 +70,11 @@ class DiscordPlatform(Platform):
         from conversations.platforms.discord.buttons import question_decided
 
         question_decided(channel, confirmation, outcome)
+
+    async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:
+        from conversations.platforms.discord.media import fetch_media
+
+        return await fetch_media(channel, ref, limit)
 
     async def close_clients(self) -> None:
         from conversations.platforms.discord.transport import close_clients

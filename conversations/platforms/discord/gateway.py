@@ -83,8 +83,8 @@ class DiscordConnection(Connection):
         if not isinstance(payload, dict):
             return None
         bot_user_id = str((channel.poll_session or {}).get("bot_user_id") or "")
-        item = inbound.parse(str(payload.get("t") or ""), payload.get("d"), bot_user_id)
-        return Parsed([item]) if item is not None else None
+        items = inbound.parse_all(str(payload.get("t") or ""), payload.get("d"), bot_user_id)
+        return Parsed(items) if items else None
 
     def apply(self, channel: Channel, item: object) -> object:
         if isinstance(item, buttons.Tap):

@@ -1,4 +1,5 @@
-"""Discord's Gateway dispatches into our own types: MESSAGE_CREATE into an Inbound,
+"""Discord's Gateway dispatches into our own types: MESSAGE_CREATE into an Inbound (one
+per attachment beyond the first),
 MESSAGE_UPDATE into an Edit, MESSAGE_DELETE into a Deletion, READY into the session a
 new holder of the connection resumes, INTERACTION_CREATE (a tap on a question's button)
 into a buttons.Tap; anything else is nothing to act on.
@@ -13,7 +14,7 @@ dedup key, so the copy stops at the admission.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,10 +23,12 @@ from django.utils import timezone
 
 from conversations.deletions import Deletion
 from conversations.edits import Edit
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, MediaRef
 from conversations.platforms.discord.buttons import tap_of
 
 SOURCE = "discord"
+MAX_ATTACHMENTS = 10  # what Discord lets a message carry
+VOICE_MESSAGE = 1 << 13  # a message's flag: a voice message (its one attachment an audio with duration_secs)
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,16 @@ class SessionStarted:
 
 
 def parse(event: str, data: Any, bot_user_id: str) -> object | None:
-    """One dispatch (`t`, `d`) into our own type; None: nothing to act on (another
-    event, our own message, a message with no text)."""
+    """One dispatch (`t`, `d`) into our own type (a MESSAGE_CREATE's first Inbound:
+    parse_all gives all); None: nothing to act on (another event, our own message, a
+    message with neither text nor a file)."""
     if not isinstance(data, dict):
         return None
     if event == "READY":
         return _session(data)
     if event == "MESSAGE_CREATE":
-        return _message(data, bot_user_id)
+        found = messages(data, bot_user_id)
+        return found[0] if found else None
     if event == "MESSAGE_UPDATE":
         return _edit(data, bot_user_id)
     if event == "MESSAGE_DELETE":
@@ -56,6 +61,15 @@ def parse(event: str, data: Any, bot_user_id: str) -> object | None:
     if event == "INTERACTION_CREATE":
         return tap_of(data)
     return None
+
+
+def parse_all(event: str, data: Any, bot_user_id: str) -> list[object]:
+    """One dispatch into everything it carries: a MESSAGE_CREATE with several
+    attachments is several Inbounds; anything else one item or none."""
+    if event == "MESSAGE_CREATE" and isinstance(data, dict):
+        return list(messages(data, bot_user_id))
+    item = parse(event, data, bot_user_id)
+    return [item] if item is not None else []
 
 
 def _session(data: dict[str, Any]) -> SessionStarted | None:
@@ -70,20 +84,51 @@ def _author(data: dict[str, Any]) -> dict[str, Any]:
     return author if isinstance(author, dict) else {}
 
 
-def _message(data: dict[str, Any], bot_user_id: str) -> Inbound | None:
+def messages(data: dict[str, Any], bot_user_id: str) -> list[Inbound]:
+    """A MESSAGE_CREATE's Inbounds: its text with its first attachment, then one per
+    other attachment; none for our own message, a malformed one, or one with neither
+    text nor a file (an embed alone, a sticker)."""
     author = _author(data)
     message_id, chat, sender = str(data.get("id") or ""), str(data.get("channel_id") or ""), str(author.get("id") or "")
     if not (message_id and chat and sender) or sender == bot_user_id:
-        return None  # malformed, or our own message coming back through the Gateway
+        return []  # malformed, or our own message coming back through the Gateway
     text = _without_own_mention(str(data.get("content") or ""), bot_user_id)
-    if not text:
-        return None  # an attachment or an embed alone: no text to answer (files are not taken yet)
+    files = _files(data)
+    if not text and not files:
+        return []
     in_guild = bool(data.get("guild_id"))
-    return Inbound(platform_message_id=message_id, chat_id=chat, sender_id=sender, text=text,
-                   sender_name=str(author.get("global_name") or author.get("username") or ""),
-                   username=str(author.get("username") or ""), is_group=in_guild, reply_target=message_id,
-                   sent_at=_time(data.get("timestamp")), is_bot=bool(author.get("bot")),
-                   mentioned=addressed(data, bot_user_id) if in_guild else None)
+    first = Inbound(platform_message_id=message_id, chat_id=chat, sender_id=sender, text=text,
+                    sender_name=str(author.get("global_name") or author.get("username") or ""),
+                    username=str(author.get("username") or ""), is_group=in_guild, reply_target=message_id,
+                    sent_at=_time(data.get("timestamp")), is_bot=bool(author.get("bot")),
+                    mentioned=addressed(data, bot_user_id) if in_guild else None,
+                    media=files[0] if files else None, media_type=files[0].kind if files else "",
+                    album_id=message_id if len(files) > 1 else "")
+    return [first, *(replace(first, platform_message_id=f"{message_id}.{number}", text="", media=ref,
+                             media_type=ref.kind) for number, ref in enumerate(files[1:], start=1))]
+
+
+def _files(data: dict[str, Any]) -> list[MediaRef]:
+    found = data.get("attachments")
+    voice = isinstance(data.get("flags"), int) and bool(data["flags"] & VOICE_MESSAGE)
+    refs = []
+    for item in found[:MAX_ATTACHMENTS] if isinstance(found, list) else []:
+        if not (isinstance(item, dict) and item.get("id") and isinstance(item.get("url"), str) and item["url"]):
+            continue
+        declared = str(item.get("content_type") or "").split(";")[0].strip().lower()
+        size, duration = item.get("size"), item.get("duration_secs")
+        refs.append(MediaRef(key=str(item["id"]), ref=item["url"], kind=_kind(declared, voice), declared_type=declared,
+                             file_name=str(item.get("filename") or "")[:255],
+                             declared_size=size if isinstance(size, int) and size >= 0 else None,
+                             duration=float(duration) if isinstance(duration, int | float) else None))
+    return refs
+
+
+def _kind(content_type: str, voice: bool) -> str:
+    major = content_type.split("/")[0]
+    if major == "audio":
+        return "voice" if voice else "audio"
+    return {"image": "image", "video": "video"}.get(major, "document")
 
 
 def addressed(data: dict[str, Any], bot_user_id: str) -> bool:

@@ -12,6 +12,7 @@ Google Chat means to agentloop.
   account's access token, each HTTP answer mapped to the ledger's outcomes
 - cards.py: a confirmation question as a cards v2 button list, a click decided exactly
   once and answered in the same request (the message updated in place)
+- media.py: a file uploaded with a message, downloaded with the app's token (media.download)
 
 Identities: a message's dedup key is its resource name (`spaces/S/messages/M`), the same
 in every redelivery. A conversation's chat is the space (`spaces/S`); in a space the reply
@@ -87,9 +88,10 @@ class GoogleChatPlatform(Platform):
             label=_("Token URI"), check=check_url, carries=("service_account_key",),
             help=_("Where the access token is asked for (empty: the key's own token_uri, Google's). "
                    "Changing it asks for the key again.")),
-        # Chat's documented write quotas: 1 per second into one space, and (for one app)
-        # 60 a minute per project: one a second in all.
-        **pace_settings(per_second=0.95, chat_interval=1.0),
+        # Chat's documented write quotas (https://developers.google.com/workspace/chat/limits):
+        # 60 writes a minute into one space (shared by every app in it: one a second), and
+        # 3,000 message writes a minute per Cloud project (50 a second for the app).
+        **pace_settings(per_second=45.0, chat_interval=1.0),
     }
 
     # The package's own modules are imported where they are used: they import models and
@@ -98,6 +100,11 @@ class GoogleChatPlatform(Platform):
         from conversations.platforms.google_chat.transport import GoogleChatTransport
 
         return GoogleChatTransport(channel)
+
+    async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:
+        from conversations.platforms.google_chat.media import fetch_media
+
+        return await fetch_media(channel, ref, limit)
 
     async def close_clients(self) -> None:
         from conversations.platforms.google_chat.transport import close_clients

@@ -3,8 +3,18 @@ types. The event is {"type", "eventTime", "space": {"name", "type" (DM / ROOM),
 "spaceType" (DIRECT_MESSAGE / SPACE / GROUP_CHAT), "singleUserBotDm"}, "message": {"name",
 "sender": {"name", "displayName", "type" (HUMAN / BOT)}, "createTime", "text",
 "argumentText", "thread": {"name"}, "annotations": [{"type": "USER_MENTION",
-"userMention": {"user": {"name", "type"}}}], "slashCommand"}, "user", "action",
-"common"}.
+"userMention": {"user": {"name", "type"}}}], "slashCommand", "attachment": [{"name",
+"contentName", "contentType", "source" (UPLOADED_CONTENT / DRIVE_FILE),
+"attachmentDataRef": {"resourceName"} | "driveDataRef": {"driveFileId"}}]}, "user",
+"action", "common"}.
+
+Files (`message.attachment[]`): one uploaded to Chat (`attachmentDataRef.resourceName`)
+is a MediaRef the worker fetches later (media.fetch_media: the Chat API's media.download
+with the app's token). A message's first such file rides on the message itself; each
+further one is an Inbound of its own (id `<message name>#<n>`, the same in every
+redelivery), all of them one album, so the burst counts them as one message. A Google
+Drive file (`driveDataRef`) cannot be read with the app's credentials (the Drive API
+wants the user's): its name and link are added to the message's text instead.
 
 In a space an HTTP app is sent the messages that mention it (and slash commands); a
 message that reaches it otherwise is kept as context, unaddressed (conversations.groups
@@ -13,11 +23,12 @@ flagged is_bot (conversations.loops)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, MediaRef
 
 MESSAGE = "MESSAGE"
 CARD_CLICKED = "CARD_CLICKED"
@@ -38,9 +49,9 @@ def is_dm(space: dict[str, Any]) -> bool:
     return space.get("type") == "DM" or space.get("spaceType") == "DIRECT_MESSAGE" or bool(space.get("singleUserBotDm"))
 
 
-def inbound_from(event: dict[str, Any]) -> Inbound | Ignored:
+def inbound_from(event: dict[str, Any]) -> list[Inbound] | Ignored:
     """A MESSAGE event's (or an ADDED_TO_SPACE's carrying the mention that added the
-    app) message, or why it is not one."""
+    app) message — one Inbound, or one per file uploaded with it — or why it is not one."""
     space, message = as_dict(event.get("space")), as_dict(event.get("message"))
     sender = as_dict(message.get("sender")) or as_dict(event.get("user"))
     name, space_name, user = (str(value or "") for value in (message.get("name"), space.get("name"), sender.get("name")))
@@ -50,10 +61,12 @@ def inbound_from(event: dict[str, Any]) -> Inbound | Ignored:
     mentioned = addressed(message)
     text = str(message.get("argumentText") if mentioned and message.get("argumentText") is not None
                else message.get("text") or "").strip()
-    if not text:
+    uploads, linked = attachments(message)
+    text = "\n".join(part for part in (text, *linked) if part)
+    if not text and not uploads:
         return Ignored("empty")
     thread = str(as_dict(message.get("thread")).get("name") or "")
-    return Inbound(
+    first = Inbound(
         platform_message_id=name,
         chat_id=space_name,
         sender_id=user,
@@ -67,6 +80,46 @@ def inbound_from(event: dict[str, Any]) -> Inbound | Ignored:
         mentioned=None if direct else mentioned,
         is_bot=sender.get("type") == "BOT",
     )
+    if not uploads:
+        return [first]
+    album = hashlib.sha256(name.encode()).hexdigest()[:40] if len(uploads) > 1 else ""
+    found = [replace(first, media=uploads[0], media_type=uploads[0].kind, album_id=album)]
+    for number, ref in enumerate(uploads[1:], start=2):
+        found.append(replace(first, platform_message_id=f"{name}#{number}", text="", media=ref,
+                             media_type=ref.kind, album_id=album))
+    return found
+
+
+MAX_REF = 500  # what a MediaFile's ref holds: a longer resource name could not be fetched
+DRIVE_LINK = "https://drive.google.com/open?id="
+
+
+def attachments(message: dict[str, Any]) -> tuple[list[MediaRef], list[str]]:
+    """A message's files: those uploaded to Chat as MediaRefs (fetched later), and a line
+    of text for each the app cannot fetch (a Drive file: its name and link)."""
+    uploads: list[MediaRef] = []
+    linked: list[str] = []
+    for item in message.get("attachment") or []:
+        item = as_dict(item)
+        file_name = str(item.get("contentName") or "")[:255]
+        declared = str(item.get("contentType") or "")[:100]
+        resource = str(as_dict(item.get("attachmentDataRef")).get("resourceName") or "")
+        drive = str(as_dict(item.get("driveDataRef")).get("driveFileId") or "")
+        if resource and len(resource) <= MAX_REF:
+            key = str(item.get("name") or "") or f"media:{hashlib.sha256(resource.encode()).hexdigest()}"
+            uploads.append(MediaRef(key=key, ref=resource, kind=kind_of(declared), declared_type=declared,
+                                    file_name=file_name))
+        elif drive:
+            linked.append(f"📎 {file_name or 'Drive file'}: {DRIVE_LINK}{drive}")
+        elif file_name:
+            linked.append(f"📎 {file_name} (not readable by the app)")
+    return uploads, linked
+
+
+def kind_of(content_type: str) -> str:
+    """A file's media kind from the type Chat declares (the stored bytes are sniffed again)."""
+    major = content_type.partition("/")[0]
+    return {"image": "photo", "audio": "audio", "video": "video"}.get(major, "document")
 
 
 def addressed(message: dict[str, Any]) -> bool:

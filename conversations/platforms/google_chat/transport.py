@@ -20,6 +20,12 @@ Outcomes, from the HTTP status (Google's error `status` agrees):
 | no connection, no token (the token URI unreachable) | not sent: resent unlabelled |
 | no answer after the request went out | ambiguous |
 
+Files in replies: not uploaded. Chat's media.upload takes a user's authentication
+(scopes chat.messages.create / chat.messages), which an app posting as its service
+account does not have, so this transport keeps Transport.send_files as it is: each file
+of a reply is named in a message (`📎 booking.ics`, the caption above), threaded like any
+reply, and Transport.capabilities() lists no FILES.
+
 Chat has no typing indicator (the API offers none to apps). A streamed reply shows as one
 preview message in the chat, edited as it grows (spaces.messages.patch, updateMask=text)
 and edited into the final by the ledger (delivery.ledger.sending.send_over_preview); a

@@ -7,7 +7,8 @@ check it for → 403; Google's certificates unreachable → 503; nothing is stor
 check passes. Then the body: over AGENTLOOP_MAX_BODY_BYTES → 413, not a JSON event → 400.
 
 Events: MESSAGE is admitted through the same ingest as any platform's (dedup by the
-message's name, windows, double texting, control commands) and answered `{}` once its
+message's name, windows, double texting, control commands; a file uploaded with it is
+fetched later by the worker: media.py) and answered `{}` once its
 transaction committed — an empty answer posts nothing: every reply goes through the
 ledger, whatever happens to the request. CARD_CLICKED (a question's button) is decided
 and answered at once (cards.clicked). ADDED_TO_SPACE is acknowledged (its message, when
@@ -67,11 +68,12 @@ class GoogleChatEvents(Webhook):
         if isinstance(found, events.Ignored):
             return ACKNOWLEDGED if kind == events.ADDED_TO_SPACE or found.why == "empty" else \
                 error(400, f"not a Google Chat message event: {found.why}")
-        return Parsed([found])
+        return Parsed(list(found))
 
     def answer(self, received: Received, results: list[object]) -> Answer:
-        """`{}` whatever became of the message (posting nothing): the reply is the ledger's."""
-        [result] = results
-        if not isinstance(result, (Refused, Admission)):
-            raise TypeError(f"no answer for {result!r}")
+        """`{}` whatever became of the message (and of each file it carried: one item
+        each), posting nothing: the reply is the ledger's."""
+        for result in results:
+            if not isinstance(result, (Refused, Admission)):
+                raise TypeError(f"no answer for {result!r}")
         return ACKNOWLEDGED
