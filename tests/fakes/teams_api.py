@@ -14,7 +14,8 @@
   (conversation) 7 in 1 s, 8 in 2 s, 60 in 30 s, 1800 in an hour; 50 a second across all
   its conversations — and answering 429 with Retry-After past any of them; and Teams'
   streaming (typing activities with a streaminfo entity, then the final message) in
-  personal chats only, as "Stream bot messages" documents it.
+  personal chats only, as "Stream bot messages" documents it;
+- the images people paste: GET /v3/attachments/<id>/views/original, with the bot's token.
 
 And the Connector's side of the bot's endpoint: activities (`message_activity`,
 `update_activity`, `delete_activity`, `invoke_activity`) and the token it signs them with
@@ -92,6 +93,8 @@ class _State:
     tokens: set[str] = field(default_factory=set)
     in_thread: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
     in_second: deque[float] = field(default_factory=deque)
+    attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # id -> (bytes, content type)
+    downloads: list[tuple[str, str]] = field(default_factory=list)  # (attachment id, the Authorization sent)
 
 
 _keys: dict[str, rsa.RSAPrivateKey] = {}
@@ -191,13 +194,15 @@ class FakeTeams(FakeServer):
             return [c for c in self._state.calls if c.method == method]
 
     # --- the server's answers -------------------------------------------------------------------------
-    def answer(self, verb: str, path: str, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def answer(self, verb: str, path: str, headers: Any, raw: bytes) -> tuple[int, Any, dict[str, str]]:
         if verb == "GET" and path == "/openid":
             return 200, {"issuer": ISSUER, "authorization_endpoint": "https://invalid.botframework.com",
                          "jwks_uri": f"{self.url}/keys", "id_token_signing_alg_values_supported": ["RS256"],
                          "token_endpoint_auth_methods_supported": ["private_key_jwt"]}, {}
         if verb == "GET" and path == "/keys":
             return 200, {"keys": [self.signer.jwk]}, {}
+        if verb == "GET" and path.startswith("/v3/attachments/"):
+            return self._attachment(path.split("/")[3], str(headers.get("Authorization") or ""))
         if verb == "POST" and path.endswith("/oauth2/v2.0/token"):
             return self._token(dict(parse_qsl(raw.decode())))
         if verb == "POST" and path.rstrip("/") == "/v3/conversations":
@@ -221,6 +226,27 @@ class FakeTeams(FakeServer):
             token = "eyJ0eXAi." + secrets.token_urlsafe(24)
             self._state.tokens.add(token)
         return 200, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token}, {}
+
+    def add_attachment(self, data: bytes, content_type: str = "image/png") -> str:
+        """An image a person pasted: its contentUrl (GET with the bot's token)."""
+        attachment_id = "0-cus-d4-" + secrets.token_hex(16)
+        with self._cond:
+            self._state.attachments[attachment_id] = (data, content_type)
+        return f"{self.url}/v3/attachments/{attachment_id}/views/original"
+
+    def downloads(self) -> list[tuple[str, str]]:
+        with self._cond:
+            return list(self._state.downloads)
+
+    def _attachment(self, attachment_id: str, authorization: str) -> tuple[int, Any, dict[str, str]]:
+        with self._cond:
+            self._state.downloads.append((attachment_id, authorization))
+            if authorization.removeprefix("Bearer ") not in self._state.tokens:
+                return 401, _error("Unauthorized", "Authorization has been denied for this request."), {}
+            held = self._state.attachments.get(attachment_id)
+        if held is None:
+            return 404, _error("NotFound", "no such attachment"), {}
+        return 200, held[0], {"Content-Type": held[1]}
 
     def _create_conversation(self, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
         """POST /v3/conversations for the bot and one person: their personal chat's id
@@ -397,9 +423,9 @@ class _Handler(TrackedHandler):
         parts = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, answer, headers = self.server.answer(verb, parts.path, self.headers, raw)
-        data = json.dumps(answer).encode()
+        data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
         self.send_response(status)
-        for name, value in {**headers, "Content-Type": "application/json; charset=utf-8",
+        for name, value in {"Content-Type": "application/json; charset=utf-8", **headers,
                             "Content-Length": str(len(data))}.items():
             self.send_header(name, value)
         self.end_headers()
@@ -445,7 +471,7 @@ def _conversation(kind: str, conversation_id: str) -> dict[str, Any]:
 
 def message_activity(text: str, *, kind: str = "personal", conversation: str = "", user: str = USER,
                      name: str = "Camila", activity_id: str = "", mention: bool = False, service_url: str = "",
-                     reply_to: str = "") -> dict[str, Any]:
+                     reply_to: str = "", images: tuple[str, ...] = ()) -> dict[str, Any]:
     """A message activity as the Connector POSTs it. In a channel, a new post's
     conversation id carries its own id (`;messageid=`): the thread a reply goes into.
     With `mention`, the text starts with the bot's `<at>` mention and a mention entity."""
@@ -468,6 +494,10 @@ def message_activity(text: str, *, kind: str = "personal", conversation: str = "
                                      "mentioned": {"id": BOT, "name": "Agentloop"}})
     if reply_to:
         activity["replyToId"] = reply_to
+    if images:  # pasted images: each its Connector URL, and the message's HTML rendition beside them
+        activity["attachments"] = [
+            *({"contentType": "image/*", "contentUrl": url, "name": "image.png"} for url in images),
+            {"contentType": "text/html", "content": f"<p>{text}</p>"}]
     if kind == "channel":
         activity["channelData"].update(teamsChannelId=TEAM_CHANNEL, teamsTeamId="19:team0001@thread.tacv2")
     return activity

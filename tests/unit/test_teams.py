@@ -184,6 +184,35 @@ def test_an_edit_and_a_deletion_reach_the_stored_message(client, bot, fake_teams
     assert stored.deleted_at is not None
 
 
+def test_pasted_images_are_one_album_fetched_with_the_bots_token_from_the_connector_only(client, bot, fake_teams):
+    from conversations.media.download import FileUnavailable
+    from conversations.models import MediaFile
+    from conversations.platforms import teams as teams_platform
+
+    first, second = (fake_teams.add_attachment(data) for data in (b"\x89PNG one", b"\x89PNG two"))
+    activity = teams.message_activity("mira esto", images=(first, second))
+    assert post(client, activity, fake_teams.connector_token()).status_code == 200
+    one, two = InboundMessage.objects.order_by("pk")
+    assert (one.platform_message_id, one.text, one.media_type) == (activity["id"], "mira esto", "image")
+    assert (two.platform_message_id, two.text) == (f"{activity['id']}.1", "")
+    assert MediaFile.objects.count() == 2  # the HTML rendition beside them is not a file
+    platform = teams_platform.TeamsPlatform()
+    assert run(platform.fetch_media(bot, first, 1024)) == b"\x89PNG one"
+    [(_id, authorization)] = fake_teams.downloads()
+    assert authorization.startswith("Bearer ")
+    with FakeTeams() as elsewhere:  # another host: the bot's token is not sent there
+        stranger = elsewhere.add_attachment(b"x")
+        with pytest.raises(FileUnavailable):
+            run(platform.fetch_media(bot, stranger, 1024))
+        assert elsewhere.downloads()[0][1] == ""
+
+
+def test_an_image_alone_is_a_message(client, bot, fake_teams):
+    activity = teams.message_activity("", images=(fake_teams.add_attachment(b"\x89PNG"),))
+    assert post(client, activity, fake_teams.connector_token()).status_code == 200
+    assert InboundMessage.objects.get().media_type == "image"
+
+
 @pytest.mark.parametrize("kind", ["conversationUpdate", "installationUpdate", "typing", "messageReaction"])
 def test_other_activities_are_acknowledged_and_store_nothing(client, bot, fake_teams, kind):
     activity = {**teams.message_activity("x"), "type": kind}

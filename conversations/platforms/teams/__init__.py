@@ -9,6 +9,7 @@ everything Teams means to agentloop.
 - activities.py: an activity into an Inbound message, an Edit (messageUpdate), a
   Deletion (messageDelete) or the reason it is only acknowledged
 - webhook.py: the bot's messaging endpoint, /webhooks/teams/<slug>/
+- media.py: an image pasted into a message, fetched from the Connector with the bot's token
 - transport.py: replies through the Bot Connector REST API (POST, PUT and DELETE on
   {serviceUrl}/v3/conversations/{id}/activities) with the app's client-credentials
   token, each HTTP answer mapped to the ledger's outcomes; typing activities; previews
@@ -99,6 +100,11 @@ class TeamsPlatform(Platform):
         from conversations.platforms.teams.transport import TeamsTransport
 
         return TeamsTransport(channel)
+
+    async def fetch_media(self, channel: Channel, ref: str, limit: int) -> bytes:
+        from conversations.platforms.teams.media import fetch_media
+
+        return await fetch_media(channel, ref, limit)
 
     async def close_clients(self) -> None:
         from conversations.platforms.teams.transport import close_clients

@@ -1,7 +1,7 @@
 """A Bot Connector activity (the JSON POSTed to the messaging endpoint), read with the
 Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 
-- `message` → an Inbound: its activity id the dedup key (the same in every redelivery),
+- `message` → an Inbound (and one more per further image pasted into it, as an album): its activity id the dedup key (the same in every redelivery),
   `from.id` its sender, and its chat the Teams conversation id — except in a personal
   chat, whose chat is the person's id (29:…): a personal conversation id runs to 130
   characters and more, past what a chat id holds, and the Connector gives it back for
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.utils import timezone
@@ -29,12 +29,14 @@ from microsoft_agents.activity import Activity
 
 from conversations.deletions import Deletion
 from conversations.edits import Edit
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, MediaRef
 
 SOURCE = "teams"
 MESSAGE, UPDATE, DELETE, INVOKE = "message", "messageUpdate", "messageDelete", "invoke"
 PERSONAL = "personal"
 _THREAD = re.compile(r";messageid=(\d+)$")
+_ATTACHMENT = re.compile(r"/v3/attachments/([^/?#]+)")
+MAX_IMAGES = 10
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def parse(activity: Activity) -> Inbound | Edit | Deletion | Ignored:
+def parse(activity: Activity) -> list[Inbound] | Edit | Deletion | Ignored:
     if activity.type == MESSAGE:
         return message(activity)
     if activity.type == UPDATE:
@@ -115,22 +117,46 @@ def own_text(activity: Activity) -> tuple[str, bool]:
     return text.strip(), mentioned
 
 
-def message(activity: Activity) -> Inbound | Ignored:
+def message(activity: Activity) -> list[Inbound] | Ignored:
+    """A message's Inbounds: its text with its first image, then one per other image
+    (the platform message id `<id>.<n>`, as an album); none for a message with neither."""
     message_id, chat, sender = _ids(activity)
     if not (message_id and chat and sender):
         return Ignored("incomplete")
     text, mentioned = own_text(activity)
-    if not text:
-        return Ignored("empty")  # a card or a file alone: no text to answer (files are not taken yet)
+    images = _images(activity)
+    if not text and not images:
+        return Ignored("empty")  # a card or a file alone: nothing to answer (files are not taken yet)
     personal = is_personal(activity)
     thread = _THREAD.search(chat)
     account = activity.from_property
-    return Inbound(
+    first = Inbound(
         platform_message_id=message_id, chat_id=chat, sender_id=sender, text=text,
         sender_name=str(account.name or "").strip() if account else "",
         is_group=not personal, thread_id=thread[1] if thread else "", reply_target=message_id,
         sent_at=activity.timestamp, mentioned=None if personal else mentioned,
-        is_bot=bool(account and account.role == "bot"))
+        is_bot=bool(account and account.role == "bot"),
+        media=images[0] if images else None, media_type=images[0].kind if images else "",
+        album_id=message_id if len(images) > 1 else "")
+    return [first, *(replace(first, platform_message_id=f"{message_id}.{number}", text="", media=image,
+                             media_type=image.kind) for number, image in enumerate(images[1:], start=1))]
+
+
+def _images(activity: Activity) -> list[MediaRef]:
+    """The images pasted into a message: attachments of an `image/*` type whose
+    contentUrl is the Connector's (…/v3/attachments/<id>/views/original, fetched with the
+    bot's token: media.py). Other attachments (the message's HTML rendition, a file's
+    download info, cards) are not taken."""
+    found = []
+    for attachment in (activity.attachments or [])[:MAX_IMAGES]:
+        declared = str(attachment.content_type or "").split(";")[0].strip().lower()
+        url = str(attachment.content_url or "")
+        if not declared.startswith("image/") or not url.startswith(("https://", "http://")) or len(url) > 500:
+            continue
+        key = _ATTACHMENT.search(url)
+        found.append(MediaRef(key=(key[1] if key else url)[:200], ref=url, kind="image", declared_type=declared,
+                              file_name=str(attachment.name or "")[:255]))
+    return found
 
 
 def edit(activity: Activity) -> Edit | Ignored:

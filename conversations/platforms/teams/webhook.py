@@ -66,11 +66,12 @@ class TeamsActivities(Webhook):
         if isinstance(found, activities.Ignored):
             return error(400, f"not a whole Teams activity: {found.why}") if found.why == "incomplete" \
                 else ACKNOWLEDGED
-        return Parsed([found])
+        items: list[object] = [*found] if isinstance(found, list) else [found]
+        return Parsed(items)
 
     def answer(self, received: Received, results: list[object]) -> Answer:
-        """`{}` whatever became of the item (posting nothing): the reply is the ledger's."""
-        [result] = results
-        if not isinstance(result, (Refused, Admission, EditResult, DeletionResult)):
-            raise TypeError(f"no answer for {result!r}")
+        """`{}` whatever became of the items (posting nothing): the reply is the ledger's."""
+        for result in results:
+            if not isinstance(result, (Refused, Admission, EditResult, DeletionResult)):
+                raise TypeError(f"no answer for {result!r}")
         return ACKNOWLEDGED
