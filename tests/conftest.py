@@ -249,6 +249,9 @@ ONE_PASS = {
     "tests/end_to_end/test_slack_groups.py": "Slack channels under the group rule (test_groups.py runs on both)",
     "tests/end_to_end/test_discord_e2e.py": "Discord's Gateway and REST API through the real workers (the dedup, "
                                             "the ledger and the group rule behind them are tested on both databases)",
+    "tests/end_to_end/test_teams_e2e.py": "Teams' Bot Connector tokens and REST API through the real web server and "
+                                          "worker (the dedup, the ledger and the group rule behind them are tested "
+                                          "on both databases)",
     "tests/end_to_end/test_echo_platform.py": "the platform contract through a throwaway platform's folder and setting "
                                               "(its webhook, dedup, one turn, the ledger's pacing and 429 behind it "
                                               "are tested on both databases over Telegram and the API)",
