@@ -45,11 +45,11 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
+from agentloop.core.db_connection import close_broken_connection
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import ingest, platforms
 from conversations.platforms.inbound import Request
 from conversations.platforms.webhooks import Answer
-from conversations.worker.dbthread import close_broken_connection
 
 if TYPE_CHECKING:  # for annotations only
     from conversations.ingest import Inbound

@@ -25,9 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from agentloop.core import metrics_dir
+from agentloop.core.db_connection import close_broken_connection
 from conversations import engine
 from conversations.models import BufferState, MessageBuffer, Turn, TurnState, WorkerHeartbeat
-from conversations.worker.dbthread import close_broken_connection
 from delivery.models import OutboundMessage
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from typing import Generic, ParamSpec, TypeVar, TypeVarTuple
 from django.db import connection
 
 from agentloop.core.backoff import DATABASE, DATABASE_FAULTS, Backoff
+from agentloop.core.db_connection import close_broken_connection, force_close
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +30,13 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def close_broken_connection() -> None:
-    """Close this thread's connection if it can no longer be trusted."""
-    try:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-    except Exception:  # a dead socket may refuse even the check
-        _force_close()
-
-
-def _force_close() -> None:
-    try:
-        connection.close()
-    except Exception:
-        connection.connection = None
-
-
 def run_step(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one step on the calling thread; a database fault closes its connection and
     is reported once per fault (see backoff.FaultLog), not once per try."""
     try:
         result = fn(*args, **kwargs)
     except DATABASE_FAULTS as exc:
-        _force_close()
+        force_close()
         DATABASE.failed(exc)
         raise
     except Exception:
@@ -96,7 +81,7 @@ class DatabaseThread:
     def close(self) -> None:
         """Close the thread's connection and stop it (waits for the step in progress)."""
         if self.threads == 1:
-            self.executor.submit(_force_close).result()
+            self.executor.submit(force_close).result()
             self.executor.shutdown(wait=True)
         else:  # tools may be blocked on the outside world: do not wait for them
             self.executor.shutdown(wait=False, cancel_futures=True)

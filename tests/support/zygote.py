@@ -52,6 +52,11 @@ PRELOAD = (
     # Not DRF, drf-spectacular, django-q2 or axes themselves: they read settings when imported.
     "django.test", "requests", "slack_sdk.web.async_client", "slack_sdk.signature", "icalendar", "markdown",
     "channels.layers", "channels.generic.websocket", "filetype", "dateutil.parser", "uritemplate",
+    # The platforms' own libraries, which every web server and worker imports with the
+    # platforms (AGENTLOOP_PLATFORMS): Teams' activity models (pydantic), google-auth and
+    # PyJWT for the tokens Google Chat and Teams send, discord.py for the Gateway's opcodes.
+    "microsoft_agents.activity", "google.auth.jwt", "google.auth.transport.requests", "google.oauth2.id_token",
+    "google.oauth2.service_account", "jwt", "discord", "websockets.asyncio.client",
 )
 NEVER_PRELOADED = ("prometheus_client", "opentelemetry", "mcp")
 
