@@ -159,3 +159,31 @@ def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel
     assert by_channel["paced"]["paused_seconds"] == pytest.approx(9, abs=0.5)
     assert (by_channel["free"]["retrying"], by_channel["free"]["per_second"], by_channel["free"]["drain_seconds"]) \
         == (1, None, None)
+
+
+@pytest.mark.django_db
+def test_one_chats_backlog_does_not_hide_the_other_chats_replies(make_channel, make_conversation):
+    """A look at the ledger takes at most PER_CHAT rows of one chat while others wait: a
+    backlog owed to one chat (paced to a row a second) once filled every look, and every
+    other channel's replies stayed pending behind it until it drained. Oldest first still,
+    and each chat's rows in order."""
+    from delivery import ledger
+    from delivery.ledger import claiming
+    from delivery.models import OutboundKind
+    from tests.support.e2e import UNPACED
+
+    paced = make_channel("busy", kind="telegram", platform_settings={"bot_token": "7:B", "messages_per_second": 20})
+    free = make_channel("calm", kind="telegram", platform_settings={"bot_token": "7:C", **UNPACED})
+    crowd = make_conversation(paced, "crowd")
+    backlog = [ledger.enqueue(crowd, f"#{i}", kind=OutboundKind.REPLY).pk for i in range(60)]
+    second = make_conversation(free, "lots")
+    second_backlog = [ledger.enqueue(second, f"#{i}", kind=OutboundKind.REPLY).pk for i in range(30)]
+    others = [ledger.enqueue(make_conversation(free, f"other{i}"), "hola", kind=OutboundKind.REPLY).pk
+              for i in range(3)]
+
+    looked = claiming.claimable_ids(limit=50)
+    assert looked[:claiming.PER_CHAT] == backlog[:claiming.PER_CHAT]  # the oldest first, in order
+    assert looked[claiming.PER_CHAT:] == second_backlog[:claiming.PER_CHAT] + others  # then behind the crowd
+    claimed = {row.pk for row in ledger.claim_due("w1", limit=50)}
+    assert set(others) <= claimed and set(second_backlog[:claiming.PER_CHAT]) <= claimed
+    assert not claimed & set(backlog[claiming.PER_CHAT:])
