@@ -21,6 +21,10 @@ Outcomes, from the HTTP status (the Connector's `error.code` in the text):
 | no connection, no token (the token endpoint unreachable or failing) | not sent: resent unlabelled |
 | no answer after the request went out | ambiguous |
 
+Files (one a message): in a personal chat a FileConsentCard, the upload once the person
+accepts (files.py); in group chats and channels, where a bot uploads only through
+SharePoint and Graph, the files are named in the text.
+
 Typing: a `typing` activity, refreshed every TYPING_REFRESH seconds. A streamed reply:
 Teams' native streaming in a personal chat (streaming.py), one message edited in place
 (PUT) elsewhere.
@@ -44,6 +48,7 @@ from agentloop.core.tls import shared_tls_context
 from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
 from conversations.platforms.teams.wire import activities_url, is_user, message, personal_conversation, wire
 from delivery import chunks
+from delivery.attachments import OutboundFile
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.previews import Preview, PreviewResult
@@ -226,6 +231,23 @@ class TeamsTransport(Transport):
         for number, piece in enumerate(pieces):
             buttons = target.buttons if number == len(pieces) - 1 else ()
             last = await self.create(target, message(piece, buttons, target.reply_target if number == 0 else ""))
+            if not last.ok:
+                return last
+        return last
+
+    async def send_files(self, target: Target, files: list[OutboundFile], caption: str) -> SendResult:
+        """A personal chat: the file's consent card (files.py: the upload follows the
+        person's accept); elsewhere the files named in the text."""
+        if not is_user(target.chat_id):
+            return await super().send_files(target, files, caption)
+        from conversations.platforms.teams.files import consent_card
+
+        last: SendResult = SendResult.delivered("")
+        for number, item in enumerate(files):  # one (max_album): several only if a caller groups them
+            activity = consent_card(self.channel, target.chat_id, item, caption if number == 0 else "")
+            if number == 0 and target.reply_target:
+                activity.reply_to_id = target.reply_target
+            last = await self.create(target, activity)
             if not last.ok:
                 return last
         return last
