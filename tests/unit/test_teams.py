@@ -27,14 +27,19 @@ from tests.support.teams import teams_channel
 URL = "/webhooks/teams/teams/"
 
 
+def forget():
+    from conversations.platforms.teams import files, transport
+
+    for module in (verify, streaming, transport, files):  # what the process holds: tokens, keys, chats, taps
+        module.forget()
+
+
 @pytest.fixture
 def fake_teams():
-    verify.forget()
-    streaming.forget()
+    forget()
     with FakeTeams() as fake:
         yield fake
-    verify.forget()
-    streaming.forget()
+    forget()
 
 
 @pytest.fixture

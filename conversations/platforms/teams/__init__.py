@@ -11,7 +11,7 @@ everything Teams means to agentloop.
 - webhook.py: the bot's messaging endpoint, /webhooks/teams/<slug>/
 - media.py: an image pasted into a message, fetched from the Connector with the bot's
   token; a file sent in a personal chat, from its pre-authorised downloadUrl (no token)
-- files.py: a reply's files in a personal chat: the FileConsentCard, and on the person's
+- consent.py, files.py: a reply's files in a personal chat: the FileConsentCard, and on the person's
   accept (a `fileConsent/invoke`) the upload to their OneDrive, once, and the file's card
 - transport.py: replies through the Bot Connector REST API (POST, PUT and DELETE on
   {serviceUrl}/v3/conversations/{id}/activities) with the app's client-credentials

@@ -2,7 +2,7 @@
 using bot"). A bot cannot put a file into a chat itself; it asks the person, and the file
 goes into their OneDrive:
 
-1. the reply's file chunk is a message holding a FileConsentCard
+1. the reply's file chunk is a message holding a FileConsentCard (consent.py)
    (`application/vnd.microsoft.teams.card.file.consent`: the file's name, size and a
    description), its acceptContext and declineContext one signed token naming the stored
    bytes (delivery.attachments: its storage name, name, type, size) and the channel and
@@ -39,66 +39,32 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from django.conf import settings
-from django.core import signing
 from django.utils import translation
 from django.utils.translation import gettext as _
 from microsoft_agents.activity import Activity, Attachment
-from microsoft_agents.activity.teams import FileConsentCard, FileInfoCard, FileUploadInfo
+from microsoft_agents.activity.teams import FileInfoCard, FileUploadInfo
 from pydantic import ValidationError
 
 from agentloop.core import languages
 from agentloop.core.caches import BoundedCache
 from agentloop.core.redaction import channel_secrets, redact
 from conversations.platforms.teams.activities import as_dict, chat_of
+from conversations.platforms.teams.consent import offered
 from conversations.platforms.teams.transport import TokenRefused, TokenUnavailable, access_token, bounded
 from conversations.platforms.teams.wire import activities_url, wire
 from delivery import attachments
 
 if TYPE_CHECKING:  # for annotations only
     from conversations.models import Channel
-    from delivery.attachments import OutboundFile
 
 log = logging.getLogger(__name__)
 
-CONSENT = "application/vnd.microsoft.teams.card.file.consent"
 FILE_INFO = "application/vnd.microsoft.teams.card.file.info"
 CONSENT_INVOKE = "fileConsent/invoke"
-SALT = "agentloop.teams.file-consent"
 INVOKE_BUDGET = 12.0  # seconds for an accept's token, upload and card (Teams waits 15 s)
 # The accepts this process has taken (their uniqueId, their card): bounded, an hour each.
 _taken: BoundedCache[str, bool] = BoundedCache(maxsize=4096, max_age=3600.0)
 _taking = threading.Lock()
-
-
-def consent_card(channel: Channel, chat_id: str, item: OutboundFile, caption: str) -> Activity:
-    """The message asking the person in `chat_id` (a personal chat) to accept `item`:
-    `caption` its text, a FileConsentCard its attachment."""
-    token = signing.dumps({"c": channel.pk, "u": chat_id, "f": item.file, "n": item.name, "t": item.type,
-                           "s": item.size}, salt=SALT, compress=True)
-    card = FileConsentCard(description=item.caption or item.name, size_in_bytes=item.size,
-                           accept_context={"file": token}, decline_context={"file": token})
-    fields: dict[str, Any] = {"type": "message", "attachments": [Attachment(
-        content_type=CONSENT, name=item.name, content=card.model_dump(mode="json", by_alias=True, exclude_none=True))]}
-    if caption.strip():
-        fields.update(text=caption, text_format="markdown")
-    return Activity(**fields)
-
-
-def offered(channel: Channel, context: object, chat_id: str) -> dict[str, Any] | None:
-    """The file a card's context names, if the card is ours, for this channel and this
-    person, and not older than the ledger keeps files; else None."""
-    token = as_dict(context).get("file")
-    if not isinstance(token, str):
-        return None
-    try:
-        found = signing.loads(token, salt=SALT, max_age=settings.AGENTLOOP_RETAIN_LEDGER_DAYS * 86400)
-    except signing.BadSignature:  # SignatureExpired included
-        return None
-    if not isinstance(found, dict) or found.get("c") != channel.pk or found.get("u") != chat_id or \
-            not isinstance(found.get("f"), str) or not str(found["f"]).startswith(f"outbound/{channel.pk}/"):
-        return None
-    return found
 
 
 def consented(channel: Channel, activity: Activity) -> dict[str, Any]:
@@ -138,6 +104,11 @@ def consented(channel: Channel, activity: Activity) -> dict[str, Any]:
                     redact(problem, [*channel_secrets(channel), upload.upload_url])[:200])
         notice(channel, conversation, held, problem)
     return {}
+
+
+def forget() -> None:
+    """Drop the accepts this process took (tests)."""
+    _taken.clear()
 
 
 def send(channel: Channel, conversation: str, held: dict[str, Any], upload: FileUploadInfo, ends: float) -> str:

@@ -45,6 +45,7 @@ from microsoft_agents.activity import Activity
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
+from conversations.platforms.teams.consent import consent_card
 from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
 from conversations.platforms.teams.wire import activities_url, is_user, message, personal_conversation, wire
 from delivery import chunks
@@ -127,6 +128,13 @@ def _token_key(channel: Any) -> tuple[int, str]:
     material = "\n".join(str(channel.setting(name) or "") for name in ("app_id", "app_password", "tenant_id",
                                                                          "token_url"))
     return int(channel.pk or 0), hashlib.sha256(material.encode()).hexdigest()
+
+
+def forget() -> None:
+    """Drop the tokens and personal chats this process holds (tests: a fake's port used
+    again under a channel id used again would find another fake's token)."""
+    for cache in (_tokens, _conversations):
+        cache.clear()
 
 
 def forget_token(channel: Any) -> None:
@@ -240,8 +248,6 @@ class TeamsTransport(Transport):
         person's accept); elsewhere the files named in the text."""
         if not is_user(target.chat_id):
             return await super().send_files(target, files, caption)
-        from conversations.platforms.teams.files import consent_card
-
         last: SendResult = SendResult.delivered("")
         for number, item in enumerate(files):  # one (max_album): several only if a caller groups them
             activity = consent_card(self.channel, target.chat_id, item, caption if number == 0 else "")
