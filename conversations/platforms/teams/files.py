@@ -21,8 +21,8 @@ goes into their OneDrive:
 
 Once per accept: an accept's uniqueId (the OneDrive item Teams made for it) and its card
 are taken before the upload, so a double tap or a redelivered invoke reaching this
-process uploads once; across processes, the upload session itself takes the bytes once (a session that
-completed is gone: a second PUT fails and sends no second card). The whole of it — the
+process uploads once; across processes, the upload session itself takes the bytes once
+(a session that completed is gone: a second PUT fails and sends no second card). The whole of it — the
 token, the PUT, the card — within INVOKE_BUDGET seconds, under Teams' 15 s for an invoke's
 answer; a failure is told to the person and frees the uniqueId (their next tap tries again).
 
@@ -118,6 +118,8 @@ def send(channel: Channel, conversation: str, held: dict[str, Any], upload: File
         data = attachments.read(str(held["f"]))
     except OSError:
         return "gone"
+    if not data:  # an upload session takes no empty range
+        return "the file is empty"
     try:
         status, _headers, _answer = bounded(
             "PUT", upload.upload_url, _left(ends), content=data,
