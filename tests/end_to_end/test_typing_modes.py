@@ -270,7 +270,11 @@ def test_typing_failures_are_logged_once_and_never_delay_a_reply(processes, make
     for chat in (101, 102):
         send(web, "tg", chat, "hola y")
     fake_telegram.wait_for("sendMessage", count=2, timeout=15)
-    assert len(fake_telegram.calls("sendChatAction")) >= 6, "kept trying through the windows"
+    # Kept trying through the windows: each chat's indicator tried again after its first
+    # call failed. (Not a total: how many refreshes fit a 2 s window depends on the
+    # machine's load, and ">= 6 in all" once found 4, two a chat, in the serial phase.)
+    tries = [call.params["chat_id"] for call in fake_telegram.calls("sendChatAction")]
+    assert min(tries.count(101), tries.count(102)) >= 2, tries
     lines = [line for line in worker.output().splitlines() if "typing indicators of channel tg" in line]
     assert len(lines) == 1, lines
     lateness = [(t.started_at - t.buffer.flush_at).total_seconds() for t in Turn.objects.select_related("buffer")]
