@@ -10,8 +10,16 @@ chunk is an edit of it, and a failed or unknown edit removes it
 answers nor a truncated one as finished.
 """
 
+from __future__ import annotations
+
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from delivery.models import Outcome
+
+if TYPE_CHECKING:  # annotations only: delivery.transports imports this module
+    from delivery.transports import SendResult, Target, Transport
 
 # A preview ends with this: a text still being written never looks finished (the
 # final, sent or edited in through the ledger, has none).
@@ -46,3 +54,44 @@ class Preview(abc.ABC):
     async def discard(self) -> None:
         """The stream was cancelled (an interrupt, a new turn): take the preview away,
         best effort."""
+
+
+class EditedPreview(Preview):
+    """A preview that is one message in the chat, sent once and then edited: what a
+    platform with no draft or stream of its own shows (Discord, Google Chat, Teams
+    outside one-to-one chats). A platform says how its first message goes (`first`) and
+    how much of the text one message holds (`fit`); the ledger edits the final into it."""
+
+    is_message = True
+
+    def __init__(self, transport: Transport, target: Target, message_id: str = "") -> None:
+        self.transport, self.target, self.message_id = transport, replace(target, buttons=()), message_id
+        self.shown = ""
+
+    async def first(self, text: str) -> SendResult:
+        """The preview's message, sent (threaded as the reply will be)."""
+        return await self.transport.send_text(self.target, text)
+
+    def fit(self, text: str) -> str:
+        """`text` as one message holds it (the final, in chunks, says the rest)."""
+        return text
+
+    async def show(self, text: str) -> PreviewResult:
+        text = self.fit(text)
+        if text == self.shown:
+            return PreviewResult(False)
+        if self.message_id:
+            result = await self.transport.edit_text(self.target, self.message_id, text)
+        else:
+            result = await self.first(text)
+            self.message_id = result.platform_message_id if result.ok else ""
+        if result.ok:
+            self.shown = text
+            return PreviewResult(True, message_id=self.message_id)
+        # A first send that may have landed unseen: another would be a second preview.
+        return PreviewResult(False, flood=result.outcome == Outcome.FLOOD,
+                             stop=not self.message_id and result.outcome == Outcome.AMBIGUOUS)
+
+    async def discard(self) -> None:
+        if self.message_id:
+            await self.transport.delete_message(self.target, self.message_id)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
@@ -57,7 +56,7 @@ from conversations.platforms.discord.buttons import components
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
-from delivery.previews import CURSOR, Preview, PreviewResult
+from delivery.previews import CURSOR, EditedPreview, Preview
 from delivery.retry_after import clamp_retry_after
 from delivery.transports import LoopClients, SendResult, Target, Transport
 
@@ -285,33 +284,12 @@ def _json(response: httpx.Response) -> Any:
         return None
 
 
-class MessagePreview(Preview):
+class MessagePreview(EditedPreview):
     """A streamed reply's preview: one message (threaded like the reply), then edits."""
 
-    is_message = True
     interval = PREVIEW_INTERVAL
 
-    def __init__(self, transport: DiscordTransport, target: Target, message_id: str = "") -> None:
-        self.transport, self.target, self.message_id = transport, replace(target, buttons=()), message_id
-        self.shown = ""
-
-    async def show(self, text: str) -> PreviewResult:
+    def fit(self, text: str) -> str:
         if chunks.units(text) > MAX_UNITS:  # its first message's worth (the final, chunked, says the rest)
-            text = chunks.split(text, MAX_UNITS - chunks.units(CURSOR))[0] + CURSOR
-        if text == self.shown:
-            return PreviewResult(False)
-        if self.message_id:
-            result = await self.transport.edit_text(self.target, self.message_id, text)
-        else:
-            result = await self.transport.send_text(self.target, text)
-            self.message_id = result.platform_message_id if result.ok else ""
-        if result.ok:
-            self.shown = text
-            return PreviewResult(True, message_id=self.message_id)
-        # A first send that may have landed unseen: another would be a second preview.
-        return PreviewResult(False, flood=result.outcome == Outcome.FLOOD,
-                             stop=not self.message_id and result.outcome == Outcome.AMBIGUOUS)
-
-    async def discard(self) -> None:
-        if self.message_id:
-            await self.transport.delete_message(self.target, self.message_id)
+            return chunks.split(text, MAX_UNITS - chunks.units(CURSOR))[0] + CURSOR
+        return text

@@ -36,7 +36,6 @@ import asyncio
 import hashlib
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -52,7 +51,7 @@ from delivery import chunks
 from delivery.attachments import OutboundFile
 from delivery.models import Outcome
 from delivery.pacing import Pace
-from delivery.previews import Preview, PreviewResult
+from delivery.previews import EditedPreview, Preview
 from delivery.transports import LoopClients, SendResult, Target, Transport
 
 # Teams takes a message of about 28 KB, the whole activity ("Format your bot messages":
@@ -350,31 +349,14 @@ class TeamsTransport(Transport):
                           float(self.channel.setting("chat_interval") or 0))
 
 
-class MessagePreview(Preview):
+class MessagePreview(EditedPreview):
     """A streamed reply's preview: one message, then edits (PUT)."""
 
-    is_message = True
     interval = PREVIEW_INTERVAL
+    transport: TeamsTransport
 
-    def __init__(self, transport: TeamsTransport, target: Target, message_id: str = "") -> None:
-        self.transport, self.target, self.message_id = transport, target, message_id
-
-    async def show(self, text: str) -> PreviewResult:
-        if self.message_id:
-            result = await self.transport.edit_text(replace(self.target, buttons=()), self.message_id, text)
-        else:
-            result = await self.transport.create(self.target, message(text[:MAX_UNITS],
-                                                                      reply_to=self.target.reply_target))
-            self.message_id = result.platform_message_id if result.ok else ""
-        if result.ok:
-            return PreviewResult(True, message_id=self.message_id)
-        # A first send that may have landed unseen: another would be a second preview.
-        return PreviewResult(False, flood=result.outcome == Outcome.FLOOD,
-                             stop=not self.message_id and result.outcome == Outcome.AMBIGUOUS)
-
-    async def discard(self) -> None:
-        if self.message_id:
-            await self.transport.delete_message(self.target, self.message_id)
+    async def first(self, text: str) -> SendResult:
+        return await self.transport.create(self.target, message(text[:MAX_UNITS], reply_to=self.target.reply_target))
 
 
 def retry_after(value: str | None) -> float:
