@@ -399,7 +399,10 @@ class DiscordGateway:
         frame = {"op": 0, "t": event, "s": len(self.log) + 1, "d": data}
         self.log.append(frame)
         if self._socket is not None:
-            await self._socket.send(json.dumps(frame))
+            try:
+                await self._socket.send(json.dumps(frame))
+            except ConnectionClosed:  # a client killed a moment ago: the frame waits in the log for its RESUME
+                pass
         return int(frame["s"])
 
     async def _drop(self) -> None:
