@@ -4,7 +4,7 @@ admin's action on contacts, `POST /api/v1/operator/contacts/forget`. docs/operat
 What goes: every text the person wrote or was sent (messages, their edits, turns' input
 and replies, notes, ledger rows, confirmation questions), their files (rows, and stored
 bytes no other row names), their name, user name and platform ids, the local calendar
-the guard's tools kept for them, and the personal part of the guard's claims (arguments,
+the guard's tools kept for them, their chats' platform addresses (conversations.addresses), and the personal part of the guard's claims (arguments,
 results, errors) and of audit events about them (summary, extra, actor).
 
 Beyond their own rows, the copies made elsewhere go too: in a group, their lines in the
@@ -42,12 +42,13 @@ from django.utils import timezone
 
 from audit.events import record
 from audit.models import AuditEvent, EventKind
-from conversations import erasure_copies, retention
+from conversations import addresses, erasure_copies, retention
 from conversations.erasure_copies import ERASED
 from conversations.models import (
     BufferState,
     Contact,
     ContextNote,
+    Conversation,
     InboundMessage,
     MediaFile,
     MessageBuffer,
@@ -156,6 +157,12 @@ def _scrub(contact: Contact, conversations: list[int]) -> tuple[dict[str, Any], 
             summary=ERASED, extra={}, actor=ERASED, target=""),
     }
     Proposal.objects.filter(claim__in=claims).update(result=None, error="", decided_by="")
+    # Their chats' platform addresses (where replies went), unless another person's
+    # conversation is in the chat too (a group's address is the group's, not theirs).
+    chats = set(Conversation.objects.filter(pk__in=conversations).values_list("chat_id", flat=True))
+    shared = set(Conversation.objects.filter(channel_id=contact.channel_id, chat_id__in=chats)
+                 .exclude(pk__in=conversations).values_list("chat_id", flat=True))
+    counts["addresses"] = addresses.forget(contact.channel_id, chats - shared)
     MessageBuffer.objects.filter(of_them).update(last_album_id="")
     for pk in conversations:  # one conversation per chat: each gets a placeholder of its own
         contact.conversations.filter(pk=pk).update(chat_id=f"erased:{pk}", sender_id=f"erased:{contact.pk}",

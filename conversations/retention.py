@@ -12,6 +12,8 @@ transaction each (agentloop.core.pruning), never what a guarantee still needs:
 - an open ledger row (delivery.ledger.prune), a claim inside its window or whose outcome
   is still owed (tools.guard.sweep.prune);
 - a file being fetched; a stored file's bytes while any row still names them;
+- a chat's platform address (conversations.addresses) while a message of the chat is
+  younger than the retention;
 - a schedule still waiting for a tick (only sent or cancelled ones go); an unreachable
   chat's mark while sends to it are still refused (it goes once none has been for the
   retention: the chat's id is personal data, and a new refusal marks it again).
@@ -41,6 +43,7 @@ from conversations.models import (
     InboundMessage,
     MediaFile,
     MessageBuffer,
+    PlatformAddress,
     Turn,
     TurnState,
 )
@@ -104,6 +107,7 @@ def sweep(now: datetime | None = None, budget_seconds: float | None = None) -> d
     _prune_buffers(cutoff, budget)
     _prune_notes(cutoff, budget)
     _prune_files(cutoff, budget)
+    _prune_addresses(cutoff, budget)
     prune_claims(now, budget)
     audit_events.prune(now, budget)
     idempotency.prune(now, budget)
@@ -148,6 +152,17 @@ def _prune_notes(cutoff: datetime, budget: Budget) -> None:
 def _prune_files(cutoff: datetime, budget: Budget) -> None:
     deletable = MediaFile.objects.filter(state__in=SETTLED, created_at__lt=cutoff, messages__isnull=True)
     pruning.delete_old(MediaFile, "created_at", cutoff, deletable, budget, on_delete=forget_bytes_on_commit)
+
+
+def _prune_addresses(cutoff: datetime, budget: Budget) -> None:
+    """A chat's platform address goes with its messages: unchanged since the cutoff and no
+    message of the chat received since (a chat still talking keeps it; a new message
+    writes it again)."""
+    recent = InboundMessage.objects.filter(channel_id=OuterRef("channel_id"), conversation__chat_id=OuterRef("chat_id"),
+                                           received_at__gte=cutoff)
+    deletable = PlatformAddress.objects.filter(updated_at__lt=cutoff).exclude(Exists(recent))
+    # Walked by `created_at` (it grows with the id); judged by the last change.
+    pruning.delete_old(PlatformAddress, "created_at", cutoff, deletable, budget)
 
 
 def _prune_schedules(now: datetime, budget: Budget) -> None:

@@ -729,18 +729,21 @@ def django_db_setup(request, django_test_environment, django_db_blocker, django_
 
 @pytest.fixture(autouse=True)
 def fresh_channel_cache():
-    """Each test's channels, tool policies and live listeners are new rows (rolled back
-    after), never a cached copy."""
+    """Each test's channels, tool policies, live listeners and platform addresses are new
+    rows (rolled back after), never a cached copy."""
     from agentloop.core.live import forget_listeners
+    from conversations.addresses import forget_cached as forget_addresses
     from tools.guard import forget_policies
 
     Channel.objects.forget_cached()
     forget_policies()
     forget_listeners()
+    forget_addresses()
     yield
     Channel.objects.forget_cached()
     forget_policies()
     forget_listeners()
+    forget_addresses()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from agentloop.core.rows import aware, insert
 from audit.events import record
 from audit.failpoints import failpoint
 from audit.models import EventKind
-from conversations import console, control, loops, sql, windows
+from conversations import addresses, console, control, loops, sql, windows
 from conversations.ingest import spans
 from conversations.ingest.double_texting import double_text
 from conversations.ingest.refusal import refusal
@@ -121,6 +121,8 @@ def _admit(channel: Channel, inbound: Inbound, now: datetime, created: Conversat
     with transaction.atomic(savepoint=savepoint):
         admission = _admit_in_transaction(channel, inbound, now, created)
         if admission is not None and not admission.duplicate:
+            if inbound.address:
+                addresses.remember(channel.pk, inbound.chat_id, inbound.address)
             console.message_admitted(channel, admission.conversation_id, inbound, admission,
                                      f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
         return admission

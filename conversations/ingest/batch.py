@@ -13,7 +13,7 @@ from django.utils import timezone
 from agentloop.core import tracing
 from agentloop.core.rows import insert_many
 from audit.failpoints import failpoint
-from conversations import console, control, sql
+from conversations import addresses, console, control, sql
 from conversations.ingest import spans
 from conversations.ingest.admission import _buffered, _conversation_from_row, _message, _planned, _retryable, admit
 from conversations.ingest.refusal import refusal
@@ -239,6 +239,8 @@ def _admit_first_messages(requests: Sequence[Request], created: dict[int, Conver
         failpoint("inbound.after_insert")
         admissions[i] = admission = _buffered(
             Admission(duplicate=False, conversation_id=created[i].pk, message_id=message.pk), plain[i])
+        if inbound.address:
+            addresses.remember(channel.pk, inbound.chat_id, inbound.address)
         console.message_admitted(channel, created[i].pk, inbound, admission,
                                  f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
     if unused:

@@ -3,6 +3,7 @@ admitted (Arrival), what became of it (Admission), and the refusal of one that c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -53,6 +54,10 @@ class Inbound:
     # Sent by a bot (Telegram's from.is_bot, Slack's bot_id, the API's is_bot): a turn
     # only where the channel allows that bot (conversations.loops).
     is_bot: bool = False
+    # Where the platform wants the chat's replies sent, if it says with each message
+    # (Teams: the conversation reference): stored per chat when it changes
+    # (conversations.addresses), read by the platform's transport. None: nothing to keep.
+    address: Mapping[str, str] | None = None
     # Its admission span's traceparent (agentloop.core.tracing), stored with it; None
     # while tracing is off. Set by the admission, never by a platform.
     traceparent: str | None = None

@@ -7,11 +7,13 @@ table does not allow.
 
 The package, by table: `channels`, `messages` (contacts, conversations, inbound
 messages), `buffers`, `media` (the files users send), `turns` (turns, worker heartbeats, context notes), `routing` (routing rules), `reactions`, `keys`,
-`edits`. Every model is imported here, so Django finds them all; the migrations name
+`edits`, `addresses` (where a platform wants a chat's replies sent). Every model is
+imported here, so Django finds them all; the migrations name
 the channel's callable defaults at this path (`conversations.models._default_greetings`,
 `_default_conjunctions`, `_platform_choices`), so they are imported here too.
 """
 
+from conversations.models.addresses import PlatformAddress  # noqa: F401
 from conversations.models.buffers import BufferState, FlushReason, MessageBuffer  # noqa: F401
 from conversations.models.channels import (  # noqa: F401
     Channel,

@@ -156,8 +156,8 @@ def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel,
     wait_until(delivered(1), timeout=20, message="the row delivered after the restart")
     said = "¿Me confirmas la hora?"
     assert fake_teams.texts() == [said, f"{ledger.RECOVERY_PREFIX}{said}"]
-    assert all(c.body["replyToId"] == activity["id"] and c.conversation == teams.PERSONAL
-               for c in fake_teams.calls("create"))  # the person's chat, asked of the Connector by each worker
+    assert all(c.body["replyToId"] == activity["id"] and (c.service, c.conversation) == ("amer", teams.PERSONAL)
+               for c in fake_teams.calls("create")) and not fake_teams.calls("conversation")  # by its reference
     row = OutboundMessage.objects.get()
     assert row.attempts == 2 and row.needs_marker
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1

@@ -9,6 +9,8 @@
   a wrong secret is answered 401 invalid_client;
 - the Bot Connector: POST /v3/conversations/<id>/activities[/<replyTo>] (a message or a
   typing activity), PUT and DELETE /v3/conversations/<id>/activities/<activity>, each
+  served at its root (the channel's service URL setting) and under a region
+  (`region_url`: /amer/v3/…, the serviceUrl its activities carry; each call records which),
   and POST /v3/conversations (a person's personal chat: its id, 130 characters as Teams'
   are), each checking the bearer (401), keeping Teams' documented limits for one bot — per thread
   (conversation) 7 in 1 s, 8 in 2 s, 60 in 30 s, 1800 in an hour; 50 a second across all
@@ -36,6 +38,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import re
 import secrets
 import time
 from collections import defaultdict, deque
@@ -57,9 +60,15 @@ TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
 # Teams' documented limits per bot per thread: (messages, seconds); and per bot in all.
 THREAD_LIMITS = ((7, 1.0), (8, 2.0), (60, 30.0), (1800, 3600.0))
 BOT_PER_SECOND = 50
-# The serviceUrl the activities carry (and the Connector's tokens claim): a real region's.
-# Replies go to the channel's service_url setting, the fake's.
+# The serviceUrl the activities carry (and the Connector's tokens claim) when no fake is
+# running: a real region's. While one is (entered with `with`), its region_url(): replies
+# go to the serviceUrl of the chat's last activity (its conversation reference).
 ACTIVITY_SERVICE_URL = "https://smba.trafficmanager.net/amer/"
+_serving: list[str] = []  # the region URLs of the fakes entered, the latest last
+
+
+def activity_service_url() -> str:
+    return _serving[-1] if _serving else ACTIVITY_SERVICE_URL
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ class Call:
     activity_id: str  # the path's: replied to (create) or changed (update, delete)
     body: dict[str, Any]
     at: float  # time.monotonic()
+    service: str = ""  # the serviceUrl it was called on: "" the root, else its region ("amer")
 
 
 @dataclass
@@ -145,6 +155,20 @@ class FakeTeams(FakeServer):
     def service_url(self) -> str:
         return f"{self.url}/"
 
+    def region_url(self, region: str = "amer") -> str:
+        """A regional serviceUrl of the Connector (Teams': https://smba.trafficmanager.net/amer/)."""
+        return f"{self.url}/{region}/"
+
+    def __enter__(self) -> FakeTeams:
+        entered: FakeTeams = super().__enter__()
+        _serving.append(self.region_url())
+        return entered
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.region_url() in _serving:
+            _serving.remove(self.region_url())
+        super().__exit__(*exc_info)
+
     def token_url(self, tenant: str = TENANT) -> str:
         return f"{self.url}/{tenant}/oauth2/v2.0/token"
 
@@ -155,7 +179,7 @@ class FakeTeams(FakeServer):
         `aud` the bot's app id, `serviceUrl` the activity's."""
         now = int(time.time())
         payload = {"iss": issuer, "aud": audience, "iat": now - 5, "nbf": now - 5, "exp": now + expires_in,
-                   "serviceUrl": ACTIVITY_SERVICE_URL if service_url is None else service_url, **claims}
+                   "serviceUrl": activity_service_url() if service_url is None else service_url, **claims}
         return (signer or self.signer).sign(payload)
 
     # --- scripting and inspection --------------------------------------------------------------------
@@ -205,10 +229,13 @@ class FakeTeams(FakeServer):
             return self._attachment(path.split("/")[3], str(headers.get("Authorization") or ""))
         if verb == "POST" and path.endswith("/oauth2/v2.0/token"):
             return self._token(dict(parse_qsl(raw.decode())))
+        region = ""
+        if _REGION.match(path):
+            region, path = path.split("/")[1], path[len(path.split("/")[1]) + 1:]
         if verb == "POST" and path.rstrip("/") == "/v3/conversations":
-            return self._create_conversation(headers, raw)
+            return self._create_conversation(headers, raw, region)
         if path.startswith("/v3/conversations/"):
-            return self._connector(verb, path, headers, raw)
+            return self._connector(verb, path, headers, raw, region)
         return 404, _error("NotFound", "not found"), {}
 
     def _token(self, form: dict[str, str]) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -248,7 +275,7 @@ class FakeTeams(FakeServer):
             return 404, _error("NotFound", "no such attachment"), {}
         return 200, held[0], {"Content-Type": held[1]}
 
-    def _create_conversation(self, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def _create_conversation(self, headers: Any, raw: bytes, region: str) -> tuple[int, dict[str, Any], dict[str, str]]:
         """POST /v3/conversations for the bot and one person: their personal chat's id
         (the same every time, as Teams answers for a chat that exists)."""
         token = str(headers.get("Authorization") or "").removeprefix("Bearer ")
@@ -259,7 +286,7 @@ class FakeTeams(FakeServer):
         except (ValueError, KeyError, TypeError):
             return 400, _error("BadArgument", "members and bot are required"), {}
         with self._cond:
-            self._state.calls.append(Call("conversation", token, "", "", body, time.monotonic()))
+            self._state.calls.append(Call("conversation", token, "", "", body, time.monotonic(), region))
             self._cond.notify_all()
             if token not in self._state.tokens:
                 return 401, _error("Unauthorized", "Authorization has been denied for this request."), {}
@@ -271,7 +298,8 @@ class FakeTeams(FakeServer):
             return 400, _error("BadArgument", "a personal conversation is between the bot and one user"), {}
         return 201, {"id": personal_conversation(user)}, {}
 
-    def _connector(self, verb: str, path: str, headers: Any, raw: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def _connector(self, verb: str, path: str, headers: Any, raw: bytes,
+                   region: str) -> tuple[int, dict[str, Any], dict[str, str]]:
         parts = path[len("/v3/conversations/"):].split("/")
         if len(parts) not in (2, 3) or parts[1] != "activities":
             return 404, _error("NotFound", "no such operation"), {}
@@ -288,7 +316,7 @@ class FakeTeams(FakeServer):
                   "PUT": "update", "DELETE": "delete"}.get(verb, "")
         if not method or (method in ("update", "delete") and not activity_id):
             return 405, _error("MethodNotAllowed", "method not allowed"), {}
-        call = Call(method, token, conversation, activity_id, body, time.monotonic())
+        call = Call(method, token, conversation, activity_id, body, time.monotonic(), region)
         with self._cond:
             self._state.calls.append(call)
             self._cond.notify_all()
@@ -389,6 +417,7 @@ class FakeTeams(FakeServer):
         return 0.0
 
 
+_REGION = re.compile(r"^/[a-z]+/v3/conversations(/|$)")
 _CODES = {400: "BadArgument", 401: "Unauthorized", 403: "BotNotInConversationRoster", 404: "ConversationNotFound",
           412: "PreconditionFailed", 413: "MessageSizeTooBig", 429: "TooManyRequests", 500: "ServiceError",
           502: "BadGateway", 503: "ServiceUnavailable"}
@@ -482,7 +511,7 @@ def message_activity(text: str, *, kind: str = "personal", conversation: str = "
             f"{TEAM_CHANNEL};messageid={reply_to or activity_id}"
     activity: dict[str, Any] = {
         "type": "message", "id": activity_id, "timestamp": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
-        "localTimestamp": dt.datetime.now(dt.UTC).isoformat(), "serviceUrl": service_url or ACTIVITY_SERVICE_URL,
+        "localTimestamp": dt.datetime.now(dt.UTC).isoformat(), "serviceUrl": service_url or activity_service_url(),
         "channelId": "msteams", "from": {"id": user, "name": name, "aadObjectId": secrets.token_hex(8)},
         "conversation": _conversation(kind, conversation), "recipient": {"id": BOT, "name": "Agentloop"},
         "textFormat": "plain", "locale": "es-CL", "text": text,

@@ -25,8 +25,12 @@ Identities: a message's dedup key is its activity id. A conversation is the Team
 conversation id with the sender's id; a channel thread is a conversation of its own
 (`19:…@thread.tacv2;messageid=<root>`), so a reply into it stays in the thread. A
 personal chat's chat id is the person's id (29:…): its conversation id (`a:…`, 130
-characters and more) is longer than a chat id holds, and the Connector's "create
-conversation" gives it back for the bot and the person (asked once per process). Personal
+characters and more) is longer than a chat id holds. Every message carries its
+conversation reference (the serviceUrl it came from, the conversation id, the tenant) as
+the Inbound's `address`, kept per chat (conversations.addresses) and used by every reply,
+edit, typing and stream; a chat no activity came from yet goes to the `service_url`
+setting, a personal one by the conversation the Connector's "create conversation" gives
+back for the bot and the person (asked once per process). Personal
 chats are always answered; group chats and channels are groups (the channel's
 `group_replies`), a message addressed when it @mentions the bot (the mention's text taken
 out of it).
@@ -86,8 +90,9 @@ class TeamsPlatform(Platform):
                    "Changing it asks for the client secret again.")),
         "service_url": Setting(
             label=_("Service URL"), default=SERVICE_URL, check=check_url,
-            help=_("The Bot Connector replies go to (Teams' global endpoint, which routes to the tenant's "
-                   "region; a local one in tests).")),
+            help=_("The Bot Connector a message goes to when no activity of its chat came yet (a proactive "
+                   "first message; replies go to the serviceUrl of the chat's last activity): Teams' global "
+                   "endpoint, which routes to the tenant's region; a local one in tests.")),
         # Teams' documented limits for one bot: 7 messages a second, 8 in 2 s, 60 in 30 s
         # and 1800 an hour into one thread (the hour's is the tightest sustained: one every
         # 2 s), 50 a second across all conversations of the bot.

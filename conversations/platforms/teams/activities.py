@@ -4,10 +4,11 @@ Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 - `message` → an Inbound (and one more per further image pasted into it, as an album): its activity id the dedup key (the same in every redelivery),
   `from.id` its sender, and its chat the Teams conversation id — except in a personal
   chat, whose chat is the person's id (29:…): a personal conversation id runs to 130
-  characters and more, past what a chat id holds, and the Connector gives it back for
-  the person whenever asked (transport.TeamsTransport.conversation), also for a message
-  we start. `conversation.conversationType`
-  says where: `personal` (a one-to-one chat, always answered), `groupChat` or `channel`
+  characters and more, past what a chat id holds. The conversation reference (serviceUrl,
+  conversation id, tenant: `reference`) rides on the Inbound as its `address`, kept per
+  chat, and replies go by it; a message we start in a chat no activity came from asks
+  the Connector for the person's conversation (transport.TeamsTransport.conversation).
+  `conversation.conversationType` says where: `personal` (a one-to-one chat, always answered), `groupChat` or `channel`
   (groups: addressed when the bot's mention entity is among its entities, that mention's
   `<at>…</at>` text taken out). A channel message's conversation id carries its thread
   (`;messageid=<root>`): the reply goes into that thread;
@@ -137,9 +138,23 @@ def message(activity: Activity) -> list[Inbound] | Ignored:
         sent_at=activity.timestamp, mentioned=None if personal else mentioned,
         is_bot=bool(account and account.role == "bot"),
         media=images[0] if images else None, media_type=images[0].kind if images else "",
-        album_id=message_id if len(images) > 1 else "")
+        album_id=message_id if len(images) > 1 else "", address=reference(activity))
     return [first, *(replace(first, platform_message_id=f"{message_id}.{number}", text="", media=image,
                              media_type=image.kind) for number, image in enumerate(images[1:], start=1))]
+
+
+def reference(activity: Activity) -> dict[str, str]:
+    """The conversation reference replies to the activity's chat go by (its Inbound's
+    `address`, kept per chat by conversations.addresses): the serviceUrl it came from
+    (verified: the Connector's token claims it), its conversation id (a personal chat's
+    `a:…` too) and the tenant. Bot Framework: reply to the serviceUrl of the conversation's
+    last activity; it can change."""
+    conversation = activity.conversation
+    conversation_id = str((conversation.id if conversation else "") or "")
+    tenant = str((conversation.tenant_id if conversation else "") or "") or \
+        str(as_dict(as_dict(activity.channel_data).get("tenant")).get("id") or "")
+    found = {"serviceUrl": str(activity.service_url or ""), "conversationId": conversation_id, "tenantId": tenant}
+    return {key: value for key, value in found.items() if value}
 
 
 def _images(activity: Activity) -> list[MediaRef]:

@@ -31,9 +31,9 @@ from conversations.platforms.teams.transport import (
     TokenUnavailable,
     access_token,
     bounded,
-    conversation_id,
+    reply_url,
 )
-from conversations.platforms.teams.wire import CARD, VERB, activities_url, card, message, wire
+from conversations.platforms.teams.wire import CARD, VERB, card, message, wire
 from tools.confirmations import tap
 
 if TYPE_CHECKING:  # for annotations only
@@ -84,8 +84,7 @@ def question_decided(channel: Channel, confirmation: Confirmation, outcome: str)
     if question is None or not question.platform_message_id:
         return
     try:
-        conversation = conversation_id(channel, confirmation.conversation.chat_id, UPDATE_DEADLINE)
-        url = activities_url(channel, conversation, question.platform_message_id)
+        url = reply_url(channel, confirmation.conversation.chat_id, question.platform_message_id, UPDATE_DEADLINE)
         token = access_token(channel, UPDATE_DEADLINE)
         status, _headers, _answer = bounded("PUT", url, UPDATE_DEADLINE,
                                             json=wire(message(outcome, activity_id=question.platform_message_id)),

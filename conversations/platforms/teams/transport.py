@@ -1,5 +1,5 @@
 """Sending to Teams through the Bot Connector REST API: POST
-{service_url}/v3/conversations/{conversation}/activities (a new message; `/{activity id}`
+{serviceUrl}/v3/conversations/{conversation}/activities (a new message; `/{activity id}`
 after it: a reply to that activity), PUT …/activities/{id} (an edit), DELETE
 …/activities/{id}, each with `Authorization: Bearer <token>`: the app's token from its
 token endpoint (OAuth 2 client credentials, scope https://api.botframework.com/.default),
@@ -7,6 +7,13 @@ kept per channel until REFRESH_BEFORE seconds before it expires. The activities 
 Agents SDK's model (microsoft_agents.activity.Activity), serialised as the wire has them.
 One overall deadline per call (Transport.exchange); the token's fetch has its own
 (TOKEN_DEADLINE) and, failing, sends nothing.
+
+Where: the chat's conversation reference — the serviceUrl and conversation id of its
+last activity, kept per chat by intake (conversations.addresses; activities.reference).
+A chat no activity came from yet (a proactive first message) goes to the channel's
+`service_url` setting: a channel or group chat by its id, a personal chat (the person's
+id) by the conversation the Connector's "create conversation" answers for the bot and
+the person (asked once per process).
 
 Outcomes, from the HTTP status (the Connector's `error.code` in the text):
 
@@ -32,6 +39,7 @@ import asyncio
 import hashlib
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -40,6 +48,7 @@ from microsoft_agents.activity import Activity
 
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
+from conversations import addresses
 from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
 from conversations.platforms.teams.wire import activities_url, is_user, message, personal_conversation, wire
 from delivery import chunks
@@ -90,7 +99,8 @@ class TokenUnavailable(Exception):
 # clock). Bounded; a changed secret or token URL is another entry.
 _tokens: BoundedCache[tuple[int, str], tuple[str, float]] = BoundedCache(maxsize=256)
 _asking = threading.Lock()
-# A person's personal chat, by (app id, service URL, user id): its conversation id.
+# A person's personal chat, by (app id, service URL, user id): its conversation id (asked
+# only where no activity of the chat gave its conversation reference).
 _conversations: BoundedCache[tuple[str, str, str], str] = BoundedCache(maxsize=4096, max_age=86400.0)
 
 
@@ -115,6 +125,21 @@ def conversation_id(channel: Any, chat_id: str, limit: float = TOKEN_DEADLINE) -
     if not found:
         raise ValueError(f"the Connector gave no conversation for the personal chat (HTTP {status})")
     return _conversations.set(_conversation_key(channel, chat_id), str(found))
+
+
+def reference(found: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """(serviceUrl, conversation id) of a stored conversation reference, if it has both."""
+    service, conversation = (found or {}).get("serviceUrl", ""), (found or {}).get("conversationId", "")
+    return (service, conversation) if service.startswith(("https://", "http://")) and conversation else None
+
+
+def reply_url(channel: Any, chat_id: str, activity_id: str = "", limit: float = TOKEN_DEADLINE) -> str:
+    """Blocking: the activities URL of `chat_id`'s conversation (and of one activity in
+    it): by its conversation reference, else as the transport's fallback (conversation_id)."""
+    known = reference(addresses.address_for(channel, Target(chat_id)))
+    if known is not None:
+        return activities_url(channel, known[1], activity_id, service_url=known[0])
+    return activities_url(channel, conversation_id(channel, chat_id, limit), activity_id)
 
 
 def _token_key(channel: Any) -> tuple[int, str]:
@@ -211,7 +236,11 @@ class TeamsTransport(Transport):
         return _conversations.set(key, result.platform_message_id)
 
     async def url(self, chat_id: str, activity_id: str = "") -> str | SendResult:
-        """The activities URL of `chat_id`'s conversation (and of one activity in it)."""
+        """The activities URL of `chat_id`'s conversation (and of one activity in it): at
+        the serviceUrl of the chat's conversation reference, else at the channel's."""
+        known = reference(await addresses.address_of(self.channel, Target(chat_id)))
+        if known is not None:
+            return activities_url(self.channel, known[1], activity_id, service_url=known[0])
         conversation = await self.conversation(chat_id)
         return conversation if isinstance(conversation, SendResult) else \
             activities_url(self.channel, conversation, activity_id)

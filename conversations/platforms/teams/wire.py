@@ -32,8 +32,10 @@ def personal_conversation(channel: Any, user: str) -> tuple[str, dict[str, Any]]
     return f"{str(channel.setting('service_url')).rstrip('/')}/v3/conversations", body
 
 
-def activities_url(channel: Any, conversation: str, activity_id: str = "") -> str:
-    base = str(channel.setting("service_url")).rstrip("/")
+def activities_url(channel: Any, conversation: str, activity_id: str = "", service_url: str = "") -> str:
+    """The conversation's activities URL (and one activity's) at `service_url`: the
+    conversation reference's, else the channel's setting."""
+    base = (service_url or str(channel.setting("service_url"))).rstrip("/")
     url = f"{base}/v3/conversations/{quote(conversation, safe='')}/activities"
     return f"{url}/{quote(activity_id, safe='')}" if activity_id else url
 
