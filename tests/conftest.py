@@ -382,6 +382,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
+        if path.startswith("tests/unit/"):  # scripts/test.sh runs those not serial in its backfill
+            item.add_marker(pytest.mark.unit)
         if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/support/browser.py)
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=BROWSER_GONE))
     items.sort(key=lambda item: f"{item.nodeid.partition('::')[0]}::{getattr(item, 'originalname', item.name)}"
