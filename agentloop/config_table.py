@@ -176,6 +176,10 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("AGENTLOOP_POLL_INTERVAL", "0.05",
             "Longest the worker sleeps without looking; known deadlines are slept to exactly. "
             "Also the period of the ledger's runtime sweep."),
+        Var("AGENTLOOP_IDLE_POLL_INTERVAL", "0.25",
+            "How often a worker that found nothing for half a second looks for ready turns and due "
+            "replies written by another process (its own are handed over at once); buffers' "
+            "deadlines keep the interval above."),
         Var("AGENTLOOP_MAX_CONCURRENT_TURNS", "1000", "Turns in flight per worker process."),
         Var("AGENTLOOP_TYPING_INTERVAL", "0",
             "Seconds between typing indicators; `0`: each platform's own (Telegram 4 s, its "

@@ -250,6 +250,10 @@ Q_CLUSTER = {
 # immediate work (media flushes, control replies) written by another process is
 # seen within this interval; known deadlines are slept to exactly.
 AGENTLOOP_POLL_INTERVAL = env.float("AGENTLOOP_POLL_INTERVAL", default=0.05)
+# How often an idle worker (nothing found for half a second) looks for ready turns and due
+# replies another process wrote: its own flusher's turns and its own replies are handed
+# over at once; buffers' deadlines keep AGENTLOOP_POLL_INTERVAL (agentloop.core.backoff.IdlePoll).
+AGENTLOOP_IDLE_POLL_INTERVAL = env.float("AGENTLOOP_IDLE_POLL_INTERVAL", default=0.25)
 AGENTLOOP_MAX_CONCURRENT_TURNS = env.int("AGENTLOOP_MAX_CONCURRENT_TURNS", default=1000)
 # Seconds between typing indicators; 0: each platform's own (Telegram 4 s, below its ~5 s).
 AGENTLOOP_TYPING_INTERVAL = env.float("AGENTLOOP_TYPING_INTERVAL", default=0.0)

@@ -41,6 +41,25 @@ class Backoff:
         self.delay = 0.0
 
 
+class IdlePoll:
+    """The pause before a polling loop's next look: `busy` while its looks find work, and
+    `idle` once they have found nothing for `patience` seconds, until one finds something
+    again. A worker with nothing to do asked the database for ready turns and due replies
+    twenty times a second each, for work its own flusher and turns hand it directly
+    (woken, not polled); what only a poll finds (another process's rows, a retry's timer)
+    is found at most `idle` seconds late."""
+
+    def __init__(self, busy: float, idle: float, patience: float = 0.5) -> None:
+        self.busy, self.idle = busy, max(busy, idle)
+        self.empty_looks_before_idle = max(1, round(patience / busy)) if busy > 0 else 1
+        self.empty_looks = 0
+
+    def after(self, found: bool) -> float:
+        """The pause after a look that found work (`found`) or nothing."""
+        self.empty_looks = 0 if found else self.empty_looks + 1
+        return self.idle if self.empty_looks > self.empty_looks_before_idle else self.busy
+
+
 def fault_kind(exc: BaseException) -> str:
     """A short name for what went wrong, so a restart's burst of different messages
     ("terminating connection", "connection refused", "the connection is closed") is

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from agentloop.core.backoff import DATABASE_FAULTS, Backoff
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff, IdlePoll
 from conversations.worker.dbthread import Batcher, until_answered
 from delivery import ledger
 from delivery.models import Outcome
@@ -80,7 +80,13 @@ class Replies:
         timer is due (flood penalties, backoffs) and rows of owners that died meanwhile."""
         await self.boot_sweep()
         backoff = Backoff()
+        # This worker's own replies are sent as their turns end, not found by this sweep:
+        # it finds other processes' rows and retries' timers, so it slows down once it has
+        # found nothing and sent nothing for a while (a paced drain keeps sends waiting for
+        # their slots: busy throughout).
+        pace = IdlePoll(self.worker.poll_interval, self.worker.idle_poll_interval)
         while True:
+            rows = []
             try:
                 if not self.worker.liveness.holding():  # taken for dead by the others: claim nothing
                     await asyncio.sleep(self.worker.poll_interval)
@@ -95,7 +101,7 @@ class Replies:
             except Exception:
                 log.exception("ledger sweep failed")
                 await asyncio.sleep(max(backoff.next(), 0.5))
-            await asyncio.sleep(self.worker.poll_interval)
+            await asyncio.sleep(pace.after(bool(rows) or bool(self.sends)))
 
     async def stop(self, grace: float) -> None:
         """Let replies mid-send finish and be recorded (else: resent, labelled)."""

@@ -53,6 +53,9 @@ class Worker:
         # Its liveness lock (PostgreSQL): while it does not hold it, it claims nothing.
         self.liveness: Liveness = liveness.for_worker(self.owner)
         self.poll_interval: float = poll_interval or settings.AGENTLOOP_POLL_INTERVAL
+        # Turn claims and ledger sweeps that keep finding nothing look this often instead
+        # (agentloop.core.backoff.IdlePoll); never faster than poll_interval.
+        self.idle_poll_interval: float = max(self.poll_interval, settings.AGENTLOOP_IDLE_POLL_INTERVAL)
         self.max_concurrent: int = max_concurrent or settings.AGENTLOOP_MAX_CONCURRENT_TURNS
         self.typing_interval: float = typing_interval or settings.AGENTLOOP_TYPING_INTERVAL
         self.poll = poll

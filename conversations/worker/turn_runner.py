@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
-from agentloop.core.backoff import DATABASE_FAULTS, Backoff
+from agentloop.core.backoff import DATABASE_FAULTS, Backoff, IdlePoll
 from audit.failpoints import failpoint
 from conversations import agent_sessions, console, engine, languages, limits, routing, spans, turns
 from conversations.agents import AgentUnavailable, HandedOver, TurnCancelled, TurnContext, agent_for, answer_of
@@ -84,18 +84,24 @@ class TurnRunner:
 
     async def loop(self) -> None:
         worker, backoff = self.worker, Backoff()
+        # Turns this worker's flusher starts are adopted, those it leaves ready wake this
+        # loop: polling finds other processes' turns only, so it slows down when idle.
+        pace = IdlePoll(worker.poll_interval, worker.idle_poll_interval)
         while True:
+            found = False
             try:
                 if self.capacity() > 0:
-                    for turn in await worker.claim(self.claim_turns, self.capacity()):
+                    claimed = await worker.claim(self.claim_turns, self.capacity())
+                    for turn in claimed:
                         self.start(turn)
+                    found = bool(claimed) or bool(self.running)
                 backoff.reset()
             except DATABASE_FAULTS:
                 await asyncio.sleep(backoff.next())  # reported once by the database thread
             except Exception:
                 log.exception("claiming turns failed")
                 await asyncio.sleep(max(backoff.next(), 0.5))
-            await worker.sleep(worker.poll_interval)
+            await worker.sleep(pace.after(found))
 
     def start(self, turn: Turn) -> None:
         # Typing first, synchronously: a window's loop carries on into the turn without

@@ -5,7 +5,7 @@ import logging
 
 from django.db import InterfaceError, OperationalError
 
-from agentloop.core.backoff import Backoff, FaultLog, fault_kind
+from agentloop.core.backoff import Backoff, FaultLog, IdlePoll, fault_kind
 
 
 class Clock:
@@ -21,6 +21,18 @@ def test_backoff_doubles_to_its_cap_and_starts_over_after_a_success():
     assert [backoff.next() for _ in range(8)] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0]
     backoff.reset()
     assert backoff.next() == 0.02
+
+
+def test_an_idle_poll_slows_after_half_a_second_of_empty_looks_and_is_quick_again_at_the_first_find():
+    pace = IdlePoll(busy=0.05, idle=0.25)
+    assert {pace.after(found=False) for _ in range(10)} == {0.05}  # half a second of 50 ms looks
+    assert [pace.after(found=False) for _ in range(3)] == [0.25, 0.25, 0.25]
+    assert pace.after(found=True) == 0.05  # work again: quick at once
+    assert pace.after(found=False) == 0.05
+
+
+def test_an_idle_poll_is_never_quicker_than_busy():
+    assert IdlePoll(busy=0.5, idle=0.25).after(found=False) == 0.5
 
 
 def test_a_restart_burst_is_a_handful_of_kinds():
