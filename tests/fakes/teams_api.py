@@ -31,7 +31,8 @@ And the Connector's side of the bot's endpoint: activities (`message_activity`,
         [call] = fake.wait_for("create")
 
 Standard library only for the server (http.server); PyJWT signs and checks tokens, the
-Agents SDK's Activity model reads what the bot sends.
+Agents SDK's Activity model reads what the bot sends, and its FileConsentCard and
+FileInfoCard models the file cards in it (the product writes them as plain JSON).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import httpx
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from microsoft_agents.activity import Activity
+from microsoft_agents.activity.teams import FileConsentCard, FileInfoCard
 
 from tests.fakes.server import FakeServer, TrackedHandler
 
@@ -351,6 +353,7 @@ class FakeTeams(FakeServer):
             body = json.loads(raw or b"{}") if verb != "DELETE" else {}
             if verb != "DELETE":
                 Activity.model_validate(body)  # what the bot sends must be an activity
+                _file_cards(body)
         except ValueError as exc:
             return 400, _error("BadSyntax", f"not an activity: {str(exc)[:100]}"), {}
         stream = _stream_info(body) if verb == "POST" else None
@@ -596,6 +599,17 @@ def invoke_activity(data: str, *, reply_to: str = "", kind: str = "personal", co
     base.pop("text")
     return {**base, "type": "invoke", "name": "adaptiveCard/action", "replyToId": reply_to,
             "value": {"action": {"type": "Action.Execute", "verb": verb, "data": {"data": data}}, "trigger": "manual"}}
+
+
+def _file_cards(body: dict[str, Any]) -> None:
+    """The file cards in an activity read with the SDK's models (ValueError if one does
+    not fit). Its FileInfoCard requires an etag, which Teams' documented card has not."""
+    for attachment in body.get("attachments") or []:
+        kind, content = attachment.get("contentType"), attachment.get("content")
+        if kind == "application/vnd.microsoft.teams.card.file.consent":
+            FileConsentCard.model_validate(content)
+        elif kind == "application/vnd.microsoft.teams.card.file.info":
+            FileInfoCard.model_validate({"etag": None, **content} if isinstance(content, dict) else content)
 
 
 def consent_invoke(context: Any, action: str = "accept", upload: dict[str, Any] | None = None, *,

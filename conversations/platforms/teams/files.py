@@ -36,14 +36,13 @@ import hashlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from django.utils import translation
 from django.utils.translation import gettext as _
 from microsoft_agents.activity import Activity, Attachment
-from microsoft_agents.activity.teams import FileInfoCard, FileUploadInfo
-from pydantic import ValidationError
 
 from agentloop.core import languages
 from agentloop.core.caches import BoundedCache
@@ -67,6 +66,30 @@ _taken: BoundedCache[str, bool] = BoundedCache(maxsize=4096, max_age=3600.0)
 _taking = threading.Lock()
 
 
+@dataclass(frozen=True)
+class UploadInfo:
+    """An accept's `uploadInfo`: the upload session Teams made in the person's OneDrive.
+    Read and written as plain JSON in Teams' wire shape, as the consent card is
+    (consent.py): the SDK's FileUploadInfo and FileInfoCard models would be a hundred
+    more modules for every web server and worker to import."""
+
+    name: str
+    upload_url: str
+    content_url: str
+    unique_id: str
+    file_type: str
+
+    @classmethod
+    def read(cls, value: object) -> UploadInfo | None:
+        """The session, if `value` names all five fields as strings (an upload URL not
+        empty); else None."""
+        fields = as_dict(value)
+        found = [fields.get(name) for name in ("name", "uploadUrl", "contentUrl", "uniqueId", "fileType")]
+        if not all(isinstance(field, str) for field in found) or not found[1]:
+            return None
+        return cls(*(str(field) for field in found))
+
+
 def consented(channel: Channel, activity: Activity) -> dict[str, Any]:
     """A `fileConsent/invoke` handled (the invokeResponse's body: always empty)."""
     # Read as a plain object: the SDK's FileConsentCardResponse wants an uploadInfo, which a
@@ -80,9 +103,8 @@ def consented(channel: Channel, activity: Activity) -> dict[str, Any]:
     if value.get("action") != "accept":
         log.info("channel %s: a file was declined", channel.slug)
         return {}
-    try:
-        upload = FileUploadInfo.model_validate(value.get("uploadInfo"))
-    except (ValidationError, ValueError):
+    upload = UploadInfo.read(value.get("uploadInfo"))
+    if upload is None:
         log.warning("channel %s: a file accepted without its uploadInfo", channel.slug)
         return {}
     # Taken by the accept's OneDrive item and by the card: a redelivered invoke, and a
@@ -111,7 +133,7 @@ def forget() -> None:
     _taken.clear()
 
 
-def send(channel: Channel, conversation: str, held: dict[str, Any], upload: FileUploadInfo, ends: float) -> str:
+def send(channel: Channel, conversation: str, held: dict[str, Any], upload: UploadInfo, ends: float) -> str:
     """The stored bytes PUT to the upload session, then the file info card: "" once both
     went, else what failed."""
     try:
@@ -126,10 +148,9 @@ def send(channel: Channel, conversation: str, held: dict[str, Any], upload: File
             headers={"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}", "Content-Length": str(len(data))})
         if status not in (200, 201):
             return f"the upload answered HTTP {status}"
-        card = FileInfoCard(unique_id=upload.unique_id, file_type=upload.file_type, etag=None)
         shown = Activity(type="message", attachments=[Attachment(
             content_type=FILE_INFO, content_url=upload.content_url, name=upload.name,
-            content=card.model_dump(mode="json", by_alias=True, exclude_none=True))])
+            content={"uniqueId": upload.unique_id, "fileType": upload.file_type})])
         status, _headers, _answer = bounded("POST", activities_url(channel, conversation), _left(ends),
                                             json=wire(shown), headers=_authorization(channel, ends))
     except (TokenRefused, TokenUnavailable, httpx.HTTPError, TimeoutError, OSError) as exc:
