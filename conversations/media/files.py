@@ -23,7 +23,7 @@ def file_id_for(channel: Channel, ref: MediaRef, now: datetime | None = None) ->
     """The id of the channel's row for this platform file, created pending (or skipped
     at once when the platform already says it is over the cap)."""
     now = now or timezone.now()
-    row = MediaFile(channel=channel, file_key=ref.key[:200], ref=ref.ref[:500], kind=ref.kind[:30],
+    row = MediaFile(channel=channel, file_key=ref.key[:200], ref=ref.ref[:2000], kind=ref.kind[:30],
                     declared_type=ref.declared_type[:100], file_name=ref.file_name[:255],
                     declared_size=ref.declared_size, duration=ref.duration, created_at=now, next_attempt_at=now)
     limit = settings.AGENTLOOP_MEDIA_MAX_BYTES

@@ -23,7 +23,9 @@ SETTLED = (MediaState.STORED, MediaState.SKIPPED, MediaState.FAILED)
 class MediaFile(StateMachine, models.Model):
     """One platform file. Unique per channel by the platform's own stable id (Telegram's
     `file_unique_id`): a re-delivered update, or the same photo sent twice, is fetched
-    once. `ref` is what fetching it takes (Telegram's `file_id`; never a URL with a token)."""
+    once. `ref` is what fetching it takes (Telegram's `file_id`; a URL with no token of
+    ours in it — a platform's own short-lived signature aside: Discord's CDN URL, a Teams
+    file's pre-authorised downloadUrl — masked in every error text)."""
 
     TRANSITIONS = {
         MediaState.PENDING: {MediaState.FETCHING, MediaState.SKIPPED, MediaState.FAILED},
@@ -37,7 +39,8 @@ class MediaFile(StateMachine, models.Model):
     # No index of its own: the unique (channel, file key) starts with it.
     channel = models.ForeignKey(Channel, verbose_name=_("channel"), on_delete=models.CASCADE, related_name="media_files", db_index=False)
     file_key = models.CharField(_("file key"), max_length=200, help_text=_("The platform's stable id of the file."))
-    ref = models.CharField(_("ref"), max_length=500, help_text=_("What fetching it takes (Telegram's file_id)."))
+    # 2,000: a Teams file's downloadUrl carries its pre-authorised token (tempauth), past 500.
+    ref = models.CharField(_("ref"), max_length=2000, help_text=_("What fetching it takes (Telegram's file_id)."))
     kind = models.CharField(_("kind"), max_length=30, help_text=_("photo, voice, document, …"))
     declared_type = models.CharField(_("declared type"), max_length=100, blank=True, help_text=_("The MIME type the platform gave."))
     file_name = models.CharField(_("file name"), max_length=255, blank=True)

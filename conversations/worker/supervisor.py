@@ -18,6 +18,7 @@ from django.conf import settings
 from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import engine, liveness
 from conversations.agents import agent_for
+from conversations.platforms import typing_kinds
 from conversations.worker.dbthread import DatabaseThread, until_answered
 from conversations.worker.flusher import Flusher
 from conversations.worker.housekeeping import Housekeeping
@@ -123,7 +124,7 @@ class Worker:
         self._wakeup = asyncio.Event()
         # Agents are imported on a thread meanwhile (the openai SDK alone takes a second
         # or more): a restarted worker takes over its predecessor's polling at once.
-        imports = loop.run_in_executor(None, self.import_agents)
+        imports = loop.run_in_executor(None, self.import_modules)
         await self.liveness.start_holding()  # before its stamp is on anything
         await self.housekeeping.first_round()  # recover dead workers' turns before anything else
         flusher = self.flusher = Flusher(self.owner, self.wake, self.poll_interval,
@@ -143,9 +144,14 @@ class Worker:
         await self.shutdown(tasks)
 
     @staticmethod
-    def import_agents() -> None:
+    def import_modules() -> None:
         for name in settings.AGENTLOOP_AGENTS:  # now, not inside the first turn
             agent_for(name)
+        # Every platform's transport, now: not in the first typing look (typing_kinds()
+        # imports them all there, on the database thread, while the first window is open:
+        # 30-110 ms of CPU measured, which cost a window its indicators on a busy machine).
+        # The shutdown imports them anyway (close_clients).
+        typing_kinds()
 
     async def prepare(self) -> None:
         # The database may come and go meanwhile: each step waits for it.

@@ -4,7 +4,7 @@ process so the client never competes with the server for the GIL.
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --n 3000
     python -m tests.bench.loadgen --url …/webhooks/slack/sl/ --kind slack --secret S --seconds 4
         # another platform's webhook payloads, each signed as that platform signs them
-        # (--kind telegram, whatsapp, slack, google_chat: bodies(); its bearer as a --header)
+        # (--kind telegram, whatsapp, slack, google_chat, teams: bodies(); its bearer as a --header)
     python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
     python -m tests.bench.loadgen --url … --seconds 600 --rate 300 --returning-after 9000
         # paced (open loop): message i is due at began + i / rate; odd messages numbered
@@ -90,6 +90,15 @@ def bodies(kind, secret, conversations, photo=False):
             event["space"] = {"name": space, "type": "DM", "spaceType": "DIRECT_MESSAGE", "singleUserBotDm": True}
             return json.dumps(event).encode()
         return google_chat
+    if kind == "teams":
+        from tests.fakes import teams_api
+
+        def teams(i):  # a personal chat per person; the Connector's bearer is a --header (it serves an hour)
+            user = f"29:bench-user-{1_000_000 + i % conversations}"
+            activity = teams_api.message_activity(f"mensaje {i} y", user=user, activity_id=f"1{i:012d}",
+                                                  conversation=teams_api.personal_conversation(user))
+            return json.dumps(activity).encode()
+        return teams
     raise SystemExit(f"unknown --kind {kind}")
 
 
@@ -220,7 +229,7 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--photo", action="store_true", help="photo messages with a caption, not text")
-    parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat"),
+    parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat", "teams"),
                         help="whose webhook payloads (bodies()); paced runs are Telegram's")
     parser.add_argument("--secret", default="", help="the key each request is signed with (whatsapp, slack)")
     asyncio.run(main(parser.parse_args()))

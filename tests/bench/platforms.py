@@ -8,7 +8,8 @@ each beside Telegram's figure of the same run.
    alone (no worker), tests/bench/loadgen.py POSTing the platform's own payloads, each
    authenticated as the platform does it (Telegram's secret header, Meta's
    X-Hub-Signature-256, Slack's v0 signature, Chat's bearer JWT checked against the
-   fake's certificates), 16 keep-alive clients, 200 conversations. A warm-up of WARMUP
+   fake's certificates, the Bot Connector's bearer JWT checked against the fake's OpenID
+   keys for Teams), 16 keep-alive clients, 200 conversations. A warm-up of WARMUP
    requests per platform is not counted; then ROUNDS rounds, platforms interleaved, of
    WINDOW_SECONDS each: accepted (2xx) POSTs/s, the median of the rounds. Discord, a
    Connection platform: a worker holding its Gateway session (the real connection
@@ -21,14 +22,15 @@ each beside Telegram's figure of the same run.
    platform's transport against its fake keeping the documented limits: Telegram's 1
    message a second into a chat (tests/fakes/telegram_api.Limits), Slack's about one a
    second into a channel, Discord's bucket of 5 per 5 s per channel, Google Chat's 60
-   writes a minute into a space (kept as one a second), and for WhatsApp, which paces no
+   writes a minute into a space (kept as one a second), Teams' 1800 an hour into a
+   thread (with 7/s, 8 in 2 s and 60 in 30 s; kept as one every 2 s), and for WhatsApp, which paces no
    chat (its pair limit allows bursts and is met as a flood), the number's throughput of
    80 a second. Figure: rows delivered per second (the ledger's `delivered_at`, first to
    last) against that ceiling, the 429s the fake answered, beside Telegram's ratio.
 
-A platform is one class below and one entry of ROWS: Teams, when it lands, is a `Row` with
-its fakes, its channel settings, how its inbound arrives (`loadgen_kind` and its bodies
-in tests/bench/loadgen.bodies, or `push` for a connection) and its ceiling into one chat.
+A platform is one class below and one entry of ROWS: a `Row` with its fakes, its channel
+settings, how its inbound arrives (`loadgen_kind` and its bodies in
+tests/bench/loadgen.bodies, or `push` for a connection) and its ceiling into one chat.
 """
 
 import json
@@ -239,7 +241,33 @@ class GoogleChat(Row):
         return [(c.at, id(c) in refused) for c in self.fake.calls("create")]
 
 
-ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat]  # the first is the reference
+class Teams(Row):
+    name, kind, slug, loadgen_kind = "Teams", "teams", "b-ms", "teams"
+    ceiling, ceiling_says = 0.5, "1800 an hour into a thread, kept as 1 every 2 s"
+    drain_chat = "29:bench-drain-user-0001"  # a personal chat: its conversation asked of the Connector once
+
+    def start(self, stack):
+        from tests.fakes.teams_api import FakeTeams
+
+        self.fake = stack.enter_context(FakeTeams())
+
+    def settings(self):
+        from tests.support.teams import teams_settings
+
+        return teams_settings(self.fake)
+
+    def headers(self):
+        return [f"Authorization: Bearer {self.fake.connector_token()}"]  # the Connector's token lives an hour
+
+    def floods(self):
+        return len(self.fake.refused())
+
+    def send_times(self):
+        refused = {id(c) for c in self.fake.refused()}
+        return [(c.at, id(c) in refused) for c in self.fake.calls("create")]
+
+
+ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams]  # the first is the reference
 
 
 def bench_platforms(kit):

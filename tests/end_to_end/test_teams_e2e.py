@@ -6,7 +6,9 @@ message; a burst in a channel thread is one reply in that thread; a 429 is resen
 unlabelled after its Retry-After; a 403 is never retried; in a channel only a mention is
 answered, the rest kept as context; a question's card tapped three times applies its
 action once; a worker killed mid-send resends once, labelled; a streamed reply in a
-personal chat is one native stream, ended by the ledger's final."""
+personal chat is one native stream, ended by the ledger's final; a file sent in a personal
+chat is fetched without a token, and the reply's file goes as a consent card, uploaded
+once when the person accepts."""
 
 import threading
 import time
@@ -183,3 +185,27 @@ def test_a_streamed_reply_in_a_personal_chat_is_one_native_stream_ended_by_the_f
     assert all(b.at - a.at >= 1.3 for a, b in zip(updates, updates[1:]))  # Microsoft: 1.5 to 2 s between updates
     assert not fake_teams.stream(row.platform_message_id)["open"] and fake_teams.texts() == [long]
     assert not fake_teams.calls("create") and Turn.objects.get().preview_message_id == row.platform_message_id
+
+
+def test_a_file_in_is_fetched_and_the_replys_file_is_uploaded_once_on_accept(processes, make_channel, fake_teams,
+                                                                             tmp_path):
+    from conversations.models import MediaFile, MediaState
+
+    env = {"AGENTLOOP_EXTRA_AGENTS": "echofile=tests.support.agents_for_tests.EchoFileAgent",
+           "AGENTLOOP_MEDIA_ROOT": str(tmp_path / "files")}
+    teams_channel(make_channel, fake_teams, agent="echofile", **QUICK)
+    web, _ = processes.web(wait=False, **env), processes.worker(**env)
+    sent = fake_teams.add_file(b"%PDF-1.7 mis notas", "notas.pdf")
+    deliver(web, fake_teams, teams.message_activity("mándame the file", files=(sent,)))
+    wait_until(lambda: any(c.body.get("attachments") for c in fake_teams.calls("create")), timeout=30,
+               message="the reply's consent card")
+    assert MediaFile.objects.get().state == MediaState.STORED and fake_teams.downloads()[0][1] == ""  # no token
+    [card] = [c.body["attachments"][0] for c in fake_teams.calls("create") if c.body.get("attachments")]
+    assert card["contentType"] == "application/vnd.microsoft.teams.card.file.consent" and card["name"] == "notes.txt"
+    upload = fake_teams.upload_info("notes.txt")
+    for _ in range(2):  # a double tap: one upload
+        assert deliver(web, fake_teams, teams.consent_invoke(card["content"]["acceptContext"], "accept", upload)) == {}
+    assert "mándame the file".encode() in (fake_teams.uploaded("notes.txt") or b"") and len(fake_teams.uploads()) == 1
+    info = fake_teams.calls("create")[-1].body["attachments"][0]
+    assert info["contentType"] == "application/vnd.microsoft.teams.card.file.info"
+    assert OutboundMessage.objects.filter(state=OutboundState.DELIVERED).count() == 1

@@ -17,10 +17,15 @@
   its conversations — and answering 429 with Retry-After past any of them; and Teams'
   streaming (typing activities with a streaminfo entity, then the final message) in
   personal chats only, as "Stream bot messages" documents it;
-- the images people paste: GET /v3/attachments/<id>/views/original, with the bot's token.
+- the images people paste: GET /v3/attachments/<id>/views/original, with the bot's token;
+- the files people send in a personal chat (OneDrive's side): GET
+  /files/<id>/download.aspx?tempauth=… (pre-authorised: no token wanted; a wrong tempauth
+  401), and the upload sessions a file consent's accept gives the bot: PUT /upload/<id>
+  with Content-Range the whole file, answered 201 with the item; a completed session is
+  gone (404), as OneDrive's are.
 
 And the Connector's side of the bot's endpoint: activities (`message_activity`,
-`update_activity`, `delete_activity`, `invoke_activity`) and the token it signs them with
+`update_activity`, `delete_activity`, `invoke_activity`, `consent_invoke`) and the token it signs them with
 (`connector_token`), POSTed by `post`.
 
     with FakeTeams() as fake:
@@ -28,7 +33,8 @@ And the Connector's side of the bot's endpoint: activities (`message_activity`,
         [call] = fake.wait_for("create")
 
 Standard library only for the server (http.server); PyJWT signs and checks tokens, the
-Agents SDK's Activity model reads what the bot sends.
+Agents SDK's Activity model reads what the bot sends, and its FileConsentCard and
+FileInfoCard models the file cards in it (the product writes them as plain JSON).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import httpx
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from microsoft_agents.activity import Activity
+from microsoft_agents.activity.teams import FileConsentCard, FileInfoCard
 
 from tests.fakes.server import FakeServer, TrackedHandler
 
@@ -105,6 +112,9 @@ class _State:
     in_second: deque[float] = field(default_factory=deque)
     attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # id -> (bytes, content type)
     downloads: list[tuple[str, str]] = field(default_factory=list)  # (attachment id, the Authorization sent)
+    files: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # a sent file's id -> (bytes, tempauth)
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # upload session -> {name, done, data}
+    uploads: list[dict[str, Any]] = field(default_factory=list)  # each PUT: session, range, size, authorization
 
 
 _keys: dict[str, rsa.RSAPrivateKey] = {}
@@ -218,7 +228,7 @@ class FakeTeams(FakeServer):
             return [c for c in self._state.calls if c.method == method]
 
     # --- the server's answers -------------------------------------------------------------------------
-    def answer(self, verb: str, path: str, headers: Any, raw: bytes) -> tuple[int, Any, dict[str, str]]:
+    def answer(self, verb: str, path: str, headers: Any, raw: bytes, query: str = "") -> tuple[int, Any, dict[str, str]]:
         if verb == "GET" and path == "/openid":
             return 200, {"issuer": ISSUER, "authorization_endpoint": "https://invalid.botframework.com",
                          "jwks_uri": f"{self.url}/keys", "id_token_signing_alg_values_supported": ["RS256"],
@@ -227,6 +237,10 @@ class FakeTeams(FakeServer):
             return 200, {"keys": [self.signer.jwk]}, {}
         if verb == "GET" and path.startswith("/v3/attachments/"):
             return self._attachment(path.split("/")[3], str(headers.get("Authorization") or ""))
+        if verb == "GET" and path.startswith("/files/"):
+            return self._file(path.split("/")[2], dict(parse_qsl(query)), str(headers.get("Authorization") or ""))
+        if verb == "PUT" and path.startswith("/upload/"):
+            return self._upload(path.split("/")[2], headers, raw)
         if verb == "POST" and path.endswith("/oauth2/v2.0/token"):
             return self._token(dict(parse_qsl(raw.decode())))
         region = ""
@@ -260,6 +274,64 @@ class FakeTeams(FakeServer):
         with self._cond:
             self._state.attachments[attachment_id] = (data, content_type)
         return f"{self.url}/v3/attachments/{attachment_id}/views/original"
+
+    def add_file(self, data: bytes, name: str = "informe.pdf") -> dict[str, Any]:
+        """A file a person sends in a personal chat: its `file.download.info` attachment
+        (the downloadUrl pre-authorised by a tempauth of its own, as SharePoint's are)."""
+        file_id, tempauth = secrets.token_hex(8), "v1." + secrets.token_urlsafe(600)
+        unique = "1a1e50e2-" + secrets.token_hex(4) + "-4e7a-a1a8-" + secrets.token_hex(6)
+        with self._cond:
+            self._state.files[file_id] = (data, tempauth)
+        url = f"{self.url}/files/{file_id}/download.aspx?UniqueId={unique}&Translate=false&tempauth={tempauth}"
+        return {"contentType": "application/vnd.microsoft.teams.file.download.info",
+                "contentUrl": f"https://contoso-my.sharepoint.com/personal/camila/Documents/{name}", "name": name,
+                "content": {"downloadUrl": url, "uniqueId": unique, "fileType": name.rsplit(".", 1)[-1]}}
+
+    def _file(self, file_id: str, query: dict[str, str], authorization: str) -> tuple[int, Any, dict[str, str]]:
+        with self._cond:
+            self._state.downloads.append((file_id, authorization))
+            held = self._state.files.get(file_id)
+        if held is None:
+            return 404, _error("itemNotFound", "The resource could not be found."), {}
+        if query.get("tempauth") != held[1]:
+            return 401, _error("unauthenticated", "Invalid tempauth"), {}
+        return 200, held[0], {"Content-Type": "application/octet-stream"}
+
+    def upload_info(self, name: str = "cita.ics") -> dict[str, Any]:
+        """What Teams gives the bot when the person accepts a file: a new upload session in
+        their OneDrive ("Send and receive files using bot": uploadInfo)."""
+        session, unique = secrets.token_urlsafe(12), "{" + secrets.token_hex(16) + "}"
+        with self._cond:
+            self._state.sessions[session] = {"name": name, "done": False, "data": b""}
+        return {"name": name, "uploadUrl": f"{self.url}/upload/{session}?tempauth={secrets.token_urlsafe(24)}",
+                "contentUrl": f"https://contoso-my.sharepoint.com/personal/camila/Documents/Applications/{name}",
+                "uniqueId": unique, "fileType": name.rsplit(".", 1)[-1]}
+
+    def uploads(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [dict(u) for u in self._state.uploads]
+
+    def uploaded(self, name: str) -> bytes | None:
+        """The bytes a completed session of that name holds."""
+        with self._cond:
+            return next((s["data"] for s in self._state.sessions.values() if s["name"] == name and s["done"]), None)
+
+    def _upload(self, session: str, headers: Any, raw: bytes) -> tuple[int, Any, dict[str, str]]:
+        """PUT a file's bytes into an upload session: one range, the whole file (what the
+        bot sends), answered 201 with the driveItem; a completed session is gone (404)."""
+        given = str(headers.get("Content-Range") or "")
+        with self._cond:
+            self._state.uploads.append({"session": session, "range": given, "size": len(raw),
+                                        "authorization": str(headers.get("Authorization") or "")})
+            self._cond.notify_all()
+            held = self._state.sessions.get(session)
+            if held is None or held["done"]:
+                return 404, _error("itemNotFound", "The upload session was not found."), {}
+            if given != f"bytes 0-{len(raw) - 1}/{len(raw)}" or not raw:
+                return 416, _error("invalidRange", "The Content-Range does not match the body."), {}
+            held.update(done=True, data=raw)
+        return 201, {"id": "01" + secrets.token_hex(16).upper(), "name": held["name"], "size": len(raw),
+                     "file": {}}, {}
 
     def downloads(self) -> list[tuple[str, str]]:
         with self._cond:
@@ -309,6 +381,7 @@ class FakeTeams(FakeServer):
             body = json.loads(raw or b"{}") if verb != "DELETE" else {}
             if verb != "DELETE":
                 Activity.model_validate(body)  # what the bot sends must be an activity
+                _file_cards(body)
         except ValueError as exc:
             return 400, _error("BadSyntax", f"not an activity: {str(exc)[:100]}"), {}
         stream = _stream_info(body) if verb == "POST" else None
@@ -451,7 +524,7 @@ class _Handler(TrackedHandler):
     def _serve(self, verb: str) -> None:
         parts = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status, answer, headers = self.server.answer(verb, parts.path, self.headers, raw)
+        status, answer, headers = self.server.answer(verb, parts.path, self.headers, raw, parts.query)
         data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
         self.send_response(status)
         for name, value in {"Content-Type": "application/json; charset=utf-8", **headers,
@@ -500,7 +573,8 @@ def _conversation(kind: str, conversation_id: str) -> dict[str, Any]:
 
 def message_activity(text: str, *, kind: str = "personal", conversation: str = "", user: str = USER,
                      name: str = "Camila", activity_id: str = "", mention: bool = False, service_url: str = "",
-                     reply_to: str = "", images: tuple[str, ...] = ()) -> dict[str, Any]:
+                     reply_to: str = "", images: tuple[str, ...] = (),
+                     files: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     """A message activity as the Connector POSTs it. In a channel, a new post's
     conversation id carries its own id (`;messageid=`): the thread a reply goes into.
     With `mention`, the text starts with the bot's `<at>` mention and a mention entity."""
@@ -527,6 +601,8 @@ def message_activity(text: str, *, kind: str = "personal", conversation: str = "
         activity["attachments"] = [
             *({"contentType": "image/*", "contentUrl": url, "name": "image.png"} for url in images),
             {"contentType": "text/html", "content": f"<p>{text}</p>"}]
+    if files:  # files sent in a personal chat: each its download info (FakeTeams.add_file)
+        activity["attachments"] = [*files, *activity.get("attachments", [])]
     if kind == "channel":
         activity["channelData"].update(teamsChannelId=TEAM_CHANNEL, teamsTeamId="19:team0001@thread.tacv2")
     return activity
@@ -552,6 +628,29 @@ def invoke_activity(data: str, *, reply_to: str = "", kind: str = "personal", co
     base.pop("text")
     return {**base, "type": "invoke", "name": "adaptiveCard/action", "replyToId": reply_to,
             "value": {"action": {"type": "Action.Execute", "verb": verb, "data": {"data": data}}, "trigger": "manual"}}
+
+
+def _file_cards(body: dict[str, Any]) -> None:
+    """The file cards in an activity read with the SDK's models (ValueError if one does
+    not fit). Its FileInfoCard requires an etag, which Teams' documented card has not."""
+    for attachment in body.get("attachments") or []:
+        kind, content = attachment.get("contentType"), attachment.get("content")
+        if kind == "application/vnd.microsoft.teams.card.file.consent":
+            FileConsentCard.model_validate(content)
+        elif kind == "application/vnd.microsoft.teams.card.file.info":
+            FileInfoCard.model_validate({"etag": None, **content} if isinstance(content, dict) else content)
+
+
+def consent_invoke(context: Any, action: str = "accept", upload: dict[str, Any] | None = None, *,
+                   user: str = USER, service_url: str = "") -> dict[str, Any]:
+    """The invoke a tap on a file consent card sends (name fileConsent/invoke): the card's
+    acceptContext or declineContext, and on accept the upload session Teams made."""
+    base = message_activity("", user=user, service_url=service_url)
+    base.pop("text")
+    value: dict[str, Any] = {"type": "fileUpload", "action": action, "context": context}
+    if upload is not None:
+        value["uploadInfo"] = upload
+    return {**base, "type": "invoke", "name": "fileConsent/invoke", "value": value}
 
 
 def post(url: str, activity: dict[str, Any] | bytes, token: str | None) -> httpx.Response:

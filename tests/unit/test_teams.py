@@ -4,7 +4,8 @@ expired, wrong audience, issuer, algorithm, endorsement, serviceUrl), activities
 with the Agents SDK's model (personal chats, channels and group chats, mentions, threads,
 redeliveries, edits, deletions, what is only acknowledged, bad bodies), the settings; the
 transport's outcomes against the fake Bot Connector and token endpoint over real HTTP,
-and the fake's rate limits. End to end (the real web server and worker): test_teams_e2e.py."""
+the fake's rate limits; files both ways (a personal chat's files fetched from their
+pre-authorised downloadUrl; a reply's file as a consent card, uploaded once on accept). End to end (the real web server and worker): test_teams_e2e.py."""
 
 import asyncio
 import json
@@ -26,14 +27,19 @@ from tests.support.teams import teams_channel
 URL = "/webhooks/teams/teams/"
 
 
+def forget():
+    from conversations.platforms.teams import files, transport
+
+    for module in (verify, streaming, transport, files):  # what the process holds: tokens, keys, chats, taps
+        module.forget()
+
+
 @pytest.fixture
 def fake_teams():
-    verify.forget()
-    streaming.forget()
+    forget()
     with FakeTeams() as fake:
         yield fake
-    verify.forget()
-    streaming.forget()
+    forget()
 
 
 @pytest.fixture
@@ -213,6 +219,111 @@ def test_an_image_alone_is_a_message(client, bot, fake_teams):
     assert InboundMessage.objects.get().media_type == "image"
 
 
+def test_files_sent_in_a_personal_chat_are_one_album_fetched_from_their_download_url_without_a_token(
+        client, bot, fake_teams):
+    from conversations.media.download import FileUnavailable
+    from conversations.models import MediaFile
+
+    report, sheet = fake_teams.add_file(b"%PDF-1.7 uno", "informe.pdf"), fake_teams.add_file(b"PK\x03\x04", "notas.xlsx")
+    activity = teams.message_activity("", files=(report, sheet))
+    for _ in range(2):  # a redelivery stores nothing twice
+        assert post(client, activity, fake_teams.connector_token()).status_code == 200
+    one, two = InboundMessage.objects.order_by("pk")
+    assert (one.platform_message_id, one.media_type, two.platform_message_id) == (activity["id"], "document",
+                                                                                  f"{activity['id']}.1")
+    assert one.album_id == activity["id"] == two.album_id
+    stored = MediaFile.objects.get(file_key=report["content"]["uniqueId"])
+    url = report["content"]["downloadUrl"]
+    assert len(url) > 500 and stored.ref == url and stored.file_name == "informe.pdf"
+    assert stored.declared_type == "application/pdf"
+    assert run(TeamsPlatform().fetch_media(bot, url, 1024)) == b"%PDF-1.7 uno"
+    [(_id, authorization)] = fake_teams.downloads()
+    assert authorization == ""  # pre-authorised: the bot's token never goes to OneDrive
+    tempauth = url.rsplit("tempauth=", 1)[1]
+    with pytest.raises(FileUnavailable) as refused:
+        run(TeamsPlatform().fetch_media(bot, url.replace(tempauth, "v1.expired"), 1024))
+    assert refused.value.permanent and tempauth not in str(refused.value)
+    with pytest.raises(FileUnavailable):  # over the cap
+        run(TeamsPlatform().fetch_media(bot, url, 4))
+
+
+@pytest.fixture
+def media(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)  # the replies' stored files
+
+
+def _offered(bot, fake_teams, data=b"BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n", name="cita.ics", chat_id=teams.USER):
+    """A reply's file sent into `chat_id`: (the SendResult, the card's acceptContext)."""
+    from delivery import attachments
+
+    item = attachments.OutboundFile(attachments.store(bot.pk, data), name, "text/calendar", len(data))
+    result = run(TeamsTransport(bot).send_files(Target(chat_id, reply_target="1700000000042"), [item],
+                                                "Tu cita"))
+    body = fake_teams.calls("create")[-1].body
+    card = (body.get("attachments") or [{}])[0]
+    return result, body, (card.get("content") or {}).get("acceptContext")
+
+
+def test_a_file_in_a_personal_chat_is_a_consent_card_uploaded_once_when_accepted(client, bot, fake_teams, media):
+    data = b"BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n"
+    result, body, context = _offered(bot, fake_teams, data)
+    assert result.ok and result.platform_message_id  # the ledger's row: the card, delivered once
+    [card] = body["attachments"]
+    assert card["contentType"] == "application/vnd.microsoft.teams.card.file.consent" and card["name"] == "cita.ics"
+    assert card["content"]["sizeInBytes"] == len(data) and card["content"]["declineContext"] == context
+    assert body["text"] == "Tu cita" and body["replyToId"] == "1700000000042" and not fake_teams.uploads()
+    upload = fake_teams.upload_info("cita.ics")
+    for _ in range(3):  # a double tap, a redelivered invoke: one upload, one card
+        response = post(client, teams.consent_invoke(context, "accept", upload), fake_teams.connector_token())
+        assert (response.status_code, response.json()) == (200, {})
+    again = teams.consent_invoke(context, "accept", fake_teams.upload_info("cita.ics"))  # the card accepted again
+    assert post(client, again, fake_teams.connector_token()).status_code == 200
+    [put] = fake_teams.uploads()
+    assert put["range"] == f"bytes 0-{len(data) - 1}/{len(data)}" and put["authorization"] == ""
+    assert fake_teams.uploaded("cita.ics") == data
+    shown = fake_teams.calls("create")[-1]
+    [info] = shown.body["attachments"]
+    assert shown.conversation == PERSONAL and info["contentType"] == "application/vnd.microsoft.teams.card.file.info"
+    assert (info["contentUrl"], info["content"]) == (upload["contentUrl"], {"uniqueId": upload["uniqueId"],
+                                                                           "fileType": "ics"})
+    assert len(fake_teams.calls("create")) == 2 and nothing_stored()
+
+
+def test_a_declined_a_forged_or_someone_elses_consent_uploads_nothing(client, bot, fake_teams, media):
+    _result, _body, context = _offered(bot, fake_teams)
+    token = context["file"]
+    for invoke in (teams.consent_invoke(context, "decline"),
+                   teams.consent_invoke({"file": token[:-2] + "xx"}, "accept", fake_teams.upload_info()),
+                   teams.consent_invoke({"file": "outbound/1/ab/cd"}, "accept", fake_teams.upload_info()),
+                   teams.consent_invoke(context, "accept", fake_teams.upload_info(), user=teams.OTHER_USER),
+                   teams.consent_invoke(context, "accept"),  # no uploadInfo
+                   {**teams.consent_invoke(context), "value": "nonsense"}):
+        response = post(client, invoke, fake_teams.connector_token())
+        assert (response.status_code, response.json()) == (200, {})
+    assert not fake_teams.uploads() and len(fake_teams.calls("create")) == 1 and nothing_stored()
+
+
+def test_a_file_gone_from_storage_or_a_failed_send_is_told_to_the_person(client, bot, fake_teams, media):
+    from django.core import signing
+    from django.core.files.storage import default_storage
+
+    _result, _body, context = _offered(bot, fake_teams, b"primero", "uno.txt")
+    upload = fake_teams.upload_info("uno.txt")
+    fake_teams.fail_next("create", status=500)  # the file's card: the upload went, the card did not
+    post(client, teams.consent_invoke(context, "accept", upload), fake_teams.connector_token())
+    assert "uno.txt" in fake_teams.texts()[-1] and fake_teams.uploaded("uno.txt") == b"primero"
+    _result, _body, gone = _offered(bot, fake_teams, b"segundo", "dos.txt")
+    default_storage.delete(signing.loads(gone["file"], salt="agentloop.teams.file-consent")["f"])
+    post(client, teams.consent_invoke(gone, "accept", fake_teams.upload_info("dos.txt")), fake_teams.connector_token())
+    assert "dos.txt" in fake_teams.texts()[-1] and fake_teams.uploaded("dos.txt") is None
+    assert len(fake_teams.uploads()) == 1
+
+
+def test_files_in_group_chats_and_channels_are_named_in_the_text(bot, fake_teams, media):
+    result, body, context = _offered(bot, fake_teams, chat_id=GROUP_CHAT)
+    assert result.ok and context is None and body["text"] == "Tu cita\n📎 cita.ics"
+
+
 @pytest.mark.parametrize("kind", ["conversationUpdate", "installationUpdate", "typing", "messageReaction"])
 def test_other_activities_are_acknowledged_and_store_nothing(client, bot, fake_teams, kind):
     activity = {**teams.message_activity("x"), "type": kind}
@@ -253,7 +364,7 @@ def test_settings_and_their_defaults():
         with pytest.raises(ValidationError):
             platform.clean_settings(bad)
     assert TeamsTransport.capabilities() >= {Capability.TYPING, Capability.PREVIEWS, Capability.EDIT,
-                                             Capability.DELETE}
+                                             Capability.DELETE, Capability.FILES}
 
 
 # --- the transport, against the fake Bot Connector -------------------------------------------------

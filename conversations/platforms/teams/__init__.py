@@ -9,7 +9,10 @@ everything Teams means to agentloop.
 - activities.py: an activity into an Inbound message, an Edit (messageUpdate), a
   Deletion (messageDelete) or the reason it is only acknowledged
 - webhook.py: the bot's messaging endpoint, /webhooks/teams/<slug>/
-- media.py: an image pasted into a message, fetched from the Connector with the bot's token
+- media.py: an image pasted into a message, fetched from the Connector with the bot's
+  token; a file sent in a personal chat, from its pre-authorised downloadUrl (no token)
+- consent.py, files.py: a reply's files in a personal chat: the FileConsentCard, and on the person's
+  accept (a `fileConsent/invoke`) the upload to their OneDrive, once, and the file's card
 - transport.py: replies through the Bot Connector REST API (POST, PUT and DELETE on
   {serviceUrl}/v3/conversations/{id}/activities) with the app's client-credentials
   token, each HTTP answer mapped to the ledger's outcomes; typing activities; previews

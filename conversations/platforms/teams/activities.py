@@ -1,7 +1,8 @@
 """A Bot Connector activity (the JSON POSTed to the messaging endpoint), read with the
 Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 
-- `message` → an Inbound (and one more per further image pasted into it, as an album): its activity id the dedup key (the same in every redelivery),
+- `message` → an Inbound (and one more per further image pasted into it or file sent
+  with it, as an album): its activity id the dedup key (the same in every redelivery),
   `from.id` its sender, and its chat the Teams conversation id — except in a personal
   chat, whose chat is the person's id (29:…): a personal conversation id runs to 130
   characters and more, past what a chat id holds. The conversation reference (serviceUrl,
@@ -21,6 +22,7 @@ Agents SDK's model (microsoft_agents.activity.Activity), into our own types:
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,7 +39,12 @@ MESSAGE, UPDATE, DELETE, INVOKE = "message", "messageUpdate", "messageDelete", "
 PERSONAL = "personal"
 _THREAD = re.compile(r";messageid=(\d+)$")
 _ATTACHMENT = re.compile(r"/v3/attachments/([^/?#]+)")
-MAX_IMAGES = 10
+MAX_IMAGES = 10  # pasted images and files a message brings, at most
+# A file sent in a personal chat: its attachment's content type, and the content's fields
+# ("Send and receive files using bot": downloadUrl, pre-authorised and short-lived, fetched
+# with a plain GET and no token; uniqueId, the OneDrive item's id; fileType, its extension).
+FILE_DOWNLOAD_INFO = "application/vnd.microsoft.teams.file.download.info"
+_KINDS = {"image": "image", "audio": "audio", "video": "video"}
 
 
 @dataclass(frozen=True)
@@ -119,15 +126,15 @@ def own_text(activity: Activity) -> tuple[str, bool]:
 
 
 def message(activity: Activity) -> list[Inbound] | Ignored:
-    """A message's Inbounds: its text with its first image, then one per other image
+    """A message's Inbounds: its text with its first image or file, then one per other
     (the platform message id `<id>.<n>`, as an album); none for a message with neither."""
     message_id, chat, sender = _ids(activity)
     if not (message_id and chat and sender):
         return Ignored("incomplete")
     text, mentioned = own_text(activity)
-    images = _images(activity)
+    images = _media(activity)
     if not text and not images:
-        return Ignored("empty")  # a card or a file alone: nothing to answer (files are not taken yet)
+        return Ignored("empty")  # a card alone: nothing to answer
     personal = is_personal(activity)
     thread = _THREAD.search(chat)
     account = activity.from_property
@@ -157,21 +164,49 @@ def reference(activity: Activity) -> dict[str, str]:
     return {key: value for key, value in found.items() if value}
 
 
-def _images(activity: Activity) -> list[MediaRef]:
-    """The images pasted into a message: attachments of an `image/*` type whose
-    contentUrl is the Connector's (…/v3/attachments/<id>/views/original, fetched with the
-    bot's token: media.py). Other attachments (the message's HTML rendition, a file's
-    download info, cards) are not taken."""
+def _media(activity: Activity) -> list[MediaRef]:
+    """The images pasted into a message and the files sent with it, in order, at most
+    MAX_IMAGES. An image: an attachment of an `image/*` type whose contentUrl is the
+    Connector's (…/v3/attachments/<id>/views/original, fetched with the bot's token:
+    media.py). A file (a personal chat's; in group chats and channels Teams shares a
+    SharePoint link the bot cannot read without Graph): a `file.download.info`
+    attachment, its content's downloadUrl fetched with no token, its uniqueId the key.
+    Other attachments (the message's HTML rendition, cards) are not taken."""
     found = []
-    for attachment in (activity.attachments or [])[:MAX_IMAGES]:
+    for attachment in activity.attachments or []:
         declared = str(attachment.content_type or "").split(";")[0].strip().lower()
-        url = str(attachment.content_url or "")
-        if not declared.startswith("image/") or not url.startswith(("https://", "http://")) or len(url) > 500:
-            continue
-        key = _ATTACHMENT.search(url)
-        found.append(MediaRef(key=(key[1] if key else url)[:200], ref=url, kind="image", declared_type=declared,
-                              file_name=str(attachment.name or "")[:255]))
+        ref = _file(attachment) if declared == FILE_DOWNLOAD_INFO else _image(attachment, declared)
+        if ref is not None:
+            found.append(ref)
+        if len(found) == MAX_IMAGES:
+            break
     return found
+
+
+def _image(attachment: Any, declared: str) -> MediaRef | None:
+    url = str(attachment.content_url or "")
+    if not declared.startswith("image/") or not _is_url(url):
+        return None
+    key = _ATTACHMENT.search(url)
+    return MediaRef(key=(key[1] if key else url)[:200], ref=url, kind="image", declared_type=declared,
+                    file_name=str(attachment.name or "")[:255])
+
+
+def _file(attachment: Any) -> MediaRef | None:
+    content = as_dict(attachment.content)
+    url, unique = str(content.get("downloadUrl") or ""), str(content.get("uniqueId") or "")
+    if not _is_url(url):
+        return None
+    name = str(attachment.name or "")[:255]
+    extension = str(content.get("fileType") or "").strip().lower().lstrip(".")[:16]
+    declared = (mimetypes.guess_type(f"file.{extension}")[0] if extension else None) or \
+        mimetypes.guess_type(name)[0] or ""
+    return MediaRef(key=(unique or url)[:200], ref=url, kind=_KINDS.get(declared.split("/")[0], "document"),
+                    declared_type=declared, file_name=name)
+
+
+def _is_url(url: str) -> bool:
+    return url.startswith(("https://", "http://")) and len(url) <= 2000
 
 
 def edit(activity: Activity) -> Edit | Ignored:

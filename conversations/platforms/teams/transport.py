@@ -28,6 +28,10 @@ Outcomes, from the HTTP status (the Connector's `error.code` in the text):
 | no connection, no token (the token endpoint unreachable or failing) | not sent: resent unlabelled |
 | no answer after the request went out | ambiguous |
 
+Files (one a message): in a personal chat a FileConsentCard, the upload once the person
+accepts (files.py); in group chats and channels, where a bot uploads only through
+SharePoint and Graph, the files are named in the text.
+
 Typing: a `typing` activity, refreshed every TYPING_REFRESH seconds. A streamed reply:
 Teams' native streaming in a personal chat (streaming.py), one message edited in place
 (PUT) elsewhere.
@@ -49,9 +53,11 @@ from microsoft_agents.activity import Activity
 from agentloop.core.caches import BoundedCache
 from agentloop.core.tls import shared_tls_context
 from conversations import addresses
+from conversations.platforms.teams.consent import consent_card
 from conversations.platforms.teams.streaming import TeamsStream, can_stream, finish, streaming
 from conversations.platforms.teams.wire import activities_url, is_user, message, personal_conversation, wire
 from delivery import chunks
+from delivery.attachments import OutboundFile
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.previews import EditedPreview, Preview
@@ -146,6 +152,13 @@ def _token_key(channel: Any) -> tuple[int, str]:
     material = "\n".join(str(channel.setting(name) or "") for name in ("app_id", "app_password", "tenant_id",
                                                                          "token_url"))
     return int(channel.pk or 0), hashlib.sha256(material.encode()).hexdigest()
+
+
+def forget() -> None:
+    """Drop the tokens and personal chats this process holds (tests: a fake's port used
+    again under a channel id used again would find another fake's token)."""
+    for cache in (_tokens, _conversations):
+        cache.clear()
 
 
 def forget_token(channel: Any) -> None:
@@ -254,6 +267,21 @@ class TeamsTransport(Transport):
         for number, piece in enumerate(pieces):
             buttons = target.buttons if number == len(pieces) - 1 else ()
             last = await self.create(target, message(piece, buttons, target.reply_target if number == 0 else ""))
+            if not last.ok:
+                return last
+        return last
+
+    async def send_files(self, target: Target, files: list[OutboundFile], caption: str) -> SendResult:
+        """A personal chat: the file's consent card (files.py: the upload follows the
+        person's accept); elsewhere the files named in the text."""
+        if not is_user(target.chat_id):
+            return await super().send_files(target, files, caption)
+        last: SendResult = SendResult.delivered("")
+        for number, item in enumerate(files):  # one (max_album): several only if a caller groups them
+            activity = consent_card(self.channel, target.chat_id, item, caption if number == 0 else "")
+            if number == 0 and target.reply_target:
+                activity.reply_to_id = target.reply_target
+            last = await self.create(target, activity)
             if not last.ok:
                 return last
         return last

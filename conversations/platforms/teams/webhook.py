@@ -12,7 +12,9 @@ its activity id, windows, double texting, control commands), a messageUpdate app
 an edit, a messageDelete as a deletion, each answered 200 `{}` once its transaction
 committed — every reply goes through the ledger, whatever happens to the request. An
 `adaptiveCard/action` invoke (a question's button) is decided and answered at once with
-its invokeResponse (cards.invoked); other invokes 200 `{}`; anything else (members added,
+its invokeResponse (cards.invoked); a `fileConsent/invoke` (a file's consent card
+accepted or declined) uploads the file once (files.consented) and is answered 200 `{}`;
+other invokes 200 `{}`; anything else (members added,
 typing, reactions) is acknowledged. A failure of ours answers 500: the Connector retries,
 and the dedup makes the retry safe.
 """
@@ -27,6 +29,7 @@ from conversations.ingest import Admission
 from conversations.platforms.inbound import Parsed, Received, Refused, Request, Webhook, missing, unconfigured
 from conversations.platforms.teams import activities, verify
 from conversations.platforms.teams.cards import ACTION, invoked
+from conversations.platforms.teams.files import CONSENT_INVOKE, consented
 from conversations.platforms.webhooks import Answer, error
 
 if TYPE_CHECKING:  # for annotations only
@@ -61,6 +64,8 @@ class TeamsActivities(Webhook):
         except activities.NotAnActivity as exc:
             return error(400, f"not a Bot Connector activity: {exc}")
         if activity.type == activities.INVOKE:
+            if activity.name == CONSENT_INVOKE:
+                return Answer(200, consented(channel, activity))
             return Answer(200, invoked(channel, activity)) if activity.name == ACTION else ACKNOWLEDGED
         found = activities.parse(activity)
         if isinstance(found, activities.Ignored):
