@@ -106,7 +106,7 @@ if [ "$user_args" = 0 ] && [ -z "${DATABASE_URL:-}" ]; then
 fi
 
 wait "$warm_up" || { echo "compiling or collecting the tests failed (the passes below say where)"; status=1; }
-echo "=== warm-up (the checks beside it, then beside the busy phase): $(( SECONDS - run_started )) s ==="
+echo "=== warm-up (the checks beside it at idle priority, until they are done): $(( SECONDS - run_started )) s ==="
 
 # AGENTLOOP_TEST_PASS tells conftest.py which pass this is: a test run once is left out
 # of the other (tests/conftest.py OWN_DATABASE, ANY_DATABASE, ONE_PASS).
