@@ -173,8 +173,8 @@ class Channel(models.Model):
     edits = models.CharField(_("edits"), max_length=16, choices=EditsPolicy.choices, default=EditsPolicy.APPLY)
     status_reaction = models.CharField(
         _("status reaction"), max_length=16, choices=StatusReaction.choices, default=StatusReaction.OFF,
-        help_text=_("A \"seen\" reaction on the person's message (Telegram, Slack, WhatsApp), best effort "
-                    "(docs/buffer.md#reactions)."))
+        help_text=_("A \"seen\" reaction on the person's message, on the platforms that have reactions "
+                    "(docs/platforms.md), best effort (docs/buffer.md#reactions)."))
     streaming = models.BooleanField(
         _("streaming"), default=True, help_text=_("Show a streamed reply as it is written, where the platform can (Telegram drafts "
                                                   "or an edited preview in groups, web chat); the final reply goes through the "
