@@ -97,12 +97,14 @@ fi
 # The backfill's PostgreSQL: a cluster of its own whose every backend runs at idle
 # priority (started under it; a backend is a child of the postmaster, not of its client),
 # so its queries never take a core from the suite's server. DATABASE_URL given: that server.
+# Started beside the warm-up (its initdb at idle priority too), waited for when the backfill starts.
 backfill_pgdir=""
 backfill_pg_url=$pg_url
+backfill_pg_start=""
 if [ "$user_args" = 0 ] && [ -z "${DATABASE_URL:-}" ]; then
   backfill_pgdir=$(mktemp -d /tmp/agentloop-pg-backfill-XXXXXX)
-  backfill_pg_url=$( (idle_priority "$BASHPID"; scripts/pg.sh start "$backfill_pgdir") ) \
-    || { echo "could not start the backfill's PostgreSQL (see $backfill_pgdir)"; exit 1; }
+  { idle_priority "$BASHPID"; scripts/pg.sh start "$backfill_pgdir" >"$logs/backfill-pg.url"; } &
+  backfill_pg_start=$!
 fi
 
 wait "$warm_up" || { echo "compiling or collecting the tests failed (the passes below say where)"; status=1; }
@@ -185,6 +187,13 @@ both_passes not-serial "$busy_marks" "${busy_args[@]}" "$@"
 unset AGENTLOOP_PHASE_FILES
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
 sqlite_unit=5 postgres_unit=5
+if [ -n "$backfill_pg_start" ]; then
+  if wait "$backfill_pg_start"; then
+    backfill_pg_url=$(cat "$logs/backfill-pg.url")
+  else
+    echo "could not start the backfill's PostgreSQL (see $backfill_pgdir): its unit tests run on the suite's"
+  fi
+fi
 if [ "$user_args" = 0 ]; then
   {
     idle_priority "$BASHPID"
