@@ -207,12 +207,13 @@ if [ "$user_args" = 0 ]; then
   } &
   backfill=$!
 fi
-# The serial tests two at a time per pass as well, a file's tests together (a file may
+# The serial tests three at a time per pass as well, a file's tests together (a file may
 # share one thing across its tests: the peer bot's node_modules). They wait on windows,
 # paces and streams far more than they compute: two passes of one at a time kept 0.3-1.1
-# cores busy, and their bounds were set beside the other pass's.
+# cores busy, two of two at a time about one core (the backfill took the other), and
+# their bounds were set beside the other pass's.
 serial_args=()
-[ "$busy_workers" != 0 ] && serial_args=(-n "$(( busy_workers < 2 ? busy_workers : 2 ))" --dist loadfile)
+[ "$busy_workers" != 0 ] && serial_args=(-n "$busy_workers" --dist loadfile)
 both_passes serial "serial and not alone" "${serial_args[@]}" "$@"
 sqlite_timed=$sqlite_rc postgres_timed=$postgres_rc
 # Both passes at once, but never two tests of a kind at the same moment: a pass holds the
