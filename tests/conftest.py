@@ -376,7 +376,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
         if path in ALONE or f"{path}::{name}" in ALONE or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.alone)
-        if path.startswith("tests/unit/"):  # scripts/test.sh runs those not serial in its backfill
+        # scripts/test.sh runs these (not serial) in its backfill, at idle priority: not one
+        # that starts the product's processes (e2e), which a starved run would race.
+        if path.startswith("tests/unit/") and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.unit)
         if "browser" in getattr(item, "fixturenames", ()):  # once more if Chromium went away (tests/support/browser.py)
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=BROWSER_GONE))
