@@ -88,14 +88,20 @@ def remember(channel_id: int, chat_id: str, address: Mapping[str, str] | None) -
     return written
 
 
+def _cached(key: tuple[int, str]) -> tuple[bool, Address | None]:
+    """(whether this process knows, the address or None) without a query."""
+    held = _known.get(key)
+    if held is not None:
+        return True, held
+    return bool(_unknown.get(key)), None
+
+
 def address_for(channel: Channel, target: Target) -> Address | None:
     """The address stored for the target's chat (blocking: a query unless cached)."""
     key = (int(channel.pk), target.chat_id)
-    held = _known.get(key)
-    if held is not None:
+    known, held = _cached(key)
+    if known:
         return held
-    if _unknown.get(key):
-        return None
     stored = list(PlatformAddress.objects.filter(channel_id=channel.pk, chat_id=target.chat_id)
                   .values_list("address", flat=True)[:1])
     value = cleaned(stored[0]) if stored and isinstance(stored[0], dict) else {}
@@ -108,12 +114,9 @@ def address_for(channel: Channel, target: Target) -> Address | None:
 async def address_of(channel: Channel, target: Target) -> Address | None:
     """`address_for` from the event loop: a cached answer at once, else the query in
     the database thread (sync_to_async)."""
-    key = (int(channel.pk), target.chat_id)
-    held = _known.get(key)
-    if held is not None:
+    known, held = _cached((int(channel.pk), target.chat_id))
+    if known:
         return held
-    if _unknown.get(key):
-        return None
     found: Address | None = await sync_to_async(address_for)(channel, target)
     return found
 
