@@ -30,9 +30,8 @@ if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DEBUG", default=False)
-# Required, the same on every host: a key made up per host signs sessions the others refuse.
-# `make run` (AGENTLOOP_LOCAL_SECRET_KEY=true), DEBUG and the test suite generate one into
-# var/secret_key, which that checkout's other commands then use; nothing else makes one up.
+# Required, the same on every host (one made up per host signs sessions the others refuse).
+# `make run` (AGENTLOOP_LOCAL_SECRET_KEY=true), DEBUG and the tests write one to var/secret_key.
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
     if not (DEBUG or env.bool("AGENTLOOP_LOCAL_SECRET_KEY", default=False) or "pytest" in sys.modules
@@ -246,13 +245,10 @@ Q_CLUSTER = {
 }
 
 # --- agentloop ---------------------------------------------------------------
-# How long the worker loop may sleep when it knows of no nearer deadline. New
-# immediate work (media flushes, control replies) written by another process is
-# seen within this interval; known deadlines are slept to exactly.
+# How long the worker loop may sleep when it knows of no nearer deadline (known ones are
+# slept to exactly); once idle for half a second, its looks for other processes' ready turns
+# and due replies slow to the second (agentloop.core.backoff.IdlePoll; config_table.py).
 AGENTLOOP_POLL_INTERVAL = env.float("AGENTLOOP_POLL_INTERVAL", default=0.05)
-# How often an idle worker (nothing found for half a second) looks for ready turns and due
-# replies another process wrote: its own flusher's turns and its own replies are handed
-# over at once; buffers' deadlines keep AGENTLOOP_POLL_INTERVAL (agentloop.core.backoff.IdlePoll).
 AGENTLOOP_IDLE_POLL_INTERVAL = env.float("AGENTLOOP_IDLE_POLL_INTERVAL", default=0.25)
 AGENTLOOP_MAX_CONCURRENT_TURNS = env.int("AGENTLOOP_MAX_CONCURRENT_TURNS", default=1000)
 # Seconds between typing indicators; 0: each platform's own (Telegram 4 s, below its ~5 s).

@@ -84,28 +84,22 @@ class TurnRunner:
 
     async def loop(self) -> None:
         worker, backoff = self.worker, Backoff()
-        # Turns this worker's flusher starts are adopted, those it leaves ready wake this
-        # loop: polling finds other processes' turns only, so it slows down when idle.
-        pace = IdlePoll(worker.poll_interval, worker.idle_poll_interval)
+        pace = IdlePoll(worker.poll_interval, worker.idle_poll_interval)  # its flusher's turns wake it
         while True:
-            found = False
             try:
                 if self.capacity() > 0:
-                    claimed = await worker.claim(self.claim_turns, self.capacity())
-                    for turn in claimed:
+                    for turn in await worker.claim(self.claim_turns, self.capacity()):
                         self.start(turn)
-                    found = bool(claimed) or bool(self.running)
                 backoff.reset()
             except DATABASE_FAULTS:
                 await asyncio.sleep(backoff.next())  # reported once by the database thread
             except Exception:
                 log.exception("claiming turns failed")
                 await asyncio.sleep(max(backoff.next(), 0.5))
-            await worker.sleep(pace.after(found))
+            await worker.sleep(pace.after(bool(self.running)))  # turns claimed or still running
 
     def start(self, turn: Turn) -> None:
-        # Typing first, synchronously: a window's loop carries on into the turn without
-        # a moment in which nothing holds it.
+        # Typing first, synchronously: a window's loop carries on into the turn, never unheld.
         self.worker.typing.turn_started(turn)
         task = asyncio.create_task(self.run_turn(turn))
         self.running[turn.pk] = task
