@@ -1,6 +1,9 @@
 """Helpers for the Teams tests: a channel pointed at the local fakes (identity provider,
 token endpoint, Bot Connector), its app id the fake's."""
 
+import asyncio
+
+from conversations.platforms.teams.transport import close_clients
 from tests.fakes.teams_api import APP_ID, APP_PASSWORD, TENANT
 
 
@@ -15,3 +18,14 @@ def teams_channel(make_channel, fake, slug="teams", settings=None, **fields):
                                                      "token_url", "service_url", "chat_interval",
                                                      "messages_per_second") if name in fields}
     return make_channel(slug, kind="teams", platform_settings=settings or teams_settings(fake, **overrides), **fields)
+
+
+def run(coro):
+    """Run a transport's coroutine, then close the Teams clients it opened on that loop."""
+    async def then_close():
+        try:
+            return await coro
+        finally:
+            await close_clients()
+
+    return asyncio.run(then_close())

@@ -6,7 +6,6 @@ the channel's setting, and regions under it), the setting and the Connector's "c
 conversation" only for a chat no activity came from; the Connector's images fetched from
 a stored serviceUrl's host; erased with the person, swept with the chat's messages."""
 
-import asyncio
 import json
 from datetime import timedelta
 
@@ -18,11 +17,11 @@ from django.utils import timezone
 from conversations import addresses, erasure, retention
 from conversations.models import InboundMessage, PlatformAddress
 from conversations.platforms.teams import verify
-from conversations.platforms.teams.transport import TeamsTransport, close_clients
+from conversations.platforms.teams.transport import TeamsTransport
 from delivery.transports import Target
 from tests.fakes import teams_api as teams
 from tests.fakes.teams_api import GROUP_CHAT, PERSONAL, FakeTeams
-from tests.support.teams import teams_channel
+from tests.support.teams import run, teams_channel
 
 URL = "/webhooks/teams/teams/"
 
@@ -47,15 +46,6 @@ def post(client, fake, activity):
                            headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 200, response.content
 
-
-def run(coro):
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
 
 
 def send(channel, text="hola", chat_id=teams.USER):

@@ -7,7 +7,6 @@ transport's outcomes against the fake Bot Connector and token endpoint over real
 the fake's rate limits; files both ways (a personal chat's files fetched from their
 pre-authorised downloadUrl; a reply's file as a consent card, uploaded once on accept). End to end (the real web server and worker): test_teams_e2e.py."""
 
-import asyncio
 import json
 from datetime import timedelta
 
@@ -17,12 +16,12 @@ from django.core.exceptions import ValidationError
 from conversations.models import Channel, InboundMessage, MessageBuffer
 from conversations.platforms.teams import TeamsPlatform, streaming, verify
 from conversations.platforms.teams.streaming import TeamsStream
-from conversations.platforms.teams.transport import MAX_UNITS, MessagePreview, TeamsTransport, close_clients
+from conversations.platforms.teams.transport import MAX_UNITS, MessagePreview, TeamsTransport
 from delivery.models import Outcome
 from delivery.transports import Capability, Target
 from tests.fakes import teams_api as teams
 from tests.fakes.teams_api import GROUP_CHAT, PERSONAL, TEAM_CHANNEL, FakeTeams, Signer
-from tests.support.teams import teams_channel
+from tests.support.teams import run, teams_channel
 
 URL = "/webhooks/teams/teams/"
 
@@ -369,15 +368,6 @@ def test_settings_and_their_defaults():
 
 # --- the transport, against the fake Bot Connector -------------------------------------------------
 
-
-def run(coro):
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
 
 
 def send(channel, text="hola", chat_id=teams.USER, **target):
