@@ -143,7 +143,7 @@ def without(value: Any, lines: Collection[str]) -> Any:  # a text, or a JSON lis
     for line in sorted(lines, key=len, reverse=True):  # a longer line holding a shorter one first
         if line in body:
             body = re.sub(rf"(?m)^{re.escape(line)}(?=\n|\Z)", ERASED, body)
-    return head + body
+    return head + _without_open_line(body, lines)
 
 
 def _without_cut_line(body: str, lines: Collection[str]) -> str:
@@ -156,4 +156,16 @@ def _without_cut_line(body: str, lines: Collection[str]) -> str:
         for end in reversed(ends):
             if end and line.endswith(body[:end]):
                 return ERASED + body[end:]
+    return body
+
+
+def _without_open_line(body: str, lines: Collection[str]) -> str:
+    """`body` with its end erased when it is the start of one of `lines`: a streamed
+    reply's text is saved as it grows (conversations.worker.streams), so the last snapshot
+    may stop inside one of the person's lines."""
+    starts = [0, *(at + 1 for at, char in enumerate(body) if char == "\n")]
+    for start in starts:  # the earliest first: the longest open end
+        tail = body[start:]
+        if tail and tail != ERASED and any(line.startswith(tail) for line in lines):
+            return body[:start] + ERASED
     return body

@@ -150,3 +150,16 @@ def test_a_cut_input_loses_the_end_of_the_persons_line_it_starts_with(make_chann
     call_command("forgetcontact", "--channel", "grp", "--contact", "77123456")
     turn.refresh_from_db()
     assert turn.merged_input == "\n".join([mark, "[erased]", ADDRESSED_HEADER, "Beto: @bot hi"])
+
+
+def test_a_streamed_snapshot_loses_the_start_of_the_persons_line_it_stops_in(make_channel):
+    """A streamed reply's text is saved as it grows: under load the last snapshot may stop
+    inside the person's line (seen once in test_erasure_everywhere, a starved worker)."""
+    from conversations.groups import CONTEXT_HEADER
+
+    turn = group_turn_of_another_member(make_channel)
+    snapshot = f"echo: {CONTEXT_HEADER}\nZebulon Quarkwright: my blood"
+    Turn.objects.filter(pk=turn.pk).update(streamed_text=snapshot)
+    call_command("forgetcontact", "--channel", "grp", "--contact", "77123456")
+    turn.refresh_from_db()
+    assert turn.streamed_text == f"echo: {CONTEXT_HEADER}\n[erased]"
