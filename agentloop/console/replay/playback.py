@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
@@ -66,6 +67,48 @@ class Configuration:
                 "tools": self.tools, "settings": self.settings}
 
 
+# The windows a text gets (conversations.windows): what `window_ms` sets, all four at once.
+TEXT_WINDOWS = ("window_closed", "window_greeting", "window_open", "window_neutral")
+OPTIONS = ("agent", "agent_config", "tools", "settings", "window_ms", "double_texting", "model", "system_prompt")
+
+
+def configuration_of(data: dict[str, Any]) -> Configuration:
+    """A Configuration from JSON (a suite's, the admin form's, the command's options):
+    `window_ms` sets the four text windows, `double_texting` the rule, `model` and
+    `system_prompt` go into the agent_config."""
+    unknown = sorted(set(data) - set(OPTIONS))
+    if unknown:
+        raise ReplayError(f"unknown replay option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    for key, kind in (("agent_config", dict), ("settings", dict), ("tools", list)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise ReplayError(f"{key} must be a JSON {'object' if kind is dict else 'list'}")
+    channel_settings = dict(data.get("settings") or {})
+    if data.get("window_ms") is not None:
+        seconds = float(data["window_ms"]) / 1000
+        channel_settings.update({name: seconds for name in TEXT_WINDOWS})
+    if data.get("double_texting"):
+        channel_settings["double_texting"] = data["double_texting"]
+    agent_config = dict(data.get("agent_config") or {})
+    agent_config.update({key: data[key] for key in ("model", "system_prompt") if data.get(key)})
+    tools = data.get("tools")
+    return Configuration(agent=str(data.get("agent") or ""), agent_config=agent_config,
+                         tools=[str(name) for name in tools] if tools is not None else None, settings=channel_settings)
+
+
+def _setting(name: str, value: Any) -> Any:
+    """A channel setting's value as its field takes it ("5" for a window: 5.0), or ReplayError."""
+    if name not in document.SETTINGS:
+        raise ReplayError(f"unknown channel setting {name!r}; known: {', '.join(document.SETTINGS)}")
+    field = Channel._meta.get_field(name)
+    try:
+        value = field.to_python(value)
+        if field.choices and value not in {choice for choice, _ in field.flatchoices}:
+            raise ValidationError(f"must be one of {', '.join(str(c) for c, _ in field.flatchoices)}")
+    except ValidationError as exc:
+        raise ReplayError(f"{name}: {' '.join(exc.messages)}") from None
+    return value
+
+
 class _RolledBack(Exception):
     """Leaves the replay's transaction, undoing it, with its result read."""
 
@@ -102,9 +145,7 @@ class _Playback:
             raise ReplayError(f"unknown agent {name!r}; known: {', '.join(sorted([*settings.AGENTLOOP_AGENTS, RECORDED]))}")
         channel = Channel(slug=f"replay-{uuid.uuid4().hex[:12]}", kind=SANDBOX, name="Replay")
         for key, value in {**recorded, **configuration.settings}.items():
-            if key not in document.SETTINGS:
-                raise ReplayError(f"unknown channel setting {key!r}; known: {', '.join(document.SETTINGS)}")
-            setattr(channel, key, value)
+            setattr(channel, key, _setting(key, value))
         channel.agent = "echo" if name == RECORDED else name  # the field names a registered agent
         channel.agent_config = {**(recorded.get("agent_config") or {}), **configuration.agent_config}
         refused = channel.unworkable()

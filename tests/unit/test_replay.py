@@ -1,0 +1,154 @@
+"""Replay (issue 58): a recording replayed in virtual time through the real intake,
+buffer, turns, guard and ledger, on a sandbox channel inside a rolled-back transaction;
+compared with what was recorded; suites of recordings with expectations."""
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from agentloop.console.replay import comparison, document, playback, recording, suites
+from agentloop.console.replay.document import RecordingError
+from conversations.ingest import Inbound, admit
+from conversations.models import Channel, Conversation, InboundMessage, Turn
+from delivery.models import OutboundMessage
+from tools import guard
+from tools.models import ActionClaim, CalendarEvent
+from tools.registry import Scope
+
+pytestmark = pytest.mark.django_db
+
+INCIDENT = Path(__file__).resolve().parents[2] / "replays" / "incident.json"
+
+
+@pytest.fixture
+def incident():
+    return document.read(INCIDENT)
+
+
+def replayed(recorded, **options):
+    return playback.replay(recorded, playback.configuration_of(options))
+
+
+def nothing_left_behind():
+    """A replay's rows are rolled back: no sandbox channel, no turn, claim, event or ledger row."""
+    assert not Channel.objects.filter(kind="sandbox").exists()
+    assert not Turn.objects.exists() and not ActionClaim.objects.exists()
+    assert not CalendarEvent.objects.exists() and not OutboundMessage.objects.exists()
+
+
+def test_the_incident_against_the_demo_agent_books_two_events_and_the_guard_stops_two_duplicates(incident):
+    began = time.monotonic()
+    result = replayed(incident, agent="demo")
+    totals = comparison.totals(result["happened"])
+    assert (totals["turns"], totals["executed"], totals["duplicates_prevented"]) == (2, 2, 2)
+    assert comparison.merges(result["happened"]) == [["message-1"], ["message-2"]]
+    assert [t["flush_reason"] for t in result["happened"]["turns"]] == ["window", "window"]
+    assert result["sent"][1].startswith("ℹ️ Ya estaba agendado: Psicología")
+    # Virtual time: 12 s of conversation and its windows, replayed in well under a second.
+    assert result["virtual_ms"] >= 12000 + 2500 and time.monotonic() - began < 5
+    nothing_left_behind()
+
+
+def test_recorded_answers_reproduce_the_recording_and_a_longer_window_merges_the_burst(incident):
+    same = comparison.report(incident, replayed(incident, agent="recorded"))["comparison"]
+    assert same["same"] and same["same_merges"], same["turns"]
+    assert same["totals"]["replayed"]["duplicates_prevented"] == 2
+
+    merged = comparison.report(incident, replayed(incident, agent="recorded", window_ms=15000))["comparison"]
+    assert merged["merges"] == {"recorded": [["message-1"], ["message-2"]], "replayed": [["message-1", "message-2"]]}
+    assert not merged["same_merges"] and merged["turns"][1]["differences"] == ["turn"]
+    # The one merged turn plays both recorded turns: the second pair of calls is caught by the guard.
+    assert [c["guard"] for c in merged["turns"][0]["replayed"]["tools"]] == [
+        "executed", "executed", "duplicate_prevented", "duplicate_prevented"]
+    nothing_left_behind()
+
+
+def test_a_guarded_tool_that_writes_a_file_is_decided_by_the_guard_but_never_run(settings, tmp_path, incident):
+    settings.AGENTLOOP_TOOLS = [*settings.AGENTLOOP_TOOLS, "tests.support.tools_for_tests.WriteNote"]
+    note = tmp_path / "note.txt"
+    recorded = copy.deepcopy(incident)
+    call = {"tool": "write_note", "arguments": {"path": str(note), "text": "booked"}, "guard": "executed"}
+    recorded["happened"]["turns"][0]["tools"] = [call]
+    recorded["happened"]["turns"][1]["tools"] = [call]
+
+    result = replayed(recorded, agent="recorded")
+    assert [t["tools"][0]["guard"] for t in result["happened"]["turns"]] == ["executed", "duplicate_prevented"]
+    assert not note.exists(), "a replay ran a tool's real effect"
+    assert result["sent"] and not Channel.objects.filter(kind="telegram").exists()
+    nothing_left_behind()
+    # The same call outside a replay does write it: the test above proves something.
+    guard.invoke("write_note", call["arguments"], Scope(key="contact:1"), actor="test")
+    assert note.read_text() == "booked"
+
+
+def test_a_suite_passes_on_the_shipped_recordings_and_fails_loudly_on_an_unmet_expectation(tmp_path, incident, capsys):
+    call_command("replay", suite=str(INCIDENT.parent))
+    assert "[1/1] incident.json … ok" in capsys.readouterr().out
+
+    (tmp_path / "incident.json").write_text(document.dumps(incident))
+    (tmp_path / "expectations.json").write_text(json.dumps({
+        "configuration": {"agent": "demo"}, "expect": {"turns_at_most": 1, "no_duplicate_prevented": True}}))
+    with pytest.raises(CommandError, match="1 of 1 recording"):
+        call_command("replay", suite=str(tmp_path))
+    out = capsys.readouterr().out
+    assert "incident.json: turns_at_most: expected at most 1 turns, got 2" in out
+    assert "no_duplicate_prevented: expected duplicates_prevented = 0, got 2" in out
+
+
+def test_the_replay_command_writes_the_comparison_as_json(tmp_path):
+    out = tmp_path / "report.json"
+    call_command("replay", str(INCIDENT), agent="recorded", window_ms=15000, json=str(out))
+    report = json.loads(out.read_text())
+    assert report["comparison"]["merges"]["replayed"] == [["message-1", "message-2"]]
+    assert report["configuration"]["settings"]["window_neutral"] == 15.0
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "not JSON"),
+    (json.dumps({"format": "agentloop-recording", "version": 99}), "recording version 99 is not one this agentloop reads"),
+    (json.dumps({"format": "something-else"}), "not an agentloop recording"),
+    (json.dumps({"format": "agentloop-recording", "version": 1, "conversation": {}, "settings": {},
+                 "events": [{"type": "message", "at_ms": -1, "id": "m"}], "happened": {}}), "at_ms must be"),
+])
+def test_a_malformed_or_unknown_version_recording_is_refused_with_a_clear_error(tmp_path, text, why):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(CommandError, match=why):
+        call_command("replay", str(path))
+
+
+def test_bad_replay_options_and_an_unknown_conversation_are_refused(incident):
+    with pytest.raises(CommandError, match="no conversation 424242"):
+        call_command("recording", "export", conversation=424242)
+    for options, why in (({"agent": "nobody"}, "unknown agent 'nobody'"),
+                         ({"double_texting": "shout"}, "double_texting: must be one of"),
+                         ({"window_ms": 40000}, "max_wait: shorter than the longest window")):
+        with pytest.raises(playback.ReplayError, match=why):
+            replayed(incident, **options)
+    with pytest.raises(RecordingError, match="unknown expectation"):
+        bad = INCIDENT.parent / "nowhere.expect.json"
+        try:
+            bad.write_text(json.dumps({"expect": {"vibes": True}}))
+            suites.read_expectations(bad)
+        finally:
+            bad.unlink()
+
+
+def test_an_export_masks_names_ids_and_phone_numbers_on_request(make_channel):
+    channel = make_channel("rec", agent="echo")
+    base = Turn.created_at.field.default()
+    admit(channel, Inbound("m-1", "5691234", "5691234", "Hola, soy Camila: +56 9 1234 5678", sender_name="Camila"),
+          base)
+    conversation = Conversation.objects.get()
+    exported = recording.export(conversation.pk)
+    assert exported["events"][0]["text"].startswith("Hola, soy Camila") and exported["conversation"]["id"] == conversation.pk
+    masked = recording.export(conversation.pk, mask=True)
+    text = json.dumps(masked, ensure_ascii=False)
+    assert "Camila" not in text and "5691234" not in text and "1234 5678" not in text and "m-1" not in text
+    assert masked["events"][0]["text"] == "Hola, soy person-1: [phone]" and masked["events"][0]["id"] == "message-1"
+    document.check(masked)
+    assert InboundMessage.objects.count() == 1
