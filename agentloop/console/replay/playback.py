@@ -29,12 +29,13 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Min
+from django.db.models import Field, Min
 from django.utils import timezone
 
 from agentloop.console.replay import document, recording
 from agentloop.console.replay.document import Document, RecordingError
-from agentloop.console.replay.recorded_agent import NAME as RECORDED, Answers, RecordedAgent
+from agentloop.console.replay.recorded_agent import NAME as RECORDED
+from agentloop.console.replay.recorded_agent import Answers, RecordedAgent
 from agentloop.console.replay.turn_step import Ran, TurnStep, deliver
 from conversations import deletions, edits, ingest
 from conversations.agents import Agent, agent_for
@@ -100,6 +101,7 @@ def _setting(name: str, value: Any) -> Any:
     if name not in document.SETTINGS:
         raise ReplayError(f"unknown channel setting {name!r}; known: {', '.join(document.SETTINGS)}")
     field = Channel._meta.get_field(name)
+    assert isinstance(field, Field), "the recorded settings are the channel's own columns"
     try:
         value = field.to_python(value)
         if field.choices and value not in {choice for choice, _ in field.flatchoices}:

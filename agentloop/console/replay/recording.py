@@ -27,7 +27,7 @@ from delivery.models import OutboundMessage
 from tools.models import ActionClaim, ClaimState
 
 # What the guard made of a call, by the state its claim ended in (a caught duplicate is an audit event).
-GUARD_OUTCOMES = {ClaimState.DONE: "executed", ClaimState.PROPOSED: "proposed", ClaimState.RELEASED: "failed",
+GUARD_OUTCOMES: dict[str, str] = {ClaimState.DONE: "executed", ClaimState.PROPOSED: "proposed", ClaimState.RELEASED: "failed",
                   ClaimState.UNCERTAIN: "uncertain", ClaimState.IN_FLIGHT: "in_flight"}
 
 

@@ -50,7 +50,8 @@ def _in_this_thread(fn: Callable[..., T]) -> Callable[..., Any]:
 
 async def _db(fn: Callable[..., T], *args: Any) -> T:
     """The ledger's database runner: on the replay's thread, in its transaction."""
-    return await _in_this_thread(fn)(*args)
+    answered: T = await _in_this_thread(fn)(*args)
+    return answered
 
 
 class TurnStep:

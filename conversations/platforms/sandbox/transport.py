@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from conversations.platforms.sandbox import next_message_id
 from delivery.transports import SendResult, Target, Transport
 
