@@ -9,7 +9,6 @@ ever sees it either."""
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 from conversations.platforms.base import Platform
@@ -24,18 +23,11 @@ KIND = "sandbox"
 class SandboxPlatform(Platform):
     kind = KIND
     label = "Sandbox (replays)"
-    # A replay's user never taps an answer: a tool asking the user to confirm is proposed, and stays so.
-    user_can_confirm = False
+    # As on the platform it copies: a tool asking the user to confirm is proposed (its question
+    # goes to the sandbox), and stays so — a replay's user never taps the answer.
+    user_can_confirm = True
 
     def transport(self, channel: Channel) -> Transport:
         from conversations.platforms.sandbox.transport import SandboxTransport
 
         return SandboxTransport(channel)
-
-
-_sent_ids = itertools.count(1)
-
-
-def next_message_id() -> str:
-    """A platform id for a sandbox send: unique in the process, never a real platform's."""
-    return f"sandbox-{next(_sent_ids)}"

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
-from conversations.platforms.sandbox import next_message_id
 from delivery.transports import SendResult, Target, Transport
+
+_sent_ids = itertools.count(1)
+
+
+def next_message_id() -> str:
+    """A platform id for a sandbox send: unique in the process, never a real platform's."""
+    return f"sandbox-{next(_sent_ids)}"
 
 
 @dataclass(frozen=True)
