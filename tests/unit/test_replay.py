@@ -5,13 +5,16 @@ compared with what was recorded; suites of recordings with expectations."""
 import copy
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from agentloop.console.replay import comparison, document, playback, recording, suites
 from agentloop.console.replay.document import RecordingError
+from conversations import edits
 from conversations.ingest import Inbound, admit
 from conversations.models import Channel, Conversation, InboundMessage, Turn
 from delivery.models import OutboundMessage
@@ -140,7 +143,7 @@ def test_bad_replay_options_and_an_unknown_conversation_are_refused(incident):
 
 def test_an_export_masks_names_ids_and_phone_numbers_on_request(make_channel):
     channel = make_channel("rec", agent="echo")
-    base = Turn.created_at.field.default()
+    base = timezone.now()
     admit(channel, Inbound("m-1", "5691234", "5691234", "Hola, soy Camila: +56 9 1234 5678", sender_name="Camila"),
           base)
     conversation = Conversation.objects.get()
@@ -152,3 +155,34 @@ def test_an_export_masks_names_ids_and_phone_numbers_on_request(make_channel):
     assert masked["events"][0]["text"] == "Hola, soy person-1: [phone]" and masked["events"][0]["id"] == "message-1"
     document.check(masked)
     assert InboundMessage.objects.count() == 1
+
+
+def test_edits_deletions_and_control_commands_replay_through_intake_and_taps_are_said_skipped(incident):
+    recorded = {**incident, "settings": {**incident["settings"], "agent": "echo"}, "happened": {"turns": [], "replies": []}}
+    recorded["events"] = [
+        {"at_ms": 0, "type": "message", "id": "a", "text": "hola, quiero la hora del lunes y"},
+        {"at_ms": 1000, "type": "message", "id": "b", "text": "la del martes"},
+        {"at_ms": 1500, "type": "edit", "of": "b", "text": "la del miércoles"},
+        {"at_ms": 10000, "type": "message", "id": "c", "text": "y también el jueves y"},
+        {"at_ms": 10500, "type": "delete", "of": "c"},
+        {"at_ms": 20000, "type": "message", "id": "d", "text": "espera y"},
+        {"at_ms": 20500, "type": "message", "id": "e", "text": "/stop"},
+        {"at_ms": 30000, "type": "tap", "of": "reply-1", "emoji": "👍"}]
+    result = replayed(recorded)
+    [turn] = result["happened"]["turns"]  # the deleted message and the stopped one never make a turn
+    assert turn["messages"] == ["a", "b"] and turn["input"] == "hola, quiero la hora del lunes y\nla del miércoles"
+    assert result["sent"] == [turn["input"], "Stopped."]
+    assert [r["kind"] for r in result["happened"]["replies"]] == ["reply", "control"]
+    assert result["skipped"] == ["tap at 30000 ms: taps are not replayed"] and result["virtual_ms"] == 30000
+
+
+def test_an_export_records_each_message_as_it_first_came_and_its_edit_later(make_channel):
+    channel = make_channel("rec", agent="echo")
+    start = timezone.now()
+    admit(channel, Inbound("m-1", "c1", "c1", "la del martes"), start)
+    edits.apply(channel, edits.Edit("m-1", "la del miércoles", start, "api", "c1", "c1"),
+                start + timedelta(milliseconds=1500))
+    exported = recording.export(Conversation.objects.get().pk)
+    assert [(e["type"], e.get("text")) for e in exported["events"]] == [
+        ("message", "la del martes"), ("edit", "la del miércoles")]
+    assert exported["events"][1]["of"] == "m-1" and exported["events"][1]["at_ms"] >= 0

@@ -43,7 +43,7 @@ from conversations.flushing import flush_many
 from conversations.models import BufferState, Channel, Conversation, InboundMessage, MessageBuffer, Turn, TurnState
 from conversations.platforms.sandbox import KIND as SANDBOX
 from conversations.platforms.sandbox.transport import SandboxTransport
-from tools import sandbox
+from tools import guard, sandbox
 
 MAX_STEPS = 10_000  # a bound on the virtual clock's steps: a recording that never settles is refused
 
@@ -126,6 +126,10 @@ def replay(recorded: Document, configuration: Configuration) -> Document:
             raise _RolledBack(_Playback(recorded, configuration).run())
     except _RolledBack as done:
         return done.result
+    finally:
+        # A tool's policy row made (with its defaults) inside the replay was rolled back
+        # with it: no process cache may keep it.
+        guard.forget_policies()
 
 
 class _Playback:
@@ -161,6 +165,12 @@ class _Playback:
     # --- the virtual clock --------------------------------------------------------------
 
     def run(self) -> Document:
+        try:
+            return self.played()
+        finally:
+            SandboxTransport.taken(self.channel.pk)  # what it was sent is in the result, or gone with the replay
+
+    def played(self) -> Document:
         began = time.monotonic()
         events = sorted(self.recorded["events"], key=lambda e: e["at_ms"])
         clock, running, index = self.start, None, 0
@@ -251,5 +261,5 @@ class _Playback:
         return {"configuration": self.configuration.describe(self.recorded["settings"]),
                 "virtual_ms": round((clock - self.start).total_seconds() * 1000),
                 "wall_ms": round((time.monotonic() - began) * 1000),
-                "happened": happened, "sent": [sent.text for sent in SandboxTransport.taken(self.channel.pk)],
+                "happened": happened, "sent": [sent.text for sent in SandboxTransport.sent.get(self.channel.pk, [])],
                 "skipped": self.skipped}
