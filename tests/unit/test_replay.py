@@ -186,3 +186,34 @@ def test_an_export_records_each_message_as_it_first_came_and_its_edit_later(make
     assert [(e["type"], e.get("text")) for e in exported["events"]] == [
         ("message", "la del martes"), ("edit", "la del miércoles")]
     assert exported["events"][1]["of"] == "m-1" and exported["events"][1]["at_ms"] >= 0
+
+
+@pytest.mark.parametrize("rule, turns, sent", [
+    ("enqueue", [(["a"], "done", 1200), (["b"], "done", 6200)], ["Nada el lunes.", "Nada el martes."]),
+    ("interrupt", [(["a"], "cancelled", 1200), (["b"], "done", 4200)], ["Nada el martes."]),
+    ("reject", [(["a"], "done", 1200)], ["I'm still working on your previous message. Please send this again once "
+                                         "I've answered.", "Nada el lunes."]),
+])
+def test_a_message_during_a_running_turn_meets_the_chosen_double_texting_rule(incident, rule, turns, sent):
+    """The recorded latency holds the turn open in virtual time: the second message arrives while it runs."""
+    recorded = {**incident, "events": [{"at_ms": 0, "type": "message", "id": "a", "text": "¿Qué tengo el lunes?"},
+                                       {"at_ms": 3000, "type": "message", "id": "b", "text": "¿Y el martes?"}],
+                "happened": {"turns": [{"messages": ["a"], "reply": "Nada el lunes.", "latency_ms": 5000},
+                                       {"messages": ["b"], "reply": "Nada el martes.", "latency_ms": 1000}],
+                             "replies": []}}
+    result = replayed(recorded, agent="recorded", double_texting=rule)
+    assert [(t["messages"], t["state"], t["at_ms"]) for t in result["happened"]["turns"]] == turns
+    assert result["sent"] == sent
+
+
+def test_each_declared_expectation_says_what_it_found(incident):
+    """Checked against the incident as recorded: two turns 12 s apart, the second's two calls caught."""
+    ran = {"happened": incident["happened"]}
+    met = {"turns": 2, "turns_at_most": 2, "executed": 2, "duplicates_prevented": 2, "no_tool_executed_twice": True,
+           "at_most_one_turn_per_burst": True, "reply_mentions": "psicología", "same_merges_as_recorded": True}
+    assert suites.failures(incident, ran, met) == []
+    failed = suites.failures(incident, ran, {"no_tool_called_twice": True, "no_duplicate_prevented": True,
+                                             "at_most_one_turn_per_burst": 15000, "reply_mentions": "kinesiología"})
+    assert [line.split(":")[0] for line in failed] == [
+        "no_tool_called_twice", "no_duplicate_prevented", "at_most_one_turn_per_burst", "reply_mentions"]
+    assert "a burst answered in more than one turn: [['message-1', 'message-2']]" in failed[2]

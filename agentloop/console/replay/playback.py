@@ -188,11 +188,17 @@ class _Playback:
             while index < len(events) and self.start + timedelta(milliseconds=events[index]["at_ms"]) <= clock:
                 self.apply(events[index], clock)
                 index += 1
+            if running and self.cancelled(running):  # interrupt, rollback, /stop: a worker stops it at once
+                running = None
             self.flush(clock)
             running = running or self.start_next(clock)
             for conversation in self.conversations():
                 deliver(conversation, clock)
         raise RecordingError(f"the replay did not settle within {MAX_STEPS} steps")
+
+    @staticmethod
+    def cancelled(running: Ran) -> bool:
+        return Turn.objects.filter(pk=running.turn.pk, state=TurnState.CANCELLED).exists()
 
     def conversations(self) -> list[Conversation]:
         return list(Conversation.objects.filter(channel=self.channel).select_related("channel", "contact"))
