@@ -29,11 +29,11 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Field, Min
+from django.db.models import Field, Min, QuerySet
 from django.utils import timezone
 
 from agentloop.console.replay import document, recording
-from agentloop.console.replay.document import Document, RecordingError
+from agentloop.console.replay.document import Document
 from agentloop.console.replay.recorded_agent import NAME as RECORDED
 from agentloop.console.replay.recorded_agent import Answers, RecordedAgent
 from agentloop.console.replay.turn_step import Ran, TurnStep, deliver
@@ -194,7 +194,7 @@ class _Playback:
             running = running or self.start_next(clock)
             for conversation in self.conversations():
                 deliver(conversation, clock)
-        raise RecordingError(f"the replay did not settle within {MAX_STEPS} steps")
+        raise ReplayError(f"the replay did not settle within {MAX_STEPS} steps")
 
     @staticmethod
     def cancelled(running: Ran) -> bool:
@@ -203,7 +203,7 @@ class _Playback:
     def conversations(self) -> list[Conversation]:
         return list(Conversation.objects.filter(channel=self.channel).select_related("channel", "contact"))
 
-    def open_buffers(self) -> Any:
+    def open_buffers(self) -> QuerySet[MessageBuffer]:
         """This channel's open buffers whose conversation has no turn ready or running (enqueue: they wait)."""
         busy = Turn.objects.filter(conversation__channel=self.channel, state__in=Turn.ACTIVE).values("conversation_id")
         return MessageBuffer.objects.filter(conversation__channel=self.channel, state=BufferState.OPEN) \
