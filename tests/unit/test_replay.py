@@ -15,7 +15,7 @@ from django.utils import timezone
 from agentloop.console.replay import comparison, document, playback, recording, suites
 from agentloop.console.replay.document import RecordingError
 from conversations import edits
-from conversations.ingest import Inbound, admit
+from conversations.ingest import Inbound, MediaRef, admit
 from conversations.models import Channel, Conversation, InboundMessage, Turn
 from delivery.models import OutboundMessage
 from tools import guard
@@ -146,15 +146,20 @@ def test_an_export_masks_names_ids_and_phone_numbers_on_request(make_channel):
     base = timezone.now()
     admit(channel, Inbound("m-1", "5691234", "5691234", "Hola, soy Camila: +56 9 1234 5678", sender_name="Camila"),
           base)
+    admit(channel, Inbound("m-2", "5691234", "5691234", "mi receta", sender_name="Camila", media_type="photo",
+                           media=MediaRef(key="file-abc", ref="ref-abc", kind="photo", file_name="camila-receta.jpg")),
+          base + timedelta(seconds=1))
     conversation = Conversation.objects.get()
     exported = recording.export(conversation.pk)
+    assert exported["events"][1]["media"]["key"] == "file-abc" and exported["events"][1]["media_type"] == "photo"
     assert exported["events"][0]["text"].startswith("Hola, soy Camila") and exported["conversation"]["id"] == conversation.pk
     masked = recording.export(conversation.pk, mask=True)
     text = json.dumps(masked, ensure_ascii=False)
     assert "Camila" not in text and "5691234" not in text and "1234 5678" not in text and "m-1" not in text
     assert masked["events"][0]["text"] == "Hola, soy person-1: [phone]" and masked["events"][0]["id"] == "message-1"
+    assert masked["events"][1]["media"]["key"] == "file-1" and "receta.jpg" not in text
     document.check(masked)
-    assert InboundMessage.objects.count() == 1
+    assert InboundMessage.objects.count() == 2
 
 
 def test_edits_deletions_and_control_commands_replay_through_intake_and_taps_are_said_skipped(incident):
@@ -167,13 +172,16 @@ def test_edits_deletions_and_control_commands_replay_through_intake_and_taps_are
         {"at_ms": 10500, "type": "delete", "of": "c"},
         {"at_ms": 20000, "type": "message", "id": "d", "text": "espera y"},
         {"at_ms": 20500, "type": "message", "id": "e", "text": "/stop"},
-        {"at_ms": 30000, "type": "tap", "of": "reply-1", "emoji": "👍"}]
+        {"at_ms": 30000, "type": "tap", "of": "reply-1", "emoji": "👍"},
+        {"at_ms": 40000, "type": "message", "id": "f", "text": "", "media_type": "photo",
+         "media": {"key": "file-1", "kind": "photo"}}]
     result = replayed(recorded)
-    [turn] = result["happened"]["turns"]  # the deleted message and the stopped one never make a turn
+    turn, photo = result["happened"]["turns"]  # the deleted message and the stopped one never make a turn
     assert turn["messages"] == ["a", "b"] and turn["input"] == "hola, quiero la hora del lunes y\nla del miércoles"
-    assert result["sent"] == [turn["input"], "Stopped."]
-    assert [r["kind"] for r in result["happened"]["replies"]] == ["reply", "control"]
-    assert result["skipped"] == ["tap at 30000 ms: taps are not replayed"] and result["virtual_ms"] == 30000
+    assert (photo["input"], photo["at_ms"]) == ("[photo]", 42500)  # its file not fetched; its type's window kept
+    assert result["sent"] == [turn["input"], "Stopped.", "[photo]"]
+    assert [r["kind"] for r in result["happened"]["replies"]] == ["reply", "control", "reply"]
+    assert result["skipped"] == ["tap at 30000 ms: taps are not replayed"] and result["virtual_ms"] >= 42500
 
 
 def test_an_export_records_each_message_as_it_first_came_and_its_edit_later(make_channel):

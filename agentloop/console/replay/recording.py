@@ -22,7 +22,15 @@ from agentloop.console.replay.document import Document, RecordingError
 from agentloop.console.replay.masking import Masker
 from agentloop.core.redaction import channel_secrets, redact, redact_payload
 from audit.models import AuditEvent, EventKind
-from conversations.models import Conversation, InboundMessage, InboundReaction, MessageEdit, MessageKind, Turn
+from conversations.models import (
+    Conversation,
+    InboundMessage,
+    InboundReaction,
+    MediaFile,
+    MessageEdit,
+    MessageKind,
+    Turn,
+)
 from delivery.models import OutboundMessage
 from tools.models import ActionClaim, ClaimState
 
@@ -36,7 +44,8 @@ def export(conversation_id: int, *, mask: bool = False) -> Document:
     conversation = Conversation.objects.select_related("channel", "contact").filter(pk=conversation_id).first()
     if conversation is None:
         raise RecordingError(f"no conversation {conversation_id}")
-    messages = list(InboundMessage.objects.filter(conversation=conversation).order_by("received_at", "pk"))
+    messages = list(InboundMessage.objects.filter(conversation=conversation).select_related("media_file")
+                    .order_by("received_at", "pk"))
     if not messages:
         raise RecordingError(f"conversation {conversation_id} has no message to record")
     return _Export(conversation, messages, Masker(mask)).document()
@@ -115,9 +124,17 @@ class _Export:
         text = next(iter(first), m.text)
         return {"at_ms": _ms(self.start, m.received_at), "type": "message", "id": self.message_id(m.platform_message_id),
                 "text": self.text(text), "control": m.kind == MessageKind.CONTROL, "media_type": m.media_type,
-                "album": self.masker.stand_in("album", m.album_id),
+                "album": self.masker.stand_in("album", m.album_id), "media": self.media(m.media_file),
                 "sender": self.masker.stand_in("sender", self.conversation.sender_id),
                 "sender_name": self.masker.stand_in("person", m.sender_name), "disposition": m.disposition}
+
+    def media(self, file: MediaFile | None) -> dict[str, Any] | None:
+        """The file a message carried, as a reference (a replay fetches no file: its type gives its window)."""
+        if file is None:
+            return None
+        return {"key": self.masker.stand_in("file", file.file_key), "kind": file.kind,
+                "type": file.content_type or file.declared_type, "name": self.masker.stand_in("file-name", file.file_name),
+                "size": file.size or file.declared_size, "duration": file.duration}
 
     # --- what happened ------------------------------------------------------------------
 
