@@ -103,8 +103,12 @@ def replay(request: HttpRequest, conversation_id: int) -> HttpResponse:
     report, problem = None, ""
     if request.method == "POST" and form.is_valid():
         try:
-            result = playback.replay(recorded, playback.configuration_of(form.configuration()))
-            report = comparison.report(recorded, result)
+            configuration = playback.configuration_of(form.configuration())
+            if playback.holds_writers(configuration, recorded):
+                raise playback.ReplayError(_(
+                    "On SQLite a replay holds the database's write lock while it runs, and a model may take "
+                    "minutes: replay here with recorded answers, demo or echo, or run manage.py replay on a copy."))
+            report = comparison.report(recorded, playback.replay(recorded, configuration))
         except (playback.ReplayError, document.RecordingError) as exc:
             problem = str(exc)
         if report is not None and request.POST.get("format") == "json":

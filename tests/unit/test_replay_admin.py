@@ -66,3 +66,17 @@ def test_the_page_in_spanish_and_an_auditor_may_download_but_not_replay(chat, op
     assert auditor.get(f"/console/conversations/{chat.pk}/recording.json").status_code == 200
     assert auditor.get(f"/console/conversations/{chat.pk}/replay/").status_code == 403
     assert "Replay…" not in auditor.get(f"/console/conversations/{chat.pk}/story/").content.decode()
+
+
+def test_on_sqlite_the_page_refuses_a_replay_against_a_model_which_would_hold_the_write_lock(chat, operator):
+    from django.db import connection
+
+    from agentloop.console.replay import playback, recording
+
+    recorded = recording.export(chat.pk)
+    model = playback.configuration_of({"agent": "openai", "model": "gpt-4.1-mini"})
+    assert playback.holds_writers(model, recorded) == (connection.vendor == "sqlite")
+    assert not playback.holds_writers(playback.configuration_of({"agent": "recorded"}), recorded)
+    if connection.vendor == "sqlite":  # on PostgreSQL the replay would call the model: not from a test
+        page = operator.post(f"/console/conversations/{chat.pk}/replay/", {"agent": "openai", "model": "m"})
+        assert "holds the database&#x27;s write lock" in page.content.decode()

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Field, Min, QuerySet
 from django.utils import timezone
 
@@ -94,6 +94,20 @@ def configuration_of(data: dict[str, Any]) -> Configuration:
     tools = data.get("tools")
     return Configuration(agent=str(data.get("agent") or ""), agent_config=agent_config,
                          tools=[str(name) for name in tools] if tools is not None else None, settings=channel_settings)
+
+
+# The agents that answer at once, without calling out: a replay with one of them holds its
+# transaction for a fraction of a second.
+LOCAL_AGENTS = (RECORDED, "demo", "echo")
+
+
+def holds_writers(configuration: Configuration, recorded: Document) -> bool:
+    """Whether this replay would keep the live product's writers waiting while a model
+    answers: on SQLite its transaction holds the database's one write lock (BEGIN
+    IMMEDIATE) from its start, so a replay against a model — seconds, minutes — stalls
+    intake and the workers meanwhile. PostgreSQL locks only the replay's own rows."""
+    agent = configuration.agent or recorded["settings"].get("agent") or "echo"
+    return connection.vendor == "sqlite" and agent not in LOCAL_AGENTS
 
 
 def _setting(name: str, value: Any) -> Any:

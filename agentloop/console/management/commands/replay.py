@@ -69,9 +69,16 @@ class Command(BaseCommand):
             given["settings"] = dict(pairs)
         return {key: value for key, value in given.items() if value is not None}
 
+    def warn_if_holding(self, configuration: playback.Configuration, recorded: document.Document) -> None:
+        if playback.holds_writers(configuration, recorded):
+            self.stderr.write("warning: on SQLite a replay holds the database's write lock while its agent answers; "
+                              "run it on a copy of the database, not beside a live product")
+
     def one(self, path: Path, given: dict[str, Any], output: str | None) -> None:
         recorded = document.read(path)
-        result = playback.replay(recorded, playback.configuration_of(given))
+        configuration = playback.configuration_of(given)
+        self.warn_if_holding(configuration, recorded)
+        result = playback.replay(recorded, configuration)
         report = comparison.report(recorded, result)
         compared = report["comparison"]
         self.stderr.write(f"{path}: {compared['totals']['recorded']['turns']} turn(s) recorded, "
@@ -90,7 +97,9 @@ class Command(BaseCommand):
             self.stdout.flush()
             began = time.monotonic()
             recorded = suites.load(case)
-            result = playback.replay(recorded, playback.configuration_of({**case.configuration, **given}))
+            configuration = playback.configuration_of({**case.configuration, **given})
+            self.warn_if_holding(configuration, recorded)
+            result = playback.replay(recorded, configuration)
             problems = suites.failures(recorded, result, case.expect)
             took = f"{time.monotonic() - began:.2f} s"
             if problems:
