@@ -1,8 +1,8 @@
 """Tools that exist only for the tests, registered through the public extension point
 (`AGENTLOOP_TOOLS` / `AGENTLOOP_EXTRA_TOOLS`): a tool whose run waits on a gate (to hold
-a claim in flight), a tool that fails a given number of times, and a calendar create
+a claim in flight), a tool that fails a given number of times, a calendar create
 that hangs after the event is written (so a test can kill its process between the
-effect and the confirmation)."""
+effect and the confirmation), and a tool whose effect writes a file (a replay must not)."""
 
 import os
 import threading
