@@ -225,3 +225,12 @@ def test_each_declared_expectation_says_what_it_found(incident):
     assert [line.split(":")[0] for line in failed] == [
         "no_tool_called_twice", "no_duplicate_prevented", "at_most_one_turn_per_burst", "reply_mentions"]
     assert "a burst answered in more than one turn: [['message-1', 'message-2']]" in failed[2]
+
+
+def test_the_sandbox_is_a_platform_no_operator_is_offered():
+    from conversations import platforms
+    from delivery.transports import transport_for
+
+    assert "sandbox" not in dict(platforms.choices()) and "sandbox" not in dict(Channel._meta.get_field("kind").choices)
+    assert type(transport_for(Channel(kind="sandbox"))).__name__ == "SandboxTransport"
+    assert platforms.get("sandbox").connection() is None and not platforms.get("sandbox").urls()

@@ -23,6 +23,7 @@ KIND = "sandbox"
 class SandboxPlatform(Platform):
     kind = KIND
     label = "Sandbox (replays)"
+    listed = False  # never a channel an operator makes
     # As on the platform it copies: a tool asking the user to confirm is proposed (its question
     # goes to the sandbox), and stays so — a replay's user never taps the answer.
     user_can_confirm = True
