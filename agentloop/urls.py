@@ -6,6 +6,7 @@ from django.views.generic.base import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agentloop.console import metrics as console_metrics
+from agentloop.console import replay_views
 from agentloop.console import uploads as console_uploads
 from agentloop.console import views as console_views
 from agentloop.core.body_limit import accepts_upload
@@ -33,6 +34,8 @@ urlpatterns = [
     path("console/jsi18n/", console_views.javascript_catalog, name="console-jsi18n"),
     path("console/conversations/<int:conversation_id>/story/", console_views.story, name="console-story"),
     path("console/conversations/<int:conversation_id>/hold/", console_views.hold, name="console-hold"),
+    path("console/conversations/<int:conversation_id>/recording.json", replay_views.download, name="console-recording"),
+    path("console/conversations/<int:conversation_id>/replay/", replay_views.replay, name="console-replay"),
     path("console/playground/", console_views.playground, name="console-playground"),
     path("console/playground/<slug:slug>/", console_views.playground, name="console-playground-channel"),
     # The two routes that take a file: their bodies may reach AGENTLOOP_MAX_UPLOAD_BODY_BYTES.

@@ -128,6 +128,9 @@ AGENTS = {
     "pull": "conversations.remote_agents.PullAgent",
     "a2a": "conversations.a2a_agent.A2AAgent",
 }
+# A replay's channel (agentloop.console.replay), kept apart from the real platforms above:
+# a kind whose transport records sends and makes none.
+PLATFORMS["sandbox"] = "conversations.platforms.sandbox.SandboxPlatform"
 # The built-in tools behind the guard (settings.AGENTLOOP_TOOLS adds AGENTLOOP_EXTRA_TOOLS).
 TOOLS = [
     "tools.builtin.calendar.CreateEvent",

@@ -109,7 +109,8 @@ def story(request: HttpRequest, conversation_id: int) -> HttpResponse:
         "state": story_page.header(page.conversation), "time_zone": timezone.get_current_timezone_name(),
         "conversation_url": reverse("admin:conversations_conversation_change", args=[conversation_id])
         if request.user.has_perm("conversations.view_conversation") else None,
-        "can_hold": request.user.has_perm("conversations.change_conversation"), "reply_key": uuid.uuid4().hex})
+        "can_hold": request.user.has_perm("conversations.change_conversation"), "reply_key": uuid.uuid4().hex,
+        "can_replay": allowed(request.user, PLAYGROUND_PERMISSION)})  # a replay runs the channel's agent
 
 
 @require_POST

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def _platform_choices() -> list[tuple[str, str]]:
     """Channel.kind's choices (a callable, so the migration does not freeze them)."""
-    return [(kind, platform.label) for kind, platform in plugins.instances("AGENTLOOP_PLATFORMS").items()]
+    return [(kind, platform.label) for kind, platform in plugins.instances("AGENTLOOP_PLATFORMS").items()
+            if platform.listed]
 
 
 def _language_choices() -> list[tuple[str, _StrOrPromise]]:

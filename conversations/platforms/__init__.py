@@ -50,8 +50,9 @@ def of(channel: Channel) -> Platform:
 
 
 def choices() -> list[tuple[str, str]]:
-    """Every kind and its platform's name (addchannel's --kind; Channel.kind's choices)."""
-    return [(kind, platform.label) for kind, platform in _registry().items()]
+    """Every kind an operator may choose and its platform's name (addchannel's --kind;
+    Channel.kind's choices): the replays' sandbox is not one."""
+    return [(kind, platform.label) for kind, platform in _registry().items() if platform.listed]
 
 
 def typing_kinds() -> tuple[str, ...]:

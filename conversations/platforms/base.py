@@ -78,6 +78,9 @@ class Platform(abc.ABC):
     # How long after the user's last message the platform takes a message we start (a
     # scheduled one); None: any time. WhatsApp: 24 hours, then only approved templates.
     reply_window: timedelta | None = None
+    # Offered to operators as a channel's kind (False: the replays' sandbox, which only a
+    # replay makes, inside its own transaction).
+    listed: bool = True
     # Replies go out at all (False: the reply row *is* the delivery, read through the API).
     # An instance attribute may depend on the channel: see transport().
 

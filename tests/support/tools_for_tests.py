@@ -1,8 +1,8 @@
 """Tools that exist only for the tests, registered through the public extension point
 (`AGENTLOOP_TOOLS` / `AGENTLOOP_EXTRA_TOOLS`): a tool whose run waits on a gate (to hold
-a claim in flight), a tool that fails a given number of times, and a calendar create
+a claim in flight), a tool that fails a given number of times, a calendar create
 that hangs after the event is written (so a test can kill its process between the
-effect and the confirmation)."""
+effect and the confirmation), and a tool whose effect writes a file (a replay must not)."""
 
 import os
 import threading
@@ -111,3 +111,18 @@ class CreateEventAtGate(CreateEvent):
                 raise ToolError("the test never opened the gate")
             time.sleep(0.02)
         return super().run(call)
+
+
+class WriteNote(Tool):
+    """A guarded tool whose effect writes a file (`path`): the replay's proof that a
+    sandboxed call runs the guard but never the effect."""
+
+    name = "write_note"
+    description = "Writes a note to a file."
+    parameters = {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+                  "required": ["path", "text"], "additionalProperties": False}
+    effect = Effect.CREATE
+
+    def run(self, call):
+        Path(call.arguments["path"]).write_text(call.arguments["text"], encoding="utf-8")
+        return {"written": call.arguments["path"]}

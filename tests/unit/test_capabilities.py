@@ -9,6 +9,7 @@ from tests.echo_platform.transport import EchoTransport
 C = Capability
 EXPECTED = {
     "api": {C.PREVIEWS},  # the API's stream of a reply being written
+    "sandbox": set(),  # a replay's channel (agentloop.console.replay): it records text, nothing else
     "webchat": {C.FILES, C.TYPING, C.PREVIEWS},
     "telegram": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "whatsapp": {C.FILES, C.TEMPLATES, C.TYPING, C.REACTIONS},

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agentloop.core import tracing
 from audit.failpoints import failpoint
-from tools import registry
+from tools import registry, sandbox
 from tools.conversation_side import conversation_side
 from tools.guard.claiming import (
     ClaimRequest,
@@ -43,7 +43,7 @@ def execute(tool: Tool, claim: ActionClaim) -> Outcome:
     """Run the effect for a claim we hold, then confirm or release it."""
     failpoint("tool.after_claim")
     try:
-        result = tool.run(_call_of(claim))
+        result = sandbox.run(tool, _call_of(claim))  # a replay's stub in place of the effect
     except OutcomeUnknown as exc:
         mark_uncertain(claim, f"outcome unknown: {exc}")
         state = reconcile(claim)
@@ -190,7 +190,7 @@ def claim_or_settle(request: ClaimRequest, *, actor: str, agent_key_id: int | No
 
 def _run_unguarded(tool: Tool, arguments: dict[str, Any], scope: Scope) -> Outcome:
     try:
-        return Outcome(Status.DONE, result=tool.run(ToolCall(arguments=arguments, scope=scope)))
+        return Outcome(Status.DONE, result=sandbox.run(tool, ToolCall(arguments=arguments, scope=scope)))
     except Exception as exc:
         if not isinstance(exc, ToolError):
             log.exception("tool %s failed", tool.name)
