@@ -43,10 +43,10 @@ TAGS = ("", "HUMAN_AGENT")
 
 
 def check_account_id(value: Any) -> str:
-    value = str(value).strip()
-    if not value.isdigit():
+    digits = str(value).strip()
+    if not digits.isdigit():
         raise ValidationError(gettext("a numeric id (the Page's, or the Instagram account's), not a name"))
-    return value
+    return digits
 
 
 def check_version(value: Any) -> str:

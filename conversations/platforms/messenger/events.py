@@ -77,7 +77,8 @@ def parse(data: Any, kind: str, account_id: str, is_answer: Any) -> Events:
     found, timed = Events(), []
     for entry in data["entry"]:
         entry = as_dict(entry)
-        events = entry.get("messaging") if isinstance(entry.get("messaging"), list) else []
+        messaging = entry.get("messaging")
+        events: list[Any] = messaging if isinstance(messaging, list) else []
         if account_id and str(entry.get("id", "")) != account_id:
             found.ignored += max(len(events), 1)  # another Page or account of the same Meta app
             continue

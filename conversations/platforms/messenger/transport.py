@@ -31,6 +31,7 @@ from typing import Any
 
 from django.conf import settings
 
+from agentloop.core.caches import BoundedCache
 from conversations.media.links import path_for_outbound
 from conversations.platforms import meta
 from conversations.platforms.messenger.events import key_of
@@ -39,7 +40,6 @@ from delivery.attachments import OutboundFile
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.transports import SendResult, Target, Transport
-from agentloop.core.caches import BoundedCache
 
 WINDOW_CLOSED = {(10, 2018278), (10, 2018065), (10, 2534022)}
 UNREACHABLE: dict[Any, str] = {
