@@ -210,6 +210,14 @@ def test_a_burst_admitted_out_of_order_is_sorted_by_its_timestamps():
     assert [m.text for m in parsed(body(later, earlier))] == ["primero", "segundo"]
 
 
+def test_plain_messages_take_the_lean_path_and_taps_djangos_view():
+    webhook = messenger.MessengerPlatform().webhook()
+    assert webhook.lean and webhook.takes_lean(json.dumps(body(fb.text_event(USER, PAGE, "hola"))).encode())
+    for tap in (fb.quick_reply_event(USER, PAGE, "Sí", "c:abcdefghijklmnopqrstuvwx:y"),
+                fb.postback_event(USER, PAGE, "Sí", "c:abcdefghijklmnopqrstuvwx:y")):
+        assert not webhook.takes_lean(json.dumps(body(tap)).encode())
+
+
 def test_a_tap_that_decides_nothing_is_answered_and_admits_nothing(client, page):
     tap = fb.quick_reply_event(USER, PAGE, "✅ Yes, do it", "c:abcdefghijklmnopqrstuvwx:y")
     assert signed_post(client, body(tap)).json()["tap_invalid"] == 1
