@@ -3,8 +3,8 @@ as Meta signs them, the real worker sending through httpx to the local fake Send
 (tests/fakes/graph_messenger.py, WhatsApp's fake Graph API extended). A storm of
 redeliveries is one message and a burst one turn, whose reply waits out a rate limit and
 goes unlabelled; a worker killed mid-send resends once, labelled; a person who blocked
-the account is never retried; an Instagram story reply is answered and a mention's story
-fetched; a question's quick reply tapped three times applies its action once.
+the account is never retried; an Instagram story reply is answered (its files as signed
+links Meta fetches) and a mention's story fetched; a question's quick reply tapped three times applies its action once.
 Messenger and Instagram DMs have no groups: no mention gating to test."""
 
 import threading
@@ -92,20 +92,28 @@ def test_a_worker_killed_mid_send_resends_once_labelled(processes, make_channel,
     assert AuditEvent.objects.filter(kind=EventKind.REPLY_RECOVERED).count() == 1
 
 
-def test_instagram_a_story_reply_is_answered_a_mention_fetched_and_a_blocked_person_never_retried(
+def test_instagram_a_story_reply_is_answered_with_files_by_link_and_a_blocked_person_never_retried(
         processes, make_channel, fake, tmp_path):
+    """…the mention's story fetched too; the reply's files go as signed links to the
+    deployment (`public_url`), which the fake fetches as Meta does (Instagram takes no uploads)."""
     from conversations.models import MediaFile, MediaState
+    from tests.faults.agent import ics
+    from tests.support.agents_for_tests import jpeg
 
-    meta_channel(make_channel, fake, kind="instagram", **QUICK)
-    web = processes.web(wait=False)
-    processes.worker(AGENTLOOP_MEDIA_ROOT=str(tmp_path / "files"))
+    env = {"AGENTLOOP_EXTRA_AGENTS": "files=tests.support.agents_for_tests.FilesAgent",
+           "AGENTLOOP_MEDIA_ROOT": str(tmp_path / "files")}
+    web = processes.web(wait=False, **env)
+    meta_channel(make_channel, fake, kind="instagram", agent="files", extra={"public_url": web.base_url}, **QUICK)
+    processes.worker(**env)
     story, mentioned = (fake.add_attachment(b"\xff\xd8\xff" + bytes([shade]) * 200) for shade in (1, 2))
     answer = deliver(web, fake, fb.story_reply_event(IG_USER, IG, "¿Abren hoy?", story),
                      fb.story_mention_event(IG_USER, IG, mentioned), kind="instagram")
     assert answer["admitted"] == 2
     wait_until(delivered(1), timeout=25, message="the story reply answered")
-    # The echo agent: one turn, each message's kind in front of it.
-    assert fake.texts(IG_USER) == ["[story reply] ¿Abren hoy?\n[story mention]"]
+    # One turn, each message's kind in front of it; the files after the text, the caption after its file.
+    assert fake.texts(IG_USER) == ["Agendado: [story reply] ¿Abren hoy?\n[story mention]", "Tu cita"]
+    assert [(f["type"], f["via"], f["data"]) for f in fake.received_files] == [
+        ("image", "url", jpeg(1)), ("image", "url", jpeg(2)), ("file", "url", ics())]
     assert MediaFile.objects.filter(state=MediaState.STORED).count() == 2
     assert len(fake.fetched) == 2  # both stories, from the CDN URLs the events carried
 
@@ -117,8 +125,7 @@ def test_instagram_a_story_reply_is_answered_a_mention_fetched_and_a_blocked_per
                message="the row unreachable")
     wait_until(delivered(2), timeout=20, message="the other person's reply")
     time.sleep(0.5)  # sweeps pass (every 0.05 s): the unreachable row is not sent again
-    recipients = [c.body["recipient"]["id"] for c in fake.calls("send")]
-    assert recipients[0] == IG_USER and sorted(recipients[1:]) == sorted([IG_USER, gone])  # each tried once
+    assert [c.body["recipient"]["id"] for c in fake.calls("send")].count(gone) == 1
     row = OutboundMessage.objects.get(state=OutboundState.UNREACHABLE)
     assert row.attempts == 1 and "isn't available" in row.last_error
     assert UnreachableChat.objects.get().chat_id == gone
