@@ -363,6 +363,14 @@ def test_every_kind_of_outcome_through_the_ledger(page, fake, code, subcode, sta
         assert UnreachableChat.objects.filter(chat_id=USER).exists() and row.next_attempt_at is None
 
 
+def test_a_reaction_on_a_delivered_reply_is_a_note_for_the_next_turn_once(client, page, fake):
+    row = through_the_ledger(page)
+    assert row.state == OutboundState.DELIVERED
+    react = fb.reaction_event(USER, PAGE, row.platform_message_id, "👍")
+    assert signed_post(client, body(react)).json()["reactions"] == 1
+    assert signed_post(client, body(react)).json().get("reactions", 0) == 0  # Meta's redelivery
+
+
 # --- operators ---------------------------------------------------------------------------------
 
 
