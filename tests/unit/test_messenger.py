@@ -389,3 +389,17 @@ def test_addchannel_takes_the_options_and_the_settings_are_checked(db, fake):
     with pytest.raises(ValidationError):
         platform.clean_settings({**meta_settings(kind="instagram"), "message_tag": "ACCOUNT_UPDATE"})
     assert TOKEN in platform.secrets(channel) and APP_SECRET in platform.secrets(channel)
+
+
+def test_make_run_makes_a_channel_of_each_kind_whose_variables_are_set(db, monkeypatch):
+    from conversations.models import Channel
+
+    monkeypatch.setenv("META_APP_SECRET", APP_SECRET)
+    for name, value in {"MESSENGER_PAGE_ID": PAGE, "MESSENGER_PAGE_TOKEN": TOKEN, "MESSENGER_VERIFY_TOKEN": VERIFY}.items():
+        monkeypatch.setenv(name, value)
+    said = messenger.MessengerPlatform().bootstrap(None)
+    assert "/webhooks/messenger/messenger/" in said and "messaging_postbacks" in said
+    assert messenger.InstagramPlatform().bootstrap(None) == ""  # only the shared app secret: no channel, no noise
+    monkeypatch.setenv("INSTAGRAM_ACCOUNT_ID", IG)
+    assert "INSTAGRAM_TOKEN" in messenger.InstagramPlatform().bootstrap(None)
+    assert Channel.objects.get(slug="messenger").platform_settings["account_id"] == PAGE
