@@ -112,6 +112,8 @@ PLATFORMS = {
     "discord": "conversations.platforms.discord.DiscordPlatform",
     "google_chat": "conversations.platforms.google_chat.GoogleChatPlatform",
     "teams": "conversations.platforms.teams.TeamsPlatform",
+    "messenger": "conversations.platforms.messenger.MessengerPlatform",
+    "instagram": "conversations.platforms.messenger.InstagramPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every

@@ -187,6 +187,7 @@ ANY_DATABASE = {
     "tests/end_to_end/test_fake_telegram_api.py": "the fake Bot API itself",
     "tests/end_to_end/test_fake_openai_api.py": "the fake OpenAI-compatible server itself",
     "tests/unit/test_fake_graph_api.py": "the fake Graph API itself",
+    "tests/unit/test_fake_graph_messenger.py": "the fake Send API (Messenger, Instagram) itself",
     **{f"tests/end_to_end/test_input_bounds.py::{name}": "a process's memory and its bounded caches" for name in (
         "test_thousands_of_unknown_slugs_do_not_grow_the_channel_cache", "test_unknown_slugs_do_not_grow_the_web_process",
         "test_the_policy_cache_is_bounded", "test_the_bot_cache_is_bounded_and_closes_what_it_lets_go")},

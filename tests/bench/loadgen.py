@@ -4,7 +4,8 @@ process so the client never competes with the server for the GIL.
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --n 3000
     python -m tests.bench.loadgen --url …/webhooks/slack/sl/ --kind slack --secret S --seconds 4
         # another platform's webhook payloads, each signed as that platform signs them
-        # (--kind telegram, whatsapp, slack, google_chat, teams: bodies(); its bearer as a --header)
+        # (--kind telegram, whatsapp, slack, google_chat, teams, messenger, instagram: bodies();
+        # its bearer as a --header)
     python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
     python -m tests.bench.loadgen --url … --seconds 600 --rate 300 --returning-after 9000
         # paced (open loop): message i is due at began + i / rate; odd messages numbered
@@ -70,6 +71,16 @@ def bodies(kind, secret, conversations, photo=False):
             raw = json.dumps(graph_api.webhook_body(PHONE, messages=[message])).encode()
             return f"X-Hub-Signature-256: {graph_api.signature(secret, raw)}\r\n", raw
         return whatsapp
+    if kind in ("messenger", "instagram"):
+        from tests.fakes import graph_api, graph_messenger
+        from tests.support.messenger import ACCOUNTS
+
+        def meta(i):  # a person per chat, one event per body, signed with the app secret
+            psid = str(6_645_000_000_000_000 + i % conversations)
+            event = graph_messenger.text_event(psid, ACCOUNTS[kind], f"mensaje {i} y", mid=f"m_BENCH{kind}{i:012d}")
+            raw = json.dumps(graph_messenger.event_body(ACCOUNTS[kind], event, kind=kind)).encode()
+            return f"X-Hub-Signature-256: {graph_api.signature(secret, raw)}\r\n", raw
+        return meta
     if kind == "slack":
         from tests.fakes import slack_api
 
@@ -229,7 +240,9 @@ if __name__ == "__main__":
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--photo", action="store_true", help="photo messages with a caption, not text")
-    parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat", "teams"),
+    parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat", "teams",
+                                                                  "messenger", "instagram"),
                         help="whose webhook payloads (bodies()); paced runs are Telegram's")
-    parser.add_argument("--secret", default="", help="the key each request is signed with (whatsapp, slack)")
+    parser.add_argument("--secret", default="", help="the key each request is signed with (whatsapp, slack, "
+                                                          "messenger, instagram)")
     asyncio.run(main(parser.parse_args()))

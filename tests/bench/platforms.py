@@ -4,7 +4,8 @@ each beside Telegram's figure of the same run.
     .venv/bin/python -m tests.bench platforms
     DATABASE_URL=postgres://…/scratch .venv/bin/python -m tests.bench platforms   # flushed first
 
-1. **Inbound.** Webhook platforms (Telegram, WhatsApp, Slack, Google Chat): the web server
+1. **Inbound.** Webhook platforms (Telegram, WhatsApp, Slack, Google Chat, Teams, Messenger,
+   Instagram): the web server
    alone (no worker), tests/bench/loadgen.py POSTing the platform's own payloads, each
    authenticated as the platform does it (Telegram's secret header, Meta's
    X-Hub-Signature-256, Slack's v0 signature, Chat's bearer JWT checked against the
@@ -25,7 +26,8 @@ each beside Telegram's figure of the same run.
    writes a minute into a space (kept as one a second), Teams' 1800 an hour into a
    thread (with 7/s, 8 in 2 s and 60 in 30 s; kept as one every 2 s), and for WhatsApp, which paces no
    chat (its pair limit allows bursts and is met as a flood), the number's throughput of
-   80 a second. Figure: rows delivered per second (the ledger's `delivered_at`, first to
+   80 a second; for Messenger and Instagram, which pace no chat either, the Send API's 300
+   a second per Page and 100 per Instagram account. Figure: rows delivered per second (the ledger's `delivered_at`, first to
    last) against that ceiling, the 429s the fake answered, beside Telegram's ratio.
 
 A platform is one class below and one entry of ROWS: a `Row` with its fakes, its channel
@@ -267,7 +269,44 @@ class Teams(Row):
         return [(c.at, id(c) in refused) for c in self.fake.calls("create")]
 
 
-ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams]  # the first is the reference
+class Messenger(Row):
+    name, kind, slug, loadgen_kind = "Messenger", "messenger", "b-fb", "messenger"
+    ceiling, ceiling_says = 300.0, "300 messages/s per Page (no chat paced)"
+    drain_chat = "6645000000099999"
+    PER_SECOND = 300
+
+    def start(self, stack):
+        from tests.fakes.graph_messenger import FakeMetaGraph
+        from tests.support.messenger import ACCOUNTS
+
+        self.fake = stack.enter_context(FakeMetaGraph(per_second=self.PER_SECOND,
+                                                      accounts={ACCOUNTS[self.kind]: self.kind}))
+
+    def settings(self):
+        from tests.support.messenger import meta_settings
+
+        return meta_settings(self.fake, self.kind)
+
+    def secret(self):
+        from tests.support.messenger import APP_SECRET
+
+        return APP_SECRET
+
+    def floods(self):
+        return self.fake.messenger_floods
+
+    def send_times(self):
+        return [(c.at, not c.body.get("ok")) for c in self.fake.calls("send")]
+
+
+class Instagram(Messenger):
+    name, kind, slug, loadgen_kind = "Instagram", "instagram", "b-ig", "instagram"
+    ceiling, ceiling_says = 100.0, "100 messages/s per account (no chat paced)"
+    drain_chat = "17850000000099999"
+    PER_SECOND = 100
+
+
+ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Messenger, Instagram]  # the first is the reference
 
 
 def bench_platforms(kit):

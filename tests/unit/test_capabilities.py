@@ -17,6 +17,9 @@ EXPECTED = {
     "discord": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "google_chat": {C.PREVIEWS, C.EDIT, C.DELETE},  # Chat has no typing; uploads need user auth
     "teams": {C.FILES, C.TYPING, C.PREVIEWS, C.EDIT, C.DELETE},  # files: consent cards in personal chats
+    # Meta's Send API: no edits or deletes of a sent message; typing_on and mark_seen.
+    "messenger": {C.FILES, C.TYPING},
+    "instagram": {C.FILES, C.TYPING},  # files by link (public_url), else named under the text
 }
 
 

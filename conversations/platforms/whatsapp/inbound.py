@@ -15,13 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from conversations.ingest import Inbound, MediaRef
-from conversations.platforms.inbound import hmac_sha256
 from conversations.reactions import Reaction
 
 # Kinds of message that carry something for the agent but are not text: they flush
 # their buffer at once (the caption, if any, is the text).
 MEDIA_KINDS = ("image", "audio", "video", "document", "sticker", "location", "contacts")
-SIGNATURE_HEADER = "X-Hub-Signature-256"
 
 
 @dataclass(frozen=True)
@@ -43,12 +41,6 @@ class Notification:
     receipts: list[Receipt]
     reactions: list[Reaction] = field(default_factory=list)
     ignored: int = 0  # messages, statuses and changes nothing is done with
-
-
-def signature(app_secret: str, body: bytes) -> str:
-    """What X-Hub-Signature-256 holds: "sha256=" and the hex HMAC-SHA256 of the raw body
-    keyed by the app secret (the webhook compares it in constant time)."""
-    return "sha256=" + hmac_sha256(app_secret, body)
 
 
 def parse(data: Any, phone_number_id: str) -> Notification:

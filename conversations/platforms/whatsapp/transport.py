@@ -1,17 +1,14 @@
 """Sending to WhatsApp: POST {api_base}/{api_version}/{phone_number_id}/messages with
 `Authorization: Bearer <token>`, one overall deadline per call (Transport.exchange).
 
-Outcomes, from the Graph error `code` (the HTTP status only where the code says nothing):
+Outcomes, from the Graph error `code` (conversations.platforms.meta: the rate limits,
+the dead token and Meta's own failures every Graph API shares), with WhatsApp's own:
 
 | code | meaning | outcome |
 |---|---|---|
-| 4, 80007, 130429, 131056 | throughput / rate limits | flood: resent after FLOOD_BACKOFF |
 | 131047 | outside the 24-hour customer service window | permanent: the user must write first |
 | 132000, 132001, 132005, 132007, 132012, 132015, 132016, 132018 | a template refused (parameters, name, language, paused…) | permanent; the chat is not marked unreachable |
 | 131026, 131051, 131021 | undeliverable, unsupported, recipient is the sender | permanent |
-| 190, 0 | the access token expired or is invalid | channel blocked: its replies wait, no attempt spent |
-| 1, 2, 131000, any 5xx | Meta's side | temporary |
-| other 4xx | this request refused | permanent ("rejected: …") |
 
 No answer after the request went out (the deadline, a dropped connection): ambiguous.
 The request never went out (no connection could be had or made): not sent — resent
@@ -23,25 +20,20 @@ import asyncio
 import httpx
 from django.conf import settings
 
+from conversations.platforms import meta
 from delivery import attachments, chunks
 from delivery.models import Outcome
 from delivery.pacing import Pace
-from delivery.transports import LoopClients, SendResult, Target, Transport
+from delivery.transports import SendResult, Target, Transport
 
 MAX_UNITS = 4096  # a text message's body (characters; UTF-16 units never undercount them)
 # WhatsApp's throughput errors carry no Retry-After. Its pair limit (131056) lets a
 # business write one user about once every 6 s, and its throughput limit (130429) is per
-# second; a minute clears both with room to spare, while a penalty beyond that would keep
-# a reply the user is waiting for longer than the limit needs. One flood wait is not a
-# resend (the ledger does not count it against the budget).
-FLOOD_BACKOFF = 60.0
+# second; Meta's minute (meta.FLOOD_BACKOFF) clears both with room to spare.
+FLOOD_BACKOFF = meta.FLOOD_BACKOFF
 IMAGE_TYPES = ("image/jpeg", "image/png")  # what WhatsApp shows as an image; the rest go as documents
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
-FLOOD_CODES = {4, 80007, 130429, 131056}
-TEMPORARY_CODES = {1, 2, 131000}
-# The token is dead: every send of the channel would fail the same way until an operator
-# replaces it, so the channel is blocked (its rows wait, no attempt spent) instead.
-TOKEN_DEAD_CODES = {0, 190}
+TOKEN_DEAD_CODES = meta.TOKEN_DEAD_CODES
 UNREACHABLE = {
     131047: "outside WhatsApp's 24-hour customer service window: the user must write first "
             "(only an approved template reaches them; scheduled messages use the channel's)",
@@ -65,6 +57,9 @@ TEMPLATE_ERRORS = {
     132016: "the template is disabled",
     132018: "a template parameter was refused (new lines, tabs or more than 4 spaces in a row)",
 }
+
+
+REFUSED = {code: f"template refused: {why}" for code, why in TEMPLATE_ERRORS.items()}
 
 
 class GraphAnswer(Exception):
@@ -191,27 +186,9 @@ class WhatsAppTransport(Transport):
             return self.failed(Outcome.AMBIGUOUS, f"HTTP {status} without a message id: it may have been sent")
         return self.outcome(status, answer)
 
-    def outcome(self, status, answer) -> SendResult:
+    def outcome(self, status, answer, headers=None) -> SendResult:
         """A refusal's outcome, from its Graph error code (see the module's table)."""
-        error = answer.get("error") if isinstance(answer, dict) else None
-        error = error if isinstance(error, dict) else {}
-        code = error.get("code") if isinstance(error.get("code"), int) else None
-        details = (error.get("error_data") or {}).get("details") if isinstance(error.get("error_data"), dict) else ""
-        said = f"HTTP {status}" + (f", code {code}" if code is not None else "") + \
-            (f": {error.get('message')}" if error.get("message") else "") + (f" ({details})" if details else "")
-        if code in FLOOD_CODES or (code is None and status == 429):
-            return self.failed(Outcome.FLOOD, f"rate limited, retried in {FLOOD_BACKOFF:g} s: {said}",
-                               FLOOD_BACKOFF)
-        if code in UNREACHABLE:
-            return self.failed(Outcome.PERMANENT, f"{UNREACHABLE[code]} — {said}")
-        if code in TEMPLATE_ERRORS:
-            return self.failed(Outcome.PERMANENT, f"template refused: {TEMPLATE_ERRORS[code]} — {said}",
-                               chat_unreachable=False)
-        if code in TOKEN_DEAD_CODES:
-            return self.failed(Outcome.CHANNEL_BLOCKED, f"the access token was refused (replace it): {said}")
-        if code in TEMPORARY_CODES or status >= 500 or status == 408:
-            return self.failed(Outcome.TEMPORARY, said)
-        return self.failed(Outcome.PERMANENT, f"rejected: {said}")
+        return meta.outcome(self.failed, meta.fault_of(status, answer, headers), UNREACHABLE, REFUSED)
 
     async def _call(self, body, limit, extensions=None):
         response = await graph_client().post(self.endpoint(), json=body, timeout=limit, extensions=extensions,
@@ -254,15 +231,12 @@ class WhatsAppTransport(Transport):
             raise GraphAnswer(result.error, result.retry_after if result.outcome == Outcome.FLOOD else None)
 
 
-_clients = LoopClients()  # one httpx client per event loop (delivery.transports)
-
-
 def graph_client() -> httpx.AsyncClient:
-    return _clients.get()
+    return meta.client()  # one httpx client per event loop, shared with Meta's other platforms
 
 
 async def close_clients() -> None:
-    await _clients.close()
+    await meta.close_clients()
 
 
 def _wamid(answer) -> str:

@@ -1,11 +1,9 @@
 """WhatsApp's webhook, /webhooks/whatsapp/<slug>/ (conversations.platforms.inbound drives
 the steps).
 
-GET is Meta's verification handshake: hub.mode=subscribe and our verify token (compared
-in constant time) → the hub.challenge echoed as text; anything else 403.
-
-POST is a notification, signed: X-Hub-Signature-256 = sha256=HMAC-SHA256(raw body, app
-secret), compared in constant time (missing 401, wrong 403: nothing is stored). Every
+GET is Meta's verification handshake and POST a notification signed with
+X-Hub-Signature-256, both checked as for every Meta platform (conversations.platforms.meta:
+missing 401, wrong 403, nothing stored). Every
 message in it is admitted through the same ingest as any platform's (dedup by its
 wamid, windows, double texting, control commands); every status updates the ledger row
 our send got that wamid for (delivery.receipts). Meta retries anything but a 2xx, for
@@ -21,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from conversations import reactions
 from conversations.ingest import Admission
-from conversations.platforms.inbound import Parsed, Received, Refused, Request, Webhook, same, signed
+from conversations.platforms import meta
+from conversations.platforms.inbound import Parsed, Received, Refused, Request, Webhook
 from conversations.platforms.webhooks import Answer, error
 from conversations.platforms.whatsapp import inbound as parsing
 from conversations.platforms.whatsapp.transport import UNREACHABLE
@@ -36,15 +35,10 @@ class WhatsAppWebhook(Webhook):
 
     def handshake(self, channel: Channel, request: Request) -> Answer:
         """Meta's verification of the webhook's address: the challenge echoed as text."""
-        expected, query = channel.setting("verify_token"), request.query
-        if expected and query.get("hub.mode") == "subscribe" and same(expected, query.get("hub.verify_token", "")):
-            return Answer(200, query.get("hub.challenge", ""))
-        return Answer(403, "verification refused")
+        return meta.handshake(channel.setting("verify_token"), request.query)
 
     def authenticate(self, channel: Channel, request: Request) -> Answer | None:
-        secret = channel.setting("app_secret")
-        return signed(request, parsing.SIGNATURE_HEADER, secret, "--app-secret", "app secret",
-                      lambda body: parsing.signature(secret, body))
+        return meta.verify_signature(request, channel.setting("app_secret"))
 
     def parse(self, channel: Channel, request: Request) -> Answer | Parsed:
         """A notification's messages, then its reactions, then its delivery receipts."""
