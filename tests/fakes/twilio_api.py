@@ -13,8 +13,8 @@
   ErrorCode), after the ledger recorded the send.
 - An MMS's file: GET …/Messages/{MM}/Media/{ME} with basic auth → 307 to the file's own
   address (/files/{ME}), served without credentials, as Twilio's storage does.
-- A long code's throughput (1 segment a second): sends closer than that are counted
-  (`over_rate`), as Twilio queues rather than refuses them.
+- A long code's throughput (1 message a second): a send more than half an interval ahead
+  of that rate's schedule is counted (`over_rate`), as Twilio queues rather than refuses it.
 
 Helpers build what Twilio POSTs to the product's webhook: `message_params` (an SMS or an
 MMS), `signature`, `post`.
@@ -53,6 +53,7 @@ class Call:
     form: dict[str, list[str]]
     at: float = field(default_factory=time.monotonic)
     status: int = 0
+    sid: str = ""  # the Message SID an accepted send got
 
     def value(self, name: str) -> str:
         return (self.form.get(name) or [""])[0]
@@ -81,7 +82,7 @@ class FakeTwilio(FakeServer):
         self._files: dict[str, tuple[bytes, str]] = {}
         self.callbacks: list[tuple[str, str, int]] = []  # (MessageSid, status, our webhook's answer)
         self.over_rate = 0
-        self._last_send = 0.0
+        self._due = 0.0  # the next send's theoretical time at the number's rate
 
     @property
     def url(self) -> str:
@@ -179,11 +180,11 @@ class FakeTwilio(FakeServer):
             return answer
 
     def _accept(self, call: Call, to: str, text: str) -> tuple[int, bytes, dict[str, str]]:
-        now = time.monotonic()
-        if self.per_second and self._last_send and now - self._last_send < 1 / self.per_second * 0.9:
-            self.over_rate += 1
-        self._last_send = now
-        message_sid = sid("SM")
+        if self.per_second:  # Twilio's queue, as a cell rate: a send half an interval early is over the rate
+            now, interval = time.monotonic(), 1 / self.per_second
+            self.over_rate += now < self._due - interval / 2
+            self._due = max(self._due, now) + interval
+        message_sid = call.sid = sid("SM")
         cost = segments.count(text)
         fate = self._fates.pop(0) if self._fates else ("delivered", 0)
         callback = call.value("StatusCallback")
