@@ -35,13 +35,13 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 from twilio.request_validator import RequestValidator
 
-from conversations.platforms.sms import segments
 from tests.fakes.server import FakeServer, TrackedHandler
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "twilio-auth-t0ken-0123456789abcd"
 FROM = "+15005550006"
 PERSON = "+56911112222"
+BENCH_PUBLIC = "https://sms.bench.example"  # the bench's channel (tests/bench/platforms.py), its posts signed for it
 MESSAGES = re.compile(r"^/2010-04-01/Accounts/(AC\w+)/Messages\.json$")
 MEDIA = re.compile(r"^/2010-04-01/Accounts/(AC\w+)/Messages/(MM\w+)/Media/(ME\w+)$")
 
@@ -72,9 +72,9 @@ def sid(prefix: str) -> str:
 
 
 class FakeTwilio(FakeServer):
-    def __init__(self, *, per_second: float = 1.0, callback_delay: float = 0.05) -> None:
+    def __init__(self, *, per_second: float = 1.0, callback_delay: float = 0.05, report_status: bool = True) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.per_second, self.callback_delay = per_second, callback_delay
+        self.per_second, self.callback_delay, self.report_status = per_second, callback_delay, report_status
         self._calls: list[Call] = []
         self._rules: list[_Rule] = []
         self._fates: list[tuple[str, int]] = []
@@ -185,10 +185,12 @@ class FakeTwilio(FakeServer):
             self.over_rate += now < self._due - interval / 2
             self._due = max(self._due, now) + interval
         message_sid = call.sid = sid("SM")
+        from conversations.platforms.sms import segments  # the product's count (imported where Django is set up)
+
         cost = segments.count(text)
         fate = self._fates.pop(0) if self._fates else ("delivered", 0)
         callback = call.value("StatusCallback")
-        if callback:
+        if callback and self.report_status:
             threading.Thread(target=self._report, args=(callback, message_sid, to, fate), daemon=True).start()
         resource = {"sid": message_sid, "account_sid": ACCOUNT_SID, "to": to, "from": call.value("From") or None,
                     "messaging_service_sid": call.value("MessagingServiceSid") or None, "body": text,

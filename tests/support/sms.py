@@ -4,7 +4,7 @@ its public base URL the one Twilio is said to call (the signature covers it)."""
 import asyncio
 
 from conversations.platforms.sms.transport import close_clients
-from tests.fakes.twilio_api import ACCOUNT_SID, AUTH_TOKEN, FROM
+from tests.fakes.twilio_api import ACCOUNT_SID, AUTH_TOKEN, BENCH_PUBLIC, FROM  # noqa: F401  (BENCH_PUBLIC: the bench's)
 
 PUBLIC = "https://sms.example.com"  # behind a proxy: the address Twilio calls, not the one the process sees
 
