@@ -1,5 +1,7 @@
 """Delivery receipts: what a platform reports, after it accepted a send, about where the
-message went (WhatsApp's `statuses`: sent, delivered, read, failed).
+message went (WhatsApp's `statuses`: sent, delivered, read, failed; Twilio's status
+callbacks: queued, sent, delivered, undelivered, failed), and a person's word that they
+want no more messages (an SMS "STOP": `chat_opted_out`, undone by `chat_opted_in`).
 
 Only `failed` changes anything: the platform answered our send with a message id, so the
 ledger recorded the row delivered, and now says the message never reached the user. The

@@ -321,3 +321,15 @@ def test_a_receipt_for_a_superseded_send_changes_nothing(line, make_conversation
                                                      delivered_at=timezone.now() - timedelta(seconds=5))
     failure = receipts.Failure("SM" + "1" * 32, "undelivered, error 30003")
     assert receipts.failed_after_send(line, failure) == receipts.UNKNOWN
+
+
+def test_addchannel_takes_the_twilio_settings(db, fake_twilio):
+    from django.core.management import call_command
+
+    from conversations.models import Channel
+
+    call_command("addchannel", "txt", "--kind", "sms", "--account-sid", ACCOUNT_SID, "--token", twilio.AUTH_TOKEN,
+                 "--from-number", FROM, "--public-base", "https://agent.example.com", "--api-base", fake_twilio.url)
+    channel = Channel.objects.get(slug="txt")
+    assert channel.send_blocked == "" and channel.setting("public_base") == "https://agent.example.com"
+    assert twilio.AUTH_TOKEN in get("sms").secrets(channel)

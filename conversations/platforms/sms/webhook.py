@@ -89,6 +89,10 @@ def form(body: bytes) -> QueryDict:
 class Signed(Webhook):
     """What both of Twilio's URLs share: the signature over the exact public URL."""
 
+    # Not the lean path: it answers a text body as text/plain, which Twilio would send to
+    # the person as an SMS; this answer must go as TwiML (the Django view's `TwiML`).
+    lean = False
+
     def public_url(self, channel: Channel, request: Request) -> str:
         """The URL Twilio signed: the channel's public origin and this route's path."""
         url = channel.setting("public_base").rstrip("/") + reverse(f"sms:{self.url_name}", kwargs={"slug": channel.slug})
