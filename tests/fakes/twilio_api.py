@@ -3,7 +3,8 @@
 
 - POST /2010-04-01/Accounts/{AccountSid}/Messages.json, form-encoded, HTTP basic auth
   (Account SID, Auth Token; a wrong pair: 401, error 20003): To, From or
-  MessagingServiceSid, Body (over 1,600 characters: 400, error 21617), StatusCallback.
+  MessagingServiceSid, Body (over 1,600 characters: 400, error 21617), MediaUrl (an MMS:
+  up to 10), StatusCallback.
   201 with the Message resource (sid SM…, status "queued", num_segments as Twilio counts
   them). A number that opted out (`opt_out`): 400, error 21610. Scripted refusals
   (`fail_next`): a 429 with error 20429 and a Retry-After, a 5xx, any code.
@@ -169,6 +170,10 @@ class FakeTwilio(FakeServer):
                 answer = _error(400, 21604, "A 'To' phone number is required.")
             elif not (call.value("From") or call.value("MessagingServiceSid")):
                 answer = _error(400, 21603, "A 'From' phone number is required.")
+            elif not text and not call.form.get("MediaUrl"):
+                answer = _error(400, 21602, "Message body is required.")
+            elif len(call.form.get("MediaUrl", [])) > 10:
+                answer = _error(400, 21623, "Number of media files exceeds allowed limit.")
             elif len(text) > 1600:
                 answer = _error(400, 21617, "The concatenated message body exceeds the 1600 character limit.")
             elif to in self._opted_out:
@@ -194,7 +199,7 @@ class FakeTwilio(FakeServer):
             threading.Thread(target=self._report, args=(callback, message_sid, to, fate), daemon=True).start()
         resource = {"sid": message_sid, "account_sid": ACCOUNT_SID, "to": to, "from": call.value("From") or None,
                     "messaging_service_sid": call.value("MessagingServiceSid") or None, "body": text,
-                    "status": "queued", "num_segments": str(cost.segments), "num_media": "0", "direction":
+                    "status": "queued", "num_segments": str(cost.segments), "num_media": str(len(call.form.get("MediaUrl", []))), "direction":
                     "outbound-api", "api_version": "2010-04-01", "price": None, "error_code": None,
                     "uri": f"/2010-04-01/Accounts/{ACCOUNT_SID}/Messages/{message_sid}.json"}
         return 201, json.dumps(resource).encode(), {"Content-Type": "application/json"}

@@ -16,7 +16,7 @@ EXPECTED = {
     "discord": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "google_chat": {C.PREVIEWS, C.EDIT, C.DELETE},  # Chat has no typing; uploads need user auth
     "teams": {C.FILES, C.TYPING, C.PREVIEWS, C.EDIT, C.DELETE},  # files: consent cards in personal chats
-    "sms": set(),  # SMS has no typing, edits or reactions; sending MMS needs a public file URL (not yet)
+    "sms": {C.FILES},  # MMS (signed links Twilio fetches); SMS has no typing, edits or reactions
 }
 
 

@@ -278,7 +278,7 @@ def test_an_api_that_cannot_be_reached_is_not_sent(make_channel, fake_twilio):
 
 def test_capabilities_pacing_and_the_limit(line):
     transport = SmsTransport(line)
-    assert SmsTransport.capabilities() == frozenset() and Capability.TYPING not in SmsTransport.capabilities()
+    assert SmsTransport.capabilities() == {Capability.FILES}  # MMS; no typing, edits or reactions
     assert transport.max_units == MAX_UNITS == 1600
     pace = transport.pace(PERSON)
     assert pace is not None and pace.bot == f"sms:{FROM}" and pace.bot_interval == 1.0
@@ -333,3 +333,38 @@ def test_addchannel_takes_the_twilio_settings(db, fake_twilio):
     channel = Channel.objects.get(slug="txt")
     assert channel.send_blocked == "" and channel.setting("public_base") == "https://agent.example.com"
     assert twilio.AUTH_TOKEN in get("sms").secrets(channel)
+
+
+# --- MMS out ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def media(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)  # the replies' stored files
+
+
+def test_a_replys_files_go_as_one_mms_whose_links_serve_them(client, line, fake_twilio, media):
+    from delivery import attachments
+
+    photo, ics = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32, b"BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n"
+    items = [attachments.OutboundFile(attachments.store(line.pk, photo), "plano.png", "image/png", len(photo)),
+             attachments.OutboundFile(attachments.store(line.pk, ics), "cita.ics", "text/calendar", len(ics))]
+    result = run(SmsTransport(line).send_files(Target(PERSON), items, "Tu cita"))
+    assert result.ok
+    [call] = fake_twilio.sent()
+    urls = call.form["MediaUrl"]
+    assert call.value("Body") == "Tu cita" and len(urls) == 2 and all(u.startswith(f"{PUBLIC}/files/") for u in urls)
+    served = [client.get(url.removeprefix(PUBLIC)) for url in urls]  # what Twilio fetches, without credentials
+    assert [r.status_code for r in served] == [200, 200]
+    assert b"".join(served[0].streaming_content if served[0].streaming else [served[0].content]) == photo
+
+
+def test_files_over_the_mms_limit_are_named_in_the_text(line, fake_twilio, media):
+    from conversations.platforms.sms.transport import MMS_MAX_BYTES
+    from delivery import attachments
+
+    item = attachments.OutboundFile(attachments.store(line.pk, b"x"), "grande.pdf", "application/pdf",
+                                    MMS_MAX_BYTES + 1)
+    assert run(SmsTransport(line).send_files(Target(PERSON), [item], "Adjunto")).ok
+    [call] = fake_twilio.sent()
+    assert call.value("Body") == "Adjunto\n📎 grande.pdf" and "MediaUrl" not in call.form

@@ -6,7 +6,8 @@
   keywords (STOP, START)
 - transport.py: replies through the Messages API with the `twilio` library (its client
   on our own httpx session: one overall deadline, not-sent told from ambiguous), each
-  with a StatusCallback; Twilio's error codes mapped to the ledger's outcomes
+  with a StatusCallback; a reply's files as one MMS (their signed links as MediaUrls);
+  Twilio's error codes mapped to the ledger's outcomes
 - segments.py: what a reply costs (GSM-7 or UCS-2, 153 or 67 characters a segment)
 - media.py: an MMS's files fetched with the account's credentials
 

@@ -9,6 +9,9 @@ send runs on the worker's shared httpx client under one overall deadline
 the API's root is the channel's `api_base` (the library's `client.api.base_url`, the
 domain every Messages call is built on): Twilio's in production, the tests' local fake.
 
+A reply's files go as one MMS: their signed links on the channel's public base as
+MediaUrls (Twilio fetches them), the caption as the body.
+
 Each reply names a StatusCallback (the channel's public base and
 /webhooks/sms/<slug>/status/): Twilio reports queued → sent → delivered, or undelivered
 / failed, and the ledger row is taken back on the last two (webhook.apply_status).
@@ -40,7 +43,9 @@ from twilio.http import AsyncHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
 
+from conversations.media import links
 from conversations.platforms.sms import segments
+from delivery.attachments import OutboundFile
 from delivery.models import Outcome
 from delivery.pacing import Pace
 from delivery.retry_after import retry_after_header
@@ -49,6 +54,8 @@ from delivery.transports import LoopClients, SendResult, Target, Transport
 log = logging.getLogger(__name__)
 
 MAX_UNITS = 1600  # Twilio's limit on one message's body; it cuts it into segments itself
+MAX_MEDIA = 10  # MediaUrls in one message
+MMS_MAX_BYTES = 5 * 1024 * 1024  # an MMS's files in all (carriers refuse more: error 30019)
 FLOOD_BACKOFF = 5.0  # a 429 without Retry-After
 FLOOD_CODES = {20429}
 OPTED_OUT = 21610
@@ -98,6 +105,8 @@ class HttpxTwilio(AsyncHttpClient):  # type: ignore[misc]  # twilio ships no typ
 
 class SmsTransport(Transport):
     max_units = MAX_UNITS
+    max_album = MAX_MEDIA
+    caption_units = MAX_UNITS
 
     def setting(self, name: str) -> str:
         return str(self.channel.setting(name) or "")
@@ -112,12 +121,27 @@ class SmsTransport(Transport):
         return base.rstrip("/") + reverse("sms:status", kwargs={"slug": self.channel.slug}) if base else None
 
     async def send_text(self, target: Target, text: str) -> SendResult:
+        cost = segments.count(text)
+        log.debug("sms to %s: %s, %d unit(s), %d segment(s)", target.chat_id, cost.encoding, cost.units, cost.segments)
+        return await self._create(target, {"body": text})
+
+    async def send_files(self, target: Target, files: list[OutboundFile], caption: str) -> SendResult:
+        """An MMS: each file's signed link on this product's public address
+        (conversations.media.links: it lasts AGENTLOOP_MEDIA_URL_TTL) as a MediaUrl, which
+        Twilio fetches, the caption as the body. Over MMS_MAX_BYTES in all, or without a
+        public address, the files are named in the text instead."""
+        base = self.setting("public_base").rstrip("/")
+        if not base or sum(item.size for item in files) > MMS_MAX_BYTES:
+            return await super().send_files(target, files, caption)
+        urls = [base + links.path_for_outbound(item.file, item.type, item.name) for item in files]
+        return await self._create(target, {"media_url": urls, **({"body": caption} if caption.strip() else {})})
+
+    async def _create(self, target: Target, content: dict[str, Any]) -> SendResult:
         if not (self.setting("account_sid") and self.setting("auth_token") and self.setting("from_number")):
             return self.failed(Outcome.TEMPORARY, "refused: the channel has no account SID, auth token or From")
         sender = self.setting("from_number")
-        fields: dict[str, Any] = {"to": target.chat_id, "body": text, "status_callback": self.status_callback()}
+        fields: dict[str, Any] = {"to": target.chat_id, "status_callback": self.status_callback(), **content}
         fields.update({"messaging_service_sid": sender} if sender.startswith("MG") else {"from_": sender})
-        cost = segments.count(text)
         limit = deadline()
         http: list[HttpxTwilio] = []
 
@@ -137,7 +161,6 @@ class SmsTransport(Transport):
             return sent
         if not getattr(sent, "sid", None):
             return self.failed(Outcome.AMBIGUOUS, "Twilio answered without a message SID: it may have been sent")
-        log.debug("sms %s: %s, %d segment(s) (%s)", sent.sid, cost.encoding, cost.segments, sent.status)
         return SendResult.delivered(sent.sid)
 
     def outcome(self, status: int, code: int | None, message: object, headers: Mapping[str, str]) -> SendResult:
