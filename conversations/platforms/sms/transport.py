@@ -118,7 +118,9 @@ class SmsTransport(Transport):
 
     def status_callback(self) -> str | None:
         base = self.setting("public_base")
-        return base.rstrip("/") + reverse("sms:status", kwargs={"slug": self.channel.slug}) if base else None
+        if not base:
+            return None
+        return base.rstrip("/") + reverse(f"{self.channel.kind}:status", kwargs={"slug": self.channel.slug})
 
     async def send_text(self, target: Target, text: str) -> SendResult:
         cost = segments.count(text)

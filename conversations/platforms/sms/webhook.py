@@ -95,7 +95,8 @@ class Signed(Webhook):
 
     def public_url(self, channel: Channel, request: Request) -> str:
         """The URL Twilio signed: the channel's public origin and this route's path."""
-        url = channel.setting("public_base").rstrip("/") + reverse(f"sms:{self.url_name}", kwargs={"slug": channel.slug})
+        path = reverse(f"{self.kind}:{self.url_name}", kwargs={"slug": channel.slug})
+        url = channel.setting("public_base").rstrip("/") + path
         return f"{url}?{urlencode(dict(request.query))}" if request.query else url
 
     def authenticate(self, channel: Channel, request: Request) -> Answer | None:
@@ -165,7 +166,7 @@ def _media(params: QueryDict, index: int) -> MediaRef | None:
         return None
     declared = params.get(f"MediaContentType{index}") or ""
     major = declared.split("/")[0]
-    kind = {"image": "photo", "audio": "voice", "video": "video"}.get(major, "document")
+    kind = {"image": "photo", "audio": "audio", "video": "video"}.get(major, "document")
     return MediaRef(key=url.rstrip("/").rsplit("/", 1)[-1], ref=url, kind=kind, declared_type=declared)
 
 
