@@ -105,6 +105,12 @@ def test_a_signed_body_that_is_no_message_is_400(client, line, change, problem):
     assert response.status_code == 400 and problem in response.json()["error"] and nothing_stored()
 
 
+def test_a_body_of_too_many_fields_is_400_and_nothing_stored(client, line):
+    params = {**twilio.message_params("hola"), **{f"X{i}": "1" for i in range(1100)}}
+    response = post(client, params)
+    assert response.status_code == 400 and "Twilio form" in response.json()["error"] and nothing_stored()
+
+
 def test_an_oversized_body_is_413_and_nothing_stored(client, line, settings):
     settings.AGENTLOOP_MAX_BODY_BYTES = 2048
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
@@ -161,7 +167,7 @@ def test_an_mms_is_one_album_its_files_fetched_with_the_accounts_credentials(cli
     first, second = InboundMessage.objects.order_by("pk")
     assert first.platform_message_id == params["MessageSid"] and first.text == "mira"
     assert second.platform_message_id == f"{params['MessageSid']}/1"
-    assert (first.media_type, second.media_type) == ("photo", "voice")
+    assert (first.media_type, second.media_type) == ("photo", "audio")
     platform = get("sms")
     assert run(platform.fetch_media(line, photo, 10_000)).startswith(b"\xff\xd8\xff")
     media, file = fake_twilio.calls("media"), fake_twilio.calls("file")

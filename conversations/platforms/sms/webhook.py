@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from django.core.exceptions import TooManyFieldsSent
 from django.http import HttpResponse, QueryDict
 from django.urls import reverse
 from twilio.request_validator import RequestValidator
@@ -83,7 +84,11 @@ class Status:
 
 
 def form(body: bytes) -> QueryDict:
-    return QueryDict(body, encoding="utf-8")
+    """The POST parameters (ValueError for more fields than Django takes: no Twilio request)."""
+    try:
+        return QueryDict(body, encoding="utf-8")
+    except TooManyFieldsSent as exc:
+        raise ValueError(str(exc)) from None
 
 
 class Signed(Webhook):
@@ -110,8 +115,8 @@ class Signed(Webhook):
             return error(413, "request body too large")
         try:
             params = form(request.body)
-        except ValueError:
-            return wrong(SIGNATURE_HEADER)  # nothing Twilio signed parses so
+        except ValueError as exc:
+            return error(400, f"not a Twilio form post: {exc}")
         valid = RequestValidator(token).validate(self.public_url(channel, request), params, supplied.strip())
         if not valid:
             return wrong(SIGNATURE_HEADER)
