@@ -181,12 +181,12 @@ class StatusCallback(Signed):
 
     def parse(self, channel: Channel, request: Request) -> Answer | Parsed:
         params = form(request.body or b"")
-        sid, status = params.get("MessageSid") or params.get("SmsSid"), params.get("MessageStatus") or params.get(
-            "SmsStatus")
+        sid = params.get("MessageSid") or params.get("SmsSid")
+        status = params.get("MessageStatus") or params.get("SmsStatus")
         if not sid or not status:
             return error(400, "not a Twilio status callback: MessageSid and MessageStatus are required")
         code = params.get("ErrorCode") or ""
-        return Parsed([Status(sid, status.lower(), int(code) if code.isdigit() else None)])
+        return Parsed([Status(sid, status.lower(), int(code) if code.isascii() and code.isdigit() else None)])
 
     def apply(self, channel: Channel, item: object) -> object:
         if isinstance(item, Status):
