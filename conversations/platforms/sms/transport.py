@@ -123,8 +123,8 @@ class SmsTransport(Transport):
         return base.rstrip("/") + reverse(f"{self.channel.kind}:status", kwargs={"slug": self.channel.slug})
 
     async def send_text(self, target: Target, text: str) -> SendResult:
-        cost = segments.count(text)
-        log.debug("sms to %s: %s, %d unit(s), %d segment(s)", target.chat_id, cost.encoding, cost.units, cost.segments)
+        cost = segments.count(text)  # what Twilio bills (docs/sms.md): logged, the person's number not
+        log.debug("sms reply: %s, %d unit(s), %d segment(s)", cost.encoding, cost.units, cost.segments)
         return await self._create(target, {"body": text})
 
     async def send_files(self, target: Target, files: list[OutboundFile], caption: str) -> SendResult:
@@ -183,7 +183,9 @@ class SmsTransport(Transport):
         return self.failed(Outcome.PERMANENT, f"rejected: {said}")
 
     def pace(self, chat_id: str) -> Pace | None:
-        """The sending number's throughput (1 segment a second for a long code)."""
+        """The sending number's throughput (a long code: 1 a second). One slot a message:
+        Twilio counts segments, so a channel whose replies run to several sets its rate
+        lower (docs/sms.md)."""
         return self.paced(f"sms:{self.setting('from_number')}", str(chat_id),
                           float(self.channel.setting("chat_interval") or 0))
 
