@@ -82,6 +82,12 @@ def test_a_request_not_signed_by_twilio_for_the_public_url_is_refused_and_nothin
     assert nothing_stored()
 
 
+def test_a_signature_over_the_url_with_its_default_port_is_accepted(client, line):
+    params = twilio.message_params("hola")  # Twilio signs with or without :443, whichever way it called
+    assert post(client, params, signed_for=f"https://sms.example.com:443{URL}").status_code == 200
+    assert InboundMessage.objects.count() == 1
+
+
 def test_a_query_string_is_part_of_the_signed_url(client, line):
     params = twilio.message_params("hola")
     response = client.post(f"{URL}?source=console", data=urlencode(params), content_type=FORM, headers={
