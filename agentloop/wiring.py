@@ -114,6 +114,7 @@ PLATFORMS = {
     "teams": "conversations.platforms.teams.TeamsPlatform",
     "messenger": "conversations.platforms.messenger.MessengerPlatform",
     "instagram": "conversations.platforms.messenger.InstagramPlatform",
+    "sms": "conversations.platforms.sms.SmsPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every

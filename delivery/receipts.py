@@ -1,5 +1,7 @@
 """Delivery receipts: what a platform reports, after it accepted a send, about where the
-message went (WhatsApp's `statuses`: sent, delivered, read, failed).
+message went (WhatsApp's `statuses`: sent, delivered, read, failed; Twilio's status
+callbacks: queued, sent, delivered, undelivered, failed), and a person's word that they
+want no more messages (an SMS "STOP": `chat_opted_out`, undone by `chat_opted_in`).
 
 Only `failed` changes anything: the platform answered our send with a message id, so the
 ledger recorded the row delivered, and now says the message never reached the user. The
@@ -25,7 +27,7 @@ from agentloop.core.redaction import channel_secrets, redact
 from audit.events import record
 from audit.models import EventKind
 from delivery import ledger
-from delivery.models import OutboundMessage, OutboundState, Outcome
+from delivery.models import OutboundMessage, OutboundState, Outcome, UnreachableChat
 
 log = logging.getLogger(__name__)
 
@@ -78,3 +80,26 @@ def failed_after_send(channel: Any, failure: Failure, now: datetime | None = Non
                platform_message_id=failure.platform_message_id)
     log.warning("channel %s: ledger row %s was not delivered after all (%s)", channel.slug, row.pk, error)
     return UNREACHABLE if failure.permanent else FAILED
+
+
+def chat_opted_out(channel: Any, chat_id: str, reason: str, now: datetime | None = None) -> bool:
+    """The platform says the person asked for no more messages (an SMS "STOP"): the chat
+    is marked unreachable as a permanent send error marks it, before any reply fails on
+    it (the platform would refuse each one). True when the mark is new (audited once)."""
+    now = now or timezone.now()
+    error = redact(reason, channel_secrets(channel))[:300]
+    with transaction.atomic():
+        mark, created = UnreachableChat.objects.get_or_create(
+            channel_id=channel.pk, chat_id=chat_id, defaults={"error": error, "since": now, "last_failure_at": now})
+        if not created:
+            UnreachableChat.objects.filter(pk=mark.pk).update(error=error, last_failure_at=now)
+            return False
+        record(EventKind.CHAT_UNREACHABLE, channel_slug=channel.slug, actor="platform", target=f"chat {chat_id}",
+               summary=f"opted out: {error}"[:300])
+    return True
+
+
+def chat_opted_in(channel: Any, chat_id: str) -> bool:
+    """The person asked for messages again (an SMS "START"): the unreachable mark goes.
+    True when there was one."""
+    return UnreachableChat.objects.filter(channel_id=channel.pk, chat_id=chat_id).delete()[0] > 0

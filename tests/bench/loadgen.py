@@ -4,7 +4,7 @@ process so the client never competes with the server for the GIL.
     python -m tests.bench.loadgen --url http://127.0.0.1:8000/path --n 3000
     python -m tests.bench.loadgen --url …/webhooks/slack/sl/ --kind slack --secret S --seconds 4
         # another platform's webhook payloads, each signed as that platform signs them
-        # (--kind telegram, whatsapp, slack, google_chat, teams, messenger, instagram: bodies();
+        # (--kind telegram, whatsapp, slack, google_chat, teams, messenger, instagram, sms: bodies();
         # its bearer as a --header)
     python -m tests.bench.loadgen --url … --seconds 10   # as many as it takes in 10 s
     python -m tests.bench.loadgen --url … --seconds 600 --rate 300 --returning-after 9000
@@ -110,6 +110,18 @@ def bodies(kind, secret, conversations, photo=False):
                                                   conversation=teams_api.personal_conversation(user))
             return json.dumps(activity).encode()
         return teams
+    if kind == "sms":
+        from urllib.parse import urlencode
+
+        from tests.fakes import twilio_api
+        from tests.fakes.twilio_api import BENCH_PUBLIC
+
+        def sms(i):  # a form post signed over the public URL Twilio calls (the bench's channel "b-sm")
+            params = twilio_api.message_params(f"mensaje {i} y", sender=f"+569{10_000_000 + i % conversations}",
+                                               message_sid=f"SM{i:032x}")
+            signed = twilio_api.signature(f"{BENCH_PUBLIC}/webhooks/sms/b-sm/", params)
+            return f"X-Twilio-Signature: {signed}\r\n", urlencode(params).encode()
+        return sms
     raise SystemExit(f"unknown --kind {kind}")
 
 
@@ -241,7 +253,7 @@ if __name__ == "__main__":
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--photo", action="store_true", help="photo messages with a caption, not text")
     parser.add_argument("--kind", default="telegram", choices=("telegram", "whatsapp", "slack", "google_chat", "teams",
-                                                                  "messenger", "instagram"),
+                                                                  "messenger", "instagram", "sms"),
                         help="whose webhook payloads (bodies()); paced runs are Telegram's")
     parser.add_argument("--secret", default="", help="the key each request is signed with (whatsapp, slack, "
                                                           "messenger, instagram)")

@@ -10,7 +10,7 @@ each beside Telegram's figure of the same run.
    authenticated as the platform does it (Telegram's secret header, Meta's
    X-Hub-Signature-256, Slack's v0 signature, Chat's bearer JWT checked against the
    fake's certificates, the Bot Connector's bearer JWT checked against the fake's OpenID
-   keys for Teams), 16 keep-alive clients, 200 conversations. A warm-up of WARMUP
+   keys for Teams, X-Twilio-Signature over the public URL and the form for SMS), 16 keep-alive clients, 200 conversations. A warm-up of WARMUP
    requests per platform is not counted; then ROUNDS rounds, platforms interleaved, of
    WINDOW_SECONDS each: accepted (2xx) POSTs/s, the median of the rounds. Discord, a
    Connection platform: a worker holding its Gateway session (the real connection
@@ -306,7 +306,29 @@ class Instagram(Messenger):
     PER_SECOND = 100
 
 
-ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Messenger, Instagram]  # the first is the reference
+class Sms(Row):
+    name, kind, slug, loadgen_kind = "SMS", "sms", "b-sm", "sms"
+    ceiling, ceiling_says = 1.0, "1 message/s per long code (Twilio queues the rest)"
+    drain_chat = "+56900000001"
+
+    def start(self, stack):
+        from tests.fakes.twilio_api import FakeTwilio
+
+        self.fake = stack.enter_context(FakeTwilio(per_second=1.0, report_status=False))
+
+    def settings(self):
+        from tests.support.sms import BENCH_PUBLIC, sms_settings
+
+        return sms_settings(self.fake, BENCH_PUBLIC)
+
+    def floods(self):
+        return self.fake.over_rate + len([c for c in self.fake.calls("create") if c.status == 429])
+
+    def send_times(self):
+        return [(c.at, c.status == 429) for c in self.fake.calls("create")]
+
+
+ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Messenger, Instagram, Sms]  # the first is the reference
 
 
 def bench_platforms(kit):

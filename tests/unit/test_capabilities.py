@@ -20,6 +20,7 @@ EXPECTED = {
     # Meta's Send API: no edits or deletes of a sent message; typing_on and mark_seen.
     "messenger": {C.FILES, C.TYPING},
     "instagram": {C.FILES, C.TYPING},  # files by link (public_url), else named under the text
+    "sms": {C.FILES},  # MMS (signed links Twilio fetches); SMS has no typing, edits or reactions
 }
 
 
