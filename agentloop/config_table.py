@@ -169,6 +169,9 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
         Var("DATABASE_KEEPALIVES_IDLE", "10",
             "PostgreSQL: seconds of silence before TCP keepalives probe the server (a dead "
             "host is noticed in about this + 10 s)."),
+        Var("DATABASE_TCP_USER_TIMEOUT", "10",
+            "PostgreSQL: seconds a statement sent may go unacknowledged by the server's host before "
+            "the connection is given up (a primary cut off in a failover; docs/scaling-out.md)."),
         Var("CONN_HEALTH_CHECKS", "true",
             "A reused connection is checked before use, so a database restart costs no failed request."),
     ]),

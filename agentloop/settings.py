@@ -153,13 +153,13 @@ else:
         }
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=0))
-    # A database host that drops packets (rather than refusing) must not hang a reconnect
-    # or a query forever: a connect deadline, and TCP keepalives so a dead peer's socket
-    # is noticed in ~20 s instead of the kernel's two hours.
+    # A database host that drops packets (a failed-over primary cut off) must not hang a
+    # reconnect or a query: a connect deadline, keepalives (an idle socket's dead peer seen in
+    # ~20 s, not two hours) and a TCP user timeout (a query sent and never acknowledged).
     DATABASES["default"].setdefault("OPTIONS", {}).update({
         "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT", default=5), "keepalives": 1,
         "keepalives_idle": env.int("DATABASE_KEEPALIVES_IDLE", default=10), "keepalives_interval": 5,
-        "keepalives_count": 2})
+        "keepalives_count": 2, "tcp_user_timeout": 1000 * env.int("DATABASE_TCP_USER_TIMEOUT", default=10)})
     # DATABASE_TRANSACTION_POOLER: DATABASE_URL goes through a transaction-mode pooler
     # (PgBouncer pool_mode=transaction), where each transaction may run on another server
     # session. A server-side cursor (QuerySet.iterator() outside a transaction, e.g. in a

@@ -45,6 +45,7 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
+from agentloop.core.backoff import Backoff
 from agentloop.core.db_connection import close_broken_connection
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import ingest, platforms
@@ -64,9 +65,10 @@ Message = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[Message]]
 ASGISend = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, ASGIReceive, ASGISend], Awaitable[None]]
-# One request on its way to an admitter: (webhook, slug, request); with its waiter's loop and future.
+# One request on its way to an admitter: (webhook, slug, request); with its waiter's loop and
+# future, and when it was queued (time.monotonic()).
 Job = tuple["Webhook", str, Request]
-Queued = tuple["Webhook", str, Request, asyncio.AbstractEventLoop, "asyncio.Future[Answer]"]
+Queued = tuple["Webhook", str, Request, asyncio.AbstractEventLoop, "asyncio.Future[Answer]", float]
 # A request that is one new message: (its index in the batch, what was prepared, the message).
 Admissible = tuple[int, "Received", "Inbound"]
 
@@ -79,6 +81,13 @@ MAX_BATCH = 64
 POSTGRES_ADMITTERS = 2
 # An idle connection may have died (a database restart); it is checked before use.
 IDLE_CHECK_SECONDS = 1.0
+# A request that waited longer than this for an admitter is answered 503 without being
+# admitted: its sender has given up by now (Slack waits 3 s) and sends it again. While the
+# database is away (a failover: the connect itself may take DATABASE_CONNECT_TIMEOUT), the
+# queue would otherwise fill with copies nobody waits for, and their admission after the
+# database is back kept new requests waiting past their senders' deadlines: in the
+# failover test, no POST answered for 80 s after a promotion that took 12.
+QUEUE_DEADLINE = 3.0
 
 UNAVAILABLE = Answer(503, {"ok": False, "error": "database unavailable, retry later"})
 SERVER_ERROR = Answer(500, {"ok": False, "error": "internal server error"})
@@ -93,6 +102,10 @@ class Admitter:
         self.requests: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
         self.started = threading.Lock()
+        # After a batch found the database away, the next batches are answered 503 at once
+        # for a back-off (0.25 s doubling to 2 s), not each after a connect attempt.
+        self.away_until = 0.0
+        self.away = Backoff(first=0.25, cap=2.0)
 
     async def answer(self, webhook: Webhook, slug: str, request: Request) -> Answer:
         """`webhook`: the platform's (conversations.platforms.inbound.Webhook)."""
@@ -100,7 +113,7 @@ class Admitter:
         future: asyncio.Future[Answer] = loop.create_future()
         if not self.threads:
             self._start()
-        self.requests.put((webhook, slug, request, loop, future))
+        self.requests.put((webhook, slug, request, loop, future, time.monotonic()))
         return await future
 
     def _start(self) -> None:
@@ -127,10 +140,10 @@ class Admitter:
             while (batch := self._next_batch()) is not None:
                 if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                     close_broken_connection()
-                answers = self._answer_batch([(webhook, slug, request) for webhook, slug, request, *_ in batch])
+                answers = self._answer_batch(batch)
                 last_used = time.monotonic()
                 by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Answer], Answer]]] = {}
-                for (*_, loop, future), answer in zip(batch, answers):
+                for (_, _, _, loop, future, _), answer in zip(batch, answers):
                     by_loop.setdefault(loop, []).append((future, answer))
                 for loop, pairs in by_loop.items():
                     try:
@@ -158,11 +171,27 @@ class Admitter:
             return batch
         return None
 
-    def _answer_batch(self, batch: list[Job]) -> list[Answer]:
+    def _answer_batch(self, batch: list[Queued]) -> list[Answer]:
+        now = time.monotonic()
+        if now < self.away_until:
+            return [UNAVAILABLE] * len(batch)
+        answers = [UNAVAILABLE] * len(batch)
+        fresh = [i for i, queued in enumerate(batch) if now - queued[5] <= QUEUE_DEADLINE]
+        if len(fresh) < len(batch):
+            _log_fault("QueueDeadline", f"requests queued longer than {QUEUE_DEADLINE:g} s answered 503")
+        if not fresh:
+            return answers
         try:
-            return self._prepare_and_admit(batch)
+            admitted = self._prepare_and_admit([batch[i][:3] for i in fresh])
         except Exception as exc:  # the batch as a whole: the database is away, or a bug
-            return [_failure(exc)] * len(batch)
+            admitted = [_failure(exc)] * len(fresh)
+        for i, answer in zip(fresh, admitted):
+            answers[i] = answer
+        if all(answer is UNAVAILABLE for answer in admitted):
+            self.away_until = time.monotonic() + self.away.next()
+        else:
+            self.away.reset()
+        return answers
 
     def _prepare_and_admit(self, batch: list[Job]) -> list[Answer]:
         answers: list[Answer] = [SERVER_ERROR] * len(batch)  # each replaced below

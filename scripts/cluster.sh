@@ -4,6 +4,9 @@
 #
 #   scripts/cluster.sh up        build the hosts, start PostgreSQL + Redis on db, migrate,
 #                                start the web server and the worker on app-a and app-b
+#   scripts/cluster.sh up --ha   the same with the database as production runs it: Patroni,
+#                                a primary (db-a) and a synchronous replica (db-b), etcd and
+#                                Redis on dcs (scripts/cluster-ha.sh)
 #   scripts/cluster.sh status    hosts, addresses, processes, URLs
 #   scripts/cluster.sh down      stop every process in the hosts, remove hosts, bridge, data
 #   scripts/cluster.sh check     can it run here? (root, network namespaces)
@@ -13,6 +16,8 @@
 #   scripts/cluster.sh start HOST     start HOST's processes again (after a kill)
 #   scripts/cluster.sh unplug HOST    cut HOST's link to db (ip link set … down)
 #   scripts/cluster.sh plug HOST      give it back
+# and with --ha: `pgkill db-a` (SIGKILL its PostgreSQL), `unplug db-a` / `plug db-a` (its
+# whole link), `primary` (which db host is), `redis stop` / `redis start`.
 #
 # Hosts (addresses: CLUSTER_NET, default 10.213, i.e. 10.213.0.0/24 and 10.213.1.0/24):
 #   root namespace  10.213.0.1   the bridge; the load generator and a local Bot API live here
@@ -46,6 +51,10 @@ HOSTS=(db app-a app-b)
 BUILT=""
 APPS=(app-a app-b)
 TASKS_HOST=app-a  # django-q2's cluster runs on one host only
+# shellcheck source=scripts/cluster-ha.sh
+. "$CLONE/scripts/cluster-ha.sh"
+ha() { [ -f "$STATE/ha" ]; }  # this cluster was built with --ha
+if ha; then ha_hosts; fi
 
 ns() { echo "$P-$1"; }
 front_addr() { case $1 in db) echo "$NET.0.2";; app-a) echo "$NET.0.11";; app-b) echo "$NET.0.12";; esac; }
@@ -198,6 +207,10 @@ app_env() {
   [ -f "$STATE/env" ] && . "$STATE/env"
   export DATABASE_URL="postgres://postgres@$(db_side "$host"):$PG_PORT/agentloop"
   export REDIS_URL="redis://$(db_side "$host"):$REDIS_PORT/0"
+  if ha; then
+    DATABASE_URL=$(ha_database_url)
+    REDIS_URL="redis://$(ha_addr dcs):$REDIS_PORT/0"
+  fi
   # The host's own name (as its UTS namespace says): a setting from `up` never makes two hosts one.
   export AGENTLOOP_HOSTNAME=$host
   export HOST=$(front_addr "$host") PORT=$WEB_PORT
@@ -235,6 +248,14 @@ wait_web() {
 
 pids_on() { exists "$1" && ip netns pids "$(ns "$1")" || true; }
 
+kill_host_process() {  # a host, a command name: SIGKILL its processes of that name there
+  local pid
+  for pid in $(pids_on "$1"); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] && kill -KILL "$pid" 2>/dev/null
+  done
+  return 0
+}
+
 kill_host() {
   local host=$1 signal=${2:-KILL} deadline pids
   pids=$(pids_on "$host")
@@ -247,6 +268,7 @@ kill_host() {
 # --- commands ------------------------------------------------------------------------------
 
 up() {
+  local with_ha=${1:-}
   need_root up
   need_netns
   if exists db || ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -258,13 +280,28 @@ up() {
   mkdir -p "$STATE"
   chmod 755 "$STATE"
   save_env
-  trap '[ -n "$BUILT" ] || { echo "cluster: up failed; taking down what was built" >&2; down >/dev/null 2>&1; }' EXIT
+  if [ "$with_ha" = --ha ]; then
+    command -v patroni >/dev/null 2>&1 && command -v etcd >/dev/null 2>&1 \
+      || die "patroni and etcd are missing (scripts/system-deps.sh installs them)"
+    touch "$STATE/ha"
+    ha_hosts
+  fi
+  trap '[ -n "$BUILT" ] || [ -n "${CLUSTER_KEEP_FAILED:-}" ] || { echo "cluster: up failed; taking down what was built" >&2; down >/dev/null 2>&1; }' EXIT
   say "network: bridge $BRIDGE $ROOT_ADDR/24, hosts ${HOSTS[*]}"
-  net_up
-  say "db: PostgreSQL and Redis on $(front_addr db)"
-  db_up
+  if ha; then
+    ha_net_up
+    say "dcs: etcd and Redis on $(ha_addr dcs)"
+    dcs_up
+    say "db-a, db-b: Patroni, a primary and its synchronous replica"
+    ha_db_up
+  else
+    net_up
+    say "db: PostgreSQL and Redis on $(front_addr db)"
+    db_up
+  fi
   say "migrating"
   migrate
+  if ha; then ha_db_synchronous; fi
   local host
   for host in "${APPS[@]}"; do app_start "$host"; done
   for host in "${APPS[@]}"; do wait_web "$host"; done
@@ -276,6 +313,12 @@ up() {
 down() {
   need_root down
   local host bin
+  if ha; then
+    ha_down
+    rm -rf "$STATE"
+    say "down"
+    return 0
+  fi
   # The data goes with the hosts: a short grace, then SIGKILL.
   for host in "${APPS[@]}"; do kill_host "$host" TERM 5 || kill_host "$host" KILL; done
   if [ -f "$STATE/db/pg/data/postmaster.pid" ]; then
@@ -290,7 +333,7 @@ down() {
 
 status() {
   local host addrs
-  if ! exists db && ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  if ! exists "${HOSTS[0]}" && ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     say "not up (prefix $P)"
     return 0
   fi
@@ -308,15 +351,23 @@ status() {
     fi
   done
   echo "web:      http://$(front_addr app-a):$WEB_PORT/  http://$(front_addr app-b):$WEB_PORT/"
-  echo "database: postgres://postgres@$(front_addr db):$PG_PORT/agentloop   (from this namespace)"
-  echo "redis:    redis://$(front_addr db):$REDIS_PORT/0"
+  if ha; then
+    echo "database: $(ha_database_url)   (primary now: $(ha_primary || echo none))"
+    echo "redis:    redis://$(ha_addr dcs):$REDIS_PORT/0"
+  else
+    echo "database: postgres://postgres@$(front_addr db):$PG_PORT/agentloop   (from this namespace)"
+    echo "redis:    redis://$(front_addr db):$REDIS_PORT/0"
+  fi
   echo "logs:     $STATE/<host>/*.log"
 }
 
 app_host() { case ${1:-} in app-a|app-b) ;; *) die "which host? app-a or app-b";; esac; }
+# unplug/plug: an app host's db link, or (--ha) a database host's whole link.
+link_of() { case ${1:-} in app-a|app-b) echo db0;; db-a|db-b) ha || die "not an --ha cluster"; echo eth0;;
+            *) die "which host? app-a, app-b (or db-a, db-b with --ha)";; esac; }
 
 case ${1:-} in
-  up) up ;;
+  up) up "${2:-}" ;;
   down) down ;;
   status) status ;;
   check) need_root check; need_netns; say "root, and network namespaces work: ready for up" ;;
@@ -324,8 +375,17 @@ case ${1:-} in
   start) app_host "${2:-}"; need_root start; exists "$2" || die "not up"
          [ -z "$(pids_on "$2")" ] || die "$2 still runs processes (kill it first)"
          app_start "$2"; wait_web "$2"; say "$2: started" ;;
-  unplug) app_host "${2:-}"; need_root unplug; ip -n "$(ns "$2")" link set db0 down; say "$2: link to db down" ;;
-  plug) app_host "${2:-}"; need_root plug; ip -n "$(ns "$2")" link set db0 up; say "$2: link to db up" ;;
+  unplug) link=$(link_of "${2:-}"); need_root unplug; ip -n "$(ns "$2")" link set "$link" down; say "$2: $link down" ;;
+  plug) link=$(link_of "${2:-}"); need_root plug; ip -n "$(ns "$2")" link set "$link" up; say "$2: $link up" ;;
+  pgkill) db_host "${2:-}"; need_root pgkill; ha || die "not an --ha cluster"; pg_kill "$2"; say "$2: PostgreSQL killed" ;;
+  primary) ha || die "not an --ha cluster"; ha_primary || die "no primary now" ;;
+  redis) ha || die "not an --ha cluster"; need_root redis
+         case ${2:-} in
+           stop) kill_host_process dcs redis-server; say "redis stopped" ;;
+           start) daemon dcs redis redis-server --port "$REDIS_PORT" --bind "127.0.0.1 $(ha_addr dcs)" \
+                    --protected-mode no --save "" --appendonly no --dir "$STATE/dcs/redis"; say "redis started" ;;
+           *) die "redis stop|start" ;;
+         esac ;;
   _on) shift; exec_on "$@" ;;  # internal: `daemon` runs a host's process through this
-  *) echo "usage: $0 up|down|status|check|kill HOST|start HOST|unplug HOST|plug HOST" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--ha]|down|status|check|kill HOST|start HOST|unplug HOST|plug HOST|pgkill DBHOST|primary|redis stop|start" >&2; exit 2 ;;
 esac

@@ -3,8 +3,9 @@
 # drive /usr/bin/chromium; Playwright's own browser downloads are never used),
 # redis-server (the Redis-backed tests start a throwaway one), iproute2 (`ip`: the cluster
 # of test hosts, scripts/cluster.sh, builds network namespaces, a bridge and veth links
-# with it; the bridge itself is the kernel's) and pgbouncer (tests/end_to_end/test_pgbouncer.py runs
-# the product through a throwaway one in transaction mode). As root, installs what is
+# with it; the bridge itself is the kernel's), pgbouncer (tests/end_to_end/test_pgbouncer.py runs
+# the product through a throwaway one in transaction mode), and patroni with etcd (the
+# database that fails over: `scripts/cluster.sh up --ha`, tests/end_to_end/test_failover.py). As root, installs what is
 # missing and says what; as another user, only says what is missing.
 # Called by .ci/run and scripts/test.sh (`make test`).
 set -euo pipefail
@@ -13,6 +14,9 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+command -v patroni >/dev/null 2>&1 || need+=(patroni)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "system-deps: missing Debian packages: ${need[*]} (not root: run 'apt-get install ${need[*]}' as root; the tests that need them will fail)" >&2

@@ -54,6 +54,8 @@ SERIAL = {
     "tests/end_to_end/test_faults_database.py": "log lines per second and seconds to recover during database faults",
     "tests/end_to_end/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
     "tests/end_to_end/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
+    "tests/end_to_end/test_failover.py": "seconds until the product accepts again after a failover; namespaces on "
+                                         "fixed addresses",
     # Not the other two (a fresh database migrated through the pooler, a worker refusing to
     # start): no clock in what they assert, and the first was 97 of the PostgreSQL pass's
     # 542 serial test-seconds (issue 23); they run in the busy phase.
@@ -118,6 +120,7 @@ ALONE = {
                     "test_a_worker_killed_on_another_host_is_taken_over_within_seconds")},
     "tests/end_to_end/test_web_outage.py": "the database away under the web server; seconds to admit again",
     "tests/end_to_end/test_cluster_faults.py": "network namespaces, links cut, hosts killed",
+    "tests/end_to_end/test_failover.py": "network namespaces, a primary's PostgreSQL killed, its link cut",
     # Not test_pgbouncer.py (a pooler of its own in front of the suite's server, bounds of
     # 15-60 s) nor test_database_deadline.py (a silent socket of its own, refused within 5 s
     # in 2.7): they cut nothing shared and run in the serial phase. Nor test_faults_database.py's
@@ -264,6 +267,10 @@ ONE_PASS = {
     "tests/end_to_end/test_pgbouncer.py": "PgBouncer in front of PostgreSQL (the SQLite pass only skipped its tests)",
     "tests/end_to_end/test_cluster_faults.py": "PostgreSQL servers on network namespaces (the SQLite pass only "
                                                "skipped it)",
+    "tests/end_to_end/test_failover.py": "Patroni's PostgreSQL primary and replica on network namespaces (the SQLite "
+                                         "pass only skipped it)",
+    "tests/unit/test_live_layer_faults.py": "channels-redis against a silent socket and a real redis-server; no "
+                                            "database",
     # Database faults on a throwaway PostgreSQL cluster of their own, never the suite's
     # database: the SQLite pass's serial phase was the longer (issue 23: 899 test-seconds
     # against 542, on a loaded machine), three of these 150 of its 272 s in that file. All

@@ -14,10 +14,17 @@ The code that changes something calls `publish(groups, event)` inside its transa
 
 Either way nothing is written or sent while nobody watches: the console's websockets
 keep a `LiveListener` row fresh, and publishers look at it (cached for a second).
+
+Redis going away costs live updates only, never a reply: a send has a deadline
+(SEND_DEADLINE), a failed one pauses sending for a back-off (1 s doubling to 30 s) so a
+committing step never waits on a Redis that is gone, and the fault is logged once when
+it starts (then every 30 s) and once when Redis is back — live updates resume by
+themselves.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -30,6 +37,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
+from agentloop.core.backoff import Backoff, FaultLog
 from agentloop.core.models import LiveEvent, LiveListener
 from agentloop.core.redaction import redact_payload
 
@@ -43,6 +51,7 @@ Items = list[tuple[tuple[str, ...], Event]]  # (groups, event) pairs, redacted
 
 LISTENER_FRESH = timedelta(seconds=15)  # a listener row older than this is gone
 LISTENING_CACHE = 1.0  # seconds a publisher trusts its last look at the listeners
+SEND_DEADLINE = 1.0  # seconds for one batch of live updates to reach the channel layer
 
 
 def conversation_group(conversation_id: int | str) -> str:
@@ -110,14 +119,46 @@ async def apublish(groups: Iterable[str], event: Event) -> None:
 
 
 def _send(items: Items) -> None:
-    try:
+    if not LAYER.paused():
         async_to_sync(_asend)(items)
-    except Exception as exc:  # the change is committed; a lost live update is only cosmetic
-        log.warning("live update not sent: %s", exc)
 
 
 async def _asend(items: Items) -> None:
+    """Sent within SEND_DEADLINE, or dropped: the change is committed, and a lost live
+    update is only cosmetic (the console's next page load shows it)."""
+    if LAYER.paused():
+        return
     layer = get_channel_layer()
-    for groups, event in items:
-        for group in groups:
-            await layer.group_send(group, {"type": MESSAGE_TYPE, "event": event})
+    try:
+        async with asyncio.timeout(SEND_DEADLINE):
+            for groups, event in items:
+                for group in groups:
+                    await layer.group_send(group, {"type": MESSAGE_TYPE, "event": event})
+    except Exception as exc:
+        LAYER.failed(exc)
+    else:
+        LAYER.sent()
+
+
+class LayerFaults:
+    """The channel layer's health as this process saw it: while it fails, sends are paused
+    for a back-off and the fault is logged once (FaultLog), not once per update."""
+
+    def __init__(self) -> None:
+        self.log = FaultLog(log, subject="live updates (channel layer)")
+        self.backoff = Backoff(first=1.0, cap=30.0)
+        self.paused_until = 0.0
+
+    def paused(self) -> bool:
+        return time.monotonic() < self.paused_until
+
+    def failed(self, exc: BaseException) -> None:
+        self.log.failed(exc if str(exc) else TimeoutError(f"no answer within {SEND_DEADLINE:g} s"))
+        self.paused_until = time.monotonic() + self.backoff.next()
+
+    def sent(self) -> None:
+        self.log.recovered()
+        self.backoff.reset()
+
+
+LAYER = LayerFaults()

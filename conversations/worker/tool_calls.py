@@ -78,12 +78,17 @@ class ToolCalls:
                 raise registry.UnknownTool(f"unknown tool {name!r}")
         except registry.UnknownTool as exc:
             return {"status": "failed", "duplicate": False, "error": redact(str(exc))}
-        if tool.guarded and not await self.worker.db(turns.mark_effect, turn.pk):
+        # Through a database fault (a failover: seconds) rather than failing the turn: the mark
+        # is idempotent, and the agent's own deadline bounds the wait.
+        if tool.guarded and not await self.worker.db.persist(turns.mark_effect, turn.pk):
             raise TurnCancelled()
         try:
             # On a tool thread, under the agent call's span (traced: the guard's span is its child).
-            outcome: Outcome = await self.threads(tracing.carry(_invoke_for_conversation), name, arguments, conversation,
-                                         f"worker:{self.worker.owner}")
+            # Through a database fault (a failover), tried again rather than failing the turn:
+            # the guard's claim is what makes that safe — a claim already taken holds the call
+            # as in progress, so the effect never runs twice.
+            outcome: Outcome = await self.threads.persist(tracing.carry(_invoke_for_conversation), name, arguments,
+                                                          conversation, f"worker:{self.worker.owner}")
         except (registry.InvalidArguments, guard.ToolDisabled) as exc:
             return {"status": "failed", "duplicate": False, "error": redact(str(exc))}
         return outcome.for_model()

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from tests.support import host_network
@@ -17,6 +18,9 @@ SCRIPT = BASE_DIR / "scripts" / "cluster.sh"
 WEB_PORT = 8000
 HOSTS = ("db", "app-a", "app-b")
 APPS = ("app-a", "app-b")
+HA_HOSTS = ("dcs", "db-a", "db-b", "app-a", "app-b")  # `up --ha` (scripts/cluster-ha.sh)
+DATABASE_HOSTS = ("db-a", "db-b")
+PATRONI_PORT = 8008
 
 
 class ClusterError(Exception):
@@ -24,8 +28,8 @@ class ClusterError(Exception):
 
 
 class Cluster:
-    def __init__(self, prefix="alct", net="10.214", env=None):
-        self.prefix, self.net = prefix, net
+    def __init__(self, prefix="alct", net="10.214", env=None, ha=False):
+        self.prefix, self.net, self.ha = prefix, net, ha
         self.dir = None  # made by up(): under /tmp, where the postgres user may enter
         self.ours = False  # whether `down` is ours to run
         self.owner = None  # the prefix's owner lock, held from up() to the end of down()
@@ -37,14 +41,19 @@ class Cluster:
         return f"{self.net}.0.1"
 
     def address(self, host):
-        return {"db": f"{self.net}.0.2", "app-a": f"{self.net}.0.11", "app-b": f"{self.net}.0.12"}[host]
+        return {"db": f"{self.net}.0.2", "db-a": f"{self.net}.0.2", "db-b": f"{self.net}.0.4", "dcs": f"{self.net}.0.3",
+                "app-a": f"{self.net}.0.11", "app-b": f"{self.net}.0.12"}[host]
 
     def web_url(self, host):
         return f"http://{self.address(host)}:{WEB_PORT}"
 
     @property
     def database_url(self):
-        """The cluster's database as the root namespace reaches it (over the bridge)."""
+        """The cluster's database as the root namespace reaches it (over the bridge); with
+        --ha, both database hosts, libpq keeping the one that takes writes."""
+        if self.ha:
+            return (f"postgres://postgres@{self.address('db-a')}:5432,{self.address('db-b')}:5432/agentloop"
+                    "?target_session_attrs=read-write")
         return f"postgres://postgres@{self.address('db')}:5432/agentloop"
 
     def script(self, *args, timeout=120):
@@ -73,13 +82,13 @@ class Cluster:
                 print(f"cluster: prefix {self.prefix!r} was left up by a run that died; taking it down",
                       file=sys.stderr)
                 self.script("down", timeout=60)
-            return self.script("up", timeout=180)
+            return self.script("up", *(["--ha"] if self.ha else []), timeout=240)
 
     def built(self):
         """Whether namespaces or the bridge of this prefix exist on the machine."""
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout.split()
         bridge = subprocess.run(["ip", "link", "show", f"{self.prefix}-br"], capture_output=True, timeout=10)
-        return f"{self.prefix}-db" in names or bridge.returncode == 0
+        return f"{self.prefix}-db" in names or f"{self.prefix}-dcs" in names or bridge.returncode == 0
 
     def down(self):
         try:
@@ -104,6 +113,29 @@ class Cluster:
 
     def plug(self, host):
         self.script("plug", host, timeout=10)
+
+    def pgkill(self, host):
+        """SIGKILL a database host's PostgreSQL (--ha): Patroni, left running, fails over."""
+        self.script("pgkill", host, timeout=10)
+
+    def primary(self):
+        """The database host Patroni's REST API calls primary now (--ha), or None."""
+        for host in DATABASE_HOSTS:
+            if self.role_is(host, "primary"):
+                return host
+        return None
+
+    def role_is(self, host, role):
+        """Patroni's health endpoints: 200 from /primary on the primary, from /sync on a
+        synchronous replica that streams."""
+        try:
+            with urllib.request.urlopen(f"http://{self.address(host)}:{PATRONI_PORT}/{role}", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def redis(self, action):
+        self.script("redis", action, timeout=20)
 
     def status(self):
         return self.script("status", timeout=30)

@@ -37,7 +37,7 @@ class Message:
     home: int  # index of the host tried first
     accepted_at: float | None = None  # seconds after the start, when a 2xx came back
     host: int | None = None
-    tries: list = field(default_factory=list)  # [host, status or error] per try
+    tries: list = field(default_factory=list)  # [host, status or error, seconds after the start] per try
 
     @property
     def platform_id(self):
@@ -67,10 +67,14 @@ def update(message):
         "chat": {"id": message.chat, "type": "private", "first_name": "Carga"}}}
 
 
-async def deliver(message, clients, path, headers, started, give_up):
-    """POST until a 2xx, moving to the next host after each failure."""
+async def deliver(message, clients, path, headers, started, give_up, retry_cap=RETRY_PAUSE):
+    """POST until a 2xx, moving to the next host after each failure; the pause between
+    tries doubles from RETRY_PAUSE up to `retry_cap`, as a platform's redelivery backs off
+    (a fixed pause through an outage of many seconds sends every pending message again
+    four times a second)."""
     host = message.home
     body = update(message)
+    pause = RETRY_PAUSE
     while True:
         try:
             response = await clients[host].post(path, json=body, headers=headers)
@@ -78,23 +82,28 @@ async def deliver(message, clients, path, headers, started, give_up):
         except httpx.HTTPError as error:
             outcome = type(error).__name__
         now = time.monotonic() - started
-        message.tries.append([host, outcome])
+        message.tries.append([host, outcome, round(now, 3)])
         if isinstance(outcome, int) and 200 <= outcome < 300:
             message.accepted_at, message.host = now, host
             return
         if now > message.due + give_up:
             return
         host = (host + 1) % len(clients)
-        await asyncio.sleep(RETRY_PAUSE)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, retry_cap)
 
 
-async def run(urls, slug, secret, messages, started=None, give_up=20.0):
+async def run(urls, slug, secret, messages, started=None, give_up=20.0, retry_cap=RETRY_PAUSE):
     """Send `messages` on their schedule; returns them with their outcomes. `started`
     (time.monotonic()) is the schedule's zero, so a caller can time faults against it."""
     started = started or time.monotonic()
     path = f"/webhooks/telegram/{slug}/"
     headers = {"X-Telegram-Bot-Api-Secret-Token": secret}
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+    # No cap on connections: through an outage of many seconds, with a cap (64) httpx's pool
+    # kept reporting PoolTimeout long after the hosts answered again (seen in the failover
+    # test: a request timed out or cancelled mid-way can leave its slot taken), and the
+    # load stopped though the product was accepting (a probe beside it got 200s).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
     clients = [httpx.AsyncClient(base_url=url, timeout=POST_TIMEOUT, limits=limits) for url in urls]
     try:
         tasks = []
@@ -102,7 +111,7 @@ async def run(urls, slug, secret, messages, started=None, give_up=20.0):
             delay = started + message.due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(deliver(message, clients, path, headers, started, give_up)))
+            tasks.append(asyncio.create_task(deliver(message, clients, path, headers, started, give_up, retry_cap)))
         await asyncio.gather(*tasks)
     finally:
         for client in clients:

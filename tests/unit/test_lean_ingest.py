@@ -344,3 +344,18 @@ def test_group_commit_a_deadlock_mid_batch_is_admitted_again_one_by_one(transact
             cursor.execute("DROP TRIGGER deadlock_once ON conversations_inboundmessage")
             cursor.execute("DROP FUNCTION deadlock_once()")
             cursor.execute("DROP SEQUENCE deadlock_once")
+
+
+def test_a_request_that_waited_past_the_queue_deadline_is_answered_503_unadmitted(lean, channels, monkeypatch):
+    """Its sender has given up (and sends it again): admitting it would only keep newer
+    requests waiting, as after a failover's outage (tests/end_to_end/test_failover.py)."""
+    from conversations import lean_ingest
+
+    request = [("tg", json.dumps(update(7)), {HEADER: SECRET})]
+    monkeypatch.setattr(lean_ingest, "QUEUE_DEADLINE", -1.0)  # every request waited "too long"
+    [late] = post_lean(lean, request)
+    assert late.status_code == 503 and late.headers["Retry-After"] and not InboundMessage.objects.exists()
+    monkeypatch.setattr(lean_ingest, "QUEUE_DEADLINE", 3.0)
+    [again] = post_lean(lean, request)
+    assert (again.status_code, again.json()) == (200, {"ok": True, "duplicate": False})
+    assert InboundMessage.objects.count() == 1
