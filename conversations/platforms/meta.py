@@ -30,7 +30,9 @@ from typing import Any
 
 import httpx
 
-from conversations.platforms.inbound import Request, hmac_sha256, same, signed
+from conversations import reactions
+from conversations.ingest import Admission
+from conversations.platforms.inbound import Refused, Request, hmac_sha256, same, signed
 from conversations.platforms.webhooks import Answer
 from delivery.models import Outcome
 from delivery.transports import LoopClients, SendResult
@@ -61,6 +63,26 @@ def verify_signature(request: Request, app_secret: str) -> Answer | None:
     wrong one, or no secret configured), 413 (the body was too large to check)."""
     return signed(request, SIGNATURE_HEADER, app_secret, "--app-secret", "app secret",
                   lambda body: signature(app_secret, body))
+
+
+def counted(ignored: int, results: list[object], other: Callable[[object], str]) -> Answer:
+    """What became of a webhook body's items, counted (a Meta platform's 200): admitted,
+    duplicates, refused, ignored, reactions; `other` names the platform's own results (a
+    receipt's outcome, a tap's status)."""
+    tally = {"admitted": 0, "duplicates": 0, "refused": 0, "ignored": ignored}
+    for result in results:
+        add = 1
+        if isinstance(result, Refused):
+            key = "refused"
+        elif isinstance(result, Admission):
+            key = "duplicates" if result.duplicate else "admitted"
+        elif isinstance(result, reactions.ReactionResult):  # a note for the next turn, or a question answered
+            key = "ignored" if result.outcome == reactions.IGNORED else "reactions"  # not on a message of ours
+            add = int(not result.duplicate)
+        else:
+            key = other(result)
+        tally[key] = tally.get(key, 0) + add
+    return Answer(200, {"ok": True, **tally})
 
 
 def handshake(verify_token: str, query: Mapping[str, str]) -> Answer:

@@ -21,10 +21,8 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from conversations import reactions
-from conversations.ingest import Admission
 from conversations.platforms import meta
-from conversations.platforms.inbound import Parsed, Received, Refused, Request, Webhook
+from conversations.platforms.inbound import Parsed, Received, Request, Webhook
 from conversations.platforms.messenger import events
 from conversations.platforms.webhooks import Answer, error
 from delivery import ledger
@@ -72,18 +70,7 @@ class MessengerWebhook(Webhook):
 
     def answer(self, received: Received, results: list[object]) -> Answer:
         """What became of the body's items, counted."""
-        tally = {"admitted": 0, "duplicates": 0, "refused": 0, "ignored": received.parsed.ignored}
-        for result in results:
-            if isinstance(result, Refused):
-                tally["refused"] += 1
-            elif isinstance(result, Admission):
-                tally["duplicates" if result.duplicate else "admitted"] += 1
-            elif isinstance(result, reactions.ReactionResult):
-                counted = "ignored" if result.outcome == reactions.IGNORED else "reactions"
-                tally[counted] = tally.get(counted, 0) + (not result.duplicate)
-            else:  # a tap's status
-                tally[f"tap_{result}"] = tally.get(f"tap_{result}", 0) + 1
-        return Answer(200, {"ok": True, **tally})
+        return meta.counted(received.parsed.ignored, results, lambda status: f"tap_{status}")
 
 
 def answer_tap(channel: Channel, item: events.Tap) -> str:

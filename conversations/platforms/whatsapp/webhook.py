@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from conversations import reactions
-from conversations.ingest import Admission
 from conversations.platforms import meta
-from conversations.platforms.inbound import Parsed, Received, Refused, Request, Webhook
+from conversations.platforms.inbound import Parsed, Received, Request, Webhook
 from conversations.platforms.webhooks import Answer, error
 from conversations.platforms.whatsapp import inbound as parsing
 from conversations.platforms.whatsapp.transport import UNREACHABLE
@@ -56,18 +54,7 @@ class WhatsAppWebhook(Webhook):
 
     def answer(self, received: Received, results: list[object]) -> Answer:
         """What became of the notification's items, counted."""
-        tally = {"admitted": 0, "duplicates": 0, "refused": 0, "ignored": received.parsed.ignored}
-        for result in results:
-            if isinstance(result, Refused):
-                tally["refused"] += 1
-            elif isinstance(result, Admission):
-                tally["duplicates" if result.duplicate else "admitted"] += 1
-            elif isinstance(result, reactions.ReactionResult):  # a note for the next turn, or a question answered
-                counted = "ignored" if result.outcome == reactions.IGNORED else "reactions"  # not on a message of ours
-                tally[counted] = tally.get(counted, 0) + (not result.duplicate)
-            else:  # a receipt's outcome
-                tally[str(result)] = tally.get(str(result), 0) + 1
-        return Answer(200, {"ok": True, **tally})
+        return meta.counted(received.parsed.ignored, results, str)
 
 
 def apply_receipt(channel: Channel, receipt: parsing.Receipt) -> str:
