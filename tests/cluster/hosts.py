@@ -2,6 +2,7 @@
 folder of the test's own (a cluster brought up by hand keeps its own), and the
 cluster's database read back over the bridge, as an operator would."""
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -101,6 +102,16 @@ class Cluster:
             if self.owner:
                 self.owner.close()  # the next run may build the prefix again
                 self.owner = None
+
+    @contextlib.contextmanager
+    def running(self, logs):
+        """Up for the `with` block; its hosts' logs copied into `logs`, then down."""
+        try:
+            self.up()
+            yield self
+        finally:
+            self.keep_logs(logs)
+            self.down()
 
     def kill(self, host):
         self.script("kill", host, timeout=30)

@@ -85,13 +85,8 @@ def cluster(tmp_path):
     env = {"AGENTLOOP_EXTRA_AGENTS": "cluster=tests.cluster.agent.ClusterAgent"}
     if not has_liveness():
         env["AGENTLOOP_WORKER_STALE_AFTER"] = str(STALE_AFTER_WITHOUT_LIVENESS)
-    hosts = Cluster(env=env)
-    try:
-        hosts.up()
+    with Cluster(env=env).running(tmp_path / "cluster-logs") as hosts:
         yield hosts
-    finally:
-        hosts.keep_logs(tmp_path / "cluster-logs")
-        hosts.down()
 
 
 @pytest.fixture
@@ -102,7 +97,8 @@ def bot_api(cluster):
         yield fake
 
 
-def test_hosts_die_and_lose_the_database_under_load(cluster, bot_api, tmp_path, capsys):
+def add_channel(cluster, bot_api):
+    """The load's Telegram channel, its agent the scripted one that books."""
     cluster.manage("addchannel", SLUG, "--kind", "telegram", "--token", TOKEN, "--secret", SECRET,
                    "--api-base", bot_api.url, "--mode", "webhook", "--agent", "cluster",
                    # Unpaced: its Bot API keeps no limits; one budget across processes has a
@@ -110,6 +106,10 @@ def test_hosts_die_and_lose_the_database_under_load(cluster, bot_api, tmp_path, 
                    "--messages-per-second", "0", "--chat-interval", "0", "--group-messages-per-minute", "0",
                    "--agent-config", json.dumps({"delay": AGENT_DELAY}), "--typing-mode", "never",
                    AGENTLOOP_EXTRA_AGENTS="cluster=tests.cluster.agent.ClusterAgent")
+
+
+def test_hosts_die_and_lose_the_database_under_load(cluster, bot_api, tmp_path, capsys):
+    add_channel(cluster, bot_api)
     db = Readback(cluster.database_url, SLUG)
     messages = load.plan(RATE, SECONDS, CONVERSATIONS, hosts=2, book_every=BOOK_EVERY)
     app_a_chats = {m.chat for m in messages if m.home == 0}

@@ -35,18 +35,8 @@ import pytest
 from tests.cluster import load
 from tests.cluster.hosts import Cluster
 from tests.cluster.readback import Readback, connect
-from tests.end_to_end.test_cluster_faults import (
-    AGENT_DELAY,
-    BOOK_EVERY,
-    SECRET,
-    SEND_DELAY,
-    SLUG,
-    TOKEN,
-    drain,
-    measure,
-    skip_reason,
-)
-from tests.fakes.telegram_api import FakeBotAPI
+from tests.end_to_end import test_cluster_faults
+from tests.end_to_end.test_cluster_faults import BOOK_EVERY, SECRET, SLUG, add_channel, drain, measure, skip_reason
 
 pytestmark = pytest.mark.e2e
 
@@ -77,27 +67,15 @@ def cluster(tmp_path):
         pytest.skip(reason)
     hosts = Cluster(prefix="alcf", net="10.216", ha=True,
                     env={"AGENTLOOP_EXTRA_AGENTS": "cluster=tests.cluster.agent.ClusterAgent", **FAILOVER_SETTINGS})
-    try:
-        hosts.up()
+    with hosts.running(tmp_path / "cluster-logs"):
         yield hosts
-    finally:
-        hosts.keep_logs(tmp_path / "cluster-logs")
-        hosts.down()
 
 
-@pytest.fixture
-def bot_api(cluster):
-    with FakeBotAPI(host=cluster.root_address) as fake:
-        fake.delay("sendMessage", SEND_DELAY)
-        yield fake
+bot_api = test_cluster_faults.bot_api  # the local Bot API on the bridge, as there
 
 
 def test_the_database_fails_over_and_back_under_load(cluster, bot_api, tmp_path, capsys):
-    cluster.manage("addchannel", SLUG, "--kind", "telegram", "--token", TOKEN, "--secret", SECRET,
-                   "--api-base", bot_api.url, "--mode", "webhook", "--agent", "cluster",
-                   "--messages-per-second", "0", "--chat-interval", "0", "--group-messages-per-minute", "0",
-                   "--agent-config", json.dumps({"delay": AGENT_DELAY}), "--typing-mode", "never",
-                   AGENTLOOP_EXTRA_AGENTS="cluster=tests.cluster.agent.ClusterAgent")
+    add_channel(cluster, bot_api)
     db = Readback(cluster.database_url, SLUG)
     messages = load.plan(RATE, SECONDS, CONVERSATIONS, hosts=2, book_every=BOOK_EVERY)
     started = time.monotonic()
