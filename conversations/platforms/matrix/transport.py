@@ -109,8 +109,9 @@ class MatrixTransport(Transport):
 
     async def edit_text(self, target: Target, message_id: str, text: str) -> SendResult:
         """An `m.replace` of a message of ours: its text becomes `text`."""
-        new = {"msgtype": "m.text", "body": text[:MAX_UNITS], "m.mentions": {}}
-        content = {**new, "body": "* " + new["body"], "m.new_content": new,
+        body = text[:MAX_UNITS]
+        new: dict[str, Any] = {"msgtype": "m.text", "body": body, "m.mentions": {}}
+        content = {**new, "body": "* " + body, "m.new_content": new,
                    "m.relates_to": {"rel_type": "m.replace", "event_id": message_id}}
         result = await self.send_event(target.chat_id, "m.room.message", content)
         return SendResult.delivered(message_id) if result.ok else result
