@@ -292,7 +292,8 @@ def bench_platforms(kit):
             call_command("flush", interactive=False, verbosity=0)
             for row in rows:
                 if not row.loadgen_kind:
-                    intake[row.name] = connection_intake(kit, row)
+                    intake[row.name] = row.intake(kit, channel, QUIET) if hasattr(row, "intake") else \
+                        connection_intake(kit, row)
                     call_command("flush", interactive=False, verbosity=0)
         if "drain" in parts:
             drains = paced_drains(kit, [row for row in rows if row.drains])

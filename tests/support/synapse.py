@@ -61,6 +61,9 @@ rc_message:
   burst_count: 1000
 rc_joins:
   local: {{per_second: 1000, burst_count: 1000}}
+rc_joins_per_room: {{per_second: 1000, burst_count: 1000}}
+rc_room_creation: {{per_second: 1000, burst_count: 1000}}
+rc_registration: {{per_second: 1000, burst_count: 1000}}
 rc_invites:
   per_room: {{per_second: 1000, burst_count: 1000}}
   per_user: {{per_second: 1000, burst_count: 1000}}
