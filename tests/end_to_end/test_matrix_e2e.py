@@ -2,15 +2,16 @@
 own venv, SQLite, no federation; tests/support/synapse.py), started once per test
 session on a loopback port; the real worker holds the bot's `/sync` (the channel's
 lease); people drive the conversation through the client-server API. A burst in a direct
-room — Synapse restarted in the middle of it — is one reply answering the last message,
-each message admitted once; in a group room only the message that mentions the bot is
-answered (the one before it kept as context), and a message in a thread is answered in
-that thread; an encrypted room's message is refused, logged and audited, never answered;
-a 429 (the bot's rc_message made low) is waited out and the reply sent unlabelled; a room
-the bot was kicked from (403 M_FORBIDDEN) is tried once; a worker killed mid-send, the
-sync position rewound so Synapse sends the message again: one turn, and the labelled
-resend carries the row's transaction id, so Synapse posts no second message; a
-confirmation question's 👍 applies its action once whatever else is reacted."""
+room is one reply answering the last message; another, Synapse killed and started again
+in the middle of it, is answered with nothing lost or doubled; in a group room only the
+message that mentions the bot is answered (the one before it kept as context), and a
+message in a thread is answered in that thread; an encrypted room's message is refused,
+logged and audited, never answered; a 429 (the bot's rc_message made low) is waited out
+and the reply sent unlabelled; a room the bot was kicked from (403 M_FORBIDDEN) is tried
+once; a worker killed mid-send, the sync position rewound so Synapse sends the message
+again: one turn, and the labelled resend carries the row's transaction id, so Synapse
+posts no second message; a confirmation question's 👍 applies its action once whatever
+else is reacted."""
 
 import subprocess
 import sys
@@ -56,12 +57,21 @@ def connected():
     return lambda: (Channel.objects.get(slug="mx1").poll_session or {}).get("next_batch")
 
 
-def room_with_bot(ana, bot, *others):
-    room = ana.create_room(bot.user_id, *(other.user_id for other in others))
-    for other in others:
-        other.join(room)
-    wait_until(lambda: bot.user_id in ana.members(room), timeout=20, message="the bot joined (auto_join)")
-    return room
+def rooms_with_bot(ana, bot, *rooms):
+    """Rooms ana creates (each given as the others in it, and whether it is encrypted),
+    every one joined by the bot (its auto_join) before they are returned."""
+    created = []
+    for others, encrypted in rooms:
+        room = ana.create_room(bot.user_id, *(other.user_id for other in others), encrypted=encrypted)
+        for other in others:
+            other.join(room)
+        created.append(room)
+    wait_until(lambda: all(bot.user_id in ana.members(room) for room in created), timeout=30,
+               message="the bot joined every room (auto_join)")
+    return created
+
+
+DIRECT = ((), False)  # a room of ana and the bot, unencrypted
 
 
 def replies(ana, room, bot):
@@ -73,16 +83,13 @@ def test_a_burst_a_synapse_restart_mid_burst_mentions_and_an_encrypted_room(proc
     add_channel(processes, synapse_server, bot)
     processes.worker()
     wait_until(connected(), timeout=30, message="the first sync's position stored")
-    direct, other = room_with_bot(ana, bot), room_with_bot(ana, bot)
-    group = room_with_bot(ana, bot, bob)
-    secret = ana.create_room(bot.user_id, encrypted=True)
-    wait_until(lambda: bot.user_id in ana.members(secret), timeout=20, message="the bot joined the encrypted room")
+    direct, other, group, secret = rooms_with_bot(ana, bot, DIRECT, DIRECT, ((bob,), False), ((), True))
 
     # A burst: one reply, answering the last message.
     ana.say(direct, "hola")
     ana.say(direct, "quiero reservar")
     last = ana.say(direct, "para mañana")
-    # Another, Synapse restarted in the middle of it: nothing lost, nothing doubled.
+    # Another, Synapse killed and started again in the middle of it: nothing lost, nothing doubled.
     ana.say(other, "buenas")
     ana.say(other, "una mesa para dos")
     wait_until(lambda: InboundMessage.objects.count() == 5, timeout=15, message="the five admitted")
@@ -124,8 +131,7 @@ def test_a_429_is_waited_out_a_thread_answered_in_it_and_a_room_the_bot_left_is_
     add_channel(processes, synapse_server, bot)
     processes.worker()
     wait_until(connected(), timeout=30, message="the first sync's position stored")
-    first, second, kicked = (room_with_bot(ana, bot) for _ in range(3))
-    group = room_with_bot(ana, bot, bob)
+    first, second, kicked, group = rooms_with_bot(ana, bot, DIRECT, DIRECT, DIRECT, ((bob,), False))
     root = ana.say(group, "tengo una pregunta")  # not for the bot: kept as context
     limit_messages(ana, bot.user_id, per_second=1, burst=1)  # one message, then one a second
     ana.say(first, "hola")
@@ -156,7 +162,7 @@ def test_a_worker_killed_mid_send_and_the_sync_replayed_is_one_turn_and_one_mess
     add_channel(processes, synapse_server, bot)
     doomed = processes.worker(AGENTLOOP_FAILPOINT="ledger.after_send")
     wait_until(connected(), timeout=30, message="the first sync's position stored")
-    room = room_with_bot(ana, bot)
+    [room] = rooms_with_bot(ana, bot, DIRECT)
     wait_until(lambda: Channel.objects.get(slug="mx1").poll_offset and not OutboundMessage.objects.exists(),
                timeout=10, message="settled")
     before = Channel.objects.get(slug="mx1").poll_session
@@ -181,7 +187,7 @@ def test_a_confirmation_answered_by_reactions_is_applied_once(processes, synapse
     ToolPolicy.objects.create(name="calendar_create_event", approval="user")
     processes.worker()
     wait_until(connected(), timeout=30, message="the first sync's position stored")
-    room = room_with_bot(ana, bot)
+    [room] = rooms_with_bot(ana, bot, DIRECT)
     ana.say(room, "Confirmo las horas de psicología: lunes a las 10")
     asking = lambda: [event for event in ana.events(room, bot.user_id)  # noqa: E731
                       if event["content"]["body"].startswith("Please confirm")]

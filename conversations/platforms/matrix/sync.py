@@ -27,6 +27,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import ClientConnectionError
 from nio import AsyncClient, AsyncClientConfig, JoinError, SyncError, SyncResponse, WhoamiError
 
 from conversations.ingest import record_refusal
@@ -44,6 +45,9 @@ logging.getLogger("nio").setLevel(logging.WARNING)
 
 LONG_POLL_MS = 30_000  # how long the homeserver holds a /sync open when nothing happens
 DEADLINE = 20.0  # seconds beyond the long poll before a /sync (or whoami, a join) counts as lost
+# A homeserver restarting (its socket refused or dropped) is waited for here, looked at
+# every REJOIN_EVERY s, before the failure goes to the runner's growing backoff.
+REJOIN_EVERY, REJOIN_FOR = 0.5, 15.0
 TIMELINE_LIMIT = 200  # events per room per sync before the homeserver cuts the timeline short
 SYNC_FILTER = {"room": {"timeline": {"limit": TIMELINE_LIMIT}}, "presence": {"types": []},
                "account_data": {"types": []}}
@@ -88,10 +92,23 @@ class SyncSession:
     async def run(self) -> None:
         try:
             await self.login()
-            full_state = True
+            full_state, lost_at = True, None
+            loop = asyncio.get_running_loop()
             while True:
-                await self.sync_once(full_state)
-                full_state = False
+                try:
+                    await self.sync_once(full_state)
+                except ClientConnectionError as exc:
+                    if lost_at is None:  # logged once per outage
+                        lost_at = loop.time()
+                        log.info("channel %s: the homeserver is unreachable (%r); looking again every %g s",
+                                 self.channel.slug, exc, REJOIN_EVERY)
+                    elif loop.time() - lost_at > REJOIN_FOR:
+                        raise
+                    await asyncio.sleep(REJOIN_EVERY)
+                    continue
+                if lost_at is not None:
+                    log.info("channel %s: the homeserver is back after %.1f s", self.channel.slug, loop.time() - lost_at)
+                full_state, lost_at = False, None
         finally:
             await self.client.close()
 
