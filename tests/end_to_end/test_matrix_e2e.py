@@ -11,7 +11,8 @@ and the reply sent unlabelled; a room the bot was kicked from (403 M_FORBIDDEN) 
 once; a worker killed mid-send, the sync position rewound so Synapse sends the message
 again: one turn, and the labelled resend carries the row's transaction id, so Synapse
 posts no second message; a confirmation question's 👍 applies its action once whatever
-else is reacted."""
+else is reacted; a streamed reply is one message edited (`m.replace`) into the final, and
+the person's message carries 👀 (redacted when done) then ✅."""
 
 import subprocess
 import sys
@@ -200,3 +201,33 @@ def test_a_confirmation_answered_by_reactions_is_applied_once(processes, synapse
     assert CalendarEvent.objects.count() == 1
     assert list(InboundReaction.objects.order_by("pk").values_list("outcome", flat=True)) == [
         ReactionOutcome.CONFIRMED, ReactionOutcome.ALREADY, ReactionOutcome.ALREADY]
+
+
+def test_a_streamed_reply_is_one_message_edited_into_the_final_with_status_reactions(processes, synapse_server,
+                                                                                         people):
+    bot, ana, _ = people
+    add_channel(processes, synapse_server, bot)
+    Channel.objects.filter(slug="mx1").update(agent_config={"stream_pace": 0.15}, status_reaction="seen_done")
+    processes.worker()
+    wait_until(connected(), timeout=30, message="the first sync's position stored")
+    [room] = rooms_with_bot(ana, bot, DIRECT)
+    said = "cuéntame con calma todo lo que hay que saber para reservar una mesa el sábado"
+    asked = ana.say(room, said)
+    wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).exists()
+               and any(event["content"].get("m.relates_to", {}).get("key") == "✅"
+                       for event in ana.events(room, bot.user_id, "m.reaction"))
+               and ana.events(room, bot.user_id, "m.room.redaction"), timeout=30,
+               message="the reply delivered, ✅ on the message")
+    messages = ana.events(room, bot.user_id)
+    [preview] = [event for event in messages if "m.new_content" not in event["content"]]
+    edits = [event["content"] for event in messages if "m.new_content" in event["content"]]
+    assert preview["content"]["m.relates_to"] == {"m.in_reply_to": {"event_id": asked}}
+    assert len(edits) >= 2 and all(edit["m.relates_to"] == {"rel_type": "m.replace", "event_id": preview["event_id"]}
+                                   for edit in edits)
+    assert edits[0]["m.new_content"]["body"].endswith("▍") and edits[-1]["m.new_content"]["body"] == said
+    assert OutboundMessage.objects.get().platform_message_id == preview["event_id"]  # one message in the room
+    # 👀 on the person's message while the turn ran, redacted (its content gone), then ✅.
+    seen, done = ana.events(room, bot.user_id, "m.reaction")
+    [redaction] = ana.events(room, bot.user_id, "m.room.redaction")
+    assert seen["content"] == {} and (redaction.get("redacts") or redaction["content"]["redacts"]) == seen["event_id"]
+    assert done["content"]["m.relates_to"] == {"rel_type": "m.annotation", "event_id": asked, "key": "✅"}
