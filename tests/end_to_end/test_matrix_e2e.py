@@ -46,7 +46,7 @@ def people(synapse_server):
     return bot, ana, bob
 
 
-def add_channel(processes, server, bot, agent="echo", window="1.5"):
+def add_channel(processes, server, bot, agent="echo", window="1.0"):
     command = [sys.executable, "manage.py", "addchannel", "mx1", "--kind", "matrix", "--homeserver", server.url,
                "--token", bot.token, "--messages-per-second", "0", "--agent", agent,
                *[arg for kind in ("closed", "greeting", "open", "neutral") for arg in (f"--window-{kind}", window)]]
@@ -207,7 +207,7 @@ def test_a_streamed_reply_is_one_message_edited_into_the_final_with_status_react
                                                                                          people):
     bot, ana, _ = people
     add_channel(processes, synapse_server, bot)
-    Channel.objects.filter(slug="mx1").update(agent_config={"stream_pace": 0.15}, status_reaction="seen_done")
+    Channel.objects.filter(slug="mx1").update(agent_config={"stream_pace": 0.1}, status_reaction="seen_done")
     processes.worker()
     wait_until(connected(), timeout=30, message="the first sync's position stored")
     [room] = rooms_with_bot(ana, bot, DIRECT)
