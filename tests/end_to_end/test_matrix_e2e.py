@@ -175,7 +175,7 @@ def test_a_worker_killed_mid_send_and_the_sync_replayed_is_one_turn_and_one_mess
     wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).exists(), timeout=30,
                message="the killed send resent")
     row = OutboundMessage.objects.get()
-    assert row.attempts == 2  # the resend went out labelled, with the row's transaction id ...
+    assert row.attempts == 2 and row.needs_marker  # the resend went out labelled, with the row's transaction id ...
     assert [r["body"] for r in replies(ana, room, bot)] == ["¿me confirmas la hora?"]  # ... which Synapse knew
     assert InboundMessage.objects.count() == 1 and Turn.objects.count() == 1
 
