@@ -11,8 +11,9 @@ and the reply sent unlabelled; a room the bot was kicked from (403 M_FORBIDDEN) 
 once; a worker killed mid-send, the sync position rewound so Synapse sends the message
 again: one turn, and the labelled resend carries the row's transaction id, so Synapse
 posts no second message; a confirmation question's 👍 applies its action once whatever
-else is reacted; a streamed reply is one message edited (`m.replace`) into the final, and
-the person's message carries 👀 (redacted when done) then ✅."""
+else is reacted; while a turn runs the bot is typing, its streamed reply is one message
+edited (`m.replace`) into the final, and the person's message carries 👀 (redacted when
+done) then ✅."""
 
 import subprocess
 import sys
@@ -213,6 +214,8 @@ def test_a_streamed_reply_is_one_message_edited_into_the_final_with_status_react
     [room] = rooms_with_bot(ana, bot, DIRECT)
     said = "cuéntame con calma todo lo que hay que saber para reservar una mesa el sábado"
     asked = ana.say(room, said)
+    wait_until(lambda: bot.user_id in ana.typing(room), timeout=10, interval=0.1,
+               message="the bot typing while the turn runs")
     wait_until(lambda: OutboundMessage.objects.filter(state=OutboundState.DELIVERED).exists()
                and any(event["content"].get("m.relates_to", {}).get("key") == "✅"
                        for event in ana.events(room, bot.user_id, "m.reaction"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 import subprocess
 import time
@@ -205,6 +206,16 @@ class User:
     def react(self, room: str, event_id: str, key: str) -> str:
         return self.send(room, "m.reaction", {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id,
                                                                "key": key}})
+
+    def typing(self, room: str) -> list[str]:
+        """Who the homeserver says is typing in `room` now (an initial sync's ephemeral events)."""
+        # Each request its own (a filter with a nonce): Synapse answers a sync the same as an
+        # earlier one from its response cache for two minutes.
+        only = {"room": {"rooms": [room], "timeline": {"limit": 0}, "state": {"types": []}},
+                "account_data": {"types": [f"x.nonce.{time.time_ns()}"]}}
+        joined = self.ok("GET", "/sync", params={"timeout": 0, "filter": json.dumps(only)}).get("rooms", {}).get("join", {})
+        return [user for event in joined.get(room, {}).get("ephemeral", {}).get("events", [])
+                if event["type"] == "m.typing" for user in event["content"].get("user_ids", [])]
 
     def kick(self, room: str, user_id: str) -> None:
         self.ok("POST", f"/rooms/{quote(room, safe='')}/kick", {"user_id": user_id})

@@ -12,8 +12,8 @@ A resend after a crash between the send and its record is then no second message
 
 Previews of a streamed reply: one message, edited (`m.replace`, with `m.new_content`) as
 it grows, at most every PREVIEW_INTERVAL s; the ledger edits the final into it; a stale
-one is redacted. "typing…" is `PUT /rooms/{room}/typing/{user}` (shown for 30 s or until
-our message). Status reactions are `m.reaction` annotations (the one replaced is
+one is redacted. "typing…" is `PUT /rooms/{room}/typing/{user}` (shown for 10 s,
+refreshed every 7; Synapse does not end it at our message, so it lasts up to 10 s more). Status reactions are `m.reaction` annotations (the one replaced is
 redacted).
 
 | answer | outcome |
@@ -51,6 +51,7 @@ from delivery.transports import LoopClients, SendResult, Target, Transport
 DEADLINE = 10.0  # one call, as a whole
 MAX_UNITS = 16_000  # a message's body; a whole event is at most 65,536 bytes (JSON, UTF-8)
 PREVIEW_INTERVAL = 1.0  # seconds between two preview edits
+TYPING_MS = 10_000  # how long one typing notice shows
 TOKEN_REFUSED = ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 UNREACHABLE = ("M_FORBIDDEN", "M_NOT_FOUND")
 
@@ -73,7 +74,9 @@ class MatrixAnswer(Exception):
 
 class MatrixTransport(Transport):
     supports_typing = True
-    typing_refresh = 20.0  # shown for TYPING_MS: refreshed before it lapses
+    # Shown for TYPING_MS and refreshed before it lapses. Short: Synapse does not end a
+    # typing notice when the user's message arrives, so it outlives the reply by up to that.
+    typing_refresh = 7.0
     max_units = MAX_UNITS
     status_reactions = ("👀", "✅")
 
@@ -146,7 +149,7 @@ class MatrixTransport(Transport):
     async def send_typing(self, target: Target) -> None:
         user = await self.user_id()
         answered = await self.call("PUT", f"/rooms/{quote(target.chat_id, safe='')}/typing/{quote(user, safe='')}",
-                                   {"typing": True, "timeout": 30_000})
+                                   {"typing": True, "timeout": TYPING_MS})
         if isinstance(answered, SendResult):
             raise MatrixAnswer(answered)
 
