@@ -109,10 +109,10 @@ def test_a_batch_is_admitted_then_its_position_stored_and_a_redelivery_admitted_
     encrypted = {"room": ROOM, "bot": BOT, "event": {"type": "m.room.encrypted", "event_id": "$e", "sender": ANA,
                                                      "content": {}}}
     batch = [message("$1", "hola"), message("$2", "quiero reservar"), {"junk": True}, encrypted,
-             {"next_batch": "s72_1"}]
+             {"next_batch": "s72_1", "bot": BOT}]
     assert admit_received(connection, channel.pk, "tester", batch, 1) == 2
     stored = Channel.objects.get(pk=channel.pk)
-    assert stored.poll_session["next_batch"] == "s72_1" and stored.poll_offset == 1
+    assert stored.poll_session == {"next_batch": "s72_1", "user_id": BOT} and stored.poll_offset == 1
     # The same events again (a resume from an older position): nothing new.
     assert admit_received(connection, channel.pk, "tester", batch[:2] + [{"next_batch": "s72_2"}], 2) == 0
     assert InboundMessage.objects.count() == 2

@@ -7,7 +7,8 @@ events are admitted). Anything else is nothing to act on.
 
 The payloads are built by the sync session (sync.py): `{"room": <room id>, "event":
 <the event>, "members": <joined members>, "bot": <the bot's user id>, "bot_name": <its
-display name in the room>, "sender_name": <the sender's>}`, or `{"next_batch": <token>}`.
+display name in the room>, "sender_name": <the sender's>}`, or `{"next_batch": <token>,
+"bot": <the bot's user id>}`.
 
 Identities: a message's dedup key is its event id (unique on the homeserver); its chat
 is the room. A room of two members (the bot and one person) is a direct chat; a larger
@@ -42,6 +43,7 @@ class SyncPosition:
     """Where the next `/sync` resumes (its `since`): stored once the batch before it is in."""
 
     next_batch: str
+    user_id: str = ""  # the bot's (the transport's typing names it)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def parse(payload: Any) -> object | None:
     if not isinstance(payload, dict):
         return None
     if isinstance(payload.get("next_batch"), str) and payload["next_batch"]:
-        return SyncPosition(payload["next_batch"])
+        return SyncPosition(payload["next_batch"], str(payload.get("bot") or ""))
     event, room = payload.get("event"), payload.get("room")
     if not (isinstance(event, dict) and isinstance(room, str) and room):
         return None

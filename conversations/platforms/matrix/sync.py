@@ -69,7 +69,7 @@ class MatrixConnection(Connection):
     def apply(self, channel: Channel, item: object) -> object:
         if isinstance(item, events.SyncPosition):
             state = dict(Channel.objects.filter(pk=channel.pk).values_list("poll_session", flat=True).first() or {})
-            state["next_batch"] = item.next_batch
+            state.update(next_batch=item.next_batch, user_id=item.user_id)
             Channel.objects.filter(pk=channel.pk).update(poll_session=state)
             return item
         if isinstance(item, events.Encrypted):
@@ -130,7 +130,7 @@ class SyncSession:
         assert isinstance(answered, SyncResponse)
         payloads = self.payloads(answered) if self.since is not None else []  # the first ever: the position only
         self.count += 1
-        await self.receive([*payloads, {"next_batch": answered.next_batch}], self.count)
+        await self.receive([*payloads, {"next_batch": answered.next_batch, "bot": self.client.user_id}], self.count)
         self.since = answered.next_batch
         await self.join_invites(answered)
 
