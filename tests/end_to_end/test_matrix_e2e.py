@@ -139,6 +139,8 @@ def test_a_429_is_waited_out_a_thread_answered_in_it_and_a_room_the_bot_left_is_
     ana.say(first, "hola")
     ana.say(second, "buenas")
     ana.say(kicked, "¿hola?")
+    wait_until(lambda: InboundMessage.objects.filter(text="¿hola?").exists(), timeout=10, interval=0.01,
+               message="the message admitted")
     ana.kick(kicked, bot.user_id)  # before the reply is written (the burst's window)
     in_thread = ana.say(group, f"{bot.user_id} ¿abren el domingo?",
                         **{"m.relates_to": {"rel_type": "m.thread", "event_id": root}})

@@ -147,7 +147,10 @@ class SyncSession:
     def payloads(self, answered: SyncResponse) -> list[dict[str, Any]]:
         found = []
         bot = self.client.user_id
-        for room_id, joined in answered.rooms.join.items():
+        # A room the bot left (kicked, banned) since the last sync comes under `leave`, with
+        # what was said there before: admitted too (nothing lost; a reply is then refused, and
+        # the room marked unreachable).
+        for room_id, joined in [*answered.rooms.join.items(), *answered.rooms.leave.items()]:
             room = self.client.rooms.get(room_id)
             if joined.timeline.limited and room_id in self.known:  # a room just joined starts limited
                 log.warning("channel %s: the homeserver cut room %s's timeline short (over %d events since the "
