@@ -110,6 +110,7 @@ PLATFORMS = {
     "whatsapp": "conversations.platforms.whatsapp.WhatsAppPlatform",
     "slack": "conversations.platforms.slack.SlackPlatform",
     "discord": "conversations.platforms.discord.DiscordPlatform",
+    "matrix": "conversations.platforms.matrix.MatrixPlatform",
     "google_chat": "conversations.platforms.google_chat.GoogleChatPlatform",
     "teams": "conversations.platforms.teams.TeamsPlatform",
     "messenger": "conversations.platforms.messenger.MessengerPlatform",

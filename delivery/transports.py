@@ -75,6 +75,10 @@ class Target:
     # Answer buttons under the message, as (label, opaque data) pairs: a question asking the
     # user to confirm an action (tools.confirmations). Platforms without buttons ignore them.
     buttons: tuple[tuple[str, str], ...] = ()
+    # The same on every attempt at one ledger row's chunk ("" for sends outside the
+    # ledger): a platform whose sends are idempotent by a client's id (Matrix's
+    # transaction ids) sends it, so a resend after a crash is no second message.
+    key: str = ""
 
 
 class Capability(enum.StrEnum):

@@ -97,7 +97,8 @@ async def _send(row: OutboundMessage, db: DbRunner | None = None) -> SendResult:
             break
         target = Target(row.chat_id, row.reply_target if index == 0 else "", row.thread_id,
                         conversation_id=row.conversation_id,
-                        buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else ())
+                        buttons=getattr(row, "buttons", ()) if index == len(pieces) - 1 else (),
+                        key=f"{row.pk}.{int(row.created_at.timestamp())}.{index}")
         label = label_of(row) if index == first and row.needs_marker else ""
         sent_at = time.monotonic()
         if index == 0 and row.preview_message_id:

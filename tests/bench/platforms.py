@@ -71,6 +71,8 @@ class Row:
     ceiling = 1.0  # the platform's documented sends/s into one chat
     ceiling_says = ""
     drain_chat = ""
+    drains = True  # measured in the paced drain too
+    push_says = ""  # a connection platform: how its inbound arrives, for the report
 
     def start(self, stack):
         """Its fakes started on `stack`, keeping the platform's documented limits."""
@@ -186,6 +188,7 @@ class Slack(Row):
 
 class Discord(Row):
     name, kind, slug = "Discord", "discord", "b-dc"
+    push_says = "MESSAGE_CREATE over the Gateway into the worker's connection"
     ceiling, ceiling_says = 1.0, "5 messages per 5 s into a channel"
     drain_chat = "610000000000000001"
     TOKEN = "discord-bench-t0ken"
@@ -328,7 +331,9 @@ class Sms(Row):
         return [(c.at, c.status == 429) for c in self.fake.calls("create")]
 
 
-ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Messenger, Instagram, Sms]  # the first is the reference
+from tests.bench.matrix_row import Matrix  # noqa: E402 -- a Row of its own module (through a real Synapse)
+
+ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Messenger, Instagram, Sms, Matrix]  # the first is the reference
 
 
 def bench_platforms(kit):
@@ -348,10 +353,11 @@ def bench_platforms(kit):
             call_command("flush", interactive=False, verbosity=0)
             for row in rows:
                 if not row.loadgen_kind:
-                    intake[row.name] = connection_intake(kit, row)
+                    intake[row.name] = row.intake(kit, channel, QUIET) if hasattr(row, "intake") else \
+                        connection_intake(kit, row)
                     call_command("flush", interactive=False, verbosity=0)
         if "drain" in parts:
-            drains = paced_drains(kit, rows)
+            drains = paced_drains(kit, [row for row in rows if row.drains])
     report(kit, rows, intake, drains)
 
 
@@ -472,12 +478,12 @@ def report(kit, rows, intake, drains):
         rate, runs = intake[row.name]
         how = (f"signed webhook POSTs, 16 clients, median of {len(runs)} x {WINDOW_SECONDS:g} s after a "
                f"{WARMUP}-request warm-up" if row.loadgen_kind else
-               f"MESSAGE_CREATE over the Gateway into the worker's connection, {runs[0]['n']} after a "
+               f"{row.push_says}, {runs[0]['n']} after a "
                f"{WARMUP}-message warm-up, the first tenth not counted")
         errors = sum(r["errors"] for r in runs)
         kit.report(NAME, f"{row.name:<11} inbound {rate:6.0f} accepted/s ({how}; {errors} not accepted) vs "
                          f"Telegram {ref_in:.0f}/s: ratio {rate / ref_in:.2f}")
-    for row in rows if drains else ():
+    for row in [row for row in rows if row.name in drains]:
         ref_share = drains[ref][2] / rows[0].ceiling
         n, sent, per_second, seconds, floods, labelled = drains[row.name]
         share = per_second / row.ceiling

@@ -15,6 +15,7 @@ EXPECTED = {
     "whatsapp": {C.FILES, C.TEMPLATES, C.TYPING, C.REACTIONS},
     "slack": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "discord": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
+    "matrix": {C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "google_chat": {C.PREVIEWS, C.EDIT, C.DELETE},  # Chat has no typing; uploads need user auth
     "teams": {C.FILES, C.TYPING, C.PREVIEWS, C.EDIT, C.DELETE},  # files: consent cards in personal chats
     # Meta's Send API: no edits or deletes of a sent message; typing_on and mark_seen.
