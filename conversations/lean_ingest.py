@@ -45,7 +45,6 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
-from agentloop.core.backoff import Backoff
 from agentloop.core.db_connection import close_broken_connection
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import ingest, platforms
@@ -83,10 +82,9 @@ POSTGRES_ADMITTERS = 2
 IDLE_CHECK_SECONDS = 1.0
 # A request that waited longer than this for an admitter is answered 503 without being
 # admitted: its sender has given up by now (Slack waits 3 s) and sends it again. While the
-# database is away (a failover: the connect itself may take DATABASE_CONNECT_TIMEOUT), the
-# queue would otherwise fill with copies nobody waits for, and their admission after the
-# database is back kept new requests waiting past their senders' deadlines: in the
-# failover test, no POST answered for 80 s after a promotion that took 12.
+# database is away (a failover: a connect alone may take DATABASE_CONNECT_TIMEOUT), the
+# queue fills with copies nobody waits for any more; admitting them once the database is
+# back would only keep the new requests waiting behind them.
 QUEUE_DEADLINE = 3.0
 
 UNAVAILABLE = Answer(503, {"ok": False, "error": "database unavailable, retry later"})
@@ -102,10 +100,6 @@ class Admitter:
         self.requests: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
         self.started = threading.Lock()
-        # After a batch found the database away, the next batches are answered 503 at once
-        # for a back-off (0.25 s doubling to 2 s), not each after a connect attempt.
-        self.away_until = 0.0
-        self.away = Backoff(first=0.25, cap=2.0)
 
     async def answer(self, webhook: Webhook, slug: str, request: Request) -> Answer:
         """`webhook`: the platform's (conversations.platforms.inbound.Webhook)."""
@@ -173,8 +167,6 @@ class Admitter:
 
     def _answer_batch(self, batch: list[Queued]) -> list[Answer]:
         now = time.monotonic()
-        if now < self.away_until:
-            return [UNAVAILABLE] * len(batch)
         answers = [UNAVAILABLE] * len(batch)
         fresh = [i for i, queued in enumerate(batch) if now - queued[5] <= QUEUE_DEADLINE]
         if len(fresh) < len(batch):
@@ -187,10 +179,6 @@ class Admitter:
             admitted = [_failure(exc)] * len(fresh)
         for i, answer in zip(fresh, admitted):
             answers[i] = answer
-        if all(answer is UNAVAILABLE for answer in admitted):
-            self.away_until = time.monotonic() + self.away.next()
-        else:
-            self.away.reset()
         return answers
 
     def _prepare_and_admit(self, batch: list[Job]) -> list[Answer]:
