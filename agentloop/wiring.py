@@ -112,6 +112,7 @@ PLATFORMS = {
     "discord": "conversations.platforms.discord.DiscordPlatform",
     "google_chat": "conversations.platforms.google_chat.GoogleChatPlatform",
     "teams": "conversations.platforms.teams.TeamsPlatform",
+    "email": "conversations.platforms.email.EmailPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every

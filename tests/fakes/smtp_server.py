@@ -1,6 +1,7 @@
-"""A real SMTP server on loopback (aiosmtpd) for the email tool's tests: it records what
-it receives, can refuse a recipient, and can hold the reply to DATA until released (the
-moment a sender that dies cannot know whether its message was accepted)."""
+"""A real SMTP server on loopback (aiosmtpd) for the email tool's and the email platform's
+tests: it records what it receives, can refuse a recipient (550), answer MAIL FROM 421
+(busy) a number of times, and hold the reply to DATA until released (the moment a sender
+that dies cannot know whether its message was accepted)."""
 
 import threading
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ class FakeSMTP:
         self.hold = False
         self.release = threading.Event()
         self.refuse = set()
+        self.busy_next = 0  # MAIL FROMs answered 421 (busy, rate-limited), then accepted
+        self.busy_answered = 0
+        self.refused = []  # the recipients answered 550
         self.connections = 0
         self.port = free_port()
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
@@ -46,8 +50,18 @@ class FakeSMTP:
         session.host_name = hostname
         return responses
 
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        if self.busy_next > 0:
+            self.busy_next -= 1
+            self.busy_answered += 1
+            return "421 4.7.0 Try again later, closing connection"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if address.lower() in self.refuse:
+            self.refused.append(address)
             return "550 5.1.1 no such mailbox"
         envelope.rcpt_tos.append(address)
         return "250 OK"
