@@ -194,17 +194,21 @@ def test_a_confirmation_answered_three_times_is_applied_once(processes, dovecot,
 def test_an_attachment_in_and_a_file_out(processes, dovecot, smtp, tmp_path):
     from tests.support.agents_for_tests import jpeg
 
-    add_channel(processes, dovecot, smtp, agent="echofile")
+    add_channel(processes, dovecot, smtp)
+    Channel.objects.filter(slug="mail1").update(agent="echofile")
     processes.worker(AGENTLOOP_EXTRA_AGENTS="echofile=tests.support.agents_for_tests.EchoFileAgent",
                      AGENTLOOP_MEDIA_ROOT=str(tmp_path / "files"))
     photo = jpeg(3)
     dovecot.deliver(mail(ANA, "mira esta foto y mándame the file", subject="Foto", message_id="<f1@client.test>",
                          attachments=(("foto.jpg", "image/jpeg", photo),)))
-    wait_until(lambda: delivered(1)() and MediaFile.objects.filter(state=MediaState.STORED).exists(), timeout=30,
-               message="the photo stored and the reply delivered")
-    [reply] = to(smtp, ANA)
-    message = message_from_bytes(reply.message.as_bytes(), policy=policy.default)
+    wait_until(lambda: len(to(smtp, ANA)) == 2 and MediaFile.objects.filter(state=MediaState.STORED).exists(),
+               timeout=30, message="the photo stored, the reply and its file mailed")
+    text, upload = to(smtp, ANA)  # the ledger's two chunks: the text, then the file (each its own mail)
+    assert "mira esta foto" in body(text)
+    message = message_from_bytes(upload.message.as_bytes(), policy=policy.default)
     [attached] = list(message.iter_attachments())
-    assert attached.get_filename() == "notes.txt" and b"mira esta foto" in attached.get_content().encode()
-    assert reply.message["In-Reply-To"] == "<f1@client.test>"
-    assert InboundMessage.objects.get().media_type == "photo"
+    assert attached.get_filename() == "notes.txt" and b"mira esta foto" in attached.get_payload(decode=True)
+    assert text.message["In-Reply-To"] == upload.message["In-Reply-To"] == "<f1@client.test>"
+    assert upload.message["Subject"] == "Re: Foto"
+    stored = MediaFile.objects.get()
+    assert InboundMessage.objects.get().media_type == "photo" and stored.state == MediaState.STORED
