@@ -37,6 +37,8 @@ class FakeSMTP:
         self.busy_next = 0  # MAIL FROMs answered 421 (busy, rate-limited), then accepted
         self.busy_answered = 0
         self.refused = []  # the recipients answered 550
+        self.answers = {}  # a command ("MAIL", "RCPT", "DATA") answered with this reply, once
+        self.drop_in_data = False  # the connection closed after the data came, never answered
         self.connections = 0
         self.port = free_port()
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
@@ -51,6 +53,8 @@ class FakeSMTP:
         return responses
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        if "MAIL" in self.answers:
+            return self.answers.pop("MAIL")
         if self.busy_next > 0:
             self.busy_next -= 1
             self.busy_answered += 1
@@ -60,6 +64,8 @@ class FakeSMTP:
         return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if "RCPT" in self.answers:
+            return self.answers.pop("RCPT")
         if address.lower() in self.refuse:
             self.refused.append(address)
             return "550 5.1.1 no such mailbox"
@@ -68,6 +74,11 @@ class FakeSMTP:
 
     async def handle_DATA(self, server, session, envelope):
         self.data_started.set()
+        if self.drop_in_data:
+            server.transport.close()
+            return "250 never heard"
+        if "DATA" in self.answers:
+            return self.answers.pop("DATA")
         if self.hold:
             import asyncio
 

@@ -16,6 +16,7 @@ EXPECTED = {
     "discord": {C.FILES, C.TYPING, C.REACTIONS, C.PREVIEWS, C.EDIT, C.DELETE},
     "google_chat": {C.PREVIEWS, C.EDIT, C.DELETE},  # Chat has no typing; uploads need user auth
     "teams": {C.FILES, C.TYPING, C.PREVIEWS, C.EDIT, C.DELETE},  # files: consent cards in personal chats
+    "email": {C.FILES},  # files: attachments of a mail of their own
 }
 
 

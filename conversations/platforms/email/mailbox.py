@@ -54,7 +54,8 @@ def resume_after(cursor: int | None, validity: int) -> int:
     """The last UID admitted, if the cursor was stored under this UIDVALIDITY; else 0."""
     if cursor is None or cursor >> UID_BITS != validity & 0x7FFFFFFF:
         return 0
-    return cursor & (2**UID_BITS - 1)
+    last: int = cursor & (2**UID_BITS - 1)
+    return last
 
 
 class MailboxRefused(Exception):

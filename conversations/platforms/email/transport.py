@@ -177,7 +177,9 @@ class EmailTransport(Transport):
             if code not in (250, 251):
                 raise smtplib.SMTPRecipientsRefused({recipient: (code, said)})
             exchange.data_began = True
-            server.data(message.as_bytes())
+            code, said = server.data(message.as_bytes())
+            if code != 250:
+                raise smtplib.SMTPDataError(code, said)
         finally:
             try:
                 server.quit()
