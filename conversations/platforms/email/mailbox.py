@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -104,6 +105,22 @@ def connect(channel: Channel) -> IMAPClient:
     return client
 
 
+def closed(client: IMAPClient) -> bool:
+    """Whether the server closed the connection (an IDLE check that came back early and
+    empty: the socket was readable with no whole line in it — its end, or a line's start)."""
+    sock = client.socket()
+    try:
+        sock.setblocking(False)
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        if sock.fileno() != -1:
+            sock.settimeout(DEADLINE)
+
+
 class MailboxSession:
     """One connection, from the login to the drop."""
 
@@ -165,8 +182,8 @@ class MailboxSession:
                 raise ConnectionError("the IMAP server said BYE")
             if any(len(response) > 1 and response[1] in (b"EXISTS", b"RECENT") for response in responses):
                 break
-            if not responses and time.monotonic() - asked < IDLE_SLICE / 2:
-                raise ConnectionError("the IMAP server closed the connection")  # readable, and nothing in it
+            if not responses and time.monotonic() - asked < IDLE_SLICE / 2 and await self.call(closed, client):
+                raise ConnectionError("the IMAP server closed the connection")
         await self.call(client.idle_done)  # (a failed session is dropped as it is: no DONE)
 
     async def close(self) -> None:
