@@ -111,7 +111,8 @@ def closed(client: IMAPClient) -> bool:
     sock = client.socket()
     try:
         sock.setblocking(False)
-        return sock.recv(1, socket.MSG_PEEK) == b""
+        peeked: bytes = sock.recv(1, socket.MSG_PEEK)
+        return peeked == b""
     except BlockingIOError:
         return False
     except OSError:
