@@ -54,6 +54,7 @@ DRAIN_WAIT = 45.0
 # (delivery.ledger.claim_due), so a chat owed more would hold every later row back.
 DRAIN_MOST = 400
 NAME = "platforms"
+GATEWAY_SAYS = "MESSAGE_CREATE over the Gateway into the worker's connection"  # a connection row's push, unless it says
 COMMAND = ".venv/bin/python -m tests.bench platforms"
 # Windows long enough that nothing flushes while a connection platform's burst is measured
 # (its worker runs): what is measured is admission alone, as for the webhooks.
@@ -267,7 +268,9 @@ class Teams(Row):
         return [(c.at, id(c) in refused) for c in self.fake.calls("create")]
 
 
-ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams]  # the first is the reference
+from tests.bench.platforms_email import Email  # noqa: E402 -- its Row subclass needs Row above
+
+ROWS = [Telegram, WhatsApp, Slack, Discord, GoogleChat, Teams, Email]  # the first is the reference
 
 
 def bench_platforms(kit):
@@ -411,7 +414,7 @@ def report(kit, rows, intake, drains):
         rate, runs = intake[row.name]
         how = (f"signed webhook POSTs, 16 clients, median of {len(runs)} x {WINDOW_SECONDS:g} s after a "
                f"{WARMUP}-request warm-up" if row.loadgen_kind else
-               f"MESSAGE_CREATE over the Gateway into the worker's connection, {runs[0]['n']} after a "
+               f"{getattr(row, 'push_says', '') or GATEWAY_SAYS}, {runs[0]['n']} after a "
                f"{WARMUP}-message warm-up, the first tenth not counted")
         errors = sum(r["errors"] for r in runs)
         kit.report(NAME, f"{row.name:<11} inbound {rate:6.0f} accepted/s ({how}; {errors} not accepted) vs "

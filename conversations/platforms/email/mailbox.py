@@ -145,7 +145,10 @@ class MailboxSession:
                 log.info("channel %s: the mailbox's UIDVALIDITY changed; reading it again (what was admitted "
                          "is dropped by the dedup)", self.channel.slug)
             while True:
-                last = await self.catch_up(client, validity, last)
+                # Until a search finds nothing new: mail that arrived while the last batch was
+                # read was announced (EXISTS) in that command's answer, never again in IDLE.
+                while (caught := await self.catch_up(client, validity, last)) != last:
+                    last = caught
                 await self.idle(client)
         finally:
             await self.close()
