@@ -6,8 +6,9 @@ EXAMINE the mailbox (read-only: nothing in it is changed, no mail marked seen) �
 UIDVALIDITY; the mail after the stored cursor's UID fetched (BODY.PEEK[]) in batches,
 each batch admitted and the cursor stored before the next is read; then IDLE until the
 server reports mail (EXISTS), renewed every few minutes (servers drop an IDLE after 30
-and some NATs sooner), and round again. A BYE or a closed socket ends the session: it is
-opened again from the stored cursor.
+and some NATs sooner), and round again — reading until a search finds nothing new first,
+since mail announced while a batch was read is never announced again. A BYE or a closed
+socket ends the session: it is opened again from the stored cursor.
 
 imapclient is blocking: every call of a session runs on the session's one thread, each
 under a deadline (the socket's timeout and an overall one around the call), and IDLE is
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from imapclient import IMAPClient
-from imapclient.exceptions import LoginError
+from imapclient.exceptions import IMAPClientError, LoginError
 
 from agentloop.core.tls import shared_tls_context
 from conversations.models import Channel
@@ -57,6 +58,12 @@ def resume_after(cursor: int | None, validity: int) -> int:
         return 0
     last: int = cursor & (2**UID_BITS - 1)
     return last
+
+
+class Ended(Exception):
+    """The server ended the session (BYE, the socket closed) or left it in a state only a
+    new one mends (mail announced before IDLE's continuation): the session returns, and
+    the runner opens the next one at once (a failure would grow its backoff)."""
 
 
 class MailboxRefused(Exception):
@@ -122,6 +129,21 @@ def closed(client: IMAPClient) -> bool:
             sock.settimeout(DEADLINE)
 
 
+def buffered(client: IMAPClient) -> bool:
+    """Whether a response already waits past IDLE's continuation — Dovecot sends "+ idling"
+    and the new mail's EXISTS in one write, both read into the connection's buffer, where
+    no poll of the socket (idle_check's) can see it."""
+    sock = client.socket()
+    sock.setblocking(False)
+    try:
+        return bool(client._imap.file.peek(1))  # noqa: SLF001 -- imaplib's buffered reader
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    finally:
+        if sock.fileno() != -1:
+            sock.settimeout(DEADLINE)
+
+
 class MailboxSession:
     """One connection, from the login to the drop."""
 
@@ -150,6 +172,8 @@ class MailboxSession:
                 while (caught := await self.catch_up(client, validity, last)) != last:
                     last = caught
                 await self.idle(client)
+        except Ended as ended:  # the session is over as IMAP has it: the next one at once, no backoff
+            log.info("channel %s: %s; connecting again", self.channel.slug, ended)
         finally:
             await self.close()
 
@@ -177,17 +201,25 @@ class MailboxSession:
 
     async def idle(self, client: IMAPClient) -> None:
         """IDLE until the server reports new mail, or it is time to renew it."""
-        await self.call(client.idle)
+        try:
+            await self.call(client.idle)
+        except IMAPClientError as exc:
+            if "Unexpected IDLE response" in str(exc):  # mail announced as IDLE began: read on a new session
+                raise Ended("mail arrived as IDLE began") from None
+            raise
+        if await self.call(buffered, client):  # announced with the continuation: read already, not yet seen
+            await self.call(client.idle_done)
+            return
         began = time.monotonic()
         while time.monotonic() - began < IDLE_RENEW:
             asked = time.monotonic()
             responses = await self.call(client.idle_check, IDLE_SLICE, deadline=IDLE_SLICE + DEADLINE)
             if any(response[0] == b"BYE" for response in responses):
-                raise ConnectionError("the IMAP server said BYE")
+                raise Ended("the IMAP server said BYE")
             if any(len(response) > 1 and response[1] in (b"EXISTS", b"RECENT") for response in responses):
                 break
             if not responses and time.monotonic() - asked < IDLE_SLICE / 2 and await self.call(closed, client):
-                raise ConnectionError("the IMAP server closed the connection")
+                raise Ended("the IMAP server closed the connection")
         await self.call(client.idle_done)  # (a failed session is dropped as it is: no DONE)
 
     async def close(self) -> None:
