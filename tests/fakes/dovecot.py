@@ -137,7 +137,8 @@ class Dovecot:
 
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("DOVECOT_KEEP"):  # its folder (the log) kept for a look
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # --- what a test does to the mailbox --------------------------------------------------
     def client(self) -> IMAPClient:

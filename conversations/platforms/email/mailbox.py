@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 DEADLINE = 30.0  # seconds: any one IMAP command, the connection and login included
 IDLE_SLICE = 2.0  # seconds of IDLE waited per call (how soon an ended session lets go)
 IDLE_RENEW = 8 * 60.0  # seconds: IDLE ended and begun again (RFC 2177: before 29 minutes)
+# For a while after mail came, IDLE is ended this often for a search: a mail that arrives
+# as IDLE begins can go unannounced until the server's own check (Dovecot: 30 s), and
+# mail comes in bursts.
+RECHECK_EVERY, RECHECK_FOR = 2.0, 30.0
 BATCH = 20  # mails fetched and admitted at a time
 MAX_MAIL_BYTES = 25 * 1024 * 1024  # a mail read whole up to this; larger: its headers only
 UID_BITS = 32
@@ -151,6 +155,7 @@ class MailboxSession:
         self.channel, self.cursor, self.receive = channel, cursor, receive
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"imap-{channel.slug}")
         self.client: IMAPClient | None = None
+        self.busy_until = 0.0  # time.monotonic() until which IDLE is ended every RECHECK_EVERY
 
     async def call(self, work: Callable[..., Answer], *args: Any, deadline: float = DEADLINE) -> Answer:
         """One blocking step on the session's thread, under an overall deadline."""
@@ -163,6 +168,7 @@ class MailboxSession:
             selected = await self.call(client.select_folder, str(self.channel.setting("mailbox") or "INBOX"), True)
             validity = int(selected[b"UIDVALIDITY"])
             last = resume_after(self.cursor, validity)
+            self.busy_until = time.monotonic() + RECHECK_FOR  # a new session: mail may be arriving
             if self.cursor is not None and last == 0:
                 log.info("channel %s: the mailbox's UIDVALIDITY changed; reading it again (what was admitted "
                          "is dropped by the dedup)", self.channel.slug)
@@ -197,10 +203,12 @@ class MailboxSession:
             # Admitted and the cursor stored before the next batch is read: only then is it ours.
             await self.receive(mails, cursor_of(validity, batch[-1]))
             last = batch[-1]
+            self.busy_until = time.monotonic() + RECHECK_FOR
         return last
 
     async def idle(self, client: IMAPClient) -> None:
-        """IDLE until the server reports new mail, or it is time to renew it."""
+        """IDLE until the server reports new mail, or it is time to renew it (soon, for a
+        while after mail came: RECHECK_EVERY)."""
         try:
             await self.call(client.idle)
         except IMAPClientError as exc:
@@ -211,7 +219,8 @@ class MailboxSession:
             await self.call(client.idle_done)
             return
         began = time.monotonic()
-        while time.monotonic() - began < IDLE_RENEW:
+        renew = RECHECK_EVERY if began < self.busy_until else IDLE_RENEW
+        while time.monotonic() - began < renew:
             asked = time.monotonic()
             responses = await self.call(client.idle_check, IDLE_SLICE, deadline=IDLE_SLICE + DEADLINE)
             if any(response[0] == b"BYE" for response in responses):
