@@ -116,6 +116,7 @@ PLATFORMS = {
     "messenger": "conversations.platforms.messenger.MessengerPlatform",
     "instagram": "conversations.platforms.messenger.InstagramPlatform",
     "sms": "conversations.platforms.sms.SmsPlatform",
+    "email": "conversations.platforms.email.EmailPlatform",
 }
 # What the layers below ask of the apps above them, by dotted path (agentloop.core.plugins;
 # docs/architecture.md, "Pointing up"). The secrets stored above core, masked in every

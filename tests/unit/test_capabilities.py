@@ -22,6 +22,7 @@ EXPECTED = {
     "messenger": {C.FILES, C.TYPING},
     "instagram": {C.FILES, C.TYPING},  # files by link (public_url), else named under the text
     "sms": {C.FILES},  # MMS (signed links Twilio fetches); SMS has no typing, edits or reactions
+    "email": {C.FILES},  # files: attachments of a mail of their own
 }
 
 

@@ -34,7 +34,8 @@ def test_the_registry_names_every_platform_and_picks_each_transport(make_channel
     assert isinstance(transports.transport_for(make_channel("t", kind="telegram")), TelegramTransport)
     assert {"telegram", "webchat"} <= set(platforms.typing_kinds()) and "api" not in platforms.typing_kinds()
     assert sorted(type(kept).__module__ for kept in platforms.connections()) == [
-        "conversations.platforms.discord.gateway", "conversations.platforms.matrix.sync",
+        "conversations.platforms.discord.gateway", "conversations.platforms.email.mailbox",
+        "conversations.platforms.matrix.sync",
         "conversations.platforms.telegram.polling"]
     with pytest.raises(platforms.UnknownPlatform):
         platforms.get("carrier-pigeon")
