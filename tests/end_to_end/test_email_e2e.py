@@ -163,9 +163,10 @@ def test_storms_bursts_floods_a_restart_of_dovecot_refusals_bounces_and_files(pr
     dovecot.recreate()
     dovecot.deliver(mail(LUIS, "gracias", subject="Re: Consulta", message_id="<b3@client.test>",
                          in_reply_to="<b2@client.test>", references="<b1@client.test> <b2@client.test>"))
-    wait_until(lambda: InboundMessage.objects.filter(platform_message_id="b3@client.test").exists(), timeout=30,
-               message="the mail after the new UIDVALIDITY admitted")
-    assert Channel.objects.get(slug="mail1").poll_offset >> 32 != before >> 32
+    # The cursor is stored after the batch's admission commits: both are waited for.
+    wait_until(lambda: InboundMessage.objects.filter(platform_message_id="b3@client.test").exists()
+               and Channel.objects.get(slug="mail1").poll_offset >> 32 != before >> 32, timeout=30,
+               message="the mail after the new UIDVALIDITY admitted, and the new UIDVALIDITY stored")
     assert InboundMessage.objects.count() == 8  # the seven read again stopped at the dedup
 
 
