@@ -119,8 +119,12 @@ async def apublish(groups: Iterable[str], event: Event) -> None:
 
 
 def _send(items: Items) -> None:
-    if not LAYER.paused():
+    if LAYER.paused():
+        return
+    try:
         async_to_sync(_asend)(items)
+    except Exception as exc:  # the change is committed: whatever failed here, only its live update is lost
+        LAYER.failed(exc)
 
 
 async def _asend(items: Items) -> None:
