@@ -17,11 +17,9 @@ $(VENV)/.installed: requirements.txt
 # one pip run for both files, and no bytecode (pip compiles one file after another, 20 s
 # of a fresh clone's setup; scripts/test.sh and scripts/bench.sh compile the venv on both
 # cores, the tests beside their static checks).
-# With them, the Matrix tests' homeserver in a venv of its own beside (scripts/synapse.sh).
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-synapse.txt
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt -r requirements-dev.txt
-	scripts/synapse.sh >/dev/null
 	@touch $(VENV)/.installed $@
 
 ## make run: set everything up and run the product on SQLite (or DATABASE_URL).

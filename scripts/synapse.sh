@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The Matrix tests' homeserver: matrix-synapse in a venv of its own (.venv/synapse, inside
-# the product's: installed with it by `make test`'s setup, removed with it), from
+# The Matrix tests' homeserver: matrix-synapse in a venv of its own (var/synapse-venv), from
 # requirements-synapse.txt, so its many pins never meet the product's. Idempotent: a venv
 # made from the same requirements is kept (a stamp holds their checksum). Prints the
-# venv's python. Called by the Makefile (the test tools' install), scripts/test.sh and the
-# tests themselves (tests/support/synapse.py) when run alone.
+# venv's python. Called by scripts/test.sh (before the suite) and by the tests themselves
+# (tests/support/synapse.py) when run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${SYNAPSE_VENV:-.venv/synapse}
+venv=${SYNAPSE_VENV:-var/synapse-venv}
 want=$(sha256sum requirements-synapse.txt | cut -d' ' -f1)
 mkdir -p "$(dirname "$venv")"
 # One installer at a time: scripts/test.sh starts one before the suite, and a test

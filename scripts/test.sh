@@ -44,9 +44,8 @@ run_started=$SECONDS
 { $PY -m compileall -q -j 0 -x node_modules agentloop conversations delivery tools audit tests manage.py >/dev/null \
     && $PY -m pytest --collect-only -q -p no:cacheprovider >/dev/null; } &
 warm_up=$!
-# The Matrix tests' homeserver (Synapse in .venv/synapse, from requirements-synapse.txt): the
-# Makefile installs it with the test tools; run without it, installed meanwhile (the tests
-# that start it wait for scripts/synapse.sh's lock).
+# The Matrix tests' homeserver (Synapse in var/synapse-venv, from requirements-synapse.txt):
+# installed meanwhile; the tests that start it wait for this (scripts/synapse.sh's lock).
 scripts/synapse.sh >/dev/null &
 
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
