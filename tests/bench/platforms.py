@@ -332,10 +332,16 @@ def connection_intake(kit, row, burst=CONNECTION_BURST):
         stamps = sorted(admitted.order_by("pk").values_list("received_at", flat=True)[WARMUP:])
     finally:
         kit.stop(proc)
+    rate = admitted_rate(stamps)
+    return rate, [{"rate": rate, "n": burst, "wall": wall, "errors": WARMUP + burst - admitted.count()}]
+
+
+def admitted_rate(stamps):
+    """Messages admitted a second over their `received_at` stamps, the first tenth left out
+    (the steady state, not the start)."""
     skip = len(stamps) // 10
     seconds = (stamps[-1] - stamps[skip]).total_seconds()
-    rate = (len(stamps) - 1 - skip) / seconds if seconds > 0 else 0.0
-    return rate, [{"rate": rate, "n": burst, "wall": wall, "errors": WARMUP + burst - admitted.count()}]
+    return (len(stamps) - 1 - skip) / seconds if seconds > 0 else 0.0
 
 
 def paced_drains(kit, rows):

@@ -1,10 +1,10 @@
 """Helpers for the SMS (Twilio) tests: a channel pointed at the local fake Twilio API,
 its public base URL the one Twilio is said to call (the signature covers it)."""
 
-import asyncio
 
 from conversations.platforms.sms.transport import close_clients
 from tests.fakes.twilio_api import ACCOUNT_SID, AUTH_TOKEN, BENCH_PUBLIC, FROM  # noqa: F401  (BENCH_PUBLIC: the bench's)
+from tests.support.loops import run_then_close
 
 PUBLIC = "https://sms.example.com"  # behind a proxy: the address Twilio calls, not the one the process sees
 
@@ -23,10 +23,4 @@ def sms_channel(make_channel, fake, slug="sms", public_base=PUBLIC, **fields):
 
 def run(coro):
     """Run a transport's coroutine, then close the SMS clients it opened on that loop."""
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, close_clients)

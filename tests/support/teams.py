@@ -1,10 +1,10 @@
 """Helpers for the Teams tests: a channel pointed at the local fakes (identity provider,
 token endpoint, Bot Connector), its app id the fake's."""
 
-import asyncio
 
 from conversations.platforms.teams.transport import close_clients
 from tests.fakes.teams_api import APP_ID, APP_PASSWORD, TENANT
+from tests.support.loops import run_then_close
 
 
 def teams_settings(fake, **overrides):
@@ -22,10 +22,4 @@ def teams_channel(make_channel, fake, slug="teams", settings=None, **fields):
 
 def run(coro):
     """Run a transport's coroutine, then close the Teams clients it opened on that loop."""
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, close_clients)

@@ -5,7 +5,6 @@ redeliveries, what is only acknowledged, bad bodies), the settings; the transpor
 outcomes against the fake Chat API and token endpoint over real HTTP, and the fake's
 write quota. End to end (the real web server and worker): test_google_chat_e2e.py."""
 
-import asyncio
 import json
 from datetime import timedelta
 
@@ -20,6 +19,7 @@ from delivery.transports import Target
 from tests.fakes import google_chat_api as chat
 from tests.fakes.google_chat_api import DM_SPACE, PROJECT_NUMBER, ROOM, FakeGoogleChat, Signer
 from tests.support.google_chat import google_chat_channel
+from tests.support.loops import run_then_close
 
 URL = "/webhooks/google_chat/gc/"
 
@@ -198,13 +198,7 @@ def test_settings_check_the_key_and_the_audience(fake_chat):
 
 
 def run(coro):
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, close_clients)
 
 
 def send(channel, text="hola", **target):

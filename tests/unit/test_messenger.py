@@ -5,7 +5,6 @@ reactions, quick replies), and the transport against the local fake Send API ove
 HTTP: each Graph error code's outcome and its path through the ledger, the 24-hour
 window and its message tag, quick replies, typing and mark_seen, files."""
 
-import asyncio
 import json
 
 import pytest
@@ -21,6 +20,7 @@ from delivery.transports import Target
 from tests.fakes import graph_api
 from tests.fakes import graph_messenger as fb
 from tests.fakes.graph_messenger import FakeMetaGraph
+from tests.support.loops import run_then_close
 from tests.support.messenger import (
     APP_SECRET,
     IG,
@@ -63,13 +63,7 @@ def body(*events, kind="messenger"):
 
 def run(coro):
     """On an event loop of its own, whose Graph client is closed before it ends."""
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await meta.close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, meta.close_clients)
 
 
 def transport(channel):

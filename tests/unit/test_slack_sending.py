@@ -5,7 +5,6 @@ question's buttons on the interactivity URL (decided once, the question updated)
 
 The request URL's checks and parsing are in test_slack.py; end to end in test_slack_e2e.py."""
 
-import asyncio
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from delivery.models import Outcome
 from delivery.transports import Target
 from tests.fakes import slack_api
 from tests.fakes.slack_api import BOT_USER, FakeSlackAPI
+from tests.support.loops import run_then_close
 from tests.support.slack import CHANNEL, DM, TOKEN, USER, signed_post, slack_channel, slack_settings
 
 
@@ -34,13 +34,7 @@ def sl(make_channel, fake_slack):
 
 
 def run(coro):
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, close_clients)
 
 
 def test_a_reply_goes_into_the_thread_and_returns_its_ts(sl, fake_slack):

@@ -5,7 +5,6 @@ splitting, typing), delivery receipts, the platform's settings and addchannel.
 
 End-to-end runs with the real web server and worker are in test_whatsapp_e2e.py."""
 
-import asyncio
 import json
 
 import pytest
@@ -25,6 +24,7 @@ from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcom
 from delivery.transports import Target
 from tests.fakes import graph_api
 from tests.fakes.graph_api import FakeGraphAPI
+from tests.support.loops import run_then_close
 from tests.support.whatsapp import (
     APP_SECRET,
     PHONE,
@@ -321,13 +321,7 @@ def transport(channel):
 
 def run(coro):
     """On an event loop of its own, whose Graph client is closed before it ends."""
-    async def then_close():
-        try:
-            return await coro
-        finally:
-            await close_clients()
-
-    return asyncio.run(then_close())
+    return run_then_close(coro, close_clients)
 
 
 def test_a_reply_threads_to_the_message_and_returns_the_wamid(wa, fake_graph):
