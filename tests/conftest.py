@@ -3,7 +3,6 @@ database, and the local fake Telegram Bot API server."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from django.db import connection
 
 from conversations.models import AgentKey, Channel, WorkerHeartbeat
 from tests.support import flush, local_http
+from tests.support.ports import free_port
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -542,12 +542,6 @@ def at_once(*calls, timeout=60.0):
     if errors:
         raise errors[0]
     return results
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def database_url():

@@ -36,6 +36,7 @@ import json
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -64,7 +65,7 @@ class Call:
     path: str
     query: dict[str, str]
     body: dict[str, Any]
-    at: float  # time.monotonic()
+    at: float  # the fake's clock (time.monotonic() unless a test stops it)
 
 
 @dataclass
@@ -130,10 +131,12 @@ class Signer:
 
 
 class FakeGoogleChat(FakeServer):
-    def __init__(self, *, per_minute: int = PER_MINUTE, space_interval: float = SPACE_INTERVAL) -> None:
+    def __init__(self, *, per_minute: int = PER_MINUTE, space_interval: float = SPACE_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self._state = _State()
         self.per_minute, self.space_interval = per_minute, space_interval
+        self.clock = clock  # the quotas' time: a test that counts sends in a window stops it
         self.media_delay = 0.0  # seconds before a download's bytes start
         self.chat_signer = Signer(CHAT_ISSUER, standing=True)
         self.google_signer = Signer("accounts.google.com", standing=True)
@@ -253,7 +256,7 @@ class FakeGoogleChat(FakeServer):
             found = self._state.media.get(resource)
             valid = token in self._state.tokens
             call = Call("download", token, resource, query, {"served": valid and found is not None
-                                                             and query.get("alt") == "media"}, time.monotonic())
+                                                             and query.get("alt") == "media"}, self.clock())
             self._state.calls.append(call)
             self._cond.notify_all()
         if not valid:
@@ -278,7 +281,7 @@ class FakeGoogleChat(FakeServer):
         except (ValueError, KeyError) as exc:
             return 400, {"error": "invalid_grant", "error_description": f"Invalid JWT: {exc}"}, {}
         with self._cond:
-            self._state.calls.append(Call("token", "", "/token", {}, {"iss": claims["iss"]}, time.monotonic()))
+            self._state.calls.append(Call("token", "", "/token", {}, {"iss": claims["iss"]}, self.clock()))
             if claims["iss"] in self._state.revoked:
                 return 400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}, {}
             token = "ya29." + secrets.token_urlsafe(24)
@@ -296,7 +299,7 @@ class FakeGoogleChat(FakeServer):
             {"PATCH": "patch", "DELETE": "delete"}.get(verb, "") if "/messages/" in name else ""
         if not method:
             return 404, _error(404, "NOT_FOUND", "Method not found."), {}
-        call = Call(method, token, name, query, body, time.monotonic())
+        call = Call(method, token, name, query, body, self.clock())
         with self._cond:
             if token not in self._state.tokens:
                 self._state.calls.append(call)

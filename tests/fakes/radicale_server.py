@@ -24,11 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 class RadicaleServer:

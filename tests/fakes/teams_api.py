@@ -48,6 +48,7 @@ import re
 import secrets
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -86,7 +87,7 @@ class Call:
     conversation: str
     activity_id: str  # the path's: replied to (create) or changed (update, delete)
     body: dict[str, Any]
-    at: float  # time.monotonic()
+    at: float  # the fake's clock (time.monotonic() unless a test stops it)
     service: str = ""  # the serviceUrl it was called on: "" the root, else its region ("amer")
 
 
@@ -145,10 +146,14 @@ class Signer:
 
 class FakeTeams(FakeServer):
     def __init__(self, *, thread_limits: tuple[tuple[int, float], ...] = THREAD_LIMITS,
-                 bot_per_second: int = BOT_PER_SECOND) -> None:
+                 bot_per_second: int = BOT_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self._state = _State()
         self.thread_limits, self.bot_per_second = thread_limits, bot_per_second
+        # The limits' time: a test that counts sends in a window stops it, so a slow
+        # machine does not spread eight sends over more than Teams' one second.
+        self.clock = clock
         self.signer = Signer("botframework")
         self.apps = {APP_ID: APP_PASSWORD}
         self._ids = itertools.count(1_700_000_000_000)
@@ -255,7 +260,7 @@ class FakeTeams(FakeServer):
     def _token(self, form: dict[str, str]) -> tuple[int, dict[str, Any], dict[str, str]]:
         with self._cond:
             self._state.calls.append(Call("token", "", "", "", {"client_id": form.get("client_id", ""),
-                                                                "scope": form.get("scope", "")}, time.monotonic()))
+                                                                "scope": form.get("scope", "")}, self.clock()))
             self._cond.notify_all()
             if form.get("grant_type") != "client_credentials":
                 return 400, {"error": "unsupported_grant_type"}, {}
@@ -358,7 +363,7 @@ class FakeTeams(FakeServer):
         except (ValueError, KeyError, TypeError):
             return 400, _error("BadArgument", "members and bot are required"), {}
         with self._cond:
-            self._state.calls.append(Call("conversation", token, "", "", body, time.monotonic(), region))
+            self._state.calls.append(Call("conversation", token, "", "", body, self.clock(), region))
             self._cond.notify_all()
             if token not in self._state.tokens:
                 return 401, _error("Unauthorized", "Authorization has been denied for this request."), {}
@@ -389,7 +394,7 @@ class FakeTeams(FakeServer):
                   "PUT": "update", "DELETE": "delete"}.get(verb, "")
         if not method or (method in ("update", "delete") and not activity_id):
             return 405, _error("MethodNotAllowed", "method not allowed"), {}
-        call = Call(method, token, conversation, activity_id, body, time.monotonic(), region)
+        call = Call(method, token, conversation, activity_id, body, self.clock(), region)
         with self._cond:
             self._state.calls.append(call)
             self._cond.notify_all()

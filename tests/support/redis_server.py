@@ -8,11 +8,7 @@ import time
 
 import pytest
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def _ping(port):
@@ -31,7 +27,7 @@ def redis_url(tmp_path):
     if not binary:
         pytest.fail("redis-server is missing: run scripts/system-deps.sh as root (apt-get install redis-server)",
                     pytrace=False)
-    port = _free_port()
+    port = free_port()
     workdir = tmp_path / "redis"
     workdir.mkdir()
     log_path = workdir / "redis.log"

@@ -2,13 +2,14 @@
 moto.server`), speaking S3's HTTP protocol on loopback, driven by the real boto3 through
 django-storages. One bucket, created empty; stopped after the test."""
 
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 import pytest
+
+from tests.support.ports import free_port
 
 BUCKET = "agentloop-test-files"
 KEY_ID, SECRET = "AKIDTESTAGENTLOOP", "test-secret-access-key-0123456789"
@@ -41,12 +42,6 @@ class S3:
                     "bucket_name": self.bucket, "endpoint_url": self.endpoint, "region_name": "us-east-1",
                     "access_key": KEY_ID, "secret_key": SECRET, "default_acl": None}},
                 "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

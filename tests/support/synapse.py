@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tests.support.s3_server import free_port
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_NAME = "agentloop.test"

@@ -241,6 +241,7 @@ def test_each_chat_api_error_maps_to_its_outcome(gc, fake_chat, status, retry_af
 
 
 def test_the_fakes_per_space_quota_answers_429_and_is_a_flood(gc, fake_chat):
+    fake_chat.clock = lambda: 1000.0  # the sends in one instant, however slow the machine
     assert send(gc).ok
     second = send(gc)
     assert second.outcome == Outcome.FLOOD and "RESOURCE_EXHAUSTED" in second.error
@@ -248,7 +249,7 @@ def test_the_fakes_per_space_quota_answers_429_and_is_a_flood(gc, fake_chat):
 
 
 def test_the_fakes_per_minute_quota_answers_429(make_channel):
-    with FakeGoogleChat(per_minute=2, space_interval=0.0) as fake:
+    with FakeGoogleChat(per_minute=2, space_interval=0.0, clock=lambda: 1000.0) as fake:
         channel = google_chat_channel(make_channel, fake)
         assert send(channel).ok and send(channel, chat_id=DM_SPACE).ok
         assert send(channel, chat_id="spaces/THIRD").outcome == Outcome.FLOOD
