@@ -1,8 +1,15 @@
 """A transport's coroutine run from a synchronous test: on an event loop of its own, the
 platform's HTTP clients opened on that loop closed before the loop ends (a client left
-open on a closed loop fails the next use of it)."""
+open on a closed loop fails the next use of it).
 
-import asyncio
+Through asgiref's `async_to_sync`, not `asyncio.run`: the coroutine's database calls
+(`sync_to_async`, thread-sensitive, as the ledger's are) then run on the test's own
+thread, on its connection and inside its transaction. On a thread of their own they
+opened a second connection, and on SQLite its first write waited for the test's
+transaction to let go of the write lock: 30 s, then the send failed ("no send slot could
+be reserved": a paced send woken late by a starved machine takes a fresh slot, a write)."""
+
+from asgiref.sync import async_to_sync
 
 
 def run_then_close(coro, close_clients):
@@ -13,4 +20,4 @@ def run_then_close(coro, close_clients):
         finally:
             await close_clients()
 
-    return asyncio.run(then_close())
+    return async_to_sync(then_close)()
