@@ -55,6 +55,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", "-b", default="127.0.0.1")
     parser.add_argument("--port", "-p", type=int, default=8000)
     parser.add_argument("--access-log", action="store_true", help="a line per request (URLs masked)")
+    parser.add_argument("--nice", type=int, default=0, help="added to the process's niceness before any thread starts")
     return parser.parse_args(argv)
 
 
@@ -68,6 +69,9 @@ def trusted_proxies() -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     options = arguments(argv)
+    if options.nice:
+        # Before uvicorn or Django start a thread: a thread takes its creator's niceness.
+        os.nice(options.nice)
     logging.getLogger("uvicorn.access").addFilter(MaskedAccessLine())
     proxies = trusted_proxies()
     uvicorn.run(

@@ -3,7 +3,7 @@ same run. Real processes (the web server, the worker loop), a real database (SQL
 var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP.
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
-        [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]] [platforms]
+        [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]] [platforms] [spike [--seconds N]]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
@@ -15,6 +15,8 @@ Slack (tests/bench/slack.py): signed Events API requests acknowledged per second
 Platforms (tests/bench/platforms.py): per platform, accepted inbound messages/s and the paced drain
 into one chat against its fake's limits, each beside Telegram's.
 Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
+The spike (tests/bench/spike.py): back-to-back 20 s windows of the peer benchmark's load for 3 minutes
+on each database, each window's rate and POST p99 beside the first's.
 Grown (tests/bench/grown.py): ingest, flush, the story page, the admin and the dashboard on a database
 pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one; `grown-pages`: its pages alone.
 """
@@ -669,6 +671,14 @@ def slack():
     bench_slack(report, web_server, worker, stop, UNPACED)
 
 
+def spike(seconds):
+    def run():
+        from tests.bench.spike import bench_spike
+
+        bench_spike(report, seconds)
+    return run
+
+
 def platforms():
     from tests.bench.platforms import bench_platforms
 
@@ -678,7 +688,8 @@ def platforms():
 BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album, "flush": bench_flush, "turns": bench_turns, "recovery": bench_recovery,
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
-              "retention": retention, "grown": grown, "sustained": sustained(None), "platforms": platforms}
+              "retention": retention, "grown": grown, "sustained": sustained(None), "platforms": platforms,
+              "spike": spike(None)}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 SUSTAINED_SECONDS_IN_FULL_RUN = 120  # per database; 10 minutes when named
 
@@ -690,7 +701,8 @@ def main(args):
         seconds, args = int(args[at + 1]), args[:at] + args[at + 2:]
     names = args
     benchmarks = {**BENCHMARKS, "soak": soak(seconds or (None if "soak" in names else SOAK_SECONDS_IN_FULL_RUN)),
-                  "sustained": sustained(seconds or (None if "sustained" in names else SUSTAINED_SECONDS_IN_FULL_RUN))}
+                  "sustained": sustained(seconds or (None if "sustained" in names else SUSTAINED_SECONDS_IN_FULL_RUN)),
+                  "spike": spike(seconds)}
     if "grown-pages" in names:  # part of `grown`: named only
         benchmarks["grown-pages"] = grown_pages
     setup_django()
