@@ -214,9 +214,10 @@ class Agentloop(System):
 @contextmanager
 def redis_server():
     """A throwaway redis-server (no persistence), its URL."""
-    from tests.support.redis_server import _free_port, _ping
+    from tests.support.ports import free_port
+    from tests.support.redis_server import _ping
 
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="agentloop-peer-redis-") as workdir, \
             open(LOGS / "peer-redis-server.log", "wb") as log:
         proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
