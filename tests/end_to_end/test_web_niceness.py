@@ -19,7 +19,10 @@ def niceness_of_threads(pid) -> set[int]:
     """The niceness of each thread of `pid` (/proc/<pid>/task/<tid>/stat, field 19)."""
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        stat = (task / "stat").read_text()
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # a thread that ended since the listing (a pool's, done)
+            continue
         found.add(int(stat[stat.rindex(")") + 2:].split()[16]))
     return found
 
