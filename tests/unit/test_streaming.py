@@ -75,7 +75,11 @@ def test_a_provider_error_or_a_stream_cut_short_is_agent_unavailable(fake):
                     asyncio.get_running_loop().call_later(0.1, fake.stop)  # the connection dies mid-stream
         return got
 
-    assert asyncio.run(cut()) == ["uno "]
+    got = asyncio.run(cut())
+    # Cut 0.1 s after the first of six words paced 0.3 s apart: on a starved machine (the
+    # backfill's idle priority) the cut once landed after the second. What is promised:
+    # the words before the cut, then AgentUnavailable, never the whole answer.
+    assert got[0] == "uno " and len(got) < 6 and "".join(got) == "uno dos tres cuatro cinco seis"[:len("".join(got))]
 
 
 def test_stream_false_asks_for_whole_answers(fake):
