@@ -213,7 +213,10 @@ def test_a_streamed_reply_is_one_message_edited_into_the_final_with_status_react
                                                                                          people):
     bot, ana, _ = people
     add_channel(processes, synapse_server, bot)
-    Channel.objects.filter(slug="mx1").update(agent_config={"stream_pace": 0.1}, status_reaction="seen_done")
+    # Fifteen words 0.25 s apart: about 3.7 s of stream against PREVIEW_INTERVAL's 1 s, so
+    # the preview is edited before the final however late its first send (at 0.1 s apart,
+    # 1.5 s in all, a first send half a second late left only the final's edit, once).
+    Channel.objects.filter(slug="mx1").update(agent_config={"stream_pace": 0.25}, status_reaction="seen_done")
     processes.worker()
     wait_until(connected(), timeout=30, message="the first sync's position stored")
     [room] = rooms_with_bot(ana, bot, DIRECT)
