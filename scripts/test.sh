@@ -75,16 +75,18 @@ idle_priority() {  # a process id: it and the processes it starts from now on
 # is printed at the end.
 {
   idle_priority "$BASHPID"  # before the first check starts: they inherit it
-  status=0
-  echo "=== ruff (lint + import order; ruff.toml) ==="
-  $PY -m ruff check . || status=1
-  echo "=== import layers (lint-imports; .importlinter) ==="
-  .venv/bin/lint-imports || status=1
-  echo "=== types (mypy; mypy.ini) ==="
-  scripts/types.sh || status=1
-  echo "=== docs (mkdocs build --strict) ==="
-  scripts/docs.sh || status=1
-  echo "=== checks: done $(( SECONDS - run_started )) s after the start (at idle priority, beside the tests) ==="
+  status=0 failed=()
+  check() {  # a name, then its command: a failure is named with its exit status, however quietly it failed
+    local name=$1 rc; shift
+    echo "=== $name ==="
+    "$@"; rc=$?
+    [ "$rc" = 0 ] || { status=1; failed+=("$name: exit $rc"); }
+  }
+  check "ruff (lint + import order; ruff.toml)" $PY -m ruff check .
+  check "import layers (lint-imports; .importlinter)" .venv/bin/lint-imports
+  check "types (mypy; mypy.ini)" scripts/types.sh
+  check "docs (mkdocs build --strict)" scripts/docs.sh
+  echo "=== checks: done $(( SECONDS - run_started )) s after the start (at idle priority, beside the tests)${failed[*]:+; failed: ${failed[*]}} ==="
   exit $status
 } >"$logs/checks.log" 2>&1 &
 checks=$!
@@ -239,8 +241,10 @@ if [ -n "$backfill" ]; then
   cat "$logs/postgres-unit.log"
   echo "=== backfill: waited $(( SECONDS - backfill_started )) s for it after the alone phase ==="
 fi
-wait "$checks" || status=1
+wait "$checks"; checks_rc=$?
 cat "$logs/checks.log"
+# Named even when the log says nothing of it (once a run's checks printed clean and exited 1).
+[ "$checks_rc" = 0 ] || { echo "=== the checks exited $checks_rc ==="; status=1; }
 checks=""
 
 sqlite_status=$(pass_status "$(pass_status "$sqlite_concurrent" "$sqlite_unit")" "$(pass_status "$sqlite_timed" "$sqlite_alone")")
