@@ -24,8 +24,10 @@ SUPERVISE_EVERY = 5.0
 
 
 def wanted_connections() -> dict[int, Connection]:
-    """Every channel to poll or keep a connection open for, with its platform's connection."""
-    return {channel_id: kept for kept in platforms.connections() for channel_id in kept.channel_ids()}
+    """Every channel to poll or keep a connection open for, with its platform's connection
+    (asked of the platforms that have an active channel only)."""
+    kinds = set(Channel.objects.filter(is_active=True).order_by().values_list("kind", flat=True).distinct())
+    return {channel_id: kept for kept in platforms.connections(kinds) for channel_id in kept.channel_ids()}
 
 
 class Polling:
