@@ -89,7 +89,10 @@ def test_storms_bursts_floods_a_restart_of_dovecot_refusals_bounces_and_files(pr
                                                                               tmp_path):
     from tests.support.agents_for_tests import jpeg
 
-    add_channel(make_channel, dovecot, smtp, agent="echofile", window=2.0)
+    # A window longer than the mailbox's recheck (RECHECK_EVERY, 2 s): a mail that lands as
+    # IDLE begins is seen at the next recheck, so the burst's two deliveries can be seen that
+    # far apart (once, at 2.0 s, under load: Ana's burst answered in two replies).
+    add_channel(make_channel, dovecot, smtp, agent="echofile", window=4.0)
     processes.worker(AGENTLOOP_EXTRA_AGENTS="echofile=tests.support.agents_for_tests.EchoFileAgent",
                      AGENTLOOP_MEDIA_ROOT=str(tmp_path / "files"))
     # A storm: the same mail three times (as a client's resend, a re-fetch after a reconnect).
