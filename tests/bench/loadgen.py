@@ -125,10 +125,11 @@ def bodies(kind, secret, conversations, photo=False):
     raise SystemExit(f"unknown --kind {kind}")
 
 
-async def client(host, port, path, headers, bodies, statuses, latencies, paced=None):
+async def client(host, port, path, headers, bodies, statuses, latencies, paced=None, answered_at=None):
     """One keep-alive connection POSTing `bodies` (any iterable: each bytes, or its own
     header lines and the bytes) one after the other; how many it sent. `paced`: {"due": [monotonic time per body], "records": list} to send each
-    body no earlier than its time and note (due, lag, latency, status) for each."""
+    body no earlier than its time and note (due, lag, latency, status) for each.
+    `answered_at`: a list given the monotonic time each POST was answered (None where it was refused)."""
     reader, writer = await asyncio.open_connection(host, port)
     sent = 0
     for k, body in enumerate(bodies):
@@ -151,6 +152,8 @@ async def client(host, port, path, headers, bodies, statuses, latencies, paced=N
         statuses[int(status_line.split()[1])] += 1
         if paced is not None:
             paced["records"].append((paced["due"][k], lag, latencies[-1], int(status_line.split()[1])))
+        if answered_at is not None:
+            answered_at.append(time.monotonic() if int(status_line.split()[1]) < 300 else None)
         sent += 1
     writer.close()
     return sent
@@ -216,14 +219,16 @@ async def main(args):
         body = bodies(args.kind, args.secret, args.conversations, args.photo)
         made = [body(args.offset + i) for i in range(args.n)]
         slices = [made[c::args.concurrency] for c in range(args.concurrency)]
+    accepted_at = [[] for _ in range(args.concurrency)]  # per client, each POST's answer time (--accepted-at)
     per_client = await asyncio.gather(*(client(url.hostname, url.port, url.path, headers, s, statuses, latencies,
-                                               paced[c]) for c, s in enumerate(slices)))
+                                               paced[c], accepted_at[c] if args.accepted_at else None)
+                                        for c, s in enumerate(slices)))
     seconds, sent = time.perf_counter() - started, sum(statuses.values())
     ok = sum(v for k, v in statuses.items() if k < 300)
     print(json.dumps({"n": sent, "seconds": seconds, "rate": ok / seconds, "errors": sent - ok,
                       "statuses": dict(statuses), "p50_ms": percentile_ms(latencies, 50),
                       "p99_ms": percentile_ms(latencies, 99), "began": began, "ended": time.monotonic(),
-                      "per_client": per_client,
+                      "per_client": per_client, **({"accepted_at": accepted_at} if args.accepted_at else {}),
                       **(paced_figures(records, began, args) if args.rate else {})}))
 
 
@@ -247,6 +252,8 @@ if __name__ == "__main__":
     parser.add_argument("--lead-in", type=float, default=0.0,
                         help="paced: the first seconds of schedule are one figure of their own (\"lead_in\"), "
                              "the buckets start after them")
+    parser.add_argument("--accepted-at", action="store_true",
+                        help="print each POST's answer time too (monotonic, per client, in order; None if refused)")
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=200)

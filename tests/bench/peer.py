@@ -47,6 +47,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.bench.loadgen import percentile
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 PEER_DIR = Path(__file__).resolve().parent / "peer"
 LOGS = BASE_DIR / "var" / "bench-logs"
@@ -60,6 +62,8 @@ CONCURRENCY = 16
 ONE_CHAT_EACH = 10 ** 9  # loadgen's --conversations: chat = 1_000_000 + i, never reused
 AFTER_RESTART = 20.0  # seconds a restarted system gets to answer the killed burst (windows <= 4 s)
 ANSWER_TIMEOUT = 300.0
+SPIKE_LATER = 5.0  # seconds after the load stopped: the share answered by then (issue 57's table)
+SPIKE_ANSWER_WITHIN = 5.0  # seconds: every accepted message answered within this of its acceptance (issue 57)
 
 
 # --- the peer ----------------------------------------------------------------------------
@@ -326,11 +330,12 @@ def exactly_once(answered):
 
 
 def sustained(system, fake, offset, seconds):
-    """The steady state: `seconds` of load, its replies competing with the intake for the
-    same cores. Accepted POSTs/s and their latencies over the window, the replies that
-    reached the Bot API within it (and how many were still owed when it ended), then every
-    message answered exactly once however long the rest takes."""
-    run = post_for(system, seconds, offset)
+    """The steady state (issue 57's spike): `seconds` of load, its replies competing with
+    the intake for the same cores. Accepted POSTs/s and their latencies over the window,
+    the replies that reached the Bot API within it (and how many were still owed when it
+    ended), what a person waited (`waits`), then every message answered exactly once
+    however long the rest takes."""
+    run = load(system, offset, "--seconds", str(seconds), "--accepted-at")
     wanted = sent_chats(run, offset)
     window = run["ended"] - run["began"]
     in_window = sum(1 for call in fake.calls("sendMessage", token=system.token)
@@ -341,7 +346,27 @@ def sustained(system, fake, offset, seconds):
     answered = replies(fake, system.token, wanted)
     return {"rate": run["rate"], "p50": run["p50_ms"], "p99": run["p99_ms"], "errors": run["errors"],
             "seconds": window, "replies_rate": in_window / window, "owed_at_end": len(wanted) - in_window,
-            "drained": drained, **exactly_once(answered)}
+            "drained": drained, "waits": waits(run, fake, system.token, offset), **exactly_once(answered)}
+
+
+def waits(run, fake, token, offset):
+    """What a person waited in the spike: from the moment their message's POST was answered
+    (the platform holds it) to their reply's sendMessage at the Bot API, per accepted
+    message; and the share answered when the load stopped and SPIKE_LATER seconds after."""
+    accepted = {str(1_000_000 + offset + c + k * CONCURRENCY): at
+                for c, times in enumerate(run["accepted_at"]) for k, at in enumerate(times) if at is not None}
+    first = {}
+    for call in fake.calls("sendMessage", token=token):
+        chat = str(call.params.get("chat_id"))
+        if chat in accepted:
+            first[chat] = min(call.at, first.get(chat, call.at))
+    waited = sorted(first[chat] - at for chat, at in accepted.items() if chat in first)
+    ended, total = run["ended"], max(len(accepted), 1)
+    return {"accepted": len(accepted), "answered": len(waited),
+            "at_end": sum(1 for at in first.values() if at <= ended) / total,
+            "later": sum(1 for at in first.values() if at <= ended + SPIKE_LATER) / total,
+            "p50": percentile(waited, 50), "p99": percentile(waited, 99), "max": waited[-1] if waited else None,
+            "within": sum(1 for wait in waited if wait <= SPIKE_ANSWER_WITHIN) / total}
 
 
 def survives_sigkill(system, fake, offset):
