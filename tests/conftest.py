@@ -54,6 +54,7 @@ SERIAL = {
     "tests/end_to_end/test_faults_database.py": "log lines per second and seconds to recover during database faults",
     "tests/end_to_end/test_web_outage.py": "503s logged at most twice, admission within 10 s of the return",
     "tests/end_to_end/test_cluster_faults.py": "take-over seconds and messages/s; namespaces on fixed addresses",
+    "tests/end_to_end/test_failover.py": "seconds to accept again after a failover (15 s at most); namespaces on fixed addresses",
     # A real Synapse beside the worker: its 429's retry_after_ms waited out, typing seen while
     # a turn runs, a restart mid-burst. In the busy phase, at load 13, the reactions' test
     # once saw its third reaction's outcome left as stored (both passes, one run of three).
@@ -123,6 +124,11 @@ ALONE = {
                     "test_a_worker_killed_on_another_host_is_taken_over_within_seconds")},
     "tests/end_to_end/test_web_outage.py": "the database away under the web server; seconds to admit again",
     "tests/end_to_end/test_cluster_faults.py": "network namespaces, links cut, hosts killed",
+    # In the PostgreSQL pass's fault chain (85-90 s), which stays shorter than the SQLite
+    # pass's browser chain beside it, so the phase is no longer. Not in the busy phase any
+    # more: there, at load 12-13, a link cut's failover was accepting again after 24.8 s
+    # (its bound 15 s; 11.7-12.2 s measured on a quieter machine), once in three runs.
+    "tests/end_to_end/test_failover.py": "a primary SIGKILLed and a link cut; seconds to accept again",
     # Not test_pgbouncer.py (a pooler of its own in front of the suite's server, bounds of
     # 15-60 s) nor test_database_deadline.py (a silent socket of its own, refused within 5 s
     # in 2.7): they cut nothing shared and run in the serial phase. Nor test_faults_database.py's
@@ -340,9 +346,6 @@ LONGEST = {
     "tests/end_to_end/test_schedules.py::test_two_workers_send_two_hundred_reminders_due_at_once_each_once": "12 s",
     "tests/end_to_end/test_input_bounds.py::test_unknown_slugs_do_not_grow_the_web_process": "12 s",
     "tests/end_to_end/test_limits.py::test_over_the_hours_turns_one_notice_no_turns_until_the_reset": "12 s",
-    # Not serial (it kills and cuts only its own hosts, and its bound is Patroni's: 15 s, met
-    # in 11.2-11.5 s on a machine at load 6-7): in the busy phase, started first.
-    "tests/end_to_end/test_failover.py::test_the_database_fails_over_and_back_under_load": "85-90 s",
     "tests/end_to_end/test_quiet_idle.py::test_idle_product_runs_its_sweeps_without_a_log_line":
         "41 s, most of it waiting on django-q2's first scheduler round",
     # Migrations run backwards and forwards (Django renders the project's state at every

@@ -108,7 +108,7 @@ def test_the_database_fails_over_and_back_under_load(cluster, bot_api, tmp_path,
     assert figures["failovers"][0]["rejoined_after"] is not None, figures["failovers"]
     for failover in figures["failovers"]:
         assert failover["promoted"] == failover["to"], figures["failovers"]
-        assert failover["accepting_again_after"] <= ACCEPT_AGAIN_TARGET, figures["failovers"]
+        assert failover["accepting_again_after"] <= ACCEPT_AGAIN_TARGET, json.dumps(figures["failovers"])
         assert failover["failed_posts"] > 0, "the fault failed no POST: the test proved nothing"
 
 
