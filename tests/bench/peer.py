@@ -109,6 +109,7 @@ class System:
     session's process group kills every one of them at once, as a power cut would."""
 
     name = "system"
+    window = 0.0  # seconds a message waits by design before its reply (the debounce)
     hook_path = ""
 
     def __init__(self, token, log_name):
@@ -166,6 +167,8 @@ class Peer(System):
         super().__init__(token, f"peer-{state}")
         self.api_url, self.state, self.redis_url, self.debounce_ms = api_url, state, redis_url, debounce_ms
         self.name = f"Chat SDK 4.41 burst, {state} state"
+        self.window = (debounce_ms if debounce_ms is not None else 1500) / 1000  # the SDK's burst debounce
+
 
     def command(self, port):
         return ["node", str(PEER_DIR / "bot.mjs")]
@@ -186,6 +189,9 @@ class Agentloop(System):
         super().__init__(token, f"peer-agentloop-{label}")
         self.database_url = database_url
         self.name = f"agentloop (make run, {label})"
+        # The load's messages end in a conjunction ("mensaje N y"): each waits the channel's
+        # open window, 4 s by default (a person who writes "and" has more to say).
+        self.window = 4.0
         self.database = label
         self.manage("migrate", "--verbosity", "0")
         self.manage("addchannel", "bench-peer", "--kind", "telegram", "--token", token, "--secret", SECRET,
@@ -391,6 +397,7 @@ def run_system(system, fake, messages, seconds, offset):
     finally:
         system.stop()
     figures["name"], figures["database"] = system.name, getattr(system, "database", "")
+    figures["window"] = system.window
     return figures
 
 
