@@ -127,7 +127,7 @@ ALONE = {
     # In the PostgreSQL pass's fault chain (85-90 s), which stays shorter than the SQLite
     # pass's browser chain beside it, so the phase is no longer. Not in the busy phase any
     # more: there, at load 12-13, a link cut's failover was accepting again after 24.8 s
-    # (its bound 15 s; 11.7-12.2 s measured on a quieter machine), once in three runs.
+    # (the target 15 s; 11.7-12.2 s on a quieter machine), once in three runs.
     "tests/end_to_end/test_failover.py": "a primary SIGKILLed and a link cut; seconds to accept again",
     # Not test_pgbouncer.py (a pooler of its own in front of the suite's server, bounds of
     # 15-60 s) nor test_database_deadline.py (a silent socket of its own, refused within 5 s
