@@ -169,7 +169,6 @@ class Peer(System):
         self.name = f"Chat SDK 4.41 burst, {state} state"
         self.window = (debounce_ms if debounce_ms is not None else 1500) / 1000  # the SDK's burst debounce
 
-
     def command(self, port):
         return ["node", str(PEER_DIR / "bot.mjs")]
 
