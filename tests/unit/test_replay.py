@@ -51,8 +51,9 @@ def test_the_incident_against_the_demo_agent_books_two_events_and_the_guard_stop
     assert comparison.merges(result["happened"]) == [["message-1"], ["message-2"]]
     assert [t["flush_reason"] for t in result["happened"]["turns"]] == ["window", "window"]
     assert result["sent"][1].startswith("ℹ️ Ya estaba agendado: Psicología")
-    # Virtual time: 12 s of conversation and its windows, replayed in well under a second.
-    assert result["virtual_ms"] >= 12000 + 2500 and time.monotonic() - began < 5
+    # Virtual time: 12 s of conversation and its windows, replayed faster than they took (well
+    # under a second alone; 5.5 s once, in the backfill at idle priority beside the alone phase).
+    assert result["virtual_ms"] >= 12000 + 2500 and time.monotonic() - began < result["virtual_ms"] / 1000
     nothing_left_behind()
 
 
