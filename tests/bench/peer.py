@@ -290,8 +290,13 @@ def post_for(system, seconds, offset):
 
 
 def sent_chats(run, offset):
-    """The chats of a timed run's messages (connection c's k-th is number offset + c + k * CONCURRENCY)."""
-    return {str(1_000_000 + offset + c + k * CONCURRENCY) for c, n in enumerate(run["per_client"]) for k in range(n)}
+    """The chats of a timed run's messages."""
+    return {chat_of(offset, c, k) for c, n in enumerate(run["per_client"]) for k in range(n)}
+
+
+def chat_of(offset, client, k):
+    """The chat of connection `client`'s k-th message in a timed run (number offset + c + k * CONCURRENCY)."""
+    return str(1_000_000 + offset + client + k * CONCURRENCY)
 
 
 def chats(n, offset):
@@ -358,7 +363,7 @@ def waits(run, fake, token, offset):
     """What a person waited in the spike: from the moment their message's POST was answered
     (the platform holds it) to their reply's sendMessage at the Bot API, per accepted
     message; and the share answered when the load stopped and SPIKE_LATER seconds after."""
-    accepted = {str(1_000_000 + offset + c + k * CONCURRENCY): at
+    accepted = {chat_of(offset, c, k): at
                 for c, times in enumerate(run["accepted_at"]) for k, at in enumerate(times) if at is not None}
     first = {}
     for call in fake.calls("sendMessage", token=token):
