@@ -45,7 +45,7 @@ from django.db import connection
 from django.http.request import split_domain_port, validate_host
 
 from agentloop.core import metrics
-from agentloop.core.db_connection import close_broken_connection
+from agentloop.core.db_connection import close_broken_connection, opened_before_a_fault
 from agentloop.core.middleware import RETRY_AFTER_SECONDS, _describe, _log_fault, database_unavailable
 from conversations import ingest, platforms
 from conversations.platforms.inbound import Request
@@ -132,7 +132,7 @@ class Admitter:
         last_used = 0.0
         try:
             while (batch := self._next_batch()) is not None:
-                if time.monotonic() - last_used > IDLE_CHECK_SECONDS:
+                if opened_before_a_fault() or time.monotonic() - last_used > IDLE_CHECK_SECONDS:
                     close_broken_connection()
                 answers = self._answer_batch(batch)
                 last_used = time.monotonic()

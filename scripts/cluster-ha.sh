@@ -13,8 +13,8 @@
 # process to fail; docs/scaling-out.md says when to choose it).
 #
 # Failover settings (Patroni's DCS settings, below), chosen for the test's ≤ 15 s:
-#   ttl 8, loop_wait 1, retry_timeout 3 (ttl ≥ loop_wait + 2 × retry_timeout, as Patroni's
-#     docs ask): a primary cut off from etcd loses the leader key within 8 s and demotes
+#   ttl 7, loop_wait 1, retry_timeout 3 (ttl ≥ loop_wait + 2 × retry_timeout, as Patroni's
+#     docs ask, at its least): a primary cut off from etcd loses the leader key within 7 s and demotes
 #     itself (read-only) once it cannot renew it;
 #   primary_start_timeout 0: a crashed primary is failed over at once, not restarted in place;
 #   synchronous_mode: a commit is acknowledged once it is on the replica too, and only a
@@ -110,7 +110,7 @@ etcd3:
   host: $(ha_addr dcs):$ETCD_PORT
 bootstrap:
   dcs:
-    ttl: 8
+    ttl: 7
     loop_wait: 1
     retry_timeout: 3
     maximum_lag_on_failover: 0

@@ -25,6 +25,7 @@ from django.http import JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
 from agentloop.core import metrics
+from agentloop.core.db_connection import note_fault
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -79,6 +80,7 @@ def _close_broken_connections() -> None:
     SQLite connection that met the lock is fine and stays)."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and conn.errors_occurred and not conn.is_usable():
+            note_fault()
             conn.close()
 
 

@@ -19,7 +19,7 @@ from typing import Generic, ParamSpec, TypeVar, TypeVarTuple
 from django.db import connection
 
 from agentloop.core.backoff import DATABASE, DATABASE_FAULTS, Backoff
-from agentloop.core.db_connection import close_broken_connection, force_close
+from agentloop.core.db_connection import close_after_fault, close_broken_connection, force_close, opened_before_a_fault
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,15 @@ Result = TypeVar("Result")
 
 def run_step(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one step on the calling thread; a database fault closes its connection and
-    is reported once per fault (see backoff.FaultLog), not once per try."""
+    is reported once per fault (see backoff.FaultLog), not once per try. A connection
+    opened before a fault another thread met is replaced first, not probed
+    (agentloop.core.db_connection)."""
+    if opened_before_a_fault():
+        force_close()
     try:
         result = fn(*args, **kwargs)
     except DATABASE_FAULTS as exc:
-        force_close()
+        close_after_fault()
         DATABASE.failed(exc)
         raise
     except Exception:

@@ -37,7 +37,8 @@ class Message:
     home: int  # index of the host tried first
     accepted_at: float | None = None  # seconds after the start, when a 2xx came back
     host: int | None = None
-    tries: list = field(default_factory=list)  # [host, status or error, seconds after the start] per try
+    # [host, status or error, seconds after the start when it ended, when it was sent] per try
+    tries: list = field(default_factory=list)
 
     @property
     def platform_id(self):
@@ -76,13 +77,14 @@ async def deliver(message, clients, path, headers, started, give_up, retry_cap=R
     body = update(message)
     pause = RETRY_PAUSE
     while True:
+        sent = round(time.monotonic() - started, 3)
         try:
             response = await clients[host].post(path, json=body, headers=headers)
             outcome = response.status_code
         except httpx.HTTPError as error:
             outcome = type(error).__name__
         now = time.monotonic() - started
-        message.tries.append([host, outcome, round(now, 3)])
+        message.tries.append([host, outcome, round(now, 3), sent])
         if isinstance(outcome, int) and 200 <= outcome < 300:
             message.accepted_at, message.host = now, host
             return

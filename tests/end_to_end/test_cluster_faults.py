@@ -229,7 +229,7 @@ def measure(db, bot_api, messages, takeover, started, settled):
         "accepted_by": dict(Counter(["app-a", "app-b"][m.host] for m in accepted)),
         "failed_over": sum(1 for m in accepted if m.host != m.home),
         "failed_posts": dict(Counter(f"{['app-a', 'app-b'][host]} {outcome}" for m in messages
-                                     for host, outcome, _ in m.tries if not (isinstance(outcome, int) and outcome < 300))),
+                                     for host, outcome, *_ in m.tries if not (isinstance(outcome, int) and outcome < 300))),
         "lost": lost, "unanswered": unanswered, "answered_by_notice": notices,
         "conversations_unanswered": len({m.chat for m in accepted} - set(by_chat)),
         "unlabelled_duplicate_replies": unlabelled, "labelled_resends": labelled,

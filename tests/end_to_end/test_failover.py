@@ -42,12 +42,13 @@ pytestmark = pytest.mark.e2e
 
 RATE, SECONDS, CONVERSATIONS = 30.0, 36.0, 200
 KILL_AT, REDIS_AT, REDIS_FOR, CUT_AT = 4.0, 10.0, 4.0, 17.0
-ACCEPT_AGAIN_TARGET = 15.0  # seconds from a fault until every POST is accepted again: issue 59's target
-# What the suite asserts: the product is back, twice, well within the load's patience. The
-# target is measured and printed, not asserted here: on the suite's loaded 2-core machine a
-# link cut's failover accepted again after 17.4 and 24.8 s (7 December 2026, two runs in
-# four; 11.7-12.2 s on a quieter machine, docs/scaling-out.md), and issue 59 stays open for it.
-ACCEPT_AGAIN_BOUND = 30.0
+# Seconds from a fault until every POST is accepted again: issue 59's target, asserted. A
+# link cut's failover is Patroni's (the leader key's ttl, 7 s, then the promotion: 8.9-9.0
+# s) plus the product finding the new primary (1.1-1.8 s): 10.1-10.7 s in five runs on the
+# suite's 2-core machine, two of them beside one and two busy cores (7 December 2026;
+# 17.4 and 24.8 s before a connection to the lost primary was replaced unprobed,
+# agentloop.core.db_connection).
+ACCEPT_AGAIN_TARGET = 15.0
 RETRY_CAP = 2.0  # seconds: a redelivery's pause doubles up to this (tests/cluster/load.py)
 PROMOTION_TIMEOUT = 30.0
 # The settings docs/scaling-out.md recommends beside a failover manager: a primary that
@@ -98,6 +99,8 @@ def test_the_database_fails_over_and_back_under_load(cluster, bot_api, tmp_path,
     del figures["replies_per_second"]  # over the host-death test's phases: not this test's
     figures["replies_per_turn_over_one"] = replies_per_turn_over_one(db)
     report(figures, tmp_path, capsys)
+    # Every try of every message, for a look at a failover's seconds one by one.
+    (tmp_path / "tries.json").write_text(json.dumps([[m.i, m.home, m.tries] for m in messages]))
     assert not faults.is_alive() and faults.errors == [], faults.errors
     assert figures["unsettled_after_drain"] == {"open_buffers": 0, "active_turns": 0, "open_ledger_rows": 0}, figures
     assert figures["not_accepted"] == 0, figures
@@ -113,7 +116,7 @@ def test_the_database_fails_over_and_back_under_load(cluster, bot_api, tmp_path,
     assert figures["failovers"][0]["rejoined_after"] is not None, figures["failovers"]
     for failover in figures["failovers"]:
         assert failover["promoted"] == failover["to"], figures["failovers"]
-        assert failover["accepting_again_after"] <= ACCEPT_AGAIN_BOUND, json.dumps(figures["failovers"])
+        assert failover["accepting_again_after"] <= ACCEPT_AGAIN_TARGET, json.dumps(figures["failovers"])
         assert failover["failed_posts"] > 0, "the fault failed no POST: the test proved nothing"
 
 
@@ -228,7 +231,7 @@ class Failovers(threading.Thread):
         ends = [failover["at"] for failover in self.done[1:]] + [SECONDS + 60.0]
         for failover, end in zip(self.done, ends, strict=True):
             start = failover["at"]
-            tries = sorted(((t, outcome) for m in messages for _, outcome, t in m.tries if start <= t < end),
+            tries = sorted(((t, outcome) for m in messages for _, outcome, t, _sent in m.tries if start <= t < end),
                            key=lambda try_: try_[0])
             failed = [t for t, outcome in tries if not (isinstance(outcome, int) and outcome < 300)]
             last_failure = max(failed, default=start)
