@@ -4,6 +4,7 @@ var/bench.sqlite3 unless DATABASE_URL is set — it is then flushed!), real HTTP
 
     .venv/bin/python -m tests.bench [ingest] [media] [album] [flush] [turns] [recovery] [latency] [guard] [mcp] [soak [--seconds N]] [peer]
         [paced] [streaming] [slack] [retention] [grown] [grown-pages] [sustained [--seconds N]] [platforms] [spike [--seconds N]]
+        [peer-paced]
 
 The soak (tests/bench/soak.py) runs 10 minutes when named, 2 minutes in the full run.
 The peer (tests/bench/peer.py) compares agentloop with a Vercel Chat SDK bot (needs node).
@@ -17,6 +18,8 @@ into one chat against its fake's limits, each beside Telegram's.
 Retention (tests/bench/retention.py): a sweep of 1 million old rows while 50 messages/s are admitted.
 The spike (tests/bench/spike.py): back-to-back 20 s windows of the peer benchmark's load for 3 minutes
 on each database, each window's rate and POST p99 beside the first's.
+Peer-paced (tests/bench/paced_peer.py): paced steps up to past the peer's kept rate, agentloop on both
+databases beside the peer, each step's reply p50/p99 from the message's due time and the rate kept whole.
 Grown (tests/bench/grown.py): ingest, flush, the story page, the admin and the dashboard on a database
 pre-filled with a week of traffic (tests/bench/prefill.py) beside an empty one; `grown-pages`: its pages alone.
 """
@@ -679,6 +682,12 @@ def spike(seconds):
     return run
 
 
+def peer_paced():
+    from tests.bench.paced_peer import bench_peer_paced
+
+    bench_peer_paced(report)
+
+
 def platforms():
     from tests.bench.platforms import bench_platforms
 
@@ -689,7 +698,7 @@ BENCHMARKS = {"ingest": bench_ingest, "media": bench_media, "album": bench_album
               "latency": bench_latency, "guard": bench_guard, "soak": soak(None),
               "peer": peer, "paced": paced, "mcp": mcp, "streaming": streaming, "slack": slack,
               "retention": retention, "grown": grown, "sustained": sustained(None), "platforms": platforms,
-              "spike": spike(None)}
+              "spike": spike(None), "peer-paced": peer_paced}
 SOAK_SECONDS_IN_FULL_RUN = 120  # `make bench` stays well under 15 minutes
 SUSTAINED_SECONDS_IN_FULL_RUN = 120  # per database; 10 minutes when named
 
