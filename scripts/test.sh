@@ -87,6 +87,7 @@ idle_priority() {  # a process id: it and the processes it starts from now on
   check "types (mypy; mypy.ini)" scripts/types.sh
   check "docs (mkdocs build --strict)" scripts/docs.sh
   echo "=== checks: done $(( SECONDS - run_started )) s after the start (at idle priority, beside the tests)${failed[*]:+; failed: ${failed[*]}} ==="
+  echo "$status" >"$logs/checks.status"
   exit $status
 } >"$logs/checks.log" 2>&1 &
 checks=$!
@@ -146,14 +147,18 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
   local phase=$1 marks=$2; shift 2
   echo "=== SQLite and PostgreSQL passes at once: $phase ==="
   # shellcheck disable=SC2046  # one file per word
-  sqlite_pytest -m "$marks" "$@" $(phase_files sqlite "$phase") >"$logs/sqlite-$phase.log" 2>&1 &
+  # Each pass's status is written to a file (read below): see the checks' status.
+  { sqlite_pytest -m "$marks" "$@" $(phase_files sqlite "$phase") >"$logs/sqlite-$phase.log" 2>&1
+    echo $? >"$logs/sqlite-$phase.status"; } &
   local sqlite_pid=$!
   # shellcheck disable=SC2046
-  postgres_pytest -m "$marks" "$@" $(phase_files postgres "$phase") >"$logs/postgres-$phase.log" 2>&1 &
+  { postgres_pytest -m "$marks" "$@" $(phase_files postgres "$phase") >"$logs/postgres-$phase.log" 2>&1
+    echo $? >"$logs/postgres-$phase.status"; } &
   local postgres_pid=$!
   children=("$sqlite_pid" "$postgres_pid")
   local started=$SECONDS next_report=$((SECONDS + 60))
-  while kill -0 "$sqlite_pid" 2>/dev/null || kill -0 "$postgres_pid" 2>/dev/null; do
+  # Until both statuses are written (not `kill -0` of their ids: one may be another process's by then).
+  while [ ! -e "$logs/sqlite-$phase.status" ] || [ ! -e "$logs/postgres-$phase.status" ]; do
     sleep 2
     if (( SECONDS >= next_report )); then
       next_report=$((next_report + 60))
@@ -162,8 +167,9 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
       echo "  $(( (SECONDS - started) / 60 )) min: SQLite ${sqlite_done:-0%}, PostgreSQL ${postgres_done:-0%}"
     fi
   done
-  wait "$sqlite_pid"; sqlite_rc=$?
-  wait "$postgres_pid"; postgres_rc=$?
+  wait "$sqlite_pid" "$postgres_pid"
+  sqlite_rc=$(cat "$logs/sqlite-$phase.status" 2>/dev/null || echo 1)
+  postgres_rc=$(cat "$logs/postgres-$phase.status" 2>/dev/null || echo 1)
   children=()
   echo "=== test suite on SQLite: $phase (ran beside PostgreSQL's) ==="
   cat "$logs/sqlite-$phase.log"
@@ -193,7 +199,8 @@ unset AGENTLOOP_PHASE_FILES
 sqlite_concurrent=$sqlite_rc postgres_concurrent=$postgres_rc
 sqlite_unit=5 postgres_unit=5
 if [ -n "$backfill_pg_start" ]; then
-  if wait "$backfill_pg_start"; then
+  wait "$backfill_pg_start"  # its outcome is the URL it wrote (not `wait`'s status: see the checks')
+  if [ -s "$logs/backfill-pg.url" ]; then
     backfill_pg_url=$(cat "$logs/backfill-pg.url")
   else
     echo "could not start the backfill's PostgreSQL (see $backfill_pgdir): its unit tests run on the suite's"
@@ -241,7 +248,11 @@ if [ -n "$backfill" ]; then
   cat "$logs/postgres-unit.log"
   echo "=== backfill: waited $(( SECONDS - backfill_started )) s for it after the alone phase ==="
 fi
-wait "$checks"; checks_rc=$?
+# Their status from the file they write, not from `wait`: bash forgets a finished job's
+# status once a later child of this shell is given its process id (pid_max 32,768, and a
+# run starts tens of thousands of processes: `wait` then said 127 of checks that passed).
+wait "$checks"
+checks_rc=$(cat "$logs/checks.status" 2>/dev/null || echo "no status written")
 cat "$logs/checks.log"
 # Named even when the log says nothing of it (once a run's checks printed clean and exited 1).
 [ "$checks_rc" = 0 ] || { echo "=== the checks exited $checks_rc ==="; status=1; }
