@@ -210,4 +210,7 @@ def test_a_confirmation_answered_three_times_is_applied_once(processes, make_cha
     wait_until(lambda: Proposal.objects.filter(state=ProposalState.APPLIED).exists() and len(to(smtp, ANA)) >= 2,
                timeout=30, message="the action applied and told")
     assert CalendarEvent.objects.count() == 1 and Proposal.objects.count() == 1
-    assert InboundMessage.objects.count() == 3
+    # The mails are read in the order delivered; the last may be admitted after the first
+    # "sí" applied the action (seen on a loaded run): by then the copy before it was refused.
+    wait_until(lambda: InboundMessage.objects.count() >= 3, timeout=30, message="the third mail admitted")
+    assert InboundMessage.objects.count() == 3 and CalendarEvent.objects.count() == 1

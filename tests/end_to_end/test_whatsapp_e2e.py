@@ -99,7 +99,8 @@ def test_typing_is_refreshed_through_the_turn_and_stops_with_the_reply(processes
     assert len(typing) >= 3, f"{len(typing)} indicators in a 5 s turn"
     assert all(c.body["message_id"] == wamid for c in typing)
     started, finished = turn.started_at.timestamp(), turn.finished_at.timestamp()
-    assert typing[0].wall - started < 1.0, "shown as the turn starts"
+    # Before the first refresh (1.5 s) could have shown it: 1.07 s once on a loaded run.
+    assert typing[0].wall - started < 1.4, "shown as the turn starts"
     gaps = [b.at - a.at for a, b in zip(typing, typing[1:])]
     assert all(1.0 <= gap < 2.5 for gap in gaps), f"refreshed every 1.5 s: {gaps}"
     assert finished - typing[-1].wall < 2.5, "still showing when the agent answered"
