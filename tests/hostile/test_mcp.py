@@ -253,6 +253,19 @@ def test_a_listing_too_long_to_read_is_refused_over_stdio(db, make_channel, tmp_
     assert not McpTool.objects.exists()
 
 
+def test_a_stdio_server_slower_to_start_than_a_connect_is_still_listed(db, make_channel, tmp_path):
+    """A stdio server is a process to start: on a loaded machine its interpreter may take
+    longer than an HTTP connect's 5 s (CI once took over 5 s to import the SDK's server)."""
+    make_channel("tg")
+    server = BASE_DIR / "tests/fakes/mcp_tickets.py"
+    call_command("addmcpserver", "slow", command=f"sh -c 'sleep 5.5; exec {sys.executable} {server} --stdio "
+                                                  f"--log {tmp_path / 'stdio.log'}'",
+                 channel=["tg"], no_list=True)
+    catalog.refresh(McpServer.objects.get())
+    assert McpTool.objects.filter(name="create_ticket", refused="").exists()
+    assert McpServer.objects.get().last_error == ""
+
+
 def test_a_tool_too_big_to_offer_is_kept_out_with_its_reason(processes, make_channel, tmp_path):
     channel = make_channel("tg")
     desk = TicketDesk(processes, tmp_path, options=["--long-description", "10000", "--wide-schema", "20000"]).start()

@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from tools.mcp.models import McpServer
 
 CONNECT_SECONDS = 5.0
+# A stdio server is a process to start before its handshake: an interpreter importing its
+# SDK, or `npx` unpacking a package, takes seconds on a loaded machine (1.2 s idle for the
+# SDK's own server here, over 5 s with the test suite running beside it).
+STDIO_START_SECONDS = 20.0
 
 
 class Unreachable(Exception):
@@ -46,6 +50,11 @@ class ServerSpec:
                    env=tuple(sorted((server.env or {}).items())), timeout=float(server.timeout_seconds),
                    internal=bool(server.url) and server.url == server.internal_url,
                    version=server.updated_at.isoformat() if server.updated_at else "")
+
+    @property
+    def open_seconds(self) -> float:
+        """How long opening a connection may take: starting the command, or connecting."""
+        return STDIO_START_SECONDS if self.transport == "stdio" else CONNECT_SECONDS
 
     def secrets(self) -> list[str]:
         return [str(v) for _, v in (*self.headers, *self.env) if v]

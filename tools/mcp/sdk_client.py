@@ -157,7 +157,7 @@ class Hub:
         context.run(_attempt.set, opening)
         owner = loop.create_task(self._own(spec, ready, closing), context=context)
         try:
-            client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_SECONDS)
+            client = await asyncio.wait_for(asyncio.shield(ready), spec.open_seconds)
         except BaseException as exc:
             closing.set()
             owner.cancel()
@@ -268,7 +268,7 @@ class Hub:
     # --- from any thread ---------------------------------------------------------------------
 
     def list_tools(self, spec: ServerSpec, deadline: float | None = None) -> list[mcp_types.Tool]:
-        deadline = deadline or CONNECT_SECONDS + spec.timeout
+        deadline = deadline or spec.open_seconds + spec.timeout
         try:
             return self.run(self._list(spec), deadline)
         except TimeoutError:
@@ -282,7 +282,7 @@ class Hub:
         try:
             # The hub's own deadline (fail_after) ends the call; this one is the overall bound
             # (connecting included), a little later so the hub's verdict comes first.
-            return self.run(self._call(spec, name, arguments, meta), CONNECT_SECONDS + spec.timeout + 2)
+            return self.run(self._call(spec, name, arguments, meta), spec.open_seconds + spec.timeout + 2)
         except TimeoutError:
             self.forget(spec.pk)
             raise AnswerLost(f"no answer from MCP server {spec.name} within "
