@@ -97,11 +97,12 @@ def silent_collector():
         yield url
 
 
+# Per span: the wall time, and this thread's CPU time (the exporter's thread works beside it).
 COST = ("tracing.on()\n"
-        "t = time.perf_counter()\n"
+        "t, cpu = time.perf_counter(), time.thread_time()\n"
         "for i in range(20000):\n"
         "    with tracing.span('agentloop.admit', attributes={'agentloop.message.id': i}): pass\n"
-        "print((time.perf_counter() - t) / 20000 * 1e6, flush=True)\n")
+        "print((time.perf_counter() - t) / 20000 * 1e6, (time.thread_time() - cpu) / 20000 * 1e6, flush=True)\n")
 
 
 def test_on_a_span_costs_microseconds_whether_the_collector_answers_or_not(silent_collector):
@@ -113,9 +114,12 @@ def test_on_a_span_costs_microseconds_whether_the_collector_answers_or_not(silen
     silent = run(COST, OTEL_EXPORTER_OTLP_ENDPOINT=silent_collector, OTEL_EXPORTER_OTLP_TIMEOUT="1",
                  OTEL_BSP_MAX_QUEUE_SIZE="256", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="64")
     assert answering.returncode == 0 and silent.returncode == 0, (answering.stderr, silent.stderr)
-    with_collector, without = float(answering.stdout), float(silent.stdout)
-    # Measured on the shared 2-core machine (loaded by other work): 75-100 µs a span either way.
-    assert with_collector < 500 and without < 500, (with_collector, without)
+    (wall_with, cpu_with), (wall_without, cpu_without) = (map(float, done.stdout.split()) for done in (answering, silent))
+    # Measured on the shared 2-core machine (loaded by other work): 75-100 µs a span either
+    # way; 506 µs of wall time once in `make test` beside the other pass. A span that waited
+    # on the silent collector's 1 s deadline (a batch of 64) would take 15,000 µs.
+    assert cpu_with < 500 and cpu_without < 500, (cpu_with, cpu_without)
+    assert wall_with < 2000 and wall_without < 2000, (wall_with, wall_without)
     assert "the span queue is full" in silent.stderr
 
 
