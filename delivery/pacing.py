@@ -122,6 +122,15 @@ def chunk_slot(pace: Pace, clock: float | None = None) -> float:
     return delay
 
 
+FLOOD_PREFIX = "flood:"
+
+
+def flood_key(channel_id: int) -> str:
+    """The key an unpaced channel waits on after a 429: its Retry-After is the account's,
+    not one message's (a paced channel's wait is its bot's key, every row of the bot)."""
+    return f"{FLOOD_PREFIX}{channel_id}"
+
+
 def pause(key: str, seconds: float, clock: float | None = None) -> None:
     """Nothing under `key` goes out for `seconds` (a 429's retry_after pauses the whole bot,
     not only the refused row)."""

@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Case, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value, When
+from django.db.models import Case, CharField, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value, When
+from django.db.models.functions import Cast, Concat
 from django.db.models.lookups import GreaterThan
 from django.utils import timezone
 
@@ -23,7 +24,7 @@ from delivery import pacing, sql
 from delivery.ledger.outcomes import release
 from delivery.ledger.recoveries import settle_stale
 from delivery.ledger.replies import FRESHNESS, MAX_RESENDS, attempt_timeout, enabled
-from delivery.models import OutboundKind, OutboundMessage, OutboundState, channel_model
+from delivery.models import OutboundKind, OutboundMessage, OutboundState, SendBudget, channel_model
 from delivery.questions import buttons_for_rows
 from delivery.transports import transport_for
 
@@ -70,7 +71,7 @@ def _claimable(now: datetime, dead_owners: Collection[str], boot: bool) -> Q:
         if dead_owners:
             orphaned |= Q(state=OutboundState.ATTEMPTING, owner__in=list(dead_owners))
         due |= orphaned
-    return due & _within_budget() & _fresh(now) & _sendable()
+    return due & _within_budget() & _fresh(now) & _sendable() & _not_flooded(now)
 
 
 def _fresh(now: datetime) -> Q:
@@ -84,6 +85,16 @@ def _within_freshness(now: datetime, stamp: str) -> Exists:
     reaches = ExpressionWrapper(OuterRef(stamp) + F("recovery_freshness"), output_field=DateTimeField())
     Channel: Any = channel_model()  # conversations' (its manager is not typed down here)
     return Exists(Channel.objects.filter(GreaterThan(reaches, now), pk=OuterRef("channel_id")))
+
+
+def _not_flooded(now: datetime) -> Q:
+    """Not a row of an unpaced channel a platform refused with a 429 less than its
+    Retry-After ago (pacing.flood_key, written by outcomes._defer on this host's clock, as
+    `now` is): another chat's reply sent 0.09 s after Twilio's `Retry-After: 2` was seen.
+    A paced channel waits on its bot's slot instead (pacing.reserve). A correlated subquery,
+    like `_fresh`: the claim's UPDATE keeps its state test in its own WHERE."""
+    key = Concat(Value(pacing.FLOOD_PREFIX), Cast(OuterRef("channel_id"), CharField()))
+    return Q(~Exists(SendBudget.objects.filter(key=key, next_slot__gt=now.timestamp())))
 
 
 def _sendable() -> Q:

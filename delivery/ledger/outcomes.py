@@ -166,13 +166,16 @@ def _defer(row: OutboundMessage, owner: str, result: SendResult, error: str, now
     """The send provably did not leave (a flood refused it; no connection could be had or
     made): the row waits and goes out again as it would have — unlabelled unless the chunk
     it stopped at carried the label — and the attempt is given back. A flood pauses the
-    whole bot (every row of it) for the penalty; a send that never left waits 1 s, then
+    whole bot (every row of it; of an unpaced channel, every row of the channel) for the
+    penalty; a send that never left waits 1 s, then
     2, 4… up to a minute (the 24-hour freshness still bounds it)."""
     if result.outcome == Outcome.FLOOD:
         wait = clamp_retry_after(result.retry_after)
         pace = transport_for(row.channel).pace(row.chat_id)
-        if pace is not None:  # on this host's clock (`now`, injectable): a second's skew is nothing here
-            pacing.pause(pace.bot, wait, clock=now.timestamp())
+        # On this host's clock (`now`, injectable): a second's skew is nothing here. An
+        # unpaced channel's rows wait too (the claim reads its key: claiming._not_flooded).
+        key = pace.bot if pace is not None else pacing.flood_key(row.channel_id)
+        pacing.pause(key, wait, clock=now.timestamp())
     else:
         wait = min(2.0 ** row.flood_waits, NOT_SENT_MAX_WAIT)
     _give_back(row, owner, OutboundState.FAILED, flood_waits=F("flood_waits") + 1,

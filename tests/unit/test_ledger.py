@@ -129,6 +129,19 @@ def test_a_flood_pauses_every_row_of_the_bot_not_only_the_refused_one(paced, mak
     assert [r.pace_delay for r in rows] == [0, pytest.approx(spacing, abs=1e-4)]  # spaced by the bot's rate
 
 
+def test_a_flood_of_an_unpaced_channel_pauses_its_other_chats_not_other_channels(conversation, make_channel,
+                                                                                  make_conversation):
+    other = make_conversation(conversation.channel, "beto")
+    elsewhere = make_conversation(make_channel("tg2", kind="telegram", platform_settings={"bot_token": "2:T",
+                                                                                         **UNPACED}), "ana")
+    first, second, third = write(conversation, "uno"), write(other, "dos", created=1), write(elsewhere, "tres", 1)
+    [r] = ledger.claim_many([first.pk], "w1", now=at(2))
+    fail([r], Outcome.FLOOD, now=2, retry_after=5)  # Twilio's 429 (20429): the account's, not the message's
+    assert [r.pk for r in claim(now=3)] == [third.pk]  # beto's row waits too; another channel's does not
+    assert ledger.claim_many([second.pk], "w2", now=at(6.9)) == []  # nor does a claim by id take it
+    assert [r.pk for r in claim(now=7.5)] == [first.pk, second.pk]  # oldest first once the penalty is over
+
+
 def test_a_send_that_never_left_is_resent_plain_backing_off_without_spending_attempts(row):
     waits = []
     for attempt in range(8):
