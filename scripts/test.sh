@@ -143,6 +143,13 @@ phase_files() {  # a pass, a phase
   [ "$user_args" = 0 ] && [ -s "$logs/$2-$1.txt" ] && cat "$logs/$2-$1.txt"
 }
 
+status_or_gone() {  # a pass, a phase, its subshell's id: status 1 written if it ended without one
+  [ -e "$logs/$1-$2.status" ] && return 0
+  kill -0 "$3" 2>/dev/null && return 0
+  sleep 1  # it may have written its status as it ended
+  [ -e "$logs/$1-$2.status" ] || { echo "=== the $1 pass of the $2 phase ended without a status ==="; echo 1 >"$logs/$1-$2.status"; }
+}
+
 both_passes() {  # a phase's name, its -m expression, then pytest's arguments; sets $sqlite_rc $postgres_rc
   local phase=$1 marks=$2; shift 2
   echo "=== SQLite and PostgreSQL passes at once: $phase ==="
@@ -160,6 +167,10 @@ both_passes() {  # a phase's name, its -m expression, then pytest's arguments; s
   # Until both statuses are written (not `kill -0` of their ids: one may be another process's by then).
   while [ ! -e "$logs/sqlite-$phase.status" ] || [ ! -e "$logs/postgres-$phase.status" ]; do
     sleep 2
+    # A pass whose subshell is gone without writing its status (killed whole) failed; a
+    # reused id can only make a dead pass look alive, never a live one dead.
+    status_or_gone sqlite "$phase" "$sqlite_pid"
+    status_or_gone postgres "$phase" "$postgres_pid"
     if (( SECONDS >= next_report )); then
       next_report=$((next_report + 60))
       local sqlite_done postgres_done
