@@ -23,12 +23,13 @@ from delivery.models import OutboundMessage, OutboundState, Outcome, SendBudget,
 
 
 def claim_pending(ids: Sequence[int], owner: str, token: str, now: datetime, *, max_resends: int,
-                  fresh_after: datetime) -> set[int]:
+                  fresh_after: datetime, flood_prefix: str) -> set[int]:
     """The ledger's claim of pending rows this process has just written
     (`ledger.claim_written`); returns the ids it won. Through the ORM (`_claim`'s Q of
     every claimable state, its channel join and CASE) the statement's compile was half of
     the worker's database thread while 1,000 turns ended together (py-spy, tests.bench
-    flush on PostgreSQL)."""
+    flush on PostgreSQL). `flood_prefix`: pacing's key of a channel's pause after a 429
+    (`pacing.flood_key`), before its channel's id."""
     OutboundMessage.check_transition([OutboundState.PENDING], [OutboundState.ATTEMPTING])  # the SQL below
     returning = connection.features.can_return_rows_from_bulk_insert  # PostgreSQL, SQLite >= 3.35
     at = connection.ops.adapt_datetimefield_value(now)
@@ -36,7 +37,7 @@ def claim_pending(ids: Sequence[int], owner: str, token: str, now: datetime, *, 
     with connection.cursor() as cursor:
         cursor.execute(_claim_pending_sql(len(ids), returning),
                        [OutboundState.ATTEMPTING, owner, token, at, *in_params(ids), OutboundState.PENDING,
-                        max_resends, fresh, fresh])
+                        max_resends, fresh, fresh, flood_prefix, now.timestamp()])
         if returning:
             return {row[0] for row in cursor.fetchall()}
     return set(OutboundMessage.objects.filter(pk__in=ids, claim_token=token).values_list("pk", flat=True))
@@ -44,15 +45,17 @@ def claim_pending(ids: Sequence[int], owner: str, token: str, now: datetime, *, 
 
 def _claim_pending_sql(n: int, returning: bool) -> str:
     """`ledger.claiming._claim` of pending rows (`_claimable`: PENDING, within its budget,
-    fresh, its channel able to send; `_started_before` for the label), as SQL. SET
-    expressions read the row as it was, on both databases."""
+    fresh, its channel able to send and not pausing for a 429; `_started_before` for the
+    label), as SQL. SET expressions read the row as it was, on both databases."""
     Channel = channel_model()
     return (f"UPDATE {table(OutboundMessage)} SET state = %s, owner = %s, claim_token = %s, claimed_at = %s, "
             f"needs_marker = (chunks_started > chunks_delivered), "
             f"chunks_started = chunks_delivered + 1, attempts = attempts + 1 "
             f"WHERE {in_sql('id', n)} AND state = %s AND attempts <= extra_resends + %s "
             f"AND (created_at > %s OR retried_at > %s) "
-            f"AND channel_id IN (SELECT id FROM {table(Channel)} WHERE is_active AND send_blocked = '')"
+            f"AND channel_id IN (SELECT id FROM {table(Channel)} WHERE is_active AND send_blocked = '') "
+            f"AND NOT EXISTS (SELECT 1 FROM {table(SendBudget)} WHERE key = %s || CAST(channel_id AS TEXT) "
+            f"AND next_slot > %s)"
             + (" RETURNING id" if returning else ""))
 
 

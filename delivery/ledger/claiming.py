@@ -331,7 +331,8 @@ def claim_written(rows: list[OutboundMessage], owner: str, now: datetime | None 
     with nullcontext() if postgresql() else transaction.atomic():
         # Rows written just now: younger than any channel's freshness (a minute at least),
         # so the deployment's bound is the statement's, not each channel's.
-        won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS)
+        won = sql.claim_pending(ids, owner, token, now, max_resends=MAX_RESENDS, fresh_after=now - FRESHNESS,
+                                flood_prefix=pacing.FLOOD_PREFIX)
     claimed = [row for row in rows if row.pk in won]
     for row in claimed:  # as the UPDATE left them
         row.state, row.owner, row.claim_token, row.claimed_at = OutboundState.ATTEMPTING, owner, token, now

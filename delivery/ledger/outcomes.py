@@ -173,7 +173,8 @@ def _defer(row: OutboundMessage, owner: str, result: SendResult, error: str, now
         wait = clamp_retry_after(result.retry_after)
         pace = transport_for(row.channel).pace(row.chat_id)
         # On this host's clock (`now`, injectable): a second's skew is nothing here. An
-        # unpaced channel's rows wait too (the claim reads its key: claiming._not_flooded).
+        # unpaced channel's rows wait too (the claims read its key: claiming._not_flooded,
+        # sql.claim_pending).
         key = pace.bot if pace is not None else pacing.flood_key(row.channel_id)
         pacing.pause(key, wait, clock=now.timestamp())
     else:

@@ -139,7 +139,10 @@ def test_a_flood_of_an_unpaced_channel_pauses_its_other_chats_not_other_channels
     fail([r], Outcome.FLOOD, now=2, retry_after=5)  # Twilio's 429 (20429): the account's, not the message's
     assert [r.pk for r in claim(now=3)] == [third.pk]  # beto's row waits too; another channel's does not
     assert ledger.claim_many([second.pk], "w2", now=at(6.9)) == []  # nor does a claim by id take it
-    assert [r.pk for r in claim(now=7.5)] == [first.pk, second.pk]  # oldest first once the penalty is over
+    # Nor a turn's reply as its turn completes (claimed as written: delivery.sql.claim_pending).
+    reply = write(make_conversation(conversation.channel, "carla"), "cuatro", created=3)
+    assert ledger.claim_written([reply], "w1", now=at(6.9)) == []
+    assert [r.pk for r in claim(now=7.5)] == [first.pk, second.pk, reply.pk]  # oldest first once it is over
 
 
 def test_a_send_that_never_left_is_resent_plain_backing_off_without_spending_attempts(row):
