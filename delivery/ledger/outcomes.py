@@ -167,8 +167,8 @@ def _defer(row: OutboundMessage, owner: str, result: SendResult, error: str, now
     made): the row waits and goes out again as it would have — unlabelled unless the chunk
     it stopped at carried the label — and the attempt is given back. A flood pauses the
     whole bot (every row of it; of an unpaced channel, every row of the channel) for the
-    penalty; a send that never left waits 1 s, then
-    2, 4… up to a minute (the 24-hour freshness still bounds it)."""
+    penalty; a send that never left waits 1 s, then 2, 4… up to a minute (the 24-hour
+    freshness still bounds it)."""
     if result.outcome == Outcome.FLOOD:
         wait = clamp_retry_after(result.retry_after)
         pace = transport_for(row.channel).pace(row.chat_id)
