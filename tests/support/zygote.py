@@ -217,6 +217,8 @@ class Zygote:
             self.process.kill()
             self.process.wait()
         self.log.close()
+        if os.path.getsize(self.log.name) == 0:  # nothing to read: not one more file a run leaves in /tmp
+            os.unlink(self.log.name)
 
 
 class ForkedChild:
