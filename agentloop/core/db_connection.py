@@ -42,6 +42,20 @@ def note_fault() -> None:
     global _faults
     if connection.vendor != "sqlite":
         _faults += 1
+        _drain_pool()
+
+
+def _drain_pool() -> None:
+    """With DATABASE_POOL, the pool's connections are the process's too, and a stamp is
+    set at each checkout, not when the connection opened: the pool closes those it holds
+    and replaces them, and closes those lent out as they come back (psycopg_pool's
+    drain), so no request is handed a connection to the lost host to probe."""
+    pool = getattr(connection, "pool", None)  # None unless DATABASE_POOL (Django's psycopg pool)
+    if pool is not None:
+        try:
+            pool.drain()
+        except Exception:  # a pool closing as the process ends: nothing left to distrust
+            pass
 
 
 def opened_before_a_fault() -> bool:
