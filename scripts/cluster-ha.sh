@@ -17,6 +17,12 @@
 #     docs ask, at its least): a primary cut off from etcd loses the leader key within 7 s and demotes
 #     itself (read-only) once it cannot renew it;
 #   primary_start_timeout 0: a crashed primary is failed over at once, not restarted in place;
+#   maximum_lag_on_failover 16 MiB: Patroni compares a candidate's WAL with the primary's
+#     pg_current_wal_lsn() as last written to etcd, which under load runs ahead of what any
+#     replica received (WAL of commits still waiting for the replica's ack). At 0 a crash
+#     mid-burst found the replica "lagging" and Patroni restarted db-a in place instead
+#     (stop 67's CI). The lag limit guards asynchronous replicas; here only the synchronous
+#     replica may be promoted, and it holds every commit the product was told of;
 #   synchronous_mode: a commit is acknowledged once it is on the replica too, and only a
 #     synchronous replica may be promoted, so what the product acknowledged survives;
 #   use_pg_rewind (wal_log_hints on): the old primary rejoins as a replica.
@@ -113,7 +119,7 @@ bootstrap:
     ttl: 7
     loop_wait: 1
     retry_timeout: 3
-    maximum_lag_on_failover: 0
+    maximum_lag_on_failover: 16777216
     primary_start_timeout: 0
     synchronous_mode: true
     postgresql:

@@ -3,8 +3,10 @@ folder of the test's own (a cluster brought up by hand keeps its own), and the
 cluster's database read back over the bridge, as an operator would."""
 
 import contextlib
+import datetime
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,6 +157,20 @@ class Cluster:
         """manage.py in the root namespace, on the cluster's database."""
         subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, check=True, capture_output=True,
                        timeout=120, env={**self.env, "DATABASE_URL": self.database_url, **env})
+
+    def patroni_says(self, host, since):
+        """What a db host's Patroni logged since `since` (a time.time()) about whether it
+        could fail over: the lines that give its reason, for a test's report."""
+        log = Path(self.dir) / host / "patroni.log"
+        reasons = re.compile(r"replication lag|Request failed|not healthy|wal_position|is behind|list is empty"
+                             r"|Failing over|[Ll]ock|crash|starting as")
+        said = []
+        for line in log.read_text(errors="replace").splitlines() if log.exists() else ():
+            with contextlib.suppress(ValueError):
+                when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if since <= when < since + 20 and reasons.search(line) and "Lock owner" not in line:
+                    said.append(line[24:224])
+        return " | ".join(list(dict.fromkeys(said))[:8]) or "(nothing about it in its log)"
 
     def keep_logs(self, into):
         """Copy the hosts' logs (web, worker, tasks, PostgreSQL) before `down` removes them."""
