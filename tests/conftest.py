@@ -580,9 +580,18 @@ def start_process(args, env, log_path, log):
     return _zygote.spawn(list(args), env, BASE_DIR, log_path)
 
 
-def pytest_sessionfinish(session, exitstatus):
+def stop_zygote():
+    """Stop this process's zygote, if it started one (its log goes too when empty): at the
+    end of a pytest session, and of a child that started processes outside pytest
+    (tests/faults), which no session's end would stop."""
+    global _zygote
     if _zygote is not None:
         _zygote.stop()
+        _zygote = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_zygote()
 
 
 class Process:

@@ -18,6 +18,13 @@ def cluster():
     cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def logs_in_tmp_path(tmp_path, monkeypatch):
+    """A scenario's process logs go under this test's tmp_path (its child inherits this
+    environment), not into /tmp for good."""
+    monkeypatch.setenv(outage.LOGS, str(tmp_path))
+
+
 def assert_nothing_lost_or_doubled(figures):
     assert figures["all_answered"], figures
     assert figures["missing"] == 0, figures

@@ -121,7 +121,7 @@ def one_database(argv):
 
     call_command("migrate", verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
-    from tests.conftest import Processes
+    from tests.conftest import Processes, stop_zygote
     from tests.fakes.telegram_api import FakeBotAPI
     from tests.faults.matrix import row, run_all
 
@@ -134,6 +134,7 @@ def one_database(argv):
                               report=lambda r: print(f"[{database}] " + "  ".join(r), flush=True))
         finally:
             processes.stop_all()
+            stop_zygote()
     print(RESULTS + json.dumps([row(r) for r in results]), flush=True)
     return 0 if all(r.ok for r in results) else 1
 

@@ -45,6 +45,7 @@ RESULTS = "outage-results: "
 SCENARIOS = ("restart", "slow-turn", "terminate", "sqlite-lock")
 POSTGRES_SCENARIOS = ("restart", "slow-turn", "terminate")
 TOKEN_BASE = 7700
+LOGS = "AGENTLOOP_OUTAGE_LOGS"  # the folder a scenario's process logs go under
 
 
 # --- the throwaway cluster ---------------------------------------------------------
@@ -124,9 +125,14 @@ def child(names):
         cluster = Cluster.__new__(Cluster)
         cluster.dir, cluster.url = os.environ["AGENTLOOP_OUTAGE_PGDIR"], os.environ["DATABASE_URL"]
     params = json.loads(os.environ.get("AGENTLOOP_OUTAGE_PARAMS") or "{}")
-    for index, name in enumerate(names):
-        figures = Scenario(name, index, cluster).run(**params.get(name, {}))
-        print(RESULTS + json.dumps({name: figures}), flush=True)
+    from tests.conftest import stop_zygote
+
+    try:
+        for index, name in enumerate(names):
+            figures = Scenario(name, index, cluster).run(**params.get(name, {}))
+            print(RESULTS + json.dumps({name: figures}), flush=True)
+    finally:
+        stop_zygote()
     return 0
 
 
@@ -138,7 +144,9 @@ class Scenario:
         from tests.conftest import Processes
 
         self.name, self.cluster = name, cluster
-        self.logs = Path(tempfile.mkdtemp(prefix=f"agentloop-outage-{name}-"))
+        # Under the test's own tmp_path when a test runs it (pytest keeps the last few runs'),
+        # under /tmp when run by hand.
+        self.logs = Path(tempfile.mkdtemp(prefix=f"agentloop-outage-{name}-", dir=os.environ.get(LOGS)))
         self.processes = Processes(self.logs)
         self.token = f"{TOKEN_BASE + index}:OUTAGE-{index}"
         self.slug = f"outage-{index}"
