@@ -82,8 +82,7 @@ def backlog() -> list[dict[str, Any]]:
         owed = entry["queued"] + entry["sending"]
         found.append({"channel": channel.slug, **entry, "per_second": per_second,
                       "drain_seconds": round(owed / per_second, 1) if per_second else None,
-                      "paused_seconds": round(pacing.waiting(pace.bot if pace is not None
-                                                            else pacing.flood_key(channel.pk)), 1)})
+                      "paused_seconds": round(pacing.waiting(pacing.flood_pause_key(pace, channel.pk)), 1)})
     return found
 
 

@@ -131,6 +131,12 @@ def flood_key(channel_id: int) -> str:
     return f"{FLOOD_PREFIX}{channel_id}"
 
 
+def flood_pause_key(pace: Pace | None, channel_id: int) -> str:
+    """The key a 429 pauses, that every send of the channel waits on: a paced channel's
+    bot (every channel sharing its credential), an unpaced one's own flood key."""
+    return pace.bot if pace is not None else flood_key(channel_id)
+
+
 def pause(key: str, seconds: float, clock: float | None = None) -> None:
     """Nothing under `key` goes out for `seconds` (a 429's retry_after pauses the whole bot,
     not only the refused row)."""

@@ -6,7 +6,8 @@ Owned by the typing indicators (conversations/worker/typing.py), which already l
 a window opens (their look) and when a turn starts and ends; the same rules apply —
 every call is made here, on the worker's event loop, best effort: each within its
 deadline, under the bot's pacing budget (delivery.pacing: a reaction takes a bot slot
-only if one is free within RESERVE_HORIZON, so it never pushes a reply back), logged
+only if one is free within RESERVE_HORIZON, so it never pushes a reply back; on an
+unpaced channel it waits out a 429's pause only if it ends that soon), logged
 once per fault, never awaited by a turn or a reply. The replacement waits for the "seen"
 call of the same message to finish (never overtaken by it), at most CALL_DEADLINE.
 
@@ -120,6 +121,11 @@ class StatusReactions:
         when none is free within RESERVE_HORIZON."""
         pace = shown.transport.pace(shown.target.chat_id)
         if pace is None or not pace.bot_interval:
+            # No budget to book, but a 429's pause holds all the same (the replies wait it out).
+            wait = await self.db(pacing.waiting, pacing.flood_pause_key(pace, shown.channel.pk))
+            if wait > RESERVE_HORIZON:
+                return False
+            await asyncio.sleep(wait)
             return True
         slot = await self.db(pacing.reserve, pacing.Pace(pace.bot, pace.bot_interval), RESERVE_HORIZON)
         if slot.delay is None:

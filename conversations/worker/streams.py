@@ -5,8 +5,9 @@ writes it, its previews, and what of it is kept durably.
   most every AGENTLOOP_PREVIEW_INTERVAL (Telegram; the web chat's own, faster), each
   showing the whole text so far with a cursor, never waiting for the agent: a preview
   in flight is simply followed by the newest text. A 429 stops the chat's previews for
-  the rest of the turn; other failures skip one. The first preview shown ends the
-  typing indicator.
+  the rest of the turn; other failures skip one. A turn that starts while its channel's
+  sends are held back (a 429's pause, a budget booked seconds ahead) shows none. The
+  first preview shown ends the typing indicator.
 - **The final is the ledger's.** When the agent answers, previews stop at once (a draft
   in flight is abandoned — the final is never delayed for a preview) except a group's
   preview message edit in flight, which is let land first (bounded): the final's edit
@@ -36,7 +37,7 @@ from audit.failpoints import failpoint
 from conversations import languages
 from conversations.agents import Answer, answer_of
 from conversations.models import Turn, TurnState
-from delivery import ledger
+from delivery import ledger, pacing
 from delivery.models import OutboundKind
 from delivery.previews import CURSOR
 from delivery.transports import Target, transport_for
@@ -53,21 +54,25 @@ log = logging.getLogger(__name__)
 
 # How long a group preview's edit in flight may hold the final back (it must land first).
 MESSAGE_SETTLE = 2.0
+# A channel whose next send is further away than this streams no previews (held_back).
+HELD_BACK = 2.0
 STOPPED_NOTE = _("⏹ Stopped.")
 
 
-def open_stream(worker: Worker, turn: Turn, agent: Agent, context: TurnContext) -> TurnStream | None:
+async def open_stream(worker: Worker, turn: Turn, agent: Agent, context: TurnContext) -> TurnStream | None:
     """A TurnStream if this turn streams (the agent can, with this channel's config, the
     channel's `streaming` is on, and its platform shows previews in this chat); None: the
-    whole reply at once, as ever (WhatsApp, an API channel with a callback). The
-    context's effect hooks are wrapped so the stream knows when to start saving."""
+    whole reply at once, as ever (WhatsApp, an API channel with a callback), or while
+    the channel's sends are held back (`held_back`). The context's effect hooks are
+    wrapped so the stream knows when to start saving."""
     channel = turn.conversation.channel
     if not (channel.streaming and agent.streams_for(context.config)):
         return None
     conversation = turn.conversation
     target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
-    preview = transport_for(channel).preview_for(target, turn.pk, turn.preview_message_id)
-    if preview is None:
+    transport = transport_for(channel)
+    preview = transport.preview_for(target, turn.pk, turn.preview_message_id)
+    if preview is None or await worker.db(held_back, channel.pk, transport.pace(conversation.chat_id)):
         return None
     stream = TurnStream(worker, turn, preview)
     stream.wrap(context)
@@ -215,6 +220,14 @@ class TurnStream:
         """Before the turn is handed back (shutdown): a turn that acted keeps its text."""
         if self.effect and self.text:
             await self._save()
+
+
+def held_back(channel_id: int, pace: pacing.Pace | None) -> bool:
+    """Whether the channel's next send is more than HELD_BACK seconds away: a 429 paused
+    it (the bot's key, or an unpaced channel's flood key), or its bot's budget is booked
+    that far. Previews then would only earn another 429, or take slots replies need; the
+    final goes through the ledger, which waits."""
+    return pacing.waiting(pacing.flood_pause_key(pace, channel_id)) > HELD_BACK
 
 
 def _guarded(name: str) -> bool:

@@ -171,7 +171,7 @@ class TurnRunner:
             if turn.has_media:  # before the agent's deadline starts: the files are the platform's time
                 context.media = await self.settled_media(turn)
             agent = agent_for(agent_name)
-            stream = streams.open_stream(self.worker, turn, agent, context)
+            stream = await streams.open_stream(self.worker, turn, agent, context)
             with spans.agent_call(agent_name, agent_config, stream is not None):
                 if stream is None:
                     answer = await asyncio.wait_for(agent.respond(context), deadline)

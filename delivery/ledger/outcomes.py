@@ -175,8 +175,7 @@ def _defer(row: OutboundMessage, owner: str, result: SendResult, error: str, now
         # On this host's clock (`now`, injectable): a second's skew is nothing here. An
         # unpaced channel's rows wait too (the claims read its key: claiming._not_flooded,
         # sql.claim_pending).
-        key = pace.bot if pace is not None else pacing.flood_key(row.channel_id)
-        pacing.pause(key, wait, clock=now.timestamp())
+        pacing.pause(pacing.flood_pause_key(pace, row.channel_id), wait, clock=now.timestamp())
     else:
         wait = min(2.0 ** row.flood_waits, NOT_SENT_MAX_WAIT)
     _give_back(row, owner, OutboundState.FAILED, flood_waits=F("flood_waits") + 1,

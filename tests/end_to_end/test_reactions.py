@@ -186,6 +186,23 @@ def test_a_hanging_or_failing_reaction_api_never_holds_the_reply(processes, make
     assert bot_messages(fake_telegram)[0]["text"] == "¿qué horas tengo?"
 
 
+def test_an_unpaced_channel_held_back_by_a_429_puts_no_reaction_on_in_the_meantime(processes, make_channel,
+                                                                                    fake_telegram):
+    """An unpaced channel books no bot slots, but a 429's pause (its flood key, 8 s here:
+    more than 2 s left when the window opens, on a loaded machine too) holds its reactions
+    as it holds its replies: 👀 is skipped, not sent into the penalty."""
+    from delivery import pacing
+
+    channel = e2e.telegram_channel(make_channel, fake_telegram, extra=e2e.UNPACED, status_reaction="seen",
+                                   typing_mode="never", **FAST)
+    web, _ = processes.web(wait=False), processes.worker()
+    pacing.pause(pacing.flood_key(channel.pk), 8.0)
+    e2e.send(web, "tg", CHAT, "hola, una consulta")
+    [reply] = fake_telegram.wait_for("sendMessage", timeout=30)
+    assert [call for call in fake_telegram.calls("setMessageReaction") if call.at < reply.at] == []
+    assert reply.params["text"] == "hola, una consulta"
+
+
 def test_the_fake_refuses_what_telegram_refuses(fake_telegram):
     """setMessageReaction's limits, as the Bot API answers them (the transport's 👌, not ✅)."""
     import asyncio

@@ -129,6 +129,27 @@ def test_a_429_on_a_preview_stops_previews_and_the_final_goes_once_on_time(proce
     assert OutboundMessage.objects.get().attempts == 1
 
 
+def test_a_turn_while_a_429_holds_the_channel_back_streams_no_preview_and_its_final_waits(
+        processes, make_channel, fake_telegram, fake_openai):
+    """A 429 on a reply paused the channel for 10 s (its flood key, as the ledger writes
+    it; long enough to outlast the turn's window and start on a loaded machine): the next
+    turn shows no drafts, which the platform would refuse too, and its final goes once
+    the pause is over."""
+    from delivery import pacing
+
+    channel = streaming_channel(make_channel, fake_telegram, fake_openai)
+    fake_openai.script(Reply("Claro: " + " ".join(f"palabra{i}" for i in range(3)), pace=0.25))
+    web, _ = processes.web(wait=False), processes.worker(**KEY_ENV)
+    paused_at = time.monotonic()
+    pacing.pause(pacing.flood_key(channel.pk), 10.0)
+    send(web, "tg", 101, "Explícame algo.")
+    [final] = fake_telegram.wait_for("sendMessage", timeout=30)
+    assert fake_openai.requests(), "the agent ran"
+    assert fake_telegram.calls("sendMessageDraft") == []
+    assert final.at - paused_at >= 10.0 - 0.1  # the ledger waited the pause out (its clock is the wall's)
+    assert Turn.objects.get().previews == 0
+
+
 @pytest.mark.parametrize("failure", ["500", "timeout"])
 def test_a_failed_final_edit_leaves_one_finished_answer_and_no_stale_preview(processes, make_channel,
                                                                             fake_telegram, fake_openai, failure):
