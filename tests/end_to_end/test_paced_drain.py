@@ -1,7 +1,10 @@
 """Promise 3 under real load, through real processes: the web server taking webhooks, one
 worker (two on PostgreSQL: one budget for the bot across them) and the local fake Bot
 API keeping Telegram's documented limits. A burst of new chats becomes a paced drain:
-every reply once, none labelled, hardly a 429."""
+every reply once, none labelled, hardly a 429. Sized to hold a backlog (400 chats in 4 s
+against 28 sends a second: 14 s of drain), not for speed: `make bench paced` measures
+that, 1,500 new chats at 300/s (a suite's test is CPU the busy phase shares: at 1,000
+chats and 15 s of sustained intake, this file took 57 s of CPU a pass)."""
 
 import threading
 import time
@@ -16,6 +19,7 @@ from tests.support.e2e import SECRET, UNPACED, telegram_channel, update
 
 pytestmark = pytest.mark.e2e
 PREFIX = "♻️"
+BURST = 400  # new chats at 100/s
 
 
 def post_at_rate(web, slug, chats, rate, threads=4, text="¿me confirmas la cita?"):
@@ -66,18 +70,18 @@ def replies_by_chat(fake):
     return found
 
 
-def test_a_burst_of_1000_new_chats_drains_paced_every_reply_once_none_labelled(processes, make_channel):
+def test_a_burst_of_400_new_chats_drains_paced_every_reply_once_none_labelled(processes, make_channel):
     with FakeBotAPI(limits=Limits()) as fake:
         telegram_channel(make_channel, fake)  # Telegram's defaults: 28 messages/s, 1/s a chat
         web = processes.web()
         for _ in range(2 if is_postgres() else 1):
             processes.worker()
-        chats = [7_000_000 + i for i in range(1000)]
+        chats = [7_000_000 + i for i in range(BURST)]
         began = time.monotonic()
         statuses = post_at_rate(web, "tg", chats, rate=100)
-        assert statuses.count(200) == 1000
-        wait_until(lambda: len(fake.sent_messages()) >= 1000, timeout=90, interval=0.5,
-                   message="1,000 replies delivered")
+        assert statuses.count(200) == BURST
+        wait_until(lambda: len(fake.sent_messages()) >= BURST, timeout=90, interval=0.5,
+                   message=f"{BURST} replies delivered")
         drained = time.monotonic() - began
         time.sleep(1.0)  # anything more that would come (a duplicate) has time to
         replies = replies_by_chat(fake)
@@ -85,28 +89,28 @@ def test_a_burst_of_1000_new_chats_drains_paced_every_reply_once_none_labelled(p
             {chat: texts for chat, texts in replies.items() if len(texts) != 1}
         assert not [t for texts in replies.values() for t in texts if t.startswith(PREFIX)]
         sends = len(fake.calls("sendMessage"))
-        print(f"1,000 new chats at 100/s: drained in {drained:.1f} s, {fake.floods} 429s for {sends} sends")
+        print(f"{BURST} new chats at 100/s: drained in {drained:.1f} s, {fake.floods} 429s for {sends} sends")
         # Paced, not a storm: unpaced, the replies would go out at the intake's 100/s against
         # Telegram's 30/s, and most of them meet a 429 the first time. The fake stamps a
         # send when its handler runs, in this process (which also posts the burst) on a
         # machine the busy phase keeps saturated: handlers run late there and count the
-        # sends queued meanwhile as one burst (71 of 1,071 in one fresh-clone run of five,
+        # sends queued meanwhile as one burst (71 of 1,071 sends, at 1,000 chats, in one fresh-clone run of five,
         # against a bound of 5 % then). The quiet machine's share is `make bench`'s `paced`
         # (its target: 1 %).
-        assert fake.floods <= 0.15 * 1000, f"{fake.floods} 429s for {sends} sends"
-        assert drained <= 90
+        assert fake.floods <= 0.15 * BURST, f"{fake.floods} 429s for {sends} sends"
+        assert drained <= 60
         rows = OutboundMessage.objects.all()
-        assert rows.filter(state=OutboundState.DELIVERED).count() == 1000
+        assert rows.filter(state=OutboundState.DELIVERED).count() == BURST
         assert not rows.filter(needs_marker=True).exists() and not rows.filter(attempts__gt=1).exists()
 
 
 def test_sustained_intake_against_an_unlimited_platform_labels_nothing(processes, make_channel, fake_telegram):
-    """New chats as fast as the web process takes them, unpaced, for 15 s: sends queue for
-    the bot's connections and go out plain whenever they get one."""
+    """New chats at 150/s, unpaced, for 8 s: sends queue for the bot's connections and go
+    out plain whenever they get one."""
     telegram_channel(make_channel, fake_telegram, extra=UNPACED)
     web = processes.web(wait=False)
     processes.worker()
-    seconds, rate = 15, 150
+    seconds, rate = 8, 150
     chats = [8_000_000 + i for i in range(seconds * rate)]
     statuses = post_at_rate(web, "tg", chats, rate=rate)
     accepted = statuses.count(200)
