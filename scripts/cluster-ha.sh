@@ -228,11 +228,10 @@ pg_kill() {
 
 db_host() { case ${1:-} in db-a|db-b) ;; *) die "which database host? db-a or db-b";; esac; }
 
-ha_down() {
+ha_stop() {
   local host
   for host in app-a app-b; do kill_host "$host" TERM 5 || kill_host "$host" KILL; done
   # The data goes with the hosts: no clean shutdown to wait for (a demoting Patroni waited
   # 10 s and more on a walsender whose standby was cut off).
   for host in db-a db-b dcs; do kill_host "$host" KILL; done
-  ha_net_down
 }

@@ -9,6 +9,7 @@
 #                                Redis on dcs (scripts/cluster-ha.sh)
 #   scripts/cluster.sh status    hosts, addresses, processes, URLs
 #   scripts/cluster.sh down      stop every process in the hosts, remove hosts, bridge, data
+#   scripts/cluster.sh stop      stop every process in the hosts only (down removes the rest)
 #   scripts/cluster.sh check     can it run here? (root, network namespaces)
 #
 # and, for fault drills (the fault test uses them):
@@ -53,6 +54,8 @@ APPS=(app-a app-b)
 TASKS_HOST=app-a  # django-q2's cluster runs on one host only
 # shellcheck source=scripts/cluster-ha.sh
 . "$CLONE/scripts/cluster-ha.sh"
+# shellcheck source=scripts/network-lock.sh
+. "$CLONE/scripts/network-lock.sh"
 ha() { [ -f "$STATE/ha" ]; }  # this cluster was built with --ha
 if ha; then ha_hosts; fi
 
@@ -76,12 +79,15 @@ need_netns() {
   if ! out=$(ip netns add "$probe" 2>&1); then
     die "network namespaces are not available here ('ip netns add' said: $out); the cluster needs them (a container needs CAP_SYS_ADMIN and CAP_NET_ADMIN)"
   fi
-  ip netns del "$probe"
-  if ! out=$(ip link add "$probe" type bridge 2>&1); then
+  # The bridge probed inside the probe's namespace: the root namespace sees no change (a
+  # browser test beside it would: tests/support/host_network.py).
+  if ! out=$(ip -n "$probe" link add probe type bridge 2>&1); then
+    ip netns del "$probe"
     die "the kernel refuses a bridge ('ip link add … type bridge' said: $out; try: modprobe bridge)"
   fi
-  ip link del "$probe"
+  ip netns del "$probe"
 }
+
 
 exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$(ns "$1")"; }
 
@@ -289,13 +295,13 @@ up() {
   trap '[ -n "$BUILT" ] || [ -n "${CLUSTER_KEEP_FAILED:-}" ] || { echo "cluster: up failed; taking down what was built" >&2; down >/dev/null 2>&1; }' EXIT
   say "network: bridge $BRIDGE $ROOT_ADDR/24, hosts ${HOSTS[*]}"
   if ha; then
-    ha_net_up
+    network_change ha_net_up
     say "dcs: etcd and Redis on $(ha_addr dcs)"
     dcs_up
     say "db-a, db-b: Patroni, a primary and its synchronous replica"
     ha_db_up
   else
-    net_up
+    network_change net_up
     say "db: PostgreSQL and Redis on $(front_addr db)"
     db_up
   fi
@@ -310,13 +316,11 @@ up() {
   status
 }
 
-down() {
-  need_root down
+# Every process of the hosts stopped; the hosts and the bridge stay (down removes them).
+stop_hosts() {
   local host bin
   if ha; then
-    ha_down
-    rm -rf "$STATE"
-    say "down"
+    ha_stop
     return 0
   fi
   # The data goes with the hosts: a short grace, then SIGKILL.
@@ -326,7 +330,12 @@ down() {
     as_postgres "$bin/pg_ctl" -D "$STATE/db/pg/data" -m fast -w -t 10 stop >/dev/null 2>&1 || true
   fi
   kill_host db TERM 5 || kill_host db KILL
-  net_down
+}
+
+down() {
+  need_root down
+  stop_hosts
+  if ha; then network_change ha_net_down; else network_change net_down; fi
   rm -rf "$STATE"
   say "down"
 }
@@ -369,6 +378,7 @@ link_of() { case ${1:-} in app-a|app-b) echo db0;; db-a|db-b) ha || die "not an 
 case ${1:-} in
   up) up "${2:-}" ;;
   down) down ;;
+  stop) need_root stop; stop_hosts; say "every process of the hosts stopped (down removes the hosts)" ;;
   status) status ;;
   check) need_root check; need_netns; say "root, and network namespaces work: ready for up" ;;
   kill) app_host "${2:-}"; need_root kill; kill_host "$2" KILL || die "processes left on $2"; say "$2: every process killed" ;;
@@ -387,5 +397,5 @@ case ${1:-} in
            *) die "redis stop|start" ;;
          esac ;;
   _on) shift; exec_on "$@" ;;  # internal: `daemon` runs a host's process through this
-  *) echo "usage: $0 up [--ha]|down|status|check|kill HOST|start HOST|unplug HOST|plug HOST|pgkill DBHOST|primary|redis stop|start" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--ha]|down|stop|status|check|kill HOST|start HOST|unplug HOST|plug HOST|pgkill DBHOST|primary|redis stop|start" >&2; exit 2 ;;
 esac

@@ -592,6 +592,9 @@ def stop_zygote():
 
 def pytest_sessionfinish(session, exitstatus):
     stop_zygote()
+    clusters = sys.modules.get("tests.cluster.hosts")
+    if clusters is not None:
+        clusters.wait_removed()  # a cluster test's hosts are removed after it (Cluster.down)
 
 
 class Process:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +27,19 @@ DATABASE_HOSTS = ("db-a", "db-b")
 PATRONI_PORT = 8008
 
 
+# A `down` waits for the browser tests alive to end before it changes the root
+# namespace's network (host_network.WAIT_SECONDS at most), then removes the hosts.
+DOWN_TIMEOUT = host_network.WAIT_SECONDS + 60
+# The clusters being removed in threads of this process (Cluster.down(wait=False)).
+removing: list = []
+
+
+def wait_removed():
+    """Every cluster this process is removing, removed (at the end of a pytest session)."""
+    for thread in removing:
+        thread.join(DOWN_TIMEOUT)
+
+
 class ClusterError(Exception):
     pass
 
@@ -36,7 +50,11 @@ class Cluster:
         self.dir = None  # made by up(): under /tmp, where the postgres user may enter
         self.ours = False  # whether `down` is ours to run
         self.owner = None  # the prefix's owner lock, held from up() to the end of down()
-        self.env = {**os.environ, "CLUSTER_PREFIX": prefix, "CLUSTER_NET": net, **(env or {})}
+        # The script takes host_network's locks itself, only while the root namespace's
+        # network changes (scripts/cluster.sh network_change).
+        host_network.VAR.mkdir(exist_ok=True)
+        self.env = {**os.environ, "CLUSTER_PREFIX": prefix, "CLUSTER_NET": net,
+                    "CLUSTER_NETWORK_LOCKS": str(host_network.VAR), **(env or {})}
 
     @property
     def root_address(self):
@@ -67,9 +85,9 @@ class Cluster:
         return done.stdout
 
     def unavailable(self):
-        """Why the cluster cannot be built here (not root, no network namespaces), or ''."""
-        with host_network.changing():  # the check adds and removes a probe bridge
-            done = subprocess.run([str(SCRIPT), "check"], env=self.env, capture_output=True, text=True, timeout=30)
+        """Why the cluster cannot be built here (not root, no network namespaces), or ''.
+        (Its probes change nothing in the root namespace: no lock.)"""
+        done = subprocess.run([str(SCRIPT), "check"], env=self.env, capture_output=True, text=True, timeout=30)
         return "" if done.returncode == 0 else (done.stderr.strip() or done.stdout.strip())
 
     def up(self):
@@ -79,13 +97,12 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="agentloop-cluster-test-", dir="/tmp")
         self.env["CLUSTER_DIR"] = self.dir
         self.ours = True
-        with host_network.changing():  # the bridge's address appears in the root namespace
-            if self.built():
-                # Its owner is gone (we hold the lock): a SIGKILLed run, a session cut short.
-                print(f"cluster: prefix {self.prefix!r} was left up by a run that died; taking it down",
-                      file=sys.stderr)
-                self.script("down", timeout=60)
-            return self.script("up", *(["--ha"] if self.ha else []), timeout=240)
+        if self.built():
+            # Its owner is gone (we hold the lock): a SIGKILLed run, a session cut short.
+            print(f"cluster: prefix {self.prefix!r} was left up by a run that died; taking it down",
+                  file=sys.stderr)
+            self.script("down", timeout=DOWN_TIMEOUT)
+        return self.script("up", *(["--ha"] if self.ha else []), timeout=240)
 
     def built(self):
         """Whether namespaces or the bridge of this prefix exist on the machine."""
@@ -93,11 +110,28 @@ class Cluster:
         bridge = subprocess.run(["ip", "link", "show", f"{self.prefix}-br"], capture_output=True, timeout=10)
         return f"{self.prefix}-db" in names or f"{self.prefix}-dcs" in names or bridge.returncode == 0
 
-    def down(self):
+    def down(self, wait=True):
+        """Every process of the hosts stopped now; the hosts and the bridge removed now, or
+        with wait=False in a thread of this process (`removing`), which its end waits for:
+        the removal waits for the browser tests alive to end (host_network), and the next
+        test need not wait with it."""
         try:
             if self.ours:
-                with host_network.changing():  # the bridge's address goes
-                    return self.script("down", timeout=60)
+                self.script("stop", timeout=60)
+        except BaseException:
+            self._remove()
+            raise
+        if wait:
+            self._remove()
+        else:
+            thread = threading.Thread(target=self._remove, name=f"cluster {self.prefix} down")  # not a daemon
+            removing.append(thread)
+            thread.start()
+
+    def _remove(self):
+        try:
+            if self.ours:
+                self.script("down", timeout=DOWN_TIMEOUT)
         finally:
             if self.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
@@ -113,7 +147,7 @@ class Cluster:
             yield self
         finally:
             self.keep_logs(logs)
-            self.down()
+            self.down(wait=False)
 
     def kill(self, host):
         self.script("kill", host, timeout=30)

@@ -1,7 +1,11 @@
 """The lock that keeps Chromium and a change of the host's network apart (tests/support/host_network.py)."""
 
 import fcntl
+import os
+import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +87,51 @@ def test_a_lock_held_too_long_is_a_clear_error(monkeypatch):
             pass
     release.set()
     holder.join(5)
+
+
+# scripts/network-lock.sh: cluster.sh's side of the same lock, in the shell.
+NETWORK_LOCK = Path(__file__).resolve().parents[2] / "scripts" / "network-lock.sh"
+
+
+def shell_change(script, **env):
+    """`script` run by bash with network_change defined and the test's lock folder named."""
+    return subprocess.Popen(["bash", "-euo", "pipefail", "-c", f". {NETWORK_LOCK}; {script}"],
+                            env={**os.environ, "CLUSTER_NETWORK_LOCKS": str(host_network.VAR), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_scripts_change_waits_for_a_live_browser_and_holds_the_lock_only_while_it_runs(tmp_path):
+    marker = tmp_path / "changed"
+    release = threading.Event()
+    browser, browser_in = in_thread(host_network.browsing, [], "browser", release)
+    assert browser_in.wait(5)
+    # The change, then a process started after it that outlives the script: it must not
+    # have inherited the lock.
+    change = shell_change(f"network_change touch {marker}; (sleep 5 &)")
+    time.sleep(0.5)
+    assert not marker.exists(), "the network changed under a live browser"
+    release.set()
+    assert change.wait(10) == 0, change.stderr.read()
+    assert marker.exists()
+    later, later_in = in_thread(host_network.browsing, [], "browser 2")
+    assert later_in.wait(5), "the lock stayed held after the change (inherited by a process it started?)"
+    for thread in (browser, later):
+        thread.join(5)
+
+
+def test_a_failing_change_exits_the_script_and_a_lock_held_too_long_is_a_clear_error():
+    failed = shell_change("network_change false; echo went on")
+    assert failed.wait(10) != 0 and "went on" not in failed.stdout.read()
+    later, later_in = in_thread(host_network.browsing, [], "browser")
+    assert later_in.wait(5), "a failed change left the lock held"
+    later.join(5)
+    release = threading.Event()
+    browser, browser_in = in_thread(host_network.browsing, [], "browser", release)
+    assert browser_in.wait(5)
+    try:
+        refused = shell_change("network_change true", CLUSTER_NETWORK_WAIT="1")
+        assert refused.wait(10) == 1
+        assert "not free within 1 s" in refused.stderr.read()
+    finally:
+        release.set()
+        browser.join(5)
