@@ -72,7 +72,7 @@ async def open_stream(worker: Worker, turn: Turn, agent: Agent, context: TurnCon
     target = Target(conversation.chat_id, turn.reply_target, turn.thread_id, conversation_id=conversation.pk)
     transport = transport_for(channel)
     preview = transport.preview_for(target, turn.pk, turn.preview_message_id)
-    if preview is None or await worker.db(held_back, channel.pk, transport.pace(conversation.chat_id)):
+    if preview is None or await _held_back(worker, channel.pk, transport.pace(conversation.chat_id)):
         return None
     stream = TurnStream(worker, turn, preview)
     stream.wrap(context)
@@ -220,6 +220,13 @@ class TurnStream:
         """Before the turn is handed back (shutdown): a turn that acted keeps its text."""
         if self.effect and self.text:
             await self._save()
+
+
+async def _held_back(worker: Worker, channel_id: int, pace: pacing.Pace | None) -> bool:
+    try:
+        return await worker.db(held_back, channel_id, pace)
+    except Exception:  # the database away: previews are best effort, the turn is not (its own steps say the fault)
+        return True
 
 
 def held_back(channel_id: int, pace: pacing.Pace | None) -> bool:
