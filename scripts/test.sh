@@ -217,13 +217,33 @@ if [ -n "$backfill_pg_start" ]; then
     echo "could not start the backfill's PostgreSQL (see $backfill_pgdir): its unit tests run on the suite's"
   fi
 fi
+# The migrated templates the busy phase left on the suite's server, copied onto the
+# backfill's cluster (tests/support/template_db.py names and finds them): its PostgreSQL
+# process then copies one as every other process does, where it migrated its own from
+# nothing, at idle priority: 50 s before its first test, at the head of a chain that
+# ended after the alone phase. A failed copy leaves it to do that.
+copy_templates() {
+  local name dump
+  for name in $(psql "$pg_url" -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'test\_template\_%'"); do
+    dump="$logs/$name.dump"
+    if pg_dump --no-owner -Fc -f "$dump" "${pg_url%/*}/$name" \
+        && psql "$backfill_pg_url" -qc "CREATE DATABASE $name" \
+        && pg_restore --no-owner --exit-on-error -d "${backfill_pg_url%/*}/$name" "$dump"; then
+      echo "=== backfill: template $name copied onto its cluster ===" >>"$logs/postgres-unit.log"
+    else
+      psql "$backfill_pg_url" -qc "DROP DATABASE IF EXISTS $name" >/dev/null 2>&1
+    fi
+    rm -f "$dump"
+  done
+}
 if [ "$user_args" = 0 ]; then
   {
     idle_priority "$BASHPID"
     sqlite_pytest -m "unit and not serial" tests/unit >"$logs/sqlite-unit.log" 2>&1 &
     sqlite_unit_pid=$!
+    [ -n "$backfill_pgdir" ] && [ "$backfill_pg_url" != "$pg_url" ] && copy_templates >>"$logs/postgres-unit.log" 2>&1
     DATABASE_URL=$backfill_pg_url AGENTLOOP_TEST_PASS=postgres $PY -m pytest -m "unit and not serial" tests/unit \
-      >"$logs/postgres-unit.log" 2>&1
+      >>"$logs/postgres-unit.log" 2>&1
     postgres_unit_rc=$?
     wait "$sqlite_unit_pid"
     echo "$? $postgres_unit_rc" >"$logs/unit.status"

@@ -9,13 +9,14 @@ later one copies the template (a file copy on SQLite, `CREATE DATABASE … TEMPL
 PostgreSQL), then lets Django's `migrate` check it (nothing left to apply) as with
 `--reuse-db`. The template is named by a digest of every app's migrations on disk (the
 packages' too), so a changed migration builds a new one; a file
-lock keeps two processes from building it at once. The database a test sees is what a
+lock keeps two processes from building it at once (one lock per SQLite folder or server). The database a test sees is what a
 fresh `migrate` makes, row for row (content types and permissions included).
 """
 
 import atexit
 import fcntl
 import hashlib
+import re
 import sqlite3
 import sys
 from contextlib import contextmanager
@@ -46,10 +47,20 @@ def remove_sqlite(path):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def lock_for(connection):
+    """One lock per place a template lives: SQLite's folder, a PostgreSQL server. With
+    one for all, the backfill's SQLite process waited 48 s (at idle priority) while the
+    backfill's PostgreSQL process built its own cluster's template (scripts/test.sh)."""
+    settings = connection.settings_dict
+    where = "sqlite" if connection.vendor == "sqlite" else \
+        f"postgresql-{settings.get('HOST') or 'socket'}-{settings.get('PORT') or 5432}"
+    return LOCK.with_name(f"test-template-{re.sub(r'[^A-Za-z0-9.]+', '-', where)}.lock")
+
+
 @contextmanager
-def held():
-    LOCK.parent.mkdir(exist_ok=True)
-    with open(LOCK, "w") as lock:
+def held(path):
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -66,7 +77,7 @@ def prepare(setup):
         return setup(False)
     sqlite = vendor == "sqlite"
     name = f"{TEMPLATE_PREFIX}{migrations_digest(hashlib.sha256()).hexdigest()[:16]}"
-    with held():
+    with held(lock_for(connection)):
         if (_copy_sqlite if sqlite else _copy_postgres)(connection, test_name, name):
             return setup(True)
         built = setup(False)  # under the lock: no second process builds the same template
