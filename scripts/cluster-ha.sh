@@ -18,11 +18,12 @@
 #     itself (read-only) once it cannot renew it;
 #   primary_start_timeout 0: a crashed primary is failed over at once, not restarted in place;
 #   maximum_lag_on_failover 16 MiB: Patroni compares a candidate's WAL with the primary's
-#     pg_current_wal_lsn() as last written to etcd, which under load runs ahead of what any
-#     replica received (WAL of commits still waiting for the replica's ack). At 0 a crash
-#     mid-burst found the replica "lagging" and Patroni restarted db-a in place instead
-#     (stop 67's CI). The lag limit guards asynchronous replicas; here only the synchronous
-#     replica may be promoted, and it holds every commit the product was told of;
+#     pg_current_wal_lsn() as last written to etcd, which under load may run ahead of what
+#     the replica received (WAL of commits still waiting for its ack). A candidate found
+#     "lagging" (or not answering Patroni's REST API within 2 s) makes Patroni restart a
+#     crashed primary in place instead; CI once met one of the two, its log not kept. The
+#     limit guards asynchronous replicas: here only the synchronous replica may be
+#     promoted, and it holds every commit the product was told of;
 #   synchronous_mode: a commit is acknowledged once it is on the replica too, and only a
 #     synchronous replica may be promoted, so what the product acknowledged survives;
 #   use_pg_rewind (wal_log_hints on): the old primary rejoins as a replica.

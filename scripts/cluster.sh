@@ -88,7 +88,6 @@ need_netns() {
   ip netns del "$probe"
 }
 
-
 exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$(ns "$1")"; }
 
 # Run a command on a host: its network namespace and a host name of its own (a UTS
