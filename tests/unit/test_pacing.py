@@ -162,7 +162,9 @@ def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel
     assert by_channel["paced"]["queued"] == 40 - sending and by_channel["paced"]["sending"] == sending
     assert by_channel["paced"]["retrying"] == 0 and by_channel["paced"]["per_second"] == 20.0
     assert by_channel["paced"]["drain_seconds"] == pytest.approx(40 / 20)
-    assert by_channel["paced"]["paused_seconds"] == pytest.approx(9, abs=0.5)
+    # What is left of the pause: at most its 9 s, less what this process took since (the
+    # backfill runs it at idle priority, where 0.6 s once went by).
+    assert 6 <= by_channel["paced"]["paused_seconds"] <= 9
     assert (by_channel["free"]["retrying"], by_channel["free"]["per_second"], by_channel["free"]["drain_seconds"],
             by_channel["free"]["paused_seconds"]) == (1, None, None, 0)
     # A channel with pacing off waits out a 429 too (every row of it), and shows it.
@@ -170,7 +172,7 @@ def test_the_dashboard_shows_each_channels_queue_and_its_drain_time(make_channel
                                 "w1")
     ledger.finish(other, "w1", SendResult.failed(Outcome.FLOOD, "Too Many Requests", retry_after=4))
     by_channel = {b["channel"]: b for b in console.snapshot()["backlog"]}
-    assert by_channel["free"]["paused_seconds"] == pytest.approx(4, abs=0.5)
+    assert 1 <= by_channel["free"]["paused_seconds"] <= 4
 
 
 @pytest.mark.django_db
