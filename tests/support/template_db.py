@@ -8,9 +8,10 @@ process of a kind migrates as before and keeps a copy of the result, the templat
 later one copies the template (a file copy on SQLite, `CREATE DATABASE … TEMPLATE` on
 PostgreSQL), then lets Django's `migrate` check it (nothing left to apply) as with
 `--reuse-db`. The template is named by a digest of every app's migrations on disk (the
-packages' too), so a changed migration builds a new one; a file
-lock keeps two processes from building it at once (one lock per SQLite folder or server). The database a test sees is what a
-fresh `migrate` makes, row for row (content types and permissions included).
+packages' too), so a changed migration builds a new one; a file lock (one for SQLite,
+one per PostgreSQL server) keeps two processes from building it at once. The database a
+test sees is what a fresh `migrate` makes, row for row (content types and permissions
+included).
 """
 
 import atexit
@@ -25,7 +26,7 @@ from pathlib import Path
 from django.db import connections
 
 BASE_DIR = Path(__file__).resolve().parents[2]
-LOCK = BASE_DIR / "var" / "test-template.lock"
+LOCKS = BASE_DIR / "var"  # test-template-<where>.lock (lock_for)
 TEMPLATE_PREFIX = "test_template_"
 
 
@@ -48,13 +49,13 @@ def remove_sqlite(path):
 
 
 def lock_for(connection):
-    """One lock per place a template lives: SQLite's folder, a PostgreSQL server. With
+    """One lock per place a template lives: SQLite's folder (var/), a PostgreSQL server. With
     one for all, the backfill's SQLite process waited 48 s (at idle priority) while the
     backfill's PostgreSQL process built its own cluster's template (scripts/test.sh)."""
     settings = connection.settings_dict
     where = "sqlite" if connection.vendor == "sqlite" else \
         f"postgresql-{settings.get('HOST') or 'socket'}-{settings.get('PORT') or 5432}"
-    return LOCK.with_name(f"test-template-{re.sub(r'[^A-Za-z0-9.]+', '-', where)}.lock")
+    return LOCKS / f"test-template-{re.sub(r'[^A-Za-z0-9.]+', '-', where)}.lock"
 
 
 @contextmanager
