@@ -17,6 +17,11 @@ from conversations.api.operators import ForgetContactView
 from tools import api as tools_api
 from tools import views as tools_views
 
+# Every app's admin module, in INSTALLED_APPS order (the console's last: it dresses the
+# others' in the theme). Already done at setup in a web process (AdminConfig); a worker's
+# setup leaves it to here (SimpleAdminConfig, settings.py), should it ever load the URLconf.
+admin.autodiscover()
+
 admin.site.site_header = "agentloop"
 admin.site.site_title = "agentloop"
 admin.site.index_title = _("Operations")

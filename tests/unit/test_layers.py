@@ -118,3 +118,36 @@ def test_a_worker_that_traces_loads_it_at_start(tmp_path):
     loaded = _loaded_in(["manage.py", "runloop"], TRACING_MODULES, tmp_path,
                         OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="0.2")
     assert loaded == repr(sorted(TRACING_MODULES))
+
+
+def _admin_of(argv, tmp_path):
+    """In a process started as `argv`: whether its set-up imported the admin modules, and
+    the admin's registrations once a URL is reversed (the URLconf loaded)."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    code = (f"import sys; sys.argv = {argv!r}; import django; django.setup(); "
+            "import conversations.management.commands.runloop; "
+            "at_setup = sorted(m for m in ('conversations.admin', 'delivery.admin', 'unfold.admin') if m in sys.modules); "
+            "from django.urls import reverse; reverse('admin:conversations_channel_changelist'); "
+            "from django.contrib import admin; print(at_setup, sorted(m._meta.label for m in admin.site._registry))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "agentloop.settings", "AGENTLOOP_METRICS_DIR": str(tmp_path / "metrics")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_worker_sets_up_without_the_admin_and_has_all_of_it_with_the_urlconf(tmp_path):
+    """A worker serves no page: the admin's modules (0.1-0.2 s of its start-up CPU) are
+    imported only when it loads the URLconf, and then every model is registered as in a
+    web process, whose set-up imports them (AdminConfig)."""
+    worker = _admin_of(["manage.py", "runloop"], tmp_path)
+    web = _admin_of(["agentloop/web_server.py"], tmp_path)
+    assert worker.startswith("[] "), worker
+    assert web.startswith("['conversations.admin', 'delivery.admin', 'unfold.admin'] "), web
+    assert worker.split("] ", 1)[1] == web.split("] ", 1)[1]
+    assert "'conversations.Channel'" in worker
