@@ -21,7 +21,7 @@ from tests.support.ports import free_port
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.support.browser", "tests.support.redis_server", "tests.support.s3_server"]
+pytest_plugins = ["tests.support.cpu_profile", "tests.support.browser", "tests.support.redis_server", "tests.support.s3_server"]
 
 
 # Tests that run alone (pytest.ini's `serial` marker). scripts/test.sh runs the SQLite pass

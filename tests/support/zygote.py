@@ -16,8 +16,9 @@ process the plain way.
     python -m tests.support.zygote <fd of its end of a socketpair>
 
 Requests and answers are JSON lines: {"spawn": n, "argv", "env", "cwd", "log"} is
-answered {"spawned": n, "pid"}; each child's end is reported {"exited": pid, "code"}
-with subprocess's sign (-N: killed by signal N).
+answered {"spawned": n, "pid"}; each child's end is reported {"exited": pid, "code", "cpu"}
+with subprocess's sign (-N: killed by signal N) and the CPU seconds it and the processes
+it waited for used.
 """
 
 import gc
@@ -114,11 +115,12 @@ def main():
 
 def reap(channel, children):
     while children:
-        pid, status = os.waitpid(-1, os.WNOHANG)
+        pid, status, usage = os.wait4(-1, os.WNOHANG)
         if pid == 0:
             return
         children.discard(pid)
-        send(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        send(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status),
+                       "cpu": usage.ru_utime + usage.ru_stime})
 
 
 def send(channel, message):
@@ -170,6 +172,10 @@ class Zygote:
     that answers as subprocess.Popen does (pid, poll, wait, send_signal, kill, terminate,
     returncode): the tests' Process holds either."""
 
+    # CPU seconds of this process's forked children that have ended, all its zygotes'
+    # (tests/support/cpu_profile.py).
+    ended_children_cpu = 0.0
+
     def __init__(self, base_dir, log_path):
         ours, theirs = socket.socketpair()
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}  # preloading reads no settings
@@ -204,6 +210,7 @@ class Zygote:
                     self.spawned[message["spawned"]] = child
                 else:
                     self.children.pop(message["exited"]).returncode = message["code"]
+                    Zygote.ended_children_cpu += message["cpu"]
                 self.changed.notify_all()
         with self.changed:  # the zygote is gone
             self.changed.notify_all()

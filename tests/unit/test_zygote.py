@@ -77,3 +77,13 @@ def test_children_are_independent(zygote, tmp_path):
     (first, first_log), (second, second_log) = (spawn(zygote, tmp_path, [str(script)], MARKER=m) for m in "ab")
     assert first.wait(30) == second.wait(30) == 0 and first.pid != second.pid
     assert [json.loads(log.read_text().splitlines()[0])["marker"] for log in (first_log, second_log)] == ["a", "b"]
+
+
+def test_an_ended_child_reports_the_cpu_it_used(zygote, tmp_path):
+    """What tests/support/cpu_profile.py counts per test: a child's CPU, as the zygote reaped it."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n")
+    before = Zygote.ended_children_cpu
+    child, _ = spawn(zygote, tmp_path, [str(script)])
+    assert child.wait(30) == 0
+    assert 0.3 <= Zygote.ended_children_cpu - before < 5
