@@ -5,7 +5,6 @@ sends again after the resume admitted once (tests/socket_platform/ is the platfo
 
 import asyncio
 import json
-import subprocess
 import sys
 import threading
 
@@ -13,7 +12,7 @@ import pytest
 from websockets.asyncio.server import serve
 
 from conversations.models import InboundMessage
-from tests.conftest import wait_until
+from tests.conftest import run_python, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +71,7 @@ def test_a_connection_resumes_after_a_drop_and_admits_what_is_sent_again_once(pr
     with SocketServer() as platform:
         command = [sys.executable, "manage.py", "addchannel", "sock1", "--kind", "sock", "--url", platform.url,
                    "--agent", "pull"]
-        done = subprocess.run(command, env=processes.env(**EXTRA), capture_output=True, text=True, timeout=120)
+        done = run_python(command, env=processes.env(**EXTRA), timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         processes.worker(**EXTRA)
         processes.worker(**EXTRA)  # a second worker: still one connection (the channel's lease)

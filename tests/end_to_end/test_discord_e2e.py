@@ -12,7 +12,6 @@ one preview message edited into the final, its file uploaded (multipart), and th
 person's message carries 👀 then ✅. (No web server: Discord reaches us through the
 worker's Gateway alone.)"""
 
-import subprocess
 import sys
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from conversations.models import Channel, InboundMessage, MediaFile, MediaState, Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
-from tests.conftest import wait_until
+from tests.conftest import run_python, wait_until
 from tests.fakes.discord_api import BOT_USER_ID, DiscordGateway, DiscordRest, message
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +33,7 @@ def add_channel(processes, rest, agent="echo"):
     command = [sys.executable, "manage.py", "addchannel", "disc1", "--kind", "discord", "--token", TOKEN,
                "--api-base", rest.url, "--agent", agent,
                *[arg for kind in ("closed", "greeting", "open", "neutral") for arg in (f"--window-{kind}", "1.5")]]
-    done = subprocess.run(command, env=processes.env(), capture_output=True, text=True, timeout=120)
+    done = run_python(command, env=processes.env(), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -6,14 +6,13 @@ in constant time and deduplicated; a burst is one turn; its replies go through t
 ledger, paced, a 429 waited out and sent again; and the layers below reach it by the
 setting alone (delivery's transport, redaction's secrets)."""
 
-import subprocess
 import sys
 
 import pytest
 
 from conversations.models import InboundMessage, Turn
 from delivery.models import OutboundMessage, OutboundState
-from tests.conftest import wait_until
+from tests.conftest import run_python, wait_until
 from tests.echo_platform.fake import EchoServer
 from tests.support import local_http
 
@@ -27,7 +26,7 @@ def add_channel(processes, peer):
     command = [sys.executable, "manage.py", "addchannel", "echo1", "--kind", "echo", "--secret", SECRET,
                "--reply-url", peer.url("/replies"), "--agent", "echo",
                *[arg for kind in ("closed", "greeting", "open", "neutral") for arg in (f"--window-{kind}", "1.0")]]
-    done = subprocess.run(command, env=processes.env(**EXTRA), capture_output=True, text=True, timeout=120)
+    done = run_python(command, env=processes.env(**EXTRA), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -71,6 +70,6 @@ def test_a_platform_written_from_the_docs_is_one_folder_and_one_setting(processe
                   "from conversations.models import Channel;"
                   "channel = Channel.objects.get(slug='echo1');"
                   f"print(channel_secrets(channel) == [{SECRET!r}], redact('key {SECRET}'))")
-        shown = subprocess.run([sys.executable, "manage.py", "shell", "--no-imports", "-c", script], env=processes.env(**EXTRA),
-                               capture_output=True, text=True, timeout=120)
+        shown = run_python([sys.executable, "manage.py", "shell", "--no-imports", "-c", script], env=processes.env(**EXTRA),
+                           timeout=120)
         assert shown.stdout.split() == ["True", "key", "•••"], shown.stdout + shown.stderr

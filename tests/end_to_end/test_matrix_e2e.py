@@ -15,7 +15,6 @@ else is reacted; while a turn runs the bot is typing, its streamed reply is one 
 edited (`m.replace`) into the final, and the person's message carries 👀 (redacted when
 done) then ✅."""
 
-import subprocess
 import sys
 import uuid
 
@@ -25,7 +24,7 @@ from audit.models import AuditEvent, EventKind
 from conversations.models import Channel, InboundMessage, InboundReaction, ReactionOutcome, Turn
 from delivery import ledger
 from delivery.models import OutboundMessage, OutboundState
-from tests.conftest import wait_until
+from tests.conftest import run_python, wait_until
 from tests.support.synapse import Synapse, User, limit_messages
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +50,7 @@ def add_channel(processes, server, bot, agent="echo", window="1.0"):
     command = [sys.executable, "manage.py", "addchannel", "mx1", "--kind", "matrix", "--homeserver", server.url,
                "--token", bot.token, "--messages-per-second", "0", "--agent", agent,
                *[arg for kind in ("closed", "greeting", "open", "neutral") for arg in (f"--window-{kind}", window)]]
-    done = subprocess.run(command, env=processes.env(), capture_output=True, text=True, timeout=120)
+    done = run_python(command, env=processes.env(), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

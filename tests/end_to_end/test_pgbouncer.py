@@ -31,7 +31,7 @@ from django.db import connection
 from audit.models import AuditEvent, EventKind
 from conversations.models import InboundMessage, MessageBuffer, Turn, TurnState, WorkerHeartbeat
 from delivery.models import OutboundMessage, OutboundState
-from tests.conftest import BASE_DIR, database_url, free_port, is_postgres, wait_until
+from tests.conftest import database_url, free_port, is_postgres, run_python, wait_until
 from tests.support import local_http
 from tests.support.e2e import SECRET, telegram_channel, update
 from tools.models import ActionClaim, CalendarEvent, ClaimState
@@ -308,14 +308,12 @@ def test_migrate_runs_through_pgbouncer_on_a_fresh_database(processes, bouncer):
         cursor.execute(f'CREATE DATABASE "{fresh}"')
     try:
         started = time.monotonic()
-        migrate = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, capture_output=True, text=True,
-            timeout=300, env=processes.env(DATABASE_URL=bouncer.url(fresh), DATABASE_TRANSACTION_POOLER="true"))
+        migrate = run_python([sys.executable, "manage.py", "migrate", "--noinput"], timeout=300,
+                             env=processes.env(DATABASE_URL=bouncer.url(fresh), DATABASE_TRANSACTION_POOLER="true"))
         assert migrate.returncode == 0, migrate.stdout + migrate.stderr
         seconds = time.monotonic() - started
-        check = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--check"], cwd=BASE_DIR, capture_output=True, text=True,
-            timeout=120, env=processes.env(DATABASE_URL=bouncer.url(fresh), DATABASE_TRANSACTION_POOLER="true"))
+        check = run_python([sys.executable, "manage.py", "migrate", "--check"], timeout=120,
+                           env=processes.env(DATABASE_URL=bouncer.url(fresh), DATABASE_TRANSACTION_POOLER="true"))
         assert check.returncode == 0, check.stdout + check.stderr  # nothing left unapplied
         applied = migrate.stdout.count("... OK")
         assert applied >= 20, migrate.stdout

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from agentloop.core.secret_file import read_or_create_secret_key
-from tests.conftest import BASE_DIR, wait_until
+from tests.conftest import BASE_DIR, run_python, wait_until
 
 # The production environment README.md documents ("Running in production").
 PRODUCTION_ENV = {
@@ -31,8 +31,7 @@ SWITCHES = ("DEBUG", "HTTPS", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "C
 
 def run(args, **env):
     base = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    return subprocess.run(args, cwd=BASE_DIR, env={**base, "DJANGO_SETTINGS_MODULE": "agentloop.settings", **env},
-                          capture_output=True, text=True, timeout=120)
+    return run_python(args, env={**base, "DJANGO_SETTINGS_MODULE": "agentloop.settings", **env}, timeout=120)
 
 
 def test_check_deploy_is_clean_with_the_documented_production_environment():

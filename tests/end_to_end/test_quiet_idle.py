@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 
-from tests.conftest import BASE_DIR, free_port, wait_until
+from tests.conftest import BASE_DIR, free_port, run_python, wait_until
 from tests.support import local_http
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+) (.*)$")
@@ -25,7 +25,7 @@ def test_idle_product_runs_its_sweeps_without_a_log_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "LOG_LEVEL", "DJANGO_Q_LOG_LEVEL")}
     env.update({"DATABASE_URL": f"sqlite:///{db}", "DJANGO_SETTINGS_MODULE": "agentloop.settings",
                 "PYTHONUNBUFFERED": "1"})
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=BASE_DIR, env=env, check=True, timeout=300)
+    run_python([sys.executable, "manage.py", "migrate", "-v0"], env=env, check=True, timeout=300)
     port = free_port()
     log_path = tmp_path / "runall.log"
     with open(log_path, "wb") as log:

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from tests.conftest import BASE_DIR, is_postgres, wait_until
+from tests.conftest import is_postgres, run_python, wait_until
 from tests.support import local_http
 from tests.support.e2e import SECRET, UNPACED, telegram_channel, update
 
@@ -65,8 +65,7 @@ def answered(fake, texts):
 
 
 def manage(processes, *args, **env):
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=processes.env(**env),
-                          capture_output=True, text=True, timeout=120)
+    done = run_python([sys.executable, "manage.py", *args], env=processes.env(**env), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -1,14 +1,13 @@
 """`manage.py toolpolicy`: tool policies from a script — create with the tool's defaults,
 update only what is given, refuse unknown tools and bad values, list them all."""
 
-import subprocess
 import sys
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from tests.conftest import BASE_DIR
+from tests.conftest import run_python
 from tools import guard
 from tools.guard import Status
 from tools.models import CalendarEvent, ToolPolicy
@@ -130,8 +129,7 @@ def test_without_a_name_lists_every_policy():
 def test_from_the_command_line(processes):
     """A real `manage.py toolpolicy` on the test database: exit codes and what it prints."""
     def manage(*args):
-        return subprocess.run([sys.executable, "manage.py", "toolpolicy", *args], cwd=BASE_DIR,
-                              env=processes.env(), capture_output=True, text=True, timeout=60)
+        return run_python([sys.executable, "manage.py", "toolpolicy", *args], env=processes.env(), timeout=60)
 
     done = manage("calendar_create_event", "--approval", "operator", "--window", "900", "--max-per-hour", "4")
     assert done.returncode == 0, done.stderr

@@ -17,7 +17,7 @@ import httpx
 import psycopg
 
 from conversations.models import AgentKey, Channel, InboundMessage
-from tests.conftest import BASE_DIR, is_postgres, wait_until
+from tests.conftest import BASE_DIR, is_postgres, run_python, wait_until
 
 SECRET = "outage-secret"
 HOOK_HEADERS = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
@@ -81,8 +81,7 @@ print(AgentKey.objects.issue("outage", [api])[1])
 
 
 def _manage(url, *args):
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=_env(url),
-                          capture_output=True, text=True, check=True, timeout=300).stdout
+    return run_python([sys.executable, "manage.py", *args], env=_env(url), check=True, timeout=300).stdout
 
 
 def _env(url):

@@ -93,8 +93,9 @@ def run_scenarios(url, names, timeout=300, **params):
     `params`: per scenario name, keyword arguments for it (smaller runs in tests)."""
     env = {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO",
            "AGENTLOOP_OUTAGE_PARAMS": json.dumps({k.replace("_", "-"): v for k, v in params.items()})}
-    child = subprocess.run([sys.executable, "-m", "tests.faults.outage", "_child", *names], cwd=BASE_DIR,
-                           env=env, capture_output=True, text=True, timeout=timeout)
+    from tests.conftest import run_python  # forked from the zygote when a test runs this
+
+    child = run_python([sys.executable, "-m", "tests.faults.outage", "_child", *names], env=env, timeout=timeout)
     figures = {}
     for line in child.stdout.splitlines():
         if line.startswith(RESULTS):

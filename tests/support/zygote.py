@@ -15,7 +15,7 @@ process the plain way.
 
     python -m tests.support.zygote <fd of its end of a socketpair>
 
-Requests and answers are JSON lines: {"spawn": n, "argv", "env", "cwd", "log"} is
+Requests and answers are JSON lines: {"spawn": n, "argv", "env", "cwd", "log"[, "stderr"]} is
 answered {"spawned": n, "pid"}; each child's end is reported {"exited": pid, "code", "cpu"}
 with subprocess's sign (-N: killed by signal N) and the CPU seconds it and the processes
 it waited for used.
@@ -134,10 +134,11 @@ def run_child(request):
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+    errors = os.open(request.get("stderr") or request["log"], os.O_WRONLY | os.O_APPEND)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
-    os.dup2(log, 2)
+    os.dup2(errors, 2)
     os.closerange(3, 1 << 16)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 -- the process's own standard streams
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
@@ -190,10 +191,14 @@ class Zygote:
         self.changed = threading.Condition()
         threading.Thread(target=self._read, name="zygote", daemon=True).start()
 
-    def spawn(self, argv, env, cwd, log_path):
+    def spawn(self, argv, env, cwd, log_path, stderr_path=None):
+        """A child writing to `log_path` (and its standard error to `stderr_path`, if given)."""
         number = next(self.numbers)
+        request = {"spawn": number, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log_path)}
+        if stderr_path is not None:
+            request["stderr"] = str(stderr_path)
         with self.lock:
-            send(self.channel, {"spawn": number, "argv": argv, "env": env, "cwd": str(cwd), "log": str(log_path)})
+            send(self.channel, request)
         with self.changed:
             if not self.changed.wait_for(lambda: number in self.spawned or self.process.poll() is not None, 30):
                 raise RuntimeError("the zygote did not answer within 30 s")

@@ -87,3 +87,22 @@ def test_an_ended_child_reports_the_cpu_it_used(zygote, tmp_path):
     child, _ = spawn(zygote, tmp_path, [str(script)])
     assert child.wait(30) == 0
     assert 0.3 <= Zygote.ended_children_cpu - before < 5
+
+
+def test_run_python_answers_as_subprocess_run_does(tmp_path):
+    """tests.conftest.run_python: stdout and stderr apart, the exit status, check=True's
+    CalledProcessError, and a child past its timeout killed and raised as TimeoutExpired."""
+    from tests.conftest import run_python
+
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    done = run_python([sys.executable, str(script)], env={"PATH": "/usr/bin:/bin", "MARKER": "r", "EXIT": "2"}, timeout=30)
+    assert done.returncode == 2 and json.loads(done.stdout)["marker"] == "r" and done.stderr == "to stderr\n"
+    with pytest.raises(subprocess.CalledProcessError):
+        run_python([sys.executable, str(script)], env={"EXIT": "1"}, timeout=30, check=True)
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as late:
+        run_python([sys.executable, str(sleeper)], env={}, timeout=1)
+    assert time.monotonic() - started < 15 and late.value.output == "started\n"
