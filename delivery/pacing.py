@@ -24,6 +24,7 @@ local clock is the database's.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -91,6 +92,51 @@ def reserve(pace: Pace, horizon: float = HORIZON, clock: float | None = None, ch
         if pace.chat_interval and _take(pace.chat, pace.chat_interval * chunks, delay, delay, clock) is None:
             transaction.set_rollback(True)
             return Slot(None, "chat")
+    return Slot(max(delay, 0.0))
+
+
+def reserve_many(requests: Sequence[tuple[Pace, int]], horizon: float = HORIZON,
+                 clock: float | None = None) -> list[Slot]:
+    """`reserve` for each (pace, chunks), in order: what as many calls in a row would
+    answer and leave in the table (tests/unit/test_pacing.py checks it), in one
+    transaction of five statements whatever their number, where `reserve` takes four each
+    (a batch of 32 turns' replies was 128 statements and about 60 round trips on
+    PostgreSQL). Every key the sends fall under is locked first, in key order: a bot's
+    key sorts before its chats', the order `reserve` locks them in, so two batches, or a
+    batch and a single reservation, never deadlock. The rule is then applied in Python."""
+    if len(requests) < 2:
+        return [reserve(pace, horizon, clock, chunks) for pace, chunks in requests]
+    keys = {key for pace, _ in requests
+            for key, interval in ((pace.bot, pace.bot_interval), (pace.chat, pace.chat_interval)) if interval}
+    if not keys:
+        return [Slot(0.0) for _ in requests]
+    with transaction.atomic():
+        now, slots, made = sql.lock_slots(keys, clock)
+        before = dict(slots)
+        answers = [_reserve_in(slots, now, pace, chunks, horizon) for pace, chunks in requests]
+        moved = {key: slot for key, slot in slots.items() if slot != before[key]}
+        sql.set_slots(moved, made - moved.keys())
+    return answers
+
+
+def _reserve_in(slots: dict[str, float], now: float, pace: Pace, chunks: int, horizon: float) -> Slot:
+    """`reserve`'s rule on slots in hand (`delivery.sql.take_slot`'s upsert, twice): the
+    bot's slot if within the horizon, then the chat's only if free by then; a chat not
+    free leaves the bot's slot as it was."""
+    if not pace.paced:
+        return Slot(0.0)
+    delay, bot_next = 0.0, None
+    if pace.bot_interval:
+        slot = max(slots[pace.bot], now)
+        if slot > now + horizon:
+            return Slot(None, "bot")
+        delay, bot_next = slot - now, slot + pace.bot_interval
+    if pace.chat_interval:
+        if slots[pace.chat] > now + delay:
+            return Slot(None, "chat")
+        slots[pace.chat] = now + delay + pace.chat_interval * chunks
+    if bot_next is not None:
+        slots[pace.bot] = bot_next
     return Slot(max(delay, 0.0))
 
 

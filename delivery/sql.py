@@ -184,3 +184,37 @@ def _now_sql(clock: float | None) -> tuple[str, list[float]]:
     if clock is None and postgresql():
         return "extract(epoch FROM statement_timestamp())::float8", []
     return "%s", [time.time() if clock is None else float(clock)]
+
+
+def lock_slots(keys: Collection[str], clock: float | None) -> tuple[float, dict[str, float], set[str]]:
+    """Inside a transaction: each key's row, made where missing (at 0, long past: as free
+    as no row) and locked, in key order. Returns now (epoch seconds: the database's clock
+    unless injected), {key: its next slot}, and the keys made here. Two statements for
+    any number of keys (`delivery.pacing.reserve_many`)."""
+    ordered = sorted(keys)
+    with connection.cursor() as cursor:
+        # SQLite reads `ON` after a bare SELECT as a join's: hence `WHERE true`.
+        cursor.execute(f"INSERT INTO {table(SendBudget)} (key, next_slot) "
+                       f"SELECT k.key, 0 FROM {recordset('k', [('key', 'text')])} WHERE true ORDER BY k.key "
+                       f"ON CONFLICT (key) DO NOTHING RETURNING key", [records(["key"], [[key] for key in ordered])])
+        made = {row[0] for row in cursor.fetchall()}
+        now = _now_sql(clock)
+        cursor.execute(f"SELECT key, next_slot, {now[0]} FROM {table(SendBudget)} "
+                       f"WHERE {in_sql('key', len(ordered), cast=None)} ORDER BY key"
+                       f"{' FOR UPDATE' if postgresql() else ''}", [*now[1], *in_params(ordered)])
+        found = cursor.fetchall()
+    slots = {key: float(next_slot) for key, next_slot, _ in found}
+    return (float(found[0][2]) if found else time.time()), slots, made
+
+
+def set_slots(slots: dict[str, float], forget: Collection[str]) -> None:
+    """The keys' next slots written (rows `lock_slots` locked), and `forget`'s rows, made
+    there and not taken, deleted: one statement each, whatever their number."""
+    with connection.cursor() as cursor:
+        if slots:
+            moved = recordset("v", [("key", "text"), ("next_slot", "float8")])
+            cursor.execute(f"UPDATE {table(SendBudget)} AS b SET next_slot = v.next_slot FROM {moved} "
+                           f"WHERE b.key = v.key", [records(["key", "next_slot"], slots.items())])
+        if forget:
+            cursor.execute(f"DELETE FROM {table(SendBudget)} WHERE {in_sql('key', len(forget), cast=None)}",
+                           in_params(sorted(forget)))

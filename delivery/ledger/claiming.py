@@ -259,21 +259,17 @@ def _claim_candidates(candidates: Sequence[Candidate], request: ClaimRequest) ->
 
 def _slotted(rows: list[OutboundMessage], chunks_left: dict[int, tuple[Pace, int]],
              request: ClaimRequest) -> list[OutboundMessage]:
-    """Reserve each claimed paced row's slot, in order; release those that get none."""
-    full_bots: set[str] = set()
-    waiting_chats: set[tuple[int, str]] = set()
+    """Reserve each claimed paced row's slot, in order, in one transaction
+    (pacing.reserve_many); release those that get none (a chat not free in time keeps its
+    later rows waiting too, as a bot without room does)."""
+    slots = pacing.reserve_many([chunks_left[row.pk] for row in rows], pacing.HORIZON, request.clock)
     slotted: list[OutboundMessage] = []
     unslotted: list[OutboundMessage] = []
-    for row in rows:
-        pace, left = chunks_left[row.pk]
-        slot = pacing.Slot(None)
-        if pace.bot not in full_bots and (row.channel_id, row.chat_id) not in waiting_chats:
-            slot = pacing.reserve(pace, pacing.HORIZON, request.clock, chunks=left)
+    for row, slot in zip(rows, slots, strict=True):
         if slot.delay is None:
-            (full_bots.add(pace.bot) if slot.full == "bot" else waiting_chats.add((row.channel_id, row.chat_id)))
             unslotted.append(row)
             continue
-        row.pace, row.pace_delay, row.send_at = pace, slot.delay, time.monotonic() + slot.delay
+        row.pace, row.pace_delay, row.send_at = chunks_left[row.pk][0], slot.delay, time.monotonic() + slot.delay
         slotted.append(row)
     release(unslotted, request.owner)
     return slotted

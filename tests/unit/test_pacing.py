@@ -114,6 +114,64 @@ def test_processes_reserving_at_once_get_distinct_slots_one_budget_for_the_bot()
     assert sorted(delays) == pytest.approx([k * 0.1 for k in range(120)], abs=1e-4)
 
 
+def _table():
+    return {key: round(slot - T, 6) for key, slot in SendBudget.objects.values_list("key", "next_slot")}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed", range(12))
+def test_a_batch_reserves_what_as_many_reserves_in_a_row_would(seed):
+    """pacing.reserve_many against `reserve` called for each send in turn, from the same
+    table: the same answers, the same slots left behind (and no row for a key it made and
+    did not take). Random sends over two bots and four chats, replies in chunks, some keys
+    already booked or paused, horizons near and endless."""
+    import random
+
+    chance = random.Random(seed)
+    paces = [Pace.of(bot, rate, chat, interval) for bot, rate in (("b1", 10), ("b2", 4))
+             for chat, interval in (("", 0), ("ana", 1.0), ("beto", 0.5), ("caro", 2.0))] + [Pace.of("free", 0)]
+    requests = [(chance.choice(paces), chance.choice((1, 1, 1, 3))) for _ in range(chance.randint(2, 24))]
+    horizon = chance.choice((0.0, 0.35, 1.0, math.inf))
+    booked = {key: chance.uniform(-70, 2) for key in chance.sample(["b1", "b2", "b1:ana", "b2:beto", "b1:caro"], 3)}
+
+    def book():
+        SendBudget.objects.all().delete()
+        SendBudget.objects.bulk_create([SendBudget(key=key, next_slot=T + slot) for key, slot in booked.items()])
+
+    book()
+    one_by_one = [pacing.reserve(pace, horizon, T, chunks) for pace, chunks in requests]
+    left_one_by_one = _table()
+    book()
+    assert pacing.reserve_many(requests, horizon, T) == [
+        Slot(None if s.delay is None else near(s.delay), s.full) for s in one_by_one]
+    assert _table() == pytest.approx(left_one_by_one, abs=1e-5)
+
+
+@pytest.mark.django_db
+def test_a_batch_takes_five_statements_however_many_sends(django_assert_num_queries):
+    requests = [(Pace.of("bot", 30, f"chat{n}", 1.0), 1) for n in range(32)]
+    with django_assert_num_queries(5):  # BEGIN, make and lock the keys (2), write the slots, COMMIT
+        slots = pacing.reserve_many(requests, math.inf, T)
+    assert [slot.delay for slot in slots] == [near(n / 30) for n in range(32)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_reserving_at_once_get_distinct_slots_and_never_deadlock_with_single_ones():
+    """Four sessions at once: two reserve batches of 30 sends on one bot into ten chats,
+    two reserve the same sends one at a time. 120 distinct bot slots, each one interval
+    after the one before; each chat's sends at least its interval apart."""
+    requests = [(Pace.of("bot", 10, f"c{n % 10}", 0.01), 1) for n in range(30)]
+
+    def batch():
+        return [slot.delay for slot in pacing.reserve_many(requests, math.inf, T)]
+
+    def singles():
+        return [pacing.reserve(pace, math.inf, T, chunks).delay for pace, chunks in requests]
+
+    delays = [delay for mine in at_once(batch, singles, batch, singles) for delay in mine]
+    assert sorted(delays) == pytest.approx([k * 0.1 for k in range(120)], abs=1e-4)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sweeps_racing_for_the_same_rows_win_each_once(make_channel, make_conversation):
     """Four sessions claim the same 200 pending rows at the same moment (each worker's
