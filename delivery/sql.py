@@ -190,7 +190,8 @@ def lock_slots(keys: Collection[str], clock: float | None) -> tuple[float, dict[
     """Inside a transaction: each key's row, made where missing (at 0, long past: as free
     as no row) and locked, in key order. Returns now (epoch seconds: the database's clock
     unless injected), {key: its next slot}, and the keys made here. Two statements for
-    any number of keys (`delivery.pacing.reserve_many`)."""
+    any number of keys (`delivery.pacing.reserve_many`). Written as SQL: the ORM's
+    bulk_create(ignore_conflicts=True) does not say which rows it made."""
     ordered = sorted(keys)
     with connection.cursor() as cursor:
         # SQLite reads `ON` after a bare SELECT as a join's: hence `WHERE true`.
@@ -209,7 +210,8 @@ def lock_slots(keys: Collection[str], clock: float | None) -> tuple[float, dict[
 
 def set_slots(slots: dict[str, float], forget: Collection[str]) -> None:
     """The keys' next slots written (rows `lock_slots` locked), and `forget`'s rows, made
-    there and not taken, deleted: one statement each, whatever their number."""
+    there and not taken, deleted: one statement each, whatever their number. Written as
+    SQL: the ORM's bulk_update is a CASE per row, its statement's text as long as the batch."""
     with connection.cursor() as cursor:
         if slots:
             moved = recordset("v", [("key", "text"), ("next_slot", "float8")])
