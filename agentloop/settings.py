@@ -15,6 +15,7 @@ import environ
 
 from agentloop import wiring
 from agentloop.core import metrics_dir
+from agentloop.core.process_apps import installed_apps
 from agentloop.core.proxies import trusted_networks
 from agentloop.core.secret_file import MISSING_SECRET_KEY, read_or_create_secret_key
 from agentloop.logging_config import logging_config
@@ -66,7 +67,7 @@ SECURE_PROXY_SSL_HEADER = env.tuple("SECURE_PROXY_SSL_HEADER", default=None)
 # access log see each client, not the proxy. Empty: no forwarded header is believed.
 AGENTLOOP_TRUSTED_PROXIES = trusted_networks(env.list("AGENTLOOP_TRUSTED_PROXIES", default=[]))
 
-INSTALLED_APPS = [
+INSTALLED_APPS = installed_apps(sys.argv, [  # as this process runs them (daphne, the admin): core/process_apps.py
     # The admin's theme (django-unfold, docs/console.md): before the admin, whose templates it overrides.
     "unfold",
     "django.contrib.admin",
@@ -88,21 +89,7 @@ INSTALLED_APPS = [
     "axes",  # admin login throttling (below)
     # Last: its admin module dresses the other apps' admins (auth, axes, django-q) in the theme.
     "agentloop.console",
-]
-
-# daphne's app swaps `runserver` for its ASGI server (websockets work there), and imports
-# Twisted's reactor at setup to do it: a third of a worker's start-up, which needs neither.
-# The product serves through uvicorn (agentloop/web_server.py); the app is only for runserver.
-if sys.argv[1:2] == ["runserver"]:
-    INSTALLED_APPS.insert(0, "daphne")
-# A worker and the task cluster serve no page: the admin's modules are imported with the
-# URLconf (agentloop/urls.py autodiscovers), if they ever load it (a signed link's
-# reverse()), not at setup: a worker's django.setup() took 0.22-0.27 s of CPU with them and
-# 0.12-0.14 s without (forked from preloaded libraries, as the tests' processes are). The
-# theme's ModelAdmin renders a widget while its class is defined, and that widget's
-# template engine imports every app's template tags.
-if sys.argv[1:2] in (["runloop"], ["qcluster"]):
-    INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "django.contrib.admin.apps.SimpleAdminConfig"
+])
 
 # Benchmarks mount a bare reference view beside the product (tests/bench/urls.py).
 ROOT_URLCONF = env.str("AGENTLOOP_URLCONF", default="agentloop.urls")

@@ -19,7 +19,7 @@ from tools import views as tools_views
 
 # Every app's admin module, in INSTALLED_APPS order (the console's last: it dresses the
 # others' in the theme). Already done at setup in a web process (AdminConfig); a worker's
-# setup leaves it to here (SimpleAdminConfig, settings.py), should it ever load the URLconf.
+# setup leaves it to here (SimpleAdminConfig, agentloop/core/process_apps.py), should it ever load the URLconf.
 admin.autodiscover()
 
 admin.site.site_header = "agentloop"
