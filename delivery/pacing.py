@@ -99,7 +99,7 @@ def reserve_many(requests: Sequence[tuple[Pace, int]], horizon: float = HORIZON,
                  clock: float | None = None) -> list[Slot]:
     """`reserve` for each (pace, chunks), in order: what as many calls in a row would
     answer and leave in the table (tests/unit/test_pacing.py checks it), in one
-    transaction of five statements whatever their number, where `reserve` takes four each
+    transaction of four statements whatever their number, where `reserve` takes four each
     (a batch of 32 turns' replies was 128 statements and about 60 round trips on
     PostgreSQL). Every key the sends fall under is locked first, in key order: a bot's
     key sorts before its chats', the order `reserve` locks them in, so two batches, or a

@@ -188,23 +188,24 @@ def _now_sql(clock: float | None) -> tuple[str, list[float]]:
 
 def lock_slots(keys: Collection[str], clock: float | None) -> tuple[float, dict[str, float], set[str]]:
     """Inside a transaction: each key's row, made where missing (at 0, long past: as free
-    as no row) and locked, in key order. Returns now (epoch seconds: the database's clock
-    unless injected), {key: its next slot}, and the keys made here. Two statements for
-    any number of keys (`delivery.pacing.reserve_many`). Written as SQL: the ORM's
-    bulk_create(ignore_conflicts=True) does not say which rows it made."""
-    ordered = sorted(keys)
+    as no row) and locked, one key after another in key order, in one statement. Returns
+    now (epoch seconds: the database's clock unless injected), {key: its next slot}, and
+    the keys made here (`delivery.pacing.reserve_many`). The no-op update is what locks
+    a row that exists; made and locked in one ordered pass, a bot's key comes before its
+    chats' as in `take_slot`'s pair (an INSERT of the missing keys, then a SELECT … FOR
+    UPDATE, held a new chat key while waiting for its bot: a deadlock with a single
+    reservation, found on PostgreSQL). Written as SQL: the ORM has no such upsert."""
+    now = _now_sql(clock)
     with connection.cursor() as cursor:
         # SQLite reads `ON` after a bare SELECT as a join's: hence `WHERE true`.
-        cursor.execute(f"INSERT INTO {table(SendBudget)} (key, next_slot) "
+        cursor.execute(f"INSERT INTO {table(SendBudget)} AS b (key, next_slot) "
                        f"SELECT k.key, 0 FROM {recordset('k', [('key', 'text')])} WHERE true ORDER BY k.key "
-                       f"ON CONFLICT (key) DO NOTHING RETURNING key", [records(["key"], [[key] for key in ordered])])
-        made = {row[0] for row in cursor.fetchall()}
-        now = _now_sql(clock)
-        cursor.execute(f"SELECT key, next_slot, {now[0]} FROM {table(SendBudget)} "
-                       f"WHERE {in_sql('key', len(ordered), cast=None)} ORDER BY key"
-                       f"{' FOR UPDATE' if postgresql() else ''}", [*now[1], *in_params(ordered)])
+                       f"ON CONFLICT (key) DO UPDATE SET next_slot = b.next_slot RETURNING key, next_slot, {now[0]}",
+                       [records(["key"], [[key] for key in sorted(keys)]), *now[1]])
         found = cursor.fetchall()
     slots = {key: float(next_slot) for key, next_slot, _ in found}
+    # A slot is an epoch second (or an injected clock's): 0 only in a row made just now.
+    made = {key for key, slot in slots.items() if slot == 0}
     return (float(found[0][2]) if found else time.time()), slots, made
 
 

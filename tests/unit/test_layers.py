@@ -142,7 +142,7 @@ def _admin_of(argv, tmp_path):
 
 
 def test_a_worker_sets_up_without_the_admin_and_has_all_of_it_with_the_urlconf(tmp_path):
-    """A worker serves no page: the admin's modules (0.1-0.2 s of its start-up CPU) are
+    """A worker serves no page: the admin's modules (about 0.1 s of its set-up CPU) are
     imported only when it loads the URLconf, and then every model is registered as in a
     web process, whose set-up imports them (AdminConfig)."""
     worker = _admin_of(["manage.py", "runloop"], tmp_path)
