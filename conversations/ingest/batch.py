@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -21,6 +22,7 @@ from conversations.ingest.values import Admission, Arrival, Inbound
 from conversations.models import (
     Contact,
     Conversation,
+    ConversationState,
     InboundMessage,
     MessageBuffer,
 )
@@ -122,11 +124,15 @@ def _admit_ahead(requests: Sequence[Request], now: datetime) -> dict[int, Admiss
     - its conversation exists: on PostgreSQL locked (all of them in one statement, in
       the batch's order, which is every batch's: lean_ingest sorts them), then read with
       its open buffer and running turn (one more; SQLite's transaction holds the write
-      lock already: the read alone); that admission goes on from there.
-    - it does not: created (contacts, then conversations: a statement each), and, for a
-      plain message, its buffer and the message inserted (a statement each): that
-      Admission is complete. A conversation another admission created meanwhile is not
-      in the result: its message is admitted one by one, as before.
+      lock already: the read alone). With no buffer open, no turn running and nobody
+      holding it (a person back after their reply: half of the paced benchmark's
+      messages), a plain message opens its buffer as a new conversation's does, below;
+      any other admission goes on from there, one by one.
+    - it does not: created (contacts, then conversations: a statement each).
+    - a plain message opening a buffer: the buffers, then the messages inserted (a
+      statement each for the whole batch): that Admission is complete. A conversation
+      another admission created meanwhile is not in the result: its message is admitted
+      one by one, as before.
 
     Only a conversation's first message in the batch: its next one must see what the
     first did. A message refused as unstorable is left to `admit`, which refuses it."""
@@ -137,11 +143,24 @@ def _admit_ahead(requests: Sequence[Request], now: datetime) -> dict[int, Admiss
     if not firsts:
         return {}
     channels = {channel.pk: channel for channel, _ in requests}
-    ahead: dict[int, Admission | Conversation] = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
-    created = _create_conversations(requests, [i for i in firsts.values() if i not in ahead])
-    ahead.update(created)
-    ahead.update(_admit_first_messages(requests, created, now))
+    known = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
+    created = _create_conversations(requests, [i for i in firsts.values() if i not in known])
+    opening = {**{i: conversation for i, conversation in known.items() if _opens_a_buffer(conversation, requests[i][1])},
+               **created}
+    ahead: dict[int, Admission | Conversation] = {**known, **created}
+    ahead.update(_admit_first_messages(requests, opening, now))
     return ahead
+
+
+def _opens_a_buffer(conversation: Conversation, inbound: Inbound) -> bool:
+    """Whether an existing conversation's message may open its buffer in the batch's
+    statements: what `admit` would do for it is then exactly that (_admit_in_transaction:
+    nobody holds it, no buffer is open to join, no turn runs to double-text, its
+    language unchanged, nothing pending to overflow). Commands, answers and a bot's
+    messages are sorted out in _admit_first_messages, as for a new conversation's."""
+    return (conversation.state != ConversationState.PERSON and conversation.open_buffer_id is None
+            and conversation.running_turn_id is None and settings.AGENTLOOP_MAX_PENDING_MESSAGES > 0
+            and not (inbound.language and inbound.language[:16] != conversation.language))
 
 
 def _lock_and_read(firsts: dict[Key, int], channels: dict[int, Channel]) -> dict[Key, Conversation]:
@@ -197,14 +216,15 @@ def _create_conversations(requests: Sequence[Request], indexes: list[int]) -> di
     return created
 
 
-def _admit_first_messages(requests: Sequence[Request], created: dict[int, Conversation],
+def _admit_first_messages(requests: Sequence[Request], opening: dict[int, Conversation],
                           now: datetime) -> dict[int, Admission]:
-    """{index: Admission} of the plain messages that open the conversations this
-    transaction created: a buffer each, then the messages, a statement each. A control
-    command or an answer to a question (neither can be plain here) is left to `admit`,
-    as is a second message with the same platform id in this batch."""
+    """{index: Admission} of the plain messages that open a buffer in the conversations
+    at `opening` (this transaction created them, or _opens_a_buffer said so): a buffer
+    each, then the messages, a statement each. A control command or an answer to a
+    question (neither is plain) is left to `admit`, as is a bot's message and a second
+    message with the same platform id in this batch."""
     plain, seen = {}, set()
-    for i, conversation in created.items():
+    for i, conversation in opening.items():
         channel, inbound = requests[i]
         if (channel.pk, inbound.platform_message_id) in seen or inbound.is_bot:
             continue  # a bot's message is admitted alone: conversations.loops decides
@@ -223,7 +243,7 @@ def _admit_first_messages(requests: Sequence[Request], created: dict[int, Conver
         buffer.pk = buffer_ids[buffer.conversation_id]
         buffer._state.adding, buffer._state.db = False, connection.alias
         channel, inbound = requests[i]
-        messages[i] = _message(Arrival(channel, created[i], inbound, now), None, buffer)
+        messages[i] = _message(Arrival(channel, opening[i], inbound, now), None, buffer)
     stored = {(channel_id, platform_id): pk for pk, channel_id, platform_id in insert_many(
         InboundMessage, messages.values(), ("channel_id", "platform_message_id"),
         ("id", "channel_id", "platform_message_id"))}
@@ -233,15 +253,15 @@ def _admit_first_messages(requests: Sequence[Request], created: dict[int, Conver
         pk = stored.get((channel.pk, inbound.platform_message_id))
         if pk is None:  # admitted before (rare): its buffer goes again
             unused.append(plain[i].pk)
-            admissions[i] = Admission(duplicate=True, conversation_id=created[i].pk)
+            admissions[i] = Admission(duplicate=True, conversation_id=opening[i].pk)
             continue
         message.pk = pk
         failpoint("inbound.after_insert")
         admissions[i] = admission = _buffered(
-            Admission(duplicate=False, conversation_id=created[i].pk, message_id=message.pk), plain[i])
+            Admission(duplicate=False, conversation_id=opening[i].pk, message_id=message.pk), plain[i])
         if inbound.address:
             addresses.remember(channel.pk, inbound.chat_id, inbound.address)
-        console.message_admitted(channel, created[i].pk, inbound, admission,
+        console.message_admitted(channel, opening[i].pk, inbound, admission,
                                  f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
     if unused:
         MessageBuffer.objects.filter(pk__in=unused).delete()

@@ -15,13 +15,14 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from agentloop.core.middleware import database_unavailable
 from audit.models import AuditEvent, EventKind
 from conversations import ingest
 from conversations.ingest import Inbound
 from conversations.lean_ingest import LeanIngest
-from conversations.models import Channel, Conversation, InboundMessage
+from conversations.models import BufferState, Channel, Conversation, ConversationState, InboundMessage, MessageBuffer
 
 SECRET = "lean-secret"
 HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -134,8 +135,8 @@ def test_other_requests_go_to_django(transactional_db):
                        ("POST", "/webhooks/telegram/tg/")]
 
 
-def _inbound(i, chat="c"):
-    return Inbound(platform_message_id=f"m{i}", chat_id=f"{chat}{i}", sender_id=f"{chat}{i}", text="hola")
+def _inbound(i, chat="c", message="m"):
+    return Inbound(platform_message_id=f"{message}{i}", chat_id=f"{chat}{i}", sender_id=f"{chat}{i}", text="hola")
 
 
 def test_group_commit_one_bad_admission_fails_alone(transactional_db):
@@ -220,6 +221,32 @@ def test_group_commit_takes_no_savepoint_per_admission(transactional_db):
     assert len(set(buffers.values())) == 5 and Conversation.objects.count() == 5
 
 
+def test_a_batch_of_people_back_after_their_reply_opens_their_buffers_in_two_statements(transactional_db):
+    """The same five people write again once their buffers were flushed (answered, the
+    commonest next message): the batch reads their conversations once and writes their
+    new buffers and messages a statement each, as it does for new chats (it was two
+    statements a message, one by one)."""
+    channel = Channel.objects.create(slug="good", kind="api")
+    ingest.admit_many([(channel, _inbound(i)) for i in range(5)], lambda exc: False)
+    _flush_every_buffer()
+    with CaptureQueriesContext(connection) as queries:
+        results = ingest.admit_many([(channel, _inbound(i, message=f"again{i}")) for i in range(5)],
+                                    lambda exc: False)
+    assert [(r.duplicate, r.disposition) for r in results] == [(False, "buffered")] * 5
+    admissions = [q["sql"] for q in queries.captured_queries if "conversations_" in q["sql"]]
+    looks = ["SELECT"] * (2 if connection.vendor == "postgresql" else 1)  # PostgreSQL locks them, then reads
+    assert [q.split()[0].upper() for q in admissions] == [*looks, "INSERT", "INSERT"], admissions
+    opened = MessageBuffer.objects.filter(state=BufferState.OPEN)
+    assert sorted(r.buffer_id for r in results) == sorted(opened.values_list("pk", flat=True))
+    assert {m.buffer_id for m in InboundMessage.objects.filter(platform_message_id__startswith="again")} == \
+        {r.buffer_id for r in results}
+
+
+def _flush_every_buffer():
+    """Every open buffer closed, as the flusher leaves one whose turn was made."""
+    MessageBuffer.objects.filter(state=BufferState.OPEN).update(state=BufferState.FLUSHED, flushed_at=timezone.now())
+
+
 def _outcome(channel):
     """What admissions left in the database for `channel`, without its ids: per message
     (platform id, chat, disposition, kind, its buffer's message count and state)."""
@@ -234,9 +261,19 @@ def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db):
     exactly what admitting the same messages one by one leaves: a conversation that
     exists with its buffer open, new chats, a chat's second message in the same batch,
     a command opening a chat, a sender seen in another chat, a message admitted before,
-    the same message twice in the batch and an unstorable one."""
+    the same message twice in the batch and an unstorable one; and conversations that
+    exist with no buffer open (their last one flushed): a person back, twice in the
+    batch, with a new language, with a command, an old message retried, and one a
+    person holds."""
     def mix(prefix):
         return [
+            Inbound(platform_message_id=f"{prefix}-back-2", chat_id="back", sender_id="back", text="me again"),
+            Inbound(platform_message_id=f"{prefix}-back-3", chat_id="back", sender_id="back", text="and"),
+            Inbound(platform_message_id=f"{prefix}-lang-2", chat_id="lang", sender_id="lang", text="olá",
+                    language="pt"),
+            Inbound(platform_message_id=f"{prefix}-cmdback", chat_id="cmdback", sender_id="cmdback", text="/help"),
+            Inbound(platform_message_id=f"{prefix}-retried-1", chat_id="retried", sender_id="retried", text="first"),
+            Inbound(platform_message_id=f"{prefix}-held-2", chat_id="held", sender_id="held", text="hello?"),
             Inbound(platform_message_id=f"{prefix}-old-2", chat_id="old", sender_id="old", text="second"),
             Inbound(platform_message_id=f"{prefix}-new-1", chat_id="new", sender_id="new", text="hi"),
             Inbound(platform_message_id=f"{prefix}-new-2", chat_id="new", sender_id="new", text="again"),
@@ -251,6 +288,12 @@ def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db):
         ]
 
     batched, alone = (Channel.objects.create(slug=slug, kind="api") for slug in ("batched", "alone"))
+    for channel, prefix in ((batched, "b"), (alone, "a")):
+        for chat in ("back", "lang", "cmdback", "retried", "held"):
+            ingest.admit(channel, Inbound(platform_message_id=f"{prefix}-{chat}-1", chat_id=chat, sender_id=chat,
+                                          text="first", language="es"))
+        Conversation.objects.filter(channel=channel, chat_id="held").update(state=ConversationState.PERSON)
+    _flush_every_buffer()
     for channel, prefix in ((batched, "b"), (alone, "a")):
         ingest.admit(channel, Inbound(platform_message_id=f"{prefix}-old-1", chat_id="old", sender_id="old",
                                       text="first"))
@@ -271,7 +314,9 @@ def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db):
     assert [(p.removeprefix("b"), *rest) for p, *rest in _outcome(batched)] == \
         [(p.removeprefix("a"), *rest) for p, *rest in _outcome(alone)]
     assert Conversation.objects.filter(channel=batched).count() == Conversation.objects.filter(channel=alone).count()
-    assert results[1].buffer_id == results[2].buffer_id  # the second message joined the first's buffer
+    assert results[7].buffer_id == results[8].buffer_id  # the second message joined the first's buffer
+    assert results[0].buffer_id == results[1].buffer_id  # so did a person's back in a new buffer
+    assert set(Conversation.objects.filter(channel=batched, chat_id="lang").values_list("language", flat=True)) == {"pt"}
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="parallel writers are PostgreSQL's")
