@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -16,7 +16,19 @@ from agentloop.core.rows import insert_many
 from audit.failpoints import failpoint
 from conversations import addresses, console, control, sql
 from conversations.ingest import spans
-from conversations.ingest.admission import _buffered, _conversation_from_row, _message, _planned, _retryable, admit
+from conversations.ingest.admission import (
+    _buffered,
+    _conversation_from_row,
+    _known_open_buffer,
+    _message,
+    _new_buffer,
+    _planned,
+    _reread_open_buffer,
+    _retryable,
+    _set_buffer,
+    admit,
+    counted,
+)
 from conversations.ingest.refusal import refusal
 from conversations.ingest.values import Admission, Arrival, Inbound
 from conversations.models import (
@@ -124,15 +136,14 @@ def _admit_ahead(requests: Sequence[Request], now: datetime) -> dict[int, Admiss
     - its conversation exists: on PostgreSQL locked (all of them in one statement, in
       the batch's order, which is every batch's: lean_ingest sorts them), then read with
       its open buffer and running turn (one more; SQLite's transaction holds the write
-      lock already: the read alone). With no buffer open, no turn running and nobody
-      holding it (a person back after their reply: half of the paced benchmark's
-      messages), a plain message opens its buffer as a new conversation's does, below;
-      any other admission goes on from there, one by one.
+      lock already: the read alone).
     - it does not: created (contacts, then conversations: a statement each).
-    - a plain message opening a buffer: the buffers, then the messages inserted (a
-      statement each for the whole batch): that Admission is complete. A conversation
-      another admission created meanwhile is not in the result: its message is admitted
-      one by one, as before.
+    - a plain message (`_plain`) whose admission is the batch's to do (`_batched_way`:
+      nobody holds the conversation, no turn runs there): stored in a new buffer, or in
+      the open one, which is re-planned (_admit_plain: a statement each for the whole
+      batch); that Admission is complete. Any other admission goes on from its
+      conversation, one by one, as does the message of a conversation another
+      admission created meanwhile.
 
     Only a conversation's first message in the batch: its next one must see what the
     first did. A message refused as unstorable is left to `admit`, which refuses it."""
@@ -145,22 +156,48 @@ def _admit_ahead(requests: Sequence[Request], now: datetime) -> dict[int, Admiss
     channels = {channel.pk: channel for channel, _ in requests}
     known = {firsts[key]: conversation for key, conversation in _lock_and_read(firsts, channels).items()}
     created = _create_conversations(requests, [i for i in firsts.values() if i not in known])
-    opening = {**{i: conversation for i, conversation in known.items() if _opens_a_buffer(conversation, requests[i][1])},
-               **created}
+    ways = {i: _batched_way(conversation, requests[i][1]) for i, conversation in known.items()}
+    ways.update(dict.fromkeys(created, OPENS))
+    plain = _plain(requests, {i: conversation for i, conversation in {**known, **created}.items() if ways[i]})
     ahead: dict[int, Admission | Conversation] = {**known, **created}
-    ahead.update(_admit_first_messages(requests, opening, now))
+    ahead.update(_admit_plain(requests, {i: conversation for i, conversation in plain.items() if ways[i] == OPENS},
+                              {i: conversation for i, conversation in plain.items() if ways[i] == JOINS}, now))
     return ahead
 
 
-def _opens_a_buffer(conversation: Conversation, inbound: Inbound) -> bool:
-    """Whether an existing conversation's message may open its buffer in the batch's
-    statements: what `admit` would do for it is then exactly that (_admit_in_transaction:
-    nobody holds it, no buffer is open to join, no turn runs to double-text, its
-    language unchanged, nothing pending to overflow). Commands, answers and a bot's
-    messages are sorted out in _admit_first_messages, as for a new conversation's."""
-    return (conversation.state != ConversationState.PERSON and conversation.open_buffer_id is None
-            and conversation.running_turn_id is None and settings.AGENTLOOP_MAX_PENDING_MESSAGES > 0
-            and not (inbound.language and inbound.language[:16] != conversation.language))
+OPENS, JOINS = "opens", "joins"
+
+
+def _batched_way(conversation: Conversation, inbound: Inbound) -> str | None:
+    """How a plain message to an existing conversation is admitted in the batch's
+    statements: it OPENS a buffer (none is open) or JOINS the open one; exactly what
+    `admit` would do for it (_admit_in_transaction). None: `admit`'s, one by one — a
+    person holds the conversation, a turn runs there (double texting decides), its
+    language changed, its buffer is full."""
+    if (conversation.state == ConversationState.PERSON or conversation.running_turn_id is not None
+            or (inbound.language and inbound.language[:16] != conversation.language)):
+        return None
+    limit = settings.AGENTLOOP_MAX_PENDING_MESSAGES
+    if conversation.open_buffer_id is None:
+        return OPENS if limit > 0 else None
+    return JOINS if (conversation.open_buffer_count or 0) < limit else None
+
+
+def _plain(requests: Sequence[Request], candidates: dict[int, Conversation]) -> dict[int, Conversation]:
+    """The candidates whose message is plain: not a bot's (conversations.loops decides
+    that alone), not a control command nor an answer to an open question, and the first
+    with its platform id in the batch."""
+    plain, seen = {}, set()
+    for i, conversation in candidates.items():
+        channel, inbound = requests[i]
+        if (channel.pk, inbound.platform_message_id) in seen or inbound.is_bot:
+            continue
+        if not inbound.media_type and (control.parse(inbound.text)
+                                       or confirmations.answer_from_text(channel, conversation, inbound.text)):
+            continue
+        seen.add((channel.pk, inbound.platform_message_id))
+        plain[i] = conversation
+    return plain
 
 
 def _lock_and_read(firsts: dict[Key, int], channels: dict[int, Channel]) -> dict[Key, Conversation]:
@@ -216,53 +253,77 @@ def _create_conversations(requests: Sequence[Request], indexes: list[int]) -> di
     return created
 
 
-def _admit_first_messages(requests: Sequence[Request], opening: dict[int, Conversation],
-                          now: datetime) -> dict[int, Admission]:
-    """{index: Admission} of the plain messages that open a buffer in the conversations
-    at `opening` (this transaction created them, or _opens_a_buffer said so): a buffer
-    each, then the messages, a statement each. A control command or an answer to a
-    question (neither is plain) is left to `admit`, as is a bot's message and a second
-    message with the same platform id in this batch."""
-    plain, seen = {}, set()
-    for i, conversation in opening.items():
-        channel, inbound = requests[i]
-        if (channel.pk, inbound.platform_message_id) in seen or inbound.is_bot:
-            continue  # a bot's message is admitted alone: conversations.loops decides
-        if not inbound.media_type and (control.parse(inbound.text)
-                                       or confirmations.answer_from_text(channel, conversation, inbound.text)):
-            continue
-        seen.add((channel.pk, inbound.platform_message_id))
-        plain[i] = MessageBuffer(conversation=conversation, first_message_at=now,
-                                 **_planned(Arrival(channel, conversation, inbound, now), now, 1, None))
-    if not plain:
+def _admit_plain(requests: Sequence[Request], opening: dict[int, Conversation], joining: dict[int, Conversation],
+                 now: datetime) -> dict[int, Admission]:
+    """{index: Admission} of the plain messages at `opening` (a new buffer each) and at
+    `joining` (each into its conversation's open buffer): the new buffers, the messages,
+    the joined buffers re-planned; a statement each for the whole batch."""
+    arrivals = {i: Arrival(requests[i][0], conversation, requests[i][1], now)
+                for i, conversation in {**opening, **joining}.items()}
+    if not arrivals:
         return {}
-    buffer_ids = {conversation_id: pk for pk, conversation_id in insert_many(
-        MessageBuffer, plain.values(), returning=("id", "conversation_id"))}
-    messages = {}
-    for i, buffer in plain.items():
-        buffer.pk = buffer_ids[buffer.conversation_id]
-        buffer._state.adding, buffer._state.db = False, connection.alias
-        channel, inbound = requests[i]
-        messages[i] = _message(Arrival(channel, opening[i], inbound, now), None, buffer)
+    buffers = _new_buffers({i: arrivals[i] for i in opening}, now)
+    # JOINS: each of these conversations has its buffer open, so none is None.
+    buffers.update({i: cast(MessageBuffer, _known_open_buffer(conversation)) for i, conversation in joining.items()})
+    messages = {i: _message(arrival, None, buffers[i]) for i, arrival in arrivals.items()}
     stored = {(channel_id, platform_id): pk for pk, channel_id, platform_id in insert_many(
         InboundMessage, messages.values(), ("channel_id", "platform_message_id"),
         ("id", "channel_id", "platform_message_id"))}
-    admissions, unused = {}, []
-    for i, message in messages.items():
-        channel, inbound = requests[i]
-        pk = stored.get((channel.pk, inbound.platform_message_id))
-        if pk is None:  # admitted before (rare): its buffer goes again
-            unused.append(plain[i].pk)
-            admissions[i] = Admission(duplicate=True, conversation_id=opening[i].pk)
+    admitted = {}
+    for i, arrival in arrivals.items():
+        pk = stored.get((arrival.channel.pk, arrival.inbound.platform_message_id))
+        if pk is not None:
+            messages[i].pk = admitted[i] = pk
+            failpoint("inbound.after_insert")
+    buffers.update(_rearm_joined({i: buffers[i] for i in joining if i in admitted}, arrivals, messages))
+    unused = [buffers[i].pk for i in opening if i not in admitted]
+    if unused:  # admitted before (rare): the buffers made for them go again
+        MessageBuffer.objects.filter(pk__in=unused).delete()
+    admissions = {}
+    for i, arrival in arrivals.items():
+        channel, conversation, inbound = arrival.channel, arrival.conversation, arrival.inbound
+        if i not in admitted:
+            admissions[i] = Admission(duplicate=True, conversation_id=conversation.pk)
             continue
-        message.pk = pk
-        failpoint("inbound.after_insert")
         admissions[i] = admission = _buffered(
-            Admission(duplicate=False, conversation_id=opening[i].pk, message_id=message.pk), plain[i])
+            Admission(duplicate=False, conversation_id=conversation.pk, message_id=admitted[i]), buffers[i])
         if inbound.address:
             addresses.remember(channel.pk, inbound.chat_id, inbound.address)
-        console.message_admitted(channel, opening[i].pk, inbound, admission,
+        console.message_admitted(channel, conversation.pk, inbound, admission,
                                  f"[{inbound.media_type}] {inbound.text}" if inbound.media_type else inbound.text)
-    if unused:
-        MessageBuffer.objects.filter(pk__in=unused).delete()
     return admissions
+
+
+def _new_buffers(arrivals: dict[int, Arrival], now: datetime) -> dict[int, MessageBuffer]:
+    """A new open buffer for each arrival's conversation, in one statement."""
+    buffers = {i: MessageBuffer(conversation=arrival.conversation, first_message_at=now,
+                                **_planned(arrival, now, 1, None)) for i, arrival in arrivals.items()}
+    if not buffers:
+        return {}
+    buffer_ids = {conversation_id: pk for pk, conversation_id in insert_many(
+        MessageBuffer, buffers.values(), returning=("id", "conversation_id"))}
+    for buffer in buffers.values():
+        buffer.pk = buffer_ids[buffer.conversation_id]
+        buffer._state.adding, buffer._state.db = False, connection.alias
+    return buffers
+
+
+def _rearm_joined(joined: dict[int, MessageBuffer], arrivals: dict[int, Arrival],
+                  messages: dict[int, InboundMessage]) -> dict[int, MessageBuffer]:
+    """`_rearm` for a batch: each open buffer a message at `joined` was stored in,
+    re-planned from that message, in one statement (a compare-and-swap on each). One the
+    flusher claimed since it was read (it does not lock the conversation) gives its
+    message to the conversation's next buffer, as `_rearm` does. {index: its buffer}."""
+    planned = {i: _planned(arrivals[i], buffer.first_message_at, counted(buffer, arrivals[i].inbound), None)
+               for i, buffer in joined.items()}
+    held = sql.update_open_buffers({buffer.pk: planned[i] for i, buffer in joined.items()})
+    placed = {}
+    for i, buffer in joined.items():
+        if buffer.pk in held:
+            for name, value in planned[i].items():
+                setattr(buffer, name, value)
+        else:
+            buffer = _reread_open_buffer(arrivals[i], None) or _new_buffer(arrivals[i], None)
+            _set_buffer(messages[i], buffer)
+        placed[i] = buffer
+    return placed

@@ -30,6 +30,7 @@ from conversations.sql.admission import (
     lock_and_read_conversations,
     set_buffer,
     update_open_buffer,
+    update_open_buffers,
 )
 from conversations.sql.flushing import (
     BATCH_SHAPES,
@@ -62,5 +63,5 @@ __all__ = [
     "MERGED_FIELDS", "build_buffers", "build_messages", "claim_rows", "contact_ids",
     "conversation_with_state", "deadline_param", "due_buffer_ids", "finish_turns", "history",
     "lock_and_read_conversations", "look", "message_rows", "next_deadline", "open_rows",
-    "open_windows", "ready_turns", "same_but_claimed", "set_buffer", "update_open_buffer",
+    "open_windows", "ready_turns", "same_but_claimed", "set_buffer", "update_open_buffer", "update_open_buffers",
 ]

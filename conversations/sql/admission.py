@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connection
 from django.db.models import Model
+
+if TYPE_CHECKING:
+    from django.db.models import Field
 
 from agentloop.core.rows import (
     in_params,
@@ -149,3 +152,27 @@ def update_open_buffer(buffer_id: int, fields: dict[str, Any]) -> bool:
     """The buffer's `fields` set only while it is open (a compare-and-swap against the
     flusher's claim; plain SQL, see `agentloop.core.rows.update_in_state`)."""
     return update_in_state(MessageBuffer, buffer_id, fields, BufferState.OPEN)
+
+
+def update_open_buffers(fields: dict[int, dict[str, Any]]) -> set[int]:
+    """`update_open_buffer` for a batch: each buffer's own fields (the same names for
+    all), in one statement, their values as one JSON parameter in id order (PostgreSQL
+    joins them to the open buffers' partial index, and takes the rows in that order).
+    The ids of the buffers that were still open."""
+    if not fields:
+        return set()
+    names = list(next(iter(fields.values())))
+    columns = [cast("Field[Any, Any]", MessageBuffer._meta.get_field(name)) for name in names]
+    db_names = [cast(str, field.column) for field in columns]  # a concrete field's column is never None
+    quoted = [connection.ops.quote_name(name) for name in db_names]
+    source = recordset("v", [("buffer_id", "bigint"), *((name, field.db_type(connection))
+                                                 for name, field in zip(quoted, columns))])
+    rows = [(pk, *(field.get_db_prep_save(values[name], connection) for name, field in zip(names, columns)))
+            for pk, values in sorted(fields.items())]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table(MessageBuffer)} AS b SET "
+                       + ", ".join(f"{name} = v.{name}" for name in quoted)
+                       # RETURNING's own column, unqualified: SQLite knows no alias there.
+                       + f" FROM {source} WHERE b.id = v.buffer_id AND b.state = %s RETURNING id",
+                       [records(["buffer_id", *db_names], rows), BufferState.OPEN.value])
+        return {row[0] for row in cursor.fetchall()}

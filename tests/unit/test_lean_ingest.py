@@ -20,7 +20,7 @@ from django.utils import timezone
 from agentloop.core.middleware import database_unavailable
 from audit.models import AuditEvent, EventKind
 from conversations import ingest
-from conversations.ingest import Inbound
+from conversations.ingest import Inbound, batch
 from conversations.lean_ingest import LeanIngest
 from conversations.models import BufferState, Channel, Conversation, ConversationState, InboundMessage, MessageBuffer
 
@@ -242,6 +242,66 @@ def test_a_batch_of_people_back_after_their_reply_opens_their_buffers_in_two_sta
         {r.buffer_id for r in results}
 
 
+def test_a_burst_batched_joins_its_open_buffers_in_one_statement(transactional_db):
+    """Five people each write again while their buffer is still open (a burst): the
+    batch stores the messages in those buffers and re-plans them, a statement each for
+    the whole batch (it was two a message: the message, its buffer's compare-and-swap)."""
+    channel = Channel.objects.create(slug="good", kind="api")
+    first = ingest.admit_many([(channel, _inbound(i)) for i in range(5)], lambda exc: False)
+    with CaptureQueriesContext(connection) as queries:
+        results = ingest.admit_many([(channel, _inbound(i, message="more")) for i in range(5)], lambda exc: False)
+    admissions = [q["sql"] for q in queries.captured_queries if "conversations_" in q["sql"]]
+    looks = ["SELECT"] * (2 if connection.vendor == "postgresql" else 1)
+    assert [q.split()[0].upper() for q in admissions] == [*looks, "INSERT", "UPDATE"], admissions
+    assert [r.buffer_id for r in results] == [r.buffer_id for r in first]
+    buffers = MessageBuffer.objects.in_bulk([r.buffer_id for r in results])
+    assert {b.message_count for b in buffers.values()} == {2}
+    assert [r.flush_at for r in results] == [buffers[r.buffer_id].flush_at for r in results]
+    assert all(later.flush_at >= earlier.flush_at for later, earlier in zip(results, first))
+
+
+@pytest.fixture
+def claimed_meanwhile(transactional_db):
+    """The flusher's claim of a buffer committed between the admission's read of it and
+    its re-plan (the flusher does not lock conversations): a trigger flushes the buffer
+    a message whose text is "claimed meanwhile" was just stored in, on either database."""
+    flush = ("UPDATE conversations_messagebuffer SET state = 'flushed', flushed_at = CURRENT_TIMESTAMP "
+             "WHERE id = NEW.buffer_id")
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"CREATE FUNCTION claim_meanwhile() RETURNS trigger AS $$ BEGIN "
+                           f"IF NEW.text = 'claimed meanwhile' THEN {flush}; END IF; RETURN NEW; END "
+                           f"$$ LANGUAGE plpgsql")
+            cursor.execute("CREATE TRIGGER claim_meanwhile AFTER INSERT ON conversations_inboundmessage "
+                           "FOR EACH ROW EXECUTE FUNCTION claim_meanwhile()")
+        else:
+            cursor.execute("CREATE TRIGGER claim_meanwhile AFTER INSERT ON conversations_inboundmessage "
+                           f"WHEN NEW.text = 'claimed meanwhile' BEGIN {flush}; END")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER claim_meanwhile" + (" ON conversations_inboundmessage"
+                                                         if connection.vendor == "postgresql" else ""))
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP FUNCTION claim_meanwhile()")
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one by one"])
+def test_a_message_whose_open_buffer_was_claimed_meanwhile_starts_the_next_one(claimed_meanwhile, batched):
+    """The re-plan's compare-and-swap finds the buffer flushed: the message moves to a new
+    buffer of its own (its turn was made without it), batched as one by one."""
+    channel = Channel.objects.create(slug="good", kind="api")
+    first = ingest.admit_many([(channel, _inbound(i)) for i in range(2)], lambda exc: False)
+    late = Inbound(platform_message_id="late", chat_id="c0", sender_id="c0", text="claimed meanwhile")
+    joining = [(channel, late), (channel, _inbound(1, message="more"))]
+    results = (ingest.admit_many(joining, lambda exc: False) if batched
+               else [ingest.admit(channel, inbound) for _, inbound in joining])
+    moved = InboundMessage.objects.get(platform_message_id="late")
+    assert moved.buffer_id == results[0].buffer_id != first[0].buffer_id
+    assert MessageBuffer.objects.get(pk=first[0].buffer_id).state == BufferState.FLUSHED
+    assert (moved.buffer.state, moved.buffer.message_count) == (BufferState.OPEN, 1)
+    assert results[1].buffer_id == first[1].buffer_id  # the other joined its open buffer
+
+
 def _flush_every_buffer():
     """Every open buffer closed, as the flusher leaves one whose turn was made."""
     MessageBuffer.objects.filter(state=BufferState.OPEN).update(state=BufferState.FLUSHED, flushed_at=timezone.now())
@@ -255,7 +315,7 @@ def _outcome(channel):
                   for m in InboundMessage.objects.filter(channel=channel).select_related("conversation", "buffer"))
 
 
-def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db):
+def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db, monkeypatch):
     """The batch's shared work (conversations locked and read, new ones
     created, their first messages stored, each as one statement for the batch) leaves
     exactly what admitting the same messages one by one leaves: a conversation that
@@ -297,6 +357,9 @@ def test_a_batch_admits_like_one_by_one_whatever_its_mix(transactional_db):
     for channel, prefix in ((batched, "b"), (alone, "a")):
         ingest.admit(channel, Inbound(platform_message_id=f"{prefix}-old-1", chat_id="old", sender_id="old",
                                       text="first"))
+    # The batch as a batch: not failed and admitted again one by one, which would
+    # leave the same rows whatever the batch's own statements do.
+    monkeypatch.setattr(batch, "_admit_alone", lambda *args: pytest.fail("the batch failed"))
     results = ingest.admit_many([(batched, inbound) for inbound in mix("b")], lambda exc: False)
     expected = []
     for inbound in mix("a"):
