@@ -1,4 +1,5 @@
-"""Housekeeping: the heartbeat, the guard's sweep, scheduled messages now due, what dead workers left behind
+"""Housekeeping: the heartbeat, the guard's sweep, scheduled messages now due, the planner's
+statistics of tables that doubled (PostgreSQL), what dead workers left behind
 (their turns, their rows mid-send, files they were fetching, external turns past
 their time), and the turns
 stamped with this worker that it no longer holds.
@@ -14,10 +15,13 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
+from agentloop.core import planner_stats
 from agentloop.core.backoff import DATABASE_FAULTS
 from conversations import engine, handoff, liveness, schedules, turns
 from conversations.media import fetching
+from conversations.models import Contact, Conversation, InboundMessage, MessageBuffer, Turn
 from delivery import ledger
+from delivery.models import OutboundMessage
 from tools import guard
 from tools.mcp import catalog
 
@@ -31,6 +35,10 @@ HOUSEKEEPING_EVERY = 5.0
 # given back within this of its lock freeing, and its rows mid-send are claimed by the
 # next ledger sweep (every AGENTLOOP_POLL_INTERVAL) after that.
 DEATH_CHECK_EVERY = 1.0
+# The tables every message grows: their planner statistics kept up with them while they
+# are young (agentloop.core.planner_stats).
+GROWING = tuple(model._meta.db_table for model in (InboundMessage, MessageBuffer, Turn, Conversation, Contact,
+                                                   OutboundMessage))
 
 
 class Housekeeping:
@@ -51,6 +59,9 @@ class Housekeeping:
             self.worker.wake_turns()
         if await db(handoff.give_back_idle):  # a person quiet for the channel's idle time
             self.worker.wake_turns()
+        analyzed = await db(planner_stats.refresh, GROWING)
+        if analyzed:
+            log.info("statistics refreshed for %s (grown past twice the planner's count)", ", ".join(analyzed))
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())
         if orphans:
             log.warning("gave back %d running turns this worker no longer held", len(orphans))
