@@ -158,7 +158,11 @@ GROUPS: list[tuple[str, str, list[Var]]] = [
             "PostgreSQL: parameters bound on the server, and a statement a connection runs a "
             "fifth time prepared there, so the server stops parsing and planning the same "
             "statements (measured: 1.69 → 1.37 ms of server CPU per message). Behind "
-            "PgBouncer 1.21+ with `max_prepared_statements` set it may be turned on."),
+            "PgBouncer 1.21+ with `max_prepared_statements` set it may be turned on. A "
+            "prepared statement keeps its plan until the table's statistics change, so a "
+            "worker analyzes each table every message grows once it holds more than twice "
+            "the rows its statistics counted (a young table, between autovacuum's looks; "
+            "logged as `statistics refreshed`)."),
         Var("DATABASE_TRANSACTION_POOLER", "false",
             "PostgreSQL: `DATABASE_URL` goes through a transaction-mode pooler (PgBouncer): "
             "Django's server-side cursors off. Point `AGENTLOOP_LIVENESS_DATABASE_URL` at "
