@@ -9,6 +9,7 @@ test_telegram_webhook's concurrency tests and test_web_outage's 503s."""
 
 import asyncio
 import json
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -164,26 +165,38 @@ def test_group_commit_a_database_fault_fails_the_whole_batch_and_stores_nothing(
     assert not InboundMessage.objects.exists()
 
 
+@contextmanager
+def _message_trigger(name, timing, text, action_postgresql, action_sqlite):
+    """A trigger on the messages table, `timing` (BEFORE, AFTER) each INSERT of a message
+    whose text is `text`, running the action written for the database at hand; dropped
+    after."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN "
+                           f"IF NEW.text = '{text}' THEN {action_postgresql}; END IF; RETURN NEW; END "
+                           f"$$ LANGUAGE plpgsql")
+            cursor.execute(f"CREATE TRIGGER {name} {timing} INSERT ON conversations_inboundmessage "
+                           f"FOR EACH ROW EXECUTE FUNCTION {name}()")
+        else:
+            cursor.execute(f"CREATE TRIGGER {name} {timing} INSERT ON conversations_inboundmessage "
+                           f"WHEN NEW.text = '{text}' BEGIN {action_sqlite}; END")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER {name}" + (" ON conversations_inboundmessage"
+                                                     if connection.vendor == "postgresql" else ""))
+            if connection.vendor == "postgresql":
+                cursor.execute(f"DROP FUNCTION {name}()")
+
+
 @pytest.fixture
 def boom_trigger(transactional_db):
     """A real database error in the middle of a batch: a trigger that refuses the message
     whose text is "boom" (what a constraint violation does), on either database."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("CREATE FUNCTION refuse_boom() RETURNS trigger AS $$ BEGIN "
-                           "IF NEW.text = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; RETURN NEW; END "
-                           "$$ LANGUAGE plpgsql")
-            cursor.execute("CREATE TRIGGER refuse_boom BEFORE INSERT ON conversations_inboundmessage "
-                           "FOR EACH ROW EXECUTE FUNCTION refuse_boom()")
-        else:
-            cursor.execute("CREATE TRIGGER refuse_boom BEFORE INSERT ON conversations_inboundmessage "
-                           "WHEN NEW.text = 'boom' BEGIN SELECT RAISE(ABORT, 'boom refused'); END")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER refuse_boom" + (" ON conversations_inboundmessage"
-                                                     if connection.vendor == "postgresql" else ""))
-        if connection.vendor == "postgresql":
-            cursor.execute("DROP FUNCTION refuse_boom()")
+    with _message_trigger("refuse_boom", "BEFORE", "boom", "RAISE EXCEPTION 'boom refused'",
+                          "SELECT RAISE(ABORT, 'boom refused')"):
+        yield
 
 
 def test_group_commit_a_statement_failing_mid_batch_fails_alone(boom_trigger):
@@ -267,22 +280,8 @@ def claimed_meanwhile(transactional_db):
     a message whose text is "claimed meanwhile" was just stored in, on either database."""
     flush = ("UPDATE conversations_messagebuffer SET state = 'flushed', flushed_at = CURRENT_TIMESTAMP "
              "WHERE id = NEW.buffer_id")
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"CREATE FUNCTION claim_meanwhile() RETURNS trigger AS $$ BEGIN "
-                           f"IF NEW.text = 'claimed meanwhile' THEN {flush}; END IF; RETURN NEW; END "
-                           f"$$ LANGUAGE plpgsql")
-            cursor.execute("CREATE TRIGGER claim_meanwhile AFTER INSERT ON conversations_inboundmessage "
-                           "FOR EACH ROW EXECUTE FUNCTION claim_meanwhile()")
-        else:
-            cursor.execute("CREATE TRIGGER claim_meanwhile AFTER INSERT ON conversations_inboundmessage "
-                           f"WHEN NEW.text = 'claimed meanwhile' BEGIN {flush}; END")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER claim_meanwhile" + (" ON conversations_inboundmessage"
-                                                         if connection.vendor == "postgresql" else ""))
-        if connection.vendor == "postgresql":
-            cursor.execute("DROP FUNCTION claim_meanwhile()")
+    with _message_trigger("claim_meanwhile", "AFTER", "claimed meanwhile", flush, flush):
+        yield
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "one by one"])
