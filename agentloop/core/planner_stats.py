@@ -10,7 +10,7 @@ default), and a new deployment's tables can grow a hundredfold in that minute: o
 database paced at 293 messages/s, the flusher's read of a batch's messages took 0.73 ms
 and then 2.8 ms a statement (pg_stat_statements), the turns' 0.66 and then 2.3 ms, 2,303
 and 1,450 sequential scans over 12 and 7 million rows, until autovacuum's analysis 90 s
-in; 0.2-0.3 ms after it.
+in (after it, neither was among the eight costliest statements).
 
 So a worker's housekeeping analyzes each of its hot tables that holds more than twice
 the rows the planner last counted (and at least MIN_ROWS more): a handful of times while
