@@ -11,9 +11,6 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connection
 from django.db.models import Model
 
-if TYPE_CHECKING:
-    from django.db.models import Field
-
 from agentloop.core.rows import (
     in_params,
     in_sql,
@@ -33,6 +30,9 @@ from conversations.models import (
     Turn,
     TurnState,
 )
+
+if TYPE_CHECKING:
+    from django.db.models import Field
 
 # A row as the database driver returns it (positional columns, documented beside each
 # statement).
@@ -156,9 +156,8 @@ def update_open_buffer(buffer_id: int, fields: dict[str, Any]) -> bool:
 
 def update_open_buffers(fields: dict[int, dict[str, Any]]) -> set[int]:
     """`update_open_buffer` for a batch: each buffer's own fields (the same names for
-    all), in one statement, their values as one JSON parameter in id order (PostgreSQL
-    joins them to the open buffers' partial index, and takes the rows in that order).
-    The ids of the buffers that were still open."""
+    all), in one statement, their values as one JSON parameter in id order. The ids of
+    the buffers that were still open."""
     if not fields:
         return set()
     names = list(next(iter(fields.values())))

@@ -59,7 +59,8 @@ class Housekeeping:
             self.worker.wake_turns()
         if await db(handoff.give_back_idle):  # a person quiet for the channel's idle time
             self.worker.wake_turns()
-        analyzed = await db(planner_stats.refresh, GROWING)
+        # On a tool thread (a connection of its own), not in the way of the replies' steps.
+        analyzed = await self.worker.tools.threads(planner_stats.refresh, GROWING)
         if analyzed:
             log.info("statistics refreshed for %s (grown past twice the planner's count)", ", ".join(analyzed))
         orphans = await db(self.worker.turns.give_back_orphans, self.worker.turns.held())
