@@ -20,14 +20,16 @@ import hashlib
 import re
 import sqlite3
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.db import connections
+from django.db import OperationalError, connections
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 LOCKS = BASE_DIR / "var"  # test-template-<where>.lock (lock_for)
 TEMPLATE_PREFIX = "test_template_"
+OBJECT_IN_USE = "55006"  # SQLSTATE: the source database has other sessions
 
 
 def migrations_digest(sha):
@@ -131,8 +133,31 @@ def _copy_postgres(connection, test_name, name):
         if cursor.fetchone() is None:
             return False
         cursor.execute(f"DROP DATABASE IF EXISTS {quote(test_name)} WITH (FORCE)")  # a killed run's sessions
-        cursor.execute(f"CREATE DATABASE {quote(test_name)} TEMPLATE {quote(name)}")
+        _create_from(cursor, f"CREATE DATABASE {quote(test_name)} TEMPLATE {quote(name)}")
     return True
+
+
+def _create_from(cursor, create, deadline=60.0):
+    """CREATE DATABASE … TEMPLATE, again while someone else is in the template: PostgreSQL
+    copies a database only while nobody is connected to it, and scripts/test.sh's
+    copy_templates `pg_dump`s the template onto the backfill's cluster just as the serial
+    phase's processes copy it (one CI run failed two tests' setups so, "There is 1 other
+    session using the database": PostgreSQL waits 5 s for it, and the dump, at idle priority
+    beside the tests, took longer). The deadline bounds a session that stays."""
+    started, pause = time.monotonic(), 0.1
+    while True:
+        try:
+            cursor.execute(create)
+            return
+        except OperationalError as error:
+            if getattr(error.__cause__, "sqlstate", None) != OBJECT_IN_USE \
+                    or time.monotonic() - started + pause > deadline:
+                raise
+            if pause == 0.1:
+                print(f"template_db: the template is in use; trying again for up to {deadline:.0f} s",
+                      file=sys.stderr)
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
 
 
 def forget_sqlite_files_on_exit() -> None:
