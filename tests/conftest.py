@@ -2,6 +2,7 @@
 database, and the local fake Telegram Bot API server."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -627,6 +628,7 @@ def stop_zygote():
 
 def pytest_sessionfinish(session, exitstatus):
     stop_zygote()
+    shutil.rmtree(METRICS_DIR, ignore_errors=True)
     clusters = sys.modules.get("tests.cluster.hosts")
     if clusters is not None:
         clusters.wait_removed()  # a cluster test's hosts are removed after it (Cluster.down)
@@ -692,12 +694,21 @@ class WebProcess(Process):
         self.healthy = True
 
 
+METRICS_DIR = Path(tempfile.gettempdir()) / f"agentloop-test-metrics-{os.getpid()}"
+
+
 class Processes:
     """Starts the product's real processes against the test database."""
 
     def __init__(self, log_dir):
         self.log_dir = log_dir
         self.started: list[Process] = []
+        # Each test's processes count their metrics from zero, in a folder of this pytest
+        # process's own, emptied here: one path for every test, so that their starts have
+        # one environment, and the zygote forks them from the product already set up
+        # (tests/support/zygote_product.py).
+        shutil.rmtree(METRICS_DIR, ignore_errors=True)
+        METRICS_DIR.mkdir(parents=True)
 
     def env(self, **extra):
         env = dict(os.environ)
@@ -711,7 +722,7 @@ class Processes:
             "AGENTLOOP_TELEGRAM_POLL_TIMEOUT": "1",
             "PYTHONUNBUFFERED": "1",
             # The test's processes share their metrics (GET /metrics), counted from zero.
-            "AGENTLOOP_METRICS_DIR": str(self.log_dir / "metrics"),
+            "AGENTLOOP_METRICS_DIR": str(METRICS_DIR),
         })
         env.update({k: str(v) for k, v in extra.items()})
         return env
