@@ -106,3 +106,49 @@ def test_run_python_answers_as_subprocess_run_does(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as late:
         run_python([sys.executable, str(sleeper)], env={}, timeout=1)
     assert time.monotonic() - started < 15 and late.value.output == "started\n"
+
+
+def test_a_child_ends_as_the_interpreter_would_have_it_end(zygote, tmp_path):
+    """end_child: its non-daemon threads finish and its atexit functions run (before
+    os._exit skips the interpreter's finalization); sys.exit("message") prints the message
+    and exits 1, as the interpreter does."""
+    script = tmp_path / "ending.py"
+    script.write_text(
+        "import atexit, sys, threading, time\n"
+        "done = []\n"
+        "def late():\n    time.sleep(0.3)\n    done.append('thread')\n"
+        "threading.Thread(target=late).start()\n"
+        "atexit.register(lambda: print('atexit after', done, flush=True))\n"
+        "sys.exit(sys.argv[1] if sys.argv[1:] else None)\n")
+    child, log = spawn(zygote, tmp_path, [str(script)])
+    assert child.wait(30) == 0
+    assert log.read_text() == "atexit after ['thread']\n"
+    child, log = spawn(zygote, tmp_path, [str(script), "refused: no token"])
+    assert child.wait(30) == 1
+    assert log.read_text().splitlines() == ["atexit after ['thread']", "refused: no token"]
+
+
+def _parent(pid):
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+@pytest.mark.e2e
+def test_a_repeated_start_is_forked_from_a_sub_zygote_and_registers_itself(processes):
+    """The same worker started three times (one environment): the third at the latest is
+    forked from a sub-zygote set up for it (tests/support/zygote_product.py), a child of
+    the zygote, and
+    is the process a fresh start would be: registered in the metrics folder under its own
+    pid (the sub-zygote is not), beating, and stopped cleanly."""
+    from tests.conftest import METRICS_DIR, _the_zygote
+
+    zygote = _the_zygote().process.pid
+    workers = [processes.worker() for _ in range(3)]
+    parents = [_parent(worker.pid) for worker in workers]
+    assert parents[2] != zygote and _parent(parents[2]) == zygote
+    registered = {int(path.stem) for path in METRICS_DIR.glob("*.pid")}
+    assert {worker.pid for worker in workers} <= registered and parents[2] not in registered
+    assert not list(METRICS_DIR.glob(f"*_{parents[2]}.db"))
+    for worker in workers:
+        assert worker.stop() == 0, worker.output()
+    assert "stopped after 0 turns" in workers[2].output()
