@@ -5,8 +5,9 @@ from django.db import migrations
 
 
 def create_schedule(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.update_or_create(
+    Schedule.objects.using(db).update_or_create(
         name="agentloop-recovery-sweep",
         defaults={"func": "conversations.engine.recovery_sweep", "schedule_type": "I", "minutes": 1,
                   "repeats": -1},
@@ -14,7 +15,8 @@ def create_schedule(apps, schema_editor):
 
 
 def delete_schedule(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name="agentloop-recovery-sweep").delete()
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
+    apps.get_model("django_q", "Schedule").objects.using(db).filter(name="agentloop-recovery-sweep").delete()
 
 
 class Migration(migrations.Migration):

@@ -2,9 +2,10 @@ from django.db import migrations, models
 
 
 def typing_mode_from_flag(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     # A channel that had typing switched off keeps it off; the others get the new default.
     Channel = apps.get_model("conversations", "Channel")
-    Channel.objects.filter(typing_enabled=False).update(typing_mode="never")
+    Channel.objects.using(db).filter(typing_enabled=False).update(typing_mode="never")
 
 
 class Migration(migrations.Migration):

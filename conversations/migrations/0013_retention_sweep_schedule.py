@@ -8,16 +8,18 @@ LEDGER_PRUNE = "agentloop-ledger-prune"
 
 
 def create(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.update_or_create(name=NAME, defaults={
+    Schedule.objects.using(db).update_or_create(name=NAME, defaults={
         "func": "conversations.retention.sweep", "schedule_type": "I", "minutes": 10, "repeats": -1})
-    Schedule.objects.filter(name=LEDGER_PRUNE).delete()
+    Schedule.objects.using(db).filter(name=LEDGER_PRUNE).delete()
 
 
 def delete(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.filter(name=NAME).delete()
-    Schedule.objects.update_or_create(name=LEDGER_PRUNE, defaults={
+    Schedule.objects.using(db).filter(name=NAME).delete()
+    Schedule.objects.using(db).update_or_create(name=LEDGER_PRUNE, defaults={
         "func": "delivery.ledger.prune", "schedule_type": "D", "repeats": -1})
 
 

@@ -10,22 +10,24 @@ TO_CHANNEL_MESSAGES = {"always": "all"}
 
 
 def forwards(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Channel = apps.get_model("conversations", "Channel")
-    for channel in Channel.objects.filter(kind="slack"):
+    for channel in Channel.objects.using(db).filter(kind="slack"):
         values = dict(channel.platform_settings or {})
         old = values.pop("channel_messages", "mentions")
         channel.platform_settings = values
         channel.group_replies = TO_GROUP_REPLIES.get(old, "mention")
-        channel.save(update_fields=["platform_settings", "group_replies"])
+        channel.save(using=db, update_fields=["platform_settings", "group_replies"])
 
 
 def backwards(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Channel = apps.get_model("conversations", "Channel")
-    for channel in Channel.objects.filter(kind="slack"):
+    for channel in Channel.objects.using(db).filter(kind="slack"):
         values = dict(channel.platform_settings or {})
         values["channel_messages"] = TO_CHANNEL_MESSAGES.get(channel.group_replies, "mentions")
         channel.platform_settings = values
-        channel.save(update_fields=["platform_settings"])
+        channel.save(using=db, update_fields=["platform_settings"])
 
 
 class Migration(migrations.Migration):

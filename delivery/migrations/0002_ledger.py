@@ -9,17 +9,19 @@ STATES = {"sending": "attempting", "sent": "delivered", "failed": "abandoned"}
 
 
 def forward(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Row = apps.get_model("delivery", "OutboundMessage")
     for old, new in STATES.items():
-        Row.objects.filter(state=old).update(state=new)
-    for row in Row.objects.select_related("conversation").filter(channel__isnull=True).iterator():
-        Row.objects.filter(pk=row.pk).update(channel_id=row.conversation.channel_id, chat_id=row.conversation.chat_id)
+        Row.objects.using(db).filter(state=old).update(state=new)
+    for row in Row.objects.using(db).select_related("conversation").filter(channel__isnull=True).iterator():
+        Row.objects.using(db).filter(pk=row.pk).update(channel_id=row.conversation.channel_id, chat_id=row.conversation.chat_id)
 
 
 def backward(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Row = apps.get_model("delivery", "OutboundMessage")
     for old, new in STATES.items():
-        Row.objects.filter(state=new).update(state=old)
+        Row.objects.using(db).filter(state=new).update(state=old)
 
 
 class Migration(migrations.Migration):

@@ -11,13 +11,15 @@ SCHEDULES = {
 
 
 def create(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Schedule = apps.get_model("django_q", "Schedule")
     for name, fields in SCHEDULES.items():
-        Schedule.objects.update_or_create(name=name, defaults={**fields, "repeats": -1})
+        Schedule.objects.using(db).update_or_create(name=name, defaults={**fields, "repeats": -1})
 
 
 def delete(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name__in=list(SCHEDULES)).delete()
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
+    apps.get_model("django_q", "Schedule").objects.using(db).filter(name__in=list(SCHEDULES)).delete()
 
 
 class Migration(migrations.Migration):

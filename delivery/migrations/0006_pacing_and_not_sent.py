@@ -7,7 +7,7 @@ from django.db.models import F
 def floods_spend_no_attempt(apps, schema_editor):
     """A flood used to count an attempt (offset by flood_waits in the budget); it now gives
     its attempt back. Open rows get the same count the new rule would have left."""
-    rows = apps.get_model("delivery", "OutboundMessage").objects
+    rows = apps.get_model("delivery", "OutboundMessage").objects.using(schema_editor.connection.alias)  # migrate --database
     rows.filter(state__in=["pending", "attempting", "failed"], flood_waits__gt=0,
                 attempts__gte=F("flood_waits")).update(attempts=F("attempts") - F("flood_waits"))
 
@@ -16,7 +16,7 @@ def claims_before_chunks_started(apps, schema_editor):
     """Rows an older build claimed (attempts counted, no chunk marked started) may have been
     sent: marked started, so the claim's one rule (a chunk started and not delivered is
     labelled) labels them. A paced claim now leaves a chunk unstarted while it waits."""
-    rows = apps.get_model("delivery", "OutboundMessage").objects
+    rows = apps.get_model("delivery", "OutboundMessage").objects.using(schema_editor.connection.alias)  # migrate --database
     rows.filter(state__in=["pending", "attempting", "failed"], chunks_started=0, attempts__gt=0).update(
         chunks_started=F("chunks_delivered") + 1)
 

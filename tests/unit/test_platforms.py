@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import connection
+from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
 from audit.models import AuditEvent, EventKind
@@ -21,6 +21,7 @@ from delivery import ledger, transports
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 from tests.support.e2e import UNPACED
+from tests.support.fresh_database import fresh_database
 
 pytestmark = pytest.mark.django_db
 
@@ -139,39 +140,42 @@ def test_addchannel_takes_each_platforms_flags_and_refuses_another_platforms():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_migration_moves_the_platform_columns_both_ways():
-    """Back to before the move once and forward to the leaves once (every later migration
-    of every app unapplied and applied again: the test's time); in between, the move alone
-    forwards and backwards, read through its own migration's models."""
+def test_the_migration_moves_the_platform_columns_both_ways(tmp_path):
+    """On an empty database of its own: migrated to just before the move, the move alone
+    forwards and backwards, read through its own migration's models, then forward to the
+    leaves (every later migration of every app applied over the moved-back columns)."""
     moving = ("conversations", "0008_platform_settings")
     before = [("conversations", "0007_message_edits")]
-    after = MigrationExecutor(connection).loader.graph.leaf_nodes()
     expected = {
         "tg": ({"bot_token": "1:A", "webhook_secret": "w" * 20, "api_base": "http://127.0.0.1:9", "mode": "polling"}, ""),
         "nobot": ({"api_base": "https://api.telegram.org", "mode": "webhook"}, "no bot_token set"),
         "shop": ({"callback_url": "https://x.example/r", "callback_secret": "c" * 12}, ""),
         "web": ({}, ""),
     }
-    try:
-        MigrationExecutor(connection).migrate(before)
-        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
-        old.objects.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret="w" * 20,
-                           api_base="http://127.0.0.1:9", telegram_mode="polling")
-        old.objects.create(slug="nobot", kind="telegram")
-        old.objects.create(slug="shop", kind="api", callback_url="https://x.example/r", callback_secret="c" * 12)
-        old.objects.create(slug="web", kind="webchat")
-        MigrationExecutor(connection).migrate([moving])
-        new = MigrationExecutor(connection).loader.project_state(moving).apps.get_model("conversations", "Channel")
-        assert {c.slug: (c.platform_settings, c.send_blocked) for c in new.objects.all()} == expected
-        MigrationExecutor(connection).migrate(before)
-        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
-        back = {c.slug: (c.bot_token, c.telegram_mode, c.callback_secret) for c in old.objects.all()}
+    with fresh_database(tmp_path) as alias:
+        def migrate(targets):
+            MigrationExecutor(connections[alias]).migrate(targets)
+
+        def channels_at(targets):
+            found = MigrationExecutor(connections[alias]).loader.project_state(targets)
+            return found.apps.get_model("conversations", "Channel").objects.using(alias)
+
+        migrate(before)
+        old = channels_at(before)
+        old.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret="w" * 20,
+                   api_base="http://127.0.0.1:9", telegram_mode="polling")
+        old.create(slug="nobot", kind="telegram")
+        old.create(slug="shop", kind="api", callback_url="https://x.example/r", callback_secret="c" * 12)
+        old.create(slug="web", kind="webchat")
+        migrate([moving])
+        assert {c.slug: (c.platform_settings, c.send_blocked) for c in channels_at([moving])} == expected
+        migrate(before)
+        back = {c.slug: (c.bot_token, c.telegram_mode, c.callback_secret) for c in channels_at(before)}
         assert back["tg"] == ("1:A", "polling", "") and back["shop"] == ("", "webhook", "c" * 12)
-        MigrationExecutor(connection).migrate(after)
+        migrate(MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
         # Moved again from the columns it was moved back to, and as every later migration left it.
-        assert {c.slug: (c.platform_settings, c.send_blocked) for c in Channel.objects.all()} == expected
-    finally:
-        MigrationExecutor(connection).migrate(after)
+        assert {c.slug: (c.platform_settings, c.send_blocked) for c in Channel.objects.using(alias)} == expected
+        assert not Channel.objects.exists()  # the test database untouched
 
 
 def test_the_telegram_bootstrap_hook_adds_a_polling_channel_from_the_environment(monkeypatch):

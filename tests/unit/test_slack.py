@@ -340,37 +340,43 @@ def test_only_the_apps_own_leading_mention_is_taken_out_of_the_text():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_migration_moves_channel_messages_onto_group_replies_both_ways():
-    """Back to before the move once and forward to the leaves once (every later migration
-    of every app unapplied and applied again: the test's time); in between, the move alone
-    forwards and backwards, read through its own migration's models."""
-    from django.db import connection
+def test_the_migration_moves_channel_messages_onto_group_replies_both_ways(tmp_path):
+    """On an empty database of its own: migrated to just before the move, the move alone
+    forwards and backwards, read through its own migration's models, then forward to the
+    leaves (every later migration of every app applied over the moved-back setting)."""
+    from django.db import connections
     from django.db.migrations.executor import MigrationExecutor
+
+    from tests.support.fresh_database import fresh_database
 
     moving = ("conversations", "0018_slack_group_replies")
     before = [("conversations", "0017_choices_of_groups_and_handoff")]
-    after = MigrationExecutor(connection).loader.graph.leaf_nodes()
     expected = {"all": ("always", False), "mentions": ("mention", False), "unset": ("mention", False),
                 "tg": ("never", False)}
-    try:
-        MigrationExecutor(connection).migrate(before)
-        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
+    with fresh_database(tmp_path) as alias:
+        def migrate(targets):
+            MigrationExecutor(connections[alias]).migrate(targets)
+
+        def channels_at(targets):
+            found = MigrationExecutor(connections[alias]).loader.project_state(targets)
+            return found.apps.get_model("conversations", "Channel").objects.using(alias)
+
+        migrate(before)
+        old = channels_at(before)
         for slug, value in (("all", "all"), ("mentions", "mentions"), ("unset", None)):
             values = slack_settings() | ({"channel_messages": value} if value else {})
-            old.objects.create(slug=slug, kind="slack", platform_settings=values)
-        old.objects.create(slug="tg", kind="telegram", group_replies="never")
-        MigrationExecutor(connection).migrate([moving])
-        new = MigrationExecutor(connection).loader.project_state(moving).apps.get_model("conversations", "Channel")
-        assert {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in new.objects.all()} == expected
-        MigrationExecutor(connection).migrate(before)
-        old = MigrationExecutor(connection).loader.project_state(before).apps.get_model("conversations", "Channel")
-        back = {c.slug: c.platform_settings.get("channel_messages") for c in old.objects.filter(kind="slack")}
-        assert back == {"all": "all", "mentions": "mentions", "unset": "mentions"}
-        MigrationExecutor(connection).migrate(after)
-        # Moved again from the setting it was moved back to, and as every later migration left it.
-        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in Channel.objects.all()}
+            old.create(slug=slug, kind="slack", platform_settings=values)
+        old.create(slug="tg", kind="telegram", group_replies="never")
+        migrate([moving])
+        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in channels_at([moving])}
         assert moved == expected
-        for channel in Channel.objects.filter(kind="slack"):
+        migrate(before)
+        back = {c.slug: c.platform_settings.get("channel_messages") for c in channels_at(before).filter(kind="slack")}
+        assert back == {"all": "all", "mentions": "mentions", "unset": "mentions"}
+        migrate(MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
+        # Moved again from the setting it was moved back to, and as every later migration left it.
+        channels = Channel.objects.using(alias)
+        assert {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in channels} == expected
+        for channel in channels.filter(kind="slack"):
             channel.full_clean()  # no unknown setting left behind
-    finally:
-        MigrationExecutor(connection).migrate(after)
+        assert not Channel.objects.exists()  # the test database untouched

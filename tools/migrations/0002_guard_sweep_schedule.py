@@ -6,15 +6,17 @@ from django.db import migrations
 
 
 def create_schedule(apps, schema_editor):
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.update_or_create(
+    Schedule.objects.using(db).update_or_create(
         name="agentloop-guard-sweep",
         defaults={"func": "tools.guard.sweep", "schedule_type": "I", "minutes": 1, "repeats": -1},
     )
 
 
 def delete_schedule(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name="agentloop-guard-sweep").delete()
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
+    apps.get_model("django_q", "Schedule").objects.using(db).filter(name="agentloop-guard-sweep").delete()
 
 
 class Migration(migrations.Migration):

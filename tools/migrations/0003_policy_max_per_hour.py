@@ -8,7 +8,8 @@ from django.db import migrations, models
 
 
 def close_the_relay(apps, schema_editor):
-    apps.get_model("tools", "ToolPolicy").objects.filter(name="email_send").update(
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
+    apps.get_model("tools", "ToolPolicy").objects.using(db).filter(name="email_send").update(
         requires_approval=True, max_per_hour=10)
 
 

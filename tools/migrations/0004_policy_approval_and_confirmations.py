@@ -8,16 +8,18 @@ from django.db import migrations, models
 
 def approval_from_flag(apps, schema_editor):
     """requires_approval True -> operator (who approved until now), False -> none."""
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     ToolPolicy = apps.get_model("tools", "ToolPolicy")
-    ToolPolicy.objects.filter(requires_approval=True).update(approval="operator")
-    ToolPolicy.objects.filter(requires_approval=False).update(approval="none")
+    ToolPolicy.objects.using(db).filter(requires_approval=True).update(approval="operator")
+    ToolPolicy.objects.using(db).filter(requires_approval=False).update(approval="none")
 
 
 def flag_from_approval(apps, schema_editor):
     """Backwards: operator and user both become requires_approval (an operator decides)."""
+    db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     ToolPolicy = apps.get_model("tools", "ToolPolicy")
-    ToolPolicy.objects.update(requires_approval=False)
-    ToolPolicy.objects.exclude(approval="none").update(requires_approval=True)
+    ToolPolicy.objects.using(db).update(requires_approval=False)
+    ToolPolicy.objects.using(db).exclude(approval="none").update(requires_approval=True)
 
 
 class Migration(migrations.Migration):

@@ -1,0 +1,38 @@
+"""An empty database beside the test database, on the same server and engine, under a
+connection alias of its own (tests only): for a migration test that walks a few
+migrations forward and back from nothing, rather than unapplying and applying again every
+later migration of the test database (11 CPU-s a pass for one such test, measured)."""
+
+import copy
+import time
+from contextlib import contextmanager
+
+from django.db import connections
+from django.db.utils import load_backend
+
+ALIAS = "fresh"
+
+
+@contextmanager
+def fresh_database(folder):
+    """Yields the alias of a new, empty database (a file in `folder` on SQLite); dropped
+    after."""
+    default = connections["default"]
+    settings = copy.deepcopy(default.settings_dict)
+    postgres = default.vendor == "postgresql"
+    name = f"test_fresh_{time.monotonic_ns()}" if postgres else str(folder / "fresh.sqlite3")
+    if postgres:
+        with default.creation._nodb_cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {default.ops.quote_name(name)}")
+    settings["NAME"] = name
+    # A connection made here, not an alias of the settings: Django's test case lets a test
+    # use only the settings' aliases it declares, and any connection made on the fly.
+    connections[ALIAS] = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, ALIAS)
+    try:
+        yield ALIAS
+    finally:
+        connections[ALIAS].close()
+        del connections[ALIAS]
+        if postgres:
+            with default.creation._nodb_cursor() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS {default.ops.quote_name(name)} WITH (FORCE)")
