@@ -77,7 +77,10 @@ class CallbackServer:
 def restore_schedules():
     """The bench flushes its database; `make run` has django-q2's schedules (created by
     migrations), so the cluster does its routine sweeps during the soak too."""
+    from types import SimpleNamespace
+
     from django.apps import apps
+    from django.db import connection
     from django.db.migrations.loader import MigrationLoader
     from django.db.migrations.operations import RunPython
 
@@ -85,7 +88,7 @@ def restore_schedules():
         if "schedule" in name:
             for operation in migration.operations:
                 if isinstance(operation, RunPython):
-                    operation.code(apps, None)
+                    operation.code(apps, SimpleNamespace(connection=connection))  # the database migrated
 
 
 def rss_kb(pid):

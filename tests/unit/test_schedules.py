@@ -1,9 +1,11 @@
 """The django-q2 safety nets are scheduled by migrations; their functions exist."""
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
 from django.apps import apps
+from django.db import connection
 from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
@@ -17,7 +19,8 @@ def test_every_safety_net_is_scheduled_and_callable():
     Schedule.objects.all().delete()  # a transactional test before may have flushed them
     for name in MIGRATIONS:
         migration = importlib.import_module(name)
-        (getattr(migration, "create_schedule", None) or migration.create)(apps, None)
+        # What the function reads of the schema editor Django passes it: the database migrated.
+        (getattr(migration, "create_schedule", None) or migration.create)(apps, SimpleNamespace(connection=connection))
     schedules = {s.func: s for s in Schedule.objects.all()}
     assert set(schedules) == {"conversations.engine.recovery_sweep", "tools.guard.sweep",
                               "delivery.ledger.safety_sweep", "conversations.retention.sweep"}
