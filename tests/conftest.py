@@ -700,15 +700,17 @@ METRICS_DIR = Path(tempfile.gettempdir()) / f"agentloop-test-metrics-{os.getpid(
 class Processes:
     """Starts the product's real processes against the test database."""
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, metrics_dir=METRICS_DIR):
+        """`metrics_dir`: by default the folder of this pytest process's own (removed at its
+        session's end); a runner outside pytest (tests/faults) gives one under its logs."""
         self.log_dir = log_dir
         self.started: list[Process] = []
-        # Each test's processes count their metrics from zero, in a folder of this pytest
-        # process's own, emptied here: one path for every test, so that their starts have
-        # one environment, and the zygote forks them from the product already set up
-        # (tests/support/zygote_product.py).
-        shutil.rmtree(METRICS_DIR, ignore_errors=True)
-        METRICS_DIR.mkdir(parents=True)
+        # Each test's processes count their metrics from zero, in a folder emptied here: one
+        # path for every test, so that their starts have one environment, and the zygote
+        # forks them from the product already set up (tests/support/zygote_product.py).
+        self.metrics_dir = metrics_dir
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
 
     def env(self, **extra):
         env = dict(os.environ)
@@ -722,7 +724,7 @@ class Processes:
             "AGENTLOOP_TELEGRAM_POLL_TIMEOUT": "1",
             "PYTHONUNBUFFERED": "1",
             # The test's processes share their metrics (GET /metrics), counted from zero.
-            "AGENTLOOP_METRICS_DIR": str(METRICS_DIR),
+            "AGENTLOOP_METRICS_DIR": str(self.metrics_dir),
         })
         env.update({k: str(v) for k, v in extra.items()})
         return env

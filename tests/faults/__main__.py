@@ -127,7 +127,7 @@ def one_database(argv):
 
     logs = Path(tempfile.mkdtemp(prefix=f"agentloop-faults-{database}-logs-"))
     print(f"[{database}] process logs in {logs}", flush=True)
-    processes = Processes(logs)
+    processes = Processes(logs, metrics_dir=logs / "metrics")
     with FakeBotAPI() as fake:
         try:
             results = run_all(processes, fake, database, points,

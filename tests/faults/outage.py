@@ -148,7 +148,7 @@ class Scenario:
         # Under the test's own tmp_path when a test runs it (pytest keeps the last few runs'),
         # under /tmp when run by hand.
         self.logs = Path(tempfile.mkdtemp(prefix=f"agentloop-outage-{name}-", dir=os.environ.get(LOGS)))
-        self.processes = Processes(self.logs)
+        self.processes = Processes(self.logs, metrics_dir=self.logs / "metrics")
         self.token = f"{TOKEN_BASE + index}:OUTAGE-{index}"
         self.slug = f"outage-{index}"
         self.chat_base = 100_000 * (index + 1)
