@@ -41,6 +41,7 @@ ha_hosts() {  # the hosts of an HA cluster, in the order they are built
 # database's drills, `unplug app-b`; here `unplug db-a` cuts the primary's whole link).
 ha_net_up() {
   ip link add "$BRIDGE" type bridge
+  root_link "$BRIDGE"  # no IPv6 on the root namespace's side (scripts/cluster.sh)
   ip addr add "$ROOT_ADDR/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local host addr
@@ -49,6 +50,7 @@ ha_net_up() {
     ip netns add "$(ns "$host")"
     ip -n "$(ns "$host")" link set lo up
     ip link add "$P-$host" type veth peer name "$P-$host-f"
+    root_link "$P-$host"
     ip link set "$P-$host-f" netns "$(ns "$host")"
     ip -n "$(ns "$host")" link set "$P-$host-f" name eth0
     ip -n "$(ns "$host")" addr add "$addr/24" dev eth0

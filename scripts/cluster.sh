@@ -112,8 +112,21 @@ daemon() {
 
 # --- the network ---------------------------------------------------------------------------
 
+# No IPv6 on the root namespace's side of the cluster (the bridge, the hosts' veth ends):
+# the kernel gives a link an IPv6 link-local address each time it comes up, a moment
+# after the `ip` command (outside network_change's lock), and Chromium aborts its
+# requests whenever a root-namespace address appears (tests/support/host_network.py).
+# `plug db-b` brought db-b's veth end up again mid-test, beside a browser test of the
+# other pass: its page lost its scripts to net::ERR_NETWORK_CHANGED. The cluster speaks
+# IPv4 only.
+root_link() {  # an interface just made in the root namespace, before it is set up
+  local knob=/proc/sys/net/ipv6/conf/$1/disable_ipv6
+  if [ -w "$knob" ]; then echo 1 >"$knob"; fi
+}
+
 net_up() {
   ip link add "$BRIDGE" type bridge
+  root_link "$BRIDGE"
   ip addr add "$ROOT_ADDR/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local host
@@ -121,6 +134,7 @@ net_up() {
     ip netns add "$(ns "$host")"
     ip -n "$(ns "$host")" link set lo up
     ip link add "$(root_veth "$host")" type veth peer name "$P-$host-f"
+    root_link "$(root_veth "$host")"
     ip link set "$P-$host-f" netns "$(ns "$host")"
     ip -n "$(ns "$host")" link set "$P-$host-f" name eth0
     ip -n "$(ns "$host")" addr add "$(front_addr "$host")/24" dev eth0

@@ -227,6 +227,9 @@ class Server:
                 if each is sub:  # ended unasked: its key's starts are forked here from now on
                     del self.subs[key]
                     self.refused.add(key)
+            waiting, sub.waiting = sub.waiting, []
+            for request in waiting:  # ended before it was ready: their starts are still owed
+                self.fork_child(request)
             return
         sub.pending += data
         while b"\n" in sub.pending:

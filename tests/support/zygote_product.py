@@ -57,7 +57,7 @@ def set_up(request, folder: Path, channel_fd: int) -> bool:
     """In a new sub-zygote: set the product up as `request`'s start would; True if it can
     fork such starts from here."""
     global _preload_output, _kept_fds
-    out, err = folder / f"preload-{os.getpid()}.out", folder / f"preload-{os.getpid()}.err"
+    out, err = (folder / f"agentloop-preload-{os.getpid()}.{stream}" for stream in ("out", "err"))
     saved = os.dup(1), os.dup(2)
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
