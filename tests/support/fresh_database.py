@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 
 from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
 from django.db.utils import load_backend
 
 ALIAS = "fresh"
@@ -36,3 +37,20 @@ def fresh_database(folder):
         if postgres:
             with default.creation._nodb_cursor() as cursor:
                 cursor.execute(f"DROP DATABASE IF EXISTS {default.ops.quote_name(name)} WITH (FORCE)")
+
+
+def migrate(alias, targets):
+    """The database of `alias` migrated to `targets` (forwards or backwards)."""
+    MigrationExecutor(connections[alias]).migrate(targets)
+
+
+def rows_at(alias, targets, label):
+    """The rows of `label` ("app.Model") in `alias`, through that model as the migrations up
+    to `targets` leave it."""
+    state = MigrationExecutor(connections[alias]).loader.project_state(targets)
+    return state.apps.get_model(label).objects.using(alias)
+
+
+def latest(alias):
+    """Every app's last migration."""
+    return MigrationExecutor(connections[alias]).loader.graph.leaf_nodes()

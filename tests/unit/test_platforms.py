@@ -8,8 +8,6 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import connections
-from django.db.migrations.executor import MigrationExecutor
 
 from audit.models import AuditEvent, EventKind
 from conversations import platforms
@@ -21,7 +19,7 @@ from delivery import ledger, transports
 from delivery.models import OutboundKind, OutboundMessage, OutboundState, Outcome
 from delivery.transports import SendResult, Target
 from tests.support.e2e import UNPACED
-from tests.support.fresh_database import fresh_database
+from tests.support.fresh_database import fresh_database, latest, migrate, rows_at
 
 pytestmark = pytest.mark.django_db
 
@@ -153,26 +151,21 @@ def test_the_migration_moves_the_platform_columns_both_ways(tmp_path):
         "web": ({}, ""),
     }
     with fresh_database(tmp_path) as alias:
-        def migrate(targets):
-            MigrationExecutor(connections[alias]).migrate(targets)
-
-        def channels_at(targets):
-            found = MigrationExecutor(connections[alias]).loader.project_state(targets)
-            return found.apps.get_model("conversations", "Channel").objects.using(alias)
-
-        migrate(before)
-        old = channels_at(before)
+        migrate(alias, before)
+        old = rows_at(alias, before, "conversations.Channel")
         old.create(slug="tg", kind="telegram", bot_token="1:A", webhook_secret="w" * 20,
                    api_base="http://127.0.0.1:9", telegram_mode="polling")
         old.create(slug="nobot", kind="telegram")
         old.create(slug="shop", kind="api", callback_url="https://x.example/r", callback_secret="c" * 12)
         old.create(slug="web", kind="webchat")
-        migrate([moving])
-        assert {c.slug: (c.platform_settings, c.send_blocked) for c in channels_at([moving])} == expected
-        migrate(before)
-        back = {c.slug: (c.bot_token, c.telegram_mode, c.callback_secret) for c in channels_at(before)}
+        migrate(alias, [moving])
+        moved = rows_at(alias, [moving], "conversations.Channel")
+        assert {c.slug: (c.platform_settings, c.send_blocked) for c in moved} == expected
+        migrate(alias, before)
+        back = {c.slug: (c.bot_token, c.telegram_mode, c.callback_secret)
+                for c in rows_at(alias, before, "conversations.Channel")}
         assert back["tg"] == ("1:A", "polling", "") and back["shop"] == ("", "webhook", "c" * 12)
-        migrate(MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
+        migrate(alias, latest(alias))
         # Moved again from the columns it was moved back to, and as every later migration left it.
         assert {c.slug: (c.platform_settings, c.send_blocked) for c in Channel.objects.using(alias)} == expected
         assert not Channel.objects.exists()  # the test database untouched

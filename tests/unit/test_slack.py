@@ -344,36 +344,27 @@ def test_the_migration_moves_channel_messages_onto_group_replies_both_ways(tmp_p
     """On an empty database of its own: migrated to just before the move, the move alone
     forwards and backwards, read through its own migration's models, then forward to the
     leaves (every later migration of every app applied over the moved-back setting)."""
-    from django.db import connections
-    from django.db.migrations.executor import MigrationExecutor
-
-    from tests.support.fresh_database import fresh_database
+    from tests.support.fresh_database import fresh_database, latest, migrate, rows_at
 
     moving = ("conversations", "0018_slack_group_replies")
     before = [("conversations", "0017_choices_of_groups_and_handoff")]
     expected = {"all": ("always", False), "mentions": ("mention", False), "unset": ("mention", False),
                 "tg": ("never", False)}
     with fresh_database(tmp_path) as alias:
-        def migrate(targets):
-            MigrationExecutor(connections[alias]).migrate(targets)
-
-        def channels_at(targets):
-            found = MigrationExecutor(connections[alias]).loader.project_state(targets)
-            return found.apps.get_model("conversations", "Channel").objects.using(alias)
-
-        migrate(before)
-        old = channels_at(before)
+        migrate(alias, before)
+        old = rows_at(alias, before, "conversations.Channel")
         for slug, value in (("all", "all"), ("mentions", "mentions"), ("unset", None)):
             values = slack_settings() | ({"channel_messages": value} if value else {})
             old.create(slug=slug, kind="slack", platform_settings=values)
         old.create(slug="tg", kind="telegram", group_replies="never")
-        migrate([moving])
-        moved = {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in channels_at([moving])}
-        assert moved == expected
-        migrate(before)
-        back = {c.slug: c.platform_settings.get("channel_messages") for c in channels_at(before).filter(kind="slack")}
+        migrate(alias, [moving])
+        moved = rows_at(alias, [moving], "conversations.Channel")
+        assert {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in moved} == expected
+        migrate(alias, before)
+        back = {c.slug: c.platform_settings.get("channel_messages")
+                for c in rows_at(alias, before, "conversations.Channel").filter(kind="slack")}
         assert back == {"all": "all", "mentions": "mentions", "unset": "mentions"}
-        migrate(MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
+        migrate(alias, latest(alias))
         # Moved again from the setting it was moved back to, and as every later migration left it.
         channels = Channel.objects.using(alias)
         assert {c.slug: (c.group_replies, "channel_messages" in c.platform_settings) for c in channels} == expected
