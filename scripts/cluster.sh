@@ -116,9 +116,9 @@ daemon() {
 # the kernel gives a link an IPv6 link-local address each time it comes up, a moment
 # after the `ip` command (outside network_change's lock), and Chromium aborts its
 # requests whenever a root-namespace address appears (tests/support/host_network.py).
-# `plug db-b` brought db-b's veth end up again mid-test, beside a browser test of the
-# other pass: its page lost its scripts to net::ERR_NETWORK_CHANGED. The cluster speaks
-# IPv4 only.
+# `plug db-b` brings db-b's veth end up again mid-test, beside the other pass's browser
+# tests (`ip monitor address` shows the fe80:: address appear), the likely cause of a page
+# that lost its scripts to net::ERR_NETWORK_CHANGED there. The cluster speaks IPv4 only.
 root_link() {  # an interface just made in the root namespace, before it is set up
   local knob=/proc/sys/net/ipv6/conf/$1/disable_ipv6
   if [ -w "$knob" ]; then echo 1 >"$knob"; fi
