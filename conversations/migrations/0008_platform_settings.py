@@ -24,17 +24,17 @@ def blocked(kind, values) -> str:
 def columns_to_settings(apps, schema_editor):
     db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Channel = apps.get_model("conversations", "Channel")
-    for channel in Channel.objects.using(db).all():
+    for channel in Channel.objects.using(db):
         columns = COLUMNS.get(channel.kind, {})
         values = {key: getattr(channel, column) for column, key in columns.items() if getattr(channel, column)}
-        Channel.objects.using(db).filter(pk=channel.pk).update(platform_settings=values,
-                                                     send_blocked=blocked(channel.kind, values))
+        Channel.objects.using(db).filter(pk=channel.pk).update(
+            platform_settings=values, send_blocked=blocked(channel.kind, values))
 
 
 def settings_to_columns(apps, schema_editor):
     db = schema_editor.connection.alias  # the database being migrated (migrate --database)
     Channel = apps.get_model("conversations", "Channel")
-    for channel in Channel.objects.using(db).all():
+    for channel in Channel.objects.using(db):
         values = channel.platform_settings or {}
         columns = {column: values[key] for column, key in COLUMNS.get(channel.kind, {}).items() if values.get(key)}
         Channel.objects.using(db).filter(pk=channel.pk).update(**columns)
