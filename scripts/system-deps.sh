@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Debian packages the tests need that pip cannot bring: Chromium (the browser tests
-# drive /usr/bin/chromium; Playwright's own browser downloads are never used),
+# The Debian packages the tests need that pip cannot bring: Chromium's headless shell (the
+# browser tests drive it; Playwright's own browser downloads are never used),
 # redis-server (the Redis-backed tests start a throwaway one), iproute2 (`ip`: the cluster
 # of test hosts, scripts/cluster.sh, builds network namespaces, a bridge and veth links
 # with it; the bridge itself is the kernel's), pgbouncer (tests/end_to_end/test_pgbouncer.py runs
@@ -11,7 +11,7 @@
 # Called by .ci/run and scripts/test.sh (`make test`).
 set -euo pipefail
 need=()
-[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/lib/chromium/chromium-headless-shell ] || need+=(chromium-headless-shell)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)

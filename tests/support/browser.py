@@ -1,5 +1,5 @@
-"""Browser tests with Playwright, driving Debian's Chromium (/usr/bin/chromium; Playwright's
-own browser downloads are never used: scripts/system-deps.sh apt-installs `chromium`).
+"""Browser tests with Playwright, driving Debian's Chromium headless shell (Playwright's own
+browser downloads are never used: scripts/system-deps.sh apt-installs `chromium-headless-shell`).
 
     def test_page(processes, browser, django_user_model):
         web = processes.web()
@@ -38,7 +38,11 @@ import pytest
 from tests.support import host_network
 
 BASE_DIR = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
+# The headless shell: Chromium's engine without the desktop browser around it (what
+# Playwright itself drives for headless runs). The same pages, in half the time and a third
+# of the CPU of /usr/bin/chromium started headless (50 page loads over 5 launches: 10.4 s
+# and 4.9 CPU-s against 19.7 s and 13.8 CPU-s; Chromium took 190 of a run's 1,750 CPU-s).
+CHROMIUM = "/usr/lib/chromium/chromium-headless-shell"
 # Without the background-networking flags Chromium tries to reach Google's services, and on a
 # closed network its connections (ours included) get refused.
 CHROMIUM_ARGS = [
@@ -71,7 +75,8 @@ BROWSER_GONE = [r"TargetClosedError", r"Target crashed", r"[Pp]age crashed"]
 def browser(monkeypatch, tmp_path):
     """A headless Chromium (playwright.sync_api.Browser), closed after the test."""
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/system-deps.sh as root (apt-get install chromium)",
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/system-deps.sh as root "
+                    "(apt-get install chromium-headless-shell)",
                     pytrace=False)
     # Playwright's driver writes what it sees of the browser process (its launch line, its
     # stderr, how it ended) to this file: read back only if Chromium went away by itself.
