@@ -47,6 +47,10 @@ warm_up=$!
 # The Matrix tests' homeserver (Synapse in var/synapse-venv, from requirements-synapse.txt):
 # installed meanwhile; the tests that start it wait for this (scripts/synapse.sh's lock).
 scripts/synapse.sh >/dev/null &
+# The peer benchmark's bot's packages (`npm ci` from its lockfile, tests/bench/peer.py): its
+# first test in the serial phase waited 17 s for them; installed meanwhile, the test waits
+# under the same lock only if they are not there yet.
+$PY -c "from tests.bench.peer import ensure_node_modules; ensure_node_modules()" >/dev/null 2>&1 &
 
 logs=$(mktemp -d /tmp/agentloop-test-logs-XXXXXX)
 pgdir=""

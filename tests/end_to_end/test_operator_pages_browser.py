@@ -29,7 +29,7 @@ from django.urls import reverse
 
 from agentloop.console import navigation
 from tests.end_to_end.test_console_browser import PHONE
-from tests.support.browser import ALWAYS_IGNORED, BASE_DIR, console_errors, page_for
+from tests.support.browser import ALWAYS_IGNORED, BASE_DIR, console_errors, let_network_changes_through, page_for
 from tests.support.operator_data import plant
 
 pytestmark = pytest.mark.e2e
@@ -221,6 +221,7 @@ def visit_all(browser, web, planted, pages) -> tuple[dict, float]:
                 found[(target.name, width, language)] = served + problems_of(target, measured, planted.texts)
             widths.reverse()  # the next page loads at the width this one ended at
             timings.append((target.name, language, loaded - began, time.monotonic() - loaded))
+            let_network_changes_through(page)  # the test is long: a cluster test's start waits a page, not all
         page.context.close()
     return found, time.monotonic() - started
 

@@ -83,7 +83,7 @@ def browser(monkeypatch, tmp_path):
     # Set only while the driver starts (it reads them then): the web servers and workers a
     # test starts copy this process's environment, and DEBUG is also the product's setting.
     log = tmp_path / "chromium.log"
-    with host_network.browsing(), contextlib.ExitStack() as stack:
+    with host_network.browsing() as network_hold, contextlib.ExitStack() as stack:
         with monkeypatch.context() as driver_only:
             driver_only.setenv("DEBUG", "pw:browser")
             driver_only.setenv("DEBUG_FILE", str(log))
@@ -91,18 +91,30 @@ def browser(monkeypatch, tmp_path):
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         went_away = []  # set when the browser process ends, unless we closed it first
         chromium.on("disconnected", lambda _: went_away.append(True))
-        _driver_logs[id(chromium)] = log
+        _driver_logs[id(chromium)], _network_holds[id(chromium)] = log, network_hold
         try:
             yield chromium
         finally:
             ended_by_itself = bool(went_away)
             chromium.close()
-            del _driver_logs[id(chromium)]
+            del _driver_logs[id(chromium)], _network_holds[id(chromium)]
     if ended_by_itself:
         _report_browser_gone(log)
 
 
 _driver_logs = {}  # id(browser) -> its driver's log, while the fixture holds it
+_network_holds = {}  # id(browser) -> its host_network.Browsing, while the fixture holds it
+
+
+def let_network_changes_through(page):
+    """Between two pages of a long test: if a change of the host's network waits for this
+    browser (a cluster test's start or end, tests/support/host_network.py), leave the page
+    for about:blank (no request or websocket in flight for the change to abort) and let the
+    change go. The next page is loaded by the caller, as it would have been."""
+    hold = _network_holds[id(page.context.browser)]
+    if hold.change_waiting():
+        page.goto("about:blank")
+        hold.let_changes_through()
 
 
 def driver_log(browser):

@@ -135,3 +135,28 @@ def test_a_failing_change_exits_the_script_and_a_lock_held_too_long_is_a_clear_e
     finally:
         release.set()
         browser.join(5)
+
+
+def test_a_long_browser_lets_a_waiting_change_go_between_two_pages_and_holds_again():
+    """What the operator pages test does between two pages (tests/support/browser.py
+    let_network_changes_through): a waiting change goes, and the browser holds again after it."""
+    events, release_change = [], threading.Event()
+    with host_network.browsing() as hold:
+        assert not hold.change_waiting()
+        change, change_in = in_thread(host_network.changing, events, "change", release_change)
+        wait_until(hold.change_waiting, timeout=5, message="the change waiting at the turnstile")
+        assert not change_in.wait(0.3), "the network changed under a live browser"
+        letting = threading.Thread(target=hold.let_changes_through, daemon=True)
+        letting.start()
+        assert change_in.wait(5), "the waiting change did not go"
+        letting.join(0.3)
+        assert letting.is_alive(), "the browser held again while the network changed"
+        release_change.set()
+        letting.join(5)
+        change.join(5)
+        assert not hold.change_waiting()
+        second, second_in = in_thread(host_network.changing, events, "second change")
+        assert not second_in.wait(0.3), "the browser does not hold again"
+    assert second_in.wait(5)
+    second.join(5)
+    assert events == ["change", "second change"]
