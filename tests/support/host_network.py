@@ -7,7 +7,8 @@ look away (https://issues.chromium.org/issues/41465264). The cluster test's `up`
 "alone" phase one pass's browser tests run while the other pass runs the cluster test: a
 page there once lost a script to it. So a browser holds this lock shared while it lives,
 and changing the host's network takes it exclusively; a second lock file lets a waiting
-change go before browsers that come after it (flock itself prefers neither).
+change go before browsers that come after it (flock itself prefers neither), and a long
+browser test lets a waiting change go between two of its pages (Browsing.let_changes_through).
 scripts/cluster.sh takes it itself (scripts/network-lock.sh), around the few `ip`
 commands that change the root namespace, not while the hosts start or stop.
 """
