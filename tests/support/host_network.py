@@ -44,7 +44,7 @@ class Browsing:
     def let_changes_through(self):
         """Let a waiting change go, then hold again: for a browser with nothing in flight
         (a long test between two pages), so that a change waits for one page, not the whole
-        test (the operator pages test held a cluster test's start back for 28 s)."""
+        test (the operator pages test held the failover test's start back for 28 s)."""
         self.held.close()
         with _locked(TURNSTILE, fcntl.LOCK_EX):  # after the change that held it
             self.held = open_locked(LOCK, fcntl.LOCK_SH)
