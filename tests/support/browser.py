@@ -111,10 +111,9 @@ def let_network_changes_through(page):
     browser (a cluster test's start or end, tests/support/host_network.py), leave the page
     for about:blank (no request or websocket in flight for the change to abort) and let the
     change go. The next page is loaded by the caller, as it would have been."""
-    hold = _network_holds[id(page.context.browser)]
-    if hold.change_waiting():
+    if host_network.change_waiting():
         page.goto("about:blank")
-        hold.let_changes_through()
+        _network_holds[id(page.context.browser)].let_changes_through()
 
 
 def driver_log(browser):

@@ -25,21 +25,22 @@ TURNSTILE = VAR / "host-network.turnstile"
 WAIT_SECONDS = 300
 
 
+def change_waiting() -> bool:
+    """A change of the network waits for the browsers alive (it holds the turnstile)."""
+    with open(TURNSTILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
 class Browsing:
     """The shared hold of a live browser (browsing() yields it)."""
 
     def __init__(self):
         with _locked(TURNSTILE, fcntl.LOCK_EX):
             self.held = open_locked(LOCK, fcntl.LOCK_SH)
-
-    def change_waiting(self) -> bool:
-        """A change of the network waits for this browser (it holds the turnstile)."""
-        with open(TURNSTILE, "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            return False
 
     def let_changes_through(self):
         """Let a waiting change go, then hold again: for a browser with nothing in flight

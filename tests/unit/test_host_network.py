@@ -1,6 +1,5 @@
 """The lock that keeps Chromium and a change of the host's network apart (tests/support/host_network.py)."""
 
-import fcntl
 import os
 import subprocess
 import threading
@@ -18,15 +17,6 @@ def locks_of_this_test(tmp_path, monkeypatch):
     monkeypatch.setattr(host_network, "VAR", tmp_path)
     monkeypatch.setattr(host_network, "LOCK", tmp_path / "host-network.lock")
     monkeypatch.setattr(host_network, "TURNSTILE", tmp_path / "host-network.turnstile")
-
-
-def turnstile_is_held():
-    with open(host_network.TURNSTILE, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        return False
 
 
 def in_thread(context, events, name, release=None):
@@ -64,7 +54,7 @@ def test_a_waiting_change_goes_before_a_browser_that_comes_after_it():
     first, first_in = in_thread(host_network.browsing, events, "browser 1", release_first)
     assert first_in.wait(5)
     change, change_in = in_thread(host_network.changing, events, "change", release_change)
-    wait_until(turnstile_is_held, timeout=5, message="the change waiting at the turnstile")
+    wait_until(host_network.change_waiting, timeout=5, message="the change waiting at the turnstile")
     later, later_in = in_thread(host_network.browsing, events, "browser 2")
     assert not later_in.wait(0.3), "a later browser overtook the waiting change"
     release_first.set()
@@ -142,9 +132,9 @@ def test_a_long_browser_lets_a_waiting_change_go_between_two_pages_and_holds_aga
     let_network_changes_through): a waiting change goes, and the browser holds again after it."""
     events, release_change = [], threading.Event()
     with host_network.browsing() as hold:
-        assert not hold.change_waiting()
+        assert not host_network.change_waiting()
         change, change_in = in_thread(host_network.changing, events, "change", release_change)
-        wait_until(hold.change_waiting, timeout=5, message="the change waiting at the turnstile")
+        wait_until(host_network.change_waiting, timeout=5, message="the change waiting at the turnstile")
         assert not change_in.wait(0.3), "the network changed under a live browser"
         letting = threading.Thread(target=hold.let_changes_through, daemon=True)
         letting.start()
@@ -154,7 +144,7 @@ def test_a_long_browser_lets_a_waiting_change_go_between_two_pages_and_holds_aga
         release_change.set()
         letting.join(5)
         change.join(5)
-        assert not hold.change_waiting()
+        assert not host_network.change_waiting()
         second, second_in = in_thread(host_network.changing, events, "second change")
         assert not second_in.wait(0.3), "the browser does not hold again"
     assert second_in.wait(5)
